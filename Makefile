@@ -1,0 +1,42 @@
+# The user's entry points. Each target installs what it needs (idempotently),
+# configures and builds before it runs.
+SHELL := /bin/bash
+JOBS ?= $(shell nproc)
+PRESET ?= release
+BUILD := build/$(PRESET)
+
+.PHONY: setup build test test-core test-sanitizers bench run gpu-check install clean
+
+setup:
+	@bash scripts/setup.sh
+
+build: setup
+	@cmake --preset $(PRESET) >/dev/null
+	@cmake --build --preset $(PRESET) -j $(JOBS)
+
+# Every test: the C++ suites (ctest), then the Python suite.
+test: build
+	@ctest --preset $(PRESET) -j $(JOBS)
+	@bash scripts/python-tests.sh
+
+# The core suites under AddressSanitizer+UBSan and ThreadSanitizer.
+test-sanitizers: setup
+	@for p in asan tsan; do \
+	  cmake --preset $$p >/dev/null && cmake --build --preset $$p -j $(JOBS) && \
+	  ctest --preset $$p -j $(JOBS) -L core || exit 1; \
+	done
+
+bench: build
+	@bash scripts/bench.sh
+
+run: build
+	@$(BUILD)/tools/devbridge/devbridge stream --backend host --bytes 1GiB --chunk 4MiB --inflight 8 --ring-bytes 64MiB
+
+gpu-check:
+	@bash scripts/gpu-check.sh
+
+install: build
+	@cmake --install $(BUILD) --prefix $(or $(PREFIX),/usr/local)
+
+clean:
+	rm -rf build

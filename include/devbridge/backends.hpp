@@ -1,0 +1,28 @@
+// Which backends this build has, whether each can run here, and a factory.
+// Adding a backend: a folder under src/backends/<name>/ with a factory, and
+// one row in src/backends/registry.cpp. Nothing else changes.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "devbridge/backend.hpp"
+
+namespace devbridge {
+
+struct BackendAvailability {
+  std::string name;       // "fake", "host", "cuda", ...
+  bool built = false;     // compiled into this build
+  bool available = false; // can run on this machine now
+  std::string reason;     // why not, when it cannot ("CUDA: no driver (libcuda.so.1 not found)")
+};
+
+std::vector<BackendAvailability> list_backends();
+
+// "auto" picks the best available: cuda, then host. Unknown or unavailable
+// names throw Error(Unavailable) naming the reason.
+std::unique_ptr<Backend> make_backend(std::string_view name);
+
+}  // namespace devbridge

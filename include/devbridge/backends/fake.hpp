@@ -1,0 +1,99 @@
+// The fake backend: real host memory behind a fully scripted device, for tests.
+// It records every call with its exact arguments, completes async copies only
+// when the test says so, and injects failures per call kind, one-shot on the
+// Nth next call of that kind. It counts live allocations so tests prove that
+// nothing leaks.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "devbridge/backend.hpp"
+
+namespace devbridge::fake {
+
+enum class Call : std::uint8_t {
+  Allocate,
+  Free,
+  AllocateHost,
+  FreeHost,
+  CopyHostToDevice,
+  CopyDeviceToHost,
+  Launch,
+  ValidateView,
+  Quiesce,
+};
+
+enum class Failure : std::uint8_t {
+  AllocationFailed,        // Allocate/AllocateHost throws AllocationFailed
+  CopyFailedAtSubmit,      // Copy* throws DeviceCopyFailed / OutputCopyFailed
+  CopyFailedAtCompletion,  // the copy completes with failure (its bytes are not moved)
+  InvalidView,             // ValidateView throws InvalidTensorView
+  LostCompletion,          // the copy's completion is never reported
+  DuplicatedCompletion,    // the completion is reported twice
+  LateCompletion,          // the completion survives quiesce and arrives after it
+  Fatal,                   // the call throws a fatal error (device lost)
+};
+
+std::string_view call_name(Call call) noexcept;        // "allocate", "copy_h2d", ...
+std::string_view failure_name(Failure failure) noexcept;  // "allocation_failed", ...
+
+// One recorded call. Fields that do not apply to the call are zero.
+struct RecordedCall {
+  Call call = Call::Allocate;
+  std::uint64_t bytes = 0;        // Allocate/AllocateHost: bytes; copies: len
+  std::uint64_t alignment = 0;    // Allocate
+  std::uint64_t address = 0;      // the device address involved (Free, copies, Launch x)
+  std::uint64_t host_offset = 0;  // copies: offset of the host pointer inside the host block
+  std::uint64_t device_offset = 0;
+  CopyMode mode = CopyMode::Sync;
+  CopyEvent event;
+};
+
+class FakeBackend final : public Backend {
+ public:
+  explicit FakeBackend(std::uint64_t memory_bytes = 1ull << 34);
+  ~FakeBackend() override;
+
+  // ---- test controls; all thread-safe ----
+  void inject(Call call, Failure failure, int nth = 1);
+  // Deliver the outcome of a pending async copy (ok: its bytes move now).
+  // Returns false when the event is not pending here.
+  bool complete(CopyEvent event, bool ok = true);
+  // Complete every pending copy, oldest first; returns how many.
+  std::size_t complete_all(bool ok = true);
+  std::vector<CopyEvent> pending() const;
+  // Deliver a completion for an event the backend never saw (a forged or
+  // stale completion).
+  void report_completion(CopyEvent event, bool ok = true);
+  std::vector<RecordedCall> calls() const;
+  void clear_calls();
+  std::uint64_t live_allocations() const;
+  std::uint64_t live_host_blocks() const;
+  // When true, async copies complete at submit (as if the device were instant).
+  void set_auto_complete(bool on);
+
+  // ---- Backend ----
+  BackendInfo describe() override;
+  DeviceAllocation allocate(std::uint64_t bytes, std::uint64_t alignment) override;
+  void free(const DeviceAllocation& allocation) noexcept override;
+  HostBlock allocate_host(std::uint64_t bytes) override;
+  void free_host(const HostBlock& block) noexcept override;
+  void submit_copy(const CopyRequest& request) override;
+  void drain_completions(std::vector<Completion>& out) override;
+  bool wait_for_completions(std::chrono::nanoseconds timeout) override;
+  void quiesce() override;
+  void launch_axpy(const AxpyLaunch& launch) override;
+  void validate_view(const DeviceAllocation& allocation, const TensorView& view) override;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+std::unique_ptr<Backend> make_fake_backend();
+
+}  // namespace devbridge::fake

@@ -1,0 +1,180 @@
+// The bridge: the worker's one boundary between the host ring, device memory
+// and tensor views. It owns every rule of ../shared/spec/CONTRACT.md —
+// validation, lifetimes, safe-release points, generations, backpressure —
+// and delegates only raw device work to a Backend (backend.hpp).
+//
+// Every public method is safe to call from many threads at once. Errors are
+// thrown as devbridge::Error; a call that throws changes nothing.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "devbridge/backend.hpp"
+#include "devbridge/types.hpp"
+
+namespace devbridge {
+
+namespace detail {
+class BridgeCore;
+}
+
+struct BridgeOptions {
+  Generation generation = 1;
+  std::uint64_t ring_bytes = 64ull << 20;
+  // Bytes of asynchronous copies admitted at once; 0 means the ring size.
+  std::uint64_t inflight_budget_bytes = 0;
+};
+
+enum class CopyState : std::uint8_t { Pending, Completed, Failed };
+
+struct CopyStatus {
+  CopyState state = CopyState::Pending;
+  // Set when state == Failed.
+  std::optional<ErrorKind> error;
+  std::string message;
+};
+
+// How long an async copy may wait for in-flight budget; zero fails fast with
+// Backpressure.
+struct Admission {
+  std::chrono::nanoseconds wait_for_room{0};
+};
+
+enum class ViewWait : std::uint8_t {
+  Refuse,  // refuse (AllocationStillInUse) while a copy into the allocation is in flight
+  Wait,    // wait for those copies to complete first
+};
+
+struct BridgeStats {
+  Generation generation = 0;
+  std::uint64_t domain = 0;
+  bool broken = false;
+  bool closed = false;
+  std::uint64_t live_allocations = 0;
+  std::uint64_t allocated_bytes = 0;
+  std::uint64_t copies_submitted = 0;
+  std::uint64_t copies_completed = 0;
+  std::uint64_t copies_failed = 0;
+  std::uint64_t copies_in_flight = 0;
+  std::uint64_t inflight_bytes = 0;
+  std::uint64_t inflight_budget_bytes = 0;
+  std::uint64_t copy_records = 0;  // live records: in flight plus failed, not yet retired
+  std::uint64_t stale_completions = 0;
+  std::uint64_t live_views = 0;
+  std::uint64_t active_steps = 0;
+  std::uint64_t restarts = 0;
+  std::uint64_t ring_capacity = 0;
+  std::uint64_t ring_used = 0;
+  std::uint64_t ring_reservations = 0;
+};
+
+class Bridge;
+
+// Holds a view's lease: the allocation is not freed while it lives. Movable;
+// ends the lease on destruction or reset(). A lease from before a restart
+// ends harmlessly.
+class ViewLease {
+ public:
+  ViewLease() = default;
+  ViewLease(ViewLease&& other) noexcept;
+  ViewLease& operator=(ViewLease&& other) noexcept;
+  ViewLease(const ViewLease&) = delete;
+  ViewLease& operator=(const ViewLease&) = delete;
+  ~ViewLease();
+
+  const TensorView& view() const noexcept { return view_; }
+  const TensorView* operator->() const noexcept { return &view_; }
+  explicit operator bool() const noexcept { return core_ != nullptr; }
+  void reset() noexcept;
+
+ private:
+  friend class Bridge;
+  ViewLease(detail::BridgeCore* core, TensorView view) noexcept : core_(core), view_(view) {}
+  // The core outlives its Bridge while leases remain (it counts them under its
+  // own lock), so a lease never dangles and costs no atomic reference count.
+  detail::BridgeCore* core_ = nullptr;
+  TensorView view_;
+};
+
+class Bridge {
+ public:
+  Bridge(std::unique_ptr<Backend> backend, BridgeOptions options = {});
+  ~Bridge();  // close()
+  Bridge(const Bridge&) = delete;
+  Bridge& operator=(const Bridge&) = delete;
+
+  std::uint64_t domain() const noexcept;
+  Generation generation() const;
+  // Describes the device; takes no bridge lock.
+  BackendInfo backend_info() const;
+  BridgeStats stats() const;
+
+  // ---- allocation ----
+  DeviceHandle alloc_device(const ObjectSpec& spec, std::uint64_t extent);
+  // Frees now, or throws AllocationStillInUse (naming the copies, steps and
+  // views that use it) and changes nothing.
+  void free_device(DeviceHandle handle);
+  // Deferred free: the handle is unusable from now on; the memory goes back to
+  // the backend when its last copy, step and view end.
+  void release(DeviceHandle handle);
+  std::uint64_t extent(DeviceHandle handle) const;
+  ObjectSpec spec(DeviceHandle handle) const;
+
+  // ---- host ring ----
+  // A range of `bytes`, aligned to `alignment` (a power of two, at most 4096),
+  // never spanning the ring's end. Backpressure when there is no room.
+  HostRange reserve(std::uint64_t bytes, std::uint64_t alignment = 64);
+  // Ends a reservation (exactly as reserve returned it). Refused with
+  // AllocationStillInUse while an async copy using it is in flight.
+  void release_host(HostRange range);
+  // The bytes of a reserved range (validated).
+  std::span<std::byte> host_bytes(HostRange range) const;
+  std::uint64_t ring_capacity() const noexcept;
+  std::uint64_t ring_free_bytes() const;
+
+  // ---- copies ----
+  CopyEvent host_to_device(HostRange host, DeviceRange device, CopyMode mode, Admission admission = {});
+  CopyEvent device_to_host(DeviceRange device, HostRange host, CopyMode mode, Admission admission = {});
+  CopyStatus copy_status(CopyEvent event);
+  // True once the host range of an H2D copy may be released (or reused).
+  bool safe_to_release_host(CopyEvent event);
+  // True once the host bytes of a D2H copy are valid.
+  bool host_bytes_valid(CopyEvent event);
+  // Blocks until the copy completes or fails, or the timeout passes (then Pending).
+  CopyStatus wait(CopyEvent event, std::optional<std::chrono::nanoseconds> timeout = std::nullopt);
+  // Applies every completion the backend has; returns how many it applied.
+  std::size_t poll();
+
+  // ---- compute ----
+  void begin_step(StepId step, std::span<const DeviceHandle> handles);
+  void end_step(StepId step);
+  // The built-in role y = a*x + b over float32 ranges of equal length, run by
+  // the backend in order after copies into x and before later copies from y.
+  void launch_axpy(DeviceRange x, DeviceRange y, float a, float b);
+
+  // ---- views ----
+  ViewLease view(DeviceHandle handle, const ViewSpec& spec, ViewWait wait = ViewWait::Refuse);
+
+  // ---- lifetime ----
+  // Quiesces the backend, frees every allocation of the old generation,
+  // retires its copy events and steps, and moves to `generation`, which must
+  // be greater than the current one. Clears Broken.
+  void restart(Generation generation);
+  // Quiesces and frees everything; every later call fails with Closed.
+  void close();
+
+  Backend& backend() noexcept;
+
+ private:
+  struct Detach {
+    void operator()(detail::BridgeCore* core) const noexcept;
+  };
+  std::unique_ptr<detail::BridgeCore, Detach> core_;
+};
+
+}  // namespace devbridge

@@ -1,0 +1,196 @@
+// Value types shared by the bridge, the backend seam and the bindings.
+// Nothing here allocates on the heap: views and ranges are built on hot paths.
+#pragma once
+
+#include <array>
+#include <compare>
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <span>
+#include <string_view>
+
+#include "devbridge/error.hpp"
+
+namespace devbridge {
+
+// ---- dtypes ---------------------------------------------------------------
+
+enum class DType : std::uint8_t {
+  Bool,
+  Int8,
+  Int16,
+  Int32,
+  Int64,
+  UInt8,
+  UInt16,
+  UInt32,
+  UInt64,
+  Float16,
+  BFloat16,
+  Float32,
+  Float64,
+  Fp8E4M3,
+  Fp8E5M2,
+};
+
+inline constexpr int kDTypeCount = static_cast<int>(DType::Fp8E5M2) + 1;
+
+// DLPack type codes (dlpack.h kDLInt/kDLUInt/kDLFloat/kDLBfloat/kDLBool, and
+// the float8 codes of DLPack 1.1), kept here so no DLPack header is needed
+// above the bindings.
+enum class DLPackTypeCode : std::uint8_t {
+  Int = 0,
+  UInt = 1,
+  Float = 2,
+  BFloat = 4,
+  Bool = 6,
+  Float8E4M3FN = 10,
+  Float8E5M2 = 11,
+};
+
+struct DTypeInfo {
+  DType dtype;
+  std::string_view name;           // numpy/tinygrad spelling: "float32", "bfloat16", ...
+  std::string_view tinygrad_name;  // attribute of tinygrad.dtypes: "float32", "fp8e4m3", ...
+  std::uint32_t size;              // bytes per element
+  DLPackTypeCode dlpack_code;
+  std::uint8_t dlpack_bits;
+};
+
+const DTypeInfo& dtype_info(DType dtype) noexcept;
+constexpr std::uint32_t dtype_size(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::Bool:
+    case DType::Int8:
+    case DType::UInt8:
+    case DType::Fp8E4M3:
+    case DType::Fp8E5M2:
+      return 1;
+    case DType::Int16:
+    case DType::UInt16:
+    case DType::Float16:
+    case DType::BFloat16:
+      return 2;
+    case DType::Int32:
+    case DType::UInt32:
+    case DType::Float32:
+      return 4;
+    case DType::Int64:
+    case DType::UInt64:
+    case DType::Float64:
+      return 8;
+  }
+  return 0;
+}
+// Accepts the numpy/tinygrad names and common aliases ("half", "float", "fp8e4m3", ...).
+std::optional<DType> dtype_from_name(std::string_view name) noexcept;
+std::span<const DTypeInfo> all_dtypes() noexcept;
+
+// ---- identity ---------------------------------------------------------------
+
+using Generation = std::uint64_t;
+using StepId = std::uint64_t;
+
+// {domain, generation, id}. Ids are unique inside a domain and generation;
+// the domain is unique per Bridge instance in the process.
+struct DeviceHandle {
+  std::uint64_t domain = 0;
+  Generation generation = 0;
+  std::uint64_t id = 0;
+  friend constexpr auto operator<=>(const DeviceHandle&, const DeviceHandle&) = default;
+};
+
+// Tagged exactly like a handle so a stale event never reads as a new copy.
+struct CopyEvent {
+  std::uint64_t domain = 0;
+  Generation generation = 0;
+  std::uint64_t id = 0;
+  friend constexpr auto operator<=>(const CopyEvent&, const CopyEvent&) = default;
+};
+
+// ---- specs and ranges -------------------------------------------------------
+
+enum class ShapeKind : std::uint8_t { Scalar, Vector, Matrix, Tensor };
+
+struct ObjectSpec {
+  std::uint64_t max_extent = 0;
+  std::uint64_t alignment = 0;
+  DType dtype = DType::UInt8;
+  ShapeKind shape = ShapeKind::Tensor;
+};
+
+// Offsets are into the host ring's block.
+struct HostRange {
+  std::uint64_t offset = 0;
+  std::uint64_t len = 0;
+  friend constexpr bool operator==(const HostRange&, const HostRange&) = default;
+};
+
+struct DeviceRange {
+  DeviceHandle handle;
+  std::uint64_t offset = 0;
+  std::uint64_t len = 0;
+  friend constexpr bool operator==(const DeviceRange&, const DeviceRange&) = default;
+};
+
+enum class CopyMode : std::uint8_t { Sync, Async };
+enum class CopyDirection : std::uint8_t { HostToDevice, DeviceToHost };
+
+// ---- tensor shapes ----------------------------------------------------------
+
+inline constexpr int kMaxRank = 8;
+
+// A fixed-capacity list of dimensions (sizes or element strides).
+class Dims {
+ public:
+  constexpr Dims() = default;
+  constexpr Dims(std::initializer_list<std::int64_t> values) {
+    for (auto v : values) push_back(v);
+  }
+  explicit Dims(std::span<const std::int64_t> values);
+
+  constexpr int size() const noexcept { return rank_; }
+  constexpr bool empty() const noexcept { return rank_ == 0; }
+  constexpr std::int64_t operator[](int i) const noexcept { return values_[i]; }
+  constexpr std::int64_t& operator[](int i) noexcept { return values_[i]; }
+  constexpr const std::int64_t* data() const noexcept { return values_.data(); }
+  constexpr const std::int64_t* begin() const noexcept { return values_.data(); }
+  constexpr const std::int64_t* end() const noexcept { return values_.data() + rank_; }
+  // Throws InvalidTensorView past kMaxRank.
+  void push_back(std::int64_t v);
+  friend bool operator==(const Dims& a, const Dims& b) noexcept;
+
+ private:
+  std::array<std::int64_t, kMaxRank> values_{};
+  int rank_ = 0;
+};
+
+// Row-major element strides for a shape.
+Dims contiguous_strides(const Dims& shape) noexcept;
+
+// What a caller asks a view to look like. Strides are in elements (as in
+// DLPack); absent strides mean row-major contiguous.
+struct ViewSpec {
+  DType dtype = DType::UInt8;
+  Dims shape;
+  std::optional<Dims> strides;
+  std::uint64_t byte_offset = 0;
+};
+
+// A zero-copy view over a live allocation. `data` is the device address of the
+// allocation (the view starts at data + byte_offset, as DLPack's data/byte_offset).
+struct TensorView {
+  std::uint64_t data = 0;
+  std::string_view device;  // tinygrad's device name: "CPU", "CUDA:0", "CL", ...
+  int dlpack_device_type = 0;
+  int device_ordinal = 0;
+  DType dtype = DType::UInt8;
+  Dims shape;
+  Dims strides;  // elements
+  std::uint64_t byte_offset = 0;
+  DeviceHandle handle;
+  bool contiguous() const noexcept { return strides == contiguous_strides(shape); }
+};
+
+}  // namespace devbridge

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs what devbridge needs to build and test, idempotently: Debian
+# packages (only those missing) and Python packages into .venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+apt_packages=(
+  cmake ninja-build g++ clang pkg-config
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev librapidcheck-dev libdlpack-dev
+  ocl-icd-opencl-dev opencl-headers pocl-opencl-icd
+)
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# Python: a project-local virtual environment, so the system interpreter is untouched.
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+stamp=.venv/.devbridge-requirements
+if ! cmp -s requirements-dev.txt "$stamp" 2>/dev/null; then
+  echo "setup: installing Python packages from requirements-dev.txt"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -r requirements-dev.txt
+  cp requirements-dev.txt "$stamp"
+fi

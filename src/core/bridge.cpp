@@ -1,0 +1,889 @@
+// The bridge's state machine. One lock guards all bookkeeping; backend work
+// that can block (sync copies, compute, quiesce) runs outside it, with the
+// allocation and ring range pinned so nothing is freed underneath.
+#include "devbridge/bridge.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <limits>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "core/host_ring.hpp"
+#include "core/spin_lock.hpp"
+
+namespace devbridge {
+
+namespace {
+
+constexpr bool is_power_of_two(std::uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+// Handle and event ids: the low half is a slot index, the high half the
+// slot's use count. A slot whose count would wrap is retired, never reused,
+// so an id is never handed out twice inside a domain.
+constexpr std::uint64_t make_id(std::uint32_t slot, std::uint32_t version) {
+  return (std::uint64_t{version} << 32) | slot;
+}
+constexpr std::uint32_t id_slot(std::uint64_t id) { return static_cast<std::uint32_t>(id); }
+constexpr std::uint32_t id_version(std::uint64_t id) { return static_cast<std::uint32_t>(id >> 32); }
+
+std::string describe(const DeviceHandle& h) {
+  return fmt::format("handle {{domain {}, generation {}, id {:#x}}}", h.domain, h.generation, h.id);
+}
+std::string describe(const CopyEvent& e) {
+  return fmt::format("copy event {{domain {}, generation {}, id {:#x}}}", e.domain, e.generation, e.id);
+}
+std::string describe(const HostRange& r) { return fmt::format("host range [offset {}, len {}]", r.offset, r.len); }
+
+std::atomic<std::uint64_t> g_next_domain{1};
+
+// Small free-list table of versioned slots, shared by allocations and copies.
+template <class Slot>
+class SlotTable {
+ public:
+  // Returns a free slot index; its version is already bumped for the new use.
+  std::uint32_t acquire() {
+    std::uint32_t index;
+    if (!free_.empty()) {
+      index = free_.back();
+      free_.pop_back();
+    } else {
+      if (slots_.size() >= std::numeric_limits<std::uint32_t>::max())
+        throw Error(ErrorKind::AllocationFailed, "bridge slot table exhausted (2^32 live records)");
+      index = static_cast<std::uint32_t>(slots_.size());
+      slots_.emplace_back();
+    }
+    ++slots_[index].version;
+    ++live_;
+    return index;
+  }
+  void retire(std::uint32_t index) {
+    auto& slot = slots_[index];
+    const std::uint32_t version = slot.version;
+    slot = Slot{};
+    slot.version = version;
+    --live_;
+    if (version != std::numeric_limits<std::uint32_t>::max()) free_.push_back(index);
+  }
+  Slot* find(std::uint64_t id) noexcept {
+    const auto index = id_slot(id);
+    if (index >= slots_.size()) return nullptr;
+    auto& slot = slots_[index];
+    return (slot.in_use && slot.version == id_version(id)) ? &slot : nullptr;
+  }
+  Slot& operator[](std::uint32_t index) noexcept { return slots_[index]; }
+  const Slot* at(std::uint32_t index) const noexcept { return index < slots_.size() ? &slots_[index] : nullptr; }
+  std::size_t live() const noexcept { return live_; }
+  template <class F>
+  void for_each_in_use(F&& f) {
+    for (std::uint32_t i = 0; i < slots_.size(); ++i)
+      if (slots_[i].in_use) f(i, slots_[i]);
+  }
+
+ private:
+  std::vector<Slot> slots_;
+  std::vector<std::uint32_t> free_;
+  std::size_t live_ = 0;
+};
+
+struct AllocationSlot {
+  std::uint32_t version = 0;
+  bool in_use = false;
+  bool released = false;  // deferred free: unusable, freed when the last use ends
+  ObjectSpec spec;
+  std::uint64_t extent = 0;
+  DeviceAllocation device;
+  std::uint32_t copies = 0;   // in-flight copies of either direction, sync ones too
+  std::uint32_t uploads = 0;  // of those, copies into the allocation
+  std::uint32_t steps = 0;    // active compute steps, and launches in progress
+  std::uint32_t views = 0;    // live view leases
+  bool used() const noexcept { return copies || steps || views; }
+};
+
+enum class CopyPhase : std::uint8_t { Pending, Failed };
+
+struct CopySlot {
+  std::uint32_t version = 0;
+  bool in_use = false;
+  CopyPhase phase = CopyPhase::Pending;
+  CopyDirection direction = CopyDirection::HostToDevice;
+  CopyMode mode = CopyMode::Async;
+  std::uint32_t allocation = 0;
+  detail::HostRing::Position ring_key = 0;
+  std::uint64_t bytes = 0;
+  ErrorKind error = ErrorKind::DeviceCopyFailed;
+  std::string message;
+};
+
+ErrorKind copy_failure_kind(CopyDirection direction) {
+  return direction == CopyDirection::HostToDevice ? ErrorKind::DeviceCopyFailed : ErrorKind::OutputCopyFailed;
+}
+
+}  // namespace
+
+namespace detail {
+
+class BridgeCore {
+ public:
+  BridgeCore(std::unique_ptr<Backend> backend, const BridgeOptions& options)
+      : backend_(std::move(backend)), domain_(g_next_domain.fetch_add(1)), generation_(options.generation) {
+    if (!backend_) throw Error(ErrorKind::Unavailable, "bridge constructed without a backend");
+    if (options.ring_bytes == 0) throw Error(ErrorKind::InvalidExtent, "ring_bytes must be non-zero");
+    ring_ = HostRing(backend_->allocate_host(options.ring_bytes));
+    inflight_budget_ = options.inflight_budget_bytes ? options.inflight_budget_bytes : options.ring_bytes;
+    const auto info = backend_->describe();
+    device_string_ = info.device_string;
+    dlpack_device_ = static_cast<int>(info.dlpack_device);
+    device_ordinal_ = info.device_ordinal;
+  }
+
+  ~BridgeCore() = default;
+
+  // ---- lifetime of the core itself ----
+  void detach_owner() noexcept {
+    try {
+      close();
+    } catch (const std::exception& e) {
+      spdlog::error("devbridge: closing the bridge failed: {}", e.what());
+    }
+    bool last;
+    {
+      std::lock_guard guard(lock_);
+      owner_alive_ = false;
+      last = outstanding_leases_ == 0;
+    }
+    if (last) delete this;
+  }
+
+  // ---- state checks ----
+  void check_usable() const {
+    if (closed_) throw Error(ErrorKind::Closed, "the bridge is closed");
+    if (broken_)
+      throw Error(ErrorKind::Broken, fmt::format("the bridge is broken ({}); restart it to recover", broken_reason_));
+  }
+
+  // Entry of every call that touches state: waits out a restart in progress.
+  void enter(std::unique_lock<SpinLock>& lock) {
+    while (restarting_) {
+      ++waiters_;
+      cv_.wait(lock);
+      --waiters_;
+    }
+    check_usable();
+  }
+
+  void notify() {
+    if (waiters_) cv_.notify_all();
+  }
+
+  void mark_broken(const Error& error) {
+    if (!broken_) {
+      broken_ = true;
+      broken_reason_ = std::string(error.what());
+      spdlog::error("devbridge: bridge (domain {}) is broken: {}", domain_, broken_reason_);
+    }
+  }
+
+  // ---- handles ----
+  void check_tag(std::uint64_t domain, Generation generation, const auto& describe_it) const {
+    if (domain != domain_)
+      throw Error(ErrorKind::ForeignDomain,
+                  fmt::format("{} belongs to domain {}, this bridge is domain {}", describe_it(), domain, domain_));
+    if (generation < generation_)
+      throw Error(ErrorKind::OldGenerationHandle,
+                  fmt::format("{} is from generation {}, the bridge is at generation {}", describe_it(), generation,
+                              generation_));
+    if (generation > generation_)
+      throw Error(ErrorKind::UnknownDeviceHandle,
+                  fmt::format("{} names generation {}, newer than the bridge's {}", describe_it(), generation,
+                              generation_));
+  }
+
+  AllocationSlot& allocation(const DeviceHandle& h) {
+    check_tag(h.domain, h.generation, [&] { return describe(h); });
+    auto* slot = allocations_.find(h.id);
+    if (!slot || slot->released)
+      throw Error(ErrorKind::UnknownDeviceHandle,
+                  fmt::format("{} is unknown, already freed or released", describe(h)));
+    return *slot;
+  }
+
+  void validate_device_range(const DeviceRange& range, const AllocationSlot& slot) const {
+    const auto elem = dtype_size(slot.spec.dtype);
+    if (range.len == 0 || range.offset > slot.extent || range.len > slot.extent - range.offset)
+      throw Error(ErrorKind::InvalidRange,
+                  fmt::format("device range [offset {}, len {}] of {} is outside its extent of {} bytes (or empty)",
+                              range.offset, range.len, describe(range.handle), slot.extent));
+    if (range.offset % elem || range.len % elem)
+      throw Error(ErrorKind::InvalidRange,
+                  fmt::format("device range [offset {}, len {}] of {} is not aligned to its {} elements ({} bytes)",
+                              range.offset, range.len, describe(range.handle), dtype_info(slot.spec.dtype).name, elem));
+  }
+
+  // Frees a released allocation once nothing uses it any more.
+  void maybe_finish_release(std::uint32_t index) {
+    auto& slot = allocations_[index];
+    if (slot.in_use && slot.released && !slot.used()) free_slot(index);
+  }
+
+  void free_slot(std::uint32_t index) {
+    auto& slot = allocations_[index];
+    backend_->free(slot.device);
+    allocated_bytes_ -= slot.device.bytes;
+    allocations_.retire(index);
+  }
+
+  // ---- allocation ----
+  DeviceHandle alloc_device(const ObjectSpec& spec, std::uint64_t extent) {
+    // Validation needs no state, so it happens before taking the lock.
+    if (!is_power_of_two(spec.alignment))
+      throw Error(ErrorKind::InvalidAlignment,
+                  fmt::format("alignment {} is not a non-zero power of two", spec.alignment));
+    const auto elem = dtype_size(spec.dtype);
+    if (extent == 0 || extent > spec.max_extent || (extent & (spec.alignment - 1)) || extent % elem)
+      throw Error(ErrorKind::InvalidExtent,
+                  fmt::format("extent {} must be non-zero, at most max_extent {}, and a multiple of the alignment {} "
+                              "and of the {} size {}",
+                              extent, spec.max_extent, spec.alignment, dtype_info(spec.dtype).name, elem));
+    std::unique_lock lock(lock_);
+    enter(lock);
+    const auto index = allocations_.acquire();
+    DeviceAllocation device;
+    try {
+      device = backend_->allocate(extent, spec.alignment);
+    } catch (const Error& e) {
+      allocations_.retire(index);
+      if (e.fatal()) mark_broken(e);
+      throw;
+    }
+    auto& slot = allocations_[index];
+    slot.in_use = true;
+    slot.spec = spec;
+    slot.extent = extent;
+    slot.device = device;
+    allocated_bytes_ += device.bytes;
+    return DeviceHandle{domain_, generation_, make_id(index, slot.version)};
+  }
+
+  std::string uses(const AllocationSlot& slot) const {
+    return fmt::format("{} cop{} in flight, {} compute step{}, {} live view{}", slot.copies,
+                       slot.copies == 1 ? "y" : "ies", slot.steps, slot.steps == 1 ? "" : "s", slot.views,
+                       slot.views == 1 ? "" : "s");
+  }
+
+  void free_device(const DeviceHandle& h) {
+    std::unique_lock lock(lock_);
+    enter(lock);
+    auto& slot = allocation(h);
+    if (slot.used())
+      throw Error(ErrorKind::AllocationStillInUse, fmt::format("{} is still used: {}", describe(h), uses(slot)));
+    free_slot(id_slot(h.id));
+  }
+
+  void release(const DeviceHandle& h) {
+    std::unique_lock lock(lock_);
+    enter(lock);
+    auto& slot = allocation(h);
+    slot.released = true;
+    maybe_finish_release(id_slot(h.id));
+  }
+
+  std::pair<ObjectSpec, std::uint64_t> spec_of(const DeviceHandle& h) {
+    std::unique_lock lock(lock_);
+    enter(lock);
+    auto& slot = allocation(h);
+    return {slot.spec, slot.extent};
+  }
+
+  // ---- ring ----
+  HostRange reserve(std::uint64_t bytes, std::uint64_t alignment) {
+    std::unique_lock lock(lock_);
+    enter(lock);
+    return ring_.reserve(bytes, alignment);
+  }
+  void release_host(HostRange range) {
+    std::unique_lock lock(lock_);
+    check_not_closed();
+    ring_.release(range);
+  }
+  std::span<std::byte> host_bytes(HostRange range) {
+    std::unique_lock lock(lock_);
+    check_not_closed();
+    ring_.find(range);
+    return {ring_.data(range), range.len};
+  }
+  void check_not_closed() const {
+    if (closed_) throw Error(ErrorKind::Closed, "the bridge is closed");
+  }
+  std::uint64_t ring_capacity() const noexcept { return ring_.capacity(); }
+  std::uint64_t ring_free_bytes() {
+    std::lock_guard guard(lock_);
+    return ring_.free_bytes();
+  }
+
+  // ---- copies ----
+  // Waits (draining completions itself, so no other thread need poll) until
+  // `ready()` holds or the deadline passes. Called with the lock held.
+  template <class Ready>
+  bool wait_until(std::unique_lock<SpinLock>& lock, std::chrono::steady_clock::time_point deadline, Ready ready) {
+    constexpr auto kSlice = std::chrono::milliseconds(2);
+    for (;;) {
+      drain_locked();
+      if (ready()) return true;
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) return false;
+      lock.unlock();
+      backend_->wait_for_completions(std::min<std::chrono::nanoseconds>(deadline - now, kSlice));
+      lock.lock();
+      enter(lock);
+    }
+  }
+
+  CopyEvent copy(CopyDirection direction, HostRange host, DeviceRange device, CopyMode mode, Admission admission) {
+    std::unique_lock lock(lock_);
+    enter(lock);
+    auto* slot = &allocation(device.handle);
+    validate_device_range(device, *slot);
+    if (host.len != device.len)
+      throw Error(ErrorKind::InvalidRange, fmt::format("{} and device range of {} bytes differ in length",
+                                                       describe(host), device.len));
+    auto ring_key = ring_.find(host);
+    if (mode == CopyMode::Async && inflight_bytes_ + host.len > inflight_budget_) {
+      if (host.len > inflight_budget_)
+        throw Error(ErrorKind::Backpressure, fmt::format("a copy of {} bytes exceeds the whole in-flight budget of {} "
+                                                         "bytes",
+                                                         host.len, inflight_budget_));
+      const auto deadline = std::chrono::steady_clock::now() + admission.wait_for_room;
+      const bool room = admission.wait_for_room.count() > 0 &&
+                        wait_until(lock, deadline, [&] { return inflight_bytes_ + host.len <= inflight_budget_; });
+      if (!room)
+        throw Error(ErrorKind::Backpressure,
+                    fmt::format("{} bytes in flight of a {}-byte budget; no room for {} more", inflight_bytes_,
+                                inflight_budget_, host.len));
+      // The lock was dropped while waiting: everything must be checked again.
+      slot = &allocation(device.handle);
+      ring_key = ring_.find(host);
+    }
+
+    const auto alloc_index = id_slot(device.handle.id);
+    const auto copy_index = copies_.acquire();
+    auto& record = copies_[copy_index];
+    record.in_use = true;
+    record.direction = direction;
+    record.mode = mode;
+    record.allocation = alloc_index;
+    record.ring_key = ring_key;
+    record.bytes = host.len;
+    const CopyEvent event{domain_, generation_, make_id(copy_index, record.version)};
+    pin(*slot, record);
+
+    const CopyRequest request{direction, mode, event, ring_.data(host), slot->device, device.offset, host.len};
+    if (mode == CopyMode::Async) {
+      // Submission is an enqueue: it stays under the lock, so a completion
+      // can never be drained before its record exists.
+      inflight_bytes_ += host.len;
+      try {
+        backend_->submit_copy(request);
+      } catch (const Error& e) {
+        inflight_bytes_ -= host.len;
+        unpin_and_retire(copy_index);
+        throw copy_error(direction, e);
+      }
+      ++copies_submitted_;
+      return event;
+    }
+
+    // Sync: the copy itself runs unlocked; pins keep memory and range alive.
+    ++calls_in_progress_;
+    lock.unlock();
+    std::optional<Error> failure;
+    try {
+      backend_->submit_copy(request);
+    } catch (const Error& e) {
+      failure.emplace(copy_error(direction, e));
+    }
+    lock.lock();
+    --calls_in_progress_;
+    unpin_and_retire(copy_index);
+    notify();
+    if (failure) throw *failure;
+    ++copies_submitted_;
+    ++copies_completed_;
+    return event;
+  }
+
+  Error copy_error(CopyDirection direction, const Error& e) {
+    // Backends may report a copy failure generically; the contract names it by direction.
+    const bool copy_kind = e.kind() == ErrorKind::DeviceCopyFailed || e.kind() == ErrorKind::OutputCopyFailed;
+    Error mapped(copy_kind ? copy_failure_kind(direction) : e.kind(), e.message(), e.fatal());
+    if (mapped.fatal()) mark_broken(mapped);
+    ++copies_failed_;
+    return mapped;
+  }
+
+  void pin(AllocationSlot& slot, const CopySlot& record) {
+    ++slot.copies;
+    if (record.direction == CopyDirection::HostToDevice) ++slot.uploads;
+    ring_.pin(record.ring_key);
+  }
+
+  // The copy no longer touches the allocation or the host range.
+  void unpin(const CopySlot& record) {
+    auto& slot = allocations_[record.allocation];
+    --slot.copies;
+    if (record.direction == CopyDirection::HostToDevice) --slot.uploads;
+    ring_.unpin(record.ring_key);
+    maybe_finish_release(record.allocation);
+  }
+
+  void unpin_and_retire(std::uint32_t copy_index) {
+    unpin(copies_[copy_index]);
+    copies_.retire(copy_index);
+  }
+
+  std::size_t drain_locked() {
+    drained_.clear();
+    backend_->drain_completions(drained_);
+    for (const auto& completion : drained_) apply(completion);
+    return drained_.size();
+  }
+
+  void apply(const Completion& c) {
+    CopySlot* record = nullptr;
+    if (c.event.domain == domain_ && c.event.generation == generation_) record = copies_.find(c.event.id);
+    if (!record || record->phase != CopyPhase::Pending || record->mode != CopyMode::Async) {
+      // Never applied to another copy: ids carry domain, generation and version.
+      ++stale_completions_;
+      spdlog::warn("devbridge: ignored a completion for {} ({}): bridge is domain {} generation {}; "
+                   "{} stale completions so far",
+                   describe(c.event), c.ok ? "ok" : "failed", domain_, generation_, stale_completions_);
+      return;
+    }
+    inflight_bytes_ -= record->bytes;
+    const auto index = id_slot(c.event.id);
+    if (c.ok) {
+      ++copies_completed_;
+      unpin_and_retire(index);
+    } else {
+      // The record stays (until restart) so the failure can be read back; the
+      // host range is unpinned and stays the caller's, to retry.
+      ++copies_failed_;
+      record->phase = CopyPhase::Failed;
+      const bool copy_kind = c.error == ErrorKind::DeviceCopyFailed || c.error == ErrorKind::OutputCopyFailed;
+      record->error = copy_kind ? copy_failure_kind(record->direction) : c.error;
+      record->message = c.message.empty() ? "the backend reported the copy failed" : c.message;
+      unpin(*record);
+      if (c.fatal) mark_broken(Error(record->error, record->message, true));
+    }
+  }
+
+  CopyStatus status_locked(const CopyEvent& e) {
+    check_tag(e.domain, e.generation, [&] { return describe(e); });
+    const auto* slot = copies_.at(id_slot(e.id));
+    const auto version = id_version(e.id);
+    if (!slot || version == 0 || version > slot->version || (version == slot->version && !slot->in_use))
+      throw Error(ErrorKind::UnknownDeviceHandle, fmt::format("{} was never issued by this bridge", describe(e)));
+    if (version < slot->version) return CopyStatus{CopyState::Completed, std::nullopt, {}};
+    if (slot->phase == CopyPhase::Failed) return CopyStatus{CopyState::Failed, slot->error, slot->message};
+    return CopyStatus{};
+  }
+
+  CopyStatus copy_status(const CopyEvent& e) {
+    std::unique_lock lock(lock_);
+    enter(lock);
+    drain_locked();
+    return status_locked(e);
+  }
+
+  bool is_completed(const CopyEvent& e) {
+    std::unique_lock lock(lock_);
+    enter(lock);
+    // Cheap first look: a retired event needs no drain.
+    if (status_locked(e).state == CopyState::Completed) return true;
+    drain_locked();
+    return status_locked(e).state == CopyState::Completed;
+  }
+
+  CopyStatus wait(const CopyEvent& e, std::optional<std::chrono::nanoseconds> timeout) {
+    const auto deadline = timeout ? std::chrono::steady_clock::now() + *timeout
+                                  : std::chrono::steady_clock::time_point::max();
+    std::unique_lock lock(lock_);
+    enter(lock);
+    CopyStatus status;
+    wait_until(lock, deadline, [&] {
+      status = status_locked(e);
+      return status.state != CopyState::Pending;
+    });
+    return status;
+  }
+
+  std::size_t poll() {
+    std::unique_lock lock(lock_);
+    enter(lock);
+    return drain_locked();
+  }
+
+  // ---- compute ----
+  void begin_step(StepId step, std::span<const DeviceHandle> handles) {
+    std::unique_lock lock(lock_);
+    enter(lock);
+    if (steps_.contains(step))
+      throw Error(ErrorKind::Unsupported, fmt::format("step {} is already active; end it first", step));
+    std::vector<std::uint32_t> indices;
+    indices.reserve(handles.size());
+    for (const auto& h : handles) {
+      allocation(h);  // validates; throws before anything changes
+      indices.push_back(id_slot(h.id));
+    }
+    for (auto index : indices) ++allocations_[index].steps;
+    steps_.emplace(step, std::move(indices));
+  }
+
+  void end_step(StepId step) {
+    std::unique_lock lock(lock_);
+    enter(lock);
+    auto it = steps_.find(step);
+    if (it == steps_.end())
+      throw Error(ErrorKind::UnknownDeviceHandle,
+                  fmt::format("step {} is not active (never begun, already ended, or from before a restart)", step));
+    for (auto index : it->second) {
+      --allocations_[index].steps;
+      maybe_finish_release(index);
+    }
+    steps_.erase(it);
+  }
+
+  void launch_axpy(const DeviceRange& x, const DeviceRange& y, float a, float b) {
+    std::unique_lock lock(lock_);
+    enter(lock);
+    auto& xs = allocation(x.handle);
+    auto& ys = allocation(y.handle);
+    for (const auto* s : {&xs, &ys})
+      if (s->spec.dtype != DType::Float32)
+        throw Error(ErrorKind::InvalidViewDType, fmt::format("axpy runs over float32; an operand holds {}",
+                                                             dtype_info(s->spec.dtype).name));
+    validate_device_range(x, xs);
+    validate_device_range(y, ys);
+    if (x.len != y.len)
+      throw Error(ErrorKind::InvalidRange, fmt::format("axpy ranges differ in length: {} vs {} bytes", x.len, y.len));
+    if (ys.copies)
+      throw Error(ErrorKind::AllocationStillInUse,
+                  fmt::format("axpy would write {} while it has {} cop{} in flight", describe(y.handle), ys.copies,
+                              ys.copies == 1 ? "y" : "ies"));
+    const AxpyLaunch launch{xs.device, x.offset, ys.device, y.offset, x.len / sizeof(float), a, b};
+    const auto xi = id_slot(x.handle.id), yi = id_slot(y.handle.id);
+    ++xs.steps;
+    ++ys.steps;
+    ++calls_in_progress_;
+    lock.unlock();
+    std::optional<Error> failure;
+    try {
+      backend_->launch_axpy(launch);
+    } catch (const Error& e) {
+      failure.emplace(e);
+    }
+    lock.lock();
+    --calls_in_progress_;
+    for (auto index : {xi, yi}) {
+      --allocations_[index].steps;
+      maybe_finish_release(index);
+    }
+    notify();
+    if (failure) {
+      if (failure->fatal()) mark_broken(*failure);
+      throw *failure;
+    }
+  }
+
+  // ---- views ----
+  TensorView view(const DeviceHandle& h, const ViewSpec& spec, ViewWait wait_mode) {
+    std::unique_lock lock(lock_);
+    enter(lock);
+    auto* slot = &allocation(h);
+    if (spec.dtype != slot->spec.dtype)
+      throw Error(ErrorKind::InvalidViewDType,
+                  fmt::format("view dtype {} differs from {}'s dtype {}", dtype_info(spec.dtype).name, describe(h),
+                              dtype_info(slot->spec.dtype).name));
+    TensorView view = shape_view(h, spec, *slot);
+    if (slot->uploads) {
+      if (wait_mode == ViewWait::Refuse)
+        throw Error(ErrorKind::AllocationStillInUse,
+                    fmt::format("{} has {} cop{} into it in flight; wait for them or ask the view to wait",
+                                describe(h), slot->uploads, slot->uploads == 1 ? "y" : "ies"));
+      wait_until(lock, std::chrono::steady_clock::time_point::max(), [&] {
+        slot = &allocation(h);
+        return slot->uploads == 0;
+      });
+    }
+    backend_->validate_view(slot->device, view);
+    ++slot->views;
+    ++outstanding_leases_;
+    return view;
+  }
+
+  TensorView shape_view(const DeviceHandle& h, const ViewSpec& spec, const AllocationSlot& slot) const {
+    const std::int64_t elem = dtype_size(spec.dtype);
+    const Dims strides = spec.strides ? *spec.strides : contiguous_strides(spec.shape);
+    auto invalid = [&](std::string_view why) {
+      return Error(ErrorKind::InvalidTensorView, fmt::format("view of {} ({} bytes): {}", describe(h), slot.extent, why));
+    };
+    if (strides.size() != spec.shape.size())
+      throw invalid(fmt::format("{} strides for {} dimensions", strides.size(), spec.shape.size()));
+    if (spec.byte_offset % elem) throw invalid(fmt::format("byte offset {} is not a multiple of {}", spec.byte_offset, elem));
+    // Lowest and highest element reached, relative to byte_offset, without overflow.
+    std::int64_t lowest = 0, highest = 0;
+    for (int i = 0; i < spec.shape.size(); ++i) {
+      const auto n = spec.shape[i];
+      if (n <= 0) throw invalid(fmt::format("dimension {} has size {}", i, n));
+      std::int64_t reach;
+      if (__builtin_mul_overflow(n - 1, strides[i], &reach)) throw invalid("strides overflow");
+      if ((reach > 0 ? __builtin_add_overflow(highest, reach, &highest)
+                     : __builtin_add_overflow(lowest, reach, &lowest)))
+        throw invalid("strides overflow");
+    }
+    std::int64_t first_byte, end_byte;
+    const auto offset = static_cast<std::int64_t>(std::min<std::uint64_t>(spec.byte_offset, INT64_MAX / 2));
+    if (__builtin_mul_overflow(lowest, elem, &first_byte) || __builtin_add_overflow(first_byte, offset, &first_byte) ||
+        __builtin_mul_overflow(highest + 1, elem, &end_byte) || __builtin_add_overflow(end_byte, offset, &end_byte))
+      throw invalid("extent overflow");
+    if (first_byte < 0 || static_cast<std::uint64_t>(end_byte) > slot.extent)
+      throw invalid(fmt::format("shape and strides reach bytes [{}, {}) outside the extent", first_byte, end_byte));
+    TensorView view;
+    view.data = slot.device.address;
+    view.device = device_string_;
+    view.dlpack_device_type = dlpack_device_;
+    view.device_ordinal = device_ordinal_;
+    view.dtype = spec.dtype;
+    view.shape = spec.shape;
+    view.strides = strides;
+    view.byte_offset = spec.byte_offset;
+    view.handle = h;
+    return view;
+  }
+
+  void end_view(const DeviceHandle& h) noexcept {
+    bool last;
+    {
+      std::lock_guard guard(lock_);
+      --outstanding_leases_;
+      if (h.domain == domain_ && h.generation == generation_ && !closed_) {
+        const auto index = id_slot(h.id);
+        auto& slot = allocations_[index];
+        if (slot.in_use && slot.version == id_version(h.id) && slot.views > 0) {
+          --slot.views;
+          maybe_finish_release(index);
+        }
+      }
+      last = !owner_alive_ && outstanding_leases_ == 0;
+    }
+    if (last) delete this;
+  }
+
+  // ---- restart / close ----
+  // Stops new work, waits for calls running outside the lock, quiesces the
+  // backend and frees everything the old generation held.
+  void quiesce_and_free_all(std::unique_lock<SpinLock>& lock) {
+    restarting_ = true;
+    while (calls_in_progress_) {
+      ++waiters_;
+      cv_.wait(lock);
+      --waiters_;
+    }
+    lock.unlock();
+    try {
+      backend_->quiesce();
+    } catch (const Error& e) {
+      spdlog::error("devbridge: quiesce failed: {}", e.what());
+    }
+    lock.lock();
+    if (!broken_) drain_locked();
+    copies_.for_each_in_use([&](std::uint32_t index, CopySlot&) { copies_.retire(index); });
+    allocations_.for_each_in_use([&](std::uint32_t index, AllocationSlot&) { free_slot(index); });
+    steps_.clear();
+    ring_.unpin_all();
+    inflight_bytes_ = 0;
+  }
+
+  void restart(Generation generation) {
+    std::unique_lock lock(lock_);
+    while (restarting_) {
+      ++waiters_;
+      cv_.wait(lock);
+      --waiters_;
+    }
+    check_not_closed();
+    if (generation <= generation_)
+      throw Error(ErrorKind::OldGenerationHandle,
+                  fmt::format("restart to generation {} refused: it must be greater than the current {}", generation,
+                              generation_));
+    quiesce_and_free_all(lock);
+    generation_ = generation;
+    broken_ = false;
+    broken_reason_.clear();
+    ++restarts_;
+    restarting_ = false;
+    notify();
+  }
+
+  void close() {
+    std::unique_lock lock(lock_);
+    while (restarting_) {
+      ++waiters_;
+      cv_.wait(lock);
+      --waiters_;
+    }
+    if (closed_) return;
+    quiesce_and_free_all(lock);
+    backend_->free_host(ring_.block());
+    ring_ = HostRing();
+    closed_ = true;
+    restarting_ = false;
+    notify();
+  }
+
+  BridgeStats stats() {
+    std::lock_guard guard(lock_);
+    BridgeStats s;
+    s.generation = generation_;
+    s.domain = domain_;
+    s.broken = broken_;
+    s.closed = closed_;
+    s.live_allocations = allocations_.live();
+    s.allocated_bytes = allocated_bytes_;
+    s.copies_submitted = copies_submitted_;
+    s.copies_completed = copies_completed_;
+    s.copies_failed = copies_failed_;
+    s.copy_records = copies_.live();
+    copies_.for_each_in_use([&](std::uint32_t, CopySlot& c) { s.copies_in_flight += c.phase == CopyPhase::Pending; });
+    s.inflight_bytes = inflight_bytes_;
+    s.inflight_budget_bytes = inflight_budget_;
+    s.stale_completions = stale_completions_;
+    allocations_.for_each_in_use([&](std::uint32_t, AllocationSlot& a) { s.live_views += a.views; });
+    s.active_steps = steps_.size();
+    s.restarts = restarts_;
+    s.ring_capacity = ring_.capacity();
+    s.ring_used = ring_.used();
+    s.ring_reservations = ring_.reservations();
+    return s;
+  }
+
+  Generation generation() {
+    std::lock_guard guard(lock_);
+    return generation_;
+  }
+
+  Backend& backend() noexcept { return *backend_; }
+  std::uint64_t domain() const noexcept { return domain_; }
+
+ private:
+  mutable SpinLock lock_;
+  std::condition_variable_any cv_;
+  std::unique_ptr<Backend> backend_;
+  const std::uint64_t domain_;
+  Generation generation_;
+  HostRing ring_;
+  SlotTable<AllocationSlot> allocations_;
+  SlotTable<CopySlot> copies_;
+  std::unordered_map<StepId, std::vector<std::uint32_t>> steps_;
+  std::vector<Completion> drained_;
+  std::uint64_t inflight_budget_ = 0;
+  std::uint64_t inflight_bytes_ = 0;
+  std::uint64_t allocated_bytes_ = 0;
+  std::uint64_t copies_submitted_ = 0, copies_completed_ = 0, copies_failed_ = 0;
+  std::uint64_t stale_completions_ = 0;
+  std::uint64_t restarts_ = 0;
+  std::uint64_t outstanding_leases_ = 0;
+  std::uint32_t calls_in_progress_ = 0;
+  std::uint32_t waiters_ = 0;
+  bool restarting_ = false;
+  bool closed_ = false;
+  bool broken_ = false;
+  bool owner_alive_ = true;
+  std::string broken_reason_;
+  std::string device_string_;  // views point at it: it never changes after construction
+  int dlpack_device_ = 0;
+  int device_ordinal_ = 0;
+};
+
+}  // namespace detail
+
+// ---- ViewLease ----
+
+ViewLease::ViewLease(ViewLease&& other) noexcept : core_(std::exchange(other.core_, nullptr)), view_(other.view_) {}
+
+ViewLease& ViewLease::operator=(ViewLease&& other) noexcept {
+  if (this != &other) {
+    reset();
+    core_ = std::exchange(other.core_, nullptr);
+    view_ = other.view_;
+  }
+  return *this;
+}
+
+ViewLease::~ViewLease() { reset(); }
+
+void ViewLease::reset() noexcept {
+  if (auto* core = std::exchange(core_, nullptr)) core->end_view(view_.handle);
+}
+
+// ---- Bridge ----
+
+void Bridge::Detach::operator()(detail::BridgeCore* core) const noexcept { core->detach_owner(); }
+
+Bridge::Bridge(std::unique_ptr<Backend> backend, BridgeOptions options)
+    : core_(new detail::BridgeCore(std::move(backend), options)) {}
+
+Bridge::~Bridge() = default;
+
+std::uint64_t Bridge::domain() const noexcept { return core_->domain(); }
+Generation Bridge::generation() const { return core_->generation(); }
+BackendInfo Bridge::backend_info() const { return core_->backend().describe(); }
+BridgeStats Bridge::stats() const { return core_->stats(); }
+
+DeviceHandle Bridge::alloc_device(const ObjectSpec& spec, std::uint64_t extent) {
+  return core_->alloc_device(spec, extent);
+}
+void Bridge::free_device(DeviceHandle handle) { core_->free_device(handle); }
+void Bridge::release(DeviceHandle handle) { core_->release(handle); }
+std::uint64_t Bridge::extent(DeviceHandle handle) const { return core_->spec_of(handle).second; }
+ObjectSpec Bridge::spec(DeviceHandle handle) const { return core_->spec_of(handle).first; }
+
+HostRange Bridge::reserve(std::uint64_t bytes, std::uint64_t alignment) { return core_->reserve(bytes, alignment); }
+void Bridge::release_host(HostRange range) { core_->release_host(range); }
+std::span<std::byte> Bridge::host_bytes(HostRange range) const { return core_->host_bytes(range); }
+std::uint64_t Bridge::ring_capacity() const noexcept { return core_->ring_capacity(); }
+std::uint64_t Bridge::ring_free_bytes() const { return core_->ring_free_bytes(); }
+
+CopyEvent Bridge::host_to_device(HostRange host, DeviceRange device, CopyMode mode, Admission admission) {
+  return core_->copy(CopyDirection::HostToDevice, host, device, mode, admission);
+}
+CopyEvent Bridge::device_to_host(DeviceRange device, HostRange host, CopyMode mode, Admission admission) {
+  return core_->copy(CopyDirection::DeviceToHost, host, device, mode, admission);
+}
+CopyStatus Bridge::copy_status(CopyEvent event) { return core_->copy_status(event); }
+bool Bridge::safe_to_release_host(CopyEvent event) { return core_->is_completed(event); }
+bool Bridge::host_bytes_valid(CopyEvent event) { return core_->is_completed(event); }
+CopyStatus Bridge::wait(CopyEvent event, std::optional<std::chrono::nanoseconds> timeout) {
+  return core_->wait(event, timeout);
+}
+std::size_t Bridge::poll() { return core_->poll(); }
+
+void Bridge::begin_step(StepId step, std::span<const DeviceHandle> handles) { core_->begin_step(step, handles); }
+void Bridge::end_step(StepId step) { core_->end_step(step); }
+void Bridge::launch_axpy(DeviceRange x, DeviceRange y, float a, float b) { core_->launch_axpy(x, y, a, b); }
+
+ViewLease Bridge::view(DeviceHandle handle, const ViewSpec& spec, ViewWait wait) {
+  return ViewLease(core_.get(), core_->view(handle, spec, wait));
+}
+
+void Bridge::restart(Generation generation) { core_->restart(generation); }
+void Bridge::close() { core_->close(); }
+Backend& Bridge::backend() noexcept { return core_->backend(); }
+
+}  // namespace devbridge

@@ -1,0 +1,60 @@
+// The host ring's bookkeeping: which ranges of one host block are reserved,
+// which are pinned by in-flight copies, and where head and tail are.
+// Not thread-safe on its own: the bridge calls it under its lock.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+
+#include "devbridge/backend.hpp"
+#include "devbridge/types.hpp"
+
+namespace devbridge::detail {
+
+class HostRing {
+ public:
+  // Positions are logical (monotonic, never wrap); a byte's offset in the
+  // block is position % capacity. That keeps "before/after" comparisons
+  // trivial across any number of laps.
+  using Position = std::uint64_t;
+
+  HostRing() = default;
+  explicit HostRing(HostBlock block) : block_(block) {}
+
+  const HostBlock& block() const noexcept { return block_; }
+  std::uint64_t capacity() const noexcept { return block_.bytes; }
+  std::uint64_t used() const noexcept { return head_ - tail_; }
+  std::uint64_t free_bytes() const noexcept { return capacity() - used(); }
+  std::size_t reservations() const noexcept { return live_; }
+
+  HostRange reserve(std::uint64_t bytes, std::uint64_t alignment);
+  // Ends the reservation that `range` names exactly.
+  void release(HostRange range);
+
+  // Validates that `range` lies inside one live reservation and returns that
+  // reservation's key (for pin/unpin). Throws InvalidRange naming the range.
+  Position find(HostRange range) const;
+  void pin(Position key);
+  void unpin(Position key) noexcept;
+  void unpin_all() noexcept;
+
+  std::byte* data(HostRange range) const noexcept { return block_.data + range.offset; }
+
+ private:
+  struct Reservation {
+    Position begin;
+    std::uint64_t len;
+    std::uint32_t pins = 0;
+    bool released = false;
+  };
+  Reservation* lookup(Position key) noexcept;
+  std::deque<Reservation>::const_iterator locate(HostRange range) const;
+
+  HostBlock block_;
+  std::deque<Reservation> reservations_;  // ordered by begin
+  std::size_t live_ = 0;
+  Position head_ = 0;  // end of the newest reservation
+  Position tail_ = 0;  // begin of the oldest reservation still owned
+};
+
+}  // namespace devbridge::detail

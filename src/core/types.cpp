@@ -1,0 +1,89 @@
+#include "devbridge/types.hpp"
+
+#include <algorithm>
+#include <array>
+
+#include <fmt/format.h>
+
+namespace devbridge {
+
+namespace {
+using enum DLPackTypeCode;
+constexpr std::array<DTypeInfo, kDTypeCount> kDTypes = {{
+    {DType::Bool, "bool", "bool", 1, Bool, 8},
+    {DType::Int8, "int8", "int8", 1, Int, 8},
+    {DType::Int16, "int16", "int16", 2, Int, 16},
+    {DType::Int32, "int32", "int32", 4, Int, 32},
+    {DType::Int64, "int64", "int64", 8, Int, 64},
+    {DType::UInt8, "uint8", "uint8", 1, UInt, 8},
+    {DType::UInt16, "uint16", "uint16", 2, UInt, 16},
+    {DType::UInt32, "uint32", "uint32", 4, UInt, 32},
+    {DType::UInt64, "uint64", "uint64", 8, UInt, 64},
+    {DType::Float16, "float16", "float16", 2, Float, 16},
+    {DType::BFloat16, "bfloat16", "bfloat16", 2, BFloat, 16},
+    {DType::Float32, "float32", "float32", 4, Float, 32},
+    {DType::Float64, "float64", "float64", 8, Float, 64},
+    {DType::Fp8E4M3, "float8_e4m3fn", "fp8e4m3", 1, Float8E4M3FN, 8},
+    {DType::Fp8E5M2, "float8_e5m2", "fp8e5m2", 1, Float8E5M2, 8},
+}};
+
+struct Alias {
+  std::string_view name;
+  DType dtype;
+};
+constexpr std::array<Alias, 12> kAliases = {{
+    {"half", DType::Float16},     {"float", DType::Float32},      {"double", DType::Float64},
+    {"int", DType::Int32},        {"long", DType::Int64},         {"char", DType::Int8},
+    {"uchar", DType::UInt8},      {"short", DType::Int16},        {"fp8e4m3", DType::Fp8E4M3},
+    {"fp8e5m2", DType::Fp8E5M2},  {"float8_e4m3", DType::Fp8E4M3}, {"bool_", DType::Bool},
+}};
+
+// Every size above must agree with the constexpr dtype_size() the hot paths use.
+constexpr bool sizes_agree() {
+  for (const auto& info : kDTypes)
+    if (info.size != dtype_size(info.dtype)) return false;
+  return true;
+}
+static_assert(sizes_agree());
+}  // namespace
+
+const DTypeInfo& dtype_info(DType dtype) noexcept { return kDTypes[static_cast<std::size_t>(dtype)]; }
+
+std::span<const DTypeInfo> all_dtypes() noexcept { return kDTypes; }
+
+std::optional<DType> dtype_from_name(std::string_view name) noexcept {
+  if (name.starts_with("dtypes.")) name.remove_prefix(7);
+  for (const auto& info : kDTypes)
+    if (info.name == name || info.tinygrad_name == name) return info.dtype;
+  for (const auto& alias : kAliases)
+    if (alias.name == name) return alias.dtype;
+  return std::nullopt;
+}
+
+Dims::Dims(std::span<const std::int64_t> values) {
+  for (auto v : values) push_back(v);
+}
+
+void Dims::push_back(std::int64_t v) {
+  if (rank_ >= kMaxRank)
+    throw Error(ErrorKind::InvalidTensorView, fmt::format("rank exceeds the maximum of {} dimensions", kMaxRank));
+  values_[rank_++] = v;
+}
+
+bool operator==(const Dims& a, const Dims& b) noexcept {
+  return a.rank_ == b.rank_ && std::equal(a.begin(), a.end(), b.begin());
+}
+
+Dims contiguous_strides(const Dims& shape) noexcept {
+  Dims strides;
+  std::int64_t stride = 1;
+  std::array<std::int64_t, kMaxRank> reversed{};
+  for (int i = shape.size() - 1; i >= 0; --i) {
+    reversed[i] = stride;
+    stride *= shape[i];
+  }
+  for (int i = 0; i < shape.size(); ++i) strides.push_back(reversed[i]);
+  return strides;
+}
+
+}  // namespace devbridge
