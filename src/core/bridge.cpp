@@ -406,13 +406,13 @@ class BridgeCore {
     try {
       backend_->submit_copy(request);
     } catch (const Error& e) {
-      failure.emplace(copy_error(direction, e));
+      failure.emplace(e);
     }
     lock.lock();
     --calls_in_progress_;
     unpin_and_retire(copy_index);
     notify();
-    if (failure) throw *failure;
+    if (failure) throw copy_error(direction, *failure);
     ++copies_submitted_;
     ++copies_completed_;
     return event;
