@@ -1,8 +1,14 @@
 // The CUDA backend. The driver API is loaded at run time (dlopen of
-// libcuda.so.1), so a build with this backend runs on machines without a GPU
-// or driver; there probe() says why CUDA is unavailable.
+// libcuda.so.1, or the file named by $DEVBRIDGE_LIBCUDA), so a build with this
+// backend runs on machines without a GPU or driver; there probe() says why
+// CUDA is unavailable. docs/CUDA.md describes contexts, streams and ordering.
+//
+// This header exists in every build; the functions are defined only when the
+// library was built with the backend (DEVBRIDGE_HAS_CUDA is then defined for
+// every user of the devbridge target).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -21,11 +27,37 @@ Probe probe();
 struct Options {
   int ordinal = 0;
   // A CUcontext the caller owns (e.g. tinygrad's); null means the device's
-  // primary context. Pointers handed out are valid in that context.
+  // primary context. Pointers handed out are valid in that context. The
+  // caller keeps the context alive for the backend's whole life; `ordinal`
+  // is then ignored (the context's device is used).
   void* context = nullptr;
 };
 
 // Throws Error(Unavailable) with the probe's reason.
 std::unique_ptr<Backend> make_cuda_backend(const Options& options = {});
+
+// ---- hooks for bindings (DLPack, tinygrad) ---------------------------------
+// The seam stays vendor-neutral; these reach the CUDA backend behind it
+// (e.g. through Bridge::backend()).
+
+// True when `backend` is a CUDA backend.
+bool is_cuda_backend(const Backend& backend) noexcept;
+
+// The CUcontext the backend's allocations live in. Throws Unsupported for a
+// backend that is not CUDA.
+void* context_of(const Backend& backend);
+
+// Device allocations the backend currently holds (made and not yet freed);
+// the conformance suite checks it returns to zero after a restart. Throws
+// Unsupported for a backend that is not CUDA.
+std::uint64_t live_allocations(const Backend& backend);
+
+// Makes `stream` (a CUstream of the backend's context; 1 and 2 name the
+// legacy and per-thread default streams, exactly as DLPack's `stream`
+// argument does) wait, on the device, for every copy and compute step
+// submitted to the backend so far. The host does not wait. This is what
+// `__dlpack__(stream=s)` needs. Throws Unsupported for a backend that is not
+// CUDA.
+void order_stream_after_submitted_work(Backend& backend, std::uintptr_t stream);
 
 }  // namespace devbridge::cuda

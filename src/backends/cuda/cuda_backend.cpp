@@ -1,0 +1,776 @@
+// The CUDA backend: device memory from cuMemAlloc, the ring from
+// cuMemHostAlloc, copies on two non-blocking streams (one per direction, so
+// uploads and downloads overlap), one pooled event per asynchronous copy, and
+// the compute role on a third stream ordered by stream-event waits.
+//
+// Ordering between the three streams (all on the device, never a host wait):
+//   - a launch waits for every upload and download submitted before it
+//     (so it reads uploaded bytes and never overwrites bytes still being
+//     downloaded);
+//   - a copy submitted after a launch returns waits for that launch (so a
+//     download reads the result, and an upload never overwrites an input the
+//     kernel is still reading).
+// Uploads and downloads are not ordered against each other: the bridge
+// validates their ranges, and that independence is what makes duplex fast.
+//
+// Locks: compute_mutex_ before a stream's mutex, never the other way round.
+// Every driver call runs with the backend's context pushed (ContextGuard) and
+// popped again before returning, so another library's current context is
+// never disturbed.
+#include "devbridge/backends/cuda.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <limits>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backends/cuda/cuda_driver.hpp"
+#include "backends/cuda/cuda_ptx.hpp"
+
+namespace devbridge::cuda {
+namespace {
+
+using detail::check;
+using detail::Driver;
+using detail::make_error;
+using detail::Operation;
+
+// cuMemAlloc returns addresses aligned to at least this (CUDA guarantees 256).
+constexpr std::uint64_t kDriverAlignment = 256;
+constexpr unsigned kAxpyBlockSize = 256;
+
+std::string hex(std::uint64_t value) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "0x%llx", static_cast<unsigned long long>(value));
+  return buffer;
+}
+
+std::string describe_event(const CopyEvent& event) {
+  return "copy event {domain " + std::to_string(event.domain) + ", generation " + std::to_string(event.generation) +
+         ", id " + std::to_string(event.id) + "}";
+}
+
+// Pushes the backend's context for the length of one call and pops it again,
+// restoring whatever the thread had current before.
+class ContextGuard {
+ public:
+  ContextGuard(const Driver& driver, CUcontext context, Operation operation) : driver_(driver) {
+    check(driver, driver.cuCtxPushCurrent_v2(context), "cuCtxPushCurrent", operation);
+  }
+  ~ContextGuard() {
+    CUcontext popped = nullptr;
+    driver_.cuCtxPopCurrent_v2(&popped);
+  }
+  ContextGuard(const ContextGuard&) = delete;
+  ContextGuard& operator=(const ContextGuard&) = delete;
+
+ private:
+  const Driver& driver_;
+};
+
+// Creating and destroying an event per copy costs more than the copy's
+// submission; completed events come back here instead.
+class EventPool {
+ public:
+  explicit EventPool(const Driver& driver) : driver_(driver) {}
+  EventPool(const EventPool&) = delete;
+  EventPool& operator=(const EventPool&) = delete;
+
+  // Needs the context current.
+  CUevent acquire(Operation operation) {
+    {
+      std::lock_guard lock(mutex_);
+      if (!free_.empty()) {
+        CUevent event = free_.back();
+        free_.pop_back();
+        return event;
+      }
+    }
+    CUevent event = nullptr;
+    check(driver_, driver_.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), "cuEventCreate", operation);
+    return event;
+  }
+
+  void give_back(CUevent event) noexcept {
+    std::lock_guard lock(mutex_);
+    try {
+      free_.push_back(event);
+    } catch (...) {
+      driver_.cuEventDestroy_v2(event);
+    }
+  }
+
+  // Needs the context current.
+  void destroy_all() noexcept {
+    std::lock_guard lock(mutex_);
+    for (CUevent event : free_) driver_.cuEventDestroy_v2(event);
+    free_.clear();
+  }
+
+ private:
+  const Driver& driver_;
+  std::mutex mutex_;
+  std::vector<CUevent> free_;
+};
+
+struct PendingCopy {
+  CopyEvent event;
+  CUevent done = nullptr;
+  std::uint64_t bytes = 0;
+};
+
+struct CopyStream {
+  CopyDirection direction;
+  const char* call;  // the driver call that enqueues this direction's copies
+  Operation operation;
+  ErrorKind failure_kind;
+  CUstream stream = nullptr;
+  std::mutex mutex;
+  // Submission order is stream order, so completions arrive front first.
+  std::deque<PendingCopy> pending;
+  // Launches this stream has been made to wait for (see launches_).
+  std::atomic<std::uint64_t> waited_launches{0};
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(const Driver& driver, const Options& options) : driver_(driver), events_(driver) {
+    upload_.direction = CopyDirection::HostToDevice;
+    upload_.call = "cuMemcpyHtoDAsync";
+    upload_.operation = Operation::Upload;
+    upload_.failure_kind = ErrorKind::DeviceCopyFailed;
+    download_.direction = CopyDirection::DeviceToHost;
+    download_.call = "cuMemcpyDtoHAsync";
+    download_.operation = Operation::Download;
+    download_.failure_kind = ErrorKind::OutputCopyFailed;
+    try {
+      set_up(options);
+    } catch (...) {
+      tear_down();
+      throw;
+    }
+  }
+
+  ~CudaBackend() override { tear_down(); }
+
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  // ---- Backend -------------------------------------------------------------
+
+  BackendInfo describe() override {
+    BackendInfo info;
+    info.name = "cuda";
+    info.vendor = "nvidia";
+    info.device_name = device_name_;
+    info.device_string = device_string_;
+    info.dlpack_device = DLPackDevice::CUDA;
+    info.device_ordinal = ordinal_;
+    info.total_memory = total_memory_;
+    for (const DTypeInfo& dtype : all_dtypes()) info.dtypes.push_back(dtype.dtype);
+    info.host_memory_page_locked = true;
+    info.notes = notes_;
+    try {
+      ContextGuard guard(driver_, context_, Operation::Query);
+      std::size_t free_bytes = 0;
+      std::size_t total_bytes = 0;
+      CUresult result = driver_.cuMemGetInfo_v2(&free_bytes, &total_bytes);
+      if (result == CUDA_SUCCESS) {
+        info.free_memory = free_bytes;
+      } else {
+        info.notes += "; cuMemGetInfo failed: " + driver_.error_name(result);
+      }
+    } catch (const Error& error) {
+      info.notes += "; ";
+      info.notes += error.what();
+    }
+    return info;
+  }
+
+  DeviceAllocation allocate(std::uint64_t bytes, std::uint64_t alignment) override {
+    if (bytes == 0) throw Error(ErrorKind::InvalidExtent, "CUDA allocation of 0 bytes on " + device_string_);
+    if (alignment == 0 || (alignment & (alignment - 1)) != 0)
+      throw Error(ErrorKind::InvalidAlignment,
+                  "CUDA allocation alignment " + std::to_string(alignment) + " is not a power of two");
+    // Alignments above the driver's are met by over-allocating and rounding
+    // the address up; the base stays in the token for cuMemFree.
+    std::uint64_t slack = alignment > kDriverAlignment ? alignment - kDriverAlignment : 0;
+    ContextGuard guard(driver_, context_, Operation::Allocate);
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      if (bytes > std::numeric_limits<std::uint64_t>::max() - slack)
+        throw Error(ErrorKind::AllocationFailed, "CUDA allocation of " + std::to_string(bytes) +
+                                                     " bytes aligned to " + std::to_string(alignment) +
+                                                     " overflows");
+      CUdeviceptr base = 0;
+      CUresult result = driver_.cuMemAlloc_v2(&base, bytes + slack);
+      if (result != CUDA_SUCCESS) throw allocation_error(result, "cuMemAlloc", bytes + slack, alignment);
+      std::uint64_t address = (base + alignment - 1) & ~(alignment - 1);
+      if (address + bytes <= base + bytes + slack) {
+        live_allocations_.fetch_add(1, std::memory_order_relaxed);
+        return DeviceAllocation{address, bytes, base};
+      }
+      // The driver aligned less than it promises: retry with full slack.
+      driver_.cuMemFree_v2(base);
+      slack = alignment - 1;
+    }
+    throw Error(ErrorKind::AllocationFailed,
+                "cuMemAlloc could not return " + std::to_string(alignment) + "-byte aligned memory");
+  }
+
+  void free(const DeviceAllocation& allocation) noexcept override {
+    // Counted as gone even if the driver refuses: the bridge never hands this
+    // allocation back again.
+    live_allocations_.fetch_sub(1, std::memory_order_relaxed);
+    try {
+      ContextGuard guard(driver_, context_, Operation::Release);
+      CUresult result = driver_.cuMemFree_v2(static_cast<CUdeviceptr>(allocation.token));
+      if (result != CUDA_SUCCESS)
+        spdlog::warn("devbridge cuda: {} (allocation {}, {} bytes)", driver_.describe_failure("cuMemFree", result),
+                     hex(allocation.address), allocation.bytes);
+    } catch (const std::exception& error) {
+      spdlog::warn("devbridge cuda: cannot free allocation {}: {}", hex(allocation.address), error.what());
+    }
+  }
+
+  HostBlock allocate_host(std::uint64_t bytes) override {
+    if (bytes == 0) throw Error(ErrorKind::InvalidExtent, "page-locked host block of 0 bytes");
+    ContextGuard guard(driver_, context_, Operation::Allocate);
+    void* data = nullptr;
+    // PORTABLE: the ring stays page-locked for every context in the process
+    // (tinygrad's, torch's), not only ours.
+    CUresult result = driver_.cuMemHostAlloc(&data, bytes, CU_MEMHOSTALLOC_PORTABLE);
+    if (result != CUDA_SUCCESS)
+      throw make_error(driver_, result, "cuMemHostAlloc", Operation::Allocate,
+                       "asked " + std::to_string(bytes) + " bytes of page-locked host memory");
+    return HostBlock{static_cast<std::byte*>(data), bytes, true, reinterpret_cast<std::uintptr_t>(data)};
+  }
+
+  void free_host(const HostBlock& block) noexcept override {
+    if (block.data == nullptr) return;
+    try {
+      ContextGuard guard(driver_, context_, Operation::Release);
+      CUresult result = driver_.cuMemFreeHost(block.data);
+      if (result != CUDA_SUCCESS)
+        spdlog::warn("devbridge cuda: {} ({} bytes)", driver_.describe_failure("cuMemFreeHost", result), block.bytes);
+    } catch (const std::exception& error) {
+      spdlog::warn("devbridge cuda: cannot free the page-locked block: {}", error.what());
+    }
+  }
+
+  void submit_copy(const CopyRequest& request) override {
+    CopyStream& lane = request.direction == CopyDirection::HostToDevice ? upload_ : download_;
+    if (request.host == nullptr)
+      throw Error(ErrorKind::InvalidRange, std::string(lane.call) + ": null host pointer for " +
+                                               describe_event(request.event));
+    if (request.device_offset > request.device.bytes || request.len > request.device.bytes - request.device_offset)
+      throw Error(ErrorKind::InvalidRange, std::string(lane.call) + ": device range [" +
+                                               std::to_string(request.device_offset) + ", +" +
+                                               std::to_string(request.len) + ") outside allocation " +
+                                               hex(request.device.address) + " of " +
+                                               std::to_string(request.device.bytes) + " bytes");
+    const CUdeviceptr device = request.device.address + request.device_offset;
+
+    ContextGuard guard(driver_, context_, lane.operation);
+    CUevent done = events_.acquire(lane.operation);
+    bool queued = false;
+    try {
+      std::unique_lock<std::mutex> compute_lock;
+      const std::uint64_t launches = launches_.load(std::memory_order_acquire);
+      if (launches != lane.waited_launches.load(std::memory_order_relaxed)) compute_lock = std::unique_lock(compute_mutex_);
+      std::unique_lock lane_lock(lane.mutex);
+      if (compute_lock.owns_lock()) {
+        order_after_last_launch(lane);
+        compute_lock.unlock();
+      }
+      if (request.len > 0) {
+        CUresult result = lane.direction == CopyDirection::HostToDevice
+                              ? driver_.cuMemcpyHtoDAsync_v2(device, request.host, request.len, lane.stream)
+                              : driver_.cuMemcpyDtoHAsync_v2(request.host, device, request.len, lane.stream);
+        if (result != CUDA_SUCCESS) throw copy_error(lane, result, lane.call, request);
+      }
+      CUresult recorded = driver_.cuEventRecord(done, lane.stream);
+      if (recorded != CUDA_SUCCESS) {
+        // The copy may be running with nothing to report its end: let it
+        // finish before the caller gets its range back.
+        driver_.cuStreamSynchronize(lane.stream);
+        throw copy_error(lane, recorded, "cuEventRecord", request);
+      }
+      if (request.mode == CopyMode::Async) {
+        lane.pending.push_back(PendingCopy{request.event, done, request.len});
+        queued = true;
+      }
+    } catch (...) {
+      events_.give_back(done);
+      throw;
+    }
+    if (queued) {
+      wake_waiters();
+      return;
+    }
+    // Sync: the copy is ordered like any other; wait for this one alone.
+    CUresult result = driver_.cuEventSynchronize(done);
+    events_.give_back(done);
+    if (result != CUDA_SUCCESS) throw copy_error(lane, result, "cuEventSynchronize", request);
+  }
+
+  void drain_completions(std::vector<Completion>& out) override {
+    ContextGuard guard(driver_, context_, Operation::Query);
+    drain_lane(upload_, out);
+    drain_lane(download_, out);
+  }
+
+  bool wait_for_completions(std::chrono::nanoseconds timeout) override {
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    const auto deadline = timeout >= std::chrono::hours(24 * 365) ? Clock::time_point::max() : start + timeout;
+    ContextGuard guard(driver_, context_, Operation::Query);
+    // Spin (yielding) briefly for low latency on small copies, then back off
+    // to short sleeps so a long wait does not burn a core.
+    constexpr auto kSpinFor = std::chrono::microseconds(50);
+    constexpr auto kMaxSleep = std::chrono::microseconds(200);
+    auto sleep = std::chrono::microseconds(5);
+    for (;;) {
+      LaneState state = peek();
+      if (state.ready) return true;
+      auto now = Clock::now();
+      if (now >= deadline) return false;
+      if (!state.pending) {
+        // Nothing in flight: sleep until a submission (or the deadline).
+        std::unique_lock lock(waiters_mutex_);
+        waiting_.fetch_add(1);
+        if (!peek().pending) {
+          if (deadline == Clock::time_point::max())
+            waiter_cv_.wait(lock);
+          else
+            waiter_cv_.wait_until(lock, deadline);
+        }
+        waiting_.fetch_sub(1);
+        continue;
+      }
+      if (now - start < kSpinFor) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::min<Clock::duration>(sleep, deadline - now));
+        sleep = std::min(sleep * 2, kMaxSleep);
+      }
+    }
+  }
+
+  void quiesce() override {
+    ContextGuard guard(driver_, context_, Operation::Query);
+    // A failure here is a device fault; the pending events then report it as
+    // each copy's completion, so nothing is thrown (and nothing is left
+    // running: a faulted context runs nothing more).
+    {
+      std::lock_guard lock(compute_mutex_);
+      synchronize(compute_, "compute");
+    }
+    synchronize(upload_.stream, "upload");
+    synchronize(download_.stream, "download");
+  }
+
+  void launch_axpy(const AxpyLaunch& launch) override {
+    if (launch.count == 0) return;
+    check_axpy_range("x", launch.x, launch.x_offset, launch.count);
+    check_axpy_range("y", launch.y, launch.y_offset, launch.count);
+    CUdeviceptr x = launch.x.address + launch.x_offset;
+    CUdeviceptr y = launch.y.address + launch.y_offset;
+    unsigned long long count = launch.count;
+    float a = launch.a;
+    float b = launch.b;
+    void* arguments[] = {&x, &y, &count, &a, &b};
+    const unsigned long long wanted_blocks = (count + kAxpyBlockSize - 1) / kAxpyBlockSize;
+    const unsigned blocks = static_cast<unsigned>(
+        std::min<unsigned long long>(wanted_blocks, static_cast<unsigned long long>(multiprocessors_) * 16));
+
+    ContextGuard guard(driver_, context_, Operation::Launch);
+    std::lock_guard compute_lock(compute_mutex_);
+    // Wait (on the device) for everything already submitted on both lanes.
+    record_marker(upload_, upload_marker_);
+    record_marker(download_, download_marker_);
+    check(driver_, driver_.cuStreamWaitEvent(compute_, upload_marker_, 0), "cuStreamWaitEvent(compute after uploads)",
+          Operation::Launch);
+    check(driver_, driver_.cuStreamWaitEvent(compute_, download_marker_, 0),
+          "cuStreamWaitEvent(compute after downloads)", Operation::Launch);
+    check(driver_,
+          driver_.cuLaunchKernel(axpy_, blocks, 1, 1, kAxpyBlockSize, 1, 1, 0, compute_, arguments, nullptr),
+          "cuLaunchKernel(" + std::string(detail::kAxpyKernelName) + ", " + std::to_string(count) + " elements)",
+          Operation::Launch);
+    CUresult recorded = driver_.cuEventRecord(kernel_done_, compute_);
+    if (recorded != CUDA_SUCCESS) {
+      // Later copies could not be ordered after this kernel: finish it now.
+      driver_.cuStreamSynchronize(compute_);
+      throw make_error(driver_, recorded, "cuEventRecord(after kernel)", Operation::Launch);
+    }
+    launches_.fetch_add(1, std::memory_order_release);
+  }
+
+  // ---- CUDA hooks ------------------------------------------------------------
+
+  CUcontext context() const noexcept { return context_; }
+  std::uint64_t live_allocations() const noexcept { return live_allocations_.load(std::memory_order_relaxed); }
+
+  void order_stream(CUstream stream) {
+    ContextGuard guard(driver_, context_, Operation::Query);
+    std::lock_guard compute_lock(compute_mutex_);
+    record_marker(upload_, upload_marker_);
+    record_marker(download_, download_marker_);
+    for (CUevent marker : {upload_marker_, download_marker_}) {
+      check(driver_, driver_.cuStreamWaitEvent(stream, marker, 0), "cuStreamWaitEvent(consumer stream)",
+            Operation::Query);
+    }
+    if (launches_.load(std::memory_order_relaxed) > 0) {
+      check(driver_, driver_.cuStreamWaitEvent(stream, kernel_done_, 0), "cuStreamWaitEvent(consumer stream)",
+            Operation::Query);
+    }
+  }
+
+ private:
+  struct LaneState {
+    bool pending = false;
+    bool ready = false;
+  };
+
+  void set_up(const Options& options) {
+    if (options.context != nullptr) {
+      context_ = static_cast<CUcontext>(options.context);
+      ContextGuard guard(driver_, context_, Operation::Setup);
+      check(driver_, driver_.cuCtxGetDevice(&device_), "cuCtxGetDevice(caller's context)", Operation::Setup);
+      ordinal_ = ordinal_of(device_);
+    } else {
+      check(driver_, driver_.cuDeviceGet(&device_, options.ordinal),
+            "cuDeviceGet(" + std::to_string(options.ordinal) + ")", Operation::Setup);
+      ordinal_ = options.ordinal;
+      check(driver_, driver_.cuDevicePrimaryCtxRetain(&context_, device_), "cuDevicePrimaryCtxRetain",
+            Operation::Setup);
+      owns_primary_context_ = true;
+    }
+    device_string_ = "CUDA:" + std::to_string(ordinal_);
+
+    char name[256] = {};
+    if (driver_.cuDeviceGetName(name, sizeof name - 1, device_) == CUDA_SUCCESS) device_name_ = name;
+    std::size_t total = 0;
+    if (driver_.cuDeviceTotalMem_v2(&total, device_) == CUDA_SUCCESS) total_memory_ = total;
+    int major = 0;
+    int minor = 0;
+    check(driver_, driver_.cuDeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device_),
+          "cuDeviceGetAttribute(compute capability)", Operation::Setup);
+    check(driver_, driver_.cuDeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device_),
+          "cuDeviceGetAttribute(compute capability)", Operation::Setup);
+    if (driver_.cuDeviceGetAttribute(&multiprocessors_, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device_) !=
+            CUDA_SUCCESS ||
+        multiprocessors_ <= 0)
+      multiprocessors_ = 16;
+    compute_capability_ = major * 10 + minor;
+
+    ContextGuard guard(driver_, context_, Operation::Setup);
+    check(driver_, driver_.cuStreamCreate(&upload_.stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate(upload)",
+          Operation::Setup);
+    check(driver_, driver_.cuStreamCreate(&download_.stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate(download)",
+          Operation::Setup);
+    check(driver_, driver_.cuStreamCreate(&compute_, CU_STREAM_NON_BLOCKING), "cuStreamCreate(compute)",
+          Operation::Setup);
+    for (CUevent* event : {&kernel_done_, &upload_marker_, &download_marker_}) {
+      check(driver_, driver_.cuEventCreate(event, CU_EVENT_DISABLE_TIMING), "cuEventCreate", Operation::Setup);
+    }
+    std::string kernel_note = load_kernel();
+
+    notes_ = "driver " + std::to_string(driver_.driver_version / 1000) + "." +
+             std::to_string(driver_.driver_version % 1000 / 10) + " (" + driver_.path + "), compute capability " +
+             std::to_string(major) + "." + std::to_string(minor) + ", " + std::to_string(multiprocessors_) +
+             " SMs, " + kernel_note + ", " +
+             (owns_primary_context_ ? "primary context" : "caller's context");
+  }
+
+  int ordinal_of(CUdevice device) const {
+    int count = 0;
+    if (driver_.cuDeviceGetCount(&count) == CUDA_SUCCESS) {
+      for (int ordinal = 0; ordinal < count; ++ordinal) {
+        CUdevice candidate = 0;
+        if (driver_.cuDeviceGet(&candidate, ordinal) == CUDA_SUCCESS && candidate == device) return ordinal;
+      }
+    }
+    return static_cast<int>(device);
+  }
+
+  // Loads the PTX image for this device (JIT by the driver). Returns a note
+  // for describe(). Needs the context current.
+  std::string load_kernel() {
+    const detail::PtxImage* image = detail::select_ptx(compute_capability_);
+    if (image == nullptr)
+      throw Error(ErrorKind::Unsupported,
+                  device_string_ + " (" + device_name_ + ") has compute capability " +
+                      std::to_string(compute_capability_ / 10) + "." + std::to_string(compute_capability_ % 10) +
+                      "; this build's kernel needs " +
+                      std::to_string(detail::embedded_ptx().front().compute_capability / 10) + "." +
+                      std::to_string(detail::embedded_ptx().front().compute_capability % 10) + " or newer");
+    std::string note = "kernel JIT from compute_" + std::to_string(image->compute_capability) + " PTX";
+    std::string text(image->text);
+    CUresult result = load_module(text);
+    if (result == CUDA_ERROR_UNSUPPORTED_PTX_VERSION) {
+      // The driver predates the toolkit that wrote the PTX. The kernel uses
+      // nothing newer than its target's ISA, so declare the driver's newest.
+      const int driver_isa = detail::max_ptx_isa_for_driver(driver_.driver_version);
+      const int image_isa = detail::ptx_isa_version(text);
+      if (driver_isa > 0 && driver_isa < image_isa) {
+        text = detail::with_ptx_isa_version(text, driver_isa);
+        result = load_module(text);
+        note += " (ISA lowered to " + std::to_string(driver_isa / 10) + "." + std::to_string(driver_isa % 10) +
+                " for this driver)";
+      }
+    }
+    if (result != CUDA_SUCCESS)
+      throw make_error(driver_, result, "cuModuleLoadDataEx(compute_" + std::to_string(image->compute_capability) +
+                                            " PTX)",
+                       Operation::Setup, jit_log_.empty() ? std::string() : "JIT log: " + jit_log_);
+    check(driver_, driver_.cuModuleGetFunction(&axpy_, module_, detail::kAxpyKernelName), "cuModuleGetFunction",
+          Operation::Setup);
+    return note;
+  }
+
+  CUresult load_module(const std::string& ptx) {
+    char log[4096] = {};
+    CUjit_option options[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
+    void* values[] = {log, reinterpret_cast<void*>(static_cast<std::uintptr_t>(sizeof log - 1))};
+    CUresult result = driver_.cuModuleLoadDataEx(&module_, ptx.c_str(), 2, options, values);
+    jit_log_ = log;
+    if (result != CUDA_SUCCESS) module_ = nullptr;
+    return result;
+  }
+
+  void tear_down() noexcept {
+    if (context_ == nullptr) return;
+    CUcontext popped = nullptr;
+    if (driver_.cuCtxPushCurrent_v2(context_) == CUDA_SUCCESS) {
+      // Nothing may still run on memory the owner is about to free.
+      for (CUstream stream : {compute_, upload_.stream, download_.stream}) {
+        if (stream != nullptr) driver_.cuStreamSynchronize(stream);
+      }
+      for (CopyStream* lane : {&upload_, &download_}) {
+        for (const PendingCopy& copy : lane->pending) driver_.cuEventDestroy_v2(copy.done);
+        lane->pending.clear();
+      }
+      events_.destroy_all();
+      for (CUevent event : {kernel_done_, upload_marker_, download_marker_}) {
+        if (event != nullptr) driver_.cuEventDestroy_v2(event);
+      }
+      for (CUstream stream : {compute_, upload_.stream, download_.stream}) {
+        if (stream != nullptr) driver_.cuStreamDestroy_v2(stream);
+      }
+      if (module_ != nullptr) driver_.cuModuleUnload(module_);
+      driver_.cuCtxPopCurrent_v2(&popped);
+    }
+    kernel_done_ = upload_marker_ = download_marker_ = nullptr;
+    compute_ = upload_.stream = download_.stream = nullptr;
+    module_ = nullptr;
+    if (owns_primary_context_) driver_.cuDevicePrimaryCtxRelease_v2(device_);
+    owns_primary_context_ = false;
+    context_ = nullptr;
+  }
+
+  Error allocation_error(CUresult result, std::string_view call, std::uint64_t bytes, std::uint64_t alignment) {
+    std::string detail = "asked " + std::to_string(bytes) + " bytes (alignment " + std::to_string(alignment) +
+                         ") on " + device_string_;
+    std::size_t free_bytes = 0;
+    std::size_t total_bytes = 0;
+    if (driver_.cuMemGetInfo_v2(&free_bytes, &total_bytes) == CUDA_SUCCESS)
+      detail += "; " + std::to_string(free_bytes) + " bytes free of " + std::to_string(total_bytes);
+    return make_error(driver_, result, call, Operation::Allocate, detail);
+  }
+
+  Error copy_error(const CopyStream& lane, CUresult result, std::string_view call, const CopyRequest& request) {
+    std::string detail = describe_event(request.event) + ", " + std::to_string(request.len) + " bytes " +
+                         (lane.direction == CopyDirection::HostToDevice ? "to" : "from") + " device " +
+                         hex(request.device.address) + "+" + std::to_string(request.device_offset);
+    Error mapped = make_error(driver_, result, call, lane.operation, detail);
+    // Whatever the driver's code, a failed copy is a failed copy of its
+    // direction; the fatal flag still says whether the device survived.
+    if (mapped.kind() == ErrorKind::Unavailable || mapped.kind() == ErrorKind::Unsupported)
+      return Error(lane.failure_kind, mapped.message(), mapped.fatal());
+    return mapped;
+  }
+
+  // Needs compute_mutex_ and lane.mutex held: make the lane wait for the
+  // newest launch (kernel_done_ is re-recorded only under compute_mutex_).
+  void order_after_last_launch(CopyStream& lane) {
+    const std::uint64_t launches = launches_.load(std::memory_order_relaxed);
+    if (lane.waited_launches.load(std::memory_order_relaxed) == launches) return;
+    check(driver_, driver_.cuStreamWaitEvent(lane.stream, kernel_done_, 0),
+          std::string(lane.call) + " after compute: cuStreamWaitEvent", lane.operation);
+    lane.waited_launches.store(launches, std::memory_order_relaxed);
+  }
+
+  // Needs compute_mutex_ held (the marker is shared by launches).
+  void record_marker(CopyStream& lane, CUevent marker) {
+    std::lock_guard lane_lock(lane.mutex);
+    check(driver_, driver_.cuEventRecord(marker, lane.stream), "cuEventRecord(lane marker)", Operation::Launch);
+  }
+
+  void drain_lane(CopyStream& lane, std::vector<Completion>& out) {
+    std::lock_guard lock(lane.mutex);
+    while (!lane.pending.empty()) {
+      const PendingCopy& front = lane.pending.front();
+      CUresult result = driver_.cuEventQuery(front.done);
+      if (result == CUDA_ERROR_NOT_READY) break;
+      Completion completion;
+      completion.event = front.event;
+      if (result != CUDA_SUCCESS) {
+        detail::ResultClass cls = detail::classify(static_cast<int>(result), lane.operation);
+        completion.ok = false;
+        completion.error = lane.failure_kind;
+        completion.fatal = cls.fatal;
+        completion.message = driver_.describe_failure(std::string(lane.call) + " (completion)", result) + "; " +
+                             describe_event(front.event) + ", " + std::to_string(front.bytes) + " bytes";
+      }
+      out.push_back(std::move(completion));
+      events_.give_back(front.done);
+      lane.pending.pop_front();
+    }
+  }
+
+  LaneState peek() {
+    LaneState state;
+    for (CopyStream* lane : {&upload_, &download_}) {
+      std::lock_guard lock(lane->mutex);
+      if (lane->pending.empty()) continue;
+      state.pending = true;
+      if (driver_.cuEventQuery(lane->pending.front().done) != CUDA_ERROR_NOT_READY) state.ready = true;
+    }
+    return state;
+  }
+
+  void wake_waiters() {
+    if (waiting_.load() == 0) return;
+    std::lock_guard lock(waiters_mutex_);
+    waiter_cv_.notify_all();
+  }
+
+  void synchronize(CUstream stream, const char* which) {
+    CUresult result = driver_.cuStreamSynchronize(stream);
+    if (result != CUDA_SUCCESS)
+      spdlog::warn("devbridge cuda: quiesce: {}",
+                   driver_.describe_failure(std::string("cuStreamSynchronize(") + which + ")", result));
+  }
+
+  void check_axpy_range(const char* name, const DeviceAllocation& allocation, std::uint64_t offset,
+                        std::uint64_t count) const {
+    // A misaligned or out-of-bounds access faults the whole context
+    // (sticky), so refuse it here with an ordinary error.
+    const std::uint64_t address = allocation.address + offset;
+    if (address % alignof(float) != 0)
+      throw Error(ErrorKind::InvalidRange, std::string("axpy ") + name + " at " + hex(address) +
+                                               " is not aligned to float32");
+    if (count > std::numeric_limits<std::uint64_t>::max() / sizeof(float) || offset > allocation.bytes ||
+        count * sizeof(float) > allocation.bytes - offset)
+      throw Error(ErrorKind::InvalidRange, std::string("axpy ") + name + ": " + std::to_string(count) +
+                                               " float32 at offset " + std::to_string(offset) +
+                                               " overrun allocation " + hex(allocation.address) + " of " +
+                                               std::to_string(allocation.bytes) + " bytes");
+  }
+
+  const Driver& driver_;
+  CUdevice device_ = 0;
+  int ordinal_ = 0;
+  CUcontext context_ = nullptr;
+  bool owns_primary_context_ = false;
+  std::string device_string_;
+  std::string device_name_;
+  std::uint64_t total_memory_ = 0;
+  int compute_capability_ = 0;
+  int multiprocessors_ = 0;
+  std::string notes_;
+  std::string jit_log_;
+
+  CopyStream upload_;
+  CopyStream download_;
+  EventPool events_;
+
+  std::mutex compute_mutex_;
+  CUstream compute_ = nullptr;
+  CUmodule module_ = nullptr;
+  CUfunction axpy_ = nullptr;
+  CUevent kernel_done_ = nullptr;      // re-recorded after every launch
+  CUevent upload_marker_ = nullptr;    // "everything uploaded so far", for a launch
+  CUevent download_marker_ = nullptr;  // "everything downloaded so far"
+  std::atomic<std::uint64_t> launches_{0};
+  std::atomic<std::uint64_t> live_allocations_{0};
+
+  std::mutex waiters_mutex_;
+  std::condition_variable waiter_cv_;
+  std::atomic<int> waiting_{0};
+};
+
+CudaBackend& as_cuda(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  if (cuda == nullptr) throw Error(ErrorKind::Unsupported, "not a CUDA backend");
+  return *cuda;
+}
+
+const CudaBackend& as_cuda(const Backend& backend) {
+  const auto* cuda = dynamic_cast<const CudaBackend*>(&backend);
+  if (cuda == nullptr) throw Error(ErrorKind::Unsupported, "not a CUDA backend");
+  return *cuda;
+}
+
+}  // namespace
+
+Probe probe() {
+  const Driver& driver = detail::driver();
+  Probe result;
+  if (!driver.loaded()) {
+    result.reason = "no driver (" + driver.load_error + ")";
+    return result;
+  }
+  if (driver.init_result != CUDA_SUCCESS) {
+    result.reason = "cuInit failed: " + driver.error_name(driver.init_result);
+    return result;
+  }
+  int count = 0;
+  CUresult counted = driver.cuDeviceGetCount(&count);
+  if (counted != CUDA_SUCCESS) {
+    result.reason = "cuDeviceGetCount failed: " + driver.error_name(counted);
+    return result;
+  }
+  result.device_count = count;
+  if (count <= 0) {
+    result.reason = "no CUDA device";
+    return result;
+  }
+  result.available = true;
+  return result;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const Options& options) {
+  Probe found = probe();
+  if (!found.available) throw Error(ErrorKind::Unavailable, "CUDA: " + found.reason);
+  if (options.context == nullptr && (options.ordinal < 0 || options.ordinal >= found.device_count))
+    throw Error(ErrorKind::Unavailable, "CUDA: no device with ordinal " + std::to_string(options.ordinal) + " (" +
+                                            std::to_string(found.device_count) + " present)");
+  return std::make_unique<CudaBackend>(detail::driver(), options);
+}
+
+bool is_cuda_backend(const Backend& backend) noexcept {
+  return dynamic_cast<const CudaBackend*>(&backend) != nullptr;
+}
+
+void* context_of(const Backend& backend) {
+  return as_cuda(backend).context();
+}
+
+std::uint64_t live_allocations(const Backend& backend) {
+  return as_cuda(backend).live_allocations();
+}
+
+void order_stream_after_submitted_work(Backend& backend, std::uintptr_t stream) {
+  as_cuda(backend).order_stream(reinterpret_cast<CUstream>(stream));
+}
+
+}  // namespace devbridge::cuda
