@@ -1,0 +1,337 @@
+// The host (CPU) backend: "device" memory is aligned host memory, the ring is
+// an mlock()ed mapping where the system allows, and asynchronous copies run
+// on the copy engine (copy_engine.hpp). Compute runs on the caller's thread
+// once the copies it depends on have finished.
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <new>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "backends/host/copy_engine.hpp"
+#include "backends/host/system_info.hpp"
+#include "devbridge/backends/host.hpp"
+#include "devbridge/types.hpp"
+
+namespace devbridge::host {
+
+namespace {
+
+using detail::describe_errno;
+using detail::format_bytes;
+
+// Cache-line alignment at least: vector loads and the copy engine's memcpy
+// never split a line at the start of an allocation.
+constexpr std::uint64_t kMinAlignment = 64;
+
+std::size_t system_page_size() {
+  const long size = sysconf(_SC_PAGESIZE);
+  if (size <= 0) {
+    throw Error(ErrorKind::Unavailable, "host backend: sysconf(_SC_PAGESIZE) failed: " + describe_errno(errno));
+  }
+  return static_cast<std::size_t>(size);
+}
+
+std::string memlock_limit() {
+  struct rlimit limit {};
+  if (getrlimit(RLIMIT_MEMLOCK, &limit) != 0) return "RLIMIT_MEMLOCK unknown: getrlimit: " + describe_errno(errno);
+  if (limit.rlim_cur == RLIM_INFINITY) return "RLIMIT_MEMLOCK=unlimited";
+  return "RLIMIT_MEMLOCK=" + format_bytes(limit.rlim_cur);
+}
+
+std::string available_memory_text() {
+  const auto memory = detail::read_memory_info();
+  if (!memory.problem.empty()) return memory.problem;
+  return fmt::format("{} bytes available", memory.available);
+}
+
+// Offset + length inside an allocation of `bytes`, without overflow.
+bool fits(std::uint64_t offset, std::uint64_t len, std::uint64_t bytes) noexcept {
+  return offset <= bytes && len <= bytes - offset;
+}
+
+class HostBackend final : public Backend {
+ public:
+  HostBackend() : cpu_name_(detail::cpu_model_name()), page_size_(system_page_size()) {}
+
+  ~HostBackend() override {
+    engine_.stop();
+    release_leftovers();
+  }
+
+  BackendInfo describe() override {
+    BackendInfo info;
+    info.name = "host";
+    info.vendor = "cpu";
+    info.device_name = cpu_name_;
+    info.device_string = "CPU";
+    info.dlpack_device = DLPackDevice::CPU;
+    info.device_ordinal = 0;
+    const auto memory = detail::read_memory_info();
+    info.total_memory = memory.total;
+    info.free_memory = memory.available;
+    for (const auto& dtype : all_dtypes()) info.dtypes.push_back(dtype.dtype);
+
+    std::string ring_note;
+    {
+      std::lock_guard lock(memory_mutex_);
+      info.host_memory_page_locked =
+          !host_blocks_.empty() &&
+          std::all_of(host_blocks_.begin(), host_blocks_.end(), [](const auto& entry) { return entry.second.locked; });
+      ring_note = host_blocks_.empty() ? "no host ring allocated yet" : ring_note_;
+    }
+    info.notes = ring_note + "; copy engine: one thread per direction (H2D, D2H)";
+    if (!memory.problem.empty()) info.notes += "; " + memory.problem;
+    return info;
+  }
+
+  DeviceAllocation allocate(std::uint64_t bytes, std::uint64_t alignment) override {
+    if (bytes == 0) throw Error(ErrorKind::InvalidExtent, "host backend: allocate of 0 bytes");
+    if (!std::has_single_bit(alignment)) {
+      throw Error(ErrorKind::InvalidAlignment,
+                  fmt::format("host backend: alignment {} is not a power of two (allocate of {} bytes)", alignment, bytes));
+    }
+    const std::uint64_t effective_alignment = std::max(alignment, kMinAlignment);
+    void* memory = nullptr;
+    if (const int rc = posix_memalign(&memory, effective_alignment, bytes); rc != 0) {
+      throw Error(ErrorKind::AllocationFailed,
+                  fmt::format("host backend: posix_memalign of {} bytes (alignment {}) failed: {}; {}", bytes,
+                              effective_alignment, describe_errno(rc), available_memory_text()));
+    }
+    const auto address = reinterpret_cast<std::uintptr_t>(memory);
+    try {
+      std::lock_guard lock(memory_mutex_);
+      allocations_.insert(address);
+    } catch (const std::bad_alloc&) {
+      std::free(memory);
+      throw Error(ErrorKind::AllocationFailed,
+                  fmt::format("host backend: out of memory recording an allocation of {} bytes", bytes));
+    }
+    return DeviceAllocation{address, bytes, address};
+  }
+
+  void free(const DeviceAllocation& allocation) noexcept override {
+    {
+      std::lock_guard lock(memory_mutex_);
+      if (allocations_.erase(allocation.token) == 0) {
+        spdlog::error("host backend: free of 0x{:x} ({} bytes), which is not a live allocation; ignored",
+                      allocation.address, allocation.bytes);
+        return;
+      }
+    }
+    std::free(reinterpret_cast<void*>(allocation.token));
+  }
+
+  HostBlock allocate_host(std::uint64_t bytes) override {
+    if (bytes == 0) throw Error(ErrorKind::InvalidExtent, "host backend: allocate_host of 0 bytes");
+    if (bytes > std::numeric_limits<std::size_t>::max() - page_size_) {
+      throw Error(ErrorKind::AllocationFailed, fmt::format("host backend: allocate_host of {} bytes: too large", bytes));
+    }
+    // Page-aligned and page-sized, so mlock pins exactly this block.
+    const std::size_t mapped = (bytes + page_size_ - 1) / page_size_ * page_size_;
+    void* memory = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (memory == MAP_FAILED) {
+      throw Error(ErrorKind::AllocationFailed,
+                  fmt::format("host backend: mmap of {} bytes for the host ring failed: {}; {}", mapped,
+                              describe_errno(errno), available_memory_text()));
+    }
+
+    // Page-locking is an optimisation: without it the ring still works, only
+    // the kernel may page it out. So a refusal is reported, not thrown.
+    RingBlock block{mapped, true};
+    std::string note;
+    if (mlock(memory, mapped) == 0) {
+      note = fmt::format("ring page-locked with mlock ({})", format_bytes(mapped));
+    } else {
+      const int error = errno;
+      block.locked = false;
+      note = fmt::format("mlock failed: {} ({}); the {} ring is pageable", describe_errno(error), memlock_limit(),
+                         format_bytes(mapped));
+      spdlog::warn("host backend: {}", note);
+    }
+
+    try {
+      std::lock_guard lock(memory_mutex_);
+      host_blocks_.emplace(static_cast<std::byte*>(memory), block);
+      ring_note_ = std::move(note);
+    } catch (const std::bad_alloc&) {
+      unmap(static_cast<std::byte*>(memory), block);
+      throw Error(ErrorKind::AllocationFailed, "host backend: out of memory recording the host ring block");
+    }
+    return HostBlock{static_cast<std::byte*>(memory), bytes, block.locked, 0};
+  }
+
+  void free_host(const HostBlock& host_block) noexcept override {
+    RingBlock block;
+    {
+      std::lock_guard lock(memory_mutex_);
+      const auto it = host_blocks_.find(host_block.data);
+      if (it == host_blocks_.end()) {
+        spdlog::error("host backend: free_host of {} ({} bytes), which is not a live host block; ignored",
+                      static_cast<const void*>(host_block.data), host_block.bytes);
+        return;
+      }
+      block = it->second;
+      host_blocks_.erase(it);
+    }
+    unmap(host_block.data, block);
+  }
+
+  void submit_copy(const CopyRequest& request) override {
+    if (request.host == nullptr || request.device.address == 0) {
+      throw Error(ErrorKind::InvalidRange, fmt::format("host backend: copy of {} bytes with a null {} pointer",
+                                                       request.len, request.host == nullptr ? "host" : "device"));
+    }
+    if (!fits(request.device_offset, request.len, request.device.bytes)) {
+      throw Error(ErrorKind::InvalidRange,
+                  fmt::format("host backend: copy of {} bytes at device offset {} exceeds the allocation at 0x{:x} "
+                              "({} bytes)",
+                              request.len, request.device_offset, request.device.address, request.device.bytes));
+    }
+    if (request.mode == CopyMode::Async) {
+      engine_.submit(request);
+      return;
+    }
+    // A sync copy runs here, after any earlier queued copy touching its bytes.
+    engine_.wait_for_conflicts(detail::access_of(request));
+    std::byte* device = reinterpret_cast<std::byte*>(request.device.address) + request.device_offset;
+    if (request.direction == CopyDirection::HostToDevice) {
+      std::memcpy(device, request.host, request.len);
+    } else {
+      std::memcpy(request.host, device, request.len);
+    }
+  }
+
+  void drain_completions(std::vector<Completion>& out) override { engine_.drain_completions(out); }
+
+  bool wait_for_completions(std::chrono::nanoseconds timeout) override {
+    return engine_.wait_for_completions(timeout);
+  }
+
+  void quiesce() override { engine_.quiesce(); }
+
+  void launch_axpy(const AxpyLaunch& launch) override {
+    constexpr std::uint64_t kElement = sizeof(float);
+    if (launch.count > std::numeric_limits<std::uint64_t>::max() / kElement) {
+      throw Error(ErrorKind::InvalidRange, fmt::format("host backend: axpy over {} elements overflows", launch.count));
+    }
+    const std::uint64_t bytes = launch.count * kElement;
+    if (!fits(launch.x_offset, bytes, launch.x.bytes) || !fits(launch.y_offset, bytes, launch.y.bytes)) {
+      throw Error(ErrorKind::InvalidRange,
+                  fmt::format("host backend: axpy over {} floats at x offset {} (allocation {} bytes), y offset {} "
+                              "(allocation {} bytes) is out of bounds",
+                              launch.count, launch.x_offset, launch.x.bytes, launch.y_offset, launch.y.bytes));
+    }
+    const std::byte* x = reinterpret_cast<const std::byte*>(launch.x.address) + launch.x_offset;
+    std::byte* y = reinterpret_cast<std::byte*>(launch.y.address) + launch.y_offset;
+
+    // Stream order without streams: wait for earlier copies into x (and for
+    // any earlier copy still reading or writing y), then compute in place.
+    const auto x_begin = reinterpret_cast<std::uintptr_t>(x);
+    const auto y_begin = reinterpret_cast<std::uintptr_t>(y);
+    engine_.wait_for_conflicts(detail::Access{{x_begin, x_begin + bytes}, {y_begin, y_begin + bytes}});
+
+    // memcpy loads and stores: offsets need not be float-aligned, and the
+    // compiler turns them into plain (vectorised) moves.
+    const float a = launch.a;
+    const float b = launch.b;
+    for (std::uint64_t i = 0; i < launch.count; ++i) {
+      float value;
+      std::memcpy(&value, x + i * kElement, kElement);
+      value = a * value + b;
+      std::memcpy(y + i * kElement, &value, kElement);
+    }
+  }
+
+  std::uint64_t live_allocations() const {
+    std::lock_guard lock(memory_mutex_);
+    return allocations_.size();
+  }
+
+  std::uint64_t live_host_blocks() const {
+    std::lock_guard lock(memory_mutex_);
+    return host_blocks_.size();
+  }
+
+  void hold_copies(bool hold) { engine_.set_held(hold); }
+
+ private:
+  struct RingBlock {
+    std::size_t mapped = 0;
+    bool locked = false;
+  };
+
+  static void unmap(std::byte* data, const RingBlock& block) noexcept {
+    if (block.locked && munlock(data, block.mapped) != 0) {
+      spdlog::error("host backend: munlock of the {}-byte host block at {} failed: {}", block.mapped,
+                    static_cast<const void*>(data), describe_errno(errno));
+    }
+    if (munmap(data, block.mapped) != 0) {
+      spdlog::error("host backend: munmap of the {}-byte host block at {} failed: {}", block.mapped,
+                    static_cast<const void*>(data), describe_errno(errno));
+    }
+  }
+
+  // An owner that forgot to free (the bridge frees everything on close)
+  // still leaks nothing; the engine has stopped, so nothing touches them.
+  void release_leftovers() noexcept {
+    std::lock_guard lock(memory_mutex_);
+    if (!allocations_.empty() || !host_blocks_.empty()) {
+      spdlog::warn("host backend destroyed with {} live allocations and {} host blocks; freeing them",
+                   allocations_.size(), host_blocks_.size());
+    }
+    for (const auto address : allocations_) std::free(reinterpret_cast<void*>(address));
+    allocations_.clear();
+    for (const auto& [data, block] : host_blocks_) unmap(data, block);
+    host_blocks_.clear();
+  }
+
+  const std::string cpu_name_;
+  const std::size_t page_size_;
+
+  mutable std::mutex memory_mutex_;
+  std::unordered_set<std::uintptr_t> allocations_;  // device allocations by address
+  std::unordered_map<std::byte*, RingBlock> host_blocks_;
+  std::string ring_note_;  // mlock outcome of the latest host block
+
+  detail::CopyEngine engine_;
+};
+
+HostBackend& as_host(Backend& backend, const char* what) {
+  auto* host = dynamic_cast<HostBackend*>(&backend);
+  if (host == nullptr) throw Error(ErrorKind::Unsupported, std::string(what) + ": the backend is not the host backend");
+  return *host;
+}
+
+const HostBackend& as_host(const Backend& backend, const char* what) {
+  return as_host(const_cast<Backend&>(backend), what);
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_host_backend() { return std::make_unique<HostBackend>(); }
+
+std::uint64_t live_allocations(const Backend& backend) {
+  return as_host(backend, "host::live_allocations").live_allocations();
+}
+
+std::uint64_t live_host_blocks(const Backend& backend) {
+  return as_host(backend, "host::live_host_blocks").live_host_blocks();
+}
+
+void hold_copies(Backend& backend, bool hold) { as_host(backend, "host::hold_copies").hold_copies(hold); }
+
+}  // namespace devbridge::host

@@ -1,0 +1,58 @@
+#include "backend_drivers.hpp"
+
+#include "devbridge/backends/fake.hpp"
+#include "devbridge/backends/host.hpp"
+#ifdef DEVBRIDGE_HAS_CUDA
+#include "devbridge/backends/cuda.hpp"
+#endif
+
+namespace devbridge::conformance {
+
+namespace {
+
+std::string always_available() { return {}; }
+
+// The fake completes nothing unless told; the suite runs it in auto-complete
+// mode (an async copy completes at submit, bytes moved), which is how an
+// infinitely fast device behaves. Holding switches auto-complete off, so
+// copies stay pending until released, oldest first.
+std::unique_ptr<Backend> make_auto_completing_fake() {
+  auto fake = std::make_unique<fake::FakeBackend>();
+  fake->set_auto_complete(true);
+  return fake;
+}
+
+fake::FakeBackend& as_fake(Backend& backend) { return dynamic_cast<fake::FakeBackend&>(backend); }
+
+void hold_fake_copies(Backend& backend, bool hold) {
+  auto& fake = as_fake(backend);
+  fake.set_auto_complete(!hold);
+  if (!hold) fake.complete_all();
+}
+
+std::uint64_t fake_live_allocations(const Backend& backend) {
+  return dynamic_cast<const fake::FakeBackend&>(backend).live_allocations();
+}
+
+#ifdef DEVBRIDGE_HAS_CUDA
+std::string cuda_unavailable_reason() {
+  const auto probe = cuda::probe();
+  if (probe.available) return {};
+  return probe.reason.empty() ? std::string("cuda probe says unavailable (no reason given)") : probe.reason;
+}
+#endif
+
+const BackendDriver kBackendDrivers[] = {
+    // name    available?               factory                         live allocations        hold copies             host memory
+    {"fake", always_available, make_auto_completing_fake, fake_live_allocations, hold_fake_copies, true},
+    {"host", always_available, [] { return host::make_host_backend(); }, host::live_allocations, host::hold_copies, true},
+#ifdef DEVBRIDGE_HAS_CUDA
+    {"cuda", cuda_unavailable_reason, [] { return cuda::make_cuda_backend(); }, nullptr, nullptr, false},
+#endif
+};
+
+}  // namespace
+
+std::span<const BackendDriver> backend_drivers() { return kBackendDrivers; }
+
+}  // namespace devbridge::conformance

@@ -1,0 +1,864 @@
+// The backend conformance suite: every rule of the contract that depends on
+// what a backend does, run through the Bridge against every backend in
+// backend_drivers.cpp. One test body per rule; no backend has its own copy.
+//
+// Conventions:
+//  - Data is random (seeded per test, so a failure reproduces); untouched
+//    bytes are checked against poison written first (kDevicePoison on the
+//    device, kHostPoison in the ring).
+//  - Waits block without a timeout; ctest's TIMEOUT catches a hang. No
+//    assertion depends on how fast anything runs.
+//  - "Pending" states are asserted only while the driver holds copies; a
+//    backend that cannot hold skips those checks (and says so).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "backend_drivers.hpp"
+#include "devbridge/bridge.hpp"
+
+namespace devbridge::conformance {
+namespace {
+
+constexpr std::byte kDevicePoison{0xA5};
+constexpr std::byte kHostPoison{0x5A};
+constexpr std::uint64_t kGuard = 64;  // poisoned bytes either side of a copy's host range
+
+using Bytes = std::vector<std::byte>;
+
+// ---- data ----------------------------------------------------------------
+
+class Random {
+ public:
+  explicit Random(std::uint64_t seed) : engine_(seed) {}
+
+  void fill(std::span<std::byte> out) {
+    std::size_t i = 0;
+    for (; i + 8 <= out.size(); i += 8) {
+      const std::uint64_t word = engine_();
+      std::memcpy(out.data() + i, &word, 8);
+    }
+    if (i < out.size()) {
+      const std::uint64_t word = engine_();
+      std::memcpy(out.data() + i, &word, out.size() - i);
+    }
+    // A byte check must be able to fail: never a constant block.
+    if (out.size() > 1 && out[0] == out[1]) out[1] = ~out[0];
+  }
+  Bytes bytes(std::size_t n) {
+    Bytes out(n);
+    fill(out);
+    return out;
+  }
+  // Random bytes that differ from `avoid` everywhere, for ranges whose
+  // neighbours are checked against that poison.
+  Bytes bytes_not(std::size_t n, std::byte avoid) {
+    Bytes out = bytes(n);
+    for (auto& b : out)
+      if (b == avoid) b = ~avoid;
+    return out;
+  }
+  std::uint64_t below(std::uint64_t n) { return std::uniform_int_distribution<std::uint64_t>(0, n - 1)(engine_); }
+  bool coin() { return below(2) == 1; }
+  std::mt19937_64& engine() { return engine_; }
+
+ private:
+  std::mt19937_64 engine_;
+};
+
+std::uint64_t seed_for_current_test() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  return std::hash<std::string>{}(std::string(info->test_suite_name()) + "." + info->name());
+}
+
+::testing::AssertionResult bytes_equal(std::span<const std::byte> actual, std::span<const std::byte> expected,
+                                       std::string_view what) {
+  if (actual.size() != expected.size())
+    return ::testing::AssertionFailure() << what << ": " << actual.size() << " bytes, expected " << expected.size();
+  if (std::memcmp(actual.data(), expected.data(), actual.size()) == 0) return ::testing::AssertionSuccess();
+  const auto [a, e] = std::mismatch(actual.begin(), actual.end(), expected.begin());
+  std::size_t differing = 0;
+  for (std::size_t i = 0; i < actual.size(); ++i) differing += actual[i] != expected[i];
+  return ::testing::AssertionFailure() << what << ": first difference at byte " << (a - actual.begin()) << " (got 0x"
+                                       << std::hex << static_cast<int>(*a) << ", expected 0x" << static_cast<int>(*e)
+                                       << std::dec << "), " << differing << " of " << actual.size()
+                                       << " bytes differ";
+}
+
+::testing::AssertionResult all_bytes_are(std::span<const std::byte> actual, std::byte value, std::string_view what) {
+  return bytes_equal(actual, Bytes(actual.size(), value), what);
+}
+
+std::span<const std::byte> slice(std::span<const std::byte> bytes, std::uint64_t offset, std::uint64_t len) {
+  return bytes.subspan(offset, len);
+}
+
+// Runs `statement`, expects devbridge::Error of `kind`.
+::testing::AssertionResult throws_kind(ErrorKind kind, const std::function<void()>& statement) {
+  try {
+    statement();
+  } catch (const Error& e) {
+    if (e.kind() == kind) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << "expected " << kind_name(kind) << ", got " << e.what();
+  } catch (const std::exception& e) {
+    return ::testing::AssertionFailure() << "expected " << kind_name(kind) << ", got std::exception " << e.what();
+  }
+  return ::testing::AssertionFailure() << "expected " << kind_name(kind) << ", nothing was thrown";
+}
+#define EXPECT_KIND(kind, statement) EXPECT_TRUE(throws_kind((kind), [&] { statement; }))
+
+// A contiguous view of `shape` at byte offset 0.
+ViewSpec view_spec(DType dtype, Dims shape) { return ViewSpec{dtype, shape, std::nullopt, 0}; }
+
+ObjectSpec bytes_spec(std::uint64_t max_extent, std::uint64_t alignment = 64) {
+  return ObjectSpec{max_extent, alignment, DType::UInt8, ShapeKind::Vector};
+}
+
+// ---- the fixture ---------------------------------------------------------
+
+class BackendConformance : public ::testing::TestWithParam<BackendDriver> {
+ protected:
+  void SetUp() override {
+    if (driver().unavailable_reason) {
+      if (const auto why = driver().unavailable_reason(); !why.empty())
+        GTEST_SKIP() << "backend " << driver().name << " is unavailable here: " << why;
+    }
+  }
+
+  void TearDown() override {
+    // A failed assertion must not leave copies held: the bridge's close
+    // would still end them, but the fake would stay out of auto-complete.
+    if (bridge_ && held_) hold(false);
+  }
+
+  const BackendDriver& driver() const { return GetParam(); }
+
+  Bridge& make_bridge(std::uint64_t ring_bytes = 8ull << 20, std::uint64_t inflight_budget = 0) {
+    bridge_ = std::make_unique<Bridge>(driver().make(),
+                                       BridgeOptions{.generation = 1, .ring_bytes = ring_bytes,
+                                                     .inflight_budget_bytes = inflight_budget});
+    return *bridge_;
+  }
+  Bridge& bridge() { return *bridge_; }
+
+  bool can_hold() const { return static_cast<bool>(driver().hold_copies); }
+  void hold(bool on) {
+    driver().hold_copies(bridge_->backend(), on);
+    held_ = on;
+  }
+
+  // Device allocations the backend holds (its own count where it has one).
+  std::uint64_t backend_live_allocations() {
+    if (driver().live_allocations) return driver().live_allocations(bridge_->backend());
+    return bridge_->stats().live_allocations;
+  }
+
+  // A reservation of `len` bytes filled with `data` (or poison).
+  HostRange reserve_with(std::span<const std::byte> data) {
+    const auto range = bridge().reserve(data.size());
+    auto bytes = bridge().host_bytes(range);
+    std::memcpy(bytes.data(), data.data(), data.size());
+    return range;
+  }
+  HostRange reserve_poisoned(std::uint64_t len, std::byte poison = kHostPoison) {
+    return reserve_with(Bytes(len, poison));
+  }
+
+  void write_device(DeviceHandle handle, std::uint64_t offset, std::span<const std::byte> data,
+                    CopyMode mode = CopyMode::Sync) {
+    const auto range = reserve_with(data);
+    const auto event = bridge().host_to_device(range, DeviceRange{handle, offset, data.size()}, mode);
+    if (mode == CopyMode::Async) {
+      ASSERT_EQ(bridge().wait(event).state, CopyState::Completed);
+    }
+    bridge().release_host(range);
+  }
+
+  // The device bytes [offset, offset + len), read back through a sync copy
+  // into the middle of a poisoned reservation whose guards must survive.
+  Bytes read_device(DeviceHandle handle, std::uint64_t offset, std::uint64_t len) {
+    const auto range = reserve_poisoned(len + 2 * kGuard);
+    bridge().device_to_host(DeviceRange{handle, offset, len}, HostRange{range.offset + kGuard, len}, CopyMode::Sync);
+    const auto host = bridge().host_bytes(range);
+    EXPECT_TRUE(all_bytes_are(host.first(kGuard), kHostPoison, "guard before the download"));
+    EXPECT_TRUE(all_bytes_are(host.last(kGuard), kHostPoison, "guard after the download"));
+    Bytes out(host.begin() + kGuard, host.begin() + kGuard + len);
+    bridge().release_host(range);
+    return out;
+  }
+
+  std::unique_ptr<Bridge> bridge_;
+  bool held_ = false;
+  Random random_{seed_for_current_test()};
+};
+
+// ---- description ---------------------------------------------------------
+
+TEST_P(BackendConformance, DescribesItselfAndItsViews) {
+  auto& b = make_bridge();
+  const auto info = b.backend_info();
+  EXPECT_EQ(info.name, driver().name);
+  EXPECT_FALSE(info.vendor.empty());
+  EXPECT_FALSE(info.device_name.empty());
+  EXPECT_FALSE(info.device_string.empty());
+  EXPECT_FALSE(info.dtypes.empty());
+  EXPECT_LE(info.free_memory, info.total_memory == 0 ? info.free_memory : info.total_memory);
+
+  const auto h = b.alloc_device(bytes_spec(4096), 4096);
+  const auto lease = b.view(h, view_spec(DType::UInt8, Dims{64, 64}));
+  EXPECT_EQ(lease->device, info.device_string);
+  EXPECT_EQ(lease->dlpack_device_type, static_cast<int>(info.dlpack_device));
+  EXPECT_EQ(lease->device_ordinal, info.device_ordinal);
+  EXPECT_NE(lease->data, 0u);
+  EXPECT_TRUE(lease->contiguous());
+}
+
+// ---- exact bytes ---------------------------------------------------------
+
+// Copies of every direction and mode move exactly the bytes asked: nothing
+// outside the device range or the host range changes, and an upload leaves
+// its source untouched.
+TEST_P(BackendConformance, CopiesMoveExactlyTheRequestedBytes) {
+  auto& b = make_bridge();
+  constexpr std::uint64_t kExtent = 64 << 10;
+  const auto h = b.alloc_device(bytes_spec(kExtent, 1), kExtent);
+  write_device(h, 0, Bytes(kExtent, kDevicePoison));
+
+  for (const CopyMode mode : {CopyMode::Sync, CopyMode::Async}) {
+    SCOPED_TRACE(mode == CopyMode::Sync ? "sync" : "async");
+    write_device(h, 0, Bytes(kExtent, kDevicePoison));
+    // Odd offsets and lengths: nothing may round to a word or a line.
+    const std::uint64_t offset = 1000 + random_.below(1000) * 2 + 1;
+    const std::uint64_t len = 5000 + random_.below(3000) * 2 + 1;
+    const Bytes data = random_.bytes_not(len, kDevicePoison);
+
+    // Upload from the middle of a poisoned reservation.
+    const auto up = reserve_poisoned(len + 2 * kGuard);
+    std::memcpy(b.host_bytes(up).data() + kGuard, data.data(), len);
+    const auto up_event = b.host_to_device(HostRange{up.offset + kGuard, len}, DeviceRange{h, offset, len}, mode);
+    if (mode == CopyMode::Async) {
+      EXPECT_EQ(b.wait(up_event).state, CopyState::Completed);
+    }
+    EXPECT_TRUE(b.safe_to_release_host(up_event));
+    const auto up_host = b.host_bytes(up);
+    EXPECT_TRUE(bytes_equal(slice(up_host, kGuard, len), data, "upload source after the upload"));
+    EXPECT_TRUE(all_bytes_are(up_host.first(kGuard), kHostPoison, "bytes before the upload source"));
+    EXPECT_TRUE(all_bytes_are(up_host.last(kGuard), kHostPoison, "bytes after the upload source"));
+    b.release_host(up);
+
+    // Download exactly that range into the middle of another poisoned reservation.
+    const auto down = reserve_poisoned(len + 2 * kGuard);
+    const auto down_event =
+        b.device_to_host(DeviceRange{h, offset, len}, HostRange{down.offset + kGuard, len}, mode);
+    if (mode == CopyMode::Async) {
+      EXPECT_EQ(b.wait(down_event).state, CopyState::Completed);
+    }
+    EXPECT_TRUE(b.host_bytes_valid(down_event));
+    const auto down_host = b.host_bytes(down);
+    EXPECT_TRUE(bytes_equal(slice(down_host, kGuard, len), data, "downloaded bytes"));
+    EXPECT_TRUE(all_bytes_are(down_host.first(kGuard), kHostPoison, "host bytes before the download"));
+    EXPECT_TRUE(all_bytes_are(down_host.last(kGuard), kHostPoison, "host bytes after the download"));
+    b.release_host(down);
+
+    // The device outside [offset, offset + len) still holds its poison.
+    const Bytes device = read_device(h, 0, kExtent);
+    EXPECT_TRUE(all_bytes_are(slice(device, 0, offset), kDevicePoison, "device bytes before the upload"));
+    EXPECT_TRUE(bytes_equal(slice(device, offset, len), data, "device bytes of the upload"));
+    EXPECT_TRUE(all_bytes_are(slice(device, offset + len, kExtent - offset - len), kDevicePoison,
+                              "device bytes after the upload"));
+  }
+  b.free_device(h);
+  EXPECT_EQ(backend_live_allocations(), 0u);
+}
+
+// Many async copies scattered over one allocation, some overlapping, all in
+// flight at once; the device ends up as if they ran in submission order.
+TEST_P(BackendConformance, ScatteredAsyncUploadsLandInSubmissionOrder) {
+  auto& b = make_bridge();
+  constexpr std::uint64_t kExtent = 256 << 10;
+  const auto h = b.alloc_device(bytes_spec(kExtent, 1), kExtent);
+  write_device(h, 0, Bytes(kExtent, kDevicePoison));
+  Bytes model(kExtent, kDevicePoison);
+
+  std::vector<std::pair<CopyEvent, HostRange>> in_flight;
+  for (int i = 0; i < 48; ++i) {
+    const std::uint64_t len = 1 + random_.below(16 << 10);
+    const std::uint64_t offset = random_.below(kExtent - len + 1);
+    const Bytes data = random_.bytes(len);
+    const auto range = reserve_with(data);
+    in_flight.emplace_back(b.host_to_device(range, DeviceRange{h, offset, len}, CopyMode::Async), range);
+    std::memcpy(model.data() + offset, data.data(), len);
+  }
+  for (const auto& [event, range] : in_flight) {
+    EXPECT_EQ(b.wait(event).state, CopyState::Completed);
+    b.release_host(range);
+  }
+  EXPECT_TRUE(bytes_equal(read_device(h, 0, kExtent), model, "device after 48 overlapping uploads"));
+  EXPECT_EQ(b.stats().copy_records, 0u) << "completed copy records must be retired";
+}
+
+// ---- ordering and safe-release points -----------------------------------
+
+TEST_P(BackendConformance, AsyncCompletionOrderAndSafeReleasePoints) {
+  if (!can_hold()) GTEST_SKIP() << driver().name << " cannot hold copies, so pending states cannot be pinned down";
+  auto& b = make_bridge();
+  constexpr std::uint64_t kHalf = 16 << 10;
+  const auto h = b.alloc_device(bytes_spec(2 * kHalf), 2 * kHalf);
+  const Bytes first = random_.bytes(kHalf);
+  const Bytes second = random_.bytes(kHalf);
+  const auto a = reserve_with(first);
+  const auto c = reserve_with(second);
+  const auto out = reserve_poisoned(2 * kHalf);
+
+  hold(true);
+  const auto e1 = b.host_to_device(a, DeviceRange{h, 0, kHalf}, CopyMode::Async);
+  const auto e2 = b.host_to_device(c, DeviceRange{h, kHalf, kHalf}, CopyMode::Async);
+  const auto e3 = b.device_to_host(DeviceRange{h, 0, 2 * kHalf}, out, CopyMode::Async);
+
+  // In flight: nothing is safe, nothing is valid, nothing can be freed.
+  EXPECT_EQ(b.copy_status(e1).state, CopyState::Pending);
+  EXPECT_EQ(b.copy_status(e2).state, CopyState::Pending);
+  EXPECT_FALSE(b.safe_to_release_host(e1));
+  EXPECT_FALSE(b.safe_to_release_host(e2));
+  EXPECT_FALSE(b.host_bytes_valid(e3));
+  EXPECT_KIND(ErrorKind::AllocationStillInUse, b.release_host(a));
+  EXPECT_KIND(ErrorKind::AllocationStillInUse, b.release_host(out));
+  EXPECT_KIND(ErrorKind::AllocationStillInUse, b.free_device(h));
+  EXPECT_KIND(ErrorKind::AllocationStillInUse, b.view(h, view_spec(DType::UInt8, Dims{2 * kHalf})));
+  EXPECT_EQ(b.stats().copies_in_flight, 3u);
+  EXPECT_TRUE(all_bytes_are(b.host_bytes(out), kHostPoison, "download target before its copy ran"));
+
+  hold(false);
+  // Same-direction copies complete in submission order: once the second
+  // upload is complete, the first is too, without waiting for it.
+  EXPECT_EQ(b.wait(e2).state, CopyState::Completed);
+  EXPECT_EQ(b.copy_status(e1).state, CopyState::Completed);
+  EXPECT_TRUE(b.safe_to_release_host(e1));
+  // The download was submitted after both uploads into its bytes: it sees them.
+  EXPECT_EQ(b.wait(e3).state, CopyState::Completed);
+  EXPECT_TRUE(b.host_bytes_valid(e3));
+  Bytes expected = first;
+  expected.insert(expected.end(), second.begin(), second.end());
+  EXPECT_TRUE(bytes_equal(b.host_bytes(out), expected, "download after two uploads"));
+
+  b.release_host(a);
+  b.release_host(c);
+  b.release_host(out);
+  const auto stats = b.stats();
+  EXPECT_EQ(stats.copies_in_flight, 0u);
+  EXPECT_EQ(stats.copy_records, 0u);
+  EXPECT_EQ(stats.inflight_bytes, 0u);
+  b.free_device(h);
+}
+
+// Once an upload is safe to release, the producer may overwrite the range at
+// once: the device keeps what was uploaded.
+TEST_P(BackendConformance, SafeReleaseMeansTheHostRangeMayBeReused) {
+  auto& b = make_bridge();
+  constexpr std::uint64_t kLen = 1 << 20;
+  const auto h = b.alloc_device(bytes_spec(kLen), kLen);
+  const Bytes data = random_.bytes(kLen);
+  const auto range = reserve_with(data);
+  const auto event = b.host_to_device(range, DeviceRange{h, 0, kLen}, CopyMode::Async);
+  ASSERT_EQ(b.wait(event).state, CopyState::Completed);
+  ASSERT_TRUE(b.safe_to_release_host(event));
+  random_.fill(b.host_bytes(range));  // the producer's next chunk
+  b.release_host(range);
+  EXPECT_TRUE(bytes_equal(read_device(h, 0, kLen), data, "device after the source range was reused"));
+}
+
+// Async copies of both directions touching the same device bytes run in
+// submission order, like copies on one stream: a download submitted after an
+// upload sees the upload, and an upload submitted after a download does not
+// change what the download returns. (The bridge does not order them; the
+// backend must.)
+TEST_P(BackendConformance, AsyncCopiesOfTheSameBytesAreOrderedAcrossDirections) {
+  auto& b = make_bridge(32ull << 20);
+  constexpr std::uint64_t kLen = 4 << 20;
+  const auto h = b.alloc_device(bytes_spec(kLen), kLen);
+  const Bytes first = random_.bytes(kLen);
+  const Bytes second = random_.bytes(kLen);
+  const auto in1 = reserve_with(first);
+  const auto in2 = reserve_with(second);
+  const auto out1 = reserve_poisoned(kLen);
+  const auto out2 = reserve_poisoned(kLen);
+
+  const auto up1 = b.host_to_device(in1, DeviceRange{h, 0, kLen}, CopyMode::Async);
+  const auto down1 = b.device_to_host(DeviceRange{h, 0, kLen}, out1, CopyMode::Async);  // read after write
+  const auto up2 = b.host_to_device(in2, DeviceRange{h, 0, kLen}, CopyMode::Async);     // write after read
+  const auto down2 = b.device_to_host(DeviceRange{h, 0, kLen}, out2, CopyMode::Async);
+  for (const auto& e : {up1, down1, up2, down2}) EXPECT_EQ(b.wait(e).state, CopyState::Completed);
+  EXPECT_TRUE(bytes_equal(b.host_bytes(out1), first, "download between two uploads"));
+  EXPECT_TRUE(bytes_equal(b.host_bytes(out2), second, "download after the second upload"));
+
+  // A sync copy orders after earlier async work on its bytes too.
+  const auto up3 = b.host_to_device(in1, DeviceRange{h, 0, kLen}, CopyMode::Async);
+  b.device_to_host(DeviceRange{h, 0, kLen}, out1, CopyMode::Sync);
+  EXPECT_TRUE(bytes_equal(b.host_bytes(out1), first, "sync download after an async upload"));
+  EXPECT_EQ(b.wait(up3).state, CopyState::Completed);
+  for (const auto& r : {in1, in2, out1, out2}) b.release_host(r);
+}
+
+// The compute step runs after the uploads into x and before downloads of y
+// submitted after it.
+TEST_P(BackendConformance, AxpyRunsBetweenItsUploadAndItsDownload) {
+  auto& b = make_bridge();
+  constexpr std::uint64_t kCount = 64 << 10;
+  constexpr std::uint64_t kBytes = kCount * sizeof(float);
+  const ObjectSpec spec{kBytes, 64, DType::Float32, ShapeKind::Vector};
+  const auto x = b.alloc_device(spec, kBytes);
+  const auto y = b.alloc_device(spec, kBytes);
+  std::vector<float> values(kCount);
+  std::uniform_real_distribution<float> dist(-1000.0f, 1000.0f);
+  for (auto& v : values) v = dist(random_.engine());
+  const auto in = reserve_with(std::as_bytes(std::span(values)));
+  const auto out = reserve_poisoned(kBytes);
+
+  const float a = 2.5f, c = -1.25f;
+  const auto up = b.host_to_device(in, DeviceRange{x, 0, kBytes}, CopyMode::Async);
+  b.launch_axpy(DeviceRange{x, 0, kBytes}, DeviceRange{y, 0, kBytes}, a, c);
+  const auto down = b.device_to_host(DeviceRange{y, 0, kBytes}, out, CopyMode::Async);
+  EXPECT_EQ(b.wait(down).state, CopyState::Completed);
+  EXPECT_EQ(b.wait(up).state, CopyState::Completed);
+
+  std::vector<float> result(kCount);
+  std::memcpy(result.data(), b.host_bytes(out).data(), kBytes);
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < kCount; ++i) {
+    const float expected = a * values[i] + c;
+    // A device may fuse the multiply-add: allow its rounding, nothing more.
+    if (!(std::fabs(result[i] - expected) <= 1e-6f * std::max(1.0f, std::fabs(expected)))) {
+      if (++wrong <= 3) ADD_FAILURE() << "y[" << i << "] = " << result[i] << ", expected " << expected;
+    }
+  }
+  EXPECT_EQ(wrong, 0u);
+  b.release_host(in);
+  b.release_host(out);
+}
+
+// ---- copies racing with frees and views ----------------------------------
+
+TEST_P(BackendConformance, FreeAndReleaseWhileCopiesAreInFlight) {
+  auto& b = make_bridge();
+  constexpr std::uint64_t kLen = 2 << 20;
+  const auto h = b.alloc_device(bytes_spec(kLen), kLen);
+  const Bytes data = random_.bytes(kLen);
+  const auto in = reserve_with(data);
+  const auto out = reserve_poisoned(kLen);
+
+  if (can_hold()) hold(true);
+  const auto up = b.host_to_device(in, DeviceRange{h, 0, kLen}, CopyMode::Async);
+  const auto down = b.device_to_host(DeviceRange{h, 0, kLen}, out, CopyMode::Async);
+  if (can_hold()) {
+    EXPECT_KIND(ErrorKind::AllocationStillInUse, b.free_device(h));
+    EXPECT_EQ(backend_live_allocations(), 1u) << "a refused free changes nothing";
+    EXPECT_EQ(b.extent(h), kLen);
+  }
+  // Deferred free: the handle is dead at once, the memory lives until the
+  // copies end, and the copies still complete correctly.
+  b.release(h);
+  EXPECT_KIND(ErrorKind::UnknownDeviceHandle, b.extent(h));
+  EXPECT_KIND(ErrorKind::UnknownDeviceHandle, b.host_to_device(in, DeviceRange{h, 0, kLen}, CopyMode::Async));
+  if (can_hold()) {
+    EXPECT_EQ(backend_live_allocations(), 1u) << "released while copies are in flight: memory must stay";
+    hold(false);
+  }
+  EXPECT_EQ(b.wait(up).state, CopyState::Completed);
+  EXPECT_EQ(b.wait(down).state, CopyState::Completed);
+  EXPECT_TRUE(bytes_equal(b.host_bytes(out), data, "download from a released allocation"));
+  b.poll();
+  EXPECT_EQ(backend_live_allocations(), 0u) << "the last copy ended: the released allocation must be freed";
+  EXPECT_EQ(b.stats().live_allocations, 0u);
+  b.release_host(in);
+  b.release_host(out);
+}
+
+TEST_P(BackendConformance, ViewsWaitForUploadsAndHoldTheirAllocation) {
+  auto& b = make_bridge();
+  constexpr std::uint64_t kCount = 256 << 10;
+  constexpr std::uint64_t kBytes = kCount * sizeof(float);
+  const auto h = b.alloc_device(ObjectSpec{kBytes, 64, DType::Float32, ShapeKind::Matrix}, kBytes);
+  const Bytes data = random_.bytes(kBytes);
+  const auto in = reserve_with(data);
+  const ViewSpec spec = view_spec(DType::Float32, Dims{512, 512});
+
+  if (can_hold()) {
+    hold(true);
+    const auto up = b.host_to_device(in, DeviceRange{h, 0, kBytes}, CopyMode::Async);
+    EXPECT_KIND(ErrorKind::AllocationStillInUse, b.view(h, spec, ViewWait::Refuse));
+    hold(false);
+    EXPECT_EQ(b.wait(up).state, CopyState::Completed);
+  }
+  // Racing: the view waits for the upload it was asked after.
+  const auto up = b.host_to_device(in, DeviceRange{h, 0, kBytes}, CopyMode::Async);
+  auto lease = b.view(h, spec, ViewWait::Wait);
+  EXPECT_TRUE(b.safe_to_release_host(up)) << "a waiting view returns only after the uploads into it";
+  if (driver().host_addressable) {
+    const std::span<const std::byte> seen(reinterpret_cast<const std::byte*>(lease->data + lease->byte_offset), kBytes);
+    EXPECT_TRUE(bytes_equal(seen, data, "bytes seen through the view"));
+  }
+
+  // A live view is a use: no free; a release waits for the view's end.
+  EXPECT_KIND(ErrorKind::AllocationStillInUse, b.free_device(h));
+  EXPECT_EQ(b.stats().live_views, 1u);
+  b.release(h);
+  EXPECT_EQ(backend_live_allocations(), 1u) << "released under a live view: memory must stay";
+  lease.reset();
+  EXPECT_EQ(backend_live_allocations(), 0u) << "the view ended: the released allocation must be freed";
+  EXPECT_EQ(b.stats().live_views, 0u);
+  b.release_host(in);
+}
+
+// Several threads allocate, copy, view, free and release at once; every byte
+// still arrives and nothing leaks.
+TEST_P(BackendConformance, ConcurrentCopiesFreesAndViewsStayConsistent) {
+  auto& b = make_bridge(16ull << 20);
+  constexpr int kThreads = 4;
+  constexpr int kIterations = 150;
+  std::atomic<int> failures{0};
+
+  auto worker = [&](int thread_index) {
+    Random random(seed_for_current_test() + static_cast<std::uint64_t>(thread_index));
+    for (int i = 0; i < kIterations && failures.load() == 0; ++i) {
+      const std::uint64_t count = 1 + random.below(8 << 10);
+      const std::uint64_t bytes = count * sizeof(float);
+      const auto h = b.alloc_device(ObjectSpec{bytes, 4, DType::Float32, ShapeKind::Vector}, bytes);
+      // One reservation holds both the source and the destination, so a
+      // thread never holds ring space while waiting for more.
+      HostRange range;
+      for (;;) {
+        try {
+          range = b.reserve(2 * bytes);
+          break;
+        } catch (const Error& e) {
+          if (e.kind() != ErrorKind::Backpressure) throw;
+          std::this_thread::yield();
+        }
+      }
+      const HostRange in{range.offset, bytes};
+      const HostRange out{range.offset + bytes, bytes};
+      const Bytes data = random.bytes(bytes);
+      std::memcpy(b.host_bytes(in).data(), data.data(), bytes);
+      std::memset(b.host_bytes(out).data(), static_cast<int>(kHostPoison), bytes);
+
+      const auto up = b.host_to_device(in, DeviceRange{h, 0, bytes}, CopyMode::Async);
+      std::optional<CopyEvent> down;
+      switch (random.below(3)) {
+        case 0: {  // view racing with the upload, then release under the view
+          auto lease = b.view(h, view_spec(DType::Float32, Dims{static_cast<std::int64_t>(count)}), ViewWait::Wait);
+          if (driver().host_addressable &&
+              std::memcmp(reinterpret_cast<const void*>(lease->data), data.data(), bytes) != 0) {
+            ADD_FAILURE() << "thread " << thread_index << " iteration " << i << ": view bytes differ";
+            ++failures;
+          }
+          if (!throws_kind(ErrorKind::AllocationStillInUse, [&] { b.free_device(h); })) ++failures;
+          down = b.device_to_host(DeviceRange{h, 0, bytes}, out, CopyMode::Async);
+          b.release(h);
+          break;
+        }
+        case 1:  // release while both copies are (likely) in flight
+          down = b.device_to_host(DeviceRange{h, 0, bytes}, out, CopyMode::Async);
+          b.release(h);
+          break;
+        default:  // plain free once the copies are done
+          down = b.device_to_host(DeviceRange{h, 0, bytes}, out, CopyMode::Async);
+          if (b.wait(*down).state != CopyState::Completed) ++failures;
+          b.free_device(h);
+          break;
+      }
+      if (b.wait(*down).state != CopyState::Completed || b.wait(up).state != CopyState::Completed) ++failures;
+      if (std::memcmp(b.host_bytes(out).data(), data.data(), bytes) != 0) {
+        ADD_FAILURE() << "thread " << thread_index << " iteration " << i << ": downloaded bytes differ";
+        ++failures;
+      }
+      b.release_host(range);
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
+  for (auto& t : threads) t.join();
+
+  EXPECT_EQ(failures.load(), 0);
+  b.poll();
+  const auto stats = b.stats();
+  EXPECT_EQ(stats.live_allocations, 0u);
+  EXPECT_EQ(stats.copy_records, 0u);
+  EXPECT_EQ(stats.live_views, 0u);
+  EXPECT_EQ(stats.ring_reservations, 0u);
+  EXPECT_EQ(stats.copies_failed, 0u);
+  EXPECT_EQ(backend_live_allocations(), 0u);
+}
+
+// ---- restart -------------------------------------------------------------
+
+TEST_P(BackendConformance, RestartWithCopiesInFlightRefusesTheOldAndLeaksNothing) {
+  auto& b = make_bridge(64ull << 20);
+  constexpr std::uint64_t kLen = 4 << 20;
+  constexpr int kUploads = 6;
+  std::vector<DeviceHandle> handles;
+  std::vector<HostRange> ranges;
+  std::vector<CopyEvent> events;
+  const Bytes data = random_.bytes(kLen);
+
+  if (can_hold()) hold(true);
+  for (int i = 0; i < kUploads; ++i) {
+    handles.push_back(b.alloc_device(bytes_spec(kLen), kLen));
+    ranges.push_back(reserve_with(data));
+    events.push_back(b.host_to_device(ranges.back(), DeviceRange{handles.back(), 0, kLen}, CopyMode::Async));
+  }
+  for (int i = 0; i < 2; ++i) {
+    ranges.push_back(reserve_poisoned(kLen));
+    events.push_back(b.device_to_host(DeviceRange{handles[i], 0, kLen}, ranges.back(), CopyMode::Async));
+  }
+  const auto viewed = b.alloc_device(bytes_spec(kLen), kLen);
+  auto lease = b.view(viewed, view_spec(DType::UInt8, Dims{static_cast<std::int64_t>(kLen)}));
+  const DeviceHandle step_handles[] = {handles[0], viewed};
+  b.begin_step(7, step_handles);
+  if (can_hold()) {
+    EXPECT_EQ(b.stats().copies_in_flight, events.size());
+  }
+
+  const auto generation = b.generation();
+  b.restart(generation + 1);
+  if (can_hold()) hold(false);  // the fake's auto-complete back on; the host's hold ended with quiesce
+
+  EXPECT_EQ(b.generation(), generation + 1);
+  EXPECT_EQ(backend_live_allocations(), 0u) << "restart must free every allocation of the old generation";
+  auto stats = b.stats();
+  EXPECT_EQ(stats.live_allocations, 0u);
+  EXPECT_EQ(stats.copy_records, 0u);
+  EXPECT_EQ(stats.copies_in_flight, 0u);
+  EXPECT_EQ(stats.inflight_bytes, 0u);
+  EXPECT_EQ(stats.active_steps, 0u);
+
+  for (const auto& h : handles) EXPECT_KIND(ErrorKind::OldGenerationHandle, b.free_device(h));
+  EXPECT_KIND(ErrorKind::OldGenerationHandle, b.view(viewed, view_spec(DType::UInt8, Dims{1})));
+  for (const auto& e : events) {
+    EXPECT_KIND(ErrorKind::OldGenerationHandle, b.copy_status(e));
+    EXPECT_KIND(ErrorKind::OldGenerationHandle, b.wait(e));
+  }
+  EXPECT_ANY_THROW(b.end_step(7));
+  lease.reset();  // a lease from before the restart ends harmlessly
+  // Late completions of the old work, if any arrive, are counted, never applied.
+  b.poll();
+  EXPECT_EQ(b.stats().copies_in_flight, 0u);
+
+  // The ring ranges are the caller's again, and the new generation works.
+  for (const auto& r : ranges) b.release_host(r);
+  const auto h = b.alloc_device(bytes_spec(kLen), kLen);
+  const Bytes fresh = random_.bytes(kLen);
+  write_device(h, 0, fresh, CopyMode::Async);
+  EXPECT_TRUE(bytes_equal(read_device(h, 0, kLen), fresh, "device after restart"));
+  b.free_device(h);
+  EXPECT_EQ(backend_live_allocations(), 0u);
+}
+
+TEST_P(BackendConformance, RepeatedRestartsUnderLoadLeakNothing) {
+  auto& b = make_bridge(16ull << 20);
+  for (int round = 0; round < 20; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    std::vector<HostRange> ranges;
+    for (int i = 0; i < 4; ++i) {
+      const std::uint64_t len = (1 + random_.below(1024)) * 1024;
+      const auto h = b.alloc_device(bytes_spec(len, 1024), len);
+      ranges.push_back(b.reserve(len));
+      random_.fill(b.host_bytes(ranges.back()));
+      b.host_to_device(ranges.back(), DeviceRange{h, 0, len}, CopyMode::Async);
+      if (random_.coin()) b.device_to_host(DeviceRange{h, 0, len}, ranges.back(), CopyMode::Async);
+      if (random_.coin()) b.release(h);
+    }
+    b.restart(b.generation() + 1);
+    EXPECT_EQ(backend_live_allocations(), 0u);
+    EXPECT_EQ(b.stats().copy_records, 0u);
+    for (const auto& r : ranges) b.release_host(r);
+  }
+  EXPECT_EQ(b.stats().restarts, 20u);
+}
+
+// ---- dtypes and sizes ----------------------------------------------------
+
+TEST_P(BackendConformance, EveryAdvertisedDTypeRoundTripsAndViews) {
+  auto& b = make_bridge();
+  const auto info = b.backend_info();
+  ASSERT_FALSE(info.dtypes.empty());
+  constexpr std::int64_t kCount = 257;  // odd: no dtype's vector width divides it
+  for (const DType dtype : info.dtypes) {
+    const auto& dinfo = dtype_info(dtype);
+    SCOPED_TRACE(std::string(dinfo.name));
+    const std::uint64_t bytes = kCount * dinfo.size;
+    const auto h = b.alloc_device(ObjectSpec{bytes, dinfo.size, dtype, ShapeKind::Vector}, bytes);
+    Bytes data = random_.bytes(bytes);
+    if (dtype == DType::Bool) {
+      for (auto& v : data) v = static_cast<std::byte>(std::to_integer<unsigned>(v) & 1u);
+    }
+    write_device(h, 0, data, CopyMode::Async);
+    EXPECT_TRUE(bytes_equal(read_device(h, 0, bytes), data, "round trip"));
+
+    auto lease = b.view(h, view_spec(dtype, Dims{kCount}));
+    EXPECT_EQ(lease->dtype, dtype);
+    EXPECT_EQ(lease->shape, (Dims{kCount}));
+    EXPECT_EQ(lease->strides, (Dims{1}));
+    EXPECT_EQ(lease->device, info.device_string);
+    if (driver().host_addressable) {
+      const std::span<const std::byte> seen(reinterpret_cast<const std::byte*>(lease->data), bytes);
+      EXPECT_TRUE(bytes_equal(seen, data, "bytes seen through the view"));
+    }
+    const DType other = dtype == DType::UInt8 ? DType::Int8 : DType::UInt8;
+    EXPECT_KIND(ErrorKind::InvalidViewDType, b.view(h, view_spec(other, Dims{1})));
+    lease.reset();
+    b.free_device(h);
+  }
+  EXPECT_EQ(backend_live_allocations(), 0u);
+}
+
+TEST_P(BackendConformance, QuarterGigabyteCopiesArriveExactly) {
+  constexpr std::uint64_t kLen = 256ull << 20;
+  auto& b = make_bridge(kLen);
+  const auto h = b.alloc_device(bytes_spec(kLen, 4096), kLen);
+  const auto range = b.reserve(kLen);
+  const auto host = b.host_bytes(range);
+  random_.fill(host);
+  const Bytes expected(host.begin(), host.end());
+
+  const auto up = b.host_to_device(range, DeviceRange{h, 0, kLen}, CopyMode::Async);
+  ASSERT_EQ(b.wait(up).state, CopyState::Completed);
+  std::memset(host.data(), static_cast<int>(kHostPoison), kLen);
+  const auto down = b.device_to_host(DeviceRange{h, 0, kLen}, range, CopyMode::Async);
+  ASSERT_EQ(b.wait(down).state, CopyState::Completed);
+  EXPECT_TRUE(bytes_equal(host, expected, "256 MiB async round trip"));
+
+  // And synchronously, shifted by one byte so nothing is page-aligned.
+  std::memset(host.data(), static_cast<int>(kHostPoison), kLen);
+  b.device_to_host(DeviceRange{h, 1, kLen - 1}, HostRange{range.offset, kLen - 1}, CopyMode::Sync);
+  EXPECT_TRUE(bytes_equal(host.first(kLen - 1), std::span(expected).subspan(1), "256 MiB sync download, shifted"));
+  EXPECT_EQ(host[kLen - 1], kHostPoison);
+  b.release_host(range);
+  b.free_device(h);
+}
+
+TEST_P(BackendConformance, SingleElementCopiesTouchOnlyThatElement) {
+  auto& b = make_bridge();
+  // A one-byte allocation.
+  const auto tiny = b.alloc_device(bytes_spec(1, 1), 1);
+  const Bytes one = random_.bytes_not(1, kHostPoison);
+  for (const CopyMode mode : {CopyMode::Sync, CopyMode::Async}) {
+    write_device(tiny, 0, Bytes{kDevicePoison});
+    write_device(tiny, 0, one, mode);
+    EXPECT_TRUE(bytes_equal(read_device(tiny, 0, 1), one, "one-byte allocation"));
+  }
+  b.free_device(tiny);
+
+  // One float64 in the middle of eight.
+  constexpr std::uint64_t kElem = 8;
+  const auto h = b.alloc_device(ObjectSpec{8 * kElem, kElem, DType::Float64, ShapeKind::Vector}, 8 * kElem);
+  write_device(h, 0, Bytes(8 * kElem, kDevicePoison));
+  const Bytes element = random_.bytes_not(kElem, kDevicePoison);
+  write_device(h, 3 * kElem, element, CopyMode::Async);
+  const Bytes device = read_device(h, 0, 8 * kElem);
+  EXPECT_TRUE(all_bytes_are(slice(device, 0, 3 * kElem), kDevicePoison, "elements before"));
+  EXPECT_TRUE(bytes_equal(slice(device, 3 * kElem, kElem), element, "the element"));
+  EXPECT_TRUE(all_bytes_are(slice(device, 4 * kElem, 4 * kElem), kDevicePoison, "elements after"));
+  EXPECT_TRUE(bytes_equal(read_device(h, 3 * kElem, kElem), element, "one-element download"));
+  b.free_device(h);
+}
+
+// ---- the ring ------------------------------------------------------------
+
+// A small ring cycled many times over, with several chunks in flight,
+// released out of order, and the ring full now and then: every chunk's bytes
+// round-trip, reservations wrap, and the ring ends empty.
+TEST_P(BackendConformance, RingWrapsAroundManyTimesWithCopiesInFlight) {
+  constexpr std::uint64_t kRing = 64 << 10;
+  constexpr std::uint64_t kMaxChunk = 12 << 10;
+  constexpr std::size_t kDepth = 4;
+  auto& b = make_bridge(kRing);
+  const auto h = b.alloc_device(bytes_spec(kDepth * kMaxChunk, 1), kDepth * kMaxChunk);
+
+  struct Chunk {
+    HostRange in, out;
+    Bytes data;
+    CopyEvent up, down;
+    std::uint64_t slot = 0;
+  };
+  std::vector<std::uint64_t> free_slots;
+  for (std::uint64_t i = 0; i < kDepth; ++i) free_slots.push_back(i);
+  std::deque<Chunk> chunks;
+  std::uint64_t bytes_cycled = 0;
+  int wraps = 0;
+  std::uint64_t last_offset = 0;
+
+  auto finish = [&](std::size_t index) {
+    Chunk chunk = std::move(chunks[index]);
+    chunks.erase(chunks.begin() + static_cast<std::ptrdiff_t>(index));
+    EXPECT_EQ(b.wait(chunk.down).state, CopyState::Completed);
+    EXPECT_TRUE(b.safe_to_release_host(chunk.up));
+    EXPECT_TRUE(bytes_equal(b.host_bytes(chunk.out), chunk.data, "chunk after its round trip"));
+    free_slots.push_back(chunk.slot);
+    // Out of order on purpose: sometimes the output range first.
+    if (random_.coin()) {
+      b.release_host(chunk.out);
+      b.release_host(chunk.in);
+    } else {
+      b.release_host(chunk.in);
+      b.release_host(chunk.out);
+    }
+  };
+  auto reserve = [&](std::uint64_t len) {
+    for (;;) {
+      try {
+        const auto r = b.reserve(len, std::uint64_t{1} << random_.below(7));
+        if (r.offset < last_offset) ++wraps;
+        last_offset = r.offset;
+        return r;
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::Backpressure || chunks.empty()) throw;
+        finish(0);  // full: retire the oldest chunk and try again
+      }
+    }
+  };
+
+  for (int i = 0; i < 400; ++i) {
+    if (chunks.size() == kDepth) finish(random_.below(chunks.size()));
+    const std::uint64_t len = 1 + random_.below(kMaxChunk);
+    Chunk chunk;
+    chunk.data = random_.bytes_not(len, kHostPoison);
+    chunk.in = reserve(len);
+    std::memcpy(b.host_bytes(chunk.in).data(), chunk.data.data(), len);
+    chunk.out = reserve(len);
+    std::memset(b.host_bytes(chunk.out).data(), static_cast<int>(kHostPoison), len);
+    // Each chunk in flight owns a distinct slot of the device allocation.
+    chunk.slot = free_slots.back();
+    free_slots.pop_back();
+    const std::uint64_t at = chunk.slot * kMaxChunk;
+    chunk.up = b.host_to_device(chunk.in, DeviceRange{h, at, len}, CopyMode::Async);
+    chunk.down = b.device_to_host(DeviceRange{h, at, len}, chunk.out, CopyMode::Async);
+    bytes_cycled += 2 * len;
+    chunks.push_back(std::move(chunk));
+  }
+  while (!chunks.empty()) finish(0);
+
+  EXPECT_GT(bytes_cycled, 50 * kRing);
+  EXPECT_GE(wraps, 20) << "the ring should have wrapped many times";
+  const auto stats = b.stats();
+  EXPECT_EQ(stats.ring_used, 0u);
+  EXPECT_EQ(stats.ring_reservations, 0u);
+  EXPECT_EQ(stats.copy_records, 0u);
+  EXPECT_EQ(b.ring_free_bytes(), kRing);
+}
+
+std::string driver_name(const ::testing::TestParamInfo<BackendDriver>& info) { return std::string(info.param.name); }
+
+INSTANTIATE_TEST_SUITE_P(Backends, BackendConformance, ::testing::ValuesIn(backend_drivers()), driver_name);
+
+}  // namespace
+}  // namespace devbridge::conformance
