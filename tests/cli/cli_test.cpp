@@ -1,0 +1,383 @@
+// The `devbridge` binary end to end: streams that must verify, failures that
+// must exit 1 saying what failed, bad command lines that must exit 2 with a
+// one-line reason, and `info`.
+#include <algorithm>
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "cli_process.hpp"
+
+namespace devbridge::cli::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+// Everything a test needs to explain a failure.
+std::string describe(const CliRun& run) {
+  return "exit " + std::to_string(run.exit_code) + " signal " + std::to_string(run.signal) + "\n--- stdout\n" +
+         run.out + "--- stderr\n" + run.err;
+}
+
+std::size_t line_count(const std::string& text) { return static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n')); }
+
+nlohmann::json stream_json(const std::vector<std::string>& args, CliRun& run) {
+  const std::string path = scratch_dir() + "/report.json";
+  std::vector<std::string> full{"stream"};
+  full.insert(full.end(), args.begin(), args.end());
+  full.insert(full.end(), {"--json", path});
+  run = run_cli(full);
+  return nlohmann::json::parse(read_file(path));
+}
+
+// ---- streams that verify ----------------------------------------------------
+
+struct StreamCase {
+  const char* name;
+  std::string backend;
+  std::string bytes;
+  std::string chunk;
+  std::string inflight;
+  std::string ring;
+  std::uint64_t expect_bytes;
+  std::uint64_t expect_chunks;
+  std::uint64_t expect_device_buffers;
+  std::uint64_t min_ring_wraps;
+};
+
+// Test names carry the case's name; gtest prints it for the parameter too.
+void PrintTo(const StreamCase& c, std::ostream* os) { *os << c.name; }
+
+class StreamVerifies : public ::testing::TestWithParam<StreamCase> {};
+
+TEST_P(StreamVerifies, ExitsZeroAndReportsEveryChunkVerified) {
+  const StreamCase& c = GetParam();
+  CliRun run;
+  const nlohmann::json report = stream_json(
+      {"--backend", c.backend, "--bytes", c.bytes, "--chunk", c.chunk, "--inflight", c.inflight, "--ring-bytes", c.ring},
+      run);
+  ASSERT_EQ(run.exit_code, 0) << describe(run);
+  EXPECT_EQ(report["verified"], true);
+  EXPECT_EQ(report["errors"], nlohmann::json::array());
+  EXPECT_EQ(report["backend"], c.backend);
+  EXPECT_EQ(report["bytes"], c.expect_bytes);
+  EXPECT_EQ(report["chunks"], c.expect_chunks);
+  EXPECT_EQ(report["chunks_verified"], c.expect_chunks);
+  EXPECT_EQ(report["device_buffers"], c.expect_device_buffers);
+  EXPECT_GE(report["ring_wraps"].get<std::uint64_t>(), c.min_ring_wraps);
+  // One upload and one download per chunk, none failed, no stray completion.
+  EXPECT_EQ(report["copies_submitted"], 2 * c.expect_chunks);
+  EXPECT_EQ(report["copies_failed"], 0);
+  EXPECT_EQ(report["stale_completions"], 0);
+  EXPECT_GT(report["seconds"].get<double>(), 0.0);
+  EXPECT_THAT(run.out, HasSubstr("devbridge stream: verified")) << describe(run);
+  // stderr is a file here: no progress bar, nothing else either.
+  EXPECT_EQ(run.err, "") << describe(run);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Host, StreamVerifies,
+    ::testing::Values(
+        // The ring holds everything: no wrap.
+        StreamCase{"RingLargerThanData", "host", "8MiB", "1MiB", "4", "64MiB", 8u << 20, 8, 4, 0},
+        // A ring a sixteenth of the data: it wraps many times.
+        StreamCase{"RingWrapsManyTimes", "host", "16MiB", "128KiB", "8", "1MiB", 16u << 20, 128, 8, 10},
+        // One chunk at a time, in a ring of exactly one input and one output.
+        StreamCase{"InflightOne", "host", "4MiB", "64KiB", "1", "128KiB", 4u << 20, 64, 1, 30},
+        // Deeper than the ring allows: the ring bounds the device buffers.
+        StreamCase{"InflightDeeperThanRing", "host", "8MiB", "128KiB", "64", "1MiB", 8u << 20, 64, 8, 4},
+        // A short last chunk (12 bytes).
+        StreamCase{"ShortLastChunk", "host", "3145740", "1MiB", "3", "4MiB", 3145740, 4, 3, 0},
+        // Chunks that are not a multiple of the 64-byte ring alignment.
+        StreamCase{"UnalignedChunks", "host", "10000", "100", "2", "256", 10000, 100, 2, 10},
+        // A chunk larger than the data is the data.
+        StreamCase{"ChunkLargerThanData", "host", "4096", "1MiB", "8", "8KiB", 4096, 1, 1, 0},
+        StreamCase{"FractionalSizes", "host", "1.5MiB", "0.25MiB", "2", "1MiB", 3u << 19, 6, 2, 0},
+        // The fake device completes each copy at submit; the data still moves.
+        StreamCase{"FakeBackend", "fake", "8MiB", "256KiB", "4", "2MiB", 8u << 20, 32, 4, 2},
+        StreamCase{"FakeBackendInflightOne", "fake", "1MiB", "64KiB", "1", "128KiB", 1u << 20, 16, 1, 7}),
+    [](const ::testing::TestParamInfo<StreamCase>& info) { return std::string(info.param.name); });
+
+TEST(Stream, AutoPicksAnAvailableBackendAndVerifies) {
+  CliRun run;
+  const nlohmann::json report = stream_json({"--backend", "auto", "--bytes", "2MiB", "--chunk", "256KiB"}, run);
+  ASSERT_EQ(run.exit_code, 0) << describe(run);
+  EXPECT_EQ(report["verified"], true);
+  EXPECT_NE(report["backend"], "auto");
+}
+
+TEST(Stream, JsonReportHasEveryDocumentedField) {
+  CliRun run;
+  const nlohmann::json report =
+      stream_json({"--backend", "host", "--bytes", "1MiB", "--chunk", "64KiB", "--ring-bytes", "256KiB"}, run);
+  ASSERT_EQ(run.exit_code, 0) << describe(run);
+  for (const char* field :
+       {"command", "backend", "device_name", "device_string", "bytes", "chunk_bytes", "chunks", "chunks_verified",
+        "inflight", "device_buffers", "ring_bytes", "ring_wraps", "seconds", "upload_busy_seconds",
+        "download_busy_seconds", "upload_gbps", "download_gbps", "end_to_end_gbps", "copies_submitted",
+        "copies_failed", "stale_completions", "verified", "errors"}) {
+    EXPECT_TRUE(report.contains(field)) << field;
+  }
+  EXPECT_EQ(report["command"], "stream");
+  EXPECT_EQ(report["device_string"], "CPU");
+  EXPECT_EQ(report["chunk_bytes"], 64 * 1024);
+  EXPECT_EQ(report["inflight"], 8);
+  EXPECT_EQ(report["ring_bytes"], 256 * 1024);
+  for (const char* rate : {"upload_gbps", "download_gbps", "end_to_end_gbps"}) {
+    EXPECT_TRUE(report[rate].is_number()) << rate;
+    EXPECT_GE(report[rate].get<double>(), 0.0) << rate;
+  }
+}
+
+TEST(Stream, JsonToStdoutIsTheOnlyThingOnStdout) {
+  const CliRun run = run_cli({"stream", "--backend", "host", "--bytes", "1MiB", "--chunk", "64KiB", "--json", "-"});
+  ASSERT_EQ(run.exit_code, 0) << describe(run);
+  const nlohmann::json report = nlohmann::json::parse(run.out);  // throws if anything else is mixed in
+  EXPECT_EQ(report["verified"], true);
+  EXPECT_THAT(run.err, HasSubstr("devbridge stream: verified"));  // the summary moved to stderr
+}
+
+TEST(Stream, QuietPrintsNothingOnSuccess) {
+  const CliRun run = run_cli({"stream", "--backend", "host", "--bytes", "1MiB", "--chunk", "64KiB", "--quiet"});
+  ASSERT_EQ(run.exit_code, 0) << describe(run);
+  EXPECT_EQ(run.out, "");
+  EXPECT_EQ(run.err, "");
+}
+
+TEST(Stream, DrawsAProgressBarOnATerminalOnly) {
+  const std::vector<std::string> args{"stream", "--backend", "host", "--bytes", "2MiB", "--chunk", "64KiB"};
+  const CliRun terminal = run_cli(args, Stderr::Terminal);
+  ASSERT_EQ(terminal.exit_code, 0) << describe(terminal);
+  EXPECT_THAT(terminal.err, HasSubstr("\r\x1b[K["));  // drawn in place...
+  EXPECT_THAT(terminal.err, HasSubstr("100%"));
+  EXPECT_THAT(terminal.err, ::testing::EndsWith("\r\x1b[K"));  // ...and erased at the end
+
+  const CliRun quiet_terminal = run_cli({"stream", "--backend", "host", "--bytes", "1MiB", "--quiet"}, Stderr::Terminal);
+  ASSERT_EQ(quiet_terminal.exit_code, 0) << describe(quiet_terminal);
+  EXPECT_EQ(quiet_terminal.err, "");
+
+  const CliRun file = run_cli(args);
+  ASSERT_EQ(file.exit_code, 0) << describe(file);
+  EXPECT_THAT(file.err, Not(HasSubstr("\r")));
+}
+
+// ---- runtime failures: exit 1, saying what failed ----------------------------
+
+struct FailureCase {
+  const char* name;
+  std::vector<std::string> args;
+  std::vector<std::string> stderr_mentions;
+};
+
+void PrintTo(const FailureCase& c, std::ostream* os) { *os << c.name; }
+
+class StreamFails : public ::testing::TestWithParam<FailureCase> {};
+
+TEST_P(StreamFails, ExitsOneAndSaysWhatFailed) {
+  const FailureCase& c = GetParam();
+  std::vector<std::string> args{"--bytes", "2MiB", "--chunk", "128KiB", "--inflight", "4", "--ring-bytes", "1MiB"};
+  args.insert(args.end(), c.args.begin(), c.args.end());
+  CliRun run;
+  const nlohmann::json report = stream_json(args, run);
+  EXPECT_EQ(run.exit_code, 1) << describe(run);
+  EXPECT_EQ(run.signal, 0) << describe(run);
+  for (const std::string& mention : c.stderr_mentions) EXPECT_THAT(run.err, HasSubstr(mention)) << describe(run);
+  EXPECT_THAT(run.out, HasSubstr("FAILED"));
+  // The report is still written, and says so.
+  EXPECT_EQ(report["verified"], false);
+  ASSERT_FALSE(report["errors"].empty());
+  EXPECT_LT(report["chunks_verified"].get<std::uint64_t>(), report["chunks"].get<std::uint64_t>());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Injected, StreamFails,
+    ::testing::Values(
+        // 2MiB in 128KiB chunks of 32768 elements: element 300000 is element 5088 of chunk 9.
+        FailureCase{"WrongElement",
+                    {"--backend", "host", "--corrupt-element", "300000"},
+                    {"chunk 9: element 5088", "global element 300000", "expected", "got", "1 of 32768 elements"}},
+        FailureCase{"DownloadFailsAtCompletion",
+                    {"--backend", "fake", "--fake-inject", "copy_d2h:copy_failed_at_completion:3"},
+                    {"chunk 2", "device_to_host failed", "OutputCopyFailed"}},
+        FailureCase{"UploadRefusedAtSubmit",
+                    {"--backend", "fake", "--fake-inject", "copy_h2d:copy_failed_at_submit:2"},
+                    {"chunk 1", "host_to_device", "DeviceCopyFailed"}},
+        FailureCase{"UploadFailsAtCompletion",
+                    {"--backend", "fake", "--fake-inject", "copy_h2d:copy_failed_at_completion:5"},
+                    {"chunk 4", "host_to_device failed", "DeviceCopyFailed"}},
+        FailureCase{"LostCompletion",
+                    {"--backend", "fake", "--fake-inject", "copy_h2d:lost_completion:2", "--stall-timeout", "1"},
+                    {"chunk 1", "never arrived"}},
+        FailureCase{"DeviceLostInCompute",
+                    {"--backend", "fake", "--fake-inject", "launch:fatal:3"},
+                    {"chunk 2", "launch_axpy"}},
+        FailureCase{"DeviceAllocationRefused",
+                    {"--backend", "fake", "--fake-inject", "allocate:allocation_failed"},
+                    {"AllocationFailed"}}),
+    [](const ::testing::TestParamInfo<FailureCase>& info) { return std::string(info.param.name); });
+
+TEST(Stream, ADuplicatedCompletionIsIgnoredAndTheStreamStillVerifies) {
+  CliRun run;
+  const nlohmann::json report = stream_json({"--backend", "fake", "--bytes", "1MiB", "--chunk", "64KiB",
+                                             "--fake-inject", "copy_d2h:duplicated_completion:2"},
+                                            run);
+  ASSERT_EQ(run.exit_code, 0) << describe(run);
+  EXPECT_EQ(report["verified"], true);
+  EXPECT_EQ(report["stale_completions"], 1);
+  EXPECT_THAT(run.err, HasSubstr("ignored a completion"));  // the bridge's log line, on stderr
+  EXPECT_THAT(run.out, Not(HasSubstr("ignored")));
+}
+
+// ---- bad command lines: exit 2, one line ------------------------------------
+
+struct UsageCase {
+  const char* name;
+  std::vector<std::string> args;
+  std::string reason;  // a piece of the one line
+};
+
+void PrintTo(const UsageCase& c, std::ostream* os) { *os << c.name; }
+
+class BadUsage : public ::testing::TestWithParam<UsageCase> {};
+
+TEST_P(BadUsage, ExitsTwoWithAOneLineReason) {
+  const UsageCase& c = GetParam();
+  const CliRun run = run_cli(c.args);
+  EXPECT_EQ(run.exit_code, 2) << describe(run);
+  EXPECT_EQ(run.signal, 0) << describe(run);
+  EXPECT_EQ(line_count(run.err), 1u) << describe(run);
+  EXPECT_THAT(run.err, ::testing::StartsWith("devbridge: ")) << describe(run);
+  EXPECT_THAT(run.err, HasSubstr(c.reason)) << describe(run);
+  EXPECT_EQ(run.out, "") << describe(run);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cli, BadUsage,
+    ::testing::Values(
+        UsageCase{"NoCommand", {}, "subcommand is required"},
+        UsageCase{"UnknownCommand", {"strem"}, "unknown command 'strem'"},
+        UsageCase{"UnknownOption", {"stream", "--bogus"}, "--bogus"},
+        UsageCase{"ExtraArgument", {"stream", "extra"}, "extra"},
+        UsageCase{"MissingValue", {"stream", "--chunk"}, "--chunk"},
+        UsageCase{"UnknownBackend", {"stream", "--backend", "tpu"}, "unknown backend 'tpu'"},
+        UsageCase{"EmptyBackend", {"stream", "--backend", ""}, "unknown backend ''"},
+        UsageCase{"MalformedBytes", {"stream", "--bytes", "1GX"}, "--bytes: '1GX' is not a size"},
+        UsageCase{"NegativeBytes", {"stream", "--bytes", "-1"}, "--bytes: '-1' is not a size"},
+        UsageCase{"FractionOfAByte", {"stream", "--bytes", "1.5"}, "not a whole number of bytes"},
+        UsageCase{"HugeBytes", {"stream", "--bytes", "20000000TiB"}, "too large"},
+        UsageCase{"ZeroBytes", {"stream", "--bytes", "0"}, "--bytes: must be more than 0"},
+        UsageCase{"BytesNotFloats", {"stream", "--bytes", "4098"}, "--bytes: 4098 is not a multiple of 4"},
+        UsageCase{"MalformedChunk", {"stream", "--chunk", "four"}, "--chunk: 'four' is not a size"},
+        UsageCase{"ZeroChunk", {"stream", "--chunk", "0"}, "--chunk: must be more than 0"},
+        UsageCase{"ChunkNotFloats", {"stream", "--chunk", "1022"}, "--chunk: 1022 is not a multiple of 4"},
+        UsageCase{"ChunkLargerThanRing",
+                  {"stream", "--chunk", "4MiB", "--ring-bytes", "6MiB"},
+                  "needs at least 8388608 bytes"},
+        UsageCase{"RingHoldsOnlyTheInput",
+                  {"stream", "--chunk", "100", "--ring-bytes", "255", "--bytes", "1000"},
+                  "needs at least 256 bytes"},
+        UsageCase{"ZeroRing", {"stream", "--ring-bytes", "0"}, "--ring-bytes: must be more than 0"},
+        UsageCase{"InflightZero", {"stream", "--inflight", "0"}, "--inflight: must be at least 1"},
+        UsageCase{"InflightNegative", {"stream", "--inflight", "-3"}, "--inflight: '-3' is not a whole number"},
+        UsageCase{"InflightNotANumber", {"stream", "--inflight", "lots"}, "--inflight: 'lots' is not a whole number"},
+        UsageCase{"StallTimeoutZero", {"stream", "--stall-timeout", "0"}, "--stall-timeout"},
+        UsageCase{"JsonUnwritable", {"stream", "--json", "/nonexistent-dir/report.json"}, "--json: cannot write"},
+        UsageCase{"InjectWithoutFake",
+                  {"stream", "--backend", "host", "--fake-inject", "copy_h2d:lost_completion"},
+                  "only with --backend fake"},
+        UsageCase{"InjectUnknownCall",
+                  {"stream", "--backend", "fake", "--fake-inject", "teleport:fatal"},
+                  "unknown call 'teleport'"},
+        UsageCase{"InjectMalformed", {"stream", "--backend", "fake", "--fake-inject", "nonsense"}, "CALL:FAILURE"},
+        UsageCase{"CorruptPastTheEnd",
+                  {"stream", "--bytes", "4096", "--corrupt-element", "1024"},
+                  "past the last element"},
+        UsageCase{"InfoUnknownOption", {"info", "--bogus"}, "--bogus"},
+        UsageCase{"InfoJsonUnwritable", {"info", "--json", "/nonexistent-dir/info.json"}, "--json: cannot write"}),
+    [](const ::testing::TestParamInfo<UsageCase>& info) { return std::string(info.param.name); });
+
+// ---- help, version, info ---------------------------------------------------
+
+TEST(Help, ExitsZeroAndNamesTheCommands) {
+  const CliRun top = run_cli({"--help"});
+  EXPECT_EQ(top.exit_code, 0) << describe(top);
+  EXPECT_THAT(top.out, HasSubstr("stream"));
+  EXPECT_THAT(top.out, HasSubstr("info"));
+
+  const CliRun stream = run_cli({"stream", "--help"});
+  EXPECT_EQ(stream.exit_code, 0) << describe(stream);
+  for (const char* option : {"--backend", "--bytes", "--chunk", "--inflight", "--ring-bytes", "--json", "--quiet"}) {
+    EXPECT_THAT(stream.out, HasSubstr(option));
+  }
+
+  const CliRun version = run_cli({"--version"});
+  EXPECT_EQ(version.exit_code, 0) << describe(version);
+  EXPECT_THAT(version.out, HasSubstr("devbridge "));
+}
+
+TEST(Info, ListsTheBackendsAndDescribesTheAvailableOnes) {
+  const CliRun run = run_cli({"info"});
+  ASSERT_EQ(run.exit_code, 0) << describe(run);
+  EXPECT_THAT(run.out, HasSubstr("host"));
+  EXPECT_THAT(run.out, HasSubstr("fake"));
+  EXPECT_THAT(run.out, HasSubstr("device string  CPU"));
+  EXPECT_THAT(run.out, HasSubstr("(auto)"));
+  EXPECT_EQ(run.err, "");
+}
+
+TEST(Info, JsonMatchesTheListing) {
+  const std::string path = scratch_dir() + "/info.json";
+  const CliRun run = run_cli({"info", "--json", path});
+  ASSERT_EQ(run.exit_code, 0) << describe(run);
+  const nlohmann::json info = nlohmann::json::parse(read_file(path));
+  EXPECT_EQ(info["command"], "info");
+  ASSERT_TRUE(info["backends"].is_array());
+  bool saw_host = false;
+  for (const nlohmann::json& backend : info["backends"]) {
+    ASSERT_TRUE(backend.contains("name"));
+    ASSERT_TRUE(backend.contains("built"));
+    ASSERT_TRUE(backend.contains("available"));
+    ASSERT_TRUE(backend.contains("reason"));
+    if (backend["available"] == true) {
+      ASSERT_TRUE(backend.contains("info")) << backend.dump();
+      for (const char* field : {"vendor", "device_name", "device_string", "total_memory", "free_memory", "dtypes",
+                                "host_memory_page_locked", "notes"}) {
+        EXPECT_TRUE(backend["info"].contains(field)) << field;
+      }
+      EXPECT_FALSE(backend["info"]["dtypes"].empty());
+    } else {
+      EXPECT_NE(backend["reason"], "") << backend.dump();  // says why not
+    }
+    if (backend["name"] == "host") {
+      saw_host = true;
+      EXPECT_EQ(backend["available"], true);
+      EXPECT_EQ(backend["info"]["vendor"], "cpu");
+      EXPECT_EQ(backend["info"]["device_string"], "CPU");
+      EXPECT_THAT(backend["info"]["dtypes"].get<std::vector<std::string>>(), ::testing::Contains("float32"));
+    }
+  }
+  EXPECT_TRUE(saw_host);
+  EXPECT_TRUE(info["auto"].is_string());
+  // A file was asked for: the listing is still printed.
+  EXPECT_THAT(run.out, HasSubstr("backends in this build"));
+
+  // With "-" the JSON is all of stdout (free memory moves between runs; the rest must not).
+  const CliRun to_stdout = run_cli({"info", "--json", "-"});
+  ASSERT_EQ(to_stdout.exit_code, 0) << describe(to_stdout);
+  nlohmann::json again = nlohmann::json::parse(to_stdout.out);
+  ASSERT_EQ(again["backends"].size(), info["backends"].size());
+  for (std::size_t i = 0; i < info["backends"].size(); ++i) {
+    EXPECT_EQ(again["backends"][i]["name"], info["backends"][i]["name"]);
+    EXPECT_EQ(again["backends"][i]["available"], info["backends"][i]["available"]);
+  }
+  EXPECT_EQ(again["auto"], info["auto"]);
+}
+
+}  // namespace
+}  // namespace devbridge::cli::testing

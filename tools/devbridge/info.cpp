@@ -1,0 +1,94 @@
+#include "info.hpp"
+
+#include <exception>
+
+#include <fmt/format.h>
+
+#include "devbridge/types.hpp"
+#include "sizes.hpp"
+
+namespace devbridge::cli {
+
+InfoReport collect_info() {
+  InfoReport report;
+  for (BackendAvailability& availability : list_backends()) {
+    BackendEntry entry;
+    entry.availability = std::move(availability);
+    if (entry.availability.available) {
+      try {
+        entry.info = make_backend(entry.availability.name)->describe();
+      } catch (const std::exception& e) {
+        entry.describe_error = e.what();
+      }
+    }
+    report.backends.push_back(std::move(entry));
+  }
+  try {
+    report.auto_choice = make_backend("auto")->describe().name;
+  } catch (const std::exception& e) {
+    report.auto_error = e.what();
+  }
+  return report;
+}
+
+namespace {
+
+std::string memory_line(const BackendInfo& info) {
+  if (info.total_memory == 0 && info.free_memory == 0) return "unknown";
+  if (info.free_memory == 0) return fmt::format("{} total", format_bytes(info.total_memory));
+  if (info.total_memory == 0) return fmt::format("{} free", format_bytes(info.free_memory));
+  return fmt::format("{} free of {}", format_bytes(info.free_memory), format_bytes(info.total_memory));
+}
+
+std::string dtype_list(const BackendInfo& info) {
+  std::string names;
+  for (DType dtype : info.dtypes) {
+    if (!names.empty()) names += ' ';
+    names += dtype_info(dtype).name;
+  }
+  return names.empty() ? "none" : names;
+}
+
+}  // namespace
+
+std::string format_info(const InfoReport& report) {
+  std::string out = "backends in this build:\n";
+  std::size_t width = 4;
+  for (const BackendEntry& e : report.backends) width = std::max(width, e.availability.name.size());
+  for (const BackendEntry& e : report.backends) {
+    const BackendAvailability& a = e.availability;
+    std::string state;
+    if (!a.built) {
+      state = "not built";
+    } else if (a.available) {
+      state = "available";
+    } else {
+      state = "unavailable";
+    }
+    out += fmt::format("  {:<{}}  {}", a.name, width, state);
+    if (!a.available && !a.reason.empty()) out += fmt::format(": {}", a.reason);
+    if (a.name == report.auto_choice) out += "  (auto)";
+    out += '\n';
+  }
+  if (report.auto_choice.empty()) out += fmt::format("--backend auto picks nothing here: {}\n", report.auto_error);
+
+  for (const BackendEntry& e : report.backends) {
+    if (!e.availability.available) continue;
+    out += fmt::format("\n{}\n", e.availability.name);
+    if (!e.info) {
+      out += fmt::format("  error          {}\n", e.describe_error);
+      continue;
+    }
+    const BackendInfo& info = *e.info;
+    out += fmt::format("  vendor         {}\n", info.vendor);
+    out += fmt::format("  device         {}\n", info.device_name);
+    out += fmt::format("  device string  {}\n", info.device_string);
+    out += fmt::format("  memory         {}\n", memory_line(info));
+    out += fmt::format("  dtypes         {}\n", dtype_list(info));
+    out += fmt::format("  page-locked    {}\n", info.host_memory_page_locked ? "yes" : "no");
+    if (!info.notes.empty()) out += fmt::format("  notes          {}\n", info.notes);
+  }
+  return out;
+}
+
+}  // namespace devbridge::cli

@@ -1,0 +1,31 @@
+// `devbridge info`: the backends this build has, which can run here (and why
+// not), and what each available one describes.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "devbridge/backend.hpp"
+#include "devbridge/backends.hpp"
+
+namespace devbridge::cli {
+
+struct BackendEntry {
+  BackendAvailability availability;
+  std::optional<BackendInfo> info;  // when available and described
+  std::string describe_error;       // when available but describing it failed
+};
+
+struct InfoReport {
+  std::vector<BackendEntry> backends;
+  std::string auto_choice;  // what --backend auto picks here; empty when none
+  std::string auto_error;   // why auto picks nothing
+};
+
+// Never throws for a backend that fails to open: that lands in its entry.
+InfoReport collect_info();
+
+std::string format_info(const InfoReport& report);
+
+}  // namespace devbridge::cli

@@ -1,0 +1,15 @@
+// The JSON documents `--json` writes. Field names are documented in
+// docs/CLI.md; scripts depend on them, so they only ever gain fields.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "info.hpp"
+#include "stream.hpp"
+
+namespace devbridge::cli {
+
+nlohmann::json stream_report_json(const StreamReport& report);
+nlohmann::json info_report_json(const InfoReport& report);
+
+}  // namespace devbridge::cli

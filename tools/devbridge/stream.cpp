@@ -1,0 +1,647 @@
+#include "stream.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <limits>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <thread>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "devbridge/backends.hpp"
+#include "devbridge/backends/fake.hpp"
+#include "devbridge/bridge.hpp"
+#include "devbridge/error.hpp"
+#include "pattern.hpp"
+#include "progress.hpp"
+#include "sizes.hpp"
+
+namespace devbridge::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::uint64_t round_up(std::uint64_t value, std::uint64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+// ---- validation of the test hooks -------------------------------------------
+
+constexpr int kFakeCallCount = static_cast<int>(fake::Call::Quiesce) + 1;
+constexpr int kFakeFailureCount = static_cast<int>(fake::Failure::Fatal) + 1;
+
+std::string fake_call_names() {
+  std::string names;
+  for (int i = 0; i < kFakeCallCount; ++i) {
+    if (i != 0) names += ", ";
+    names += fake::call_name(static_cast<fake::Call>(i));
+  }
+  return names;
+}
+
+std::string fake_failure_names() {
+  std::string names;
+  for (int i = 0; i < kFakeFailureCount; ++i) {
+    if (i != 0) names += ", ";
+    names += fake::failure_name(static_cast<fake::Failure>(i));
+  }
+  return names;
+}
+
+StreamPlan::Injection parse_injection(std::string_view text) {
+  const auto first = text.find(':');
+  if (first == std::string_view::npos) {
+    throw UsageError(fmt::format("--fake-inject: '{}' is not CALL:FAILURE[:N]", text));
+  }
+  const std::string_view call_text = text.substr(0, first);
+  std::string_view rest = text.substr(first + 1);
+  std::string_view nth_text;
+  if (const auto second = rest.find(':'); second != std::string_view::npos) {
+    nth_text = rest.substr(second + 1);
+    rest = rest.substr(0, second);
+  }
+  StreamPlan::Injection injection;
+  injection.call = -1;
+  injection.failure = -1;
+  for (int i = 0; i < kFakeCallCount; ++i) {
+    if (fake::call_name(static_cast<fake::Call>(i)) == call_text) injection.call = i;
+  }
+  if (injection.call < 0) {
+    throw UsageError(fmt::format("--fake-inject: unknown call '{}' (one of: {})", call_text, fake_call_names()));
+  }
+  for (int i = 0; i < kFakeFailureCount; ++i) {
+    if (fake::failure_name(static_cast<fake::Failure>(i)) == rest) injection.failure = i;
+  }
+  if (injection.failure < 0) {
+    throw UsageError(fmt::format("--fake-inject: unknown failure '{}' (one of: {})", rest, fake_failure_names()));
+  }
+  if (!nth_text.empty()) {
+    const std::uint64_t nth = parse_count("--fake-inject N", nth_text);
+    if (nth == 0 || nth > 1'000'000'000) throw UsageError("--fake-inject: N must be between 1 and 1000000000");
+    injection.nth = static_cast<int>(nth);
+  }
+  return injection;
+}
+
+// ---- a small closable queue between the pipeline's stages ------------------
+
+template <typename T>
+class StageQueue {
+ public:
+  void push(T item) {
+    {
+      std::lock_guard lock(mutex_);
+      items_.push_back(std::move(item));
+    }
+    ready_.notify_one();
+  }
+  // No more items will come; pop drains what is queued, then returns nullopt.
+  void close() {
+    {
+      std::lock_guard lock(mutex_);
+      closed_ = true;
+    }
+    ready_.notify_all();
+  }
+  // Discards what is queued and wakes every consumer (the stream failed).
+  void abandon() {
+    {
+      std::lock_guard lock(mutex_);
+      closed_ = true;
+      items_.clear();
+    }
+    ready_.notify_all();
+  }
+  std::optional<T> pop() {
+    std::unique_lock lock(mutex_);
+    ready_.wait(lock, [&] { return closed_ || !items_.empty(); });
+    if (items_.empty()) return std::nullopt;
+    T item = std::move(items_.front());
+    items_.pop_front();
+    return item;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<T> items_;
+  bool closed_ = false;
+};
+
+// Thrown inside a stage when another stage has already failed; not an error
+// of its own.
+struct StreamAborted {};
+
+// One chunk's journey, handed from stage to stage.
+struct ChunkTicket {
+  std::uint64_t index = 0;
+  std::uint64_t first_element = 0;
+  std::uint64_t len = 0;  // bytes
+  HostRange host;         // input range (upload stage) or output range (download stages)
+  CopyEvent event;
+  Clock::time_point submitted{};
+};
+
+// Time a direction of copies had work outstanding. Copies of one direction
+// complete in submission order, so each copy's service time runs from the
+// later of its submission and the previous completion to its own completion;
+// the sum is the busy time, without double-counting queued copies.
+class BusyClock {
+ public:
+  void completed(Clock::time_point submitted, Clock::time_point done) {
+    const auto start = std::max(submitted, last_done_);
+    if (done > start) busy_ += done - start;
+    last_done_ = std::max(last_done_, done);
+  }
+  double seconds() const { return std::chrono::duration<double>(busy_).count(); }
+
+ private:
+  Clock::duration busy_{};
+  Clock::time_point last_done_{};
+};
+
+class StreamPipeline {
+ public:
+  StreamPipeline(Bridge& bridge, const StreamPlan& plan, Progress& progress)
+      : bridge_(bridge), plan_(plan), progress_(progress) {}
+
+  void allocate_slots() {
+    const ObjectSpec spec{plan_.slot_bytes, kReservationAlignment, DType::Float32, ShapeKind::Vector};
+    for (std::uint64_t s = 0; s < plan_.slots; ++s) {
+      inputs_.push_back(bridge_.alloc_device(spec, plan_.slot_bytes));
+      outputs_.push_back(bridge_.alloc_device(spec, plan_.slot_bytes));
+    }
+  }
+
+  // Frees the device buffers; succeeds only when no copy, step or view holds
+  // them any more, which is itself a check that the stream cleaned up.
+  void free_slots() {
+    for (const DeviceHandle& h : inputs_) bridge_.free_device(h);
+    for (const DeviceHandle& h : outputs_) bridge_.free_device(h);
+    inputs_.clear();
+    outputs_.clear();
+  }
+
+  void run(StreamReport& report) {
+    progress_.start(plan_.bytes);
+    const auto started = Clock::now();
+    std::thread upload_stage([&] { guarded([&] { watch_uploads(); }); });
+    std::thread download_stage([&] { guarded([&] { watch_downloads(); }); });
+    std::thread verify_stage([&] { guarded([&] { verify_results_stage(); }); });
+    guarded([&] { produce(); });
+    uploads_.close();
+    downloads_.close();
+    upload_stage.join();
+    download_stage.join();
+    verify_stage.join();
+    const auto finished = Clock::now();
+    progress_.finish();
+
+    report.seconds = std::chrono::duration<double>(finished - started).count();
+    report.upload_busy_seconds = upload_busy_.seconds();
+    report.download_busy_seconds = download_busy_.seconds();
+    report.ring_wraps = ring_wraps_;
+    std::lock_guard lock(mutex_);
+    report.chunks_verified = retired_chunks_;
+    report.errors = errors_;
+  }
+
+ private:
+  // Runs a stage body; the first failure anywhere stops every stage.
+  template <typename Body>
+  void guarded(Body&& body) {
+    try {
+      body();
+    } catch (const StreamAborted&) {
+    } catch (const devbridge::Error& e) {
+      fail(e.what());
+    } catch (const std::exception& e) {
+      fail(e.what());
+    }
+  }
+
+  void fail(std::string message) {
+    {
+      std::lock_guard lock(mutex_);
+      // Later failures are usually consequences of the first; keep a few.
+      if (errors_.size() < 16) errors_.push_back(std::move(message));
+      aborted_ = true;
+    }
+    changed_.notify_all();
+    uploads_.abandon();
+    downloads_.abandon();
+    verifies_.abandon();
+  }
+
+  bool aborted() {
+    std::lock_guard lock(mutex_);
+    return aborted_;
+  }
+
+  // ---- producer (the calling thread) ----
+
+  void produce() {
+    std::uint64_t previous_input_offset = 0;
+    for (std::uint64_t i = 0; i < plan_.chunks; ++i) {
+      std::string_view stage = "reserve input";
+      try {
+        produce_chunk(i, previous_input_offset, stage);
+      } catch (const devbridge::Error& e) {
+        throw std::runtime_error(fmt::format("chunk {}: {}: {}", i, stage, e.what()));
+      }
+    }
+  }
+
+  // `stage` names the step under way, for the error message.
+  void produce_chunk(std::uint64_t i, std::uint64_t& previous_input_offset, std::string_view& stage) {
+    wait_for_free_slot(i);
+    const std::uint64_t slot = i % plan_.slots;
+    const std::uint64_t offset = i * plan_.chunk_bytes;
+    const std::uint64_t len = std::min(plan_.chunk_bytes, plan_.bytes - offset);
+    const std::uint64_t first_element = offset / sizeof(float);
+
+    const HostRange input = reserve_with_room(len);
+    // Ring positions only grow, so an offset at or before the previous
+    // input's means the ring went around.
+    if (i > 0 && input.offset <= previous_input_offset) ++ring_wraps_;
+    previous_input_offset = input.offset;
+    fill_pattern(as_floats(input), first_element);
+
+    const DeviceRange x{inputs_[slot], 0, len};
+    const DeviceRange y{outputs_[slot], 0, len};
+    stage = "host_to_device";
+    ChunkTicket upload{i, first_element, len, input, {}, Clock::now()};
+    upload.event = with_admission([&](Admission a) { return bridge_.host_to_device(input, x, CopyMode::Async, a); });
+    uploads_.push(upload);
+
+    stage = "begin_step";
+    const DeviceHandle step_handles[] = {inputs_[slot], outputs_[slot]};
+    bridge_.begin_step(step_id(i), step_handles);
+    stage = "launch_axpy";
+    bridge_.launch_axpy(x, y, kAxpyA, kAxpyB);
+
+    stage = "reserve output";
+    const HostRange output = reserve_with_room(len);
+    stage = "device_to_host";
+    ChunkTicket download{i, first_element, len, output, {}, Clock::now()};
+    download.event =
+        with_admission([&](Admission a) { return bridge_.device_to_host(y, output, CopyMode::Async, a); });
+    downloads_.push(download);
+  }
+
+  static StepId step_id(std::uint64_t chunk) { return chunk + 1; }
+
+  std::span<float> as_floats(HostRange range) {
+    const std::span<std::byte> bytes = bridge_.host_bytes(range);
+    return {reinterpret_cast<float*>(bytes.data()), bytes.size() / sizeof(float)};
+  }
+
+  // Chunk i reuses slot i % slots, so it waits until chunk i - slots retired.
+  void wait_for_free_slot(std::uint64_t chunk) {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return aborted_ || retired_chunks_ + plan_.slots > chunk; });
+    if (aborted_) throw StreamAborted{};
+  }
+
+  // A ring reservation, waiting for the other stages to release ranges when
+  // the ring is full. Every range out (the current chunk's input included) is
+  // released by a watcher or the verifier in time; with none out, no release
+  // can ever make room.
+  HostRange reserve_with_room(std::uint64_t len) {
+    for (;;) {
+      std::uint64_t releases_seen = 0;
+      {
+        std::lock_guard lock(mutex_);
+        if (aborted_) throw StreamAborted{};
+        releases_seen = ring_releases_;
+      }
+      try {
+        const HostRange range = bridge_.reserve(len, kReservationAlignment);
+        std::lock_guard lock(mutex_);
+        ++outstanding_reservations_;
+        return range;
+      } catch (const devbridge::Error& e) {
+        if (e.kind() != ErrorKind::Backpressure) throw;
+      }
+      std::unique_lock lock(mutex_);
+      if (ring_releases_ == releases_seen && outstanding_reservations_ == 0) {
+        throw std::runtime_error(fmt::format(
+            "the ring ({} bytes, {} free) has no room for a {}-byte reservation and the stream holds nothing "
+            "else that could be released",
+            bridge_.ring_capacity(), bridge_.ring_free_bytes(), len));
+      }
+      changed_.wait(lock, [&] { return aborted_ || ring_releases_ != releases_seen; });
+      if (aborted_) throw StreamAborted{};
+    }
+  }
+
+  // Async copies beyond the bridge's in-flight budget are refused; wait for
+  // room in short steps so a failure elsewhere is noticed.
+  template <typename Submit>
+  CopyEvent with_admission(Submit&& submit) {
+    for (;;) {
+      try {
+        return submit(Admission{std::chrono::milliseconds(50)});
+      } catch (const devbridge::Error& e) {
+        if (e.kind() != ErrorKind::Backpressure) throw;
+      }
+      if (aborted()) throw StreamAborted{};
+    }
+  }
+
+  void released_ring_range() {
+    {
+      std::lock_guard lock(mutex_);
+      --outstanding_reservations_;
+      ++ring_releases_;
+    }
+    changed_.notify_all();
+  }
+
+  // ---- completion watchers ----
+
+  // Blocks until the copy completes or fails. Gives up when another stage
+  // failed, or when nothing completes for the stall timeout (a lost
+  // completion would otherwise hang the worker forever).
+  CopyStatus wait_for(const ChunkTicket& ticket, std::string_view what) {
+    const auto deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                           std::chrono::duration<double>(plan_.stall_timeout_seconds));
+    for (;;) {
+      CopyStatus status = bridge_.wait(ticket.event, std::chrono::milliseconds(20));
+      if (status.state != CopyState::Pending) return status;
+      if (aborted()) throw StreamAborted{};
+      if (Clock::now() >= deadline) {
+        throw std::runtime_error(fmt::format(
+            "chunk {}: {} (event {}) still pending after {} s; its completion never arrived", ticket.index, what,
+            ticket.event.id, plan_.stall_timeout_seconds));
+      }
+    }
+  }
+
+  static std::string copy_failure(const ChunkTicket& ticket, std::string_view what, const CopyStatus& status) {
+    const std::string_view kind = status.error ? kind_name(*status.error) : std::string_view("unknown error");
+    return fmt::format("chunk {} (bytes {}..{}): {} failed: {}: {}", ticket.index,
+                       ticket.first_element * sizeof(float), ticket.first_element * sizeof(float) + ticket.len - 1,
+                       what, kind, status.message);
+  }
+
+  void watch_uploads() {
+    while (std::optional<ChunkTicket> ticket = uploads_.pop()) {
+      const CopyStatus status = wait_for(*ticket, "host_to_device");
+      upload_busy_.completed(ticket->submitted, Clock::now());
+      if (status.state == CopyState::Failed) throw std::runtime_error(copy_failure(*ticket, "host_to_device", status));
+      if (!bridge_.safe_to_release_host(ticket->event)) {
+        throw std::runtime_error(fmt::format(
+            "chunk {}: host_to_device completed but safe_to_release_host is false", ticket->index));
+      }
+      bridge_.release_host(ticket->host);
+      released_ring_range();
+      {
+        std::lock_guard lock(mutex_);
+        ++uploads_confirmed_;
+      }
+      changed_.notify_all();
+    }
+  }
+
+  void watch_downloads() {
+    while (std::optional<ChunkTicket> ticket = downloads_.pop()) {
+      const CopyStatus status = wait_for(*ticket, "device_to_host");
+      download_busy_.completed(ticket->submitted, Clock::now());
+      if (status.state == CopyState::Failed) throw std::runtime_error(copy_failure(*ticket, "device_to_host", status));
+      verifies_.push(*ticket);
+    }
+    verifies_.close();
+  }
+
+  // ---- consumer ----
+
+  void verify_results_stage() {
+    std::uint64_t verified_bytes = 0;
+    while (std::optional<ChunkTicket> ticket = verifies_.pop()) {
+      // A result computed from a failed upload is garbage; wait for the
+      // upload's verdict so a failure is reported as what it is.
+      {
+        std::unique_lock lock(mutex_);
+        changed_.wait(lock, [&] { return aborted_ || uploads_confirmed_ > ticket->index; });
+        if (aborted_) throw StreamAborted{};
+      }
+      if (!bridge_.host_bytes_valid(ticket->event)) {
+        throw std::runtime_error(
+            fmt::format("chunk {}: device_to_host completed but host_bytes_valid is false", ticket->index));
+      }
+      const std::span<float> results = as_floats(ticket->host);
+      if (plan_.corrupt_element && *plan_.corrupt_element >= ticket->first_element &&
+          *plan_.corrupt_element < ticket->first_element + results.size()) {
+        results[*plan_.corrupt_element - ticket->first_element] += 0.5f;
+      }
+      if (const std::optional<Mismatch> wrong = verify_results(results, ticket->first_element)) {
+        throw std::runtime_error(fmt::format(
+            "chunk {}: element {} (global element {}): expected {} got {} ({} of {} elements in the chunk wrong)",
+            ticket->index, wrong->element, ticket->first_element + wrong->element, wrong->expected, wrong->got,
+            wrong->wrong_elements, results.size()));
+      }
+      bridge_.release_host(ticket->host);
+      released_ring_range();
+      bridge_.end_step(step_id(ticket->index));
+      verified_bytes += ticket->len;
+      {
+        std::lock_guard lock(mutex_);
+        ++retired_chunks_;
+      }
+      changed_.notify_all();
+      progress_.update(verified_bytes);
+    }
+  }
+
+  Bridge& bridge_;
+  const StreamPlan& plan_;
+  Progress& progress_;
+  std::vector<DeviceHandle> inputs_;
+  std::vector<DeviceHandle> outputs_;
+
+  StageQueue<ChunkTicket> uploads_;
+  StageQueue<ChunkTicket> downloads_;
+  StageQueue<ChunkTicket> verifies_;
+
+  // Guards the counters below and the error list; `changed_` signals any change.
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool aborted_ = false;
+  std::vector<std::string> errors_;
+  std::uint64_t retired_chunks_ = 0;
+  std::uint64_t uploads_confirmed_ = 0;  // chunks whose upload completed, in order
+  std::uint64_t ring_releases_ = 0;
+  std::uint64_t outstanding_reservations_ = 0;
+
+  std::uint64_t ring_wraps_ = 0;  // producer only
+  BusyClock upload_busy_;         // upload watcher only
+  BusyClock download_busy_;       // download watcher only
+};
+
+std::unique_ptr<Backend> open_backend(const StreamPlan& plan) {
+  std::unique_ptr<Backend> backend = make_backend(plan.backend);
+  if (auto* fake_backend = dynamic_cast<fake::FakeBackend*>(backend.get())) {
+    // The fake device completes copies only when told; the stream has no one
+    // to tell it, so it completes them as they are submitted.
+    fake_backend->set_auto_complete(true);
+    if (plan.fake_injection) {
+      fake_backend->inject(static_cast<fake::Call>(plan.fake_injection->call),
+                           static_cast<fake::Failure>(plan.fake_injection->failure), plan.fake_injection->nth);
+    }
+  }
+  return backend;
+}
+
+}  // namespace
+
+StreamPlan plan_stream(const StreamArgs& args) {
+  StreamPlan plan;
+
+  // The backend: a name this build knows, available on this machine.
+  const std::vector<BackendAvailability> backends = list_backends();
+  std::string known = "auto";
+  for (const BackendAvailability& b : backends) {
+    if (b.built) known += ", " + b.name;
+  }
+  if (args.backend != "auto") {
+    const auto it = std::find_if(backends.begin(), backends.end(),
+                                 [&](const BackendAvailability& b) { return b.name == args.backend; });
+    if (it == backends.end()) {
+      throw UsageError(fmt::format("--backend: unknown backend '{}' (this build has: {})", args.backend, known));
+    }
+    if (!it->built) {
+      throw UsageError(fmt::format("--backend: {} is not in this build: {}", it->name, it->reason));
+    }
+    if (!it->available) {
+      throw UsageError(fmt::format("--backend: {} is not available on this machine: {}", it->name, it->reason));
+    }
+  }
+  plan.backend = args.backend;
+
+  plan.bytes = parse_size("--bytes", args.bytes);
+  const std::uint64_t chunk = parse_size("--chunk", args.chunk);
+  plan.inflight = parse_count("--inflight", args.inflight);
+  plan.ring_bytes = parse_size("--ring-bytes", args.ring_bytes);
+
+  if (plan.bytes == 0) throw UsageError("--bytes: must be more than 0");
+  if (plan.bytes % sizeof(float) != 0) {
+    throw UsageError(fmt::format("--bytes: {} is not a multiple of 4 (the stream moves float32 elements)", plan.bytes));
+  }
+  if (chunk == 0) throw UsageError("--chunk: must be more than 0");
+  if (chunk % sizeof(float) != 0) {
+    throw UsageError(fmt::format("--chunk: {} is not a multiple of 4 (the stream moves float32 elements)", chunk));
+  }
+  if (plan.inflight == 0) throw UsageError("--inflight: must be at least 1");
+  if (plan.ring_bytes == 0) throw UsageError("--ring-bytes: must be more than 0");
+
+  // A chunk larger than the whole stream is just the whole stream.
+  plan.chunk_bytes = std::min(chunk, plan.bytes);
+  plan.chunks = (plan.bytes + plan.chunk_bytes - 1) / plan.chunk_bytes;
+  plan.slot_bytes = round_up(plan.chunk_bytes, kReservationAlignment);
+
+  // Every chunk holds an input and an output reservation at once, each
+  // aligned to 64 bytes. Reservations of one size laid end to end from the
+  // ring's start always fit twice into twice their size, so that is enough.
+  const std::uint64_t needed = 2 * plan.slot_bytes;
+  if (plan.ring_bytes < needed) {
+    const std::string rounded = plan.slot_bytes == plan.chunk_bytes
+                                    ? std::string()
+                                    : fmt::format(", each rounded up to {} bytes for 64-byte alignment", plan.slot_bytes);
+    throw UsageError(fmt::format(
+        "--ring-bytes {} ({} bytes) cannot hold a chunk: each chunk holds an input and an output reservation of "
+        "{} bytes at once{}, so the ring needs at least {} bytes ({})",
+        args.ring_bytes, plan.ring_bytes, plan.chunk_bytes, rounded, needed, format_bytes(needed)));
+  }
+
+  // More chunks than the ring has room for can never be in flight (each
+  // holds at least its output reservation until it is verified), so more
+  // device buffers than that would only cost device memory.
+  plan.slots = std::min({plan.inflight, plan.chunks, plan.ring_bytes / plan.slot_bytes});
+
+  const double stall = [&] {
+    const std::uint64_t seconds = parse_count("--stall-timeout", args.stall_timeout);
+    if (seconds == 0 || seconds > 86'400) throw UsageError("--stall-timeout: must be between 1 and 86400 seconds");
+    return static_cast<double>(seconds);
+  }();
+  plan.stall_timeout_seconds = stall;
+
+  if (!args.fake_inject.empty()) {
+    if (plan.backend != "fake") throw UsageError("--fake-inject: only with --backend fake");
+    plan.fake_injection = parse_injection(args.fake_inject);
+  }
+  if (!args.corrupt_element.empty()) {
+    const std::uint64_t element = parse_count("--corrupt-element", args.corrupt_element);
+    if (element >= plan.bytes / sizeof(float)) {
+      throw UsageError(fmt::format("--corrupt-element: {} is past the last element ({})", element,
+                                   plan.bytes / sizeof(float) - 1));
+    }
+    plan.corrupt_element = element;
+  }
+  return plan;
+}
+
+StreamReport run_stream(const StreamPlan& plan, Progress& progress) {
+  StreamReport report;
+  report.backend = plan.backend;
+  report.bytes = plan.bytes;
+  report.chunk_bytes = plan.chunk_bytes;
+  report.chunks = plan.chunks;
+  report.inflight = plan.inflight;
+  report.device_buffers = plan.slots;
+  report.ring_bytes = plan.ring_bytes;
+
+  try {
+    BridgeOptions options;
+    options.ring_bytes = plan.ring_bytes;
+    Bridge bridge(open_backend(plan), options);
+    const BackendInfo info = bridge.backend_info();
+    report.backend = info.name;
+    report.device_name = info.device_name;
+    report.device_string = info.device_string;
+
+    StreamPipeline pipeline(bridge, plan, progress);
+    pipeline.allocate_slots();
+    pipeline.run(report);
+
+    const BridgeStats stats = bridge.stats();
+    report.copies_submitted = stats.copies_submitted;
+    report.copies_failed = stats.copies_failed;
+    report.stale_completions = stats.stale_completions;
+    if (report.errors.empty()) {
+      // Everything came back: nothing may still hold the ring or a buffer.
+      if (stats.ring_reservations != 0 || stats.copies_in_flight != 0 || stats.active_steps != 0) {
+        report.errors.push_back(fmt::format(
+            "after the last chunk the bridge still holds {} ring reservations, {} copies in flight, {} steps",
+            stats.ring_reservations, stats.copies_in_flight, stats.active_steps));
+      } else {
+        pipeline.free_slots();
+      }
+    }
+    // On failure the bridge's destructor quiesces the backend and frees
+    // whatever the stream still held.
+  } catch (const devbridge::Error& e) {
+    report.errors.push_back(e.what());
+  } catch (const std::exception& e) {
+    report.errors.push_back(e.what());
+  }
+
+  report.upload_gbps = gigabytes_per_second(report.bytes, report.upload_busy_seconds);
+  report.download_gbps = gigabytes_per_second(report.bytes, report.download_busy_seconds);
+  report.end_to_end_gbps = gigabytes_per_second(report.bytes, report.seconds);
+  report.verified = report.errors.empty() && report.chunks_verified == report.chunks;
+  if (report.errors.empty() && !report.verified) {
+    report.errors.push_back(
+        fmt::format("only {} of {} chunks were verified", report.chunks_verified, report.chunks));
+  }
+  return report;
+}
+
+}  // namespace devbridge::cli

@@ -1,0 +1,88 @@
+// `devbridge stream`: the streaming worker. A producer fills host-ring
+// reservations with a known pattern, the bridge uploads each chunk
+// asynchronously into one of `inflight` device buffers, the backend runs
+// y = 2x + 1 over it inside a compute step, the result comes back
+// asynchronously into an output reservation, and a consumer checks every
+// element before it releases the ring ranges.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace devbridge::cli {
+
+class Progress;
+
+// What the user typed, before validation.
+struct StreamArgs {
+  std::string backend = "auto";
+  std::string bytes = "1GiB";
+  std::string chunk = "4MiB";
+  std::string inflight = "8";
+  std::string ring_bytes = "64MiB";
+  std::string stall_timeout = "60";  // seconds without a completion before giving up
+  // Test hooks.
+  std::string fake_inject;      // "CALL:FAILURE[:N]", fake backend only
+  std::string corrupt_element;  // a global element index to damage after download
+};
+
+// A validated plan; every field has been checked against the others.
+struct StreamPlan {
+  std::string backend;  // as asked: "host", "fake", "cuda", "auto"
+  std::uint64_t bytes = 0;
+  std::uint64_t chunk_bytes = 0;    // at most `bytes`
+  std::uint64_t slot_bytes = 0;     // chunk_bytes rounded up to the ring alignment
+  std::uint64_t chunks = 0;
+  std::uint64_t inflight = 0;       // as asked
+  std::uint64_t slots = 0;          // device buffer pairs: min(inflight, chunks, ring_bytes / slot_bytes)
+  std::uint64_t ring_bytes = 0;
+  double stall_timeout_seconds = 60.0;
+  // Fault injection on the fake backend (values of fake::Call / fake::Failure).
+  struct Injection {
+    int call = 0;
+    int failure = 0;
+    int nth = 1;
+  };
+  std::optional<Injection> fake_injection;
+  std::optional<std::uint64_t> corrupt_element;
+};
+
+// The ring alignment of every reservation the stream makes.
+inline constexpr std::uint64_t kReservationAlignment = 64;
+
+// Checks the arguments against each other and against this build's backends.
+// Throws UsageError with a one-line reason.
+StreamPlan plan_stream(const StreamArgs& args);
+
+struct StreamReport {
+  std::string backend;        // the backend that ran ("host" when "auto" chose it)
+  std::string device_name;
+  std::string device_string;
+  std::uint64_t bytes = 0;
+  std::uint64_t chunk_bytes = 0;
+  std::uint64_t chunks = 0;
+  std::uint64_t chunks_verified = 0;
+  std::uint64_t inflight = 0;        // as asked
+  std::uint64_t device_buffers = 0;  // input/output pairs: the in-flight depth the ring allows
+  std::uint64_t ring_bytes = 0;
+  std::uint64_t ring_wraps = 0;  // times a reservation went back to the ring's start
+  double seconds = 0.0;          // first fill to last verified chunk
+  double upload_busy_seconds = 0.0;
+  double download_busy_seconds = 0.0;
+  double upload_gbps = 0.0;
+  double download_gbps = 0.0;
+  double end_to_end_gbps = 0.0;
+  std::uint64_t copies_submitted = 0;
+  std::uint64_t copies_failed = 0;
+  std::uint64_t stale_completions = 0;
+  bool verified = false;
+  std::vector<std::string> errors;
+};
+
+// Runs the plan. Runtime failures (devbridge::Error, a wrong element, a lost
+// completion) do not throw: they end the stream and land in report.errors.
+StreamReport run_stream(const StreamPlan& plan, Progress& progress);
+
+}  // namespace devbridge::cli
