@@ -326,6 +326,8 @@ int main(int argc, char** argv) {
   std::printf("# HOST = one 4096-byte ring reservation made before the loop; observe(CopyCompleted) = Bridge::poll()\n");
   std::printf("# e: devbridge's view() takes a lease (ViewLease) that ends in the same iteration; "
               "the reference's wrap_for_tinygrad takes none\n");
+  std::printf("# timing is the loop's own steady_clock (manual time); Google Benchmark's \"Library was built as "
+              "DEBUG\" warning is about Debian's libbenchmark build and does not touch it\n");
   std::printf("# start_vm_rss_kib=%llu\n", static_cast<unsigned long long>(proc_status_kib("VmRSS")));
   std::fflush(stdout);
 

@@ -318,6 +318,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "host_copy: cannot set up the host backend bridge: %s\n", e.what());
     return 1;
   }
+  std::printf("# timing is manual (steady_clock around each run or trip); Google Benchmark's \"Library was built as "
+              "DEBUG\" warning is about Debian's libbenchmark build and does not touch it\n");
+  std::fflush(stdout);
   for (std::size_t i = 0; i < std::size(kChunkSizes); ++i) register_upload(i, reps);
   register_round_trip("round_trip_4KiB/wait", false, &g_trip_wait_us, trips);
   register_round_trip("round_trip_4KiB/poll_spin", true, &g_trip_spin_us, trips);

@@ -5,6 +5,7 @@
 // What "least" means here:
 //  - allocate hands out a distinct fake address from a counter (the bridge may
 //    rely on addresses being distinct) and never touches memory;
+//  - free does nothing;
 //  - copies move no bytes;
 //  - an async copy queues a successful Completion that the next
 //    drain_completions hands back, so the bridge observes completion exactly
@@ -47,7 +48,15 @@ class NullBackend final : public Backend {
 
   DeviceAllocation allocate(std::uint64_t bytes, std::uint64_t /*alignment*/) override {
     // Fake addresses a page apart, far from any real mapping; never dereferenced.
-    const std::uint64_t id = next_allocation_.fetch_add(1, std::memory_order_relaxed);
+    // Each thread takes ids in blocks, so the common case is a plain increment
+    // rather than an atomic one: the null backend should cost as little as the
+    // reference's, which returns no address at all.
+    thread_local IdBlock ids;
+    if (ids.next == ids.end) {
+      ids.next = next_id_block_.fetch_add(kIdBlock, std::memory_order_relaxed);
+      ids.end = ids.next + kIdBlock;
+    }
+    const std::uint64_t id = ids.next++;
     return DeviceAllocation{kAddressBase + id * kAddressStride, bytes, static_cast<std::uintptr_t>(id)};
   }
 
@@ -96,6 +105,14 @@ class NullBackend final : public Backend {
   static constexpr std::uint64_t kAddressBase = 0x7e00'0000'0000ull;
   static constexpr std::uint64_t kAddressStride = 4096;
   static constexpr std::size_t kHostAlignment = 4096;
+  static constexpr std::uint64_t kIdBlock = 4096;
+
+  struct IdBlock {
+    std::uint64_t next = 0;
+    std::uint64_t end = 0;
+  };
+  // Shared by every NullBackend in the process, so addresses never repeat.
+  static inline std::atomic<std::uint64_t> next_id_block_{1};
 
   class SpinGuard {
    public:
@@ -112,7 +129,6 @@ class NullBackend final : public Backend {
     std::atomic<bool>& lock_;
   };
 
-  std::atomic<std::uint64_t> next_allocation_{1};
   std::atomic<bool> queue_lock_{false};
   std::vector<Completion> queue_;
 };
