@@ -1,0 +1,628 @@
+// An emulated libcuda for tests: the driver entry points the CUDA backend
+// loads, implemented on host memory and threads, so the backend's real code
+// paths (contexts, streams, events, ordering, kernel launch, faults) run on a
+// machine without a GPU. Loaded through DEVBRIDGE_LIBCUDA; never shipped.
+//
+// It is strict where strictness finds bugs: calls that need a current
+// context fail with CUDA_ERROR_INVALID_CONTEXT without one, copies and
+// kernels outside allocations fail (a kernel's bad access faults the context
+// for good, like the real thing), and every stream runs on its own thread
+// with an optional delay per operation (DEVBRIDGE_EMULATED_CUDA_DELAY_US), so
+// missing stream-event waits show up as wrong data.
+//
+// Knobs (environment): DEVBRIDGE_EMULATED_CUDA_DRIVER_VERSION (default 13000;
+// PTX newer than that driver is refused with UNSUPPORTED_PTX_VERSION),
+// DEVBRIDGE_EMULATED_CUDA_CC (default 90), DEVBRIDGE_EMULATED_CUDA_MEMORY_MIB
+// (default 16384), DEVBRIDGE_EMULATED_CUDA_DELAY_US (default 20).
+//
+// Signatures come from cuda.h, whose macros also give the versioned symbol
+// names (cuMemAlloc -> cuMemAlloc_v2), so the compiler checks the ABI.
+#include <cuda.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#define EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+using namespace std::chrono_literals;
+
+int env_int(const char* name, int fallback) {
+  const char* value = std::getenv(name);
+  return value != nullptr && *value != '\0' ? std::atoi(value) : fallback;
+}
+
+int driver_version() { return env_int("DEVBRIDGE_EMULATED_CUDA_DRIVER_VERSION", 13000); }
+int compute_capability() { return env_int("DEVBRIDGE_EMULATED_CUDA_CC", 90); }
+std::uint64_t total_memory() {
+  return static_cast<std::uint64_t>(env_int("DEVBRIDGE_EMULATED_CUDA_MEMORY_MIB", 16384)) << 20;
+}
+void operation_delay() {
+  static const int delay = env_int("DEVBRIDGE_EMULATED_CUDA_DELAY_US", 20);
+  if (delay > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay));
+}
+
+struct Context {
+  CUdevice device = 0;
+  std::atomic<int> sticky{CUDA_SUCCESS};  // set by a faulting kernel, forever
+};
+
+// Device and page-locked host memory both live in the host's address space.
+struct Memory {
+  std::mutex mutex;
+  std::map<std::uintptr_t, std::size_t> device;  // base -> bytes
+  std::set<void*> host;
+  std::uint64_t device_used = 0;
+
+  bool device_range_ok(std::uintptr_t address, std::size_t bytes) {
+    std::lock_guard lock(mutex);
+    auto it = device.upper_bound(address);
+    if (it == device.begin()) return false;
+    --it;
+    return address >= it->first && bytes <= it->second && address - it->first <= it->second - bytes;
+  }
+};
+
+Memory& memory() {
+  static auto* m = new Memory();
+  return *m;
+}
+
+struct Event {
+  Context* context = nullptr;
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::uint64_t recorded = 0;   // records issued
+  std::uint64_t completed = 0;  // records the stream has reached
+};
+
+// Events are shared with the stream operations that complete them, so a
+// destroy never frees one under a running operation.
+std::mutex events_mutex;
+std::map<Event*, std::shared_ptr<Event>>& events() {
+  static auto* e = new std::map<Event*, std::shared_ptr<Event>>();
+  return *e;
+}
+
+std::shared_ptr<Event> find_event(CUevent handle) {
+  std::lock_guard lock(events_mutex);
+  auto it = events().find(reinterpret_cast<Event*>(handle));
+  return it == events().end() ? nullptr : it->second;
+}
+
+// Waits until `event` has completed its record number `target`, or its
+// context (or `also`) faults. Returns the sticky error, or CUDA_SUCCESS.
+int wait_event(Event& event, std::uint64_t target, Context* also) {
+  std::unique_lock lock(event.mutex);
+  for (;;) {
+    if (event.completed >= target) return CUDA_SUCCESS;
+    if (int sticky = event.context->sticky.load()) return sticky;
+    if (also != nullptr) {
+      if (int sticky = also->sticky.load()) return sticky;
+    }
+    event.changed.wait_for(lock, 1ms);
+  }
+}
+
+class Stream {
+ public:
+  explicit Stream(Context* context) : context_(context), worker_([this] { run(); }) {}
+  ~Stream() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    worker_.join();
+  }
+
+  Context* context() const { return context_; }
+
+  void enqueue(std::function<void()> operation) {
+    {
+      std::lock_guard lock(mutex_);
+      operations_.push_back(std::move(operation));
+    }
+    wake_.notify_all();
+  }
+
+  int synchronize() {
+    std::unique_lock lock(mutex_);
+    idle_.wait(lock, [this] { return operations_.empty() && !busy_; });
+    return context_->sticky.load();
+  }
+
+ private:
+  void run() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [this] { return stop_ || !operations_.empty(); });
+      if (operations_.empty() && stop_) return;
+      auto operation = std::move(operations_.front());
+      operations_.pop_front();
+      busy_ = true;
+      lock.unlock();
+      // A faulted context runs nothing more.
+      if (context_->sticky.load() == CUDA_SUCCESS) {
+        operation_delay();
+        operation();
+      }
+      lock.lock();
+      busy_ = false;
+      if (operations_.empty()) idle_.notify_all();
+    }
+  }
+
+  Context* context_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::condition_variable idle_;
+  std::deque<std::function<void()>> operations_;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::thread worker_;  // last: starts once everything above exists
+};
+
+struct Module {
+  Context* context = nullptr;
+  std::string ptx;
+};
+
+struct Function {
+  Module* module = nullptr;
+  std::string name;
+};
+
+thread_local std::vector<Context*> context_stack;
+
+Context* current() { return context_stack.empty() ? nullptr : context_stack.back(); }
+
+// The checks every context-bound call makes, in the driver's order.
+int require_context() {
+  Context* context = current();
+  if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  return context->sticky.load();
+}
+
+std::atomic<bool> initialised{false};
+std::mutex primary_mutex;
+Context* primary = nullptr;
+int primary_references = 0;
+
+bool is_default_stream(CUstream stream) {
+  const auto value = reinterpret_cast<std::uintptr_t>(stream);
+  return value == 0 || value == 1 || value == 2;
+}
+
+const char* name_of(CUresult result) {
+  switch (result) {
+    case CUDA_SUCCESS: return "CUDA_SUCCESS";
+    case CUDA_ERROR_INVALID_VALUE: return "CUDA_ERROR_INVALID_VALUE";
+    case CUDA_ERROR_OUT_OF_MEMORY: return "CUDA_ERROR_OUT_OF_MEMORY";
+    case CUDA_ERROR_NOT_INITIALIZED: return "CUDA_ERROR_NOT_INITIALIZED";
+    case CUDA_ERROR_INVALID_DEVICE: return "CUDA_ERROR_INVALID_DEVICE";
+    case CUDA_ERROR_INVALID_CONTEXT: return "CUDA_ERROR_INVALID_CONTEXT";
+    case CUDA_ERROR_INVALID_PTX: return "CUDA_ERROR_INVALID_PTX";
+    case CUDA_ERROR_UNSUPPORTED_PTX_VERSION: return "CUDA_ERROR_UNSUPPORTED_PTX_VERSION";
+    case CUDA_ERROR_NO_BINARY_FOR_GPU: return "CUDA_ERROR_NO_BINARY_FOR_GPU";
+    case CUDA_ERROR_INVALID_HANDLE: return "CUDA_ERROR_INVALID_HANDLE";
+    case CUDA_ERROR_NOT_FOUND: return "CUDA_ERROR_NOT_FOUND";
+    case CUDA_ERROR_NOT_READY: return "CUDA_ERROR_NOT_READY";
+    case CUDA_ERROR_ILLEGAL_ADDRESS: return "CUDA_ERROR_ILLEGAL_ADDRESS";
+    default: return nullptr;
+  }
+}
+
+// ".version 9.0" -> 90
+int ptx_version(const std::string& ptx) {
+  auto at = ptx.find("\n.version ");
+  if (at == std::string::npos) return 0;
+  at += 10;
+  return std::atoi(ptx.c_str() + at) * 10 + std::atoi(ptx.c_str() + ptx.find('.', at) + 1);
+}
+
+int max_ptx_for(int version) {
+  if (version >= 13000) return 90;
+  if (version >= 12090) return 88;
+  if (version >= 12080) return 87;
+  if (version >= 12040) return 84;
+  if (version >= 12000) return 80;
+  return 78;
+}
+
+}  // namespace
+
+// ---- initialisation, errors, devices ----------------------------------------
+
+EXPORT CUresult CUDAAPI cuInit(unsigned int flags) {
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  initialised = true;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult CUDAAPI cuDriverGetVersion(int* version) {
+  if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *version = driver_version();
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult CUDAAPI cuGetErrorName(CUresult error, const char** name) {
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *name = name_of(error);
+  return *name == nullptr ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult CUDAAPI cuGetErrorString(CUresult error, const char** text) {
+  if (text == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *text = name_of(error) == nullptr ? nullptr : "emulated driver error";
+  return *text == nullptr ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+EXPORT CUresult CUDAAPI cuDeviceGetCount(int* count) {
+  if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+  *count = 1;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult CUDAAPI cuDeviceGet(CUdevice* device, int ordinal) {
+  if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+  if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
+  *device = 0;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult CUDAAPI cuDeviceGetName(char* name, int length, CUdevice device) {
+  if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+  std::snprintf(name, static_cast<std::size_t>(length), "devbridge emulated GPU");
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult CUDAAPI cuDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevice device) {
+  if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+  switch (attribute) {
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *value = compute_capability() / 10; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *value = compute_capability() % 10; break;
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *value = 4; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult CUDAAPI cuDeviceTotalMem(size_t* bytes, CUdevice device) {
+  if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+  *bytes = total_memory();
+  return CUDA_SUCCESS;
+}
+
+// ---- contexts -----------------------------------------------------------------
+
+EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* context, CUdevice device) {
+  if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+  std::lock_guard lock(primary_mutex);
+  if (primary == nullptr) primary = new Context();  // lives as long as the process, like the real one
+  ++primary_references;
+  *context = reinterpret_cast<CUcontext>(primary);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice device) {
+  if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+  std::lock_guard lock(primary_mutex);
+  if (primary_references <= 0) return CUDA_ERROR_INVALID_CONTEXT;
+  --primary_references;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult CUDAAPI cuCtxPushCurrent(CUcontext context) {
+  if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  context_stack.push_back(reinterpret_cast<Context*>(context));
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult CUDAAPI cuCtxPopCurrent(CUcontext* context) {
+  if (context_stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
+  if (context != nullptr) *context = reinterpret_cast<CUcontext>(context_stack.back());
+  context_stack.pop_back();
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult CUDAAPI cuCtxGetCurrent(CUcontext* context) {
+  *context = reinterpret_cast<CUcontext>(current());
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult CUDAAPI cuCtxGetDevice(CUdevice* device) {
+  if (current() == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  *device = current()->device;
+  return CUDA_SUCCESS;
+}
+
+// The pre-12 form, which tests use to make a context of their own.
+EXPORT CUresult CUDAAPI cuCtxCreate_v2(CUcontext* context, unsigned int, CUdevice device) {
+  if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+  auto* created = new Context();
+  context_stack.push_back(created);
+  *context = reinterpret_cast<CUcontext>(created);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult CUDAAPI cuCtxDestroy_v2(CUcontext context) {
+  auto* doomed = reinterpret_cast<Context*>(context);
+  if (doomed == nullptr || doomed == primary) return CUDA_ERROR_INVALID_CONTEXT;
+  std::erase(context_stack, doomed);
+  // Streams and memory of the context are the tests' to have freed; the
+  // object itself stays (a stale handle must not crash a late query).
+  return CUDA_SUCCESS;
+}
+
+// ---- memory -------------------------------------------------------------------
+
+EXPORT CUresult CUDAAPI cuMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  if (int error = require_context()) return static_cast<CUresult>(error);
+  std::lock_guard lock(memory().mutex);
+  *total_bytes = total_memory();
+  *free_bytes = total_memory() - memory().device_used;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult CUDAAPI cuMemAlloc(CUdeviceptr* pointer, size_t bytes) {
+  if (int error = require_context()) return static_cast<CUresult>(error);
+  if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  {
+    std::lock_guard lock(memory().mutex);
+    if (bytes > total_memory() - memory().device_used) return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  void* data = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  if (data == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::lock_guard lock(memory().mutex);
+  memory().device[reinterpret_cast<std::uintptr_t>(data)] = bytes;
+  memory().device_used += bytes;
+  *pointer = reinterpret_cast<CUdeviceptr>(data);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult CUDAAPI cuMemFree(CUdeviceptr pointer) {
+  if (int error = require_context()) return static_cast<CUresult>(error);
+  std::lock_guard lock(memory().mutex);
+  auto it = memory().device.find(static_cast<std::uintptr_t>(pointer));
+  if (it == memory().device.end()) return CUDA_ERROR_INVALID_VALUE;
+  memory().device_used -= it->second;
+  memory().device.erase(it);
+  std::free(reinterpret_cast<void*>(pointer));
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult CUDAAPI cuMemHostAlloc(void** pointer, size_t bytes, unsigned int flags) {
+  if (int error = require_context()) return static_cast<CUresult>(error);
+  if (bytes == 0 || (flags & ~0x7u) != 0) return CUDA_ERROR_INVALID_VALUE;
+  void* data = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
+  if (data == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::lock_guard lock(memory().mutex);
+  memory().host.insert(data);
+  *pointer = data;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult CUDAAPI cuMemFreeHost(void* pointer) {
+  if (int error = require_context()) return static_cast<CUresult>(error);
+  std::lock_guard lock(memory().mutex);
+  if (memory().host.erase(pointer) == 0) return CUDA_ERROR_INVALID_VALUE;
+  std::free(pointer);
+  return CUDA_SUCCESS;
+}
+
+// ---- streams and events ---------------------------------------------------------
+
+EXPORT CUresult CUDAAPI cuStreamCreate(CUstream* stream, unsigned int flags) {
+  if (int error = require_context()) return static_cast<CUresult>(error);
+  if (flags != CU_STREAM_NON_BLOCKING && flags != CU_STREAM_DEFAULT) return CUDA_ERROR_INVALID_VALUE;
+  *stream = reinterpret_cast<CUstream>(new Stream(current()));
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult CUDAAPI cuStreamDestroy(CUstream stream) {
+  if (stream == nullptr || is_default_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
+  delete reinterpret_cast<Stream*>(stream);  // finishes (or, faulted, drops) its work first
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream stream) {
+  if (is_default_stream(stream)) return static_cast<CUresult>(require_context());
+  return static_cast<CUresult>(reinterpret_cast<Stream*>(stream)->synchronize());
+}
+
+EXPORT CUresult CUDAAPI cuEventCreate(CUevent* handle, unsigned int flags) {
+  if (int error = require_context()) return static_cast<CUresult>(error);
+  if ((flags & ~0xfu) != 0) return CUDA_ERROR_INVALID_VALUE;
+  auto event = std::make_shared<Event>();
+  event->context = current();
+  std::lock_guard lock(events_mutex);
+  events()[event.get()] = event;
+  *handle = reinterpret_cast<CUevent>(event.get());
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult CUDAAPI cuEventDestroy(CUevent handle) {
+  std::lock_guard lock(events_mutex);
+  return events().erase(reinterpret_cast<Event*>(handle)) == 1 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+EXPORT CUresult CUDAAPI cuEventRecord(CUevent handle, CUstream stream) {
+  if (int error = require_context()) return static_cast<CUresult>(error);
+  auto event = find_event(handle);
+  if (event == nullptr || is_default_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
+  auto* target = reinterpret_cast<Stream*>(stream);
+  if (target->context() != current() || event->context != current()) return CUDA_ERROR_INVALID_CONTEXT;
+  std::uint64_t number = 0;
+  {
+    std::lock_guard lock(event->mutex);
+    number = ++event->recorded;
+  }
+  target->enqueue([event, number] {
+    std::lock_guard lock(event->mutex);
+    event->completed = std::max(event->completed, number);
+    event->changed.notify_all();
+  });
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult CUDAAPI cuEventQuery(CUevent handle) {
+  auto event = find_event(handle);
+  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (int sticky = event->context->sticky.load()) return static_cast<CUresult>(sticky);
+  std::lock_guard lock(event->mutex);
+  return event->completed >= event->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent handle) {
+  auto event = find_event(handle);
+  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  std::uint64_t target = 0;
+  {
+    std::lock_guard lock(event->mutex);
+    target = event->recorded;
+  }
+  return static_cast<CUresult>(wait_event(*event, target, nullptr));
+}
+
+EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream stream, CUevent handle, unsigned int flags) {
+  if (int error = require_context()) return static_cast<CUresult>(error);
+  auto event = find_event(handle);
+  if (event == nullptr || flags != 0) return CUDA_ERROR_INVALID_HANDLE;
+  std::uint64_t target = 0;
+  {
+    std::lock_guard lock(event->mutex);
+    target = event->recorded;
+  }
+  if (is_default_stream(stream)) {
+    // The emulation runs default-stream work on the caller: waiting here is
+    // the strictest reading of "later work in that stream waits".
+    return static_cast<CUresult>(wait_event(*event, target, current()));
+  }
+  auto* waiter = reinterpret_cast<Stream*>(stream);
+  if (waiter->context() != current()) return CUDA_ERROR_INVALID_CONTEXT;
+  Context* context = waiter->context();
+  waiter->enqueue([event, target, context] { wait_event(*event, target, context); });
+  return CUDA_SUCCESS;
+}
+
+// ---- copies ---------------------------------------------------------------------
+
+namespace {
+
+CUresult enqueue_copy(void* destination, const void* source, std::size_t bytes, CUstream stream,
+                      std::uintptr_t device_address) {
+  if (int error = require_context()) return static_cast<CUresult>(error);
+  if (is_default_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;  // the backend never uses it
+  auto* target = reinterpret_cast<Stream*>(stream);
+  if (target->context() != current()) return CUDA_ERROR_INVALID_CONTEXT;
+  if (!memory().device_range_ok(device_address, bytes)) return CUDA_ERROR_INVALID_VALUE;
+  target->enqueue([destination, source, bytes] { std::memcpy(destination, source, bytes); });
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+EXPORT CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr destination, const void* source, size_t bytes,
+                                          CUstream stream) {
+  return enqueue_copy(reinterpret_cast<void*>(destination), source, bytes, stream,
+                      static_cast<std::uintptr_t>(destination));
+}
+
+EXPORT CUresult CUDAAPI cuMemcpyDtoHAsync(void* destination, CUdeviceptr source, size_t bytes, CUstream stream) {
+  return enqueue_copy(destination, reinterpret_cast<const void*>(source), bytes, stream,
+                      static_cast<std::uintptr_t>(source));
+}
+
+// ---- modules and kernels ----------------------------------------------------------
+
+EXPORT CUresult CUDAAPI cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int option_count,
+                                           CUjit_option* options, void** values) {
+  if (int error = require_context()) return static_cast<CUresult>(error);
+  std::string ptx(static_cast<const char*>(image));
+  auto log = [&](const std::string& text) {
+    for (unsigned i = 0; i < option_count; ++i) {
+      if (options[i] != CU_JIT_ERROR_LOG_BUFFER) continue;
+      std::size_t size = 0;
+      for (unsigned j = 0; j < option_count; ++j) {
+        if (options[j] == CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES) size = reinterpret_cast<std::uintptr_t>(values[j]);
+      }
+      if (size > 0) std::snprintf(static_cast<char*>(values[i]), size, "%s", text.c_str());
+    }
+  };
+  if (ptx_version(ptx) > max_ptx_for(driver_version())) {
+    log("ptxas: PTX .version newer than this emulated driver supports");
+    return CUDA_ERROR_UNSUPPORTED_PTX_VERSION;
+  }
+  const auto target = ptx.find("\n.target sm_");
+  if (target == std::string::npos) {
+    log("ptxas: no .target");
+    return CUDA_ERROR_INVALID_PTX;
+  }
+  if (std::atoi(ptx.c_str() + target + 12) > compute_capability()) return CUDA_ERROR_NO_BINARY_FOR_GPU;
+  *module = reinterpret_cast<CUmodule>(new Module{current(), std::move(ptx)});
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult CUDAAPI cuModuleUnload(CUmodule module) {
+  delete reinterpret_cast<Module*>(module);
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult CUDAAPI cuModuleGetFunction(CUfunction* function, CUmodule module, const char* name) {
+  auto* loaded = reinterpret_cast<Module*>(module);
+  if (loaded == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (loaded->ptx.find(".entry " + std::string(name) + "(") == std::string::npos) return CUDA_ERROR_NOT_FOUND;
+  *function = reinterpret_cast<CUfunction>(new Function{loaded, name});
+  return CUDA_SUCCESS;
+}
+
+// Runs the one kernel the backend has: devbridge_axpy_f32(x, y, count, a, b).
+EXPORT CUresult CUDAAPI cuLaunchKernel(CUfunction function, unsigned int grid_x, unsigned int grid_y,
+                                       unsigned int grid_z, unsigned int block_x, unsigned int block_y,
+                                       unsigned int block_z, unsigned int shared_bytes, CUstream stream,
+                                       void** parameters, void** extra) {
+  if (int error = require_context()) return static_cast<CUresult>(error);
+  auto* kernel = reinterpret_cast<Function*>(function);
+  if (kernel == nullptr || kernel->name != "devbridge_axpy_f32") return CUDA_ERROR_INVALID_HANDLE;
+  if (grid_x == 0 || grid_y != 1 || grid_z != 1 || block_x == 0 || block_x > 1024 || block_y != 1 || block_z != 1 ||
+      shared_bytes != 0 || parameters == nullptr || extra != nullptr)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (is_default_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
+  auto* target = reinterpret_cast<Stream*>(stream);
+  if (target->context() != current() || kernel->module->context != current()) return CUDA_ERROR_INVALID_CONTEXT;
+  const auto x = *static_cast<CUdeviceptr*>(parameters[0]);
+  const auto y = *static_cast<CUdeviceptr*>(parameters[1]);
+  const auto count = *static_cast<unsigned long long*>(parameters[2]);
+  const float a = *static_cast<float*>(parameters[3]);
+  const float b = *static_cast<float*>(parameters[4]);
+  Context* context = current();
+  target->enqueue([=] {
+    const std::size_t bytes = count * sizeof(float);
+    if (!memory().device_range_ok(static_cast<std::uintptr_t>(x), bytes) ||
+        !memory().device_range_ok(static_cast<std::uintptr_t>(y), bytes)) {
+      context->sticky = CUDA_ERROR_ILLEGAL_ADDRESS;  // a fault ends the context
+      return;
+    }
+    const auto* in = reinterpret_cast<const float*>(x);
+    auto* out = reinterpret_cast<float*>(y);
+    for (unsigned long long i = 0; i < count; ++i) {
+      const float product = a * in[i];
+      out[i] = product + b;
+    }
+  });
+  return CUDA_SUCCESS;
+}
