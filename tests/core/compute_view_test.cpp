@@ -1,0 +1,273 @@
+// CONTRACT.md "Compute" and "Tensor views".
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "support.hpp"
+
+namespace devbridge::testing {
+namespace {
+
+using ComputeTest = BridgeTest;
+using ViewTest = BridgeTest;
+
+// ---- steps ------------------------------------------------------------------
+
+TEST_F(ComputeTest, StepPinsEveryNamedAllocationUntilItEnds) {
+  const DeviceHandle a = bridge->alloc_device(bytes_spec(), 64);
+  const DeviceHandle b = bridge->alloc_device(bytes_spec(), 64);
+  const DeviceHandle handles[] = {a, b};
+  bridge->begin_step(1, handles);
+  EXPECT_EQ(bridge->stats().active_steps, 1u);
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationStillInUse, bridge->free_device(a));
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationStillInUse, bridge->free_device(b));
+  bridge->end_step(1);
+  EXPECT_EQ(bridge->stats().active_steps, 0u);
+  bridge->free_device(a);
+  bridge->free_device(b);
+  EXPECT_EQ(fake->live_allocations(), 0u);
+}
+
+TEST_F(ComputeTest, StepNamingAStaleOrForeignHandleIsRefusedAndPinsNothing) {
+  const DeviceHandle good = bridge->alloc_device(bytes_spec(), 64);
+  const DeviceHandle freed = bridge->alloc_device(bytes_spec(), 64);
+  bridge->free_device(freed);
+  {
+    const DeviceHandle handles[] = {good, freed};
+    EXPECT_DEVBRIDGE_ERROR(ErrorKind::UnknownDeviceHandle, bridge->begin_step(1, handles));
+  }
+  Bridge other(std::make_unique<FakeBackend>(), default_options());
+  const DeviceHandle foreign = other.alloc_device(bytes_spec(), 64);
+  {
+    const DeviceHandle handles[] = {good, foreign};
+    EXPECT_DEVBRIDGE_ERROR(ErrorKind::ForeignDomain, bridge->begin_step(2, handles));
+  }
+  // Nothing was pinned by the refused steps.
+  EXPECT_EQ(bridge->stats().active_steps, 0u);
+  bridge->free_device(good);
+  // A handle from before a restart.
+  const DeviceHandle old = bridge->alloc_device(bytes_spec(), 64);
+  bridge->restart(2);
+  {
+    const DeviceHandle handles[] = {old};
+    EXPECT_DEVBRIDGE_ERROR(ErrorKind::OldGenerationHandle, bridge->begin_step(3, handles));
+  }
+  EXPECT_EQ(bridge->stats().active_steps, 0u);
+}
+
+TEST_F(ComputeTest, EndingAnUnknownStepIsRefused) {
+  EXPECT_ANY_THROW(bridge->end_step(42));
+  const DeviceHandle h = bridge->alloc_device(bytes_spec(), 64);
+  const DeviceHandle handles[] = {h};
+  bridge->begin_step(42, handles);
+  bridge->end_step(42);
+  EXPECT_ANY_THROW(bridge->end_step(42));
+}
+
+TEST_F(ComputeTest, StepsDoNotSurviveARestart) {
+  const DeviceHandle h = bridge->alloc_device(bytes_spec(), 64);
+  const DeviceHandle handles[] = {h};
+  bridge->begin_step(5, handles);
+  bridge->restart(2);
+  EXPECT_EQ(fake->live_allocations(), 0u);
+  EXPECT_EQ(bridge->stats().active_steps, 0u);
+  EXPECT_ANY_THROW(bridge->end_step(5));
+}
+
+TEST_F(ComputeTest, AxpyComputesOverDeviceMemoryInOrderWithCopies) {
+  const DeviceHandle x = bridge->alloc_device(float_spec(), 256);
+  const DeviceHandle y = bridge->alloc_device(float_spec(), 256);
+  const HostRange in = bridge->reserve(256);
+  float values[64];
+  for (int i = 0; i < 64; ++i) values[i] = static_cast<float>(i) * 0.75f - 11.0f;
+  std::memcpy(bridge->host_bytes(in).data(), values, sizeof values);
+  bridge->host_to_device(in, DeviceRange{x, 0, 256}, CopyMode::Sync);
+  fake->clear_calls();
+  bridge->launch_axpy(DeviceRange{x, 0, 256}, DeviceRange{y, 0, 256}, 3.0f, -1.0f);
+  const HostRange out = bridge->reserve(256);
+  const CopyEvent e = bridge->device_to_host(DeviceRange{y, 0, 256}, out, CopyMode::Async);
+  complete(e);
+  float got[64];
+  std::memcpy(got, bridge->host_bytes(out).data(), sizeof got);
+  for (int i = 0; i < 64; ++i) EXPECT_FLOAT_EQ(got[i], 3.0f * values[i] - 1.0f);
+  const auto calls = fake->calls();
+  ASSERT_EQ(call_kinds(calls), (std::vector<Call>{Call::Launch, Call::CopyDeviceToHost})) << describe_calls(calls);
+  EXPECT_EQ(calls[0].bytes, 256u);
+}
+
+TEST_F(ComputeTest, AxpyRefusesNonFloatAndUnequalRanges) {
+  const DeviceHandle x = bridge->alloc_device(float_spec(), 256);
+  const DeviceHandle y = bridge->alloc_device(float_spec(), 256);
+  const DeviceHandle bytes = bridge->alloc_device(bytes_spec(), 256);
+  fake->clear_calls();
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidViewDType,
+                         bridge->launch_axpy(DeviceRange{bytes, 0, 256}, DeviceRange{y, 0, 256}, 1, 0));
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidRange,
+                         bridge->launch_axpy(DeviceRange{x, 0, 128}, DeviceRange{y, 0, 256}, 1, 0));
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidRange,
+                         bridge->launch_axpy(DeviceRange{x, 0, 512}, DeviceRange{y, 0, 512}, 1, 0));
+  EXPECT_CALLS(fake);
+}
+
+// ---- views --------------------------------------------------------------------
+
+TEST_F(ViewTest, ViewDescribesTheAllocationTheWayTinygradAndDLPackDo) {
+  const DeviceHandle h = bridge->alloc_device(float_spec(), 4096);
+  const std::uint64_t address = fake->calls().at(0).address;
+  fake->clear_calls();
+  ViewLease lease = bridge->view(h, ViewSpec{DType::Float32, {4, 8, 16}, std::nullopt, 1024});
+  ASSERT_TRUE(lease);
+  EXPECT_EQ(lease->data, address);
+  EXPECT_EQ(lease->device, "CPU");
+  EXPECT_EQ(lease->dlpack_device_type, static_cast<int>(DLPackDevice::CPU));
+  EXPECT_EQ(lease->dtype, DType::Float32);
+  EXPECT_EQ(lease->shape, (Dims{4, 8, 16}));
+  EXPECT_EQ(lease->strides, (Dims{128, 16, 1}));
+  EXPECT_TRUE(lease->contiguous());
+  EXPECT_EQ(lease->byte_offset, 1024u);
+  EXPECT_EQ(lease->handle, h);
+  EXPECT_EQ(bridge->stats().live_views, 1u);
+  const auto calls = fake->calls();
+  ASSERT_EQ(calls.size(), 1u) << describe_calls(calls);
+  EXPECT_EQ(calls[0].call, Call::ValidateView);
+  EXPECT_EQ(calls[0].address, address);
+  EXPECT_EQ(calls[0].device_offset, 1024u);
+  lease.reset();
+  EXPECT_FALSE(lease);
+  EXPECT_EQ(bridge->stats().live_views, 0u);
+}
+
+TEST_F(ViewTest, ExplicitStridesAndExactFitAreAccepted) {
+  const DeviceHandle h = bridge->alloc_device(float_spec(), 256);  // 64 floats
+  // A transposed 8x8 view: strides {1, 8}, reaching element 63 exactly.
+  ViewLease lease = bridge->view(h, ViewSpec{DType::Float32, {8, 8}, Dims{1, 8}, 0});
+  EXPECT_FALSE(lease->contiguous());
+  // The last element exactly at the end of the extent.
+  ViewLease tail = bridge->view(h, ViewSpec{DType::Float32, {1}, std::nullopt, 252});
+  EXPECT_EQ(bridge->stats().live_views, 2u);
+}
+
+TEST_F(ViewTest, WrongDTypeIsInvalidViewDType) {
+  const DeviceHandle h = bridge->alloc_device(float_spec(), 256);
+  fake->clear_calls();
+  const std::string message = EXPECT_DEVBRIDGE_ERROR(
+      ErrorKind::InvalidViewDType, bridge->view(h, ViewSpec{DType::Int32, {64}, std::nullopt, 0}));
+  EXPECT_NE(message.find("int32"), std::string::npos) << message;
+  EXPECT_CALLS(fake);
+  EXPECT_EQ(bridge->stats().live_views, 0u);
+}
+
+TEST_F(ViewTest, ShapesThatDoNotFitAreInvalidTensorView) {
+  const DeviceHandle h = bridge->alloc_device(float_spec(), 256);  // 64 floats
+  fake->clear_calls();
+  auto refused = [&](ViewSpec spec) {
+    EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidTensorView, bridge->view(h, spec));
+  };
+  refused({DType::Float32, {65}, std::nullopt, 0});                 // one element too many
+  refused({DType::Float32, {64}, std::nullopt, 4});                 // offset pushes it past the end
+  refused({DType::Float32, {1}, std::nullopt, 256});                // offset at the end
+  refused({DType::Float32, {1}, std::nullopt, UINT64_MAX - 3});     // offset overflow
+  refused({DType::Float32, {8, 8}, Dims{9, 1}, 0});                 // strides reach past the end
+  refused({DType::Float32, {2, 2}, Dims{INT64_MAX / 2, 1}, 0});     // stride overflow
+  refused({DType::Float32, {INT64_MAX, 2}, std::nullopt, 0});       // size overflow
+  refused({DType::Float32, {0}, std::nullopt, 0});                  // zero dimension
+  refused({DType::Float32, {4, -1}, std::nullopt, 0});              // negative dimension
+  refused({DType::Float32, {4}, Dims{1, 1}, 0});                    // rank mismatch
+  refused({DType::Float32, {4}, Dims{-1}, 0});                      // reaches before the start
+  refused({DType::Float32, {4}, std::nullopt, 2});                  // offset not a multiple of the element
+  EXPECT_CALLS(fake);
+  EXPECT_EQ(bridge->stats().live_views, 0u);
+  bridge->free_device(h);  // no refused view left a lease behind
+}
+
+TEST_F(ViewTest, BackendRefusalIsInvalidTensorViewAndLeavesNoLease) {
+  const DeviceHandle h = bridge->alloc_device(float_spec(), 256);
+  fake->inject(Call::ValidateView, Failure::InvalidView);
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidTensorView, bridge->view(h, ViewSpec{DType::Float32, {64}, std::nullopt, 0}));
+  EXPECT_EQ(bridge->stats().live_views, 0u);
+  bridge->free_device(h);
+  EXPECT_CALLS(fake, Call::Allocate, Call::ValidateView, Call::Free);
+}
+
+TEST_F(ViewTest, RefusedWhileACopyIntoTheAllocationIsInFlight) {
+  const DeviceHandle h = bridge->alloc_device(bytes_spec(), 256);
+  const HostRange range = filled_range(256, 41);
+  const CopyEvent e = bridge->host_to_device(range, DeviceRange{h, 0, 256}, CopyMode::Async);
+  fake->clear_calls();
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationStillInUse, bridge->view(h, ViewSpec{DType::UInt8, {256}, std::nullopt, 0}));
+  EXPECT_CALLS(fake);
+  complete(e);
+  ViewLease lease = bridge->view(h, ViewSpec{DType::UInt8, {256}, std::nullopt, 0});
+  EXPECT_TRUE(lease);
+}
+
+TEST_F(ViewTest, CopyOutOfTheAllocationDoesNotBlockAView) {
+  const DeviceHandle h = bridge->alloc_device(bytes_spec(), 256);
+  const HostRange out = bridge->reserve(256);
+  const CopyEvent e = bridge->device_to_host(DeviceRange{h, 0, 256}, out, CopyMode::Async);
+  ViewLease lease = bridge->view(h, ViewSpec{DType::UInt8, {256}, std::nullopt, 0});
+  EXPECT_TRUE(lease);
+  complete(e);
+}
+
+TEST_F(ViewTest, ViewWaitWaitsForTheCopyAndSeesItsBytes) {
+  const DeviceHandle h = bridge->alloc_device(bytes_spec(), 256);
+  std::vector<std::byte> data;
+  const HostRange range = filled_range(256, 42, &data);
+  const CopyEvent e = bridge->host_to_device(range, DeviceRange{h, 0, 256}, CopyMode::Async);
+  std::atomic<bool> started{false};
+  std::thread completer([&] {
+    while (!started.load()) std::this_thread::yield();
+    fake->complete(e);
+  });
+  started = true;
+  ViewLease lease = bridge->view(h, ViewSpec{DType::UInt8, {256}, std::nullopt, 0}, ViewWait::Wait);
+  completer.join();
+  ASSERT_TRUE(lease);
+  EXPECT_EQ(bridge->copy_status(e).state, CopyState::Completed);
+  const auto* bytes = reinterpret_cast<const std::byte*>(lease->data);
+  EXPECT_EQ(0, std::memcmp(bytes, data.data(), 256));
+}
+
+TEST_F(ViewTest, LeaseIsMovableAndEndsOnce) {
+  const DeviceHandle h = bridge->alloc_device(bytes_spec(), 64);
+  ViewLease a = bridge->view(h, ViewSpec{DType::UInt8, {64}, std::nullopt, 0});
+  ViewLease b = std::move(a);
+  EXPECT_FALSE(a);
+  EXPECT_TRUE(b);
+  EXPECT_EQ(bridge->stats().live_views, 1u);
+  ViewLease c;
+  c = std::move(b);
+  EXPECT_EQ(bridge->stats().live_views, 1u);
+  c.reset();
+  c.reset();
+  EXPECT_EQ(bridge->stats().live_views, 0u);
+  bridge->free_device(h);
+}
+
+TEST_F(ViewTest, LeaseFromBeforeARestartEndsHarmlessly) {
+  const DeviceHandle old = bridge->alloc_device(bytes_spec(), 64);
+  ViewLease lease = bridge->view(old, ViewSpec{DType::UInt8, {64}, std::nullopt, 0});
+  bridge->restart(2);
+  EXPECT_EQ(fake->live_allocations(), 0u);
+  // A new allocation may land in the old one's slot; the old lease must not touch it.
+  const DeviceHandle fresh = bridge->alloc_device(bytes_spec(), 64);
+  ViewLease fresh_lease = bridge->view(fresh, ViewSpec{DType::UInt8, {64}, std::nullopt, 0});
+  lease.reset();
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationStillInUse, bridge->free_device(fresh));
+  fresh_lease.reset();
+  bridge->free_device(fresh);
+}
+
+TEST_F(ViewTest, LeaseOutlivingTheBridgeEndsHarmlessly) {
+  const DeviceHandle h = bridge->alloc_device(bytes_spec(), 64);
+  ViewLease lease = bridge->view(h, ViewSpec{DType::UInt8, {64}, std::nullopt, 0});
+  bridge.reset();  // closes: frees everything
+  lease.reset();   // must not touch freed memory (ASan watches)
+  SUCCEED();
+}
+
+}  // namespace
+}  // namespace devbridge::testing

@@ -1,0 +1,337 @@
+// The fake backend on its own: the tool every other core test leans on must
+// itself do exactly what it promises.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <stdexcept>
+#include <thread>
+
+#include "support.hpp"
+
+namespace devbridge::testing {
+namespace {
+
+struct FakeFixture : ::testing::Test {
+  FakeBackend fake{1 << 20};
+  HostBlock host;
+  DeviceAllocation device;
+
+  void SetUp() override {
+    host = fake.allocate_host(4096);
+    device = fake.allocate(1024, 64);
+    fake.clear_calls();
+  }
+  void TearDown() override {
+    fake.quiesce();  // drop what a test left pending, so the free below is not "under a copy"
+    fake.free(device);
+    fake.free_host(host);
+    EXPECT_EQ(fake.live_allocations(), 0u);
+    EXPECT_EQ(fake.live_host_blocks(), 0u);
+  }
+
+  CopyRequest h2d(CopyMode mode, std::uint64_t host_offset, std::uint64_t device_offset, std::uint64_t len,
+                  std::uint64_t id) {
+    CopyRequest r;
+    r.direction = CopyDirection::HostToDevice;
+    r.mode = mode;
+    r.event = CopyEvent{7, 1, id};
+    r.host = host.data + host_offset;
+    r.device = device;
+    r.device_offset = device_offset;
+    r.len = len;
+    return r;
+  }
+  CopyRequest d2h(CopyMode mode, std::uint64_t host_offset, std::uint64_t device_offset, std::uint64_t len,
+                  std::uint64_t id) {
+    CopyRequest r = h2d(mode, host_offset, device_offset, len, id);
+    r.direction = CopyDirection::DeviceToHost;
+    return r;
+  }
+  std::byte* device_bytes() { return reinterpret_cast<std::byte*>(device.address); }
+  void put_host(std::uint64_t offset, const std::vector<std::byte>& data) {
+    std::memcpy(host.data + offset, data.data(), data.size());
+  }
+  std::vector<Completion> drain() {
+    std::vector<Completion> out;
+    fake.drain_completions(out);
+    return out;
+  }
+};
+
+TEST(FakeNames, CallAndFailureNamesAreSnakeCase) {
+  EXPECT_EQ(fake::call_name(Call::Allocate), "allocate");
+  EXPECT_EQ(fake::call_name(Call::Free), "free");
+  EXPECT_EQ(fake::call_name(Call::AllocateHost), "allocate_host");
+  EXPECT_EQ(fake::call_name(Call::FreeHost), "free_host");
+  EXPECT_EQ(fake::call_name(Call::CopyHostToDevice), "copy_h2d");
+  EXPECT_EQ(fake::call_name(Call::CopyDeviceToHost), "copy_d2h");
+  EXPECT_EQ(fake::call_name(Call::Launch), "launch");
+  EXPECT_EQ(fake::call_name(Call::ValidateView), "validate_view");
+  EXPECT_EQ(fake::call_name(Call::Quiesce), "quiesce");
+  EXPECT_EQ(fake::failure_name(Failure::AllocationFailed), "allocation_failed");
+  EXPECT_EQ(fake::failure_name(Failure::CopyFailedAtSubmit), "copy_failed_at_submit");
+  EXPECT_EQ(fake::failure_name(Failure::CopyFailedAtCompletion), "copy_failed_at_completion");
+  EXPECT_EQ(fake::failure_name(Failure::InvalidView), "invalid_view");
+  EXPECT_EQ(fake::failure_name(Failure::LostCompletion), "lost_completion");
+  EXPECT_EQ(fake::failure_name(Failure::DuplicatedCompletion), "duplicated_completion");
+  EXPECT_EQ(fake::failure_name(Failure::LateCompletion), "late_completion");
+  EXPECT_EQ(fake::failure_name(Failure::Fatal), "fatal");
+}
+
+TEST(FakeDescribe, HostMemoryDeviceWithEveryDType) {
+  FakeBackend fake(1 << 20);
+  const BackendInfo info = fake.describe();
+  EXPECT_EQ(info.name, "fake");
+  EXPECT_EQ(info.vendor, "fake");
+  EXPECT_EQ(info.device_string, "CPU");
+  EXPECT_EQ(info.dlpack_device, DLPackDevice::CPU);
+  EXPECT_EQ(info.total_memory, 1u << 20);
+  EXPECT_EQ(info.free_memory, 1u << 20);
+  EXPECT_EQ(info.dtypes.size(), static_cast<std::size_t>(kDTypeCount));
+  EXPECT_TRUE(fake::make_fake_backend() != nullptr);
+}
+
+TEST(FakeInject, RefusesFailuresThatCannotApply) {
+  FakeBackend fake;
+  EXPECT_THROW(fake.inject(Call::Allocate, Failure::InvalidView), std::invalid_argument);
+  EXPECT_THROW(fake.inject(Call::Free, Failure::Fatal), std::invalid_argument);
+  EXPECT_THROW(fake.inject(Call::ValidateView, Failure::LostCompletion), std::invalid_argument);
+  EXPECT_THROW(fake.inject(Call::Allocate, Failure::AllocationFailed, 0), std::invalid_argument);
+}
+
+TEST(FakeAllocate, RecordsExactArgumentsAndCountsLiveAllocations) {
+  FakeBackend fake(1 << 20);
+  const DeviceAllocation a = fake.allocate(256, 128);
+  EXPECT_EQ(a.bytes, 256u);
+  EXPECT_EQ(a.address % 128, 0u);
+  EXPECT_EQ(fake.live_allocations(), 1u);
+  EXPECT_EQ(fake.describe().free_memory, (1u << 20) - 256);
+  fake.free(a);
+  EXPECT_EQ(fake.live_allocations(), 0u);
+  const auto calls = fake.calls();
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[0].call, Call::Allocate);
+  EXPECT_EQ(calls[0].bytes, 256u);
+  EXPECT_EQ(calls[0].alignment, 128u);
+  EXPECT_EQ(calls[0].address, a.address);
+  EXPECT_EQ(calls[1].call, Call::Free);
+  EXPECT_EQ(calls[1].address, a.address);
+  EXPECT_EQ(calls[1].bytes, 256u);
+}
+
+TEST(FakeAllocate, OutOfMemoryNamesBytesAskedAndFree) {
+  FakeBackend fake(1000);
+  const std::string message = EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationFailed, fake.allocate(4096, 64));
+  EXPECT_NE(message.find("4096"), std::string::npos) << message;
+  EXPECT_NE(message.find("1000"), std::string::npos) << message;
+  EXPECT_EQ(fake.live_allocations(), 0u);
+}
+
+TEST(FakeAllocate, InjectionIsOneShotOnTheNthCall) {
+  FakeBackend fake(1 << 20);
+  fake.inject(Call::Allocate, Failure::AllocationFailed, 2);
+  const DeviceAllocation first = fake.allocate(64, 64);
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationFailed, fake.allocate(64, 64));
+  const DeviceAllocation third = fake.allocate(64, 64);
+  EXPECT_EQ(fake.live_allocations(), 2u);
+  fake.free(first);
+  fake.free(third);
+  EXPECT_CALLS(&fake, Call::Allocate, Call::Allocate, Call::Allocate, Call::Free, Call::Free);
+}
+
+TEST(FakeAllocate, FatalIsMarkedFatal) {
+  FakeBackend fake;
+  fake.inject(Call::Allocate, Failure::Fatal);
+  try {
+    fake.allocate(64, 64);
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_TRUE(e.fatal());
+    EXPECT_EQ(e.kind(), ErrorKind::AllocationFailed);
+  }
+  fake.inject(Call::Quiesce, Failure::Fatal);
+  try {
+    fake.quiesce();
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_TRUE(e.fatal());
+  }
+}
+
+TEST_F(FakeFixture, SyncCopiesMoveBytesAtSubmit) {
+  const auto data = random_bytes(256, 1);
+  put_host(100, data);
+  fake.submit_copy(h2d(CopyMode::Sync, 100, 64, 256, 1));
+  EXPECT_EQ(0, std::memcmp(device_bytes() + 64, data.data(), 256));
+  fake.submit_copy(d2h(CopyMode::Sync, 2000, 64, 256, 2));
+  EXPECT_EQ(0, std::memcmp(host.data + 2000, data.data(), 256));
+  EXPECT_TRUE(drain().empty());
+  const auto calls = fake.calls();
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[0].call, Call::CopyHostToDevice);
+  EXPECT_EQ(calls[0].host_offset, 100u);
+  EXPECT_EQ(calls[0].device_offset, 64u);
+  EXPECT_EQ(calls[0].bytes, 256u);
+  EXPECT_EQ(calls[0].mode, CopyMode::Sync);
+  EXPECT_EQ(calls[0].address, device.address);
+  EXPECT_EQ(calls[1].call, Call::CopyDeviceToHost);
+  EXPECT_EQ(calls[1].host_offset, 2000u);
+  EXPECT_EQ((calls[1].event), (CopyEvent{7, 1, 2}));
+}
+
+TEST_F(FakeFixture, AsyncCopyMovesBytesOnlyWhenCompleted) {
+  const auto data = random_bytes(128, 2);
+  put_host(0, data);
+  const std::vector<std::byte> before(device_bytes(), device_bytes() + 128);
+  fake.submit_copy(h2d(CopyMode::Async, 0, 0, 128, 5));
+  EXPECT_EQ(fake.pending(), (std::vector<CopyEvent>{{7, 1, 5}}));
+  EXPECT_EQ(0, std::memcmp(device_bytes(), before.data(), 128));
+  EXPECT_FALSE(fake.wait_for_completions(std::chrono::nanoseconds(0)));
+  EXPECT_TRUE(fake.complete(CopyEvent{7, 1, 5}));
+  EXPECT_FALSE(fake.complete(CopyEvent{7, 1, 5}));
+  EXPECT_TRUE(fake.wait_for_completions(std::chrono::nanoseconds(0)));
+  EXPECT_EQ(0, std::memcmp(device_bytes(), data.data(), 128));
+  const auto completions = drain();
+  ASSERT_EQ(completions.size(), 1u);
+  EXPECT_TRUE(completions[0].ok);
+  EXPECT_EQ(completions[0].event, (CopyEvent{7, 1, 5}));
+  EXPECT_TRUE(fake.pending().empty());
+}
+
+TEST_F(FakeFixture, CompleteAllIsOldestFirstAndFailureMovesNothing) {
+  put_host(0, random_bytes(64, 3));
+  fake.submit_copy(d2h(CopyMode::Async, 0, 0, 64, 1));
+  fake.submit_copy(d2h(CopyMode::Async, 64, 0, 64, 2));
+  const std::vector<std::byte> before(host.data, host.data + 128);
+  EXPECT_EQ(fake.complete_all(false), 2u);
+  EXPECT_EQ(0, std::memcmp(host.data, before.data(), 128));
+  const auto completions = drain();
+  ASSERT_EQ(completions.size(), 2u);
+  EXPECT_EQ(completions[0].event.id, 1u);
+  EXPECT_EQ(completions[1].event.id, 2u);
+  EXPECT_FALSE(completions[0].ok);
+  EXPECT_EQ(completions[0].error, ErrorKind::OutputCopyFailed);
+  EXPECT_FALSE(completions[0].message.empty());
+}
+
+TEST_F(FakeFixture, CopyFailedAtSubmitThrowsTheDirectionsKind) {
+  fake.inject(Call::CopyHostToDevice, Failure::CopyFailedAtSubmit);
+  fake.inject(Call::CopyDeviceToHost, Failure::CopyFailedAtSubmit);
+  const std::vector<std::byte> device_before(device_bytes(), device_bytes() + 64);
+  const std::vector<std::byte> host_before(host.data, host.data + 64);
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::DeviceCopyFailed, fake.submit_copy(h2d(CopyMode::Sync, 0, 0, 64, 1)));
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::OutputCopyFailed, fake.submit_copy(d2h(CopyMode::Async, 0, 0, 64, 2)));
+  EXPECT_EQ(0, std::memcmp(device_bytes(), device_before.data(), 64));
+  EXPECT_EQ(0, std::memcmp(host.data, host_before.data(), 64));
+  EXPECT_TRUE(fake.pending().empty());
+  EXPECT_CALLS(&fake, Call::CopyHostToDevice, Call::CopyDeviceToHost);
+}
+
+TEST_F(FakeFixture, CopyFailedAtCompletionReportsFailureWithoutMovingBytes) {
+  put_host(0, random_bytes(64, 4));
+  fake.inject(Call::CopyHostToDevice, Failure::CopyFailedAtCompletion);
+  const std::vector<std::byte> before(device_bytes(), device_bytes() + 64);
+  fake.submit_copy(h2d(CopyMode::Async, 0, 0, 64, 1));
+  EXPECT_TRUE(fake.complete(CopyEvent{7, 1, 1}, /*ok=*/true));
+  EXPECT_EQ(0, std::memcmp(device_bytes(), before.data(), 64));
+  const auto completions = drain();
+  ASSERT_EQ(completions.size(), 1u);
+  EXPECT_FALSE(completions[0].ok);
+  EXPECT_EQ(completions[0].error, ErrorKind::DeviceCopyFailed);
+}
+
+TEST_F(FakeFixture, LostAndDuplicatedCompletions) {
+  put_host(0, random_bytes(64, 5));
+  fake.inject(Call::CopyHostToDevice, Failure::LostCompletion, 1);
+  fake.inject(Call::CopyHostToDevice, Failure::DuplicatedCompletion, 2);
+  fake.submit_copy(h2d(CopyMode::Async, 0, 0, 64, 1));
+  fake.submit_copy(h2d(CopyMode::Async, 0, 64, 64, 2));
+  EXPECT_EQ(fake.complete_all(), 2u);
+  const auto completions = drain();
+  ASSERT_EQ(completions.size(), 2u);
+  EXPECT_EQ(completions[0].event.id, 2u);
+  EXPECT_EQ(completions[1].event.id, 2u);
+  // The lost copy still happened on the device.
+  EXPECT_EQ(0, std::memcmp(device_bytes(), host.data, 64));
+}
+
+TEST_F(FakeFixture, QuiesceDropsPendingCopiesButLateCompletionSurvives) {
+  put_host(0, random_bytes(128, 6));
+  const std::vector<std::byte> before(device_bytes(), device_bytes() + 128);
+  fake.inject(Call::CopyHostToDevice, Failure::LateCompletion, 2);
+  fake.submit_copy(h2d(CopyMode::Async, 0, 0, 64, 1));    // dropped
+  fake.submit_copy(h2d(CopyMode::Async, 64, 64, 64, 2));  // late
+  fake.quiesce();
+  EXPECT_TRUE(fake.pending().empty());
+  EXPECT_EQ(0, std::memcmp(device_bytes(), before.data(), 64)) << "a cancelled copy moved bytes";
+  EXPECT_EQ(0, std::memcmp(device_bytes() + 64, host.data + 64, 64)) << "the late copy finished at quiesce";
+  // Held back past the quiesce (and past any drain right after it) ...
+  EXPECT_TRUE(drain().empty());
+  EXPECT_FALSE(fake.wait_for_completions(std::chrono::nanoseconds(0)));
+  // ... until new work is submitted: then it lands among the new completions.
+  fake.submit_copy(h2d(CopyMode::Async, 0, 0, 64, 3));
+  EXPECT_TRUE(fake.wait_for_completions(std::chrono::nanoseconds(0)));
+  const auto completions = drain();
+  ASSERT_EQ(completions.size(), 1u);
+  EXPECT_EQ(completions[0].event.id, 2u);
+  EXPECT_TRUE(drain().empty());
+  EXPECT_EQ(fake.pending(), (std::vector<CopyEvent>{{7, 1, 3}}));
+  EXPECT_CALLS(&fake, Call::CopyHostToDevice, Call::CopyHostToDevice, Call::Quiesce, Call::CopyHostToDevice);
+}
+
+TEST_F(FakeFixture, AutoCompleteReportsAtSubmit) {
+  put_host(0, random_bytes(64, 7));
+  fake.set_auto_complete(true);
+  fake.submit_copy(h2d(CopyMode::Async, 0, 0, 64, 1));
+  EXPECT_TRUE(fake.pending().empty());
+  EXPECT_EQ(0, std::memcmp(device_bytes(), host.data, 64));
+  EXPECT_EQ(drain().size(), 1u);
+}
+
+TEST_F(FakeFixture, ForgedCompletionIsDeliveredAsIs) {
+  fake.report_completion(CopyEvent{1, 2, 3}, false);
+  const auto completions = drain();
+  ASSERT_EQ(completions.size(), 1u);
+  EXPECT_EQ(completions[0].event, (CopyEvent{1, 2, 3}));
+  EXPECT_FALSE(completions[0].ok);
+}
+
+TEST_F(FakeFixture, RangesOutsideTheAllocationAreCaughtNotCopied) {
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidRange, fake.submit_copy(h2d(CopyMode::Sync, 0, 1000, 64, 1)));
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidRange, fake.submit_copy(h2d(CopyMode::Sync, 0, UINT64_MAX, 2, 2)));
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidRange, fake.submit_copy(h2d(CopyMode::Sync, 4090, 0, 64, 3)));
+}
+
+TEST_F(FakeFixture, ValidateViewInjection) {
+  TensorView view;
+  fake.validate_view(device, view);
+  fake.inject(Call::ValidateView, Failure::InvalidView);
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidTensorView, fake.validate_view(device, view));
+  fake.validate_view(device, view);
+  EXPECT_CALLS(&fake, Call::ValidateView, Call::ValidateView, Call::ValidateView);
+}
+
+TEST_F(FakeFixture, LaunchAxpyComputesOverRealMemory) {
+  const DeviceAllocation y = fake.allocate(64, 64);
+  float x_values[16];
+  for (int i = 0; i < 16; ++i) x_values[i] = static_cast<float>(i) * 1.5f - 3.0f;
+  std::memcpy(device_bytes(), x_values, sizeof x_values);
+  fake.launch_axpy(AxpyLaunch{device, 0, y, 0, 16, 2.0f, 0.5f});
+  float y_values[16];
+  std::memcpy(y_values, reinterpret_cast<const void*>(y.address), sizeof y_values);
+  for (int i = 0; i < 16; ++i) EXPECT_FLOAT_EQ(y_values[i], 2.0f * x_values[i] + 0.5f);
+  fake.free(y);
+}
+
+TEST_F(FakeFixture, WaitForCompletionsWakesOnAnotherThreadsCompletion) {
+  put_host(0, random_bytes(64, 8));
+  fake.submit_copy(h2d(CopyMode::Async, 0, 0, 64, 1));
+  std::thread completer([&] { fake.complete(CopyEvent{7, 1, 1}); });
+  while (!fake.wait_for_completions(std::chrono::milliseconds(50))) {
+  }
+  completer.join();
+  EXPECT_EQ(drain().size(), 1u);
+}
+
+}  // namespace
+}  // namespace devbridge::testing
