@@ -487,9 +487,10 @@ class BridgeCore {
     check_tag(e.domain, e.generation, [&] { return describe(e); });
     const auto* slot = copies_.at(id_slot(e.id));
     const auto version = id_version(e.id);
-    if (!slot || version == 0 || version > slot->version || (version == slot->version && !slot->in_use))
+    if (!slot || version == 0 || version > slot->version)
       throw Error(ErrorKind::UnknownDeviceHandle, fmt::format("{} was never issued by this bridge", describe(e)));
-    if (version < slot->version) return CopyStatus{CopyState::Completed, std::nullopt, {}};
+    // Issued (acquire bumped the version) and since retired: completed.
+    if (version < slot->version || !slot->in_use) return CopyStatus{CopyState::Completed, std::nullopt, {}};
     if (slot->phase == CopyPhase::Failed) return CopyStatus{CopyState::Failed, slot->error, slot->message};
     return CopyStatus{};
   }
