@@ -544,6 +544,12 @@ StreamPlan plan_stream(const StreamArgs& args) {
 
   // A chunk larger than the whole stream is just the whole stream.
   plan.chunk_bytes = std::min(chunk, plan.bytes);
+  // Far beyond any memory, and small enough that the ring arithmetic below
+  // (twice the chunk, rounded up) cannot overflow.
+  constexpr std::uint64_t kMaxChunk = 1ull << 60;
+  if (plan.chunk_bytes > kMaxChunk) {
+    throw UsageError(fmt::format("--chunk: {} bytes is too large (at most {} bytes)", plan.chunk_bytes, kMaxChunk));
+  }
   plan.chunks = (plan.bytes + plan.chunk_bytes - 1) / plan.chunk_bytes;
   plan.slot_bytes = round_up(plan.chunk_bytes, kReservationAlignment);
 
