@@ -4,16 +4,20 @@
 // the compute role on a third stream ordered by stream-event waits.
 //
 // Ordering between the three streams (all on the device, never a host wait):
+//   - copies in one direction run in submission order (one stream each);
+//   - a copy waits for the newest earlier copy of the other direction whose
+//     device or host bytes overlap its own (read-after-write, write-after-
+//     read, write-after-write); copies of unrelated bytes never wait for each
+//     other, which is what lets uploads and downloads overlap (duplex);
 //   - a launch waits for every upload and download submitted before it
 //     (so it reads uploaded bytes and never overwrites bytes still being
 //     downloaded);
 //   - a copy submitted after a launch returns waits for that launch (so a
 //     download reads the result, and an upload never overwrites an input the
 //     kernel is still reading).
-// Uploads and downloads are not ordered against each other: the bridge
-// validates their ranges, and that independence is what makes duplex fast.
 //
-// Locks: compute_mutex_ before a stream's mutex, never the other way round.
+// Locks: compute_mutex_ before the lanes' mutexes; a submission holds both
+// lanes' mutexes (std::scoped_lock), everything else one at a time.
 // Every driver call runs with the backend's context pushed (ContextGuard) and
 // popped again before returning, so another library's current context is
 // never disturbed.
@@ -121,10 +125,20 @@ class EventPool {
   std::vector<CUevent> free_;
 };
 
+// A half-open address range [begin, end); host and device addresses are
+// compared only with their own kind.
+struct Span {
+  std::uintptr_t begin = 0;
+  std::uintptr_t end = 0;
+  bool overlaps(const Span& other) const noexcept { return begin < other.end && other.begin < end; }
+};
+
 struct PendingCopy {
   CopyEvent event;
   CUevent done = nullptr;
   std::uint64_t bytes = 0;
+  Span host;
+  Span device;
 };
 
 struct CopyStream {
@@ -278,6 +292,11 @@ class CudaBackend final : public Backend {
                                                std::to_string(request.device.bytes) + " bytes");
     const CUdeviceptr device = request.device.address + request.device_offset;
 
+    CopyStream& other_lane = &lane == &upload_ ? download_ : upload_;
+    const auto host_begin = reinterpret_cast<std::uintptr_t>(request.host);
+    const Span host_span{host_begin, host_begin + request.len};
+    const Span device_span{static_cast<std::uintptr_t>(device), static_cast<std::uintptr_t>(device + request.len)};
+
     ContextGuard guard(driver_, context_, lane.operation);
     CUevent done = events_.acquire(lane.operation);
     bool queued = false;
@@ -285,11 +304,14 @@ class CudaBackend final : public Backend {
       std::unique_lock<std::mutex> compute_lock;
       const std::uint64_t launches = launches_.load(std::memory_order_acquire);
       if (launches != lane.waited_launches.load(std::memory_order_relaxed)) compute_lock = std::unique_lock(compute_mutex_);
-      std::unique_lock lane_lock(lane.mutex);
+      // Both lanes: the other lane's pending list is read, and its events
+      // must not be recycled before this lane's wait on them is enqueued.
+      std::scoped_lock lanes_lock(upload_.mutex, download_.mutex);
       if (compute_lock.owns_lock()) {
         order_after_last_launch(lane);
         compute_lock.unlock();
       }
+      order_after_conflicting_copies(lane, other_lane, host_span, device_span);
       if (request.len > 0) {
         CUresult result = lane.direction == CopyDirection::HostToDevice
                               ? driver_.cuMemcpyHtoDAsync_v2(device, request.host, request.len, lane.stream)
@@ -304,7 +326,7 @@ class CudaBackend final : public Backend {
         throw copy_error(lane, recorded, "cuEventRecord", request);
       }
       if (request.mode == CopyMode::Async) {
-        lane.pending.push_back(PendingCopy{request.event, done, request.len});
+        lane.pending.push_back(PendingCopy{request.event, done, request.len, host_span, device_span});
         queued = true;
       }
     } catch (...) {
@@ -323,8 +345,17 @@ class CudaBackend final : public Backend {
 
   void drain_completions(std::vector<Completion>& out) override {
     ContextGuard guard(driver_, context_, Operation::Query);
-    drain_lane(upload_, out);
-    drain_lane(download_, out);
+    // Passes until one finds nothing: a copy seen complete in one lane may
+    // have waited for a copy of the other lane that was still pending when
+    // that lane was looked at. Reporting both in the same drain keeps the
+    // bridge's view causal (a download is never complete before the upload
+    // it read).
+    for (;;) {
+      const std::size_t before = out.size();
+      drain_lane(upload_, out);
+      drain_lane(download_, out);
+      if (out.size() == before) break;
+    }
   }
 
   bool wait_for_completions(std::chrono::nanoseconds timeout) override {
@@ -598,7 +629,7 @@ class CudaBackend final : public Backend {
     return mapped;
   }
 
-  // Needs compute_mutex_ and lane.mutex held: make the lane wait for the
+  // Needs compute_mutex_ and the lane's mutex held: make the lane wait for the
   // newest launch (kernel_done_ is re-recorded only under compute_mutex_).
   void order_after_last_launch(CopyStream& lane) {
     const std::uint64_t launches = launches_.load(std::memory_order_relaxed);
@@ -606,6 +637,18 @@ class CudaBackend final : public Backend {
     check(driver_, driver_.cuStreamWaitEvent(lane.stream, kernel_done_, 0),
           std::string(lane.call) + " after compute: cuStreamWaitEvent", lane.operation);
     lane.waited_launches.store(launches, std::memory_order_relaxed);
+  }
+
+  // Needs both lanes' mutexes held. Stream order makes the newest
+  // conflicting copy of the other lane the only one worth waiting for.
+  void order_after_conflicting_copies(CopyStream& lane, const CopyStream& other_lane, const Span& host,
+                                      const Span& device) {
+    for (auto it = other_lane.pending.rbegin(); it != other_lane.pending.rend(); ++it) {
+      if (!it->device.overlaps(device) && !it->host.overlaps(host)) continue;
+      check(driver_, driver_.cuStreamWaitEvent(lane.stream, it->done, 0),
+            std::string(lane.call) + " after a conflicting copy: cuStreamWaitEvent", lane.operation);
+      return;
+    }
   }
 
   // Needs compute_mutex_ held (the marker is shared by launches).
