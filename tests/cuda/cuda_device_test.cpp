@@ -236,6 +236,35 @@ TEST_F(CudaDeviceTest, QuiesceFinishesWorkWhoseCompletionsAreThenDrained) {
   for (const Completion& completion : drained) EXPECT_TRUE(completion.ok) << completion.message;
 }
 
+TEST_F(CudaDeviceTest, HeldCopiesStayPendingUntilReleased) {
+  HostBlockHolder host{*backend_, backend_->allocate_host(1 << 20)};
+  AllocationHolder device{*backend_, backend_->allocate(1 << 20, 256)};
+  fill_random(host.block.data, 1 << 20, 11);
+  hold_copies(*backend_, true);
+  backend_->submit_copy(request(CopyDirection::HostToDevice, CopyMode::Async, 1, host.block.data,
+                                device.allocation, 0, 1 << 19));
+  backend_->submit_copy(request(CopyDirection::DeviceToHost, CopyMode::Async, 2, host.block.data + (1 << 19),
+                                device.allocation, 0, 1 << 19));
+  EXPECT_FALSE(backend_->wait_for_completions(20ms)) << "a held copy completed";
+  std::vector<Completion> drained;
+  backend_->drain_completions(drained);
+  EXPECT_TRUE(drained.empty());
+  hold_copies(*backend_, false);
+  const auto seen = collect({1, 2});
+  EXPECT_EQ(std::memcmp(host.block.data, host.block.data + (1 << 19), 1 << 19), 0)
+      << "the download did not wait for the upload of the same bytes";
+
+  // quiesce() lifts a hold too.
+  hold_copies(*backend_, true);
+  backend_->submit_copy(request(CopyDirection::HostToDevice, CopyMode::Async, 3, host.block.data,
+                                device.allocation, 0, 4096));
+  backend_->quiesce();
+  drained.clear();
+  backend_->drain_completions(drained);
+  ASSERT_EQ(drained.size(), 1u);
+  EXPECT_TRUE(drained[0].ok);
+}
+
 TEST_F(CudaDeviceTest, WaitWithNothingInFlightTimesOut) {
   EXPECT_FALSE(backend_->wait_for_completions(1ms));
 }
@@ -457,8 +486,15 @@ TEST_F(CudaDeviceTest, DeviceFaultInItsOwnContextIsFatal) {
     AllocationHolder device{*backend, backend->allocate(1 << 20, 256)};
     // A forged allocation: the bridge never hands such a thing to a backend.
     const DeviceAllocation unmapped{0x1000, 1 << 20, 0};
-    backend->launch_axpy(AxpyLaunch{unmapped, 0, device.allocation, 0, 1 << 18, 1.0f, 0.0f});
     bool fatal_seen = false;
+    try {
+      backend->launch_axpy(AxpyLaunch{unmapped, 0, device.allocation, 0, 1 << 18, 1.0f, 0.0f});
+    } catch (const Error& error) {
+      // A fast fault can surface on the launch's own follow-up calls.
+      EXPECT_TRUE(error.fatal()) << error.what();
+      EXPECT_NE(std::string(error.what()).find("CUDA_ERROR_"), std::string::npos) << error.what();
+      fatal_seen = true;
+    }
     try {
       // Ordered after the kernel; the fault may already be visible here.
       backend->submit_copy(request(CopyDirection::DeviceToHost, CopyMode::Async, 1, host.block.data,

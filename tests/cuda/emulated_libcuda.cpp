@@ -626,3 +626,13 @@ EXPORT CUresult CUDAAPI cuLaunchKernel(CUfunction function, unsigned int grid_x,
   });
   return CUDA_SUCCESS;
 }
+
+// Runs a host function in stream order (the backend's test-only hold).
+EXPORT CUresult CUDAAPI cuLaunchHostFunc(CUstream stream, CUhostFn function, void* data) {
+  if (int error = require_context()) return static_cast<CUresult>(error);
+  if (is_default_stream(stream) || function == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto* target = reinterpret_cast<Stream*>(stream);
+  if (target->context() != current()) return CUDA_ERROR_INVALID_CONTEXT;
+  target->enqueue([function, data] { function(data); });
+  return CUDA_SUCCESS;
+}

@@ -52,6 +52,14 @@ void* context_of(const Backend& backend);
 // Unsupported for a backend that is not CUDA.
 std::uint64_t live_allocations(const Backend& backend);
 
+// For tests: while held, asynchronous copies submitted to the backend do not
+// run (a host function blocks both copy streams), so a test can observe the
+// "pending" side of every rule deterministically. quiesce() (and so
+// Bridge::restart and close) lifts the hold and finishes the work. A sync
+// copy that must order after a held copy waits until the hold is lifted.
+// Throws Unsupported for a backend that is not CUDA.
+void hold_copies(Backend& backend, bool hold);
+
 // Makes `stream` (a CUstream of the backend's context; 1 and 2 name the
 // legacy and per-thread default streams, exactly as DLPack's `stream`
 // argument does) wait, on the device, for every copy and compute step

@@ -396,6 +396,7 @@ class CudaBackend final : public Backend {
   }
 
   void quiesce() override {
+    hold(false);
     ContextGuard guard(driver_, context_, Operation::Query);
     // A failure here is a device fault; the pending events then report it as
     // each copy's completion, so nothing is thrown (and nothing is left
@@ -446,6 +447,39 @@ class CudaBackend final : public Backend {
 
   // ---- CUDA hooks ------------------------------------------------------------
 
+  // A gate on both copy streams: a host function that blocks the stream
+  // until the gate opens. Work queued behind it waits on the device side.
+  void hold(bool on) {
+    std::lock_guard lock(hold_mutex_);
+    if (on == (gate_ != nullptr)) return;
+    if (!on) {
+      {
+        std::lock_guard gate_lock(gate_->mutex);
+        gate_->open = true;
+      }
+      gate_->opened.notify_all();
+      gate_.reset();
+      return;
+    }
+    auto gate = std::make_shared<Gate>();
+    ContextGuard guard(driver_, context_, Operation::Query);
+    std::scoped_lock lanes_lock(upload_.mutex, download_.mutex);
+    for (CopyStream* lane : {&upload_, &download_}) {
+      auto holder = std::make_unique<std::shared_ptr<Gate>>(gate);
+      CUresult result = driver_.cuLaunchHostFunc(lane->stream, &CudaBackend::wait_at_gate, holder.get());
+      if (result != CUDA_SUCCESS) {
+        {
+          std::lock_guard gate_lock(gate->mutex);
+          gate->open = true;
+        }
+        gate->opened.notify_all();
+        throw make_error(driver_, result, "cuLaunchHostFunc(hold)", Operation::Query);
+      }
+      holder.release();  // the host function owns it now
+    }
+    gate_ = std::move(gate);
+  }
+
   CUcontext context() const noexcept { return context_; }
   std::uint64_t live_allocations() const noexcept { return live_allocations_.load(std::memory_order_relaxed); }
 
@@ -469,6 +503,19 @@ class CudaBackend final : public Backend {
     bool pending = false;
     bool ready = false;
   };
+
+  struct Gate {
+    std::mutex mutex;
+    std::condition_variable opened;
+    bool open = false;
+  };
+
+  static void CUDA_CB wait_at_gate(void* data) {
+    std::unique_ptr<std::shared_ptr<Gate>> holder(static_cast<std::shared_ptr<Gate>*>(data));
+    Gate& gate = **holder;
+    std::unique_lock lock(gate.mutex);
+    gate.opened.wait(lock, [&] { return gate.open; });
+  }
 
   void set_up(const Options& options) {
     if (options.context != nullptr) {
@@ -579,6 +626,10 @@ class CudaBackend final : public Backend {
 
   void tear_down() noexcept {
     if (context_ == nullptr) return;
+    try {
+      hold(false);
+    } catch (...) {
+    }
     CUcontext popped = nullptr;
     if (driver_.cuCtxPushCurrent_v2(context_) == CUDA_SUCCESS) {
       // Nothing may still run on memory the owner is about to free.
@@ -746,6 +797,9 @@ class CudaBackend final : public Backend {
   std::atomic<std::uint64_t> launches_{0};
   std::atomic<std::uint64_t> live_allocations_{0};
 
+  std::mutex hold_mutex_;
+  std::shared_ptr<Gate> gate_;
+
   std::mutex waiters_mutex_;
   std::condition_variable waiter_cv_;
   std::atomic<int> waiting_{0};
@@ -811,6 +865,8 @@ void* context_of(const Backend& backend) {
 std::uint64_t live_allocations(const Backend& backend) {
   return as_cuda(backend).live_allocations();
 }
+
+void hold_copies(Backend& backend, bool hold) { as_cuda(backend).hold(hold); }
 
 void order_stream_after_submitted_work(Backend& backend, std::uintptr_t stream) {
   as_cuda(backend).order_stream(reinterpret_cast<CUstream>(stream));

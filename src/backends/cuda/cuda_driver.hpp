@@ -58,7 +58,8 @@ namespace devbridge::cuda::detail {
   X(cuModuleLoadDataEx)                       \
   X(cuModuleUnload)                           \
   X(cuModuleGetFunction)                      \
-  X(cuLaunchKernel)
+  X(cuLaunchKernel)                            \
+  X(cuLaunchHostFunc)
 
 // One loaded copy of the driver library. Never unloaded: other libraries in
 // the process (torch, tinygrad) may share the same handle, and the driver
