@@ -40,11 +40,12 @@ FLAT_SLACK_KIB = 4 * 1024
 
 WORKLOAD_RE = re.compile(r"^workload=(\S+) (ns_per_op|error)=(\S+)")
 RSS_RE = re.compile(r"^# (f_growth_d_\w+):.*vm_rss_kib_with_(\d+)_copies_live=(\d+)")
+REPS_RE = re.compile(r"\breps=(\d+)")
 RECORDS_RE = re.compile(r"^# (f_growth_d_\w+):.*copy_records=(\d+)")
 
 
 def parse(path):
-    result = {"ns": {}, "errors": set(), "rss": {}, "records": {}, "peak": None}
+    result = {"ns": {}, "errors": set(), "rss": {}, "records": {}, "peak": None, "reps": None}
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             line = line.rstrip("\n")
@@ -61,6 +62,9 @@ def parse(path):
             m = RECORDS_RE.match(line)
             if m:
                 result["records"][m.group(1)] = int(m.group(2))
+            m = REPS_RE.search(line)
+            if line.startswith("#") and m and result["reps"] is None:
+                result["reps"] = int(m.group(1))
             if line.startswith("peak_rss_kib="):
                 result["peak"] = int(line.split("=", 1)[1])
     return result
@@ -125,7 +129,8 @@ def main():
         return " | ".join(f"{str(c):{a}{w}}" for c, a, w in zip(cells, aligns, widths))
 
     print()
-    print("== devbridge vs seed-rust reference (null backend, median of 7, ns per op) ==")
+    reps = dev["reps"] if dev["reps"] is not None else "?"
+    print(f"== devbridge vs seed-rust reference (null backend, median of {reps} repetitions, ns per op) ==")
     print(line(header))
     print("-+-".join("-" * w for w in widths))
     for row in rows:
