@@ -47,7 +47,7 @@ const BackendDriver kBackendDrivers[] = {
     {"fake", always_available, make_auto_completing_fake, fake_live_allocations, hold_fake_copies, true},
     {"host", always_available, [] { return host::make_host_backend(); }, host::live_allocations, host::hold_copies, true},
 #ifdef DEVBRIDGE_HAS_CUDA
-    {"cuda", cuda_unavailable_reason, [] { return cuda::make_cuda_backend(); }, nullptr, nullptr, false},
+    {"cuda", cuda_unavailable_reason, [] { return cuda::make_cuda_backend(); }, cuda::live_allocations, cuda::hold_copies, false},
 #endif
 };
 

@@ -393,10 +393,14 @@ TEST_P(BackendConformance, AsyncCopiesOfTheSameBytesAreOrderedAcrossDirections) 
   const auto out1 = reserve_poisoned(kLen);
   const auto out2 = reserve_poisoned(kLen);
 
+  // Held where possible, so all four are queued before any runs and both
+  // directions start together when released.
+  if (can_hold()) hold(true);
   const auto up1 = b.host_to_device(in1, DeviceRange{h, 0, kLen}, CopyMode::Async);
   const auto down1 = b.device_to_host(DeviceRange{h, 0, kLen}, out1, CopyMode::Async);  // read after write
   const auto up2 = b.host_to_device(in2, DeviceRange{h, 0, kLen}, CopyMode::Async);     // write after read
   const auto down2 = b.device_to_host(DeviceRange{h, 0, kLen}, out2, CopyMode::Async);
+  if (can_hold()) hold(false);
   for (const auto& e : {up1, down1, up2, down2}) EXPECT_EQ(b.wait(e).state, CopyState::Completed);
   EXPECT_TRUE(bytes_equal(b.host_bytes(out1), first, "download between two uploads"));
   EXPECT_TRUE(bytes_equal(b.host_bytes(out2), second, "download after the second upload"));

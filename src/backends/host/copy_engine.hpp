@@ -76,6 +76,9 @@ class CopyEngine {
 
  private:
   static constexpr int kLanes = 2;  // index = CopyDirection
+  // x86-64 and most ARM cores; std::hardware_destructive_interference_size
+  // would warn about ABI instability on GCC.
+  static constexpr std::size_t kCacheLine = 64;
 
   struct QueuedCopy {
     CopyRequest request;
@@ -84,12 +87,15 @@ class CopyEngine {
     std::uint64_t after_other_lane = 0;  // the other lane must have finished this seq first
   };
 
-  struct Lane {
+  // The spinning threads poll a few atomics; each one that is written often
+  // gets its own cache line, so a poll never stalls on a line some other
+  // core is busy writing (see kCacheLine).
+  struct alignas(kCacheLine) Lane {
     std::deque<QueuedCopy> queue;  // unfinished copies; front is running or next
     std::uint64_t next_seq = 1;    // guarded by mutex_
-    std::atomic<std::uint64_t> submitted{0};
-    std::atomic<std::uint64_t> finished{0};
     std::thread thread;
+    alignas(kCacheLine) std::atomic<std::uint64_t> submitted{0};  // written by submitters
+    alignas(kCacheLine) std::atomic<std::uint64_t> finished{0};   // written by the lane's thread
   };
 
   void run_lane(int lane);
@@ -105,18 +111,18 @@ class CopyEngine {
   template <class Ready>
   void spin_then_sleep(std::chrono::nanoseconds spin, Ready ready);
 
-  std::mutex mutex_;  // guards the lane queues and next_seq
+  alignas(kCacheLine) std::mutex mutex_;  // guards the lane queues and next_seq
   std::condition_variable progress_cv_;
   std::atomic<int> progress_sleepers_{0};
-  std::atomic<bool> held_{false};
+  alignas(kCacheLine) std::atomic<bool> held_{false};  // read-mostly, polled by the lanes
   std::atomic<bool> stopping_{false};
   std::array<Lane, kLanes> lanes_;
 
-  std::mutex completions_mutex_;
+  alignas(kCacheLine) std::mutex completions_mutex_;
   std::condition_variable completions_cv_;
   std::vector<Completion> completions_;
-  std::atomic<std::size_t> completions_ready_{0};
   std::atomic<int> completion_sleepers_{0};
+  alignas(kCacheLine) std::atomic<std::size_t> completions_ready_{0};  // polled by waiters
 };
 
 }  // namespace devbridge::host::detail

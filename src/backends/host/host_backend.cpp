@@ -202,7 +202,14 @@ class HostBackend final : public Backend {
                               request.len, request.device_offset, request.device.address, request.device.bytes));
     }
     if (request.mode == CopyMode::Async) {
-      engine_.submit(request);
+      try {
+        engine_.submit(request);
+      } catch (const std::bad_alloc&) {
+        // The seam speaks only Error; the bridge then keeps the host range
+        // with the caller, as for any failed submit.
+        throw Error(ErrorKind::DeviceCopyFailed,
+                    fmt::format("host backend: out of memory queueing an async copy of {} bytes", request.len));
+      }
       return;
     }
     // A sync copy runs here, after any earlier queued copy touching its bytes.
