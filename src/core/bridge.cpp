@@ -622,7 +622,12 @@ class BridgeCore {
         return slot->uploads == 0;
       });
     }
-    backend_->validate_view(slot->device, view);
+    try {
+      backend_->validate_view(slot->device, view);
+    } catch (const Error& e) {
+      if (e.fatal()) mark_broken(e);
+      throw;
+    }
     ++slot->views;
     ++outstanding_leases_;
     return view;

@@ -80,7 +80,9 @@ Dims contiguous_strides(const Dims& shape) noexcept {
   std::array<std::int64_t, kMaxRank> reversed{};
   for (int i = shape.size() - 1; i >= 0; --i) {
     reversed[i] = stride;
-    stride *= shape[i];
+    // Saturate instead of overflowing (UB) on absurd shapes; such strides then
+    // fail every extent check downstream.
+    if (__builtin_mul_overflow(stride, shape[i], &stride)) stride = INT64_MAX;
   }
   for (int i = 0; i < shape.size(); ++i) strides.push_back(reversed[i]);
   return strides;
