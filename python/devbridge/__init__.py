@@ -1,0 +1,82 @@
+"""devbridge: a host ring <-> device memory bridge with zero-copy tensor views.
+
+The bridge is a GPU worker's one boundary between a ring of host memory,
+device allocations and the tensor views compute runs on (tinygrad, or any
+DLPack consumer). See docs/PYTHON.md for a walk-through.
+
+    import numpy as np, devbridge
+    with devbridge.Bridge() as b:
+        h = b.alloc(devbridge.ObjectSpec(1 << 20, 64, "float32"), 4096)
+        r = b.ring.reserve(4096)
+        b.ring.ndarray(r, "float32")[:] = np.random.rand(1024)
+        b.wait(b.host_to_device(r, h))
+        with b.view(h, "float32", (32, 32)) as v:
+            t = v.to_tinygrad()          # zero-copy tinygrad.Tensor on "CPU"
+            print((t * 2 + 1).sum().item())
+"""
+
+from __future__ import annotations
+
+from . import _devbridge as _ext
+from ._devbridge import (
+    Bridge,
+    CopyEvent,
+    DeviceHandle,
+    FakeControl,
+    HostRange,
+    HostRing,
+    ObjectSpec,
+    RingBuffer,
+    TensorView,
+    dtype_info,
+    dtypes,
+    list_backends,
+)
+from ._errors import (
+    ERROR_CLASSES as _ERROR_CLASSES,
+    AllocationFailed,
+    AllocationStillInUse,
+    Backpressure,
+    BridgeError,
+    Broken,
+    Closed,
+    DeviceCopyFailed,
+    ForeignDomain,
+    InvalidAlignment,
+    InvalidExtent,
+    InvalidRange,
+    InvalidTensorView,
+    InvalidViewDType,
+    OldGenerationHandle,
+    OutputCopyFailed,
+    Unavailable,
+    UnknownDeviceHandle,
+    Unsupported,
+)
+from ._tinygrad import synchronize as tinygrad_synchronize
+
+__version__ = "0.1.0"
+
+if [cls.kind for cls in _ERROR_CLASSES] != list(_ext._error_kinds()):
+    raise ImportError(
+        "devbridge: the extension's error kinds differ from devbridge._errors "
+        f"({list(_ext._error_kinds())}); rebuild the module"
+    )
+_ext._register_errors(list(_ERROR_CLASSES))
+
+__all__ = [
+    "Bridge",
+    "CopyEvent",
+    "DeviceHandle",
+    "FakeControl",
+    "HostRange",
+    "HostRing",
+    "ObjectSpec",
+    "RingBuffer",
+    "TensorView",
+    "dtype_info",
+    "dtypes",
+    "list_backends",
+    "tinygrad_synchronize",
+    "BridgeError",
+] + [cls.__name__ for cls in _ERROR_CLASSES]

@@ -1,0 +1,153 @@
+"""The tinygrad hand-off: TensorView.to_tinygrad() and its helpers.
+
+What the hand-off guarantees
+----------------------------
+``Tensor.from_blob`` gives tinygrad a raw address; tinygrad never frees it and
+reads it lazily, whenever a computation over the tensor is realized. So
+``to_tinygrad()``:
+
+* first waits until every copy into the allocation submitted so far has
+  completed (the bridge's ``ViewWait::Wait``), so the tensor never reads bytes
+  an upload is still writing;
+* takes a lease of its own on the allocation and attaches it to the tinygrad
+  ``Buffer`` that holds the address. The allocation cannot be freed while
+  tinygrad can still read it: ``bridge.free(h)`` raises
+  ``AllocationStillInUse`` and ``bridge.release(h)`` defers the free until
+  the tensor (and every lazy tensor computed from it) is gone. Closing the
+  ``TensorView`` it came from does not end the tensor's lease.
+
+What it does not order
+----------------------
+* Copies submitted *after* the hand-off: an upload into the allocation
+  while tinygrad computes races with it, as with any shared buffer.
+* Writes tinygrad makes: tinygrad runs kernels asynchronously. After
+  ``t.assign(...).realize()``, call ``devbridge.tinygrad_synchronize(t)``
+  before ``bridge.device_to_host`` reads the allocation.
+* ``bridge.restart()`` and ``bridge.close()``: a restart retires the old
+  generation's allocations whatever leases exist (that is its point: the
+  worker is gone). Drop tinygrad tensors from before a restart.
+
+Devices: a host-backend view becomes a tinygrad ``CPU`` tensor. A CUDA view
+becomes a ``CUDA`` tensor; tinygrad computes in a CUDA context of its own
+(``cuCtxCreate``), and device pointers are only valid in the context that
+allocated them, so the bridge must use tinygrad's context:
+``Bridge(backend="cuda", cuda_context="tinygrad")``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import TYPE_CHECKING, Any
+
+from ._errors import Closed, Unavailable, Unsupported
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tinygrad import Tensor
+
+    from ._devbridge import TensorView
+
+# tinygrad devices whose allocator honours Tensor.from_blob's external pointer.
+# (Others, e.g. tinygrad's CL device, would silently allocate fresh memory.)
+_ZERO_COPY_DEVICES = ("CPU", "CUDA")
+
+
+def _import_tinygrad() -> Any:
+    try:
+        import tinygrad
+    except ImportError as error:  # pragma: no cover - tinygrad is a test dependency
+        raise Unavailable("to_tinygrad: tinygrad is not installed (pip install tinygrad)") from error
+    return tinygrad
+
+
+def _tinygrad_device(view: "TensorView") -> str:
+    family, _, ordinal = view.device.partition(":")
+    family = family.upper()
+    if family not in _ZERO_COPY_DEVICES:
+        raise Unsupported(
+            f"to_tinygrad: a {view.device} view cannot be handed to tinygrad without a copy "
+            f"(tinygrad takes external memory only on {', '.join(_ZERO_COPY_DEVICES)}); use DLPack instead"
+        )
+    if family == "CPU":
+        return "CPU"
+    return family if ordinal in ("", "0") else f"{family}:{ordinal}"
+
+
+def cuda_context(which: str, ordinal: int = 0) -> int:
+    """The CUcontext (as an int) of tinygrad's CUDA device ``ordinal``.
+
+    ``Bridge(backend="cuda", cuda_context="tinygrad")`` uses it so that the
+    bridge allocates in the context tinygrad computes in.
+    """
+    if which != "tinygrad":
+        raise ValueError(f'cuda_context must be None, an int (a CUcontext) or "tinygrad", not {which!r}')
+    _import_tinygrad()
+    from tinygrad import Device
+
+    name = "CUDA" if ordinal == 0 else f"CUDA:{ordinal}"
+    try:
+        device = Device[name]
+        context = ctypes.cast(device.context, ctypes.c_void_p).value
+    except Exception as error:  # tinygrad raises whatever its driver binding raised
+        raise Unavailable(f"tinygrad's {name} device is not usable here: {error}") from error
+    if not context:
+        raise Unavailable(f"tinygrad's CUDA:{ordinal} device has no context")
+    return int(context)
+
+
+def to_tinygrad(view: "TensorView") -> "Tensor":
+    """A ``tinygrad.Tensor`` over the view's memory, zero-copy (see the module doc)."""
+    _import_tinygrad()
+    from tinygrad import Tensor, dtypes
+
+    if view.closed:
+        raise Closed("to_tinygrad: the view is closed")
+    if not view.contiguous:
+        raise Unsupported(
+            f"to_tinygrad: tinygrad's Tensor.from_blob takes only row-major contiguous memory; this view has "
+            f"shape {view.shape} and strides {view.strides} (elements). Take a contiguous view, or copy."
+        )
+    tinygrad_dtype = getattr(dtypes, view._tinygrad_dtype, None)
+    if tinygrad_dtype is None:
+        raise Unsupported(f"to_tinygrad: this tinygrad has no dtype {view.dtype!r} (tinygrad.dtypes.{view._tinygrad_dtype})")
+    if view.size == 0:
+        raise Unsupported(f"to_tinygrad: tinygrad cannot wrap an empty view (shape {view.shape})")
+    device = _tinygrad_device(view)
+    if device.startswith("CUDA"):
+        ordinal = int(device.partition(":")[2] or 0)
+        if view._cuda_context != cuda_context("tinygrad", ordinal):
+            raise Unsupported(
+                "to_tinygrad: the bridge allocates in a different CUDA context from tinygrad's, so its pointers are "
+                'not valid where tinygrad computes; create the bridge with Bridge(backend="cuda", cuda_context="tinygrad")'
+            )
+
+    # Its own lease, taken once every copy into the allocation has completed.
+    lease = view._export()
+    try:
+        if device.startswith("CUDA"):
+            # tinygrad launches on its context's legacy default stream, which
+            # does not wait for the bridge's non-blocking streams: order it
+            # after the bridge's work (compute steps included) on the device.
+            lease._order_cuda_stream(1)
+        tensor = Tensor.from_blob(lease.ptr, tuple(lease.shape), dtype=tinygrad_dtype, device=device)
+        # The Buffer holds the address for as long as any tensor (lazy or not)
+        # can read it: the lease lives exactly as long.
+        tensor.uop.buffer._devbridge_lease = lease
+    except BaseException:
+        lease.close()
+        raise
+    return tensor
+
+
+def synchronize(tensor: "Tensor") -> None:
+    """Waits until tinygrad's device has finished every kernel it was given.
+
+    tinygrad runs kernels asynchronously; call this after writing through a
+    tensor from ``to_tinygrad()`` and before the bridge copies the allocation
+    out (``device_to_host``).
+    """
+    _import_tinygrad()
+    from tinygrad import Device
+
+    devices = tensor.device if isinstance(tensor.device, tuple) else (tensor.device,)
+    for device in devices:
+        Device[device].synchronize()

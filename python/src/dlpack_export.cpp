@@ -1,0 +1,174 @@
+// DLPack export of tensor views.
+//
+// Two capsules, as the DLPack Python spec asks: a consumer that passes
+// max_version >= (1, 0) gets "dltensor_versioned" (DLManagedTensorVersioned,
+// with flags: devbridge memory is writable, so numpy makes writable arrays);
+// any other consumer gets the unversioned "dltensor" (DLManagedTensor), which
+// every consumer accepts (numpy marks such arrays read-only: that ABI cannot
+// say whether memory is writable). The installed dlpack.h (0.6) predates the
+// versioned struct, so its ABI (frozen by DLPack 1.0) is declared here.
+//
+// Lifetime: each capsule owns its own view lease. The lease ends in the
+// DLManagedTensor's deleter, which the consumer calls when its array dies, or
+// in the capsule's destructor when no consumer ever took it. The deleter runs
+// only C++ (no Python objects are reachable from it), so it is safe from any
+// thread, with or without the GIL.
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include <Python.h>
+#include <nanobind/nanobind.h>
+
+#include "state.hpp"
+
+#if defined(DEVBRIDGE_HAVE_DLPACK_H)
+#include <dlpack/dlpack.h>
+#else
+// DLPack's unversioned ABI (dlpack.h 0.6), frozen since: the same layout as
+// the header's, declared here only when the header is not installed.
+extern "C" {
+typedef enum { kDLCPU = 1, kDLCUDA = 2, kDLCUDAHost = 3, kDLOpenCL = 4 } DLDeviceType;
+typedef struct {
+  DLDeviceType device_type;
+  int32_t device_id;
+} DLDevice;
+typedef struct {
+  uint8_t code;
+  uint8_t bits;
+  uint16_t lanes;
+} DLDataType;
+typedef struct {
+  void* data;
+  DLDevice device;
+  int32_t ndim;
+  DLDataType dtype;
+  int64_t* shape;
+  int64_t* strides;
+  uint64_t byte_offset;
+} DLTensor;
+typedef struct DLManagedTensor {
+  DLTensor dl_tensor;
+  void* manager_ctx;
+  void (*deleter)(struct DLManagedTensor* self);
+} DLManagedTensor;
+}
+#endif
+
+namespace nb = nanobind;
+
+namespace devbridge::python {
+namespace {
+
+#if defined(DLPACK_MAJOR_VERSION) && DLPACK_MAJOR_VERSION >= 1
+using PackVersion = DLPackVersion;
+using ManagedTensorVersioned = DLManagedTensorVersioned;
+#else
+struct PackVersion {
+  std::uint32_t major;
+  std::uint32_t minor;
+};
+struct ManagedTensorVersioned {
+  PackVersion version;
+  void* manager_ctx;
+  void (*deleter)(ManagedTensorVersioned* self);
+  std::uint64_t flags;  // bit 0: read-only, bit 1: a copy made by the producer
+  DLTensor dl_tensor;
+};
+#endif
+
+constexpr const char* kCapsuleName = "dltensor";
+constexpr const char* kUsedCapsuleName = "used_dltensor";
+constexpr const char* kVersionedCapsuleName = "dltensor_versioned";
+constexpr const char* kUsedVersionedCapsuleName = "used_dltensor_versioned";
+
+// Owns everything the exported tensor points at; exactly one of the two
+// managed structs is handed out.
+struct DLPackExport {
+  DLManagedTensor managed{};
+  ManagedTensorVersioned versioned{};
+  HeldLease held;
+  std::array<std::int64_t, kMaxRank> shape{};
+  std::array<std::int64_t, kMaxRank> strides{};
+};
+
+// The lease (and the export count) end in these.
+void delete_export(DLManagedTensor* managed) { delete static_cast<DLPackExport*>(managed->manager_ctx); }
+void delete_versioned_export(ManagedTensorVersioned* managed) {
+  delete static_cast<DLPackExport*>(managed->manager_ctx);
+}
+
+// A capsule nobody consumed still owns its tensor; a consumed one was renamed
+// "used_..." and belongs to the consumer.
+template <typename Managed>
+void destroy_capsule(PyObject* capsule, const char* name, const char* used_name) {
+  if (PyCapsule_IsValid(capsule, used_name)) return;
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);  // a destructor must not disturb a pending error
+  auto* managed = static_cast<Managed*>(PyCapsule_GetPointer(capsule, name));
+  if (managed == nullptr) {
+    PyErr_WriteUnraisable(capsule);
+  } else if (managed->deleter != nullptr) {
+    managed->deleter(managed);
+  }
+  PyErr_Restore(type, value, traceback);
+}
+
+void destroy_unversioned(PyObject* capsule) {
+  destroy_capsule<DLManagedTensor>(capsule, kCapsuleName, kUsedCapsuleName);
+}
+void destroy_versioned(PyObject* capsule) {
+  destroy_capsule<ManagedTensorVersioned>(capsule, kVersionedCapsuleName, kUsedVersionedCapsuleName);
+}
+
+}  // namespace
+
+nb::object make_dlpack_capsule(const std::shared_ptr<BridgeState>& state, DeviceHandle handle, const ViewSpec& spec,
+                               std::optional<DLPackAbi> versioned) {
+  auto owned = std::make_unique<DLPackExport>();
+  owned->held = acquire_lease(state, handle, spec, ViewWait::Wait);
+  const TensorView& view = owned->held.lease.view();
+  const DTypeInfo& info = dtype_info(view.dtype);
+
+  DLTensor& tensor = versioned ? owned->versioned.dl_tensor : owned->managed.dl_tensor;
+  tensor.device.device_type = static_cast<DLDeviceType>(view.dlpack_device_type);
+  tensor.device.device_id = view.device_ordinal;
+  // CPU and CUDA consumers expect `data` to point at the first element (torch
+  // and cupy ignore byte_offset); an OpenCL address is an opaque cl_mem, so
+  // there the offset must stay separate.
+  if (view.dlpack_device_type == static_cast<int>(DLPackDevice::OpenCL)) {
+    tensor.data = reinterpret_cast<void*>(static_cast<std::uintptr_t>(view.data));
+    tensor.byte_offset = view.byte_offset;
+  } else {
+    tensor.data = reinterpret_cast<void*>(static_cast<std::uintptr_t>(view.data + view.byte_offset));
+    tensor.byte_offset = 0;
+  }
+  tensor.ndim = view.shape.size();
+  tensor.dtype.code = static_cast<std::uint8_t>(info.dlpack_code);
+  tensor.dtype.bits = info.dlpack_bits;
+  tensor.dtype.lanes = 1;
+  for (int i = 0; i < view.shape.size(); ++i) {
+    owned->shape[i] = view.shape[i];
+    owned->strides[i] = view.strides[i];
+  }
+  tensor.shape = owned->shape.data();
+  tensor.strides = owned->strides.data();  // elements, as DLPack counts them
+  PyObject* capsule;
+  if (versioned) {
+    owned->versioned.version = PackVersion{versioned->major, versioned->minor};
+    owned->versioned.flags = 0;  // writable, and not a copy
+    owned->versioned.manager_ctx = owned.get();
+    owned->versioned.deleter = &delete_versioned_export;
+    capsule = PyCapsule_New(&owned->versioned, kVersionedCapsuleName, &destroy_versioned);
+  } else {
+    owned->managed.manager_ctx = owned.get();
+    owned->managed.deleter = &delete_export;
+    capsule = PyCapsule_New(&owned->managed, kCapsuleName, &destroy_unversioned);
+  }
+  if (capsule == nullptr) throw nb::python_error();
+  owned.release();  // the capsule (then its consumer) owns it now
+  return nb::steal(capsule);
+}
+
+}  // namespace devbridge::python

@@ -1,0 +1,958 @@
+// devbridge._devbridge: the nanobind bindings of the C++ bridge.
+//
+// The public Python API lives in python/devbridge/__init__.py, which
+// re-exports these classes and defines the exception classes (BridgeError and
+// one subclass per ErrorKind, registered back here so every devbridge::Error
+// surfaces as the subclass named after its kind).
+//
+// GIL: calls that can block (waits, sync copies, views that wait for copies,
+// restart, close, bridge construction) release it; nothing below the
+// bindings ever calls back into Python, so that is always safe.
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <Python.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "devbridge/backends.hpp"
+#include "devbridge/bridge.hpp"
+#include "devbridge/backends/fake.hpp"
+#if defined(DEVBRIDGE_HAS_CUDA)
+#include "devbridge/backends/cuda.hpp"
+#endif
+#include "state.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace devbridge::python {
+
+// ============================================================================
+// Errors
+// ============================================================================
+
+namespace {
+
+// devbridge.<Kind> exception classes, indexed by ErrorKind; set by
+// devbridge/__init__.py at import. Strong references kept for the life of
+// the process (module teardown order is not ours to rely on).
+PyObject* g_error_classes[kErrorKindCount] = {};
+
+PyObject* utf8(std::string_view text) {
+  return PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "replace");
+}
+
+void raise_bridge_error(const Error& error) {
+  PyObject* cls = g_error_classes[static_cast<int>(error.kind())];
+  if (cls == nullptr) {  // the extension imported without its package
+    PyErr_SetString(PyExc_RuntimeError, error.what());
+    return;
+  }
+  PyObject* what = utf8(error.what());
+  if (what == nullptr) return;
+  PyObject* instance = PyObject_CallOneArg(cls, what);
+  Py_DECREF(what);
+  if (instance == nullptr) return;
+  PyObject* message = utf8(error.message());
+  if (message == nullptr || PyObject_SetAttrString(instance, "message", message) != 0 ||
+      PyObject_SetAttrString(instance, "fatal", error.fatal() ? Py_True : Py_False) != 0) {
+    Py_XDECREF(message);
+    Py_DECREF(instance);
+    return;
+  }
+  Py_DECREF(message);
+  PyErr_SetObject(cls, instance);
+  Py_DECREF(instance);
+}
+
+}  // namespace
+
+void set_python_error(const std::exception& error) noexcept {
+  if (const auto* bridge_error = dynamic_cast<const Error*>(&error)) {
+    raise_bridge_error(*bridge_error);
+  } else if (dynamic_cast<const std::bad_alloc*>(&error) != nullptr) {
+    PyErr_NoMemory();
+  } else if (auto* python_error = dynamic_cast<nb::python_error*>(const_cast<std::exception*>(&error))) {
+    python_error->restore();  // restore() hands the Python error back; it is not const
+  } else if (const auto* builtin = dynamic_cast<const nb::builtin_exception*>(&error)) {
+    PyErr_SetString(builtin->type() == nb::exception_type::value_error ? PyExc_ValueError : PyExc_TypeError,
+                    builtin->what());
+  } else {
+    PyErr_SetString(PyExc_RuntimeError, error.what());
+  }
+}
+
+namespace {
+
+[[noreturn]] void throw_unsupported(std::string message) {
+  throw Error(ErrorKind::Unsupported, message);
+}
+
+// ============================================================================
+// Argument parsing
+// ============================================================================
+
+std::string lower(std::string text) {
+  for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return text;
+}
+
+std::string known_dtype_names() {
+  std::string names;
+  for (const DTypeInfo& info : all_dtypes()) {
+    if (!names.empty()) names += ", ";
+    names += info.name;
+  }
+  return names;
+}
+
+// A dtype named as numpy and tinygrad name it ("float32"), or given as a
+// numpy dtype/type or a tinygrad DType.
+DType parse_dtype(nb::handle object) {
+  std::string name;
+  if (nb::isinstance<nb::str>(object)) {
+    name = nb::cast<std::string>(object);
+  } else {
+    nb::handle type = object.type();
+    std::string module_name = nb::hasattr(type, "__module__") ? nb::cast<std::string>(nb::str(type.attr("__module__"))) : "";
+    if (module_name.rfind("tinygrad", 0) == 0) {
+      // tinygrad's DType names are C names ("float", "__bf16"): match the object.
+      nb::object tinygrad_dtypes = nb::module_::import_("tinygrad").attr("dtypes");
+      for (const DTypeInfo& info : all_dtypes()) {
+        nb::object candidate = nb::getattr(tinygrad_dtypes, std::string(info.tinygrad_name).c_str(), nb::none());
+        if (!candidate.is_none() && candidate.equal(object)) return info.dtype;
+      }
+      throw nb::value_error(("dtype " + nb::cast<std::string>(nb::repr(object)) + " has no devbridge equivalent").c_str());
+    }
+    try {
+      name = nb::cast<std::string>(nb::module_::import_("numpy").attr("dtype")(object).attr("name"));
+    } catch (const nb::python_error&) {
+      throw nb::type_error(("dtype must be a name such as \"float32\", a numpy dtype or a tinygrad DType, not " +
+                            nb::cast<std::string>(nb::repr(object))).c_str());
+    }
+  }
+  if (std::optional<DType> dtype = dtype_from_name(name)) return *dtype;
+  throw nb::value_error(("unknown dtype \"" + name + "\"; devbridge knows: " + known_dtype_names()).c_str());
+}
+
+Dims parse_dims(nb::handle object, const char* what) {
+  Dims dims;
+  if (nb::isinstance<nb::int_>(object)) {
+    dims.push_back(nb::cast<std::int64_t>(object));
+    return dims;
+  }
+  if (!nb::isinstance<nb::sequence>(object) || nb::isinstance<nb::str>(object))
+    throw nb::type_error((std::string(what) + " must be an int or a sequence of ints").c_str());
+  for (nb::handle item : object) {
+    if (!nb::isinstance<nb::int_>(item) && !nb::hasattr(item, "__index__"))
+      throw nb::type_error((std::string(what) + " must contain only ints").c_str());
+    dims.push_back(nb::cast<std::int64_t>(item.attr("__index__")()));
+  }
+  return dims;
+}
+
+nb::tuple dims_tuple(const Dims& dims) {
+  nb::list items;
+  for (std::int64_t v : dims) items.append(v);
+  return nb::tuple(items);
+}
+
+CopyMode parse_mode(const std::string& mode) {
+  std::string m = lower(mode);
+  if (m == "async") return CopyMode::Async;
+  if (m == "sync") return CopyMode::Sync;
+  throw nb::value_error(("copy mode must be \"async\" or \"sync\", not \"" + mode + "\"").c_str());
+}
+
+Admission parse_admission(double wait_for_room_s) {
+  if (!(wait_for_room_s >= 0.0) || std::isinf(wait_for_room_s))
+    throw nb::value_error("wait_for_room must be a finite number of seconds >= 0");
+  return Admission{std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(wait_for_room_s))};
+}
+
+const char* state_name(CopyState state) {
+  switch (state) {
+    case CopyState::Pending: return "pending";
+    case CopyState::Completed: return "completed";
+    case CopyState::Failed: return "failed";
+  }
+  return "unknown";
+}
+
+std::string shape_kind_name(ShapeKind kind) {
+  switch (kind) {
+    case ShapeKind::Scalar: return "scalar";
+    case ShapeKind::Vector: return "vector";
+    case ShapeKind::Matrix: return "matrix";
+    case ShapeKind::Tensor: return "tensor";
+  }
+  return "tensor";
+}
+
+ShapeKind parse_shape_kind(const std::string& name) {
+  std::string n = lower(name);
+  if (n == "scalar") return ShapeKind::Scalar;
+  if (n == "vector") return ShapeKind::Vector;
+  if (n == "matrix") return ShapeKind::Matrix;
+  if (n == "tensor") return ShapeKind::Tensor;
+  throw nb::value_error(("shape kind must be scalar, vector, matrix or tensor, not \"" + name + "\"").c_str());
+}
+
+template <typename Enum>
+Enum parse_named(std::string_view name, int count, std::string_view (*namer)(Enum) noexcept, const char* what) {
+  std::string known;
+  for (int i = 0; i < count; ++i) {
+    auto value = static_cast<Enum>(i);
+    if (namer(value) == name) return value;
+    if (!known.empty()) known += ", ";
+    known += namer(value);
+  }
+  throw nb::value_error((std::string("unknown fake ") + what + " \"" + std::string(name) + "\"; known: " + known).c_str());
+}
+
+std::string handle_repr(const DeviceHandle& h) {
+  return "DeviceHandle(domain=" + std::to_string(h.domain) + ", generation=" + std::to_string(h.generation) +
+         ", id=" + std::to_string(h.id) + ")";
+}
+
+std::string event_repr(const CopyEvent& e) {
+  return "CopyEvent(domain=" + std::to_string(e.domain) + ", generation=" + std::to_string(e.generation) +
+         ", id=" + std::to_string(e.id) + ")";
+}
+
+std::size_t hash_triple(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
+  std::uint64_t h = a * 0x9E3779B97F4A7C15ull;
+  h ^= b + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+  h ^= c + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+  return static_cast<std::size_t>(h);
+}
+
+// ============================================================================
+// Python-facing objects
+// ============================================================================
+
+struct PyBridge {
+  std::shared_ptr<BridgeState> state;
+};
+
+struct PyHostRing {
+  std::shared_ptr<BridgeState> state;
+};
+
+struct PyFake {
+  std::shared_ptr<BridgeState> state;
+  fake::FakeBackend& backend() const { return *state->fake; }
+};
+
+// A view and the lease that keeps its allocation alive. The metadata stays
+// readable after close(); the address does not.
+struct PyTensorView {
+  std::shared_ptr<BridgeState> state;
+  std::unique_ptr<HeldLease> held;
+  TensorView meta;
+  std::string device;  // meta.device points into the backend; keep our own copy
+  ViewSpec spec;       // what the caller asked for, to take further leases
+
+  bool closed() const { return !held || !*held; }
+
+  // The lease is live and belongs to the bridge's current generation: a
+  // restart retires the allocation under a view from before it.
+  void check_usable(const char* what) const {
+    if (closed()) throw Error(ErrorKind::Closed, std::string(what) + ": the view is closed");
+    Generation current = state->open().generation();
+    if (meta.handle.generation != current)
+      throw Error(ErrorKind::OldGenerationHandle,
+                  std::string(what) + ": the view's " + handle_repr(meta.handle) +
+                      " is from generation " + std::to_string(meta.handle.generation) +
+                      "; the bridge restarted into generation " + std::to_string(current));
+  }
+
+  void close() {
+    if (held) held.reset();  // ends the lease, then the export count
+  }
+};
+
+PyTensorView make_view(const std::shared_ptr<BridgeState>& state, DeviceHandle handle, const ViewSpec& spec,
+                       ViewWait wait) {
+  PyTensorView view;
+  view.state = state;
+  view.held = std::make_unique<HeldLease>(acquire_lease(state, handle, spec, wait));
+  view.meta = view.held->lease.view();
+  view.device = std::string(view.meta.device);
+  view.meta.device = {};
+  view.spec = spec;
+  return view;
+}
+
+nb::dict stats_dict(const BridgeStats& s) {
+  nb::dict d;
+  d["generation"] = s.generation;
+  d["domain"] = s.domain;
+  d["broken"] = s.broken;
+  d["closed"] = s.closed;
+  d["live_allocations"] = s.live_allocations;
+  d["allocated_bytes"] = s.allocated_bytes;
+  d["copies_submitted"] = s.copies_submitted;
+  d["copies_completed"] = s.copies_completed;
+  d["copies_failed"] = s.copies_failed;
+  d["copies_in_flight"] = s.copies_in_flight;
+  d["inflight_bytes"] = s.inflight_bytes;
+  d["inflight_budget_bytes"] = s.inflight_budget_bytes;
+  d["copy_records"] = s.copy_records;
+  d["stale_completions"] = s.stale_completions;
+  d["live_views"] = s.live_views;
+  d["active_steps"] = s.active_steps;
+  d["restarts"] = s.restarts;
+  d["ring_capacity"] = s.ring_capacity;
+  d["ring_used"] = s.ring_used;
+  d["ring_reservations"] = s.ring_reservations;
+  return d;
+}
+
+const char* dlpack_device_name(DLPackDevice device) {
+  switch (device) {
+    case DLPackDevice::CPU: return "cpu";
+    case DLPackDevice::CUDA: return "cuda";
+    case DLPackDevice::CUDAHost: return "cuda_host";
+    case DLPackDevice::OpenCL: return "opencl";
+  }
+  return "unknown";
+}
+
+nb::dict backend_info_dict(const BackendInfo& info) {
+  nb::dict d;
+  d["name"] = info.name;
+  d["vendor"] = info.vendor;
+  d["device_name"] = info.device_name;
+  d["device_string"] = info.device_string;
+  d["dlpack_device"] = nb::make_tuple(static_cast<int>(info.dlpack_device), info.device_ordinal);
+  d["dlpack_device_name"] = dlpack_device_name(info.dlpack_device);
+  d["device_ordinal"] = info.device_ordinal;
+  d["total_memory"] = info.total_memory;
+  d["free_memory"] = info.free_memory;
+  nb::list dtypes;
+  for (DType dtype : info.dtypes) dtypes.append(std::string(dtype_info(dtype).name));
+  d["dtypes"] = dtypes;
+  d["host_memory_page_locked"] = info.host_memory_page_locked;
+  d["notes"] = info.notes;
+  return d;
+}
+
+nb::dict recorded_call_dict(const fake::RecordedCall& call) {
+  nb::dict d;
+  d["call"] = std::string(fake::call_name(call.call));
+  d["bytes"] = call.bytes;
+  d["alignment"] = call.alignment;
+  d["address"] = call.address;
+  d["host_offset"] = call.host_offset;
+  d["device_offset"] = call.device_offset;
+  d["mode"] = call.mode == CopyMode::Async ? "async" : "sync";
+  d["event"] = nb::cast(call.event);
+  return d;
+}
+
+// The stream rules of the DLPack Python spec, per device type.
+void check_dlpack_stream(const PyTensorView& view, nb::handle stream) {
+  if (stream.is_none()) return;
+  if (!nb::isinstance<nb::int_>(stream))
+    throw nb::type_error("__dlpack__: stream must be None or an int");
+  std::int64_t value = nb::cast<std::int64_t>(stream);
+  auto device = static_cast<DLPackDevice>(view.meta.dlpack_device_type);
+  if (device == DLPackDevice::CUDA) {
+    // None/1: legacy default stream, 2: per-thread default, >2: a CUstream,
+    // -1: the consumer asks for no synchronisation. 0 is ambiguous.
+    if (value == 0 || value < -1) {
+      PyErr_SetString(PyExc_BufferError, "__dlpack__: stream 0 is ambiguous and not allowed for CUDA (use 1 or 2)");
+      throw nb::python_error();
+    }
+    return;
+  }
+  // Host memory has no stream: the spec accepts only None; -1 ("do not
+  // synchronise") is accepted as well, since there is nothing to skip.
+  if (value != -1) {
+    PyErr_SetString(PyExc_BufferError,
+                    ("__dlpack__: a " + view.device + " view has no stream; pass stream=None (or -1)").c_str());
+    throw nb::python_error();
+  }
+}
+
+// The CUcontext a CUDA backend allocates in (0 for any other backend).
+std::uint64_t cuda_context_of(BridgeState& state) {
+#if defined(DEVBRIDGE_HAS_CUDA)
+  Backend& backend = state.bridge->backend();
+  if (cuda::is_cuda_backend(backend))
+    return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(cuda::context_of(backend)));
+#else
+  (void)state;
+#endif
+  return 0;
+}
+
+// Makes a consumer's CUDA stream (DLPack numbering: 1 legacy default, 2
+// per-thread default, else a CUstream) wait on the device for everything
+// submitted to the bridge's backend so far, compute steps included. A no-op
+// for backends without streams.
+void order_cuda_stream(BridgeState& state, std::uintptr_t stream) {
+#if defined(DEVBRIDGE_HAS_CUDA)
+  Bridge& bridge = state.open();
+  if (!cuda::is_cuda_backend(bridge.backend())) return;
+  nb::gil_scoped_release no_gil;
+  cuda::order_stream_after_submitted_work(bridge.backend(), stream);
+#else
+  (void)state;
+  (void)stream;
+#endif
+}
+
+nb::object tinygrad_helper(const char* name) {
+  return nb::module_::import_("devbridge._tinygrad").attr(name);
+}
+
+}  // namespace
+
+HeldLease acquire_lease(const std::shared_ptr<BridgeState>& state, DeviceHandle handle, const ViewSpec& spec,
+                        ViewWait wait) {
+  HeldLease held;
+  held.guard = ExportGuard(state);  // counted before the close check: see ring_buffer.cpp
+  Bridge& bridge = state->open();
+  if (wait == ViewWait::Wait) {
+    nb::gil_scoped_release no_gil;
+    held.lease = bridge.view(handle, spec, wait);
+  } else {
+    held.lease = bridge.view(handle, spec, wait);
+  }
+  return held;
+}
+
+// ============================================================================
+// Module
+// ============================================================================
+
+void bind_module(nb::module_& m) {
+  m.doc() = "devbridge: host ring <-> device memory bridge with zero-copy tensor views (C++ core bindings)";
+
+  nb::register_exception_translator(
+      [](const std::exception_ptr& pointer, void*) {
+        try {
+          std::rethrow_exception(pointer);
+        } catch (const Error& error) {
+          raise_bridge_error(error);
+        }
+      },
+      nullptr);
+
+  m.def("_error_kinds", [] {
+    nb::list kinds;
+    for (int i = 0; i < kErrorKindCount; ++i) kinds.append(std::string(kind_name(static_cast<ErrorKind>(i))));
+    return kinds;
+  });
+  m.def(
+      "_register_errors",
+      [](nb::list classes) {
+        if (nb::len(classes) != static_cast<std::size_t>(kErrorKindCount))
+          throw nb::value_error("_register_errors: one class per error kind, in ErrorKind order");
+        for (int i = 0; i < kErrorKindCount; ++i) {
+          PyObject* cls = classes[i].ptr();
+          Py_INCREF(cls);
+          Py_XDECREF(g_error_classes[i]);
+          g_error_classes[i] = cls;
+        }
+      },
+      "classes"_a);
+  m.def("_raise_for_test", [](const std::string& kind, const std::string& message) {
+    for (int i = 0; i < kErrorKindCount; ++i)
+      if (kind_name(static_cast<ErrorKind>(i)) == kind) throw Error(static_cast<ErrorKind>(i), message);
+    throw nb::value_error("unknown kind");
+  });
+
+  m.def(
+      "dtypes",
+      [] {
+        nb::list names;
+        for (const DTypeInfo& info : all_dtypes()) names.append(std::string(info.name));
+        return names;
+      },
+      "The dtype names devbridge knows, as numpy and tinygrad spell them.");
+  m.def(
+      "dtype_info",
+      [](nb::handle dtype) {
+        const DTypeInfo& info = dtype_info(parse_dtype(dtype));
+        nb::dict d;
+        d["name"] = std::string(info.name);
+        d["tinygrad_name"] = std::string(info.tinygrad_name);
+        d["itemsize"] = info.size;
+        d["dlpack_code"] = static_cast<int>(info.dlpack_code);
+        d["dlpack_bits"] = static_cast<int>(info.dlpack_bits);
+        return d;
+      },
+      "dtype"_a);
+  m.def(
+      "list_backends",
+      [] {
+        nb::list out;
+        for (const BackendAvailability& b : list_backends()) {
+          nb::dict d;
+          d["name"] = b.name;
+          d["built"] = b.built;
+          d["available"] = b.available;
+          d["reason"] = b.reason;
+          out.append(d);
+        }
+        return out;
+      },
+      "The backends of this build: name, built, available here, and why not.");
+
+  // ---- value types ----
+  nb::class_<DeviceHandle>(m, "DeviceHandle", "{domain, generation, id}: names one device allocation of one bridge.")
+      .def(
+          "__init__",
+          [](DeviceHandle* self, std::uint64_t domain, std::uint64_t generation, std::uint64_t id) {
+            new (self) DeviceHandle{domain, generation, id};
+          },
+          "domain"_a, "generation"_a, "id"_a)
+      .def_ro("domain", &DeviceHandle::domain)
+      .def_ro("generation", &DeviceHandle::generation)
+      .def_ro("id", &DeviceHandle::id)
+      .def("__eq__", [](const DeviceHandle& a, const DeviceHandle& b) { return a == b; })
+      .def("__eq__", [](const DeviceHandle&, nb::handle) { return false; })
+      .def("__hash__", [](const DeviceHandle& h) { return hash_triple(h.domain, h.generation, h.id); })
+      .def("__repr__", &handle_repr);
+
+  nb::class_<CopyEvent>(m, "CopyEvent", "{domain, generation, id}: names one copy; never aliases a later copy.")
+      .def(
+          "__init__",
+          [](CopyEvent* self, std::uint64_t domain, std::uint64_t generation, std::uint64_t id) {
+            new (self) CopyEvent{domain, generation, id};
+          },
+          "domain"_a, "generation"_a, "id"_a)
+      .def_ro("domain", &CopyEvent::domain)
+      .def_ro("generation", &CopyEvent::generation)
+      .def_ro("id", &CopyEvent::id)
+      .def("__eq__", [](const CopyEvent& a, const CopyEvent& b) { return a == b; })
+      .def("__eq__", [](const CopyEvent&, nb::handle) { return false; })
+      .def("__hash__", [](const CopyEvent& e) { return hash_triple(e.domain, e.generation, e.id); })
+      .def("__repr__", &event_repr);
+
+  nb::class_<HostRange>(m, "HostRange", "A reserved range of the host ring: byte offset into the ring and length.")
+      .def(
+          "__init__", [](HostRange* self, std::uint64_t offset, std::uint64_t len) { new (self) HostRange{offset, len}; },
+          "offset"_a, "len"_a)
+      .def_ro("offset", &HostRange::offset)
+      .def_ro("len", &HostRange::len)
+      .def("__len__", [](const HostRange& r) { return r.len; })
+      .def("__eq__", [](const HostRange& a, const HostRange& b) { return a == b; })
+      .def("__eq__", [](const HostRange&, nb::handle) { return false; })
+      .def("__hash__", [](const HostRange& r) { return hash_triple(r.offset, r.len, 0x486f737452616e67ull); })
+      .def("__repr__", [](const HostRange& r) {
+        return "HostRange(offset=" + std::to_string(r.offset) + ", len=" + std::to_string(r.len) + ")";
+      });
+
+  nb::class_<ObjectSpec>(m, "ObjectSpec",
+                         "What an allocation may hold: max extent (bytes), alignment (bytes), dtype, shape kind.")
+      .def(
+          "__init__",
+          [](ObjectSpec* self, std::uint64_t max_extent, std::uint64_t alignment, nb::handle dtype,
+             const std::string& shape) {
+            new (self) ObjectSpec{max_extent, alignment, parse_dtype(dtype), parse_shape_kind(shape)};
+          },
+          "max_extent"_a, "alignment"_a, "dtype"_a, "shape"_a = "tensor")
+      .def_ro("max_extent", &ObjectSpec::max_extent)
+      .def_ro("alignment", &ObjectSpec::alignment)
+      .def_prop_ro("dtype", [](const ObjectSpec& s) { return std::string(dtype_info(s.dtype).name); })
+      .def_prop_ro("shape", [](const ObjectSpec& s) { return shape_kind_name(s.shape); })
+      .def("__repr__", [](const ObjectSpec& s) {
+        return "ObjectSpec(max_extent=" + std::to_string(s.max_extent) + ", alignment=" + std::to_string(s.alignment) +
+               ", dtype=\"" + std::string(dtype_info(s.dtype).name) + "\", shape=\"" + shape_kind_name(s.shape) + "\")";
+      });
+
+  bind_ring_buffer(m);
+
+  // ---- host ring ----
+  nb::class_<PyHostRing>(m, "HostRing", "The bridge's host ring: reserve ranges, fill or read them, release them.")
+      .def(
+          "reserve",
+          [](PyHostRing& ring, std::uint64_t nbytes, std::uint64_t alignment) {
+            return ring.state->open().reserve(nbytes, alignment);
+          },
+          "nbytes"_a, "alignment"_a = 64,
+          "Reserves `nbytes` aligned to `alignment` (power of two, <= 4096); Backpressure when full.")
+      .def(
+          "buffer",
+          [](PyHostRing& ring, HostRange range) {
+            (void)ring.state->open().host_bytes(range);  // refuse an unreserved range now, not at first use
+            return RingBuffer{ring.state, range};
+          },
+          "range"_a, "A writable buffer-protocol object over exactly the range's bytes.")
+      .def(
+          "ndarray",
+          [](PyHostRing& ring, HostRange range, nb::handle dtype) {
+            (void)ring.state->open().host_bytes(range);
+            std::string name(dtype_info(parse_dtype(dtype)).name);
+            nb::object buffer = nb::cast(RingBuffer{ring.state, range});
+            return nb::module_::import_("numpy").attr("frombuffer")(buffer, "dtype"_a = name);
+          },
+          "range"_a, "dtype"_a = "uint8", "numpy.frombuffer over the range (zero-copy, writable).")
+      .def(
+          "release", [](PyHostRing& ring, HostRange range) { ring.state->open().release_host(range); }, "range"_a,
+          "Ends the reservation; AllocationStillInUse while an async copy uses it.")
+      .def_prop_ro("capacity", [](PyHostRing& ring) { return ring.state->open().ring_capacity(); })
+      .def_prop_ro("free_bytes", [](PyHostRing& ring) { return ring.state->open().ring_free_bytes(); });
+
+  // ---- tensor views ----
+  nb::class_<PyTensorView>(
+      m, "TensorView",
+      "A zero-copy view over a live allocation. Holds a lease: the allocation is not freed while the view is open.\n"
+      "close() (or the end of a `with` block, or garbage collection) ends the lease.")
+      .def_prop_ro("ptr",
+                   [](const PyTensorView& v) {
+                     v.check_usable("TensorView.ptr");
+                     return v.meta.data + v.meta.byte_offset;
+                   },
+                   "Address of the first element (the allocation's address plus the byte offset).")
+      .def_prop_ro("data", [](const PyTensorView& v) { return v.meta.data; }, "The allocation's address.")
+      .def_prop_ro("byte_offset", [](const PyTensorView& v) { return v.meta.byte_offset; })
+      .def_prop_ro("device", [](const PyTensorView& v) { return v.device; }, "tinygrad's device name: CPU, CUDA:0, ...")
+      .def_prop_ro("dtype", [](const PyTensorView& v) { return std::string(dtype_info(v.meta.dtype).name); })
+      .def_prop_ro("itemsize", [](const PyTensorView& v) { return dtype_info(v.meta.dtype).size; })
+      .def_prop_ro("shape", [](const PyTensorView& v) { return dims_tuple(v.meta.shape); })
+      .def_prop_ro("strides", [](const PyTensorView& v) { return dims_tuple(v.meta.strides); }, "Element strides.")
+      .def_prop_ro("size",
+                   [](const PyTensorView& v) {
+                     std::int64_t n = 1;
+                     for (std::int64_t d : v.meta.shape) n *= d;
+                     return n;
+                   })
+      .def_prop_ro("nbytes",
+                   [](const PyTensorView& v) {
+                     std::int64_t n = 1;
+                     for (std::int64_t d : v.meta.shape) n *= d;
+                     return n * static_cast<std::int64_t>(dtype_info(v.meta.dtype).size);
+                   })
+      .def_prop_ro("contiguous", [](const PyTensorView& v) { return v.meta.contiguous(); })
+      .def_prop_ro("handle", [](const PyTensorView& v) { return v.meta.handle; })
+      .def_prop_ro("closed", [](const PyTensorView& v) { return v.closed(); })
+      .def_prop_ro("_tinygrad_dtype", [](const PyTensorView& v) { return std::string(dtype_info(v.meta.dtype).tinygrad_name); })
+      .def_prop_ro("_cuda_context", [](const PyTensorView& v) { return cuda_context_of(*v.state); },
+                   "The CUcontext the bridge allocates in (0 when not CUDA).")
+      .def(
+          "_order_cuda_stream", [](const PyTensorView& v, std::uintptr_t stream) { order_cuda_stream(*v.state, stream); },
+          "stream"_a, "Orders a CUDA stream (1: legacy default, 2: per-thread) after the bridge's submitted work.")
+      .def("close", &PyTensorView::close, "Ends the view's lease (idempotent).")
+      .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
+      .def(
+          "__exit__", [](PyTensorView& v, nb::handle, nb::handle, nb::handle) { v.close(); }, "exc_type"_a.none(),
+          "exc"_a.none(), "tb"_a.none())
+      .def(
+          "_export",
+          [](const PyTensorView& v) {
+            v.check_usable("TensorView export");
+            return make_view(v.state, v.meta.handle, v.spec, ViewWait::Wait);
+          },
+          "A new view with its own lease, taken after every copy into the allocation has completed.")
+      .def(
+          "to_tinygrad", [](nb::handle self) { return tinygrad_helper("to_tinygrad")(self); },
+          "A tinygrad.Tensor over this view's memory, zero-copy (see devbridge._tinygrad.to_tinygrad).")
+      .def(
+          "__dlpack__",
+          [](const PyTensorView& v, nb::handle stream, nb::handle max_version, nb::handle dl_device,
+             nb::handle copy) {
+            v.check_usable("__dlpack__");
+            // DLPack >= 1.0 consumers get the versioned ABI (it carries the
+            // writable flag); the rest, the unversioned one (DLPack spec).
+            std::optional<DLPackAbi> versioned;
+            if (!max_version.is_none()) {
+              nb::tuple wanted = nb::tuple(max_version);
+              if (nb::len(wanted) != 2) throw nb::type_error("__dlpack__: max_version must be (major, minor)");
+              auto major = nb::cast<std::int64_t>(wanted[0]);
+              auto minor = nb::cast<std::int64_t>(wanted[1]);
+              if (major >= 1) versioned = DLPackAbi{1, major > 1 || minor >= 1 ? 1u : 0u};
+            }
+            if (!dl_device.is_none()) {
+              nb::tuple wanted = nb::tuple(dl_device);
+              if (nb::len(wanted) != 2 || nb::cast<int>(wanted[0]) != v.meta.dlpack_device_type ||
+                  nb::cast<int>(wanted[1]) != v.meta.device_ordinal) {
+                PyErr_SetString(PyExc_BufferError, "__dlpack__: devbridge exports views only on their own device");
+                throw nb::python_error();
+              }
+            }
+            if (!copy.is_none() && nb::cast<bool>(copy)) {
+              PyErr_SetString(PyExc_BufferError, "__dlpack__: devbridge views export zero-copy only (copy=True)");
+              throw nb::python_error();
+            }
+            check_dlpack_stream(v, stream);
+            if (v.meta.dlpack_device_type == static_cast<int>(DLPackDevice::CUDA)) {
+              // None means the consumer uses the legacy default stream; -1
+              // asks for no synchronisation.
+              std::int64_t s = stream.is_none() ? 1 : nb::cast<std::int64_t>(stream);
+              if (s != -1) order_cuda_stream(*v.state, static_cast<std::uintptr_t>(s));
+            }
+            return make_dlpack_capsule(v.state, v.meta.handle, v.spec, versioned);
+          },
+          nb::kw_only(), "stream"_a.none() = nb::none(), "max_version"_a.none() = nb::none(),
+          "dl_device"_a.none() = nb::none(), "copy"_a.none() = nb::none(),
+          "A DLPack capsule with its own lease (\"dltensor_versioned\" for max_version >= (1, 0), else\n"
+          "\"dltensor\"); its deleter ends the lease. Host views take stream None (or -1).")
+      .def("__dlpack_device__",
+           [](const PyTensorView& v) { return nb::make_tuple(v.meta.dlpack_device_type, v.meta.device_ordinal); })
+      .def("__repr__", [](const PyTensorView& v) {
+        std::string r = "TensorView(device=\"" + v.device + "\", dtype=\"" + std::string(dtype_info(v.meta.dtype).name) +
+                        "\", shape=" + nb::cast<std::string>(nb::repr(dims_tuple(v.meta.shape))) +
+                        ", strides=" + nb::cast<std::string>(nb::repr(dims_tuple(v.meta.strides))) +
+                        ", byte_offset=" + std::to_string(v.meta.byte_offset) + ", " + handle_repr(v.meta.handle);
+        return r + (v.closed() ? ", closed)" : ")");
+      });
+
+  // ---- fake backend controls ----
+  nb::class_<PyFake>(m, "FakeControl", "Test controls of the fake backend (Bridge(backend=\"fake\").fake).")
+      .def(
+          "inject",
+          [](PyFake& f, const std::string& call, const std::string& failure, int nth) {
+            auto c = parse_named<fake::Call>(call, static_cast<int>(fake::Call::Quiesce) + 1, &fake::call_name, "call");
+            auto k = parse_named<fake::Failure>(failure, static_cast<int>(fake::Failure::Fatal) + 1,
+                                                &fake::failure_name, "failure");
+            if (nth < 1) throw nb::value_error("nth counts from 1");
+            f.backend().inject(c, k, nth);
+          },
+          "call"_a, "failure"_a, "nth"_a = 1, "Fail the nth next call of that kind, once.")
+      .def(
+          "complete", [](PyFake& f, CopyEvent event, bool ok) { return f.backend().complete(event, ok); }, "event"_a,
+          "ok"_a = true, "Deliver a pending copy's outcome; False when the event is not pending.")
+      .def(
+          "complete_all", [](PyFake& f, bool ok) { return f.backend().complete_all(ok); }, "ok"_a = true)
+      .def("pending", [](PyFake& f) { return f.backend().pending(); })
+      .def(
+          "report_completion", [](PyFake& f, CopyEvent event, bool ok) { f.backend().report_completion(event, ok); },
+          "event"_a, "ok"_a = true, "Deliver a completion for an event the backend never saw.")
+      .def("calls",
+           [](PyFake& f) {
+             nb::list out;
+             for (const fake::RecordedCall& call : f.backend().calls()) out.append(recorded_call_dict(call));
+             return out;
+           })
+      .def("clear_calls", [](PyFake& f) { f.backend().clear_calls(); })
+      .def("live_allocations", [](PyFake& f) { return f.backend().live_allocations(); })
+      .def("live_host_blocks", [](PyFake& f) { return f.backend().live_host_blocks(); })
+      .def(
+          "set_auto_complete", [](PyFake& f, bool on) { f.backend().set_auto_complete(on); }, "on"_a);
+
+  // ---- the bridge ----
+  nb::class_<PyBridge>(m, "Bridge",
+                       "One bridge per (worker, device): a host ring, device allocations, copies and views.\n"
+                       "Bridge(backend=\"host\", generation=1, ring_bytes=64 << 20, inflight_bytes=None,\n"
+                       "       *, cuda_ordinal=0, cuda_context=None)")
+      .def(
+          "__init__",
+          [](PyBridge* self, const std::string& backend, std::uint64_t generation, std::uint64_t ring_bytes,
+             std::optional<std::uint64_t> inflight_bytes, int cuda_ordinal, nb::handle cuda_context) {
+            auto state = std::make_shared<BridgeState>();
+            state->backend_name = backend;
+            std::uint64_t context = 0;
+            if (!cuda_context.is_none()) {
+              if (backend != "cuda") throw nb::value_error("cuda_context applies only to backend=\"cuda\"");
+              nb::object resolved = nb::isinstance<nb::str>(cuda_context)
+                                        ? tinygrad_helper("cuda_context")(cuda_context, cuda_ordinal)
+                                        : nb::borrow(cuda_context);
+              context = nb::cast<std::uint64_t>(resolved);
+            }
+            BridgeOptions options;
+            options.generation = generation;
+            options.ring_bytes = ring_bytes;
+            options.inflight_budget_bytes = inflight_bytes.value_or(0);
+            {
+              nb::gil_scoped_release no_gil;
+              std::unique_ptr<Backend> device;
+              if (backend == "cuda" && (context != 0 || cuda_ordinal != 0)) {
+#if defined(DEVBRIDGE_HAS_CUDA)
+                cuda::Options cuda_options;
+                cuda_options.ordinal = cuda_ordinal;
+                cuda_options.context = reinterpret_cast<void*>(static_cast<std::uintptr_t>(context));
+                device = cuda::make_cuda_backend(cuda_options);
+#else
+                throw Error(ErrorKind::Unavailable, "cuda_ordinal/cuda_context: this build has no CUDA backend");
+#endif
+              } else {
+                device = make_backend(backend);
+              }
+              state->fake = dynamic_cast<fake::FakeBackend*>(device.get());
+              state->bridge = std::make_unique<Bridge>(std::move(device), options);
+            }
+            new (self) PyBridge{std::move(state)};
+          },
+          "backend"_a = "host", "generation"_a = 1, "ring_bytes"_a = std::uint64_t{64} << 20,
+          "inflight_bytes"_a.none() = nb::none(), nb::kw_only(), "cuda_ordinal"_a = 0,
+          "cuda_context"_a.none() = nb::none())
+      .def_prop_ro("backend", [](const PyBridge& b) { return b.state->backend_name; })
+      .def_prop_ro("domain", [](const PyBridge& b) { return b.state->bridge->domain(); })
+      .def_prop_ro("generation", [](const PyBridge& b) { return b.state->open().generation(); })
+      .def_prop_ro("closed", [](const PyBridge& b) { return b.state->close_requested.load(); })
+      .def("backend_info", [](const PyBridge& b) { return backend_info_dict(b.state->open().backend_info()); })
+      .def("stats", [](const PyBridge& b) { return stats_dict(b.state->open().stats()); })
+      .def(
+          "restart",
+          [](PyBridge& b, Generation generation) {
+            Bridge& bridge = b.state->open();
+            nb::gil_scoped_release no_gil;
+            bridge.restart(generation);
+          },
+          "generation"_a,
+          "Quiesce, free every allocation of the current generation, move to `generation` (> current).")
+      .def(
+          "close",
+          [](PyBridge& b) {
+            nb::gil_scoped_release no_gil;
+            b.state->request_close();
+          },
+          "Closes the bridge; memory still exported (ring buffers, views, DLPack, tinygrad tensors) is freed when "
+          "the last of it goes.")
+      .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
+      .def(
+          "__exit__",
+          [](PyBridge& b, nb::handle, nb::handle, nb::handle) {
+            nb::gil_scoped_release no_gil;
+            b.state->request_close();
+          },
+          "exc_type"_a.none(), "exc"_a.none(), "tb"_a.none())
+      .def_prop_ro("ring", [](const PyBridge& b) { return PyHostRing{b.state}; })
+      .def_prop_ro("fake",
+                   [](const PyBridge& b) {
+                     if (b.state->fake == nullptr)
+                       throw_unsupported("Bridge.fake: the bridge's backend is \"" + b.state->backend_name +
+                                         "\", not \"fake\"");
+                     return PyFake{b.state};
+                   })
+      // ---- allocation ----
+      .def(
+          "alloc", [](PyBridge& b, const ObjectSpec& spec, std::uint64_t extent) {
+            return b.state->open().alloc_device(spec, extent);
+          },
+          "spec"_a, "extent"_a, "Allocates `extent` bytes for objects of `spec`.")
+      .def(
+          "free", [](PyBridge& b, DeviceHandle h) { b.state->open().free_device(h); }, "handle"_a,
+          "Frees now, or raises AllocationStillInUse (copies, steps or views use it) and changes nothing.")
+      .def(
+          "release", [](PyBridge& b, DeviceHandle h) { b.state->open().release(h); }, "handle"_a,
+          "Deferred free: unusable now, freed when its last copy, step and view end.")
+      .def(
+          "extent", [](PyBridge& b, DeviceHandle h) { return b.state->open().extent(h); }, "handle"_a)
+      .def(
+          "spec", [](PyBridge& b, DeviceHandle h) { return b.state->open().spec(h); }, "handle"_a)
+      // ---- copies ----
+      .def(
+          "host_to_device",
+          [](PyBridge& b, HostRange r, DeviceHandle h, std::uint64_t offset, const std::string& mode,
+             double wait_for_room) {
+            Bridge& bridge = b.state->open();
+            CopyMode m = parse_mode(mode);
+            Admission admission = parse_admission(wait_for_room);
+            nb::gil_scoped_release no_gil;
+            return bridge.host_to_device(r, DeviceRange{h, offset, r.len}, m, admission);
+          },
+          "range"_a, "handle"_a, "offset"_a = 0, "mode"_a = "async", nb::kw_only(), "wait_for_room"_a = 0.0,
+          "Copies the host range to {handle, offset, range.len}; returns the CopyEvent.")
+      .def(
+          "device_to_host",
+          [](PyBridge& b, DeviceHandle h, HostRange r, std::uint64_t offset, const std::string& mode,
+             double wait_for_room) {
+            Bridge& bridge = b.state->open();
+            CopyMode m = parse_mode(mode);
+            Admission admission = parse_admission(wait_for_room);
+            nb::gil_scoped_release no_gil;
+            return bridge.device_to_host(DeviceRange{h, offset, r.len}, r, m, admission);
+          },
+          "handle"_a, "range"_a, "offset"_a = 0, "mode"_a = "async", nb::kw_only(), "wait_for_room"_a = 0.0,
+          "Copies {handle, offset, range.len} into the host range; returns the CopyEvent.")
+      .def(
+          "wait",
+          [](PyBridge& b, CopyEvent e, std::optional<double> timeout) {
+            Bridge& bridge = b.state->open();
+            std::optional<std::chrono::nanoseconds> limit;
+            if (timeout) {
+              if (!(*timeout >= 0.0)) throw nb::value_error("timeout must be None or seconds >= 0");
+              limit = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(*timeout));
+            }
+            CopyStatus status;
+            {
+              nb::gil_scoped_release no_gil;
+              status = bridge.wait(e, limit);
+            }
+            if (status.state == CopyState::Failed)
+              throw Error(status.error.value_or(ErrorKind::DeviceCopyFailed), status.message);
+            return std::string(state_name(status.state));
+          },
+          "event"_a, "timeout"_a.none() = nb::none(),
+          "Blocks until the copy completes (\"completed\") or the timeout passes (\"pending\"); raises the copy's "
+          "error (DeviceCopyFailed / OutputCopyFailed) when it failed.")
+      .def("poll", [](PyBridge& b) { return b.state->open().poll(); }, "Applies every completion the backend has.")
+      .def(
+          "copy_status", [](PyBridge& b, CopyEvent e) { return std::string(state_name(b.state->open().copy_status(e).state)); },
+          "event"_a, "\"pending\", \"completed\" or \"failed\".")
+      .def(
+          "copy_info",
+          [](PyBridge& b, CopyEvent e) {
+            CopyStatus status = b.state->open().copy_status(e);
+            nb::dict d;
+            d["state"] = state_name(status.state);
+            d["error"] = status.error ? nb::cast(std::string(kind_name(*status.error))) : nb::none();
+            d["message"] = status.message;
+            return d;
+          },
+          "event"_a, "{state, error (kind name or None), message}.")
+      .def(
+          "safe_to_release_host", [](PyBridge& b, CopyEvent e) { return b.state->open().safe_to_release_host(e); },
+          "event"_a)
+      .def(
+          "host_bytes_valid", [](PyBridge& b, CopyEvent e) { return b.state->open().host_bytes_valid(e); }, "event"_a)
+      // ---- compute ----
+      .def(
+          "begin_step",
+          [](PyBridge& b, StepId step, const std::vector<DeviceHandle>& handles) {
+            b.state->open().begin_step(step, handles);
+          },
+          "step_id"_a, "handles"_a)
+      .def(
+          "end_step", [](PyBridge& b, StepId step) { b.state->open().end_step(step); }, "step_id"_a)
+      .def(
+          "axpy",
+          [](PyBridge& b, DeviceHandle x, DeviceHandle y, float a, float c, std::uint64_t x_offset,
+             std::uint64_t y_offset, std::optional<std::uint64_t> nbytes) {
+            Bridge& bridge = b.state->open();
+            std::uint64_t len = nbytes ? *nbytes : bridge.extent(x) - std::min(x_offset, bridge.extent(x));
+            nb::gil_scoped_release no_gil;
+            bridge.launch_axpy(DeviceRange{x, x_offset, len}, DeviceRange{y, y_offset, len}, a, c);
+          },
+          "x"_a, "y"_a, "a"_a = 1.0f, "b"_a = 0.0f, nb::kw_only(), "x_offset"_a = 0, "y_offset"_a = 0,
+          "nbytes"_a.none() = nb::none(), "The built-in role y = a*x + b over float32 (default: all of x).")
+      // ---- views ----
+      .def(
+          "view",
+          [](PyBridge& b, DeviceHandle h, nb::handle dtype, nb::handle shape, nb::handle strides,
+             std::uint64_t offset, bool wait) {
+            ViewSpec spec;
+            spec.dtype = parse_dtype(dtype);
+            spec.shape = parse_dims(shape, "shape");
+            if (!strides.is_none()) spec.strides = parse_dims(strides, "strides");
+            spec.byte_offset = offset;
+            return make_view(b.state, h, spec, wait ? ViewWait::Wait : ViewWait::Refuse);
+          },
+          "handle"_a, "dtype"_a, "shape"_a, "strides"_a.none() = nb::none(), "offset"_a = 0, nb::kw_only(),
+          "wait"_a = true,
+          "A TensorView over the allocation (strides in elements, offset in bytes). wait=True waits for copies into\n"
+          "the allocation to complete first; wait=False refuses (AllocationStillInUse) while one is in flight.")
+      .def("__repr__", [](const PyBridge& b) {
+        return "Bridge(backend=\"" + b.state->backend_name + "\", domain=" + std::to_string(b.state->bridge->domain()) +
+               (b.state->close_requested.load() ? ", closed)" : ")");
+      });
+}
+
+}  // namespace devbridge::python
+
+NB_MODULE(_devbridge, m) { devbridge::python::bind_module(m); }

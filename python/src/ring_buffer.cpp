@@ -1,0 +1,59 @@
+// HostRing.buffer(range): a writable buffer-protocol object over exactly the
+// bytes of one reserved range, so numpy.frombuffer / memoryview work on the
+// ring without a copy.
+//
+// Each buffer export (a memoryview, a numpy array) counts as an export of
+// the bridge, so close() cannot free the ring under it (see state.hpp). The
+// range is re-validated at every export: a released range cannot be exported.
+#include <memory>
+
+#include <Python.h>
+#include <nanobind/nanobind.h>
+
+#include "state.hpp"
+
+namespace nb = nanobind;
+
+namespace devbridge::python {
+namespace {
+
+int ring_buffer_get(PyObject* self, Py_buffer* view, int flags) {
+  RingBuffer* buffer = nb::inst_ptr<RingBuffer>(self);
+  try {
+    // Count first, then check for close: a concurrent close() then either
+    // sees this export and defers, or this call sees the close and backs out.
+    auto guard = std::make_unique<ExportGuard>(buffer->state);
+    std::span<std::byte> bytes = buffer->state->open().host_bytes(buffer->range);
+    if (PyBuffer_FillInfo(view, self, bytes.data(), static_cast<Py_ssize_t>(bytes.size()), /*readonly=*/0, flags) != 0)
+      return -1;
+    view->internal = guard.release();  // owned by the export until ring_buffer_release
+    return 0;
+  } catch (const std::exception& error) {
+    set_python_error(error);
+    return -1;
+  }
+}
+
+void ring_buffer_release(PyObject*, Py_buffer* view) {
+  delete static_cast<ExportGuard*>(view->internal);  // may finish a deferred close
+}
+
+PyType_Slot ring_buffer_slots[] = {
+    {Py_bf_getbuffer, reinterpret_cast<void*>(&ring_buffer_get)},
+    {Py_bf_releasebuffer, reinterpret_cast<void*>(&ring_buffer_release)},
+    {0, nullptr},
+};
+
+}  // namespace
+
+void bind_ring_buffer(nb::module_& m) {
+  nb::class_<RingBuffer>(m, "RingBuffer", nb::type_slots(ring_buffer_slots),
+                         "Writable buffer over one reserved range of the host ring (numpy.frombuffer, memoryview).")
+      .def_prop_ro("range", [](const RingBuffer& b) { return b.range; })
+      .def("__len__", [](const RingBuffer& b) { return b.range.len; })
+      .def("__repr__", [](const RingBuffer& b) {
+        return "RingBuffer(offset=" + std::to_string(b.range.offset) + ", len=" + std::to_string(b.range.len) + ")";
+      });
+}
+
+}  // namespace devbridge::python

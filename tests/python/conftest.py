@@ -1,0 +1,114 @@
+"""Shared fixtures of the devbridge Python suite.
+
+Backends: tests that can run on any real backend are parametrized over
+``host`` and ``cuda``. ``cuda`` runs only when DEVBRIDGE_TEST_BACKEND=cuda
+(the GPU check sets it); there it must work, so an unavailable CUDA backend
+fails the run instead of skipping it. Elsewhere the cuda cases are skipped
+with the reason. Fault-injection tests use the ``fake`` backend directly.
+
+Data: random, never constant (a zero-filled buffer cannot tell a copy that
+happened from one that did not). Each test's seed is printed on failure.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import secrets
+
+import numpy as np
+import pytest
+
+import devbridge
+
+REQUESTED_BACKEND = os.environ.get("DEVBRIDGE_TEST_BACKEND", "host").strip().lower() or "host"
+REAL_BACKENDS = ("host", "cuda")
+
+
+def _backend_available(name: str) -> tuple[bool, str]:
+    for entry in devbridge.list_backends():
+        if entry["name"] == name:
+            return entry["available"], entry["reason"]
+    return False, f"backend {name!r} is not in this build"
+
+
+def make_bridge(backend: str, **options) -> devbridge.Bridge:
+    """A bridge on `backend`; CUDA bridges share tinygrad's context so tinygrad can compute on their memory."""
+    if backend == "cuda":
+        options.setdefault("cuda_context", "tinygrad")
+    return devbridge.Bridge(backend=backend, **options)
+
+
+@pytest.fixture(params=REAL_BACKENDS)
+def backend_name(request) -> str:
+    name = request.param
+    if name == "cuda" and REQUESTED_BACKEND != "cuda":
+        pytest.skip("CUDA cases run with DEVBRIDGE_TEST_BACKEND=cuda on a machine with an NVIDIA GPU")
+    if name == "host" and REQUESTED_BACKEND not in ("host", "cuda"):
+        pytest.skip(f"DEVBRIDGE_TEST_BACKEND={REQUESTED_BACKEND}")
+    available, reason = _backend_available(name)
+    if not available:
+        if name == REQUESTED_BACKEND:
+            pytest.fail(f"DEVBRIDGE_TEST_BACKEND={name} but the backend is unavailable: {reason}")
+        pytest.skip(reason)
+    return name
+
+
+@pytest.fixture
+def bridge(backend_name):
+    b = make_bridge(backend_name)
+    yield b
+    gc.collect()  # end leases held by garbage (tinygrad buffers, numpy arrays) before closing
+    b.close()
+
+
+@pytest.fixture
+def fake_bridge():
+    b = devbridge.Bridge(backend="fake", ring_bytes=1 << 20)
+    yield b
+    gc.collect()
+    b.close()
+
+
+@pytest.fixture
+def rng(request) -> np.random.Generator:
+    seed = int(os.environ.get("DEVBRIDGE_TEST_SEED", secrets.randbits(32)))
+    request.node.user_properties.append(("seed", seed))
+    print(f"random seed {seed} (DEVBRIDGE_TEST_SEED={seed} reproduces)")
+    return np.random.default_rng(seed)
+
+
+def random_array(rng: np.random.Generator, shape, dtype="float32") -> np.ndarray:
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        return rng.standard_normal(shape).astype(dtype)
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
+
+
+def upload(b: devbridge.Bridge, handle, data: np.ndarray, offset: int = 0, mode: str = "async"):
+    """Reserves a ring range, fills it with `data`, copies it to the device, waits, releases the range."""
+    r = b.ring.reserve(data.nbytes)
+    b.ring.ndarray(r, data.dtype)[:] = data.ravel()
+    event = b.host_to_device(r, handle, offset, mode=mode)
+    assert b.wait(event) == "completed"
+    b.ring.release(r)
+    return event
+
+
+def download(b: devbridge.Bridge, handle, nbytes: int, dtype="uint8", offset: int = 0, mode: str = "async") -> np.ndarray:
+    """Copies `nbytes` from the device into a fresh ring range and returns a copy of them."""
+    r = b.ring.reserve(nbytes)
+    b.ring.ndarray(r, "uint8")[:] = 0x5A  # a pattern the device data will not match by chance
+    event = b.device_to_host(handle, r, offset, mode=mode)
+    assert b.wait(event) == "completed"
+    assert b.host_bytes_valid(event)
+    out = b.ring.ndarray(r, dtype).copy()
+    b.ring.release(r)
+    return out
+
+
+def collect() -> None:
+    """Runs the garbage collector until tinygrad's weak references settle."""
+    for _ in range(3):
+        gc.collect()

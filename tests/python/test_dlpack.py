@@ -1,0 +1,168 @@
+"""DLPack export of views: numpy.from_dlpack is zero-copy, the deleter ends the lease, stream rules."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+
+import numpy as np
+import pytest
+
+import devbridge
+from conftest import download, random_array, upload
+
+F32 = devbridge.ObjectSpec(max_extent=1 << 20, alignment=64, dtype="float32")
+
+
+@pytest.fixture(params=["host", "fake"])
+def cpu_bridge(request):
+    """Backends whose views are host memory numpy can read."""
+    b = devbridge.Bridge(backend=request.param, ring_bytes=1 << 20)
+    if request.param == "fake":
+        b.fake.set_auto_complete(True)  # these tests are about views, not completions
+    yield b
+    gc.collect()
+    b.close()
+
+
+def test_from_dlpack_is_zero_copy(cpu_bridge, rng):
+    b = cpu_bridge
+    x = random_array(rng, (32, 16), "float32")
+    h = b.alloc(F32, x.nbytes)
+    upload(b, h, x)
+    with b.view(h, "float32", x.shape) as view:
+        assert view.__dlpack_device__() == (1, 0)
+        arr = np.from_dlpack(view)
+        assert arr.__array_interface__["data"][0] == view.ptr
+        assert arr.shape == x.shape and arr.dtype == np.float32
+        np.testing.assert_array_equal(arr, x)
+        # Same memory both ways: a write through numpy is what the device holds.
+        y = random_array(rng, x.shape, "float32")
+        arr[...] = y
+        np.testing.assert_array_equal(download(b, h, x.nbytes, "float32").reshape(x.shape), y)
+        # And a second export aliases the first.
+        assert np.shares_memory(arr, np.from_dlpack(view))
+    del arr
+    gc.collect()
+    b.free(h)
+
+
+def test_strided_and_offset_views_export_their_layout(cpu_bridge, rng):
+    b = cpu_bridge
+    x = random_array(rng, (16, 16), "float32")
+    h = b.alloc(F32, x.nbytes)
+    upload(b, h, x)
+    # Every other column of rows 1.., starting one row in.
+    with b.view(h, "float32", (15, 8), strides=(16, 2), offset=16 * 4) as view:
+        arr = np.from_dlpack(view)
+        assert arr.strides == (16 * 4, 2 * 4)
+        np.testing.assert_array_equal(arr, x[1:, ::2])
+    del arr
+    gc.collect()
+    b.free(h)
+
+
+def test_the_deleter_ends_the_lease(cpu_bridge):
+    b = cpu_bridge
+    h = b.alloc(F32, 4096)
+    view = b.view(h, "float32", 1024)
+    arr = np.from_dlpack(view)
+    assert b.stats()["live_views"] == 2
+    view.close()
+    assert b.stats()["live_views"] == 1
+    with pytest.raises(devbridge.AllocationStillInUse):
+        b.free(h)  # numpy still reads it
+    del arr
+    gc.collect()
+    assert b.stats()["live_views"] == 0
+    b.free(h)
+
+
+def test_an_unconsumed_capsule_ends_its_lease(cpu_bridge):
+    b = cpu_bridge
+    h = b.alloc(F32, 4096)
+    with b.view(h, "float32", 1024) as view:
+        capsule = view.__dlpack__()
+        assert type(capsule).__name__ == "PyCapsule"
+        assert b.stats()["live_views"] == 2
+        del capsule
+        gc.collect()
+        assert b.stats()["live_views"] == 1
+    b.free(h)
+
+
+def capsule_name(capsule) -> str:
+    get_name = ctypes.pythonapi.PyCapsule_GetName
+    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+    return get_name(capsule).decode()
+
+
+def test_capsule_abi_follows_max_version(cpu_bridge):
+    b = cpu_bridge
+    h = b.alloc(F32, 4096)
+    with b.view(h, "float32", 1024) as view:
+        assert capsule_name(view.__dlpack__()) == "dltensor"  # a consumer that names no version
+        assert capsule_name(view.__dlpack__(max_version=(0, 8))) == "dltensor"
+        assert capsule_name(view.__dlpack__(max_version=(1, 0))) == "dltensor_versioned"
+        assert capsule_name(view.__dlpack__(max_version=(1, 3))) == "dltensor_versioned"
+        # numpy asks for the versioned ABI, whose flags say the memory is writable.
+        assert np.from_dlpack(view).flags.writeable
+    gc.collect()
+    assert b.stats()["live_views"] == 0
+    b.free(h)
+
+
+def test_stream_and_device_arguments_follow_the_spec(cpu_bridge):
+    b = cpu_bridge
+    h = b.alloc(F32, 4096)
+    with b.view(h, "float32", 1024) as view:
+        for ok in ({}, {"stream": None}, {"stream": -1}, {"max_version": (1, 0)}, {"max_version": (0, 8)},
+                   {"dl_device": (1, 0)}, {"copy": False}, {"copy": None}):
+            capsule = view.__dlpack__(**ok)
+            del capsule
+        for stream in (0, 1, 2, 12345):
+            with pytest.raises(BufferError):
+                view.__dlpack__(stream=stream)  # host memory has no stream
+        with pytest.raises(BufferError):
+            view.__dlpack__(dl_device=(2, 0))
+        with pytest.raises(BufferError):
+            view.__dlpack__(copy=True)
+        arr = np.from_dlpack(view, device="cpu")
+        assert arr.size == 1024
+        del arr
+    gc.collect()
+    assert b.stats()["live_views"] == 0
+    b.free(h)
+
+
+def test_closed_and_stale_views_do_not_export(cpu_bridge):
+    b = cpu_bridge
+    h = b.alloc(F32, 4096)
+    view = b.view(h, "float32", 1024)
+    view.close()
+    with pytest.raises(devbridge.Closed):
+        view.__dlpack__()
+    view = b.view(h, "float32", 1024)
+    b.restart(b.generation + 1)
+    with pytest.raises(devbridge.OldGenerationHandle):
+        np.from_dlpack(view)
+    view.close()
+
+
+def test_dtypes_export_with_the_right_codes(cpu_bridge, rng):
+    b = cpu_bridge
+    for dtype in ("int8", "int32", "uint16", "uint64", "float16", "float64", "bool"):
+        spec = devbridge.ObjectSpec(1 << 16, 64, dtype)
+        h = b.alloc(spec, 1024)
+        raw = random_array(rng, 1024, "uint8")
+        if dtype == "bool":
+            raw = (raw & 1).astype(np.uint8)
+        upload(b, h, raw)
+        n = 1024 // np.dtype(dtype).itemsize
+        with b.view(h, dtype, n) as view:
+            arr = np.from_dlpack(view)
+            assert arr.dtype == np.dtype(dtype)
+            np.testing.assert_array_equal(arr.view(np.uint8), raw)
+            del arr
+        gc.collect()
+        b.free(h)

@@ -1,0 +1,184 @@
+"""tinygrad computes directly on the bridge's memory: view().to_tinygrad()."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import devbridge
+from conftest import collect, download, random_array
+
+tinygrad = pytest.importorskip("tinygrad")
+from tinygrad import Tensor  # noqa: E402
+
+F32 = devbridge.ObjectSpec(max_extent=64 << 20, alignment=256, dtype="float32")
+
+
+def expected_device(backend_name: str) -> str:
+    return "CPU" if backend_name == "host" else "CUDA"
+
+
+def test_tinygrad_computes_on_uploaded_data(bridge, backend_name, rng):
+    a = random_array(rng, (64, 48), "float32")
+    w = random_array(rng, (48, 32), "float32")
+    ha, hw = bridge.alloc(F32, a.nbytes), bridge.alloc(F32, w.nbytes)
+    ra, rw = bridge.ring.reserve(a.nbytes), bridge.ring.reserve(w.nbytes)
+    bridge.ring.ndarray(ra, "float32")[:] = a.ravel()
+    bridge.ring.ndarray(rw, "float32")[:] = w.ravel()
+    ea, ew = bridge.host_to_device(ra, ha), bridge.host_to_device(rw, hw)  # async, in flight
+
+    with bridge.view(ha, "float32", a.shape) as va, bridge.view(hw, "float32", w.shape) as vw:
+        assert bridge.copy_status(ea) == "completed" and bridge.copy_status(ew) == "completed"
+        ta, tw = va.to_tinygrad(), vw.to_tinygrad()
+        assert ta.shape == a.shape and ta.dtype == tinygrad.dtypes.float32
+        assert ta.device == expected_device(backend_name)
+
+        total = (ta * 2 + 1).sum().item()
+        np.testing.assert_allclose(total, float((a.astype(np.float64) * 2 + 1).sum()), rtol=1e-4)
+        product = (ta @ tw).numpy()
+        np.testing.assert_allclose(product, a @ w, rtol=1e-4, atol=1e-4)
+
+    bridge.ring.release(ra)
+    bridge.ring.release(rw)
+    # Download the operands back: tinygrad read them without moving them.
+    np.testing.assert_array_equal(download(bridge, ha, a.nbytes, "float32").reshape(a.shape), a)
+    del ta, tw
+    collect()
+    bridge.free(ha)
+    bridge.free(hw)
+
+
+def test_handoff_is_zero_copy(bridge, rng):
+    first = random_array(rng, 1024, "float32")
+    h = bridge.alloc(F32, first.nbytes)
+    r = bridge.ring.reserve(first.nbytes)
+    bridge.ring.ndarray(r, "float32")[:] = first
+    bridge.wait(bridge.host_to_device(r, h))
+    with bridge.view(h, "float32", 1024) as view:
+        t = view.to_tinygrad()
+        np.testing.assert_allclose((t + 0).numpy(), first)
+        # New bytes land in the same memory; the same tensor sees them.
+        second = random_array(rng, 1024, "float32")
+        bridge.ring.ndarray(r, "float32")[:] = second
+        bridge.wait(bridge.host_to_device(r, h, mode="sync"))
+        np.testing.assert_allclose((t + 0).numpy(), second)
+    bridge.ring.release(r)
+    del t
+    collect()
+
+
+def test_write_through_tinygrad_is_seen_by_a_download(bridge, rng):
+    x = random_array(rng, (32, 32), "float32")
+    h = bridge.alloc(F32, x.nbytes)
+    r = bridge.ring.reserve(x.nbytes)
+    bridge.ring.ndarray(r, "float32")[:] = x.ravel()
+    bridge.wait(bridge.host_to_device(r, h))
+    bridge.ring.release(r)
+    with bridge.view(h, "float32", x.shape) as view:
+        t = view.to_tinygrad()
+        t.assign(t * 3 + 1).realize()
+        devbridge.tinygrad_synchronize(t)
+    back = download(bridge, h, x.nbytes, "float32").reshape(x.shape)
+    np.testing.assert_allclose(back, x * 3 + 1, rtol=1e-5, atol=1e-6)  # tinygrad may fuse to an FMA
+    del t
+    collect()
+
+
+def test_tensor_keeps_its_own_lease(bridge, rng):
+    x = random_array(rng, 256, "float32")
+    h = bridge.alloc(F32, x.nbytes)
+    r = bridge.ring.reserve(x.nbytes)
+    bridge.ring.ndarray(r, "float32")[:] = x
+    bridge.wait(bridge.host_to_device(r, h))
+    bridge.ring.release(r)
+    view = bridge.view(h, "float32", 256)
+    t = view.to_tinygrad()
+    view.close()  # the tensor's lease is its own
+    with pytest.raises(devbridge.AllocationStillInUse):
+        bridge.free(h)
+    lazy = t * 2  # not realized: it still reads the bridge's memory
+    del t
+    collect()
+    with pytest.raises(devbridge.AllocationStillInUse):
+        bridge.free(h)
+    np.testing.assert_allclose(lazy.numpy(), x * 2)
+    del lazy
+    collect()
+    assert bridge.stats()["live_views"] == 0
+    bridge.free(h)
+
+
+def test_to_tinygrad_waits_for_uploads_in_flight(rng):
+    with devbridge.Bridge(backend="fake") as b:
+        x = random_array(rng, 1024, "float32")
+        h = b.alloc(F32, x.nbytes)
+        r = b.ring.reserve(x.nbytes)
+        b.ring.ndarray(r, "float32")[:] = x
+        view = b.view(h, "float32", 1024)  # before the upload: nothing in flight yet
+        event = b.host_to_device(r, h)
+        seen = {}
+
+        def hand_off():
+            t = view.to_tinygrad()
+            seen["status_at_handoff"] = b.copy_status(event)
+            seen["values"] = t.numpy()
+
+        worker = threading.Thread(target=hand_off)
+        worker.start()
+        assert b.fake.complete(event)
+        worker.join(timeout=300)
+        assert not worker.is_alive()
+        assert seen["status_at_handoff"] == "completed"
+        np.testing.assert_array_equal(seen["values"], x)
+        view.close()
+        collect()
+
+
+def test_non_contiguous_views_are_refused_clearly(bridge):
+    h = bridge.alloc(F32, 4096)
+    with bridge.view(h, "float32", (16, 16), strides=(64, 2)) as view:
+        with pytest.raises(devbridge.Unsupported, match="contiguous"):
+            view.to_tinygrad()
+    view.close()
+    with pytest.raises(devbridge.Closed):
+        view.to_tinygrad()
+    bridge.free(h)
+
+
+def test_views_from_before_a_restart_are_refused(bridge):
+    h = bridge.alloc(F32, 4096)
+    view = bridge.view(h, "float32", 1024)
+    bridge.restart(bridge.generation + 1)
+    with pytest.raises(devbridge.OldGenerationHandle):
+        view.to_tinygrad()
+    with pytest.raises(devbridge.OldGenerationHandle):
+        view.ptr
+    view.close()  # ends harmlessly
+
+
+@pytest.mark.parametrize("dtype", ["float16", "int32", "uint8", "bfloat16"])
+def test_other_dtypes(bridge, backend_name, rng, dtype):
+    spec = devbridge.ObjectSpec(1 << 20, 64, dtype)
+    if dtype == "bfloat16":
+        bits = rng.integers(0x3F00, 0x4000, size=256, dtype=np.uint16)  # finite values in [0.5, 2)
+        raw = bits.view(np.uint8)
+    else:
+        raw = random_array(rng, 256, dtype).view(np.uint8)
+    h = bridge.alloc(spec, raw.nbytes)
+    r = bridge.ring.reserve(raw.nbytes)
+    bridge.ring.ndarray(r, "uint8")[:] = raw
+    bridge.wait(bridge.host_to_device(r, h))
+    bridge.ring.release(r)
+    with bridge.view(h, dtype, 256) as view:
+        t = view.to_tinygrad()
+        if dtype == "bfloat16":
+            # Compare the bits: clang < 17 (tinygrad's CPU compiler here) has no
+            # bfloat16 arithmetic, and the point is the hand-off, not the math.
+            assert t.dtype == tinygrad.dtypes.bfloat16
+            np.testing.assert_array_equal(t.bitcast(tinygrad.dtypes.uint16).numpy(), bits)
+        else:
+            np.testing.assert_array_equal(t.numpy(), raw.view(dtype))
+    del t
+    collect()
