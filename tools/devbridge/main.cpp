@@ -100,9 +100,9 @@ void print_stream_summary(std::FILE* out, const devbridge::cli::StreamPlan& plan
   if (!r.device_string.empty()) device += fmt::format(" ({})", r.device_string);
   fmt::print(out, "devbridge stream: verified\n");
   fmt::print(out, "  backend      {}{}\n", r.backend, device.empty() ? "" : ", " + device);
-  fmt::print(out, "  data         {} in {} chunks of {}, {} in flight, ring {} (wrapped {} times)\n",
-             format_bytes(r.bytes), r.chunks, format_bytes(r.chunk_bytes), plan.slots, format_bytes(r.ring_bytes),
-             r.ring_wraps);
+  fmt::print(out, "  data         {} in {} chunk{} of {}, {} in flight, ring {} (wrapped {} time{})\n",
+             format_bytes(r.bytes), r.chunks, r.chunks == 1 ? "" : "s", format_bytes(r.chunk_bytes), plan.slots,
+             format_bytes(r.ring_bytes), r.ring_wraps, r.ring_wraps == 1 ? "" : "s");
   fmt::print(out, "  time         {:.3f} s\n", r.seconds);
   fmt::print(out, "  upload       {:.2f} GB/s  (busy {:.3f} s)\n", r.upload_gbps, r.upload_busy_seconds);
   fmt::print(out, "  download     {:.2f} GB/s  (busy {:.3f} s)\n", r.download_gbps, r.download_busy_seconds);
