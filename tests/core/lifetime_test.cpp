@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <functional>
+#include <thread>
 
 #include "support.hpp"
 
@@ -124,6 +127,57 @@ TEST_F(LifetimeTest, CancelledCopyMovesNoBytes) {
   EXPECT_EQ(host_contents(out), before);
   bridge->poll();
   EXPECT_EQ(bridge->stats().stale_completions, 0u);  // the fake drops cancelled copies
+}
+
+// Restart in the middle of in-flight work that other threads are blocked on:
+// each waiter wakes with OldGenerationHandle instead of hanging.
+TEST_F(LifetimeTest, RestartWakesEveryBlockedWaiter) {
+  BridgeOptions options = default_options();
+  options.inflight_budget_bytes = 256;
+  rebuild(options);
+  const DeviceHandle h = bridge->alloc_device(bytes_spec(), 512);
+  const HostRange a = filled_range(256, 56);
+  const HostRange b = filled_range(256, 57);
+  const CopyEvent e = bridge->host_to_device(a, DeviceRange{h, 0, 256}, CopyMode::Async);  // fills the budget
+  std::atomic<int> woke{0};
+  auto expect_old_generation = [&](const std::function<void()>& blocked) {
+    return std::thread([&, blocked] {
+      EXPECT_DEVBRIDGE_ERROR(ErrorKind::OldGenerationHandle, blocked());
+      ++woke;
+    });
+  };
+  std::vector<std::thread> waiters;
+  waiters.push_back(expect_old_generation([&] { bridge->wait(e); }));
+  waiters.push_back(expect_old_generation(
+      [&] { bridge->view(h, ViewSpec{DType::UInt8, {512}, std::nullopt, 0}, ViewWait::Wait); }));
+  waiters.push_back(expect_old_generation([&] {
+    bridge->host_to_device(b, DeviceRange{h, 256, 256}, CopyMode::Async, Admission{std::chrono::hours(1)});
+  }));
+  // No timing assumption: whether a waiter blocks before or after the
+  // restart, its handle or event is old by the time it looks again.
+  bridge->restart(2);
+  for (auto& t : waiters) t.join();
+  EXPECT_EQ(woke.load(), 3);
+  EXPECT_EQ(fake->live_allocations(), 0u);
+  EXPECT_EQ(bridge->stats().copies_in_flight, 0u);
+}
+
+TEST_F(LifetimeTest, CloseWakesABlockedWaiterWithClosed) {
+  const DeviceHandle h = bridge->alloc_device(bytes_spec(), 64);
+  const HostRange a = filled_range(64, 58);
+  const CopyEvent e = bridge->host_to_device(a, DeviceRange{h, 0, 64}, CopyMode::Async);
+  std::thread waiter([&] {
+    try {
+      bridge->wait(e);
+      ADD_FAILURE() << "wait returned on a closed bridge";
+    } catch (const Error& error) {
+      // Closed when it looks after close(); OldGeneration cannot happen here.
+      EXPECT_EQ(error.kind(), ErrorKind::Closed) << error.what();
+    }
+  });
+  bridge->close();
+  waiter.join();
+  EXPECT_EQ(fake->live_allocations(), 0u);
 }
 
 TEST_F(LifetimeTest, NewGenerationWorksAfterRestart) {
