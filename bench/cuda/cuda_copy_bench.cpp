@@ -292,6 +292,8 @@ std::string json_escape(const std::string& text) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Line by line even into a pipe, so a run cut short still shows its progress.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const Options options = parse(argc, argv);
   const cuda::Probe probe = cuda::probe();
   if (!probe.available) {
@@ -330,7 +332,9 @@ int main(int argc, char** argv) {
                            *std::max_element(raw_rates.begin(), raw_rates.end())});
       }
       bench.release(slots);
+      std::printf("  %3llu MiB chunks measured\n", static_cast<unsigned long long>(chunk_mib));
     }
+    std::printf("\n");
 
     std::printf("| chunk | direction | bridge GB/s | raw cuMemcpyAsync GB/s | bridge / raw |\n");
     std::printf("|------:|-----------|------------:|-----------------------:|-------------:|\n");
