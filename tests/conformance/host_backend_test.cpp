@@ -266,6 +266,80 @@ TEST(HostBackend, SyncCopiesOrderAfterEarlierAsyncCopiesOfTheirBytes) {
   backend->free_host(block);
 }
 
+// A small async copy on an idle engine runs at once on the caller: its
+// completion is there to drain as soon as submit returns.
+TEST(HostBackend, SmallCopyOnAnIdleEngineCompletesAtSubmit) {
+  auto backend = host::make_host_backend();
+  const auto device = backend->allocate(4096, 64);
+  const auto block = backend->allocate_host(4096);
+  const auto data = random_bytes(4096, 6);
+  std::memcpy(block.data, data.data(), data.size());
+  backend->submit_copy(copy(CopyDirection::HostToDevice, CopyMode::Async, 1, block.data, device, 0, 4096));
+  std::vector<Completion> out;
+  backend->drain_completions(out);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].event.id, 1u);
+  EXPECT_EQ(std::memcmp(at(device), data.data(), 4096), 0);
+  backend->free(device);
+  backend->free_host(block);
+}
+
+// ...but never ahead of queued work it must follow: behind a copy in its own
+// direction, or behind a copy of the other direction that touches its bytes.
+TEST(HostBackend, SmallCopiesNeverOvertakeQueuedWork) {
+  auto backend = host::make_host_backend();
+  constexpr std::uint64_t kBig = 32 << 20;
+  constexpr std::uint64_t kSmall = 4096;
+  const auto device = backend->allocate(kBig, 64);
+  const auto block = backend->allocate_host(2 * kBig + kSmall);
+  std::byte* big_in = block.data;
+  std::byte* big_out = block.data + kBig;
+  std::byte* small_in = block.data + 2 * kBig;
+  const auto old_bytes = random_bytes(kBig, 7);
+  const auto new_bytes = random_bytes(kSmall, 8);
+  std::memcpy(big_in, old_bytes.data(), kBig);
+  std::memcpy(small_in, new_bytes.data(), kSmall);
+
+  // Same direction: the small upload completes after the big one.
+  backend->submit_copy(copy(CopyDirection::HostToDevice, CopyMode::Async, 1, big_in, device, 0, kBig));
+  backend->submit_copy(copy(CopyDirection::HostToDevice, CopyMode::Async, 2, small_in, device, 0, kSmall));
+  auto completions = drain(*backend, 2);
+  EXPECT_EQ(completions[0].event.id, 1u);
+  EXPECT_EQ(completions[1].event.id, 2u);
+  EXPECT_EQ(std::memcmp(at(device), new_bytes.data(), kSmall), 0) << "the later small upload must land last";
+
+  // Other direction, same bytes: a small upload into the tail of a big
+  // download's range waits for the download (which reaches the tail last).
+  std::memcpy(at(device), old_bytes.data(), kBig);
+  backend->submit_copy(copy(CopyDirection::DeviceToHost, CopyMode::Async, 3, big_out, device, 0, kBig));
+  backend->submit_copy(
+      copy(CopyDirection::HostToDevice, CopyMode::Async, 4, small_in, device, kBig - kSmall, kSmall));
+  drain(*backend, 2);
+  EXPECT_EQ(std::memcmp(big_out, old_bytes.data(), kBig), 0) << "a small upload overtook the download of its bytes";
+  EXPECT_EQ(std::memcmp(at(device, kBig - kSmall), new_bytes.data(), kSmall), 0);
+  backend->free(device);
+  backend->free_host(block);
+}
+
+// With inline copies off, every async copy goes through the engine threads.
+TEST(HostBackend, EngineOnlyModeStillCompletesSmallCopies) {
+  auto backend = host::make_host_backend(host::Options{.inline_async_max_bytes = 0});
+  const auto device = backend->allocate(4096, 64);
+  const auto block = backend->allocate_host(4096);
+  const auto data = random_bytes(4096, 9);
+  std::memcpy(block.data, data.data(), data.size());
+  for (std::uint64_t id = 1; id <= 100; ++id) {
+    backend->submit_copy(copy(CopyDirection::HostToDevice, CopyMode::Async, id, block.data, device, 0, 4096));
+    const auto completions = drain(*backend, 1);
+    ASSERT_EQ(completions.size(), 1u);
+    EXPECT_EQ(completions[0].event.id, id);
+  }
+  EXPECT_EQ(std::memcmp(at(device), data.data(), 4096), 0);
+  EXPECT_EQ(backend->describe().notes.find("run on the caller"), std::string::npos);
+  backend->free(device);
+  backend->free_host(block);
+}
+
 TEST(HostBackend, AxpyWaitsForTheUploadIntoX) {
   auto backend = host::make_host_backend();
   constexpr std::uint64_t kCount = 4 << 20;

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstring>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <system_error>
 
@@ -56,6 +57,16 @@ int lane_of(CopyDirection direction) noexcept { return direction == CopyDirectio
 
 }  // namespace
 
+void copy_bytes(const CopyRequest& request) noexcept {
+  std::byte* device = reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(request.device.address)) +
+                      request.device_offset;
+  if (request.direction == CopyDirection::HostToDevice) {
+    std::memcpy(device, request.host, request.len);
+  } else {
+    std::memcpy(request.host, device, request.len);
+  }
+}
+
 Access access_of(const CopyRequest& request) noexcept {
   const auto host = reinterpret_cast<std::uintptr_t>(request.host);
   const auto device = static_cast<std::uintptr_t>(request.device.address + request.device_offset);
@@ -65,7 +76,7 @@ Access access_of(const CopyRequest& request) noexcept {
   return Access{device_span, host_span};
 }
 
-CopyEngine::CopyEngine() {
+CopyEngine::CopyEngine(std::uint64_t inline_max_bytes) : inline_max_bytes_(inline_max_bytes) {
   static constexpr const char* kThreadNames[kLanes] = {"devbridge-h2d", "devbridge-d2h"};
   for (int lane = 0; lane < kLanes; ++lane) {
     try {
@@ -135,6 +146,13 @@ void CopyEngine::submit(const CopyRequest& request) {
     // Same-lane order is the queue order; only the other lane needs an
     // explicit dependency.
     item.after_other_lane = last_conflict(other, item.access);
+    if (request.len <= inline_max_bytes_ && mine.queue.empty() && item.after_other_lane == 0 && !held_.load()) {
+      // Nothing may run before it, and the lock keeps anything submitted
+      // after it from starting (or completing) first.
+      copy_bytes(request);
+      post_completion(request.event);
+      return;
+    }
     mine.queue.push_back(item);
     ++mine.next_seq;
     mine.submitted.store(item.seq);
@@ -159,37 +177,33 @@ void CopyEngine::wait_for_conflicts(const Access& access) {
 
 void CopyEngine::run_lane(int lane) {
   Lane& mine = lanes_[lane];
+  std::optional<QueuedCopy> next;  // taken from the queue with the previous pop
   for (;;) {
-    // `submitted` is read before `held_`: a test that holds and then submits
-    // is then guaranteed to be seen holding.
-    spin_then_sleep(kEngineIdleSpin, [&] {
-      return stopping_.load() || (mine.submitted.load() > mine.finished.load() && !held_.load());
-    });
-    if (stopping_.load()) return;
-
-    QueuedCopy item;
-    {
+    if (!next) {
+      // `submitted` is read before `held_`: a test that holds and then
+      // submits is then guaranteed to be seen holding.
+      spin_then_sleep(kEngineIdleSpin, [&] {
+        return stopping_.load() || (mine.submitted.load() > mine.finished.load() && !held_.load());
+      });
+      if (stopping_.load()) return;
       std::lock_guard lock(mutex_);
-      item = mine.queue.front();
+      next = mine.queue.front();
     }
+    const QueuedCopy item = *next;
+    next.reset();
     wait_finished(1 - lane, item.after_other_lane);
     if (stopping_.load()) return;
 
-    const CopyRequest& r = item.request;
-    std::byte* device = reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(r.device.address)) + r.device_offset;
-    if (r.direction == CopyDirection::HostToDevice) {
-      std::memcpy(device, r.host, r.len);
-    } else {
-      std::memcpy(r.host, device, r.len);
-    }
-
+    copy_bytes(item.request);
     // Posted before the copy counts as finished, so whoever sees it finished
     // (quiesce above all) can already drain its completion.
-    post_completion(r.event);
+    post_completion(item.request.event);
     {
+      // One lock per copy while busy: pop this one and take the next.
       std::lock_guard lock(mutex_);
       mine.queue.pop_front();
       mine.finished.store(item.seq);
+      if (!mine.queue.empty() && !held_.load()) next = mine.queue.front();
     }
     notify_progress();
   }

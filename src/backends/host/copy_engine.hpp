@@ -49,17 +49,23 @@ struct Access {
 // The bytes a copy reads and writes.
 Access access_of(const CopyRequest& request) noexcept;
 
+// Moves a copy's bytes (device memory is host memory here).
+void copy_bytes(const CopyRequest& request) noexcept;
+
 class CopyEngine {
  public:
   // Starts both engine threads; throws Error(Unavailable) if it cannot.
-  CopyEngine();
+  // Async copies up to `inline_max_bytes` may run on the submitting thread
+  // (see host::Options).
+  explicit CopyEngine(std::uint64_t inline_max_bytes);
   // Stops the threads after the copy each is running; copies not started are
   // dropped (their memory may already be gone), never run late.
   ~CopyEngine();
   CopyEngine(const CopyEngine&) = delete;
   CopyEngine& operator=(const CopyEngine&) = delete;
 
-  // Queues an async copy; its completion is posted when it has run.
+  // Queues an async copy, or runs a small one at once when nothing queued
+  // must go first; either way its completion is posted when it has run.
   void submit(const CopyRequest& request);
   // Waits until every earlier queued copy that conflicts with `access` has
   // finished. Afterwards the caller may touch those bytes on its own thread
@@ -111,6 +117,7 @@ class CopyEngine {
   template <class Ready>
   void spin_then_sleep(std::chrono::nanoseconds spin, Ready ready);
 
+  const std::uint64_t inline_max_bytes_;
   alignas(kCacheLine) std::mutex mutex_;  // guards the lane queues and next_seq
   std::condition_variable progress_cv_;
   std::atomic<int> progress_sleepers_{0};

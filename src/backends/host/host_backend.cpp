@@ -65,7 +65,11 @@ bool fits(std::uint64_t offset, std::uint64_t len, std::uint64_t bytes) noexcept
 
 class HostBackend final : public Backend {
  public:
-  HostBackend() : cpu_name_(detail::cpu_model_name()), page_size_(system_page_size()) {}
+  explicit HostBackend(const Options& options)
+      : cpu_name_(detail::cpu_model_name()),
+        page_size_(system_page_size()),
+        inline_async_max_bytes_(options.inline_async_max_bytes),
+        engine_(options.inline_async_max_bytes) {}
 
   ~HostBackend() override {
     engine_.stop();
@@ -94,6 +98,10 @@ class HostBackend final : public Backend {
       ring_note = host_blocks_.empty() ? "no host ring allocated yet" : ring_note_;
     }
     info.notes = ring_note + "; copy engine: one thread per direction (H2D, D2H)";
+    if (inline_async_max_bytes_ > 0) {
+      info.notes += fmt::format(", async copies up to {} run on the caller while their engine is idle",
+                                format_bytes(inline_async_max_bytes_));
+    }
     if (!memory.problem.empty()) info.notes += "; " + memory.problem;
     return info;
   }
@@ -214,12 +222,7 @@ class HostBackend final : public Backend {
     }
     // A sync copy runs here, after any earlier queued copy touching its bytes.
     engine_.wait_for_conflicts(detail::access_of(request));
-    std::byte* device = reinterpret_cast<std::byte*>(request.device.address) + request.device_offset;
-    if (request.direction == CopyDirection::HostToDevice) {
-      std::memcpy(device, request.host, request.len);
-    } else {
-      std::memcpy(request.host, device, request.len);
-    }
+    detail::copy_bytes(request);
   }
 
   void drain_completions(std::vector<Completion>& out) override { engine_.drain_completions(out); }
@@ -308,6 +311,7 @@ class HostBackend final : public Backend {
 
   const std::string cpu_name_;
   const std::size_t page_size_;
+  const std::uint64_t inline_async_max_bytes_;
 
   mutable std::mutex memory_mutex_;
   std::unordered_set<std::uintptr_t> allocations_;  // device allocations by address
@@ -329,7 +333,7 @@ const HostBackend& as_host(const Backend& backend, const char* what) {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_host_backend() { return std::make_unique<HostBackend>(); }
+std::unique_ptr<Backend> make_host_backend(const Options& options) { return std::make_unique<HostBackend>(options); }
 
 std::uint64_t live_allocations(const Backend& backend) {
   return as_host(backend, "host::live_allocations").live_allocations();
