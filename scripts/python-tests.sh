@@ -9,7 +9,8 @@
 #
 # DEVBRIDGE_TEST_BACKEND=cuda also runs the CUDA cases (a GPU machine); then
 # an unavailable CUDA backend fails the run instead of being skipped.
-# Extra arguments go to pytest.
+# --build-only builds and installs the module and stops (for `make bench`).
+# Other arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,10 +29,15 @@ if ! "$python" -m pip install --no-build-isolation --no-deps --disable-pip-versi
   exit 1
 fi
 
+if [ "${1:-}" = "--build-only" ]; then
+  echo "python-tests: devbridge installed in .venv"
+  exit 0
+fi
+
 backend="${DEVBRIDGE_TEST_BACKEND:-host}"
 echo "python-tests: running tests/python (DEVBRIDGE_TEST_BACKEND=$backend)"
 status=0
-# Run from outside the source tree's python/ package: the installed module is what is tested.
+# The installed module is what is tested (python/ is not on sys.path).
 DEVBRIDGE_TEST_BACKEND="$backend" "$python" -m pytest tests/python -q -p no:cacheprovider "$@" || status=$?
 if [ "$status" -eq 5 ]; then
   echo "python-tests: pytest collected no tests; that is a failure" >&2

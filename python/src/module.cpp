@@ -800,8 +800,22 @@ void bind_module(nb::module_& m) {
           "restart",
           [](PyBridge& b, Generation generation) {
             Bridge& bridge = b.state->open();
-            nb::gil_scoped_release no_gil;
-            bridge.restart(generation);
+            // A restart frees the old generation's memory whatever leases
+            // exist; say so when Python still holds some (tinygrad tensors,
+            // DLPack arrays), since they must not be read afterwards.
+            BridgeStats before = bridge.stats();
+            {
+              nb::gil_scoped_release no_gil;
+              bridge.restart(generation);
+            }
+            if (before.live_views > 0) {
+              std::string warning = "devbridge: restart(" + std::to_string(generation) + ") freed generation " +
+                                     std::to_string(before.generation) + "'s memory under " +
+                                     std::to_string(before.live_views) +
+                                     " live view lease(s) (TensorViews, tinygrad tensors, DLPack arrays); "
+                                     "they must not be used any more";
+              if (PyErr_WarnEx(PyExc_RuntimeWarning, warning.c_str(), 1) != 0) throw nb::python_error();
+            }
           },
           "generation"_a,
           "Quiesce, free every allocation of the current generation, move to `generation` (> current).")

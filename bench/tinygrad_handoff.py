@@ -1,0 +1,152 @@
+#!/usr/bin/env python3
+"""Hand a buffer to tinygrad: devbridge's zero-copy view versus tinygrad's own copy.
+
+Both sides end with the same thing: a realized tinygrad tensor on the
+device, holding the data, ready to compute on.
+
+  hand-off  bridge.view(h, "float32", shape).to_tinygrad().realize()
+            (the data is already in the bridge's allocation: a worker's
+            uploads put it there; that copy is the bridge's job, measured by
+            the C++ benchmarks)
+  copy      tinygrad.Tensor(numpy_array, device=...).realize()
+
+Each timed call ends with the device synchronized, so queued work counts.
+The garbage collector is off while a sample runs (it may run between
+samples), so its pauses land on neither side; it is not forced between
+samples either, since that would empty tinygrad's caches, which a worker's
+steady loop keeps warm. Figures: median and best of --repeat samples;
+the ratio is of the medians. The target is a hand-off at least 100x faster
+at 64 MiB; a miss is reported, and fails the run only with --check.
+
+    .venv/bin/python bench/tinygrad_handoff.py [--mib 64] [--backend host|cuda] [--json out.json] [--check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+try:
+    import devbridge
+except ImportError:  # pragma: no cover - a message for `make bench` before `make test`
+    sys.exit("tinygrad_handoff: the devbridge module is not installed in this Python; "
+             "build it with 'bash scripts/python-tests.sh --build-only' (or 'make test')")
+
+try:
+    import tinygrad
+    from tinygrad import Device, Tensor
+except ImportError:  # pragma: no cover
+    sys.exit("tinygrad_handoff: tinygrad is not installed (pip install tinygrad)")
+
+TARGET_RATIO = 100.0
+
+
+def timed(fn, repeat: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        keep = fn()
+        del keep
+    samples = []
+    gc.collect()
+    for _ in range(repeat):
+        gc.disable()
+        try:
+            start = time.perf_counter()
+            keep = fn()
+            samples.append(time.perf_counter() - start)
+        finally:
+            gc.enable()
+        del keep
+    gc.collect()
+    return samples
+
+
+def describe(samples: list[float]) -> str:
+    return f"median {statistics.median(samples) * 1e3:9.3f} ms   best {min(samples) * 1e3:9.3f} ms"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mib", type=int, default=64, help="buffer size in MiB (float32)")
+    parser.add_argument("--backend", default="host", choices=["host", "cuda"])
+    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--check", action="store_true", help=f"exit 1 when the ratio is below {TARGET_RATIO:.0f}x")
+    args = parser.parse_args()
+
+    nbytes = args.mib << 20
+    count = nbytes // 4
+    side = int(round(count ** 0.5))
+    shape = (side, count // side) if side * (count // side) == count else (count,)
+    data = np.random.default_rng(20240229).standard_normal(shape, dtype=np.float32)
+
+    options = {"cuda_context": "tinygrad"} if args.backend == "cuda" else {}
+    bridge = devbridge.Bridge(backend=args.backend, ring_bytes=nbytes + (1 << 20), **options)
+    device_name = bridge.backend_info()["device_string"]
+    tinygrad_device = "CPU" if args.backend == "host" else "CUDA"
+    device = Device[tinygrad_device]
+
+    # The data lands in the bridge's allocation the way a worker's does.
+    handle = bridge.alloc(devbridge.ObjectSpec(nbytes, 4096, "float32"), nbytes)
+    ring_range = bridge.ring.reserve(nbytes, alignment=4096)
+    bridge.ring.ndarray(ring_range, "float32")[:] = data.ravel()
+    bridge.wait(bridge.host_to_device(ring_range, handle))
+    bridge.ring.release(ring_range)
+
+    def hand_off():
+        view = bridge.view(handle, "float32", shape)
+        tensor = view.to_tinygrad().realize()
+        device.synchronize()
+        view.close()  # the tensor keeps its own lease
+        return tensor
+
+    def copy():
+        tensor = Tensor(data, device=tinygrad_device).realize()
+        device.synchronize()
+        return tensor
+
+    # Like with like: both give a tensor equal to the data.
+    for make in (hand_off, copy):
+        tensor = make()
+        probe = tensor[:2].numpy() if len(shape) == 2 else tensor[:2048].numpy()
+        if not np.array_equal(probe, data[:2] if len(shape) == 2 else data[:2048]):
+            print(f"tinygrad_handoff: {make.__name__} produced different data", file=sys.stderr)
+            return 1
+        del tensor, probe
+
+    handoff_samples = timed(hand_off, args.repeat, args.warmup)
+    copy_samples = timed(copy, args.repeat, args.warmup)
+    ratio = statistics.median(copy_samples) / statistics.median(handoff_samples)
+
+    print(f"tinygrad {tinygrad.__version__ if hasattr(tinygrad, '__version__') else '?'}, numpy {np.__version__}, "
+          f"Python {platform.python_version()}; bridge backend {args.backend} ({device_name}), "
+          f"tinygrad device {tinygrad_device}")
+    print(f"buffer: {args.mib} MiB float32, shape {shape}; {args.repeat} samples after {args.warmup} warm-up")
+    print(f"  hand-off  view().to_tinygrad().realize()   {describe(handoff_samples)}")
+    print(f"  copy      Tensor(numpy_array).realize()    {describe(copy_samples)}"
+          f"   ({nbytes / statistics.median(copy_samples) / 1e9:.2f} GB/s)")
+    verdict = "met" if ratio >= TARGET_RATIO else "NOT met"
+    print(f"  ratio     {ratio:,.0f}x faster (median/median); target >= {TARGET_RATIO:.0f}x: {verdict}")
+
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({
+                "mib": args.mib, "shape": list(shape), "backend": args.backend, "tinygrad_device": tinygrad_device,
+                "handoff_s": handoff_samples, "copy_s": copy_samples, "ratio_median": ratio,
+                "target_ratio": TARGET_RATIO,
+            }, out, indent=2)
+
+    bridge.release(handle)  # freed once tinygrad lets go of every tensor over it
+    bridge.close()
+    return 1 if args.check and ratio < TARGET_RATIO else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
