@@ -141,28 +141,42 @@ enum class CopyDirection : std::uint8_t { HostToDevice, DeviceToHost };
 
 inline constexpr int kMaxRank = 8;
 
-// A fixed-capacity list of dimensions (sizes or element strides).
+// A fixed-capacity list of dimensions (sizes or element strides). Only the
+// first size() values are ever read or copied: views are built on hot paths,
+// and zero-filling unused capacity measurably slowed them.
 class Dims {
  public:
-  constexpr Dims() = default;
+  constexpr Dims() noexcept {}
   constexpr Dims(std::initializer_list<std::int64_t> values) {
     for (auto v : values) push_back(v);
   }
   explicit Dims(std::span<const std::int64_t> values);
+  constexpr Dims(const Dims& other) noexcept : rank_(other.rank_) {
+    for (int i = 0; i < rank_; ++i) values_[i] = other.values_[i];
+  }
+  constexpr Dims& operator=(const Dims& other) noexcept {
+    rank_ = other.rank_;
+    for (int i = 0; i < rank_; ++i) values_[i] = other.values_[i];
+    return *this;
+  }
 
   constexpr int size() const noexcept { return rank_; }
   constexpr bool empty() const noexcept { return rank_ == 0; }
   constexpr std::int64_t operator[](int i) const noexcept { return values_[i]; }
   constexpr std::int64_t& operator[](int i) noexcept { return values_[i]; }
-  constexpr const std::int64_t* data() const noexcept { return values_.data(); }
-  constexpr const std::int64_t* begin() const noexcept { return values_.data(); }
-  constexpr const std::int64_t* end() const noexcept { return values_.data() + rank_; }
+  constexpr const std::int64_t* data() const noexcept { return values_; }
+  constexpr const std::int64_t* begin() const noexcept { return values_; }
+  constexpr const std::int64_t* end() const noexcept { return values_ + rank_; }
   // Throws InvalidTensorView past kMaxRank.
-  void push_back(std::int64_t v);
+  void push_back(std::int64_t v) {
+    if (rank_ >= kMaxRank) throw_rank_exceeded();
+    values_[rank_++] = v;
+  }
   friend bool operator==(const Dims& a, const Dims& b) noexcept;
 
  private:
-  std::array<std::int64_t, kMaxRank> values_{};
+  [[noreturn]] static void throw_rank_exceeded();
+  std::int64_t values_[kMaxRank];
   int rank_ = 0;
 };
 

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "core/fail.hpp"
 #include "core/host_ring.hpp"
 #include "core/spin_lock.hpp"
 
@@ -113,13 +114,15 @@ struct CopySlot {
   bool in_use = false;
   CopyPhase phase = CopyPhase::Pending;
   CopyDirection direction = CopyDirection::HostToDevice;
-  CopyMode mode = CopyMode::Async;
   std::uint32_t allocation = 0;
-  detail::HostRing::Position ring_key = 0;
+  detail::HostRing::Key ring_key = 0;
   std::uint64_t bytes = 0;
-  ErrorKind error = ErrorKind::DeviceCopyFailed;
-  std::string message;
+  ErrorKind error = ErrorKind::DeviceCopyFailed;  // when phase == Failed; the message is in failure_messages_
 };
+
+// Sync copies need no record: their event is done when the call returns. Their
+// ids have this bit set, so they never collide with async ones.
+constexpr std::uint64_t kSyncEventBit = 1ull << 63;
 
 ErrorKind copy_failure_kind(CopyDirection direction) {
   return direction == CopyDirection::HostToDevice ? ErrorKind::DeviceCopyFailed : ErrorKind::OutputCopyFailed;
@@ -165,11 +168,14 @@ class BridgeCore {
   void check_usable() const {
     if (closed_) throw Error(ErrorKind::Closed, "the bridge is closed");
     if (broken_)
-      throw Error(ErrorKind::Broken, fmt::format("the bridge is broken ({}); restart it to recover", broken_reason_));
+      fail(ErrorKind::Broken, "the bridge is broken ({}); restart it to recover", broken_reason_);
   }
 
   // Entry of every call that touches state: waits out a restart in progress.
   void enter(std::unique_lock<SpinLock>& lock) {
+    if (__builtin_expect(restarting_ | closed_ | broken_, 0)) enter_slow(lock);
+  }
+  [[gnu::noinline]] void enter_slow(std::unique_lock<SpinLock>& lock) {
     while (restarting_) {
       ++waiters_;
       cv_.wait(lock);
@@ -193,37 +199,31 @@ class BridgeCore {
   // ---- handles ----
   void check_tag(std::uint64_t domain, Generation generation, const auto& describe_it) const {
     if (domain != domain_)
-      throw Error(ErrorKind::ForeignDomain,
-                  fmt::format("{} belongs to domain {}, this bridge is domain {}", describe_it(), domain, domain_));
+      fail(ErrorKind::ForeignDomain, "{} belongs to domain {}, this bridge is domain {}", describe_it(), domain, domain_);
     if (generation < generation_)
-      throw Error(ErrorKind::OldGenerationHandle,
-                  fmt::format("{} is from generation {}, the bridge is at generation {}", describe_it(), generation,
-                              generation_));
+      fail(ErrorKind::OldGenerationHandle, "{} is from generation {}, the bridge is at generation {}", describe_it(), generation,
+                              generation_);
     if (generation > generation_)
-      throw Error(ErrorKind::UnknownDeviceHandle,
-                  fmt::format("{} names generation {}, newer than the bridge's {}", describe_it(), generation,
-                              generation_));
+      fail(ErrorKind::UnknownDeviceHandle, "{} names generation {}, newer than the bridge's {}", describe_it(), generation,
+                              generation_);
   }
 
   AllocationSlot& allocation(const DeviceHandle& h) {
     check_tag(h.domain, h.generation, [&] { return describe(h); });
     auto* slot = allocations_.find(h.id);
     if (!slot || slot->released)
-      throw Error(ErrorKind::UnknownDeviceHandle,
-                  fmt::format("{} is unknown, already freed or released", describe(h)));
+      fail(ErrorKind::UnknownDeviceHandle, "{} is unknown, already freed or released", describe(h));
     return *slot;
   }
 
   void validate_device_range(const DeviceRange& range, const AllocationSlot& slot) const {
     const auto elem = dtype_size(slot.spec.dtype);
     if (range.len == 0 || range.offset > slot.extent || range.len > slot.extent - range.offset)
-      throw Error(ErrorKind::InvalidRange,
-                  fmt::format("device range [offset {}, len {}] of {} is outside its extent of {} bytes (or empty)",
-                              range.offset, range.len, describe(range.handle), slot.extent));
-    if (range.offset % elem || range.len % elem)
-      throw Error(ErrorKind::InvalidRange,
-                  fmt::format("device range [offset {}, len {}] of {} is not aligned to its {} elements ({} bytes)",
-                              range.offset, range.len, describe(range.handle), dtype_info(slot.spec.dtype).name, elem));
+      fail(ErrorKind::InvalidRange, "device range [offset {}, len {}] of {} is outside its extent of {} bytes (or empty)",
+                              range.offset, range.len, describe(range.handle), slot.extent);
+    if ((range.offset | range.len) & (elem - 1))
+      fail(ErrorKind::InvalidRange, "device range [offset {}, len {}] of {} is not aligned to its {} elements ({} bytes)",
+                              range.offset, range.len, describe(range.handle), dtype_info(slot.spec.dtype).name, elem);
   }
 
   // Frees a released allocation once nothing uses it any more.
@@ -243,14 +243,12 @@ class BridgeCore {
   DeviceHandle alloc_device(const ObjectSpec& spec, std::uint64_t extent) {
     // Validation needs no state, so it happens before taking the lock.
     if (!is_power_of_two(spec.alignment))
-      throw Error(ErrorKind::InvalidAlignment,
-                  fmt::format("alignment {} is not a non-zero power of two", spec.alignment));
+      fail(ErrorKind::InvalidAlignment, "alignment {} is not a non-zero power of two", spec.alignment);
     const auto elem = dtype_size(spec.dtype);
-    if (extent == 0 || extent > spec.max_extent || (extent & (spec.alignment - 1)) || extent % elem)
-      throw Error(ErrorKind::InvalidExtent,
-                  fmt::format("extent {} must be non-zero, at most max_extent {}, and a multiple of the alignment {} "
+    if (extent == 0 || extent > spec.max_extent || (extent & (spec.alignment - 1)) || (extent & (elem - 1)))
+      fail(ErrorKind::InvalidExtent, "extent {} must be non-zero, at most max_extent {}, and a multiple of the alignment {} "
                               "and of the {} size {}",
-                              extent, spec.max_extent, spec.alignment, dtype_info(spec.dtype).name, elem));
+                              extent, spec.max_extent, spec.alignment, dtype_info(spec.dtype).name, elem);
     std::unique_lock lock(lock_);
     enter(lock);
     const auto index = allocations_.acquire();
@@ -282,7 +280,7 @@ class BridgeCore {
     enter(lock);
     auto& slot = allocation(h);
     if (slot.used())
-      throw Error(ErrorKind::AllocationStillInUse, fmt::format("{} is still used: {}", describe(h), uses(slot)));
+      fail(ErrorKind::AllocationStillInUse, "{} is still used: {}", describe(h), uses(slot));
     free_slot(id_slot(h.id));
   }
 
@@ -351,48 +349,45 @@ class BridgeCore {
     auto* slot = &allocation(device.handle);
     validate_device_range(device, *slot);
     if (host.len != device.len)
-      throw Error(ErrorKind::InvalidRange, fmt::format("{} and device range of {} bytes differ in length",
-                                                       describe(host), device.len));
+      fail(ErrorKind::InvalidRange, "{} and device range of {} bytes differ in length",
+                                                       describe(host), device.len);
     auto ring_key = ring_.find(host);
     if (mode == CopyMode::Async && inflight_bytes_ + host.len > inflight_budget_) {
       if (host.len > inflight_budget_)
-        throw Error(ErrorKind::Backpressure, fmt::format("a copy of {} bytes exceeds the whole in-flight budget of {} "
+        fail(ErrorKind::Backpressure, "a copy of {} bytes exceeds the whole in-flight budget of {} "
                                                          "bytes",
-                                                         host.len, inflight_budget_));
+                                                         host.len, inflight_budget_);
       const auto deadline = std::chrono::steady_clock::now() + admission.wait_for_room;
       const bool room = admission.wait_for_room.count() > 0 &&
                         wait_until(lock, deadline, [&] { return inflight_bytes_ + host.len <= inflight_budget_; });
       if (!room)
-        throw Error(ErrorKind::Backpressure,
-                    fmt::format("{} bytes in flight of a {}-byte budget; no room for {} more", inflight_bytes_,
-                                inflight_budget_, host.len));
+        fail(ErrorKind::Backpressure, "{} bytes in flight of a {}-byte budget; no room for {} more", inflight_bytes_,
+                                inflight_budget_, host.len);
       // The lock was dropped while waiting: everything must be checked again.
       slot = &allocation(device.handle);
       ring_key = ring_.find(host);
     }
 
     const auto alloc_index = id_slot(device.handle.id);
-    const auto copy_index = copies_.acquire();
-    auto& record = copies_[copy_index];
-    record.in_use = true;
-    record.direction = direction;
-    record.mode = mode;
-    record.allocation = alloc_index;
-    record.ring_key = ring_key;
-    record.bytes = host.len;
-    const CopyEvent event{domain_, generation_, make_id(copy_index, record.version)};
-    pin(*slot, record);
-
-    const CopyRequest request{direction, mode, event, ring_.data(host), slot->device, device.offset, host.len};
+    pin(*slot, direction, ring_key);
     if (mode == CopyMode::Async) {
+      const auto copy_index = copies_.acquire();
+      auto& record = copies_[copy_index];
+      record.in_use = true;
+      record.direction = direction;
+      record.allocation = alloc_index;
+      record.ring_key = ring_key;
+      record.bytes = host.len;
+      const CopyEvent event{domain_, generation_, make_id(copy_index, record.version)};
       // Submission is an enqueue: it stays under the lock, so a completion
       // can never be drained before its record exists.
       inflight_bytes_ += host.len;
       try {
-        backend_->submit_copy(request);
+        backend_->submit_copy({direction, mode, event, ring_.data(host), slot->device, device.offset, host.len});
       } catch (const Error& e) {
         inflight_bytes_ -= host.len;
-        unpin_and_retire(copy_index);
+        unpin(alloc_index, direction, ring_key);
+        copies_.retire(copy_index);
         throw copy_error(direction, e);
       }
       ++copies_submitted_;
@@ -400,6 +395,8 @@ class BridgeCore {
     }
 
     // Sync: the copy itself runs unlocked; pins keep memory and range alive.
+    const CopyEvent event{domain_, generation_, kSyncEventBit | ++sync_copies_issued_};
+    const CopyRequest request{direction, mode, event, ring_.data(host), slot->device, device.offset, host.len};
     ++calls_in_progress_;
     lock.unlock();
     std::optional<Error> failure;
@@ -410,7 +407,7 @@ class BridgeCore {
     }
     lock.lock();
     --calls_in_progress_;
-    unpin_and_retire(copy_index);
+    unpin(alloc_index, direction, ring_key);
     notify();
     if (failure) throw copy_error(direction, *failure);
     ++copies_submitted_;
@@ -427,24 +424,19 @@ class BridgeCore {
     return mapped;
   }
 
-  void pin(AllocationSlot& slot, const CopySlot& record) {
+  void pin(AllocationSlot& slot, CopyDirection direction, HostRing::Key ring_key) {
     ++slot.copies;
-    if (record.direction == CopyDirection::HostToDevice) ++slot.uploads;
-    ring_.pin(record.ring_key);
+    if (direction == CopyDirection::HostToDevice) ++slot.uploads;
+    ring_.pin(ring_key);
   }
 
   // The copy no longer touches the allocation or the host range.
-  void unpin(const CopySlot& record) {
-    auto& slot = allocations_[record.allocation];
+  void unpin(std::uint32_t allocation, CopyDirection direction, HostRing::Key ring_key) {
+    auto& slot = allocations_[allocation];
     --slot.copies;
-    if (record.direction == CopyDirection::HostToDevice) --slot.uploads;
-    ring_.unpin(record.ring_key);
-    maybe_finish_release(record.allocation);
-  }
-
-  void unpin_and_retire(std::uint32_t copy_index) {
-    unpin(copies_[copy_index]);
-    copies_.retire(copy_index);
+    if (direction == CopyDirection::HostToDevice) --slot.uploads;
+    ring_.unpin(ring_key);
+    maybe_finish_release(allocation);
   }
 
   std::size_t drain_locked() {
@@ -456,8 +448,9 @@ class BridgeCore {
 
   void apply(const Completion& c) {
     CopySlot* record = nullptr;
-    if (c.event.domain == domain_ && c.event.generation == generation_) record = copies_.find(c.event.id);
-    if (!record || record->phase != CopyPhase::Pending || record->mode != CopyMode::Async) {
+    if (c.event.domain == domain_ && c.event.generation == generation_ && !(c.event.id & kSyncEventBit))
+      record = copies_.find(c.event.id);
+    if (!record || record->phase != CopyPhase::Pending) {
       // Never applied to another copy: ids carry domain, generation and version.
       ++stale_completions_;
       spdlog::warn("devbridge: ignored a completion for {} ({}): bridge is domain {} generation {}; "
@@ -466,33 +459,53 @@ class BridgeCore {
       return;
     }
     inflight_bytes_ -= record->bytes;
+    unpin(record->allocation, record->direction, record->ring_key);
     const auto index = id_slot(c.event.id);
     if (c.ok) {
       ++copies_completed_;
-      unpin_and_retire(index);
-    } else {
-      // The record stays (until restart) so the failure can be read back; the
-      // host range is unpinned and stays the caller's, to retry.
-      ++copies_failed_;
-      record->phase = CopyPhase::Failed;
-      const bool copy_kind = c.error == ErrorKind::DeviceCopyFailed || c.error == ErrorKind::OutputCopyFailed;
-      record->error = copy_kind ? copy_failure_kind(record->direction) : c.error;
-      record->message = c.message.empty() ? "the backend reported the copy failed" : c.message;
-      unpin(*record);
-      if (c.fatal) mark_broken(Error(record->error, record->message, true));
+      copies_.retire(index);
+      return;
     }
+    // The record stays (until restart) so the failure can be read back; the
+    // host range is unpinned and stays the caller's, to retry.
+    ++copies_failed_;
+    record->phase = CopyPhase::Failed;
+    const bool copy_kind = c.error == ErrorKind::DeviceCopyFailed || c.error == ErrorKind::OutputCopyFailed;
+    record->error = copy_kind ? copy_failure_kind(record->direction) : c.error;
+    auto& message = failure_messages_[index];
+    message = c.message.empty() ? "the backend reported the copy failed" : c.message;
+    if (c.fatal) mark_broken(Error(record->error, message, true));
+  }
+
+  // The event's state, validating it first; `record` gets the failed record.
+  CopyState state_locked(const CopyEvent& e, const CopySlot** failed = nullptr) {
+    check_tag(e.domain, e.generation, [&] { return describe(e); });
+    if (e.id & kSyncEventBit) {
+      const auto sequence = e.id & ~kSyncEventBit;
+      if (sequence == 0 || sequence > sync_copies_issued_) fail_never_issued(e);
+      return CopyState::Completed;  // a sync copy that failed threw instead of returning its event
+    }
+    const auto* slot = copies_.at(id_slot(e.id));
+    const auto version = id_version(e.id);
+    if (!slot || version == 0 || version > slot->version) fail_never_issued(e);
+    // Issued (acquire bumped the version) and since retired: completed.
+    if (version < slot->version || !slot->in_use) return CopyState::Completed;
+    if (slot->phase == CopyPhase::Failed) {
+      if (failed) *failed = slot;
+      return CopyState::Failed;
+    }
+    return CopyState::Pending;
+  }
+
+  [[noreturn, gnu::cold]] void fail_never_issued(const CopyEvent& e) {
+    fail(ErrorKind::UnknownDeviceHandle, "{} was never issued by this bridge", describe(e));
   }
 
   CopyStatus status_locked(const CopyEvent& e) {
-    check_tag(e.domain, e.generation, [&] { return describe(e); });
-    const auto* slot = copies_.at(id_slot(e.id));
-    const auto version = id_version(e.id);
-    if (!slot || version == 0 || version > slot->version)
-      throw Error(ErrorKind::UnknownDeviceHandle, fmt::format("{} was never issued by this bridge", describe(e)));
-    // Issued (acquire bumped the version) and since retired: completed.
-    if (version < slot->version || !slot->in_use) return CopyStatus{CopyState::Completed, std::nullopt, {}};
-    if (slot->phase == CopyPhase::Failed) return CopyStatus{CopyState::Failed, slot->error, slot->message};
-    return CopyStatus{};
+    const CopySlot* failed = nullptr;
+    const auto state = state_locked(e, &failed);
+    if (state != CopyState::Failed) return CopyStatus{state, std::nullopt, {}};
+    return CopyStatus{state, failed->error, failure_messages_[id_slot(e.id)]};
   }
 
   CopyStatus copy_status(const CopyEvent& e) {
@@ -506,9 +519,9 @@ class BridgeCore {
     std::unique_lock lock(lock_);
     enter(lock);
     // Cheap first look: a retired event needs no drain.
-    if (status_locked(e).state == CopyState::Completed) return true;
+    if (state_locked(e) == CopyState::Completed) return true;
     drain_locked();
-    return status_locked(e).state == CopyState::Completed;
+    return state_locked(e) == CopyState::Completed;
   }
 
   CopyStatus wait(const CopyEvent& e, std::optional<std::chrono::nanoseconds> timeout) {
@@ -535,7 +548,7 @@ class BridgeCore {
     std::unique_lock lock(lock_);
     enter(lock);
     if (steps_.contains(step))
-      throw Error(ErrorKind::Unsupported, fmt::format("step {} is already active; end it first", step));
+      fail(ErrorKind::Unsupported, "step {} is already active; end it first", step);
     std::vector<std::uint32_t> indices;
     indices.reserve(handles.size());
     for (const auto& h : handles) {
@@ -551,8 +564,7 @@ class BridgeCore {
     enter(lock);
     auto it = steps_.find(step);
     if (it == steps_.end())
-      throw Error(ErrorKind::UnknownDeviceHandle,
-                  fmt::format("step {} is not active (never begun, already ended, or from before a restart)", step));
+      fail(ErrorKind::UnknownDeviceHandle, "step {} is not active (never begun, already ended, or from before a restart)", step);
     for (auto index : it->second) {
       --allocations_[index].steps;
       maybe_finish_release(index);
@@ -567,16 +579,15 @@ class BridgeCore {
     auto& ys = allocation(y.handle);
     for (const auto* s : {&xs, &ys})
       if (s->spec.dtype != DType::Float32)
-        throw Error(ErrorKind::InvalidViewDType, fmt::format("axpy runs over float32; an operand holds {}",
-                                                             dtype_info(s->spec.dtype).name));
+        fail(ErrorKind::InvalidViewDType, "axpy runs over float32; an operand holds {}",
+                                                             dtype_info(s->spec.dtype).name);
     validate_device_range(x, xs);
     validate_device_range(y, ys);
     if (x.len != y.len)
-      throw Error(ErrorKind::InvalidRange, fmt::format("axpy ranges differ in length: {} vs {} bytes", x.len, y.len));
+      fail(ErrorKind::InvalidRange, "axpy ranges differ in length: {} vs {} bytes", x.len, y.len);
     if (ys.copies)
-      throw Error(ErrorKind::AllocationStillInUse,
-                  fmt::format("axpy would write {} while it has {} cop{} in flight", describe(y.handle), ys.copies,
-                              ys.copies == 1 ? "y" : "ies"));
+      fail(ErrorKind::AllocationStillInUse, "axpy would write {} while it has {} cop{} in flight", describe(y.handle), ys.copies,
+                              ys.copies == 1 ? "y" : "ies");
     const AxpyLaunch launch{xs.device, x.offset, ys.device, y.offset, x.len / sizeof(float), a, b};
     const auto xi = id_slot(x.handle.id), yi = id_slot(y.handle.id);
     ++xs.steps;
@@ -603,20 +614,19 @@ class BridgeCore {
   }
 
   // ---- views ----
-  TensorView view(const DeviceHandle& h, const ViewSpec& spec, ViewWait wait_mode) {
+  // Fills `view` in place: it is the lease's own storage (no copy on a hot path).
+  void view(const DeviceHandle& h, const ViewSpec& spec, ViewWait wait_mode, TensorView& view) {
     std::unique_lock lock(lock_);
     enter(lock);
     auto* slot = &allocation(h);
     if (spec.dtype != slot->spec.dtype)
-      throw Error(ErrorKind::InvalidViewDType,
-                  fmt::format("view dtype {} differs from {}'s dtype {}", dtype_info(spec.dtype).name, describe(h),
-                              dtype_info(slot->spec.dtype).name));
-    TensorView view = shape_view(h, spec, *slot);
+      fail(ErrorKind::InvalidViewDType, "view dtype {} differs from {}'s dtype {}", dtype_info(spec.dtype).name, describe(h),
+                              dtype_info(slot->spec.dtype).name);
+    shape_view(h, spec, *slot, view);
     if (slot->uploads) {
       if (wait_mode == ViewWait::Refuse)
-        throw Error(ErrorKind::AllocationStillInUse,
-                    fmt::format("{} has {} cop{} into it in flight; wait for them or ask the view to wait",
-                                describe(h), slot->uploads, slot->uploads == 1 ? "y" : "ies"));
+        fail(ErrorKind::AllocationStillInUse, "{} has {} cop{} into it in flight; wait for them or ask the view to wait",
+                                describe(h), slot->uploads, slot->uploads == 1 ? "y" : "ies");
       wait_until(lock, std::chrono::steady_clock::time_point::max(), [&] {
         slot = &allocation(h);
         return slot->uploads == 0;
@@ -630,47 +640,49 @@ class BridgeCore {
     }
     ++slot->views;
     ++outstanding_leases_;
-    return view;
   }
 
-  TensorView shape_view(const DeviceHandle& h, const ViewSpec& spec, const AllocationSlot& slot) const {
+  template <class... Args>
+  [[noreturn, gnu::cold, gnu::noinline]] static void fail_view(const DeviceHandle& h, const AllocationSlot& slot,
+                                                               fmt::format_string<Args...> why, Args&&... args) {
+    fail(ErrorKind::InvalidTensorView, "view of {} ({} bytes): {}", describe(h), slot.extent,
+         fmt::format(why, std::forward<Args>(args)...));
+  }
+
+  void shape_view(const DeviceHandle& h, const ViewSpec& spec, const AllocationSlot& slot, TensorView& view) const {
     const std::int64_t elem = dtype_size(spec.dtype);
-    const Dims strides = spec.strides ? *spec.strides : contiguous_strides(spec.shape);
-    auto invalid = [&](std::string_view why) {
-      return Error(ErrorKind::InvalidTensorView, fmt::format("view of {} ({} bytes): {}", describe(h), slot.extent, why));
-    };
+    view.strides = spec.strides ? *spec.strides : contiguous_strides(spec.shape);
+    const Dims& strides = view.strides;
     if (strides.size() != spec.shape.size())
-      throw invalid(fmt::format("{} strides for {} dimensions", strides.size(), spec.shape.size()));
-    if (spec.byte_offset % elem) throw invalid(fmt::format("byte offset {} is not a multiple of {}", spec.byte_offset, elem));
+      fail_view(h, slot, "{} strides for {} dimensions", strides.size(), spec.shape.size());
+    if (spec.byte_offset & (elem - 1))
+      fail_view(h, slot, "byte offset {} is not a multiple of {}", spec.byte_offset, elem);
     // Lowest and highest element reached, relative to byte_offset, without overflow.
     std::int64_t lowest = 0, highest = 0;
     for (int i = 0; i < spec.shape.size(); ++i) {
       const auto n = spec.shape[i];
-      if (n <= 0) throw invalid(fmt::format("dimension {} has size {}", i, n));
+      if (n <= 0) fail_view(h, slot, "dimension {} has size {}", i, n);
       std::int64_t reach;
-      if (__builtin_mul_overflow(n - 1, strides[i], &reach)) throw invalid("strides overflow");
+      if (__builtin_mul_overflow(n - 1, strides[i], &reach)) fail_view(h, slot, "strides overflow");
       if ((reach > 0 ? __builtin_add_overflow(highest, reach, &highest)
                      : __builtin_add_overflow(lowest, reach, &lowest)))
-        throw invalid("strides overflow");
+        fail_view(h, slot, "strides overflow");
     }
     std::int64_t first_byte, end_byte;
     const auto offset = static_cast<std::int64_t>(std::min<std::uint64_t>(spec.byte_offset, INT64_MAX / 2));
     if (__builtin_mul_overflow(lowest, elem, &first_byte) || __builtin_add_overflow(first_byte, offset, &first_byte) ||
         __builtin_mul_overflow(highest + 1, elem, &end_byte) || __builtin_add_overflow(end_byte, offset, &end_byte))
-      throw invalid("extent overflow");
+      fail_view(h, slot, "extent overflow");
     if (first_byte < 0 || static_cast<std::uint64_t>(end_byte) > slot.extent)
-      throw invalid(fmt::format("shape and strides reach bytes [{}, {}) outside the extent", first_byte, end_byte));
-    TensorView view;
+      fail_view(h, slot, "shape and strides reach bytes [{}, {}) outside the extent", first_byte, end_byte);
     view.data = slot.device.address;
     view.device = device_string_;
     view.dlpack_device_type = dlpack_device_;
     view.device_ordinal = device_ordinal_;
     view.dtype = spec.dtype;
     view.shape = spec.shape;
-    view.strides = strides;
     view.byte_offset = spec.byte_offset;
     view.handle = h;
-    return view;
   }
 
   void end_view(const DeviceHandle& h) noexcept {
@@ -710,6 +722,7 @@ class BridgeCore {
     lock.lock();
     if (!broken_) drain_locked();
     copies_.for_each_in_use([&](std::uint32_t index, CopySlot&) { copies_.retire(index); });
+    failure_messages_.clear();
     allocations_.for_each_in_use([&](std::uint32_t index, AllocationSlot&) { free_slot(index); });
     steps_.clear();
     ring_.unpin_all();
@@ -725,9 +738,8 @@ class BridgeCore {
     }
     check_not_closed();
     if (generation <= generation_)
-      throw Error(ErrorKind::OldGenerationHandle,
-                  fmt::format("restart to generation {} refused: it must be greater than the current {}", generation,
-                              generation_));
+      fail(ErrorKind::OldGenerationHandle, "restart to generation {} refused: it must be greater than the current {}", generation,
+                              generation_);
     quiesce_and_free_all(lock);
     generation_ = generation;
     broken_ = false;
@@ -797,7 +809,9 @@ class BridgeCore {
   SlotTable<AllocationSlot> allocations_;
   SlotTable<CopySlot> copies_;
   std::unordered_map<StepId, std::vector<std::uint32_t>> steps_;
+  std::unordered_map<std::uint32_t, std::string> failure_messages_;  // by copy slot, failed records only
   std::vector<Completion> drained_;
+  std::uint64_t sync_copies_issued_ = 0;
   std::uint64_t inflight_budget_ = 0;
   std::uint64_t inflight_bytes_ = 0;
   std::uint64_t allocated_bytes_ = 0;
@@ -885,7 +899,10 @@ void Bridge::end_step(StepId step) { core_->end_step(step); }
 void Bridge::launch_axpy(DeviceRange x, DeviceRange y, float a, float b) { core_->launch_axpy(x, y, a, b); }
 
 ViewLease Bridge::view(DeviceHandle handle, const ViewSpec& spec, ViewWait wait) {
-  return ViewLease(core_.get(), core_->view(handle, spec, wait));
+  ViewLease lease;
+  core_->view(handle, spec, wait, lease.view_);
+  lease.core_ = core_.get();
+  return lease;
 }
 
 void Bridge::restart(Generation generation) { core_->restart(generation); }

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include <fmt/format.h>
+#include "core/fail.hpp"
 
 namespace devbridge::detail {
 
@@ -13,67 +13,58 @@ constexpr bool is_power_of_two(std::uint64_t v) { return v != 0 && (v & (v - 1))
 
 HostRange HostRing::reserve(std::uint64_t bytes, std::uint64_t alignment) {
   if (!is_power_of_two(alignment) || alignment > kMaxReserveAlignment)
-    throw Error(ErrorKind::InvalidAlignment,
-                fmt::format("ring reservation alignment {} is not a power of two in [1, {}]", alignment,
-                            kMaxReserveAlignment));
+    fail(ErrorKind::InvalidAlignment, "ring reservation alignment {} is not a power of two in [1, {}]", alignment,
+         kMaxReserveAlignment);
   const std::uint64_t cap = capacity();
   if (bytes == 0 || bytes > cap)
-    throw Error(ErrorKind::InvalidRange,
-                fmt::format("ring reservation of {} bytes: must be in [1, {}] (the ring's capacity)", bytes, cap));
+    fail(ErrorKind::InvalidRange, "ring reservation of {} bytes: must be in [1, {}] (the ring's capacity)", bytes, cap);
   if (reservations_.empty()) {
     // An empty ring starts the next reservation at offset 0 of a fresh lap,
     // so a drained ring never fragments.
     head_ = tail_ = (head_ + cap - 1) / cap * cap;
+    tail_offset_ = 0;
   }
-  const std::uint64_t offset = head_ % cap;
-  std::uint64_t aligned = (offset + alignment - 1) & ~(alignment - 1);
-  Position begin = head_ + (aligned - offset);
-  if (aligned + bytes > cap) begin = head_ + (cap - offset);  // never span the end: start the next lap
+  const std::uint64_t head_offset = head_ % cap;
+  std::uint64_t offset = (head_offset + alignment - 1) & ~(alignment - 1);
+  if (offset + bytes > cap) offset = 0;  // never span the end: start the next lap
+  const Position begin = offset >= head_offset ? head_ + (offset - head_offset) : head_ + (cap - head_offset);
   if (begin + bytes - tail_ > cap)
-    throw Error(ErrorKind::Backpressure,
-                fmt::format("host ring full: {} bytes (alignment {}) asked, {} of {} bytes free, oldest reservation "
-                            "at offset {} still owned",
-                            bytes, alignment, free_bytes(), cap, tail_ % cap));
-  reservations_.push_back(Reservation{begin, bytes});
+    fail(ErrorKind::Backpressure,
+         "host ring full: {} bytes (alignment {}) asked, {} of {} bytes free, oldest reservation at offset {} still "
+         "owned",
+         bytes, alignment, free_bytes(), cap, tail_offset_);
+  reservations_.push_back(Reservation{begin, offset, bytes});
   ++live_;
   head_ = begin + bytes;
-  return HostRange{begin % cap, bytes};
+  return HostRange{offset, bytes};
 }
 
-std::deque<HostRing::Reservation>::const_iterator HostRing::locate(HostRange range) const {
+std::ptrdiff_t HostRing::locate(HostRange range) const noexcept {
   const std::uint64_t cap = capacity();
-  if (cap == 0 || range.offset >= cap || range.len == 0 || range.len > cap - range.offset) return reservations_.end();
+  if (range.offset >= cap || range.len == 0 || range.len > cap - range.offset || reservations_.empty()) return -1;
   // Every live byte lies in [tail, tail + cap); map the offset into that window.
-  const Position at = tail_ + (range.offset + cap - tail_ % cap) % cap;
-  auto it = std::upper_bound(reservations_.begin(), reservations_.end(), at,
-                             [](Position p, const Reservation& r) { return p < r.begin; });
-  if (it == reservations_.begin()) return reservations_.end();
-  --it;
-  if (it->released || at + range.len > it->begin + it->len) return reservations_.end();
-  return it;
+  const Position at =
+      tail_ + (range.offset >= tail_offset_ ? range.offset - tail_offset_ : range.offset + cap - tail_offset_);
+  // The newest reservation is the likeliest; check it before searching.
+  auto it = std::prev(reservations_.end());
+  if (at < it->begin)
+    it = std::prev(std::upper_bound(reservations_.begin(), it, at,
+                                    [](Position p, const Reservation& r) { return p < r.begin; }));
+  if (at < it->begin || it->released || at + range.len > it->begin + it->len) return -1;
+  return it - reservations_.begin();
 }
 
-HostRing::Position HostRing::find(HostRange range) const {
-  auto it = locate(range);
-  if (it == reservations_.end())
-    throw Error(ErrorKind::InvalidRange,
-                fmt::format("host range [offset {}, len {}] is not inside one live reservation of the {}-byte ring",
-                            range.offset, range.len, capacity()));
-  return it->begin;
+HostRing::Key HostRing::find(HostRange range) const {
+  const auto index = locate(range);
+  if (index < 0)
+    fail(ErrorKind::InvalidRange, "host range [offset {}, len {}] is not inside one live reservation of the {}-byte ring",
+         range.offset, range.len, capacity());
+  return front_key_ + static_cast<Key>(index);
 }
 
-HostRing::Reservation* HostRing::lookup(Position key) noexcept {
-  auto it = std::lower_bound(reservations_.begin(), reservations_.end(), key,
-                             [](const Reservation& r, Position p) { return r.begin < p; });
-  return (it != reservations_.end() && it->begin == key) ? &*it : nullptr;
-}
-
-void HostRing::pin(Position key) {
-  if (auto* r = lookup(key)) ++r->pins;
-}
-
-void HostRing::unpin(Position key) noexcept {
-  if (auto* r = lookup(key); r && r->pins > 0) --r->pins;
+void HostRing::unpin(Key key) noexcept {
+  const auto index = key - front_key_;
+  if (index < reservations_.size() && reservations_[index].pins > 0) --reservations_[index].pins;
 }
 
 void HostRing::unpin_all() noexcept {
@@ -81,21 +72,33 @@ void HostRing::unpin_all() noexcept {
 }
 
 void HostRing::release(HostRange range) {
-  auto it = locate(range);
-  if (it == reservations_.end() || it->begin % capacity() != range.offset || it->len != range.len)
-    throw Error(ErrorKind::InvalidRange,
-                fmt::format("host range [offset {}, len {}] is not a live reservation (release takes exactly the "
-                            "range reserve returned)",
-                            range.offset, range.len));
-  if (it->pins > 0)
-    throw Error(ErrorKind::AllocationStillInUse,
-                fmt::format("host range [offset {}, len {}] is used by {} in-flight cop{}; wait for them first",
-                            range.offset, range.len, it->pins, it->pins == 1 ? "y" : "ies"));
-  reservations_[static_cast<std::size_t>(it - reservations_.begin())].released = true;
+  const auto index = locate(range);
+  if (index < 0 || reservations_[index].offset != range.offset || reservations_[index].len != range.len)
+    fail(ErrorKind::InvalidRange,
+         "host range [offset {}, len {}] is not a live reservation (release takes exactly the range reserve returned)",
+         range.offset, range.len);
+  auto& reservation = reservations_[index];
+  if (reservation.pins > 0)
+    fail(ErrorKind::AllocationStillInUse, "host range [offset {}, len {}] is used by {} in-flight cop{}; wait for them first",
+         range.offset, range.len, reservation.pins, reservation.pins == 1 ? "y" : "ies");
+  reservation.released = true;
   --live_;
-  // The tail advances over the released prefix only.
-  while (!reservations_.empty() && reservations_.front().released) reservations_.pop_front();
-  tail_ = reservations_.empty() ? head_ : reservations_.front().begin;
+  advance_tail();
+}
+
+// The tail advances over the released prefix only.
+void HostRing::advance_tail() noexcept {
+  while (!reservations_.empty() && reservations_.front().released) {
+    reservations_.pop_front();
+    ++front_key_;
+  }
+  if (reservations_.empty()) {
+    tail_ = head_;
+    tail_offset_ = capacity() ? head_ % capacity() : 0;
+  } else {
+    tail_ = reservations_.front().begin;
+    tail_offset_ = reservations_.front().offset;
+  }
 }
 
 }  // namespace devbridge::detail

@@ -17,6 +17,8 @@ class HostRing {
   // block is position % capacity. That keeps "before/after" comparisons
   // trivial across any number of laps.
   using Position = std::uint64_t;
+  // Names a live reservation in O(1): reservations are numbered in order.
+  using Key = std::uint64_t;
 
   HostRing() = default;
   explicit HostRing(HostBlock block) : block_(block) {}
@@ -33,9 +35,10 @@ class HostRing {
 
   // Validates that `range` lies inside one live reservation and returns that
   // reservation's key (for pin/unpin). Throws InvalidRange naming the range.
-  Position find(HostRange range) const;
-  void pin(Position key);
-  void unpin(Position key) noexcept;
+  Key find(HostRange range) const;
+  // A pinned reservation cannot be released, so its key stays valid.
+  void pin(Key key) noexcept { reservations_[key - front_key_].pins++; }
+  void unpin(Key key) noexcept;
   void unpin_all() noexcept;
 
   std::byte* data(HostRange range) const noexcept { return block_.data + range.offset; }
@@ -43,18 +46,22 @@ class HostRing {
  private:
   struct Reservation {
     Position begin;
+    std::uint64_t offset;  // begin % capacity, kept to avoid dividing on every lookup
     std::uint64_t len;
     std::uint32_t pins = 0;
     bool released = false;
   };
-  Reservation* lookup(Position key) noexcept;
-  std::deque<Reservation>::const_iterator locate(HostRange range) const;
+  // Index into reservations_ of the live reservation holding `range`, or -1.
+  std::ptrdiff_t locate(HostRange range) const noexcept;
+  void advance_tail() noexcept;
 
   HostBlock block_;
-  std::deque<Reservation> reservations_;  // ordered by begin
+  std::deque<Reservation> reservations_;  // ordered by begin; front has key front_key_
+  Key front_key_ = 0;
   std::size_t live_ = 0;
   Position head_ = 0;  // end of the newest reservation
   Position tail_ = 0;  // begin of the oldest reservation still owned
+  std::uint64_t tail_offset_ = 0;  // tail_ % capacity
 };
 
 }  // namespace devbridge::detail

@@ -64,10 +64,8 @@ Dims::Dims(std::span<const std::int64_t> values) {
   for (auto v : values) push_back(v);
 }
 
-void Dims::push_back(std::int64_t v) {
-  if (rank_ >= kMaxRank)
-    throw Error(ErrorKind::InvalidTensorView, fmt::format("rank exceeds the maximum of {} dimensions", kMaxRank));
-  values_[rank_++] = v;
+void Dims::throw_rank_exceeded() {
+  throw Error(ErrorKind::InvalidTensorView, fmt::format("rank exceeds the maximum of {} dimensions", kMaxRank));
 }
 
 bool operator==(const Dims& a, const Dims& b) noexcept {
@@ -77,14 +75,13 @@ bool operator==(const Dims& a, const Dims& b) noexcept {
 Dims contiguous_strides(const Dims& shape) noexcept {
   Dims strides;
   std::int64_t stride = 1;
-  std::array<std::int64_t, kMaxRank> reversed{};
+  for (int i = 0; i < shape.size(); ++i) strides.push_back(0);
   for (int i = shape.size() - 1; i >= 0; --i) {
-    reversed[i] = stride;
+    strides[i] = stride;
     // Saturate instead of overflowing (UB) on absurd shapes; such strides then
     // fail every extent check downstream.
     if (__builtin_mul_overflow(stride, shape[i], &stride)) stride = INT64_MAX;
   }
-  for (int i = 0; i < shape.size(); ++i) strides.push_back(reversed[i]);
   return strides;
 }
 
