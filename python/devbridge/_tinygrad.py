@@ -51,12 +51,18 @@ if TYPE_CHECKING:  # pragma: no cover
 _ZERO_COPY_DEVICES = ("CPU", "CUDA")
 
 
+_tinygrad_module: Any = None
+
+
 def _import_tinygrad() -> Any:
-    try:
-        import tinygrad
-    except ImportError as error:  # pragma: no cover - tinygrad is a test dependency
-        raise Unavailable("to_tinygrad: tinygrad is not installed (pip install tinygrad)") from error
-    return tinygrad
+    global _tinygrad_module
+    if _tinygrad_module is None:  # imported on first use: devbridge does not need tinygrad otherwise
+        try:
+            import tinygrad
+        except ImportError as error:  # pragma: no cover - tinygrad is a test dependency
+            raise Unavailable("to_tinygrad: tinygrad is not installed (pip install tinygrad)") from error
+        _tinygrad_module = tinygrad
+    return _tinygrad_module
 
 
 def _tinygrad_device(view: "TensorView") -> str:
@@ -96,8 +102,8 @@ def cuda_context(which: str, ordinal: int = 0) -> int:
 
 def to_tinygrad(view: "TensorView") -> "Tensor":
     """A ``tinygrad.Tensor`` over the view's memory, zero-copy (see the module doc)."""
-    _import_tinygrad()
-    from tinygrad import Tensor, dtypes
+    tinygrad = _import_tinygrad()
+    Tensor, dtypes = tinygrad.Tensor, tinygrad.dtypes
 
     if view.closed:
         raise Closed("to_tinygrad: the view is closed")

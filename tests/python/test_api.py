@@ -412,3 +412,39 @@ def test_close_waits_for_exported_memory(rng):
     del view_array
     collect()
     assert fake.live_host_blocks() == 0 and fake.live_allocations() == 0
+
+
+# ---- threads ----------------------------------------------------------------
+
+def test_many_threads_share_one_bridge(bridge, rng):
+    """Blocking calls release the GIL; concurrent round trips, views and exports keep their bytes apart."""
+    import threading
+
+    threads, rounds, nbytes = 4, 12, 1 << 16
+    seeds = rng.integers(0, 1 << 31, size=threads)
+    failures: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        try:
+            local = np.random.default_rng(seed)
+            h = bridge.alloc(U8, nbytes)
+            for _ in range(rounds):
+                data = random_array(local, nbytes, "uint8")
+                upload(bridge, h, data, mode=str(local.choice(["async", "sync"])))
+                with bridge.view(h, "uint8", nbytes) as view:
+                    if bridge.backend == "host":
+                        assert np.array_equal(np.from_dlpack(view), data)
+                assert np.array_equal(download(bridge, h, nbytes), data)
+            collect()
+            bridge.free(h)
+        except BaseException as error:  # reported by the main thread
+            failures.append(error)
+
+    workers = [threading.Thread(target=worker, args=(int(s),)) for s in seeds]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=600)
+    assert not any(w.is_alive() for w in workers)
+    assert not failures, failures
+    assert bridge.stats()["live_allocations"] == 0 and bridge.stats()["live_views"] == 0
