@@ -397,22 +397,31 @@ class BridgeCore {
     // Sync: the copy itself runs unlocked; pins keep memory and range alive.
     const CopyEvent event{domain_, generation_, kSyncEventBit | ++sync_copies_issued_};
     const CopyRequest request{direction, mode, event, ring_.data(host), slot->device, device.offset, host.len};
+    auto failure = run_unlocked(lock, [&] { backend_->submit_copy(request); });
+    unpin(alloc_index, direction, ring_key);
+    if (failure) throw copy_error(direction, *failure);
+    ++copies_submitted_;
+    ++copies_completed_;
+    return event;
+  }
+
+  // Runs blocking backend work without the lock. The caller has pinned what
+  // the work uses; restart and close wait for calls_in_progress_ to drain.
+  // Returns the backend's error, if any, with the lock held again.
+  template <class Work>
+  std::optional<Error> run_unlocked(std::unique_lock<SpinLock>& lock, Work work) {
     ++calls_in_progress_;
     lock.unlock();
     std::optional<Error> failure;
     try {
-      backend_->submit_copy(request);
+      work();
     } catch (const Error& e) {
       failure.emplace(e);
     }
     lock.lock();
     --calls_in_progress_;
-    unpin(alloc_index, direction, ring_key);
     notify();
-    if (failure) throw copy_error(direction, *failure);
-    ++copies_submitted_;
-    ++copies_completed_;
-    return event;
+    return failure;
   }
 
   Error copy_error(CopyDirection direction, const Error& e) {
@@ -592,21 +601,11 @@ class BridgeCore {
     const auto xi = id_slot(x.handle.id), yi = id_slot(y.handle.id);
     ++xs.steps;
     ++ys.steps;
-    ++calls_in_progress_;
-    lock.unlock();
-    std::optional<Error> failure;
-    try {
-      backend_->launch_axpy(launch);
-    } catch (const Error& e) {
-      failure.emplace(e);
-    }
-    lock.lock();
-    --calls_in_progress_;
+    auto failure = run_unlocked(lock, [&] { backend_->launch_axpy(launch); });
     for (auto index : {xi, yi}) {
       --allocations_[index].steps;
       maybe_finish_release(index);
     }
-    notify();
     if (failure) {
       if (failure->fatal()) mark_broken(*failure);
       throw *failure;
