@@ -167,3 +167,37 @@ def test_dtypes_export_with_the_right_codes(cpu_bridge, rng):
             del arr
         gc.collect()
         b.free(h)
+
+
+@pytest.mark.parametrize("stream", ["current", "side"])
+def test_torch_consumes_cuda_views_in_place(backend_name, rng, stream):
+    """CUDA views through DLPack: zero-copy into torch, on torch's stream (GPU machines only)."""
+    if backend_name != "cuda":
+        pytest.skip("CUDA views only")
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA here")
+    # torch computes in the device's primary context: a bridge there (no cuda_context).
+    b = devbridge.Bridge(backend="cuda")
+    try:
+        x = random_array(rng, (256, 128), "float32")
+        h = b.alloc(F32, x.nbytes)
+        upload(b, h, x)
+        side = torch.cuda.Stream() if stream == "side" else torch.cuda.current_stream()
+        with b.view(h, "float32", x.shape) as view:
+            assert view.__dlpack_device__() == (2, b.backend_info()["device_ordinal"])
+            with torch.cuda.stream(side):
+                t = torch.from_dlpack(view)  # torch passes its stream: ordered after the bridge's work
+                assert t.is_cuda and t.data_ptr() == view.ptr and tuple(t.shape) == x.shape
+                np.testing.assert_array_equal(t.cpu().numpy(), x)
+                t.mul_(2)
+            side.synchronize()
+            assert b.stats()["live_views"] == 2
+        np.testing.assert_array_equal(download(b, h, x.nbytes, "float32").reshape(x.shape), x * 2)
+        del t
+        gc.collect()
+        assert b.stats()["live_views"] == 0
+        b.free(h)
+    finally:
+        gc.collect()
+        b.close()
