@@ -61,16 +61,20 @@ def tinygrad_version() -> str:
 
 
 def timed(fns: dict, repeat: int, warmup: int) -> dict[str, list[float]]:
-    """Samples every function in turn, round after round, so load that comes
-    and goes on the machine lands on all of them alike."""
+    """Samples every function in turn, round after round, in a rotating
+    order, so load that comes and goes on the machine lands on all alike."""
     for fn in fns.values():
         for _ in range(warmup):
             keep = fn()
             del keep
     samples: dict[str, list[float]] = {name: [] for name in fns}
     gc.collect()
-    for _ in range(repeat):
-        for name, fn in fns.items():
+    names = list(fns)
+    for round_index in range(repeat):
+        # Rotate the order too: what runs right after the big copy pays for it.
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            fn = fns[name]
             gc.disable()
             try:
                 start = time.perf_counter()
