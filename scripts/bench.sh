@@ -75,7 +75,8 @@ if [ -f bench/tinygrad_handoff.py ]; then
   echo
   echo "== tinygrad hand-off =="
   if [ -x .venv/bin/python ]; then
-    .venv/bin/python bench/tinygrad_handoff.py || status=1
+    # The module must be current in the venv; make bench does not run the tests.
+    { bash scripts/python-tests.sh --build-only && .venv/bin/python bench/tinygrad_handoff.py; } || status=1
   else
     echo "bench: .venv/bin/python missing (run 'make setup'); skipping bench/tinygrad_handoff.py"
   fi

@@ -66,6 +66,9 @@ struct BridgeStats {
   std::uint64_t copy_records = 0;  // live records: in flight plus failed, not yet retired
   std::uint64_t stale_completions = 0;
   std::uint64_t live_views = 0;
+  // Allocations of an older generation (or of a closed bridge) kept only
+  // because views still lease them; each is freed when its last view ends.
+  std::uint64_t orphaned_allocations = 0;
   std::uint64_t active_steps = 0;
   std::uint64_t restarts = 0;
   std::uint64_t ring_capacity = 0;
@@ -163,9 +166,12 @@ class Bridge {
   // ---- lifetime ----
   // Quiesces the backend, frees every allocation of the old generation,
   // retires its copy events and steps, and moves to `generation`, which must
-  // be greater than the current one. Clears Broken.
+  // be greater than the current one. Clears Broken. Every old handle is
+  // refused at once; the memory of an allocation that a live view still
+  // leases is freed when that view ends (stats().orphaned_allocations).
   void restart(Generation generation);
-  // Quiesces and frees everything; every later call fails with Closed.
+  // Quiesces and frees everything (memory under live views when they end);
+  // every later call fails with Closed.
   void close();
 
   Backend& backend() noexcept;

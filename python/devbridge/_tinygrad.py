@@ -24,8 +24,9 @@ What it does not order
   ``t.assign(...).realize()``, call ``devbridge.tinygrad_synchronize(t)``
   before ``bridge.device_to_host`` reads the allocation.
 * ``bridge.restart()`` and ``bridge.close()``: a restart retires the old
-  generation's allocations whatever leases exist (that is its point: the
-  worker is gone). Drop tinygrad tensors from before a restart.
+  generation's handles whatever leases exist (that is its point: the worker
+  is gone), but memory under a live tensor is freed only when the tensor's
+  lease ends, so the tensor never reads freed memory.
 
 Devices: a host-backend view becomes a tinygrad ``CPU`` tensor. A CUDA view
 becomes a ``CUDA`` tensor; tinygrad computes in a CUDA context of its own

@@ -310,6 +310,7 @@ nb::dict stats_dict(const BridgeStats& s) {
   d["copy_records"] = s.copy_records;
   d["stale_completions"] = s.stale_completions;
   d["live_views"] = s.live_views;
+  d["orphaned_allocations"] = s.orphaned_allocations;
   d["active_steps"] = s.active_steps;
   d["restarts"] = s.restarts;
   d["ring_capacity"] = s.ring_capacity;
@@ -799,23 +800,11 @@ void bind_module(nb::module_& m) {
       .def(
           "restart",
           [](PyBridge& b, Generation generation) {
+            // Old handles are refused at once; memory that live views still
+            // lease (tinygrad tensors, DLPack arrays) is freed when they end.
             Bridge& bridge = b.state->open();
-            // A restart frees the old generation's memory whatever leases
-            // exist; say so when Python still holds some (tinygrad tensors,
-            // DLPack arrays), since they must not be read afterwards.
-            BridgeStats before = bridge.stats();
-            {
-              nb::gil_scoped_release no_gil;
-              bridge.restart(generation);
-            }
-            if (before.live_views > 0) {
-              std::string warning = "devbridge: restart(" + std::to_string(generation) + ") freed generation " +
-                                     std::to_string(before.generation) + "'s memory under " +
-                                     std::to_string(before.live_views) +
-                                     " live view lease(s) (TensorViews, tinygrad tensors, DLPack arrays); "
-                                     "they must not be used any more";
-              if (PyErr_WarnEx(PyExc_RuntimeWarning, warning.c_str(), 1) != 0) throw nb::python_error();
-            }
+            nb::gil_scoped_release no_gil;
+            bridge.restart(generation);
           },
           "generation"_a,
           "Quiesce, free every allocation of the current generation, move to `generation` (> current).")

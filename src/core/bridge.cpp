@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -689,7 +690,12 @@ class BridgeCore {
     {
       std::lock_guard guard(lock_);
       --outstanding_leases_;
-      if (h.domain == domain_ && h.generation == generation_ && !closed_) {
+      if (auto orphan = orphans_.find(OrphanKey{h.generation, h.id}); orphan != orphans_.end()) {
+        if (--orphan->second.views == 0) {
+          backend_->free(orphan->second.device);
+          orphans_.erase(orphan);
+        }
+      } else if (h.generation == generation_ && !closed_) {
         const auto index = id_slot(h.id);
         auto& slot = allocations_[index];
         if (slot.in_use && slot.version == id_version(h.id) && slot.views > 0) {
@@ -722,7 +728,14 @@ class BridgeCore {
     if (!broken_) drain_locked();
     copies_.for_each_in_use([&](std::uint32_t index, CopySlot&) { copies_.retire(index); });
     failure_messages_.clear();
-    allocations_.for_each_in_use([&](std::uint32_t index, AllocationSlot&) { free_slot(index); });
+    allocations_.for_each_in_use([&](std::uint32_t index, AllocationSlot& slot) {
+      if (slot.views == 0) return free_slot(index);
+      // A live view may still be read (numpy, tinygrad): its memory stays
+      // until the last lease ends, though the handle is refused from now on.
+      orphans_.emplace(OrphanKey{generation_, make_id(index, slot.version)}, Orphan{slot.device, slot.views});
+      allocated_bytes_ -= slot.device.bytes;
+      allocations_.retire(index);
+    });
     steps_.clear();
     ring_.unpin_all();
     inflight_bytes_ = 0;
@@ -782,6 +795,8 @@ class BridgeCore {
     s.inflight_budget_bytes = inflight_budget_;
     s.stale_completions = stale_completions_;
     allocations_.for_each_in_use([&](std::uint32_t, AllocationSlot& a) { s.live_views += a.views; });
+    s.orphaned_allocations = orphans_.size();
+    for (const auto& [key, orphan] : orphans_) s.live_views += orphan.views;
     s.active_steps = steps_.size();
     s.restarts = restarts_;
     s.ring_capacity = ring_.capacity();
@@ -808,6 +823,14 @@ class BridgeCore {
   SlotTable<AllocationSlot> allocations_;
   SlotTable<CopySlot> copies_;
   std::unordered_map<StepId, std::vector<std::uint32_t>> steps_;
+  // Allocations a restart or close took from their generation while views
+  // still leased them; freed in the backend when the last lease ends.
+  struct Orphan {
+    DeviceAllocation device;
+    std::uint32_t views;
+  };
+  using OrphanKey = std::pair<Generation, std::uint64_t>;
+  std::map<OrphanKey, Orphan> orphans_;
   std::unordered_map<std::uint32_t, std::string> failure_messages_;  // by copy slot, failed records only
   std::vector<Completion> drained_;
   std::uint64_t sync_copies_issued_ = 0;

@@ -251,11 +251,14 @@ TEST_F(ViewTest, LeaseFromBeforeARestartEndsHarmlessly) {
   const DeviceHandle old = bridge->alloc_device(bytes_spec(), 64);
   ViewLease lease = bridge->view(old, ViewSpec{DType::UInt8, {64}, std::nullopt, 0});
   bridge->restart(2);
-  EXPECT_EQ(fake->live_allocations(), 0u);
+  // The old handle is refused, but its memory stays while the view lives.
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::OldGenerationHandle, bridge->free_device(old));
+  EXPECT_EQ(fake->live_allocations(), 1u);
   // A new allocation may land in the old one's slot; the old lease must not touch it.
   const DeviceHandle fresh = bridge->alloc_device(bytes_spec(), 64);
   ViewLease fresh_lease = bridge->view(fresh, ViewSpec{DType::UInt8, {64}, std::nullopt, 0});
   lease.reset();
+  EXPECT_EQ(fake->live_allocations(), 1u);  // only the fresh one
   EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationStillInUse, bridge->free_device(fresh));
   fresh_lease.reset();
   bridge->free_device(fresh);

@@ -86,10 +86,22 @@ TEST_F(LifetimeTest, RestartQuiescesThenFreesEveryAllocationAndLeaksNothing) {
     EXPECT_EQ(calls[i].call, Call::Free) << describe_calls(calls);
     freed.push_back(calls[i].address);
   }
+  // The viewed allocation's memory stays until its lease ends: a view may
+  // still be read (numpy, tinygrad), though its handle is refused.
+  const std::uint64_t viewed_address = addresses[2];
+  addresses.erase(addresses.begin() + 2);
   std::sort(freed.begin(), freed.end());
   std::sort(addresses.begin(), addresses.end());
   EXPECT_EQ(freed, addresses);
+  EXPECT_EQ(fake->live_allocations(), 1u);
+  EXPECT_EQ(bridge->stats().orphaned_allocations, 1u);
+  fake->clear_calls();
+  lease.reset();
+  ASSERT_EQ(fake->calls().size(), 1u);
+  EXPECT_EQ(fake->calls()[0].call, Call::Free);
+  EXPECT_EQ(fake->calls()[0].address, viewed_address);
   EXPECT_EQ(fake->live_allocations(), 0u);
+  EXPECT_EQ(bridge->stats().orphaned_allocations, 0u);
   EXPECT_EQ(fake->live_host_blocks(), 1u);  // the ring survives a restart
   EXPECT_TRUE(fake->pending().empty());
 

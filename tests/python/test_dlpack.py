@@ -143,11 +143,15 @@ def test_closed_and_stale_views_do_not_export(cpu_bridge):
     with pytest.raises(devbridge.Closed):
         view.__dlpack__()
     view = b.view(h, "float32", 1024)
-    with pytest.warns(RuntimeWarning, match="must not be used"):
-        b.restart(b.generation + 1)
+    array = np.from_dlpack(view)
+    b.restart(b.generation + 1)
     with pytest.raises(devbridge.OldGenerationHandle):
         np.from_dlpack(view)
+    assert b.stats()["orphaned_allocations"] == 1  # the array still leases the old memory
+    array[:] = 1.0  # still valid memory (ASan-clean), just no longer the worker's
     view.close()
+    del array
+    assert b.stats()["orphaned_allocations"] == 0
 
 
 def test_dtypes_export_with_the_right_codes(cpu_bridge, rng):
