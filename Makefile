@@ -14,9 +14,10 @@ build: setup
 	@cmake --preset $(PRESET) >/dev/null
 	@cmake --build --preset $(PRESET) -j $(JOBS)
 
-# Every test: the C++ suites (ctest), then the Python suite.
+# Every test: the C++ suites (ctest), the installed package, then the Python suite.
 test: build
 	@ctest --preset $(PRESET) -j $(JOBS)
+	@BUILD=$(BUILD) bash scripts/check-install.sh
 	@bash scripts/python-tests.sh
 
 # The core suites under AddressSanitizer+UBSan and ThreadSanitizer.
