@@ -224,21 +224,32 @@ void CopyEngine::post_completion(const CopyEvent& event) {
 
 void CopyEngine::drain_completions(std::vector<Completion>& out) {
   if (completions_ready_.load() == 0) return;
-  std::lock_guard lock(completions_mutex_);
-  if (out.empty()) {
-    // Swapping hands the engine the caller's spare capacity, so a bridge that
-    // reuses its vector makes the steady state allocation-free.
-    out.swap(completions_);
-  } else {
-    out.insert(out.end(), std::make_move_iterator(completions_.begin()),
-               std::make_move_iterator(completions_.end()));
+  {
+    std::lock_guard lock(completions_mutex_);
+    if (completions_.empty()) return;
+    if (out.empty()) {
+      // Swapping hands the engine the caller's spare capacity, so a bridge
+      // that reuses its vector makes the steady state allocation-free.
+      out.swap(completions_);
+    } else {
+      out.insert(out.end(), std::make_move_iterator(completions_.begin()),
+                 std::make_move_iterator(completions_.end()));
+    }
+    completions_.clear();
+    completions_ready_.store(0);
+    drains_.fetch_add(1);
   }
-  completions_.clear();
-  completions_ready_.store(0);
+  // Another thread may be asleep waiting for a copy this drain just took:
+  // wake it so it looks again (the bridge has applied it by the time that
+  // thread gets the bridge's lock) instead of sleeping out its timeout.
+  if (completion_sleepers_.load() > 0) completions_cv_.notify_all();
 }
 
 bool CopyEngine::wait_for_completions(std::chrono::nanoseconds timeout) {
-  auto ready = [this] { return completions_ready_.load() > 0; };
+  // Ready when there is something to drain, or when someone else drained
+  // since we started looking (it may have been ours).
+  const std::uint64_t drains_at_start = drains_.load();
+  auto ready = [this, drains_at_start] { return completions_ready_.load() > 0 || drains_.load() != drains_at_start; };
   if (ready()) return true;
   if (timeout <= std::chrono::nanoseconds::zero()) return false;
   const auto start = Clock::now();

@@ -130,6 +130,7 @@ class CopyEngine {
   std::vector<Completion> completions_;
   std::atomic<int> completion_sleepers_{0};
   alignas(kCacheLine) std::atomic<std::size_t> completions_ready_{0};  // polled by waiters
+  std::atomic<std::uint64_t> drains_{0};  // drains that took something; changes with completions_ready_
 };
 
 }  // namespace devbridge::host::detail
