@@ -20,11 +20,12 @@ test: build
 	@BUILD=$(BUILD) bash scripts/check-install.sh
 	@bash scripts/python-tests.sh
 
-# The core suites under AddressSanitizer+UBSan and ThreadSanitizer.
+# The core and conformance suites under AddressSanitizer+UBSan and ThreadSanitizer.
+SANITIZED_TESTS := devbridge_core_tests devbridge_conformance_tests
 test-sanitizers: setup
 	@for p in asan tsan; do \
-	  cmake --preset $$p >/dev/null && cmake --build --preset $$p -j $(JOBS) && \
-	  ctest --preset $$p -j $(JOBS) -L core || exit 1; \
+	  cmake --preset $$p >/dev/null && cmake --build --preset $$p -j $(JOBS) --target $(SANITIZED_TESTS) && \
+	  ctest --preset $$p -j $(JOBS) -L 'core|conformance' || exit 1; \
 	done
 
 bench: build
