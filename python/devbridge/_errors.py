@@ -34,8 +34,12 @@ class BridgeError(Exception):
         self.fatal = False
 
 
+_defined: list[type[BridgeError]] = []
+
+
 def _kind(name: str, doc: str) -> type[BridgeError]:
     cls = type(name, (BridgeError,), {"kind": name, "__doc__": doc, "__module__": "devbridge"})
+    _defined.append(cls)
     return cls
 
 
@@ -58,24 +62,7 @@ Unsupported = _kind("Unsupported", "The backend or consumer cannot do what was a
 Closed = _kind("Closed", "The bridge (or the view) is closed.")
 Broken = _kind("Broken", "A fatal backend failure; every call fails until restart().")
 
-ERROR_CLASSES: tuple[type[BridgeError], ...] = (
-    AllocationFailed,
-    DeviceCopyFailed,
-    OutputCopyFailed,
-    InvalidExtent,
-    InvalidAlignment,
-    InvalidRange,
-    UnknownDeviceHandle,
-    OldGenerationHandle,
-    ForeignDomain,
-    InvalidViewDType,
-    InvalidTensorView,
-    AllocationStillInUse,
-    Backpressure,
-    Unavailable,
-    Unsupported,
-    Closed,
-    Broken,
-)
+# In the contract's order (checked against the C++ list at import).
+ERROR_CLASSES: tuple[type[BridgeError], ...] = tuple(_defined)
 
 __all__ = ["BridgeError"] + [cls.__name__ for cls in ERROR_CLASSES]
