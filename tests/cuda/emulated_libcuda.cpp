@@ -176,14 +176,18 @@ class Stream {
   std::thread worker_;  // last: starts once everything above exists
 };
 
-struct Module {
-  Context* context = nullptr;
-  std::string ptx;
-};
+struct Module;
 
 struct Function {
   Module* module = nullptr;
   std::string name;
+};
+
+// Functions belong to their module and go with it, as in the driver.
+struct Module {
+  Context* context = nullptr;
+  std::string ptx;
+  std::vector<std::unique_ptr<Function>> functions;
 };
 
 thread_local std::vector<Context*> context_stack;
@@ -364,7 +368,12 @@ EXPORT CUresult CUDAAPI cuCtxDestroy_v2(CUcontext context) {
   if (doomed == nullptr || doomed == primary) return CUDA_ERROR_INVALID_CONTEXT;
   std::erase(context_stack, doomed);
   // Streams and memory of the context are the tests' to have freed; the
-  // object itself stays (a stale handle must not crash a late query).
+  // object itself stays reachable (a stale handle must not crash a late
+  // query), so it is parked rather than deleted.
+  static std::mutex parked_mutex;
+  static auto* parked = new std::vector<Context*>();
+  std::lock_guard lock(parked_mutex);
+  parked->push_back(doomed);
   return CUDA_SUCCESS;
 }
 
@@ -586,7 +595,8 @@ EXPORT CUresult CUDAAPI cuModuleGetFunction(CUfunction* function, CUmodule modul
   auto* loaded = reinterpret_cast<Module*>(module);
   if (loaded == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (loaded->ptx.find(".entry " + std::string(name) + "(") == std::string::npos) return CUDA_ERROR_NOT_FOUND;
-  *function = reinterpret_cast<CUfunction>(new Function{loaded, name});
+  loaded->functions.push_back(std::make_unique<Function>(Function{loaded, name}));
+  *function = reinterpret_cast<CUfunction>(loaded->functions.back().get());
   return CUDA_SUCCESS;
 }
 
