@@ -158,6 +158,9 @@ for module in numpy pytest torch tinygrad nanobind; do
     echo "python: $module not importable"
   fi
 done
+if [ -n "${DEVBRIDGE_LIBCUDA:-}" ]; then
+  echo "note: DEVBRIDGE_LIBCUDA=$DEVBRIDGE_LIBCUDA: the backend loads that file, not the system's libcuda.so.1"
+fi
 GENERATOR=("-G" "Unix Makefiles")
 command -v ninja >/dev/null && GENERATOR=("-G" "Ninja")
 
