@@ -99,7 +99,12 @@ BUDGET=${GPU_CHECK_BUDGET_S:-470}
 START=$(date +%s)
 JOBS=$(nproc 2>/dev/null || echo 4)
 mkdir -p "$OUT" "$BUILD"
-rm -f "$OUT"/gpu-check.log "$OUT"/summary.txt "$OUT"/table.md
+# Only the files this script writes (GPU_CHECK_OUT may be a shared folder).
+for f in gpu-check.log summary.txt table.md configure.log build.log device.log info.txt ctest.log \
+         ctest-LastTest.log stream-4GiB.json stream-wrap.json python-configure.log python.log tinygrad.log \
+         bench.log bench-bridge-raw.json bench-torch.json; do
+  rm -f "${OUT:?}/$f"
+done
 LOG=$OUT/gpu-check.log
 exec > >(tee -a "$LOG") 2>&1
 
