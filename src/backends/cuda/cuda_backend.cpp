@@ -350,12 +350,15 @@ class CudaBackend final : public Backend {
     // that lane was looked at. Reporting both in the same drain keeps the
     // bridge's view causal (a download is never complete before the upload
     // it read).
+    const std::size_t first = out.size();
     for (;;) {
       const std::size_t before = out.size();
       drain_lane(upload_, out);
       drain_lane(download_, out);
       if (out.size() == before) break;
     }
+    // A thread asleep in wait_for_completions may be waiting for one of these.
+    if (out.size() != first) wake_waiters();
   }
 
   bool wait_for_completions(std::chrono::nanoseconds timeout) override {
@@ -368,24 +371,33 @@ class CudaBackend final : public Backend {
     constexpr auto kSpinFor = std::chrono::microseconds(50);
     constexpr auto kMaxSleep = std::chrono::microseconds(200);
     auto sleep = std::chrono::microseconds(5);
+    bool saw_pending = false;
     for (;;) {
       LaneState state = peek();
       if (state.ready) return true;
       auto now = Clock::now();
       if (now >= deadline) return false;
+      // What was pending is gone: another thread drained it. The caller may
+      // be waiting for exactly that, so let it look.
+      if (saw_pending && !state.pending) return true;
       if (!state.pending) {
-        // Nothing in flight: sleep until a submission (or the deadline).
+        // Nothing in flight: sleep until a submission or a drain (then let
+        // the caller look), or the deadline.
         std::unique_lock lock(waiters_mutex_);
         waiting_.fetch_add(1);
+        bool woken = true;
         if (!peek().pending) {
+          const std::uint64_t seen = wake_generation_;
+          const auto changed = [&] { return wake_generation_ != seen; };
           if (deadline == Clock::time_point::max())
-            waiter_cv_.wait(lock);
+            waiter_cv_.wait(lock, changed);
           else
-            waiter_cv_.wait_until(lock, deadline);
+            woken = waiter_cv_.wait_until(lock, deadline, changed);
         }
         waiting_.fetch_sub(1);
-        continue;
+        return woken;
       }
+      saw_pending = true;
       if (now - start < kSpinFor) {
         std::this_thread::yield();
       } else {
@@ -743,7 +755,10 @@ class CudaBackend final : public Backend {
 
   void wake_waiters() {
     if (waiting_.load() == 0) return;
-    std::lock_guard lock(waiters_mutex_);
+    {
+      std::lock_guard lock(waiters_mutex_);
+      ++wake_generation_;
+    }
     waiter_cv_.notify_all();
   }
 
@@ -803,6 +818,7 @@ class CudaBackend final : public Backend {
   std::mutex waiters_mutex_;
   std::condition_variable waiter_cv_;
   std::atomic<int> waiting_{0};
+  std::uint64_t wake_generation_ = 0;  // guarded by waiters_mutex_
 };
 
 CudaBackend& as_cuda(Backend& backend) {
