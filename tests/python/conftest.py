@@ -13,6 +13,7 @@ happened from one that did not). Each test's seed is printed on failure.
 from __future__ import annotations
 
 import gc
+import importlib.util
 import os
 import secrets
 
@@ -33,8 +34,9 @@ def _backend_available(name: str) -> tuple[bool, str]:
 
 
 def make_bridge(backend: str, **options) -> devbridge.Bridge:
-    """A bridge on `backend`; CUDA bridges share tinygrad's context so tinygrad can compute on their memory."""
-    if backend == "cuda":
+    """A bridge on `backend`; CUDA bridges share tinygrad's context (when tinygrad is there) so tinygrad
+    can compute on their memory; without tinygrad they use the device's primary context."""
+    if backend == "cuda" and importlib.util.find_spec("tinygrad") is not None:
         options.setdefault("cuda_context", "tinygrad")
     return devbridge.Bridge(backend=backend, **options)
 
