@@ -61,17 +61,17 @@ class SlotTable {
       index = static_cast<std::uint32_t>(slots_.size());
       slots_.emplace_back();
     }
-    ++slots_[index].version;
+    auto& slot = slots_[index];
+    slot = Slot{.version = slot.version + 1};
     ++live_;
     return index;
   }
+  // Only `in_use` must be cleared: acquire's caller sets every other field.
   void retire(std::uint32_t index) {
     auto& slot = slots_[index];
-    const std::uint32_t version = slot.version;
-    slot = Slot{};
-    slot.version = version;
+    slot.in_use = false;
     --live_;
-    if (version != std::numeric_limits<std::uint32_t>::max()) free_.push_back(index);
+    if (slot.version != std::numeric_limits<std::uint32_t>::max()) free_.push_back(index);
   }
   Slot* find(std::uint64_t id) noexcept {
     const auto index = id_slot(id);
@@ -198,7 +198,7 @@ class BridgeCore {
   }
 
   // ---- handles ----
-  void check_tag(std::uint64_t domain, Generation generation, const auto& describe_it) const {
+  [[gnu::always_inline]] void check_tag(std::uint64_t domain, Generation generation, const auto& describe_it) const {
     if (domain != domain_)
       fail(ErrorKind::ForeignDomain, "{} belongs to domain {}, this bridge is domain {}", describe_it(), domain, domain_);
     if (generation < generation_)
@@ -209,7 +209,7 @@ class BridgeCore {
                               generation_);
   }
 
-  AllocationSlot& allocation(const DeviceHandle& h) {
+  [[gnu::always_inline]] AllocationSlot& allocation(const DeviceHandle& h) {
     check_tag(h.domain, h.generation, [&] { return describe(h); });
     auto* slot = allocations_.find(h.id);
     if (!slot || slot->released)
