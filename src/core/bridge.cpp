@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <condition_variable>
 #include <limits>
 #include <map>
@@ -24,7 +25,6 @@ namespace devbridge {
 
 namespace {
 
-constexpr bool is_power_of_two(std::uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
 // Handle and event ids: the low half is a slot index, the high half the
 // slot's use count. A slot whose count would wrap is retired, never reused,
@@ -62,7 +62,9 @@ class SlotTable {
       slots_.emplace_back();
     }
     auto& slot = slots_[index];
-    slot = Slot{.version = slot.version + 1};
+    const std::uint32_t version = slot.version + 1;
+    slot = Slot{};
+    slot.version = version;
     ++live_;
     return index;
   }
@@ -177,12 +179,19 @@ class BridgeCore {
     if (__builtin_expect(restarting_ | closed_ | broken_, 0)) enter_slow(lock);
   }
   [[gnu::noinline]] void enter_slow(std::unique_lock<SpinLock>& lock) {
-    while (restarting_) {
+    block_while(lock, [&] { return restarting_ != 0; });
+    check_usable();
+  }
+
+  // Sleeps on the condition variable while `busy()` holds; notify() wakes
+  // sleepers only when there are some, so the hot paths never pay for it.
+  template <class Busy>
+  void block_while(std::unique_lock<SpinLock>& lock, Busy busy) {
+    while (busy()) {
       ++waiters_;
       cv_.wait(lock);
       --waiters_;
     }
-    check_usable();
   }
 
   void notify() {
@@ -243,7 +252,7 @@ class BridgeCore {
   // ---- allocation ----
   DeviceHandle alloc_device(const ObjectSpec& spec, std::uint64_t extent) {
     // Validation needs no state, so it happens before taking the lock.
-    if (!is_power_of_two(spec.alignment))
+    if (!std::has_single_bit(spec.alignment))
       fail(ErrorKind::InvalidAlignment, "alignment {} is not a non-zero power of two", spec.alignment);
     const auto elem = dtype_size(spec.dtype);
     if (extent == 0 || extent > spec.max_extent || (extent & (spec.alignment - 1)) || (extent & (elem - 1)))
@@ -713,11 +722,7 @@ class BridgeCore {
   // backend and frees everything the old generation held.
   void quiesce_and_free_all(std::unique_lock<SpinLock>& lock) {
     restarting_ = true;
-    while (calls_in_progress_) {
-      ++waiters_;
-      cv_.wait(lock);
-      --waiters_;
-    }
+    block_while(lock, [&] { return calls_in_progress_ != 0; });
     lock.unlock();
     try {
       backend_->quiesce();
@@ -743,11 +748,7 @@ class BridgeCore {
 
   void restart(Generation generation) {
     std::unique_lock lock(lock_);
-    while (restarting_) {
-      ++waiters_;
-      cv_.wait(lock);
-      --waiters_;
-    }
+    block_while(lock, [&] { return restarting_ != 0; });
     check_not_closed();
     if (generation <= generation_)
       fail(ErrorKind::OldGenerationHandle, "restart to generation {} refused: it must be greater than the current {}", generation,
@@ -763,11 +764,7 @@ class BridgeCore {
 
   void close() {
     std::unique_lock lock(lock_);
-    while (restarting_) {
-      ++waiters_;
-      cv_.wait(lock);
-      --waiters_;
-    }
+    block_while(lock, [&] { return restarting_ != 0; });
     if (closed_) return;
     quiesce_and_free_all(lock);
     backend_->free_host(ring_.block());

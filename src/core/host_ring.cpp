@@ -1,6 +1,7 @@
 #include "core/host_ring.hpp"
 
 #include <algorithm>
+#include <bit>
 
 #include "core/fail.hpp"
 
@@ -8,11 +9,10 @@ namespace devbridge::detail {
 
 namespace {
 constexpr std::uint64_t kMaxReserveAlignment = 4096;  // the block is at least page-aligned
-constexpr bool is_power_of_two(std::uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
 }  // namespace
 
 HostRange HostRing::reserve(std::uint64_t bytes, std::uint64_t alignment) {
-  if (!is_power_of_two(alignment) || alignment > kMaxReserveAlignment)
+  if (!std::has_single_bit(alignment) || alignment > kMaxReserveAlignment)
     fail(ErrorKind::InvalidAlignment, "ring reservation alignment {} is not a power of two in [1, {}]", alignment,
          kMaxReserveAlignment);
   const std::uint64_t cap = capacity();
