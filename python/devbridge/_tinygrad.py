@@ -101,10 +101,119 @@ def cuda_context(which: str, ordinal: int = 0) -> int:
     return int(context)
 
 
+# ---- building the tensor ----
+#
+# Tensor.from_blob(ptr, shape) is Tensor.empty(*shape) plus an external
+# allocation. Tensor.empty builds its graph through tinygrad's general paths
+# (a fresh buffer node, a reshape, a no-op shrink_to), which derive every
+# node's dtype by a long match and simplify every shape argument with a graph
+# rewrite: about 0.6 ms of Python for one tensor, most of the hand-off.
+# _wrap_external builds the same graph directly: the Buffer over the
+# address, its BUFFER node exactly as UOp.from_buffer makes it, and one
+# RESHAPE node, each with its dtype given and its shape argument cached,
+# and the Tensor made the way tinygrad makes the result of every operation
+# (Tensor._apply_uop: no constructor, which would re-derive device and dtype).
+# tinygrad interns UOps, so the nodes are not merely alike but the very
+# objects tinygrad's own calls return, and the Tensor has exactly the fields
+# its constructor sets: _fast_path_ok() checks both once per process, and
+# where they do not hold (another tinygrad version) every hand-off goes
+# through Tensor.from_blob instead.
+
+_fast_path: bool | None = None  # None: not checked yet
+_shape_args: dict[tuple[int, ...], Any] = {}  # shape -> its interned shape UOp, held so it stays interned
+_SHAPE_ARGS_KEPT = 256
+
+
+def _shape_arg(shape: tuple[int, ...]) -> Any:
+    arg = _shape_args.get(shape)
+    if arg is None:
+        from tinygrad.uop.ops import shape_to_shape_arg
+
+        if len(_shape_args) >= _SHAPE_ARGS_KEPT:
+            _shape_args.clear()
+        arg = _shape_args[shape] = shape_to_shape_arg(shape)
+    return arg
+
+
+def _buffer_node(buffer: Any) -> Any:
+    """The BUFFER node of an allocated tinygrad Buffer, as UOp.from_buffer(buffer) makes it."""
+    from tinygrad.uop.ops import Ops, ParamArg, UOp, buffers
+
+    node = UOp(Ops.BUFFER, buffer.dtype, src=(_shape_arg((buffer.size,)),),
+               arg=ParamArg(-id(buffer), buffer.dtype, device=buffer.device))
+    if node not in buffers:
+        buffers[node] = buffer.ref(1)
+    return node
+
+
+def _reshape_node(node: Any, shape: tuple[int, ...]) -> Any:
+    """node.reshape(shape), for a shape that differs from node's."""
+    from tinygrad.uop.ops import Ops, UOp
+
+    return UOp(Ops.RESHAPE, node.dtype, src=(node, _shape_arg(shape)))
+
+
+def _tensor_of(node: Any) -> "Tensor":
+    """tinygrad.Tensor(node) for a node already on its device with its dtype."""
+    import weakref
+
+    from tinygrad.tensor import Tensor, all_tensors
+
+    tensor = Tensor.__new__(Tensor)
+    tensor.uop, tensor.grad, tensor.is_param = node, None, True
+    all_tensors[weakref.ref(tensor)] = None
+    return tensor
+
+
+def _same_tensor(a: Any, b: Any) -> bool:
+    slots = getattr(type(a), "__slots__", ())
+    return (type(a) is type(b) and set(slots) == {"uop", "grad", "is_param"} and not getattr(a, "__dict__", {})
+            and all(getattr(a, name) is getattr(b, name) for name in slots))
+
+
+def _fast_path_ok() -> bool:
+    global _fast_path
+    if _fast_path is None:
+        try:
+            from tinygrad import dtypes
+            from tinygrad.device import Buffer
+            from tinygrad.uop.ops import UOp
+
+            probe = Buffer("CPU", 6, dtypes.float32)  # never allocated
+            node = _buffer_node(probe)
+            from tinygrad import Tensor
+
+            shaped = _reshape_node(node, (2, 3))
+            _fast_path = (UOp.from_buffer(probe) is node and shaped is node.reshape((2, 3))
+                          and _same_tensor(_tensor_of(shaped), Tensor(shaped)))
+        except Exception:  # noqa: BLE001 - any difference in tinygrad's internals means: use from_blob
+            _fast_path = False
+    return _fast_path
+
+
+def _wrap_external(ptr: int, shape: tuple[int, ...], dtype: Any, device: str) -> tuple["Tensor", Any]:
+    """A tinygrad Tensor over external memory (what Tensor.from_blob returns, built
+    faster) and the tinygrad Buffer that holds the address."""
+    tinygrad = _import_tinygrad()
+    if len(shape) == 0 or not _fast_path_ok():
+        tensor = tinygrad.Tensor.from_blob(ptr, shape, dtype=dtype, device=device)
+        return tensor, tensor.uop.buffer
+    from tinygrad.device import Buffer
+
+    size = 1
+    for n in shape:
+        size *= n
+    buffer = Buffer(device, size, dtype).allocate(external_ptr=ptr)
+    node = _buffer_node(buffer)
+    if len(shape) > 1:
+        node = _reshape_node(node, shape)
+    return _tensor_of(node), buffer
+
+
 def to_tinygrad(view: "TensorView") -> "Tensor":
     """A ``tinygrad.Tensor`` over the view's memory, zero-copy (see the module doc)."""
     tinygrad = _import_tinygrad()
-    Tensor, dtypes = tinygrad.Tensor, tinygrad.dtypes
+    dtypes = tinygrad.dtypes
 
     if view.closed:
         raise Closed("to_tinygrad: the view is closed")
@@ -135,10 +244,10 @@ def to_tinygrad(view: "TensorView") -> "Tensor":
             # does not wait for the bridge's non-blocking streams: order it
             # after the bridge's work (compute steps included) on the device.
             lease._order_cuda_stream(1)
-        tensor = Tensor.from_blob(lease.ptr, tuple(lease.shape), dtype=tinygrad_dtype, device=device)
+        tensor, buffer = _wrap_external(lease.ptr, tuple(lease.shape), tinygrad_dtype, device)
         # The Buffer holds the address for as long as any tensor (lazy or not)
         # can read it: the lease lives exactly as long.
-        tensor.uop.buffer._devbridge_lease = lease
+        buffer._devbridge_lease = lease
     except BaseException:
         lease.close()
         raise

@@ -184,3 +184,72 @@ def test_other_dtypes(bridge, backend_name, rng, dtype):
             np.testing.assert_array_equal(t.numpy(), raw.view(dtype))
     del t
     collect()
+
+
+# ---- how the tensor is built ------------------------------------------------
+# to_tinygrad() builds the tensor Tensor.from_blob would, without its slow
+# general path (python/devbridge/_tinygrad.py). These pin down that the two
+# are the same graph, that the check guarding the direct path passes with
+# the tinygrad installed here, and that the from_blob fallback still works.
+
+
+def test_direct_construction_is_the_graph_from_blob_builds(bridge):
+    from tinygrad.uop.ops import Ops
+
+    from devbridge import _tinygrad
+
+    assert _tinygrad._fast_path_ok(), "the direct construction no longer matches this tinygrad: hand-offs are slow"
+    h = bridge.alloc(F32, 32 * 48 * 4)
+    with bridge.view(h, "float32", (32, 48)) as view:
+        t = view.to_tinygrad()
+        ref = Tensor.from_blob(view.ptr, (32, 48), dtype=tinygrad.dtypes.float32, device=t.device)
+        assert t.uop.op is ref.uop.op is Ops.RESHAPE
+        assert t.uop.src[1] is ref.uop.src[1]  # the same interned shape
+        buffer, ref_buffer = t.uop.src[0].buffer, ref.uop.src[0].buffer
+        assert t.uop.src[0].op is Ops.BUFFER and buffer is t.uop.buffer
+        assert (buffer.device, buffer.size, buffer.dtype) == (ref_buffer.device, ref_buffer.size, ref_buffer.dtype)
+        assert buffer.options.external_ptr == ref_buffer.options.external_ptr == view.ptr
+        assert t.uop.is_realized and hasattr(buffer, "_devbridge_lease")
+        np.testing.assert_array_equal((t * 2 + 1).numpy(), (ref * 2 + 1).numpy())
+    del t, ref, buffer, ref_buffer
+    collect()
+    assert bridge.stats()["live_views"] == 0
+    bridge.free(h)
+
+
+@pytest.mark.parametrize("shape", [(), (256,), (4, 8, 8)], ids=["rank0", "rank1", "rank3"])
+def test_ranks(bridge, rng, shape):
+    x = random_array(rng, shape, "float32")
+    h = bridge.alloc(F32, 256 * 4)
+    r = bridge.ring.reserve(x.nbytes)
+    bridge.ring.ndarray(r, "float32")[:] = x.ravel()
+    bridge.wait(bridge.host_to_device(r, h, offset=0))
+    bridge.ring.release(r)
+    with bridge.view(h, "float32", shape) as view:
+        t = view.to_tinygrad()
+        assert t.shape == shape
+        np.testing.assert_array_equal((t + 0).numpy(), x)
+    del t
+    collect()
+    bridge.free(h)
+
+
+def test_from_blob_fallback(bridge, rng, monkeypatch):
+    from devbridge import _tinygrad
+
+    monkeypatch.setattr(_tinygrad, "_fast_path", False)  # as if this tinygrad's internals had changed
+    x = random_array(rng, (16, 16), "float32")
+    h = bridge.alloc(F32, x.nbytes)
+    r = bridge.ring.reserve(x.nbytes)
+    bridge.ring.ndarray(r, "float32")[:] = x.ravel()
+    bridge.wait(bridge.host_to_device(r, h))
+    bridge.ring.release(r)
+    view = bridge.view(h, "float32", x.shape)
+    t = view.to_tinygrad()
+    view.close()
+    np.testing.assert_allclose((t * 2).numpy(), x * 2)
+    with pytest.raises(devbridge.AllocationStillInUse):
+        bridge.free(h)  # the fallback's tensor holds its lease too
+    del t
+    collect()
+    bridge.free(h)
