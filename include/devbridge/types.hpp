@@ -87,6 +87,11 @@ constexpr std::uint32_t dtype_size(DType dtype) noexcept {
 std::optional<DType> dtype_from_name(std::string_view name) noexcept;
 std::span<const DTypeInfo> all_dtypes() noexcept;
 
+// std::has_single_bit compiles to a call into libgcc (__popcountdi2) unless
+// the target has POPCNT; this is two instructions on every target, and it
+// runs on every allocation.
+constexpr bool is_power_of_two(std::uint64_t value) noexcept { return value != 0 && (value & (value - 1)) == 0; }
+
 // ---- identity ---------------------------------------------------------------
 
 using Generation = std::uint64_t;
@@ -141,9 +146,11 @@ enum class CopyDirection : std::uint8_t { HostToDevice, DeviceToHost };
 
 inline constexpr int kMaxRank = 8;
 
-// A fixed-capacity list of dimensions (sizes or element strides). Only the
-// first size() values are ever read or copied: views are built on hot paths,
-// and zero-filling unused capacity measurably slowed them.
+// A fixed-capacity list of dimensions (sizes or element strides). Views are
+// built on hot paths, so construction leaves unused capacity unset (zero-
+// filling it measurably slowed them) and copies are plain object copies (a
+// few vector moves; a loop over size() became a call to memmove). Only the
+// first size() values are ever read.
 class Dims {
  public:
   constexpr Dims() noexcept {}
@@ -151,14 +158,6 @@ class Dims {
     for (auto v : values) push_back(v);
   }
   explicit Dims(std::span<const std::int64_t> values);
-  constexpr Dims(const Dims& other) noexcept : rank_(other.rank_) {
-    for (int i = 0; i < rank_; ++i) values_[i] = other.values_[i];
-  }
-  constexpr Dims& operator=(const Dims& other) noexcept {
-    rank_ = other.rank_;
-    for (int i = 0; i < rank_; ++i) values_[i] = other.values_[i];
-    return *this;
-  }
 
   constexpr int size() const noexcept { return rank_; }
   constexpr bool empty() const noexcept { return rank_ == 0; }
@@ -172,6 +171,18 @@ class Dims {
     if (rank_ >= kMaxRank) throw_rank_exceeded();
     values_[rank_++] = v;
   }
+  // Becomes the row-major element strides of `shape`, in place (built where
+  // they are needed, they are read back without a store-forwarding stall).
+  // Saturates instead of overflowing (UB) on absurd shapes; such strides then
+  // fail every extent check downstream.
+  constexpr void assign_contiguous_strides(const Dims& shape) noexcept {
+    std::int64_t stride = 1;
+    for (int i = shape.size() - 1; i >= 0; --i) {
+      values_[i] = stride;
+      if (__builtin_mul_overflow(stride, shape[i], &stride)) stride = INT64_MAX;
+    }
+    rank_ = shape.size();
+  }
   friend bool operator==(const Dims& a, const Dims& b) noexcept;
 
  private:
@@ -181,8 +192,11 @@ class Dims {
 };
 
 // Row-major element strides for a shape.
-Dims contiguous_strides(const Dims& shape) noexcept;
-
+constexpr Dims contiguous_strides(const Dims& shape) noexcept {
+  Dims strides;
+  strides.assign_contiguous_strides(shape);
+  return strides;
+}
 // What a caller asks a view to look like. Strides are in elements (as in
 // DLPack); absent strides mean row-major contiguous.
 struct ViewSpec {

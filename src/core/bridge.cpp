@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <bit>
 #include <condition_variable>
 #include <limits>
 #include <map>
@@ -237,9 +236,9 @@ class BridgeCore {
   }
 
   // Frees a released allocation once nothing uses it any more.
-  void maybe_finish_release(std::uint32_t index) {
+  [[gnu::always_inline]] void maybe_finish_release(std::uint32_t index) {
     auto& slot = allocations_[index];
-    if (slot.in_use && slot.released && !slot.used()) free_slot(index);
+    if (__builtin_expect(slot.released, 0) && slot.in_use && !slot.used()) free_slot(index);
   }
 
   void free_slot(std::uint32_t index) {
@@ -252,7 +251,7 @@ class BridgeCore {
   // ---- allocation ----
   DeviceHandle alloc_device(const ObjectSpec& spec, std::uint64_t extent) {
     // Validation needs no state, so it happens before taking the lock.
-    if (!std::has_single_bit(spec.alignment))
+    if (!is_power_of_two(spec.alignment))
       fail(ErrorKind::InvalidAlignment, "alignment {} is not a non-zero power of two", spec.alignment);
     const auto elem = dtype_size(spec.dtype);
     if (extent == 0 || extent > spec.max_extent || (extent & (spec.alignment - 1)) || (extent & (elem - 1)))
@@ -660,7 +659,10 @@ class BridgeCore {
 
   void shape_view(const DeviceHandle& h, const ViewSpec& spec, const AllocationSlot& slot, TensorView& view) const {
     const std::int64_t elem = dtype_size(spec.dtype);
-    view.strides = spec.strides ? *spec.strides : contiguous_strides(spec.shape);
+    if (spec.strides)
+      view.strides = *spec.strides;
+    else
+      view.strides.assign_contiguous_strides(spec.shape);
     const Dims& strides = view.strides;
     if (strides.size() != spec.shape.size())
       fail_view(h, slot, "{} strides for {} dimensions", strides.size(), spec.shape.size());
@@ -699,7 +701,8 @@ class BridgeCore {
     {
       std::lock_guard guard(lock_);
       --outstanding_leases_;
-      if (auto orphan = orphans_.find(OrphanKey{h.generation, h.id}); orphan != orphans_.end()) {
+      if (auto orphan = orphans_.empty() ? orphans_.end() : orphans_.find(OrphanKey{h.generation, h.id});
+          orphan != orphans_.end()) {
         if (--orphan->second.views == 0) {
           backend_->free(orphan->second.device);
           orphans_.erase(orphan);

@@ -1,7 +1,6 @@
 #include "core/host_ring.hpp"
 
 #include <algorithm>
-#include <bit>
 
 #include "core/fail.hpp"
 
@@ -12,7 +11,7 @@ constexpr std::uint64_t kMaxReserveAlignment = 4096;  // the block is at least p
 }  // namespace
 
 HostRange HostRing::reserve(std::uint64_t bytes, std::uint64_t alignment) {
-  if (!std::has_single_bit(alignment) || alignment > kMaxReserveAlignment)
+  if (!is_power_of_two(alignment) || alignment > kMaxReserveAlignment)
     fail(ErrorKind::InvalidAlignment, "ring reservation alignment {} is not a power of two in [1, {}]", alignment,
          kMaxReserveAlignment);
   const std::uint64_t cap = capacity();

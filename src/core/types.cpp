@@ -72,17 +72,4 @@ bool operator==(const Dims& a, const Dims& b) noexcept {
   return a.rank_ == b.rank_ && std::equal(a.begin(), a.end(), b.begin());
 }
 
-Dims contiguous_strides(const Dims& shape) noexcept {
-  Dims strides;
-  std::int64_t stride = 1;
-  for (int i = 0; i < shape.size(); ++i) strides.push_back(0);
-  for (int i = shape.size() - 1; i >= 0; --i) {
-    strides[i] = stride;
-    // Saturate instead of overflowing (UB) on absurd shapes; such strides then
-    // fail every extent check downstream.
-    if (__builtin_mul_overflow(stride, shape[i], &stride)) stride = INT64_MAX;
-  }
-  return strides;
-}
-
 }  // namespace devbridge

@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <bit>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -108,7 +107,7 @@ class HostBackend final : public Backend {
 
   DeviceAllocation allocate(std::uint64_t bytes, std::uint64_t alignment) override {
     if (bytes == 0) throw Error(ErrorKind::InvalidExtent, "host backend: allocate of 0 bytes");
-    if (!std::has_single_bit(alignment)) {
+    if (!is_power_of_two(alignment)) {
       throw Error(ErrorKind::InvalidAlignment,
                   fmt::format("host backend: alignment {} is not a power of two (allocate of {} bytes)", alignment, bytes));
     }
