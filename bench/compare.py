@@ -11,11 +11,18 @@ The verdicts are information for the reader; the exit status never depends on
 time (it is 1 only when devbridge's output reports a failed workload or is
 missing). Python standard library only.
 
-Usage: compare.py --devbridge OUT [--reference OUT]
+Both options may be given several times: outputs of runs interleaved in
+time (reference, devbridge, reference, devbridge, ...). Each workload's
+figure is then the median over the runs that have it, so a slow spell of
+the machine (common on a shared VM) lands on both sides instead of on one.
+Memory figures come from the first output that has them.
+
+Usage: compare.py --devbridge OUT [--devbridge OUT ...] [--reference OUT ...]
 """
 
 import argparse
 import re
+import statistics
 import sys
 
 # Issue 2, "Done when": a-d at most a third of the reference, e no more than it.
@@ -70,6 +77,25 @@ def parse(path):
     return result
 
 
+def merge(results):
+    """One result from several runs: median ns per workload, the rest from the first run that has it."""
+    merged = {"ns": {}, "errors": set(), "rss": {}, "records": {}, "peak": None, "reps": None, "runs": {}}
+    for result in results:
+        merged["errors"] |= result["errors"]
+        for key in ("rss", "records"):
+            for name, value in result[key].items():
+                merged[key].setdefault(name, value)
+        for key in ("peak", "reps"):
+            if merged[key] is None:
+                merged[key] = result[key]
+    names = {name for result in results for name in result["ns"]}
+    for name in names:
+        values = [result["ns"][name] for result in results if name in result["ns"]]
+        merged["ns"][name] = statistics.median(values)
+        merged["runs"][name] = len(values)
+    return merged
+
+
 def fmt_ns(value):
     return "-" if value is None else f"{value:.2f}"
 
@@ -80,23 +106,25 @@ def fmt_mib(kib):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--devbridge", required=True, help="output of build/.../bench/bridge_workloads")
-    parser.add_argument("--reference", help="output of the seed-rust bench (omit when cargo is missing)")
+    parser.add_argument("--devbridge", required=True, action="append",
+                        help="output of build/.../bench/bridge_workloads (repeatable)")
+    parser.add_argument("--reference", action="append", default=[],
+                        help="output of the seed-rust bench (repeatable; omit when cargo is missing)")
     args = parser.parse_args()
 
     try:
-        dev = parse(args.devbridge)
+        dev = merge([parse(path) for path in args.devbridge])
     except OSError as e:
         print(f"compare: cannot read devbridge output: {e}")
         return 1
     ref = None
     if args.reference:
         try:
-            ref = parse(args.reference)
+            ref = merge([parse(path) for path in args.reference])
         except OSError as e:
             print(f"compare: cannot read reference output ({e}); devbridge's figures alone")
 
-    header = ("workload", "devbridge ns/op", "reference ns/op", "ratio", "target", "result")
+    header = ("workload", "devbridge ns/op", "reference ns/op", "ratio", "target", "result", "runs")
     rows = []
     for name in ORDER:
         d = dev["ns"].get(name)
@@ -120,17 +148,19 @@ def main():
             "-" if ratio is None else f"{ratio:.3f}",
             "-" if target is None else f"<= {target:.3f}",
             verdict,
+            f"{dev['runs'].get(name, 0)}/{ref['runs'].get(name, 0) if ref else 0}",
         ))
 
     widths = [max(len(str(row[i])) for row in rows + [header]) for i in range(len(header))]
-    aligns = ["<", ">", ">", ">", ">", "<"]
+    aligns = ["<", ">", ">", ">", ">", "<", ">"]
 
     def line(cells):
         return " | ".join(f"{str(c):{a}{w}}" for c, a, w in zip(cells, aligns, widths))
 
     print()
     reps = dev["reps"] if dev["reps"] is not None else "?"
-    print(f"== devbridge vs seed-rust reference (null backend, median of {reps} repetitions, ns per op) ==")
+    print(f"== devbridge vs seed-rust reference (null backend, ns per op: in each run the median of {reps} "
+          "repetitions; over runs, the median; runs = devbridge/reference runs with the workload) ==")
     print(line(header))
     print("-+-".join("-" * w for w in widths))
     for row in rows:

@@ -3,9 +3,10 @@
 # the one thing it builds besides the CMake targets is the Rust reference, with
 # cargo, into build/seed-rust-target (../shared is read-only).
 #
-#  1. the seed-rust reference benchmark (workloads a-f), when cargo is there;
-#  2. devbridge's replay of the same workloads over a null backend;
-#  3. one comparison table (bench/compare.py);
+#  1. the seed-rust reference benchmark (workloads a-f), when cargo is there,
+#  2. and devbridge's replay of the same workloads over a null backend,
+#     alternating, BENCH_ROUNDS times (default 3);
+#  3. one comparison table of medians (bench/compare.py);
 #  4. the host backend against memcpy, and the 4 KiB round trip;
 #  5. bench/cuda, when the CUDA helper has added it and a GPU is present;
 #  6. the tinygrad hand-off benchmark, when bench/tinygrad_handoff.py exists.
@@ -31,32 +32,39 @@ mkdir -p "$OUT"
 
 echo "== machine: $(nproc) CPUs, $(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n1), $(uname -r) =="
 
-# 1. Reference.
-reference_out=""
-if command -v cargo >/dev/null 2>&1 && [ -f "$REFERENCE_DIR/Cargo.toml" ]; then
-  echo "== seed-rust reference (cargo, release) =="
-  if CARGO_TARGET_DIR=build/seed-rust-target cargo run --quiet --release \
-      --manifest-path "$REFERENCE_DIR/Cargo.toml" --bin bench | tee "$OUT/reference.txt"; then
-    reference_out="$OUT/reference.txt"
-  else
-    echo "bench: the reference benchmark failed; devbridge's figures alone" >&2
-  fi
-elif ! command -v cargo >/dev/null 2>&1; then
+# 1-2. The reference and devbridge's replay, interleaved: the machine's
+# speed drifts (a shared VM: +-25% over tens of seconds), so each side runs
+# BENCH_ROUNDS times (default 3), alternating, and the table takes medians.
+# The first round runs everything; later ones skip the long growth runs (f).
+rounds=${BENCH_ROUNDS:-3}
+reference_outs=()
+devbridge_outs=()
+have_reference=1
+if ! command -v cargo >/dev/null 2>&1; then
   echo "bench: cargo is not installed; skipping the Rust reference, devbridge's figures alone"
-else
+  have_reference=0
+elif [ ! -f "$REFERENCE_DIR/Cargo.toml" ]; then
   echo "bench: $REFERENCE_DIR not found; devbridge's figures alone"
+  have_reference=0
 fi
-
-# 2. devbridge's replay.
-echo "== devbridge replay (null backend) =="
-"$BUILD/bench/bridge_workloads" | tee "$OUT/devbridge.txt" || status=1
+for round in $(seq 1 "$rounds"); do
+  skip_growth=$([ "$round" -eq 1 ] && echo 0 || echo 1)
+  if [ "$have_reference" -eq 1 ]; then
+    echo "== seed-rust reference (cargo, release), round $round of $rounds =="
+    if BENCH_SKIP_GROWTH=$skip_growth CARGO_TARGET_DIR=build/seed-rust-target cargo run --quiet --release \
+        --manifest-path "$REFERENCE_DIR/Cargo.toml" --bin bench | tee "$OUT/reference.$round.txt"; then
+      reference_outs+=(--reference "$OUT/reference.$round.txt")
+    else
+      echo "bench: the reference benchmark failed in round $round" >&2
+    fi
+  fi
+  echo "== devbridge replay (null backend), round $round of $rounds =="
+  BENCH_SKIP_GROWTH=$skip_growth "$BUILD/bench/bridge_workloads" | tee "$OUT/devbridge.$round.txt" || status=1
+  devbridge_outs+=(--devbridge "$OUT/devbridge.$round.txt")
+done
 
 # 3. The table.
-if [ -n "$reference_out" ]; then
-  python3 bench/compare.py --devbridge "$OUT/devbridge.txt" --reference "$reference_out" || status=1
-else
-  python3 bench/compare.py --devbridge "$OUT/devbridge.txt" || status=1
-fi
+python3 bench/compare.py "${devbridge_outs[@]}" "${reference_outs[@]}" || status=1
 
 # 4. Host backend.
 echo

@@ -45,21 +45,17 @@ std::string describe(const HostRange& r) { return fmt::format("host range [offse
 std::atomic<std::uint64_t> g_next_domain{1};
 
 // Small free-list table of versioned slots, shared by allocations and copies.
+// The free list is threaded through next_free_ (one entry per slot, grown
+// with the slots), so taking and returning a slot never checks a capacity or
+// calls out of line: they are most of an allocation, a free or an async copy.
 template <class Slot>
 class SlotTable {
  public:
   // Returns a free slot index; its version is already bumped for the new use.
-  std::uint32_t acquire() {
-    std::uint32_t index;
-    if (!free_.empty()) {
-      index = free_.back();
-      free_.pop_back();
-    } else {
-      if (slots_.size() >= std::numeric_limits<std::uint32_t>::max())
-        throw Error(ErrorKind::AllocationFailed, "bridge slot table exhausted (2^32 live records)");
-      index = static_cast<std::uint32_t>(slots_.size());
-      slots_.emplace_back();
-    }
+  [[gnu::always_inline]] std::uint32_t acquire() {
+    if (__builtin_expect(free_head_ == kNone, 0)) grow();
+    const std::uint32_t index = free_head_;
+    free_head_ = next_free_[index];
     auto& slot = slots_[index];
     const std::uint32_t version = slot.version + 1;
     slot = Slot{};
@@ -67,12 +63,15 @@ class SlotTable {
     ++live_;
     return index;
   }
-  // Only `in_use` must be cleared: acquire's caller sets every other field.
-  void retire(std::uint32_t index) {
+  // Only `in_use` must be cleared: acquire resets every other field.
+  [[gnu::always_inline]] void retire(std::uint32_t index) {
     auto& slot = slots_[index];
     slot.in_use = false;
     --live_;
-    if (slot.version != std::numeric_limits<std::uint32_t>::max()) free_.push_back(index);
+    if (slot.version != std::numeric_limits<std::uint32_t>::max()) {
+      next_free_[index] = free_head_;
+      free_head_ = index;
+    }
   }
   Slot* find(std::uint64_t id) noexcept {
     const auto index = id_slot(id);
@@ -90,8 +89,25 @@ class SlotTable {
   }
 
  private:
+  static constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
+
+  // A new slot at the end, on the free list.
+  [[gnu::noinline]] void grow() {
+    if (slots_.size() >= kNone)
+      throw Error(ErrorKind::AllocationFailed, "bridge slot table exhausted (2^32 - 1 live records)");
+    next_free_.push_back(free_head_);
+    try {
+      slots_.emplace_back();
+    } catch (...) {
+      next_free_.pop_back();  // the two stay the same length
+      throw;
+    }
+    free_head_ = static_cast<std::uint32_t>(slots_.size() - 1);
+  }
+
   std::vector<Slot> slots_;
-  std::vector<std::uint32_t> free_;
+  std::vector<std::uint32_t> next_free_;
+  std::uint32_t free_head_ = kNone;
   std::size_t live_ = 0;
 };
 
@@ -174,10 +190,10 @@ class BridgeCore {
   }
 
   // Entry of every call that touches state: waits out a restart in progress.
-  void enter(std::unique_lock<SpinLock>& lock) {
+  void enter(SpinLockHold& lock) {
     if (__builtin_expect(restarting_ | closed_ | broken_, 0)) enter_slow(lock);
   }
-  [[gnu::noinline]] void enter_slow(std::unique_lock<SpinLock>& lock) {
+  [[gnu::noinline]] void enter_slow(SpinLockHold& lock) {
     block_while(lock, [&] { return restarting_ != 0; });
     check_usable();
   }
@@ -185,7 +201,7 @@ class BridgeCore {
   // Sleeps on the condition variable while `busy()` holds; notify() wakes
   // sleepers only when there are some, so the hot paths never pay for it.
   template <class Busy>
-  void block_while(std::unique_lock<SpinLock>& lock, Busy busy) {
+  void block_while(SpinLockHold& lock, Busy busy) {
     while (busy()) {
       ++waiters_;
       cv_.wait(lock);
@@ -207,21 +223,26 @@ class BridgeCore {
 
   // ---- handles ----
   [[gnu::always_inline]] void check_tag(std::uint64_t domain, Generation generation, const auto& describe_it) const {
-    if (domain != domain_)
-      fail(ErrorKind::ForeignDomain, "{} belongs to domain {}, this bridge is domain {}", describe_it(), domain, domain_);
-    if (generation < generation_)
-      fail(ErrorKind::OldGenerationHandle, "{} is from generation {}, the bridge is at generation {}", describe_it(), generation,
-                              generation_);
-    if (generation > generation_)
-      fail(ErrorKind::UnknownDeviceHandle, "{} names generation {}, newer than the bridge's {}", describe_it(), generation,
-                              generation_);
+    if (__builtin_expect(domain != domain_ || generation != generation_, 0))
+      fail_with(generation < generation_ && domain == domain_ ? ErrorKind::OldGenerationHandle
+                : domain != domain_                         ? ErrorKind::ForeignDomain
+                                                            : ErrorKind::UnknownDeviceHandle,
+                [&] {
+                  if (domain != domain_)
+                    return fmt::format("{} belongs to domain {}, this bridge is domain {}", describe_it(), domain, domain_);
+                  if (generation < generation_)
+                    return fmt::format("{} is from generation {}, the bridge is at generation {}", describe_it(),
+                                       generation, generation_);
+                  return fmt::format("{} names generation {}, newer than the bridge's {}", describe_it(), generation,
+                                     generation_);
+                });
   }
 
   [[gnu::always_inline]] AllocationSlot& allocation(const DeviceHandle& h) {
     check_tag(h.domain, h.generation, [&] { return describe(h); });
     auto* slot = allocations_.find(h.id);
-    if (!slot || slot->released)
-      fail(ErrorKind::UnknownDeviceHandle, "{} is unknown, already freed or released", describe(h));
+    if (__builtin_expect(!slot || slot->released, 0))
+      fail_with(ErrorKind::UnknownDeviceHandle, [&] { return fmt::format("{} is unknown, already freed or released", describe(h)); });
     return *slot;
   }
 
@@ -241,7 +262,7 @@ class BridgeCore {
     if (__builtin_expect(slot.released, 0) && slot.in_use && !slot.used()) free_slot(index);
   }
 
-  void free_slot(std::uint32_t index) {
+  [[gnu::always_inline]] void free_slot(std::uint32_t index) {
     auto& slot = allocations_[index];
     backend_->free(slot.device);
     allocated_bytes_ -= slot.device.bytes;
@@ -258,7 +279,7 @@ class BridgeCore {
       fail(ErrorKind::InvalidExtent, "extent {} must be non-zero, at most max_extent {}, and a multiple of the alignment {} "
                               "and of the {} size {}",
                               extent, spec.max_extent, spec.alignment, dtype_info(spec.dtype).name, elem);
-    std::unique_lock lock(lock_);
+    SpinLockHold lock(lock_);
     enter(lock);
     const auto index = allocations_.acquire();
     DeviceAllocation device;
@@ -284,17 +305,17 @@ class BridgeCore {
                        slot.views == 1 ? "" : "s");
   }
 
-  void free_device(const DeviceHandle& h) {
-    std::unique_lock lock(lock_);
+  [[gnu::always_inline]] void free_device(const DeviceHandle& h) {
+    SpinLockHold lock(lock_);
     enter(lock);
     auto& slot = allocation(h);
-    if (slot.used())
-      fail(ErrorKind::AllocationStillInUse, "{} is still used: {}", describe(h), uses(slot));
+    if (__builtin_expect(slot.used(), 0))
+      fail_with(ErrorKind::AllocationStillInUse, [&] { return fmt::format("{} is still used: {}", describe(h), uses(slot)); });
     free_slot(id_slot(h.id));
   }
 
   void release(const DeviceHandle& h) {
-    std::unique_lock lock(lock_);
+    SpinLockHold lock(lock_);
     enter(lock);
     auto& slot = allocation(h);
     slot.released = true;
@@ -302,7 +323,7 @@ class BridgeCore {
   }
 
   std::pair<ObjectSpec, std::uint64_t> spec_of(const DeviceHandle& h) {
-    std::unique_lock lock(lock_);
+    SpinLockHold lock(lock_);
     enter(lock);
     auto& slot = allocation(h);
     return {slot.spec, slot.extent};
@@ -310,17 +331,17 @@ class BridgeCore {
 
   // ---- ring ----
   HostRange reserve(std::uint64_t bytes, std::uint64_t alignment) {
-    std::unique_lock lock(lock_);
+    SpinLockHold lock(lock_);
     enter(lock);
     return ring_.reserve(bytes, alignment);
   }
   void release_host(HostRange range) {
-    std::unique_lock lock(lock_);
+    SpinLockHold lock(lock_);
     check_not_closed();
     ring_.release(range);
   }
   std::span<std::byte> host_bytes(HostRange range) {
-    std::unique_lock lock(lock_);
+    SpinLockHold lock(lock_);
     check_not_closed();
     ring_.find(range);
     return {ring_.data(range), range.len};
@@ -338,7 +359,7 @@ class BridgeCore {
   // Waits (draining completions itself, so no other thread need poll) until
   // `ready()` holds or the deadline passes. Called with the lock held.
   template <class Ready>
-  bool wait_until(std::unique_lock<SpinLock>& lock, std::chrono::steady_clock::time_point deadline, Ready ready) {
+  bool wait_until(SpinLockHold& lock, std::chrono::steady_clock::time_point deadline, Ready ready) {
     constexpr auto kSlice = std::chrono::milliseconds(2);
     for (;;) {
       drain_locked();
@@ -353,7 +374,7 @@ class BridgeCore {
   }
 
   CopyEvent copy(CopyDirection direction, HostRange host, DeviceRange device, CopyMode mode, Admission admission) {
-    std::unique_lock lock(lock_);
+    SpinLockHold lock(lock_);
     enter(lock);
     auto* slot = &allocation(device.handle);
     validate_device_range(device, *slot);
@@ -418,7 +439,7 @@ class BridgeCore {
   // the work uses; restart and close wait for calls_in_progress_ to drain.
   // Returns the backend's error, if any, with the lock held again.
   template <class Work>
-  std::optional<Error> run_unlocked(std::unique_lock<SpinLock>& lock, Work work) {
+  std::optional<Error> run_unlocked(SpinLockHold& lock, Work work) {
     ++calls_in_progress_;
     lock.unlock();
     std::optional<Error> failure;
@@ -527,14 +548,14 @@ class BridgeCore {
   }
 
   CopyStatus copy_status(const CopyEvent& e) {
-    std::unique_lock lock(lock_);
+    SpinLockHold lock(lock_);
     enter(lock);
     drain_locked();
     return status_locked(e);
   }
 
   bool is_completed(const CopyEvent& e) {
-    std::unique_lock lock(lock_);
+    SpinLockHold lock(lock_);
     enter(lock);
     // Cheap first look: a retired event needs no drain.
     if (state_locked(e) == CopyState::Completed) return true;
@@ -545,7 +566,7 @@ class BridgeCore {
   CopyStatus wait(const CopyEvent& e, std::optional<std::chrono::nanoseconds> timeout) {
     const auto deadline = timeout ? std::chrono::steady_clock::now() + *timeout
                                   : std::chrono::steady_clock::time_point::max();
-    std::unique_lock lock(lock_);
+    SpinLockHold lock(lock_);
     enter(lock);
     CopyStatus status;
     wait_until(lock, deadline, [&] {
@@ -556,14 +577,14 @@ class BridgeCore {
   }
 
   std::size_t poll() {
-    std::unique_lock lock(lock_);
+    SpinLockHold lock(lock_);
     enter(lock);
     return drain_locked();
   }
 
   // ---- compute ----
   void begin_step(StepId step, std::span<const DeviceHandle> handles) {
-    std::unique_lock lock(lock_);
+    SpinLockHold lock(lock_);
     enter(lock);
     if (steps_.contains(step))
       fail(ErrorKind::Unsupported, "step {} is already active; end it first", step);
@@ -578,7 +599,7 @@ class BridgeCore {
   }
 
   void end_step(StepId step) {
-    std::unique_lock lock(lock_);
+    SpinLockHold lock(lock_);
     enter(lock);
     auto it = steps_.find(step);
     if (it == steps_.end())
@@ -591,7 +612,7 @@ class BridgeCore {
   }
 
   void launch_axpy(const DeviceRange& x, const DeviceRange& y, float a, float b) {
-    std::unique_lock lock(lock_);
+    SpinLockHold lock(lock_);
     enter(lock);
     auto& xs = allocation(x.handle);
     auto& ys = allocation(y.handle);
@@ -624,7 +645,7 @@ class BridgeCore {
   // ---- views ----
   // Fills `view` in place: it is the lease's own storage (no copy on a hot path).
   void view(const DeviceHandle& h, const ViewSpec& spec, ViewWait wait_mode, TensorView& view) {
-    std::unique_lock lock(lock_);
+    SpinLockHold lock(lock_);
     enter(lock);
     auto* slot = &allocation(h);
     if (spec.dtype != slot->spec.dtype)
@@ -723,7 +744,7 @@ class BridgeCore {
   // ---- restart / close ----
   // Stops new work, waits for calls running outside the lock, quiesces the
   // backend and frees everything the old generation held.
-  void quiesce_and_free_all(std::unique_lock<SpinLock>& lock) {
+  void quiesce_and_free_all(SpinLockHold& lock) {
     restarting_ = true;
     block_while(lock, [&] { return calls_in_progress_ != 0; });
     lock.unlock();
@@ -750,7 +771,7 @@ class BridgeCore {
   }
 
   void restart(Generation generation) {
-    std::unique_lock lock(lock_);
+    SpinLockHold lock(lock_);
     block_while(lock, [&] { return restarting_ != 0; });
     check_not_closed();
     if (generation <= generation_)
@@ -766,7 +787,7 @@ class BridgeCore {
   }
 
   void close() {
-    std::unique_lock lock(lock_);
+    SpinLockHold lock(lock_);
     block_while(lock, [&] { return restarting_ != 0; });
     if (closed_) return;
     quiesce_and_free_all(lock);
