@@ -51,7 +51,8 @@ std::atomic<std::uint64_t> g_next_domain{1};
 template <class Slot>
 class SlotTable {
  public:
-  // Returns a free slot index; its version is already bumped for the new use.
+  // Returns a free slot index, its version already bumped for the new use and
+  // every other field reset; the caller fills the record and sets in_use.
   [[gnu::always_inline]] std::uint32_t acquire() {
     if (__builtin_expect(free_head_ == kNone, 0)) grow();
     const std::uint32_t index = free_head_;
@@ -75,7 +76,7 @@ class SlotTable {
   }
   Slot* find(std::uint64_t id) noexcept {
     const auto index = id_slot(id);
-    if (index >= slots_.size()) return nullptr;
+    if (index >= size_) return nullptr;
     auto& slot = slots_[index];
     return (slot.in_use && slot.version == id_version(id)) ? &slot : nullptr;
   }
@@ -102,12 +103,13 @@ class SlotTable {
       next_free_.pop_back();  // the two stay the same length
       throw;
     }
-    free_head_ = static_cast<std::uint32_t>(slots_.size() - 1);
+    free_head_ = size_++;
   }
 
   std::vector<Slot> slots_;
   std::vector<std::uint32_t> next_free_;
   std::uint32_t free_head_ = kNone;
+  std::uint32_t size_ = 0;  // slots_.size(), without the division by sizeof(Slot)
   std::size_t live_ = 0;
 };
 
@@ -281,13 +283,18 @@ class BridgeCore {
                               extent, spec.max_extent, spec.alignment, dtype_info(spec.dtype).name, elem);
     SpinLockHold lock(lock_);
     enter(lock);
-    const auto index = allocations_.acquire();
     DeviceAllocation device;
     try {
       device = backend_->allocate(extent, spec.alignment);
     } catch (const Error& e) {
-      allocations_.retire(index);
       if (e.fatal()) mark_broken(e);
+      throw;
+    }
+    std::uint32_t index;
+    try {
+      index = allocations_.acquire();
+    } catch (...) {
+      backend_->free(device);
       throw;
     }
     auto& slot = allocations_[index];
@@ -399,15 +406,15 @@ class BridgeCore {
     }
 
     const auto alloc_index = id_slot(device.handle.id);
-    pin(*slot, direction, ring_key);
     if (mode == CopyMode::Async) {
-      const auto copy_index = copies_.acquire();
+      const auto copy_index = copies_.acquire();  // before pin: it may throw
       auto& record = copies_[copy_index];
       record.in_use = true;
       record.direction = direction;
       record.allocation = alloc_index;
       record.ring_key = ring_key;
       record.bytes = host.len;
+      pin(*slot, direction, ring_key);
       const CopyEvent event{domain_, generation_, make_id(copy_index, record.version)};
       // Submission is an enqueue: it stays under the lock, so a completion
       // can never be drained before its record exists.
@@ -425,6 +432,7 @@ class BridgeCore {
     }
 
     // Sync: the copy itself runs unlocked; pins keep memory and range alive.
+    pin(*slot, direction, ring_key);
     const CopyEvent event{domain_, generation_, kSyncEventBit | ++sync_copies_issued_};
     const CopyRequest request{direction, mode, event, ring_.data(host), slot->device, device.offset, host.len};
     auto failure = run_unlocked(lock, [&] { backend_->submit_copy(request); });
