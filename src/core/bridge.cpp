@@ -51,20 +51,18 @@ std::atomic<std::uint64_t> g_next_domain{1};
 template <class Slot>
 class SlotTable {
  public:
-  // Returns a free slot index, its version already bumped for the new use and
-  // every other field reset; the caller fills the record and sets in_use.
+  // Returns a free slot index, its version already bumped for the new use.
+  // The caller writes every other field (Slot::start), so a slot is written
+  // once per use rather than cleared and then filled.
   [[gnu::always_inline]] std::uint32_t acquire() {
     if (__builtin_expect(free_head_ == kNone, 0)) grow();
     const std::uint32_t index = free_head_;
     free_head_ = next_free_[index];
-    auto& slot = slots_[index];
-    const std::uint32_t version = slot.version + 1;
-    slot = Slot{};
-    slot.version = version;
+    ++slots_[index].version;
     ++live_;
     return index;
   }
-  // Only `in_use` must be cleared: acquire resets every other field.
+  // Only `in_use` must be cleared: the next acquire's caller writes the rest.
   [[gnu::always_inline]] void retire(std::uint32_t index) {
     auto& slot = slots_[index];
     slot.in_use = false;
@@ -125,6 +123,15 @@ struct AllocationSlot {
   std::uint32_t steps = 0;    // active compute steps, and launches in progress
   std::uint32_t views = 0;    // live view leases
   bool used() const noexcept { return copies || steps || views; }
+  // Every field but the version, for a new use of the slot.
+  [[gnu::always_inline]] void start(const ObjectSpec& new_spec, std::uint64_t new_extent, const DeviceAllocation& memory) {
+    in_use = true;
+    released = false;
+    spec = new_spec;
+    extent = new_extent;
+    device = memory;
+    copies = uploads = steps = views = 0;
+  }
 };
 
 enum class CopyPhase : std::uint8_t { Pending, Failed };
@@ -138,6 +145,17 @@ struct CopySlot {
   detail::HostRing::Key ring_key = 0;
   std::uint64_t bytes = 0;
   ErrorKind error = ErrorKind::DeviceCopyFailed;  // when phase == Failed; the message is in failure_messages_
+  // Every field but the version, for a new use of the slot.
+  [[gnu::always_inline]] void start(CopyDirection new_direction, std::uint32_t new_allocation,
+                                    detail::HostRing::Key new_ring_key, std::uint64_t new_bytes) {
+    in_use = true;
+    phase = CopyPhase::Pending;
+    direction = new_direction;
+    allocation = new_allocation;
+    ring_key = new_ring_key;
+    bytes = new_bytes;
+    error = ErrorKind::DeviceCopyFailed;
+  }
 };
 
 // Sync copies need no record: their event is done when the call returns. Their
@@ -186,17 +204,17 @@ class BridgeCore {
 
   // ---- state checks ----
   void check_usable() const {
-    if (closed_) throw Error(ErrorKind::Closed, "the bridge is closed");
-    if (broken_)
+    if (closed()) throw Error(ErrorKind::Closed, "the bridge is closed");
+    if (broken())
       fail(ErrorKind::Broken, "the bridge is broken ({}); restart it to recover", broken_reason_);
   }
 
   // Entry of every call that touches state: waits out a restart in progress.
   void enter(SpinLockHold& lock) {
-    if (__builtin_expect(restarting_ | closed_ | broken_, 0)) enter_slow(lock);
+    if (__builtin_expect(state_ != 0, 0)) enter_slow(lock);
   }
   [[gnu::noinline]] void enter_slow(SpinLockHold& lock) {
-    block_while(lock, [&] { return restarting_ != 0; });
+    block_while(lock, [&] { return restarting(); });
     check_usable();
   }
 
@@ -216,35 +234,39 @@ class BridgeCore {
   }
 
   void mark_broken(const Error& error) {
-    if (!broken_) {
-      broken_ = true;
+    if (!broken()) {
+      set_state(kBroken, true);
       broken_reason_ = std::string(error.what());
       spdlog::error("devbridge: bridge (domain {}) is broken: {}", domain_, broken_reason_);
     }
   }
 
   // ---- handles ----
-  [[gnu::always_inline]] void check_tag(std::uint64_t domain, Generation generation, const auto& describe_it) const {
-    if (__builtin_expect(domain != domain_ || generation != generation_, 0))
-      fail_with(generation < generation_ && domain == domain_ ? ErrorKind::OldGenerationHandle
-                : domain != domain_                         ? ErrorKind::ForeignDomain
-                                                            : ErrorKind::UnknownDeviceHandle,
-                [&] {
-                  if (domain != domain_)
-                    return fmt::format("{} belongs to domain {}, this bridge is domain {}", describe_it(), domain, domain_);
-                  if (generation < generation_)
-                    return fmt::format("{} is from generation {}, the bridge is at generation {}", describe_it(),
-                                       generation, generation_);
-                  return fmt::format("{} names generation {}, newer than the bridge's {}", describe_it(), generation,
-                                     generation_);
-                });
+  // A handle or copy event of this bridge's domain and current generation.
+  template <class Tagged>
+  [[gnu::always_inline]] void check_tag(const Tagged& tagged) const {
+    if (__builtin_expect(tagged.domain != domain_ || tagged.generation != generation_, 0)) fail_tag(tagged);
+  }
+  template <class Tagged>
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_tag(const Tagged& tagged) const {
+    if (tagged.domain != domain_)
+      fail(ErrorKind::ForeignDomain, "{} belongs to domain {}, this bridge is domain {}", describe(tagged), tagged.domain,
+           domain_);
+    if (tagged.generation < generation_)
+      fail(ErrorKind::OldGenerationHandle, "{} is from generation {}, the bridge is at generation {}", describe(tagged),
+           tagged.generation, generation_);
+    fail(ErrorKind::UnknownDeviceHandle, "{} names generation {}, newer than the bridge's {}", describe(tagged),
+         tagged.generation, generation_);
+  }
+
+  [[noreturn, gnu::cold, gnu::noinline]] static void fail_unknown(const DeviceHandle& h) {
+    fail(ErrorKind::UnknownDeviceHandle, "{} is unknown, already freed or released", describe(h));
   }
 
   [[gnu::always_inline]] AllocationSlot& allocation(const DeviceHandle& h) {
-    check_tag(h.domain, h.generation, [&] { return describe(h); });
+    check_tag(h);
     auto* slot = allocations_.find(h.id);
-    if (__builtin_expect(!slot || slot->released, 0))
-      fail_with(ErrorKind::UnknownDeviceHandle, [&] { return fmt::format("{} is unknown, already freed or released", describe(h)); });
+    if (__builtin_expect(!slot || slot->released, 0)) fail_unknown(h);
     return *slot;
   }
 
@@ -272,6 +294,16 @@ class BridgeCore {
   }
 
   // ---- allocation ----
+  // The backend's allocation; a fatal failure breaks the bridge.
+  [[gnu::always_inline]] DeviceAllocation backend_allocate(std::uint64_t bytes, std::uint64_t alignment) {
+    try {
+      return backend_->allocate(bytes, alignment);
+    } catch (const Error& e) {
+      if (e.fatal()) mark_broken(e);
+      throw;
+    }
+  }
+
   DeviceHandle alloc_device(const ObjectSpec& spec, std::uint64_t extent) {
     // Validation needs no state, so it happens before taking the lock.
     if (!is_power_of_two(spec.alignment))
@@ -283,13 +315,7 @@ class BridgeCore {
                               extent, spec.max_extent, spec.alignment, dtype_info(spec.dtype).name, elem);
     SpinLockHold lock(lock_);
     enter(lock);
-    DeviceAllocation device;
-    try {
-      device = backend_->allocate(extent, spec.alignment);
-    } catch (const Error& e) {
-      if (e.fatal()) mark_broken(e);
-      throw;
-    }
+    const DeviceAllocation device = backend_allocate(extent, spec.alignment);
     std::uint32_t index;
     try {
       index = allocations_.acquire();
@@ -298,10 +324,7 @@ class BridgeCore {
       throw;
     }
     auto& slot = allocations_[index];
-    slot.in_use = true;
-    slot.spec = spec;
-    slot.extent = extent;
-    slot.device = device;
+    slot.start(spec, extent, device);
     allocated_bytes_ += device.bytes;
     return DeviceHandle{domain_, generation_, make_id(index, slot.version)};
   }
@@ -312,12 +335,15 @@ class BridgeCore {
                        slot.views == 1 ? "" : "s");
   }
 
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_in_use(const DeviceHandle& h, const AllocationSlot& slot) const {
+    fail(ErrorKind::AllocationStillInUse, "{} is still used: {}", describe(h), uses(slot));
+  }
+
   [[gnu::always_inline]] void free_device(const DeviceHandle& h) {
     SpinLockHold lock(lock_);
     enter(lock);
     auto& slot = allocation(h);
-    if (__builtin_expect(slot.used(), 0))
-      fail_with(ErrorKind::AllocationStillInUse, [&] { return fmt::format("{} is still used: {}", describe(h), uses(slot)); });
+    if (__builtin_expect(slot.used(), 0)) fail_in_use(h, slot);
     free_slot(id_slot(h.id));
   }
 
@@ -354,7 +380,7 @@ class BridgeCore {
     return {ring_.data(range), range.len};
   }
   void check_not_closed() const {
-    if (closed_) throw Error(ErrorKind::Closed, "the bridge is closed");
+    if (closed()) throw Error(ErrorKind::Closed, "the bridge is closed");
   }
   std::uint64_t ring_capacity() const noexcept { return ring_.capacity(); }
   std::uint64_t ring_free_bytes() {
@@ -409,11 +435,7 @@ class BridgeCore {
     if (mode == CopyMode::Async) {
       const auto copy_index = copies_.acquire();  // before pin: it may throw
       auto& record = copies_[copy_index];
-      record.in_use = true;
-      record.direction = direction;
-      record.allocation = alloc_index;
-      record.ring_key = ring_key;
-      record.bytes = host.len;
+      record.start(direction, alloc_index, ring_key, host.len);
       pin(*slot, direction, ring_key);
       const CopyEvent event{domain_, generation_, make_id(copy_index, record.version)};
       // Submission is an enqueue: it stays under the lock, so a completion
@@ -526,7 +548,7 @@ class BridgeCore {
 
   // The event's state, validating it first; `record` gets the failed record.
   CopyState state_locked(const CopyEvent& e, const CopySlot** failed = nullptr) {
-    check_tag(e.domain, e.generation, [&] { return describe(e); });
+    check_tag(e);
     if (e.id & kSyncEventBit) {
       const auto sequence = e.id & ~kSyncEventBit;
       if (sequence == 0 || sequence > sync_copies_issued_) fail_never_issued(e);
@@ -736,7 +758,7 @@ class BridgeCore {
           backend_->free(orphan->second.device);
           orphans_.erase(orphan);
         }
-      } else if (h.generation == generation_ && !closed_) {
+      } else if (h.generation == generation_ && !closed()) {
         const auto index = id_slot(h.id);
         auto& slot = allocations_[index];
         if (slot.in_use && slot.version == id_version(h.id) && slot.views > 0) {
@@ -753,7 +775,7 @@ class BridgeCore {
   // Stops new work, waits for calls running outside the lock, quiesces the
   // backend and frees everything the old generation held.
   void quiesce_and_free_all(SpinLockHold& lock) {
-    restarting_ = true;
+    set_state(kRestarting, true);
     block_while(lock, [&] { return calls_in_progress_ != 0; });
     lock.unlock();
     try {
@@ -762,7 +784,7 @@ class BridgeCore {
       spdlog::error("devbridge: quiesce failed: {}", e.what());
     }
     lock.lock();
-    if (!broken_) drain_locked();
+    if (!broken()) drain_locked();
     copies_.for_each_in_use([&](std::uint32_t index, CopySlot&) { copies_.retire(index); });
     failure_messages_.clear();
     allocations_.for_each_in_use([&](std::uint32_t index, AllocationSlot& slot) {
@@ -780,29 +802,29 @@ class BridgeCore {
 
   void restart(Generation generation) {
     SpinLockHold lock(lock_);
-    block_while(lock, [&] { return restarting_ != 0; });
+    block_while(lock, [&] { return restarting(); });
     check_not_closed();
     if (generation <= generation_)
       fail(ErrorKind::OldGenerationHandle, "restart to generation {} refused: it must be greater than the current {}", generation,
                               generation_);
     quiesce_and_free_all(lock);
     generation_ = generation;
-    broken_ = false;
+    set_state(kBroken, false);
     broken_reason_.clear();
     ++restarts_;
-    restarting_ = false;
+    set_state(kRestarting, false);
     notify();
   }
 
   void close() {
     SpinLockHold lock(lock_);
-    block_while(lock, [&] { return restarting_ != 0; });
-    if (closed_) return;
+    block_while(lock, [&] { return restarting(); });
+    if (closed()) return;
     quiesce_and_free_all(lock);
     backend_->free_host(ring_.block());
     ring_ = HostRing();
-    closed_ = true;
-    restarting_ = false;
+    set_state(kClosed, true);
+    set_state(kRestarting, false);
     notify();
   }
 
@@ -811,8 +833,8 @@ class BridgeCore {
     BridgeStats s;
     s.generation = generation_;
     s.domain = domain_;
-    s.broken = broken_;
-    s.closed = closed_;
+    s.broken = broken();
+    s.closed = closed();
     s.live_allocations = allocations_.live();
     s.allocated_bytes = allocated_bytes_;
     s.copies_submitted = copies_submitted_;
@@ -872,9 +894,16 @@ class BridgeCore {
   std::uint64_t outstanding_leases_ = 0;
   std::uint32_t calls_in_progress_ = 0;
   std::uint32_t waiters_ = 0;
-  bool restarting_ = false;
-  bool closed_ = false;
-  bool broken_ = false;
+  // Why calls cannot go ahead as usual: bits of one byte, so that every entry
+  // (enter) tests them with one compare.
+  enum StateBit : std::uint8_t { kRestarting = 1, kClosed = 2, kBroken = 4 };
+  std::uint8_t state_ = 0;
+  bool restarting() const noexcept { return state_ & kRestarting; }
+  bool closed() const noexcept { return state_ & kClosed; }
+  bool broken() const noexcept { return state_ & kBroken; }
+  void set_state(StateBit bit, bool on) noexcept {
+    state_ = on ? static_cast<std::uint8_t>(state_ | bit) : static_cast<std::uint8_t>(state_ & ~bit);
+  }
   bool owner_alive_ = true;
   std::string broken_reason_;
   std::string device_string_;  // views point at it: it never changes after construction

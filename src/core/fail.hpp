@@ -15,12 +15,4 @@ template <class... Args>
   throw Error(kind, fmt::format(format, std::forward<Args>(args)...));
 }
 
-// For call sites whose message arguments cost something to build (strings):
-// `message` runs only here, out of line, so the hot caller keeps no stack,
-// registers or temporaries for its error path.
-template <class Message>
-[[noreturn, gnu::cold, gnu::noinline]] void fail_with(ErrorKind kind, Message&& message) {
-  throw Error(kind, message());
-}
-
 }  // namespace devbridge::detail
