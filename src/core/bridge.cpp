@@ -210,18 +210,20 @@ class BridgeCore {
   }
 
   // Entry of every call that touches state: waits out a restart in progress.
-  void enter(SpinLockHold& lock) {
-    if (__builtin_expect(state_ != 0, 0)) enter_slow(lock);
+  // The holder is not passed on: a noinline callee taking it would keep its
+  // held flag in memory on every call. The wait leaves the lock held.
+  void enter(SpinLockHold&) {
+    if (__builtin_expect(state_ != 0, 0)) enter_slow();
   }
-  [[gnu::noinline]] void enter_slow(SpinLockHold& lock) {
-    block_while(lock, [&] { return restarting(); });
+  [[gnu::noinline]] void enter_slow() {
+    block_while(lock_, [&] { return restarting(); });
     check_usable();
   }
 
   // Sleeps on the condition variable while `busy()` holds; notify() wakes
   // sleepers only when there are some, so the hot paths never pay for it.
-  template <class Busy>
-  void block_while(SpinLockHold& lock, Busy busy) {
+  template <class Lock, class Busy>
+  void block_while(Lock& lock, Busy busy) {
     while (busy()) {
       ++waiters_;
       cv_.wait(lock);
