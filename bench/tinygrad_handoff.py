@@ -104,7 +104,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mib", type=int, default=64, help="buffer size in MiB (float32)")
     parser.add_argument("--backend", default="host", choices=["host", "cuda"])
-    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--repeat", type=int, default=31)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--json", help="also write the figures to this file")
     parser.add_argument("--check", action="store_true", help=f"exit 1 when the ratio is below {TARGET_RATIO:.0f}x")

@@ -40,7 +40,7 @@ from __future__ import annotations
 import ctypes
 from typing import TYPE_CHECKING, Any
 
-from ._errors import Closed, Unavailable, Unsupported
+from ._errors import Unavailable, Unsupported
 
 if TYPE_CHECKING:  # pragma: no cover
     from tinygrad import Tensor
@@ -66,12 +66,13 @@ def _import_tinygrad() -> Any:
     return _tinygrad_module
 
 
-def _tinygrad_device(view: "TensorView") -> str:
-    family, _, ordinal = view.device.partition(":")
+def _tinygrad_device(view_device: str) -> str:
+    """tinygrad's name for the device of a view ("CPU", "CUDA", "CUDA:1")."""
+    family, _, ordinal = view_device.partition(":")
     family = family.upper()
     if family not in _ZERO_COPY_DEVICES:
         raise Unsupported(
-            f"to_tinygrad: a {view.device} view cannot be handed to tinygrad without a copy "
+            f"to_tinygrad: a {view_device} view cannot be handed to tinygrad without a copy "
             f"(tinygrad takes external memory only on {', '.join(_ZERO_COPY_DEVICES)}); use DLPack instead"
         )
     if family == "CPU":
@@ -122,46 +123,66 @@ def cuda_context(which: str, ordinal: int = 0) -> int:
 _fast_path: bool | None = None  # None: not checked yet
 _shape_args: dict[tuple[int, ...], Any] = {}  # shape -> its interned shape UOp, held so it stays interned
 _SHAPE_ARGS_KEPT = 256
+_devices: dict[str, str] = {}  # a view's device string -> tinygrad's device name
 
 
-def _shape_arg(shape: tuple[int, ...]) -> Any:
+class _Names:
+    """The tinygrad names the hand-off uses, looked up once: it runs right
+    after large copies, with cold caches, where each import statement and
+    module attribute lookup costs microseconds."""
+
+    def __init__(self) -> None:
+        import weakref
+
+        import tinygrad
+        from tinygrad.device import Buffer
+        from tinygrad.tensor import Tensor, all_tensors
+        from tinygrad.uop.ops import Ops, ParamArg, UOp, buffers, shape_to_shape_arg
+
+        self.dtypes, self.Tensor, self.all_tensors, self.Buffer = tinygrad.dtypes, Tensor, all_tensors, Buffer
+        self.Ops, self.ParamArg, self.UOp, self.buffers = Ops, ParamArg, UOp, buffers
+        self.shape_to_shape_arg, self.weakref = shape_to_shape_arg, weakref.ref
+
+
+_names: _Names | None = None
+
+
+def _tinygrad_names() -> _Names:
+    global _names
+    if _names is None:
+        _import_tinygrad()  # the clear error when tinygrad is missing
+        _names = _Names()
+    return _names
+
+
+def _shape_arg(tg: _Names, shape: tuple[int, ...]) -> Any:
     arg = _shape_args.get(shape)
     if arg is None:
-        from tinygrad.uop.ops import shape_to_shape_arg
-
         if len(_shape_args) >= _SHAPE_ARGS_KEPT:
             _shape_args.clear()
-        arg = _shape_args[shape] = shape_to_shape_arg(shape)
+        arg = _shape_args[shape] = tg.shape_to_shape_arg(shape)
     return arg
 
 
-def _buffer_node(buffer: Any) -> Any:
+def _buffer_node(tg: _Names, buffer: Any) -> Any:
     """The BUFFER node of an allocated tinygrad Buffer, as UOp.from_buffer(buffer) makes it."""
-    from tinygrad.uop.ops import Ops, ParamArg, UOp, buffers
-
-    node = UOp(Ops.BUFFER, buffer.dtype, src=(_shape_arg((buffer.size,)),),
-               arg=ParamArg(-id(buffer), buffer.dtype, device=buffer.device))
-    if node not in buffers:
-        buffers[node] = buffer.ref(1)
+    node = tg.UOp(tg.Ops.BUFFER, buffer.dtype, src=(_shape_arg(tg, (buffer.size,)),),
+                  arg=tg.ParamArg(-id(buffer), buffer.dtype, device=buffer.device))
+    if node not in tg.buffers:
+        tg.buffers[node] = buffer.ref(1)
     return node
 
 
-def _reshape_node(node: Any, shape: tuple[int, ...]) -> Any:
+def _reshape_node(tg: _Names, node: Any, shape: tuple[int, ...]) -> Any:
     """node.reshape(shape), for a shape that differs from node's."""
-    from tinygrad.uop.ops import Ops, UOp
-
-    return UOp(Ops.RESHAPE, node.dtype, src=(node, _shape_arg(shape)))
+    return tg.UOp(tg.Ops.RESHAPE, node.dtype, src=(node, _shape_arg(tg, shape)))
 
 
-def _tensor_of(node: Any) -> "Tensor":
+def _tensor_of(tg: _Names, node: Any) -> "Tensor":
     """tinygrad.Tensor(node) for a node already on its device with its dtype."""
-    import weakref
-
-    from tinygrad.tensor import Tensor, all_tensors
-
-    tensor = Tensor.__new__(Tensor)
+    tensor = tg.Tensor.__new__(tg.Tensor)
     tensor.uop, tensor.grad, tensor.is_param = node, None, True
-    all_tensors[weakref.ref(tensor)] = None
+    tg.all_tensors[tg.weakref(tensor)] = None
     return tensor
 
 
@@ -175,17 +196,12 @@ def _fast_path_ok() -> bool:
     global _fast_path
     if _fast_path is None:
         try:
-            from tinygrad import dtypes
-            from tinygrad.device import Buffer
-            from tinygrad.uop.ops import UOp
-
-            probe = Buffer("CPU", 6, dtypes.float32)  # never allocated
-            node = _buffer_node(probe)
-            from tinygrad import Tensor
-
-            shaped = _reshape_node(node, (2, 3))
-            _fast_path = (UOp.from_buffer(probe) is node and shaped is node.reshape((2, 3))
-                          and _same_tensor(_tensor_of(shaped), Tensor(shaped)))
+            tg = _tinygrad_names()
+            probe = tg.Buffer("CPU", 6, tg.dtypes.float32)  # never allocated
+            node = _buffer_node(tg, probe)
+            shaped = _reshape_node(tg, node, (2, 3))
+            _fast_path = (tg.UOp.from_buffer(probe) is node and shaped is node.reshape((2, 3))
+                          and _same_tensor(_tensor_of(tg, shaped), tg.Tensor(shaped)))
         except Exception:  # noqa: BLE001 - any difference in tinygrad's internals means: use from_blob
             _fast_path = False
     return _fast_path
@@ -194,57 +210,43 @@ def _fast_path_ok() -> bool:
 def _wrap_external(ptr: int, shape: tuple[int, ...], dtype: Any, device: str) -> tuple["Tensor", Any]:
     """A tinygrad Tensor over external memory (what Tensor.from_blob returns, built
     faster) and the tinygrad Buffer that holds the address."""
-    tinygrad = _import_tinygrad()
+    tg = _tinygrad_names()
     if len(shape) == 0 or not _fast_path_ok():
-        tensor = tinygrad.Tensor.from_blob(ptr, shape, dtype=dtype, device=device)
+        tensor = tg.Tensor.from_blob(ptr, shape, dtype=dtype, device=device)
         return tensor, tensor.uop.buffer
-    from tinygrad.device import Buffer
-
     size = 1
     for n in shape:
         size *= n
-    buffer = Buffer(device, size, dtype).allocate(external_ptr=ptr)
-    node = _buffer_node(buffer)
+    buffer = tg.Buffer(device, size, dtype).allocate(external_ptr=ptr)
+    node = _buffer_node(tg, buffer)
     if len(shape) > 1:
-        node = _reshape_node(node, shape)
-    return _tensor_of(node), buffer
+        node = _reshape_node(tg, node, shape)
+    return _tensor_of(tg, node), buffer
 
 
 def to_tinygrad(view: "TensorView") -> "Tensor":
     """A ``tinygrad.Tensor`` over the view's memory, zero-copy (see the module doc)."""
-    tinygrad = _import_tinygrad()
-    dtypes = tinygrad.dtypes
-
-    if view.closed:
-        raise Closed("to_tinygrad: the view is closed")
-    if not view.contiguous:
-        raise Unsupported(
-            f"to_tinygrad: tinygrad's Tensor.from_blob takes only row-major contiguous memory; this view has "
-            f"shape {view.shape} and strides {view.strides} (elements). Take a contiguous view, or copy."
-        )
-    tinygrad_dtype = getattr(dtypes, view._tinygrad_dtype, None)
-    if tinygrad_dtype is None:
-        raise Unsupported(f"to_tinygrad: this tinygrad has no dtype {view.dtype!r} (tinygrad.dtypes.{view._tinygrad_dtype})")
-    if view.size == 0:
-        raise Unsupported(f"to_tinygrad: tinygrad cannot wrap an empty view (shape {view.shape})")
-    device = _tinygrad_device(view)
-    if device.startswith("CUDA"):
-        ordinal = int(device.partition(":")[2] or 0)
-        if view._cuda_context != cuda_context("tinygrad", ordinal):
-            raise Unsupported(
-                "to_tinygrad: the bridge allocates in a different CUDA context from tinygrad's, so its pointers are "
-                'not valid where tinygrad computes; create the bridge with Bridge(backend="cuda", cuda_context="tinygrad")'
-            )
-
-    # Its own lease, taken once every copy into the allocation has completed.
-    lease = view._export()
+    tg = _tinygrad_names()
+    # Checked, and its own lease taken once every copy into the allocation has completed.
+    lease, ptr, shape, dtype_name, view_device = view._export_for_tinygrad()
     try:
+        tinygrad_dtype = getattr(tg.dtypes, dtype_name, None)
+        if tinygrad_dtype is None:
+            raise Unsupported(f"to_tinygrad: this tinygrad has no dtype {lease.dtype!r} (tinygrad.dtypes.{dtype_name})")
+        device = _devices.get(view_device) or _devices.setdefault(view_device, _tinygrad_device(view_device))
         if device.startswith("CUDA"):
+            ordinal = int(device.partition(":")[2] or 0)
+            if lease._cuda_context != cuda_context("tinygrad", ordinal):
+                raise Unsupported(
+                    "to_tinygrad: the bridge allocates in a different CUDA context from tinygrad's, so its pointers "
+                    'are not valid where tinygrad computes; create the bridge with Bridge(backend="cuda", '
+                    'cuda_context="tinygrad")'
+                )
             # tinygrad launches on its context's legacy default stream, which
             # does not wait for the bridge's non-blocking streams: order it
             # after the bridge's work (compute steps included) on the device.
             lease._order_cuda_stream(1)
-        tensor, buffer = _wrap_external(lease.ptr, tuple(lease.shape), tinygrad_dtype, device)
+        tensor, buffer = _wrap_external(ptr, shape, tinygrad_dtype, device)
         # The Buffer holds the address for as long as any tensor (lazy or not)
         # can read it: the lease lives exactly as long.
         buffer._devbridge_lease = lease

@@ -660,6 +660,29 @@ void bind_module(nb::module_& m) {
           },
           "A new view with its own lease, taken after every copy into the allocation has completed.")
       .def(
+          "_export_for_tinygrad",
+          [](const PyTensorView& v) {
+            // Everything to_tinygrad needs from the view, checked, in one call:
+            // the hand-off runs right after large copies, with cold caches,
+            // where every attribute access costs microseconds.
+            if (v.closed()) throw Error(ErrorKind::Closed, "to_tinygrad: the view is closed");
+            if (!v.meta.contiguous())
+              throw Error(ErrorKind::Unsupported,
+                          "to_tinygrad: tinygrad's Tensor.from_blob takes only row-major contiguous memory; this view has "
+                          "shape " + nb::cast<std::string>(nb::repr(dims_tuple(v.meta.shape))) + " and strides " +
+                              nb::cast<std::string>(nb::repr(dims_tuple(v.meta.strides))) +
+                              " (elements). Take a contiguous view, or copy.");
+            v.check_usable("TensorView export");
+            PyTensorView lease = make_view(v.state, v.meta.handle, v.spec, ViewWait::Wait);
+            const std::uint64_t ptr = lease.meta.data + lease.meta.byte_offset;
+            nb::tuple shape = dims_tuple(lease.meta.shape);
+            std::string device = lease.device;
+            return nb::make_tuple(std::move(lease), ptr, shape, std::string(dtype_info(v.meta.dtype).tinygrad_name),
+                                  device);
+          },
+          "(lease, ptr, shape, tinygrad dtype name, device): a new view with its own lease, taken after every copy\n"
+          "into the allocation has completed, and what to_tinygrad needs from it.")
+      .def(
           "to_tinygrad", [](nb::handle self) { return tinygrad_helper("to_tinygrad")(self); },
           "A tinygrad.Tensor over this view's memory, zero-copy (see devbridge._tinygrad.to_tinygrad).")
       .def(
