@@ -5,7 +5,7 @@
 #
 #  1. the seed-rust reference benchmark (workloads a-f), when cargo is there,
 #  2. and devbridge's replay of the same workloads over a null backend,
-#     alternating, BENCH_ROUNDS times (default 3);
+#     alternating, BENCH_ROUNDS times (default 5);
 #  3. one comparison table of medians (bench/compare.py);
 #  4. the host backend against memcpy, and the 4 KiB round trip;
 #  5. bench/cuda, when the CUDA helper has added it and a GPU is present;
@@ -34,9 +34,9 @@ echo "== machine: $(nproc) CPUs, $(lscpu 2>/dev/null | sed -n 's/^Model name: */
 
 # 1-2. The reference and devbridge's replay, interleaved: the machine's
 # speed drifts (a shared VM: +-25% over tens of seconds), so each side runs
-# BENCH_ROUNDS times (default 3), alternating, and the table takes medians.
+# BENCH_ROUNDS times (default 5), alternating, and the table takes medians.
 # The first round runs everything; later ones skip the long growth runs (f).
-rounds=${BENCH_ROUNDS:-3}
+rounds=${BENCH_ROUNDS:-5}
 reference_outs=()
 devbridge_outs=()
 have_reference=1
