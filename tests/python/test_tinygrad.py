@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import devbridge
-from conftest import collect, download, random_array
+from conftest import collect, download, random_array, upload
 
 tinygrad = pytest.importorskip("tinygrad")
 from tinygrad import Tensor  # noqa: E402
@@ -221,10 +221,7 @@ def test_direct_construction_is_the_graph_from_blob_builds(bridge):
 def test_ranks(bridge, rng, shape):
     x = random_array(rng, shape, "float32")
     h = bridge.alloc(F32, 256 * 4)
-    r = bridge.ring.reserve(x.nbytes)
-    bridge.ring.ndarray(r, "float32")[:] = x.ravel()
-    bridge.wait(bridge.host_to_device(r, h, offset=0))
-    bridge.ring.release(r)
+    upload(bridge, h, np.asarray(x))
     with bridge.view(h, "float32", shape) as view:
         t = view.to_tinygrad()
         assert t.shape == shape
@@ -240,10 +237,7 @@ def test_from_blob_fallback(bridge, rng, monkeypatch):
     monkeypatch.setattr(_tinygrad, "_fast_path", False)  # as if this tinygrad's internals had changed
     x = random_array(rng, (16, 16), "float32")
     h = bridge.alloc(F32, x.nbytes)
-    r = bridge.ring.reserve(x.nbytes)
-    bridge.ring.ndarray(r, "float32")[:] = x.ravel()
-    bridge.wait(bridge.host_to_device(r, h))
-    bridge.ring.release(r)
+    upload(bridge, h, x)
     view = bridge.view(h, "float32", x.shape)
     t = view.to_tinygrad()
     view.close()
