@@ -97,7 +97,6 @@ class ViewLease {
 
  private:
   friend class Bridge;
-  ViewLease(detail::BridgeCore* core, TensorView view) noexcept : core_(core), view_(view) {}
   // The core outlives its Bridge while leases remain (it counts them under its
   // own lock), so a lease never dangles and costs no atomic reference count.
   detail::BridgeCore* core_ = nullptr;

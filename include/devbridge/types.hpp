@@ -197,6 +197,7 @@ constexpr Dims contiguous_strides(const Dims& shape) noexcept {
   strides.assign_contiguous_strides(shape);
   return strides;
 }
+
 // What a caller asks a view to look like. Strides are in elements (as in
 // DLPack); absent strides mean row-major contiguous.
 struct ViewSpec {

@@ -38,6 +38,8 @@ allocated them, so the bridge must use tinygrad's context:
 from __future__ import annotations
 
 import ctypes
+import functools
+import math
 from typing import TYPE_CHECKING, Any
 
 from ._errors import Unavailable, Unsupported
@@ -66,6 +68,7 @@ def _import_tinygrad() -> Any:
     return _tinygrad_module
 
 
+@functools.lru_cache(maxsize=None)  # a few device strings per process; a failure is not cached
 def _tinygrad_device(view_device: str) -> str:
     """tinygrad's name for the device of a view ("CPU", "CUDA", "CUDA:1")."""
     family, _, ordinal = view_device.partition(":")
@@ -120,11 +123,6 @@ def cuda_context(which: str, ordinal: int = 0) -> int:
 # where they do not hold (another tinygrad version) every hand-off goes
 # through Tensor.from_blob instead.
 
-_fast_path: bool | None = None  # None: not checked yet
-_shape_args: dict[tuple[int, ...], Any] = {}  # shape -> its interned shape UOp, held so it stays interned
-_SHAPE_ARGS_KEPT = 256
-_devices: dict[str, str] = {}  # a view's device string -> tinygrad's device name
-
 
 class _Names:
     """The tinygrad names the hand-off uses, looked up once: it runs right
@@ -144,29 +142,20 @@ class _Names:
         self.shape_to_shape_arg, self.weakref = shape_to_shape_arg, weakref.ref
 
 
-_names: _Names | None = None
-
-
+@functools.cache
 def _tinygrad_names() -> _Names:
-    global _names
-    if _names is None:
-        _import_tinygrad()  # the clear error when tinygrad is missing
-        _names = _Names()
-    return _names
+    _import_tinygrad()  # the clear error when tinygrad is missing
+    return _Names()
 
 
-def _shape_arg(tg: _Names, shape: tuple[int, ...]) -> Any:
-    arg = _shape_args.get(shape)
-    if arg is None:
-        if len(_shape_args) >= _SHAPE_ARGS_KEPT:
-            _shape_args.clear()
-        arg = _shape_args[shape] = tg.shape_to_shape_arg(shape)
-    return arg
+@functools.lru_cache(maxsize=256)  # held, so the shape's UOp stays interned
+def _shape_arg(shape: tuple[int, ...]) -> Any:
+    return _tinygrad_names().shape_to_shape_arg(shape)
 
 
 def _buffer_node(tg: _Names, buffer: Any) -> Any:
     """The BUFFER node of an allocated tinygrad Buffer, as UOp.from_buffer(buffer) makes it."""
-    node = tg.UOp(tg.Ops.BUFFER, buffer.dtype, src=(_shape_arg(tg, (buffer.size,)),),
+    node = tg.UOp(tg.Ops.BUFFER, buffer.dtype, src=(_shape_arg((buffer.size,)),),
                   arg=tg.ParamArg(-id(buffer), buffer.dtype, device=buffer.device))
     if node not in tg.buffers:
         tg.buffers[node] = buffer.ref(1)
@@ -175,7 +164,7 @@ def _buffer_node(tg: _Names, buffer: Any) -> Any:
 
 def _reshape_node(tg: _Names, node: Any, shape: tuple[int, ...]) -> Any:
     """node.reshape(shape), for a shape that differs from node's."""
-    return tg.UOp(tg.Ops.RESHAPE, node.dtype, src=(node, _shape_arg(tg, shape)))
+    return tg.UOp(tg.Ops.RESHAPE, node.dtype, src=(node, _shape_arg(shape)))
 
 
 def _tensor_of(tg: _Names, node: Any) -> "Tensor":
@@ -192,19 +181,17 @@ def _same_tensor(a: Any, b: Any) -> bool:
             and all(getattr(a, name) is getattr(b, name) for name in slots))
 
 
+@functools.cache
 def _fast_path_ok() -> bool:
-    global _fast_path
-    if _fast_path is None:
-        try:
-            tg = _tinygrad_names()
-            probe = tg.Buffer("CPU", 6, tg.dtypes.float32)  # never allocated
-            node = _buffer_node(tg, probe)
-            shaped = _reshape_node(tg, node, (2, 3))
-            _fast_path = (tg.UOp.from_buffer(probe) is node and shaped is node.reshape((2, 3))
-                          and _same_tensor(_tensor_of(tg, shaped), tg.Tensor(shaped)))
-        except Exception:  # noqa: BLE001 - any difference in tinygrad's internals means: use from_blob
-            _fast_path = False
-    return _fast_path
+    try:
+        tg = _tinygrad_names()
+        probe = tg.Buffer("CPU", 6, tg.dtypes.float32)  # never allocated
+        node = _buffer_node(tg, probe)
+        shaped = _reshape_node(tg, node, (2, 3))
+        return (tg.UOp.from_buffer(probe) is node and shaped is node.reshape((2, 3))
+                and _same_tensor(_tensor_of(tg, shaped), tg.Tensor(shaped)))
+    except Exception:  # noqa: BLE001 - any difference in tinygrad's internals means: use from_blob
+        return False
 
 
 def _wrap_external(ptr: int, shape: tuple[int, ...], dtype: Any, device: str) -> tuple["Tensor", Any]:
@@ -214,10 +201,7 @@ def _wrap_external(ptr: int, shape: tuple[int, ...], dtype: Any, device: str) ->
     if len(shape) == 0 or not _fast_path_ok():
         tensor = tg.Tensor.from_blob(ptr, shape, dtype=dtype, device=device)
         return tensor, tensor.uop.buffer
-    size = 1
-    for n in shape:
-        size *= n
-    buffer = tg.Buffer(device, size, dtype).allocate(external_ptr=ptr)
+    buffer = tg.Buffer(device, math.prod(shape), dtype).allocate(external_ptr=ptr)
     node = _buffer_node(tg, buffer)
     if len(shape) > 1:
         node = _reshape_node(tg, node, shape)
@@ -233,7 +217,7 @@ def to_tinygrad(view: "TensorView") -> "Tensor":
         tinygrad_dtype = getattr(tg.dtypes, dtype_name, None)
         if tinygrad_dtype is None:
             raise Unsupported(f"to_tinygrad: this tinygrad has no dtype {lease.dtype!r} (tinygrad.dtypes.{dtype_name})")
-        device = _devices.get(view_device) or _devices.setdefault(view_device, _tinygrad_device(view_device))
+        device = _tinygrad_device(view_device)
         if device.startswith("CUDA"):
             ordinal = int(device.partition(":")[2] or 0)
             if lease._cuda_context != cuda_context("tinygrad", ordinal):

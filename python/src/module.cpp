@@ -236,6 +236,25 @@ std::size_t hash_triple(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
   return static_cast<std::size_t>(h);
 }
 
+// DeviceHandle and CopyEvent: the same {domain, generation, id} value type.
+template <class Tagged>
+void bind_tagged(nb::module_& m, const char* name, const char* doc, std::string (*repr)(const Tagged&)) {
+  nb::class_<Tagged>(m, name, doc)
+      .def(
+          "__init__",
+          [](Tagged* self, std::uint64_t domain, std::uint64_t generation, std::uint64_t id) {
+            new (self) Tagged{domain, generation, id};
+          },
+          "domain"_a, "generation"_a, "id"_a)
+      .def_ro("domain", &Tagged::domain)
+      .def_ro("generation", &Tagged::generation)
+      .def_ro("id", &Tagged::id)
+      .def("__eq__", [](const Tagged& a, const Tagged& b) { return a == b; })
+      .def("__eq__", [](const Tagged&, nb::handle) { return false; })
+      .def("__hash__", [](const Tagged& t) { return hash_triple(t.domain, t.generation, t.id); })
+      .def("__repr__", repr);
+}
+
 // ============================================================================
 // Python-facing objects
 // ============================================================================
@@ -513,35 +532,10 @@ void bind_module(nb::module_& m) {
       "The backends of this build: name, built, available here, and why not.");
 
   // ---- value types ----
-  nb::class_<DeviceHandle>(m, "DeviceHandle", "{domain, generation, id}: names one device allocation of one bridge.")
-      .def(
-          "__init__",
-          [](DeviceHandle* self, std::uint64_t domain, std::uint64_t generation, std::uint64_t id) {
-            new (self) DeviceHandle{domain, generation, id};
-          },
-          "domain"_a, "generation"_a, "id"_a)
-      .def_ro("domain", &DeviceHandle::domain)
-      .def_ro("generation", &DeviceHandle::generation)
-      .def_ro("id", &DeviceHandle::id)
-      .def("__eq__", [](const DeviceHandle& a, const DeviceHandle& b) { return a == b; })
-      .def("__eq__", [](const DeviceHandle&, nb::handle) { return false; })
-      .def("__hash__", [](const DeviceHandle& h) { return hash_triple(h.domain, h.generation, h.id); })
-      .def("__repr__", &handle_repr);
-
-  nb::class_<CopyEvent>(m, "CopyEvent", "{domain, generation, id}: names one copy; never aliases a later copy.")
-      .def(
-          "__init__",
-          [](CopyEvent* self, std::uint64_t domain, std::uint64_t generation, std::uint64_t id) {
-            new (self) CopyEvent{domain, generation, id};
-          },
-          "domain"_a, "generation"_a, "id"_a)
-      .def_ro("domain", &CopyEvent::domain)
-      .def_ro("generation", &CopyEvent::generation)
-      .def_ro("id", &CopyEvent::id)
-      .def("__eq__", [](const CopyEvent& a, const CopyEvent& b) { return a == b; })
-      .def("__eq__", [](const CopyEvent&, nb::handle) { return false; })
-      .def("__hash__", [](const CopyEvent& e) { return hash_triple(e.domain, e.generation, e.id); })
-      .def("__repr__", &event_repr);
+  bind_tagged<DeviceHandle>(m, "DeviceHandle", "{domain, generation, id}: names one device allocation of one bridge.",
+                            &handle_repr);
+  bind_tagged<CopyEvent>(m, "CopyEvent", "{domain, generation, id}: names one copy; never aliases a later copy.",
+                         &event_repr);
 
   nb::class_<HostRange>(m, "HostRange", "A reserved range of the host ring: byte offset into the ring and length.")
       .def(
@@ -641,7 +635,6 @@ void bind_module(nb::module_& m) {
       .def_prop_ro("contiguous", [](const PyTensorView& v) { return v.meta.contiguous(); })
       .def_prop_ro("handle", [](const PyTensorView& v) { return v.meta.handle; })
       .def_prop_ro("closed", [](const PyTensorView& v) { return v.closed(); })
-      .def_prop_ro("_tinygrad_dtype", [](const PyTensorView& v) { return std::string(dtype_info(v.meta.dtype).tinygrad_name); })
       .def_prop_ro("_cuda_context", [](const PyTensorView& v) { return cuda_context_of(*v.state); },
                    "The CUcontext the bridge allocates in (0 when not CUDA).")
       .def(
@@ -653,26 +646,18 @@ void bind_module(nb::module_& m) {
           "__exit__", [](PyTensorView& v, nb::handle, nb::handle, nb::handle) { v.close(); }, "exc_type"_a.none(),
           "exc"_a.none(), "tb"_a.none())
       .def(
-          "_export",
-          [](const PyTensorView& v) {
-            v.check_usable("TensorView export");
-            return make_view(v.state, v.meta.handle, v.spec, ViewWait::Wait);
-          },
-          "A new view with its own lease, taken after every copy into the allocation has completed.")
-      .def(
           "_export_for_tinygrad",
           [](const PyTensorView& v) {
             // Everything to_tinygrad needs from the view, checked, in one call:
             // the hand-off runs right after large copies, with cold caches,
             // where every attribute access costs microseconds.
-            if (v.closed()) throw Error(ErrorKind::Closed, "to_tinygrad: the view is closed");
+            v.check_usable("to_tinygrad");
             if (!v.meta.contiguous())
               throw Error(ErrorKind::Unsupported,
                           "to_tinygrad: tinygrad's Tensor.from_blob takes only row-major contiguous memory; this view has "
                           "shape " + nb::cast<std::string>(nb::repr(dims_tuple(v.meta.shape))) + " and strides " +
                               nb::cast<std::string>(nb::repr(dims_tuple(v.meta.strides))) +
                               " (elements). Take a contiguous view, or copy.");
-            v.check_usable("TensorView export");
             PyTensorView lease = make_view(v.state, v.meta.handle, v.spec, ViewWait::Wait);
             const std::uint64_t ptr = lease.meta.data + lease.meta.byte_offset;
             nb::tuple shape = dims_tuple(lease.meta.shape);

@@ -24,7 +24,6 @@ namespace devbridge {
 
 namespace {
 
-
 // Handle and event ids: the low half is a slot index, the high half the
 // slot's use count. A slot whose count would wrap is retired, never reused,
 // so an id is never handed out twice inside a domain.
@@ -124,7 +123,8 @@ struct AllocationSlot {
   std::uint32_t views = 0;    // live view leases
   bool used() const noexcept { return copies || steps || views; }
   // Every field but the version, for a new use of the slot.
-  [[gnu::always_inline]] void start(const ObjectSpec& new_spec, std::uint64_t new_extent, const DeviceAllocation& memory) {
+  [[gnu::always_inline]] void start(const ObjectSpec& new_spec, std::uint64_t new_extent,
+                                    const DeviceAllocation& memory) {
     in_use = true;
     released = false;
     spec = new_spec;
@@ -252,8 +252,8 @@ class BridgeCore {
   template <class Tagged>
   [[noreturn, gnu::cold, gnu::noinline]] void fail_tag(const Tagged& tagged) const {
     if (tagged.domain != domain_)
-      fail(ErrorKind::ForeignDomain, "{} belongs to domain {}, this bridge is domain {}", describe(tagged), tagged.domain,
-           domain_);
+      fail(ErrorKind::ForeignDomain, "{} belongs to domain {}, this bridge is domain {}", describe(tagged),
+           tagged.domain, domain_);
     if (tagged.generation < generation_)
       fail(ErrorKind::OldGenerationHandle, "{} is from generation {}, the bridge is at generation {}", describe(tagged),
            tagged.generation, generation_);
@@ -275,11 +275,13 @@ class BridgeCore {
   void validate_device_range(const DeviceRange& range, const AllocationSlot& slot) const {
     const auto elem = dtype_size(slot.spec.dtype);
     if (range.len == 0 || range.offset > slot.extent || range.len > slot.extent - range.offset)
-      fail(ErrorKind::InvalidRange, "device range [offset {}, len {}] of {} is outside its extent of {} bytes (or empty)",
-                              range.offset, range.len, describe(range.handle), slot.extent);
+      fail(ErrorKind::InvalidRange,
+           "device range [offset {}, len {}] of {} is outside its extent of {} bytes (or empty)", range.offset,
+           range.len, describe(range.handle), slot.extent);
     if ((range.offset | range.len) & (elem - 1))
-      fail(ErrorKind::InvalidRange, "device range [offset {}, len {}] of {} is not aligned to its {} elements ({} bytes)",
-                              range.offset, range.len, describe(range.handle), dtype_info(slot.spec.dtype).name, elem);
+      fail(ErrorKind::InvalidRange,
+           "device range [offset {}, len {}] of {} is not aligned to its {} elements ({} bytes)", range.offset,
+           range.len, describe(range.handle), dtype_info(slot.spec.dtype).name, elem);
   }
 
   // Frees a released allocation once nothing uses it any more.
@@ -295,16 +297,18 @@ class BridgeCore {
     allocations_.retire(index);
   }
 
-  // ---- allocation ----
-  // The backend's allocation; a fatal failure breaks the bridge.
-  [[gnu::always_inline]] DeviceAllocation backend_allocate(std::uint64_t bytes, std::uint64_t alignment) {
+  // A backend call made under the lock; a fatal failure breaks the bridge.
+  template <class Call>
+  [[gnu::always_inline]] decltype(auto) call_backend(Call call) {
     try {
-      return backend_->allocate(bytes, alignment);
+      return call();
     } catch (const Error& e) {
       if (e.fatal()) mark_broken(e);
       throw;
     }
   }
+
+  // ---- allocation ----
 
   DeviceHandle alloc_device(const ObjectSpec& spec, std::uint64_t extent) {
     // Validation needs no state, so it happens before taking the lock.
@@ -312,12 +316,13 @@ class BridgeCore {
       fail(ErrorKind::InvalidAlignment, "alignment {} is not a non-zero power of two", spec.alignment);
     const auto elem = dtype_size(spec.dtype);
     if (extent == 0 || extent > spec.max_extent || (extent & (spec.alignment - 1)) || (extent & (elem - 1)))
-      fail(ErrorKind::InvalidExtent, "extent {} must be non-zero, at most max_extent {}, and a multiple of the alignment {} "
-                              "and of the {} size {}",
-                              extent, spec.max_extent, spec.alignment, dtype_info(spec.dtype).name, elem);
+      fail(ErrorKind::InvalidExtent,
+           "extent {} must be non-zero, at most max_extent {}, and a multiple of the alignment {} "
+           "and of the {} size {}",
+           extent, spec.max_extent, spec.alignment, dtype_info(spec.dtype).name, elem);
     SpinLockHold lock(lock_);
     enter(lock);
-    const DeviceAllocation device = backend_allocate(extent, spec.alignment);
+    const DeviceAllocation device = call_backend([&] { return backend_->allocate(extent, spec.alignment); });
     std::uint32_t index;
     try {
       index = allocations_.acquire();
@@ -414,20 +419,18 @@ class BridgeCore {
     auto* slot = &allocation(device.handle);
     validate_device_range(device, *slot);
     if (host.len != device.len)
-      fail(ErrorKind::InvalidRange, "{} and device range of {} bytes differ in length",
-                                                       describe(host), device.len);
+      fail(ErrorKind::InvalidRange, "{} and device range of {} bytes differ in length", describe(host), device.len);
     auto ring_key = ring_.find(host);
     if (mode == CopyMode::Async && inflight_bytes_ + host.len > inflight_budget_) {
       if (host.len > inflight_budget_)
-        fail(ErrorKind::Backpressure, "a copy of {} bytes exceeds the whole in-flight budget of {} "
-                                                         "bytes",
-                                                         host.len, inflight_budget_);
+        fail(ErrorKind::Backpressure,
+             "a copy of {} bytes exceeds the whole in-flight budget of {} bytes", host.len, inflight_budget_);
       const auto deadline = std::chrono::steady_clock::now() + admission.wait_for_room;
       const bool room = admission.wait_for_room.count() > 0 &&
                         wait_until(lock, deadline, [&] { return inflight_bytes_ + host.len <= inflight_budget_; });
       if (!room)
         fail(ErrorKind::Backpressure, "{} bytes in flight of a {}-byte budget; no room for {} more", inflight_bytes_,
-                                inflight_budget_, host.len);
+             inflight_budget_, host.len);
       // The lock was dropped while waiting: everything must be checked again.
       slot = &allocation(device.handle);
       ring_key = ring_.find(host);
@@ -635,7 +638,8 @@ class BridgeCore {
     enter(lock);
     auto it = steps_.find(step);
     if (it == steps_.end())
-      fail(ErrorKind::UnknownDeviceHandle, "step {} is not active (never begun, already ended, or from before a restart)", step);
+      fail(ErrorKind::UnknownDeviceHandle,
+           "step {} is not active (never begun, already ended, or from before a restart)", step);
     for (auto index : it->second) {
       --allocations_[index].steps;
       maybe_finish_release(index);
@@ -651,14 +655,14 @@ class BridgeCore {
     for (const auto* s : {&xs, &ys})
       if (s->spec.dtype != DType::Float32)
         fail(ErrorKind::InvalidViewDType, "axpy runs over float32; an operand holds {}",
-                                                             dtype_info(s->spec.dtype).name);
+             dtype_info(s->spec.dtype).name);
     validate_device_range(x, xs);
     validate_device_range(y, ys);
     if (x.len != y.len)
       fail(ErrorKind::InvalidRange, "axpy ranges differ in length: {} vs {} bytes", x.len, y.len);
     if (ys.copies)
-      fail(ErrorKind::AllocationStillInUse, "axpy would write {} while it has {} cop{} in flight", describe(y.handle), ys.copies,
-                              ys.copies == 1 ? "y" : "ies");
+      fail(ErrorKind::AllocationStillInUse, "axpy would write {} while it has {} cop{} in flight", describe(y.handle),
+           ys.copies, ys.copies == 1 ? "y" : "ies");
     const AxpyLaunch launch{xs.device, x.offset, ys.device, y.offset, x.len / sizeof(float), a, b};
     const auto xi = id_slot(x.handle.id), yi = id_slot(y.handle.id);
     ++xs.steps;
@@ -681,24 +685,20 @@ class BridgeCore {
     enter(lock);
     auto* slot = &allocation(h);
     if (spec.dtype != slot->spec.dtype)
-      fail(ErrorKind::InvalidViewDType, "view dtype {} differs from {}'s dtype {}", dtype_info(spec.dtype).name, describe(h),
-                              dtype_info(slot->spec.dtype).name);
+      fail(ErrorKind::InvalidViewDType, "view dtype {} differs from {}'s dtype {}", dtype_info(spec.dtype).name,
+           describe(h), dtype_info(slot->spec.dtype).name);
     shape_view(h, spec, *slot, view);
     if (slot->uploads) {
       if (wait_mode == ViewWait::Refuse)
-        fail(ErrorKind::AllocationStillInUse, "{} has {} cop{} into it in flight; wait for them or ask the view to wait",
-                                describe(h), slot->uploads, slot->uploads == 1 ? "y" : "ies");
+        fail(ErrorKind::AllocationStillInUse,
+             "{} has {} cop{} into it in flight; wait for them or ask the view to wait", describe(h), slot->uploads,
+             slot->uploads == 1 ? "y" : "ies");
       wait_until(lock, std::chrono::steady_clock::time_point::max(), [&] {
         slot = &allocation(h);
         return slot->uploads == 0;
       });
     }
-    try {
-      backend_->validate_view(slot->device, view);
-    } catch (const Error& e) {
-      if (e.fatal()) mark_broken(e);
-      throw;
-    }
+    call_backend([&] { backend_->validate_view(slot->device, view); });
     ++slot->views;
     ++outstanding_leases_;
   }
@@ -807,8 +807,8 @@ class BridgeCore {
     block_while(lock, [&] { return restarting(); });
     check_not_closed();
     if (generation <= generation_)
-      fail(ErrorKind::OldGenerationHandle, "restart to generation {} refused: it must be greater than the current {}", generation,
-                              generation_);
+      fail(ErrorKind::OldGenerationHandle, "restart to generation {} refused: it must be greater than the current {}",
+           generation, generation_);
     quiesce_and_free_all(lock);
     generation_ = generation;
     set_state(kBroken, false);

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <array>
 
-#include <fmt/format.h>
+#include "core/fail.hpp"
 
 namespace devbridge {
 
@@ -65,7 +65,7 @@ Dims::Dims(std::span<const std::int64_t> values) {
 }
 
 void Dims::throw_rank_exceeded() {
-  throw Error(ErrorKind::InvalidTensorView, fmt::format("rank exceeds the maximum of {} dimensions", kMaxRank));
+  detail::fail(ErrorKind::InvalidTensorView, "rank exceeds the maximum of {} dimensions", kMaxRank);
 }
 
 bool operator==(const Dims& a, const Dims& b) noexcept {

@@ -211,7 +211,7 @@ class CudaBackend final : public Backend {
 
   DeviceAllocation allocate(std::uint64_t bytes, std::uint64_t alignment) override {
     if (bytes == 0) throw Error(ErrorKind::InvalidExtent, "CUDA allocation of 0 bytes on " + device_string_);
-    if (alignment == 0 || (alignment & (alignment - 1)) != 0)
+    if (!is_power_of_two(alignment))
       throw Error(ErrorKind::InvalidAlignment,
                   "CUDA allocation alignment " + std::to_string(alignment) + " is not a power of two");
     // Alignments above the driver's are met by over-allocating and rounding

@@ -417,7 +417,7 @@ DeviceAllocation FakeBackend::allocate(std::uint64_t bytes, std::uint64_t alignm
     throw Error(ErrorKind::AllocationFailed, "fake allocate: injected failure: " + std::to_string(bytes) +
                                                  " bytes asked, " + std::to_string(free_bytes) + " bytes free");
   }
-  if (alignment == 0 || (alignment & (alignment - 1)) != 0) {
+  if (!is_power_of_two(alignment)) {
     throw Error(ErrorKind::InvalidAlignment,
                 "fake allocate: alignment " + std::to_string(alignment) + " is not a power of two");
   }
