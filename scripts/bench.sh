@@ -6,7 +6,8 @@
 #  1. the seed-rust reference benchmark (workloads a-f), when cargo is there,
 #  2. and devbridge's replay of the same workloads over a null backend,
 #     alternating, BENCH_ROUNDS times (default 5);
-#  3. one comparison table of medians (bench/compare.py);
+#  3. one comparison table of medians (bench/compare.py), then workload e set
+#     beside an unsynchronized model of the same view (bench/view_floor.cpp);
 #  4. the host backend against memcpy, and the 4 KiB round trip;
 #  5. bench/cuda, when the CUDA helper has added it and a GPU is present;
 #  6. the tinygrad hand-off benchmark, when bench/tinygrad_handoff.py exists.
@@ -19,10 +20,10 @@ OUT=$BUILD/bench-results
 REFERENCE_DIR=../shared/bench/seed-rust
 status=0
 
-if [ ! -x "$BUILD/bench/bridge_workloads" ]; then
+if [ ! -x "$BUILD/bench/bridge_workloads" ] || [ ! -x "$BUILD/bench/view_floor" ]; then
   # `make bench` builds everything first; rebuild only the benchmarks if run alone.
   if [ -f "$BUILD/build.ninja" ] || [ -f "$BUILD/Makefile" ]; then
-    cmake --build "$BUILD" --target bridge_workloads host_copy -j "$(nproc)" || exit 1
+    cmake --build "$BUILD" --target bridge_workloads view_floor host_copy -j "$(nproc)" || exit 1
   else
     echo "bench: no build in $BUILD; run 'make bench'" >&2
     exit 1
@@ -65,6 +66,12 @@ done
 
 # 3. The table.
 python3 bench/compare.py "${devbridge_outs[@]}" "${reference_outs[@]}" || status=1
+
+# 3b. Workload e against an unsynchronized model of the same view and a
+# reference-like wrap, in one process: how much of e any lease design could save.
+echo
+echo "== workload e: devbridge's view vs an unsynchronized model vs a reference-like wrap =="
+"$BUILD/bench/view_floor" | tee "$OUT/view_floor.txt" || status=1
 
 # 4. Host backend.
 echo
