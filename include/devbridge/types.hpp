@@ -172,16 +172,17 @@ class Dims {
     values_[rank_++] = v;
   }
   // Becomes the row-major element strides of `shape`, in place (built where
-  // they are needed, they are read back without a store-forwarding stall).
-  // Saturates instead of overflowing (UB) on absurd shapes; such strides then
-  // fail every extent check downstream.
-  constexpr void assign_contiguous_strides(const Dims& shape) noexcept {
+  // they are needed, they are read back without a store-forwarding stall),
+  // and returns the number of elements. Saturates at INT64_MAX instead of
+  // overflowing (UB) on absurd shapes; those then fail every extent check.
+  constexpr std::int64_t assign_contiguous_strides(const Dims& shape) noexcept {
     std::int64_t stride = 1;
     for (int i = shape.size() - 1; i >= 0; --i) {
       values_[i] = stride;
       if (__builtin_mul_overflow(stride, shape[i], &stride)) stride = INT64_MAX;
     }
     rank_ = shape.size();
+    return stride;
   }
   friend bool operator==(const Dims& a, const Dims& b) noexcept;
 

@@ -196,6 +196,9 @@ class BridgeCore {
     bool last;
     {
       std::lock_guard guard(lock_);
+      // Closed even if close() failed half way: leases ending from now on
+      // take end_orphaned_view, the one that may delete the core.
+      set_state(kClosed, true);
       owner_alive_ = false;
       last = outstanding_leases_ == 0;
     }
@@ -680,7 +683,8 @@ class BridgeCore {
 
   // ---- views ----
   // Fills `view` in place: it is the lease's own storage (no copy on a hot path).
-  void view(const DeviceHandle& h, const ViewSpec& spec, ViewWait wait_mode, TensorView& view) {
+  // Inlined into Bridge::view, its only caller: one call per view, not two.
+  [[gnu::always_inline]] void view(const DeviceHandle& h, const ViewSpec& spec, ViewWait wait_mode, TensorView& view) {
     SpinLockHold lock(lock_);
     enter(lock);
     auto* slot = &allocation(h);
@@ -712,25 +716,30 @@ class BridgeCore {
 
   void shape_view(const DeviceHandle& h, const ViewSpec& spec, const AllocationSlot& slot, TensorView& view) const {
     const std::int64_t elem = dtype_size(spec.dtype);
-    if (spec.strides)
-      view.strides = *spec.strides;
-    else
-      view.strides.assign_contiguous_strides(spec.shape);
-    const Dims& strides = view.strides;
-    if (strides.size() != spec.shape.size())
-      fail_view(h, slot, "{} strides for {} dimensions", strides.size(), spec.shape.size());
     if (spec.byte_offset & (elem - 1))
       fail_view(h, slot, "byte offset {} is not a multiple of {}", spec.byte_offset, elem);
     // Lowest and highest element reached, relative to byte_offset, without overflow.
     std::int64_t lowest = 0, highest = 0;
-    for (int i = 0; i < spec.shape.size(); ++i) {
-      const auto n = spec.shape[i];
-      if (n <= 0) fail_view(h, slot, "dimension {} has size {}", i, n);
-      std::int64_t reach;
-      if (__builtin_mul_overflow(n - 1, strides[i], &reach)) fail_view(h, slot, "strides overflow");
-      if ((reach > 0 ? __builtin_add_overflow(highest, reach, &highest)
-                     : __builtin_add_overflow(lowest, reach, &lowest)))
-        fail_view(h, slot, "strides overflow");
+    if (!spec.strides) {
+      // Row-major (the usual view): it reaches elements [0, count).
+      const std::int64_t count = view.strides.assign_contiguous_strides(spec.shape);
+      for (int i = 0; i < spec.shape.size(); ++i)
+        if (spec.shape[i] <= 0) fail_view(h, slot, "dimension {} has size {}", i, spec.shape[i]);
+      highest = count - 1;
+    } else {
+      view.strides = *spec.strides;
+      const Dims& strides = view.strides;
+      if (strides.size() != spec.shape.size())
+        fail_view(h, slot, "{} strides for {} dimensions", strides.size(), spec.shape.size());
+      for (int i = 0; i < spec.shape.size(); ++i) {
+        const auto n = spec.shape[i];
+        if (n <= 0) fail_view(h, slot, "dimension {} has size {}", i, n);
+        std::int64_t reach;
+        if (__builtin_mul_overflow(n - 1, strides[i], &reach)) fail_view(h, slot, "strides overflow");
+        if ((reach > 0 ? __builtin_add_overflow(highest, reach, &highest)
+                       : __builtin_add_overflow(lowest, reach, &lowest)))
+          fail_view(h, slot, "strides overflow");
+      }
     }
     std::int64_t first_byte, end_byte;
     const auto offset = static_cast<std::int64_t>(std::min<std::uint64_t>(spec.byte_offset, INT64_MAX / 2));
@@ -749,24 +758,37 @@ class BridgeCore {
     view.handle = h;
   }
 
+  // Ends one lease. A lease of the current generation on an open bridge is the
+  // common case and stays small; the rest are orphans, out of line.
   void end_view(const DeviceHandle& h) noexcept {
+    lock_.lock();
+    --outstanding_leases_;
+    if (__builtin_expect(h.generation != generation_ || closed(), 0)) return end_orphaned_view(h);
+    const auto index = id_slot(h.id);
+    auto& slot = allocations_[index];
+    if (slot.in_use && slot.version == id_version(h.id) && slot.views > 0) {  // always so: the lease holds it
+      --slot.views;
+      if (__builtin_expect(slot.released, 0)) finish_release_out_of_line(index);
+    }
+    lock_.unlock();
+  }
+
+  // Keeps the backend call (and the registers it needs) out of end_view.
+  [[gnu::noinline, gnu::cold]] void finish_release_out_of_line(std::uint32_t index) noexcept {
+    maybe_finish_release(index);
+  }
+
+  // A lease from before a restart or close: its allocation is an orphan (see
+  // quiesce_and_free_all), freed with its last lease. Called with the lock
+  // held; releases it. The core deletes itself after its owner's last lease.
+  [[gnu::noinline, gnu::cold]] void end_orphaned_view(const DeviceHandle& h) noexcept {
     bool last;
     {
-      std::lock_guard guard(lock_);
-      --outstanding_leases_;
-      if (auto orphan = orphans_.empty() ? orphans_.end() : orphans_.find(OrphanKey{h.generation, h.id});
-          orphan != orphans_.end()) {
-        if (--orphan->second.views == 0) {
-          backend_->free(orphan->second.device);
-          orphans_.erase(orphan);
-        }
-      } else if (h.generation == generation_ && !closed()) {
-        const auto index = id_slot(h.id);
-        auto& slot = allocations_[index];
-        if (slot.in_use && slot.version == id_version(h.id) && slot.views > 0) {
-          --slot.views;
-          maybe_finish_release(index);
-        }
+      std::lock_guard guard(lock_, std::adopt_lock);
+      if (auto orphan = orphans_.find(OrphanKey{h.generation, h.id});
+          orphan != orphans_.end() && --orphan->second.views == 0) {
+        backend_->free(orphan->second.device);
+        orphans_.erase(orphan);
       }
       last = !owner_alive_ && outstanding_leases_ == 0;
     }
