@@ -1,11 +1,10 @@
 #include "backends/cuda/cuda_driver.hpp"
 
-#include <dlfcn.h>
-
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
+
+#include "backends/dynamic_library.hpp"
 
 namespace devbridge::cuda::detail {
 namespace {
@@ -13,18 +12,11 @@ namespace {
 std::unique_ptr<Driver> open_driver(const std::string& path) {
   auto driver = std::make_unique<Driver>();
   driver->path = path;
-  dlerror();  // clear any stale message
-  void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (library == nullptr) {
-    const char* why = dlerror();
-    driver->load_error = why != nullptr ? why : path + ": cannot be loaded";
-    return driver;
-  }
-  // From here the handle is deliberately never closed (see Driver).
+  void* library = backends::open_library_for_good(path, driver->load_error);
+  if (library == nullptr) return driver;
   std::string missing;
-#define DEVBRIDGE_CUDA_LOAD_ENTRY(symbol)                                              \
-  driver->symbol = reinterpret_cast<decltype(driver->symbol)>(dlsym(library, #symbol)); \
-  if (driver->symbol == nullptr) missing += (missing.empty() ? "" : ", ") + std::string(#symbol);
+#define DEVBRIDGE_CUDA_LOAD_ENTRY(symbol) \
+  driver->symbol = reinterpret_cast<decltype(driver->symbol)>(backends::find_symbol(library, #symbol, missing));
   DEVBRIDGE_CUDA_DRIVER_ENTRY_POINTS(DEVBRIDGE_CUDA_LOAD_ENTRY)
 #undef DEVBRIDGE_CUDA_LOAD_ENTRY
   if (!missing.empty()) {
@@ -40,11 +32,7 @@ std::unique_ptr<Driver> open_driver(const std::string& path) {
 
 }  // namespace
 
-std::string driver_library_path() {
-  const char* override_path = std::getenv("DEVBRIDGE_LIBCUDA");
-  if (override_path != nullptr && *override_path != '\0') return override_path;
-  return "libcuda.so.1";
-}
+std::string driver_library_path() { return backends::library_path("DEVBRIDGE_LIBCUDA", "libcuda.so.1"); }
 
 const Driver& load_driver(const std::string& path) {
   // Keyed by path so a test can point at a missing or stub library without

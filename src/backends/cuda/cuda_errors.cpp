@@ -7,6 +7,8 @@
 namespace devbridge::cuda::detail {
 namespace {
 
+using backends::operation_kind;
+
 struct KnownResult {
   int code;
   std::string_view name;
@@ -76,20 +78,6 @@ const KnownResult* find_known(int code) noexcept {
     if (known.code == code) return &known;
   }
   return nullptr;
-}
-
-// The kind an ordinary (non-sticky, not environment-related) failure takes.
-ErrorKind operation_kind(Operation operation) noexcept {
-  switch (operation) {
-    case Operation::Allocate: return ErrorKind::AllocationFailed;
-    case Operation::Upload: return ErrorKind::DeviceCopyFailed;
-    case Operation::Download: return ErrorKind::OutputCopyFailed;
-    case Operation::Setup: return ErrorKind::Unavailable;
-    case Operation::Launch: return ErrorKind::Unsupported;
-    case Operation::Query: return ErrorKind::Unavailable;
-    case Operation::Release: return ErrorKind::Broken;
-  }
-  return ErrorKind::Broken;
 }
 
 }  // namespace

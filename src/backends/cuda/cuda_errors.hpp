@@ -8,28 +8,14 @@
 #include <string>
 #include <string_view>
 
+#include "backends/vendor_errors.hpp"
 #include "devbridge/error.hpp"
 
 namespace devbridge::cuda::detail {
 
-// What the backend was doing when the driver failed; decides the kind a
-// non-fatal failure maps to.
-enum class Operation {
-  Setup,     // loading the driver, creating the context, streams, module
-  Allocate,  // device or page-locked host memory
-  Upload,    // host -> device copy, submission or completion
-  Download,  // device -> host copy, submission or completion
-  Launch,    // the compute role
-  Query,     // describe(), memory info
-  Release,   // frees and teardown (never thrown, only logged)
-};
-
-struct ResultClass {
-  ErrorKind kind = ErrorKind::Broken;
-  // The context is unusable: the driver returns the same error for every
-  // later call in it (a "sticky" error). The bridge turns Broken.
-  bool fatal = false;
-};
+// Shared with the other vendor backends (backends/vendor_errors.hpp).
+using backends::Operation;
+using backends::ResultClass;
 
 // The driver's own name for a code ("CUDA_ERROR_OUT_OF_MEMORY"), or
 // "CUresult <n>" for a code this build does not know.
