@@ -21,7 +21,8 @@ struct BackendAvailability {
 
 std::vector<BackendAvailability> list_backends();
 
-// "auto" picks the best available: cuda, then host. Unknown or unavailable
+// "auto" picks the best available: cuda, then an OpenCL GPU or accelerator,
+// then host (never fake). Unknown or unavailable
 // names throw Error(Unavailable) naming the reason.
 std::unique_ptr<Backend> make_backend(std::string_view name);
 

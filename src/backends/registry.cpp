@@ -10,6 +10,9 @@
 #ifdef DEVBRIDGE_HAS_CUDA
 #include "devbridge/backends/cuda.hpp"
 #endif
+#ifdef DEVBRIDGE_HAS_OPENCL
+#include "devbridge/backends/opencl.hpp"
+#endif
 
 namespace devbridge {
 
@@ -19,13 +22,16 @@ struct Entry {
   std::string_view name;
   std::function<BackendAvailability()> probe;
   std::function<std::unique_ptr<Backend>()> make;
+  // Whether "auto" may pick it when available (the fake never; OpenCL only
+  // for a GPU or accelerator, since on a CPU the host backend does better).
+  std::function<bool()> chosen_by_auto = [] { return true; };
 };
 
 BackendAvailability always_available(std::string_view name) { return {std::string(name), true, true, {}}; }
 
 const std::vector<Entry>& entries() {
-  // Ordered by preference for "auto": the first available wins, except fake,
-  // which is for tests and never chosen automatically.
+  // Ordered by preference for "auto": the first available entry it may
+  // choose wins (see chosen_by_auto).
   static const std::vector<Entry> table = {
 #ifdef DEVBRIDGE_HAS_CUDA
       {"cuda",
@@ -35,8 +41,16 @@ const std::vector<Entry>& entries() {
        },
        [] { return cuda::make_cuda_backend(); }},
 #endif
+#ifdef DEVBRIDGE_HAS_OPENCL
+      {"opencl",
+       [] {
+         const auto probe = opencl::probe();
+         return BackendAvailability{"opencl", true, probe.available, probe.available ? "" : "OpenCL: " + probe.reason};
+       },
+       [] { return opencl::make_opencl_backend(); }, [] { return opencl::probe().has_gpu; }},
+#endif
       {"host", [] { return always_available("host"); }, [] { return host::make_host_backend(); }},
-      {"fake", [] { return always_available("fake"); }, [] { return fake::make_fake_backend(); }},
+      {"fake", [] { return always_available("fake"); }, [] { return fake::make_fake_backend(); }, [] { return false; }},
   };
   return table;
 }
@@ -49,6 +63,9 @@ std::vector<BackendAvailability> list_backends() {
 #ifndef DEVBRIDGE_HAS_CUDA
   out.push_back({"cuda", false, false, "CUDA: not built (no CUDA toolkit headers at configure time)"});
 #endif
+#ifndef DEVBRIDGE_HAS_OPENCL
+  out.push_back({"opencl", false, false, "OpenCL: not built (no CL/cl.h at configure time)"});
+#endif
   return out;
 }
 
@@ -56,7 +73,7 @@ std::unique_ptr<Backend> make_backend(std::string_view name) {
   const bool pick_best = name == "auto";
   std::string reasons;
   for (const auto& entry : entries()) {
-    if (pick_best ? entry.name == "fake" : entry.name != name) continue;
+    if (pick_best ? !entry.chosen_by_auto() : entry.name != name) continue;
     const auto availability = entry.probe();
     if (availability.available) return entry.make();
     if (!pick_best) throw Error(ErrorKind::Unavailable, fmt::format("backend {} is unavailable: {}", name, availability.reason));

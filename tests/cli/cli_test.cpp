@@ -112,6 +112,30 @@ TEST(Stream, AutoPicksAnAvailableBackendAndVerifies) {
   EXPECT_NE(report["backend"], "auto");
 }
 
+// The same worker over the OpenCL backend (PoCL in CI): uploads, the compute
+// role as an OpenCL kernel, downloads, all verified.
+TEST(Stream, OpenCLStreamsAndVerifiesWhereADeviceIsThere) {
+  const std::string info_path = scratch_dir() + "/info-opencl.json";
+  const CliRun info = run_cli({"info", "--json", info_path});
+  ASSERT_EQ(info.exit_code, 0) << describe(info);
+  std::string why = "this build has no OpenCL backend";
+  const nlohmann::json listing = nlohmann::json::parse(read_file(info_path));
+  for (const nlohmann::json& backend : listing["backends"]) {
+    if (backend["name"] == "opencl") why = backend["available"] == true ? "" : backend["reason"].get<std::string>();
+  }
+  if (!why.empty()) GTEST_SKIP() << why;
+
+  CliRun run;
+  const nlohmann::json report = stream_json(
+      {"--backend", "opencl", "--bytes", "4MiB", "--chunk", "128KiB", "--inflight", "4", "--ring-bytes", "1MiB"}, run);
+  ASSERT_EQ(run.exit_code, 0) << describe(run);
+  EXPECT_EQ(report["verified"], true);
+  EXPECT_EQ(report["backend"], "opencl");
+  EXPECT_EQ(report["chunks_verified"], 32);
+  EXPECT_EQ(report["copies_failed"], 0);
+  EXPECT_GE(report["ring_wraps"].get<std::uint64_t>(), 1u);
+}
+
 TEST(Stream, JsonReportHasEveryDocumentedField) {
   CliRun run;
   const nlohmann::json report =

@@ -5,6 +5,9 @@
 #ifdef DEVBRIDGE_HAS_CUDA
 #include "devbridge/backends/cuda.hpp"
 #endif
+#ifdef DEVBRIDGE_HAS_OPENCL
+#include "devbridge/backends/opencl.hpp"
+#endif
 
 namespace devbridge::conformance {
 
@@ -42,12 +45,25 @@ std::string cuda_unavailable_reason() {
 }
 #endif
 
+#ifdef DEVBRIDGE_HAS_OPENCL
+std::string opencl_unavailable_reason() {
+  const auto probe = opencl::probe();
+  return probe.available ? std::string() : probe.reason;
+}
+#endif
+
 const BackendDriver kBackendDrivers[] = {
-    // name    available?               factory                         live allocations        hold copies             host memory
+    // name    available?               factory                         live allocations        hold copies host memory
     {"fake", always_available, make_auto_completing_fake, fake_live_allocations, hold_fake_copies, true},
-    {"host", always_available, [] { return host::make_host_backend(); }, host::live_allocations, host::hold_copies, true},
+    {"host", always_available, [] { return host::make_host_backend(); }, host::live_allocations, host::hold_copies,
+     true},
 #ifdef DEVBRIDGE_HAS_CUDA
-    {"cuda", cuda_unavailable_reason, [] { return cuda::make_cuda_backend(); }, cuda::live_allocations, cuda::hold_copies, false},
+    {"cuda", cuda_unavailable_reason, [] { return cuda::make_cuda_backend(); }, cuda::live_allocations,
+     cuda::hold_copies, false},
+#endif
+#ifdef DEVBRIDGE_HAS_OPENCL
+    {"opencl", opencl_unavailable_reason, [] { return opencl::make_opencl_backend(); }, opencl::live_allocations,
+     opencl::hold_copies, false},
 #endif
 };
 

@@ -7,7 +7,7 @@ import pytest
 
 import devbridge
 from devbridge import _devbridge as ext
-from conftest import collect, download, make_bridge, random_array, upload
+from conftest import _backend_available, collect, download, make_bridge, random_array, upload
 
 F32 = devbridge.ObjectSpec(max_extent=1 << 20, alignment=64, dtype="float32")
 U8 = devbridge.ObjectSpec(max_extent=1 << 20, alignment=64, dtype="uint8")
@@ -448,3 +448,29 @@ def test_many_threads_share_one_bridge(bridge, rng):
     assert not any(w.is_alive() for w in workers)
     assert not failures, failures
     assert bridge.stats()["live_allocations"] == 0 and bridge.stats()["live_views"] == 0
+
+
+# ---- the OpenCL backend (PoCL in CI) -----------------------------------------
+
+def test_opencl_bridge_moves_bytes_computes_and_names_its_views():
+    available, reason = _backend_available("opencl")
+    if not available:
+        pytest.skip(reason)
+    rng = np.random.default_rng(7)
+    with devbridge.Bridge(backend="opencl", ring_bytes=1 << 20) as b:
+        assert b.backend_info()["name"] == "opencl"
+        x = random_array(rng, 4096, "float32")
+        hx, hy = b.alloc(F32, x.nbytes), b.alloc(F32, x.nbytes)
+        upload(b, hx, x)
+        np.testing.assert_array_equal(download(b, hx, x.nbytes, "float32"), x)
+        b.axpy(hx, hy, a=3.0, b=-1.0)
+        np.testing.assert_array_equal(download(b, hy, x.nbytes, "float32"),
+                                      (x * np.float32(3) - np.float32(1)).astype(np.float32))
+        with b.view(hy, "float32", 4096) as view:
+            # A buffer has no address: the view names the cl_mem, as DLPack's kDLOpenCL does.
+            assert view.device == "CL"
+            assert view.__dlpack_device__() == (4, 0)
+            with pytest.raises(devbridge.Unsupported):
+                view.to_tinygrad()
+        b.free(hx)
+        b.free(hy)

@@ -1,0 +1,54 @@
+// The OpenCL backend: a second vendor behind the same seam. Device memory is
+// cl_mem buffers, the ring a mapped CL_MEM_ALLOC_HOST_PTR buffer, copies and
+// the compute role run on one in-order command queue, and async completions
+// arrive through event callbacks. Runs on any OpenCL 1.2 device; CI runs it on
+// PoCL (the CPU). docs/OPENCL.md describes devices, ordering and views.
+//
+// This header exists in every build; the functions are defined only when the
+// library was built with the backend (DEVBRIDGE_HAS_OPENCL is then defined for
+// every user of the devbridge target).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "devbridge/backend.hpp"
+
+namespace devbridge::opencl {
+
+struct Probe {
+  bool available = false;
+  std::string reason;         // why not, when !available
+  int device_count = 0;       // over every platform
+  bool has_gpu = false;       // a GPU or accelerator device: "auto" prefers such a device to the host backend
+  std::string chosen_device;  // what make_opencl_backend() would open, e.g. "pocl: cpu-haswell-AMD EPYC"
+};
+
+Probe probe();
+
+struct Options {
+  // Which device: indexes into clGetPlatformIDs and that platform's
+  // clGetDeviceIDs(CL_DEVICE_TYPE_ALL). -1 (default) picks the first GPU or
+  // accelerator of any platform, else the first device. $DEVBRIDGE_OPENCL_DEVICE
+  // ("<platform>:<device>", e.g. "0:1") overrides the default.
+  int platform = -1;
+  int device = -1;
+};
+
+// Throws Error(Unavailable) when there is no such device.
+std::unique_ptr<Backend> make_opencl_backend(const Options& options = {});
+
+// ---- observation and test controls ----
+// Each throws Error(Unsupported) when `backend` is not an OpenCL backend.
+
+bool is_opencl_backend(const Backend& backend) noexcept;
+// Device buffers made and not yet freed; a restart or close must bring it to 0.
+std::uint64_t live_allocations(const Backend& backend);
+// While held, asynchronous copies submitted from now on wait on the device
+// for a user event, so a test can observe the "pending" side of every rule.
+// The queue is in order: later commands (sync copies, launches) wait too.
+// quiesce() (and so Bridge::restart and close) lifts the hold.
+void hold_copies(Backend& backend, bool hold);
+
+}  // namespace devbridge::opencl

@@ -1,0 +1,626 @@
+// The OpenCL backend: device memory from clCreateBuffer, the ring from a
+// mapped CL_MEM_ALLOC_HOST_PTR buffer (the portable way to ask a driver for
+// page-locked memory), and every copy and launch on one in-order command
+// queue.
+//
+// Ordering: the queue runs commands in submission order, so an upload lands
+// before a later launch reads it, a launch finishes before a later download
+// reads its output, and copies of the same bytes in either direction keep
+// their order. (One queue means no duplex overlap of uploads and downloads;
+// on PoCL's CPU device there would be none to gain.)
+//
+// Completions: an async copy keeps its cl_event in `pending_`, in submission
+// order. Draining reports the leading run of finished commands, oldest
+// first, reading each event's execution status, so completions arrive in the
+// queue's order whatever order the driver's callback threads run in. The
+// event callback only wakes waiters; it takes no lock that is held around an
+// OpenCL call, so a driver that runs callbacks while holding its own locks
+// cannot deadlock with a drain.
+//
+// Views: an OpenCL buffer has no device address. A view's `data` is the
+// cl_mem handle and its byte_offset stays separate, as DLPack's kDLOpenCL
+// asks.
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "backends/opencl/opencl_api.hpp"
+#include "backends/opencl/opencl_errors.hpp"
+#include "devbridge/backends/opencl.hpp"
+
+namespace devbridge::opencl {
+namespace {
+
+using detail::Api;
+using detail::check;
+using detail::make_error;
+using detail::Operation;
+
+// How long quiesce waits for the driver's callbacks after clFinish returned.
+constexpr std::chrono::seconds kCallbackDrainLimit{30};
+
+// The multiply and the add are rounded separately (no contraction into a
+// fused multiply-add, which PoCL does by default), so every element is
+// bit-identical to the host and CUDA backends' and the worker can verify
+// results exactly. x and y may be the same buffer, hence no restrict.
+constexpr char kAxpySource[] = R"CLC(
+#pragma OPENCL FP_CONTRACT OFF
+kernel void devbridge_axpy(global const float* x, ulong x_offset, global float* y, ulong y_offset,
+                           float a, float b, ulong count) {
+  const size_t i = get_global_id(0);
+  if (i < count) y[y_offset + i] = a * x[x_offset + i] + b;
+}
+)CLC";
+
+// ---- OpenCL objects, released exactly once ----
+template <class Handle>
+struct Releaser {
+  cl_int(CL_API_CALL* release)(Handle) = nullptr;
+  void operator()(Handle handle) const noexcept {
+    if (handle != nullptr && release != nullptr) release(handle);
+  }
+};
+template <class Handle>
+using Owned = std::unique_ptr<std::remove_pointer_t<Handle>, Releaser<Handle>>;
+
+// ---- info queries ----
+std::string trimmed(std::string text) {
+  text.resize(std::strlen(text.c_str()));  // drop the terminating NUL the query counts
+  return text;
+}
+
+// A string property, from clGetDeviceInfo or clGetPlatformInfo (`query`
+// takes their last three arguments); empty when the driver has none.
+template <class Query>
+std::string query_text(Query query) {
+  std::size_t size = 0;
+  if (query(0, nullptr, &size) != CL_SUCCESS || size == 0) return {};
+  std::string text(size, '\0');
+  if (query(size, text.data(), nullptr) != CL_SUCCESS) return {};
+  return trimmed(std::move(text));
+}
+
+std::string device_text(const Api& cl, cl_device_id device, cl_device_info what) {
+  return query_text([&](std::size_t size, void* out, std::size_t* needed) {
+    return cl.clGetDeviceInfo(device, what, size, out, needed);
+  });
+}
+
+std::string platform_text(const Api& cl, cl_platform_id platform, cl_platform_info what) {
+  return query_text([&](std::size_t size, void* out, std::size_t* needed) {
+    return cl.clGetPlatformInfo(platform, what, size, out, needed);
+  });
+}
+
+template <class T>
+T device_value(const Api& cl, cl_device_id device, cl_device_info what) {
+  T value{};
+  if (cl.clGetDeviceInfo(device, what, sizeof value, &value, nullptr) != CL_SUCCESS) return T{};
+  return value;
+}
+
+// ---- devices ----
+struct DeviceChoice {
+  cl_platform_id platform = nullptr;
+  cl_device_id device = nullptr;
+  int platform_index = 0;
+  int device_index = 0;
+  bool gpu = false;  // GPU or accelerator
+};
+
+struct Devices {
+  std::vector<DeviceChoice> all;  // platform by platform, device by device
+  std::string unavailable;        // why there are none
+};
+
+Devices enumerate_devices() {
+  Devices found;
+  const Api& cl = detail::api();
+  if (!cl.loaded()) {
+    found.unavailable = "no OpenCL ICD loader (" + cl.load_error + ")";
+    return found;
+  }
+  cl_uint platform_count = 0;
+  const cl_int listed = cl.clGetPlatformIDs(0, nullptr, &platform_count);
+  if (listed == CL_PLATFORM_NOT_FOUND_KHR || (listed == CL_SUCCESS && platform_count == 0)) {
+    found.unavailable = "no OpenCL platform (no driver registered in /etc/OpenCL/vendors; Debian: pocl-opencl-icd)";
+    return found;
+  }
+  if (listed != CL_SUCCESS) {
+    found.unavailable = make_error(listed, "clGetPlatformIDs", Operation::Setup).what();
+    return found;
+  }
+  std::vector<cl_platform_id> platforms(platform_count);
+  cl.clGetPlatformIDs(platform_count, platforms.data(), nullptr);
+  for (cl_uint p = 0; p < platform_count; ++p) {
+    cl_uint device_count = 0;
+    if (cl.clGetDeviceIDs(platforms[p], CL_DEVICE_TYPE_ALL, 0, nullptr, &device_count) != CL_SUCCESS) continue;
+    std::vector<cl_device_id> devices(device_count);
+    cl.clGetDeviceIDs(platforms[p], CL_DEVICE_TYPE_ALL, device_count, devices.data(), nullptr);
+    for (cl_uint d = 0; d < device_count; ++d) {
+      const auto type = device_value<cl_device_type>(cl, devices[d], CL_DEVICE_TYPE);
+      found.all.push_back(DeviceChoice{platforms[p], devices[d], static_cast<int>(p), static_cast<int>(d),
+                                       (type & (CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR)) != 0});
+    }
+  }
+  if (found.all.empty()) found.unavailable = fmt::format("{} OpenCL platform(s), but no device", platform_count);
+  return found;
+}
+
+// The device Options (or $DEVBRIDGE_OPENCL_DEVICE) name, else the first GPU
+// or accelerator, else the first device. Null with `why` set when none fits.
+const DeviceChoice* choose_device(const Devices& devices, Options options, std::string& why) {
+  if (devices.all.empty()) {
+    why = devices.unavailable;
+    return nullptr;
+  }
+  if (options.platform < 0 && options.device < 0) {
+    if (const char* env = std::getenv("DEVBRIDGE_OPENCL_DEVICE"); env != nullptr && *env != '\0') {
+      int platform = -1, device = -1;
+      char tail = 0;
+      if (std::sscanf(env, "%d:%d%c", &platform, &device, &tail) != 2 || platform < 0 || device < 0) {
+        why = fmt::format("DEVBRIDGE_OPENCL_DEVICE='{}' is not <platform>:<device> (e.g. 0:1)", env);
+        return nullptr;
+      }
+      options.platform = platform;
+      options.device = device;
+    }
+  }
+  if (options.platform >= 0 || options.device >= 0) {
+    const int platform = options.platform < 0 ? 0 : options.platform;
+    const int device = options.device < 0 ? 0 : options.device;
+    for (const auto& choice : devices.all) {
+      if (choice.platform_index == platform && choice.device_index == device) return &choice;
+    }
+    why = fmt::format("no OpenCL device {}:{} (platform:device); this machine has {} device(s)", platform, device,
+                      devices.all.size());
+    return nullptr;
+  }
+  for (const auto& choice : devices.all) {
+    if (choice.gpu) return &choice;
+  }
+  return &devices.all.front();
+}
+
+std::string describe_device(const Api& cl, const DeviceChoice& choice) {
+  return fmt::format("{}: {}", platform_text(cl, choice.platform, CL_PLATFORM_NAME),
+                     device_text(cl, choice.device, CL_DEVICE_NAME));
+}
+
+cl_mem as_buffer(const DeviceAllocation& allocation) { return reinterpret_cast<cl_mem>(allocation.token); }
+
+// The ring's buffer and where it is mapped; HostBlock::token points at it.
+struct HostMapping {
+  cl_mem buffer = nullptr;
+  void* mapped = nullptr;
+};
+
+// An async copy the queue has not yet reported.
+struct PendingCopy {
+  CopyEvent event;
+  Operation operation = Operation::Upload;
+  cl_event done = nullptr;  // owned: one reference, released when reported
+};
+
+class OpenCLBackend final : public Backend {
+ public:
+  explicit OpenCLBackend(const DeviceChoice& choice) : cl_(detail::api()), choice_(choice) {
+    cl_int result = CL_SUCCESS;
+    context_ = Owned<cl_context>(cl_.clCreateContext(nullptr, 1, &choice_.device, nullptr, nullptr, &result),
+                                 {cl_.clReleaseContext});
+    check(result, "clCreateContext", Operation::Setup);
+    queue_ = make_queue();
+    max_buffer_bytes_ = device_value<cl_ulong>(cl_, choice_.device, CL_DEVICE_MAX_MEM_ALLOC_SIZE);
+    total_memory_ = device_value<cl_ulong>(cl_, choice_.device, CL_DEVICE_GLOBAL_MEM_SIZE);
+    page_size_ = static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
+  }
+
+  ~OpenCLBackend() override {
+    quiesce();
+    std::lock_guard lock(mutex_);
+    for (auto& copy : pending_) cl_.clReleaseEvent(copy.done);
+  }
+
+  BackendInfo describe() override {
+    BackendInfo info;
+    info.name = "opencl";
+    info.vendor = device_text(cl_, choice_.device, CL_DEVICE_VENDOR);
+    info.device_name = device_text(cl_, choice_.device, CL_DEVICE_NAME);
+    // tinygrad names its OpenCL device "CL".
+    info.device_string = choice_.device_index == 0 ? "CL" : fmt::format("CL:{}", choice_.device_index);
+    info.dlpack_device = DLPackDevice::OpenCL;
+    info.device_ordinal = choice_.device_index;
+    info.total_memory = total_memory_;
+    info.free_memory = 0;                                               // OpenCL has no query for it
+    for (const auto& d : all_dtypes()) info.dtypes.push_back(d.dtype);  // buffers hold bytes
+    info.host_memory_page_locked = false;
+    info.notes = fmt::format(
+        "platform {} ({}), device {}:{}; buffers at most {} bytes each; one in-order queue; the ring is a mapped "
+        "CL_MEM_ALLOC_HOST_PTR buffer (OpenCL does not say whether it is page-locked)",
+        platform_text(cl_, choice_.platform, CL_PLATFORM_NAME), device_text(cl_, choice_.device, CL_DEVICE_VERSION),
+        choice_.platform_index, choice_.device_index, max_buffer_bytes_);
+    return info;
+  }
+
+  // `alignment` holds for every buffer: a buffer has no address of its own,
+  // views name it by handle with offsets from its start, and its memory is
+  // aligned by the driver (to at least CL_DEVICE_MEM_BASE_ADDR_ALIGN).
+  DeviceAllocation allocate(std::uint64_t bytes, std::uint64_t /*alignment*/) override {
+    if (bytes > max_buffer_bytes_) {
+      throw Error(ErrorKind::AllocationFailed,
+                  fmt::format("opencl: {} bytes asked; {} holds at most {} bytes per buffer "
+                              "(CL_DEVICE_MAX_MEM_ALLOC_SIZE) of {} bytes of memory",
+                              bytes, info_name(), max_buffer_bytes_, total_memory_));
+    }
+    cl_int result = CL_SUCCESS;
+    cl_mem buffer = cl_.clCreateBuffer(context_.get(), CL_MEM_READ_WRITE, bytes, nullptr, &result);
+    if (result != CL_SUCCESS) {
+      throw make_error(result, "clCreateBuffer", Operation::Allocate,
+                       fmt::format("{} bytes asked of {} bytes of device memory (OpenCL reports no free figure)", bytes,
+                                   total_memory_));
+    }
+    live_allocations_.fetch_add(1, std::memory_order_relaxed);
+    const auto handle = reinterpret_cast<std::uintptr_t>(buffer);
+    return DeviceAllocation{handle, bytes, handle};
+  }
+
+  void free(const DeviceAllocation& allocation) noexcept override {
+    // The driver keeps the buffer until queued commands that use it finish.
+    if (const cl_int result = cl_.clReleaseMemObject(as_buffer(allocation)); result != CL_SUCCESS)
+      spdlog::warn("devbridge opencl: {}", make_error(result, "clReleaseMemObject", Operation::Release).what());
+    live_allocations_.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+  HostBlock allocate_host(std::uint64_t bytes) override {
+    // One page more than asked, so the block can start on a page boundary
+    // (the ring hands out reservations aligned up to 4096).
+    const std::uint64_t mapped_bytes = bytes + page_size_;
+    cl_int result = CL_SUCCESS;
+    Owned<cl_mem> buffer(
+        cl_.clCreateBuffer(context_.get(), CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR, mapped_bytes, nullptr, &result),
+        {cl_.clReleaseMemObject});
+    if (result != CL_SUCCESS)
+      throw make_error(result, "clCreateBuffer(CL_MEM_ALLOC_HOST_PTR)", Operation::Allocate,
+                       fmt::format("{} bytes for the host ring", mapped_bytes));
+    void* mapped = cl_.clEnqueueMapBuffer(queue_.get(), buffer.get(), CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0,
+                                          mapped_bytes, 0, nullptr, nullptr, &result);
+    if (result != CL_SUCCESS)
+      throw make_error(result, "clEnqueueMapBuffer", Operation::Allocate,
+                       fmt::format("{} bytes for the host ring", mapped_bytes));
+    auto mapping = std::make_unique<HostMapping>(HostMapping{buffer.release(), mapped});
+    const auto start = (reinterpret_cast<std::uintptr_t>(mapped) + page_size_ - 1) & ~(page_size_ - 1);
+    return HostBlock{reinterpret_cast<std::byte*>(start), bytes, false,
+                     reinterpret_cast<std::uintptr_t>(mapping.release())};
+  }
+
+  void free_host(const HostBlock& block) noexcept override {
+    std::unique_ptr<HostMapping> mapping(reinterpret_cast<HostMapping*>(block.token));
+    if (!mapping) return;
+    if (const cl_int result =
+            cl_.clEnqueueUnmapMemObject(queue_.get(), mapping->buffer, mapping->mapped, 0, nullptr, nullptr);
+        result != CL_SUCCESS)
+      spdlog::warn("devbridge opencl: {}", make_error(result, "clEnqueueUnmapMemObject", Operation::Release).what());
+    cl_.clReleaseMemObject(mapping->buffer);
+  }
+
+  void submit_copy(const CopyRequest& request) override {
+    const bool upload = request.direction == CopyDirection::HostToDevice;
+    const Operation operation = upload ? Operation::Upload : Operation::Download;
+    const char* call = upload ? "clEnqueueWriteBuffer" : "clEnqueueReadBuffer";
+    const auto fail = [&](cl_int result) -> Error {
+      Error error = make_error(result, call, operation,
+                               fmt::format("{} bytes at device offset {}", request.len, request.device_offset));
+      if (error.fatal()) mark_queue_unusable();
+      return error;
+    };
+
+    if (request.mode == CopyMode::Sync) {
+      if (const cl_int result = enqueue_copy(request, CL_TRUE, nullptr, nullptr); result != CL_SUCCESS)
+        throw fail(result);
+      return;
+    }
+
+    // A held copy waits on the device for the hold's user event. The event
+    // is retained for the enqueue, so lifting the hold meanwhile is safe.
+    Owned<cl_event> gate({}, {cl_.clReleaseEvent});
+    {
+      std::lock_guard lock(mutex_);
+      if (hold_ != nullptr && cl_.clRetainEvent(hold_) == CL_SUCCESS) gate.reset(hold_);
+    }
+    cl_event gate_event = gate.get();
+    cl_event done = nullptr;
+    if (const cl_int result = enqueue_copy(request, CL_FALSE, gate_event ? &gate_event : nullptr, &done);
+        result != CL_SUCCESS)
+      throw fail(result);
+    {
+      std::lock_guard lock(mutex_);
+      pending_.push_back(PendingCopy{request.event, operation, done});
+    }
+    // The callback only wakes waiters; it holds its own event reference.
+    bool callback_set = false;
+    if (cl_.clRetainEvent(done) == CL_SUCCESS) {
+      callbacks_outstanding_.fetch_add(1, std::memory_order_relaxed);
+      if (cl_.clSetEventCallback(done, CL_COMPLETE, &OpenCLBackend::on_command_finished, this) == CL_SUCCESS) {
+        callback_set = true;
+      } else {
+        callbacks_outstanding_.fetch_sub(1, std::memory_order_relaxed);
+        cl_.clReleaseEvent(done);
+      }
+    }
+    if (const cl_int result = cl_.clFlush(queue_.get()); result != CL_SUCCESS)
+      spdlog::warn("devbridge opencl: {}", make_error(result, "clFlush", operation).what());
+    // Without a callback nobody would wake a waiter: finish the copy here
+    // (it is still reported through drain_completions like any other).
+    if (!callback_set) cl_.clWaitForEvents(1, &done);
+  }
+
+  void drain_completions(std::vector<Completion>& out) override {
+    std::lock_guard lock(mutex_);
+    while (!pending_.empty()) {
+      const PendingCopy& copy = pending_.front();
+      cl_int status = CL_QUEUED;
+      const cl_int queried =
+          cl_.clGetEventInfo(copy.done, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr);
+      if (queried == CL_SUCCESS && status > CL_COMPLETE) break;  // still queued, submitted or running
+      Completion completion;
+      completion.event = copy.event;
+      if (queried != CL_SUCCESS || status != CL_COMPLETE) {
+        const cl_int code = queried != CL_SUCCESS ? queried : status;
+        const Error error =
+            make_error(code, copy.operation == Operation::Upload ? "async upload" : "async download", copy.operation);
+        completion.ok = false;
+        completion.error = error.kind();
+        completion.message = error.what();
+        completion.fatal = error.fatal();
+        if (error.fatal()) queue_unusable_ = true;
+      }
+      out.push_back(std::move(completion));
+      cl_.clReleaseEvent(copy.done);
+      pending_.pop_front();
+    }
+  }
+
+  bool wait_for_completions(std::chrono::nanoseconds timeout) override {
+    const auto seen = finished_signals_.load(std::memory_order_acquire);
+    if (front_finished()) return true;
+    std::unique_lock lock(signal_mutex_);
+    return signal_cv_.wait_for(lock, timeout,
+                               [&] { return finished_signals_.load(std::memory_order_acquire) != seen; });
+  }
+
+  void quiesce() override {
+    hold_copies(false);
+    if (const cl_int result = cl_.clFinish(queue_.get()); result != CL_SUCCESS) {
+      spdlog::error("devbridge opencl: quiesce: {}", make_error(result, "clFinish", Operation::Release).what());
+      mark_queue_unusable();
+    }
+    // clFinish returns when the commands are done; their callbacks may still
+    // be running on the driver's threads, and they point at this backend.
+    {
+      std::unique_lock lock(signal_mutex_);
+      if (!signal_cv_.wait_for(lock, kCallbackDrainLimit,
+                               [&] { return callbacks_outstanding_.load(std::memory_order_acquire) == 0; }))
+        spdlog::error("devbridge opencl: quiesce: {} event callbacks never ran", callbacks_outstanding_.load());
+    }
+    // After a fatal failure the in-order queue has no defined state: start a
+    // new one (the bridge calls quiesce from restart, with no other call in
+    // flight), so a restart recovers.
+    bool replace;
+    {
+      std::lock_guard lock(mutex_);
+      replace = std::exchange(queue_unusable_, false);
+    }
+    if (replace) {
+      try {
+        queue_ = make_queue();
+      } catch (const Error& e) {
+        spdlog::error("devbridge opencl: a new queue after a fatal failure: {}", e.what());
+      }
+    }
+  }
+
+  void launch_axpy(const AxpyLaunch& launch) override {
+    std::lock_guard guard(launch_mutex_);  // clSetKernelArg is not thread-safe on one kernel
+    cl_kernel kernel = axpy_kernel();
+    cl_mem x = as_buffer(launch.x);
+    cl_mem y = as_buffer(launch.y);
+    const cl_ulong x_offset = launch.x_offset / sizeof(float);
+    const cl_ulong y_offset = launch.y_offset / sizeof(float);
+    const cl_ulong count = launch.count;
+    const auto set = [&](cl_uint index, std::size_t size, const void* value) {
+      check(cl_.clSetKernelArg(kernel, index, size, value), "clSetKernelArg", Operation::Launch);
+    };
+    set(0, sizeof x, &x);
+    set(1, sizeof x_offset, &x_offset);
+    set(2, sizeof y, &y);
+    set(3, sizeof y_offset, &y_offset);
+    set(4, sizeof launch.a, &launch.a);
+    set(5, sizeof launch.b, &launch.b);
+    set(6, sizeof count, &count);
+    const std::size_t global = static_cast<std::size_t>(launch.count);
+    if (const cl_int result =
+            cl_.clEnqueueNDRangeKernel(queue_.get(), kernel, 1, nullptr, &global, nullptr, 0, nullptr, nullptr);
+        result != CL_SUCCESS) {
+      Error error = make_error(result, "clEnqueueNDRangeKernel", Operation::Launch,
+                               fmt::format("axpy over {} elements", launch.count));
+      if (error.fatal()) mark_queue_unusable();
+      throw error;
+    }
+    // The launch is queued whatever happens now: a failed flush is reported, not thrown.
+    if (const cl_int result = cl_.clFlush(queue_.get()); result != CL_SUCCESS)
+      spdlog::warn("devbridge opencl: {}", make_error(result, "clFlush", Operation::Launch).what());
+  }
+
+  // ---- observation and test controls ----
+  std::uint64_t live_allocations() const noexcept { return live_allocations_.load(std::memory_order_relaxed); }
+
+  void hold_copies(bool hold) {
+    if (hold) {
+      std::lock_guard lock(mutex_);
+      if (hold_ != nullptr) return;
+      cl_int result = CL_SUCCESS;
+      hold_ = cl_.clCreateUserEvent(context_.get(), &result);
+      check(result, "clCreateUserEvent", Operation::Setup);
+      return;
+    }
+    cl_event released;
+    {
+      std::lock_guard lock(mutex_);
+      released = std::exchange(hold_, nullptr);
+    }
+    if (released == nullptr) return;
+    cl_.clSetUserEventStatus(released, CL_COMPLETE);
+    cl_.clReleaseEvent(released);
+    cl_.clFlush(queue_.get());
+  }
+
+ private:
+  static void CL_CALLBACK on_command_finished(cl_event event, cl_int /*status*/, void* user) {
+    auto* self = static_cast<OpenCLBackend*>(user);
+    self->cl_.clReleaseEvent(event);  // the reference submit_copy took for this callback
+    // Under signal_mutex_ so that quiesce, once it sees no callback
+    // outstanding, knows none touches the backend any more.
+    std::lock_guard lock(self->signal_mutex_);
+    self->finished_signals_.fetch_add(1, std::memory_order_release);
+    self->callbacks_outstanding_.fetch_sub(1, std::memory_order_release);
+    self->signal_cv_.notify_all();
+  }
+
+  Owned<cl_command_queue> make_queue() {
+    cl_int result = CL_SUCCESS;
+    Owned<cl_command_queue> queue(cl_.clCreateCommandQueue(context_.get(), choice_.device, 0, &result),
+                                  {cl_.clReleaseCommandQueue});
+    check(result, "clCreateCommandQueue", Operation::Setup);
+    return queue;
+  }
+
+  cl_int enqueue_copy(const CopyRequest& request, cl_bool blocking, const cl_event* wait_for, cl_event* done) {
+    cl_mem buffer = as_buffer(request.device);
+    const cl_uint waits = wait_for != nullptr ? 1 : 0;
+    if (request.direction == CopyDirection::HostToDevice)
+      return cl_.clEnqueueWriteBuffer(queue_.get(), buffer, blocking, request.device_offset, request.len, request.host,
+                                      waits, wait_for, done);
+    return cl_.clEnqueueReadBuffer(queue_.get(), buffer, blocking, request.device_offset, request.len, request.host,
+                                   waits, wait_for, done);
+  }
+
+  bool front_finished() {
+    std::lock_guard lock(mutex_);
+    if (pending_.empty()) return false;
+    cl_int status = CL_QUEUED;
+    const cl_int queried =
+        cl_.clGetEventInfo(pending_.front().done, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr);
+    return queried != CL_SUCCESS || status <= CL_COMPLETE;
+  }
+
+  void mark_queue_unusable() {
+    std::lock_guard lock(mutex_);
+    queue_unusable_ = true;
+  }
+
+  // Built on first use: compiling costs PoCL a noticeable fraction of a
+  // second, and most bridges never launch.
+  cl_kernel axpy_kernel() {
+    if (axpy_) return axpy_.get();
+    cl_int result = CL_SUCCESS;
+    const char* source = kAxpySource;
+    const std::size_t length = sizeof kAxpySource - 1;
+    Owned<cl_program> program(cl_.clCreateProgramWithSource(context_.get(), 1, &source, &length, &result),
+                              {cl_.clReleaseProgram});
+    check(result, "clCreateProgramWithSource", Operation::Launch);
+    if (const cl_int built = cl_.clBuildProgram(program.get(), 1, &choice_.device, "", nullptr, nullptr);
+        built != CL_SUCCESS) {
+      std::string log(4096, '\0');
+      std::size_t log_size = 0;
+      cl_.clGetProgramBuildInfo(program.get(), choice_.device, CL_PROGRAM_BUILD_LOG, log.size(), log.data(), &log_size);
+      throw make_error(built, "clBuildProgram", Operation::Launch, "axpy kernel: " + trimmed(std::move(log)));
+    }
+    Owned<cl_kernel> kernel(cl_.clCreateKernel(program.get(), "devbridge_axpy", &result), {cl_.clReleaseKernel});
+    check(result, "clCreateKernel", Operation::Launch);
+    program_ = std::move(program);
+    axpy_ = std::move(kernel);
+    return axpy_.get();
+  }
+
+  std::string info_name() const { return device_text(cl_, choice_.device, CL_DEVICE_NAME); }
+
+  const Api& cl_;
+  const DeviceChoice choice_;
+  // Declared first, destroyed last: everything below lives in it.
+  Owned<cl_context> context_{nullptr, {}};
+  Owned<cl_command_queue> queue_{nullptr, {}};
+  std::uint64_t max_buffer_bytes_ = 0;
+  std::uint64_t total_memory_ = 0;
+  std::uint64_t page_size_ = 4096;
+
+  std::mutex launch_mutex_;  // guards the kernel and its arguments
+  Owned<cl_program> program_{nullptr, {}};
+  Owned<cl_kernel> axpy_{nullptr, {}};
+
+  std::mutex mutex_;  // guards pending_, hold_ and queue_unusable_; held around OpenCL queries, never in a callback
+  std::deque<PendingCopy> pending_;
+  cl_event hold_ = nullptr;  // the user event held copies wait for
+  bool queue_unusable_ = false;
+
+  std::mutex signal_mutex_;  // only for the callbacks' wake-ups; never held around an OpenCL call
+  std::condition_variable signal_cv_;
+  std::atomic<std::uint64_t> finished_signals_{0};
+  std::atomic<std::uint64_t> callbacks_outstanding_{0};
+
+  std::atomic<std::uint64_t> live_allocations_{0};
+};
+
+OpenCLBackend& as_opencl(Backend& backend) {
+  if (auto* opencl = dynamic_cast<OpenCLBackend*>(&backend)) return *opencl;
+  throw Error(ErrorKind::Unsupported, "not an OpenCL backend");
+}
+
+}  // namespace
+
+Probe probe() {
+  Probe result;
+  const Devices devices = enumerate_devices();
+  result.device_count = static_cast<int>(devices.all.size());
+  for (const auto& choice : devices.all) result.has_gpu |= choice.gpu;
+  std::string why;
+  if (const DeviceChoice* choice = choose_device(devices, Options{}, why)) {
+    result.available = true;
+    result.chosen_device = describe_device(detail::api(), *choice);
+  } else {
+    result.reason = why;
+  }
+  return result;
+}
+
+std::unique_ptr<Backend> make_opencl_backend(const Options& options) {
+  // Enumerated once per process: handles stay valid for its whole life.
+  static const Devices devices = enumerate_devices();
+  std::string why;
+  const DeviceChoice* choice = choose_device(devices, options, why);
+  if (choice == nullptr) throw Error(ErrorKind::Unavailable, "opencl: " + why);
+  return std::make_unique<OpenCLBackend>(*choice);
+}
+
+bool is_opencl_backend(const Backend& backend) noexcept {
+  return dynamic_cast<const OpenCLBackend*>(&backend) != nullptr;
+}
+
+std::uint64_t live_allocations(const Backend& backend) {
+  return as_opencl(const_cast<Backend&>(backend)).live_allocations();
+}
+
+void hold_copies(Backend& backend, bool hold) { as_opencl(backend).hold_copies(hold); }
+
+}  // namespace devbridge::opencl

@@ -1,0 +1,200 @@
+// The OpenCL backend's own rules: how cl_int codes map into the vocabulary
+// (no device needed), and what the conformance suite does not cover on a
+// real device: device choice, the per-buffer limit, what a view names, and
+// how the registry offers the backend.
+#include "devbridge/backends/opencl.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "backends/opencl/opencl_errors.hpp"
+#include "devbridge/backends.hpp"
+#include "devbridge/bridge.hpp"
+#include "devbridge/error.hpp"
+
+namespace devbridge::opencl {
+namespace {
+
+using detail::classify;
+using detail::error_name;
+using detail::make_error;
+using detail::Operation;
+using ::testing::HasSubstr;
+
+// ---- the cl_int table ----
+
+TEST(OpenCLErrors, NamesKnownCodesAndNumbersUnknownOnes) {
+  EXPECT_EQ(error_name(0), "CL_SUCCESS");
+  EXPECT_EQ(error_name(-4), "CL_MEM_OBJECT_ALLOCATION_FAILURE");
+  EXPECT_EQ(error_name(-61), "CL_INVALID_BUFFER_SIZE");
+  EXPECT_EQ(error_name(-1001), "CL_PLATFORM_NOT_FOUND_KHR");
+  EXPECT_EQ(error_name(-9999), "cl_int -9999");
+}
+
+TEST(OpenCLErrors, AnOrdinaryFailureTakesTheOperationsKind) {
+  for (const auto [operation, kind] : {std::pair{Operation::Upload, ErrorKind::DeviceCopyFailed},
+                                       std::pair{Operation::Download, ErrorKind::OutputCopyFailed},
+                                       std::pair{Operation::Allocate, ErrorKind::AllocationFailed},
+                                       std::pair{Operation::Setup, ErrorKind::Unavailable}}) {
+    const auto cls = classify(-30 /* INVALID_VALUE */, operation);
+    EXPECT_EQ(cls.kind, kind);
+    EXPECT_FALSE(cls.fatal);
+  }
+}
+
+TEST(OpenCLErrors, OutOfMemoryIsAllocationFailedOnlyWhenAllocating) {
+  EXPECT_EQ(classify(-4, Operation::Allocate).kind, ErrorKind::AllocationFailed);
+  EXPECT_EQ(classify(-61, Operation::Allocate).kind, ErrorKind::AllocationFailed);
+  EXPECT_EQ(classify(-6, Operation::Upload).kind, ErrorKind::DeviceCopyFailed);
+  EXPECT_FALSE(classify(-4, Operation::Allocate).fatal);
+}
+
+TEST(OpenCLErrors, ALostDeviceOrPoisonedQueueIsFatal) {
+  // OUT_OF_RESOURCES is how GPU drivers report a crashed kernel.
+  EXPECT_EQ(classify(-5, Operation::Upload).kind, ErrorKind::DeviceCopyFailed);
+  EXPECT_TRUE(classify(-5, Operation::Upload).fatal);
+  EXPECT_EQ(classify(-5, Operation::Launch).kind, ErrorKind::Broken);
+  EXPECT_TRUE(classify(-2, Operation::Download).fatal);
+  EXPECT_TRUE(classify(-14, Operation::Download).fatal);
+  // A negative execution status that is no cl_int error: the command was
+  // terminated abnormally.
+  EXPECT_EQ(classify(-9999, Operation::Upload).kind, ErrorKind::DeviceCopyFailed);
+  EXPECT_TRUE(classify(-9999, Operation::Upload).fatal);
+}
+
+TEST(OpenCLErrors, MissingDriverAndUnbuildableKernelAreEnvironmentKinds) {
+  EXPECT_EQ(classify(-1001, Operation::Setup).kind, ErrorKind::Unavailable);
+  EXPECT_EQ(classify(-1, Operation::Setup).kind, ErrorKind::Unavailable);
+  EXPECT_EQ(classify(-11, Operation::Launch).kind, ErrorKind::Unsupported);
+  EXPECT_EQ(classify(-3, Operation::Launch).kind, ErrorKind::Unsupported);
+}
+
+TEST(OpenCLErrors, MessagesNameTheCallTheCodeAndTheDetail) {
+  const Error error = make_error(-4, "clCreateBuffer", Operation::Allocate, "4096 bytes asked");
+  EXPECT_EQ(error.kind(), ErrorKind::AllocationFailed);
+  EXPECT_THAT(error.what(), HasSubstr("clCreateBuffer: CL_MEM_OBJECT_ALLOCATION_FAILURE (-4); 4096 bytes asked"));
+  EXPECT_THAT(make_error(-5, "clEnqueueReadBuffer", Operation::Download).what(), HasSubstr("unusable"));
+}
+
+// ---- on a device ----
+
+class OpenCLDevice : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const Probe found = probe();
+    if (!found.available) GTEST_SKIP() << "no OpenCL device here: " << found.reason;
+  }
+};
+
+// Sets an environment variable for one test.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      ::setenv(name_, old_->c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+template <class F>
+Error error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "no devbridge::Error was thrown";
+  return Error(ErrorKind::Broken, "nothing thrown");
+}
+
+TEST_F(OpenCLDevice, ProbeNamesTheDeviceItWouldOpen) {
+  const Probe found = probe();
+  EXPECT_GE(found.device_count, 1);
+  EXPECT_FALSE(found.chosen_device.empty());
+  EXPECT_TRUE(found.reason.empty());
+}
+
+TEST_F(OpenCLDevice, DescribesItselfTheWayTinygradAndDLPackNameOpenCL) {
+  auto backend = make_opencl_backend();
+  const BackendInfo info = backend->describe();
+  EXPECT_EQ(info.name, "opencl");
+  EXPECT_EQ(info.device_string, "CL");
+  EXPECT_EQ(info.dlpack_device, DLPackDevice::OpenCL);
+  EXPECT_GT(info.total_memory, 0u);
+  EXPECT_FALSE(info.device_name.empty());
+  EXPECT_EQ(info.dtypes.size(), all_dtypes().size());
+  EXPECT_TRUE(is_opencl_backend(*backend));
+}
+
+TEST_F(OpenCLDevice, ADeviceThatIsNotThereIsUnavailableAndNamed) {
+  const Error by_options = error_of([] { make_opencl_backend(Options{.platform = 7, .device = 3}); });
+  EXPECT_EQ(by_options.kind(), ErrorKind::Unavailable);
+  EXPECT_THAT(by_options.what(), HasSubstr("no OpenCL device 7:3"));
+
+  const ScopedEnv bad("DEVBRIDGE_OPENCL_DEVICE", "first");
+  const Error by_env = error_of([] { make_opencl_backend(); });
+  EXPECT_EQ(by_env.kind(), ErrorKind::Unavailable);
+  EXPECT_THAT(by_env.what(), HasSubstr("DEVBRIDGE_OPENCL_DEVICE='first' is not <platform>:<device>"));
+}
+
+TEST_F(OpenCLDevice, TheEnvironmentChoosesTheDevice) {
+  const ScopedEnv first("DEVBRIDGE_OPENCL_DEVICE", "0:0");
+  auto backend = make_opencl_backend();
+  EXPECT_THAT(backend->describe().notes, HasSubstr("device 0:0"));
+}
+
+TEST_F(OpenCLDevice, ABufferOverTheDevicesLimitIsRefusedBeforeTheDriverSeesIt) {
+  Bridge bridge(make_opencl_backend(), BridgeOptions{.ring_bytes = 1 << 20});
+  auto& backend = bridge.backend();
+  const Error error = error_of([&] { backend.allocate(std::uint64_t{1} << 62, 64); });
+  EXPECT_EQ(error.kind(), ErrorKind::AllocationFailed);
+  EXPECT_THAT(error.what(), HasSubstr("CL_DEVICE_MAX_MEM_ALLOC_SIZE"));
+  EXPECT_THAT(error.what(), HasSubstr(std::to_string(std::uint64_t{1} << 62)));
+  EXPECT_EQ(live_allocations(backend), 0u);
+}
+
+TEST_F(OpenCLDevice, AViewNamesTheBufferByHandleWithTheOffsetApart) {
+  Bridge bridge(make_opencl_backend(), BridgeOptions{.ring_bytes = 1 << 20});
+  const DeviceHandle h = bridge.alloc_device(ObjectSpec{4096, 64, DType::Float32, ShapeKind::Vector}, 4096);
+  const ViewLease lease = bridge.view(h, ViewSpec{DType::Float32, Dims{16}, std::nullopt, 64});
+  EXPECT_NE(lease->data, 0u);  // the cl_mem
+  EXPECT_EQ(lease->byte_offset, 64u);
+  EXPECT_EQ(lease->device, "CL");
+  EXPECT_EQ(lease->dlpack_device_type, static_cast<int>(DLPackDevice::OpenCL));
+  EXPECT_EQ(live_allocations(bridge.backend()), 1u);
+}
+
+TEST_F(OpenCLDevice, TheRegistryOffersItByNameAndAutoOnlyForAGpu) {
+  EXPECT_TRUE(is_opencl_backend(*make_backend("opencl")));
+  bool listed = false;
+  for (const auto& entry : list_backends()) {
+    if (entry.name == "opencl") listed = entry.built && entry.available;
+  }
+  EXPECT_TRUE(listed);
+  auto chosen = make_backend("auto");
+  EXPECT_EQ(is_opencl_backend(*chosen), probe().has_gpu) << "auto chose " << chosen->describe().name;
+}
+
+TEST(OpenCLControls, RefuseABackendThatIsNotOpenCL) {
+  auto backend = make_backend("fake");
+  EXPECT_FALSE(is_opencl_backend(*backend));
+  EXPECT_EQ(error_of([&] { live_allocations(*backend); }).kind(), ErrorKind::Unsupported);
+  EXPECT_EQ(error_of([&] { hold_copies(*backend, true); }).kind(), ErrorKind::Unsupported);
+}
+
+}  // namespace
+}  // namespace devbridge::opencl
