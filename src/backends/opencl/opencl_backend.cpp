@@ -32,6 +32,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -344,9 +345,15 @@ class OpenCLBackend final : public Backend {
     if (const cl_int result = enqueue_copy(request, CL_FALSE, gate_event ? &gate_event : nullptr, &done);
         result != CL_SUCCESS)
       throw fail(result);
-    {
+    try {
       std::lock_guard lock(mutex_);
       pending_.push_back(PendingCopy{request.event, operation, done});
+    } catch (const std::bad_alloc&) {
+      // Untracked, the copy would outlive the bridge's record of it: finish
+      // it before reporting the failure, so its host range is free to reuse.
+      cl_.clWaitForEvents(1, &done);
+      cl_.clReleaseEvent(done);
+      throw Error(backends::operation_kind(operation), "opencl: out of host memory to track an async copy");
     }
     // The callback only wakes waiters; it holds its own event reference.
     bool callback_set = false;
