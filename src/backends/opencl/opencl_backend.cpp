@@ -378,8 +378,7 @@ class OpenCLBackend final : public Backend {
     while (!pending_.empty()) {
       const PendingCopy& copy = pending_.front();
       cl_int status = CL_QUEUED;
-      const cl_int queried =
-          cl_.clGetEventInfo(copy.done, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr);
+      const cl_int queried = execution_status(copy.done, status);
       if (queried == CL_SUCCESS && status > CL_COMPLETE) break;  // still queued, submitted or running
       Completion completion;
       completion.event = copy.event;
@@ -527,9 +526,13 @@ class OpenCLBackend final : public Backend {
     std::lock_guard lock(mutex_);
     if (pending_.empty()) return false;
     cl_int status = CL_QUEUED;
-    const cl_int queried =
-        cl_.clGetEventInfo(pending_.front().done, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr);
-    return queried != CL_SUCCESS || status <= CL_COMPLETE;
+    return execution_status(pending_.front().done, status) != CL_SUCCESS || status <= CL_COMPLETE;
+  }
+
+  // CL_COMPLETE, a negative code for a command that failed, or a positive
+  // one (queued, submitted, running) for a command not finished.
+  cl_int execution_status(cl_event event, cl_int& status) const {
+    return cl_.clGetEventInfo(event, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr);
   }
 
   void mark_queue_unusable() {
