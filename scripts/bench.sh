@@ -8,7 +8,8 @@
 #     alternating, BENCH_ROUNDS times (default 5);
 #  3. one comparison table of medians (bench/compare.py), then workload e set
 #     beside an unsynchronized model of the same view (bench/view_floor.cpp);
-#  4. the host backend against memcpy, and the 4 KiB round trip;
+#  4. the host backend against memcpy, and the 4 KiB round trip; the OpenCL
+#     backend against raw OpenCL calls, where it is built;
 #  5. bench/cuda, when the CUDA helper has added it and a GPU is present;
 #  6. the tinygrad hand-off benchmark, when bench/tinygrad_handoff.py exists.
 # No step fails on time; a step fails only when a program itself fails.
@@ -77,6 +78,13 @@ echo "== workload e: devbridge's view vs an unsynchronized model vs a reference-
 echo
 echo "== host backend: async upload vs memcpy, 4 KiB round trip =="
 "$BUILD/bench/host_copy" | tee "$OUT/host_copy.txt" || status=1
+
+# 4b. OpenCL backend against raw OpenCL (when built; it skips without a device).
+if [ -x "$BUILD/bench/opencl_copy" ]; then
+  echo
+  echo "== OpenCL backend: async upload vs raw OpenCL =="
+  "$BUILD/bench/opencl_copy" | tee "$OUT/opencl_copy.txt" || status=1
+fi
 
 # 5. CUDA (its own helper's programs; each decides whether a GPU is there).
 if [ -f bench/cuda/run.sh ]; then
