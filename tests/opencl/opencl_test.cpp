@@ -37,7 +37,7 @@ TEST(OpenCLErrors, NamesKnownCodesAndNumbersUnknownOnes) {
 }
 
 TEST(OpenCLErrors, AnOrdinaryFailureTakesTheOperationsKind) {
-  for (const auto [operation, kind] : {std::pair{Operation::Upload, ErrorKind::DeviceCopyFailed},
+  for (const auto& [operation, kind] : {std::pair{Operation::Upload, ErrorKind::DeviceCopyFailed},
                                        std::pair{Operation::Download, ErrorKind::OutputCopyFailed},
                                        std::pair{Operation::Allocate, ErrorKind::AllocationFailed},
                                        std::pair{Operation::Setup, ErrorKind::Unavailable}}) {
@@ -152,9 +152,14 @@ TEST_F(OpenCLDevice, ADeviceThatIsNotThereIsUnavailableAndNamed) {
 }
 
 TEST_F(OpenCLDevice, TheEnvironmentChoosesTheDevice) {
-  const ScopedEnv first("DEVBRIDGE_OPENCL_DEVICE", "0:0");
-  auto backend = make_opencl_backend();
-  EXPECT_THAT(backend->describe().notes, HasSubstr("device 0:0"));
+  {
+    const ScopedEnv first("DEVBRIDGE_OPENCL_DEVICE", "0:0");
+    auto backend = make_opencl_backend();
+    EXPECT_THAT(backend->describe().notes, HasSubstr("device 0:0"));
+  }
+  // 0:0 is also the default here; a device that is not there proves the variable is read.
+  const ScopedEnv missing("DEVBRIDGE_OPENCL_DEVICE", "0:99");
+  EXPECT_THAT(error_of([] { make_opencl_backend(); }).what(), HasSubstr("no OpenCL device 0:99"));
 }
 
 TEST_F(OpenCLDevice, ABufferOverTheDevicesLimitIsRefusedBeforeTheDriverSeesIt) {

@@ -27,6 +27,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -160,6 +161,13 @@ Devices enumerate_devices() {
   return found;
 }
 
+// Enumerated once per process, for probe() and the factory alike: the
+// handles stay valid for the process's whole life.
+const Devices& devices() {
+  static const Devices found = enumerate_devices();
+  return found;
+}
+
 // The device Options (or $DEVBRIDGE_OPENCL_DEVICE) name, else the first GPU
 // or accelerator, else the first device. Null with `why` set when none fits.
 const DeviceChoice* choose_device(const Devices& devices, Options options, std::string& why) {
@@ -217,7 +225,8 @@ struct PendingCopy {
 
 class OpenCLBackend final : public Backend {
  public:
-  explicit OpenCLBackend(const DeviceChoice& choice) : cl_(detail::api()), choice_(choice) {
+  explicit OpenCLBackend(const DeviceChoice& choice)
+      : cl_(detail::api()), choice_(choice), device_name_(device_text(cl_, choice.device, CL_DEVICE_NAME)) {
     cl_int result = CL_SUCCESS;
     context_ = Owned<cl_context>(cl_.clCreateContext(nullptr, 1, &choice_.device, nullptr, nullptr, &result),
                                  {cl_.clReleaseContext});
@@ -238,7 +247,7 @@ class OpenCLBackend final : public Backend {
     BackendInfo info;
     info.name = "opencl";
     info.vendor = device_text(cl_, choice_.device, CL_DEVICE_VENDOR);
-    info.device_name = device_text(cl_, choice_.device, CL_DEVICE_NAME);
+    info.device_name = device_name_;
     // tinygrad names its OpenCL device "CL".
     info.device_string = choice_.device_index == 0 ? "CL" : fmt::format("CL:{}", choice_.device_index);
     info.dlpack_device = DLPackDevice::OpenCL;
@@ -263,7 +272,7 @@ class OpenCLBackend final : public Backend {
       throw Error(ErrorKind::AllocationFailed,
                   fmt::format("opencl: {} bytes asked; {} holds at most {} bytes per buffer "
                               "(CL_DEVICE_MAX_MEM_ALLOC_SIZE) of {} bytes of memory",
-                              bytes, info_name(), max_buffer_bytes_, total_memory_));
+                              bytes, device_name_, max_buffer_bytes_, total_memory_));
     }
     cl_int result = CL_SUCCESS;
     cl_mem buffer = cl_.clCreateBuffer(context_.get(), CL_MEM_READ_WRITE, bytes, nullptr, &result);
@@ -564,10 +573,9 @@ class OpenCLBackend final : public Backend {
     return axpy_.get();
   }
 
-  std::string info_name() const { return device_text(cl_, choice_.device, CL_DEVICE_NAME); }
-
   const Api& cl_;
   const DeviceChoice choice_;
+  const std::string device_name_;
   // Declared first, destroyed last: everything below lives in it.
   Owned<cl_context> context_{nullptr, {}};
   Owned<cl_command_queue> queue_{nullptr, {}};
@@ -601,11 +609,10 @@ OpenCLBackend& as_opencl(Backend& backend) {
 
 Probe probe() {
   Probe result;
-  const Devices devices = enumerate_devices();
-  result.device_count = static_cast<int>(devices.all.size());
-  for (const auto& choice : devices.all) result.has_gpu |= choice.gpu;
+  result.device_count = static_cast<int>(devices().all.size());
+  for (const auto& choice : devices().all) result.has_gpu |= choice.gpu;
   std::string why;
-  if (const DeviceChoice* choice = choose_device(devices, Options{}, why)) {
+  if (const DeviceChoice* choice = choose_device(devices(), Options{}, why)) {
     result.available = true;
     result.chosen_device = describe_device(detail::api(), *choice);
   } else {
@@ -615,10 +622,8 @@ Probe probe() {
 }
 
 std::unique_ptr<Backend> make_opencl_backend(const Options& options) {
-  // Enumerated once per process: handles stay valid for its whole life.
-  static const Devices devices = enumerate_devices();
   std::string why;
-  const DeviceChoice* choice = choose_device(devices, options, why);
+  const DeviceChoice* choice = choose_device(devices(), options, why);
   if (choice == nullptr) throw Error(ErrorKind::Unavailable, "opencl: " + why);
   return std::make_unique<OpenCLBackend>(*choice);
 }
@@ -628,7 +633,8 @@ bool is_opencl_backend(const Backend& backend) noexcept {
 }
 
 std::uint64_t live_allocations(const Backend& backend) {
-  return as_opencl(const_cast<Backend&>(backend)).live_allocations();
+  if (const auto* opencl = dynamic_cast<const OpenCLBackend*>(&backend)) return opencl->live_allocations();
+  throw Error(ErrorKind::Unsupported, "not an OpenCL backend");
 }
 
 void hold_copies(Backend& backend, bool hold) { as_opencl(backend).hold_copies(hold); }

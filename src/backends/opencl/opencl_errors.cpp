@@ -77,12 +77,17 @@ constexpr std::array kKnownCodes{
     KnownCode{-1001, "CL_PLATFORM_NOT_FOUND_KHR"},
 };
 
+const KnownCode* find_known(int code) noexcept {
+  for (const auto& known : kKnownCodes) {
+    if (known.code == code) return &known;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 std::string error_name(int code) {
-  for (const auto& known : kKnownCodes) {
-    if (known.code == code) return std::string(known.name);
-  }
+  if (const KnownCode* known = find_known(code)) return std::string(known->name);
   return "cl_int " + std::to_string(code);
 }
 
@@ -119,7 +124,7 @@ ResultClass classify(int code, Operation operation) noexcept {
       // Any other negative code is this call's failure. An async command's
       // negative execution status that is not a cl_int error (drivers use
       // their own) means the command was terminated abnormally: fatal.
-      if (code < 0 && error_name(code).starts_with("cl_int")) return {operation_kind(operation), true};
+      if (code < 0 && find_known(code) == nullptr) return {operation_kind(operation), true};
       return {operation_kind(operation), false};
   }
 }
