@@ -40,6 +40,12 @@ enum class Failure : std::uint8_t {
 
 std::string_view call_name(Call call) noexcept;        // "allocate", "copy_h2d", ...
 std::string_view failure_name(Failure failure) noexcept;  // "allocation_failed", ...
+// Whether `failure` can fire on a call of kind `call` (FakeBackend::inject
+// refuses the combinations for which it is false): AllocationFailed on
+// allocate/allocate_host; the copy failures and completion faults on
+// copy_h2d/copy_d2h; InvalidView on validate_view; Fatal on anything but the
+// (noexcept) frees.
+bool applies(Call call, Failure failure) noexcept;
 
 // One recorded call. Fields that do not apply to the call are zero.
 struct RecordedCall {

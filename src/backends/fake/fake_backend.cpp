@@ -42,9 +42,11 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
+#include "devbridge/checked.hpp"
 #include "devbridge/types.hpp"
 
 namespace devbridge::fake {
@@ -78,25 +80,7 @@ std::string_view failure_name(Failure failure) noexcept {
   return "unknown";
 }
 
-namespace {
-
-// Fresh memory is filled with this byte so a test can tell "never written"
-// from data (tests write random data, never a constant).
-constexpr std::byte kFreshMemoryPattern{0xA5};
-constexpr std::uint64_t kMinDeviceAlignment = 64;
-constexpr std::uint64_t kHostBlockAlignment = 4096;
-
-using SharedBytes = std::shared_ptr<std::byte>;
-
-SharedBytes allocate_bytes(std::uint64_t bytes, std::uint64_t alignment) {
-  const std::size_t size = static_cast<std::size_t>(std::max<std::uint64_t>(bytes, 1));
-  const auto align = std::align_val_t{static_cast<std::size_t>(alignment)};
-  auto* raw = static_cast<std::byte*>(::operator new(size, align));
-  std::memset(raw, static_cast<int>(kFreshMemoryPattern), size);
-  return SharedBytes(raw, [align](std::byte* p) { ::operator delete(p, align); });
-}
-
-bool applies(Call call, Failure failure) {
+bool applies(Call call, Failure failure) noexcept {
   switch (failure) {
     case Failure::AllocationFailed:
       return call == Call::Allocate || call == Call::AllocateHost;
@@ -112,6 +96,32 @@ bool applies(Call call, Failure failure) {
       return call != Call::Free && call != Call::FreeHost;
   }
   return false;
+}
+
+namespace {
+
+// Fresh memory is filled with this byte so a test can tell "never written"
+// from data (tests write random data, never a constant).
+constexpr std::byte kFreshMemoryPattern{0xA5};
+constexpr std::uint64_t kMinDeviceAlignment = 64;
+constexpr std::uint64_t kHostBlockAlignment = 4096;
+
+using SharedBytes = std::shared_ptr<std::byte>;
+
+// Fresh aligned memory of `bytes` (at least 1). The aligned operator new
+// rounds the size up to a multiple of the alignment, so a size within
+// `alignment - 1` of 2^64 would wrap into a tiny block that the fill then
+// overruns: the rounded size is checked first, and refused with
+// AllocationFailed naming the size and `call` ("fake allocate_host").
+SharedBytes allocate_bytes(std::uint64_t bytes, std::uint64_t alignment, std::string_view call) {
+  const auto rounded = checked::align_up(std::max<std::uint64_t>(bytes, 1), alignment);
+  if (!rounded) checked::overflow(ErrorKind::AllocationFailed, call, bytes, alignment, '^');
+  const std::uint64_t size = *rounded;
+  static_assert(sizeof(std::size_t) == sizeof(std::uint64_t), "the fake assumes a 64-bit address space");
+  const auto align = std::align_val_t{static_cast<std::size_t>(alignment)};
+  auto* raw = static_cast<std::byte*>(::operator new(static_cast<std::size_t>(size), align));
+  std::memset(raw, static_cast<int>(kFreshMemoryPattern), static_cast<std::size_t>(size));
+  return SharedBytes(raw, [align](std::byte* p) { ::operator delete(p, align); });
 }
 
 ErrorKind copy_error_kind(CopyDirection direction) {
@@ -235,7 +245,7 @@ struct FakeBackend::State {
     const auto address = reinterpret_cast<std::uintptr_t>(host);
     for (const auto& [token, block] : host_blocks) {
       const auto begin = reinterpret_cast<std::uintptr_t>(block.memory.get());
-      if (address >= begin && address - begin <= block.bytes && len <= block.bytes - (address - begin)) {
+      if (address >= begin && checked::range_within(address - begin, len, block.bytes)) {
         return &block;
       }
     }
@@ -429,7 +439,7 @@ DeviceAllocation FakeBackend::allocate(std::uint64_t bytes, std::uint64_t alignm
   if (bytes > free_bytes) throw out_of_memory();
   State::Allocation allocation;
   try {
-    allocation = {allocate_bytes(bytes, std::max(alignment, kMinDeviceAlignment)), bytes};
+    allocation = {allocate_bytes(bytes, std::max(alignment, kMinDeviceAlignment), "fake allocate: bytes asked"), bytes};
   } catch (const std::bad_alloc&) {
     throw out_of_memory();
   }
@@ -479,7 +489,7 @@ HostBlock FakeBackend::allocate_host(std::uint64_t bytes) {
   }
   State::HostBlockRecord block;
   try {
-    block = {allocate_bytes(bytes, kHostBlockAlignment), bytes};
+    block = {allocate_bytes(bytes, kHostBlockAlignment, "fake allocate_host: host bytes asked"), bytes};
   } catch (const std::bad_alloc&) {
     throw Error(ErrorKind::AllocationFailed,
                 "fake allocate_host: out of host memory: " + std::to_string(bytes) + " host bytes asked");
@@ -551,8 +561,7 @@ void FakeBackend::submit_copy(const CopyRequest& request) {
       throw Error(ErrorKind::UnknownDeviceHandle, "fake " + std::string(call_name(call)) +
                                                       ": allocation not live in the backend (" + what + ")");
     }
-    if (request.device_offset > allocation->second.bytes ||
-        request.len > allocation->second.bytes - request.device_offset) {
+    if (!checked::range_within(request.device_offset, request.len, allocation->second.bytes)) {
       throw Error(ErrorKind::InvalidRange, "fake " + std::string(call_name(call)) + ": device range [" +
                                                std::to_string(request.device_offset) + ", +" +
                                                std::to_string(request.len) + ") outside allocation of " +
@@ -603,10 +612,17 @@ void FakeBackend::drain_completions(std::vector<Completion>& out) {
 }
 
 bool FakeBackend::wait_for_completions(std::chrono::nanoseconds timeout) {
+  // wait_for would add the timeout to now() and wrap for a huge one (then
+  // return at once): the deadline saturates instead, and "never" waits.
+  const auto deadline = checked::deadline_after(timeout);
   std::unique_lock lock(state_->mutex);
   auto& s = *state_;
-  return s.completions_ready.wait_for(lock, timeout,
-                                      [&] { return !s.ready.empty() || (s.late_released && !s.late_after_quiesce.empty()); });
+  const auto ready = [&] { return !s.ready.empty() || (s.late_released && !s.late_after_quiesce.empty()); };
+  if (deadline == checked::Clock::time_point::max()) {
+    s.completions_ready.wait(lock, ready);
+    return true;
+  }
+  return s.completions_ready.wait_until(lock, deadline, ready);
 }
 
 void FakeBackend::quiesce() {
@@ -630,20 +646,20 @@ void FakeBackend::quiesce() {
 void FakeBackend::launch_axpy(const AxpyLaunch& launch) {
   std::lock_guard lock(state_->mutex);
   auto& s = *state_;
+  // The byte count, or nothing when count * 4 does not fit (recorded as 2^64-1).
+  const std::optional<std::uint64_t> bytes = checked::mul(launch.count, sizeof(float));
   {
     RecordedCall& call = s.calls[s.record(Call::Launch)];
-    call.bytes = launch.count * sizeof(float);
+    call.bytes = bytes.value_or(UINT64_MAX);
     call.address = launch.x.address;
     call.device_offset = launch.x_offset;
   }
   const Fired fired = s.fire(Call::Launch);
   if (fired.fatal) State::throw_fatal(Call::Launch, "launching axpy over " + std::to_string(launch.count) + " floats");
-  const std::uint64_t bytes = launch.count * sizeof(float);
   auto inside = [&](const DeviceAllocation& a, std::uint64_t offset) {
     auto it = s.allocations.find(a.token);
     return it != s.allocations.end() && reinterpret_cast<std::uintptr_t>(it->second.memory.get()) == a.address &&
-           launch.count <= UINT64_MAX / sizeof(float) && offset <= it->second.bytes &&
-           bytes <= it->second.bytes - offset;
+           bytes && checked::range_within(offset, *bytes, it->second.bytes);
   };
   if (!inside(launch.x, launch.x_offset) || !inside(launch.y, launch.y_offset)) {
     throw Error(ErrorKind::InvalidRange, "fake launch: axpy over " + std::to_string(launch.count) +
