@@ -41,6 +41,7 @@
 #include "backends/opencl/opencl_api.hpp"
 #include "backends/opencl/opencl_errors.hpp"
 #include "devbridge/backends/opencl.hpp"
+#include "devbridge/checked.hpp"
 
 namespace devbridge::opencl {
 namespace {
@@ -234,7 +235,8 @@ class OpenCLBackend final : public Backend {
     queue_ = make_queue();
     max_buffer_bytes_ = device_value<cl_ulong>(cl_, choice_.device, CL_DEVICE_MAX_MEM_ALLOC_SIZE);
     total_memory_ = device_value<cl_ulong>(cl_, choice_.device, CL_DEVICE_GLOBAL_MEM_SIZE);
-    page_size_ = static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
+    if (const long page = sysconf(_SC_PAGESIZE); page > 0 && is_power_of_two(static_cast<std::uint64_t>(page)))
+      page_size_ = static_cast<std::uint64_t>(page);
   }
 
   ~OpenCLBackend() override {
@@ -295,21 +297,31 @@ class OpenCLBackend final : public Backend {
 
   HostBlock allocate_host(std::uint64_t bytes) override {
     // One page more than asked, so the block can start on a page boundary
-    // (the ring hands out reservations aligned up to 4096).
-    const std::uint64_t mapped_bytes = bytes + page_size_;
+    // (the ring hands out reservations aligned up to 4096). A size within a
+    // page of 2^64 would wrap into a tiny buffer the ring then overruns.
+    const auto padded = checked::add(bytes, page_size_);
+    if (!padded || (max_buffer_bytes_ != 0 && *padded > max_buffer_bytes_)) {
+      throw Error(ErrorKind::AllocationFailed,
+                  fmt::format("opencl: a host ring of {} bytes (one {}-byte page more, for alignment) is more than {} "
+                              "holds in one buffer ({} bytes, CL_DEVICE_MAX_MEM_ALLOC_SIZE)",
+                              bytes, page_size_, device_name_, max_buffer_bytes_));
+    }
+    const std::uint64_t mapped_bytes = *padded;
     cl_int result = CL_SUCCESS;
     Owned<cl_mem> buffer(
         cl_.clCreateBuffer(context_.get(), CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR, mapped_bytes, nullptr, &result),
         {cl_.clReleaseMemObject});
     if (result != CL_SUCCESS)
       throw make_error(result, "clCreateBuffer(CL_MEM_ALLOC_HOST_PTR)", Operation::Allocate,
-                       fmt::format("{} bytes for the host ring", mapped_bytes));
+                       fmt::format("{} bytes for a host ring of {} bytes", mapped_bytes, bytes));
     void* mapped = cl_.clEnqueueMapBuffer(queue_.get(), buffer.get(), CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, 0,
                                           mapped_bytes, 0, nullptr, nullptr, &result);
     if (result != CL_SUCCESS)
       throw make_error(result, "clEnqueueMapBuffer", Operation::Allocate,
-                       fmt::format("{} bytes for the host ring", mapped_bytes));
+                       fmt::format("{} bytes for a host ring of {} bytes", mapped_bytes, bytes));
     auto mapping = std::make_unique<HostMapping>(HostMapping{buffer.release(), mapped});
+    // Cannot wrap: the mapping is at least a page long, so the next page
+    // boundary at or after it lies inside it.
     const auto start = (reinterpret_cast<std::uintptr_t>(mapped) + page_size_ - 1) & ~(page_size_ - 1);
     return HostBlock{reinterpret_cast<std::byte*>(start), bytes, false,
                      reinterpret_cast<std::uintptr_t>(mapping.release())};
@@ -408,11 +420,18 @@ class OpenCLBackend final : public Backend {
   }
 
   bool wait_for_completions(std::chrono::nanoseconds timeout) override {
+    // wait_for would add a huge timeout to now() and wrap (returning at
+    // once); the deadline saturates instead and "never" waits until done.
+    const auto deadline = checked::deadline_after(timeout);
     const auto seen = finished_signals_.load(std::memory_order_acquire);
     if (front_finished()) return true;
     std::unique_lock lock(signal_mutex_);
-    return signal_cv_.wait_for(lock, timeout,
-                               [&] { return finished_signals_.load(std::memory_order_acquire) != seen; });
+    const auto signalled = [&] { return finished_signals_.load(std::memory_order_acquire) != seen; };
+    if (deadline == checked::Clock::time_point::max()) {
+      signal_cv_.wait(lock, signalled);
+      return true;
+    }
+    return signal_cv_.wait_until(lock, deadline, signalled);
   }
 
   void quiesce() override {
