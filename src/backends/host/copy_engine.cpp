@@ -12,6 +12,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "devbridge/checked.hpp"
 #include "devbridge/error.hpp"
 
 namespace devbridge::host::detail {
@@ -27,9 +28,6 @@ constexpr std::chrono::microseconds kEngineIdleSpin{80};
 // How long a waiter (bridge wait, sync copy, compute) polls before sleeping.
 // A 4 KiB copy takes well under a microsecond, so a short spin catches it.
 constexpr std::chrono::microseconds kWaiterSpin{40};
-// Beyond this a timeout is treated as "forever": adding it to now() would
-// overflow the clock.
-constexpr std::chrono::hours kForever{24 * 365};
 
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
@@ -67,6 +65,9 @@ void copy_bytes(const CopyRequest& request) noexcept {
   }
 }
 
+// The sums below cannot wrap: the backend checks the device range against its
+// allocation (range_within) and the bridge the host range against the ring
+// before a request gets here, so each span lies inside live memory.
 Access access_of(const CopyRequest& request) noexcept {
   const auto host = reinterpret_cast<std::uintptr_t>(request.host);
   const auto device = static_cast<std::uintptr_t>(request.device.address + request.device_offset);
@@ -255,15 +256,17 @@ bool CopyEngine::wait_for_completions(std::chrono::nanoseconds timeout) {
   const auto start = Clock::now();
   if (spin_for(std::min<std::chrono::nanoseconds>(timeout, kWaiterSpin), ready)) return true;
 
+  // A timeout too large to add to the clock saturates: wait until done.
+  const auto deadline = checked::deadline_after(timeout, start);
   completion_sleepers_.fetch_add(1);
   bool got;
   {
     std::unique_lock lock(completions_mutex_);
-    if (timeout >= kForever) {
+    if (deadline == Clock::time_point::max()) {
       completions_cv_.wait(lock, ready);
       got = true;
     } else {
-      got = completions_cv_.wait_until(lock, start + timeout, ready);
+      got = completions_cv_.wait_until(lock, deadline, ready);
     }
   }
   completion_sleepers_.fetch_sub(1);

@@ -10,7 +10,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <limits>
 #include <mutex>
 #include <new>
 #include <string>
@@ -23,6 +22,7 @@
 #include "backends/host/copy_engine.hpp"
 #include "backends/host/system_info.hpp"
 #include "devbridge/backends/host.hpp"
+#include "devbridge/checked.hpp"
 #include "devbridge/types.hpp"
 
 namespace devbridge::host {
@@ -41,6 +41,9 @@ std::size_t system_page_size() {
   if (size <= 0) {
     throw Error(ErrorKind::Unavailable, "host backend: sysconf(_SC_PAGESIZE) failed: " + describe_errno(errno));
   }
+  if (!is_power_of_two(static_cast<std::uint64_t>(size))) {
+    throw Error(ErrorKind::Unavailable, fmt::format("host backend: page size {} is not a power of two", size));
+  }
   return static_cast<std::size_t>(size);
 }
 
@@ -57,10 +60,7 @@ std::string available_memory_text() {
   return fmt::format("{} bytes available", memory.available);
 }
 
-// Offset + length inside an allocation of `bytes`, without overflow.
-bool fits(std::uint64_t offset, std::uint64_t len, std::uint64_t bytes) noexcept {
-  return offset <= bytes && len <= bytes - offset;
-}
+using checked::range_within;
 
 class HostBackend final : public Backend {
  public:
@@ -112,6 +112,13 @@ class HostBackend final : public Backend {
                   fmt::format("host backend: alignment {} is not a power of two (allocate of {} bytes)", alignment, bytes));
     }
     const std::uint64_t effective_alignment = std::max(alignment, kMinAlignment);
+    // posix_memalign may pad by up to the alignment; refuse a size for which
+    // that padding does not fit in 64 bits before the C library has to.
+    if (!checked::add(bytes, effective_alignment)) {
+      throw Error(ErrorKind::AllocationFailed,
+                  fmt::format("host backend: allocate of {} bytes (alignment {}): too large for the address space",
+                              bytes, effective_alignment));
+    }
     void* memory = nullptr;
     if (const int rc = posix_memalign(&memory, effective_alignment, bytes); rc != 0) {
       throw Error(ErrorKind::AllocationFailed,
@@ -144,16 +151,22 @@ class HostBackend final : public Backend {
 
   HostBlock allocate_host(std::uint64_t bytes) override {
     if (bytes == 0) throw Error(ErrorKind::InvalidExtent, "host backend: allocate_host of 0 bytes");
-    if (bytes > std::numeric_limits<std::size_t>::max() - page_size_) {
-      throw Error(ErrorKind::AllocationFailed, fmt::format("host backend: allocate_host of {} bytes: too large", bytes));
-    }
     // Page-aligned and page-sized, so mlock pins exactly this block.
-    const std::size_t mapped = (bytes + page_size_ - 1) / page_size_ * page_size_;
+    const auto rounded = checked::align_up(bytes, page_size_);
+    if (!rounded) {
+      throw Error(ErrorKind::AllocationFailed,
+                  fmt::format("host backend: allocate_host of {} bytes: too large (rounded up to a multiple of the "
+                              "{}-byte page it does not fit in 64 bits)",
+                              bytes, page_size_));
+    }
+    static_assert(sizeof(std::size_t) == sizeof(std::uint64_t), "the host backend assumes a 64-bit address space");
+    const std::size_t mapped = static_cast<std::size_t>(*rounded);
     void* memory = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (memory == MAP_FAILED) {
+      const int error = errno;  // before reading /proc for the message
       throw Error(ErrorKind::AllocationFailed,
-                  fmt::format("host backend: mmap of {} bytes for the host ring failed: {}; {}", mapped,
-                              describe_errno(errno), available_memory_text()));
+                  fmt::format("host backend: mmap of {} bytes for a host ring of {} bytes failed: {}; {}", mapped,
+                              bytes, describe_errno(error), available_memory_text()));
     }
 
     // Page-locking is an optimisation: without it the ring still works, only
@@ -202,7 +215,7 @@ class HostBackend final : public Backend {
       throw Error(ErrorKind::InvalidRange, fmt::format("host backend: copy of {} bytes with a null {} pointer",
                                                        request.len, request.host == nullptr ? "host" : "device"));
     }
-    if (!fits(request.device_offset, request.len, request.device.bytes)) {
+    if (!range_within(request.device_offset, request.len, request.device.bytes)) {
       throw Error(ErrorKind::InvalidRange,
                   fmt::format("host backend: copy of {} bytes at device offset {} exceeds the allocation at 0x{:x} "
                               "({} bytes)",
@@ -234,11 +247,12 @@ class HostBackend final : public Backend {
 
   void launch_axpy(const AxpyLaunch& launch) override {
     constexpr std::uint64_t kElement = sizeof(float);
-    if (launch.count > std::numeric_limits<std::uint64_t>::max() / kElement) {
+    const auto counted = checked::mul(launch.count, kElement);
+    if (!counted) {
       throw Error(ErrorKind::InvalidRange, fmt::format("host backend: axpy over {} elements overflows", launch.count));
     }
-    const std::uint64_t bytes = launch.count * kElement;
-    if (!fits(launch.x_offset, bytes, launch.x.bytes) || !fits(launch.y_offset, bytes, launch.y.bytes)) {
+    const std::uint64_t bytes = *counted;
+    if (!range_within(launch.x_offset, bytes, launch.x.bytes) || !range_within(launch.y_offset, bytes, launch.y.bytes)) {
       throw Error(ErrorKind::InvalidRange,
                   fmt::format("host backend: axpy over {} floats at x offset {} (allocation {} bytes), y offset {} "
                               "(allocation {} bytes) is out of bounds",
@@ -249,6 +263,7 @@ class HostBackend final : public Backend {
 
     // Stream order without streams: wait for earlier copies into x (and for
     // any earlier copy still reading or writing y), then compute in place.
+    // The spans cannot wrap: each lies inside a live allocation (checked above).
     const auto x_begin = reinterpret_cast<std::uintptr_t>(x);
     const auto y_begin = reinterpret_cast<std::uintptr_t>(y);
     engine_.wait_for_conflicts(detail::Access{{x_begin, x_begin + bytes}, {y_begin, y_begin + bytes}});

@@ -9,6 +9,8 @@
 #include <sstream>
 #include <string_view>
 
+#include "devbridge/checked.hpp"
+
 namespace devbridge::host::detail {
 
 namespace {
@@ -28,7 +30,7 @@ bool parse_meminfo_line(std::string_view line, std::string_view key, std::uint64
   std::string unit;
   if (!(in >> value)) return false;
   in >> unit;
-  bytes = unit == "kB" ? value * 1024 : value;
+  bytes = unit == "kB" ? checked::mul(value, 1024).value_or(UINT64_MAX) : value;  // saturates, never wraps
   return true;
 }
 
@@ -53,9 +55,13 @@ MemoryInfo read_memory_info() {
     return info;
   }
   const std::uint64_t unit = si.mem_unit == 0 ? 1 : si.mem_unit;
-  if (!have_total) info.total = static_cast<std::uint64_t>(si.totalram) * unit;
+  // Figures that do not fit in 64 bits saturate.
+  if (!have_total) info.total = checked::mul(si.totalram, unit).value_or(UINT64_MAX);
   // Without MemAvailable, free plus buffers is the closest sysinfo offers.
-  if (!have_available) info.available = (static_cast<std::uint64_t>(si.freeram) + si.bufferram) * unit;
+  if (!have_available) {
+    const auto pages = checked::add(si.freeram, si.bufferram);
+    info.available = pages ? checked::mul(*pages, unit).value_or(UINT64_MAX) : UINT64_MAX;
+  }
   return info;
 }
 
