@@ -22,6 +22,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -394,6 +395,7 @@ EXPORT CUresult CUDAAPI cuMemAlloc(CUdeviceptr* pointer, size_t bytes) {
     std::lock_guard lock(memory().mutex);
     if (bytes > total_memory() - memory().device_used) return CUDA_ERROR_OUT_OF_MEMORY;
   }
+  // bytes <= total_memory() (checked above), so rounding to 256 cannot wrap.
   void* data = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
   if (data == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   std::lock_guard lock(memory().mutex);
@@ -417,6 +419,9 @@ EXPORT CUresult CUDAAPI cuMemFree(CUdeviceptr pointer) {
 EXPORT CUresult CUDAAPI cuMemHostAlloc(void** pointer, size_t bytes, unsigned int flags) {
   if (int error = require_context()) return static_cast<CUresult>(error);
   if (bytes == 0 || (flags & ~0x7u) != 0) return CUDA_ERROR_INVALID_VALUE;
+  // As the real driver: a size that does not fit once rounded to pages is
+  // out of memory, never a wrapped small block.
+  if (bytes > SIZE_MAX - 4095) return CUDA_ERROR_OUT_OF_MEMORY;
   void* data = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
   if (data == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   std::lock_guard lock(memory().mutex);

@@ -30,7 +30,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
-#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -38,6 +37,7 @@
 
 #include "backends/cuda/cuda_driver.hpp"
 #include "backends/cuda/cuda_ptx.hpp"
+#include "devbridge/checked.hpp"
 
 namespace devbridge::cuda {
 namespace {
@@ -219,17 +219,21 @@ class CudaBackend final : public Backend {
     std::uint64_t slack = alignment > kDriverAlignment ? alignment - kDriverAlignment : 0;
     ContextGuard guard(driver_, context_, Operation::Allocate);
     for (int attempt = 0; attempt < 2; ++attempt) {
-      if (bytes > std::numeric_limits<std::uint64_t>::max() - slack)
+      const auto padded = checked::add(bytes, slack);
+      if (!padded)
         throw Error(ErrorKind::AllocationFailed, "CUDA allocation of " + std::to_string(bytes) +
                                                      " bytes aligned to " + std::to_string(alignment) +
                                                      " overflows");
       CUdeviceptr base = 0;
-      CUresult result = driver_.cuMemAlloc_v2(&base, bytes + slack);
-      if (result != CUDA_SUCCESS) throw allocation_error(result, "cuMemAlloc", bytes + slack, alignment);
-      std::uint64_t address = (base + alignment - 1) & ~(alignment - 1);
-      if (address + bytes <= base + bytes + slack) {
+      CUresult result = driver_.cuMemAlloc_v2(&base, *padded);
+      if (result != CUDA_SUCCESS) throw allocation_error(result, "cuMemAlloc", bytes, *padded, alignment);
+      // The aligned address must leave `bytes` inside the block: it may move
+      // at most `slack` past the base (an address that does not even fit in
+      // 64 bits when rounded up does not).
+      const auto address = checked::align_up(base, alignment);
+      if (address && *address - base <= slack) {
         live_allocations_.fetch_add(1, std::memory_order_relaxed);
-        return DeviceAllocation{address, bytes, base};
+        return DeviceAllocation{*address, bytes, base};
       }
       // The driver aligned less than it promises: retry with full slack.
       driver_.cuMemFree_v2(base);
@@ -284,12 +288,14 @@ class CudaBackend final : public Backend {
     if (request.host == nullptr)
       throw Error(ErrorKind::InvalidRange, std::string(lane.call) + ": null host pointer for " +
                                                describe_event(request.event));
-    if (request.device_offset > request.device.bytes || request.len > request.device.bytes - request.device_offset)
+    if (!checked::range_within(request.device_offset, request.len, request.device.bytes))
       throw Error(ErrorKind::InvalidRange, std::string(lane.call) + ": device range [" +
                                                std::to_string(request.device_offset) + ", +" +
                                                std::to_string(request.len) + ") outside allocation " +
                                                hex(request.device.address) + " of " +
                                                std::to_string(request.device.bytes) + " bytes");
+    // Inside the allocation (checked above), and the host range inside the
+    // ring (checked by the bridge): none of these sums can wrap.
     const CUdeviceptr device = request.device.address + request.device_offset;
 
     CopyStream& other_lane = &lane == &upload_ ? download_ : upload_;
@@ -364,7 +370,7 @@ class CudaBackend final : public Backend {
   bool wait_for_completions(std::chrono::nanoseconds timeout) override {
     using Clock = std::chrono::steady_clock;
     const auto start = Clock::now();
-    const auto deadline = timeout >= std::chrono::hours(24 * 365) ? Clock::time_point::max() : start + timeout;
+    const auto deadline = checked::deadline_after(timeout, start);  // saturates: a huge timeout never ends
     ContextGuard guard(driver_, context_, Operation::Query);
     // Spin (yielding) briefly for low latency on small copies, then back off
     // to short sleeps so a long wait does not burn a core.
@@ -425,13 +431,14 @@ class CudaBackend final : public Backend {
     if (launch.count == 0) return;
     check_axpy_range("x", launch.x, launch.x_offset, launch.count);
     check_axpy_range("y", launch.y, launch.y_offset, launch.count);
+    // Both ranges lie inside their allocations (checked above): no wrap.
     CUdeviceptr x = launch.x.address + launch.x_offset;
     CUdeviceptr y = launch.y.address + launch.y_offset;
     unsigned long long count = launch.count;
     float a = launch.a;
     float b = launch.b;
     void* arguments[] = {&x, &y, &count, &a, &b};
-    const unsigned long long wanted_blocks = (count + kAxpyBlockSize - 1) / kAxpyBlockSize;
+    const unsigned long long wanted_blocks = count / kAxpyBlockSize + (count % kAxpyBlockSize != 0 ? 1 : 0);
     const unsigned blocks = static_cast<unsigned>(
         std::min<unsigned long long>(wanted_blocks, static_cast<unsigned long long>(multiprocessors_) * 16));
 
@@ -670,8 +677,10 @@ class CudaBackend final : public Backend {
     context_ = nullptr;
   }
 
-  Error allocation_error(CUresult result, std::string_view call, std::uint64_t bytes, std::uint64_t alignment) {
+  Error allocation_error(CUresult result, std::string_view call, std::uint64_t bytes, std::uint64_t padded,
+                         std::uint64_t alignment) {
     std::string detail = "asked " + std::to_string(bytes) + " bytes (alignment " + std::to_string(alignment) +
+                         (padded != bytes ? ", " + std::to_string(padded) + " bytes with the slack to align" : "") +
                          ") on " + device_string_;
     std::size_t free_bytes = 0;
     std::size_t total_bytes = 0;
@@ -772,17 +781,18 @@ class CudaBackend final : public Backend {
   void check_axpy_range(const char* name, const DeviceAllocation& allocation, std::uint64_t offset,
                         std::uint64_t count) const {
     // A misaligned or out-of-bounds access faults the whole context
-    // (sticky), so refuse it here with an ordinary error.
-    const std::uint64_t address = allocation.address + offset;
-    if (address % alignof(float) != 0)
-      throw Error(ErrorKind::InvalidRange, std::string("axpy ") + name + " at " + hex(address) +
-                                               " is not aligned to float32");
-    if (count > std::numeric_limits<std::uint64_t>::max() / sizeof(float) || offset > allocation.bytes ||
-        count * sizeof(float) > allocation.bytes - offset)
+    // (sticky), so refuse it here with an ordinary error. Bounds first: only
+    // an offset inside the allocation gives an address that cannot wrap.
+    const auto bytes = checked::mul(count, sizeof(float));
+    if (!bytes || !checked::range_within(offset, *bytes, allocation.bytes))
       throw Error(ErrorKind::InvalidRange, std::string("axpy ") + name + ": " + std::to_string(count) +
                                                " float32 at offset " + std::to_string(offset) +
                                                " overrun allocation " + hex(allocation.address) + " of " +
                                                std::to_string(allocation.bytes) + " bytes");
+    const std::uint64_t address = allocation.address + offset;
+    if (address % alignof(float) != 0)
+      throw Error(ErrorKind::InvalidRange, std::string("axpy ") + name + " at " + hex(address) +
+                                               " is not aligned to float32");
   }
 
   const Driver& driver_;
