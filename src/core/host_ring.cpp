@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/fail.hpp"
+#include "devbridge/checked.hpp"
 
 namespace devbridge::detail {
 
@@ -10,6 +11,9 @@ namespace {
 constexpr std::uint64_t kMaxReserveAlignment = 4096;  // the block is at least page-aligned
 }  // namespace
 
+// Arithmetic: bytes and alignment come from the caller; every sum of them is
+// checked. Invariants the rest relies on: tail_ <= head_, head_ - tail_ <=
+// capacity, every reservation lies in [tail_, head_), offsets < capacity.
 HostRange HostRing::reserve(std::uint64_t bytes, std::uint64_t alignment) {
   if (!is_power_of_two(alignment) || alignment > kMaxReserveAlignment)
     fail(ErrorKind::InvalidAlignment, "ring reservation alignment {} is not a power of two in [1, {}]", alignment,
@@ -19,37 +23,53 @@ HostRange HostRing::reserve(std::uint64_t bytes, std::uint64_t alignment) {
     fail(ErrorKind::InvalidRange, "ring reservation of {} bytes: must be in [1, {}] (the ring's capacity)", bytes, cap);
   if (reservations_.empty()) {
     // An empty ring starts the next reservation at offset 0 of a fresh lap,
-    // so a drained ring never fragments.
-    head_ = tail_ = (head_ + cap - 1) / cap * cap;
-    tail_offset_ = 0;
+    // so a drained ring never fragments. No position is live, so positions
+    // start over.
+    head_ = tail_ = 0;
+    head_offset_ = tail_offset_ = 0;
   }
-  const std::uint64_t head_offset = head_ % cap;
-  std::uint64_t offset = (head_offset + alignment - 1) & ~(alignment - 1);
-  if (offset + bytes > cap) offset = 0;  // never span the end: start the next lap
-  const Position begin = offset >= head_offset ? head_ + (offset - head_offset) : head_ + (cap - head_offset);
-  if (begin + bytes - tail_ > cap)
+  // Aligned up from the head, unless that spans the end (or, for a ring
+  // within 4095 bytes of 2^64, does not even fit): then the next lap.
+  std::uint64_t offset = 0;
+  if (const auto aligned = checked::align_up(head_offset_, alignment);
+      aligned && checked::range_within(*aligned, bytes, cap))
+    offset = *aligned;
+  // Distance from the tail to the new reservation: what is in use plus the
+  // bytes skipped (alignment padding, or the rest of the lap). Each part is
+  // at most cap; their sum may not fit, and is then surely too much.
+  const std::uint64_t skipped = offset >= head_offset_ ? offset - head_offset_ : cap - head_offset_;
+  const auto from_tail = checked::add(used(), skipped);
+  if (!from_tail || *from_tail > cap - bytes)
     fail(ErrorKind::Backpressure,
          "host ring full: {} bytes (alignment {}) asked, {} of {} bytes free, oldest reservation at offset {} still "
          "owned",
          bytes, alignment, free_bytes(), cap, tail_offset_);
+  // *from_tail + bytes <= cap. Positions must fit: rebase when this end would not.
+  const std::uint64_t end_from_tail = *from_tail + bytes;
+  if (!checked::add(tail_, end_from_tail)) rebase();
+  const Position begin = tail_ + *from_tail;
   reservations_.push_back(Reservation{begin, offset, bytes});
   ++live_;
-  head_ = begin + bytes;
+  head_ = tail_ + end_from_tail;
+  head_offset_ = bytes == cap - offset ? 0 : offset + bytes;  // offset + bytes <= cap
   return HostRange{offset, bytes};
 }
 
 std::ptrdiff_t HostRing::locate(HostRange range) const noexcept {
   const std::uint64_t cap = capacity();
-  if (range.offset >= cap || range.len == 0 || range.len > cap - range.offset || reservations_.empty()) return -1;
-  // Every live byte lies in [tail, tail + cap); map the offset into that window.
-  const Position at =
-      tail_ + (range.offset >= tail_offset_ ? range.offset - tail_offset_ : range.offset + cap - tail_offset_);
+  if (range.len == 0 || !checked::range_within(range.offset, range.len, cap) || reservations_.empty()) return -1;
+  // Every live byte lies in [tail, head), at most cap past the tail: map the
+  // offset into that window.
+  const std::uint64_t from_tail =
+      range.offset >= tail_offset_ ? range.offset - tail_offset_ : cap - (tail_offset_ - range.offset);
+  if (from_tail >= used()) return -1;
+  const Position at = tail_ + from_tail;  // < head_: fits
   // The newest reservation is the likeliest; check it before searching.
   auto it = std::prev(reservations_.end());
   if (at < it->begin)
     it = std::prev(std::upper_bound(reservations_.begin(), it, at,
                                     [](Position p, const Reservation& r) { return p < r.begin; }));
-  if (at < it->begin || it->released || at + range.len > it->begin + it->len) return -1;
+  if (at < it->begin || it->released || !checked::range_within(at - it->begin, range.len, it->len)) return -1;
   return it - reservations_.begin();
 }
 
@@ -93,11 +113,20 @@ void HostRing::advance_tail() noexcept {
   }
   if (reservations_.empty()) {
     tail_ = head_;
-    tail_offset_ = capacity() ? head_ % capacity() : 0;
+    tail_offset_ = head_offset_;
   } else {
     tail_ = reservations_.front().begin;
     tail_offset_ = reservations_.front().offset;
   }
+}
+
+// Positions are only ever compared with each other, so shifting them all by
+// the same amount changes nothing. Reached only after ~2^64 - capacity bytes
+// have passed through without the ring ever emptying.
+void HostRing::rebase() noexcept {
+  for (auto& r : reservations_) r.begin -= tail_;
+  head_ -= tail_;
+  tail_ = 0;
 }
 
 }  // namespace devbridge::detail

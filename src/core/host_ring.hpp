@@ -13,9 +13,13 @@ namespace devbridge::detail {
 
 class HostRing {
  public:
-  // Positions are logical (monotonic, never wrap); a byte's offset in the
-  // block is position % capacity. That keeps "before/after" comparisons
-  // trivial across any number of laps.
+  // Positions are logical byte counts (monotonic, never wrap), so
+  // "before/after" comparisons stay trivial across any number of laps; each
+  // reservation keeps its offset in the block beside its position. Every
+  // live position lies in [tail, tail + capacity], all sums are checked
+  // (devbridge/checked.hpp), and positions start over at 0 whenever the ring
+  // empties, or are shifted down by the tail (rebase) in the rare case a new
+  // one would not fit in 64 bits: any capacity up to 2^64-1 works.
   using Position = std::uint64_t;
   // Names a live reservation in O(1): reservations are numbered in order.
   using Key = std::uint64_t;
@@ -54,6 +58,8 @@ class HostRing {
   // Index into reservations_ of the live reservation holding `range`, or -1.
   std::ptrdiff_t locate(HostRange range) const noexcept;
   void advance_tail() noexcept;
+  // Shifts every position down by tail_ (offsets unchanged).
+  void rebase() noexcept;
 
   HostBlock block_;
   std::deque<Reservation> reservations_;  // ordered by begin; front has key front_key_
@@ -61,7 +67,8 @@ class HostRing {
   std::size_t live_ = 0;
   Position head_ = 0;  // end of the newest reservation
   Position tail_ = 0;  // begin of the oldest reservation still owned
-  std::uint64_t tail_offset_ = 0;  // tail_ % capacity
+  std::uint64_t head_offset_ = 0;  // block offset of head_ (where the next reservation would start)
+  std::uint64_t tail_offset_ = 0;  // block offset of tail_
 };
 
 }  // namespace devbridge::detail
