@@ -261,6 +261,7 @@ struct FakeBackend::State {
     return address;  // not in any block: the raw pointer, so a test sees it
   }
 
+  // Only after submit_copy checked both ranges (range_within): no sum wraps.
   static void move_bytes(const CopyRequest& r) {
     auto* device = reinterpret_cast<std::byte*>(r.device.address) + r.device_offset;
     if (r.direction == CopyDirection::HostToDevice) {
@@ -665,6 +666,7 @@ void FakeBackend::launch_axpy(const AxpyLaunch& launch) {
     throw Error(ErrorKind::InvalidRange, "fake launch: axpy over " + std::to_string(launch.count) +
                                              " floats outside its allocations reached the backend");
   }
+  // Both ranges lie inside live allocations (inside() above): no sum wraps.
   const auto* x = reinterpret_cast<const std::byte*>(launch.x.address) + launch.x_offset;
   auto* y = reinterpret_cast<std::byte*>(launch.y.address) + launch.y_offset;
   for (std::uint64_t i = 0; i < launch.count; ++i) {
