@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Writes the fuzzer's seed corpus (tests/fuzz/corpus/): short, meaningful
+operation sequences in the target's input format (3 configuration bytes, then
+9 bytes per operation: a kind and eight parameters; see tests/model/harness.hpp).
+
+Run from anywhere: python3 tests/fuzz/make_corpus.py. Deterministic."""
+import os
+import random
+
+OPS = ["alloc", "free", "release", "extent", "reserve", "release_host", "write_ring", "read_ring",
+       "h2d", "d2h", "complete", "complete_all", "poll", "copy_status", "wait", "safe_to_release",
+       "begin_step", "end_step", "axpy", "view", "end_view", "inject", "restart", "close",
+       "read_device", "report_completion", "lease_host", "end_host_lease"]
+K = {name: i for i, name in enumerate(OPS)}
+
+# Inject combos (harness.hpp do_inject): index -> (call, failure)
+INJ = {"alloc_failed": 0, "alloc_fatal": 1, "h2d_submit": 2, "h2d_at_completion": 3, "h2d_lost": 4,
+       "h2d_dup": 5, "h2d_late": 6, "h2d_fatal": 7, "d2h_submit": 8, "d2h_at_completion": 9, "d2h_lost": 10,
+       "d2h_dup": 11, "d2h_late": 12, "d2h_fatal": 13, "launch_fatal": 14, "view_invalid": 15,
+       "view_fatal": 16, "quiesce_fatal": 17}
+
+
+def op(name, *p):
+    p = list(p) + [0] * (8 - len(p))
+    return bytes([K[name]] + [x & 0xFF for x in p])
+
+
+# Building blocks. alloc: p0 dtype (11 = float32, 5 = uint8), p1 alignment index (5 = 64),
+# p2 extent multiplier, p3 bit 7 = x64, p4 0 = max_extent == extent, p5 shape kind (3 = tensor).
+ALLOC_F32 = op("alloc", 11, 5, 15, 0, 2, 3)          # float32, 1024 bytes, tensor
+ALLOC_U8 = op("alloc", 5, 5, 3, 0, 2, 1)             # uint8, 256 bytes, vector
+RESERVE_256 = op("reserve", 4, 3, 2)                  # 256 bytes, align 64
+WRITE = op("write_ring", 0, 0, 63, 7)                 # the newest range, whole
+H2D_ASYNC = op("h2d", 0, 0, 1, 0, 1, 0, 0, 0)         # newest alloc, [0, extent) async, newest range
+H2D_SYNC = op("h2d", 0, 0, 1, 0, 0, 0, 0, 0)
+D2H_ASYNC = op("d2h", 0, 0, 1, 0, 1, 0, 0, 0)
+D2H_SYNC = op("d2h", 0, 0, 1, 0, 0, 0, 0, 0)
+COMPLETE_OK = op("complete", 0, 1)
+COMPLETE_FAIL = op("complete", 0, 0)
+STATUS = op("copy_status", 0, 0)
+WAIT0 = op("wait", 0, 0, 0)
+READ_RING = op("read_ring", 0, 0, 63)
+READ_DEV = op("read_device", 0)
+
+
+def inject(name, nth=1):
+    return op("inject", INJ[name], nth - 1)
+
+
+def seq(*parts, cfg=(0, 0, 0)):
+    return bytes(cfg) + b"".join(parts)
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = os.path.join(here, "corpus")
+    os.makedirs(out, exist_ok=True)
+    for f in os.listdir(out):
+        os.remove(os.path.join(out, f))
+    seeds = {
+        "upload_download_sync": seq(ALLOC_U8, RESERVE_256, WRITE, H2D_SYNC, RESERVE_256, D2H_SYNC, READ_RING, READ_DEV),
+        "upload_async_complete": seq(ALLOC_U8, RESERVE_256, WRITE, H2D_ASYNC, STATUS, op("release_host", 0, 0),
+                                     COMPLETE_OK, STATUS, op("safe_to_release", 0, 0), op("release_host", 0, 0), READ_DEV),
+        "download_async_fail": seq(ALLOC_U8, RESERVE_256, D2H_ASYNC, COMPLETE_FAIL, STATUS, STATUS, WAIT0, READ_RING),
+        "failed_log_evicts": seq(ALLOC_U8, RESERVE_256, H2D_ASYNC, COMPLETE_FAIL, H2D_ASYNC, COMPLETE_FAIL, H2D_ASYNC,
+                                 COMPLETE_FAIL, op("copy_status", 0, 2), op("copy_status", 0, 1), cfg=(0, 0, 1)),
+        "failed_log_limit_2": seq(ALLOC_U8, RESERVE_256, H2D_ASYNC, COMPLETE_FAIL, H2D_ASYNC, COMPLETE_OK, H2D_ASYNC,
+                                  COMPLETE_FAIL, H2D_ASYNC, COMPLETE_FAIL, op("wait", 0, 3, 0), cfg=(0, 0, 2)),
+        "restart_with_pending": seq(ALLOC_U8, RESERVE_256, WRITE, H2D_ASYNC, D2H_ASYNC, op("restart", 0), STATUS,
+                                    op("release_host", 0, 0), op("free", 0, 0), op("copy_status", 31, 3)),
+        "restart_quiesce_fatal": seq(ALLOC_U8, RESERVE_256, D2H_ASYNC, inject("quiesce_fatal"), op("restart", 0),
+                                     op("release_host", 0, 0), op("poll"), op("restart", 0), op("release_host", 0, 0),
+                                     op("reserve", 4, 3, 2)),
+        "close_quiesce_fatal": seq(ALLOC_U8, RESERVE_256, H2D_ASYNC, inject("quiesce_fatal"), op("close"), op("poll"),
+                                   op("close"), op("alloc", 5, 5, 3, 0, 2, 1)),
+        "close_with_views_and_leases": seq(ALLOC_U8, op("view", 0, 0, 1, 0, 0, 0, 0, 0), RESERVE_256,
+                                           op("lease_host", 0, 0), op("close"), op("end_view", 0),
+                                           op("end_host_lease", 0), cfg=(0, 0x80, 0)),
+        "restart_with_view": seq(ALLOC_F32, op("view", 0, 0, 1, 0, 0, 0, 0, 0), op("restart", 0),
+                                 op("view", 0, 0, 1, 0, 0, 0, 0, 0), op("end_view", 0), op("free", 0, 0)),
+        "restart_invalid_generations": seq(op("restart", 4), op("restart", 5), op("restart", 6), op("restart", 7),
+                                           op("restart", 0), op("restart", 3)),
+        "forged_events": seq(ALLOC_U8, RESERVE_256, H2D_SYNC, H2D_ASYNC, COMPLETE_OK, op("restart", 0),
+                             *[op("copy_status", 7 + 8 * k, k) for k in range(8)],
+                             *[op("safe_to_release", 7 + 8 * k, k) for k in range(8)]),
+        "forged_handles": seq(ALLOC_U8, op("restart", 0), ALLOC_U8,
+                              *[op("free", 7 + 8 * k, k) for k in range(8)],
+                              *[op("extent", 7 + 8 * k, k) for k in range(8)]),
+        "hostile_allocs": seq(*[op("alloc", k, k * 7, 200 + k, k * 31, k, k) for k in range(16)]),
+        "hostile_reserves": seq(*[op("reserve", 0, k, k) for k in range(8)], op("reserve", 1, 0, 0), op("reserve", 2, 0, 0)),
+        "hostile_ranges": seq(ALLOC_U8, RESERVE_256, *[op("h2d", 0, 0, k, k * 9, k & 1, 7, k) for k in range(16)]),
+        "hostile_views": seq(ALLOC_F32, *[op("view", 0, 0, 1, 0, k, k, k, k) for k in range(24)]),
+        "hostile_timeouts": seq(ALLOC_U8, RESERVE_256, H2D_ASYNC, *[op("wait", 0, 0, k) for k in range(8)],
+                                COMPLETE_OK, *[op("wait", 0, 0, k) for k in range(8)]),
+        "backpressure": seq(ALLOC_U8, RESERVE_256, H2D_ASYNC, H2D_ASYNC, op("h2d", 0, 0, 1, 0, 1, 0, 0, 2),
+                            op("h2d", 0, 0, 1, 0, 1, 0, 0, 4), cfg=(0, 1, 0)),
+        "steps_and_release": seq(ALLOC_U8, op("begin_step", 1, 1, 0, 0), op("begin_step", 1, 1, 0, 0),
+                                 op("release", 0, 0), op("free", 0, 0), op("end_step", 1), op("end_step", 1)),
+        "release_under_copy": seq(ALLOC_U8, RESERVE_256, H2D_ASYNC, op("free", 0, 0), op("release", 0, 0),
+                                  op("free", 0, 0), COMPLETE_OK, op("extent", 0, 0)),
+        "axpy": seq(ALLOC_F32, ALLOC_F32, RESERVE_256, WRITE, op("h2d", 0, 1, 2, 0, 0, 0, 0, 0),
+                    op("axpy", 0, 1, 0, 0, 0, 0, 0, 2), op("axpy", 0, 1, 0, 0, 0, 0, 1, 4), READ_DEV,
+                    op("read_device", 1)),
+        "axpy_fatal": seq(ALLOC_F32, inject("launch_fatal"), op("axpy", 0, 0, 0, 0, 0, 0, 1, 0), op("poll"),
+                          op("restart", 0), op("poll")),
+        "lost_dup_late": seq(ALLOC_U8, RESERVE_256, inject("h2d_lost"), H2D_ASYNC, COMPLETE_OK, inject("h2d_dup"),
+                             H2D_ASYNC, COMPLETE_OK, inject("d2h_late"), D2H_ASYNC, op("restart", 0), ALLOC_U8,
+                             H2D_SYNC, op("poll")),
+        "submit_failures": seq(ALLOC_U8, RESERVE_256, inject("h2d_submit"), H2D_ASYNC, inject("d2h_at_completion"),
+                               D2H_SYNC, inject("h2d_at_completion"), H2D_ASYNC, COMPLETE_OK, STATUS),
+        "fatal_copy_then_restart": seq(ALLOC_U8, RESERVE_256, inject("d2h_fatal"), D2H_ASYNC, op("poll"),
+                                       op("release_host", 0, 0), op("restart", 0), op("poll")),
+        "view_faults": seq(ALLOC_U8, inject("view_invalid"), op("view", 0, 0, 1, 0, 0, 0, 0, 0), inject("view_fatal"),
+                           op("view", 0, 0, 1, 0, 0, 0, 0, 0), op("view", 0, 0, 1, 0, 0, 0, 0, 0)),
+        "alloc_faults": seq(inject("alloc_failed"), ALLOC_U8, inject("alloc_fatal", 2), ALLOC_U8, ALLOC_U8, ALLOC_U8,
+                            op("restart", 0), ALLOC_U8),
+        "forged_completion": seq(ALLOC_U8, RESERVE_256, WRITE, H2D_ASYNC, op("report_completion", 0, 0, 1),
+                                 op("release_host", 0, 0), COMPLETE_OK, op("report_completion", 7, 3, 0)),
+        "ring_zero": seq(ALLOC_U8, cfg=(6, 0, 0)),
+        "ring_wraps_2_64": seq(ALLOC_U8, cfg=(7, 0, 0)),
+        "ring_wraps_2_64_minus_4095": seq(ALLOC_U8, cfg=(0x87, 0, 0)),
+        "failed_limit_zero": seq(ALLOC_U8, cfg=(0, 0, 5)),
+        "ring_wrap_around": seq(*[op("reserve", 4, 3, 2) for _ in range(6)], op("release_host", 0, 5),
+                                op("release_host", 0, 4), op("reserve", 4, 3, 2), op("reserve", 1, 0, 0), cfg=(2, 0, 0)),
+    }
+    rng = random.Random(10)
+    for k in range(12):  # random programs, for breadth
+        n = rng.randrange(8, 60)
+        body = b"".join(bytes([rng.randrange(len(OPS))] + [rng.randrange(256) for _ in range(8)]) for _ in range(n))
+        seeds["random_%02d" % k] = bytes([rng.randrange(256) for _ in range(3)]) + body
+    for name, data in seeds.items():
+        with open(os.path.join(out, name), "wb") as f:
+            f.write(data)
+    print("wrote %d seeds to %s" % (len(seeds), out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,510 @@
+// A small reference model of the bridge contract (../shared/spec/CONTRACT.md,
+// including Version 2's "Faults during restart and close" and "Bounded
+// records, hostile input"), shared by the libFuzzer target (tests/fuzz/) and
+// the rapidcheck state-machine test (tests/core/state_machine_test.cpp).
+//
+// The model is plain data: allocations (spec, extent, released, uses, bytes),
+// the host ring (the same placement rule the contract's ring follows: aligned,
+// never spanning the end, the tail advancing over the released prefix only),
+// copy events (pending / completed / failed / forgotten), the bounded log of
+// failed copies, generations, Broken and Closed, the fake backend's injections
+// and queues, and the statistics the bridge must report. It predicts the
+// outcome of each call (one error kind, or a small set where the contract does
+// not order two checks); harness.hpp runs the same call on a real Bridge and
+// compares. Byte contents are tracked per byte; kUnknown marks a byte whose
+// value the contract does not fix (fresh host-backend memory).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "devbridge/backends/fake.hpp"
+#include "devbridge/bridge.hpp"
+
+namespace devbridge::model {
+
+using Byte = std::int16_t;
+inline constexpr Byte kUnknown = -1;
+inline constexpr Byte kFakeFresh = 0xA5;  // the fake fills fresh memory with it
+
+enum class BackendKind : std::uint8_t { Fake, Host };
+
+struct Config {
+  BackendKind backend = BackendKind::Fake;
+  std::uint64_t ring_bytes = 4096;
+  std::uint64_t inflight_budget_bytes = 0;  // 0: the ring size
+  std::uint32_t failed_record_limit = 1024;
+  std::uint64_t fake_memory = 4ull << 20;   // the fake's device memory
+  // The contract: a view's rank must match the object's shape kind
+  // (scalar 0, vector 1, matrix 2, tensor any), else InvalidTensorView.
+  bool check_rank = true;
+};
+
+// ---- the host ring --------------------------------------------------------
+
+struct RingModel {
+  struct Res {
+    std::uint64_t begin = 0;  // logical position
+    std::uint64_t offset = 0;
+    std::uint64_t len = 0;
+    std::uint64_t key = 0;  // the model's own name for it
+    std::uint32_t pins = 0;
+    bool released = false;
+  };
+  std::uint64_t cap = 0;
+  std::deque<Res> res;
+  std::uint64_t head = 0, tail = 0, tail_offset = 0, next_key = 1;
+  std::size_t live = 0;
+  std::vector<Byte> bytes;
+
+  std::uint64_t used() const { return head - tail; }
+
+  static bool pow2(std::uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+  std::optional<ErrorKind> reserve(std::uint64_t n, std::uint64_t alignment, HostRange& out) {
+    if (!pow2(alignment) || alignment > 4096) return ErrorKind::InvalidAlignment;
+    if (n == 0 || n > cap) return ErrorKind::InvalidRange;
+    if (res.empty()) {
+      head = tail = (head + cap - 1) / cap * cap;
+      tail_offset = 0;
+    }
+    const std::uint64_t head_offset = head % cap;
+    std::uint64_t offset = (head_offset + alignment - 1) & ~(alignment - 1);
+    if (offset + n > cap) offset = 0;
+    const std::uint64_t begin = offset >= head_offset ? head + (offset - head_offset) : head + (cap - head_offset);
+    if (begin + n - tail > cap) return ErrorKind::Backpressure;
+    res.push_back(Res{begin, offset, n, next_key++, 0, false});
+    ++live;
+    head = begin + n;
+    out = HostRange{offset, n};
+    return std::nullopt;
+  }
+
+  // The live reservation that holds all of `r`, or nullptr.
+  Res* locate(HostRange r) {
+    if (cap == 0 || r.len == 0 || r.offset >= cap || r.len > cap - r.offset) return nullptr;
+    for (auto& x : res)
+      if (!x.released && x.offset <= r.offset && r.offset + r.len <= x.offset + x.len) return &x;
+    return nullptr;
+  }
+  Res* by_key(std::uint64_t key) {
+    for (auto& x : res)
+      if (x.key == key) return &x;
+    return nullptr;
+  }
+
+  std::optional<ErrorKind> release(HostRange r) {
+    Res* x = locate(r);
+    if (!x || x->offset != r.offset || x->len != r.len) return ErrorKind::InvalidRange;
+    if (x->pins > 0) return ErrorKind::AllocationStillInUse;
+    x->released = true;
+    --live;
+    while (!res.empty() && res.front().released) res.pop_front();
+    if (res.empty()) {
+      tail = head;
+      tail_offset = cap ? head % cap : 0;
+    } else {
+      tail = res.front().begin;
+      tail_offset = res.front().offset;
+    }
+    return std::nullopt;
+  }
+  void unpin(std::uint64_t key) {
+    if (Res* x = by_key(key); x && x->pins > 0) --x->pins;
+  }
+  void unpin_all() {
+    for (auto& x : res) x.pins = 0;
+  }
+};
+
+// ---- allocations, events --------------------------------------------------
+
+struct Alloc {
+  DeviceHandle handle;
+  ObjectSpec spec;
+  std::uint64_t extent = 0;
+  bool in_slot = true;     // in the bridge's table (live_allocations counts it), handle of the current generation
+  bool released = false;   // deferred free asked: the handle is refused from now on
+  bool in_backend = true;  // the backend still holds its memory
+  bool orphan = false;     // kept past restart/close only for live views
+  std::uint32_t copies = 0, uploads = 0, steps = 0, views = 0;
+  std::uint64_t address = 0;
+  std::vector<Byte> bytes;  // kept after the free: a copy the fake still runs reads them
+  bool used() const { return copies || steps || views; }
+};
+
+enum class EvState : std::uint8_t { Pending, Completed, Failed, Forgotten, Retired };
+
+struct Event {
+  CopyEvent event;
+  bool sync = false;
+  CopyDirection dir = CopyDirection::HostToDevice;
+  std::size_t alloc = 0;
+  std::uint64_t dev_offset = 0;
+  HostRange host;
+  std::uint64_t ring_key = 0;
+  EvState state = EvState::Completed;
+  bool observed = false;
+  ErrorKind error = ErrorKind::DeviceCopyFailed;
+};
+
+struct Injection {
+  fake::Call call;
+  fake::Failure failure;
+  int remaining;
+};
+
+struct Fired {
+  bool allocation_failed = false, submit_failed = false, fail_at_completion = false, invalid_view = false,
+       lost = false, duplicated = false, late = false, fatal = false;
+};
+
+// A copy the backend still holds (fake: until the test completes it; host:
+// until the harness lets the held engine run).
+struct BackendCopy {
+  std::size_t event = 0;
+  bool fail_at_completion = false, lost = false, duplicated = false, late = false;
+};
+
+struct ReadyCompletion {
+  CopyEvent event;
+  bool ok = true;
+};
+
+// The model's expectation of one call: success, or an error of one of `kinds`.
+struct Expect {
+  bool ok = true;
+  std::vector<ErrorKind> kinds;
+  static Expect success() { return {}; }
+  static Expect error(ErrorKind k) { return {false, {k}}; }
+  static Expect either(std::initializer_list<ErrorKind> ks) { return {false, ks}; }
+  bool accepts(ErrorKind k) const { return std::find(kinds.begin(), kinds.end(), k) != kinds.end(); }
+};
+
+struct Model {
+  Config config;
+  std::uint64_t domain = 0;
+  Generation gen = 1;
+  bool broken = false;
+  bool closed = false;
+  bool close_pending = false;  // closed, but the quiesce failed: memory still held
+  bool ring_freed = false;
+  std::uint32_t host_leases = 0;
+
+  RingModel ring;
+  std::vector<Alloc> allocs;  // every allocation ever made, in order
+  std::vector<Event> events;  // every event ever issued
+  std::set<std::pair<Generation, std::uint64_t>> handle_ids, event_ids;  // issued, per generation
+  std::map<StepId, std::vector<std::size_t>> steps;
+  std::deque<std::size_t> failure_log;  // failed events remembered, oldest first
+  bool evicted_in_generation = false;   // a completed event may then read UnknownDeviceHandle
+
+  // Backend side.
+  std::vector<Injection> injections;
+  std::deque<BackendCopy> backend_pending;
+  std::vector<ReadyCompletion> ready;
+  std::vector<ReadyCompletion> late_after_quiesce;
+  bool late_released = false;
+  std::uint64_t fake_used = 0;
+
+  // Statistics.
+  std::uint64_t inflight_bytes = 0;
+  std::uint64_t submitted = 0, completed = 0, failed = 0, stale = 0, restarts = 0;
+  std::uint64_t evicted_lo = 0, evicted_hi = 0;  // forgotten unobserved failures: log overflow (lo), + restart (hi)
+  bool counters_exact = true;  // false once a restart/close retired completions the bridge may or may not have applied
+
+  bool fake() const { return config.backend == BackendKind::Fake; }
+  std::uint64_t budget() const { return config.inflight_budget_bytes ? config.inflight_budget_bytes : ring.cap; }
+
+  // ---- checks every entry makes ----
+  std::optional<ErrorKind> entry() const {
+    if (closed) return ErrorKind::Closed;
+    if (broken) return ErrorKind::Broken;
+    return std::nullopt;
+  }
+  template <class Tagged>
+  std::optional<ErrorKind> tag_error(const Tagged& t) const {
+    if (t.domain != domain) return ErrorKind::ForeignDomain;
+    if (t.generation < gen) return ErrorKind::OldGenerationHandle;
+    if (t.generation > gen) return ErrorKind::UnknownDeviceHandle;
+    return std::nullopt;
+  }
+  // The live, usable allocation `h` names, or an error.
+  std::optional<ErrorKind> handle_error(const DeviceHandle& h, std::size_t* index = nullptr) const {
+    if (auto e = tag_error(h)) return e;
+    for (std::size_t i = allocs.size(); i-- > 0;) {
+      const Alloc& a = allocs[i];
+      if (a.handle == h && a.in_slot && !a.released) {
+        if (index) *index = i;
+        return std::nullopt;
+      }
+    }
+    return ErrorKind::UnknownDeviceHandle;
+  }
+  // The event `e` names in the current generation, or nullopt (never issued here).
+  std::optional<std::size_t> find_event(const CopyEvent& e) const {
+    if (e.domain != domain || e.generation != gen) return std::nullopt;
+    for (std::size_t i = events.size(); i-- > 0;)
+      if (events[i].event == e) return i;
+    return std::nullopt;
+  }
+
+  // ---- the fake's injections ----
+  Fired fire(fake::Call call) {
+    Fired f;
+    for (auto it = injections.begin(); it != injections.end();) {
+      if (it->call != call || --it->remaining > 0) {
+        ++it;
+        continue;
+      }
+      switch (it->failure) {
+        case fake::Failure::AllocationFailed: f.allocation_failed = true; break;
+        case fake::Failure::CopyFailedAtSubmit: f.submit_failed = true; break;
+        case fake::Failure::CopyFailedAtCompletion: f.fail_at_completion = true; break;
+        case fake::Failure::InvalidView: f.invalid_view = true; break;
+        case fake::Failure::LostCompletion: f.lost = true; break;
+        case fake::Failure::DuplicatedCompletion: f.duplicated = true; break;
+        case fake::Failure::LateCompletion: f.late = true; break;
+        case fake::Failure::Fatal: f.fatal = true; break;
+      }
+      it = injections.erase(it);
+    }
+    return f;
+  }
+
+  // ---- uses ----
+  void free_in_backend(Alloc& a) {
+    if (!a.in_backend) return;
+    a.in_backend = false;
+    if (fake()) fake_used -= a.extent;
+  }
+  void maybe_finish_release(std::size_t i) {
+    Alloc& a = allocs[i];
+    if (a.released && a.in_slot && !a.used()) {
+      a.in_slot = false;
+      free_in_backend(a);
+    }
+  }
+  void pin(Event& ev) {
+    Alloc& a = allocs[ev.alloc];
+    ++a.copies;
+    if (ev.dir == CopyDirection::HostToDevice) ++a.uploads;
+    if (auto* r = ring.by_key(ev.ring_key)) ++r->pins;
+  }
+  void unpin(Event& ev) {
+    Alloc& a = allocs[ev.alloc];
+    if (a.copies) --a.copies;
+    if (ev.dir == CopyDirection::HostToDevice && a.uploads) --a.uploads;
+    ring.unpin(ev.ring_key);
+    maybe_finish_release(ev.alloc);
+  }
+
+  // The bytes of a copy move (in the backend, whatever the bridge thinks).
+  void move_bytes(const Event& ev) {
+    Alloc& a = allocs[ev.alloc];
+    for (std::uint64_t i = 0; i < ev.host.len; ++i) {
+      Byte& host = ring.bytes[ev.host.offset + i];
+      Byte& dev = a.bytes[ev.dev_offset + i];
+      if (ev.dir == CopyDirection::HostToDevice)
+        dev = host;
+      else
+        host = dev;
+    }
+  }
+
+  // ---- failed-record log ----
+  void forget(std::size_t i) {
+    Event& ev = events[i];
+    ev.state = EvState::Forgotten;
+    evicted_in_generation = true;
+    if (!ev.observed) ++evicted_lo, ++evicted_hi;
+  }
+  void remember_failure(std::size_t i) {
+    if (config.failed_record_limit == 0) return forget(i);
+    if (failure_log.size() >= config.failed_record_limit) {
+      forget(failure_log.front());
+      failure_log.pop_front();
+    }
+    failure_log.push_back(i);
+  }
+
+  // ---- completions ----
+  // The backend finishes a copy (fake: complete(); host: the engine runs it).
+  void backend_finish(const BackendCopy& c, bool ok, std::vector<ReadyCompletion>& queue) {
+    const bool succeeded = ok && !c.fail_at_completion;
+    if (succeeded) move_bytes(events[c.event]);
+    if (c.lost) return;
+    queue.push_back({events[c.event].event, succeeded});
+    if (c.duplicated) queue.push_back({events[c.event].event, succeeded});
+  }
+
+  // The bridge applies one completion.
+  void apply(const ReadyCompletion& c) {
+    std::optional<std::size_t> i;
+    if (!(c.event.id & (1ull << 63))) i = find_event(c.event);
+    if (!i || events[*i].sync || events[*i].state != EvState::Pending) {
+      ++stale;
+      return;
+    }
+    Event& ev = events[*i];
+    inflight_bytes -= ev.host.len;
+    unpin(ev);
+    if (c.ok) {
+      ++completed;
+      ev.state = EvState::Completed;
+      return;
+    }
+    ++failed;
+    ev.state = EvState::Failed;
+    ev.error = ev.dir == CopyDirection::HostToDevice ? ErrorKind::DeviceCopyFailed : ErrorKind::OutputCopyFailed;
+    remember_failure(*i);
+  }
+
+  // drain_completions: everything ready, and late completions once released.
+  std::size_t drain() {
+    std::vector<ReadyCompletion> batch = std::move(ready);
+    ready.clear();
+    if (late_released) {
+      for (auto& c : late_after_quiesce) batch.push_back(c);
+      late_after_quiesce.clear();
+      late_released = false;
+    }
+    for (const auto& c : batch) apply(c);
+    return batch.size();
+  }
+
+  // A copy reaches the backend's submit hook.
+  void submit_reached() {
+    if (!late_after_quiesce.empty()) late_released = true;
+  }
+
+  // ---- statistics the bridge must report ----
+  std::uint64_t live_allocations() const {
+    std::uint64_t n = 0;
+    for (const auto& a : allocs) n += a.in_slot;
+    return n;
+  }
+  std::uint64_t allocated_bytes() const {
+    std::uint64_t n = 0;
+    for (const auto& a : allocs)
+      if (a.in_slot) n += a.extent;
+    return n;
+  }
+  std::uint64_t backend_allocations() const {
+    std::uint64_t n = 0;
+    for (const auto& a : allocs) n += a.in_backend;
+    return n;
+  }
+  std::uint64_t copies_in_flight() const {
+    std::uint64_t n = 0;
+    for (const auto& e : events) n += e.state == EvState::Pending;
+    return n;
+  }
+  std::uint64_t unobserved_failures() const {
+    std::uint64_t n = 0;
+    for (auto i : failure_log) n += !events[i].observed;
+    return n;
+  }
+  std::uint64_t live_views() const {
+    std::uint64_t n = 0;
+    for (const auto& a : allocs) n += a.views;
+    return n;
+  }
+  std::uint64_t orphans() const {
+    std::uint64_t n = 0;
+    for (const auto& a : allocs) n += a.orphan && a.in_backend;
+    return n;
+  }
+
+  // ---- restart and close: what a successful quiesce leaves ----
+  void quiesce_succeeded() {
+    if (fake()) {
+      // The fake drops pending copies; late ones finish now and report after
+      // the next submit.
+      for (const auto& c : backend_pending)
+        if (c.late) backend_finish(c, true, late_after_quiesce);
+      late_released = false;
+    } else {
+      // The host engine finishes every copy it holds.
+      for (const auto& c : backend_pending) backend_finish(c, true, ready);
+    }
+    backend_pending.clear();
+  }
+
+  // Retires the generation: records, steps, pins; frees or orphans allocations.
+  void retire_generation() {
+    if (broken) {
+      // The bridge may or may not apply completions still queued before
+      // retiring their records: counters stop being exact if any would apply.
+      for (const auto& c : ready)
+        if (auto i = find_event(c.event); i && events[*i].state == EvState::Pending) counters_exact = false;
+    } else {
+      drain();
+    }
+    for (auto& ev : events)
+      if (ev.event.generation == gen && (ev.state == EvState::Pending || ev.state == EvState::Failed)) {
+        if (ev.state == EvState::Failed && !ev.observed) ++evicted_hi;
+        ev.state = EvState::Retired;
+      }
+    failure_log.clear();
+    for (auto& a : allocs) {
+      if (!a.in_slot) continue;
+      a.in_slot = false;
+      a.copies = a.uploads = a.steps = 0;
+      if (a.views == 0)
+        free_in_backend(a);
+      else
+        a.orphan = true;
+    }
+    steps.clear();
+    ring.unpin_all();
+    inflight_bytes = 0;
+  }
+};
+
+// ---- views: the contract's shape rules, computed exactly -------------------
+
+inline bool rank_fits(ShapeKind kind, int rank) {
+  switch (kind) {
+    case ShapeKind::Scalar: return rank == 0;
+    case ShapeKind::Vector: return rank == 1;
+    case ShapeKind::Matrix: return rank == 2;
+    case ShapeKind::Tensor: return true;
+  }
+  return true;
+}
+
+// True when `spec` describes bytes inside an extent of `extent` bytes.
+inline bool view_fits(const ViewSpec& spec, std::uint64_t extent) {
+  using I = __int128;
+  const I elem = dtype_size(spec.dtype);
+  if (spec.byte_offset % static_cast<std::uint64_t>(elem)) return false;
+  if (spec.strides && spec.strides->size() != spec.shape.size()) return false;
+  const I cap = I{1} << 100;
+  I lowest = 0, highest = 0, count = 1;
+  for (int i = 0; i < spec.shape.size(); ++i) {
+    const I n = spec.shape[i];
+    if (n <= 0) return false;
+    if (spec.strides) {
+      const I reach = (n - 1) * I{(*spec.strides)[i]};
+      if (reach > 0) highest = std::min(cap, highest + reach);
+      else lowest = std::max(-cap, lowest + reach);
+    } else {
+      count = std::min(cap, count * n);
+    }
+  }
+  if (!spec.strides) highest = count - 1;
+  const I offset = spec.byte_offset;
+  const I first = lowest * elem + offset;
+  const I end = (highest + 1) * elem + offset;
+  return first >= 0 && end <= I{extent};
+}
+
+}  // namespace devbridge::model

@@ -1,0 +1,1308 @@
+// Drives a real Bridge and the reference model (bridge_model.hpp) with the
+// same operations and compares every outcome: the error kind of each refusal,
+// returned ranges and events, byte contents (ring and device), pins, the
+// statistics, and the backend's live allocation and host block counts.
+//
+// An operation is 9 bytes (a kind and eight parameters) so that the fuzzer
+// decodes them straight from its input and rapidcheck generates them as
+// plain values; the harness interprets the parameters against the current
+// state (which allocation, which range, which size from a table of hostile
+// values), so almost every operation means something.
+//
+// Single-threaded and never blocking for long: on the fake backend nothing
+// completes unless an operation completes it, so the harness never waits
+// without a timeout for a pending copy. On the host backend the copy engine is
+// held (host::hold_copies) so pending copies stay pending until the harness
+// settles them (lifts the hold and waits, bounded, for each); faults are only
+// injected on the fake.
+//
+// A disagreement throws Mismatch with the operation trace.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bridge_model.hpp"
+#include "devbridge/backends/fake.hpp"
+#include "devbridge/backends/host.hpp"
+#include "devbridge/bridge.hpp"
+
+namespace devbridge::model {
+
+struct Mismatch : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+enum class OpKind : std::uint8_t {
+  Alloc,
+  Free,
+  Release,
+  Extent,
+  Reserve,
+  ReleaseHost,
+  WriteRing,
+  ReadRing,
+  HostToDevice,
+  DeviceToHost,
+  Complete,     // fake: complete one pending copy (ok or failed), then poll; host: settle
+  CompleteAll,  // fake: complete_all, then poll; host: settle
+  Poll,
+  CopyStatus,
+  Wait,
+  SafeToRelease,  // safe_to_release_host / host_bytes_valid
+  BeginStep,
+  EndStep,
+  Axpy,
+  View,
+  EndView,
+  Inject,
+  Restart,
+  Close,
+  ReadDevice,
+  ReportCompletion,  // fake: a forged completion, then poll
+  LeaseHost,
+  EndHostLease,
+  Count
+};
+
+inline const char* op_name(OpKind k) {
+  static const char* names[] = {"alloc",        "free",          "release",   "extent",     "reserve",
+                                "release_host", "write_ring",    "read_ring", "h2d",        "d2h",
+                                "complete",     "complete_all",  "poll",      "copy_status", "wait",
+                                "safe_to_release", "begin_step", "end_step",  "axpy",       "view",
+                                "end_view",     "inject",        "restart",   "close",      "read_device",
+                                "report_completion", "lease_host", "end_host_lease"};
+  const auto i = static_cast<unsigned>(k);
+  return i < static_cast<unsigned>(OpKind::Count) ? names[i] : "?";
+}
+
+struct Op {
+  OpKind kind = OpKind::Poll;
+  std::uint8_t p[8] = {};
+};
+inline constexpr std::size_t kOpBytes = 9;
+
+inline Op decode_op(const std::uint8_t* data) {
+  Op op;
+  op.kind = static_cast<OpKind>(data[0] % static_cast<unsigned>(OpKind::Count));
+  std::memcpy(op.p, data + 1, 8);
+  return op;
+}
+
+inline std::string kind_text(ErrorKind k) { return std::string(kind_name(k)); }
+
+// Values a hostile caller gives.
+inline std::uint64_t hostile(std::uint8_t p) {
+  constexpr std::uint64_t kMax = std::numeric_limits<std::uint64_t>::max();
+  static const std::uint64_t table[] = {0, 1, kMax - 1, 1ull << 63, kMax, (1ull << 63) - 1, 1ull << 32, kMax - 4095};
+  return table[p % 8];
+}
+
+class Harness {
+ public:
+  // Builds the bridge. Throws Mismatch when construction disagrees with the
+  // model; sets constructed() false when the bridge (rightly) refused.
+  explicit Harness(const Config& config) {
+    m.config = config;
+    if (config.backend == BackendKind::Fake) {
+      fake_ = std::make_shared<fake::FakeBackend>(config.fake_memory);
+    } else {
+      host_ = host::make_host_backend();
+    }
+    BridgeOptions options;
+    options.generation = 1;
+    options.ring_bytes = config.ring_bytes;
+    options.inflight_budget_bytes = config.inflight_budget_bytes;
+    options.failed_record_limit = config.failed_record_limit;
+    // Construction refuses a zero ring, and a ring the backend cannot hold.
+    const bool hostile_ring = config.ring_bytes > (1ull << 40);
+    std::optional<Error> error;
+    try {
+      bridge_ = std::make_unique<Bridge>(make_backend(), options);
+    } catch (const Error& e) {
+      error = e;
+    }
+    if (config.ring_bytes == 0 || config.failed_record_limit == 0) {
+      // A bridge that could remember no failure could never report one.
+      expect_kind("construct(ring_bytes " + std::to_string(config.ring_bytes) + ", failed_record_limit " +
+                      std::to_string(config.failed_record_limit) + ")",
+                  Expect::error(ErrorKind::InvalidExtent), error);
+      bridge_.reset();
+      return;
+    }
+    if (hostile_ring) {
+      expect_kind("construct(ring_bytes " + std::to_string(config.ring_bytes) + ")",
+                  Expect::error(ErrorKind::AllocationFailed), error);
+      bridge_.reset();
+      return;
+    }
+    expect_kind("construct", Expect::success(), error);
+    m.domain = bridge_->domain();
+    m.gen = 1;
+    m.ring.cap = bridge_->ring_capacity();
+    if (m.ring.cap != config.ring_bytes) fail("ring_capacity " + std::to_string(m.ring.cap) + " != ring_bytes");
+    m.ring.bytes.assign(m.ring.cap, m.fake() ? kFakeFresh : kUnknown);
+    if (m.fake()) {
+      for (const auto& c : fake_->calls())
+        if (c.call == fake::Call::AllocateHost) ring_block_ = reinterpret_cast<std::byte*>(c.address);
+      fake_->clear_calls();
+    } else {
+      host::hold_copies(*host_raw_, true);
+    }
+    check_stats();
+  }
+
+  bool constructed() const { return bridge_ != nullptr; }
+  const Model& model() const { return m; }
+  const std::vector<Op>& trace() const { return trace_; }
+
+  ~Harness() {
+    // Never throw from here; finish() is where the end is checked.
+    leases_.clear();
+    host_leases_.clear();
+    bridge_.reset();
+  }
+
+  void step(const Op& op) {
+    if (!bridge_) return;
+    trace_.push_back(op);
+    switch (op.kind) {
+      case OpKind::Alloc: return do_alloc(op);
+      case OpKind::Free: return do_free(op, false);
+      case OpKind::Release: return do_free(op, true);
+      case OpKind::Extent: return do_extent(op);
+      case OpKind::Reserve: return do_reserve(op);
+      case OpKind::ReleaseHost: return do_release_host(op);
+      case OpKind::WriteRing: return do_ring_bytes(op, true);
+      case OpKind::ReadRing: return do_ring_bytes(op, false);
+      case OpKind::HostToDevice: return do_copy(op, CopyDirection::HostToDevice);
+      case OpKind::DeviceToHost: return do_copy(op, CopyDirection::DeviceToHost);
+      case OpKind::Complete: return do_complete(op, false);
+      case OpKind::CompleteAll: return do_complete(op, true);
+      case OpKind::Poll: return do_poll();
+      case OpKind::CopyStatus: return do_status(op, false);
+      case OpKind::Wait: return do_status(op, true);
+      case OpKind::SafeToRelease: return do_safe(op);
+      case OpKind::BeginStep: return do_begin_step(op);
+      case OpKind::EndStep: return do_end_step(op);
+      case OpKind::Axpy: return do_axpy(op);
+      case OpKind::View: return do_view(op);
+      case OpKind::EndView: return do_end_view(op);
+      case OpKind::Inject: return do_inject(op);
+      case OpKind::Restart: return do_restart(op);
+      case OpKind::Close: return do_close();
+      case OpKind::ReadDevice: return do_read_device(op);
+      case OpKind::ReportCompletion: return do_report(op);
+      case OpKind::LeaseHost: return do_lease_host(op);
+      case OpKind::EndHostLease: return do_end_host_lease(op);
+      case OpKind::Count: return;
+    }
+  }
+
+  // Ends every lease (before or after the bridge goes), closes until the
+  // close succeeds, destroys the bridge and checks the backend holds nothing.
+  void finish(bool leases_outlive_bridge) {
+    if (!bridge_) return;
+    trace_.push_back(Op{OpKind::Count, {}});
+    if (!leases_outlive_bridge) end_all_leases();
+    // Each failing close consumes one injected quiesce failure; they are few.
+    for (int attempt = 0; attempt < 64; ++attempt) {
+      const std::size_t before = trace_.size();
+      do_close();
+      (void)before;
+      if (m.closed && !m.close_pending) break;
+    }
+    if (m.close_pending) fail("close never succeeded");
+    bridge_.reset();
+    if (leases_outlive_bridge) end_all_leases();
+    const std::uint64_t allocations = backend_live_allocations();
+    const std::uint64_t blocks = backend_live_host_blocks();
+    if (allocations != 0) fail("after close and every lease ended, the backend holds " + std::to_string(allocations) + " allocation(s)");
+    if (blocks != 0) fail("after close and every lease ended, the backend holds " + std::to_string(blocks) + " host block(s)");
+  }
+
+  std::string describe_trace() const {
+    std::string out;
+    for (std::size_t i = 0; i < trace_.size(); ++i) {
+      out += "  #" + std::to_string(i) + " " + (trace_[i].kind == OpKind::Count ? "finish" : op_name(trace_[i].kind));
+      for (auto b : trace_[i].p) out += " " + std::to_string(b);
+      out += "\n";
+    }
+    return out;
+  }
+
+ private:
+  // ---- plumbing ----
+  class Forward final : public Backend {
+   public:
+    explicit Forward(std::shared_ptr<fake::FakeBackend> f) : f_(std::move(f)) {}
+    BackendInfo describe() override { return f_->describe(); }
+    DeviceAllocation allocate(std::uint64_t b, std::uint64_t a) override { return f_->allocate(b, a); }
+    void free(const DeviceAllocation& a) noexcept override { f_->free(a); }
+    HostBlock allocate_host(std::uint64_t b) override { return f_->allocate_host(b); }
+    void free_host(const HostBlock& b) noexcept override { f_->free_host(b); }
+    void submit_copy(const CopyRequest& r) override { f_->submit_copy(r); }
+    void drain_completions(std::vector<Completion>& out) override { f_->drain_completions(out); }
+    bool wait_for_completions(std::chrono::nanoseconds t) override { return f_->wait_for_completions(t); }
+    void quiesce() override { f_->quiesce(); }
+    void launch_axpy(const AxpyLaunch& l) override { f_->launch_axpy(l); }
+    void validate_view(const DeviceAllocation& a, const TensorView& v) override { f_->validate_view(a, v); }
+
+   private:
+    std::shared_ptr<fake::FakeBackend> f_;
+  };
+  // The host backend is owned by the bridge; a shared owner keeps it alive
+  // after the bridge so its live counts can be read at the end.
+  class ForwardHost final : public Backend {
+   public:
+    explicit ForwardHost(std::shared_ptr<Backend> b) : b_(std::move(b)) {}
+    BackendInfo describe() override { return b_->describe(); }
+    DeviceAllocation allocate(std::uint64_t b, std::uint64_t a) override { return b_->allocate(b, a); }
+    void free(const DeviceAllocation& a) noexcept override { b_->free(a); }
+    HostBlock allocate_host(std::uint64_t b) override { return b_->allocate_host(b); }
+    void free_host(const HostBlock& b) noexcept override { b_->free_host(b); }
+    void submit_copy(const CopyRequest& r) override { b_->submit_copy(r); }
+    void drain_completions(std::vector<Completion>& out) override { b_->drain_completions(out); }
+    bool wait_for_completions(std::chrono::nanoseconds t) override { return b_->wait_for_completions(t); }
+    void quiesce() override { b_->quiesce(); }
+    void launch_axpy(const AxpyLaunch& l) override { b_->launch_axpy(l); }
+    void validate_view(const DeviceAllocation& a, const TensorView& v) override { b_->validate_view(a, v); }
+
+   private:
+    std::shared_ptr<Backend> b_;
+  };
+
+  std::unique_ptr<Backend> make_backend() {
+    if (fake_) return std::make_unique<Forward>(fake_);
+    host_shared_ = std::shared_ptr<Backend>(std::move(host_));
+    host_raw_ = host_shared_.get();
+    return std::make_unique<ForwardHost>(host_shared_);
+  }
+
+  std::uint64_t backend_live_allocations() const {
+    return fake_ ? fake_->live_allocations() : host::live_allocations(*host_raw_);
+  }
+  std::uint64_t backend_live_host_blocks() const {
+    return fake_ ? fake_->live_host_blocks() : host::live_host_blocks(*host_raw_);
+  }
+
+  [[noreturn]] void fail(const std::string& what) const {
+    std::string where = trace_.empty() ? std::string("construction")
+                                        : "op #" + std::to_string(trace_.size() - 1) + " (" +
+                                              (trace_.back().kind == OpKind::Count ? "finish" : op_name(trace_.back().kind)) + ")";
+    throw Mismatch(where + ": " + what + "\n" + std::string(m.fake() ? "fake" : "host") + " backend, ring " +
+                   std::to_string(m.config.ring_bytes) + ", budget " + std::to_string(m.config.inflight_budget_bytes) +
+                   ", failed_record_limit " + std::to_string(m.config.failed_record_limit) + "; trace:\n" +
+                   describe_trace());
+  }
+
+  template <class F>
+  static std::optional<Error> attempt(F&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return e;
+    }
+    return std::nullopt;
+  }
+
+  // True when the call succeeded as expected; throws Mismatch otherwise.
+  bool expect_kind(const std::string& call, const Expect& x, const std::optional<Error>& got) const {
+    if (x.ok && !got) return true;
+    if (x.ok) fail(call + ": expected success, got " + kind_text(got->kind()) + " (" + got->what() + ")");
+    std::string kinds;
+    for (auto k : x.kinds) kinds += (kinds.empty() ? "" : " or ") + kind_text(k);
+    if (!got) fail(call + ": expected " + kinds + ", the call succeeded");
+    if (!x.accepts(got->kind())) fail(call + ": expected " + kinds + ", got " + kind_text(got->kind()) + " (" + got->what() + ")");
+    return false;
+  }
+
+  static std::string h_text(const DeviceHandle& h) {
+    return "{" + std::to_string(h.domain) + "," + std::to_string(h.generation) + "," + std::to_string(h.id) + "}";
+  }
+  static std::string e_text(const CopyEvent& e) {
+    return "{" + std::to_string(e.domain) + "," + std::to_string(e.generation) + "," + std::to_string(e.id) + "}";
+  }
+  static std::string r_text(const HostRange& r) {
+    return "[" + std::to_string(r.offset) + ",+" + std::to_string(r.len) + ")";
+  }
+
+  // ---- picking arguments ----
+  DeviceHandle forged_handle(std::uint8_t kind, std::uint8_t p) const {
+    const std::uint64_t some_id = m.allocs.empty() ? 1 : m.allocs[p % m.allocs.size()].handle.id;
+    switch (kind % 8) {
+      case 0: return {m.domain + 7777, m.gen, some_id};
+      case 1: return {m.domain, m.gen - 1, some_id};
+      case 2: return {m.domain, m.gen + 1, some_id};
+      case 3: return {m.domain, m.gen, some_id};  // an id of any generation, retagged
+      case 4: return {m.domain, m.gen, 0};
+      case 5: return {m.domain, m.gen, std::numeric_limits<std::uint64_t>::max()};
+      case 6: return {m.domain, m.gen, (std::uint64_t{p % 4u + 1u} << 32) | (p / 4u % 4u)};
+      default: return {0, 0, 0};
+    }
+  }
+  // Returns the handle and, when it names a model allocation, its index.
+  DeviceHandle pick_handle(std::uint8_t a, std::uint8_t b) const {
+    if (m.allocs.empty() || a % 8 == 7) return forged_handle(a / 8, b);
+    const std::size_t n = m.allocs.size();
+    return m.allocs[n - 1 - b % std::min<std::size_t>(n, 12)].handle;
+  }
+  const Alloc* alloc_of(const DeviceHandle& h) const {
+    for (std::size_t i = m.allocs.size(); i-- > 0;)
+      if (m.allocs[i].handle == h) return &m.allocs[i];
+    return nullptr;
+  }
+
+  CopyEvent forged_event(std::uint8_t kind, std::uint8_t p) const {
+    const std::uint64_t some_id = m.events.empty() ? 1 : m.events[p % m.events.size()].event.id;
+    switch (kind % 8) {
+      case 0: return {m.domain + 7777, m.gen, some_id};
+      case 1: return {m.domain, m.gen - 1, some_id};
+      case 2: return {m.domain, m.gen + 1, some_id};
+      case 3: return {m.domain, m.gen, some_id};  // an id of any generation, retagged
+      case 4: return {m.domain, m.gen, 0};
+      case 5: return {m.domain, m.gen, (1ull << 63) | (p + 1ull)};  // a sync id
+      case 6: return {m.domain, m.gen, (std::uint64_t{p % 4u + 1u} << 32) | (p / 4u % 4u)};
+      default: return {m.domain, m.gen, std::numeric_limits<std::uint64_t>::max()};
+    }
+  }
+  CopyEvent pick_event(std::uint8_t a, std::uint8_t b) const {
+    if (m.events.empty() || a % 8 == 7) return forged_event(a / 8, b);
+    const std::size_t n = m.events.size();
+    return m.events[n - 1 - b % std::min<std::size_t>(n, 12)].event;
+  }
+
+  HostRange pick_range(std::uint8_t a, std::uint8_t b, std::uint64_t want_len) const {
+    if (ranges_.empty() || a % 8 == 7) {
+      switch (b % 6) {
+        case 0: return {hostile(b / 8), want_len};
+        case 1: return {m.ring.cap, want_len};
+        case 2: return {0, hostile(b / 8)};
+        case 3: return {m.ring.cap - 1, 2};
+        case 4: return {hostile(b / 8), hostile(b / 64)};
+        default: return {b, want_len};
+      }
+    }
+    const HostRange r = ranges_[ranges_.size() - 1 - b % std::min<std::size_t>(ranges_.size(), 8)];
+    switch (a % 8) {
+      case 1: return {r.offset, want_len};
+      case 2: return {r.offset + r.len - std::min(r.len, want_len), want_len};
+      case 3: return {r.offset + 1, r.len - 1};
+      case 4: return {r.offset, r.len + 1};
+      case 6: return {r.offset, want_len};
+      default: return r;
+    }
+  }
+
+  // A device range of `h`'s allocation (or of a plausible one when forged).
+  DeviceRange pick_device_range(const DeviceHandle& h, std::uint8_t a, std::uint8_t b) const {
+    const Alloc* al = alloc_of(h);
+    const std::uint64_t elem = al ? dtype_size(al->spec.dtype) : 1;
+    const std::uint64_t extent = al ? al->extent : 64;
+    std::uint64_t len;
+    switch (a % 8) {
+      case 0: len = elem * (1 + b % 8); break;
+      case 1: len = extent; break;
+      case 2: len = std::max<std::uint64_t>(elem, extent / 2 / elem * elem); break;
+      case 3: len = 0; break;
+      case 4: len = 1; break;
+      case 5: len = hostile(b); break;
+      case 6: len = elem * (b + 1); break;
+      default: len = elem * 4; break;
+    }
+    std::uint64_t off;
+    switch (a / 8 % 8) {
+      case 0: case 7: off = 0; break;
+      case 1: off = elem; break;
+      case 2: off = extent >= len ? extent - len : 0; break;
+      case 3: off = extent; break;
+      case 4: off = hostile(b / 8); break;
+      case 5: off = elem * (b / 16); break;
+      default: off = 1; break;
+    }
+    return {h, off, len};
+  }
+
+  // ---- statistics and backend counts, checked after every operation ----
+  void check_stats() {
+    BridgeStats s;
+    if (auto e = attempt([&] { s = bridge_->stats(); })) {
+      if (m.closed && e->kind() == ErrorKind::Closed) return check_backend_counts();
+      fail("stats() threw " + kind_text(e->kind()));
+    }
+    auto eq = [&](const char* name, std::uint64_t got, std::uint64_t want) {
+      if (got != want) fail(std::string("stats().") + name + " = " + std::to_string(got) + ", model says " + std::to_string(want));
+    };
+    eq("generation", s.generation, m.gen);
+    eq("domain", s.domain, m.domain);
+    eq("closed", s.closed, m.closed);
+    if (!m.closed) {
+      eq("broken", s.broken, m.broken);
+      eq("live_allocations", s.live_allocations, m.live_allocations());
+      eq("allocated_bytes", s.allocated_bytes, m.allocated_bytes());
+      eq("copies_in_flight", s.copies_in_flight, m.copies_in_flight());
+      eq("inflight_bytes", s.inflight_bytes, m.inflight_bytes);
+      eq("copy_records", s.copy_records, m.copies_in_flight() + m.unobserved_failures());
+      eq("failed_records", s.failed_records, m.failure_log.size());
+      eq("active_steps", s.active_steps, m.steps.size());
+      eq("ring_used", s.ring_used, m.ring.used());
+      eq("ring_reservations", s.ring_reservations, m.ring.live);
+      eq("ring_capacity", s.ring_capacity, m.ring.cap);
+    }
+    if (s.failed_records_evicted < m.evicted_lo || s.failed_records_evicted > m.evicted_hi)
+      fail("stats().failed_records_evicted = " + std::to_string(s.failed_records_evicted) + ", model says between " +
+           std::to_string(m.evicted_lo) + " and " + std::to_string(m.evicted_hi));
+    eq("inflight_budget_bytes", s.inflight_budget_bytes, m.budget());
+    eq("live_views", s.live_views, m.live_views());
+    eq("orphaned_allocations", s.orphaned_allocations, m.orphans());
+    eq("restarts", s.restarts, m.restarts);
+    if (m.counters_exact) {
+      eq("copies_submitted", s.copies_submitted, m.submitted);
+      eq("copies_completed", s.copies_completed, m.completed);
+      eq("copies_failed", s.copies_failed, m.failed);
+    }
+    check_backend_counts();
+  }
+  void check_backend_counts() {
+    const std::uint64_t allocations = backend_live_allocations();
+    if (allocations != m.backend_allocations())
+      fail("the backend holds " + std::to_string(allocations) + " allocation(s), the model " +
+           std::to_string(m.backend_allocations()));
+    const std::uint64_t blocks = backend_live_host_blocks();
+    if (blocks != (m.ring_freed ? 0u : 1u))
+      fail("the backend holds " + std::to_string(blocks) + " host block(s), the model " + (m.ring_freed ? "0" : "1"));
+  }
+  // After poll() every completion the backend had is applied: exact.
+  void check_stale() {
+    if (!m.counters_exact || m.closed) return;
+    const auto s = bridge_->stats();
+    if (s.stale_completions != m.stale)
+      fail("stats().stale_completions = " + std::to_string(s.stale_completions) + ", model says " + std::to_string(m.stale));
+  }
+
+  // ---- host backend: pending copies stay held until settled ----
+  bool host_pending() const { return !m.fake() && !m.backend_pending.empty(); }
+  // Lifts the hold, waits (bounded) for every pending copy, holds again.
+  void settle() {
+    if (m.fake() || m.backend_pending.empty()) return;
+    if (m.closed || m.broken) return;
+    host::hold_copies(*host_raw_, false);
+    std::vector<std::size_t> pending;
+    for (const auto& c : m.backend_pending) pending.push_back(c.event);
+    for (const auto& c : m.backend_pending) m.backend_finish(c, true, m.ready);
+    m.backend_pending.clear();
+    bool first = true;
+    for (auto i : pending) {
+      const CopyEvent e = m.events[i].event;
+      CopyStatus status;
+      // The first wait is unbounded (nanoseconds::max(): until done), the rest bounded.
+      const auto timeout = first ? std::chrono::nanoseconds::max() : std::chrono::nanoseconds(std::chrono::seconds(20));
+      first = false;
+      if (auto err = attempt([&] { status = bridge_->wait(e, timeout); }))
+        fail("settle: wait(" + e_text(e) + ") threw " + kind_text(err->kind()) + " (" + err->what() + ")");
+      if (status.state != CopyState::Completed)
+        fail("settle: wait(" + e_text(e) + ") on the host backend returned " + std::to_string(int(status.state)) +
+             ", not Completed");
+      m.drain();  // the bridge drained everything ready
+    }
+    host::hold_copies(*host_raw_, true);
+  }
+
+  // ---- operations ----
+  void do_alloc(const Op& op) {
+    static const std::uint64_t aligns[] = {1, 2, 4, 8, 16, 64, 256, 4096, 0, 3, 6, 1ull << 63};
+    const DType dtype = static_cast<DType>(op.p[0] % kDTypeCount);
+    const std::uint64_t elem = dtype_size(dtype);
+    const std::uint64_t align = aligns[op.p[1] % 12];
+    const std::uint64_t unit = std::max<std::uint64_t>(elem, RingModel::pow2(align) && align <= 4096 ? align : 1);
+    std::uint64_t extent;
+    if (op.p[2] < 200) {
+      extent = unit * (1 + op.p[2] % 16) * (op.p[3] & 0x80 ? 64 : 1);
+    } else {
+      switch (op.p[2] % 6) {
+        case 0: extent = unit + 1; break;
+        case 1: extent = hostile(op.p[3]); break;
+        case 2: extent = unit * 3 / 2; break;
+        default: extent = hostile(op.p[2]); break;
+      }
+    }
+    std::uint64_t max_extent;
+    switch (op.p[4] % 4) {
+      case 0: max_extent = extent; break;
+      case 1: max_extent = extent ? extent - 1 : 0; break;
+      case 2: max_extent = std::numeric_limits<std::uint64_t>::max(); break;
+      default: max_extent = 1 << 20; break;
+    }
+    const ShapeKind shape = static_cast<ShapeKind>(op.p[5] % 4);
+    const ObjectSpec spec{max_extent, align, dtype, shape};
+    const std::string call = "alloc_device(align " + std::to_string(align) + ", extent " + std::to_string(extent) +
+                             ", max " + std::to_string(max_extent) + ", " + std::string(dtype_info(dtype).name) + ")";
+
+    std::optional<ErrorKind> invalid;
+    if (!RingModel::pow2(align))
+      invalid = ErrorKind::InvalidAlignment;
+    else if (extent == 0 || extent > max_extent || extent % align || extent % elem)
+      invalid = ErrorKind::InvalidExtent;
+    // The host backend would really try to allocate a huge valid extent.
+    if (!m.fake() && !invalid && extent > (1u << 20)) return;
+
+    Expect x;
+    Fired fired;
+    // Arguments invalid whatever the state may be refused before the state is looked at.
+    if (auto e = m.entry()) x = invalid ? Expect::either({*invalid, *e}) : Expect::error(*e);
+    else if (invalid) x = Expect::error(*invalid);
+    else if (m.fake()) {
+      fired = m.fire(fake::Call::Allocate);
+      if (fired.fatal || fired.allocation_failed || extent > m.config.fake_memory - m.fake_used)
+        x = Expect::error(ErrorKind::AllocationFailed);
+      if (fired.fatal) m.broken = true;
+    }
+    DeviceHandle h;
+    if (!expect_kind(call, x, attempt([&] { h = bridge_->alloc_device(spec, extent); }))) return check_stats();
+    if (h.domain != m.domain || h.generation != m.gen) fail(call + " returned " + h_text(h) + " tagged wrongly");
+    if (!m.handle_ids.insert({h.generation, h.id}).second) fail(call + " returned an id already issued in this generation: " + h_text(h));
+    Alloc a;
+    a.handle = h;
+    a.spec = spec;
+    a.extent = extent;
+    a.bytes.assign(extent, m.fake() ? kFakeFresh : kUnknown);
+    if (m.fake()) {
+      m.fake_used += extent;
+      const auto calls = fake_->calls();
+      for (auto it = calls.rbegin(); it != calls.rend(); ++it)
+        if (it->call == fake::Call::Allocate) {
+          a.address = it->address;
+          break;
+        }
+      fake_->clear_calls();
+    } else {
+      ViewSpec vs{dtype, {}, std::nullopt, 0};
+      const std::int64_t n = static_cast<std::int64_t>(extent / elem);
+      if (shape == ShapeKind::Vector || shape == ShapeKind::Tensor) vs.shape = Dims{n};
+      if (shape == ShapeKind::Matrix) vs.shape = Dims{1, n};
+      ViewLease lease = bridge_->view(h, vs);
+      a.address = lease->data;
+    }
+    m.allocs.push_back(std::move(a));
+    check_stats();
+  }
+
+  void do_free(const Op& op, bool deferred) {
+    const DeviceHandle h = pick_handle(op.p[0], op.p[1]);
+    const std::string call = std::string(deferred ? "release(" : "free_device(") + h_text(h) + ")";
+    Expect x;
+    std::size_t i = 0;
+    if (auto e = m.entry()) x = Expect::error(*e);
+    else if (auto e2 = m.handle_error(h, &i)) x = Expect::error(*e2);
+    else if (!deferred && m.allocs[i].used()) x = Expect::error(ErrorKind::AllocationStillInUse);
+    const bool ok = expect_kind(call, x, attempt([&] {
+      if (deferred) bridge_->release(h);
+      else bridge_->free_device(h);
+    }));
+    if (ok) {
+      Alloc& a = m.allocs[i];
+      if (deferred) {
+        a.released = true;
+        m.maybe_finish_release(i);
+      } else {
+        a.in_slot = false;
+        m.free_in_backend(a);
+      }
+    }
+    check_stats();
+  }
+
+  void do_extent(const Op& op) {
+    const DeviceHandle h = pick_handle(op.p[0], op.p[1]);
+    Expect x;
+    std::size_t i = 0;
+    if (auto e = m.entry()) x = Expect::error(*e);
+    else if (auto e2 = m.handle_error(h, &i)) x = Expect::error(*e2);
+    std::uint64_t extent = 0;
+    ObjectSpec spec;
+    if (expect_kind("extent(" + h_text(h) + ")", x, attempt([&] { extent = bridge_->extent(h); }))) {
+      if (extent != m.allocs[i].extent) fail("extent() = " + std::to_string(extent));
+      spec = bridge_->spec(h);
+      const ObjectSpec& want = m.allocs[i].spec;
+      if (spec.max_extent != want.max_extent || spec.alignment != want.alignment || spec.dtype != want.dtype ||
+          spec.shape != want.shape)
+        fail("spec() differs from the spec allocated");
+    }
+  }
+
+  void do_reserve(const Op& op) {
+    static const std::uint64_t aligns[] = {1, 8, 64, 64, 256, 4096, 0, 3, 8192, 1ull << 63, 2, 16};
+    std::uint64_t bytes;
+    switch (op.p[0] % 8) {
+      case 0: bytes = hostile(op.p[1]); break;
+      case 1: bytes = m.ring.cap; break;
+      case 2: bytes = m.ring.cap + 1; break;
+      case 3: bytes = 4 * (1 + op.p[1] % 64); break;
+      default: bytes = 64 * (1 + op.p[1] % 16); break;
+    }
+    const std::uint64_t align = aligns[op.p[2] % 12];
+    const std::string call = "reserve(" + std::to_string(bytes) + ", align " + std::to_string(align) + ")";
+    Expect x;
+    HostRange want;
+    RingModel after = m.ring;
+    if (auto e = m.entry()) x = Expect::error(*e);
+    else if (auto e2 = after.reserve(bytes, align, want)) x = Expect::error(*e2);
+    HostRange got;
+    if (expect_kind(call, x, attempt([&] { got = bridge_->reserve(bytes, align); }))) {
+      if (got != want) fail(call + " returned " + r_text(got) + ", the ring rule gives " + r_text(want));
+      m.ring = std::move(after);
+      ranges_.push_back(got);
+    }
+    check_stats();
+  }
+
+  void do_release_host(const Op& op) {
+    const HostRange r = pick_range(op.p[0], op.p[1], 64);
+    Expect x;
+    RingModel after = m.ring;
+    if (m.closed) x = Expect::error(ErrorKind::Closed);
+    else if (auto e = after.release(r)) x = Expect::error(*e);
+    if (expect_kind("release_host(" + r_text(r) + ")", x, attempt([&] { bridge_->release_host(r); })))
+      m.ring = std::move(after);
+    check_stats();
+  }
+
+  void do_ring_bytes(const Op& op, bool write) {
+    const HostRange r = pick_range(op.p[0], op.p[1], 4 * (1 + op.p[2] % 32));
+    Expect x;
+    if (m.closed) x = Expect::error(ErrorKind::Closed);
+    else if (!m.ring.locate(r)) x = Expect::error(ErrorKind::InvalidRange);
+    std::span<std::byte> span;
+    if (!expect_kind(std::string(write ? "write" : "read") + " host_bytes(" + r_text(r) + ")", x,
+                     attempt([&] { span = bridge_->host_bytes(r); })))
+      return;
+    if (!ring_block_) ring_block_ = span.data() - r.offset;
+    if (span.size() != r.len || span.data() != ring_block_ + r.offset)
+      fail("host_bytes(" + r_text(r) + ") is not the ring's bytes at that offset");
+    if (write) {
+      std::uint32_t state = op.p[3] * 2654435761u + 12345u;
+      for (std::uint64_t i = 0; i < r.len; ++i) {
+        state = state * 1664525u + 1013904223u;
+        const auto v = static_cast<std::uint8_t>(state >> 24);
+        span[i] = static_cast<std::byte>(v);
+        m.ring.bytes[r.offset + i] = v;
+      }
+    } else {
+      compare_bytes("ring bytes " + r_text(r), span.data(), &m.ring.bytes[r.offset], r.len);
+    }
+  }
+
+  void compare_bytes(const std::string& what, const std::byte* got, const Byte* want, std::uint64_t len) const {
+    for (std::uint64_t i = 0; i < len; ++i) {
+      if (want[i] == kUnknown) continue;
+      if (static_cast<Byte>(got[i]) != want[i])
+        fail(what + ": byte " + std::to_string(i) + " is " + std::to_string(int(got[i])) + ", the model says " +
+             std::to_string(want[i]));
+    }
+  }
+
+  void do_copy(const Op& op, CopyDirection dir) {
+    const bool async = op.p[4] & 1;
+    const CopyMode mode = async ? CopyMode::Async : CopyMode::Sync;
+    const DeviceHandle h = pick_handle(op.p[0], op.p[1]);
+    const DeviceRange d = pick_device_range(h, op.p[2], op.p[3]);
+    const HostRange r = pick_range(op.p[5], op.p[6], d.len);
+    static const std::int64_t admissions[] = {0, 0, 1000, 100000, std::numeric_limits<std::int64_t>::max(), -1, 0, 0};
+    const std::chrono::nanoseconds room{admissions[op.p[7] % 8]};
+    std::string call = std::string(dir == CopyDirection::HostToDevice ? "host_to_device(" : "device_to_host(") +
+                       r_text(r) + ", " + h_text(h) + " [" + std::to_string(d.offset) + ",+" +
+                       std::to_string(d.len) + "), " + (async ? "async" : "sync") + ", room " +
+                       std::to_string(room.count()) + "ns)";
+
+    // A sync copy on the host backend would wait for held copies it overlaps.
+    if (!async && host_pending()) settle();
+
+    Expect x;
+    std::size_t ai = 0;
+    std::optional<ErrorKind> invalid;
+    // A negative wait for room is refused whatever the state or mode (a usage error).
+    const bool negative = room.count() < 0;
+    if (auto e = m.entry()) x = negative ? Expect::either({*e, ErrorKind::InvalidRange}) : Expect::error(*e);
+    else if (auto e2 = m.handle_error(h, &ai)) x = negative ? Expect::either({*e2, ErrorKind::InvalidRange}) : Expect::error(*e2);
+    else {
+      const Alloc& a = m.allocs[ai];
+      const std::uint64_t elem = dtype_size(a.spec.dtype);
+      if (d.len == 0 || d.offset > a.extent || d.len > a.extent - d.offset || (d.offset | d.len) % elem)
+        invalid = ErrorKind::InvalidRange;
+      else if (r.len != d.len || !m.ring.locate(r))
+        invalid = ErrorKind::InvalidRange;
+      if (negative) {
+        x = invalid ? Expect::either({*invalid, ErrorKind::InvalidRange}) : Expect::error(ErrorKind::InvalidRange);
+      } else if (invalid) {
+        x = Expect::error(*invalid);
+      } else if (async && m.inflight_bytes + r.len > m.budget()) {
+        // Waiting for room that never comes would block: only bounded waits here.
+        if (room == std::chrono::nanoseconds::max() && r.len <= m.budget()) return;
+        if (room.count() > 0 && r.len <= m.budget()) m.drain();
+        x = Expect::error(ErrorKind::Backpressure);
+      }
+    }
+    auto run_copy = [&](CopyEvent& got) {
+      return attempt([&] {
+        got = dir == CopyDirection::HostToDevice ? bridge_->host_to_device(r, d, mode, {room})
+                                                 : bridge_->device_to_host(d, r, mode, {room});
+      });
+    };
+    CopyEvent got;
+    if (!x.ok) {
+      expect_kind(call, x, run_copy(got));
+      return check_stats();
+    }
+    // Valid: it reaches the backend.
+    Event ev;
+    ev.sync = !async;
+    ev.dir = dir;
+    ev.alloc = ai;
+    ev.dev_offset = d.offset;
+    ev.host = r;
+    ev.ring_key = m.ring.locate(r)->key;
+    Fired fired;
+    std::optional<ErrorKind> backend_error;
+    if (m.fake()) {
+      m.submit_reached();
+      fired = m.fire(dir == CopyDirection::HostToDevice ? fake::Call::CopyHostToDevice : fake::Call::CopyDeviceToHost);
+      if (fired.fatal || fired.submit_failed || (!async && fired.fail_at_completion))
+        backend_error = dir == CopyDirection::HostToDevice ? ErrorKind::DeviceCopyFailed : ErrorKind::OutputCopyFailed;
+    }
+    const auto error = run_copy(got);
+    if (backend_error) {
+      expect_kind(call, Expect::error(*backend_error), error);
+      ++m.failed;
+      if (fired.fatal) m.broken = true;
+      return check_stats();
+    }
+    expect_kind(call, Expect::success(), error);
+    if (got.domain != m.domain || got.generation != m.gen) fail(call + " returned event " + e_text(got) + " tagged wrongly");
+    if (!m.event_ids.insert({got.generation, got.id}).second)
+      fail(call + " returned an event id already issued in this generation: " + e_text(got));
+    ev.event = got;
+    ++m.submitted;
+    if (!async) {
+      m.move_bytes(ev);
+      ev.state = EvState::Completed;
+      ++m.completed;
+      m.events.push_back(ev);
+    } else {
+      ev.state = EvState::Pending;
+      m.pin(ev);
+      m.inflight_bytes += r.len;
+      m.events.push_back(ev);
+      m.backend_pending.push_back(
+          BackendCopy{m.events.size() - 1, fired.fail_at_completion, fired.lost, fired.duplicated, fired.late});
+    }
+    check_stats();
+  }
+
+  void do_poll() {
+    Expect x;
+    if (auto e = m.entry()) x = Expect::error(*e);
+    std::size_t got = 0;
+    if (expect_kind("poll()", x, attempt([&] { got = bridge_->poll(); }))) {
+      const std::size_t want = m.drain();
+      if (got != want) fail("poll() applied " + std::to_string(got) + " completions, the model " + std::to_string(want));
+      check_stale();
+    }
+    check_stats();
+  }
+
+  void do_complete(const Op& op, bool all) {
+    if (!m.fake()) {
+      settle();
+      return check_stats();
+    }
+    const bool ok = op.p[1] % 4 != 0;
+    if (all) {
+      const std::size_t n = fake_->complete_all(ok);
+      if (n != m.backend_pending.size())
+        fail("fake complete_all completed " + std::to_string(n) + ", the model holds " + std::to_string(m.backend_pending.size()));
+      for (const auto& c : m.backend_pending) m.backend_finish(c, ok, m.ready);
+      m.backend_pending.clear();
+    } else if (m.backend_pending.empty()) {
+      if (fake_->complete(pick_event(op.p[2], op.p[3]), ok)) fail("fake complete() of a copy it does not hold returned true");
+    } else {
+      const std::size_t k = op.p[0] % m.backend_pending.size();
+      const BackendCopy c = m.backend_pending[k];
+      if (!fake_->complete(m.events[c.event].event, ok)) fail("fake complete() of a pending copy returned false");
+      m.backend_pending.erase(m.backend_pending.begin() + static_cast<std::ptrdiff_t>(k));
+      m.backend_finish(c, ok, m.ready);
+    }
+    do_poll();
+  }
+
+  void do_report(const Op& op) {
+    if (!m.fake()) return;
+    const CopyEvent e = pick_event(op.p[0], op.p[1]);
+    const bool ok = op.p[2] & 1;
+    fake_->report_completion(e, ok);
+    m.ready.push_back({e, ok});
+    do_poll();
+  }
+
+  // The state an event reads as, or the error raised for it. `leniency`
+  // returns true when UnknownDeviceHandle is also acceptable.
+  std::optional<ErrorKind> event_state(const CopyEvent& e, std::size_t* index, bool* may_be_unknown) const {
+    *may_be_unknown = false;
+    if (auto t = m.tag_error(e)) return t;
+    auto i = m.find_event(e);
+    if (!i) return ErrorKind::UnknownDeviceHandle;
+    const Event& ev = m.events[*i];
+    if (ev.state == EvState::Forgotten || ev.state == EvState::Retired) return ErrorKind::UnknownDeviceHandle;
+    if (ev.state == EvState::Completed && m.evicted_in_generation && !ev.sync) *may_be_unknown = true;
+    *index = *i;
+    return std::nullopt;
+  }
+
+  void do_status(const Op& op, bool wait) {
+    const CopyEvent e = pick_event(op.p[0], op.p[1]);
+    using std::chrono::nanoseconds;
+    std::optional<nanoseconds> timeout;
+    switch (op.p[2] % 8) {
+      case 2: timeout = nanoseconds(1000); break;
+      case 3: timeout = nanoseconds(-1); break;
+      case 4: timeout = nanoseconds::max(); break;
+      case 5: break;  // none: until done
+      case 6: timeout = nanoseconds(50000); break;
+      case 7: timeout = nanoseconds(-1000000); break;
+      default: timeout = nanoseconds(0); break;
+    }
+    const bool unbounded = wait && (!timeout || *timeout == nanoseconds::max());
+    const std::string call = std::string(wait ? "wait(" : "copy_status(") + e_text(e) +
+                             (wait ? (timeout ? ", " + std::to_string(timeout->count()) + "ns" : ", none") : "") + ")";
+    Expect x;
+    std::size_t i = 0;
+    bool may_be_unknown = false;
+    const bool negative = wait && timeout && timeout->count() < 0;
+    if (auto en = m.entry()) {
+      x = negative ? Expect::either({*en, ErrorKind::InvalidRange}) : Expect::error(*en);
+    } else {
+      const auto st = event_state(e, &i, &may_be_unknown);
+      if (unbounded && !st && m.events[i].state == EvState::Pending) {
+        // Only the host backend will ever complete it (once the hold is lifted).
+        if (m.fake()) return;
+        settle();
+      }
+      if (negative)
+        x = st ? Expect::either({*st, ErrorKind::InvalidRange}) : Expect::error(ErrorKind::InvalidRange);
+      else if (st)
+        x = Expect::error(*st);
+      m.drain();
+    }
+    CopyStatus status;
+    const auto error = attempt([&] { status = wait ? bridge_->wait(e, timeout) : bridge_->copy_status(e); });
+    if (error && x.ok && may_be_unknown && error->kind() == ErrorKind::UnknownDeviceHandle) return check_stats();
+    if (!expect_kind(call, x, error)) return check_stats();
+    Event& ev = m.events[i];
+    CopyState want = CopyState::Completed;
+    if (ev.state == EvState::Pending) want = CopyState::Pending;
+    if (ev.state == EvState::Failed) want = CopyState::Failed;
+    if (status.state != want)
+      fail(call + " returned state " + std::to_string(int(status.state)) + ", the model " + std::to_string(int(want)));
+    if (want == CopyState::Failed) {
+      if (status.error != ev.error) fail(call + " returned the wrong failure kind");
+      if (status.message.empty()) fail(call + " returned a failure without a message");
+      ev.observed = true;
+    } else if (status.error) {
+      fail(call + " returned an error kind for a copy that did not fail");
+    }
+    check_stats();
+  }
+
+  void do_safe(const Op& op) {
+    const CopyEvent e = pick_event(op.p[0], op.p[1]);
+    const bool valid_query = op.p[2] & 1;
+    const std::string call = std::string(valid_query ? "host_bytes_valid(" : "safe_to_release_host(") + e_text(e) + ")";
+    Expect x;
+    std::size_t i = 0;
+    bool may_be_unknown = false;
+    if (auto en = m.entry()) x = Expect::error(*en);
+    else if (auto st = event_state(e, &i, &may_be_unknown)) x = Expect::error(*st);
+    if (x.ok) m.drain();
+    bool got = false;
+    const auto error = attempt([&] { got = valid_query ? bridge_->host_bytes_valid(e) : bridge_->safe_to_release_host(e); });
+    if (error && x.ok && may_be_unknown && error->kind() == ErrorKind::UnknownDeviceHandle) return check_stats();
+    if (!expect_kind(call, x, error)) return check_stats();
+    const bool want = m.events[i].state == EvState::Completed;
+    if (got != want) fail(call + " = " + (got ? "true" : "false") + ", the model says " + (want ? "true" : "false"));
+    check_stats();
+  }
+
+  static StepId step_id(std::uint8_t p) {
+    static const StepId ids[] = {0, 1, 2, std::numeric_limits<StepId>::max()};
+    return ids[p % 4];
+  }
+
+  void do_begin_step(const Op& op) {
+    const StepId step = step_id(op.p[0]);
+    const std::size_t n = op.p[1] % 4;
+    std::vector<DeviceHandle> handles;
+    for (std::size_t k = 0; k < n; ++k) handles.push_back(pick_handle(op.p[2 + 2 * k], op.p[3 + 2 * k]));
+    Expect x;
+    std::vector<std::size_t> indices;
+    if (auto e = m.entry()) x = Expect::error(*e);
+    else if (m.steps.count(step)) x = Expect::error(ErrorKind::Unsupported);
+    else
+      for (const auto& h : handles) {
+        std::size_t i = 0;
+        if (auto e2 = m.handle_error(h, &i)) {
+          x = Expect::error(*e2);
+          break;
+        }
+        indices.push_back(i);
+      }
+    if (expect_kind("begin_step(" + std::to_string(step) + ", " + std::to_string(n) + " handles)", x,
+                    attempt([&] { bridge_->begin_step(step, handles); }))) {
+      for (auto i : indices) ++m.allocs[i].steps;
+      m.steps[step] = indices;
+    }
+    check_stats();
+  }
+
+  void do_end_step(const Op& op) {
+    const StepId step = step_id(op.p[0]);
+    Expect x;
+    if (auto e = m.entry()) x = Expect::error(*e);
+    else if (!m.steps.count(step)) x = Expect::error(ErrorKind::UnknownDeviceHandle);
+    if (expect_kind("end_step(" + std::to_string(step) + ")", x, attempt([&] { bridge_->end_step(step); }))) {
+      for (auto i : m.steps[step]) {
+        --m.allocs[i].steps;
+        m.maybe_finish_release(i);
+      }
+      m.steps.erase(step);
+    }
+    check_stats();
+  }
+
+  void do_axpy(const Op& op) {
+    static const float as[] = {1.0f, 2.0f, 0.5f, -1.0f};
+    static const float bs[] = {0.0f, 1.0f, -0.5f, 0.0f};
+    const DeviceHandle xh = pick_handle(op.p[0], op.p[1]);
+    const DeviceHandle yh = op.p[6] & 1 ? xh : pick_handle(op.p[2], op.p[3]);
+    const DeviceRange xr = pick_device_range(xh, op.p[4], op.p[5]);
+    DeviceRange yr = pick_device_range(yh, op.p[7] & 1 ? op.p[4] : op.p[6], op.p[7]);
+    const float a = as[op.p[7] / 2 % 4], b = bs[op.p[7] / 8 % 4];
+    const std::string call = "launch_axpy(" + h_text(xh) + " [" + std::to_string(xr.offset) + ",+" + std::to_string(xr.len) +
+                             "), " + h_text(yh) + " [" + std::to_string(yr.offset) + ",+" + std::to_string(yr.len) + "))";
+    if (host_pending()) settle();
+    Expect x;
+    std::size_t xi = 0, yi = 0;
+    Fired fired;
+    auto range_bad = [&](const DeviceRange& r, const Alloc& al) {
+      const std::uint64_t elem = dtype_size(al.spec.dtype);
+      return r.len == 0 || r.offset > al.extent || r.len > al.extent - r.offset || (r.offset | r.len) % elem;
+    };
+    if (auto e = m.entry()) x = Expect::error(*e);
+    else if (auto e1 = m.handle_error(xh, &xi)) x = Expect::error(*e1);
+    else if (auto e2 = m.handle_error(yh, &yi)) x = Expect::error(*e2);
+    else if (m.allocs[xi].spec.dtype != DType::Float32 || m.allocs[yi].spec.dtype != DType::Float32)
+      x = Expect::error(ErrorKind::InvalidViewDType);
+    else if (range_bad(xr, m.allocs[xi]) || range_bad(yr, m.allocs[yi]) || xr.len != yr.len)
+      x = Expect::error(ErrorKind::InvalidRange);
+    else if (m.allocs[yi].copies)
+      x = Expect::error(ErrorKind::AllocationStillInUse);
+    else if (m.fake()) {
+      fired = m.fire(fake::Call::Launch);
+      if (fired.fatal) {
+        x = Expect::error(ErrorKind::Unavailable);
+        m.broken = true;
+      }
+    }
+    if (expect_kind(call, x, attempt([&] { bridge_->launch_axpy(xr, yr, a, b); }))) {
+      // y[i] = a * x[i] + b, element by element in order (as both backends run it).
+      for (std::uint64_t k = 0; k < xr.len / 4; ++k) {
+        Byte* src = &m.allocs[xi].bytes[xr.offset + 4 * k];
+        Byte* dst = &m.allocs[yi].bytes[yr.offset + 4 * k];
+        bool known = true;
+        std::uint8_t raw[4];
+        for (int j = 0; j < 4; ++j) {
+          known = known && src[j] != kUnknown;
+          raw[j] = static_cast<std::uint8_t>(src[j]);
+        }
+        float v;
+        std::memcpy(&v, raw, 4);
+        v = a * v + b;
+        std::memcpy(raw, &v, 4);
+        for (int j = 0; j < 4; ++j) dst[j] = known && v == v ? Byte{raw[j]} : kUnknown;
+      }
+    }
+    check_stats();
+  }
+
+  ViewSpec pick_view_spec(const Op& op, const Alloc* al) const {
+    const DType dtype = al && op.p[2] % 8 != 0 ? al->spec.dtype : static_cast<DType>(op.p[3] % kDTypeCount);
+    const std::int64_t elem = dtype_size(dtype);
+    const std::int64_t n = al ? static_cast<std::int64_t>(al->extent / static_cast<std::uint64_t>(elem)) : 16;
+    ViewSpec spec;
+    spec.dtype = dtype;
+    const std::int64_t big = std::numeric_limits<std::int64_t>::max();
+    switch (op.p[4] % 12) {
+      case 0: case 1: spec.shape = Dims{n}; break;
+      case 2: spec.shape = Dims{std::max<std::int64_t>(1, n / 2)}; break;
+      case 3: spec.shape = Dims{}; break;
+      case 4: spec.shape = Dims{1, n}; break;
+      case 5: spec.shape = Dims{2, std::max<std::int64_t>(1, n / 2)}; break;
+      case 6: spec.shape = Dims{0}; break;
+      case 7: spec.shape = Dims{-1}; break;
+      case 8: spec.shape = Dims{big}; break;
+      case 9: spec.shape = Dims{1ll << 62, 4}; break;
+      case 10: spec.shape = Dims{n + 1}; break;
+      default: spec.shape = Dims{1, 1, 1, 1, 1, 1, 1, std::max<std::int64_t>(1, n)}; break;
+    }
+    switch (op.p[5] % 8) {
+      case 1: {
+        Dims s;
+        for (int i = 0; i < spec.shape.size(); ++i) s.push_back(op.p[6] % 2 ? 1 : -1);
+        spec.strides = s;
+        break;
+      }
+      case 2: {
+        Dims s;
+        for (int i = 0; i < spec.shape.size(); ++i) s.push_back(op.p[6] % 3 == 0 ? big : 0);
+        spec.strides = s;
+        break;
+      }
+      case 3: spec.strides = Dims{1, 1}; break;
+      default: break;
+    }
+    static const std::uint64_t offsets[] = {0, 0, 0, 1, std::numeric_limits<std::uint64_t>::max(), 1ull << 63};
+    const std::uint64_t o = op.p[7] % 8;
+    spec.byte_offset = o < 6 ? offsets[o] : static_cast<std::uint64_t>(elem) * (o == 6 ? 1 : std::max<std::int64_t>(n - 1, 0));
+    return spec;
+  }
+
+  void do_view(const Op& op) {
+    const DeviceHandle h = pick_handle(op.p[0], op.p[1]);
+    const Alloc* al = alloc_of(h);
+    const ViewSpec spec = pick_view_spec(op, al);
+    const ViewWait wait = op.p[6] & 0x80 ? ViewWait::Wait : ViewWait::Refuse;
+    if (wait == ViewWait::Wait && host_pending()) settle();
+    std::string call = "view(" + h_text(h) + ", " + std::string(dtype_info(spec.dtype).name) + ", rank " +
+                       std::to_string(spec.shape.size()) + (spec.strides ? ", strided" : "") + ", offset " +
+                       std::to_string(spec.byte_offset) + (wait == ViewWait::Wait ? ", wait)" : ")");
+    Expect x;
+    std::size_t i = 0;
+    Fired fired;
+    if (auto e = m.entry()) x = Expect::error(*e);
+    else if (auto e2 = m.handle_error(h, &i)) x = Expect::error(*e2);
+    else if (spec.dtype != m.allocs[i].spec.dtype) x = Expect::error(ErrorKind::InvalidViewDType);
+    else if (!view_fits(spec, m.allocs[i].extent) ||
+             (m.config.check_rank && !rank_fits(m.allocs[i].spec.shape, spec.shape.size())))
+      x = Expect::error(ErrorKind::InvalidTensorView);
+    else if (m.allocs[i].uploads) {
+      // Waiting for an upload nothing will complete would block.
+      if (wait == ViewWait::Wait) return;
+      x = Expect::error(ErrorKind::AllocationStillInUse);
+    } else if (m.fake()) {
+      fired = m.fire(fake::Call::ValidateView);
+      if (fired.fatal) {
+        x = Expect::error(ErrorKind::Unavailable);
+        m.broken = true;
+      } else if (fired.invalid_view) {
+        x = Expect::error(ErrorKind::InvalidTensorView);
+      }
+    }
+    ViewLease lease;
+    if (expect_kind(call, x, attempt([&] { lease = bridge_->view(h, spec, wait); }))) {
+      const Alloc& a = m.allocs[i];
+      const TensorView& v = lease.view();
+      if (v.data != a.address || v.handle != h || v.dtype != spec.dtype || !(v.shape == spec.shape) ||
+          v.byte_offset != spec.byte_offset || v.device != "CPU")
+        fail(call + " returned a view that does not describe the allocation");
+      if (!(v.strides == (spec.strides ? *spec.strides : contiguous_strides(spec.shape))))
+        fail(call + " returned the wrong strides");
+      ++m.allocs[i].views;
+      leases_.push_back({std::move(lease), i});
+    }
+    check_stats();
+  }
+
+  void end_view(std::size_t k) {
+    const std::size_t i = leases_[k].alloc;
+    leases_[k].lease.reset();
+    leases_.erase(leases_.begin() + static_cast<std::ptrdiff_t>(k));
+    Alloc& a = m.allocs[i];
+    --a.views;
+    if (a.orphan) {
+      if (a.views == 0) m.free_in_backend(a);
+    } else {
+      m.maybe_finish_release(i);
+    }
+  }
+
+  void do_end_view(const Op& op) {
+    if (leases_.empty()) return;
+    end_view(op.p[0] % leases_.size());
+    if (bridge_) check_stats();
+  }
+
+  void end_all_leases() {
+    while (!leases_.empty()) end_view(leases_.size() - 1);
+    while (!host_leases_.empty()) end_host_lease(host_leases_.size() - 1);
+  }
+
+  void do_inject(const Op& op) {
+    if (!m.fake()) return;
+    using fake::Call;
+    using fake::Failure;
+    static const std::pair<Call, Failure> combos[] = {
+        {Call::Allocate, Failure::AllocationFailed},
+        {Call::Allocate, Failure::Fatal},
+        {Call::CopyHostToDevice, Failure::CopyFailedAtSubmit},
+        {Call::CopyHostToDevice, Failure::CopyFailedAtCompletion},
+        {Call::CopyHostToDevice, Failure::LostCompletion},
+        {Call::CopyHostToDevice, Failure::DuplicatedCompletion},
+        {Call::CopyHostToDevice, Failure::LateCompletion},
+        {Call::CopyHostToDevice, Failure::Fatal},
+        {Call::CopyDeviceToHost, Failure::CopyFailedAtSubmit},
+        {Call::CopyDeviceToHost, Failure::CopyFailedAtCompletion},
+        {Call::CopyDeviceToHost, Failure::LostCompletion},
+        {Call::CopyDeviceToHost, Failure::DuplicatedCompletion},
+        {Call::CopyDeviceToHost, Failure::LateCompletion},
+        {Call::CopyDeviceToHost, Failure::Fatal},
+        {Call::Launch, Failure::Fatal},
+        {Call::ValidateView, Failure::InvalidView},
+        {Call::ValidateView, Failure::Fatal},
+        {Call::Quiesce, Failure::Fatal},
+    };
+    const auto& [call, failure] = combos[op.p[0] % 18];
+    const int nth = 1 + op.p[1] % 3;
+    fake_->inject(call, failure, nth);
+    m.injections.push_back({call, failure, nth});
+  }
+
+  void do_restart(const Op& op) {
+    const Generation g = [&]() -> Generation {
+      switch (op.p[0] % 8) {
+        case 0: case 1: case 2: return m.gen + 1;
+        case 3: return m.gen + (1ull << 32);
+        case 4: return m.gen;
+        case 5: return m.gen - 1;
+        case 6: return 0;
+        default: return std::numeric_limits<Generation>::max();
+      }
+    }();
+    const std::string call = "restart(" + std::to_string(g) + ")";
+    Expect x;
+    bool quiesce_fails = false;
+    if (m.closed) x = Expect::error(ErrorKind::Closed);
+    else if (g <= m.gen) x = Expect::error(ErrorKind::OldGenerationHandle);
+    else if (m.fake() && m.fire(fake::Call::Quiesce).fatal) {
+      quiesce_fails = true;
+      x = Expect::either({ErrorKind::Unavailable, ErrorKind::Broken});
+    }
+    const auto error = attempt([&] { bridge_->restart(g); });
+    if (!expect_kind(call, x, error)) {
+      if (quiesce_fails) m.broken = true;  // nothing freed, unpinned or retired; old generation
+      return check_stats();
+    }
+    m.quiesce_succeeded();
+    m.retire_generation();
+    m.gen = g;
+    m.broken = false;
+    m.evicted_in_generation = false;
+    ++m.restarts;
+    if (!m.fake()) host::hold_copies(*host_raw_, true);
+    check_stats();
+  }
+
+  void do_close() {
+    Expect x;
+    const bool already = m.closed && !m.close_pending;
+    if (already) x = Expect{true, {ErrorKind::Closed}};  // a second close: harmless
+    else if (m.fake() && m.fire(fake::Call::Quiesce).fatal) {
+      x = Expect::either({ErrorKind::Unavailable, ErrorKind::Broken, ErrorKind::Closed});
+    }
+    const auto error = attempt([&] { bridge_->close(); });
+    if (already) {
+      if (error && error->kind() != ErrorKind::Closed) fail("a second close() threw " + kind_text(error->kind()));
+      return check_stats();
+    }
+    if (!expect_kind("close()", x, error)) {
+      m.closed = true;
+      m.close_pending = true;
+      return check_stats();
+    }
+    m.quiesce_succeeded();
+    m.retire_generation();
+    m.closed = true;
+    m.close_pending = false;
+    if (m.host_leases == 0) m.ring_freed = true;
+    check_stats();
+  }
+
+  void do_read_device(const Op& op) {
+    if (m.allocs.empty()) return;
+    const std::size_t n = m.allocs.size();
+    Alloc& a = m.allocs[n - 1 - op.p[0] % std::min<std::size_t>(n, 12)];
+    if (!a.in_backend) return;
+    if (host_pending()) {
+      settle();
+      if (host_pending()) return;  // broken or closed: the engine may still run them
+    }
+    const auto* base = reinterpret_cast<const std::byte*>(a.address);
+    compare_bytes("device bytes of " + h_text(a.handle), base, a.bytes.data(), a.extent);
+  }
+
+  // Host leases keep the ring's memory past close() until they end.
+  void do_lease_host(const Op& op) {
+    const HostRange r = pick_range(op.p[0], op.p[1], 64);
+    Expect x;
+    if (m.closed) x = Expect::error(ErrorKind::Closed);
+    else if (!m.ring.locate(r)) x = Expect::error(ErrorKind::InvalidRange);
+    HostLease lease;
+    if (expect_kind("lease_host(" + r_text(r) + ")", x, attempt([&] { lease = bridge_->lease_host(r); }))) {
+      if (lease.bytes().size() != r.len || (ring_block_ && lease.bytes().data() != ring_block_ + r.offset))
+        fail("lease_host(" + r_text(r) + ") is not the ring's bytes at that offset");
+      ++m.host_leases;
+      host_leases_.push_back({std::move(lease), r});
+    }
+    check_stats();
+  }
+  void do_end_host_lease(const Op& op) {
+    if (host_leases_.empty()) return;
+    const std::size_t k = op.p[0] % host_leases_.size();
+    // The bytes stay readable (and hold what the model says) until it ends.
+    const HostLeaseRec& rec = host_leases_[k];
+    compare_bytes("host lease " + r_text(rec.range), rec.lease.bytes().data(), &m.ring.bytes[rec.range.offset], rec.range.len);
+    end_host_lease(k);
+    if (bridge_) check_stats();
+  }
+  void end_host_lease(std::size_t k) {
+    host_leases_.erase(host_leases_.begin() + static_cast<std::ptrdiff_t>(k));
+    --m.host_leases;
+    if (m.closed && !m.close_pending && m.host_leases == 0) m.ring_freed = true;
+  }
+
+  Model m;
+  std::shared_ptr<fake::FakeBackend> fake_;
+  std::unique_ptr<Backend> host_;
+  std::shared_ptr<Backend> host_shared_;
+  Backend* host_raw_ = nullptr;
+  std::unique_ptr<Bridge> bridge_;
+  std::byte* ring_block_ = nullptr;
+  struct LeaseRecord {
+    ViewLease lease;
+    std::size_t alloc;
+  };
+  std::vector<LeaseRecord> leases_;
+  struct HostLeaseRec {
+    HostLease lease;
+    HostRange range;
+  };
+  std::vector<HostLeaseRec> host_leases_;
+  std::vector<HostRange> ranges_;
+  std::vector<Op> trace_;
+};
+
+}  // namespace devbridge::model
