@@ -28,6 +28,10 @@ struct BridgeOptions {
   std::uint64_t ring_bytes = 64ull << 20;
   // Bytes of asynchronous copies admitted at once; 0 means the ring size.
   std::uint64_t inflight_budget_bytes = 0;
+  // How many failed copies the bridge remembers (error kind and message) so
+  // their events read back as Failed; beyond it the oldest is forgotten
+  // (stats().failed_records_evicted, a log line). See docs/DECISIONS.md.
+  std::uint32_t failed_record_limit = 1024;
 };
 
 enum class CopyState : std::uint8_t { Pending, Completed, Failed };
@@ -40,7 +44,8 @@ struct CopyStatus {
 };
 
 // How long an async copy may wait for in-flight budget; zero fails fast with
-// Backpressure.
+// Backpressure, nanoseconds::max() (or anything too large to add to now)
+// waits until there is room.
 struct Admission {
   std::chrono::nanoseconds wait_for_room{0};
 };
@@ -63,7 +68,9 @@ struct BridgeStats {
   std::uint64_t copies_in_flight = 0;
   std::uint64_t inflight_bytes = 0;
   std::uint64_t inflight_budget_bytes = 0;
-  std::uint64_t copy_records = 0;  // live records: in flight plus failed, not yet retired
+  std::uint64_t copy_records = 0;  // live records: in flight plus failed, not yet observed
+  std::uint64_t failed_records = 0;          // failures remembered (observed or not), at most failed_record_limit
+  std::uint64_t failed_records_evicted = 0;  // failures forgotten before anyone observed them
   std::uint64_t stale_completions = 0;
   std::uint64_t live_views = 0;
   // Allocations of an older generation (or of a closed bridge) kept only
@@ -77,6 +84,30 @@ struct BridgeStats {
 };
 
 class Bridge;
+
+// Keeps the bytes of one ring range valid for a consumer that outlives the
+// call that handed them out (a numpy array over the ring): close() does not
+// free the ring while a host lease lives; the last lease to end frees it.
+// It does not pin the range: the range can still be released and reserved
+// again, as with any ring bytes. Movable; ends on destruction or reset().
+class HostLease {
+ public:
+  HostLease() = default;
+  HostLease(HostLease&& other) noexcept;
+  HostLease& operator=(HostLease&& other) noexcept;
+  HostLease(const HostLease&) = delete;
+  HostLease& operator=(const HostLease&) = delete;
+  ~HostLease();
+
+  std::span<std::byte> bytes() const noexcept { return bytes_; }
+  explicit operator bool() const noexcept { return core_ != nullptr; }
+  void reset() noexcept;
+
+ private:
+  friend class Bridge;
+  detail::BridgeCore* core_ = nullptr;
+  std::span<std::byte> bytes_;
+};
 
 // Holds a view's lease: the allocation is not freed while it lives. Movable;
 // ends the lease on destruction or reset(). A lease from before a restart
@@ -134,8 +165,12 @@ class Bridge {
   // Ends a reservation (exactly as reserve returned it). Refused with
   // AllocationStillInUse while an async copy using it is in flight.
   void release_host(HostRange range);
-  // The bytes of a reserved range (validated).
+  // The bytes of a reserved range (validated). Valid until close(); a
+  // consumer that may outlive the bridge takes a lease_host instead.
   std::span<std::byte> host_bytes(HostRange range) const;
+  // The bytes of a reserved range, kept allocated past close() until the
+  // lease ends (validated like host_bytes).
+  HostLease lease_host(HostRange range);
   std::uint64_t ring_capacity() const noexcept;
   std::uint64_t ring_free_bytes() const;
 
@@ -147,7 +182,10 @@ class Bridge {
   bool safe_to_release_host(CopyEvent event);
   // True once the host bytes of a D2H copy are valid.
   bool host_bytes_valid(CopyEvent event);
-  // Blocks until the copy completes or fails, or the timeout passes (then Pending).
+  // Blocks until the copy completes or fails, or the timeout passes (then
+  // Pending). No timeout, or one too large to add to now, waits until done;
+  // a negative one is InvalidRange. close() wakes it with Closed.
+  // Observing a failure here (or in copy_status) retires the failed record.
   CopyStatus wait(CopyEvent event, std::optional<std::chrono::nanoseconds> timeout = std::nullopt);
   // Applies every completion the backend has; returns how many it applied.
   std::size_t poll();
@@ -165,12 +203,18 @@ class Bridge {
   // ---- lifetime ----
   // Quiesces the backend, frees every allocation of the old generation,
   // retires its copy events and steps, and moves to `generation`, which must
-  // be greater than the current one. Clears Broken. Every old handle is
+  // be greater than the current one. Clears Broken. If the quiesce fails,
+  // nothing is freed or unpinned (the device may still touch it): restart
+  // throws, the bridge is Broken at the old generation, and a later restart
+  // retries the quiesce. Every old handle is
   // refused at once; the memory of an allocation that a live view still
   // leases is freed when that view ends (stats().orphaned_allocations).
   void restart(Generation generation);
-  // Quiesces and frees everything (memory under live views when they end);
-  // every later call fails with Closed.
+  // Every call blocked in the bridge (wait, a waiting view, a wait for room)
+  // and every later call fails with Closed at once; then quiesces and frees
+  // everything (memory under live views and host leases when they end). If
+  // the quiesce fails, memory stays allocated (never freed under the device)
+  // and a later close() retries.
   void close();
 
   Backend& backend() noexcept;

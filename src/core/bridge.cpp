@@ -4,8 +4,10 @@
 #include "devbridge/bridge.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <atomic>
 #include <condition_variable>
+#include <deque>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -14,11 +16,11 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
-
 #include "core/fail.hpp"
 #include "core/host_ring.hpp"
+#include "core/log.hpp"
 #include "core/spin_lock.hpp"
+#include "devbridge/checked.hpp"
 
 namespace devbridge {
 
@@ -134,28 +136,36 @@ struct AllocationSlot {
   }
 };
 
-enum class CopyPhase : std::uint8_t { Pending, Failed };
-
+// An async copy in flight. A slot holds only pending copies: a completed or
+// failed copy's slot is retired at once (a failure is remembered, bounded, in
+// BridgeCore::failures_).
 struct CopySlot {
   std::uint32_t version = 0;
   bool in_use = false;
-  CopyPhase phase = CopyPhase::Pending;
   CopyDirection direction = CopyDirection::HostToDevice;
   std::uint32_t allocation = 0;
   detail::HostRing::Key ring_key = 0;
   std::uint64_t bytes = 0;
-  ErrorKind error = ErrorKind::DeviceCopyFailed;  // when phase == Failed; the message is in failure_messages_
-  // Every field but the version, for a new use of the slot.
+  // The newest version of this slot whose failure was forgotten (evicted from
+  // the failure log). A retired event at or below it may have failed, so it
+  // never reads as Completed. Kept across uses of the slot: start() leaves it.
+  std::uint32_t forgotten_failure_version = 0;
+  // Every field but the version and the watermark, for a new use of the slot.
   [[gnu::always_inline]] void start(CopyDirection new_direction, std::uint32_t new_allocation,
                                     detail::HostRing::Key new_ring_key, std::uint64_t new_bytes) {
     in_use = true;
-    phase = CopyPhase::Pending;
     direction = new_direction;
     allocation = new_allocation;
     ring_key = new_ring_key;
     bytes = new_bytes;
-    error = ErrorKind::DeviceCopyFailed;
   }
+};
+
+// A failed async copy, remembered after its slot was retired.
+struct FailedCopy {
+  ErrorKind kind;
+  bool observed;  // read back by wait or copy_status
+  std::string message;
 };
 
 // Sync copies need no record: their event is done when the call returns. Their
@@ -176,8 +186,11 @@ class BridgeCore {
       : backend_(std::move(backend)), domain_(g_next_domain.fetch_add(1)), generation_(options.generation) {
     if (!backend_) throw Error(ErrorKind::Unavailable, "bridge constructed without a backend");
     if (options.ring_bytes == 0) throw Error(ErrorKind::InvalidExtent, "ring_bytes must be non-zero");
+    if (options.failed_record_limit == 0)
+      throw Error(ErrorKind::InvalidExtent, "failed_record_limit must be at least 1");
     ring_ = HostRing(backend_->allocate_host(options.ring_bytes));
     inflight_budget_ = options.inflight_budget_bytes ? options.inflight_budget_bytes : options.ring_bytes;
+    failure_limit_ = options.failed_record_limit;
     const auto info = backend_->describe();
     device_string_ = info.device_string;
     dlpack_device_ = static_cast<int>(info.dlpack_device);
@@ -191,7 +204,7 @@ class BridgeCore {
     try {
       close();
     } catch (const std::exception& e) {
-      spdlog::error("devbridge: closing the bridge failed: {}", e.what());
+      log().error("devbridge: closing the bridge failed: {}", e.what());
     }
     bool last;
     {
@@ -219,7 +232,8 @@ class BridgeCore {
     if (__builtin_expect(state_ != 0, 0)) enter_slow();
   }
   [[gnu::noinline]] void enter_slow() {
-    block_while(lock_, [&] { return restarting(); });
+    // A close refuses at once, even while it is still quiescing.
+    block_while(lock_, [&] { return restarting() && !closed(); });
     check_usable();
   }
 
@@ -242,7 +256,7 @@ class BridgeCore {
     if (!broken()) {
       set_state(kBroken, true);
       broken_reason_ = std::string(error.what());
-      spdlog::error("devbridge: bridge (domain {}) is broken: {}", domain_, broken_reason_);
+      log().error("devbridge: bridge (domain {}) is broken: {}", domain_, broken_reason_);
     }
   }
 
@@ -392,6 +406,28 @@ class BridgeCore {
   void check_not_closed() const {
     if (closed()) throw Error(ErrorKind::Closed, "the bridge is closed");
   }
+  std::span<std::byte> lease_host(HostRange range) {
+    SpinLockHold lock(lock_);
+    check_not_closed();
+    ring_.find(range);
+    ++host_leases_;
+    ++outstanding_leases_;
+    return {ring_.data(range), range.len};
+  }
+  // Ends a host lease; the ring block a close left behind goes with the last.
+  void end_host_lease() noexcept {
+    bool last;
+    {
+      std::lock_guard guard(lock_);
+      --outstanding_leases_;
+      if (--host_leases_ == 0 && leased_ring_.data) {
+        backend_->free_host(leased_ring_);
+        leased_ring_ = HostBlock{};
+      }
+      last = !owner_alive_ && outstanding_leases_ == 0;
+    }
+    if (last) delete this;
+  }
   std::uint64_t ring_capacity() const noexcept { return ring_.capacity(); }
   std::uint64_t ring_free_bytes() {
     std::lock_guard guard(lock_);
@@ -417,6 +453,7 @@ class BridgeCore {
   }
 
   CopyEvent copy(CopyDirection direction, HostRange host, DeviceRange device, CopyMode mode, Admission admission) {
+    check_timeout(admission.wait_for_room, "wait_for_room");
     SpinLockHold lock(lock_);
     enter(lock);
     auto* slot = &allocation(device.handle);
@@ -424,13 +461,15 @@ class BridgeCore {
     if (host.len != device.len)
       fail(ErrorKind::InvalidRange, "{} and device range of {} bytes differ in length", describe(host), device.len);
     auto ring_key = ring_.find(host);
-    if (mode == CopyMode::Async && inflight_bytes_ + host.len > inflight_budget_) {
+    // inflight_bytes_ never exceeds the budget, so the room left cannot wrap.
+    if (mode == CopyMode::Async && host.len > inflight_budget_ - inflight_bytes_) {
       if (host.len > inflight_budget_)
         fail(ErrorKind::Backpressure,
              "a copy of {} bytes exceeds the whole in-flight budget of {} bytes", host.len, inflight_budget_);
-      const auto deadline = std::chrono::steady_clock::now() + admission.wait_for_room;
-      const bool room = admission.wait_for_room.count() > 0 &&
-                        wait_until(lock, deadline, [&] { return inflight_bytes_ + host.len <= inflight_budget_; });
+      const bool room =
+          admission.wait_for_room.count() > 0 &&
+          wait_until(lock, checked::deadline_after(admission.wait_for_room),
+                     [&] { return host.len <= inflight_budget_ - inflight_bytes_; });
       if (!room)
         fail(ErrorKind::Backpressure, "{} bytes in flight of a {}-byte budget; no room for {} more", inflight_bytes_,
              inflight_budget_, host.len);
@@ -527,10 +566,10 @@ class BridgeCore {
     CopySlot* record = nullptr;
     if (c.event.domain == domain_ && c.event.generation == generation_ && !(c.event.id & kSyncEventBit))
       record = copies_.find(c.event.id);
-    if (!record || record->phase != CopyPhase::Pending) {
+    if (!record) {
       // Never applied to another copy: ids carry domain, generation and version.
       ++stale_completions_;
-      spdlog::warn("devbridge: ignored a completion for {} ({}): bridge is domain {} generation {}; "
+      log().warn("devbridge: ignored a completion for {} ({}): bridge is domain {} generation {}; "
                    "{} stale completions so far",
                    describe(c.event), c.ok ? "ok" : "failed", domain_, generation_, stale_completions_);
       return;
@@ -538,24 +577,54 @@ class BridgeCore {
     inflight_bytes_ -= record->bytes;
     unpin(record->allocation, record->direction, record->ring_key);
     const auto index = id_slot(c.event.id);
+    copies_.retire(index);
     if (c.ok) {
       ++copies_completed_;
-      copies_.retire(index);
       return;
     }
-    // The record stays (until restart) so the failure can be read back; the
-    // host range is unpinned and stays the caller's, to retry.
+    // The failure is remembered so the event reads back as Failed; the host
+    // range is unpinned and stays the caller's, to retry.
     ++copies_failed_;
-    record->phase = CopyPhase::Failed;
     const bool copy_kind = c.error == ErrorKind::DeviceCopyFailed || c.error == ErrorKind::OutputCopyFailed;
-    record->error = copy_kind ? copy_failure_kind(record->direction) : c.error;
-    auto& message = failure_messages_[index];
-    message = c.message.empty() ? "the backend reported the copy failed" : c.message;
-    if (c.fatal) mark_broken(Error(record->error, message, true));
+    const ErrorKind kind = copy_kind ? copy_failure_kind(record->direction) : c.error;
+    std::string message = c.message.empty() ? "the backend reported the copy failed" : c.message;
+    if (c.fatal) mark_broken(Error(kind, message, true));
+    remember_failure(c.event.id, kind, std::move(message));
   }
 
-  // The event's state, validating it first; `record` gets the failed record.
-  CopyState state_locked(const CopyEvent& e, const CopySlot** failed = nullptr) {
+  // The failure log is bounded: memory does not grow with the number of
+  // copies that ever failed. The oldest failure is forgotten first; its
+  // slot's watermark keeps its event from ever reading as Completed.
+  void remember_failure(std::uint64_t id, ErrorKind kind, std::string message) {
+    while (failures_.size() >= failure_limit_) forget_oldest_failure();
+    failure_order_.push_back(id);
+    failures_.emplace(id, FailedCopy{kind, false, std::move(message)});
+    ++unobserved_failures_;
+  }
+
+  void forget_oldest_failure() {
+    const auto id = failure_order_.front();
+    failure_order_.pop_front();
+    auto it = failures_.find(id);
+    if (!it->second.observed) {
+      --unobserved_failures_;
+      ++failures_evicted_;
+    }
+    // Logged at the 1st, 2nd, 4th, 8th... eviction: a storm of failures
+    // must not become a storm of log lines.
+    if (!it->second.observed && std::has_single_bit(failures_evicted_)) {
+      log().warn("devbridge: forgot the unobserved failure of {} ({}: {}): more than {} failed copies are "
+                 "remembered; {} forgotten unobserved so far",
+                 describe(CopyEvent{domain_, generation_, id}), kind_name(it->second.kind), it->second.message,
+                 failure_limit_, failures_evicted_);
+    }
+    auto& slot = copies_[id_slot(id)];
+    slot.forgotten_failure_version = std::max(slot.forgotten_failure_version, id_version(id));
+    failures_.erase(it);
+  }
+
+  // The event's state, validating it first; `failure` gets its remembered failure.
+  CopyState state_locked(const CopyEvent& e, FailedCopy** failure = nullptr) {
     check_tag(e);
     if (e.id & kSyncEventBit) {
       const auto sequence = e.id & ~kSyncEventBit;
@@ -564,25 +633,42 @@ class BridgeCore {
     }
     const auto* slot = copies_.at(id_slot(e.id));
     const auto version = id_version(e.id);
+    // The table starts afresh each generation: an id from an older one is unknown.
     if (!slot || version == 0 || version > slot->version) fail_never_issued(e);
-    // Issued (acquire bumped the version) and since retired: completed.
-    if (version < slot->version || !slot->in_use) return CopyState::Completed;
-    if (slot->phase == CopyPhase::Failed) {
-      if (failed) *failed = slot;
-      return CopyState::Failed;
+    if (version == slot->version && slot->in_use) return CopyState::Pending;
+    // Issued (acquire bumped the version) and since retired: it completed or failed.
+    if (__builtin_expect(!failures_.empty(), 0)) {
+      if (auto it = failures_.find(e.id); it != failures_.end()) {
+        if (failure) *failure = &it->second;
+        return CopyState::Failed;
+      }
     }
-    return CopyState::Pending;
+    if (__builtin_expect(version <= slot->forgotten_failure_version, 0)) fail_forgotten(e);
+    return CopyState::Completed;
   }
 
   [[noreturn, gnu::cold]] void fail_never_issued(const CopyEvent& e) {
-    fail(ErrorKind::UnknownDeviceHandle, "{} was never issued by this bridge", describe(e));
+    fail(ErrorKind::UnknownDeviceHandle, "{} was never issued by this bridge in generation {}", describe(e),
+         generation_);
   }
 
+  [[noreturn, gnu::cold]] void fail_forgotten(const CopyEvent& e) {
+    fail(ErrorKind::UnknownDeviceHandle,
+         "the outcome of {} is no longer known: a failure of a copy in its slot was forgotten (more than {} failed "
+         "copies were remembered), so it may have failed",
+         describe(e), failure_limit_);
+  }
+
+  // As state_locked; reading a failure here counts as observing it.
   CopyStatus status_locked(const CopyEvent& e) {
-    const CopySlot* failed = nullptr;
-    const auto state = state_locked(e, &failed);
+    FailedCopy* failure = nullptr;
+    const auto state = state_locked(e, &failure);
     if (state != CopyState::Failed) return CopyStatus{state, std::nullopt, {}};
-    return CopyStatus{state, failed->error, failure_messages_[id_slot(e.id)]};
+    if (!failure->observed) {
+      failure->observed = true;
+      --unobserved_failures_;
+    }
+    return CopyStatus{state, failure->kind, failure->message};
   }
 
   CopyStatus copy_status(const CopyEvent& e) {
@@ -601,9 +687,15 @@ class BridgeCore {
     return state_locked(e) == CopyState::Completed;
   }
 
+  static void check_timeout(std::chrono::nanoseconds timeout, const char* what) {
+    if (timeout.count() < 0)
+      fail(ErrorKind::InvalidRange, "{} of {} ns is negative; give zero to fail fast or a duration to wait", what,
+           timeout.count());
+  }
+
   CopyStatus wait(const CopyEvent& e, std::optional<std::chrono::nanoseconds> timeout) {
-    const auto deadline = timeout ? std::chrono::steady_clock::now() + *timeout
-                                  : std::chrono::steady_clock::time_point::max();
+    if (timeout) check_timeout(*timeout, "wait timeout");
+    const auto deadline = timeout ? checked::deadline_after(*timeout) : checked::Clock::time_point::max();
     SpinLockHold lock(lock_);
     enter(lock);
     CopyStatus status;
@@ -797,20 +889,41 @@ class BridgeCore {
 
   // ---- restart / close ----
   // Stops new work, waits for calls running outside the lock, quiesces the
-  // backend and frees everything the old generation held.
-  void quiesce_and_free_all(SpinLockHold& lock) {
+  // backend and frees everything the old generation held. If the quiesce
+  // fails, the device may still be copying into allocations and ring ranges:
+  // nothing is freed or unpinned, the bridge is Broken, and the error says so.
+  void quiesce_and_free_all(SpinLockHold& lock, const char* what) {
     set_state(kRestarting, true);
     block_while(lock, [&] { return calls_in_progress_ != 0; });
     lock.unlock();
+    std::optional<Error> failure;
     try {
       backend_->quiesce();
     } catch (const Error& e) {
-      spdlog::error("devbridge: quiesce failed: {}", e.what());
+      failure.emplace(e);
+    } catch (const std::exception& e) {
+      failure.emplace(ErrorKind::Unavailable, e.what(), true);
     }
     lock.lock();
+    if (failure) {
+      const Error error(failure->kind(),
+                        fmt::format("{} failed: the backend's quiesce failed ({}); nothing was freed or unpinned, since "
+                                    "the device may still use it; {} again to retry",
+                                    what, failure->what(), what),
+                        true);
+      mark_broken(error);
+      set_state(kRestarting, false);
+      notify();
+      throw error;
+    }
     if (!broken()) drain_locked();
-    copies_.for_each_in_use([&](std::uint32_t index, CopySlot&) { copies_.retire(index); });
-    failure_messages_.clear();
+    // Copy ids start afresh in the new generation: an event is known only
+    // if it was issued in the generation it names.
+    copies_ = SlotTable<CopySlot>();
+    failures_.clear();
+    failure_order_.clear();
+    unobserved_failures_ = 0;
+    sync_copies_issued_ = 0;
     allocations_.for_each_in_use([&](std::uint32_t index, AllocationSlot& slot) {
       if (slot.views == 0) return free_slot(index);
       // A live view may still be read (numpy, tinygrad): its memory stays
@@ -831,7 +944,7 @@ class BridgeCore {
     if (generation <= generation_)
       fail(ErrorKind::OldGenerationHandle, "restart to generation {} refused: it must be greater than the current {}",
            generation, generation_);
-    quiesce_and_free_all(lock);
+    quiesce_and_free_all(lock, "restart");
     generation_ = generation;
     set_state(kBroken, false);
     broken_reason_.clear();
@@ -843,11 +956,18 @@ class BridgeCore {
   void close() {
     SpinLockHold lock(lock_);
     block_while(lock, [&] { return restarting(); });
-    if (closed()) return;
-    quiesce_and_free_all(lock);
-    backend_->free_host(ring_.block());
-    ring_ = HostRing();
+    if (closed() && released_at_close_) return;
+    // Closed first: every call blocked in the bridge (a wait, a waiting view,
+    // a wait for room) and every later one fails with Closed from now on.
     set_state(kClosed, true);
+    notify();
+    quiesce_and_free_all(lock, "close");
+    if (host_leases_ == 0)
+      backend_->free_host(ring_.block());
+    else
+      leased_ring_ = ring_.block();  // the last host lease frees it
+    ring_ = HostRing();
+    released_at_close_ = true;
     set_state(kRestarting, false);
     notify();
   }
@@ -864,8 +984,10 @@ class BridgeCore {
     s.copies_submitted = copies_submitted_;
     s.copies_completed = copies_completed_;
     s.copies_failed = copies_failed_;
-    s.copy_records = copies_.live();
-    copies_.for_each_in_use([&](std::uint32_t, CopySlot& c) { s.copies_in_flight += c.phase == CopyPhase::Pending; });
+    s.copies_in_flight = copies_.live();
+    s.copy_records = copies_.live() + unobserved_failures_;
+    s.failed_records = failures_.size();
+    s.failed_records_evicted = failures_evicted_;
     s.inflight_bytes = inflight_bytes_;
     s.inflight_budget_bytes = inflight_budget_;
     s.stale_completions = stale_completions_;
@@ -906,7 +1028,18 @@ class BridgeCore {
   };
   using OrphanKey = std::pair<Generation, std::uint64_t>;
   std::map<OrphanKey, Orphan> orphans_;
-  std::unordered_map<std::uint32_t, std::string> failure_messages_;  // by copy slot, failed records only
+  // Failed copies, by event id, remembered so their events read as Failed;
+  // at most failure_limit_ of them, oldest first in failure_order_.
+  std::unordered_map<std::uint64_t, FailedCopy> failures_;
+  std::deque<std::uint64_t> failure_order_;
+  std::uint64_t unobserved_failures_ = 0;
+  std::uint64_t failures_evicted_ = 0;
+  std::uint32_t failure_limit_ = 1024;
+  // Host leases (lease_host) keep the ring block past close(); the block a
+  // close could not free yet waits here for the last one.
+  std::uint64_t host_leases_ = 0;
+  HostBlock leased_ring_;
+  bool released_at_close_ = false;  // close() quiesced and freed: a later close() has nothing to do
   std::vector<Completion> drained_;
   std::uint64_t sync_copies_issued_ = 0;
   std::uint64_t inflight_budget_ = 0;
@@ -956,6 +1089,27 @@ void ViewLease::reset() noexcept {
   if (auto* core = std::exchange(core_, nullptr)) core->end_view(view_.handle);
 }
 
+// ---- HostLease ----
+
+HostLease::HostLease(HostLease&& other) noexcept
+    : core_(std::exchange(other.core_, nullptr)), bytes_(std::exchange(other.bytes_, {})) {}
+
+HostLease& HostLease::operator=(HostLease&& other) noexcept {
+  if (this != &other) {
+    reset();
+    core_ = std::exchange(other.core_, nullptr);
+    bytes_ = std::exchange(other.bytes_, {});
+  }
+  return *this;
+}
+
+HostLease::~HostLease() { reset(); }
+
+void HostLease::reset() noexcept {
+  bytes_ = {};
+  if (auto* core = std::exchange(core_, nullptr)) core->end_host_lease();
+}
+
 // ---- Bridge ----
 
 void Bridge::Detach::operator()(detail::BridgeCore* core) const noexcept { core->detach_owner(); }
@@ -981,6 +1135,12 @@ ObjectSpec Bridge::spec(DeviceHandle handle) const { return core_->spec_of(handl
 HostRange Bridge::reserve(std::uint64_t bytes, std::uint64_t alignment) { return core_->reserve(bytes, alignment); }
 void Bridge::release_host(HostRange range) { core_->release_host(range); }
 std::span<std::byte> Bridge::host_bytes(HostRange range) const { return core_->host_bytes(range); }
+HostLease Bridge::lease_host(HostRange range) {
+  HostLease lease;
+  lease.bytes_ = core_->lease_host(range);
+  lease.core_ = core_.get();
+  return lease;
+}
 std::uint64_t Bridge::ring_capacity() const noexcept { return core_->ring_capacity(); }
 std::uint64_t Bridge::ring_free_bytes() const { return core_->ring_free_bytes(); }
 
