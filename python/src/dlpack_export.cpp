@@ -88,12 +88,13 @@ constexpr const char* kUsedVersionedCapsuleName = "used_dltensor_versioned";
 struct DLPackExport {
   DLManagedTensor managed{};
   ManagedTensorVersioned versioned{};
-  HeldLease held;
+  ViewLease lease;
   std::array<std::int64_t, kMaxRank> shape{};
   std::array<std::int64_t, kMaxRank> strides{};
 };
 
-// The lease (and the export count) end in these.
+// The lease ends in these (after close() the last lease on an allocation
+// frees it; C++ only, any thread).
 void delete_export(DLManagedTensor* managed) { delete static_cast<DLPackExport*>(managed->manager_ctx); }
 void delete_versioned_export(ManagedTensorVersioned* managed) {
   delete static_cast<DLPackExport*>(managed->manager_ctx);
@@ -127,8 +128,8 @@ void destroy_versioned(PyObject* capsule) {
 nb::object make_dlpack_capsule(const std::shared_ptr<BridgeState>& state, DeviceHandle handle, const ViewSpec& spec,
                                std::optional<DLPackAbi> versioned) {
   auto owned = std::make_unique<DLPackExport>();
-  owned->held = acquire_lease(state, handle, spec, ViewWait::Wait);
-  const TensorView& view = owned->held.lease.view();
+  owned->lease = acquire_lease(state, handle, spec, ViewWait::Wait);
+  const TensorView& view = owned->lease.view();
   const DTypeInfo& info = dtype_info(view.dtype);
 
   DLTensor& tensor = versioned ? owned->versioned.dl_tensor : owned->managed.dl_tensor;

@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <Python.h>
@@ -29,6 +30,7 @@
 #if defined(DEVBRIDGE_HAS_CUDA)
 #include "devbridge/backends/cuda.hpp"
 #endif
+#include "arguments.hpp"
 #include "state.hpp"
 
 namespace nb = nanobind;
@@ -144,19 +146,19 @@ DType parse_dtype(nb::handle object) {
   throw nb::value_error(("unknown dtype \"" + name + "\"; devbridge knows: " + known_dtype_names()).c_str());
 }
 
+// An int or a sequence of ints, each an int64 (OverflowError past it); the
+// bridge checks the values (InvalidTensorView). More than kMaxRank entries
+// is InvalidTensorView too (Dims::push_back).
 Dims parse_dims(nb::handle object, const char* what) {
   Dims dims;
-  if (nb::isinstance<nb::int_>(object)) {
-    dims.push_back(nb::cast<std::int64_t>(object));
+  if (PyIndex_Check(object.ptr()) && !PyFloat_Check(object.ptr())) {
+    dims.push_back(args::integer<std::int64_t>(object, what));
     return dims;
   }
-  if (!nb::isinstance<nb::sequence>(object) || nb::isinstance<nb::str>(object))
-    throw nb::type_error((std::string(what) + " must be an int or a sequence of ints").c_str());
-  for (nb::handle item : object) {
-    if (!nb::isinstance<nb::int_>(item) && !nb::hasattr(item, "__index__"))
-      throw nb::type_error((std::string(what) + " must contain only ints").c_str());
-    dims.push_back(nb::cast<std::int64_t>(item.attr("__index__")()));
-  }
+  if (!nb::isinstance<nb::sequence>(object) || nb::isinstance<nb::str>(object) || nb::isinstance<nb::bytes>(object))
+    args::raise(PyExc_TypeError, std::string(what) + " must be an int or a sequence of ints, not " +
+                                     nb::cast<std::string>(nb::str(object.type().attr("__name__"))));
+  for (nb::handle item : object) dims.push_back(args::integer<std::int64_t>(item, what));
   return dims;
 }
 
@@ -173,10 +175,10 @@ CopyMode parse_mode(const std::string& mode) {
   throw nb::value_error(("copy mode must be \"async\" or \"sync\", not \"" + mode + "\"").c_str());
 }
 
-Admission parse_admission(double wait_for_room_s) {
-  if (!(wait_for_room_s >= 0.0) || std::isinf(wait_for_room_s))
-    throw nb::value_error("wait_for_room must be a finite number of seconds >= 0");
-  return Admission{std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(wait_for_room_s))};
+// Seconds to wait for in-flight budget: 0 fails fast with Backpressure, a
+// huge or infinite wait lasts until there is room (or close()).
+Admission parse_admission(nb::handle wait_for_room) {
+  return Admission{args::seconds(wait_for_room, "wait_for_room")};
 }
 
 const char* state_name(CopyState state) {
@@ -242,8 +244,10 @@ void bind_tagged(nb::module_& m, const char* name, const char* doc, std::string 
   nb::class_<Tagged>(m, name, doc)
       .def(
           "__init__",
-          [](Tagged* self, std::uint64_t domain, std::uint64_t generation, std::uint64_t id) {
-            new (self) Tagged{domain, generation, id};
+          [](Tagged* self, nb::handle domain, nb::handle generation, nb::handle id) {
+            new (self) Tagged{args::integer<std::uint64_t>(domain, "domain"),
+                              args::integer<std::uint64_t>(generation, "generation"),
+                              args::integer<std::uint64_t>(id, "id")};
           },
           "domain"_a, "generation"_a, "id"_a)
       .def_ro("domain", &Tagged::domain)
@@ -276,12 +280,12 @@ struct PyFake {
 // readable after close(); the address does not.
 struct PyTensorView {
   std::shared_ptr<BridgeState> state;
-  std::unique_ptr<HeldLease> held;
+  ViewLease lease;  // survives close(): the memory stays valid until it ends
   TensorView meta;
   std::string device;  // meta.device points into the backend; keep our own copy
   ViewSpec spec;       // what the caller asked for, to take further leases
 
-  bool closed() const { return !held || !*held; }
+  bool closed() const { return !lease; }
 
   // The lease is live and belongs to the bridge's current generation: a
   // restart retires the allocation under a view from before it.
@@ -296,7 +300,7 @@ struct PyTensorView {
   }
 
   void close() {
-    if (held) held.reset();  // ends the lease, then the export count
+    lease.reset();
   }
 };
 
@@ -304,8 +308,8 @@ PyTensorView make_view(const std::shared_ptr<BridgeState>& state, DeviceHandle h
                        ViewWait wait) {
   PyTensorView view;
   view.state = state;
-  view.held = std::make_unique<HeldLease>(acquire_lease(state, handle, spec, wait));
-  view.meta = view.held->lease.view();
+  view.lease = acquire_lease(state, handle, spec, wait);
+  view.meta = view.lease.view();
   view.device = std::string(view.meta.device);
   view.meta.device = {};
   view.spec = spec;
@@ -380,29 +384,74 @@ nb::dict recorded_call_dict(const fake::RecordedCall& call) {
   return d;
 }
 
-// The stream rules of the DLPack Python spec, per device type.
-void check_dlpack_stream(const PyTensorView& view, nb::handle stream) {
-  if (stream.is_none()) return;
-  if (!nb::isinstance<nb::int_>(stream))
-    throw nb::type_error("__dlpack__: stream must be None or an int");
-  std::int64_t value = nb::cast<std::int64_t>(stream);
+// ---- __dlpack__'s arguments ----
+// Per the Array API spec, an argument of the wrong type or range is a
+// TypeError/OverflowError (args::); what devbridge cannot export as asked (a
+// stream on a device without streams, another device, a copy) is BufferError.
+
+[[noreturn]] void raise_buffer_error(const std::string& message) { args::raise(PyExc_BufferError, message); }
+
+// A (a, b) pair: a tuple or list of two items, else TypeError.
+std::pair<nb::object, nb::object> parse_pair(nb::handle value, const char* what) {
+  if (!(PyTuple_Check(value.ptr()) || PyList_Check(value.ptr())) || PySequence_Size(value.ptr()) != 2)
+    args::raise(PyExc_TypeError, std::string(what) + " must be a tuple of two ints, not " +
+                                     nb::cast<std::string>(nb::repr(value)));
+  return {nb::borrow(PySequence_Fast_GET_ITEM(value.ptr(), 0)), nb::borrow(PySequence_Fast_GET_ITEM(value.ptr(), 1))};
+}
+
+// max_version: the highest DLPack version the consumer reads (uint32 each,
+// as DLPack's version fields). >= (1, 0) gets the versioned ABI (it carries
+// the writable flag); older consumers, and none named, the unversioned one.
+std::optional<DLPackAbi> parse_dlpack_max_version(nb::handle max_version) {
+  if (max_version.is_none()) return std::nullopt;
+  auto [major_object, minor_object] = parse_pair(max_version, "__dlpack__: max_version");
+  const auto major = args::integer<std::uint32_t>(major_object, "__dlpack__: max_version's major");
+  const auto minor = args::integer<std::uint32_t>(minor_object, "__dlpack__: max_version's minor");
+  if (major < 1) return std::nullopt;
+  return DLPackAbi{1, major > 1 || minor >= 1 ? 1u : 0u};
+}
+
+// dl_device: (device type, device id) as __dlpack_device__ gives them
+// (int32 each, as DLPack's DLDevice); only the view's own device exports.
+void check_dlpack_device(const PyTensorView& view, nb::handle dl_device) {
+  if (dl_device.is_none()) return;
+  auto [type_object, id_object] = parse_pair(dl_device, "__dlpack__: dl_device");
+  const auto type = args::integer<std::int32_t>(type_object, "__dlpack__: dl_device's device type");
+  const auto id = args::integer<std::int32_t>(id_object, "__dlpack__: dl_device's device id");
+  if (type != view.meta.dlpack_device_type || id != view.meta.device_ordinal)
+    raise_buffer_error("__dlpack__: devbridge exports views only on their own device (" +
+                       std::to_string(view.meta.dlpack_device_type) + ", " + std::to_string(view.meta.device_ordinal) +
+                       "), not (" + std::to_string(type) + ", " + std::to_string(id) + ")");
+}
+
+// The stream rules of the DLPack Python spec, per device type. Returns the
+// CUDA stream to order after the bridge's work (DLPack numbering: 1 legacy
+// default, 2 per-thread default, else a CUstream), or nothing.
+std::optional<std::uintptr_t> parse_dlpack_stream(const PyTensorView& view, nb::handle stream) {
+  std::optional<std::int64_t> no_sync;  // -1: the consumer asks for no synchronisation
+  std::uint64_t value = 0;
+  if (!stream.is_none()) {
+    if (PyLong_Check(stream.ptr()) && PyLong_AsLongLong(stream.ptr()) == -1 && !PyErr_Occurred()) {
+      no_sync = -1;
+    } else {
+      PyErr_Clear();
+      value = args::integer<std::uint64_t>(stream, "__dlpack__: stream (None, -1 or a stream)");
+    }
+  }
   auto device = static_cast<DLPackDevice>(view.meta.dlpack_device_type);
   if (device == DLPackDevice::CUDA) {
     // None/1: legacy default stream, 2: per-thread default, >2: a CUstream,
-    // -1: the consumer asks for no synchronisation. 0 is ambiguous.
-    if (value == 0 || value < -1) {
-      PyErr_SetString(PyExc_BufferError, "__dlpack__: stream 0 is ambiguous and not allowed for CUDA (use 1 or 2)");
-      throw nb::python_error();
-    }
-    return;
+    // -1: no synchronisation. 0 is ambiguous.
+    if (no_sync) return std::nullopt;
+    if (stream.is_none()) return std::uintptr_t{1};
+    if (value == 0) raise_buffer_error("__dlpack__: stream 0 is ambiguous and not allowed for CUDA (use 1 or 2)");
+    return static_cast<std::uintptr_t>(value);
   }
   // Host memory has no stream: the spec accepts only None; -1 ("do not
   // synchronise") is accepted as well, since there is nothing to skip.
-  if (value != -1) {
-    PyErr_SetString(PyExc_BufferError,
-                    ("__dlpack__: a " + view.device + " view has no stream; pass stream=None (or -1)").c_str());
-    throw nb::python_error();
-  }
+  if (!stream.is_none() && !no_sync)
+    raise_buffer_error("__dlpack__: a " + view.device + " view has no stream; pass stream=None (or -1)");
+  return std::nullopt;
 }
 
 // The CUcontext a CUDA backend allocates in (0 for any other backend).
@@ -439,18 +488,14 @@ nb::object tinygrad_helper(const char* name) {
 
 }  // namespace
 
-HeldLease acquire_lease(const std::shared_ptr<BridgeState>& state, DeviceHandle handle, const ViewSpec& spec,
+ViewLease acquire_lease(const std::shared_ptr<BridgeState>& state, DeviceHandle handle, const ViewSpec& spec,
                         ViewWait wait) {
-  HeldLease held;
-  held.guard = ExportGuard(state);  // counted before the close check: see ring_buffer.cpp
   Bridge& bridge = state->open();
   if (wait == ViewWait::Wait) {
     nb::gil_scoped_release no_gil;
-    held.lease = bridge.view(handle, spec, wait);
-  } else {
-    held.lease = bridge.view(handle, spec, wait);
+    return bridge.view(handle, spec, wait);
   }
-  return held;
+  return bridge.view(handle, spec, wait);
 }
 
 // ============================================================================
@@ -539,7 +584,10 @@ void bind_module(nb::module_& m) {
 
   nb::class_<HostRange>(m, "HostRange", "A reserved range of the host ring: byte offset into the ring and length.")
       .def(
-          "__init__", [](HostRange* self, std::uint64_t offset, std::uint64_t len) { new (self) HostRange{offset, len}; },
+          "__init__",
+          [](HostRange* self, nb::handle offset, nb::handle len) {
+            new (self) HostRange{args::integer<std::uint64_t>(offset, "offset"), args::integer<std::uint64_t>(len, "len")};
+          },
           "offset"_a, "len"_a)
       .def_ro("offset", &HostRange::offset)
       .def_ro("len", &HostRange::len)
@@ -555,9 +603,11 @@ void bind_module(nb::module_& m) {
                          "What an allocation may hold: max extent (bytes), alignment (bytes), dtype, shape kind.")
       .def(
           "__init__",
-          [](ObjectSpec* self, std::uint64_t max_extent, std::uint64_t alignment, nb::handle dtype,
+          [](ObjectSpec* self, nb::handle max_extent, nb::handle alignment, nb::handle dtype,
              const std::string& shape) {
-            new (self) ObjectSpec{max_extent, alignment, parse_dtype(dtype), parse_shape_kind(shape)};
+            new (self) ObjectSpec{args::integer<std::uint64_t>(max_extent, "max_extent"),
+                                  args::integer<std::uint64_t>(alignment, "alignment"), parse_dtype(dtype),
+                                  parse_shape_kind(shape)};
           },
           "max_extent"_a, "alignment"_a, "dtype"_a, "shape"_a = "tensor")
       .def_ro("max_extent", &ObjectSpec::max_extent)
@@ -575,8 +625,10 @@ void bind_module(nb::module_& m) {
   nb::class_<PyHostRing>(m, "HostRing", "The bridge's host ring: reserve ranges, fill or read them, release them.")
       .def(
           "reserve",
-          [](PyHostRing& ring, std::uint64_t nbytes, std::uint64_t alignment) {
-            return ring.state->open().reserve(nbytes, alignment);
+          [](PyHostRing& ring, nb::handle nbytes, nb::handle alignment) {
+            const auto n = args::integer<std::uint64_t>(nbytes, "nbytes");
+            const auto a = args::integer<std::uint64_t>(alignment, "alignment");
+            return ring.state->open().reserve(n, a);
           },
           "nbytes"_a, "alignment"_a = 64,
           "Reserves `nbytes` aligned to `alignment` (power of two, <= 4096); Backpressure when full.")
@@ -638,7 +690,10 @@ void bind_module(nb::module_& m) {
       .def_prop_ro("_cuda_context", [](const PyTensorView& v) { return cuda_context_of(*v.state); },
                    "The CUcontext the bridge allocates in (0 when not CUDA).")
       .def(
-          "_order_cuda_stream", [](const PyTensorView& v, std::uintptr_t stream) { order_cuda_stream(*v.state, stream); },
+          "_order_cuda_stream",
+          [](const PyTensorView& v, nb::handle stream) {
+            order_cuda_stream(*v.state, args::integer<std::uintptr_t>(stream, "stream"));
+          },
           "stream"_a, "Orders a CUDA stream (1: legacy default, 2: per-thread) after the bridge's submitted work.")
       .def("close", &PyTensorView::close, "Ends the view's lease (idempotent).")
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
@@ -674,36 +729,13 @@ void bind_module(nb::module_& m) {
           "__dlpack__",
           [](const PyTensorView& v, nb::handle stream, nb::handle max_version, nb::handle dl_device,
              nb::handle copy) {
+            std::optional<DLPackAbi> versioned = parse_dlpack_max_version(max_version);
+            const bool wants_copy = !copy.is_none() && args::flag(copy, "__dlpack__: copy");
             v.check_usable("__dlpack__");
-            // DLPack >= 1.0 consumers get the versioned ABI (it carries the
-            // writable flag); the rest, the unversioned one (DLPack spec).
-            std::optional<DLPackAbi> versioned;
-            if (!max_version.is_none()) {
-              nb::tuple wanted = nb::tuple(max_version);
-              if (nb::len(wanted) != 2) throw nb::type_error("__dlpack__: max_version must be (major, minor)");
-              auto major = nb::cast<std::int64_t>(wanted[0]);
-              auto minor = nb::cast<std::int64_t>(wanted[1]);
-              if (major >= 1) versioned = DLPackAbi{1, major > 1 || minor >= 1 ? 1u : 0u};
-            }
-            if (!dl_device.is_none()) {
-              nb::tuple wanted = nb::tuple(dl_device);
-              if (nb::len(wanted) != 2 || nb::cast<int>(wanted[0]) != v.meta.dlpack_device_type ||
-                  nb::cast<int>(wanted[1]) != v.meta.device_ordinal) {
-                PyErr_SetString(PyExc_BufferError, "__dlpack__: devbridge exports views only on their own device");
-                throw nb::python_error();
-              }
-            }
-            if (!copy.is_none() && nb::cast<bool>(copy)) {
-              PyErr_SetString(PyExc_BufferError, "__dlpack__: devbridge views export zero-copy only (copy=True)");
-              throw nb::python_error();
-            }
-            check_dlpack_stream(v, stream);
-            if (v.meta.dlpack_device_type == static_cast<int>(DLPackDevice::CUDA)) {
-              // None means the consumer uses the legacy default stream; -1
-              // asks for no synchronisation.
-              std::int64_t s = stream.is_none() ? 1 : nb::cast<std::int64_t>(stream);
-              if (s != -1) order_cuda_stream(*v.state, static_cast<std::uintptr_t>(s));
-            }
+            check_dlpack_device(v, dl_device);
+            if (wants_copy) raise_buffer_error("__dlpack__: devbridge views export zero-copy only (copy=True)");
+            if (std::optional<std::uintptr_t> order_after = parse_dlpack_stream(v, stream))
+              order_cuda_stream(*v.state, *order_after);
             return make_dlpack_capsule(v.state, v.meta.handle, v.spec, versioned);
           },
           nb::kw_only(), "stream"_a.none() = nb::none(), "max_version"_a.none() = nb::none(),
@@ -724,10 +756,11 @@ void bind_module(nb::module_& m) {
   nb::class_<PyFake>(m, "FakeControl", "Test controls of the fake backend (Bridge(backend=\"fake\").fake).")
       .def(
           "inject",
-          [](PyFake& f, const std::string& call, const std::string& failure, int nth) {
+          [](PyFake& f, const std::string& call, const std::string& failure, nb::handle nth_object) {
             auto c = parse_named<fake::Call>(call, static_cast<int>(fake::Call::Quiesce) + 1, &fake::call_name, "call");
             auto k = parse_named<fake::Failure>(failure, static_cast<int>(fake::Failure::Fatal) + 1,
                                                 &fake::failure_name, "failure");
+            const int nth = args::integer<int>(nth_object, "nth");
             if (nth < 1) throw nb::value_error("nth counts from 1");
             f.backend().inject(c, k, nth);
           },
@@ -760,8 +793,12 @@ void bind_module(nb::module_& m) {
                        "       *, cuda_ordinal=0, cuda_context=None)")
       .def(
           "__init__",
-          [](PyBridge* self, const std::string& backend, std::uint64_t generation, std::uint64_t ring_bytes,
-             std::optional<std::uint64_t> inflight_bytes, int cuda_ordinal, nb::handle cuda_context) {
+          [](PyBridge* self, const std::string& backend, nb::handle generation_object, nb::handle ring_bytes_object,
+             nb::handle inflight_bytes_object, nb::handle cuda_ordinal_object, nb::handle cuda_context) {
+            const auto generation = args::integer<Generation>(generation_object, "generation");
+            const auto ring_bytes = args::integer<std::uint64_t>(ring_bytes_object, "ring_bytes");
+            const auto inflight_bytes = args::optional_integer<std::uint64_t>(inflight_bytes_object, "inflight_bytes");
+            const int cuda_ordinal = args::integer<int>(cuda_ordinal_object, "cuda_ordinal");
             auto state = std::make_shared<BridgeState>();
             state->backend_name = backend;
             std::uint64_t context = 0;
@@ -770,7 +807,7 @@ void bind_module(nb::module_& m) {
               nb::object resolved = nb::isinstance<nb::str>(cuda_context)
                                         ? tinygrad_helper("cuda_context")(cuda_context, cuda_ordinal)
                                         : nb::borrow(cuda_context);
-              context = nb::cast<std::uint64_t>(resolved);
+              context = args::integer<std::uint64_t>(resolved, "cuda_context");
             }
             BridgeOptions options;
             options.generation = generation;
@@ -796,40 +833,42 @@ void bind_module(nb::module_& m) {
             }
             new (self) PyBridge{std::move(state)};
           },
-          "backend"_a = "host", "generation"_a = 1, "ring_bytes"_a = std::uint64_t{64} << 20,
-          "inflight_bytes"_a.none() = nb::none(), nb::kw_only(), "cuda_ordinal"_a = 0,
+          "backend"_a = "host", "generation"_a.none() = 1, "ring_bytes"_a.none() = std::uint64_t{64} << 20,
+          "inflight_bytes"_a.none() = nb::none(), nb::kw_only(), "cuda_ordinal"_a.none() = 0,
           "cuda_context"_a.none() = nb::none())
       .def_prop_ro("backend", [](const PyBridge& b) { return b.state->backend_name; })
       .def_prop_ro("domain", [](const PyBridge& b) { return b.state->bridge->domain(); })
       .def_prop_ro("generation", [](const PyBridge& b) { return b.state->open().generation(); })
-      .def_prop_ro("closed", [](const PyBridge& b) { return b.state->close_requested.load(); })
+      .def_prop_ro("closed", [](const PyBridge& b) { return b.state->closed.load(); })
       .def("backend_info", [](const PyBridge& b) { return backend_info_dict(b.state->open().backend_info()); })
       .def("stats", [](const PyBridge& b) { return stats_dict(b.state->open().stats()); })
       .def(
           "restart",
-          [](PyBridge& b, Generation generation) {
+          [](PyBridge& b, nb::handle generation_object) {
             // Old handles are refused at once; memory that live views still
             // lease (tinygrad tensors, DLPack arrays) is freed when they end.
+            const auto generation = args::integer<Generation>(generation_object, "generation");
             Bridge& bridge = b.state->open();
             nb::gil_scoped_release no_gil;
             bridge.restart(generation);
           },
-          "generation"_a,
+          "generation"_a.none(),
           "Quiesce, free every allocation of the current generation, move to `generation` (> current).")
       .def(
           "close",
           [](PyBridge& b) {
             nb::gil_scoped_release no_gil;
-            b.state->request_close();
+            b.state->close();
           },
-          "Closes the bridge; memory still exported (ring buffers, views, DLPack, tinygrad tensors) is freed when "
-          "the last of it goes.")
+          "Closes the bridge at once: every blocked call (wait, a waiting view, a wait for room) and every later\n"
+          "call raises Closed. Memory still exported (ring arrays, views, DLPack arrays, tinygrad tensors) stays\n"
+          "valid and is freed when the last of it goes.")
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
       .def(
           "__exit__",
           [](PyBridge& b, nb::handle, nb::handle, nb::handle) {
             nb::gil_scoped_release no_gil;
-            b.state->request_close();
+            b.state->close();
           },
           "exc_type"_a.none(), "exc"_a.none(), "tb"_a.none())
       .def_prop_ro("ring", [](const PyBridge& b) { return PyHostRing{b.state}; })
@@ -842,10 +881,11 @@ void bind_module(nb::module_& m) {
                    })
       // ---- allocation ----
       .def(
-          "alloc", [](PyBridge& b, const ObjectSpec& spec, std::uint64_t extent) {
-            return b.state->open().alloc_device(spec, extent);
+          "alloc",
+          [](PyBridge& b, const ObjectSpec& spec, nb::handle extent) {
+            return b.state->open().alloc_device(spec, args::integer<std::uint64_t>(extent, "extent"));
           },
-          "spec"_a, "extent"_a, "Allocates `extent` bytes for objects of `spec`.")
+          "spec"_a, "extent"_a.none(), "Allocates `extent` bytes for objects of `spec`.")
       .def(
           "free", [](PyBridge& b, DeviceHandle h) { b.state->open().free_device(h); }, "handle"_a,
           "Frees now, or raises AllocationStillInUse (copies, steps or views use it) and changes nothing.")
@@ -859,37 +899,36 @@ void bind_module(nb::module_& m) {
       // ---- copies ----
       .def(
           "host_to_device",
-          [](PyBridge& b, HostRange r, DeviceHandle h, std::uint64_t offset, const std::string& mode,
-             double wait_for_room) {
-            Bridge& bridge = b.state->open();
+          [](PyBridge& b, HostRange r, DeviceHandle h, nb::handle offset_object, const std::string& mode,
+             nb::handle wait_for_room) {
+            const auto offset = args::integer<std::uint64_t>(offset_object, "offset");
             CopyMode m = parse_mode(mode);
             Admission admission = parse_admission(wait_for_room);
+            Bridge& bridge = b.state->open();
             nb::gil_scoped_release no_gil;
             return bridge.host_to_device(r, DeviceRange{h, offset, r.len}, m, admission);
           },
-          "range"_a, "handle"_a, "offset"_a = 0, "mode"_a = "async", nb::kw_only(), "wait_for_room"_a = 0.0,
+          "range"_a, "handle"_a, "offset"_a.none() = 0, "mode"_a = "async", nb::kw_only(), "wait_for_room"_a.none() = 0.0,
           "Copies the host range to {handle, offset, range.len}; returns the CopyEvent.")
       .def(
           "device_to_host",
-          [](PyBridge& b, DeviceHandle h, HostRange r, std::uint64_t offset, const std::string& mode,
-             double wait_for_room) {
-            Bridge& bridge = b.state->open();
+          [](PyBridge& b, DeviceHandle h, HostRange r, nb::handle offset_object, const std::string& mode,
+             nb::handle wait_for_room) {
+            const auto offset = args::integer<std::uint64_t>(offset_object, "offset");
             CopyMode m = parse_mode(mode);
             Admission admission = parse_admission(wait_for_room);
+            Bridge& bridge = b.state->open();
             nb::gil_scoped_release no_gil;
             return bridge.device_to_host(DeviceRange{h, offset, r.len}, r, m, admission);
           },
-          "handle"_a, "range"_a, "offset"_a = 0, "mode"_a = "async", nb::kw_only(), "wait_for_room"_a = 0.0,
+          "handle"_a, "range"_a, "offset"_a.none() = 0, "mode"_a = "async", nb::kw_only(), "wait_for_room"_a.none() = 0.0,
           "Copies {handle, offset, range.len} into the host range; returns the CopyEvent.")
       .def(
           "wait",
-          [](PyBridge& b, CopyEvent e, std::optional<double> timeout) {
+          [](PyBridge& b, CopyEvent e, nb::handle timeout) {
+            // None, or a huge or infinite timeout, waits until done (or close()).
+            const std::optional<std::chrono::nanoseconds> limit = args::optional_seconds(timeout, "timeout");
             Bridge& bridge = b.state->open();
-            std::optional<std::chrono::nanoseconds> limit;
-            if (timeout) {
-              if (!(*timeout >= 0.0)) throw nb::value_error("timeout must be None or seconds >= 0");
-              limit = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(*timeout));
-            }
             CopyStatus status;
             {
               nb::gil_scoped_release no_gil;
@@ -900,8 +939,9 @@ void bind_module(nb::module_& m) {
             return std::string(state_name(status.state));
           },
           "event"_a, "timeout"_a.none() = nb::none(),
-          "Blocks until the copy completes (\"completed\") or the timeout passes (\"pending\"); raises the copy's "
-          "error (DeviceCopyFailed / OutputCopyFailed) when it failed.")
+          "Blocks until the copy completes (\"completed\") or the timeout (seconds; None or inf: no limit) passes\n"
+          "(\"pending\"); raises the copy's error (DeviceCopyFailed / OutputCopyFailed) when it failed, Closed when\n"
+          "close() is called meanwhile.")
       .def("poll", [](PyBridge& b) { return b.state->open().poll(); }, "Applies every completion the backend has.")
       .def(
           "copy_status", [](PyBridge& b, CopyEvent e) { return std::string(state_name(b.state->open().copy_status(e).state)); },
@@ -925,42 +965,47 @@ void bind_module(nb::module_& m) {
       // ---- compute ----
       .def(
           "begin_step",
-          [](PyBridge& b, StepId step, const std::vector<DeviceHandle>& handles) {
-            b.state->open().begin_step(step, handles);
+          [](PyBridge& b, nb::handle step, const std::vector<DeviceHandle>& handles) {
+            b.state->open().begin_step(args::integer<StepId>(step, "step_id"), handles);
           },
-          "step_id"_a, "handles"_a)
+          "step_id"_a.none(), "handles"_a)
       .def(
-          "end_step", [](PyBridge& b, StepId step) { b.state->open().end_step(step); }, "step_id"_a)
+          "end_step",
+          [](PyBridge& b, nb::handle step) { b.state->open().end_step(args::integer<StepId>(step, "step_id")); },
+          "step_id"_a.none())
       .def(
           "axpy",
-          [](PyBridge& b, DeviceHandle x, DeviceHandle y, float a, float c, std::uint64_t x_offset,
-             std::uint64_t y_offset, std::optional<std::uint64_t> nbytes) {
+          [](PyBridge& b, DeviceHandle x, DeviceHandle y, float a, float c, nb::handle x_offset_object,
+             nb::handle y_offset_object, nb::handle nbytes_object) {
+            const auto x_offset = args::integer<std::uint64_t>(x_offset_object, "x_offset");
+            const auto y_offset = args::integer<std::uint64_t>(y_offset_object, "y_offset");
+            const auto nbytes = args::optional_integer<std::uint64_t>(nbytes_object, "nbytes");
             Bridge& bridge = b.state->open();
             std::uint64_t len = nbytes ? *nbytes : bridge.extent(x) - std::min(x_offset, bridge.extent(x));
             nb::gil_scoped_release no_gil;
             bridge.launch_axpy(DeviceRange{x, x_offset, len}, DeviceRange{y, y_offset, len}, a, c);
           },
-          "x"_a, "y"_a, "a"_a = 1.0f, "b"_a = 0.0f, nb::kw_only(), "x_offset"_a = 0, "y_offset"_a = 0,
+          "x"_a, "y"_a, "a"_a = 1.0f, "b"_a = 0.0f, nb::kw_only(), "x_offset"_a.none() = 0, "y_offset"_a.none() = 0,
           "nbytes"_a.none() = nb::none(), "The built-in role y = a*x + b over float32 (default: all of x).")
       // ---- views ----
       .def(
           "view",
           [](PyBridge& b, DeviceHandle h, nb::handle dtype, nb::handle shape, nb::handle strides,
-             std::uint64_t offset, bool wait) {
+             nb::handle offset, bool wait) {
             ViewSpec spec;
             spec.dtype = parse_dtype(dtype);
             spec.shape = parse_dims(shape, "shape");
             if (!strides.is_none()) spec.strides = parse_dims(strides, "strides");
-            spec.byte_offset = offset;
+            spec.byte_offset = args::integer<std::uint64_t>(offset, "offset");
             return make_view(b.state, h, spec, wait ? ViewWait::Wait : ViewWait::Refuse);
           },
-          "handle"_a, "dtype"_a, "shape"_a, "strides"_a.none() = nb::none(), "offset"_a = 0, nb::kw_only(),
+          "handle"_a, "dtype"_a, "shape"_a.none(), "strides"_a.none() = nb::none(), "offset"_a.none() = 0, nb::kw_only(),
           "wait"_a = true,
           "A TensorView over the allocation (strides in elements, offset in bytes). wait=True waits for copies into\n"
           "the allocation to complete first; wait=False refuses (AllocationStillInUse) while one is in flight.")
       .def("__repr__", [](const PyBridge& b) {
         return "Bridge(backend=\"" + b.state->backend_name + "\", domain=" + std::to_string(b.state->bridge->domain()) +
-               (b.state->close_requested.load() ? ", closed)" : ")");
+               (b.state->closed.load() ? ", closed)" : ")");
       });
 }
 

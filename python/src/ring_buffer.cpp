@@ -2,9 +2,11 @@
 // bytes of one reserved range, so numpy.frombuffer / memoryview work on the
 // ring without a copy.
 //
-// Each buffer export (a memoryview, a numpy array) counts as an export of
-// the bridge, so close() cannot free the ring under it (see state.hpp). The
-// range is re-validated at every export: a released range cannot be exported.
+// Each buffer export (a memoryview, a numpy array) holds a HostLease on the
+// ring, so close() cannot free the ring under it (see state.hpp): the bytes
+// stay valid until the export is released. The range is re-validated at
+// every export: a released range cannot be exported, nor can anything once
+// the bridge is closed.
 #include <memory>
 
 #include <Python.h>
@@ -20,13 +22,13 @@ namespace {
 int ring_buffer_get(PyObject* self, Py_buffer* view, int flags) {
   RingBuffer* buffer = nb::inst_ptr<RingBuffer>(self);
   try {
-    // Count first, then check for close: a concurrent close() then either
-    // sees this export and defers, or this call sees the close and backs out.
-    auto guard = std::make_unique<ExportGuard>(buffer->state);
-    std::span<std::byte> bytes = buffer->state->open().host_bytes(buffer->range);
+    // The lease is taken under the bridge's lock: a concurrent close() either
+    // refuses it (Closed) or keeps the ring allocated until it ends.
+    auto lease = std::make_unique<HostLease>(buffer->state->open().lease_host(buffer->range));
+    std::span<std::byte> bytes = lease->bytes();
     if (PyBuffer_FillInfo(view, self, bytes.data(), static_cast<Py_ssize_t>(bytes.size()), /*readonly=*/0, flags) != 0)
       return -1;
-    view->internal = guard.release();  // owned by the export until ring_buffer_release
+    view->internal = lease.release();  // owned by the export until ring_buffer_release
     return 0;
   } catch (const std::exception& error) {
     set_python_error(error);
@@ -35,7 +37,8 @@ int ring_buffer_get(PyObject* self, Py_buffer* view, int flags) {
 }
 
 void ring_buffer_release(PyObject*, Py_buffer* view) {
-  delete static_cast<ExportGuard*>(view->internal);  // may finish a deferred close
+  // Ends the lease; after close() the last one frees the ring (C++ only).
+  delete static_cast<HostLease*>(view->internal);
 }
 
 PyType_Slot ring_buffer_slots[] = {

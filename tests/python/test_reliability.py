@@ -1,0 +1,302 @@
+"""Regressions of issue 10 on the Python side: timeouts (defect 4), close() (defect 3), log lines.
+
+Each test here failed on 55e61ea. The argument types of defect 8 are in test_boundaries.py.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import devbridge
+from conftest import collect, random_array, upload
+
+U8 = devbridge.ObjectSpec(max_extent=1 << 20, alignment=64, dtype="uint8")
+PROMPTLY = 10.0  # seconds a woken thread may take to finish (a loaded CI machine); a hang never finishes
+STILL_BLOCKED = 0.3  # seconds a thread must still be blocked after, to show it did not return at once
+
+
+class Worker(threading.Thread):
+    """Runs `call` in a daemon thread (a hang must not keep pytest alive); keeps its result or exception."""
+
+    def __init__(self, call):
+        super().__init__(daemon=True)
+        self.call = call
+        self.started_call = threading.Event()
+        self.result = None
+        self.error: BaseException | None = None
+        self.finished_at: float | None = None
+
+    def run(self):
+        self.started_call.set()
+        try:
+            self.result = self.call()
+        except BaseException as error:  # noqa: BLE001 - reported by the test
+            self.error = error
+        self.finished_at = time.monotonic()
+
+    def begin(self) -> "Worker":
+        self.start()
+        assert self.started_call.wait(PROMPTLY)
+        return self
+
+    def assert_blocked(self):
+        self.join(STILL_BLOCKED)
+        assert self.is_alive(), f"returned at once: result {self.result!r}, error {self.error!r}"
+
+    def finish(self):
+        self.join(PROMPTLY)
+        assert not self.is_alive(), "still blocked: never woken"
+
+
+def fake_bridge(**options) -> devbridge.Bridge:
+    return devbridge.Bridge(backend="fake", ring_bytes=1 << 20, **options)
+
+
+# ---- defect 4: huge and infinite timeouts wait until done ----------------------------------------------
+
+@pytest.mark.parametrize("timeout", [math.inf, 1e10, 2**63, 2**64, 10**400, 1e300])
+def test_a_huge_or_infinite_wait_timeout_waits_until_done(timeout, rng):
+    b = fake_bridge()
+    h = b.alloc(U8, 4096)
+    r = b.ring.reserve(4096)
+    event = b.host_to_device(r, h)
+    worker = Worker(lambda: b.wait(event, timeout=timeout)).begin()
+    worker.assert_blocked()  # 55e61ea: "pending" at once
+    assert b.fake.complete(event)
+    worker.finish()
+    assert worker.error is None and worker.result == "completed"
+    b.ring.release(r)
+    b.close()
+
+
+@pytest.mark.parametrize("wait_for_room", [math.inf, 1e10, 2**64])
+@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+def test_a_huge_or_infinite_wait_for_room_waits_for_room(wait_for_room, direction, rng):
+    b = fake_bridge(inflight_bytes=4096)
+    h = b.alloc(U8, 8192)
+    first, second = b.ring.reserve(4096), b.ring.reserve(4096)
+    in_flight = b.host_to_device(first, h)  # fills the whole budget
+    if direction == "h2d":
+        worker = Worker(lambda: b.host_to_device(second, h, 4096, wait_for_room=wait_for_room)).begin()
+    else:
+        worker = Worker(lambda: b.device_to_host(h, second, 4096, wait_for_room=wait_for_room)).begin()
+    worker.assert_blocked()  # 55e61ea: Backpressure at once (1e10), ValueError (inf)
+    assert b.fake.complete(in_flight)
+    worker.finish()
+    assert worker.error is None, worker.error
+    event = worker.result
+    assert isinstance(event, devbridge.CopyEvent)
+    b.fake.complete_all()
+    assert b.wait(event) == "completed"
+    b.ring.release(first)
+    b.ring.release(second)
+    b.close()
+
+
+def test_a_short_wait_for_room_still_raises_backpressure():
+    b = fake_bridge(inflight_bytes=4096)
+    h = b.alloc(U8, 8192)
+    first, second = b.ring.reserve(4096), b.ring.reserve(4096)
+    b.host_to_device(first, h)
+    started = time.monotonic()
+    with pytest.raises(devbridge.Backpressure):
+        b.host_to_device(second, h, 4096, wait_for_room=0.05)
+    assert time.monotonic() - started >= 0.04
+    with pytest.raises(devbridge.Backpressure):
+        b.host_to_device(second, h, 4096)  # 0: fail fast
+    b.fake.complete_all()
+    b.close()
+
+
+@pytest.mark.parametrize("bad, error", [(math.nan, ValueError), (-1, ValueError), (-math.inf, ValueError),
+                                        ("1", TypeError), ([], TypeError)])
+def test_bad_timeouts_are_usage_errors(bad, error):
+    b = fake_bridge()
+    b.fake.set_auto_complete(True)
+    h = b.alloc(U8, 4096)
+    r = b.ring.reserve(64)
+    event = b.host_to_device(r, h)
+    with pytest.raises(error):
+        b.wait(event, timeout=bad)
+    with pytest.raises(error):
+        b.host_to_device(r, h, wait_for_room=bad)
+    assert b.wait(event, timeout=None) == "completed"
+    b.ring.release(r)
+    b.close()
+
+
+# ---- defect 3: close() wakes every blocked caller -------------------------------------------------------
+
+def test_close_wakes_a_blocked_wait_while_ring_memory_is_exported(rng):
+    b = fake_bridge()
+    h = b.alloc(U8, 4096)
+    exported = b.ring.reserve(4096)
+    array = b.ring.ndarray(exported, "uint8")  # an export: 55e61ea deferred the close for it
+    data = random_array(rng, 4096, "uint8")
+    array[:] = data
+    r = b.ring.reserve(4096)
+    event = b.host_to_device(r, h)  # stays pending: the test never completes it
+    worker = Worker(lambda: b.wait(event)).begin()
+    worker.assert_blocked()
+    b.close()
+    worker.finish()  # 55e61ea: blocked forever
+    assert isinstance(worker.error, devbridge.Closed), worker.error
+    # The exported ring memory stays valid, readable and writable, until numpy lets go of it.
+    assert np.array_equal(array, data)
+    array[:] = 7
+    assert (array == 7).all()
+    with pytest.raises(devbridge.Closed):
+        b.wait(event)
+
+
+def test_close_wakes_a_blocked_wait_for_room():
+    b = fake_bridge(inflight_bytes=4096)
+    h = b.alloc(U8, 8192)
+    first, second = b.ring.reserve(4096), b.ring.reserve(4096)
+    keep = b.ring.ndarray(first)  # an export
+    b.host_to_device(first, h)
+    worker = Worker(lambda: b.host_to_device(second, h, 4096, wait_for_room=math.inf)).begin()
+    worker.assert_blocked()
+    b.close()
+    worker.finish()
+    assert isinstance(worker.error, devbridge.Closed), worker.error
+    del keep
+
+
+def test_close_wakes_a_view_waiting_for_an_upload_on_the_fake_backend():
+    b = fake_bridge()
+    h = b.alloc(U8, 4096)
+    r = b.ring.reserve(4096)
+    keep = b.ring.ndarray(r)  # an export
+    b.host_to_device(r, h)  # pending until completed, which the test never does
+    worker = Worker(lambda: b.view(h, "uint8", 4096, wait=True)).begin()
+    worker.assert_blocked()
+    b.close()
+    worker.finish()  # 55e61ea: blocked forever
+    assert isinstance(worker.error, devbridge.Closed), worker.error
+    assert worker.result is None
+    del keep
+
+
+def test_close_wakes_a_view_waiting_for_uploads_on_the_host_backend(rng):
+    """No view is created after close(): the waiting view raises Closed instead."""
+    chunk = 32 << 20
+    b = devbridge.Bridge(backend="host", ring_bytes=chunk, inflight_bytes=1 << 40)
+    h = b.alloc(devbridge.ObjectSpec(chunk, 64, "uint8"), chunk)
+    r = b.ring.reserve(chunk)
+    keep = b.ring.ndarray(r)  # an export: 55e61ea deferred the close for it
+    keep[:] = 1
+    # Enough copy work queued that the view is still waiting when close() runs (GiBs of memcpy).
+    events = [b.host_to_device(r, h) for _ in range(64)]
+    worker = Worker(lambda: b.view(h, "uint8", chunk, wait=True)).begin()
+    time.sleep(0.05)
+    pending_before_close = b.copy_status(events[-1]) == "pending"
+    b.close()
+    closed_at = time.monotonic()
+    worker.finish()
+    if not pending_before_close:
+        pytest.skip("the host copied 2 GiB before close() ran; nothing was left to wait for")
+    # 55e61ea: the view was created after close() returned, once the copies ended.
+    assert isinstance(worker.error, devbridge.Closed), (worker.result, worker.error)
+    assert worker.finished_at is not None and worker.finished_at - closed_at < PROMPTLY
+    assert (keep == 1).all()  # still valid memory
+    del keep
+
+
+def test_close_wakes_a_waiting_dlpack_export():
+    b = fake_bridge()
+    h = b.alloc(U8, 4096)
+    b.fake.set_auto_complete(True)
+    view = b.view(h, "uint8", 4096)
+    b.fake.set_auto_complete(False)
+    r = b.ring.reserve(4096)
+    b.host_to_device(r, h)  # __dlpack__ waits for copies into the allocation
+    worker = Worker(lambda: view.__dlpack__()).begin()
+    worker.assert_blocked()
+    b.close()
+    worker.finish()
+    assert isinstance(worker.error, devbridge.Closed), worker.error
+    view.close()
+
+
+def test_exported_memory_stays_valid_after_close_until_its_consumer_lets_go(rng):
+    b = fake_bridge()
+    fake = b.fake
+    fake.set_auto_complete(True)
+    r = b.ring.reserve(4096)
+    data = random_array(rng, 4096, "uint8")
+    arr = b.ring.ndarray(r, "uint8")
+    arr[:] = data
+    h = b.alloc(U8, 4096)
+    upload(b, h, data)
+    view = b.view(h, "uint8", 4096)
+    view_array = np.from_dlpack(view)
+    capsule_array = np.from_dlpack(b.view(h, "uint8", 4096))
+    b.close()
+    assert b.closed
+    with pytest.raises(devbridge.Closed):
+        b.stats()
+    with pytest.raises(devbridge.Closed):
+        b.ring.ndarray(r)  # no new export once closed
+    with pytest.raises(devbridge.Closed):
+        view.__dlpack__()
+    # The memory numpy points at stays valid (readable and writable) until numpy lets go of it.
+    assert np.array_equal(arr, data) and np.array_equal(view_array, data) and np.array_equal(capsule_array, data)
+    arr[:] = 3
+    view_array[:] = 5
+    assert (arr == 3).all() and (capsule_array == 5).all()
+    assert fake.live_host_blocks() == 1 and fake.live_allocations() == 1
+    del arr
+    collect()
+    assert fake.live_host_blocks() == 0 and fake.live_allocations() == 1
+    view.close()
+    del view_array
+    collect()
+    assert fake.live_allocations() == 1  # capsule_array still holds its lease
+    del capsule_array
+    collect()
+    assert fake.live_allocations() == 0
+
+
+def test_close_is_idempotent_and_later_calls_raise_closed():
+    b = fake_bridge()
+    h = b.alloc(U8, 4096)
+    b.close()
+    b.close()
+    for call in (lambda: b.alloc(U8, 64), lambda: b.free(h), lambda: b.ring.reserve(64), b.stats, b.poll,
+                 lambda: b.ring.capacity, lambda: b.view(h, "uint8", 64), lambda: b.restart(2)):
+        with pytest.raises(devbridge.Closed):
+            call()
+
+
+# ---- log lines go to stderr, never stdout ----------------------------------------------------------------
+
+def test_log_lines_go_to_stderr_not_stdout(capfd, rng):
+    b = fake_bridge()
+    h = b.alloc(U8, 4096)
+    r = b.ring.reserve(4096)
+    capfd.readouterr()
+    # A stale completion (logged as a warning)...
+    event = b.host_to_device(r, h)
+    b.fake.report_completion(devbridge.CopyEvent(event.domain, event.generation, event.id + 99))
+    b.poll()
+    assert b.stats()["stale_completions"] == 1
+    b.fake.complete(event)
+    assert b.wait(event) == "completed"
+    # ...and a fatal failure that breaks the bridge (logged as an error).
+    b.fake.inject("copy_h2d", "fatal")
+    with pytest.raises(devbridge.BridgeError) as caught:
+        b.host_to_device(r, h, mode="sync")
+    assert caught.value.fatal
+    with pytest.raises(devbridge.Broken):
+        b.alloc(U8, 64)
+    out, err = capfd.readouterr()
+    assert out == "", f"log lines on stdout: {out!r}"
+    assert "broken" in err.lower() and "completion" in err.lower(), err
+    b.restart(2)
+    b.close()
