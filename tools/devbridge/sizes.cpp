@@ -88,7 +88,7 @@ std::uint64_t parse_size(std::string_view option, std::string_view text) {
 }
 
 std::uint64_t parse_count(std::string_view option, std::string_view text) {
-  if (text.empty()) throw UsageError(fmt::format("{}: empty; expected a whole number", option));
+  if (text.empty()) throw UsageError(fmt::format("{}: '' is not a whole number (empty)", option));
   std::uint64_t value = 0;
   for (char c : text) {
     if (!is_digit(c)) throw UsageError(fmt::format("{}: '{}' is not a whole number", option, text));

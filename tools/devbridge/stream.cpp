@@ -54,6 +54,18 @@ std::string fake_failure_names() {
   return names;
 }
 
+// The calls on which `failure` can fire, as the fake backend defines it.
+std::string calls_for(fake::Failure failure) {
+  std::string names;
+  for (int i = 0; i < kFakeCallCount; ++i) {
+    const auto call = static_cast<fake::Call>(i);
+    if (!fake::applies(call, failure)) continue;
+    if (!names.empty()) names += ", ";
+    names += fake::call_name(call);
+  }
+  return names;
+}
+
 StreamPlan::Injection parse_injection(std::string_view text) {
   const auto first = text.find(':');
   if (first == std::string_view::npos) {
@@ -61,7 +73,7 @@ StreamPlan::Injection parse_injection(std::string_view text) {
   }
   const std::string_view call_text = text.substr(0, first);
   std::string_view rest = text.substr(first + 1);
-  std::string_view nth_text;
+  std::optional<std::string_view> nth_text;
   if (const auto second = rest.find(':'); second != std::string_view::npos) {
     nth_text = rest.substr(second + 1);
     rest = rest.substr(0, second);
@@ -73,17 +85,39 @@ StreamPlan::Injection parse_injection(std::string_view text) {
     if (fake::call_name(static_cast<fake::Call>(i)) == call_text) injection.call = i;
   }
   if (injection.call < 0) {
-    throw UsageError(fmt::format("--fake-inject: unknown call '{}' (one of: {})", call_text, fake_call_names()));
+    throw UsageError(fmt::format("--fake-inject: '{}': unknown call '{}' (one of: {})", text, call_text,
+                                 fake_call_names()));
   }
   for (int i = 0; i < kFakeFailureCount; ++i) {
     if (fake::failure_name(static_cast<fake::Failure>(i)) == rest) injection.failure = i;
   }
   if (injection.failure < 0) {
-    throw UsageError(fmt::format("--fake-inject: unknown failure '{}' (one of: {})", rest, fake_failure_names()));
+    throw UsageError(fmt::format("--fake-inject: '{}': unknown failure '{}' (one of: {})", text, rest,
+                                 fake_failure_names()));
   }
-  if (!nth_text.empty()) {
-    const std::uint64_t nth = parse_count("--fake-inject N", nth_text);
-    if (nth == 0 || nth > 1'000'000'000) throw UsageError("--fake-inject: N must be between 1 and 1000000000");
+  // A failure that cannot fire on that call would be refused by the backend
+  // once the run had started; it is a command line that cannot work.
+  const auto call = static_cast<fake::Call>(injection.call);
+  const auto failure = static_cast<fake::Failure>(injection.failure);
+  if (!fake::applies(call, failure)) {
+    const std::string calls = calls_for(failure);
+    throw UsageError(fmt::format("--fake-inject: '{}': failure {} cannot apply to call {} ({})", text,
+                                 fake::failure_name(failure), fake::call_name(call),
+                                 calls.empty() ? std::string("it applies to no call")
+                                               : fmt::format("{} applies to: {}", fake::failure_name(failure), calls)));
+  }
+  if (nth_text) {
+    constexpr std::uint64_t kMaxNth = 1'000'000'000;
+    std::uint64_t nth = 0;
+    try {
+      nth = parse_count("--fake-inject N", *nth_text);
+    } catch (const UsageError&) {
+      throw UsageError(fmt::format("--fake-inject: '{}': N '{}' is not a whole number between 1 and {}", text,
+                                   *nth_text, kMaxNth));
+    }
+    if (nth == 0 || nth > kMaxNth) {
+      throw UsageError(fmt::format("--fake-inject: '{}': N must be between 1 and {}", text, kMaxNth));
+    }
     injection.nth = static_cast<int>(nth);
   }
   return injection;
@@ -138,6 +172,13 @@ class StageQueue {
 // of its own.
 struct StreamAborted {};
 
+// Thrown inside the producer when a stop was asked for before the next chunk
+// took anything: the stream ends with what is already in flight.
+struct StreamStopped {};
+
+// How often the producer looks at the stop flag while it waits for room.
+constexpr auto kStopPoll = std::chrono::milliseconds(50);
+
 // One chunk's journey, handed from stage to stage.
 struct ChunkTicket {
   std::uint64_t index = 0;
@@ -168,8 +209,8 @@ class BusyClock {
 
 class StreamPipeline {
  public:
-  StreamPipeline(Bridge& bridge, const StreamPlan& plan, Progress& progress)
-      : bridge_(bridge), plan_(plan), progress_(progress) {}
+  StreamPipeline(Bridge& bridge, const StreamPlan& plan, Progress& progress, const std::atomic<int>* stop)
+      : bridge_(bridge), plan_(plan), progress_(progress), stop_(stop), ring_capacity_(bridge.ring_capacity()) {}
 
   void allocate_slots() {
     const ObjectSpec spec{plan_.slot_bytes, kReservationAlignment, DType::Float32, ShapeKind::Vector};
@@ -194,7 +235,14 @@ class StreamPipeline {
     std::thread upload_stage([&] { guarded([&] { watch_uploads(); }); });
     std::thread download_stage([&] { guarded([&] { watch_downloads(); }); });
     std::thread verify_stage([&] { guarded([&] { verify_results_stage(); }); });
-    guarded([&] { produce(); });
+    guarded([&] {
+      try {
+        produce();
+      } catch (const StreamStopped&) {
+        stopped_by_ = stop_signal();
+      }
+    });
+    // From here on nothing is submitted; the stages drain what is in flight.
     uploads_.close();
     downloads_.close();
     upload_stage.join();
@@ -207,8 +255,13 @@ class StreamPipeline {
     report.upload_busy_seconds = upload_busy_.seconds();
     report.download_busy_seconds = download_busy_.seconds();
     report.ring_wraps = ring_wraps_;
+    if (stopped_by_ != 0) {
+      report.interrupted = true;
+      report.signal = stopped_by_;
+    }
     std::lock_guard lock(mutex_);
     report.chunks_verified = retired_chunks_;
+    report.bytes_verified = verified_bytes_;
     report.errors = errors_;
   }
 
@@ -246,31 +299,45 @@ class StreamPipeline {
 
   // ---- producer (the calling thread) ----
 
+  // A stop is looked at only before a chunk takes anything (its slot, its
+  // input range): a chunk once started is submitted whole, so the drain
+  // leaves no step open and no range reserved.
+  int stop_signal() const { return stop_ == nullptr ? 0 : stop_->load(std::memory_order_relaxed); }
+
   void produce() {
-    std::uint64_t previous_input_offset = 0;
     for (std::uint64_t i = 0; i < plan_.chunks; ++i) {
+      if (stop_signal() != 0) throw StreamStopped{};
       std::string_view stage = "reserve input";
       try {
-        produce_chunk(i, previous_input_offset, stage);
+        produce_chunk(i, stage);
       } catch (const devbridge::Error& e) {
         throw std::runtime_error(fmt::format("chunk {}: {}: {}", i, stage, e.what()));
       }
     }
   }
 
+  // Counts a real wrap-around: the reservation did not fit between the end
+  // of the previous one (aligned up) and the ring's end, so it went on at
+  // offset 0. A drained ring also starts over at offset 0, but that is not a
+  // wrap and is not counted. The producer is the ring's only user.
+  void note_reservation(const HostRange& range) {
+    const std::uint64_t room = ring_capacity_ > previous_end_ ? ring_capacity_ - previous_end_ : 0;
+    const std::uint64_t pad = (kReservationAlignment - previous_end_ % kReservationAlignment) % kReservationAlignment;
+    const bool fits_after_previous = pad <= room && range.len <= room - pad;
+    if (previous_end_ != 0 && !fits_after_previous && range.offset < previous_end_) ++ring_wraps_;
+    previous_end_ = range.offset + range.len;
+  }
+
   // `stage` names the step under way, for the error message.
-  void produce_chunk(std::uint64_t i, std::uint64_t& previous_input_offset, std::string_view& stage) {
+  void produce_chunk(std::uint64_t i, std::string_view& stage) {
     wait_for_free_slot(i);
     const std::uint64_t slot = i % plan_.slots;
     const std::uint64_t offset = i * plan_.chunk_bytes;
     const std::uint64_t len = std::min(plan_.chunk_bytes, plan_.bytes - offset);
     const std::uint64_t first_element = offset / sizeof(float);
 
-    const HostRange input = reserve_with_room(len);
-    // Ring positions only grow, so an offset at or before the previous
-    // input's means the ring went around.
-    if (i > 0 && input.offset <= previous_input_offset) ++ring_wraps_;
-    previous_input_offset = input.offset;
+    const HostRange input = reserve_with_room(len, /*stoppable=*/true);
+    note_reservation(input);
     fill_pattern(as_floats(input), first_element);
 
     const DeviceRange x{inputs_[slot], 0, len};
@@ -287,7 +354,8 @@ class StreamPipeline {
     bridge_.launch_axpy(x, y, kAxpyA, kAxpyB);
 
     stage = "reserve output";
-    const HostRange output = reserve_with_room(len);
+    const HostRange output = reserve_with_room(len, /*stoppable=*/false);
+    note_reservation(output);
     stage = "device_to_host";
     ChunkTicket download{i, first_element, len, output, {}, Clock::now()};
     download.event =
@@ -305,20 +373,24 @@ class StreamPipeline {
   // Chunk i reuses slot i % slots, so it waits until chunk i - slots retired.
   void wait_for_free_slot(std::uint64_t chunk) {
     std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return aborted_ || retired_chunks_ + plan_.slots > chunk; });
+    while (!changed_.wait_for(lock, kStopPoll, [&] { return aborted_ || retired_chunks_ + plan_.slots > chunk; })) {
+      if (stop_signal() != 0) throw StreamStopped{};
+    }
     if (aborted_) throw StreamAborted{};
   }
 
   // A ring reservation, waiting for the other stages to release ranges when
   // the ring is full. Every range out (the current chunk's input included) is
   // released by a watcher or the verifier in time; with none out, no release
-  // can ever make room.
-  HostRange reserve_with_room(std::uint64_t len) {
+  // can ever make room. `stoppable`: the chunk holds nothing yet, so a stop
+  // asked for while it waits ends the stream here.
+  HostRange reserve_with_room(std::uint64_t len, bool stoppable) {
     for (;;) {
       std::uint64_t releases_seen = 0;
       {
         std::lock_guard lock(mutex_);
         if (aborted_) throw StreamAborted{};
+        if (stoppable && stop_signal() != 0) throw StreamStopped{};
         releases_seen = ring_releases_;
       }
       try {
@@ -336,7 +408,9 @@ class StreamPipeline {
             "else that could be released",
             bridge_.ring_capacity(), bridge_.ring_free_bytes(), len));
       }
-      changed_.wait(lock, [&] { return aborted_ || ring_releases_ != releases_seen; });
+      while (!changed_.wait_for(lock, kStopPoll, [&] { return aborted_ || ring_releases_ != releases_seen; })) {
+        if (stoppable && stop_signal() != 0) throw StreamStopped{};
+      }
       if (aborted_) throw StreamAborted{};
     }
   }
@@ -424,7 +498,6 @@ class StreamPipeline {
   // ---- consumer ----
 
   void verify_results_stage() {
-    std::uint64_t verified_bytes = 0;
     while (std::optional<ChunkTicket> ticket = verifies_.pop()) {
       // A result computed from a failed upload is garbage; wait for the
       // upload's verdict so a failure is reported as what it is.
@@ -451,10 +524,11 @@ class StreamPipeline {
       bridge_.release_host(ticket->host);
       released_ring_range();
       bridge_.end_step(step_id(ticket->index));
-      verified_bytes += ticket->len;
+      std::uint64_t verified_bytes = 0;
       {
         std::lock_guard lock(mutex_);
         ++retired_chunks_;
+        verified_bytes = verified_bytes_ += ticket->len;
       }
       changed_.notify_all();
       progress_.update(verified_bytes);
@@ -464,6 +538,8 @@ class StreamPipeline {
   Bridge& bridge_;
   const StreamPlan& plan_;
   Progress& progress_;
+  const std::atomic<int>* stop_;
+  const std::uint64_t ring_capacity_;
   std::vector<DeviceHandle> inputs_;
   std::vector<DeviceHandle> outputs_;
 
@@ -477,11 +553,14 @@ class StreamPipeline {
   bool aborted_ = false;
   std::vector<std::string> errors_;
   std::uint64_t retired_chunks_ = 0;
+  std::uint64_t verified_bytes_ = 0;
   std::uint64_t uploads_confirmed_ = 0;  // chunks whose upload completed, in order
   std::uint64_t ring_releases_ = 0;
   std::uint64_t outstanding_reservations_ = 0;
 
-  std::uint64_t ring_wraps_ = 0;  // producer only
+  std::uint64_t ring_wraps_ = 0;     // producer only
+  std::uint64_t previous_end_ = 0;   // producer only: offset + len of its last reservation
+  int stopped_by_ = 0;               // producer only: the signal that stopped it
   BusyClock upload_busy_;         // upload watcher only
   BusyClock download_busy_;       // download watcher only
 };
@@ -531,16 +610,18 @@ StreamPlan plan_stream(const StreamArgs& args) {
   plan.inflight = parse_count("--inflight", args.inflight);
   plan.ring_bytes = parse_size("--ring-bytes", args.ring_bytes);
 
-  if (plan.bytes == 0) throw UsageError("--bytes: must be more than 0");
+  if (plan.bytes == 0) throw UsageError(fmt::format("--bytes: '{}': must be more than 0", args.bytes));
   if (plan.bytes % sizeof(float) != 0) {
-    throw UsageError(fmt::format("--bytes: {} is not a multiple of 4 (the stream moves float32 elements)", plan.bytes));
+    throw UsageError(fmt::format("--bytes: '{}' ({} bytes) is not a multiple of 4 (the stream moves float32 elements)",
+                                 args.bytes, plan.bytes));
   }
-  if (chunk == 0) throw UsageError("--chunk: must be more than 0");
+  if (chunk == 0) throw UsageError(fmt::format("--chunk: '{}': must be more than 0", args.chunk));
   if (chunk % sizeof(float) != 0) {
-    throw UsageError(fmt::format("--chunk: {} is not a multiple of 4 (the stream moves float32 elements)", chunk));
+    throw UsageError(fmt::format("--chunk: '{}' ({} bytes) is not a multiple of 4 (the stream moves float32 elements)",
+                                 args.chunk, chunk));
   }
-  if (plan.inflight == 0) throw UsageError("--inflight: must be at least 1");
-  if (plan.ring_bytes == 0) throw UsageError("--ring-bytes: must be more than 0");
+  if (plan.inflight == 0) throw UsageError(fmt::format("--inflight: '{}': must be at least 1", args.inflight));
+  if (plan.ring_bytes == 0) throw UsageError(fmt::format("--ring-bytes: '{}': must be more than 0", args.ring_bytes));
 
   // A chunk larger than the whole stream is just the whole stream.
   plan.chunk_bytes = std::min(chunk, plan.bytes);
@@ -548,9 +629,11 @@ StreamPlan plan_stream(const StreamArgs& args) {
   // (twice the chunk, rounded up) cannot overflow.
   constexpr std::uint64_t kMaxChunk = 1ull << 60;
   if (plan.chunk_bytes > kMaxChunk) {
-    throw UsageError(fmt::format("--chunk: {} bytes is too large (at most {} bytes)", plan.chunk_bytes, kMaxChunk));
+    throw UsageError(fmt::format("--chunk: '{}' ({} bytes) is too large (at most {} bytes)", args.chunk,
+                                 plan.chunk_bytes, kMaxChunk));
   }
-  plan.chunks = (plan.bytes + plan.chunk_bytes - 1) / plan.chunk_bytes;
+  // Not (bytes + chunk - 1) / chunk: that sum wraps for --bytes near 2^64.
+  plan.chunks = plan.bytes / plan.chunk_bytes + (plan.bytes % plan.chunk_bytes != 0 ? 1 : 0);
   plan.slot_bytes = round_up(plan.chunk_bytes, kReservationAlignment);
 
   // Every chunk holds an input and an output reservation at once, each
@@ -562,7 +645,7 @@ StreamPlan plan_stream(const StreamArgs& args) {
                                     ? std::string()
                                     : fmt::format(", each rounded up to {} bytes for 64-byte alignment", plan.slot_bytes);
     throw UsageError(fmt::format(
-        "--ring-bytes {} ({} bytes) cannot hold a chunk: each chunk holds an input and an output reservation of "
+        "--ring-bytes: '{}' ({} bytes) cannot hold a chunk: each chunk holds an input and an output reservation of "
         "{} bytes at once{}, so the ring needs at least {} bytes ({})",
         args.ring_bytes, plan.ring_bytes, plan.chunk_bytes, rounded, needed, format_bytes(needed)));
   }
@@ -574,19 +657,24 @@ StreamPlan plan_stream(const StreamArgs& args) {
 
   const double stall = [&] {
     const std::uint64_t seconds = parse_count("--stall-timeout", args.stall_timeout);
-    if (seconds == 0 || seconds > 86'400) throw UsageError("--stall-timeout: must be between 1 and 86400 seconds");
+    if (seconds == 0 || seconds > 86'400) {
+      throw UsageError(
+          fmt::format("--stall-timeout: '{}': must be between 1 and 86400 seconds", args.stall_timeout));
+    }
     return static_cast<double>(seconds);
   }();
   plan.stall_timeout_seconds = stall;
 
-  if (!args.fake_inject.empty()) {
-    if (plan.backend != "fake") throw UsageError("--fake-inject: only with --backend fake");
-    plan.fake_injection = parse_injection(args.fake_inject);
+  if (args.fake_inject) {
+    if (plan.backend != "fake") {
+      throw UsageError(fmt::format("--fake-inject: '{}': only with --backend fake", *args.fake_inject));
+    }
+    plan.fake_injection = parse_injection(*args.fake_inject);
   }
-  if (!args.corrupt_element.empty()) {
-    const std::uint64_t element = parse_count("--corrupt-element", args.corrupt_element);
+  if (args.corrupt_element) {
+    const std::uint64_t element = parse_count("--corrupt-element", *args.corrupt_element);
     if (element >= plan.bytes / sizeof(float)) {
-      throw UsageError(fmt::format("--corrupt-element: {} is past the last element ({})", element,
+      throw UsageError(fmt::format("--corrupt-element: '{}' is past the last element ({})", *args.corrupt_element,
                                    plan.bytes / sizeof(float) - 1));
     }
     plan.corrupt_element = element;
@@ -594,7 +682,7 @@ StreamPlan plan_stream(const StreamArgs& args) {
   return plan;
 }
 
-StreamReport run_stream(const StreamPlan& plan, Progress& progress) {
+StreamReport run_stream(const StreamPlan& plan, Progress& progress, const std::atomic<int>* stop) {
   StreamReport report;
   report.backend = plan.backend;
   report.bytes = plan.bytes;
@@ -613,7 +701,7 @@ StreamReport run_stream(const StreamPlan& plan, Progress& progress) {
     report.device_name = info.device_name;
     report.device_string = info.device_string;
 
-    StreamPipeline pipeline(bridge, plan, progress);
+    StreamPipeline pipeline(bridge, plan, progress, stop);
     pipeline.allocate_slots();
     pipeline.run(report);
 
@@ -639,11 +727,17 @@ StreamReport run_stream(const StreamPlan& plan, Progress& progress) {
     report.errors.push_back(e.what());
   }
 
-  report.upload_gbps = gigabytes_per_second(report.bytes, report.upload_busy_seconds);
-  report.download_gbps = gigabytes_per_second(report.bytes, report.download_busy_seconds);
-  report.end_to_end_gbps = gigabytes_per_second(report.bytes, report.seconds);
-  report.verified = report.errors.empty() && report.chunks_verified == report.chunks;
-  if (report.errors.empty() && !report.verified) {
+  // A signal during setup, before the pipeline ran, still interrupts.
+  if (!report.interrupted && stop != nullptr && stop->load() != 0 && report.chunks_verified < report.chunks) {
+    report.interrupted = true;
+    report.signal = stop->load();
+  }
+  // Rates count the bytes that made the whole trip (all of them on success).
+  report.upload_gbps = gigabytes_per_second(report.bytes_verified, report.upload_busy_seconds);
+  report.download_gbps = gigabytes_per_second(report.bytes_verified, report.download_busy_seconds);
+  report.end_to_end_gbps = gigabytes_per_second(report.bytes_verified, report.seconds);
+  report.verified = report.errors.empty() && !report.interrupted && report.chunks_verified == report.chunks;
+  if (report.errors.empty() && !report.interrupted && !report.verified) {
     report.errors.push_back(
         fmt::format("only {} of {} chunks were verified", report.chunks_verified, report.chunks));
   }

@@ -6,6 +6,7 @@
 // element before it releases the ring ranges.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -23,9 +24,9 @@ struct StreamArgs {
   std::string inflight = "8";
   std::string ring_bytes = "64MiB";
   std::string stall_timeout = "60";  // seconds without a completion before giving up
-  // Test hooks.
-  std::string fake_inject;      // "CALL:FAILURE[:N]", fake backend only
-  std::string corrupt_element;  // a global element index to damage after download
+  // Test hooks; nullopt when not given (an empty text was given, and is refused).
+  std::optional<std::string> fake_inject;      // "CALL:FAILURE[:N]", fake backend only
+  std::optional<std::string> corrupt_element;  // a global element index to damage after download
 };
 
 // A validated plan; every field has been checked against the others.
@@ -67,7 +68,10 @@ struct StreamReport {
   std::uint64_t inflight = 0;        // as asked
   std::uint64_t device_buffers = 0;  // input/output pairs: the in-flight depth the ring allows
   std::uint64_t ring_bytes = 0;
-  std::uint64_t ring_wraps = 0;  // times a reservation went back to the ring's start
+  // Times a reservation did not fit between the previous one and the ring's
+  // end and continued at offset 0. A ring that drained completely starts over
+  // at offset 0 without wrapping; that is not counted.
+  std::uint64_t ring_wraps = 0;
   double seconds = 0.0;          // first fill to last verified chunk
   double upload_busy_seconds = 0.0;
   double download_busy_seconds = 0.0;
@@ -77,12 +81,20 @@ struct StreamReport {
   std::uint64_t copies_submitted = 0;
   std::uint64_t copies_failed = 0;
   std::uint64_t stale_completions = 0;
+  std::uint64_t bytes_verified = 0;  // bytes of the chunks verified
   bool verified = false;
+  // Stopped by a signal: no chunk was submitted after it arrived, and every
+  // chunk already submitted was drained and checked.
+  bool interrupted = false;
+  int signal = 0;  // the signal that stopped it, when interrupted
   std::vector<std::string> errors;
 };
 
 // Runs the plan. Runtime failures (devbridge::Error, a wrong element, a lost
 // completion) do not throw: they end the stream and land in report.errors.
-StreamReport run_stream(const StreamPlan& plan, Progress& progress);
+// When `stop` is given and becomes non-zero (a signal number, set by a
+// signal handler), the stream submits no further chunk, drains and verifies
+// what is in flight, and returns a report with `interrupted` set.
+StreamReport run_stream(const StreamPlan& plan, Progress& progress, const std::atomic<int>* stop = nullptr);
 
 }  // namespace devbridge::cli
