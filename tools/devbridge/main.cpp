@@ -2,21 +2,34 @@
 // and checks every element; `info` says which backends can run here.
 //
 // Exit codes: 0 success (stream: every element verified), 1 a runtime or
-// verification failure, 2 a command line that cannot work. Each failure is
-// one line on stderr.
+// verification failure, 2 a command line that cannot work, 128 + N a stream
+// that signal N (SIGINT, SIGTERM) stopped after draining what was in flight.
+// Each failure is one line on stderr.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include "devbridge/backends.hpp"
 #include "devbridge/error.hpp"
 #include "info.hpp"
 #include "progress.hpp"
@@ -50,65 +63,169 @@ std::string one_line(std::string_view text) {
   return out;
 }
 
-// Where --json goes: a file opened before the work starts (so an unwritable
-// path is a usage error, not a lost report), or stdout for "-".
+// Where --json goes. Checked before anything runs, so a path that cannot be
+// written is a usage error rather than a lost report:
+//  - "-": stdout.
+//  - a regular file, or a name that does not exist yet: the report is written
+//    to a temporary file created now in the same directory (proving the
+//    directory writable), then renamed over the path at the end. The path
+//    therefore holds either its old contents or a whole report, never a
+//    truncated one, whatever happens to the run (a crash, a kill).
+//  - anything else that exists and is not a directory (/dev/stdout, a FIFO):
+//    opened for writing now, written at the end.
 class JsonSink {
  public:
-  explicit JsonSink(const std::string& path) : path_(path) {
-    if (path_.empty()) return;
+  // `path` is nullopt when --json was not given.
+  explicit JsonSink(const std::optional<std::string>& path) {
+    if (!path) return;
+    path_ = *path;
+    if (path_.empty()) throw UsageError("--json: '' is not a path (give a file name, or '-' for stdout)");
     if (path_ == "-") {
       file_ = stdout;
       return;
     }
-    file_ = std::fopen(path_.c_str(), "w");
-    if (file_ == nullptr) {
-      throw UsageError(fmt::format("--json: cannot write '{}': {}", path_, std::strerror(errno)));
+    const std::filesystem::path name(path_);
+    if (!name.has_filename()) throw UsageError(fmt::format("--json: cannot write '{}': it names a directory", path_));
+
+    struct stat st {};
+    if (::stat(path_.c_str(), &st) == 0) {
+      if (S_ISDIR(st.st_mode)) throw UsageError(fmt::format("--json: cannot write '{}': {}", path_, std::strerror(EISDIR)));
+      if (!S_ISREG(st.st_mode)) {
+        file_ = std::fopen(path_.c_str(), "w");
+        if (file_ == nullptr) refuse(errno);
+        return;
+      }
+      if (::access(path_.c_str(), W_OK) != 0) refuse(errno);
+      // A link is followed, so the link itself stays and its target changes.
+      std::error_code ec;
+      target_ = std::filesystem::canonical(name, ec).string();
+      if (ec) refuse(ec.value());
+      mode_ = st.st_mode & 07777;
+    } else if (errno == ENOENT) {
+      target_ = path_;
+      const mode_t mask = ::umask(0);
+      ::umask(mask);
+      mode_ = 0666 & ~mask;
+    } else {
+      refuse(errno);
+    }
+
+    const std::filesystem::path target(target_);
+    const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
+    std::string temp = (dir / ("." + target.filename().string() + ".devbridge-XXXXXX")).string();
+    const int fd = ::mkstemp(temp.data());
+    if (fd < 0) refuse(errno);
+    temp_ = temp;
+    if (::fchmod(fd, mode_) != 0 || (file_ = ::fdopen(fd, "w")) == nullptr) {
+      const int error = errno;
+      ::close(fd);
+      discard_temp();
+      refuse(error);
     }
   }
   ~JsonSink() {
     if (file_ != nullptr && file_ != stdout) std::fclose(file_);
+    discard_temp();
   }
   JsonSink(const JsonSink&) = delete;
   JsonSink& operator=(const JsonSink&) = delete;
 
-  bool enabled() const { return file_ != nullptr; }
   bool to_stdout() const { return file_ == stdout; }
 
-  // Returns false (after saying why) when the report could not be written.
+  // Returns false (after saying why) when the report could not be written;
+  // the path then keeps what it held before.
   bool write(const nlohmann::json& document) {
     if (file_ == nullptr) return true;
     const std::string text = document.dump(2) + "\n";
-    const bool ok = std::fwrite(text.data(), 1, text.size(), file_) == text.size() && std::fflush(file_) == 0;
+    bool ok = std::fwrite(text.data(), 1, text.size(), file_) == text.size() && std::fflush(file_) == 0;
+    if (ok && !temp_.empty()) {
+      ok = ::fsync(::fileno(file_)) == 0;
+      const int close_result = std::fclose(file_);
+      file_ = nullptr;
+      ok = ok && close_result == 0 && std::rename(temp_.c_str(), target_.c_str()) == 0;
+      if (ok) temp_.clear();
+    }
     if (!ok) fmt::print(stderr, "devbridge: --json: writing '{}' failed: {}\n", path_, std::strerror(errno));
     return ok;
   }
 
  private:
-  std::string path_;
+  [[noreturn]] void refuse(int error) const {
+    throw UsageError(fmt::format("--json: cannot write '{}': {}", path_, std::strerror(error)));
+  }
+  void discard_temp() noexcept {
+    if (!temp_.empty()) ::unlink(temp_.c_str());
+    temp_.clear();
+  }
+
+  std::string path_;    // as given
+  std::string target_;  // the file the temporary replaces
+  std::string temp_;    // the temporary, until renamed
+  mode_t mode_ = 0644;
   std::FILE* file_ = nullptr;
 };
+
+// ---- signals during `stream` ------------------------------------------------
+
+// Set by the handler to the signal's number; the stream looks at it between
+// chunks. The handler does nothing else (it must be async-signal-safe), except
+// that a second signal while the first is being handled ends the process the
+// default way: the user insists.
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
+
+extern "C" void on_stop_signal(int signal) {
+  int none = 0;
+  if (!g_stop_signal.compare_exchange_strong(none, signal)) {
+    std::signal(signal, SIG_DFL);
+    std::raise(signal);
+  }
+}
+
+void catch_stop_signals() {
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  for (int signal : {SIGINT, SIGTERM}) {
+    struct sigaction previous {};
+    // A signal the shell told us to ignore (`nohup`, a background job's
+    // SIGINT) stays ignored.
+    if (::sigaction(signal, nullptr, &previous) == 0 && previous.sa_handler == SIG_IGN) continue;
+    ::sigaction(signal, &action, nullptr);
+  }
+}
 
 void print_stream_summary(std::FILE* out, const devbridge::cli::StreamPlan& plan,
                           const devbridge::cli::StreamReport& r) {
   using devbridge::cli::format_bytes;
-  if (!r.verified) {
+  if (!r.verified && !r.interrupted) {
     // The reasons are already on stderr; rates of a broken run mean nothing.
     fmt::print(out, "devbridge stream: FAILED ({} of {} chunks verified)\n", r.chunks_verified, r.chunks);
     return;
   }
+  if (r.interrupted) {
+    fmt::print(out, "devbridge stream: interrupted by {}{} ({} of {} chunks verified{})\n",
+               devbridge::cli::signal_name(r.signal), r.errors.empty() ? "" : ", and FAILED", r.chunks_verified,
+               r.chunks, r.errors.empty() ? ", every one exact" : "");
+    if (!r.errors.empty()) return;
+  } else {
+    fmt::print(out, "devbridge stream: verified\n");
+  }
   std::string device = r.device_name;
   if (!r.device_string.empty()) device += fmt::format(" ({})", r.device_string);
-  fmt::print(out, "devbridge stream: verified\n");
   fmt::print(out, "  backend      {}{}\n", r.backend, device.empty() ? "" : ", " + device);
-  fmt::print(out, "  data         {} in {} chunk{} of {}, {} in flight, ring {} (wrapped {} time{})\n",
-             format_bytes(r.bytes), r.chunks, r.chunks == 1 ? "" : "s", format_bytes(r.chunk_bytes), plan.slots,
+  const std::string data =
+      r.interrupted ? fmt::format("{} of {}", format_bytes(r.bytes_verified), format_bytes(r.bytes)) : format_bytes(r.bytes);
+  fmt::print(out, "  data         {} in {} chunk{} of {}, {} in flight, ring {} (wrapped {} time{})\n", data,
+             r.chunks_verified, r.chunks_verified == 1 ? "" : "s", format_bytes(r.chunk_bytes), plan.slots,
              format_bytes(r.ring_bytes), r.ring_wraps, r.ring_wraps == 1 ? "" : "s");
   fmt::print(out, "  time         {:.3f} s\n", r.seconds);
   fmt::print(out, "  upload       {:.2f} GB/s  (busy {:.3f} s)\n", r.upload_gbps, r.upload_busy_seconds);
   fmt::print(out, "  download     {:.2f} GB/s  (busy {:.3f} s)\n", r.download_gbps, r.download_busy_seconds);
   fmt::print(out, "  end to end   {:.2f} GB/s\n", r.end_to_end_gbps);
   fmt::print(out, "  verified     {} of {} chunks, {} elements exact\n", r.chunks_verified, r.chunks,
-             r.bytes / sizeof(float));
+             r.bytes_verified / sizeof(float));
 }
 
 // The library logs through spdlog's default logger, which writes to stdout;
@@ -119,24 +236,50 @@ void log_to_stderr(bool quiet) {
   spdlog::set_default_logger(std::move(logger));
 }
 
-int run_stream_command(const devbridge::cli::StreamArgs& args, const std::string& json_path, bool quiet) {
+int run_stream_command(const devbridge::cli::StreamArgs& args, const std::optional<std::string>& json_path,
+                       bool quiet) {
   const devbridge::cli::StreamPlan plan = devbridge::cli::plan_stream(args);
+  // From here a signal ends the stream cleanly instead of the process.
+  catch_stop_signals();
   JsonSink json(json_path);
 
   devbridge::cli::Progress progress(plan.bytes, !quiet && devbridge::cli::Progress::stderr_is_terminal());
-  const devbridge::cli::StreamReport report = devbridge::cli::run_stream(plan, progress);
+  const devbridge::cli::StreamReport report = devbridge::cli::run_stream(plan, progress, &g_stop_signal);
 
   for (const std::string& error : report.errors) fmt::print(stderr, "devbridge stream: {}\n", one_line(error));
   if (!quiet) print_stream_summary(json.to_stdout() ? stderr : stdout, plan, report);
+  std::fflush(stdout);
   const bool written = json.write(devbridge::cli::stream_report_json(report));
+  if (report.interrupted) return 128 + report.signal;  // as a shell reports a job a signal ended
   return report.verified && written ? kExitOk : kExitFailure;
 }
 
-int run_info_command(const std::string& json_path) {
+int run_info_command(const std::optional<std::string>& json_path) {
   JsonSink json(json_path);
   const devbridge::cli::InfoReport report = devbridge::cli::collect_info();
   if (!json.to_stdout()) fmt::print("{}", devbridge::cli::format_info(report));
+  std::fflush(stdout);
   return json.write(devbridge::cli::info_report_json(report)) ? kExitOk : kExitFailure;
+}
+
+// "--backend" help: every backend the registry knows, and which run here.
+std::string backend_help() {
+  std::string names = "auto (the best available: cuda, then an OpenCL GPU, then host)";
+  for (const devbridge::BackendAvailability& b : devbridge::list_backends()) {
+    names += ", " + b.name;
+    if (!b.built) {
+      names += " (not built)";
+    } else if (!b.available) {
+      names += " (unavailable here)";
+    }
+  }
+  return "Backend: " + names + "; see devbridge info";
+}
+
+// An option given with an empty value is not the option left out.
+std::optional<std::string> given(const CLI::Option* option, const std::string& value) {
+  if (option->count() == 0) return std::nullopt;
+  return value;
 }
 
 }  // namespace
@@ -148,11 +291,15 @@ int main(int argc, char** argv) {
 
   devbridge::cli::StreamArgs stream_args;
   std::string stream_json;
+  std::string fake_inject;
+  std::string corrupt_element;
   bool quiet = false;
   CLI::App* stream = app.add_subcommand(
       "stream", "Stream data through the bridge: upload, compute y = 2x + 1, download, verify every element");
-  stream->add_option("--backend", stream_args.backend, "host, fake, cuda (when built) or auto (the best available)")
-      ->capture_default_str();
+  // The description lists the registry's backends; it is filled in only when
+  // help is printed, since finding out which can run probes the drivers.
+  CLI::Option* backend_option =
+      stream->add_option("--backend", stream_args.backend, "Backend (see devbridge info)")->capture_default_str();
   stream->add_option("--bytes", stream_args.bytes, "Total bytes to stream (4096, 512MiB, 1GiB, 1.5GiB, 2GB)")
       ->capture_default_str();
   stream->add_option("--chunk", stream_args.chunk, "Bytes per chunk (a multiple of 4)")->capture_default_str();
@@ -160,23 +307,27 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   stream->add_option("--ring-bytes", stream_args.ring_bytes, "Size of the host ring (at least 2 x chunk)")
       ->capture_default_str();
-  stream->add_option("--json", stream_json, "Write a JSON report to this file ('-' for stdout)");
+  CLI::Option* stream_json_option =
+      stream->add_option("--json", stream_json, "Write a JSON report to this file ('-' for stdout)");
   stream->add_flag("-q,--quiet", quiet, "No progress bar and no summary; errors still go to stderr");
   stream->add_option("--stall-timeout", stream_args.stall_timeout,
                      "Seconds to wait for a copy to complete before giving up")
       ->capture_default_str();
-  stream
-      ->add_option("--fake-inject", stream_args.fake_inject,
-                   "Test hook, fake backend only: inject CALL:FAILURE[:N] (e.g. copy_d2h:copy_failed_at_completion:3)")
-      ->group("Test hooks");
-  stream
-      ->add_option("--corrupt-element", stream_args.corrupt_element,
-                   "Test hook: damage this global element after download, to prove the check catches it")
-      ->group("Test hooks");
+  CLI::Option* fake_inject_option =
+      stream
+          ->add_option("--fake-inject", fake_inject,
+                       "Test hook, fake backend only: inject CALL:FAILURE[:N] (e.g. copy_d2h:copy_failed_at_completion:3)")
+          ->group("Test hooks");
+  CLI::Option* corrupt_option =
+      stream
+          ->add_option("--corrupt-element", corrupt_element,
+                       "Test hook: damage this global element after download, to prove the check catches it")
+          ->group("Test hooks");
 
   std::string info_json;
   CLI::App* info = app.add_subcommand("info", "List this build's backends, which can run here, and their devices");
-  info->add_option("--json", info_json, "Write the listing as JSON to this file ('-' for stdout)");
+  CLI::Option* info_json_option =
+      info->add_option("--json", info_json, "Write the listing as JSON to this file ('-' for stdout)");
 
   // CLI11 reports a mistyped command as "A subcommand is required"; say what was wrong.
   if (argc > 1 && argv[1][0] != '-' && std::string_view(argv[1]) != "stream" &&
@@ -189,15 +340,22 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help and --version are "errors" with exit code 0; CLI11 prints them.
-    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) return app.exit(e);
+    if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) {
+      backend_option->description(backend_help());
+      return app.exit(e);
+    }
     fmt::print(stderr, "devbridge: {} (see devbridge --help)\n", one_line(e.what()));
     return kExitUsage;
   }
 
   try {
     log_to_stderr(quiet);
-    if (stream->parsed()) return run_stream_command(stream_args, stream_json, quiet);
-    if (info->parsed()) return run_info_command(info_json);
+    if (stream->parsed()) {
+      stream_args.fake_inject = given(fake_inject_option, fake_inject);
+      stream_args.corrupt_element = given(corrupt_option, corrupt_element);
+      return run_stream_command(stream_args, given(stream_json_option, stream_json), quiet);
+    }
+    if (info->parsed()) return run_info_command(given(info_json_option, info_json));
     return kExitUsage;  // unreachable: require_subcommand(1)
   } catch (const UsageError& e) {
     fmt::print(stderr, "devbridge: {}\n", one_line(e.what()));

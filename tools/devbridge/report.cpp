@@ -1,8 +1,20 @@
 #include "report.hpp"
 
+#include <csignal>
+#include <string>
+
 #include "devbridge/types.hpp"
 
 namespace devbridge::cli {
+
+std::string signal_name(int signal) {
+  switch (signal) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    default: return "signal " + std::to_string(signal);
+  }
+}
 
 nlohmann::json stream_report_json(const StreamReport& r) {
   return {
@@ -27,7 +39,10 @@ nlohmann::json stream_report_json(const StreamReport& r) {
       {"copies_submitted", r.copies_submitted},
       {"copies_failed", r.copies_failed},
       {"stale_completions", r.stale_completions},
+      {"bytes_verified", r.bytes_verified},
       {"verified", r.verified},
+      {"interrupted", r.interrupted},
+      {"signal", r.interrupted ? nlohmann::json(signal_name(r.signal)) : nlohmann::json(nullptr)},
       {"errors", r.errors},
   };
 }
