@@ -6,12 +6,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <cerrno>
 #include <cstring>
+#include <thread>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <map>
 #include <stdexcept>
+
+#include <nlohmann/json.hpp>
 
 extern char** environ;
 
@@ -36,7 +43,17 @@ std::string drain_terminal(int master) {
   }
 }
 
+std::string next_output_base() {
+  static int run_number = 0;
+  return scratch_dir() + "/run" + std::to_string(++run_number);
+}
+
 }  // namespace
+
+std::string cli_path() {
+  const char* override_path = std::getenv("DEVBRIDGE_CLI_UNDER_TEST");
+  return override_path != nullptr && *override_path != '\0' ? override_path : DEVBRIDGE_CLI_PATH;
+}
 
 std::string scratch_dir() {
   static const std::string dir = [] {
@@ -56,13 +73,30 @@ std::string read_file(const std::string& path) {
   return text.str();
 }
 
+std::string backend_unavailable_reason(const std::string& backend) {
+  static std::map<std::string, std::string> reasons;  // asked once per test process
+  static bool listed = false;
+  if (!listed) {
+    const std::string path = scratch_dir() + "/backends.json";
+    const CliRun info = run_cli({"info", "--json", path});
+    if (info.exit_code != 0) throw std::runtime_error("devbridge info failed: " + info.err);
+    const nlohmann::json listing = nlohmann::json::parse(read_file(path));
+    for (const nlohmann::json& b : listing["backends"]) {
+      reasons[b["name"].get<std::string>()] = b["available"] == true ? "" : b["reason"].get<std::string>();
+    }
+    listed = true;
+  }
+  const auto it = reasons.find(backend);
+  if (it == reasons.end()) return "this build does not know the backend " + backend;
+  return it->second;
+}
+
 CliRun run_cli(const std::vector<std::string>& args, Stderr stderr_kind) {
-  static int run_number = 0;
-  const std::string base = scratch_dir() + "/run" + std::to_string(++run_number);
+  const std::string base = next_output_base();
   const std::string out_path = base + ".out";
   const std::string err_path = base + ".err";
 
-  std::vector<std::string> argv_text{DEVBRIDGE_CLI_PATH};
+  std::vector<std::string> argv_text{cli_path()};
   argv_text.insert(argv_text.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& a : argv_text) argv.push_back(a.data());
@@ -91,7 +125,7 @@ CliRun run_cli(const std::vector<std::string>& args, Stderr stderr_kind) {
   if (spawned != 0) {
     if (master >= 0) ::close(master);
     errno = spawned;
-    throw std::runtime_error(errno_text("posix_spawn " DEVBRIDGE_CLI_PATH));
+    throw std::runtime_error(errno_text(("posix_spawn " + cli_path()).c_str()));
   }
 
   CliRun run;
@@ -108,6 +142,76 @@ CliRun run_cli(const std::vector<std::string>& args, Stderr stderr_kind) {
   run.out = read_file(out_path);
   if (stderr_kind == Stderr::File) run.err = read_file(err_path);
   return run;
+}
+
+CliProcess::CliProcess(const std::vector<std::string>& args) {
+  const std::string base = next_output_base();
+  out_path_ = base + ".out";
+  err_path_ = base + ".err";
+  std::vector<std::string> argv_text{cli_path()};
+  argv_text.insert(argv_text.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : argv_text) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  // The child starts with default signal dispositions, whatever this process has.
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t defaults;
+  sigemptyset(&defaults);
+  sigaddset(&defaults, SIGINT);
+  sigaddset(&defaults, SIGTERM);
+  posix_spawnattr_setsigdefault(&attributes, &defaults);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attributes, &none);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+  pid_t pid = 0;
+  const int spawned = ::posix_spawn(&pid, argv[0], &actions, &attributes, argv.data(), environ);
+  posix_spawnattr_destroy(&attributes);
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawned != 0) {
+    errno = spawned;
+    throw std::runtime_error(errno_text(("posix_spawn " + cli_path()).c_str()));
+  }
+  pid_ = pid;
+}
+
+CliProcess::~CliProcess() {
+  if (pid_ > 0 && !reaped_) {
+    ::kill(pid_, SIGKILL);
+    int status = 0;
+    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+}
+
+void CliProcess::send(int signal) {
+  if (pid_ > 0 && !reaped_) ::kill(pid_, signal);
+}
+
+bool CliProcess::wait(double timeout_seconds) {
+  if (reaped_) return true;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_seconds);
+  int status = 0;
+  for (;;) {
+    const pid_t done = ::waitpid(pid_, &status, WNOHANG);
+    if (done == pid_) break;
+    if (done < 0 && errno != EINTR) throw std::runtime_error(errno_text("waitpid"));
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  reaped_ = true;
+  if (WIFEXITED(status)) run_.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) run_.signal = WTERMSIG(status);
+  run_.out = read_file(out_path_);
+  run_.err = read_file(err_path_);
+  return true;
 }
 
 }  // namespace devbridge::cli::testing

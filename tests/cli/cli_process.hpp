@@ -16,13 +16,48 @@ struct CliRun {
 
 enum class Stderr { File, Terminal };
 
-// Runs DEVBRIDGE_CLI_PATH with `args`. With Stderr::Terminal the child's
+// The binary under test: DEVBRIDGE_CLI_PATH (the one this build made), or the
+// environment's DEVBRIDGE_CLI_UNDER_TEST when set (to run the suite against
+// another build, e.g. an older commit's, and see which tests it fails).
+std::string cli_path();
+
+// Runs the binary under test with `args`. With Stderr::Terminal the child's
 // stderr is a pseudo-terminal, as in an interactive shell.
 CliRun run_cli(const std::vector<std::string>& args, Stderr stderr_kind = Stderr::File);
+
+// A child started without waiting for it, so a test can signal it mid-run.
+// stdout and stderr go to files; the destructor kills (SIGKILL) and reaps a
+// child still running.
+class CliProcess {
+ public:
+  explicit CliProcess(const std::vector<std::string>& args);
+  ~CliProcess();
+  CliProcess(const CliProcess&) = delete;
+  CliProcess& operator=(const CliProcess&) = delete;
+
+  // Sends `signal` to the child.
+  void send(int signal);
+  // Waits up to `timeout_seconds` for the child to end. Returns false (and
+  // leaves it running) when it did not.
+  bool wait(double timeout_seconds);
+  // Once wait() returned true: how it ended and what it printed.
+  const CliRun& result() const { return run_; }
+
+ private:
+  int pid_ = -1;
+  bool reaped_ = false;
+  std::string out_path_;
+  std::string err_path_;
+  CliRun run_;
+};
 
 // A fresh directory for this test process's files.
 std::string scratch_dir();
 
 std::string read_file(const std::string& path);
+
+// Why `backend` cannot run here, from `devbridge info --json` (empty when it
+// can): tests of a backend that may be missing skip with this reason.
+std::string backend_unavailable_reason(const std::string& backend);
 
 }  // namespace devbridge::cli::testing

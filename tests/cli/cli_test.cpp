@@ -48,7 +48,11 @@ struct StreamCase {
   std::uint64_t expect_bytes;
   std::uint64_t expect_chunks;
   std::uint64_t expect_device_buffers;
+  // Real wrap-arounds: reservations laid end to end reach the ring's end at
+  // most once per lap, so at most (2 x chunks) / (reservations per lap); a
+  // ring that drains starts over without wrapping.
   std::uint64_t min_ring_wraps;
+  std::uint64_t max_ring_wraps;
 };
 
 // Test names carry the case's name; gtest prints it for the parameter too.
@@ -70,7 +74,12 @@ TEST_P(StreamVerifies, ExitsZeroAndReportsEveryChunkVerified) {
   EXPECT_EQ(report["chunks"], c.expect_chunks);
   EXPECT_EQ(report["chunks_verified"], c.expect_chunks);
   EXPECT_EQ(report["device_buffers"], c.expect_device_buffers);
-  EXPECT_GE(report["ring_wraps"].get<std::uint64_t>(), c.min_ring_wraps);
+  const auto wraps = report["ring_wraps"].get<std::uint64_t>();
+  EXPECT_GE(wraps, c.min_ring_wraps);
+  EXPECT_LE(wraps, c.max_ring_wraps);
+  EXPECT_THAT(run.out, HasSubstr("(wrapped " + std::to_string(wraps) + " time")) << describe(run);
+  EXPECT_EQ(report["bytes_verified"], c.expect_bytes);
+  EXPECT_EQ(report["interrupted"], false);
   // One upload and one download per chunk, none failed, no stray completion.
   EXPECT_EQ(report["copies_submitted"], 2 * c.expect_chunks);
   EXPECT_EQ(report["copies_failed"], 0);
@@ -85,23 +94,31 @@ INSTANTIATE_TEST_SUITE_P(
     Host, StreamVerifies,
     ::testing::Values(
         // The ring holds everything: no wrap.
-        StreamCase{"RingLargerThanData", "host", "8MiB", "1MiB", "4", "64MiB", 8u << 20, 8, 4, 0},
-        // A ring a sixteenth of the data: it wraps many times.
-        StreamCase{"RingWrapsManyTimes", "host", "16MiB", "128KiB", "8", "1MiB", 16u << 20, 128, 8, 10},
-        // One chunk at a time, in a ring of exactly one input and one output.
-        StreamCase{"InflightOne", "host", "4MiB", "64KiB", "1", "128KiB", 4u << 20, 64, 1, 30},
+        StreamCase{"RingLargerThanData", "host", "8MiB", "1MiB", "4", "64MiB", 8u << 20, 8, 4, 0, 0},
+        // A ring a sixteenth of the data (8 reservations a lap, 256 in all).
+        StreamCase{"RingWrapsManyTimes", "host", "16MiB", "128KiB", "8", "1MiB", 16u << 20, 128, 8, 0, 32},
+        // One chunk at a time, in a ring of exactly one input and one output:
+        // a chunk's input and output fill the ring and the next one wraps,
+        // unless the input was released before the output was reserved (the
+        // ring drained, and the output started over at 0).
+        StreamCase{"InflightOne", "host", "4MiB", "64KiB", "1", "128KiB", 4u << 20, 64, 1, 0, 63},
+        // One chunk at a time in a ring of sixteen: the ring drains after
+        // every chunk and starts over at offset 0, never reaching its end.
+        StreamCase{"RingDrainsAreNotWraps", "host", "4MiB", "64KiB", "1", "1MiB", 4u << 20, 64, 1, 0, 0},
         // Deeper than the ring allows: the ring bounds the device buffers.
-        StreamCase{"InflightDeeperThanRing", "host", "8MiB", "128KiB", "64", "1MiB", 8u << 20, 64, 8, 4},
+        StreamCase{"InflightDeeperThanRing", "host", "8MiB", "128KiB", "64", "1MiB", 8u << 20, 64, 8, 0, 16},
         // A short last chunk (12 bytes).
-        StreamCase{"ShortLastChunk", "host", "3145740", "1MiB", "3", "4MiB", 3145740, 4, 3, 0},
-        // Chunks that are not a multiple of the 64-byte ring alignment.
-        StreamCase{"UnalignedChunks", "host", "10000", "100", "2", "256", 10000, 100, 2, 10},
+        StreamCase{"ShortLastChunk", "host", "3145740", "1MiB", "3", "4MiB", 3145740, 4, 3, 0, 2},
+        // Chunks that are not a multiple of the 64-byte ring alignment: 100
+        // bytes at 0 and 128 fill a 256-byte ring.
+        StreamCase{"UnalignedChunks", "host", "10000", "100", "2", "256", 10000, 100, 2, 0, 99},
         // A chunk larger than the data is the data.
-        StreamCase{"ChunkLargerThanData", "host", "4096", "1MiB", "8", "8KiB", 4096, 1, 1, 0},
-        StreamCase{"FractionalSizes", "host", "1.5MiB", "0.25MiB", "2", "1MiB", 3u << 19, 6, 2, 0},
+        StreamCase{"ChunkLargerThanData", "host", "4096", "1MiB", "8", "8KiB", 4096, 1, 1, 0, 0},
+        StreamCase{"FractionalSizes", "host", "1.5MiB", "0.25MiB", "2", "1MiB", 3u << 19, 6, 2, 0, 3},
         // The fake device completes each copy at submit; the data still moves.
-        StreamCase{"FakeBackend", "fake", "8MiB", "256KiB", "4", "2MiB", 8u << 20, 32, 4, 2},
-        StreamCase{"FakeBackendInflightOne", "fake", "1MiB", "64KiB", "1", "128KiB", 1u << 20, 16, 1, 7}),
+        StreamCase{"FakeBackend", "fake", "8MiB", "256KiB", "4", "2MiB", 8u << 20, 32, 4, 0, 8},
+        StreamCase{"FakeBackendInflightOne", "fake", "1MiB", "64KiB", "1", "128KiB", 1u << 20, 16, 1, 0, 15},
+        StreamCase{"FakeRingDrainsAreNotWraps", "fake", "1MiB", "64KiB", "1", "1MiB", 1u << 20, 16, 1, 0, 0}),
     [](const ::testing::TestParamInfo<StreamCase>& info) { return std::string(info.param.name); });
 
 TEST(Stream, AutoPicksAnAvailableBackendAndVerifies) {
@@ -115,15 +132,7 @@ TEST(Stream, AutoPicksAnAvailableBackendAndVerifies) {
 // The same worker over the OpenCL backend (PoCL in CI): uploads, the compute
 // role as an OpenCL kernel, downloads, all verified.
 TEST(Stream, OpenCLStreamsAndVerifiesWhereADeviceIsThere) {
-  const std::string info_path = scratch_dir() + "/info-opencl.json";
-  const CliRun info = run_cli({"info", "--json", info_path});
-  ASSERT_EQ(info.exit_code, 0) << describe(info);
-  std::string why = "this build has no OpenCL backend";
-  const nlohmann::json listing = nlohmann::json::parse(read_file(info_path));
-  for (const nlohmann::json& backend : listing["backends"]) {
-    if (backend["name"] == "opencl") why = backend["available"] == true ? "" : backend["reason"].get<std::string>();
-  }
-  if (!why.empty()) GTEST_SKIP() << why;
+  if (const std::string why = backend_unavailable_reason("opencl"); !why.empty()) GTEST_SKIP() << why;
 
   CliRun run;
   const nlohmann::json report = stream_json(
@@ -145,7 +154,7 @@ TEST(Stream, JsonReportHasEveryDocumentedField) {
        {"command", "backend", "device_name", "device_string", "bytes", "chunk_bytes", "chunks", "chunks_verified",
         "inflight", "device_buffers", "ring_bytes", "ring_wraps", "seconds", "upload_busy_seconds",
         "download_busy_seconds", "upload_gbps", "download_gbps", "end_to_end_gbps", "copies_submitted",
-        "copies_failed", "stale_completions", "verified", "errors"}) {
+        "copies_failed", "stale_completions", "bytes_verified", "verified", "interrupted", "signal", "errors"}) {
     EXPECT_TRUE(report.contains(field)) << field;
   }
   EXPECT_EQ(report["command"], "stream");
@@ -153,6 +162,9 @@ TEST(Stream, JsonReportHasEveryDocumentedField) {
   EXPECT_EQ(report["chunk_bytes"], 64 * 1024);
   EXPECT_EQ(report["inflight"], 8);
   EXPECT_EQ(report["ring_bytes"], 256 * 1024);
+  EXPECT_EQ(report["bytes_verified"], 1024 * 1024);
+  EXPECT_EQ(report["interrupted"], false);
+  EXPECT_TRUE(report["signal"].is_null());
   for (const char* rate : {"upload_gbps", "download_gbps", "end_to_end_gbps"}) {
     EXPECT_TRUE(report[rate].is_number()) << rate;
     EXPECT_GE(report[rate].get<double>(), 0.0) << rate;
@@ -295,11 +307,11 @@ INSTANTIATE_TEST_SUITE_P(
         UsageCase{"NegativeBytes", {"stream", "--bytes", "-1"}, "--bytes: '-1' is not a size"},
         UsageCase{"FractionOfAByte", {"stream", "--bytes", "1.5"}, "not a whole number of bytes"},
         UsageCase{"HugeBytes", {"stream", "--bytes", "20000000TiB"}, "too large"},
-        UsageCase{"ZeroBytes", {"stream", "--bytes", "0"}, "--bytes: must be more than 0"},
-        UsageCase{"BytesNotFloats", {"stream", "--bytes", "4098"}, "--bytes: 4098 is not a multiple of 4"},
+        UsageCase{"ZeroBytes", {"stream", "--bytes", "0"}, "--bytes: '0': must be more than 0"},
+        UsageCase{"BytesNotFloats", {"stream", "--bytes", "4098"}, "--bytes: '4098' (4098 bytes) is not a multiple of 4"},
         UsageCase{"MalformedChunk", {"stream", "--chunk", "four"}, "--chunk: 'four' is not a size"},
-        UsageCase{"ZeroChunk", {"stream", "--chunk", "0"}, "--chunk: must be more than 0"},
-        UsageCase{"ChunkNotFloats", {"stream", "--chunk", "1022"}, "--chunk: 1022 is not a multiple of 4"},
+        UsageCase{"ZeroChunk", {"stream", "--chunk", "0"}, "--chunk: '0': must be more than 0"},
+        UsageCase{"ChunkNotFloats", {"stream", "--chunk", "1022"}, "--chunk: '1022' (1022 bytes) is not a multiple of 4"},
         UsageCase{"ChunkLargerThanRing",
                   {"stream", "--chunk", "4MiB", "--ring-bytes", "6MiB"},
                   "needs at least 8388608 bytes"},
@@ -308,13 +320,17 @@ INSTANTIATE_TEST_SUITE_P(
                   "needs at least 256 bytes"},
         UsageCase{"HugeChunk",
                   {"stream", "--bytes", "16000000TiB", "--chunk", "16000000TiB"},
-                  "--chunk: 17592186044416000000 bytes is too large"},
-        UsageCase{"ZeroRing", {"stream", "--ring-bytes", "0"}, "--ring-bytes: must be more than 0"},
-        UsageCase{"InflightZero", {"stream", "--inflight", "0"}, "--inflight: must be at least 1"},
+                  "--chunk: '16000000TiB' (17592186044416000000 bytes) is too large"},
+        UsageCase{"ZeroRing", {"stream", "--ring-bytes", "0"}, "--ring-bytes: '0': must be more than 0"},
+        UsageCase{"InflightZero", {"stream", "--inflight", "0"}, "--inflight: '0': must be at least 1"},
         UsageCase{"InflightNegative", {"stream", "--inflight", "-3"}, "--inflight: '-3' is not a whole number"},
         UsageCase{"InflightNotANumber", {"stream", "--inflight", "lots"}, "--inflight: 'lots' is not a whole number"},
         UsageCase{"StallTimeoutZero", {"stream", "--stall-timeout", "0"}, "--stall-timeout"},
         UsageCase{"JsonUnwritable", {"stream", "--json", "/nonexistent-dir/report.json"}, "--json: cannot write"},
+        // An empty path used to be taken for no --json at all, and the run went ahead.
+        UsageCase{"JsonEmpty", {"stream", "--json", ""}, "--json: '' is not a path"},
+        UsageCase{"JsonIsADirectory", {"stream", "--json", "."}, "--json: cannot write '.': Is a directory"},
+        UsageCase{"JsonEndsInASlash", {"stream", "--json", "reports/"}, "--json: cannot write 'reports/'"},
         UsageCase{"InjectWithoutFake",
                   {"stream", "--backend", "host", "--fake-inject", "copy_h2d:lost_completion"},
                   "only with --backend fake"},
@@ -322,11 +338,37 @@ INSTANTIATE_TEST_SUITE_P(
                   {"stream", "--backend", "fake", "--fake-inject", "teleport:fatal"},
                   "unknown call 'teleport'"},
         UsageCase{"InjectMalformed", {"stream", "--backend", "fake", "--fake-inject", "nonsense"}, "CALL:FAILURE"},
+        UsageCase{"InjectEmpty", {"stream", "--backend", "fake", "--fake-inject", ""}, "--fake-inject: ''"},
+        UsageCase{"InjectUnknownFailure",
+                  {"stream", "--backend", "fake", "--fake-inject", "copy_h2d:melt"},
+                  "unknown failure 'melt'"},
+        // A failure that cannot fire on that call: refused before anything
+        // runs (it used to start the run, which then failed with exit 1).
+        UsageCase{"InjectFatalIntoFree",
+                  {"stream", "--backend", "fake", "--fake-inject", "free:fatal"},
+                  "failure fatal cannot apply to call free"},
+        UsageCase{"InjectAllocationFailureIntoUpload",
+                  {"stream", "--backend", "fake", "--fake-inject", "copy_h2d:allocation_failed"},
+                  "failure allocation_failed cannot apply to call copy_h2d (allocation_failed applies to: allocate, "
+                  "allocate_host)"},
+        UsageCase{"InjectInvalidViewIntoAllocate",
+                  {"stream", "--backend", "fake", "--fake-inject", "allocate:invalid_view:2"},
+                  "failure invalid_view cannot apply to call allocate"},
+        UsageCase{"InjectLostCompletionIntoLaunch",
+                  {"stream", "--backend", "fake", "--fake-inject", "launch:lost_completion"},
+                  "failure lost_completion cannot apply to call launch"},
+        // "CALL:FAILURE:" used to be read as N = 1.
+        UsageCase{"InjectEmptyN",
+                  {"stream", "--backend", "fake", "--fake-inject", "copy_h2d:lost_completion:"},
+                  "N '' is not a whole number"},
         UsageCase{"CorruptPastTheEnd",
                   {"stream", "--bytes", "4096", "--corrupt-element", "1024"},
                   "past the last element"},
+        UsageCase{"CorruptEmpty", {"stream", "--corrupt-element", ""}, "--corrupt-element: '' is not a whole number"},
         UsageCase{"InfoUnknownOption", {"info", "--bogus"}, "--bogus"},
-        UsageCase{"InfoJsonUnwritable", {"info", "--json", "/nonexistent-dir/info.json"}, "--json: cannot write"}),
+        UsageCase{"InfoJsonUnwritable", {"info", "--json", "/nonexistent-dir/info.json"}, "--json: cannot write"},
+        UsageCase{"InfoJsonEmpty", {"info", "--json", ""}, "--json: '' is not a path"},
+        UsageCase{"InfoJsonIsADirectory", {"info", "--json", "."}, "--json: cannot write '.': Is a directory"}),
     [](const ::testing::TestParamInfo<UsageCase>& info) { return std::string(info.param.name); });
 
 // ---- help, version, info ---------------------------------------------------
@@ -341,6 +383,19 @@ TEST(Help, ExitsZeroAndNamesTheCommands) {
   EXPECT_EQ(stream.exit_code, 0) << describe(stream);
   for (const char* option : {"--backend", "--bytes", "--chunk", "--inflight", "--ring-bytes", "--json", "--quiet"}) {
     EXPECT_THAT(stream.out, HasSubstr(option));
+  }
+
+  // --backend lists every backend the registry knows, whether built here or not.
+  const std::string path = scratch_dir() + "/help-backends.json";
+  ASSERT_EQ(run_cli({"info", "--json", path}).exit_code, 0);
+  const std::string::size_type at = stream.out.find("--backend");
+  ASSERT_NE(at, std::string::npos);
+  const std::string backend_help = stream.out.substr(at, stream.out.find("\n  -", at) - at);
+  EXPECT_THAT(backend_help, HasSubstr("auto"));
+  const nlohmann::json listing = nlohmann::json::parse(read_file(path));
+  ASSERT_GE(listing["backends"].size(), 4u);  // fake, host, cuda, opencl
+  for (const nlohmann::json& backend : listing["backends"]) {
+    EXPECT_THAT(backend_help, HasSubstr(backend["name"].get<std::string>())) << backend_help;
   }
 
   const CliRun version = run_cli({"--version"});
