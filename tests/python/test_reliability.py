@@ -263,6 +263,31 @@ def test_exported_memory_stays_valid_after_close_until_its_consumer_lets_go(rng)
     assert fake.live_allocations() == 0
 
 
+@pytest.mark.parametrize("backend", ["fake", "host"])
+def test_exported_memory_outlives_the_bridge_object_itself(backend):
+    """No close() at all: the Bridge is garbage-collected while a ring array, a DLPack array and a view live."""
+    b = devbridge.Bridge(backend=backend, ring_bytes=1 << 20)
+    if backend == "fake":
+        b.fake.set_auto_complete(True)
+    h = b.alloc(U8, 4096)
+    arr = b.ring.ndarray(b.ring.reserve(4096))
+    arr[:] = 9
+    view = b.view(h, "uint8", 4096)
+    array = np.from_dlpack(b.view(h, "uint8", 4096))
+    array[:] = 4
+    del b
+    collect()
+    assert (arr == 9).all() and (array == 4).all()
+    arr[:] = 1
+    array[:] = 2
+    assert view.closed is False
+    del arr
+    collect()
+    view.close()
+    del array
+    collect()
+
+
 def test_close_is_idempotent_and_later_calls_raise_closed():
     b = fake_bridge()
     h = b.alloc(U8, 4096)
