@@ -36,6 +36,7 @@
 #include <new>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "backends/opencl/opencl_api.hpp"
@@ -348,6 +349,13 @@ class OpenCLBackend final : public Backend {
       return error;
     };
 
+    // The bridge has checked the range; a range that slips through is refused
+    // here as the seam's InvalidRange rather than as a driver error.
+    if (!checked::range_within(request.device_offset, request.len, request.device.bytes))
+      throw Error(ErrorKind::InvalidRange,
+                  fmt::format("opencl {}: device range [{}, +{}) outside a buffer of {} bytes", call,
+                              request.device_offset, request.len, request.device.bytes));
+
     if (request.mode == CopyMode::Sync) {
       if (const cl_int result = enqueue_copy(request, CL_TRUE, nullptr, nullptr); result != CL_SUCCESS)
         throw fail(result);
@@ -466,6 +474,14 @@ class OpenCLBackend final : public Backend {
   }
 
   void launch_axpy(const AxpyLaunch& launch) override {
+    // Whole float32 elements inside each buffer (the kernel indexes by element).
+    const auto bytes = checked::mul(launch.count, sizeof(float));
+    for (const auto& [buffer, offset] : {std::pair{launch.x, launch.x_offset}, std::pair{launch.y, launch.y_offset}}) {
+      if (!bytes || offset % sizeof(float) != 0 || !checked::range_within(offset, *bytes, buffer.bytes))
+        throw Error(ErrorKind::InvalidRange,
+                    fmt::format("opencl axpy: {} float32 at byte offset {} do not fit a buffer of {} bytes",
+                                launch.count, offset, buffer.bytes));
+    }
     std::lock_guard guard(launch_mutex_);  // clSetKernelArg is not thread-safe on one kernel
     cl_kernel kernel = axpy_kernel();
     cl_mem x = as_buffer(launch.x);
