@@ -7,10 +7,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "backends/opencl/opencl_errors.hpp"
 #include "devbridge/backends.hpp"
@@ -170,6 +174,85 @@ TEST_F(OpenCLDevice, ABufferOverTheDevicesLimitIsRefusedBeforeTheDriverSeesIt) {
   EXPECT_THAT(error.what(), HasSubstr("CL_DEVICE_MAX_MEM_ALLOC_SIZE"));
   EXPECT_THAT(error.what(), HasSubstr(std::to_string(std::uint64_t{1} << 62)));
   EXPECT_EQ(live_allocations(backend), 0u);
+}
+
+// Issue 10, defect 2: a ring within a page of 2^64 wrapped `bytes + page`
+// into a 4 KiB buffer that reported the whole size. Every ring the device
+// cannot hold in one buffer is AllocationFailed naming the size asked.
+TEST_F(OpenCLDevice, ARingTooLargeForOneBufferIsRefusedNamingItsSize) {
+  auto backend = make_opencl_backend();
+  constexpr std::uint64_t kMax = ~std::uint64_t{0};
+  for (const std::uint64_t bytes : {kMax, kMax - 1, kMax - 4095, kMax - 4096, std::uint64_t{1} << 63}) {
+    SCOPED_TRACE("allocate_host " + std::to_string(bytes));
+    const Error error = error_of([&] { backend->allocate_host(bytes); });
+    EXPECT_EQ(error.kind(), ErrorKind::AllocationFailed);
+    EXPECT_THAT(error.what(), HasSubstr(std::to_string(bytes)));
+  }
+  const HostBlock block = backend->allocate_host(4096);
+  EXPECT_EQ(block.bytes, 4096u);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(block.data) % 4096, 0u);
+  std::memset(block.data, 0x5A, 4096);  // all of it is there
+  backend->free_host(block);
+}
+
+// Ranges that reach the backend past the bridge are the seam's InvalidRange.
+TEST_F(OpenCLDevice, RangesOutsideABufferAreInvalidRange) {
+  auto backend = make_opencl_backend();
+  constexpr std::uint64_t kMax = ~std::uint64_t{0};
+  const HostBlock ring = backend->allocate_host(4096);
+  const DeviceAllocation buffer = backend->allocate(4096, 64);
+  struct Range {
+    std::uint64_t offset, len;
+  };
+  for (const Range range : {Range{4096, 1}, Range{1, 4096}, Range{kMax, 2}, Range{std::uint64_t{1} << 63,
+                                                                                  std::uint64_t{1} << 63}}) {
+    SCOPED_TRACE("device range " + std::to_string(range.offset) + " +" + std::to_string(range.len));
+    for (const CopyMode mode : {CopyMode::Sync, CopyMode::Async}) {
+      const CopyRequest request{CopyDirection::HostToDevice, mode, CopyEvent{1, 1, 1}, ring.data, buffer,
+                                range.offset, range.len};
+      EXPECT_EQ(error_of([&] { backend->submit_copy(request); }).kind(), ErrorKind::InvalidRange);
+    }
+    const AxpyLaunch launch{buffer, range.offset, buffer, 0, range.len / 4 + 1, 1.0f, 0.0f};
+    EXPECT_EQ(error_of([&] { backend->launch_axpy(launch); }).kind(), ErrorKind::InvalidRange);
+  }
+  // Not whole float32 elements, and a count whose byte size does not fit.
+  EXPECT_EQ(error_of([&] { backend->launch_axpy(AxpyLaunch{buffer, 2, buffer, 0, 4, 1.0f, 0.0f}); }).kind(),
+            ErrorKind::InvalidRange);
+  EXPECT_EQ(error_of([&] { backend->launch_axpy(AxpyLaunch{buffer, 0, buffer, 0, kMax / 2, 1.0f, 0.0f}); }).kind(),
+            ErrorKind::InvalidRange);
+  std::vector<Completion> drained;
+  backend->quiesce();
+  backend->drain_completions(drained);
+  EXPECT_TRUE(drained.empty()) << "a refused copy must not be reported";
+  backend->free(buffer);
+  backend->free_host(ring);
+  EXPECT_EQ(live_allocations(*backend), 0u);
+}
+
+// A timeout too large to add to the clock waits; it does not return at once.
+TEST_F(OpenCLDevice, AHugeWaitTimeoutWaitsForTheCopy) {
+  auto backend = make_opencl_backend();
+  const HostBlock ring = backend->allocate_host(4096);
+  const DeviceAllocation buffer = backend->allocate(4096, 64);
+  hold_copies(*backend, true);
+  backend->submit_copy(CopyRequest{CopyDirection::HostToDevice, CopyMode::Async, CopyEvent{1, 1, 7}, ring.data,
+                                   buffer, 0, 4096});
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    hold_copies(*backend, false);
+  });
+  std::vector<Completion> drained;
+  const auto start = std::chrono::steady_clock::now();
+  while (drained.empty()) {
+    EXPECT_TRUE(backend->wait_for_completions(std::chrono::nanoseconds::max()));
+    backend->drain_completions(drained);
+    ASSERT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  }
+  releaser.join();
+  ASSERT_EQ(drained.size(), 1u);
+  EXPECT_TRUE(drained[0].ok);
+  backend->free(buffer);
+  backend->free_host(ring);
 }
 
 TEST_F(OpenCLDevice, AViewNamesTheBufferByHandleWithTheOffsetApart) {
