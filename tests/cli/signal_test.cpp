@@ -111,6 +111,22 @@ INSTANTIATE_TEST_SUITE_P(Stream, StreamStoppedBySignal,
                                            SignalCase{"Sigterm", SIGTERM, 143, "SIGTERM"}),
                          [](const ::testing::TestParamInfo<SignalCase>& info) { return std::string(info.param.name); });
 
+// A second signal while the first one's drain is under way ends the process
+// at once, the default way; it leaves neither a report nor its temporary file.
+TEST(StreamSignals, ASecondSignalEndsItAtOnceLeavingNoFile) {
+  const std::filesystem::path dir = fresh_dir("second-signal");
+  // Big chunks, so that draining the one in flight takes a while.
+  CliProcess child({"stream", "--backend", "host", "--bytes", "64GiB", "--chunk", "128MiB", "--ring-bytes", "256MiB",
+                    "--inflight", "1", "--json", (dir / "report.json").string()});
+  wait_until_running(dir, 1, std::chrono::milliseconds(300));
+  child.send(SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  child.send(SIGINT);
+  ASSERT_TRUE(child.wait(30));
+  EXPECT_EQ(child.result().signal, SIGINT) << describe(child.result());
+  EXPECT_EQ(entries(dir), 0u);
+}
+
 // Killed outright (no handler runs), the stream leaves the report's path as
 // it was: it writes to a temporary file and renames it over the path only
 // when the report is complete.

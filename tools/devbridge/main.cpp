@@ -63,6 +63,12 @@ std::string one_line(std::string_view text) {
   return out;
 }
 
+// The report's temporary file, for the signal handler: a second signal ends
+// the process at once, and the handler removes the temporary first (unlink is
+// async-signal-safe). Published by `g_temp_path_set` after it is written.
+char g_temp_path[4096];
+std::atomic<bool> g_temp_path_set{false};
+
 // Where --json goes. Checked before anything runs, so a path that cannot be
 // written is a usage error rather than a lost report:
 //  - "-": stdout.
@@ -116,6 +122,10 @@ class JsonSink {
     const int fd = ::mkstemp(temp.data());
     if (fd < 0) refuse(errno);
     temp_ = temp;
+    if (temp_.size() < sizeof g_temp_path) {
+      std::memcpy(g_temp_path, temp_.c_str(), temp_.size() + 1);
+      g_temp_path_set.store(true, std::memory_order_release);
+    }
     if (::fchmod(fd, mode_) != 0 || (file_ = ::fdopen(fd, "w")) == nullptr) {
       const int error = errno;
       ::close(fd);
@@ -143,7 +153,7 @@ class JsonSink {
       const int close_result = std::fclose(file_);
       file_ = nullptr;
       ok = ok && close_result == 0 && std::rename(temp_.c_str(), target_.c_str()) == 0;
-      if (ok) temp_.clear();
+      if (ok) forget_temp();
     }
     if (!ok) fmt::print(stderr, "devbridge: --json: writing '{}' failed: {}\n", path_, std::strerror(errno));
     return ok;
@@ -155,6 +165,10 @@ class JsonSink {
   }
   void discard_temp() noexcept {
     if (!temp_.empty()) ::unlink(temp_.c_str());
+    forget_temp();
+  }
+  void forget_temp() noexcept {
+    g_temp_path_set.store(false, std::memory_order_release);
     temp_.clear();
   }
 
@@ -170,13 +184,15 @@ class JsonSink {
 // Set by the handler to the signal's number; the stream looks at it between
 // chunks. The handler does nothing else (it must be async-signal-safe), except
 // that a second signal while the first is being handled ends the process the
-// default way: the user insists.
+// default way (the user insists), after removing the report's temporary file.
 std::atomic<int> g_stop_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free);
+static_assert(std::atomic<bool>::is_always_lock_free);
 
 extern "C" void on_stop_signal(int signal) {
   int none = 0;
   if (!g_stop_signal.compare_exchange_strong(none, signal)) {
+    if (g_temp_path_set.load(std::memory_order_acquire)) ::unlink(g_temp_path);
     std::signal(signal, SIG_DFL);
     std::raise(signal);
   }
