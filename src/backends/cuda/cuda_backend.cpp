@@ -23,7 +23,7 @@
 // never disturbed.
 #include "devbridge/backends/cuda.hpp"
 
-#include <spdlog/spdlog.h>
+#include "core/log.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -251,10 +251,10 @@ class CudaBackend final : public Backend {
       ContextGuard guard(driver_, context_, Operation::Release);
       CUresult result = driver_.cuMemFree_v2(static_cast<CUdeviceptr>(allocation.token));
       if (result != CUDA_SUCCESS)
-        spdlog::warn("devbridge cuda: {} (allocation {}, {} bytes)", driver_.describe_failure("cuMemFree", result),
+        devbridge::detail::log().warn("devbridge cuda: {} (allocation {}, {} bytes)", driver_.describe_failure("cuMemFree", result),
                      hex(allocation.address), allocation.bytes);
     } catch (const std::exception& error) {
-      spdlog::warn("devbridge cuda: cannot free allocation {}: {}", hex(allocation.address), error.what());
+      devbridge::detail::log().warn("devbridge cuda: cannot free allocation {}: {}", hex(allocation.address), error.what());
     }
   }
 
@@ -277,9 +277,9 @@ class CudaBackend final : public Backend {
       ContextGuard guard(driver_, context_, Operation::Release);
       CUresult result = driver_.cuMemFreeHost(block.data);
       if (result != CUDA_SUCCESS)
-        spdlog::warn("devbridge cuda: {} ({} bytes)", driver_.describe_failure("cuMemFreeHost", result), block.bytes);
+        devbridge::detail::log().warn("devbridge cuda: {} ({} bytes)", driver_.describe_failure("cuMemFreeHost", result), block.bytes);
     } catch (const std::exception& error) {
-      spdlog::warn("devbridge cuda: cannot free the page-locked block: {}", error.what());
+      devbridge::detail::log().warn("devbridge cuda: cannot free the page-locked block: {}", error.what());
     }
   }
 
@@ -774,7 +774,7 @@ class CudaBackend final : public Backend {
   void synchronize(CUstream stream, const char* which) {
     CUresult result = driver_.cuStreamSynchronize(stream);
     if (result != CUDA_SUCCESS)
-      spdlog::warn("devbridge cuda: quiesce: {}",
+      devbridge::detail::log().warn("devbridge cuda: quiesce: {}",
                    driver_.describe_failure(std::string("cuStreamSynchronize(") + which + ")", result));
   }
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <system_error>
 
-#include <spdlog/spdlog.h>
+#include "core/log.hpp"
 
 #include "devbridge/checked.hpp"
 #include "devbridge/error.hpp"
@@ -90,7 +90,7 @@ CopyEngine::CopyEngine(std::uint64_t inline_max_bytes) : inline_max_bytes_(inlin
     // Named threads make `top -H` and debuggers readable; failure is cosmetic
     // but still reported.
     if (int rc = pthread_setname_np(lanes_[lane].thread.native_handle(), kThreadNames[lane]); rc != 0) {
-      spdlog::warn("host backend: pthread_setname_np({}): {}", kThreadNames[lane], std::strerror(rc));
+      devbridge::detail::log().warn("host backend: pthread_setname_np({}): {}", kThreadNames[lane], std::strerror(rc));
     }
   }
 }

@@ -17,7 +17,7 @@
 #include <unordered_set>
 
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
+#include "core/log.hpp"
 
 #include "backends/host/copy_engine.hpp"
 #include "backends/host/system_info.hpp"
@@ -141,7 +141,7 @@ class HostBackend final : public Backend {
     {
       std::lock_guard lock(memory_mutex_);
       if (allocations_.erase(allocation.token) == 0) {
-        spdlog::error("host backend: free of 0x{:x} ({} bytes), which is not a live allocation; ignored",
+        devbridge::detail::log().error("host backend: free of 0x{:x} ({} bytes), which is not a live allocation; ignored",
                       allocation.address, allocation.bytes);
         return;
       }
@@ -180,7 +180,7 @@ class HostBackend final : public Backend {
       block.locked = false;
       note = fmt::format("mlock failed: {} ({}); the {} ring is pageable", describe_errno(error), memlock_limit(),
                          format_bytes(mapped));
-      spdlog::warn("host backend: {}", note);
+      devbridge::detail::log().warn("host backend: {}", note);
     }
 
     try {
@@ -200,7 +200,7 @@ class HostBackend final : public Backend {
       std::lock_guard lock(memory_mutex_);
       const auto it = host_blocks_.find(host_block.data);
       if (it == host_blocks_.end()) {
-        spdlog::error("host backend: free_host of {} ({} bytes), which is not a live host block; ignored",
+        devbridge::detail::log().error("host backend: free_host of {} ({} bytes), which is not a live host block; ignored",
                       static_cast<const void*>(host_block.data), host_block.bytes);
         return;
       }
@@ -300,11 +300,11 @@ class HostBackend final : public Backend {
 
   static void unmap(std::byte* data, const RingBlock& block) noexcept {
     if (block.locked && munlock(data, block.mapped) != 0) {
-      spdlog::error("host backend: munlock of the {}-byte host block at {} failed: {}", block.mapped,
+      devbridge::detail::log().error("host backend: munlock of the {}-byte host block at {} failed: {}", block.mapped,
                     static_cast<const void*>(data), describe_errno(errno));
     }
     if (munmap(data, block.mapped) != 0) {
-      spdlog::error("host backend: munmap of the {}-byte host block at {} failed: {}", block.mapped,
+      devbridge::detail::log().error("host backend: munmap of the {}-byte host block at {} failed: {}", block.mapped,
                     static_cast<const void*>(data), describe_errno(errno));
     }
   }
@@ -314,7 +314,7 @@ class HostBackend final : public Backend {
   void release_leftovers() noexcept {
     std::lock_guard lock(memory_mutex_);
     if (!allocations_.empty() || !host_blocks_.empty()) {
-      spdlog::warn("host backend destroyed with {} live allocations and {} host blocks; freeing them",
+      devbridge::detail::log().warn("host backend destroyed with {} live allocations and {} host blocks; freeing them",
                    allocations_.size(), host_blocks_.size());
     }
     for (const auto address : allocations_) std::free(reinterpret_cast<void*>(address));

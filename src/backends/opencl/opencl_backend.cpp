@@ -21,7 +21,7 @@
 // cl_mem handle and its byte_offset stays separate, as DLPack's kDLOpenCL
 // asks.
 #include <fmt/format.h>
-#include <spdlog/spdlog.h>
+#include "core/log.hpp"
 #include <unistd.h>
 
 #include <atomic>
@@ -292,7 +292,7 @@ class OpenCLBackend final : public Backend {
   void free(const DeviceAllocation& allocation) noexcept override {
     // The driver keeps the buffer until queued commands that use it finish.
     if (const cl_int result = cl_.clReleaseMemObject(as_buffer(allocation)); result != CL_SUCCESS)
-      spdlog::warn("devbridge opencl: {}", make_error(result, "clReleaseMemObject", Operation::Release).what());
+      devbridge::detail::log().warn("devbridge opencl: {}", make_error(result, "clReleaseMemObject", Operation::Release).what());
     live_allocations_.fetch_sub(1, std::memory_order_relaxed);
   }
 
@@ -334,7 +334,7 @@ class OpenCLBackend final : public Backend {
     if (const cl_int result =
             cl_.clEnqueueUnmapMemObject(queue_.get(), mapping->buffer, mapping->mapped, 0, nullptr, nullptr);
         result != CL_SUCCESS)
-      spdlog::warn("devbridge opencl: {}", make_error(result, "clEnqueueUnmapMemObject", Operation::Release).what());
+      devbridge::detail::log().warn("devbridge opencl: {}", make_error(result, "clEnqueueUnmapMemObject", Operation::Release).what());
     cl_.clReleaseMemObject(mapping->buffer);
   }
 
@@ -396,7 +396,7 @@ class OpenCLBackend final : public Backend {
       }
     }
     if (const cl_int result = cl_.clFlush(queue_.get()); result != CL_SUCCESS)
-      spdlog::warn("devbridge opencl: {}", make_error(result, "clFlush", operation).what());
+      devbridge::detail::log().warn("devbridge opencl: {}", make_error(result, "clFlush", operation).what());
     // Without a callback nobody would wake a waiter: finish the copy here
     // (it is still reported through drain_completions like any other).
     if (!callback_set) cl_.clWaitForEvents(1, &done);
@@ -444,9 +444,14 @@ class OpenCLBackend final : public Backend {
 
   void quiesce() override {
     hold_copies(false);
+    // Unlike a faulted CUDA context, a queue whose clFinish failed gives no
+    // promise that its commands stopped (launches are not even tracked): the
+    // quiesce fails, so the bridge frees nothing the device may still touch,
+    // and a later restart retries it.
     if (const cl_int result = cl_.clFinish(queue_.get()); result != CL_SUCCESS) {
-      spdlog::error("devbridge opencl: quiesce: {}", make_error(result, "clFinish", Operation::Release).what());
       mark_queue_unusable();
+      const Error error = make_error(result, "clFinish", Operation::Release, "quiesce");
+      throw Error(error.kind(), error.message(), /*fatal=*/true);
     }
     // clFinish returns when the commands are done; their callbacks may still
     // be running on the driver's threads, and they point at this backend.
@@ -454,7 +459,10 @@ class OpenCLBackend final : public Backend {
       std::unique_lock lock(signal_mutex_);
       if (!signal_cv_.wait_for(lock, kCallbackDrainLimit,
                                [&] { return callbacks_outstanding_.load(std::memory_order_acquire) == 0; }))
-        spdlog::error("devbridge opencl: quiesce: {} event callbacks never ran", callbacks_outstanding_.load());
+        throw Error(ErrorKind::Unavailable,
+                    fmt::format("opencl quiesce: {} event callbacks have not run yet; they point at this backend",
+                                callbacks_outstanding_.load()),
+                    /*fatal=*/true);
     }
     // After a fatal failure the in-order queue has no defined state: start a
     // new one (the bridge calls quiesce from restart, with no other call in
@@ -468,7 +476,7 @@ class OpenCLBackend final : public Backend {
       try {
         queue_ = make_queue();
       } catch (const Error& e) {
-        spdlog::error("devbridge opencl: a new queue after a fatal failure: {}", e.what());
+        devbridge::detail::log().error("devbridge opencl: a new queue after a fatal failure: {}", e.what());
       }
     }
   }
@@ -510,7 +518,7 @@ class OpenCLBackend final : public Backend {
     }
     // The launch is queued whatever happens now: a failed flush is reported, not thrown.
     if (const cl_int result = cl_.clFlush(queue_.get()); result != CL_SUCCESS)
-      spdlog::warn("devbridge opencl: {}", make_error(result, "clFlush", Operation::Launch).what());
+      devbridge::detail::log().warn("devbridge opencl: {}", make_error(result, "clFlush", Operation::Launch).what());
   }
 
   // ---- observation and test controls ----
