@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 PRESET ?= release
 BUILD := build/$(PRESET)
 
-.PHONY: setup build test test-core test-sanitizers bench run gpu-check install clean
+.PHONY: setup build test test-core test-sanitizers fuzz bench run gpu-check install clean
 
 setup:
 	@bash scripts/setup.sh
@@ -20,13 +20,20 @@ test: build
 	@BUILD=$(BUILD) bash scripts/check-install.sh
 	@bash scripts/python-tests.sh
 
-# The core and conformance suites under AddressSanitizer+UBSan and ThreadSanitizer.
+# The core and conformance suites under AddressSanitizer+UBSan and ThreadSanitizer
+# (the core suite includes the state-machine test against the reference model).
 SANITIZED_TESTS := devbridge_core_tests devbridge_conformance_tests
 test-sanitizers: setup
 	@for p in asan tsan; do \
 	  cmake --preset $$p >/dev/null && cmake --build --preset $$p -j $(JOBS) --target $(SANITIZED_TESTS) && \
 	  ctest --preset $$p -j $(JOBS) -L 'core|conformance' || exit 1; \
 	done
+
+# The libFuzzer target (bridge over the fake backend against the reference
+# model) for FUZZ_SECONDS; fails on any finding (scripts/fuzz.sh).
+FUZZ_SECONDS ?= 60
+fuzz: setup
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) JOBS=$(JOBS) bash scripts/fuzz.sh
 
 bench: build
 	@bash scripts/bench.sh

@@ -211,7 +211,7 @@ class Harness {
   void finish(bool leases_outlive_bridge) {
     if (!bridge_) return;
     trace_.push_back(Op{OpKind::Count, {}});
-    if (!leases_outlive_bridge) end_all_leases();
+    if (!leases_outlive_bridge && (m.config.end_views_while_close_pending || !m.close_pending)) end_all_leases();
     // Each failing close consumes one injected quiesce failure; they are few.
     for (int attempt = 0; attempt < 64; ++attempt) {
       const std::size_t before = trace_.size();
@@ -220,6 +220,7 @@ class Harness {
       if (m.closed && !m.close_pending) break;
     }
     if (m.close_pending) fail("close never succeeded");
+    if (!leases_outlive_bridge) end_all_leases();
     bridge_.reset();
     if (leases_outlive_bridge) end_all_leases();
     const std::uint64_t allocations = backend_live_allocations();

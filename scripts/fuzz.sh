@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer target (CMake preset `fuzz`: clang with
+# -fsanitize=fuzzer,address,undefined; only the target and the library are
+# built) and runs it for FUZZ_SECONDS (default 60) over a scratch copy of the
+# seed corpus (tests/fuzz/corpus/, which stays untouched). Exits non-zero on
+# any finding: a disagreement with the reference model, a sanitizer report, a
+# crash, a hang or running out of memory. The finding's input is kept in
+# FUZZ_ARTIFACTS (default build/fuzz-artifacts); replay it with
+#   build/fuzz/tests/fuzz/devbridge_fuzz <file>
+# Prints executions per second and the total executions.
+#
+# FUZZ_ARGS adds libFuzzer flags (e.g. -jobs=N -workers=N, -seed=S);
+# DEVBRIDGE_FUZZ_RELAX (see tests/fuzz/bridge_fuzzer.cpp) looks past known
+# findings.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds="${FUZZ_SECONDS:-60}"
+build="${FUZZ_BUILD:-build/fuzz}"
+artifacts="${FUZZ_ARTIFACTS:-build/fuzz-artifacts}"
+jobs="${JOBS:-$(nproc)}"
+
+cmake --preset fuzz -B "$build" >/dev/null
+cmake --build "$build" --target devbridge_fuzz -j "$jobs"
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/corpus" "$artifacts"
+cp tests/fuzz/corpus/* "$work/corpus/"
+
+echo "fuzz: running devbridge_fuzz for ${seconds}s (artifacts in $artifacts)"
+status=0
+# allocator_may_return_null: a huge allocation the code under test asks for is
+# its to refuse (AllocationFailed), not ASan's to abort on.
+ASAN_OPTIONS="allocator_may_return_null=1:${ASAN_OPTIONS:-}" \
+UBSAN_OPTIONS="print_stacktrace=1:${UBSAN_OPTIONS:-}" \
+  "$build/tests/fuzz/devbridge_fuzz" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 \
+  -print_final_stats=1 -artifact_prefix="$artifacts/" ${FUZZ_ARGS:-} "$work/corpus" >"$work/log" 2>&1 || status=$?
+
+execs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$work/log" | grep -o '[0-9]*$' | tail -1 || true)"
+rate="$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$work/log" | grep -o '[0-9]*$' | tail -1 || true)"
+if [ "$status" -ne 0 ] || grep -qE 'devbridge model mismatch|ERROR: (AddressSanitizer|libFuzzer|LeakSanitizer)|runtime error:' "$work/log"; then
+  echo "fuzz: FINDING (exit $status) after ${execs:-?} executions:"
+  grep -v -E '^(\s+NEW_FUNC|#[0-9]+\s+(NEW|REDUCE|pulse|INITED))' "$work/log" | tail -80
+  ls -1 "$artifacts" | sed 's/^/fuzz: artifact: /'
+  exit 1
+fi
+echo "fuzz: clean: ${execs:-?} executions in ${seconds}s (${rate:-?} exec/s)"
