@@ -43,6 +43,16 @@ std::string describe(const CopyEvent& e) {
 }
 std::string describe(const HostRange& r) { return fmt::format("host range [offset {}, len {}]", r.offset, r.len); }
 
+std::string_view shape_kind_name(ShapeKind kind) {
+  switch (kind) {
+    case ShapeKind::Scalar: return "scalar, rank 0";
+    case ShapeKind::Vector: return "vector, rank 1";
+    case ShapeKind::Matrix: return "matrix, rank 2";
+    case ShapeKind::Tensor: return "tensor, any rank";
+  }
+  return "unknown";
+}
+
 std::atomic<std::uint64_t> g_next_domain{1};
 
 // Small free-list table of versioned slots, shared by allocations and copies.
@@ -806,7 +816,22 @@ class BridgeCore {
          fmt::format(why, std::forward<Args>(args)...));
   }
 
+  // The rank an object's shape kind allows: scalar 0, vector 1, matrix 2,
+  // tensor any (the contract's "rank/shape kind").
+  static bool rank_fits(ShapeKind kind, int rank) noexcept {
+    switch (kind) {
+      case ShapeKind::Scalar: return rank == 0;
+      case ShapeKind::Vector: return rank == 1;
+      case ShapeKind::Matrix: return rank == 2;
+      case ShapeKind::Tensor: return true;
+    }
+    return false;
+  }
+
   void shape_view(const DeviceHandle& h, const ViewSpec& spec, const AllocationSlot& slot, TensorView& view) const {
+    if (__builtin_expect(!rank_fits(slot.spec.shape, spec.shape.size()), 0))
+      fail_view(h, slot, "rank {} does not fit the object's shape kind ({})", spec.shape.size(),
+                shape_kind_name(slot.spec.shape));
     const std::int64_t elem = dtype_size(spec.dtype);
     if (spec.byte_offset & (elem - 1))
       fail_view(h, slot, "byte offset {} is not a multiple of {}", spec.byte_offset, elem);
@@ -833,10 +858,11 @@ class BridgeCore {
           fail_view(h, slot, "strides overflow");
       }
     }
-    std::int64_t first_byte, end_byte;
+    std::int64_t first_byte, end_element, end_byte;
     const auto offset = static_cast<std::int64_t>(std::min<std::uint64_t>(spec.byte_offset, INT64_MAX / 2));
     if (__builtin_mul_overflow(lowest, elem, &first_byte) || __builtin_add_overflow(first_byte, offset, &first_byte) ||
-        __builtin_mul_overflow(highest + 1, elem, &end_byte) || __builtin_add_overflow(end_byte, offset, &end_byte))
+        __builtin_add_overflow(highest, 1, &end_element) || __builtin_mul_overflow(end_element, elem, &end_byte) ||
+        __builtin_add_overflow(end_byte, offset, &end_byte))
       fail_view(h, slot, "extent overflow");
     if (first_byte < 0 || static_cast<std::uint64_t>(end_byte) > slot.extent)
       fail_view(h, slot, "shape and strides reach bytes [{}, {}) outside the extent", first_byte, end_byte);
@@ -851,7 +877,8 @@ class BridgeCore {
   }
 
   // Ends one lease. A lease of the current generation on an open bridge is the
-  // common case and stays small; the rest are orphans, out of line.
+  // common case and stays small; the rest (orphans, and leases of a bridge
+  // whose close has not freed its memory yet) are out of line.
   void end_view(const DeviceHandle& h) noexcept {
     lock_.lock();
     --outstanding_leases_;
@@ -877,10 +904,17 @@ class BridgeCore {
     bool last;
     {
       std::lock_guard guard(lock_, std::adopt_lock);
-      if (auto orphan = orphans_.find(OrphanKey{h.generation, h.id});
-          orphan != orphans_.end() && --orphan->second.views == 0) {
-        backend_->free(orphan->second.device);
-        orphans_.erase(orphan);
+      if (auto orphan = orphans_.find(OrphanKey{h.generation, h.id}); orphan != orphans_.end()) {
+        if (--orphan->second.views == 0) {
+          backend_->free(orphan->second.device);
+          orphans_.erase(orphan);
+        }
+      } else if (h.generation == generation_) {
+        // Closed, but its quiesce failed: the allocation is still in the
+        // table, and a retried close must see this lease gone.
+        const auto index = id_slot(h.id);
+        auto& slot = allocations_[index];
+        if (slot.in_use && slot.version == id_version(h.id) && slot.views > 0) --slot.views;
       }
       last = !owner_alive_ && outstanding_leases_ == 0;
     }

@@ -282,5 +282,48 @@ TEST_F(ReliabilityTest, CloseDuringABlockedWaitForRoomRefusesIt) {
   EXPECT_DEVBRIDGE_ERROR(ErrorKind::Closed, second.get());
 }
 
+// ---- found by the fuzzer (tests/fuzz) ----
+
+TEST_F(ReliabilityTest, AViewEndedBetweenAFailedCloseAndItsRetryIsNotLeaked) {
+  auto h = alloc();
+  ViewLease view = bridge->view(h, ViewSpec{DType::UInt8, {4096}, std::nullopt, 0});
+  fake->inject(Call::Quiesce, Failure::Fatal);
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::Unavailable, bridge->close());
+  view.reset();  // the allocation is still the bridge's, not an orphan
+  bridge->close();
+  EXPECT_EQ(fake->live_allocations(), 0u);
+  EXPECT_EQ(bridge->stats().orphaned_allocations, 0u);
+}
+
+TEST_F(ReliabilityTest, AViewsRankMustFitTheObjectsShapeKind) {
+  auto vector = bridge->alloc_device(ObjectSpec{4096, 64, DType::Float32, ShapeKind::Vector}, 4096);
+  auto matrix = bridge->alloc_device(ObjectSpec{4096, 64, DType::Float32, ShapeKind::Matrix}, 4096);
+  auto scalar = bridge->alloc_device(ObjectSpec{64, 64, DType::Float32, ShapeKind::Scalar}, 64);
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidTensorView, bridge->view(vector, ViewSpec{DType::Float32, {32, 32}}));
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidTensorView, bridge->view(matrix, ViewSpec{DType::Float32, {1024}}));
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidTensorView, bridge->view(scalar, ViewSpec{DType::Float32, {1}}));
+  EXPECT_TRUE(bridge->view(vector, ViewSpec{DType::Float32, {1024}}));
+  EXPECT_TRUE(bridge->view(matrix, ViewSpec{DType::Float32, {32, 32}}));
+  EXPECT_TRUE(bridge->view(scalar, ViewSpec{DType::Float32, {}}));
+}
+
+TEST_F(ReliabilityTest, StridesReachingInt64MaxAreRefusedWithoutOverflow) {
+  auto h = bridge->alloc_device(float_spec(), 4096);
+  for (std::int64_t stride : {INT64_MAX, INT64_MAX / 2, INT64_MIN + 1}) {
+    EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidTensorView,
+                           bridge->view(h, ViewSpec{DType::Float32, {2}, Dims{stride}, 0}));
+  }
+  EXPECT_EQ(bridge->stats().live_views, 0u);
+}
+
+TEST(FakeBackendLimits, ARingLargerThanTheFakesMemoryIsAllocationFailed) {
+  for (std::uint64_t bytes : {std::uint64_t{(1ull << 20) + 1}, std::uint64_t{1ull << 63}, std::uint64_t{UINT64_MAX - 4095}, std::uint64_t{UINT64_MAX}}) {
+    auto backend = std::make_unique<FakeBackend>(1ull << 20);
+    BridgeOptions options;
+    options.ring_bytes = bytes;
+    EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationFailed, Bridge(std::move(backend), options));
+  }
+}
+
 }  // namespace
 }  // namespace devbridge::testing

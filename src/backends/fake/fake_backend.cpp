@@ -488,6 +488,12 @@ HostBlock FakeBackend::allocate_host(std::uint64_t bytes) {
     throw Error(ErrorKind::AllocationFailed,
                 "fake allocate_host: injected failure: " + std::to_string(bytes) + " host bytes asked");
   }
+  // The fake's memory bounds its host blocks too: a ring near 2^64 bytes is
+  // refused as a driver would refuse it, not left to the allocator.
+  if (bytes > s.memory_bytes)
+    throw Error(ErrorKind::AllocationFailed, "fake allocate_host: " + std::to_string(bytes) +
+                                                 " host bytes asked, more than the fake's memory of " +
+                                                 std::to_string(s.memory_bytes));
   State::HostBlockRecord block;
   try {
     block = {allocate_bytes(bytes, kHostBlockAlignment, "fake allocate_host: host bytes asked"), bytes};
