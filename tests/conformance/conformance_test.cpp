@@ -214,7 +214,7 @@ TEST_P(BackendConformance, DescribesItselfAndItsViews) {
   EXPECT_FALSE(info.dtypes.empty());
   EXPECT_LE(info.free_memory, info.total_memory == 0 ? info.free_memory : info.total_memory);
 
-  const auto h = b.alloc_device(bytes_spec(4096), 4096);
+  const auto h = b.alloc_device(ObjectSpec{4096, 64, DType::UInt8, ShapeKind::Matrix}, 4096);
   const auto lease = b.view(h, view_spec(DType::UInt8, Dims{64, 64}));
   EXPECT_EQ(lease->device, info.device_string);
   EXPECT_EQ(lease->dlpack_device_type, static_cast<int>(info.dlpack_device));
