@@ -54,6 +54,7 @@ from ._errors import (
     Unsupported,
 )
 from ._tinygrad import synchronize as tinygrad_synchronize
+from ._staging import DeviceTensor, ReleaseQueue, download, spec_for_array, upload
 
 __version__ = "0.1.0"
 
@@ -78,5 +79,10 @@ __all__ = [
     "dtypes",
     "list_backends",
     "tinygrad_synchronize",
+    "DeviceTensor",
+    "ReleaseQueue",
+    "download",
+    "spec_for_array",
+    "upload",
     "BridgeError",
 ] + [cls.__name__ for cls in _ERROR_CLASSES]

@@ -1,0 +1,733 @@
+"""The staging layer: one-call upload/download, automatic safe release of ring ranges.
+
+Everything here is pure Python over the bound ``Bridge``; see the "Staging"
+section of docs/PYTHON.md.
+
+* ``spec_for_array(shape, dtype, alignment=256)`` -> ``(ObjectSpec, extent)``,
+  the extent rounded up to the alignment (also ``ObjectSpec.for_array``).
+* ``upload(bridge, array, ...)`` / ``bridge.upload(array, ...)`` -> ``DeviceTensor``:
+  stages a C-contiguous array through the ring in chunks (so an array larger
+  than the ring works), handing each chunk's range back when its copy has
+  completed.
+* ``download(bridge, x, out=None, ...)`` / ``bridge.download(...)`` -> ``numpy.ndarray``.
+* ``ReleaseQueue(bridge)``: ranges that go back to the ring once their copy's
+  event has completed (or failed); ``bridge.release_when_safe(range, event)``
+  and ``bridge.ring.release_when_safe(range, event)`` use one per bridge.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import math
+import operator
+import time
+from typing import Any, Iterable
+
+import numpy as np
+
+from ._devbridge import Bridge, CopyEvent, DeviceHandle, HostRange, HostRing, ObjectSpec, dtype_info
+from ._errors import AllocationStillInUse, Backpressure, BridgeError, Closed, InvalidAlignment, InvalidRange
+
+_U64_MAX = (1 << 64) - 1
+_CHUNK_ALIGN = 4096
+# How long cleanup after a failure waits for this call's own copies still in flight before leaving
+# their ranges to the bridge's release queue (released when safe) and the allocation to a deferred free.
+_CLEANUP_WAIT_S = 30.0
+
+
+# ---------------------------------------------------------------------------------------------- dtypes
+
+
+def _dtype_name(dtype: Any) -> str:
+    """devbridge's name for a dtype given as a name, a numpy dtype or a tinygrad DType."""
+    if isinstance(dtype, str):
+        return dtype_info(dtype)["name"]
+    if isinstance(dtype, np.dtype) or (isinstance(dtype, type) and issubclass(dtype, np.generic)):
+        return dtype_info(np.dtype(dtype).name)["name"]
+    return dtype_info(dtype)["name"]  # a tinygrad DType or anything the module accepts
+
+
+def _numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype of a devbridge dtype; one numpy lacks (bfloat16, float8) is its unsigned bits."""
+    try:
+        return np.dtype(name)
+    except TypeError:
+        return np.dtype(f"uint{dtype_info(name)['itemsize'] * 8}")
+
+
+# ------------------------------------------------------------------------------------------------ spec
+
+
+def _checked_shape(shape: Any) -> tuple[int, ...]:
+    if isinstance(shape, (str, bytes)):
+        raise TypeError(f"shape must be an int or a sequence of ints, not {type(shape).__name__}")
+    try:
+        dims = (operator.index(shape),)
+    except TypeError:
+        dims = tuple(operator.index(d) for d in shape)
+    for d in dims:
+        if d < 0:
+            raise ValueError(f"shape {dims}: dimension {d} is negative")
+    return dims
+
+
+def spec_for_array(shape: Any, dtype: Any, alignment: int = 256) -> tuple[ObjectSpec, int]:
+    """An ``ObjectSpec`` for one array of ``shape`` and ``dtype`` and the extent to allocate.
+
+    The extent is the array's byte size rounded up to ``alignment`` (a power of
+    two), and is the spec's ``max_extent``. A shape whose byte size (or rounded
+    extent) passes 2**64 - 1 raises ``OverflowError``; an empty shape (a zero
+    dimension) raises ``ValueError`` (the contract allows no empty allocation);
+    an alignment that is not a power of two raises ``InvalidAlignment``.
+    """
+    dims = _checked_shape(shape)
+    name = _dtype_name(dtype)
+    alignment = operator.index(alignment)
+    if alignment <= 0 or alignment & (alignment - 1) or alignment > _U64_MAX:
+        raise InvalidAlignment(f"alignment {alignment} is not a power of two below 2**64")
+    nbytes = math.prod(dims) * dtype_info(name)["itemsize"]
+    if nbytes > _U64_MAX:
+        raise OverflowError(f"an array of shape {dims} and dtype {name} is {nbytes} bytes, past 2**64 - 1")
+    if nbytes == 0:
+        raise ValueError(f"an array of shape {dims} is empty: a device allocation cannot be empty")
+    extent = -(-nbytes // alignment) * alignment
+    if extent > _U64_MAX:
+        raise OverflowError(f"{nbytes} bytes rounded up to alignment {alignment} pass 2**64 - 1")
+    return ObjectSpec(max_extent=extent, alignment=alignment, dtype=name), extent
+
+
+# ----------------------------------------------------------------------------------------- ReleaseQueue
+
+
+class _Entry:
+    __slots__ = ("ring", "range", "event", "report")
+
+    def __init__(self, ring: HostRing, range: HostRange, event: CopyEvent, report: bool) -> None:
+        self.ring, self.range, self.event, self.report = ring, range, event, report
+
+
+class ReleaseQueue:
+    """Host ranges that go back to the ring once the copy reading (or writing) them is done.
+
+    ``add(range, event)`` hands a range over; ``reap()`` releases every range
+    whose event has completed or failed (a failed copy's range goes back too,
+    and the failure is raised once, by that ``reap()``); ``drain(timeout=None)``
+    waits for all of them. As a context manager it drains on exit (and, when
+    leaving on an exception, releases what it can without raising over it).
+    """
+
+    def __init__(self, bridge: Bridge | None) -> None:
+        self.bridge = bridge
+        self._entries: collections.deque[_Entry] = collections.deque()
+        self._failures: list[BridgeError] = []
+        self._users = 0  # staging calls using it as the bridge's shared queue (kept registered meanwhile)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"ReleaseQueue({len(self._entries)} pending)"
+
+    def add(self, range: HostRange, event: CopyEvent, *, ring: HostRing | None = None, report: bool = True) -> None:
+        """Releases ``range`` once ``event`` completes. ``report=False``: a failure is not raised by reap()."""
+        if not isinstance(range, HostRange):
+            raise TypeError(f"range must be a HostRange, not {type(range).__name__}")
+        if not isinstance(event, CopyEvent):
+            raise TypeError(f"event must be a CopyEvent, not {type(event).__name__}")
+        if ring is None:
+            if self.bridge is None:
+                raise ValueError("a ReleaseQueue without a bridge needs the ring of each range")
+            ring = self.bridge.ring
+        self._entries.append(_Entry(ring, range, event, report))
+
+    # One entry: True when its range is back (or can never be released: the bridge closed or restarted).
+    def _settle(self, entry: _Entry) -> bool:
+        bridge = self.bridge
+        if bridge is not None:
+            try:
+                status = bridge.copy_status(entry.event)
+            except BridgeError:  # Closed, OldGenerationHandle: the range is no longer the ring's to pin
+                status = "gone"
+            if status == "pending":
+                return False
+            if status == "failed" and entry.report:
+                try:
+                    bridge.wait(entry.event)
+                except BridgeError as error:
+                    self._failures.append(error)
+        try:
+            entry.ring.release(entry.range)
+        except AllocationStillInUse:
+            return False  # no bridge to ask: the copy still pins it
+        except BridgeError:
+            pass  # closed bridge, or a range already released by its owner
+        return True
+
+    def reap(self, *, raise_failures: bool = True) -> int:
+        """Releases every range whose copy is done; returns how many. Raises the first new failure once."""
+        released = 0
+        if self._entries:
+            keep: collections.deque[_Entry] = collections.deque()
+            for entry in self._entries:
+                if self._settle(entry):
+                    released += 1
+                else:
+                    keep.append(entry)
+            self._entries = keep
+        if raise_failures and self._failures:
+            error = self._failures.pop(0)
+            raise error
+        return released
+
+    def wait_oldest(self, timeout: float | None = None) -> bool:
+        """Waits for the oldest entry's copy (errors swallowed), then reaps without raising; False if none."""
+        if not self._entries:
+            return False
+        if self.bridge is not None:
+            try:
+                self.bridge.wait(self._entries[0].event, timeout=timeout)
+            except BridgeError:
+                pass
+        self.reap(raise_failures=False)
+        return True
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Waits until every range is back (True) or ``timeout`` seconds pass (False); raises a failure once."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._entries:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if self.bridge is not None:
+                try:
+                    self.bridge.wait(self._entries[0].event, timeout=left)
+                except BridgeError:
+                    pass
+            before = len(self._entries)
+            self.reap(raise_failures=False)
+            if len(self._entries) == before and deadline is not None and time.monotonic() >= deadline:
+                break
+            if len(self._entries) == before and self.bridge is None:
+                time.sleep(0.001)
+        self.reap()
+        return not self._entries
+
+    def __enter__(self) -> ReleaseQueue:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.drain()
+        else:
+            self.reap(raise_failures=False)
+
+
+# One shared queue per bridge (keyed by its domain), holding the bridge only while it has entries.
+_shared: dict[int, ReleaseQueue] = {}
+# Ranges still pending at exit are the process's to drop: no reference cycle through the bound classes
+# (which hold this module's functions) may outlive the interpreter's teardown.
+atexit.register(_shared.clear)
+
+
+def _shared_queue(bridge: Bridge) -> ReleaseQueue:
+    queue = _shared.get(bridge.domain)
+    if queue is None:
+        queue = _shared[bridge.domain] = ReleaseQueue(bridge)
+    elif queue.bridge is None:
+        queue.bridge = bridge
+    return queue
+
+
+def _reap_shared(domain: int, *, raise_failures: bool = True) -> None:
+    queue = _shared.get(domain)
+    if queue is None:
+        return
+    try:
+        queue.reap(raise_failures=raise_failures)
+    finally:
+        _forget_if_idle(domain, queue)
+
+
+def _forget_if_idle(domain: int, queue: ReleaseQueue) -> None:
+    if not queue._entries and not queue._failures and not queue._users and _shared.get(domain) is queue:
+        del _shared[domain]
+
+
+def _bridge_release_when_safe(self: Bridge, range: HostRange, event: CopyEvent) -> None:
+    """Returns ``range`` to the ring once ``event`` completes (or fails): nothing for the caller to poll.
+
+    Pending ranges are reaped by every later staging call on this bridge
+    (``upload``, ``download``, ``release_when_safe``, ``ring.reserve``). A
+    failed copy's range goes back too, and its error is raised once, by the
+    next of those calls on this bridge."""
+    _shared_queue(self).add(range, event)
+    _reap_shared(self.domain)
+
+
+def _ring_release_when_safe(self: HostRing, range: HostRange, event: CopyEvent) -> None:
+    """``bridge.release_when_safe`` from the ring (the event names its bridge).
+
+    A bridge that has staged nothing yet is not known to the ring; then the
+    range is released as soon as the ring no longer pins it, which is once the
+    bridge has applied the copy's completion (any wait, poll, copy_status or
+    staging call on it)."""
+    if not isinstance(event, CopyEvent):
+        raise TypeError(f"event must be a CopyEvent, not {type(event).__name__}")
+    queue = _shared.get(event.domain)
+    if queue is None:
+        queue = _shared[event.domain] = ReleaseQueue(None)
+    queue.add(range, event, ring=self)
+    _reap_shared(event.domain)
+
+
+_ring_reserve = HostRing.reserve
+
+
+def _reserve(self: HostRing, *args: Any, **kwargs: Any) -> HostRange:
+    # Ranges handed to release_when_safe go back before a reservation looks for room.
+    if _shared:
+        for domain in list(_shared):
+            _reap_shared(domain, raise_failures=False)
+        try:
+            return _ring_reserve(self, *args, **kwargs)
+        except Backpressure:
+            for queue in list(_shared.values()):
+                if queue.bridge is not None:
+                    queue.bridge.poll()
+                    queue.reap(raise_failures=False)
+    return _ring_reserve(self, *args, **kwargs)
+
+
+_reserve.__doc__ = _ring_reserve.__doc__
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def _chunk_bytes(bridge: Bridge, nbytes: int) -> int:
+    """A chunk: at most a quarter of the ring and half the in-flight budget, a multiple of 4096."""
+    stats = bridge.stats()
+    cap = min(stats["ring_capacity"] // 4, stats["inflight_budget_bytes"] // 2)
+    cap = max(_CHUNK_ALIGN, cap - cap % _CHUNK_ALIGN)
+    return min(nbytes, cap)
+
+
+def _room(bridge: Bridge, queue: ReleaseQueue, attempt) -> Any:
+    """Runs ``attempt`` (a reserve or a copy), making room on Backpressure by waiting for queued copies."""
+    while True:
+        try:
+            return attempt()
+        except Backpressure:
+            queue.reap(raise_failures=False)
+            try:
+                return attempt()
+            except Backpressure:
+                if not queue.wait_oldest():
+                    raise
+
+
+def _chunk_error(error: BridgeError, what: str, index: int, offset: int, n: int, total: int) -> BridgeError:
+    new = type(error)(f"{what} chunk {index} (bytes {offset}..{offset + n} of {total}): {error.message}")
+    new.fatal = getattr(error, "fatal", False)
+    return new
+
+
+def _cleanup(bridge: Bridge, queue: ReleaseQueue, events: Iterable[CopyEvent]) -> None:
+    """After a failure: waits (bounded) for this call's copies still in flight, then reaps their ranges."""
+    deadline = time.monotonic() + _CLEANUP_WAIT_S
+    for event in events:
+        try:
+            bridge.wait(event, timeout=max(0.0, deadline - time.monotonic()))
+        except BridgeError:
+            pass
+    try:
+        queue.reap(raise_failures=False)
+    except BridgeError:
+        pass
+
+
+def _as_array(array: Any) -> np.ndarray:
+    if isinstance(array, np.ndarray):
+        a = array
+    else:
+        try:
+            view = memoryview(array)
+        except TypeError as error:
+            raise TypeError(
+                f"upload takes a buffer-protocol array (numpy, bytes, array.array...), not {type(array).__name__}"
+            ) from error
+        if not view.c_contiguous:
+            raise ValueError(f"upload: the {type(array).__name__} buffer is not C-contiguous; copy it first")
+        a = np.asarray(view)
+    if not a.flags.c_contiguous:
+        raise ValueError(
+            f"upload: the array (shape {a.shape}, strides {a.strides}) is not C-contiguous, so it cannot be "
+            "staged as one run of bytes; pass numpy.ascontiguousarray(array)"
+        )
+    return a
+
+
+def _free_or_release(bridge: Bridge, handle: DeviceHandle) -> None:
+    try:
+        bridge.free(handle)
+    except AllocationStillInUse:
+        bridge.release(handle)  # copies still in flight: freed when they end
+    except (Closed, BridgeError):
+        pass
+
+
+# ---------------------------------------------------------------------------------------- DeviceTensor
+
+
+class DeviceTensor:
+    """A device allocation holding one array: its handle, shape and dtype, and the copies that filled it.
+
+    Made by ``bridge.upload(array)``. ``ready()`` / ``wait()`` tell when the
+    upload's copies have completed; ``view()``, ``to_tinygrad()``, DLPack and
+    ``numpy()`` read the data (each waits for the upload first). ``free()``
+    ends it: the allocation is freed at once, or, when a view, tinygrad tensor
+    or DLPack array still reads it, as soon as the last of them is gone. As a
+    context manager it frees on exit.
+    """
+
+    def __init__(self, bridge: Bridge, handle: DeviceHandle, shape: tuple[int, ...], dtype: str,
+                 events: list[tuple[CopyEvent, int, int]] | None = None) -> None:
+        self.bridge = bridge
+        self.handle = handle
+        self.shape = tuple(shape)
+        self.dtype = _dtype_name(dtype)
+        self._events = list(events or [])  # (event, chunk offset, chunk length)
+        self._freed = False
+
+    @property
+    def itemsize(self) -> int:
+        return dtype_info(self.dtype)["itemsize"]
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.itemsize
+
+    @property
+    def freed(self) -> bool:
+        return self._freed
+
+    def _check(self) -> None:
+        if self._freed:
+            raise Closed(f"the DeviceTensor over {self.handle!r} has been freed")
+
+    def _raise_failure(self, index: int, event: CopyEvent, offset: int, n: int) -> None:
+        try:
+            self.bridge.wait(event)
+        except BridgeError as error:
+            raise _chunk_error(error, "upload", index, offset, n, self.nbytes) from error
+
+    def ready(self) -> bool:
+        """True once every copy of the upload has completed; raises the failure of one that failed."""
+        self._check()
+        pending = []
+        for index, (event, offset, n) in enumerate(self._events):
+            status = self.bridge.copy_status(event)
+            if status == "failed":
+                self._raise_failure(index, event, offset, n)
+            if status == "pending":
+                pending.append((event, offset, n))
+        _reap_shared(self.bridge.domain, raise_failures=False)
+        return not pending
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Waits for the upload's copies: True when all completed, False if ``timeout`` (seconds) passed first.
+
+        A failed copy raises its error (``DeviceCopyFailed``) naming the chunk."""
+        self._check()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        done = True
+        for index, (event, offset, n) in enumerate(self._events):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                status = self.bridge.wait(event, timeout=left)
+            except BridgeError as error:
+                _reap_shared(self.bridge.domain, raise_failures=False)
+                raise _chunk_error(error, "upload", index, offset, n, self.nbytes) from error
+            done = done and status == "completed"
+        _reap_shared(self.bridge.domain, raise_failures=False)
+        return done
+
+    def view(self, *, wait: bool = True):
+        """A ``TensorView`` of the whole array (it waits for the upload unless ``wait=False``)."""
+        self._check()
+        if wait:
+            self.wait()
+        return self.bridge.view(self.handle, self.dtype, self.shape, wait=wait)
+
+    def to_tinygrad(self):
+        """A zero-copy tinygrad Tensor over the allocation (see ``TensorView.to_tinygrad``)."""
+        with self.view() as view:
+            return view.to_tinygrad()
+
+    def __dlpack__(self, **kwargs: Any):
+        with self.view() as view:
+            return view.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        with self.view() as view:
+            return view.__dlpack_device__()
+
+    def numpy(self, out: np.ndarray | None = None) -> np.ndarray:
+        """Downloads the array into a fresh numpy array (or ``out``)."""
+        self._check()
+        return download(self.bridge, self, out)
+
+    def free(self) -> None:
+        """Frees the allocation (deferred while views, tinygrad tensors or DLPack arrays still read it). Idempotent."""
+        if self._freed:
+            return
+        self._freed = True
+        if self.bridge.closed:
+            return
+        for event, _, _ in self._events:  # a copy in flight pins it; the deferred free waits for it
+            try:
+                self.bridge.copy_status(event)
+            except BridgeError:
+                pass
+        try:
+            self.bridge.release(self.handle)
+        except BridgeError:
+            pass  # a restart retired it already, or the bridge closed
+        _reap_shared(self.bridge.domain, raise_failures=False)
+
+    def __enter__(self) -> DeviceTensor:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.free()
+
+    def __repr__(self) -> str:
+        state = "freed" if self._freed else ("pending" if self._events and not self._all_done() else "ready")
+        return f"DeviceTensor(shape={self.shape}, dtype={self.dtype!r}, handle={self.handle!r}, {state})"
+
+    def _all_done(self) -> bool:
+        try:
+            return all(self.bridge.copy_status(e) != "pending" for e, _, _ in self._events)
+        except BridgeError:
+            return True
+
+
+# ------------------------------------------------------------------------------------- upload/download
+
+
+def upload(bridge: Bridge, array: Any, *, dtype: Any = None, alignment: int = 256, wait: bool = False) -> DeviceTensor:
+    """Copies a C-contiguous array into a new device allocation; returns its ``DeviceTensor``.
+
+    The bytes go through the ring in chunks (at most a quarter of the ring
+    each), so an array larger than the ring works; each chunk's range goes
+    back to the ring as soon as its copy completes. ``dtype`` relabels the
+    bytes (same itemsize: e.g. ``uint16`` bits as ``"bfloat16"``); nothing is
+    converted. ``wait=True`` returns once every copy has completed (else
+    ``tensor.wait()``/``ready()`` tell). An empty array raises ``ValueError``,
+    a non-contiguous one ``ValueError``. On any failure the ring ranges go
+    back, the allocation is freed and the error names the chunk.
+    """
+    a = _as_array(array)
+    name = _dtype_name(a.dtype if dtype is None else dtype)
+    itemsize = dtype_info(name)["itemsize"]
+    if itemsize != a.itemsize:
+        raise ValueError(
+            f"upload: dtype {name} ({itemsize} bytes) does not match the array's {a.dtype} ({a.itemsize} bytes); "
+            "dtype relabels the bytes, it does not convert them (use array.astype)"
+        )
+    spec, extent = spec_for_array(a.shape, name, alignment)
+    _reap_shared(bridge.domain)
+    queue = _shared_queue(bridge)
+    queue._users += 1
+    try:
+        return _upload(bridge, queue, a, name, spec, extent, wait)
+    finally:
+        queue._users -= 1
+        _forget_if_idle(bridge.domain, queue)
+
+
+def _upload(bridge: Bridge, queue: ReleaseQueue, a: np.ndarray, name: str, spec: ObjectSpec, extent: int,
+            wait: bool) -> DeviceTensor:
+    ring = bridge.ring
+    src = a.reshape(-1).view(np.uint8)
+    nbytes = src.size
+    chunk = _chunk_bytes(bridge, nbytes)
+    handle = bridge.alloc(spec, extent)
+    events: list[tuple[CopyEvent, int, int]] = []
+    index = offset = 0
+    n = 0
+    try:
+        while offset < nbytes:
+            n = min(chunk, nbytes - offset)
+            r = _room(bridge, queue, lambda: ring.reserve(n))
+            try:
+                np.copyto(ring.ndarray(r, "uint8"), src[offset:offset + n])
+                event = _room(bridge, queue, lambda: bridge.host_to_device(r, handle, offset))
+            except BaseException:
+                ring.release(r)
+                raise
+            queue.add(r, event, ring=ring, report=False)
+            events.append((event, offset, n))
+            index += 1
+            offset += n
+        tensor = DeviceTensor(bridge, handle, a.shape, name, events)
+        if wait:
+            tensor.wait()
+        else:
+            _reap_shared(bridge.domain, raise_failures=False)
+        return tensor
+    except BaseException as error:
+        _cleanup(bridge, queue, [e for e, _, _ in events])
+        _free_or_release(bridge, handle)
+        if isinstance(error, BridgeError) and offset < nbytes:
+            raise _chunk_error(error, "upload", index, offset, n, nbytes) from error
+        raise
+
+
+def download(bridge: Bridge, x: Any, out: np.ndarray | None = None, *, dtype: Any = None,
+             shape: Any = None) -> np.ndarray:
+    """Copies a ``DeviceTensor`` (or a ``DeviceHandle`` with ``dtype``/``shape``) into a numpy array.
+
+    For a handle, ``dtype`` defaults to the allocation's and ``shape`` to the
+    whole extent as a vector. ``out``, when given, must be a writable
+    C-contiguous numpy array of that shape (or size) and dtype. Chunked through
+    the ring like ``upload``; on failure every ring range goes back and the
+    error names the chunk.
+    """
+    if isinstance(x, DeviceTensor):
+        x._check()
+        x.wait()
+        handle = x.handle
+        name = x.dtype if dtype is None else _dtype_name(dtype)
+        dims = x.shape if shape is None else _checked_shape(shape)
+    elif isinstance(x, DeviceHandle):
+        handle = x
+        name = bridge.spec(x).dtype if dtype is None else _dtype_name(dtype)
+        if shape is None:
+            dims = (bridge.extent(x) // dtype_info(name)["itemsize"],)
+        else:
+            dims = _checked_shape(shape)
+    else:
+        raise TypeError(f"download takes a DeviceTensor or a DeviceHandle, not {type(x).__name__}")
+    np_dtype = _numpy_dtype(name)
+    nbytes = math.prod(dims) * np_dtype.itemsize
+    if nbytes > bridge.extent(handle):
+        raise InvalidRange(f"download of shape {dims} {name} ({nbytes} bytes) is past the extent of "
+                           f"{bridge.extent(handle)} bytes of {handle!r}")
+    if out is None:
+        out = np.empty(dims, dtype=np_dtype)
+    else:
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"out must be a numpy.ndarray, not {type(out).__name__}")
+        if out.dtype != np_dtype:
+            raise ValueError(f"out has dtype {out.dtype}, the data is {name} ({np_dtype})")
+        if out.size != math.prod(dims):
+            raise ValueError(f"out has {out.size} elements (shape {out.shape}), the data has shape {dims}")
+        if not out.flags.c_contiguous:
+            raise ValueError(f"out (shape {out.shape}, strides {out.strides}) is not C-contiguous")
+        if not out.flags.writeable:
+            raise ValueError("out is read-only")
+    if nbytes == 0:
+        return out
+    dst = out.reshape(-1).view(np.uint8)
+    _reap_shared(bridge.domain)
+    queue = _shared_queue(bridge)
+    queue._users += 1
+    try:
+        _download(bridge, queue, handle, dst, nbytes)
+    finally:
+        queue._users -= 1
+        _forget_if_idle(bridge.domain, queue)
+    _reap_shared(bridge.domain, raise_failures=False)
+    return out
+
+
+def _download(bridge: Bridge, queue: ReleaseQueue, handle: DeviceHandle, dst: np.ndarray, nbytes: int) -> None:
+    ring = bridge.ring
+    chunk = _chunk_bytes(bridge, nbytes)
+    pending: collections.deque[tuple[int, int, int, HostRange, CopyEvent]] = collections.deque()
+
+    def finish_oldest() -> None:
+        index, offset, n, r, event = pending[0]
+        try:
+            bridge.wait(event)
+        except BridgeError as error:
+            raise _chunk_error(error, "download", index, offset, n, nbytes) from error
+        np.copyto(dst[offset:offset + n], ring.ndarray(r, "uint8"))
+        pending.popleft()
+        ring.release(r)
+
+    def make_room(attempt):
+        while True:
+            try:
+                return attempt()
+            except Backpressure:
+                if pending:
+                    finish_oldest()
+                    continue
+                queue.reap(raise_failures=False)
+                try:
+                    return attempt()
+                except Backpressure:
+                    if not queue.wait_oldest():
+                        raise
+
+    index = offset = 0
+    n = 0
+    try:
+        while offset < nbytes:
+            n = min(chunk, nbytes - offset)
+            r = make_room(lambda: ring.reserve(n))
+            try:
+                event = make_room(lambda: bridge.device_to_host(handle, r, offset))
+            except BaseException:
+                ring.release(r)
+                raise
+            pending.append((index, offset, n, r, event))
+            index += 1
+            offset += n
+            if len(pending) >= 3:
+                finish_oldest()
+        while pending:
+            finish_oldest()
+    except BaseException as error:
+        for _, _, _, r, event in pending:
+            queue.add(r, event, ring=ring, report=False)
+        _cleanup(bridge, queue, [e for _, _, _, _, e in pending])
+        if isinstance(error, BridgeError) and "chunk" not in error.message:
+            raise _chunk_error(error, "download", index, offset, n, nbytes) from error
+        raise
+
+
+# ------------------------------------------------------------------------------- attached to the classes
+
+
+def _bridge_upload(self: Bridge, array: Any, *, dtype: Any = None, alignment: int = 256,
+                   wait: bool = False) -> DeviceTensor:
+    return upload(self, array, dtype=dtype, alignment=alignment, wait=wait)
+
+
+def _bridge_download(self: Bridge, x: Any, out: np.ndarray | None = None, *, dtype: Any = None,
+                     shape: Any = None) -> np.ndarray:
+    return download(self, x, out, dtype=dtype, shape=shape)
+
+
+_bridge_upload.__doc__ = upload.__doc__
+_bridge_download.__doc__ = download.__doc__
+
+
+def _install() -> None:
+    Bridge.upload = _bridge_upload
+    Bridge.download = _bridge_download
+    Bridge.release_when_safe = _bridge_release_when_safe
+    HostRing.release_when_safe = _ring_release_when_safe
+    HostRing.reserve = _reserve
+    ObjectSpec.for_array = staticmethod(spec_for_array)
+
+
+_install()
+
+__all__ = ["DeviceTensor", "ReleaseQueue", "download", "spec_for_array", "upload"]

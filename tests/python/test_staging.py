@@ -1,0 +1,401 @@
+"""The staging layer: spec_for_array, upload/download, DeviceTensor, ReleaseQueue, release_when_safe.
+
+Runs on fake (auto-completing unless a test drives completions), host, and OpenCL where it is available
+(CUDA with DEVBRIDGE_TEST_BACKEND=cuda). Every bridge has a 1 MiB ring, so multi-MiB arrays are chunked.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+import devbridge
+from conftest import REQUESTED_BACKEND, _backend_available, collect, make_bridge, random_array
+
+RING = 1 << 20
+
+
+@pytest.fixture(params=["fake", "host", "opencl", "cuda"])
+def sb(request):
+    name = request.param
+    if name == "cuda" and REQUESTED_BACKEND != "cuda":
+        pytest.skip("CUDA cases run with DEVBRIDGE_TEST_BACKEND=cuda")
+    available, reason = _backend_available(name)
+    if not available:
+        if name == REQUESTED_BACKEND:
+            pytest.fail(f"DEVBRIDGE_TEST_BACKEND={name} but the backend is unavailable: {reason}")
+        pytest.skip(reason)
+    b = make_bridge(name, ring_bytes=RING)
+    if name == "fake":
+        b.fake.set_auto_complete(True)
+    yield b
+    collect()
+    b.close()
+
+
+def data(rng, shape, dtype):
+    if np.dtype(dtype) == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    return np.asarray(random_array(rng, shape, dtype))
+
+
+def quiet(b):
+    s = b.stats()
+    return s["ring_used"], s["copies_in_flight"], s["ring_reservations"]
+
+
+# ------------------------------------------------------------------------------------- spec_for_array
+
+
+def test_spec_for_array_rounds_the_extent_up():
+    spec, extent = devbridge.spec_for_array((3, 5), "float32")
+    assert extent == 256 and spec.max_extent == 256 and spec.alignment == 256 and spec.dtype == "float32"
+    spec, extent = devbridge.spec_for_array(1000, np.float64, alignment=4096)
+    assert extent == 8192 and spec.dtype == "float64"
+    assert devbridge.spec_for_array((), "uint8", alignment=1)[1] == 1
+    assert devbridge.spec_for_array((64,), "int32")[1] == 256
+    spec2, extent2 = devbridge.ObjectSpec.for_array((3, 5), "float32")
+    assert extent2 == 256 and repr(spec2) == repr(devbridge.spec_for_array((3, 5), "float32")[0])
+
+
+def test_spec_for_array_refuses_what_cannot_be_allocated():
+    with pytest.raises(OverflowError):
+        devbridge.spec_for_array((2**62, 8), "float32")
+    with pytest.raises(OverflowError):
+        devbridge.spec_for_array((2**64 - 1,), "uint8")  # fits, but not once rounded up to 256
+    with pytest.raises(ValueError, match="empty"):
+        devbridge.spec_for_array((3, 0), "float32")
+    with pytest.raises(ValueError, match="negative"):
+        devbridge.spec_for_array((3, -1), "float32")
+    with pytest.raises(devbridge.InvalidAlignment):
+        devbridge.spec_for_array((4,), "float32", alignment=3)
+    with pytest.raises(TypeError):
+        devbridge.spec_for_array("12", "float32")
+    with pytest.raises(TypeError):
+        devbridge.spec_for_array((1.5,), "float32")
+
+
+# --------------------------------------------------------------------------------------- round trips
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8", "float16", "bool", "uint64"])
+@pytest.mark.parametrize("shape", [(), (7,), (3, 5, 2), (1000, 33)])
+def test_round_trip_is_bit_exact(sb, rng, dtype, shape):
+    a = data(rng, shape, dtype)
+    before = sb.stats()["live_allocations"]
+    t = sb.upload(a, wait=True)
+    assert t.shape == shape and t.dtype == dtype and t.nbytes == a.nbytes and t.ready()
+    assert sb.extent(t.handle) % 256 == 0 and sb.extent(t.handle) >= a.nbytes
+    out = sb.download(t)
+    assert out.dtype == a.dtype and out.shape == a.shape
+    assert out.tobytes() == a.tobytes()
+    assert t.numpy().tobytes() == a.tobytes()
+    assert quiet(sb) == (0, 0, 0)
+    t.free()
+    t.free()  # idempotent
+    assert sb.stats()["live_allocations"] == before
+
+
+def test_empty_and_non_contiguous_arrays_are_refused(sb):
+    before = sb.stats()["live_allocations"]
+    with pytest.raises(ValueError, match="empty"):
+        sb.upload(np.zeros((4, 0), np.float32))
+    a = np.arange(64, dtype=np.float32).reshape(8, 8)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        sb.upload(a[:, ::2])
+    with pytest.raises(ValueError, match="C-contiguous"):
+        sb.upload(np.asfortranarray(a))
+    with pytest.raises(TypeError):
+        sb.upload([1.0, 2.0])
+    with pytest.raises(ValueError, match="itemsize|bytes"):
+        sb.upload(a, dtype="float64")
+    assert sb.stats()["live_allocations"] == before and quiet(sb) == (0, 0, 0)
+
+
+def test_any_buffer_protocol_object_uploads(sb):
+    with sb.upload(bytearray(b"devbridge!" * 100), wait=True) as t:
+        assert t.dtype == "uint8" and t.shape == (1000,)
+        assert sb.download(t).tobytes() == b"devbridge!" * 100
+
+
+def test_dtype_relabels_the_bytes(sb, rng):
+    bits = random_array(rng, (300,), "uint16")
+    with sb.upload(bits, dtype="bfloat16", wait=True) as t:
+        assert t.dtype == "bfloat16" and sb.spec(t.handle).dtype == "bfloat16"
+        back = sb.download(t)  # numpy has no bfloat16: its bits come back as uint16
+        assert back.dtype == np.uint16 and np.array_equal(back, bits)
+
+
+def test_chunked_upload_and_download_larger_than_the_ring(sb, rng):
+    a = data(rng, (3 << 20) // 4, "float32")  # 3 MiB through a 1 MiB ring
+    if sb.backend == "fake":
+        sb.fake.clear_calls()
+    t = sb.upload(a)
+    assert t.wait() is True
+    if sb.backend == "fake":
+        copies = [c for c in sb.fake.calls() if c["call"] == "copy_h2d"]
+        assert len(copies) > 3 and sum(c["bytes"] for c in copies) == a.nbytes
+        assert max(c["bytes"] for c in copies) <= RING // 4
+    out = np.empty_like(a)
+    assert sb.download(t, out) is out
+    assert np.array_equal(out, a)
+    assert quiet(sb) == (0, 0, 0)
+    t.free()
+
+
+def test_download_into_out_is_checked(sb, rng):
+    a = data(rng, (16, 16), "int32")
+    with sb.upload(a, wait=True) as t:
+        out = np.zeros(256, np.int32)  # any shape of the same size
+        sb.download(t, out)
+        assert np.array_equal(out.reshape(16, 16), a)
+        with pytest.raises(ValueError, match="dtype"):
+            sb.download(t, np.zeros((16, 16), np.float32))
+        with pytest.raises(ValueError, match="elements"):
+            sb.download(t, np.zeros((16, 15), np.int32))
+        with pytest.raises(ValueError, match="C-contiguous"):
+            sb.download(t, np.zeros((16, 32), np.int32)[:, ::2])
+        ro = np.zeros((16, 16), np.int32)
+        ro.flags.writeable = False
+        with pytest.raises(ValueError, match="read-only"):
+            sb.download(t, ro)
+        with pytest.raises(TypeError):
+            sb.download(t, [0] * 256)
+        with pytest.raises(TypeError):
+            sb.download("not a tensor")
+    assert quiet(sb) == (0, 0, 0)
+
+
+def test_download_of_a_handle(sb, rng):
+    a = data(rng, (1024,), "float32")
+    t = sb.upload(a, wait=True)
+    assert np.array_equal(devbridge.download(sb, t.handle, dtype="float32", shape=(32, 32)), a.reshape(32, 32))
+    whole = sb.download(t.handle)  # the allocation's dtype, the whole extent
+    assert whole.dtype == np.float32 and np.array_equal(whole[: a.size], a)
+    with pytest.raises(devbridge.InvalidRange):
+        sb.download(t.handle, shape=(2048,))
+    t.free()
+
+
+def test_device_tensor_as_context_manager_frees(sb, rng):
+    before = sb.stats()["live_allocations"]
+    with sb.upload(data(rng, (64,), "float32"), wait=True) as t:
+        assert sb.stats()["live_allocations"] == before + 1
+        assert "DeviceTensor" in repr(t) and "float32" in repr(t)
+    assert t.freed and sb.stats()["live_allocations"] == before
+    with pytest.raises(devbridge.Closed):
+        t.view()
+
+
+def test_free_with_a_live_view_is_deferred(sb, rng):
+    before = sb.stats()["live_allocations"]
+    a = data(rng, (8, 8), "float32")
+    with sb.upload(a, wait=True) as t:
+        view = t.view()
+        assert view.shape == (8, 8) and view.dtype == "float32"
+    assert sb.stats()["live_allocations"] == before + 1  # the view still reads it
+    view.close()
+    assert sb.stats()["live_allocations"] == before
+
+
+def test_to_tinygrad_equals_the_data(sb, rng):
+    pytest.importorskip("tinygrad")
+    a = data(rng, (32, 16), "float32")
+    with sb.upload(a, wait=True) as t:
+        try:
+            tensor = t.to_tinygrad()
+        except devbridge.Unsupported as error:
+            pytest.skip(f"{sb.backend}: {error}")
+        assert tensor.shape == (32, 16)
+        assert np.array_equal(tensor.numpy(), a)
+        del tensor
+        collect()
+
+
+def test_numpy_via_dlpack(sb, rng):
+    a = data(rng, (10, 10), "int16")
+    with sb.upload(a, wait=True) as t:
+        if t.__dlpack_device__()[0] != 1:  # kDLCPU: numpy reads only host memory
+            pytest.skip(f"{sb.backend} memory is not host memory")
+        view = np.from_dlpack(t)
+        assert np.array_equal(view, a)
+        del view
+        gc.collect()
+
+
+# ----------------------------------------------------------------------------- fake: completions, failures
+
+
+@pytest.fixture
+def fake(fake_bridge):
+    return fake_bridge  # 1 MiB ring, completions driven by the test
+
+
+def test_upload_without_wait_returns_before_the_copies_complete(fake, rng):
+    a = data(rng, (1000,), "float32")
+    t = fake.upload(a)
+    assert not t.ready() and fake.stats()["ring_used"] > 0
+    assert t.wait(timeout=0.01) is False
+    assert "pending" in repr(t)
+    fake.fake.complete_all()
+    assert t.ready() and quiet(fake) == (0, 0, 0)  # ready() handed the range back
+    fake.fake.set_auto_complete(True)
+    assert np.array_equal(t.numpy(), a)
+    t.free()
+
+
+@pytest.mark.parametrize("nth", [1, 3, 12])
+def test_a_chunk_failing_at_submit_leaves_nothing_behind(fake, rng, nth):
+    fake.fake.set_auto_complete(True)
+    before = fake.stats()["live_allocations"], fake.fake.live_allocations()
+    a = data(rng, (3 << 20,), "uint8")  # 12 chunks of 256 KiB
+    fake.fake.inject("copy_h2d", "copy_failed_at_submit", nth=nth)
+    with pytest.raises(devbridge.DeviceCopyFailed, match=f"upload chunk {nth - 1} "):
+        fake.upload(a)
+    assert quiet(fake) == (0, 0, 0)
+    assert (fake.stats()["live_allocations"], fake.fake.live_allocations()) == before
+    with fake.upload(a, wait=True) as t:  # the bridge is fine
+        assert np.array_equal(t.numpy(), a)
+
+
+def test_a_chunk_failing_at_completion_leaves_nothing_behind(fake, rng):
+    fake.fake.set_auto_complete(True)
+    before = fake.stats()["live_allocations"]
+    a = data(rng, (3 << 20,), "uint8")
+    fake.fake.inject("copy_h2d", "copy_failed_at_completion", nth=5)
+    with pytest.raises(devbridge.DeviceCopyFailed, match="upload chunk 4 .*bytes 1048576"):
+        fake.upload(a, wait=True)
+    assert quiet(fake) == (0, 0, 0) and fake.stats()["live_allocations"] == before
+
+    fake.fake.inject("copy_h2d", "copy_failed_at_completion", nth=2)
+    t = fake.upload(a)  # no wait: the failure surfaces at wait()/ready(), the ranges go back anyway
+    with pytest.raises(devbridge.DeviceCopyFailed, match="upload chunk 1 "):
+        t.wait()
+    with pytest.raises(devbridge.DeviceCopyFailed, match="upload chunk 1 "):
+        t.ready()
+    assert quiet(fake) == (0, 0, 0)
+    t.free()
+    assert fake.stats()["live_allocations"] == before
+
+
+def test_a_download_chunk_failing_leaves_nothing_behind(fake, rng):
+    fake.fake.set_auto_complete(True)
+    a = data(rng, (3 << 20,), "uint8")
+    with fake.upload(a, wait=True) as t:
+        fake.fake.inject("copy_d2h", "copy_failed_at_completion", nth=2)
+        with pytest.raises(devbridge.OutputCopyFailed, match="download chunk 1 "):
+            fake.download(t)
+        assert quiet(fake) == (0, 0, 0)
+        fake.fake.inject("copy_d2h", "copy_failed_at_submit", nth=7)
+        with pytest.raises(devbridge.OutputCopyFailed, match="download chunk 6 "):
+            fake.download(t)
+        assert quiet(fake) == (0, 0, 0)
+        assert np.array_equal(fake.download(t), a)
+
+
+def test_a_ring_held_by_the_caller_is_backpressure_and_nothing_leaks(fake, rng):
+    fake.fake.set_auto_complete(True)
+    before = fake.stats()["live_allocations"]
+    held = fake.ring.reserve(RING)
+    with pytest.raises(devbridge.Backpressure, match="upload chunk 0"):
+        fake.upload(data(rng, (4096,), "uint8"))
+    assert fake.stats()["live_allocations"] == before
+    fake.ring.release(held)
+    assert quiet(fake) == (0, 0, 0)
+
+
+def test_uploads_wait_for_room_held_by_earlier_uploads(fake, rng):
+    fake.fake.set_auto_complete(True)
+    arrays = [data(rng, (700_000,), "uint8") for _ in range(4)]
+    tensors = [fake.upload(a) for a in arrays]  # each needs ring room the previous ones still hold
+    for t, a in zip(tensors, arrays):
+        assert np.array_equal(t.numpy(), a)
+        t.free()
+    assert quiet(fake) == (0, 0, 0)
+
+
+# ----------------------------------------------------------------------------------- ReleaseQueue & co
+
+
+def _staged_copy(b, h, nbytes=4096):
+    r = b.ring.reserve(nbytes)
+    return r, b.host_to_device(r, h)
+
+
+def test_release_queue_releases_completed_and_failed_ranges(fake):
+    h = fake.alloc(devbridge.ObjectSpec(1 << 20, 64, "uint8"), 8192)
+    q = devbridge.ReleaseQueue(fake)
+    r1, e1 = _staged_copy(fake, h)
+    q.add(r1, e1)
+    assert q.reap() == 0 and len(q) == 1
+    fake.fake.complete(e1)
+    assert q.reap() == 1 and len(q) == 0
+    fake.fake.inject("copy_h2d", "copy_failed_at_completion")
+    r2, e2 = _staged_copy(fake, h)
+    q.add(r2, e2)
+    fake.fake.complete_all()
+    with pytest.raises(devbridge.DeviceCopyFailed):
+        q.reap()  # the range went back, and the failure is raised once
+    assert q.reap() == 0 and quiet(fake) == (0, 0, 0)
+    with pytest.raises(TypeError):
+        q.add("range", e1)
+    fake.free(h)
+
+
+def test_release_queue_drains_and_is_a_context_manager(fake):
+    h = fake.alloc(devbridge.ObjectSpec(1 << 20, 64, "uint8"), 8192)
+    with devbridge.ReleaseQueue(fake) as q:
+        for _ in range(3):
+            q.add(*_staged_copy(fake, h, 1024))
+        assert q.drain(timeout=0.01) is False and len(q) == 3
+        fake.fake.set_auto_complete(True)
+        fake.fake.complete_all()
+    assert len(q) == 0 and quiet(fake) == (0, 0, 0)
+    fake.free(h)
+
+
+def test_bridge_release_when_safe_needs_no_polling(fake):
+    h = fake.alloc(devbridge.ObjectSpec(1 << 20, 64, "uint8"), 1 << 20)
+    ranges = []
+    for _ in range(2):
+        r, e = _staged_copy(fake, h, RING // 2)
+        fake.release_when_safe(r, e)
+        ranges.append(r)
+    with pytest.raises(devbridge.Backpressure):
+        fake.ring.reserve(RING // 2)  # both copies still read their ranges
+    fake.fake.complete_all()
+    r = fake.ring.reserve(RING // 2)  # the reservation reaped them: no poll, no release by the caller
+    fake.ring.release(r)
+    assert quiet(fake) == (0, 0, 0)
+    # A failed copy's range goes back too; its error surfaces once, at the next release_when_safe.
+    fake.fake.inject("copy_h2d", "copy_failed_at_completion")
+    r, e = _staged_copy(fake, h)
+    fake.release_when_safe(r, e)
+    fake.fake.complete_all()
+    r2, e2 = _staged_copy(fake, h)
+    with pytest.raises(devbridge.DeviceCopyFailed):
+        fake.release_when_safe(r2, e2)
+    fake.fake.complete_all()
+    fake.fake.complete_all()
+    fake.ring.release(fake.ring.reserve(16))  # reaps r2
+    assert quiet(fake) == (0, 0, 0)
+    # From the ring (the event names the bridge): with no pending release_when_safe of its own the bridge
+    # is not known to the ring, so the range goes back once the bridge has applied the completion.
+    fake.ring.release_when_safe(*_staged_copy(fake, h))
+    fake.fake.complete_all()
+    fake.poll()
+    fake.ring.release(fake.ring.reserve(16))  # reaps
+    assert quiet(fake) == (0, 0, 0)
+    fake.free(h)
+
+
+def test_ring_release_when_safe_on_a_bridge_that_staged_nothing(sb):
+    h = sb.alloc(devbridge.ObjectSpec(1 << 20, 64, "uint8"), 4096)
+    r, e = _staged_copy(sb, h)
+    sb.ring.release_when_safe(r, e)
+    sb.wait(e)  # the bridge applies the completion; the next reservation hands the range back
+    sb.ring.release(sb.ring.reserve(64))
+    assert quiet(sb) == (0, 0, 0)
+    sb.free(h)
