@@ -10,8 +10,8 @@
 # Prints executions per second and the total executions.
 #
 # FUZZ_ARGS adds libFuzzer flags (e.g. -jobs=N -workers=N, -seed=S);
-# DEVBRIDGE_FUZZ_RELAX (see tests/fuzz/bridge_fuzzer.cpp) looks past known
-# findings.
+# DEVBRIDGE_MODEL_RELAX (see tests/model/bridge_model.hpp, Config::relax)
+# looks past known findings.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -359,9 +359,20 @@ class Harness {
     }
   }
   // Returns the handle and, when it names a model allocation, its index.
+  // Mostly a live allocation's handle; sometimes any handle ever issued
+  // (freed, released, of an older generation), sometimes a forgery.
   DeviceHandle pick_handle(std::uint8_t a, std::uint8_t b) const {
-    if (m.allocs.empty() || a % 8 == 7) return forged_handle(a / 8, b);
+    if (m.allocs.empty() || a % 16 == 15) return forged_handle(a / 16, b);
     const std::size_t n = m.allocs.size();
+    if (a % 16 < 12) {
+      std::size_t live = 0;
+      for (const auto& al : m.allocs) live += al.in_slot && !al.released;
+      if (live > 0) {
+        std::size_t k = b % live;
+        for (auto it = m.allocs.rbegin(); it != m.allocs.rend(); ++it)
+          if (it->in_slot && !it->released && k-- == 0) return it->handle;
+      }
+    }
     return m.allocs[n - 1 - b % std::min<std::size_t>(n, 12)].handle;
   }
   const Alloc* alloc_of(const DeviceHandle& h) const {
@@ -372,6 +383,7 @@ class Harness {
 
   CopyEvent forged_event(std::uint8_t kind, std::uint8_t p) const {
     const std::uint64_t some_id = m.events.empty() ? 1 : m.events[p % m.events.size()].event.id;
+    if (!m.config.guessed_ids && (kind % 8 == 5 || kind % 8 == 6)) kind = 7;
     switch (kind % 8) {
       case 0: return {m.domain + 7777, m.gen, some_id};
       case 1: return {m.domain, m.gen - 1, some_id};
@@ -389,8 +401,10 @@ class Harness {
     return m.events[n - 1 - b % std::min<std::size_t>(n, 12)].event;
   }
 
+  // Mostly a range that is valid for `want_len` bytes (inside a live
+  // reservation), sometimes an exact reservation, an off-by-one or a forgery.
   HostRange pick_range(std::uint8_t a, std::uint8_t b, std::uint64_t want_len) const {
-    if (ranges_.empty() || a % 8 == 7) {
+    if (ranges_.empty() || a % 16 == 15) {
       switch (b % 6) {
         case 0: return {hostile(b / 8), want_len};
         case 1: return {m.ring.cap, want_len};
@@ -401,14 +415,27 @@ class Harness {
       }
     }
     const HostRange r = ranges_[ranges_.size() - 1 - b % std::min<std::size_t>(ranges_.size(), 8)];
-    switch (a % 8) {
-      case 1: return {r.offset, want_len};
-      case 2: return {r.offset + r.len - std::min(r.len, want_len), want_len};
-      case 3: return {r.offset + 1, r.len - 1};
-      case 4: return {r.offset, r.len + 1};
-      case 6: return {r.offset, want_len};
-      default: return r;
+    switch (a % 16) {
+      case 11: return r;  // exactly as reserved (perhaps released since)
+      case 12: return {r.offset + 1, r.len - 1};
+      case 13: return {r.offset, r.len + 1};
+      case 14: return {r.offset + r.len - std::min(r.len, want_len), want_len};
+      default: break;
     }
+    if (auto fit = live_range_for(want_len, a, b)) return *fit;
+    return {r.offset, want_len};
+  }
+
+  // A range inside a live reservation that holds `want_len` bytes, newest first.
+  std::optional<HostRange> live_range_for(std::uint64_t want_len, std::uint8_t a, std::uint8_t b) const {
+    std::size_t seen = 0;
+    for (auto it = m.ring.res.rbegin(); it != m.ring.res.rend(); ++it) {
+      if (it->released || it->len < want_len) continue;
+      if (seen++ < b % 3u) continue;
+      const std::uint64_t slack = it->len - want_len;
+      return HostRange{it->offset + (a & 1 ? slack : slack / 2 / 64 * 64), want_len};
+    }
+    return std::nullopt;
   }
 
   // A device range of `h`'s allocation (or of a plausible one when forged).
@@ -416,26 +443,29 @@ class Harness {
     const Alloc* al = alloc_of(h);
     const std::uint64_t elem = al ? dtype_size(al->spec.dtype) : 1;
     const std::uint64_t extent = al ? al->extent : 64;
+    // Mostly valid (whole elements inside the extent); 1 in 4 lengths and
+    // offsets hostile or off by one.
     std::uint64_t len;
-    switch (a % 8) {
-      case 0: len = elem * (1 + b % 8); break;
-      case 1: len = extent; break;
-      case 2: len = std::max<std::uint64_t>(elem, extent / 2 / elem * elem); break;
-      case 3: len = 0; break;
-      case 4: len = 1; break;
-      case 5: len = hostile(b); break;
-      case 6: len = elem * (b + 1); break;
-      default: len = elem * 4; break;
+    switch (a % 16) {
+      case 0: case 1: case 2: len = elem * (1 + b % 8); break;
+      case 3: case 4: case 5: len = extent; break;
+      case 6: case 7: len = std::max<std::uint64_t>(elem, extent / 2 / elem * elem); break;
+      case 8: len = 0; break;
+      case 9: len = 1; break;
+      case 10: len = hostile(b); break;
+      case 11: len = elem * (b + 1); break;
+      default: len = std::min<std::uint64_t>(extent, elem * 4); break;
     }
     std::uint64_t off;
-    switch (a / 8 % 8) {
-      case 0: case 7: off = 0; break;
-      case 1: off = elem; break;
-      case 2: off = extent >= len ? extent - len : 0; break;
-      case 3: off = extent; break;
-      case 4: off = hostile(b / 8); break;
-      case 5: off = elem * (b / 16); break;
-      default: off = 1; break;
+    switch (a / 16 % 16) {
+      case 0: case 1: case 2: case 3: case 4: off = 0; break;
+      case 5: case 6: off = extent >= len ? extent - len : 0; break;
+      case 7: case 8: off = extent >= len ? (extent - len) / 2 / elem * elem : 0; break;
+      case 9: off = extent; break;
+      case 10: off = hostile(b / 8); break;
+      case 11: off = 1; break;
+      case 12: off = elem * (b / 16); break;
+      default: off = elem; break;
     }
     return {h, off, len};
   }
@@ -527,10 +557,10 @@ class Harness {
 
   // ---- operations ----
   void do_alloc(const Op& op) {
-    static const std::uint64_t aligns[] = {1, 2, 4, 8, 16, 64, 256, 4096, 0, 3, 6, 1ull << 63};
+    static const std::uint64_t aligns[] = {1, 2, 4, 8, 16, 64, 256, 4096, 64, 64, 8, 1, 0, 3, 6, 1ull << 63};
     const DType dtype = static_cast<DType>(op.p[0] % kDTypeCount);
     const std::uint64_t elem = dtype_size(dtype);
-    const std::uint64_t align = aligns[op.p[1] % 12];
+    const std::uint64_t align = aligns[op.p[1] % 16];
     const std::uint64_t unit = std::max<std::uint64_t>(elem, RingModel::pow2(align) && align <= 4096 ? align : 1);
     std::uint64_t extent;
     if (op.p[2] < 200) {
@@ -544,11 +574,11 @@ class Harness {
       }
     }
     std::uint64_t max_extent;
-    switch (op.p[4] % 4) {
-      case 0: max_extent = extent; break;
+    switch (op.p[4] % 8) {
       case 1: max_extent = extent ? extent - 1 : 0; break;
       case 2: max_extent = std::numeric_limits<std::uint64_t>::max(); break;
-      default: max_extent = 1 << 20; break;
+      case 3: max_extent = 1 << 20; break;
+      default: max_extent = extent; break;
     }
     const ShapeKind shape = static_cast<ShapeKind>(op.p[5] % 4);
     const ObjectSpec spec{max_extent, align, dtype, shape};
@@ -650,14 +680,14 @@ class Harness {
   void do_reserve(const Op& op) {
     static const std::uint64_t aligns[] = {1, 8, 64, 64, 256, 4096, 0, 3, 8192, 1ull << 63, 2, 16};
     std::uint64_t bytes;
-    switch (op.p[0] % 8) {
+    switch (op.p[0] % 16) {
       case 0: bytes = hostile(op.p[1]); break;
       case 1: bytes = m.ring.cap; break;
       case 2: bytes = m.ring.cap + 1; break;
-      case 3: bytes = 4 * (1 + op.p[1] % 64); break;
+      case 3: case 4: case 5: bytes = 4 * (1 + op.p[1] % 64); break;
       default: bytes = 64 * (1 + op.p[1] % 16); break;
     }
-    const std::uint64_t align = aligns[op.p[2] % 12];
+    const std::uint64_t align = op.p[2] & 0x80 ? 64 : aligns[op.p[2] % 12];
     const auto call = [&] { return std::string("reserve(" + std::to_string(bytes) + ", align " + std::to_string(align) + ")"); };
     Expect x;
     HostRange want;
@@ -723,9 +753,15 @@ class Harness {
     const CopyMode mode = async ? CopyMode::Async : CopyMode::Sync;
     const DeviceHandle h = pick_handle(op.p[0], op.p[1]);
     const DeviceRange d = pick_device_range(h, op.p[2], op.p[3]);
+    // A copy meant to be valid reserves its ring bytes first when no live
+    // reservation holds them (a random sequence rarely has one ready).
+    if (op.p[5] % 16 < 11 && !m.closed && !m.broken && d.len > 0 && d.len <= 4096 && !live_range_for(d.len, 0, 0)) {
+      Op reserve{OpKind::Reserve, {6, static_cast<std::uint8_t>((d.len + 63) / 64 - 1), 0x80}};
+      if (d.len <= 1024) do_reserve(reserve);
+    }
     const HostRange r = pick_range(op.p[5], op.p[6], d.len);
-    static const std::int64_t admissions[] = {0, 0, 1000, 100000, std::numeric_limits<std::int64_t>::max(), -1, 0, 0};
-    const std::chrono::nanoseconds room{admissions[op.p[7] % 8]};
+    static const std::int64_t admissions[] = {0, 0, 0, 0, 1000, 100000, std::numeric_limits<std::int64_t>::max(), -1};
+    const std::chrono::nanoseconds room{admissions[op.p[7] % 8 == 7 ? 7 - (op.p[7] / 8 % 2) : op.p[7] % 8]};
     const auto call = [&] { return std::string(std::string(dir == CopyDirection::HostToDevice ? "host_to_device(" : "device_to_host(") +
                        r_text(r) + ", " + h_text(h) + " [" + std::to_string(d.offset) + ",+" +
                        std::to_string(d.len) + "), " + (async ? "async" : "sync") + ", room " +
@@ -1166,27 +1202,30 @@ class Harness {
     if (!m.fake()) return;
     using fake::Call;
     using fake::Failure;
+    // Faults that break the bridge (fatal) are 1 in 8, so sequences get deep.
     static const std::pair<Call, Failure> combos[] = {
         {Call::Allocate, Failure::AllocationFailed},
-        {Call::Allocate, Failure::Fatal},
         {Call::CopyHostToDevice, Failure::CopyFailedAtSubmit},
         {Call::CopyHostToDevice, Failure::CopyFailedAtCompletion},
         {Call::CopyHostToDevice, Failure::LostCompletion},
         {Call::CopyHostToDevice, Failure::DuplicatedCompletion},
         {Call::CopyHostToDevice, Failure::LateCompletion},
-        {Call::CopyHostToDevice, Failure::Fatal},
         {Call::CopyDeviceToHost, Failure::CopyFailedAtSubmit},
         {Call::CopyDeviceToHost, Failure::CopyFailedAtCompletion},
         {Call::CopyDeviceToHost, Failure::LostCompletion},
         {Call::CopyDeviceToHost, Failure::DuplicatedCompletion},
         {Call::CopyDeviceToHost, Failure::LateCompletion},
+        {Call::ValidateView, Failure::InvalidView},
+        {Call::Quiesce, Failure::Fatal},  // restart and close fail, retried later
+        {Call::CopyHostToDevice, Failure::CopyFailedAtCompletion},
+        {Call::Allocate, Failure::Fatal},
+        {Call::CopyHostToDevice, Failure::Fatal},
         {Call::CopyDeviceToHost, Failure::Fatal},
         {Call::Launch, Failure::Fatal},
-        {Call::ValidateView, Failure::InvalidView},
         {Call::ValidateView, Failure::Fatal},
-        {Call::Quiesce, Failure::Fatal},
     };
-    const auto& [call, failure] = combos[op.p[0] % 18];
+    const unsigned pick = op.p[0] % 40;
+    const auto& [call, failure] = combos[pick < 35 ? pick % 14 : 14 + pick - 35];
     const int nth = 1 + op.p[1] % 3;
     fake_->inject(call, failure, nth);
     m.injections.push_back({call, failure, nth});
@@ -1260,6 +1299,7 @@ class Harness {
     if (host_pending()) {
       settle();
       if (host_pending()) return;  // broken or closed: the engine may still run them
+      if (!a.in_backend) return;   // a deferred free finished as the copies did
     }
     const auto* base = reinterpret_cast<const std::byte*>(a.address);
     compare_bytes("device bytes of " + h_text(a.handle), base, a.bytes.data(), a.extent);
