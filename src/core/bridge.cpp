@@ -818,14 +818,11 @@ class BridgeCore {
 
   // The rank an object's shape kind allows: scalar 0, vector 1, matrix 2,
   // tensor any (the contract's "rank/shape kind").
+  // The kinds below Tensor are numbered by their rank: one compare.
+  static_assert(static_cast<int>(ShapeKind::Scalar) == 0 && static_cast<int>(ShapeKind::Vector) == 1 &&
+                static_cast<int>(ShapeKind::Matrix) == 2);
   static bool rank_fits(ShapeKind kind, int rank) noexcept {
-    switch (kind) {
-      case ShapeKind::Scalar: return rank == 0;
-      case ShapeKind::Vector: return rank == 1;
-      case ShapeKind::Matrix: return rank == 2;
-      case ShapeKind::Tensor: return true;
-    }
-    return false;
+    return kind == ShapeKind::Tensor || rank == static_cast<int>(kind);
   }
 
   void shape_view(const DeviceHandle& h, const ViewSpec& spec, const AllocationSlot& slot, TensorView& view) const {
