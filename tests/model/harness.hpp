@@ -667,7 +667,7 @@ class Harness {
     else if (auto e2 = m.handle_error(h, &i)) x = Expect::error(*e2);
     std::uint64_t extent = 0;
     ObjectSpec spec;
-    if (expect_kind("extent(" + h_text(h) + ")", x, attempt([&] { extent = bridge_->extent(h); }))) {
+    if (expect_kind([&] { return "extent(" + h_text(h) + ")"; }, x, attempt([&] { extent = bridge_->extent(h); }))) {
       if (extent != m.allocs[i].extent) fail("extent() = " + std::to_string(extent));
       spec = bridge_->spec(h);
       const ObjectSpec& want = m.allocs[i].spec;
@@ -709,7 +709,7 @@ class Harness {
     RingModel after = m.ring;
     if (m.closed) x = Expect::error(ErrorKind::Closed);
     else if (auto e = after.release(r)) x = Expect::error(*e);
-    if (expect_kind("release_host(" + r_text(r) + ")", x, attempt([&] { bridge_->release_host(r); })))
+    if (expect_kind([&] { return "release_host(" + r_text(r) + ")"; }, x, attempt([&] { bridge_->release_host(r); })))
       m.ring = std::move(after);
     check_stats();
   }
@@ -719,10 +719,16 @@ class Harness {
     Expect x;
     if (m.closed) x = Expect::error(ErrorKind::Closed);
     else if (!m.ring.locate(r)) x = Expect::error(ErrorKind::InvalidRange);
-    std::span<std::byte> span;
-    if (!expect_kind(std::string(write ? "write" : "read") + " host_bytes(" + r_text(r) + ")", x,
-                     attempt([&] { span = bridge_->host_bytes(r); })))
+    std::byte* data = nullptr;
+    std::size_t size = 0;
+    if (!expect_kind([&] { return std::string(write ? "write" : "read") + " host_bytes(" + r_text(r) + ")"; }, x,
+                     attempt([&] {
+                       const auto span = bridge_->host_bytes(r);
+                       data = span.data();
+                       size = span.size();
+                     })))
       return;
+    const std::span<std::byte> span(data, size);
     if (!ring_block_) ring_block_ = span.data() - r.offset;
     if (span.size() != r.len || span.data() != ring_block_ + r.offset)
       fail("host_bytes(" + r_text(r) + ") is not the ring's bytes at that offset");
@@ -735,15 +741,16 @@ class Harness {
         m.ring_bytes[r.offset + i] = v;
       }
     } else {
-      compare_bytes("ring bytes " + r_text(r), span.data(), &m.ring_bytes[r.offset], r.len);
+      compare_bytes([&] { return "ring bytes " + r_text(r); }, span.data(), &m.ring_bytes[r.offset], r.len);
     }
   }
 
-  void compare_bytes(const std::string& what, const std::byte* got, const Byte* want, std::uint64_t len) const {
+  template <class Describe>
+  void compare_bytes(const Describe& describe_what, const std::byte* got, const Byte* want, std::uint64_t len) const {
     for (std::uint64_t i = 0; i < len; ++i) {
       if (want[i] == kUnknown) continue;
       if (static_cast<Byte>(got[i]) != want[i])
-        fail(what + ": byte " + std::to_string(i) + " is " + std::to_string(int(got[i])) + ", the model says " +
+        fail(describe(describe_what) + ": byte " + std::to_string(i) + " is " + std::to_string(int(got[i])) + ", the model says " +
              std::to_string(want[i]));
     }
   }
@@ -1007,7 +1014,7 @@ class Harness {
         }
         indices.push_back(i);
       }
-    if (expect_kind("begin_step(" + std::to_string(step) + ", " + std::to_string(n) + " handles)", x,
+    if (expect_kind([&] { return "begin_step(" + std::to_string(step) + ", " + std::to_string(n) + " handles)"; }, x,
                     attempt([&] { bridge_->begin_step(step, handles); }))) {
       for (auto i : indices) ++m.allocs[i].steps;
       m.steps[step] = indices;
@@ -1020,7 +1027,7 @@ class Harness {
     Expect x;
     if (auto e = m.entry()) x = Expect::error(*e);
     else if (!m.steps.count(step)) x = Expect::error(ErrorKind::UnknownDeviceHandle);
-    if (expect_kind("end_step(" + std::to_string(step) + ")", x, attempt([&] { bridge_->end_step(step); }))) {
+    if (expect_kind([&] { return "end_step(" + std::to_string(step) + ")"; }, x, attempt([&] { bridge_->end_step(step); }))) {
       for (auto i : m.steps[step]) {
         --m.allocs[i].steps;
         m.maybe_finish_release(i);
@@ -1302,7 +1309,7 @@ class Harness {
       if (!a.in_backend) return;   // a deferred free finished as the copies did
     }
     const auto* base = reinterpret_cast<const std::byte*>(a.address);
-    compare_bytes("device bytes of " + h_text(a.handle), base, a.bytes.data(), a.extent);
+    compare_bytes([&] { return "device bytes of " + h_text(a.handle); }, base, a.bytes.data(), a.extent);
   }
 
   // Host leases keep the ring's memory past close() until they end.
@@ -1312,7 +1319,7 @@ class Harness {
     if (m.closed) x = Expect::error(ErrorKind::Closed);
     else if (!m.ring.locate(r)) x = Expect::error(ErrorKind::InvalidRange);
     HostLease lease;
-    if (expect_kind("lease_host(" + r_text(r) + ")", x, attempt([&] { lease = bridge_->lease_host(r); }))) {
+    if (expect_kind([&] { return "lease_host(" + r_text(r) + ")"; }, x, attempt([&] { lease = bridge_->lease_host(r); }))) {
       if (lease.bytes().size() != r.len || (ring_block_ && lease.bytes().data() != ring_block_ + r.offset))
         fail("lease_host(" + r_text(r) + ") is not the ring's bytes at that offset");
       ++m.host_leases;
@@ -1325,7 +1332,7 @@ class Harness {
     const std::size_t k = op.p[0] % host_leases_.size();
     // The bytes stay readable (and hold what the model says) until it ends.
     const HostLeaseRec& rec = host_leases_[k];
-    compare_bytes("host lease " + r_text(rec.range), rec.lease.bytes().data(), &m.ring_bytes[rec.range.offset], rec.range.len);
+    compare_bytes([&] { return "host lease " + r_text(rec.range); }, rec.lease.bytes().data(), &m.ring_bytes[rec.range.offset], rec.range.len);
     end_host_lease(k);
     if (bridge_) check_stats();
   }
