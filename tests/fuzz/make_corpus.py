@@ -13,11 +13,11 @@ OPS = ["alloc", "free", "release", "extent", "reserve", "release_host", "write_r
        "read_device", "report_completion", "lease_host", "end_host_lease"]
 K = {name: i for i, name in enumerate(OPS)}
 
-# Inject combos (harness.hpp do_inject): index -> (call, failure)
-INJ = {"alloc_failed": 0, "alloc_fatal": 1, "h2d_submit": 2, "h2d_at_completion": 3, "h2d_lost": 4,
-       "h2d_dup": 5, "h2d_late": 6, "h2d_fatal": 7, "d2h_submit": 8, "d2h_at_completion": 9, "d2h_lost": 10,
-       "d2h_dup": 11, "d2h_late": 12, "d2h_fatal": 13, "launch_fatal": 14, "view_invalid": 15,
-       "view_fatal": 16, "quiesce_fatal": 17}
+# Inject combos (harness.hpp do_inject): parameter value -> (call, failure)
+INJ = {"alloc_failed": 0, "h2d_submit": 1, "h2d_at_completion": 2, "h2d_lost": 3, "h2d_dup": 4, "h2d_late": 5,
+       "d2h_submit": 6, "d2h_at_completion": 7, "d2h_lost": 8, "d2h_dup": 9, "d2h_late": 10, "view_invalid": 11,
+       "quiesce_fatal": 12, "alloc_fatal": 35, "h2d_fatal": 36, "d2h_fatal": 37, "launch_fatal": 38,
+       "view_fatal": 39}
 
 
 def op(name, *p):
@@ -25,22 +25,27 @@ def op(name, *p):
     return bytes([K[name]] + [x & 0xFF for x in p])
 
 
-# Building blocks. alloc: p0 dtype (11 = float32, 5 = uint8), p1 alignment index (5 = 64),
-# p2 extent multiplier, p3 bit 7 = x64, p4 0 = max_extent == extent, p5 shape kind (3 = tensor).
+# Building blocks (the parameters as harness.hpp interprets them).
+# alloc: p0 dtype (11 = float32, 5 = uint8), p1 alignment index (5 = 64),
+# p2 extent multiplier, p3 bit 7 = x16, p4 2 = max_extent 2^64-1, p5 shape kind (3 = tensor, 1 = vector).
 ALLOC_F32 = op("alloc", 11, 5, 15, 0, 2, 3)          # float32, 1024 bytes, tensor
 ALLOC_U8 = op("alloc", 5, 5, 3, 0, 2, 1)             # uint8, 256 bytes, vector
-RESERVE_256 = op("reserve", 4, 3, 2)                  # 256 bytes, align 64
-WRITE = op("write_ring", 0, 0, 63, 7)                 # the newest range, whole
-H2D_ASYNC = op("h2d", 0, 0, 1, 0, 1, 0, 0, 0)         # newest alloc, [0, extent) async, newest range
-H2D_SYNC = op("h2d", 0, 0, 1, 0, 0, 0, 0, 0)
-D2H_ASYNC = op("d2h", 0, 0, 1, 0, 1, 0, 0, 0)
-D2H_SYNC = op("d2h", 0, 0, 1, 0, 0, 0, 0, 0)
+RESERVE_256 = op("reserve", 6, 3, 0x80)               # 256 bytes, align 64
+NEWEST = 11                                           # a range parameter: the newest reservation, exactly
+WRITE = op("write_ring", NEWEST, 0, 63, 7)            # the newest range, whole
+# copies: p0/p1 the newest live allocation, p2 = 3 its whole extent, p4 bit 0 async,
+# p5 = 0 a live reservation that holds it, p7 = 0 no wait for room.
+H2D_ASYNC = op("h2d", 0, 0, 3, 0, 1, 0, 0, 0)
+H2D_SYNC = op("h2d", 0, 0, 3, 0, 0, 0, 0, 0)
+D2H_ASYNC = op("d2h", 0, 0, 3, 0, 1, 0, 0, 0)
+D2H_SYNC = op("d2h", 0, 0, 3, 0, 0, 0, 0, 0)
 COMPLETE_OK = op("complete", 0, 1)
 COMPLETE_FAIL = op("complete", 0, 0)
 STATUS = op("copy_status", 0, 0)
 WAIT0 = op("wait", 0, 0, 0)
-READ_RING = op("read_ring", 0, 0, 63)
+READ_RING = op("read_ring", NEWEST, 0, 63)
 READ_DEV = op("read_device", 0)
+RELEASE_HOST = op("release_host", NEWEST, 0)
 
 
 def inject(name, nth=1):
@@ -59,22 +64,22 @@ def main():
         os.remove(os.path.join(out, f))
     seeds = {
         "upload_download_sync": seq(ALLOC_U8, RESERVE_256, WRITE, H2D_SYNC, RESERVE_256, D2H_SYNC, READ_RING, READ_DEV),
-        "upload_async_complete": seq(ALLOC_U8, RESERVE_256, WRITE, H2D_ASYNC, STATUS, op("release_host", 0, 0),
-                                     COMPLETE_OK, STATUS, op("safe_to_release", 0, 0), op("release_host", 0, 0), READ_DEV),
+        "upload_async_complete": seq(ALLOC_U8, RESERVE_256, WRITE, H2D_ASYNC, STATUS, RELEASE_HOST,
+                                     COMPLETE_OK, STATUS, op("safe_to_release", 0, 0), RELEASE_HOST, READ_DEV),
         "download_async_fail": seq(ALLOC_U8, RESERVE_256, D2H_ASYNC, COMPLETE_FAIL, STATUS, STATUS, WAIT0, READ_RING),
         "failed_log_evicts": seq(ALLOC_U8, RESERVE_256, H2D_ASYNC, COMPLETE_FAIL, H2D_ASYNC, COMPLETE_FAIL, H2D_ASYNC,
                                  COMPLETE_FAIL, op("copy_status", 0, 2), op("copy_status", 0, 1), cfg=(0, 0, 1)),
         "failed_log_limit_2": seq(ALLOC_U8, RESERVE_256, H2D_ASYNC, COMPLETE_FAIL, H2D_ASYNC, COMPLETE_OK, H2D_ASYNC,
                                   COMPLETE_FAIL, H2D_ASYNC, COMPLETE_FAIL, op("wait", 0, 3, 0), cfg=(0, 0, 2)),
         "restart_with_pending": seq(ALLOC_U8, RESERVE_256, WRITE, H2D_ASYNC, D2H_ASYNC, op("restart", 0), STATUS,
-                                    op("release_host", 0, 0), op("free", 0, 0), op("copy_status", 31, 3)),
+                                    RELEASE_HOST, op("free", 0, 0), op("copy_status", 31, 3)),
         "restart_quiesce_fatal": seq(ALLOC_U8, RESERVE_256, D2H_ASYNC, inject("quiesce_fatal"), op("restart", 0),
-                                     op("release_host", 0, 0), op("poll"), op("restart", 0), op("release_host", 0, 0),
-                                     op("reserve", 4, 3, 2)),
+                                     RELEASE_HOST, op("poll"), op("restart", 0), RELEASE_HOST,
+                                     RESERVE_256),
         "close_quiesce_fatal": seq(ALLOC_U8, RESERVE_256, H2D_ASYNC, inject("quiesce_fatal"), op("close"), op("poll"),
                                    op("close"), op("alloc", 5, 5, 3, 0, 2, 1)),
         "close_with_views_and_leases": seq(ALLOC_U8, op("view", 0, 0, 1, 0, 0, 0, 0, 0), RESERVE_256,
-                                           op("lease_host", 0, 0), op("close"), op("end_view", 0),
+                                           op("lease_host", NEWEST, 0), op("close"), op("end_view", 0),
                                            op("end_host_lease", 0), cfg=(0, 0x80, 0)),
         "restart_with_view": seq(ALLOC_F32, op("view", 0, 0, 1, 0, 0, 0, 0, 0), op("restart", 0),
                                  op("view", 0, 0, 1, 0, 0, 0, 0, 0), op("end_view", 0), op("free", 0, 0)),
@@ -98,8 +103,8 @@ def main():
                                  op("release", 0, 0), op("free", 0, 0), op("end_step", 1), op("end_step", 1)),
         "release_under_copy": seq(ALLOC_U8, RESERVE_256, H2D_ASYNC, op("free", 0, 0), op("release", 0, 0),
                                   op("free", 0, 0), COMPLETE_OK, op("extent", 0, 0)),
-        "axpy": seq(ALLOC_F32, ALLOC_F32, RESERVE_256, WRITE, op("h2d", 0, 1, 2, 0, 0, 0, 0, 0),
-                    op("axpy", 0, 1, 0, 0, 0, 0, 0, 2), op("axpy", 0, 1, 0, 0, 0, 0, 1, 4), READ_DEV,
+        "axpy": seq(ALLOC_F32, ALLOC_F32, op("reserve", 6, 15, 0x80), WRITE, H2D_SYNC,
+                    op("axpy", 0, 0, 0, 1, 3, 0, 0, 1), op("axpy", 0, 0, 0, 1, 3, 0, 0, 3), READ_DEV,
                     op("read_device", 1)),
         "axpy_fatal": seq(ALLOC_F32, inject("launch_fatal"), op("axpy", 0, 0, 0, 0, 0, 0, 1, 0), op("poll"),
                           op("restart", 0), op("poll")),
@@ -109,19 +114,19 @@ def main():
         "submit_failures": seq(ALLOC_U8, RESERVE_256, inject("h2d_submit"), H2D_ASYNC, inject("d2h_at_completion"),
                                D2H_SYNC, inject("h2d_at_completion"), H2D_ASYNC, COMPLETE_OK, STATUS),
         "fatal_copy_then_restart": seq(ALLOC_U8, RESERVE_256, inject("d2h_fatal"), D2H_ASYNC, op("poll"),
-                                       op("release_host", 0, 0), op("restart", 0), op("poll")),
+                                       RELEASE_HOST, op("restart", 0), op("poll")),
         "view_faults": seq(ALLOC_U8, inject("view_invalid"), op("view", 0, 0, 1, 0, 0, 0, 0, 0), inject("view_fatal"),
                            op("view", 0, 0, 1, 0, 0, 0, 0, 0), op("view", 0, 0, 1, 0, 0, 0, 0, 0)),
         "alloc_faults": seq(inject("alloc_failed"), ALLOC_U8, inject("alloc_fatal", 2), ALLOC_U8, ALLOC_U8, ALLOC_U8,
                             op("restart", 0), ALLOC_U8),
         "forged_completion": seq(ALLOC_U8, RESERVE_256, WRITE, H2D_ASYNC, op("report_completion", 0, 0, 1),
-                                 op("release_host", 0, 0), COMPLETE_OK, op("report_completion", 7, 3, 0)),
+                                 RELEASE_HOST, COMPLETE_OK, op("report_completion", 7, 3, 0)),
         "ring_zero": seq(ALLOC_U8, cfg=(6, 0, 0)),
         "ring_wraps_2_64": seq(ALLOC_U8, cfg=(7, 0, 0)),
         "ring_wraps_2_64_minus_4095": seq(ALLOC_U8, cfg=(0x87, 0, 0)),
         "failed_limit_zero": seq(ALLOC_U8, cfg=(0, 0, 5)),
-        "ring_wrap_around": seq(*[op("reserve", 4, 3, 2) for _ in range(6)], op("release_host", 0, 5),
-                                op("release_host", 0, 4), op("reserve", 4, 3, 2), op("reserve", 1, 0, 0), cfg=(2, 0, 0)),
+        "ring_wrap_around": seq(*[RESERVE_256 for _ in range(6)], op("release_host", NEWEST, 5),
+                                op("release_host", NEWEST, 4), RESERVE_256, op("reserve", 1, 0, 0), cfg=(2, 0, 0)),
     }
     rng = random.Random(10)
     for k in range(12):  # random programs, for breadth
