@@ -232,9 +232,15 @@ class Harness {
   std::string describe_trace() const {
     std::string out;
     for (std::size_t i = 0; i < trace_.size(); ++i) {
-      out += "  #" + std::to_string(i) + " " + (trace_[i].kind == OpKind::Count ? "finish" : op_name(trace_[i].kind));
-      for (auto b : trace_[i].p) out += " " + std::to_string(b);
-      out += "\n";
+      out += "  #";
+      out += std::to_string(i);
+      out += ' ';
+      out += trace_[i].kind == OpKind::Count ? "finish" : op_name(trace_[i].kind);
+      for (auto b : trace_[i].p) {
+        out += ' ';
+        out += std::to_string(b);
+      }
+      out += '\n';
     }
     return out;
   }
