@@ -114,8 +114,20 @@ class BridgeStateMachine : public ::testing::Test {
 // Several rounds of rapidcheck's 100 sequences each (RC_PARAMS=max_success=N
 // changes the round size): well under a second per backend in Release, a few
 // seconds under the sanitizers.
+#if defined(__SANITIZE_THREAD__)  // GCC
+#define DEVBRIDGE_UNDER_TSAN 1
+#elif defined(__has_feature)  // clang
+#if __has_feature(thread_sanitizer)
+#define DEVBRIDGE_UNDER_TSAN 1
+#endif
+#endif
+#ifdef DEVBRIDGE_UNDER_TSAN
+constexpr int kFakeRounds = 3;  // ThreadSanitizer is 10-20x slower
+constexpr int kHostRounds = 1;
+#else
 constexpr int kFakeRounds = 8;
 constexpr int kHostRounds = 3;
+#endif
 
 TEST_F(BridgeStateMachine, FakeBackendAgreesWithTheModel) {
   for (int round = 0; round < kFakeRounds; ++round)
