@@ -311,12 +311,16 @@ def _chunk_bytes(bridge: Bridge, nbytes: int) -> int:
     return min(nbytes, cap)
 
 
-def _room(bridge: Bridge, queue: ReleaseQueue, attempt) -> Any:
-    """Runs ``attempt`` (a reserve or a copy), making room on Backpressure by waiting for queued copies."""
+def _room(bridge: Bridge, queue: ReleaseQueue, attempt, free_own=None) -> Any:
+    """Runs ``attempt`` (a reserve or a copy), making room on Backpressure: first by ``free_own()``
+    (the caller finishing one of its own copies; it returns False when it has none), then by
+    waiting for queued copies."""
     while True:
         try:
             return attempt()
         except Backpressure:
+            if free_own is not None and free_own():
+                continue
             queue.reap(raise_failures=False)
             try:
                 return attempt()
@@ -660,20 +664,14 @@ def _download(bridge: Bridge, queue: ReleaseQueue, handle: DeviceHandle, dst: np
         pending.popleft()
         ring.release(r)
 
+    def finish_own() -> bool:
+        if not pending:
+            return False
+        finish_oldest()
+        return True
+
     def make_room(attempt):
-        while True:
-            try:
-                return attempt()
-            except Backpressure:
-                if pending:
-                    finish_oldest()
-                    continue
-                queue.reap(raise_failures=False)
-                try:
-                    return attempt()
-                except Backpressure:
-                    if not queue.wait_oldest():
-                        raise
+        return _room(bridge, queue, attempt, finish_own)
 
     index = offset = 0
     n = 0

@@ -22,11 +22,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string describe(const CliRun& run) {
-  return "exit " + std::to_string(run.exit_code) + " signal " + std::to_string(run.signal) + "\n--- stdout\n" +
-         run.out + "--- stderr\n" + run.err;
-}
-
 constexpr const char* k2Pow63 = "9223372036854775808";
 constexpr const char* k2Pow64Minus1 = "18446744073709551615";
 constexpr const char* k2Pow64Minus2 = "18446744073709551614";

@@ -60,4 +60,10 @@ std::string read_file(const std::string& path);
 // can): tests of a backend that may be missing skip with this reason.
 std::string backend_unavailable_reason(const std::string& backend);
 
+// Everything a test needs to explain a failure.
+inline std::string describe(const CliRun& run) {
+  return "exit " + std::to_string(run.exit_code) + " signal " + std::to_string(run.signal) + "\n--- stdout\n" +
+         run.out + "--- stderr\n" + run.err;
+}
+
 }  // namespace devbridge::cli::testing

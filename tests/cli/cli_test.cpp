@@ -19,12 +19,6 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-// Everything a test needs to explain a failure.
-std::string describe(const CliRun& run) {
-  return "exit " + std::to_string(run.exit_code) + " signal " + std::to_string(run.signal) + "\n--- stdout\n" +
-         run.out + "--- stderr\n" + run.err;
-}
-
 std::size_t line_count(const std::string& text) { return static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n')); }
 
 nlohmann::json stream_json(const std::vector<std::string>& args, CliRun& run) {

@@ -23,11 +23,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::string describe(const CliRun& run) {
-  return "exit " + std::to_string(run.exit_code) + " signal " + std::to_string(run.signal) + "\n--- stdout\n" +
-         run.out + "--- stderr\n" + run.err;
-}
-
 // A directory of its own for one test's report.
 std::filesystem::path fresh_dir(const std::string& name) {
   const std::filesystem::path dir = std::filesystem::path(scratch_dir()) / name;
