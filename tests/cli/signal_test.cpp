@@ -110,9 +110,12 @@ INSTANTIATE_TEST_SUITE_P(Stream, StreamStoppedBySignal,
 // at once, the default way; it leaves neither a report nor its temporary file.
 TEST(StreamSignals, ASecondSignalEndsItAtOnceLeavingNoFile) {
   const std::filesystem::path dir = fresh_dir("second-signal");
-  // Big chunks, so that draining the one in flight takes a while.
-  CliProcess child({"stream", "--backend", "host", "--bytes", "64GiB", "--chunk", "128MiB", "--ring-bytes", "256MiB",
-                    "--inflight", "1", "--json", (dir / "report.json").string()});
+  // The first upload's completion is lost, so the drain the first signal
+  // starts waits (up to the stall timeout) however fast the machine is: the
+  // second signal surely lands during it.
+  CliProcess child({"stream", "--backend", "fake", "--bytes", "1MiB", "--chunk", "64KiB", "--inflight", "1",
+                    "--fake-inject", "copy_h2d:lost_completion:1", "--stall-timeout", "60", "--json",
+                    (dir / "report.json").string()});
   wait_until_running(dir, 1, std::chrono::milliseconds(300));
   child.send(SIGINT);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
