@@ -73,7 +73,7 @@ Config gen_config(BackendKind backend) {
   config.backend = backend;
   config.ring_bytes = *rc::gen::weightedElement<std::uint64_t>({{6, 4096}, {3, 1024}, {3, 8192}, {1, 1000}, {1, ~0ull}});
   if (!config.hostile_rings && config.ring_bytes == ~0ull) config.ring_bytes = 4096;
-  config.inflight_budget_bytes = *rc::gen::element<std::uint64_t>(0, 0, 1000, 256);
+  config.inflight_budget_bytes = *rc::gen::element<std::uint64_t>(0, 0, 1000, 256, 512, 2048);
   config.failed_record_limit = *rc::gen::element<std::uint32_t>(1024, 1, 2, 3);
   return config;
 }
