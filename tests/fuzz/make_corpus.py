@@ -81,6 +81,8 @@ def main():
         "close_with_views_and_leases": seq(ALLOC_U8, op("view", 0, 0, 1, 0, 0, 0, 0, 0), RESERVE_256,
                                            op("lease_host", NEWEST, 0), op("close"), op("end_view", 0),
                                            op("end_host_lease", 0), cfg=(0, 0x80, 0)),
+        "close_fails_then_view_ends": seq(ALLOC_U8, inject("quiesce_fatal"), op("view", 0, 0, 1, 0, 0, 0, 0, 0),
+                                          op("release", 0, 0), op("close"), op("end_view", 0), op("close")),
         "restart_with_view": seq(ALLOC_F32, op("view", 0, 0, 1, 0, 0, 0, 0, 0), op("restart", 0),
                                  op("view", 0, 0, 1, 0, 0, 0, 0, 0), op("end_view", 0), op("free", 0, 0)),
         "restart_invalid_generations": seq(op("restart", 4), op("restart", 5), op("restart", 6), op("restart", 7),

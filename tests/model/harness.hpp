@@ -1249,7 +1249,9 @@ class Harness {
     --a.views;
     if (a.orphan) {
       if (a.views == 0) m.free_in_backend(a);
-    } else {
+    } else if (!m.close_pending) {
+      // After a close whose quiesce failed nothing is freed (the device may
+      // still touch it) until a close succeeds.
       m.maybe_finish_release(i);
     }
   }
