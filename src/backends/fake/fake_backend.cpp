@@ -38,6 +38,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -118,6 +119,11 @@ SharedBytes allocate_bytes(std::uint64_t bytes, std::uint64_t alignment, std::st
   if (!rounded) checked::overflow(ErrorKind::AllocationFailed, call, bytes, alignment, '^');
   const std::uint64_t size = *rounded;
   static_assert(sizeof(std::size_t) == sizeof(std::uint64_t), "the fake assumes a 64-bit address space");
+  // No object is larger than PTRDIFF_MAX: refuse it here, as a driver would,
+  // rather than leave it to operator new (fatal under AddressSanitizer).
+  if (size > static_cast<std::uint64_t>(std::numeric_limits<std::ptrdiff_t>::max()))
+    throw Error(ErrorKind::AllocationFailed, std::string(call) + ": " + std::to_string(bytes) +
+                                                 " bytes: larger than the address space");
   const auto align = std::align_val_t{static_cast<std::size_t>(alignment)};
   auto* raw = static_cast<std::byte*>(::operator new(static_cast<std::size_t>(size), align));
   std::memset(raw, static_cast<int>(kFreshMemoryPattern), static_cast<std::size_t>(size));

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -113,8 +114,10 @@ class HostBackend final : public Backend {
     }
     const std::uint64_t effective_alignment = std::max(alignment, kMinAlignment);
     // posix_memalign may pad by up to the alignment; refuse a size for which
-    // that padding does not fit in 64 bits before the C library has to.
-    if (!checked::add(bytes, effective_alignment)) {
+    // that padding does not fit in the address space (no object is larger
+    // than PTRDIFF_MAX) before the C library, or a sanitizer's, has to.
+    if (const auto padded = checked::add(bytes, effective_alignment);
+        !padded || *padded > static_cast<std::uint64_t>(std::numeric_limits<std::ptrdiff_t>::max())) {
       throw Error(ErrorKind::AllocationFailed,
                   fmt::format("host backend: allocate of {} bytes (alignment {}): too large for the address space",
                               bytes, effective_alignment));
