@@ -445,6 +445,12 @@ TEST_P(BoundaryTest, CopyOffsetsAndLengths) {
 
 // launch_axpy's ranges go through the same checks.
 TEST_P(BoundaryTest, AxpyOffsetsAndLengths) {
+#if defined(__SANITIZE_ADDRESS__)
+  // After PoCL has compiled and run the axpy kernel, LeakSanitizer's
+  // exit-time tracer crashes on its threads ("Tracer caught signal 11") in
+  // every run, after the test passed. The release and TSan runs cover this row.
+  if (driver().name == "opencl") GTEST_SKIP() << "LeakSanitizer's tracer crashes on PoCL's kernel threads";
+#endif
   constexpr std::uint64_t kExtent = 4096;
   auto& b = make_bridge();
   const auto spec = spec_of(kExtent, 64, DType::Float32);
