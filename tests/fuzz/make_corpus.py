@@ -83,6 +83,8 @@ def main():
                                            op("end_host_lease", 0), cfg=(0, 0x80, 0)),
         "close_fails_then_view_ends": seq(ALLOC_U8, inject("quiesce_fatal"), op("view", 0, 0, 1, 0, 0, 0, 0, 0),
                                           op("release", 0, 0), op("close"), op("end_view", 0), op("close")),
+        "late_completion_then_sync_query": seq(inject("d2h_late"), ALLOC_U8, D2H_ASYNC, op("restart", 0), ALLOC_U8,
+                                               D2H_SYNC, op("safe_to_release", 0, 0), op("complete_all", 0, 1)),
         "restart_with_view": seq(ALLOC_F32, op("view", 0, 0, 1, 0, 0, 0, 0, 0), op("restart", 0),
                                  op("view", 0, 0, 1, 0, 0, 0, 0, 0), op("end_view", 0), op("free", 0, 0)),
         "restart_invalid_generations": seq(op("restart", 4), op("restart", 5), op("restart", 6), op("restart", 7),
