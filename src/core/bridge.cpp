@@ -83,6 +83,12 @@ class SlotTable {
       free_head_ = index;
     }
   }
+  // Gives back a slot whose id was never handed out (its use failed before
+  // the caller saw it): the version goes back too, so that id stays unknown.
+  void unissue(std::uint32_t index) {
+    --slots_[index].version;
+    retire(index);
+  }
   Slot* find(std::uint64_t id) noexcept {
     const auto index = id_slot(id);
     if (index >= size_) return nullptr;
@@ -500,26 +506,33 @@ class BridgeCore {
       inflight_bytes_ += host.len;
       try {
         backend_->submit_copy({direction, mode, event, ring_.data(host), slot->device, device.offset, host.len});
-      } catch (const Error& e) {
+      } catch (...) {
+        // Never submitted, never handed out: the event stays unknown.
         inflight_bytes_ -= host.len;
         unpin(alloc_index, direction, ring_key);
-        copies_.retire(copy_index);
-        throw copy_error(direction, e);
+        copies_.unissue(copy_index);
+        try {
+          throw;
+        } catch (const Error& e) {
+          throw copy_error(direction, e);
+        }
       }
       ++copies_submitted_;
       return event;
     }
 
     // Sync: the copy itself runs unlocked; pins keep memory and range alive.
+    // Its event is numbered only once it succeeded: a failed sync copy's
+    // event is never handed out, so no id of it can read as Completed.
     pin(*slot, direction, ring_key);
-    const CopyEvent event{domain_, generation_, kSyncEventBit | ++sync_copies_issued_};
-    const CopyRequest request{direction, mode, event, ring_.data(host), slot->device, device.offset, host.len};
+    const CopyEvent unnumbered{domain_, generation_, kSyncEventBit};
+    const CopyRequest request{direction, mode, unnumbered, ring_.data(host), slot->device, device.offset, host.len};
     auto failure = run_unlocked(lock, [&] { backend_->submit_copy(request); });
     unpin(alloc_index, direction, ring_key);
     if (failure) throw copy_error(direction, *failure);
     ++copies_submitted_;
     ++copies_completed_;
-    return event;
+    return CopyEvent{domain_, generation_, kSyncEventBit | ++sync_copies_issued_};
   }
 
   // Runs blocking backend work without the lock. The caller has pinned what
@@ -530,10 +543,18 @@ class BridgeCore {
     ++calls_in_progress_;
     lock.unlock();
     std::optional<Error> failure;
+    // Whatever the backend throws, the lock is taken back and the call
+    // counted out: a restart waiting for calls_in_progress_ must not hang.
     try {
       work();
     } catch (const Error& e) {
       failure.emplace(e);
+    } catch (const std::bad_alloc&) {
+      failure.emplace(ErrorKind::AllocationFailed, "the backend ran out of host memory");
+    } catch (const std::exception& e) {
+      failure.emplace(ErrorKind::Unavailable, fmt::format("the backend threw: {}", e.what()));
+    } catch (...) {
+      failure.emplace(ErrorKind::Unavailable, "the backend threw an unknown exception");
     }
     lock.lock();
     --calls_in_progress_;

@@ -325,5 +325,34 @@ TEST(FakeBackendLimits, ARingLargerThanTheFakesMemoryIsAllocationFailed) {
   }
 }
 
+TEST_F(ReliabilityTest, AnAsyncCopyRefusedAtSubmitLeavesItsEventUnknown) {
+  auto h = alloc();
+  HostRange r = bridge->reserve(4096);
+  fake->inject(Call::CopyDeviceToHost, Failure::CopyFailedAtSubmit);
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::OutputCopyFailed, bridge->device_to_host({h, 0, 4096}, r, CopyMode::Async));
+  // The id the failed submission would have had was never handed out.
+  const CopyEvent guessed{bridge->domain(), 1, 1ull << 32};
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::UnknownDeviceHandle, bridge->copy_status(guessed));
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::UnknownDeviceHandle, bridge->safe_to_release_host(guessed));
+  // The next copy takes that id, and completes as itself.
+  const CopyEvent next = bridge->device_to_host({h, 0, 4096}, r, CopyMode::Async);
+  EXPECT_EQ(next, guessed);
+  EXPECT_FALSE(bridge->host_bytes_valid(next));
+  complete(next);
+  EXPECT_TRUE(bridge->host_bytes_valid(next));
+}
+
+TEST_F(ReliabilityTest, AFailedSyncCopyHandsOutNoEventThatCouldReadCompleted) {
+  auto h = alloc();
+  HostRange r = bridge->reserve(4096);
+  fake->inject(Call::CopyDeviceToHost, Failure::CopyFailedAtSubmit);
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::OutputCopyFailed, bridge->device_to_host({h, 0, 4096}, r, CopyMode::Sync));
+  const CopyEvent guessed{bridge->domain(), 1, (1ull << 63) | 1};
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::UnknownDeviceHandle, bridge->copy_status(guessed));
+  const CopyEvent ok = bridge->device_to_host({h, 0, 4096}, r, CopyMode::Sync);
+  EXPECT_EQ(ok, guessed);
+  EXPECT_TRUE(bridge->host_bytes_valid(ok));
+}
+
 }  // namespace
 }  // namespace devbridge::testing
