@@ -33,7 +33,8 @@ test-sanitizers: setup
 	done
 
 # The libFuzzer target (bridge over the fake backend against the reference
-# model) for FUZZ_SECONDS; fails on any finding (scripts/fuzz.sh).
+# model) for FUZZ_SECONDS, or for exactly FUZZ_RUNS inputs from FUZZ_SEED;
+# fails on any finding (scripts/fuzz.sh).
 FUZZ_SECONDS ?= 60
 fuzz: setup
 	@FUZZ_SECONDS=$(FUZZ_SECONDS) JOBS=$(JOBS) bash scripts/fuzz.sh

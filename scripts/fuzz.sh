@@ -28,13 +28,23 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/corpus" "$artifacts"
 cp tests/fuzz/corpus/* "$work/corpus/"
 
-echo "fuzz: running devbridge_fuzz for ${seconds}s (artifacts in $artifacts)"
+# FUZZ_RUNS=N (with FUZZ_SEED, default 1) runs exactly N inputs from a fixed
+# seed instead of a time: the same inputs on every machine, so CI's bounded
+# run is reproducible; exploratory runs keep libFuzzer's random seed.
+if [ -n "${FUZZ_RUNS:-}" ]; then
+  bound=(-runs="$FUZZ_RUNS" -seed="${FUZZ_SEED:-1}")
+  what="$FUZZ_RUNS inputs from seed ${FUZZ_SEED:-1}"
+else
+  bound=(-max_total_time="$seconds")
+  what="${seconds}s"
+fi
+echo "fuzz: running devbridge_fuzz for $what (artifacts in $artifacts)"
 status=0
 # allocator_may_return_null: a huge allocation the code under test asks for is
 # its to refuse (AllocationFailed), not ASan's to abort on.
 ASAN_OPTIONS="allocator_may_return_null=1:${ASAN_OPTIONS:-}" \
 UBSAN_OPTIONS="print_stacktrace=1:${UBSAN_OPTIONS:-}" \
-  "$build/tests/fuzz/devbridge_fuzz" -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 \
+  "$build/tests/fuzz/devbridge_fuzz" "${bound[@]}" -timeout=30 -rss_limit_mb=4096 \
   -print_final_stats=1 -artifact_prefix="$artifacts/" ${FUZZ_ARGS:-} "$work/corpus" >"$work/log" 2>&1 || status=$?
 
 execs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$work/log" | grep -o '[0-9]*$' | tail -1 || true)"
@@ -45,4 +55,4 @@ if [ "$status" -ne 0 ] || grep -qE 'devbridge model mismatch|ERROR: (AddressSani
   ls -1 "$artifacts" | sed 's/^/fuzz: artifact: /'
   exit 1
 fi
-echo "fuzz: clean: ${execs:-?} executions in ${seconds}s (${rate:-?} exec/s)"
+echo "fuzz: clean: ${execs:-?} executions ($what, ${rate:-?} exec/s)"
