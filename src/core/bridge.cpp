@@ -192,6 +192,13 @@ ErrorKind copy_failure_kind(CopyDirection direction) {
   return direction == CopyDirection::HostToDevice ? ErrorKind::DeviceCopyFailed : ErrorKind::OutputCopyFailed;
 }
 
+// Backends may report a copy failure generically; the contract names it by
+// direction. Other kinds pass through.
+ErrorKind directed_kind(CopyDirection direction, ErrorKind kind) {
+  const bool copy_kind = kind == ErrorKind::DeviceCopyFailed || kind == ErrorKind::OutputCopyFailed;
+  return copy_kind ? copy_failure_kind(direction) : kind;
+}
+
 }  // namespace
 
 namespace detail {
@@ -511,11 +518,7 @@ class BridgeCore {
         inflight_bytes_ -= host.len;
         unpin(alloc_index, direction, ring_key);
         copies_.unissue(copy_index);
-        try {
-          throw;
-        } catch (const Error& e) {
-          throw copy_error(direction, e);
-        }
+        rethrow_as_copy_error(direction);
       }
       ++copies_submitted_;
       return event;
@@ -562,10 +565,18 @@ class BridgeCore {
     return failure;
   }
 
+  // Inside a catch: an Error becomes the direction's copy error; anything
+  // else goes on as it is.
+  [[noreturn]] void rethrow_as_copy_error(CopyDirection direction) {
+    try {
+      throw;
+    } catch (const Error& e) {
+      throw copy_error(direction, e);
+    }
+  }
+
   Error copy_error(CopyDirection direction, const Error& e) {
-    // Backends may report a copy failure generically; the contract names it by direction.
-    const bool copy_kind = e.kind() == ErrorKind::DeviceCopyFailed || e.kind() == ErrorKind::OutputCopyFailed;
-    Error mapped(copy_kind ? copy_failure_kind(direction) : e.kind(), e.message(), e.fatal());
+    Error mapped(directed_kind(direction, e.kind()), e.message(), e.fatal());
     if (mapped.fatal()) mark_broken(mapped);
     ++copies_failed_;
     return mapped;
@@ -616,8 +627,7 @@ class BridgeCore {
     // The failure is remembered so the event reads back as Failed; the host
     // range is unpinned and stays the caller's, to retry.
     ++copies_failed_;
-    const bool copy_kind = c.error == ErrorKind::DeviceCopyFailed || c.error == ErrorKind::OutputCopyFailed;
-    const ErrorKind kind = copy_kind ? copy_failure_kind(record->direction) : c.error;
+    const ErrorKind kind = directed_kind(record->direction, c.error);
     std::string message = c.message.empty() ? "the backend reported the copy failed" : c.message;
     if (c.fatal) mark_broken(Error(kind, message, true));
     remember_failure(c.event.id, kind, std::move(message));
