@@ -30,8 +30,10 @@ devbridge::model::Config g_base;  // relaxations from the environment
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  spdlog::set_level(spdlog::level::off);  // stale completions, Broken: expected here, and slow to print
   g_base.relax(std::getenv("DEVBRIDGE_MODEL_RELAX"));
+  g_base.trace = std::getenv("DEVBRIDGE_MODEL_TRACE") != nullptr;
+  // Stale completions, Broken: expected here, and slow to print, unless tracing.
+  spdlog::set_level(g_base.trace ? spdlog::level::debug : spdlog::level::off);
   return 0;
 }
 

@@ -58,6 +58,8 @@ struct Config {
   bool hostile_rings = true;
   // Forge events with small, guessable ids (the ids a failed copy used).
   bool guessed_ids = true;
+  // Print the model's and the bridge's state after every operation (triage).
+  bool trace = false;
   void relax(const char* list) {
     if (!list) return;
     const std::string s = list;

@@ -173,6 +173,33 @@ class Harness {
   void step(const Op& op) {
     if (!bridge_) return;
     trace_.push_back(op);
+    run_op(op);
+    if (m.config.trace) print_state();
+  }
+
+  // One line per operation: what the model and the bridge each hold.
+  void print_state() const {
+    BridgeStats s;
+    const bool have_stats = !attempt([&] { s = bridge_->stats(); });
+    std::fprintf(stderr,
+                 "  #%zu %-17s model: gen %llu%s%s failed-log %zu evicted [%llu,%llu] in-flight %llu ready %zu "
+                 "late %zu%s",
+                 trace_.size() - 1, op_name(trace_.back().kind), static_cast<unsigned long long>(m.gen),
+                 m.broken ? " broken" : "", m.closed ? (m.close_pending ? " close-pending" : " closed") : "",
+                 m.failure_log.size(), static_cast<unsigned long long>(m.evicted_lo),
+                 static_cast<unsigned long long>(m.evicted_hi), static_cast<unsigned long long>(m.copies_in_flight()),
+                 m.ready.size(), m.late_after_quiesce.size(), m.late_released ? " released" : "");
+    if (have_stats)
+      std::fprintf(stderr, " | bridge: gen %llu%s%s failed %llu evicted %llu in-flight %llu\n",
+                   static_cast<unsigned long long>(s.generation), s.broken ? " broken" : "", s.closed ? " closed" : "",
+                   static_cast<unsigned long long>(s.failed_records),
+                   static_cast<unsigned long long>(s.failed_records_evicted),
+                   static_cast<unsigned long long>(s.copies_in_flight));
+    else
+      std::fprintf(stderr, " | bridge: stats() threw\n");
+  }
+
+  void run_op(const Op& op) {
     switch (op.kind) {
       case OpKind::Alloc: return do_alloc(op);
       case OpKind::Free: return do_free(op, false);
@@ -1009,7 +1036,8 @@ class Harness {
         x = st ? Expect::either({*st, ErrorKind::InvalidRange}) : Expect::error(ErrorKind::InvalidRange);
       else if (st)
         x = Expect::error(*st);
-      m.drain();
+      // A negative timeout is refused before the bridge looks at anything.
+      if (!negative) m.drain();
     }
     CopyStatus status;
     const auto error = attempt([&] { status = wait ? bridge_->wait(e, timeout) : bridge_->copy_status(e); });
@@ -1351,8 +1379,11 @@ class Harness {
       return check_stats();
     }
     if (!expect_kind("close()", x, error)) {
+      // As for restart: Broken too, so the retried close's successful
+      // quiesce does not drain completions the lost device reported.
       m.closed = true;
       m.close_pending = true;
+      m.broken = true;
       return check_stats();
     }
     m.quiesce_succeeded();
