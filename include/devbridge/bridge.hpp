@@ -23,6 +23,15 @@ namespace detail {
 class BridgeCore;
 }
 
+// What an upload (host_to_device) into an allocation that a live view still
+// reads does. The view's consumer has already taken those bytes as its own:
+// a jax array is immutable, a lazy tinygrad graph reads them when it runs.
+enum class WritesUnderView : std::uint8_t {
+  Refuse,  // AllocationStillInUse, naming the views and who holds them (the default)
+  Wait,    // wait for the views to end (BridgeOptions::writes_under_view_timeout)
+  Allow,   // copy anyway: the caller orders its consumers itself
+};
+
 struct BridgeOptions {
   Generation generation = 1;
   std::uint64_t ring_bytes = 64ull << 20;
@@ -32,6 +41,12 @@ struct BridgeOptions {
   // their events read back as Failed; beyond it the oldest is forgotten
   // (stats().failed_records_evicted, a log line). See docs/DECISIONS.md.
   std::uint32_t failed_record_limit = 1024;
+  WritesUnderView writes_under_view = WritesUnderView::Refuse;
+  // How long WritesUnderView::Wait waits for the views to end before
+  // refusing the copy; max (the default) waits until they end or close().
+  // A view held by the waiting thread itself never ends: give a bound, or
+  // end it first.
+  std::chrono::nanoseconds writes_under_view_timeout = std::chrono::nanoseconds::max();
 };
 
 enum class CopyState : std::uint8_t { Pending, Completed, Failed };
@@ -48,6 +63,15 @@ struct CopyStatus {
 // waits until there is room.
 struct Admission {
   std::chrono::nanoseconds wait_for_room{0};
+};
+
+// Who holds a view's lease, for messages that say how to end it (set by the
+// layer that hands the view on: the Python bindings name DLPack consumers
+// and tinygrad tensors).
+enum class ViewHolder : std::uint8_t {
+  Caller,          // whoever called view()
+  DLPackConsumer,  // a numpy, jax, torch or cupy array over the view
+  TinygradTensor,  // a tinygrad Tensor (a lazy graph or .grad may still read it)
 };
 
 enum class ViewWait : std::uint8_t {
@@ -125,6 +149,10 @@ class ViewLease {
   const TensorView* operator->() const noexcept { return &view_; }
   explicit operator bool() const noexcept { return core_ != nullptr; }
   void reset() noexcept;
+  // Names who holds the lease now, for the bridge's messages about it
+  // (AllocationStillInUse). No effect on an ended lease.
+  void set_holder(ViewHolder holder) noexcept;
+  ViewHolder holder() const noexcept { return holder_; }
 
  private:
   friend class Bridge;
@@ -132,6 +160,7 @@ class ViewLease {
   // own lock), so a lease never dangles and costs no atomic reference count.
   detail::BridgeCore* core_ = nullptr;
   TensorView view_;
+  ViewHolder holder_ = ViewHolder::Caller;
 };
 
 class Bridge {
@@ -175,6 +204,7 @@ class Bridge {
   std::uint64_t ring_free_bytes() const;
 
   // ---- copies ----
+  // Into an allocation a live view still reads: as options.writes_under_view says.
   CopyEvent host_to_device(HostRange host, DeviceRange device, CopyMode mode, Admission admission = {});
   CopyEvent device_to_host(DeviceRange device, HostRange host, CopyMode mode, Admission admission = {});
   CopyStatus copy_status(CopyEvent event);

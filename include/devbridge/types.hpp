@@ -117,13 +117,26 @@ struct CopyEvent {
 // ---- specs and ranges -------------------------------------------------------
 
 enum class ShapeKind : std::uint8_t { Scalar, Vector, Matrix, Tensor };
+// "scalar", "vector", "matrix", "tensor".
+std::string_view shape_kind_name(ShapeKind kind) noexcept;
 
 struct ObjectSpec {
   std::uint64_t max_extent = 0;
   std::uint64_t alignment = 0;
-  DType dtype = DType::UInt8;
+  // The dtype every view of the allocation has. None: untyped bytes ("bytes"
+  // in Python): views of any dtype may share it at byte offsets aligned to
+  // their dtype, so one allocation can hold a batch's images and its labels.
+  std::optional<DType> dtype = DType::UInt8;
   ShapeKind shape = ShapeKind::Tensor;
 };
+
+// The name of a spec's dtype; "bytes" when it is untyped.
+std::string_view spec_dtype_name(const ObjectSpec& spec) noexcept;
+// The unit device ranges into the allocation are aligned to: the dtype's
+// size, 1 when untyped.
+constexpr std::uint32_t spec_element_size(const ObjectSpec& spec) noexcept {
+  return spec.dtype ? dtype_size(*spec.dtype) : 1;
+}
 
 // Offsets are into the host ring's block.
 struct HostRange {

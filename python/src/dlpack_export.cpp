@@ -129,6 +129,7 @@ nb::object make_dlpack_capsule(const std::shared_ptr<BridgeState>& state, Device
                                std::optional<DLPackAbi> versioned) {
   auto owned = std::make_unique<DLPackExport>();
   owned->lease = acquire_lease(state, handle, spec, ViewWait::Wait);
+  owned->lease.set_holder(ViewHolder::DLPackConsumer);
   const TensorView& view = owned->lease.view();
   const DTypeInfo& info = dtype_info(view.dtype);
 

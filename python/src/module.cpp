@@ -190,14 +190,24 @@ const char* state_name(CopyState state) {
   return "unknown";
 }
 
-std::string shape_kind_name(ShapeKind kind) {
-  switch (kind) {
-    case ShapeKind::Scalar: return "scalar";
-    case ShapeKind::Vector: return "vector";
-    case ShapeKind::Matrix: return "matrix";
-    case ShapeKind::Tensor: return "tensor";
-  }
-  return "tensor";
+// An ObjectSpec's dtype: any dtype parse_dtype takes, or "bytes" / None for
+// an untyped allocation.
+std::optional<DType> parse_spec_dtype(nb::handle object) {
+  if (object.is_none()) return std::nullopt;
+  if (nb::isinstance<nb::str>(object) && nb::cast<std::string>(object) == "bytes") return std::nullopt;
+  return parse_dtype(object);
+}
+
+WritesUnderView parse_writes_under_view(nb::handle object) {
+  if (!nb::isinstance<nb::str>(object))
+    throw nb::type_error(("writes_under_view must be \"refuse\", \"wait\" or \"allow\", not " +
+                          nb::cast<std::string>(nb::str(object.type().attr("__name__"))))
+                             .c_str());
+  const std::string name = nb::cast<std::string>(object);
+  if (name == "refuse") return WritesUnderView::Refuse;
+  if (name == "wait") return WritesUnderView::Wait;
+  if (name == "allow") return WritesUnderView::Allow;
+  throw nb::value_error(("writes_under_view must be \"refuse\", \"wait\" or \"allow\", not \"" + name + "\"").c_str());
 }
 
 ShapeKind parse_shape_kind(const std::string& name) {
@@ -606,17 +616,21 @@ void bind_module(nb::module_& m) {
           [](ObjectSpec* self, nb::handle max_extent, nb::handle alignment, nb::handle dtype,
              const std::string& shape) {
             new (self) ObjectSpec{args::integer<std::uint64_t>(max_extent, "max_extent"),
-                                  args::integer<std::uint64_t>(alignment, "alignment"), parse_dtype(dtype),
+                                  args::integer<std::uint64_t>(alignment, "alignment"), parse_spec_dtype(dtype),
                                   parse_shape_kind(shape)};
           },
-          "max_extent"_a, "alignment"_a, "dtype"_a, "shape"_a = "tensor")
+          "max_extent"_a, "alignment"_a, "dtype"_a.none(), "shape"_a = "tensor",
+          "dtype: a dtype name (\"float32\"), a numpy or tinygrad dtype, or \"bytes\"/None for an untyped "
+          "allocation that views of any dtype may share at offsets aligned to their dtype.")
       .def_ro("max_extent", &ObjectSpec::max_extent)
       .def_ro("alignment", &ObjectSpec::alignment)
-      .def_prop_ro("dtype", [](const ObjectSpec& s) { return std::string(dtype_info(s.dtype).name); })
-      .def_prop_ro("shape", [](const ObjectSpec& s) { return shape_kind_name(s.shape); })
+      .def_prop_ro("dtype", [](const ObjectSpec& s) { return std::string(spec_dtype_name(s)); },
+                   "The dtype's name; \"bytes\" for an untyped allocation.")
+      .def_prop_ro("shape", [](const ObjectSpec& s) { return std::string(shape_kind_name(s.shape)); })
       .def("__repr__", [](const ObjectSpec& s) {
         return "ObjectSpec(max_extent=" + std::to_string(s.max_extent) + ", alignment=" + std::to_string(s.alignment) +
-               ", dtype=\"" + std::string(dtype_info(s.dtype).name) + "\", shape=\"" + shape_kind_name(s.shape) + "\")";
+               ", dtype=\"" + std::string(spec_dtype_name(s)) + "\", shape=\"" +
+               std::string(shape_kind_name(s.shape)) + "\")";
       });
 
   bind_ring_buffer(m);
@@ -714,6 +728,7 @@ void bind_module(nb::module_& m) {
                               nb::cast<std::string>(nb::repr(dims_tuple(v.meta.strides))) +
                               " (elements). Take a contiguous view, or copy.");
             PyTensorView lease = make_view(v.state, v.meta.handle, v.spec, ViewWait::Wait);
+            lease.lease.set_holder(ViewHolder::TinygradTensor);
             const std::uint64_t ptr = lease.meta.data + lease.meta.byte_offset;
             nb::tuple shape = dims_tuple(lease.meta.shape);
             std::string device = lease.device;
@@ -790,11 +805,16 @@ void bind_module(nb::module_& m) {
   nb::class_<PyBridge>(m, "Bridge",
                        "One bridge per (worker, device): a host ring, device allocations, copies and views.\n"
                        "Bridge(backend=\"host\", generation=1, ring_bytes=64 << 20, inflight_bytes=None,\n"
-                       "       *, cuda_ordinal=0, cuda_context=None)")
+                       "       *, cuda_ordinal=0, cuda_context=None, writes_under_view=\"refuse\",\n"
+                       "       writes_under_view_timeout=None)\n"
+                       "writes_under_view: what an upload into an allocation a live view still reads does:\n"
+                       "\"refuse\" (AllocationStillInUse naming the views), \"wait\" for them to end (at most\n"
+                       "writes_under_view_timeout seconds; None: until they end or close()), or \"allow\".")
       .def(
           "__init__",
           [](PyBridge* self, const std::string& backend, nb::handle generation_object, nb::handle ring_bytes_object,
-             nb::handle inflight_bytes_object, nb::handle cuda_ordinal_object, nb::handle cuda_context) {
+             nb::handle inflight_bytes_object, nb::handle cuda_ordinal_object, nb::handle cuda_context,
+             nb::handle writes_under_view, nb::handle writes_under_view_timeout) {
             const auto generation = args::integer<Generation>(generation_object, "generation");
             const auto ring_bytes = args::integer<std::uint64_t>(ring_bytes_object, "ring_bytes");
             const auto inflight_bytes = args::optional_integer<std::uint64_t>(inflight_bytes_object, "inflight_bytes");
@@ -813,6 +833,10 @@ void bind_module(nb::module_& m) {
             options.generation = generation;
             options.ring_bytes = ring_bytes;
             options.inflight_budget_bytes = inflight_bytes.value_or(0);
+            options.writes_under_view = parse_writes_under_view(writes_under_view);
+            options.writes_under_view_timeout =
+                args::optional_seconds(writes_under_view_timeout, "writes_under_view_timeout")
+                    .value_or(std::chrono::nanoseconds::max());
             {
               nb::gil_scoped_release no_gil;
               std::unique_ptr<Backend> device;
@@ -835,7 +859,8 @@ void bind_module(nb::module_& m) {
           },
           "backend"_a = "host", "generation"_a.none() = 1, "ring_bytes"_a.none() = std::uint64_t{64} << 20,
           "inflight_bytes"_a.none() = nb::none(), nb::kw_only(), "cuda_ordinal"_a.none() = 0,
-          "cuda_context"_a.none() = nb::none())
+          "cuda_context"_a.none() = nb::none(), "writes_under_view"_a.none() = "refuse",
+          "writes_under_view_timeout"_a.none() = nb::none())
       .def_prop_ro("backend", [](const PyBridge& b) { return b.state->backend_name; })
       .def_prop_ro("domain", [](const PyBridge& b) { return b.state->bridge->domain(); })
       .def_prop_ro("generation", [](const PyBridge& b) { return b.state->open().generation(); })

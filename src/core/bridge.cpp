@@ -4,6 +4,7 @@
 #include "devbridge/bridge.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <atomic>
 #include <condition_variable>
@@ -43,14 +44,10 @@ std::string describe(const CopyEvent& e) {
 }
 std::string describe(const HostRange& r) { return fmt::format("host range [offset {}, len {}]", r.offset, r.len); }
 
-std::string_view shape_kind_name(ShapeKind kind) {
-  switch (kind) {
-    case ShapeKind::Scalar: return "scalar, rank 0";
-    case ShapeKind::Vector: return "vector, rank 1";
-    case ShapeKind::Matrix: return "matrix, rank 2";
-    case ShapeKind::Tensor: return "tensor, any rank";
-  }
-  return "unknown";
+// "tensor, any rank", "matrix, rank 2": a kind with the ranks it allows.
+std::string shape_kind_text(ShapeKind kind) {
+  if (kind == ShapeKind::Tensor) return "tensor, any rank";
+  return fmt::format("{}, rank {}", shape_kind_name(kind), static_cast<int>(kind));
 }
 
 std::atomic<std::uint64_t> g_next_domain{1};
@@ -139,6 +136,9 @@ struct AllocationSlot {
   std::uint32_t uploads = 0;  // of those, copies into the allocation
   std::uint32_t steps = 0;    // active compute steps, and launches in progress
   std::uint32_t views = 0;    // live view leases
+  // Of those, the ones handed on to a DLPack consumer and to tinygrad
+  // (ViewHolder), so messages can say who holds them and how to end them.
+  std::array<std::uint32_t, 2> handed_on{};
   bool used() const noexcept { return copies || steps || views; }
   // Every field but the version, for a new use of the slot.
   [[gnu::always_inline]] void start(const ObjectSpec& new_spec, std::uint64_t new_extent,
@@ -149,6 +149,7 @@ struct AllocationSlot {
     extent = new_extent;
     device = memory;
     copies = uploads = steps = views = 0;
+    handed_on = {};
   }
 };
 
@@ -211,13 +212,19 @@ class BridgeCore {
     if (options.ring_bytes == 0) throw Error(ErrorKind::InvalidExtent, "ring_bytes must be non-zero");
     if (options.failed_record_limit == 0)
       throw Error(ErrorKind::InvalidExtent, "failed_record_limit must be at least 1");
-    ring_ = HostRing(backend_->allocate_host(options.ring_bytes));
-    inflight_budget_ = options.inflight_budget_bytes ? options.inflight_budget_bytes : options.ring_bytes;
-    failure_limit_ = options.failed_record_limit;
+    if (options.writes_under_view_timeout.count() < 0)
+      throw Error(ErrorKind::InvalidRange, fmt::format("writes_under_view_timeout of {} ns is negative",
+                                                       options.writes_under_view_timeout.count()));
     const auto info = backend_->describe();
     device_string_ = info.device_string;
     dlpack_device_ = static_cast<int>(info.dlpack_device);
     device_ordinal_ = info.device_ordinal;
+    inflight_budget_ = options.inflight_budget_bytes ? options.inflight_budget_bytes : options.ring_bytes;
+    failure_limit_ = options.failed_record_limit;
+    writes_under_view_ = options.writes_under_view;
+    writes_under_view_timeout_ = options.writes_under_view_timeout;
+    // Last: nothing after it may throw, or the ring would leak.
+    ring_ = HostRing(backend_->allocate_host(options.ring_bytes));
   }
 
   ~BridgeCore() = default;
@@ -313,7 +320,7 @@ class BridgeCore {
   }
 
   void validate_device_range(const DeviceRange& range, const AllocationSlot& slot) const {
-    const auto elem = dtype_size(slot.spec.dtype);
+    const auto elem = spec_element_size(slot.spec);
     if (range.len == 0 || range.offset > slot.extent || range.len > slot.extent - range.offset)
       fail(ErrorKind::InvalidRange,
            "device range [offset {}, len {}] of {} is outside its extent of {} bytes (or empty)", range.offset,
@@ -321,7 +328,7 @@ class BridgeCore {
     if ((range.offset | range.len) & (elem - 1))
       fail(ErrorKind::InvalidRange,
            "device range [offset {}, len {}] of {} is not aligned to its {} elements ({} bytes)", range.offset,
-           range.len, describe(range.handle), dtype_info(slot.spec.dtype).name, elem);
+           range.len, describe(range.handle), spec_dtype_name(slot.spec), elem);
   }
 
   // Frees a released allocation once nothing uses it any more.
@@ -354,12 +361,12 @@ class BridgeCore {
     // Validation needs no state, so it happens before taking the lock.
     if (!is_power_of_two(spec.alignment))
       fail(ErrorKind::InvalidAlignment, "alignment {} is not a non-zero power of two", spec.alignment);
-    const auto elem = dtype_size(spec.dtype);
+    const auto elem = spec_element_size(spec);
     if (extent == 0 || extent > spec.max_extent || (extent & (spec.alignment - 1)) || (extent & (elem - 1)))
       fail(ErrorKind::InvalidExtent,
            "extent {} must be non-zero, at most max_extent {}, and a multiple of the alignment {} "
            "and of the {} size {}",
-           extent, spec.max_extent, spec.alignment, dtype_info(spec.dtype).name, elem);
+           extent, spec.max_extent, spec.alignment, spec_dtype_name(spec), elem);
     SpinLockHold lock(lock_);
     enter(lock);
     const DeviceAllocation device = call_backend([&] { return backend_->allocate(extent, spec.alignment); });
@@ -377,9 +384,40 @@ class BridgeCore {
   }
 
   std::string uses(const AllocationSlot& slot) const {
-    return fmt::format("{} cop{} in flight, {} compute step{}, {} live view{}", slot.copies,
-                       slot.copies == 1 ? "y" : "ies", slot.steps, slot.steps == 1 ? "" : "s", slot.views,
-                       slot.views == 1 ? "" : "s");
+    return fmt::format("{} cop{} in flight, {} compute step{}, {}", slot.copies, slot.copies == 1 ? "y" : "ies",
+                       slot.steps, slot.steps == 1 ? "" : "s", views_text(slot));
+  }
+
+  // "1 live view held by a tinygrad tensor (...)", "3 live views: 1 held by
+  // ..., 2 held by the caller (...)": who holds them, and what ends each.
+  static std::string views_text(const AllocationSlot& slot) {
+    std::string text = fmt::format("{} live view{}", slot.views, slot.views == 1 ? "" : "s");
+    if (slot.views == 0) return text;
+    const std::uint32_t dlpack = slot.handed_on[0], tinygrad = slot.handed_on[1];
+    const std::uint32_t caller = slot.views - std::min(slot.views, dlpack + tinygrad);
+    const int kinds = (dlpack != 0) + (tinygrad != 0) + (caller != 0);
+    const auto add = [&](std::uint32_t n, std::string_view who) {
+      if (n == 0) return;
+      text += text.back() == ':' ? " " : kinds == 1 ? " " : ", ";
+      if (kinds > 1) text += fmt::format("{} ", n);
+      text += who;
+    };
+    if (kinds > 1) text += ':';
+    add(tinygrad, "held by a tinygrad tensor (a lazy graph or .grad may still read it; opt.zero_grad() or del "
+                  "releases it)");
+    add(dlpack, "held by a DLPack consumer (a numpy, jax, torch or cupy array; del releases it)");
+    add(caller, "held by the caller (closing the view, or the end of its with-block, releases it)");
+    return text;
+  }
+
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_write_under_view(const DeviceRange& range,
+                                                                   const AllocationSlot& slot) const {
+    fail(ErrorKind::AllocationStillInUse,
+         "an upload into [offset {}, len {}] of {} would change bytes a view still reads (writes_under_view is "
+         "\"{}): {}; end {} first, or choose writes_under_view \"wait\" or \"allow\"",
+         range.offset, range.len, describe(range.handle),
+         writes_under_view_ == WritesUnderView::Wait ? "wait\", and the wait timed out" : "refuse\"",
+         views_text(slot), slot.views == 1 ? "it" : "them");
   }
 
   [[noreturn, gnu::cold, gnu::noinline]] void fail_in_use(const DeviceHandle& h, const AllocationSlot& slot) const {
@@ -479,26 +517,36 @@ class BridgeCore {
     check_timeout(admission.wait_for_room, "wait_for_room");
     SpinLockHold lock(lock_);
     enter(lock);
-    auto* slot = &allocation(device.handle);
-    validate_device_range(device, *slot);
-    if (host.len != device.len)
-      fail(ErrorKind::InvalidRange, "{} and device range of {} bytes differ in length", describe(host), device.len);
-    auto ring_key = ring_.find(host);
-    // inflight_bytes_ never exceeds the budget, so the room left cannot wrap.
-    if (mode == CopyMode::Async && host.len > inflight_budget_ - inflight_bytes_) {
+    AllocationSlot* slot;
+    HostRing::Key ring_key;
+    // Each wait below drops the lock: after one, everything is checked again.
+    std::optional<checked::Clock::time_point> room_deadline, views_deadline;
+    for (;;) {
+      slot = &allocation(device.handle);
+      validate_device_range(device, *slot);
+      if (host.len != device.len)
+        fail(ErrorKind::InvalidRange, "{} and device range of {} bytes differ in length", describe(host), device.len);
+      ring_key = ring_.find(host);
+      if (__builtin_expect(slot->views != 0, 0) && direction == CopyDirection::HostToDevice &&
+          writes_under_view_ != WritesUnderView::Allow) {
+        if (writes_under_view_ == WritesUnderView::Wait) {
+          if (!views_deadline) views_deadline = checked::deadline_after(writes_under_view_timeout_);
+          if (wait_until(lock, *views_deadline, [&] { return allocation(device.handle).views == 0; })) continue;
+          slot = &allocation(device.handle);
+        }
+        fail_write_under_view(device, *slot);
+      }
+      // inflight_bytes_ never exceeds the budget, so the room left cannot wrap.
+      if (mode == CopyMode::Sync || host.len <= inflight_budget_ - inflight_bytes_) break;
       if (host.len > inflight_budget_)
         fail(ErrorKind::Backpressure,
              "a copy of {} bytes exceeds the whole in-flight budget of {} bytes", host.len, inflight_budget_);
-      const bool room =
-          admission.wait_for_room.count() > 0 &&
-          wait_until(lock, checked::deadline_after(admission.wait_for_room),
-                     [&] { return host.len <= inflight_budget_ - inflight_bytes_; });
+      if (!room_deadline) room_deadline = checked::deadline_after(admission.wait_for_room);
+      const bool room = admission.wait_for_room.count() > 0 &&
+                        wait_until(lock, *room_deadline, [&] { return host.len <= inflight_budget_ - inflight_bytes_; });
       if (!room)
         fail(ErrorKind::Backpressure, "{} bytes in flight of a {}-byte budget; no room for {} more", inflight_bytes_,
              inflight_budget_, host.len);
-      // The lock was dropped while waiting: everything must be checked again.
-      slot = &allocation(device.handle);
-      ring_key = ring_.find(host);
     }
 
     const auto alloc_index = id_slot(device.handle.id);
@@ -788,12 +836,16 @@ class BridgeCore {
     enter(lock);
     auto& xs = allocation(x.handle);
     auto& ys = allocation(y.handle);
+    // Untyped operands are read as float32: their ranges must be aligned to it.
     for (const auto* s : {&xs, &ys})
-      if (s->spec.dtype != DType::Float32)
-        fail(ErrorKind::InvalidViewDType, "axpy runs over float32; an operand holds {}",
-             dtype_info(s->spec.dtype).name);
+      if (s->spec.dtype && *s->spec.dtype != DType::Float32)
+        fail(ErrorKind::InvalidViewDType, "axpy runs over float32; an operand holds {}", spec_dtype_name(s->spec));
     validate_device_range(x, xs);
     validate_device_range(y, ys);
+    for (const auto* r : {&x, &y})
+      if ((r->offset | r->len) % sizeof(float))
+        fail(ErrorKind::InvalidRange, "axpy range [offset {}, len {}] of {} is not aligned to float32 (4 bytes)",
+             r->offset, r->len, describe(r->handle));
     if (x.len != y.len)
       fail(ErrorKind::InvalidRange, "axpy ranges differ in length: {} vs {} bytes", x.len, y.len);
     if (ys.copies)
@@ -821,9 +873,9 @@ class BridgeCore {
     SpinLockHold lock(lock_);
     enter(lock);
     auto* slot = &allocation(h);
-    if (spec.dtype != slot->spec.dtype)
+    if (slot->spec.dtype && spec.dtype != *slot->spec.dtype)
       fail(ErrorKind::InvalidViewDType, "view dtype {} differs from {}'s dtype {}", dtype_info(spec.dtype).name,
-           describe(h), dtype_info(slot->spec.dtype).name);
+           describe(h), spec_dtype_name(slot->spec));
     shape_view(h, spec, *slot, view);
     if (slot->uploads) {
       if (wait_mode == ViewWait::Refuse)
@@ -859,7 +911,7 @@ class BridgeCore {
   void shape_view(const DeviceHandle& h, const ViewSpec& spec, const AllocationSlot& slot, TensorView& view) const {
     if (__builtin_expect(!rank_fits(slot.spec.shape, spec.shape.size()), 0))
       fail_view(h, slot, "rank {} does not fit the object's shape kind ({})", spec.shape.size(),
-                shape_kind_name(slot.spec.shape));
+                shape_kind_text(slot.spec.shape));
     const std::int64_t elem = dtype_size(spec.dtype);
     if (spec.byte_offset & (elem - 1))
       fail_view(h, slot, "byte offset {} is not a multiple of {}", spec.byte_offset, elem);
@@ -907,17 +959,33 @@ class BridgeCore {
   // Ends one lease. A lease of the current generation on an open bridge is the
   // common case and stays small; the rest (orphans, and leases of a bridge
   // whose close has not freed its memory yet) are out of line.
-  void end_view(const DeviceHandle& h) noexcept {
+  void end_view(const DeviceHandle& h, ViewHolder holder) noexcept {
     lock_.lock();
     --outstanding_leases_;
-    if (__builtin_expect(h.generation != generation_ || closed(), 0)) return end_orphaned_view(h);
+    if (__builtin_expect(h.generation != generation_ || closed(), 0)) return end_orphaned_view(h, holder);
     const auto index = id_slot(h.id);
     auto& slot = allocations_[index];
     if (slot.in_use && slot.version == id_version(h.id) && slot.views > 0) {  // always so: the lease holds it
       --slot.views;
+      if (__builtin_expect(holder != ViewHolder::Caller, 0)) hand_back(slot, holder);
       if (__builtin_expect(slot.released, 0)) finish_release_out_of_line(index);
     }
     lock_.unlock();
+  }
+
+  static void hand_back(AllocationSlot& slot, ViewHolder holder) noexcept {
+    auto& count = slot.handed_on[holder == ViewHolder::DLPackConsumer ? 0 : 1];
+    if (count) --count;
+  }
+
+  // A live lease of the current generation changes hands (ViewLease::set_holder).
+  void set_view_holder(const DeviceHandle& h, ViewHolder from, ViewHolder to) noexcept {
+    std::lock_guard guard(lock_);
+    if (from == to || h.generation != generation_) return;  // an orphan's holder is never reported
+    auto* slot = allocations_.find(h.id);
+    if (!slot || slot->views == 0) return;
+    if (from != ViewHolder::Caller) hand_back(*slot, from);
+    if (to != ViewHolder::Caller) ++slot->handed_on[to == ViewHolder::DLPackConsumer ? 0 : 1];
   }
 
   // Keeps the backend call (and the registers it needs) out of end_view.
@@ -928,7 +996,7 @@ class BridgeCore {
   // A lease from before a restart or close: its allocation is an orphan (see
   // quiesce_and_free_all), freed with its last lease. Called with the lock
   // held; releases it. The core deletes itself after its owner's last lease.
-  [[gnu::noinline, gnu::cold]] void end_orphaned_view(const DeviceHandle& h) noexcept {
+  [[gnu::noinline, gnu::cold]] void end_orphaned_view(const DeviceHandle& h, ViewHolder holder) noexcept {
     bool last;
     {
       std::lock_guard guard(lock_, std::adopt_lock);
@@ -942,7 +1010,10 @@ class BridgeCore {
         // table, and a retried close must see this lease gone.
         const auto index = id_slot(h.id);
         auto& slot = allocations_[index];
-        if (slot.in_use && slot.version == id_version(h.id) && slot.views > 0) --slot.views;
+        if (slot.in_use && slot.version == id_version(h.id) && slot.views > 0) {
+          --slot.views;
+          if (holder != ViewHolder::Caller) hand_back(slot, holder);
+        }
       }
       last = !owner_alive_ && outstanding_leases_ == 0;
     }
@@ -1105,6 +1176,8 @@ class BridgeCore {
   std::uint64_t unobserved_failures_ = 0;
   std::uint64_t failures_evicted_ = 0;
   std::uint32_t failure_limit_ = 1024;
+  WritesUnderView writes_under_view_ = WritesUnderView::Refuse;
+  std::chrono::nanoseconds writes_under_view_timeout_ = std::chrono::nanoseconds::max();
   // Host leases (lease_host) keep the ring block past close(); the block a
   // close could not free yet waits here for the last one.
   std::uint64_t host_leases_ = 0;
@@ -1142,13 +1215,15 @@ class BridgeCore {
 
 // ---- ViewLease ----
 
-ViewLease::ViewLease(ViewLease&& other) noexcept : core_(std::exchange(other.core_, nullptr)), view_(other.view_) {}
+ViewLease::ViewLease(ViewLease&& other) noexcept
+    : core_(std::exchange(other.core_, nullptr)), view_(other.view_), holder_(other.holder_) {}
 
 ViewLease& ViewLease::operator=(ViewLease&& other) noexcept {
   if (this != &other) {
     reset();
     core_ = std::exchange(other.core_, nullptr);
     view_ = other.view_;
+    holder_ = other.holder_;
   }
   return *this;
 }
@@ -1156,7 +1231,14 @@ ViewLease& ViewLease::operator=(ViewLease&& other) noexcept {
 ViewLease::~ViewLease() { reset(); }
 
 void ViewLease::reset() noexcept {
-  if (auto* core = std::exchange(core_, nullptr)) core->end_view(view_.handle);
+  if (auto* core = std::exchange(core_, nullptr)) core->end_view(view_.handle, holder_);
+  holder_ = ViewHolder::Caller;
+}
+
+void ViewLease::set_holder(ViewHolder holder) noexcept {
+  if (!core_) return;
+  core_->set_view_holder(view_.handle, holder_, holder);
+  holder_ = holder;
 }
 
 // ---- HostLease ----

@@ -60,6 +60,20 @@ std::optional<DType> dtype_from_name(std::string_view name) noexcept {
   return std::nullopt;
 }
 
+std::string_view shape_kind_name(ShapeKind kind) noexcept {
+  switch (kind) {
+    case ShapeKind::Scalar: return "scalar";
+    case ShapeKind::Vector: return "vector";
+    case ShapeKind::Matrix: return "matrix";
+    case ShapeKind::Tensor: return "tensor";
+  }
+  return "tensor";
+}
+
+std::string_view spec_dtype_name(const ObjectSpec& spec) noexcept {
+  return spec.dtype ? dtype_info(*spec.dtype).name : "bytes";
+}
+
 Dims::Dims(std::span<const std::int64_t> values) {
   for (auto v : values) push_back(v);
 }

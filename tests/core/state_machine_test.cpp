@@ -26,6 +26,7 @@
 namespace {
 
 using devbridge::model::BackendKind;
+using devbridge::WritesUnderView;
 using devbridge::model::Config;
 using devbridge::model::Harness;
 using devbridge::model::Op;
@@ -75,6 +76,7 @@ Config gen_config(BackendKind backend) {
   if (!config.hostile_rings && config.ring_bytes == ~0ull) config.ring_bytes = 4096;
   config.inflight_budget_bytes = *rc::gen::element<std::uint64_t>(0, 0, 1000, 256, 512, 2048);
   config.failed_record_limit = *rc::gen::element<std::uint32_t>(1024, 1, 2, 3);
+  config.writes_under_view = *rc::gen::element(WritesUnderView::Refuse, WritesUnderView::Allow, WritesUnderView::Wait);
   return config;
 }
 

@@ -155,7 +155,7 @@ class BridgeTest : public ::testing::Test {
 
   // The backend address of an allocation, read through a view.
   std::uint64_t address_of(DeviceHandle handle) {
-    ViewLease lease = bridge->view(handle, ViewSpec{bridge->spec(handle).dtype, {1}, std::nullopt, 0});
+    ViewLease lease = bridge->view(handle, ViewSpec{bridge->spec(handle).dtype.value_or(DType::UInt8), {1}, std::nullopt, 0});
     return lease->data;
   }
 

@@ -7,7 +7,8 @@
 // aborts with the operation trace; ASan and UBSan catch the rest.
 //
 // Input layout: 3 configuration bytes (ring size, in-flight budget and
-// whether leases outlive the bridge, failed-record limit), then 9 bytes per
+// whether leases outlive the bridge, failed-record limit and the
+// writes-under-view policy), then 9 bytes per
 // operation (tests/model/harness.hpp: Op). tests/fuzz/make_corpus.py writes
 // the seed corpus in this format.
 //
@@ -51,6 +52,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (config.ring_bytes > (1ull << 40) && !config.hostile_rings) return 0;
   config.inflight_budget_bytes = budgets[data[1] % 4];
   config.failed_record_limit = limits[data[2] % 6];
+  using devbridge::WritesUnderView;
+  static const WritesUnderView writes[] = {WritesUnderView::Allow, WritesUnderView::Refuse, WritesUnderView::Wait};
+  config.writes_under_view = writes[data[2] / 6 % 3];
   const bool leases_outlive_bridge = data[1] & 0x80;
   data += 3;
   size -= 3;

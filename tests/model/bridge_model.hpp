@@ -41,6 +41,9 @@ struct Config {
   std::uint64_t ring_bytes = 4096;
   std::uint64_t inflight_budget_bytes = 0;  // 0: the ring size
   std::uint32_t failed_record_limit = 1024;
+  // Refuse, Allow, or Wait with a zero timeout (refuses like Refuse, through
+  // the waiting path): a single-threaded harness never ends a view meanwhile.
+  WritesUnderView writes_under_view = WritesUnderView::Allow;
   std::uint64_t fake_memory = 4ull << 20;   // the fake's device memory
   // The contract: a view's rank must match the object's shape kind
   // (scalar 0, vector 1, matrix 2, tensor any), else InvalidTensorView.
@@ -506,7 +509,7 @@ inline bool rank_fits(ShapeKind kind, int rank) {
 // True when `spec` describes bytes inside an extent of `extent` bytes.
 inline bool view_fits(const ViewSpec& spec, std::uint64_t extent) {
   using I = __int128;
-  const I elem = dtype_size(spec.dtype);
+  const I elem = dtype_size(spec.dtype);  // the view's dtype
   if (spec.byte_offset % static_cast<std::uint64_t>(elem)) return false;
   if (spec.strides && spec.strides->size() != spec.shape.size()) return false;
   const I cap = I{1} << 100;

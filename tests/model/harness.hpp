@@ -121,6 +121,8 @@ class Harness {
     options.ring_bytes = config.ring_bytes;
     options.inflight_budget_bytes = config.inflight_budget_bytes;
     options.failed_record_limit = config.failed_record_limit;
+    options.writes_under_view = config.writes_under_view;
+    options.writes_under_view_timeout = std::chrono::nanoseconds(0);
     // Construction refuses a zero ring, and a ring the backend cannot hold.
     const bool hostile_ring = config.ring_bytes > (1ull << 40);
     std::optional<Error> error;
@@ -474,7 +476,7 @@ class Harness {
   // A device range of `h`'s allocation (or of a plausible one when forged).
   DeviceRange pick_device_range(const DeviceHandle& h, std::uint8_t a, std::uint8_t b) const {
     const Alloc* al = alloc_of(h);
-    const std::uint64_t elem = al ? dtype_size(al->spec.dtype) : 1;
+    const std::uint64_t elem = al ? spec_element_size(al->spec) : 1;
     const std::uint64_t extent = al ? al->extent : 64;
     // Mostly valid (whole elements inside the extent); 1 in 4 lengths and
     // offsets hostile or off by one.
@@ -625,8 +627,10 @@ class Harness {
   // ---- operations ----
   void do_alloc(const Op& op) {
     static const std::uint64_t aligns[] = {1, 2, 4, 8, 16, 64, 256, 4096, 64, 64, 8, 1, 0, 3, 6, 1ull << 63};
-    const DType dtype = static_cast<DType>(op.p[0] % kDTypeCount);
-    const std::uint64_t elem = dtype_size(dtype);
+    // One allocation in eight is untyped: views of any dtype share it.
+    const std::optional<DType> dtype =
+        op.p[7] % 8 == 7 ? std::nullopt : std::optional<DType>(static_cast<DType>(op.p[0] % kDTypeCount));
+    const std::uint64_t elem = dtype ? dtype_size(*dtype) : 1;
     const std::uint64_t align = aligns[op.p[1] % 16];
     const std::uint64_t unit = std::max<std::uint64_t>(elem, RingModel::pow2(align) && align <= 4096 ? align : 1);
     std::uint64_t extent;
@@ -650,7 +654,7 @@ class Harness {
     const ShapeKind shape = static_cast<ShapeKind>(op.p[5] % 4);
     const ObjectSpec spec{max_extent, align, dtype, shape};
     const auto call = [&] { return std::string("alloc_device(align " + std::to_string(align) + ", extent " + std::to_string(extent) +
-                             ", max " + std::to_string(max_extent) + ", " + std::string(dtype_info(dtype).name) + ")"); };
+                             ", max " + std::to_string(max_extent) + ", " + std::string(spec_dtype_name(spec)) + ")"); };
 
     std::optional<ErrorKind> invalid;
     if (!RingModel::pow2(align))
@@ -690,7 +694,7 @@ class Harness {
         }
       fake_->clear_calls();
     } else {
-      ViewSpec vs{dtype, {}, std::nullopt, 0};
+      ViewSpec vs{dtype.value_or(DType::UInt8), {}, std::nullopt, 0};
       const std::int64_t n = static_cast<std::int64_t>(extent / elem);
       if (shape == ShapeKind::Vector || shape == ShapeKind::Tensor) vs.shape = Dims{n};
       if (shape == ShapeKind::Matrix) vs.shape = Dims{1, n};
@@ -852,7 +856,7 @@ class Harness {
     else if (auto e2 = m.handle_error(h, &ai)) x = negative ? Expect::either({*e2, ErrorKind::InvalidRange}) : Expect::error(*e2);
     else {
       const Alloc& a = m.allocs[ai];
-      const std::uint64_t elem = dtype_size(a.spec.dtype);
+      const std::uint64_t elem = spec_element_size(a.spec);
       if (d.len == 0 || d.offset > a.extent || d.len > a.extent - d.offset || (d.offset | d.len) % elem)
         invalid = ErrorKind::InvalidRange;
       else if (r.len != d.len || !m.ring.locate(r))
@@ -861,6 +865,11 @@ class Harness {
         x = invalid ? Expect::either({*invalid, ErrorKind::InvalidRange}) : Expect::error(ErrorKind::InvalidRange);
       } else if (invalid) {
         x = Expect::error(*invalid);
+      } else if (dir == CopyDirection::HostToDevice && a.views &&
+                 m.config.writes_under_view != WritesUnderView::Allow) {
+        // Wait (with a zero timeout here) drains once before it gives up.
+        if (m.config.writes_under_view == WritesUnderView::Wait) m.drain();
+        x = Expect::error(ErrorKind::AllocationStillInUse);
       } else if (async && m.inflight_bytes + r.len > m.budget()) {
         if (room == std::chrono::nanoseconds::max() && r.len <= m.budget()) {
           // Waiting until there is room: on the fake nothing would ever make
@@ -1140,13 +1149,15 @@ class Harness {
     std::size_t xi = 0, yi = 0;
     Fired fired;
     auto range_bad = [&](const DeviceRange& r, const Alloc& al) {
-      const std::uint64_t elem = dtype_size(al.spec.dtype);
+      // Untyped operands are read as float32.
+      const std::uint64_t elem = al.spec.dtype ? dtype_size(*al.spec.dtype) : 4;
       return r.len == 0 || r.offset > al.extent || r.len > al.extent - r.offset || (r.offset | r.len) % elem;
     };
     if (auto e = m.entry()) x = Expect::error(*e);
     else if (auto e1 = m.handle_error(xh, &xi)) x = Expect::error(*e1);
     else if (auto e2 = m.handle_error(yh, &yi)) x = Expect::error(*e2);
-    else if (m.allocs[xi].spec.dtype != DType::Float32 || m.allocs[yi].spec.dtype != DType::Float32)
+    else if (m.allocs[xi].spec.dtype.value_or(DType::Float32) != DType::Float32 ||
+             m.allocs[yi].spec.dtype.value_or(DType::Float32) != DType::Float32)
       x = Expect::error(ErrorKind::InvalidViewDType);
     else if (range_bad(xr, m.allocs[xi]) || range_bad(yr, m.allocs[yi]) || xr.len != yr.len)
       x = Expect::error(ErrorKind::InvalidRange);
@@ -1184,7 +1195,8 @@ class Harness {
   }
 
   ViewSpec pick_view_spec(const Op& op, const Alloc* al) const {
-    const DType dtype = al && op.p[2] % 8 != 0 ? al->spec.dtype : static_cast<DType>(op.p[3] % kDTypeCount);
+    const DType dtype = al && al->spec.dtype && op.p[2] % 8 != 0 ? *al->spec.dtype
+                                                                  : static_cast<DType>(op.p[3] % kDTypeCount);
     const std::int64_t elem = dtype_size(dtype);
     const std::int64_t n = al ? static_cast<std::int64_t>(al->extent / static_cast<std::uint64_t>(elem)) : 16;
     ViewSpec spec;
@@ -1239,7 +1251,7 @@ class Harness {
     Fired fired;
     if (auto e = m.entry()) x = Expect::error(*e);
     else if (auto e2 = m.handle_error(h, &i)) x = Expect::error(*e2);
-    else if (spec.dtype != m.allocs[i].spec.dtype) x = Expect::error(ErrorKind::InvalidViewDType);
+    else if (m.allocs[i].spec.dtype && spec.dtype != *m.allocs[i].spec.dtype) x = Expect::error(ErrorKind::InvalidViewDType);
     else if (!view_fits(spec, m.allocs[i].extent) ||
              (m.config.check_rank && !rank_fits(m.allocs[i].spec.shape, spec.shape.size())))
       x = Expect::error(ErrorKind::InvalidTensorView);

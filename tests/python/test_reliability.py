@@ -209,7 +209,7 @@ def test_close_wakes_a_view_waiting_for_uploads_on_the_host_backend(rng):
 
 
 def test_close_wakes_a_waiting_dlpack_export():
-    b = fake_bridge()
+    b = fake_bridge(writes_under_view="allow")  # the upload goes under the open view
     h = b.alloc(U8, 4096)
     b.fake.set_auto_complete(True)
     view = b.view(h, "uint8", 4096)

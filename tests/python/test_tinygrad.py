@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import devbridge
-from conftest import collect, download, random_array, upload
+from conftest import collect, download, make_bridge, random_array, upload
 
 tinygrad = pytest.importorskip("tinygrad")
 from tinygrad import Tensor  # noqa: E402
@@ -50,7 +50,9 @@ def test_tinygrad_computes_on_uploaded_data(bridge, backend_name, rng):
     bridge.free(hw)
 
 
-def test_handoff_is_zero_copy(bridge, rng):
+def test_handoff_is_zero_copy(backend_name, rng):
+    # Writing under a live view is what this test needs to see: the bridge must allow it.
+    bridge = make_bridge(backend_name, writes_under_view="allow")
     first = random_array(rng, 1024, "float32")
     h = bridge.alloc(F32, first.nbytes)
     r = bridge.ring.reserve(first.nbytes)
@@ -67,6 +69,7 @@ def test_handoff_is_zero_copy(bridge, rng):
     bridge.ring.release(r)
     del t
     collect()
+    bridge.close()
 
 
 def test_write_through_tinygrad_is_seen_by_a_download(bridge, rng):
@@ -105,7 +108,7 @@ def test_tensor_keeps_its_own_lease(bridge, rng):
 
 
 def test_to_tinygrad_waits_for_uploads_in_flight(rng):
-    with devbridge.Bridge(backend="fake") as b:
+    with devbridge.Bridge(backend="fake", writes_under_view="allow") as b:  # the upload goes under a view
         x = random_array(rng, 1024, "float32")
         h = b.alloc(F32, x.nbytes)
         r = b.ring.reserve(x.nbytes)
