@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include "core/describe.hpp"
 #include "core/fail.hpp"
 #include "core/host_ring.hpp"
 #include "core/log.hpp"
@@ -36,13 +37,7 @@ constexpr std::uint64_t make_id(std::uint32_t slot, std::uint32_t version) {
 constexpr std::uint32_t id_slot(std::uint64_t id) { return static_cast<std::uint32_t>(id); }
 constexpr std::uint32_t id_version(std::uint64_t id) { return static_cast<std::uint32_t>(id >> 32); }
 
-std::string describe(const DeviceHandle& h) {
-  return fmt::format("handle {{domain {}, generation {}, id {:#x}}}", h.domain, h.generation, h.id);
-}
-std::string describe(const CopyEvent& e) {
-  return fmt::format("copy event {{domain {}, generation {}, id {:#x}}}", e.domain, e.generation, e.id);
-}
-std::string describe(const HostRange& r) { return fmt::format("host range [offset {}, len {}]", r.offset, r.len); }
+using detail::describe;
 
 // "tensor, any rank", "matrix, rank 2": a kind with the ranks it allows.
 std::string shape_kind_text(ShapeKind kind) {

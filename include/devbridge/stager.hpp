@@ -1,0 +1,111 @@
+// The staging layer (issue #13): one call moves a span of bytes of any size
+// between host memory and a device allocation through the bridge's host ring,
+// in chunks, with the ring bookkeeping users otherwise write by hand. It is
+// the C++ twin of python/devbridge/_staging.py and uses only Bridge's public
+// API, so every rule of the contract still holds underneath it.
+//
+//   devbridge::Stager stager(bridge);
+//   auto h = stager.upload(std::as_bytes(std::span(weights)), spec, extent);  // returns once on the device
+//   stager.download(h, 0, std::as_writable_bytes(std::span(out)));
+//
+// A Stager is not thread-safe: give each thread its own (the Bridge under
+// them is). It must not outlive its Bridge.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "devbridge/bridge.hpp"
+#include "devbridge/types.hpp"
+
+namespace devbridge {
+
+struct StagerOptions {
+  // Bytes staged per chunk. 0 (the default): a quarter of the ring and at
+  // most half the bridge's in-flight budget, rounded down to 4096, at least
+  // 4096 (less only when the ring or the budget is smaller than that).
+  // A chunk larger than the ring or the in-flight budget could never be
+  // staged: the constructor refuses it with InvalidRange.
+  std::uint64_t chunk_bytes = 0;
+  // Chunk copies kept in flight at once (at least 1). More overlaps the
+  // memcpy into the ring with the device copies; the ring and the in-flight
+  // budget bound it too (on Backpressure the Stager finishes its oldest chunk).
+  std::uint32_t max_chunks_in_flight = 4;
+  // After a failure, how long cleanup waits in all for this call's copies
+  // still in flight before leaving their ranges stranded (stranded_ranges()).
+  // Negative is refused with InvalidRange; nanoseconds::max() waits until
+  // they end (or the bridge closes).
+  std::chrono::nanoseconds cleanup_timeout = std::chrono::seconds(30);
+  // Called after each chunk has completed and its ring range is back, with
+  // the bytes of this call done so far and its total. It may throw: the call
+  // then cleans up and propagates the exception.
+  std::function<void(std::uint64_t done, std::uint64_t total)> progress = nullptr;
+};
+
+class Stager {
+ public:
+  // Throws InvalidRange for an unusable option (chunk_bytes larger than the
+  // ring or the in-flight budget, max_chunks_in_flight 0, a negative
+  // cleanup_timeout), Closed when the bridge is closed already.
+  explicit Stager(Bridge& bridge, StagerOptions options = {});
+  // Tries once more to release stranded ranges; leaves the rest to the
+  // bridge's close(), which frees the whole ring.
+  ~Stager();
+  Stager(const Stager&) = delete;
+  Stager& operator=(const Stager&) = delete;
+
+  // A new allocation of `spec` and `extent` holding `bytes` at offset 0.
+  // Returns once every chunk copy has completed. On any failure the
+  // allocation is freed (a deferred release() if a copy may still use it)
+  // and nothing is returned. InvalidRange, before anything is allocated,
+  // when `bytes` does not fit the extent or is not a whole number of the
+  // spec's elements.
+  DeviceHandle upload(std::span<const std::byte> bytes, const ObjectSpec& spec, std::uint64_t extent);
+  // `bytes` into an existing allocation at `device_offset`. Returns once
+  // every chunk copy has completed. Offset and size must be multiples of the
+  // allocation's element size and lie inside its extent (InvalidRange,
+  // checked before any copy). On failure the bytes before the failed chunk
+  // may already be on the device. Into an allocation a live view reads, the
+  // bridge's BridgeOptions::writes_under_view decides (by default each chunk
+  // is refused: AllocationStillInUse naming chunk 0).
+  void upload_into(DeviceHandle handle, std::uint64_t device_offset, std::span<const std::byte> bytes);
+  // `out.size()` bytes of the allocation from `device_offset` into `out`,
+  // validated like upload_into. On failure `out` holds the chunks that
+  // completed before it.
+  void download(DeviceHandle handle, std::uint64_t device_offset, std::span<std::byte> out);
+
+  // Every error propagates as devbridge::Error of the kind the bridge gave
+  // (DeviceCopyFailed, OutputCopyFailed, Closed, Broken, Backpressure when
+  // the room is held by others, ...); its message names the chunk:
+  // "upload chunk 3 (bytes 49152..65536 of 1048576, device offset 49152 of
+  // handle {...}): DeviceCopyFailed: ...". Cleanup never releases a ring
+  // range a copy may still read or write: it waits up to cleanup_timeout,
+  // then leaves the ranges still in use stranded.
+
+  // The chunk size in use (options.chunk_bytes or its default; a call into
+  // an allocation of wider elements rounds it down to a whole element).
+  std::uint64_t chunk_bytes() const noexcept { return chunk_bytes_; }
+  // Ring ranges left reserved because a copy could still use them when a
+  // failed call cleaned up (or the bridge was Broken). Every later call, and
+  // the destructor, releases those whose copies have ended.
+  std::size_t stranded_ranges() const noexcept { return stranded_.size(); }
+  // Releases the stranded ranges no copy uses any more; returns how many
+  // are left.
+  std::size_t release_stranded();
+
+ private:
+  // The one chunked pipeline behind upload_into and download (stager.cpp).
+  void stage(CopyDirection direction, DeviceHandle handle, std::uint64_t device_offset,
+             std::span<const std::byte> source, std::span<std::byte> destination);
+
+  Bridge& bridge_;
+  StagerOptions options_;
+  std::uint64_t chunk_bytes_ = 0;
+  std::vector<HostRange> stranded_;
+};
+
+}  // namespace devbridge

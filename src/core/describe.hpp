@@ -1,0 +1,23 @@
+// How messages name handles, events and ranges: one spelling everywhere the
+// library reports them (the bridge, the Stager), so a user can grep a log.
+#pragma once
+
+#include <string>
+
+#include <fmt/format.h>
+
+#include "devbridge/types.hpp"
+
+namespace devbridge::detail {
+
+inline std::string describe(const DeviceHandle& h) {
+  return fmt::format("handle {{domain {}, generation {}, id {:#x}}}", h.domain, h.generation, h.id);
+}
+inline std::string describe(const CopyEvent& e) {
+  return fmt::format("copy event {{domain {}, generation {}, id {:#x}}}", e.domain, e.generation, e.id);
+}
+inline std::string describe(const HostRange& r) {
+  return fmt::format("host range [offset {}, len {}]", r.offset, r.len);
+}
+
+}  // namespace devbridge::detail
