@@ -46,7 +46,7 @@ enum class DLPackTypeCode : std::uint8_t {
   BFloat = 4,
   Bool = 6,
   Float8E4M3FN = 10,
-  Float8E5M2 = 11,
+  Float8E5M2 = 12,
 };
 
 struct DTypeInfo {
