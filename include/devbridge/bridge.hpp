@@ -147,18 +147,23 @@ class ViewLease {
 
   const TensorView& view() const noexcept { return view_; }
   const TensorView* operator->() const noexcept { return &view_; }
-  explicit operator bool() const noexcept { return core_ != nullptr; }
+  explicit operator bool() const noexcept { return core_ != nullptr || handed_on_core_ != nullptr; }
   void reset() noexcept;
   // Names who holds the lease now, for the bridge's messages about it
   // (AllocationStillInUse). No effect on an ended lease.
   void set_holder(ViewHolder holder) noexcept;
+  // Who holds it (or held it last, once ended).
   ViewHolder holder() const noexcept { return holder_; }
 
  private:
   friend class Bridge;
   // The core outlives its Bridge while leases remain (it counts them under its
   // own lock), so a lease never dangles and costs no atomic reference count.
+  // A lease held by the caller keeps it in core_; one handed on (set_holder)
+  // in handed_on_core_, so ending the usual lease tests nothing more than
+  // before holders existed.
   detail::BridgeCore* core_ = nullptr;
+  detail::BridgeCore* handed_on_core_ = nullptr;
   TensorView view_;
   ViewHolder holder_ = ViewHolder::Caller;
 };

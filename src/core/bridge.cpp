@@ -124,6 +124,11 @@ struct AllocationSlot {
   std::uint32_t version = 0;
   bool in_use = false;
   bool released = false;  // deferred free: unusable, freed when the last use ends
+  // In what was padding (the slot stays 80 bytes): spec_element_size(spec),
+  // read by every copy, and the dtype a view must have (any when untyped:
+  // one compare on the view path for the usual, typed case).
+  std::uint8_t element_size = 1;
+  DType view_dtype = DType::UInt8;
   ObjectSpec spec;
   std::uint64_t extent = 0;
   DeviceAllocation device;
@@ -131,20 +136,18 @@ struct AllocationSlot {
   std::uint32_t uploads = 0;  // of those, copies into the allocation
   std::uint32_t steps = 0;    // active compute steps, and launches in progress
   std::uint32_t views = 0;    // live view leases
-  // Of those, the ones handed on to a DLPack consumer and to tinygrad
-  // (ViewHolder), so messages can say who holds them and how to end them.
-  std::array<std::uint32_t, 2> handed_on{};
   bool used() const noexcept { return copies || steps || views; }
   // Every field but the version, for a new use of the slot.
-  [[gnu::always_inline]] void start(const ObjectSpec& new_spec, std::uint64_t new_extent,
-                                    const DeviceAllocation& memory) {
+  [[gnu::always_inline]] void start(const ObjectSpec& new_spec, std::uint8_t new_element_size,
+                                    std::uint64_t new_extent, const DeviceAllocation& memory) {
     in_use = true;
     released = false;
     spec = new_spec;
+    element_size = new_element_size;
+    view_dtype = new_spec.dtype.value_or(DType::UInt8);
     extent = new_extent;
     device = memory;
     copies = uploads = steps = views = 0;
-    handed_on = {};
   }
 };
 
@@ -315,7 +318,7 @@ class BridgeCore {
   }
 
   void validate_device_range(const DeviceRange& range, const AllocationSlot& slot) const {
-    const auto elem = spec_element_size(slot.spec);
+    const auto elem = slot.element_size;
     if (range.len == 0 || range.offset > slot.extent || range.len > slot.extent - range.offset)
       fail(ErrorKind::InvalidRange,
            "device range [offset {}, len {}] of {} is outside its extent of {} bytes (or empty)", range.offset,
@@ -373,22 +376,24 @@ class BridgeCore {
       throw;
     }
     auto& slot = allocations_[index];
-    slot.start(spec, extent, device);
+    slot.start(spec, static_cast<std::uint8_t>(elem), extent, device);
     allocated_bytes_ += device.bytes;
     return DeviceHandle{domain_, generation_, make_id(index, slot.version)};
   }
 
-  std::string uses(const AllocationSlot& slot) const {
+  std::string uses(const DeviceHandle& h, const AllocationSlot& slot) const {
     return fmt::format("{} cop{} in flight, {} compute step{}, {}", slot.copies, slot.copies == 1 ? "y" : "ies",
-                       slot.steps, slot.steps == 1 ? "" : "s", views_text(slot));
+                       slot.steps, slot.steps == 1 ? "" : "s", views_text(h, slot));
   }
 
   // "1 live view held by a tinygrad tensor (...)", "3 live views: 1 held by
   // ..., 2 held by the caller (...)": who holds them, and what ends each.
-  static std::string views_text(const AllocationSlot& slot) {
+  std::string views_text(const DeviceHandle& h, const AllocationSlot& slot) const {
     std::string text = fmt::format("{} live view{}", slot.views, slot.views == 1 ? "" : "s");
     if (slot.views == 0) return text;
-    const std::uint32_t dlpack = slot.handed_on[0], tinygrad = slot.handed_on[1];
+    const auto handed = handed_on_.find(h.id);
+    const std::uint32_t dlpack = handed == handed_on_.end() ? 0 : handed->second[0];
+    const std::uint32_t tinygrad = handed == handed_on_.end() ? 0 : handed->second[1];
     const std::uint32_t caller = slot.views - std::min(slot.views, dlpack + tinygrad);
     const int kinds = (dlpack != 0) + (tinygrad != 0) + (caller != 0);
     const auto add = [&](std::uint32_t n, std::string_view who) {
@@ -412,11 +417,11 @@ class BridgeCore {
          "\"{}): {}; end {} first, or choose writes_under_view \"wait\" or \"allow\"",
          range.offset, range.len, describe(range.handle),
          writes_under_view_ == WritesUnderView::Wait ? "wait\", and the wait timed out" : "refuse\"",
-         views_text(slot), slot.views == 1 ? "it" : "them");
+         views_text(range.handle, slot), slot.views == 1 ? "it" : "them");
   }
 
   [[noreturn, gnu::cold, gnu::noinline]] void fail_in_use(const DeviceHandle& h, const AllocationSlot& slot) const {
-    fail(ErrorKind::AllocationStillInUse, "{} is still used: {}", describe(h), uses(slot));
+    fail(ErrorKind::AllocationStillInUse, "{} is still used: {}", describe(h), uses(h, slot));
   }
 
   [[gnu::always_inline]] void free_device(const DeviceHandle& h) {
@@ -508,21 +513,24 @@ class BridgeCore {
     }
   }
 
-  CopyEvent copy(CopyDirection direction, HostRange host, DeviceRange device, CopyMode mode, Admission admission) {
-    check_timeout(admission.wait_for_room, "wait_for_room");
-    SpinLockHold lock(lock_);
-    enter(lock);
+  // The copy's slow path: a view under an upload (writes_under_view) or no
+  // in-flight budget left. Returns once the copy may go ahead, with `slot`
+  // and `ring_key` valid; each wait drops the lock, so after one everything
+  // is checked again.
+  // (Returned by value: locals of copy() whose address escaped would live in
+  // memory on its fast path too.)
+  struct Admitted {
     AllocationSlot* slot;
     HostRing::Key ring_key;
-    // Each wait below drops the lock: after one, everything is checked again.
+  };
+  [[gnu::noinline, gnu::cold]] Admitted admit(SpinLockHold& lock, CopyDirection direction, const HostRange& host,
+                                              const DeviceRange& device, CopyMode mode, const Admission& admission) {
     std::optional<checked::Clock::time_point> room_deadline, views_deadline;
     for (;;) {
-      slot = &allocation(device.handle);
+      auto* slot = &allocation(device.handle);
       validate_device_range(device, *slot);
-      if (host.len != device.len)
-        fail(ErrorKind::InvalidRange, "{} and device range of {} bytes differ in length", describe(host), device.len);
-      ring_key = ring_.find(host);
-      if (__builtin_expect(slot->views != 0, 0) && direction == CopyDirection::HostToDevice &&
+      const auto ring_key = ring_.find(host);
+      if (slot->views != 0 && direction == CopyDirection::HostToDevice &&
           writes_under_view_ != WritesUnderView::Allow) {
         if (writes_under_view_ == WritesUnderView::Wait) {
           if (!views_deadline) views_deadline = checked::deadline_after(writes_under_view_timeout_);
@@ -531,8 +539,7 @@ class BridgeCore {
         }
         fail_write_under_view(device, *slot);
       }
-      // inflight_bytes_ never exceeds the budget, so the room left cannot wrap.
-      if (mode == CopyMode::Sync || host.len <= inflight_budget_ - inflight_bytes_) break;
+      if (mode == CopyMode::Sync || host.len <= inflight_budget_ - inflight_bytes_) return {slot, ring_key};
       if (host.len > inflight_budget_)
         fail(ErrorKind::Backpressure,
              "a copy of {} bytes exceeds the whole in-flight budget of {} bytes", host.len, inflight_budget_);
@@ -542,6 +549,27 @@ class BridgeCore {
       if (!room)
         fail(ErrorKind::Backpressure, "{} bytes in flight of a {}-byte budget; no room for {} more", inflight_bytes_,
              inflight_budget_, host.len);
+    }
+  }
+
+  CopyEvent copy(CopyDirection direction, HostRange host, DeviceRange device, CopyMode mode, Admission admission) {
+    check_timeout(admission.wait_for_room, "wait_for_room");
+    SpinLockHold lock(lock_);
+    enter(lock);
+    auto* slot = &allocation(device.handle);
+    validate_device_range(device, *slot);
+    if (host.len != device.len)
+      fail(ErrorKind::InvalidRange, "{} and device range of {} bytes differ in length", describe(host), device.len);
+    auto ring_key = ring_.find(host);
+    // inflight_bytes_ never exceeds the budget, so the room left cannot wrap.
+    if (__builtin_expect((slot->views != 0 && direction == CopyDirection::HostToDevice &&
+                          writes_under_view_ != WritesUnderView::Allow) ||
+                             (mode == CopyMode::Async && host.len > inflight_budget_ - inflight_bytes_),
+                         0))
+    {
+      const auto admitted = admit(lock, direction, host, device, mode, admission);
+      slot = admitted.slot;
+      ring_key = admitted.ring_key;
     }
 
     const auto alloc_index = id_slot(device.handle.id);
@@ -868,7 +896,7 @@ class BridgeCore {
     SpinLockHold lock(lock_);
     enter(lock);
     auto* slot = &allocation(h);
-    if (slot->spec.dtype && spec.dtype != *slot->spec.dtype)
+    if (__builtin_expect(spec.dtype != slot->view_dtype, 0) && slot->spec.dtype)
       fail(ErrorKind::InvalidViewDType, "view dtype {} differs from {}'s dtype {}", dtype_info(spec.dtype).name,
            describe(h), spec_dtype_name(slot->spec));
     shape_view(h, spec, *slot, view);
@@ -954,23 +982,40 @@ class BridgeCore {
   // Ends one lease. A lease of the current generation on an open bridge is the
   // common case and stays small; the rest (orphans, and leases of a bridge
   // whose close has not freed its memory yet) are out of line.
-  void end_view(const DeviceHandle& h, ViewHolder holder) noexcept {
+  void end_view(const DeviceHandle& h) noexcept {
     lock_.lock();
     --outstanding_leases_;
-    if (__builtin_expect(h.generation != generation_ || closed(), 0)) return end_orphaned_view(h, holder);
+    if (__builtin_expect(h.generation != generation_ || closed(), 0)) return end_orphaned_view(h);
     const auto index = id_slot(h.id);
     auto& slot = allocations_[index];
     if (slot.in_use && slot.version == id_version(h.id) && slot.views > 0) {  // always so: the lease holds it
       --slot.views;
-      if (__builtin_expect(holder != ViewHolder::Caller, 0)) hand_back(slot, holder);
       if (__builtin_expect(slot.released, 0)) finish_release_out_of_line(index);
     }
     lock_.unlock();
   }
 
-  static void hand_back(AllocationSlot& slot, ViewHolder holder) noexcept {
-    auto& count = slot.handed_on[holder == ViewHolder::DLPackConsumer ? 0 : 1];
+  // A lease handed on (ViewLease::set_holder) ends: its holder's count first,
+  // then as any lease. Kept apart so end_view, the hot path, never sees holders.
+  [[gnu::noinline, gnu::cold]] void end_handed_on_view(const DeviceHandle& h, ViewHolder holder) noexcept {
+    {
+      std::lock_guard guard(lock_);
+      if (h.generation == generation_) hand_back(h, holder);
+    }
+    end_view(h);
+  }
+
+  // Views handed on (ViewHolder other than Caller), by allocation id, so a
+  // message can say who holds them; kept out of the slot, off the hot path.
+  // Only the current generation's: an orphan's holder is never reported.
+  static constexpr std::size_t holder_index(ViewHolder holder) { return holder == ViewHolder::DLPackConsumer ? 0 : 1; }
+
+  [[gnu::cold]] void hand_back(const DeviceHandle& h, ViewHolder holder) noexcept {
+    auto it = handed_on_.find(h.id);
+    if (it == handed_on_.end()) return;
+    auto& count = it->second[holder_index(holder)];
     if (count) --count;
+    if (it->second[0] == 0 && it->second[1] == 0) handed_on_.erase(it);
   }
 
   // A live lease of the current generation changes hands (ViewLease::set_holder).
@@ -979,8 +1024,13 @@ class BridgeCore {
     if (from == to || h.generation != generation_) return;  // an orphan's holder is never reported
     auto* slot = allocations_.find(h.id);
     if (!slot || slot->views == 0) return;
-    if (from != ViewHolder::Caller) hand_back(*slot, from);
-    if (to != ViewHolder::Caller) ++slot->handed_on[to == ViewHolder::DLPackConsumer ? 0 : 1];
+    if (from != ViewHolder::Caller) hand_back(h, from);
+    if (to == ViewHolder::Caller) return;
+    try {
+      ++handed_on_[h.id][holder_index(to)];
+    } catch (const std::bad_alloc&) {
+      // Only a message loses its detail: the view is then counted as the caller's.
+    }
   }
 
   // Keeps the backend call (and the registers it needs) out of end_view.
@@ -991,7 +1041,7 @@ class BridgeCore {
   // A lease from before a restart or close: its allocation is an orphan (see
   // quiesce_and_free_all), freed with its last lease. Called with the lock
   // held; releases it. The core deletes itself after its owner's last lease.
-  [[gnu::noinline, gnu::cold]] void end_orphaned_view(const DeviceHandle& h, ViewHolder holder) noexcept {
+  [[gnu::noinline, gnu::cold]] void end_orphaned_view(const DeviceHandle& h) noexcept {
     bool last;
     {
       std::lock_guard guard(lock_, std::adopt_lock);
@@ -1005,10 +1055,7 @@ class BridgeCore {
         // table, and a retried close must see this lease gone.
         const auto index = id_slot(h.id);
         auto& slot = allocations_[index];
-        if (slot.in_use && slot.version == id_version(h.id) && slot.views > 0) {
-          --slot.views;
-          if (holder != ViewHolder::Caller) hand_back(slot, holder);
-        }
+        if (slot.in_use && slot.version == id_version(h.id) && slot.views > 0) --slot.views;
       }
       last = !owner_alive_ && outstanding_leases_ == 0;
     }
@@ -1069,6 +1116,7 @@ class BridgeCore {
       allocations_.retire(index);
     });
     steps_.clear();
+    handed_on_.clear();
     ring_.unpin_all();
     inflight_bytes_ = 0;
   }
@@ -1172,6 +1220,7 @@ class BridgeCore {
   std::uint64_t failures_evicted_ = 0;
   std::uint32_t failure_limit_ = 1024;
   WritesUnderView writes_under_view_ = WritesUnderView::Refuse;
+  std::unordered_map<std::uint64_t, std::array<std::uint32_t, 2>> handed_on_;  // see hand_back
   std::chrono::nanoseconds writes_under_view_timeout_ = std::chrono::nanoseconds::max();
   // Host leases (lease_host) keep the ring block past close(); the block a
   // close could not free yet waits here for the last one.
@@ -1211,12 +1260,16 @@ class BridgeCore {
 // ---- ViewLease ----
 
 ViewLease::ViewLease(ViewLease&& other) noexcept
-    : core_(std::exchange(other.core_, nullptr)), view_(other.view_), holder_(other.holder_) {}
+    : core_(std::exchange(other.core_, nullptr)),
+      handed_on_core_(std::exchange(other.handed_on_core_, nullptr)),
+      view_(other.view_),
+      holder_(other.holder_) {}
 
 ViewLease& ViewLease::operator=(ViewLease&& other) noexcept {
   if (this != &other) {
     reset();
     core_ = std::exchange(other.core_, nullptr);
+    handed_on_core_ = std::exchange(other.handed_on_core_, nullptr);
     view_ = other.view_;
     holder_ = other.holder_;
   }
@@ -1226,14 +1279,19 @@ ViewLease& ViewLease::operator=(ViewLease&& other) noexcept {
 ViewLease::~ViewLease() { reset(); }
 
 void ViewLease::reset() noexcept {
-  if (auto* core = std::exchange(core_, nullptr)) core->end_view(view_.handle, holder_);
-  holder_ = ViewHolder::Caller;
+  if (auto* core = std::exchange(core_, nullptr))
+    core->end_view(view_.handle);
+  else if (auto* handed_on = std::exchange(handed_on_core_, nullptr)) [[unlikely]]
+    handed_on->end_handed_on_view(view_.handle, holder_);
 }
 
 void ViewLease::set_holder(ViewHolder holder) noexcept {
-  if (!core_) return;
-  core_->set_view_holder(view_.handle, holder_, holder);
+  auto* core = core_ ? core_ : handed_on_core_;
+  if (!core) return;
+  core->set_view_holder(view_.handle, holder_, holder);
   holder_ = holder;
+  core_ = holder == ViewHolder::Caller ? core : nullptr;
+  handed_on_core_ = holder == ViewHolder::Caller ? nullptr : core;
 }
 
 // ---- HostLease ----
