@@ -11,7 +11,8 @@
 #  4. the host backend against memcpy, and the 4 KiB round trip; the OpenCL
 #     backend against raw OpenCL calls, where it is built;
 #  5. bench/cuda, when the CUDA helper has added it and a GPU is present;
-#  6. the tinygrad hand-off benchmark, when bench/tinygrad_handoff.py exists.
+#  6. the tinygrad hand-off benchmark, when bench/tinygrad_handoff.py exists;
+#  7. Prefetcher-fed training and upload/download against numpy (bench/prefetch_bench.py).
 # No step fails on time; a step fails only when a program itself fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -102,6 +103,19 @@ if [ -f bench/tinygrad_handoff.py ]; then
     { bash scripts/python-tests.sh --build-only && .venv/bin/python bench/tinygrad_handoff.py; } || status=1
   else
     echo "bench: .venv/bin/python missing (run 'make setup'); skipping bench/tinygrad_handoff.py"
+  fi
+fi
+
+# 7. Prefetcher-fed TinyJit training against Tensor(numpy) feeding, and upload/download of 256 MiB
+# against numpy.copyto (bench/prefetch_bench.py; each comparison in one process).
+if [ -f bench/prefetch_bench.py ]; then
+  echo
+  echo "== Prefetcher and staging =="
+  if [ -x .venv/bin/python ]; then
+    { bash scripts/python-tests.sh --build-only && .venv/bin/python bench/prefetch_bench.py \
+        | tee "$OUT/prefetch_bench.txt"; } || status=1
+  else
+    echo "bench: .venv/bin/python missing (run 'make setup'); skipping bench/prefetch_bench.py"
   fi
 fi
 

@@ -54,7 +54,20 @@ from ._errors import (
     Unsupported,
 )
 from ._tinygrad import synchronize as tinygrad_synchronize
+from ._tinygrad import DeviceMismatchWarning
 from ._staging import DeviceTensor, ReleaseQueue, download, spec_for_array, upload
+from ._prefetch import Prefetcher
+from ._portable import (
+    CheckpointError,
+    PortableTensor,
+    checkpoint,
+    checkpoint_info,
+    export,
+    export_to,
+    import_tensor,
+    restore,
+    transfer,
+)
 
 __version__ = "0.1.0"
 
@@ -84,5 +97,16 @@ __all__ = [
     "download",
     "spec_for_array",
     "upload",
+    "Prefetcher",
+    "CheckpointError",
+    "PortableTensor",
+    "checkpoint",
+    "checkpoint_info",
+    "export",
+    "export_to",
+    "import_tensor",
+    "restore",
+    "transfer",
+    "DeviceMismatchWarning",
     "BridgeError",
 ] + [cls.__name__ for cls in _ERROR_CLASSES]

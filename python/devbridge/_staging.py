@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import math
 import operator
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -49,11 +50,18 @@ def _dtype_name(dtype: Any) -> str:
 
 
 def _numpy_dtype(name: str) -> np.dtype:
-    """The numpy dtype of a devbridge dtype; one numpy lacks (bfloat16, float8) is its unsigned bits."""
+    """The numpy dtype of a devbridge dtype; one numpy lacks (bfloat16, float8) is its unsigned bits.
+
+    Always the bits, even where ml_dtypes (jax's) has taught numpy those names: what comes back must not
+    depend on which other package was imported first.
+    """
     try:
-        return np.dtype(name)
+        dtype = np.dtype(name)
     except TypeError:
+        dtype = None
+    if dtype is None or dtype.isbuiltin != 1:  # ml_dtypes registers its types as user dtypes (2)
         return np.dtype(f"uint{dtype_info(name)['itemsize'] * 8}")
+    return dtype
 
 
 # ------------------------------------------------------------------------------------------------ spec
@@ -544,51 +552,95 @@ def upload(bridge: Bridge, array: Any, *, dtype: Any = None, alignment: int = 25
         )
     spec, extent = spec_for_array(a.shape, name, alignment)
     _reap_shared(bridge.domain)
+    with _staging_queue(bridge) as queue:
+        return _upload(bridge, queue, a.shape, name, spec, extent, wait,
+                       lambda handle: _stage_into(bridge, queue, a, handle))
+
+
+@contextlib.contextmanager
+def _staging_queue(bridge: Bridge) -> Iterator[ReleaseQueue]:
+    """The bridge's shared release queue, kept registered while a staging call uses it."""
     queue = _shared_queue(bridge)
     queue._users += 1
     try:
-        return _upload(bridge, queue, a, name, spec, extent, wait)
+        yield queue
     finally:
         queue._users -= 1
         _forget_if_idle(bridge.domain, queue)
 
 
-def _upload(bridge: Bridge, queue: ReleaseQueue, a: np.ndarray, name: str, spec: ObjectSpec, extent: int,
-            wait: bool) -> DeviceTensor:
-    ring = bridge.ring
-    src = a.reshape(-1).view(np.uint8)
-    nbytes = src.size
-    chunk = _chunk_bytes(bridge, nbytes)
+def _upload(bridge: Bridge, queue: ReleaseQueue, shape: tuple[int, ...], name: str, spec: ObjectSpec, extent: int,
+            wait: bool, stage: Callable[[DeviceHandle], list[tuple[CopyEvent, int, int]]]) -> DeviceTensor:
+    """Allocates ``extent`` bytes of ``spec`` and fills them with ``stage(handle)`` (which returns the chunks'
+    ``(event, offset, length)``, as ``_stage_chunks`` does): a ``DeviceTensor`` of ``shape`` and dtype ``name``.
+    On any failure the allocation is freed (deferred while copies still pin it)."""
     handle = bridge.alloc(spec, extent)
+    events: list[tuple[CopyEvent, int, int]] = []
+    try:
+        events = stage(handle)
+        tensor = DeviceTensor(bridge, handle, shape, name, events)
+        if wait:
+            tensor.wait()
+        else:
+            _reap_shared(bridge.domain, raise_failures=False)
+        return tensor
+    except BaseException:
+        _cleanup(bridge, queue, [e for e, _, _ in events])  # a failed wait: its other copies may be in flight
+        _free_or_release(bridge, handle)
+        raise
+
+
+def _stage_into(bridge: Bridge, queue: ReleaseQueue, a: np.ndarray,
+                handle: DeviceHandle) -> list[tuple[CopyEvent, int, int]]:
+    """Copies the bytes of the C-contiguous array ``a`` into ``handle`` (from offset 0): ``_stage_chunks``."""
+    src = a.reshape(-1).view(np.uint8)
+    return _stage_chunks(bridge, queue, handle, src.size,
+                         lambda offset, chunk: np.copyto(chunk, src[offset:offset + chunk.size]))
+
+
+def _stage_chunks(bridge: Bridge, queue: ReleaseQueue, handle: DeviceHandle, nbytes: int,
+                  fill: Callable[[int, np.ndarray], Any]) -> list[tuple[CopyEvent, int, int]]:
+    """Copies ``nbytes`` into ``handle`` (from offset 0) through the ring, one chunk at a time.
+
+    ``fill(offset, chunk)`` writes the source's bytes ``[offset, offset + chunk.size)`` into ``chunk``, a
+    uint8 array over a reserved ring range (a numpy array, a file's ``readinto``...), in order.
+    Returns ``(event, offset, length)`` per chunk; each chunk's range goes back to the ring (through
+    ``queue``) once its copy completes. On failure the copies already submitted are waited for (bounded),
+    their ranges go back, and the error names the chunk; the allocation stays the caller's."""
+    chunk = _chunk_bytes(bridge, nbytes)
     events: list[tuple[CopyEvent, int, int]] = []
     index = offset = 0
     n = 0
     try:
         while offset < nbytes:
             n = min(chunk, nbytes - offset)
-            r = _room(bridge, queue, lambda: ring.reserve(n))
-            try:
-                np.copyto(ring.ndarray(r, "uint8"), src[offset:offset + n])
-                event = _room(bridge, queue, lambda: bridge.host_to_device(r, handle, offset))
-            except BaseException:
-                ring.release(r)
-                raise
-            queue.add(r, event, ring=ring, report=False)
+            event = _stage_chunk(bridge, queue, handle, offset, n, lambda view: fill(offset, view))
             events.append((event, offset, n))
             index += 1
             offset += n
-        tensor = DeviceTensor(bridge, handle, a.shape, name, events)
-        if wait:
-            tensor.wait()
-        else:
-            _reap_shared(bridge.domain, raise_failures=False)
-        return tensor
+        return events
     except BaseException as error:
         _cleanup(bridge, queue, [e for e, _, _ in events])
-        _free_or_release(bridge, handle)
-        if isinstance(error, BridgeError) and offset < nbytes:
+        if isinstance(error, BridgeError):
             raise _chunk_error(error, "upload", index, offset, n, nbytes) from error
         raise
+
+
+def _stage_chunk(bridge: Bridge, queue: ReleaseQueue, handle: DeviceHandle, device_offset: int, n: int,
+                 fill: Callable[[np.ndarray], Any]) -> CopyEvent:
+    """One chunk of an upload: reserves ``n`` ring bytes (making room on Backpressure), lets ``fill(chunk)``
+    write them and submits their async copy to ``device_offset`` of ``handle``. The range goes back to the
+    ring through ``queue`` once the copy is done, or at once when filling or submitting fails."""
+    ring = bridge.ring
+    r = _room(bridge, queue, lambda: ring.reserve(n))
+    try:
+        fill(ring.ndarray(r, "uint8"))
+        event = _room(bridge, queue, lambda: bridge.host_to_device(r, handle, device_offset))
+    except BaseException:
+        ring.release(r)
+        raise
+    queue.add(r, event, ring=ring, report=False)
+    return event
 
 
 def download(bridge: Bridge, x: Any, out: np.ndarray | None = None, *, dtype: Any = None,
@@ -638,18 +690,26 @@ def download(bridge: Bridge, x: Any, out: np.ndarray | None = None, *, dtype: An
         return out
     dst = out.reshape(-1).view(np.uint8)
     _reap_shared(bridge.domain)
-    queue = _shared_queue(bridge)
-    queue._users += 1
-    try:
+    with _staging_queue(bridge) as queue:
         _download(bridge, queue, handle, dst, nbytes)
-    finally:
-        queue._users -= 1
-        _forget_if_idle(bridge.domain, queue)
     _reap_shared(bridge.domain, raise_failures=False)
     return out
 
 
 def _download(bridge: Bridge, queue: ReleaseQueue, handle: DeviceHandle, dst: np.ndarray, nbytes: int) -> None:
+    _download_chunks(bridge, queue, handle, nbytes,
+                     lambda offset, chunk: np.copyto(dst[offset:offset + chunk.size], chunk))
+
+
+def _download_chunks(bridge: Bridge, queue: ReleaseQueue, handle: DeviceHandle, nbytes: int,
+                     sink: Callable[[int, np.ndarray], Any], *, device_offset: int = 0) -> None:
+    """Copies bytes ``[device_offset, device_offset + nbytes)`` of ``handle`` out through the ring, a few
+    chunks in flight at a time.
+
+    ``sink(offset, chunk)`` receives the bytes ``[offset, offset + chunk.size)`` (counted from
+    ``device_offset``) in order, as a uint8 array over the ring that is valid only during the call (copy
+    it, hash it, write it to a file...). On failure every ring range goes back and the error names the
+    chunk (an error ``sink`` raises is passed on as it is when it names its chunk already)."""
     ring = bridge.ring
     chunk = _chunk_bytes(bridge, nbytes)
     pending: collections.deque[tuple[int, int, int, HostRange, CopyEvent]] = collections.deque()
@@ -660,7 +720,7 @@ def _download(bridge: Bridge, queue: ReleaseQueue, handle: DeviceHandle, dst: np
             bridge.wait(event)
         except BridgeError as error:
             raise _chunk_error(error, "download", index, offset, n, nbytes) from error
-        np.copyto(dst[offset:offset + n], ring.ndarray(r, "uint8"))
+        sink(offset, ring.ndarray(r, "uint8"))
         pending.popleft()
         ring.release(r)
 
@@ -680,7 +740,7 @@ def _download(bridge: Bridge, queue: ReleaseQueue, handle: DeviceHandle, dst: np
             n = min(chunk, nbytes - offset)
             r = make_room(lambda: ring.reserve(n))
             try:
-                event = make_room(lambda: bridge.device_to_host(handle, r, offset))
+                event = make_room(lambda: bridge.device_to_host(handle, r, device_offset + offset))
             except BaseException:
                 ring.release(r)
                 raise

@@ -40,6 +40,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from ._errors import Unavailable, Unsupported
@@ -133,11 +134,12 @@ class _Names:
         import weakref
 
         import tinygrad
-        from tinygrad.device import Buffer
+        from tinygrad.device import Buffer, Device
         from tinygrad.tensor import Tensor, all_tensors
         from tinygrad.uop.ops import Ops, ParamArg, UOp, buffers, shape_to_shape_arg
 
         self.dtypes, self.Tensor, self.all_tensors, self.Buffer = tinygrad.dtypes, Tensor, all_tensors, Buffer
+        self.Device = Device
         self.Ops, self.ParamArg, self.UOp, self.buffers = Ops, ParamArg, UOp, buffers
         self.shape_to_shape_arg, self.weakref = shape_to_shape_arg, weakref.ref
 
@@ -210,6 +212,18 @@ def _wrap_external(ptr: int, shape: tuple[int, ...], dtype: Any, device: str) ->
 
 def to_tinygrad(view: "TensorView") -> "Tensor":
     """A ``tinygrad.Tensor`` over the view's memory, zero-copy (see the module doc)."""
+    tensor = hand_off(view)[0]
+    warn_if_not_default(tensor.device, stacklevel=2)  # the frame that called view.to_tinygrad()
+    return tensor
+
+
+def hand_off(view: "TensorView") -> tuple["Tensor", Any]:
+    """``to_tinygrad(view)`` and the tinygrad ``Buffer`` holding the address (and the lease).
+
+    The lease ends when that Buffer is gone, which is when no tensor, lazy or
+    realized, can read the allocation any more (tinygrad synchronizes its
+    device before it lets go of a Buffer): a weak reference to it tells when
+    the allocation is the bridge's alone again (the Prefetcher reuses it then)."""
     tg = _tinygrad_names()
     # Checked, and its own lease taken once every copy into the allocation has completed.
     lease, ptr, shape, dtype_name, view_device = view._export_for_tinygrad()
@@ -237,7 +251,39 @@ def to_tinygrad(view: "TensorView") -> "Tensor":
     except BaseException:
         lease.close()
         raise
-    return tensor
+    return tensor, buffer
+
+
+class DeviceMismatchWarning(UserWarning):
+    """tinygrad's default device is not the device of a tensor from to_tinygrad()."""
+
+
+_warned_device_pairs: set[tuple[str, str]] = set()
+
+
+def warn_if_not_default(device: str, stacklevel: int = 2) -> None:
+    """Warns once per (view device, default device) pair when tinygrad's default device differs.
+
+    Tensors made without ``device=`` (``Tensor(numpy)``, ``Tensor.randn``, ``nn.Linear``'s weights) land on
+    the default device, and tinygrad refuses to mix devices in one operation: on a machine with an OpenCL
+    driver (PoCL included) tinygrad picks ``CL`` while a host view is a ``CPU`` tensor. ``stacklevel``: as
+    ``warnings.warn``'s, counted from the caller of this function."""
+    try:
+        default = _tinygrad_names().Device.canonicalize(None)
+    except Exception:  # noqa: BLE001 - no usable default device: nothing to mix with
+        return
+    if default == device or (device, default) in _warned_device_pairs:
+        return
+    _warned_device_pairs.add((device, default))
+    family = device.partition(":")[0]
+    warnings.warn(
+        f"to_tinygrad: this tensor is on tinygrad's {device} device, but tinygrad's default device is {default}; "
+        f"tensors created without device= land on {default}, and an operation mixing them with this one fails. "
+        f"Make {device} the default (start Python with DEV={family} in the environment; tinygrad before 0.12: "
+        f"{family}=1), or create the other tensors with device=\"{device}\" (or device=tensor.device).",
+        DeviceMismatchWarning,
+        stacklevel=stacklevel + 1,
+    )
 
 
 def synchronize(tensor: "Tensor") -> None:

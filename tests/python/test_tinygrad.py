@@ -241,3 +241,75 @@ def test_from_blob_fallback(bridge, rng, monkeypatch):
     del t
     collect()
     bridge.free(h)
+
+
+# ---- tinygrad's default device -----------------------------------------------
+# Tensors made without device= land on tinygrad's default device; on a machine
+# with an OpenCL driver that is CL, and mixing it with a CPU view's tensor fails.
+
+
+class _Default:
+    """Stands in for tinygrad's Device: only its default device matters here."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def canonicalize(self, device):
+        assert device is None
+        return self.name
+
+
+@pytest.fixture
+def default_device(monkeypatch):
+    from devbridge import _tinygrad
+
+    names = _tinygrad._tinygrad_names()
+    monkeypatch.setattr(_tinygrad, "_warned_device_pairs", set())
+
+    def choose(name):
+        monkeypatch.setattr(names, "Device", _Default(name))
+
+    return choose
+
+
+def test_a_default_device_that_differs_is_warned_once(bridge, default_device):
+    h = bridge.alloc(F32, 1024)
+    with bridge.view(h, "float32", 256) as view:
+        default_device("CL")
+        with pytest.warns(devbridge.DeviceMismatchWarning) as caught:
+            t1 = view.to_tinygrad()
+            t2 = view.to_tinygrad()  # the same pair again: no second warning
+        assert len(caught) == 1
+        message = str(caught[0].message)
+        assert t1.device in message and "CL" in message and "DEV=" in message and "device=" in message
+        assert caught[0].filename == __file__  # it points at the caller's line
+        default_device("NULL")  # another default: warned once more
+        with pytest.warns(devbridge.DeviceMismatchWarning, match="NULL"):
+            t3 = view.to_tinygrad()
+    del t1, t2, t3
+    collect()
+    bridge.free(h)
+
+
+def test_no_warning_when_the_default_is_the_views_device(bridge, default_device):
+    import warnings
+
+    h = bridge.alloc(F32, 1024)
+    with bridge.view(h, "float32", 256) as view:
+        default_device("CPU" if view.device == "CPU" else view.device.replace(":0", ""))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", devbridge.DeviceMismatchWarning)
+            t = view.to_tinygrad()
+    del t
+    collect()
+    bridge.free(h)
+
+
+def test_the_prefetcher_warns_at_the_consumers_loop(bridge, default_device):
+    default_device("CL")
+    with pytest.warns(devbridge.DeviceMismatchWarning) as caught:
+        for x in devbridge.Prefetcher(bridge, [np.zeros(16, np.float32)] * 3, to="tinygrad"):
+            pass
+    assert len(caught) == 1 and caught[0].filename == __file__
+    del x
+    collect()

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""Checkpoint/restore and transfer throughput: devbridge against the plain paths, as ratios, in one run.
+
+  checkpoint  bridge.checkpoint(path, tensors): device -> ring -> file, sha256
+              of the data, temp file + fsync + rename + directory fsync;
+              against safetensors.numpy.save_file of the same arrays held in
+              host memory, with and without an fsync after it (save_file does
+              not make the file durable; devbridge does).
+  restore     bridge.restore(path): file -> ring -> device, sha256 verified
+              (and, for reference, with verify=False); against
+              safetensors.numpy.load_file (file -> numpy arrays).
+  transfer    devbridge.transfer(host bridge, x, OpenCL bridge) and back:
+              against the slower of the source's download and the destination's
+              upload (bridge.download / bridge.upload of the same bytes), the
+              best a staged copy through both rings can reach.
+
+Files go to --dir (default: the temp directory), so the page cache is warm for
+the reads: these are memory-bandwidth figures, not the disk's. Each figure is
+the median of --repeat samples (GB/s, 1 GB = 1e9 bytes); a ratio above 1 means
+devbridge is faster. Nothing is asserted: this reports.
+
+    .venv/bin/python bench/checkpoint_bench.py [--mib 256] [--repeat 3] [--ring-mib 64] [--dir /tmp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from typing import Callable
+
+import numpy as np
+import safetensors.numpy
+
+import devbridge
+
+
+def arrays_of(total_bytes: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """A model-like mix: a few large float32 matrices, some float16, small int64 counters."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    big = total_bytes // 8  # 6 float32 matrices of an eighth each, then float16
+    for i in range(6):
+        out[f"layer{i}.weight"] = rng.standard_normal(big // 4, dtype=np.float32).reshape(-1, 1024)
+    out["embed.weight"] = rng.standard_normal(big // 2).astype(np.float16).reshape(-1, 512)
+    out["optimizer.step"] = np.arange(16, dtype=np.int64)
+    return out
+
+
+def median_seconds(run: Callable[[], object], repeat: int, before: Callable[[], object] | None = None) -> float:
+    samples = []
+    for _ in range(repeat):
+        if before is not None:
+            before()
+        start = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def save_and_fsync(arrays: dict[str, np.ndarray], path: str) -> None:
+    safetensors.numpy.save_file(arrays, path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def free_all(tensors: dict[str, devbridge.DeviceTensor]) -> None:
+    for t in tensors.values():
+        t.free()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mib", type=int, default=256, help="total checkpoint size (MiB)")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--ring-mib", type=int, default=64, help="each bridge's ring (MiB)")
+    parser.add_argument("--dir", default=tempfile.gettempdir())
+    args = parser.parse_args()
+
+    arrays = arrays_of(args.mib << 20)
+    nbytes = sum(a.nbytes for a in arrays.values())
+    gb = nbytes / 1e9
+    rows: list[tuple[str, float, str, float]] = []
+    with tempfile.TemporaryDirectory(dir=args.dir) as workdir, \
+            devbridge.Bridge(backend="host", ring_bytes=args.ring_mib << 20) as host:
+        ours, theirs = os.path.join(workdir, "ours.safetensors"), os.path.join(workdir, "theirs.safetensors")
+        tensors = {name: host.upload(a, wait=True) for name, a in arrays.items()}
+
+        write = median_seconds(lambda: host.checkpoint(ours, tensors), args.repeat)
+        plain_write = median_seconds(lambda: safetensors.numpy.save_file(arrays, theirs), args.repeat)
+        durable_write = median_seconds(lambda: save_and_fsync(arrays, theirs), args.repeat)
+        rows.append(("checkpoint (host)", gb / write, "save_file", gb / plain_write))
+        rows.append(("checkpoint (host)", gb / write, "save_file + fsync", gb / durable_write))
+
+        restored: dict[str, devbridge.DeviceTensor] = {}
+
+        def restore() -> None:
+            restored.update(host.restore(ours))
+
+        read = median_seconds(restore, args.repeat, before=lambda: free_all(restored))
+        free_all(restored)
+        plain_read = median_seconds(lambda: safetensors.numpy.load_file(theirs), args.repeat)
+        rows.append(("restore (host, verified)", gb / read, "load_file", gb / plain_read))
+
+        def restore_unverified() -> None:
+            restored.update(host.restore(ours, verify=False))
+
+        unverified = median_seconds(restore_unverified, args.repeat, before=lambda: free_all(restored))
+        free_all(restored)
+        rows.append(("restore (host, verify=False)", gb / unverified, "load_file", gb / plain_read))
+        check = host.restore(ours)
+        assert all(np.array_equal(host.download(check[n]), a) for n, a in arrays.items()), "restore differs"
+        free_all(check)
+
+        available = {b["name"]: b["available"] for b in devbridge.list_backends()}
+        if available.get("opencl"):
+            with devbridge.Bridge(backend="opencl", ring_bytes=args.ring_mib << 20) as cl:
+                a = arrays["layer0.weight"]
+                part = a.nbytes / 1e9
+                x = host.upload(a, wait=True)
+                moved: list[devbridge.DeviceTensor] = []
+
+                def drop_moved() -> None:
+                    while moved:
+                        moved.pop().free()
+
+                out = np.empty_like(a)
+                for src, dst, label in ((host, cl, "host -> OpenCL"), (cl, host, "OpenCL -> host")):
+                    start_tensor = x if src is host else cl.upload(a, wait=True)
+                    t = median_seconds(lambda: moved.append(devbridge.transfer(src, start_tensor, dst)),
+                                       args.repeat, before=drop_moved)
+                    drop_moved()
+                    down = median_seconds(lambda: src.download(start_tensor, out), args.repeat)
+                    up = median_seconds(lambda: moved.append(dst.upload(a, wait=True)), args.repeat,
+                                        before=drop_moved)
+                    drop_moved()
+                    slower = min(part / down, part / up)
+                    rows.append((f"transfer {label}", part / t, "min(download, upload)", slower))
+                    if start_tensor is not x:
+                        start_tensor.free()
+                x.free()
+        else:
+            print("OpenCL unavailable here: no transfer figures")
+        free_all(tensors)
+
+    print(f"{nbytes / 2**20:.0f} MiB in {len(arrays)} tensors, ring {args.ring_mib} MiB, median of {args.repeat}")
+    print(f"{'devbridge':<30}{'GB/s':>8}   {'against':<24}{'GB/s':>8}   {'ratio':>6}")
+    for ours_label, ours_rate, their_label, their_rate in rows:
+        print(f"{ours_label:<30}{ours_rate:>8.2f}   {their_label:<24}{their_rate:>8.2f}   "
+              f"{ours_rate / their_rate:>6.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,881 @@
+"""Portable tensors: export/import, transfer between bridges, safetensors checkpoint/restore.
+
+Everything here is pure Python over the staging layer (``_staging``): every byte
+moves through the bridges' rings in chunks, so tensors larger than a ring work
+and memory stays bounded. See docs/PORTABLE.md.
+
+* ``PortableTensor(shape, dtype, data)``: ``{shape, dtype, bytes}``, the bytes
+  row-major and little-endian; numpy reads it without a copy.
+* ``export(bridge, x, ...)`` / ``bridge.export(...)`` -> ``PortableTensor``;
+  ``export_to(bridge, x, file, ...)`` streams the bytes to a file instead.
+* ``import_tensor(bridge, source, spec=None, ...)`` / ``bridge.import_tensor``
+  -> ``DeviceTensor`` (``import`` is a Python keyword).
+* ``transfer(src_bridge, x, dst_bridge)`` -> ``DeviceTensor`` on ``dst_bridge``:
+  downloads chunk k+1 while chunk k uploads.
+* ``checkpoint(bridge, path, {name: tensor})`` writes a safetensors file
+  atomically, with the generation and a sha256 of the data in its metadata;
+  ``restore(bridge, path)`` -> ``{name: DeviceTensor}`` verifies it while it
+  streams, and frees everything when the file is bad.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import hashlib
+import json
+import math
+import operator
+import os
+import stat
+import tempfile
+from typing import Any, BinaryIO, Callable, Iterator, Mapping, NamedTuple
+
+import numpy as np
+
+from ._devbridge import Bridge, DeviceHandle, ObjectSpec, dtype_info, dtypes
+from ._errors import BridgeError
+from ._staging import (
+    _CLEANUP_WAIT_S,
+    DeviceTensor,
+    _checked_shape,
+    _chunk_bytes,
+    _chunk_error,
+    _cleanup,
+    _download_chunks,
+    _dtype_name,
+    _numpy_dtype,
+    _stage_chunk,
+    _stage_chunks,
+    _stage_into,
+    _staging_queue,
+    _upload,
+    spec_for_array,
+)
+
+_U64_MAX = (1 << 64) - 1
+
+# devbridge dtype -> safetensors dtype. Every dtype devbridge knows must be here (checked at import).
+_SAFETENSORS_NAMES = {
+    "bool": "BOOL",
+    "int8": "I8",
+    "int16": "I16",
+    "int32": "I32",
+    "int64": "I64",
+    "uint8": "U8",
+    "uint16": "U16",
+    "uint32": "U32",
+    "uint64": "U64",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "float32": "F32",
+    "float64": "F64",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+}
+_FROM_SAFETENSORS = {st: name for name, st in _SAFETENSORS_NAMES.items()}
+if set(_SAFETENSORS_NAMES) != set(dtypes()):
+    raise ImportError(f"devbridge._portable: no safetensors name for {sorted(set(dtypes()) - set(_SAFETENSORS_NAMES))}")
+
+FORMAT = "devbridge-checkpoint"
+FORMAT_VERSION = "1"
+# The safetensors package refuses headers past 100 MB; so does restore (a corrupt length must not
+# make it read gigabytes of "header").
+_HEADER_LIMIT = 100_000_000
+# Uploads of one transfer in flight on the destination at once (the source keeps its own few downloads).
+_TRANSFER_WINDOW = 2
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be restored: not safetensors, truncated, corrupt, a checksum that
+    does not match, or a tensor devbridge cannot hold. The message names the file, the tensor and why."""
+
+
+# -------------------------------------------------------------------------------------- PortableTensor
+
+
+class PortableTensor:
+    """``{shape, dtype, bytes}``: one tensor's bytes, row-major and little-endian, outside any bridge.
+
+    ``data`` is any C-contiguous buffer of exactly ``prod(shape) * itemsize``
+    bytes; it is kept, not copied. numpy reads a PortableTensor without a copy
+    (``numpy.asarray(t)``, ``t.numpy()``; dtypes numpy lacks, ``bfloat16`` and
+    ``float8_*``, read as the unsigned integers of their bits), and so does
+    ``memoryview(t)`` on Python 3.12+ (``t.data`` on any version).
+    """
+
+    __slots__ = ("_shape", "_dtype", "_bytes", "__weakref__")
+
+    def __init__(self, shape: Any, dtype: Any, data: Any) -> None:
+        dims = _checked_shape(shape)
+        name = _checked_dtype(dtype)
+        try:
+            view = memoryview(data)
+        except TypeError as error:
+            raise TypeError(f"PortableTensor data must be a buffer (bytes, numpy array...), not "
+                            f"{type(data).__name__}") from error
+        if not view.c_contiguous:
+            raise ValueError(f"PortableTensor data (shape {view.shape}, strides {view.strides}) is not C-contiguous")
+        nbytes = math.prod(dims) * dtype_info(name)["itemsize"]
+        if view.nbytes != nbytes:
+            raise ValueError(f"a PortableTensor of shape {dims} and dtype {name} holds {nbytes} bytes; "
+                             f"the buffer has {view.nbytes}")
+        self._shape = dims
+        self._dtype = name
+        self._bytes = np.frombuffer(data, np.uint8) if nbytes else np.empty(0, np.uint8)
+
+    @classmethod
+    def from_array(cls, array: Any, dtype: Any = None) -> PortableTensor:
+        """A PortableTensor of a numpy array (or anything ``numpy.asarray`` takes).
+
+        A C-contiguous little-endian array is kept as it is; any other is copied
+        into row-major little-endian order first. ``dtype`` relabels the bytes
+        (same itemsize, e.g. ``uint16`` bits as ``"bfloat16"``)."""
+        a = np.asarray(array)
+        if a.dtype.byteorder == ">":
+            a = a.astype(a.dtype.newbyteorder("<"))
+        a = np.ascontiguousarray(a)
+        name = _checked_dtype(a.dtype if dtype is None else dtype)
+        if dtype_info(name)["itemsize"] != a.itemsize:
+            raise ValueError(f"dtype {name} ({dtype_info(name)['itemsize']} bytes) does not match the array's "
+                             f"{a.dtype} ({a.itemsize} bytes); dtype relabels the bytes, it does not convert them")
+        return cls(a.shape, name, a.reshape(-1).view(np.uint8))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> str:
+        """devbridge's dtype name (``devbridge.dtypes()``)."""
+        return self._dtype
+
+    @property
+    def itemsize(self) -> int:
+        return dtype_info(self._dtype)["itemsize"]
+
+    @property
+    def size(self) -> int:
+        return math.prod(self._shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes.size
+
+    def numpy(self) -> np.ndarray:
+        """A numpy array over the bytes (no copy; writable when the buffer is)."""
+        return self._bytes.view(_numpy_dtype(self._dtype)).reshape(self._shape)
+
+    @property
+    def data(self) -> memoryview:
+        """The bytes as a shaped, typed memoryview (no copy)."""
+        return memoryview(self.numpy())
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        # numpy keeps this object (and so the buffer) alive as the array's base.
+        return self.numpy().__array_interface__
+
+    def __buffer__(self, flags: int) -> memoryview:  # PEP 688 (Python 3.12+)
+        return self.data
+
+    def tobytes(self) -> bytes:
+        return self._bytes.tobytes()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PortableTensor):
+            return NotImplemented
+        return (self._shape == other._shape and self._dtype == other._dtype
+                and np.array_equal(self._bytes, other._bytes))
+
+    __hash__ = None  # mutable when its buffer is
+
+    def __repr__(self) -> str:
+        return f"PortableTensor(shape={self._shape}, dtype={self._dtype!r}, nbytes={self.nbytes})"
+
+
+def _checked_dtype(dtype: Any) -> str:
+    """devbridge's name of ``dtype``: ``TypeError`` for a value that is no dtype, ``ValueError`` for an
+    unknown one (never the binding's generic error)."""
+    if dtype is None or isinstance(dtype, (bool, int, float, bytes)):
+        raise TypeError(f"dtype must be a name such as \"float32\", a numpy dtype or a tinygrad DType, "
+                        f"not {type(dtype).__name__}")
+    return _dtype_name(dtype)
+
+
+# ------------------------------------------------------------------------------ what a device read is
+
+
+class _Source(NamedTuple):
+    """The logical tensor a caller asked for: ``shape`` elements of ``dtype`` in ``handle`` at
+    ``byte_offset``, row-major when ``strides`` is None, else strided (in elements)."""
+
+    bridge: Bridge
+    handle: DeviceHandle
+    dtype: str
+    shape: tuple[int, ...]
+    strides: tuple[int, ...] | None
+    byte_offset: int
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * dtype_info(self.dtype)["itemsize"]
+
+
+def _resolve(bridge: Bridge, x: Any, dtype: Any = None, shape: Any = None, strides: Any = None,
+             offset: Any = 0) -> _Source:
+    """What ``x`` (a ``DeviceTensor`` or ``DeviceHandle``) with the optional view spec names, validated as
+    ``bridge.view`` validates a view (extent, dtype, strides, offset) and after the copies into it."""
+    if not isinstance(bridge, Bridge):
+        raise TypeError(f"bridge must be a devbridge.Bridge, not {type(bridge).__name__}")
+    if isinstance(x, DeviceTensor):
+        if x.bridge is not bridge:
+            raise ValueError(f"{x!r} belongs to another bridge (domain {x.bridge.domain}, not {bridge.domain})")
+        x.wait()  # raises Closed once freed, and the upload's failure if it failed
+        handle, name, dims = x.handle, x.dtype, x.shape
+    elif isinstance(x, DeviceHandle):
+        handle = x
+        name = bridge.spec(x).dtype
+        if name == "bytes":
+            name = "uint8"  # an untyped allocation reads as its bytes
+        dims = None
+    else:
+        raise TypeError(f"expected a DeviceTensor or a DeviceHandle, not {type(x).__name__}")
+    if dtype is not None:
+        name = _checked_dtype(dtype)
+    itemsize = dtype_info(name)["itemsize"]
+    if shape is not None:
+        dims = _checked_shape(shape)
+    elif dims is None or math.prod(dims) * itemsize != x.nbytes:
+        # A handle (or a tensor relabelled to another itemsize): the whole extent as a vector.
+        extent = bridge.extent(handle) if dims is None else x.nbytes
+        if extent % itemsize:
+            raise ValueError(f"{handle!r}: {extent} bytes are not a whole number of {name} ({itemsize} bytes); "
+                             "give a shape")
+        dims = (extent // itemsize,)
+    if strides is not None:
+        if isinstance(strides, (str, bytes)):
+            raise TypeError(f"strides must be a sequence of ints, not {type(strides).__name__}")
+        strides = tuple(operator.index(s) for s in strides)
+    offset = operator.index(offset)
+    if math.prod(dims) == 0:
+        if offset < 0 or offset > _U64_MAX:
+            raise OverflowError(f"offset {offset} is outside 0..2**64-1")
+        return _Source(bridge, handle, name, dims, None, offset)
+    with bridge.view(handle, name, dims, strides, offset, wait=True) as view:
+        actual = tuple(view.strides)
+        byte_offset = view.byte_offset
+    row_major = _row_major_strides(dims)
+    contiguous = all(a == r for a, r, d in zip(actual, row_major, dims) if d > 1)
+    return _Source(bridge, handle, name, dims, None if contiguous else actual, byte_offset)
+
+
+def _row_major_strides(dims: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for d in reversed(dims):
+        strides.append(step)
+        step *= d
+    return tuple(reversed(strides))
+
+
+def _stream(source: _Source, sink: Callable[[int, np.ndarray], Any]) -> None:
+    """Hands ``source``'s logical bytes (row-major) to ``sink(offset, chunk)`` in order, through the ring.
+
+    A row-major source streams chunk by chunk straight from the ring. A strided one is read as the
+    span of bytes its elements cover, gathered into row-major order, and handed over in one piece."""
+    if source.nbytes == 0:
+        return
+    bridge = source.bridge
+    with _staging_queue(bridge) as queue:
+        if source.strides is None:
+            _download_chunks(bridge, queue, source.handle, source.nbytes, sink, device_offset=source.byte_offset)
+            return
+        itemsize = dtype_info(source.dtype)["itemsize"]
+        reach = [(d - 1) * s for d, s in zip(source.shape, source.strides)]
+        low = sum(r for r in reach if r < 0)  # elements before byte_offset a negative stride reaches
+        span = np.empty((sum(r for r in reach if r > 0) - low + 1) * itemsize, np.uint8)
+        _download_chunks(bridge, queue, source.handle, span.size,
+                         lambda offset, chunk: np.copyto(span[offset:offset + chunk.size], chunk),
+                         device_offset=source.byte_offset + low * itemsize)
+    elements = span.view(_numpy_dtype(source.dtype))[-low:]
+    logical = np.lib.stride_tricks.as_strided(elements, source.shape, [s * itemsize for s in source.strides],
+                                              writeable=False)
+    sink(0, np.ascontiguousarray(logical).reshape(-1).view(np.uint8))
+
+
+def _with_context(error: BaseException, context: str) -> BaseException:
+    """``error`` with ``context`` (the tensor, the file) in front of its message, same type; the
+    error itself when its type cannot be rebuilt from a message."""
+    if isinstance(error, BridgeError):
+        new = type(error)(f"{context}: {error.message}")
+        new.fatal = getattr(error, "fatal", False)
+        return new
+    if type(error) in (ValueError, TypeError, OverflowError, CheckpointError):
+        return type(error)(f"{context}: {error}")
+    return error
+
+
+@contextlib.contextmanager
+def _context(context: str) -> Iterator[None]:
+    try:
+        yield
+    except (BridgeError, ValueError, TypeError, OverflowError) as error:
+        new = _with_context(error, context)
+        if new is error:
+            raise
+        raise new from error
+
+
+# ---------------------------------------------------------------------------------------- export/import
+
+
+def export(bridge: Bridge, x: Any, dtype: Any = None, shape: Any = None, strides: Any = None, offset: int = 0,
+           *, out: Any = None) -> PortableTensor:
+    """Copies a device tensor out of ``bridge`` into a ``PortableTensor`` (row-major, little-endian).
+
+    ``x`` is a ``DeviceTensor`` (its dtype and shape by default) or a
+    ``DeviceHandle`` (the allocation's dtype, the whole extent as a vector).
+    ``dtype``, ``shape``, ``strides`` (in elements) and ``offset`` (in bytes)
+    choose a view as ``bridge.view`` does; a strided view exports its logical
+    row-major contents. The bytes are staged through the ring in chunks, so an
+    export larger than the ring works. ``out``: a writable C-contiguous buffer
+    of exactly the tensor's byte size to write into (the result shares it);
+    else a new one is allocated.
+    """
+    source = _resolve(bridge, x, dtype, shape, strides, offset)
+    if out is None:
+        target = np.empty(source.nbytes, np.uint8)
+    else:
+        try:
+            target = np.frombuffer(out, np.uint8) if memoryview(out).nbytes else np.empty(0, np.uint8)
+        except TypeError as error:
+            raise TypeError(f"out must be a writable buffer, not {type(out).__name__}") from error
+        except (ValueError, BufferError) as error:
+            raise ValueError(f"out is not a C-contiguous buffer: {error}") from error
+        if target.size != source.nbytes:
+            raise ValueError(f"out has {target.size} bytes; the export of shape {source.shape} {source.dtype} "
+                             f"is {source.nbytes}")
+        if target.size and not target.flags.writeable:
+            raise ValueError("out is read-only")
+    _stream(source, lambda at, chunk: np.copyto(target[at:at + chunk.size], chunk))
+    return PortableTensor(source.shape, source.dtype, target if out is None else out)
+
+
+def export_to(bridge: Bridge, x: Any, file: BinaryIO, dtype: Any = None, shape: Any = None, strides: Any = None,
+              offset: int = 0) -> int:
+    """``export`` streamed into ``file`` (anything with a binary ``write``): the row-major little-endian
+    bytes go from the ring to ``file`` chunk by chunk, never held whole (a strided view excepted: the
+    span it covers is read into memory first). Returns the number of bytes written."""
+    write = getattr(file, "write", None)
+    if not callable(write):
+        raise TypeError(f"file must have a binary write(), not {type(file).__name__}")
+    source = _resolve(bridge, x, dtype, shape, strides, offset)
+    _stream(source, lambda at, chunk: _write_all(write, chunk))
+    return source.nbytes
+
+
+def _write_all(write: Callable[[Any], Any], chunk: np.ndarray) -> None:
+    view = memoryview(chunk).cast("B")
+    while view:
+        written = write(view)
+        if written is None:  # many file-likes return nothing once they took all of it
+            return
+        view = view[written:]
+
+
+def import_tensor(bridge: Bridge, source: Any, spec: ObjectSpec | None = None, *, dtype: Any = None,
+                  shape: Any = None, alignment: int = 256, wait: bool = True) -> DeviceTensor:
+    """Allocates in ``bridge``'s current generation and copies a portable tensor into it.
+
+    ``source`` is a ``PortableTensor``; a C-contiguous numpy array (its dtype
+    and shape unless given); any other buffer (``bytes``, ``bytearray``,
+    ``mmap``...) with ``dtype`` and ``shape``; or a binary file (anything with
+    ``readinto``) with ``dtype`` and ``shape``, read chunk by chunk. ``spec``
+    (an ``ObjectSpec``) is the allocation's: its dtype must be the tensor's
+    (or ``"bytes"``) and its ``max_extent`` must hold the tensor rounded up to
+    its alignment; without one, ``spec_for_array(shape, dtype, alignment)``.
+    Named ``import_tensor`` because ``import`` is a Python keyword. Returns a
+    ``DeviceTensor`` (waited for unless ``wait=False``); on failure nothing
+    stays allocated.
+    """
+    if not isinstance(bridge, Bridge):
+        raise TypeError(f"bridge must be a devbridge.Bridge, not {type(bridge).__name__}")
+    readinto = None if isinstance(source, (PortableTensor, np.ndarray)) else getattr(source, "readinto", None)
+    if callable(readinto):
+        if dtype is None or shape is None:
+            raise TypeError("import_tensor from a file needs dtype= and shape=")
+        dims, name = _checked_shape(shape), _checked_dtype(dtype)
+        nbytes = math.prod(dims) * dtype_info(name)["itemsize"]
+        allocation = _allocation(dims, name, spec, alignment, "import_tensor")
+        fill = _file_reader(readinto, None)
+        with _context(f"import_tensor from {source!r}"), _staging_queue(bridge) as queue:
+            return _upload(bridge, queue, dims, name, *allocation, wait,
+                           lambda handle: _stage_chunks(bridge, queue, handle, nbytes, fill))
+    tensor = _as_portable(source, dtype, shape)
+    allocation = _allocation(tensor.shape, tensor.dtype, spec, alignment, "import_tensor")
+    with _staging_queue(bridge) as queue:
+        return _upload(bridge, queue, tensor.shape, tensor.dtype, *allocation, wait,
+                       lambda handle: _stage_into(bridge, queue, tensor._bytes, handle))
+
+
+def _as_portable(source: Any, dtype: Any, shape: Any) -> PortableTensor:
+    if isinstance(source, PortableTensor):
+        for given, own, what in ((dtype, source.dtype, "dtype"), (shape, source.shape, "shape")):
+            if given is not None and (_checked_dtype(given) if what == "dtype" else _checked_shape(given)) != own:
+                raise ValueError(f"import_tensor: {what}={given!r} differs from the PortableTensor's {own!r}")
+        return source
+    if isinstance(source, np.ndarray):
+        if not source.flags.c_contiguous:
+            raise ValueError(f"import_tensor: the array (shape {source.shape}, strides {source.strides}) is not "
+                             "C-contiguous; pass numpy.ascontiguousarray(array) or PortableTensor.from_array(array)")
+        if source.dtype.byteorder == ">":
+            raise ValueError(f"import_tensor: the array is big-endian ({source.dtype.str}); portable bytes are "
+                             "little-endian: pass PortableTensor.from_array(array)")
+        dtype = source.dtype if dtype is None else dtype
+        shape = source.shape if shape is None else shape
+    elif dtype is None or shape is None:
+        raise TypeError(f"import_tensor of a {type(source).__name__} needs dtype= and shape= "
+                        "(a PortableTensor or numpy array carries its own)")
+    return PortableTensor(shape, dtype, source)
+
+
+def _allocation(dims: tuple[int, ...], name: str, spec: ObjectSpec | None, alignment: int,
+                what: str) -> tuple[ObjectSpec, int]:
+    """The spec and extent to allocate for ``dims`` of ``name``: ``spec_for_array``, or the caller's spec
+    when it holds them."""
+    if spec is None:
+        return spec_for_array(dims, name, alignment)
+    if not isinstance(spec, ObjectSpec):
+        raise TypeError(f"spec must be a devbridge.ObjectSpec, not {type(spec).__name__}")
+    if spec.dtype not in (name, "bytes"):
+        raise ValueError(f"{what}: the spec's dtype is {spec.dtype}, the tensor's {name}")
+    nbytes = math.prod(dims) * dtype_info(name)["itemsize"]
+    if nbytes == 0:
+        raise ValueError(f"{what}: shape {dims} is empty: a device allocation cannot be empty")
+    extent = -(-nbytes // spec.alignment) * spec.alignment
+    if extent > spec.max_extent:
+        raise ValueError(f"{what}: shape {dims} {name} ({nbytes} bytes, {extent} at alignment {spec.alignment}) "
+                         f"does not fit the spec's max_extent of {spec.max_extent} bytes")
+    return spec, extent
+
+
+def _file_reader(readinto: Callable[[Any], int | None], digest: Any) -> Callable[[int, np.ndarray], None]:
+    """A ``fill(offset, chunk)`` reading the next ``chunk.size`` bytes of a file into the ring (and into
+    ``digest``, when given); a file that ends first is a ``CheckpointError``."""
+    def fill(offset: int, chunk: np.ndarray) -> None:
+        view = memoryview(chunk).cast("B")
+        done = 0
+        while done < view.nbytes:
+            n = readinto(view[done:])
+            if not n:
+                raise CheckpointError(f"the file ends {view.nbytes - done} bytes early "
+                                      f"(at byte {offset + done} of the tensor)")
+            done += n
+        if digest is not None:
+            digest.update(view)
+    return fill
+
+
+# -------------------------------------------------------------------------------------------- transfer
+
+
+def transfer(src_bridge: Bridge, x: Any, dst_bridge: Bridge, *, dtype: Any = None, shape: Any = None,
+             strides: Any = None, offset: int = 0, alignment: int = 256, wait: bool = True) -> DeviceTensor:
+    """Copies a device tensor of ``src_bridge`` into a new allocation of ``dst_bridge`` (any two backends).
+
+    ``x`` and the view arguments are as for ``export``. The bytes are staged
+    through both rings, chunk by chunk and overlapped: chunk k+1 downloads
+    from the source while chunk k uploads to the destination, with a few
+    chunks in flight per side, so memory stays bounded by the rings. Returns
+    the destination's ``DeviceTensor`` (waited for unless ``wait=False``); on
+    failure nothing stays allocated on the destination and the error names
+    the chunk.
+    """
+    if not isinstance(dst_bridge, Bridge):
+        raise TypeError(f"dst_bridge must be a devbridge.Bridge, not {type(dst_bridge).__name__}")
+    source = _resolve(src_bridge, x, dtype, shape, strides, offset)
+    spec, extent = spec_for_array(source.shape, source.dtype, alignment)
+    with _context(f"transfer of {source.handle!r} (bridge {src_bridge.domain} -> {dst_bridge.domain})"), \
+            _staging_queue(dst_bridge) as queue:
+        return _upload(dst_bridge, queue, source.shape, source.dtype, spec, extent, wait,
+                       lambda handle: _pipe(source, dst_bridge, queue, handle))
+
+
+def _pipe(source: _Source, dst: Bridge, queue: Any, handle: DeviceHandle) -> list:
+    """Streams ``source`` into ``handle`` of ``dst``: each chunk the source's ring hands over is copied
+    into ``dst``'s ring and uploaded asynchronously while the source downloads its next chunks."""
+    total = source.nbytes
+    step = _chunk_bytes(dst, total)
+    events: list = []  # (event, offset, length), as DeviceTensor keeps them
+    in_flight: collections.deque = collections.deque()
+
+    def upload(offset: int, chunk: np.ndarray) -> None:
+        for start in range(0, chunk.size, step):
+            piece = chunk[start:start + step]
+            at = offset + start
+            while len(in_flight) >= _TRANSFER_WINDOW:
+                with contextlib.suppress(BridgeError):  # a failure is reported by the tensor's wait
+                    dst.wait(in_flight.popleft())
+            try:
+                event = _stage_chunk(dst, queue, handle, at, piece.size, lambda view: np.copyto(view, piece))
+            except BridgeError as error:
+                raise _chunk_error(error, "upload", len(events), at, piece.size, total) from error
+            events.append((event, at, piece.size))
+            in_flight.append(event)
+
+    try:
+        _stream(source, upload)
+    except BaseException:
+        _cleanup(dst, queue, [e for e, _, _ in events])
+        raise
+    return events
+
+
+# ----------------------------------------------------------------------------------- checkpoint/restore
+
+
+def _checked_path(path: Any) -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
+    path = os.fspath(path)
+    if not isinstance(path, str):
+        raise TypeError(f"path must name a str path, not {type(path).__name__}")
+    if not path:
+        raise ValueError("path is empty")
+    return path
+
+
+def checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], *,
+               metadata: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Writes ``{name: DeviceTensor | DeviceHandle}`` of ``bridge`` to ``path`` as a safetensors file.
+
+    The file loads with the ``safetensors`` package (and numpy/torch loaders).
+    Its ``__metadata__`` holds the format and its version, the bridge's
+    generation, a ``sha256:`` checksum of the data section, each tensor's
+    devbridge dtype (``dtypes``, JSON) and ``metadata``'s own entries. The
+    tensors stream from the ring to the file chunk by chunk (the checkpoint is
+    never held in memory), into a temporary file beside ``path`` that is
+    fsynced, renamed over ``path`` and its directory fsynced: a crash leaves
+    the old file or the new one, never a mix. Returns the metadata written.
+    """
+    path = _checked_path(path)
+    if not isinstance(tensors, Mapping):
+        raise TypeError(f"tensors must be a mapping of names to DeviceTensors or DeviceHandles, "
+                        f"not {type(tensors).__name__}")
+    sources: list[tuple[str, _Source]] = []
+    for name, x in tensors.items():
+        if not isinstance(name, str):
+            raise TypeError(f"checkpoint {path!r}: tensor names must be str, not {type(name).__name__}")
+        if not name or name == "__metadata__":
+            raise ValueError(f"checkpoint {path!r}: {name!r} cannot name a tensor")
+        with _context(f"checkpoint {path!r}: tensor {name!r}"):
+            sources.append((name, _resolve(bridge, x)))
+    # The package's own order: widest dtype first, so every tensor starts aligned to its itemsize.
+    sources.sort(key=lambda entry: (-dtype_info(entry[1].dtype)["itemsize"], entry[0]))
+    meta = _checkpoint_metadata(bridge, metadata, {name: s.dtype for name, s in sources}, "sha256:" + "0" * 64)
+    header: dict[str, Any] = {"__metadata__": meta}
+    begin = 0
+    for name, source in sources:
+        header[name] = {"dtype": _SAFETENSORS_NAMES[source.dtype], "shape": list(source.shape),
+                        "data_offsets": [begin, begin + source.nbytes]}
+        begin += source.nbytes
+
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with open(fd, "wb", buffering=0) as file:
+            file.write(_encode_header(header))  # the checksum is a placeholder of the final length
+            digest = hashlib.sha256()
+
+            def sink(offset: int, chunk: np.ndarray) -> None:
+                digest.update(chunk)
+                _write_all(file.write, chunk)
+
+            for name, source in sources:
+                with _context(f"checkpoint {path!r}: tensor {name!r}"):
+                    _stream(source, sink)
+            meta["checksum"] = "sha256:" + digest.hexdigest()
+            file.seek(0)
+            file.write(_encode_header(header))
+            os.fchmod(file.fileno(), _mode_for(path))
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    _fsync_directory(directory)
+    return dict(meta)
+
+
+def _checkpoint_metadata(bridge: Bridge, extra: Mapping[str, str] | None, dtypes_by_name: dict[str, str],
+                         checksum: str) -> dict[str, str]:
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "generation": str(bridge.generation),
+            "checksum": checksum, "dtypes": json.dumps(dtypes_by_name, sort_keys=True)}
+    if extra is not None:
+        if not isinstance(extra, Mapping):
+            raise TypeError(f"metadata must be a mapping of str to str, not {type(extra).__name__}")
+        for key, value in extra.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise TypeError(f"metadata entries must be str to str, not {type(key).__name__} to "
+                                f"{type(value).__name__}")
+            if key in meta:
+                raise ValueError(f"metadata key {key!r} is devbridge's own")
+            meta[key] = value
+    return meta
+
+
+def _encode_header(header: dict[str, Any]) -> bytes:
+    """8-byte little-endian length, then the JSON header padded with spaces so the data starts 8-aligned
+    (as the safetensors package writes it)."""
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text
+
+
+def _mode_for(path: str) -> int:
+    """The permissions the renamed file should have: the old file's, or 0o666 less the umask."""
+    with contextlib.suppress(OSError):
+        return stat.S_IMODE(os.stat(path).st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _fsync_directory(directory: str) -> None:
+    """Makes the rename durable: the directory entry, not only the file, must reach the disk."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return  # a platform that cannot open directories (Windows) has no such fsync
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _Entry(NamedTuple):
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+class _Header(NamedTuple):
+    metadata: dict[str, str]
+    entries: list[_Entry]  # in file order
+    data_start: int
+
+
+def _read_header(file: BinaryIO, path: str) -> _Header:
+    """Parses and checks a safetensors header against the file's size before anything is allocated."""
+    size = os.fstat(file.fileno()).st_size
+    if size < 8:
+        raise CheckpointError(f"{path!r} is not a safetensors file: {size} bytes, shorter than the 8-byte "
+                              "header length")
+    length = int.from_bytes(_read_exactly(file, 8, path), "little")
+    if length > _HEADER_LIMIT:
+        raise CheckpointError(f"{path!r} is not a safetensors file: a header length of {length} bytes "
+                              f"(past {_HEADER_LIMIT})")
+    if 8 + length > size:
+        raise CheckpointError(f"{path!r} is truncated (or not a safetensors file): its header is {length} bytes, "
+                              f"the file {size}")
+    try:
+        header = json.loads(_read_exactly(file, length, path).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise CheckpointError(f"{path!r} is not a safetensors file: its header is not JSON ({error})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path!r} is not a safetensors file: its header is not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                 for k, v in metadata.items()):
+        raise CheckpointError(f"{path!r}: __metadata__ is not a map of strings to strings")
+    own_dtypes = _recorded_dtypes(metadata, path)
+    entries = [_entry(path, name, info, own_dtypes.get(name)) for name, info in header.items()]
+    entries.sort(key=lambda e: (e.begin, e.end))
+    expected = 0
+    for entry in entries:
+        if entry.begin != expected:
+            raise CheckpointError(f"{path!r}: tensor {entry.name!r} starts at data byte {entry.begin}, "
+                                  f"expected {expected} (tensors overlap or leave a gap)")
+        expected = entry.end
+    data = size - 8 - length
+    if expected > data:
+        raise CheckpointError(f"{path!r} is truncated: its tensors need {expected} bytes of data, the file holds "
+                              f"{data}")
+    if expected < data:
+        raise CheckpointError(f"{path!r}: {data - expected} bytes follow the last tensor's data (corrupt, or not "
+                              "a safetensors file)")
+    if metadata.get("format") == FORMAT:
+        checksum = metadata.get("checksum", "")
+        digits = checksum.removeprefix("sha256:")
+        if not checksum.startswith("sha256:") or len(digits) != 64 or not all(c in "0123456789abcdef" for c in digits):
+            raise CheckpointError(f"{path!r}: a devbridge checkpoint without a valid sha256 checksum "
+                                  f"(got {checksum!r})")
+    return _Header(metadata, entries, 8 + length)
+
+
+def _recorded_dtypes(metadata: dict[str, str], path: str) -> dict[str, str]:
+    """devbridge's own dtype names, recorded by ``checkpoint`` (a plain safetensors file has none)."""
+    if "dtypes" not in metadata:
+        return {}
+    try:
+        recorded = json.loads(metadata["dtypes"])
+    except (ValueError, RecursionError):
+        recorded = None
+    if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
+        raise CheckpointError(f"{path!r}: the metadata's dtypes entry is not a JSON map of names to dtypes")
+    return recorded
+
+
+def _entry(path: str, name: str, info: Any, recorded_dtype: str | None) -> _Entry:
+    where = f"{path!r}: tensor {name!r}"
+    if not isinstance(info, dict):
+        raise CheckpointError(f"{where}: its header entry is not an object")
+    st_dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if st_dtype not in _FROM_SAFETENSORS:
+        raise CheckpointError(f"{where}: dtype {st_dtype!r} is not one devbridge holds "
+                              f"(it knows {', '.join(sorted(_FROM_SAFETENSORS))})")
+    dtype = _FROM_SAFETENSORS[st_dtype]
+    if recorded_dtype is not None and recorded_dtype != dtype:
+        raise CheckpointError(f"{where}: the metadata records dtype {recorded_dtype!r}, the header {st_dtype!r}")
+    if not isinstance(shape, list) or not all(type(d) is int and 0 <= d <= _U64_MAX for d in shape):
+        raise CheckpointError(f"{where}: shape {shape!r} is not a list of non-negative integers")
+    if (not isinstance(offsets, list) or len(offsets) != 2
+            or not all(type(o) is int and 0 <= o <= _U64_MAX for o in offsets) or offsets[0] > offsets[1]):
+        raise CheckpointError(f"{where}: data_offsets {offsets!r} are not [begin, end] byte offsets")
+    nbytes = math.prod(shape) * dtype_info(dtype)["itemsize"]
+    if offsets[1] - offsets[0] != nbytes:
+        raise CheckpointError(f"{where}: shape {tuple(shape)} of {dtype} is {nbytes} bytes, its data_offsets "
+                              f"span {offsets[1] - offsets[0]}")
+    if nbytes == 0:
+        raise CheckpointError(f"{where}: shape {tuple(shape)} is empty, and a device allocation cannot be")
+    return _Entry(name, dtype, tuple(shape), offsets[0], offsets[1])
+
+
+def _read_exactly(file: BinaryIO, n: int, path: str) -> bytes:
+    data = file.read(n)
+    while data is not None and len(data) < n:
+        more = file.read(n - len(data))
+        if not more:
+            break
+        data += more
+    if data is None or len(data) != n:
+        raise CheckpointError(f"{path!r} is truncated: {n} bytes expected at its start")
+    return data
+
+
+def checkpoint_info(path: Any) -> dict[str, Any]:
+    """A checkpoint's header without restoring it: ``{"metadata": {...}, "tensors": {name: {"dtype",
+    "shape", "nbytes"}}}`` (devbridge dtype names), after the same checks ``restore`` makes first."""
+    path = _checked_path(path)
+    with open(path, "rb") as file:
+        header = _read_header(file, path)
+    return {"metadata": dict(header.metadata),
+            "tensors": {e.name: {"dtype": e.dtype, "shape": e.shape, "nbytes": e.end - e.begin}
+                        for e in header.entries}}
+
+
+def restore(bridge: Bridge, path: Any, *, alignment: int = 256, verify: bool = True) -> dict[str, DeviceTensor]:
+    """Restores a safetensors checkpoint into ``bridge``'s current generation: ``{name: DeviceTensor}``.
+
+    Any safetensors file works (a devbridge checkpoint, or one the
+    ``safetensors`` package wrote), on any backend and in any generation. The
+    header is checked against the file before anything is allocated: a file
+    that is not safetensors, is truncated, or holds a dtype devbridge lacks or
+    an empty tensor raises ``CheckpointError`` naming the file, the tensor
+    and why. The data streams from the file through the ring chunk by chunk;
+    a devbridge checkpoint's sha256 is computed on the way and, with
+    ``verify`` (the default), compared at the end. When the checksum differs,
+    or an allocation or copy fails (the error names the tensor), every tensor
+    restored so far is freed before the error is raised.
+    """
+    if not isinstance(bridge, Bridge):
+        raise TypeError(f"bridge must be a devbridge.Bridge, not {type(bridge).__name__}")
+    if not isinstance(verify, bool):
+        raise TypeError(f"verify must be a bool, not {type(verify).__name__}")
+    path = _checked_path(path)
+    restored: dict[str, DeviceTensor] = {}
+    with open(path, "rb", buffering=0) as file:
+        header = _read_header(file, path)
+        for entry in header.entries:  # spec_for_array's own checks (alignment, sizes) before any allocation
+            spec_for_array(entry.shape, entry.dtype, alignment)
+        expected = header.metadata.get("checksum") if verify else None
+        digest = hashlib.sha256() if expected else None
+        try:
+            for entry in header.entries:
+                with _context(f"restore {path!r}: tensor {entry.name!r}"):
+                    fill = _file_reader(file.readinto, digest)
+                    spec, extent = spec_for_array(entry.shape, entry.dtype, alignment)
+                    with _staging_queue(bridge) as queue:
+                        restored[entry.name] = _upload(
+                            bridge, queue, entry.shape, entry.dtype, spec, extent, False,
+                            lambda handle: _stage_chunks(bridge, queue, handle, entry.end - entry.begin, fill))
+            for name, tensor in restored.items():
+                with _context(f"restore {path!r}: tensor {name!r}"):
+                    tensor.wait()
+            if digest is not None and "sha256:" + digest.hexdigest() != expected:
+                raise CheckpointError(f"{path!r} is corrupt: the data's checksum is sha256:{digest.hexdigest()}, "
+                                      f"the file records {expected}; nothing was restored")
+        except BaseException:
+            for tensor in restored.values():  # their copies first, so the frees happen now, not deferred
+                with contextlib.suppress(BridgeError):
+                    tensor.wait(timeout=_CLEANUP_WAIT_S)
+                tensor.free()
+            raise
+    return restored
+
+
+# ------------------------------------------------------------------------------- attached to the classes
+
+
+def _bridge_export(self: Bridge, x: Any, dtype: Any = None, shape: Any = None, strides: Any = None,
+                   offset: int = 0, *, out: Any = None) -> PortableTensor:
+    return export(self, x, dtype, shape, strides, offset, out=out)
+
+
+def _bridge_export_to(self: Bridge, x: Any, file: BinaryIO, dtype: Any = None, shape: Any = None,
+                      strides: Any = None, offset: int = 0) -> int:
+    return export_to(self, x, file, dtype, shape, strides, offset)
+
+
+def _bridge_import_tensor(self: Bridge, source: Any, spec: ObjectSpec | None = None, *, dtype: Any = None,
+                          shape: Any = None, alignment: int = 256, wait: bool = True) -> DeviceTensor:
+    return import_tensor(self, source, spec, dtype=dtype, shape=shape, alignment=alignment, wait=wait)
+
+
+def _bridge_transfer(self: Bridge, x: Any, dst_bridge: Bridge, **kwargs: Any) -> DeviceTensor:
+    return transfer(self, x, dst_bridge, **kwargs)
+
+
+def _bridge_checkpoint(self: Bridge, path: Any, tensors: Mapping[str, Any], *,
+                       metadata: Mapping[str, str] | None = None) -> dict[str, str]:
+    return checkpoint(self, path, tensors, metadata=metadata)
+
+
+def _bridge_restore(self: Bridge, path: Any, *, alignment: int = 256, verify: bool = True) -> dict[str, DeviceTensor]:
+    return restore(self, path, alignment=alignment, verify=verify)
+
+
+_bridge_export.__doc__ = export.__doc__
+_bridge_export_to.__doc__ = export_to.__doc__
+_bridge_import_tensor.__doc__ = import_tensor.__doc__
+_bridge_transfer.__doc__ = transfer.__doc__
+_bridge_checkpoint.__doc__ = checkpoint.__doc__
+_bridge_restore.__doc__ = restore.__doc__
+
+
+def _install() -> None:
+    Bridge.export = _bridge_export
+    Bridge.export_to = _bridge_export_to
+    Bridge.import_tensor = _bridge_import_tensor
+    Bridge.transfer = _bridge_transfer
+    Bridge.checkpoint = _bridge_checkpoint
+    Bridge.restore = _bridge_restore
+
+
+_install()
+
+__all__ = ["CheckpointError", "PortableTensor", "checkpoint", "checkpoint_info", "export", "export_to",
+           "import_tensor", "restore", "transfer"]

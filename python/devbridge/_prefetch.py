@@ -1,0 +1,526 @@
+"""Prefetcher: feeds batches to a consumer from device memory, uploading the next ones meanwhile.
+
+    for x, y in devbridge.Prefetcher(bridge, batches, depth=2, to="tinygrad"):
+        loss = step(x, y)            # x, y: zero-copy tinygrad Tensors over device memory
+
+See the "Prefetcher" section of docs/PYTHON.md. Pure Python over the staging
+layer (``_staging``): each batch is staged through the ring in chunks
+(``_stage_into``), its ranges go back once their copies complete (the bridge's
+shared release queue), and only the batch handed out is waited for.
+
+Design, in short:
+
+* ``depth + 1`` device slots, each a set of allocations for one batch (one per
+  array of the batch: ``_allocation_plan``), made on first use and reused.
+* ``__next__`` first issues uploads into every slot the consumer is done with
+  (synchronously: the copies themselves are asynchronous), then waits for the
+  batch it returns. No thread: nothing runs while the consumer computes except
+  the copies already submitted.
+* A slot the consumer has had is reusable once everything handed out from it
+  is gone: weak references to the objects yielded (the tinygrad ``Buffer``
+  holding each tensor's lease, or the ``DeviceTensor``), and then the bridge
+  itself, which refuses an upload into an allocation a live view still reads
+  (``writes_under_view="refuse"``, the default), for views the weak references
+  cannot see (a DLPack array, a ``TensorView`` taken from a ``DeviceTensor``).
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import math
+import numbers
+import operator
+import time
+import weakref
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+
+from ._devbridge import Bridge, DeviceHandle, ObjectSpec
+from ._errors import AllocationStillInUse, BridgeError
+from ._staging import (
+    DeviceTensor,
+    _as_array,
+    _cleanup,
+    _dtype_name,
+    _free_or_release,
+    _reap_shared,
+    _stage_into,
+    _staging_queue,
+    spec_for_array,
+)
+
+_TARGETS = ("tinygrad", "device")
+# Backoff while the consumer (another thread, or garbage awaiting collection) still holds every slot.
+_SLOT_POLL_MIN_S, _SLOT_POLL_MAX_S = 0.001, 0.05
+
+
+# ------------------------------------------------------------------------------------------ batches
+
+
+class _Batch:
+    """One batch from the source, flattened: its arrays, what to call each in a message, and how to
+    rebuild the caller's structure (an array, a tuple, a list or a dict) around what is handed out."""
+
+    __slots__ = ("index", "arrays", "labels", "rebuild")
+
+    def __init__(self, index: int, batch: Any) -> None:
+        self.index = index
+        if isinstance(batch, dict):
+            keys = list(batch)
+            items = [batch[k] for k in keys]
+            self.labels = [f"key {k!r}" for k in keys]
+            self.rebuild: Callable[[list[Any]], Any] = lambda out: dict(zip(keys, out))
+        elif isinstance(batch, (tuple, list)):
+            items = list(batch)
+            kind = type(batch)
+            self.labels = [f"item {i}" for i in range(len(items))]
+            if kind is tuple or kind is list:
+                self.rebuild = kind
+            elif hasattr(kind, "_make"):  # a namedtuple
+                self.rebuild = kind._make
+            else:
+                self.rebuild = lambda out, kind=kind: kind(out)
+        else:
+            items = [batch]
+            self.labels = [""]
+            self.rebuild = lambda out: out[0]
+        if not items:
+            raise ValueError(f"an empty {type(batch).__name__}: there is nothing to upload")
+        self.arrays: list[np.ndarray] = []
+        for position, item in enumerate(items):
+            try:
+                self.arrays.append(_as_array(item))
+            except (TypeError, ValueError) as error:
+                raise _batch_error(error, index, self.where(position)) from error
+
+    def where(self, position: int) -> str:
+        """' (item 1)', ' (key 'x')', or '' for a batch that is one array."""
+        return f" ({self.labels[position]})" if self.labels[position] else ""
+
+
+def _allocation_plan(batch: _Batch, alignment: int) -> list[tuple[ObjectSpec, int]]:
+    """How a batch lies on the device: one allocation (spec, extent) per array.
+
+    The one place that decides it; with untyped allocations (``ObjectSpec(..., "bytes")``) it can pack a
+    batch's arrays into one allocation instead (``_Slot.fits`` and the hand-out then follow the plan)."""
+    return [spec_for_array(a.shape, _dtype_name(a.dtype), alignment) for a in batch.arrays]
+
+
+# -------------------------------------------------------------------------------------------- slots
+
+
+class _BatchTensor(DeviceTensor):
+    """A ``DeviceTensor`` over a Prefetcher slot (what ``to="device"`` hands out).
+
+    The allocation stays the Prefetcher's, which uploads a later batch into it once this tensor and
+    every view, DLPack array and tinygrad tensor from it are gone; ``free()`` (or the end of a ``with``
+    block) only says the consumer is done with it. After the Prefetcher closes, a tensor still alive
+    owns its allocation: it is freed when the tensor is (or at ``free()``)."""
+
+    _finalizer: weakref.finalize | None = None
+
+    def free(self) -> None:
+        self._freed = True
+        if self._finalizer is not None:
+            self._finalizer()
+
+
+class _Slot:
+    """One batch's worth of device allocations, and what the consumer still holds of them."""
+
+    __slots__ = ("handles", "plan", "batch_index", "tensors", "holders", "hidden_holder")
+
+    def __init__(self) -> None:
+        self.handles: list[DeviceHandle] = []
+        self.plan: list[tuple[ObjectSpec, int]] = []
+        self.batch_index: int | None = None  # the batch it holds (or last held)
+        self.tensors: list[_BatchTensor] = []  # that batch's arrays on the device, with their upload events
+        self.holders: list[weakref.ref] = []  # what the consumer was handed; empty before hand-out
+        self.hidden_holder: str | None = None  # the bridge's reason, when it refused the last upload into it
+
+    def fits(self, plan: list[tuple[ObjectSpec, int]]) -> bool:
+        """True when the slot's allocations can take a batch of this plan (same dtypes, room enough)."""
+        return len(plan) == len(self.plan) and all(
+            new.dtype == old.dtype and new.alignment == old.alignment and extent <= old_extent
+            for (new, extent), (old, old_extent) in zip(plan, self.plan))
+
+    def _live_holders(self) -> list[Any]:
+        """What the consumer still holds of the slot (a DeviceTensor it has freed holds nothing)."""
+        live = (ref() for ref in self.holders)
+        return [h for h in live if h is not None and not (isinstance(h, _BatchTensor) and h.freed)]
+
+    def held(self) -> bool:
+        """True while something handed out from the slot is still alive."""
+        return bool(self._live_holders())
+
+    def release(self, bridge: Bridge) -> None:
+        """Frees the allocations (deferred by the bridge while views, DLPack arrays or tinygrad tensors
+        still read them; owned by a handed-out ``DeviceTensor`` still alive, freed with it)."""
+        owners = [h for h in self._live_holders() if isinstance(h, _BatchTensor)]
+        for handle in self.handles:
+            owner = next((t for t in owners if t.handle == handle), None)
+            if owner is not None:
+                owner._finalizer = weakref.finalize(owner, _free_or_release, bridge, handle)
+                owner._finalizer.atexit = False  # at exit the bridge goes with the process
+            else:
+                _free_or_release(bridge, handle)
+        self.handles, self.plan, self.tensors, self.holders, self.hidden_holder = [], [], [], [], None
+
+
+class _Loaded:
+    """A batch issued into a slot (or the error that stopped it), waiting to be handed out."""
+
+    __slots__ = ("batch", "slot", "error")
+
+    def __init__(self, batch: _Batch | None, slot: _Slot | None, error: BaseException | None = None) -> None:
+        self.batch, self.slot, self.error = batch, slot, error
+
+
+# ------------------------------------------------------------------------------------------- errors
+
+
+def _batch_error(error: BaseException, index: int, where: str = "") -> BaseException:
+    """``error`` again, its message naming the batch (and the array), chained to it; ``.batch_index``.
+
+    Bridge errors keep their class (``except devbridge.DeviceCopyFailed`` still works) and ``.fatal``;
+    another exception keeps its class when it can be built from a message, else becomes a RuntimeError."""
+    prefix = f"Prefetcher batch {index}{where}: "
+    if isinstance(error, BridgeError):
+        new: BaseException = type(error)(prefix + error.message)
+        new.fatal = getattr(error, "fatal", False)
+    else:
+        try:
+            new = type(error)(prefix + str(error))
+        except Exception:  # noqa: BLE001 - a constructor that takes more than a message
+            new = RuntimeError(f"{prefix}{type(error).__name__}: {error}")
+    new.batch_index = index
+    new.__cause__ = error
+    return new
+
+
+def _wrapped(error: BaseException) -> bool:
+    """Errors that get the batch's name; KeyboardInterrupt, SystemExit and the like pass as they are."""
+    return isinstance(error, Exception)
+
+
+# ------------------------------------------------------------------------------------ argument checks
+
+
+def _checked_depth(depth: Any) -> int:
+    if isinstance(depth, bool) or not isinstance(depth, numbers.Integral):
+        raise TypeError(f"depth must be an int, not {type(depth).__name__}")
+    depth = operator.index(depth)
+    if depth < 1:
+        raise ValueError(f"depth must be at least 1, not {depth}")
+    return depth
+
+
+def _checked_timeout(timeout: Any) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"timeout must be a number of seconds or None, not {type(timeout).__name__}")
+    seconds = float(timeout) if not isinstance(timeout, numbers.Integral) or timeout < 2**53 else math.inf
+    if math.isnan(seconds) or seconds < 0:
+        raise ValueError(f"timeout must be a non-negative number of seconds, not {timeout!r}")
+    return None if math.isinf(seconds) else seconds
+
+
+# ----------------------------------------------------------------------------------------- Prefetcher
+
+
+class Prefetcher:
+    """Iterates ``batches`` as device tensors, uploading the next ``depth`` batches while the consumer works.
+
+    ``Prefetcher(bridge, batches, depth=2, to="tinygrad", *, timeout=10.0, alignment=256)``
+
+    * ``batches``: any iterable of batches; a batch is an array (numpy, or any C-contiguous
+      buffer-protocol object), or a tuple, list or dict of them (a namedtuple stays one).
+    * Each step hands out the same structure with every array on the device: ``to="tinygrad"`` zero-copy
+      tinygrad Tensors (``DeviceTensor.to_tinygrad``), ``to="device"`` ``DeviceTensor``s.
+    * Device memory is bounded: ``depth + 1`` slots of one batch each (the batches uploading, and the one
+      the consumer holds), made on first use and reused. A slot is reused only once the consumer is done
+      with it: every tensor handed out from it (and every tensor computed from one, lazily or not, every
+      view and DLPack array) is gone. When every slot is still held, the next step waits up to
+      ``timeout`` seconds (``None``: without bound), then raises ``AllocationStillInUse`` naming the batch
+      and what holds the slots.
+    * A failure on the producer side (the source raising, an array that cannot be staged, a copy that
+      fails) is raised at the batch where it happened, once the batches before it have been handed out:
+      the same class (``DeviceCopyFailed``, ``ValueError``...) with ``Prefetcher batch <i>...`` in its
+      message, ``.batch_index``, chained (``__cause__``) to the original; then everything is released.
+    * ``close()`` (also the end of a ``with`` block, exhaustion, a producer error, and garbage collection
+      after ``break``) waits for the copies in flight, frees every slot (deferred while the consumer still
+      holds one) and closes the source iterator when it has ``close()``.
+    """
+
+    def __init__(self, bridge: Bridge, batches: Iterable[Any], depth: int = 2, to: str = "tinygrad", *,
+                 timeout: float | None = 10.0, alignment: int = 256) -> None:
+        self._closed = True  # until fully built: __del__ of a half-built Prefetcher has nothing to release
+        if not isinstance(bridge, Bridge):
+            raise TypeError(f"bridge must be a devbridge.Bridge, not {type(bridge).__name__}")
+        self._depth = _checked_depth(depth)
+        if not isinstance(to, str):
+            raise TypeError(f'to must be "tinygrad" or "device", not {type(to).__name__}')
+        if to not in _TARGETS:
+            raise ValueError(f'to must be "tinygrad" or "device", not {to!r}')
+        self._timeout = _checked_timeout(timeout)
+        spec_for_array((1,), "uint8", alignment)  # checks alignment now rather than at the first batch
+        self._alignment = operator.index(alignment)
+        if to == "tinygrad":
+            from . import _tinygrad
+
+            _tinygrad._import_tinygrad()  # Unavailable now, not at the first batch, when tinygrad is missing
+            self._tinygrad = _tinygrad
+        self._to = to
+        self._source: Iterator[Any] = iter(batches)
+        self._bridge = bridge
+        self._slots: list[_Slot] = []
+        self._loaded: collections.deque[_Loaded] = collections.deque()
+        self._next_index = 0  # the index of the next batch the source yields
+        self._pulled: _Batch | None = None  # taken from the source, waiting for a slot
+        self._source_done = False
+        self._handed_out = 0
+        self._closed = False
+
+    # ---- public ----
+
+    @property
+    def depth(self) -> int:
+        return self._depth
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __iter__(self) -> Prefetcher:
+        return self
+
+    def __next__(self) -> Any:
+        if self._closed:
+            raise StopIteration
+        self._issue(need_one=True)
+        if not self._loaded:
+            self.close()
+            raise StopIteration
+        loaded = self._loaded.popleft()
+        if loaded.error is not None:
+            self.close()
+            raise loaded.error
+        try:
+            out = self._hand_out(loaded.batch, loaded.slot)
+            self._handed_out += 1
+            return out
+        except BaseException as error:
+            self.close()
+            if not _wrapped(error) or getattr(error, "batch_index", None) is not None:
+                raise
+            raise _batch_error(error, loaded.batch.index) from error
+
+    def close(self) -> None:
+        """Ends the iteration and releases everything (idempotent): see the class doc."""
+        if self._closed:
+            return
+        self._closed = True
+        bridge = self._bridge
+        try:
+            in_flight = [event for loaded in self._loaded if loaded.slot is not None
+                         for tensor in loaded.slot.tensors for event, _, _ in tensor._events]
+            if in_flight and not bridge.closed:
+                with _staging_queue(bridge) as queue:
+                    _cleanup(bridge, queue, in_flight)  # freeing under a copy would only defer the free
+            for slot in self._slots:
+                slot.release(bridge)
+            self._slots.clear()
+            self._loaded.clear()
+            self._pulled = None
+            if not bridge.closed:
+                _reap_shared(bridge.domain, raise_failures=False)
+        finally:
+            close_source = getattr(self._source, "close", None)
+            self._source = iter(())
+            if callable(close_source):
+                close_source()  # a generator's finally blocks run now, not at some later collection
+
+    def __enter__(self) -> Prefetcher:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001 - nothing to raise to from a finalizer
+                pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._loaded)} loaded ahead"
+        return (f"Prefetcher(depth={self._depth}, to={self._to!r}, {self._handed_out} batches handed out, "
+                f"{len(self._slots)} slots, {state})")
+
+    # ---- the producer side ----
+
+    def _issue(self, *, need_one: bool) -> None:
+        """Uploads the next batches into every slot the consumer is done with. ``need_one``: returns only
+        once a batch is loaded (or the source is done), waiting for a slot up to the timeout."""
+        deadline = None if self._timeout is None else time.monotonic() + self._timeout
+        pause = _SLOT_POLL_MIN_S
+        collected = False
+        refused: set[int] = set()  # slots the bridge would not write into on this pass
+        while not self._source_done:
+            slot = self._free_slot(refused)
+            if slot is not None:
+                if not self._issue_into(slot):
+                    refused.add(id(slot))
+                continue
+            if not need_one or self._loaded:
+                return
+            # Every slot is held. Tensors caught in reference cycles go only with a collection; after that,
+            # only another thread (or a bridge that waits itself) can let go of one.
+            if not collected:
+                gc.collect()
+                collected = True
+            elif deadline is not None and time.monotonic() >= deadline:
+                raise AllocationStillInUse(self._all_held_message())
+            else:
+                time.sleep(pause if deadline is None else min(pause, max(0.0, deadline - time.monotonic())))
+                pause = min(pause * 2, _SLOT_POLL_MAX_S)
+            refused.clear()
+
+    def _free_slot(self, skip: set[int]) -> _Slot | None:
+        """A slot no batch is loading into and nothing handed out holds; a new one while fewer than depth + 1."""
+        busy = {id(loaded.slot) for loaded in self._loaded} | skip
+        for slot in self._slots:
+            if id(slot) not in busy and not slot.held():
+                return slot
+        if len(self._slots) < self._depth + 1:
+            slot = _Slot()
+            self._slots.append(slot)
+            return slot
+        return None
+
+    def _pull(self) -> _Batch | None:
+        """The next batch from the source (kept until a slot takes it), or None once the source is done."""
+        if self._pulled is None:
+            index = self._next_index
+            try:
+                batch = next(self._source)
+            except StopIteration:
+                self._source_done = True
+                return None
+            except BaseException as error:
+                self._stop(index, error)
+                return None
+            self._next_index += 1
+            try:
+                self._pulled = _Batch(index, batch)
+            except BaseException as error:
+                self._stop(index, error)
+                return None
+        return self._pulled
+
+    def _stop(self, index: int, error: BaseException) -> None:
+        """The producer failed at batch ``index``: nothing more is pulled, and the consumer gets the error
+        there, after the batches before it (an interrupt is raised at once)."""
+        self._source_done = True
+        self._pulled = None
+        if not _wrapped(error):
+            raise error
+        self._loaded.append(_Loaded(None, None, error if getattr(error, "batch_index", None) is not None
+                                    else _batch_error(error, index)))
+
+    def _issue_into(self, slot: _Slot) -> bool:
+        """Uploads the next batch into ``slot`` (or records why the producer stopped). False when the bridge
+        refused to write into the slot because a view still reads it: the batch waits for another slot."""
+        batch = self._pull()
+        if batch is None:
+            return True
+        bridge = self._bridge
+        position = 0
+        tensors: list[_BatchTensor] = []
+        try:
+            plan = _allocation_plan(batch, self._alignment)
+            if not slot.fits(plan):
+                slot.release(bridge)  # a first batch, or its shapes or dtypes changed: allocate for it
+                for spec, extent in plan:
+                    slot.handles.append(bridge.alloc(spec, extent))
+                    slot.plan.append((spec, extent))
+            with _staging_queue(bridge) as queue:
+                try:
+                    for position, (array, handle) in enumerate(zip(batch.arrays, slot.handles)):
+                        events = _stage_into(bridge, queue, array, handle)
+                        tensors.append(_BatchTensor(bridge, handle, array.shape, _dtype_name(array.dtype), events))
+                except BaseException:
+                    # The arrays staged before the failing one: their copies end before the slot is reused
+                    # or freed, and their ranges go back.
+                    _cleanup(bridge, queue, [event for t in tensors for event, _, _ in t._events])
+                    raise
+        except AllocationStillInUse as error:
+            if position == 0 and slot.holders:
+                # A view the weak references cannot see (a DLPack array, a TensorView from a DeviceTensor)
+                # still reads the slot, and the bridge refused to write under it (nothing was written).
+                slot.hidden_holder = error.message
+                return False
+            self._stop(batch.index, _batch_error(error, batch.index, batch.where(position)))
+            return True
+        except BaseException as error:
+            if _wrapped(error):
+                error = _batch_error(error, batch.index, batch.where(position))
+            self._stop(batch.index, error)
+            return True
+        self._pulled = None
+        slot.batch_index, slot.tensors, slot.holders, slot.hidden_holder = batch.index, tensors, [], None
+        self._loaded.append(_Loaded(batch, slot))
+        return True
+
+    # ---- the consumer side ----
+
+    def _hand_out(self, batch: _Batch, slot: _Slot) -> Any:
+        """Waits for the batch's copies; returns its structure over the device (and starts tracking it)."""
+        out: list[Any] = []
+        holders: list[weakref.ref] = []
+        for position, tensor in enumerate(slot.tensors):
+            try:
+                if not tensor.wait(self._timeout):
+                    raise TimeoutError(f"its upload did not complete within {self._timeout} s")
+                if self._to == "device":
+                    out.append(tensor)
+                    holders.append(weakref.ref(tensor))
+                else:
+                    with tensor.view() as view:
+                        t, buffer = self._tinygrad.hand_off(view)
+                    out.append(t)
+                    holders.append(weakref.ref(buffer))  # the lease lives exactly as long as this Buffer
+            except BaseException as error:
+                if not _wrapped(error):
+                    raise
+                raise _batch_error(error, batch.index, batch.where(position)) from error
+        if self._to == "tinygrad":
+            self._tinygrad.warn_if_not_default(out[0].device, stacklevel=3)  # the frame iterating
+        # The slot keeps no strong reference to what it handed out: its holders tell when that is gone.
+        slot.holders, slot.tensors = holders, []
+        return batch.rebuild(out)
+
+    def _all_held_message(self) -> str:
+        held = []
+        for slot in self._slots:
+            if slot.held():
+                what = ("its tinygrad tensors (or tensors computed from them, lazily or not) are alive"
+                        if self._to == "tinygrad" else "its DeviceTensors are still referenced")
+            elif slot.hidden_holder is not None:
+                what = f"the bridge refused to write into it: {slot.hidden_holder}"
+            else:
+                continue
+            held.append(f"batch {slot.batch_index}: {what}")
+        waited = "without a bound" if self._timeout is None else f"{self._timeout} s"
+        index = self._next_index if self._pulled is None else self._pulled.index
+        return (f"Prefetcher batch {index}: no device slot "
+                f"came free in {waited}: all {len(self._slots)} slots (depth {self._depth} + 1) hold batches the "
+                f"consumer has not let go of ({'; '.join(held)}). Drop them (del, or let the loop variables move "
+                f"on) before asking for the next batch, or raise depth.")
+
+
+__all__ = ["Prefetcher"]

@@ -1,0 +1,29 @@
+"""The examples run, briefly, as a user would run them (a fresh interpreter, from the repository root)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sklearn") is None,
+                    reason="scikit-learn is not installed (requirements-dev.txt installs it)")
+@pytest.mark.skipif(importlib.util.find_spec("tinygrad") is None, reason="tinygrad is not installed")
+@pytest.mark.parametrize("jit", [True, False], ids=["jit", "no-jit"])
+def test_train_digits_is_bit_exact_against_numpy_feeding(jit):
+    # The example sets tinygrad's default device itself; one inherited from this process (tinygrad writes
+    # DEV into the environment once it has picked a default) would only add a warning.
+    env = {k: v for k, v in os.environ.items() if k != "DEV"}
+    command = [sys.executable, str(ROOT / "examples" / "train_digits.py"), "--epochs", "1", "--backend", "host"]
+    if not jit:
+        command.append("--no-jit")
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "bit-exact" in done.stdout and "Prefetcher epoch 1" in done.stdout and "numpy epoch 1" in done.stdout

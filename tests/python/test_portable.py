@@ -1,0 +1,584 @@
+"""Portable tensors: PortableTensor, export/import, transfer, checkpoint/restore (issue #12).
+
+The matrix runs every dtype over every ordered pair of the backends this machine runs (fake, host,
+OpenCL where available; CUDA with DEVBRIDGE_TEST_BACKEND=cuda). Every bridge has a 1 MiB ring and the
+matrix tensors are 1.5 MiB, so every path is chunked. Bad input must leave nothing behind: the
+bridge's live allocations, ring reservations and copies in flight (and the fake backend's own count)
+are checked after each refusal.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import safetensors
+import safetensors.numpy
+
+import devbridge
+from conftest import REQUESTED_BACKEND, _backend_available, collect, make_bridge
+from portable_child import tensors_for
+
+RING = 1 << 20
+MATRIX_BYTES = 3 * RING // 2
+BACKENDS = ("fake", "host", "opencl", "cuda")
+DTYPES = devbridge.dtypes()
+# safetensors.numpy has no bfloat16/float8: those go through the package's raw (de)serializer instead.
+NUMPY_DTYPES = [d for d in DTYPES if d not in ("bfloat16", "float8_e4m3fn", "float8_e5m2")]
+HERE = Path(__file__).resolve().parent
+
+
+def skip_unless_runs(name: str) -> None:
+    if name == "cuda" and REQUESTED_BACKEND != "cuda":
+        pytest.skip("CUDA cases run with DEVBRIDGE_TEST_BACKEND=cuda")
+    available, reason = _backend_available(name)
+    if not available:
+        if name == REQUESTED_BACKEND:
+            pytest.fail(f"DEVBRIDGE_TEST_BACKEND={name} but the backend is unavailable: {reason}")
+        pytest.skip(reason)
+
+
+def open_bridge(name: str, **options) -> devbridge.Bridge:
+    skip_unless_runs(name)
+    b = make_bridge(name, ring_bytes=RING, **options)
+    if name == "fake":
+        b.fake.set_auto_complete(True)
+    return b
+
+
+@pytest.fixture
+def bridges(request):
+    """open(name) -> a bridge on that backend (skipping the test when it cannot run), closed at the end."""
+    opened = []
+
+    def open_(name: str, **options) -> devbridge.Bridge:
+        opened.append(open_bridge(name, **options))
+        return opened[-1]
+
+    yield open_
+    collect()
+    for b in opened:
+        b.close()
+
+
+@pytest.fixture(params=["fake", "host", "opencl", "cuda"])
+def pb(request, bridges):
+    return bridges(request.param)
+
+
+def bits(rng, dtype: str, shape) -> np.ndarray:
+    """Random bits of ``dtype`` as the numpy array devbridge downloads it as (bool: 0/1 only)."""
+    if dtype == "bool":
+        return rng.integers(0, 2, size=shape, dtype=np.uint8).view(np.bool_)
+    size = devbridge.dtype_info(dtype)["itemsize"]
+    raw = rng.integers(0, 256, size=int(np.prod(shape)) * size, dtype=np.uint8)
+    return raw.view(devbridge._staging._numpy_dtype(dtype)).reshape(shape)
+
+
+def matrix_shape(dtype: str) -> tuple[int, int]:
+    return (MATRIX_BYTES // (257 * devbridge.dtype_info(dtype)["itemsize"]), 257)
+
+
+def footprint(b: devbridge.Bridge) -> tuple[int, ...]:
+    """What a failed call must not leave behind."""
+    s = b.stats()
+    own = (b.fake.live_allocations(),) if b.backend_info()["name"] == "fake" else ()
+    return (s["live_allocations"], s["ring_reservations"], s["copies_in_flight"]) + own
+
+
+def settled_footprint(b: devbridge.Bridge) -> tuple[int, ...]:
+    """``footprint`` once completions the backend still owes have been applied."""
+    for _ in range(200):
+        b.poll()
+        s = b.stats()
+        if not s["copies_in_flight"]:
+            break
+        time.sleep(0.005)
+    return footprint(b)
+
+
+# ----------------------------------------------------------------------------------------- the matrix
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("src_name,dst_name", list(itertools.product(BACKENDS, BACKENDS)))
+def test_every_dtype_round_trips_between_every_pair(bridges, rng, tmp_path, dtype, src_name, dst_name):
+    src, dst = bridges(src_name), bridges(dst_name)
+    a = bits(rng, dtype, matrix_shape(dtype))
+    before = footprint(dst)
+    x = src.upload(a, dtype=dtype, wait=True)
+
+    moved = devbridge.transfer(src, x, dst)
+    assert (moved.shape, moved.dtype) == (a.shape, dtype)
+    assert dst.download(moved).tobytes() == a.tobytes()
+
+    exported = src.export(x)
+    assert (exported.shape, exported.dtype) == (a.shape, dtype)
+    assert exported.tobytes() == a.tobytes()
+    imported = dst.import_tensor(exported)
+    assert dst.download(imported).tobytes() == a.tobytes()
+
+    path = tmp_path / "state.safetensors"
+    src.checkpoint(path, {"x": x})
+    restored = dst.restore(path)
+    assert list(restored) == ["x"] and restored["x"].dtype == dtype and restored["x"].shape == a.shape
+    assert dst.download(restored["x"]).tobytes() == a.tobytes()
+
+    for t in (moved, imported, restored["x"]):
+        t.free()
+    x.free()
+    assert settled_footprint(dst) == before
+
+
+# ---------------------------------------------------------------------------------------- PortableTensor
+
+
+def test_portable_tensor_is_read_by_numpy_without_a_copy():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    t = devbridge.PortableTensor((3, 4), "float32", a)
+    view = np.asarray(t)
+    assert view.dtype == np.float32 and view.shape == (3, 4) and np.shares_memory(view, a)
+    assert np.shares_memory(t.numpy(), a) and t.data.shape == (3, 4) and t.data.format == "f"
+    a[0, 0] = 42
+    assert view[0, 0] == 42 and t.nbytes == 48 and t.size == 12 and t.itemsize == 4
+    assert t == devbridge.PortableTensor.from_array(a) and t != devbridge.PortableTensor((12,), "float32", a)
+    if sys.version_info >= (3, 12):
+        assert memoryview(t).shape == (3, 4)
+
+
+def test_portable_tensor_of_dtypes_numpy_lacks_reads_their_bits():
+    bits16 = np.array([0x3F80, 0x4000], dtype=np.uint16)  # bfloat16 1.0, 2.0
+    t = devbridge.PortableTensor((2,), "bfloat16", bits16)
+    assert np.asarray(t).dtype == np.uint16 and np.array_equal(np.asarray(t), bits16)
+    assert devbridge.PortableTensor((2,), "float8_e5m2", b"\x3c\x40").numpy().dtype == np.uint8
+
+
+def test_from_array_makes_bytes_row_major_and_little_endian():
+    a = np.arange(12, dtype=">i4").reshape(3, 4).T  # big-endian and not C-contiguous
+    t = devbridge.PortableTensor.from_array(a)
+    assert t.shape == (4, 3) and t.dtype == "int32"
+    assert t.tobytes() == np.ascontiguousarray(a.astype("<i4")).tobytes()
+    assert devbridge.PortableTensor.from_array(np.zeros(3, np.uint16), dtype="bfloat16").dtype == "bfloat16"
+    with pytest.raises(ValueError, match="relabels"):
+        devbridge.PortableTensor.from_array(np.zeros(3, np.uint16), dtype="float32")
+
+
+def test_portable_tensor_refuses_bad_input():
+    with pytest.raises(ValueError, match="holds 40 bytes; the buffer has 36"):
+        devbridge.PortableTensor((10,), "float32", bytes(36))
+    with pytest.raises(ValueError, match="unknown dtype"):
+        devbridge.PortableTensor((1,), "complex64", bytes(8))
+    with pytest.raises(TypeError):
+        devbridge.PortableTensor((1,), None, bytes(4))
+    with pytest.raises(TypeError):
+        devbridge.PortableTensor((1,), 4, bytes(4))
+    with pytest.raises(TypeError, match="buffer"):
+        devbridge.PortableTensor((1,), "float32", [1.0])
+    with pytest.raises(ValueError, match="C-contiguous"):
+        devbridge.PortableTensor((4,), "float32", np.zeros(8, np.float32)[::2])
+    with pytest.raises(ValueError, match="negative"):
+        devbridge.PortableTensor((-1,), "float32", b"")
+    with pytest.raises(TypeError):
+        devbridge.PortableTensor("4", "float32", bytes(16))
+
+
+# ------------------------------------------------------------------------------------------ export/import
+
+
+def test_strided_views_export_their_logical_row_major_contents(pb, rng):
+    a = rng.standard_normal((64, 48)).astype(np.float32)
+    with pb.upload(a, wait=True) as x:
+        transposed = pb.export(x, "float32", (48, 64), (1, 48))
+        assert np.array_equal(transposed.numpy(), a.T)
+        every_other = pb.export(x, "float32", (32, 24), (96, 2), offset=4)
+        assert np.array_equal(every_other.numpy(), a[::2, 1::2])
+        reversed_rows = pb.export(x.handle, "float32", (64,), (-48,), offset=63 * 48 * 4)
+        assert np.array_equal(reversed_rows.numpy(), a[::-1, 0])
+        moved = devbridge.transfer(pb, x, pb, shape=(48, 64), strides=(1, 48))
+        assert np.array_equal(pb.download(moved), a.T)
+        moved.free()
+
+
+def test_export_of_a_handle_reads_its_whole_extent(pb, rng):
+    a = rng.integers(0, 255, 1000, dtype=np.uint8)
+    h = pb.alloc(devbridge.ObjectSpec(1024, 256, "bytes"), 1024)
+    r = pb.ring.reserve(1000)
+    pb.ring.ndarray(r, "uint8")[:] = a
+    pb.wait(pb.host_to_device(r, h))
+    pb.ring.release(r)
+    t = pb.export(h)
+    assert t.dtype == "uint8" and t.shape == (1024,) and t.tobytes()[:1000] == a.tobytes()
+    assert pb.export(h, "int32", (250,)).tobytes() == a.tobytes()
+    pb.free(h)
+
+
+def test_export_streams_into_a_buffer_or_a_file_and_imports_from_either(pb, rng, tmp_path):
+    a = rng.standard_normal((600, 700)).astype(np.float64)  # 3.4 MB through a 1 MiB ring
+    before = footprint(pb)
+    with pb.upload(a, wait=True) as x:
+        out = bytearray(a.nbytes)
+        t = pb.export(x, out=out)
+        assert bytes(out) == a.tobytes() and np.shares_memory(np.asarray(t), np.frombuffer(out, np.uint8))
+        with pytest.raises(ValueError, match="out has 7 bytes"):
+            pb.export(x, out=bytearray(7))
+        with pytest.raises(ValueError, match="read-only"):
+            pb.export(x, out=bytes(a.nbytes))
+        with pytest.raises(TypeError):
+            pb.export(x, out=[0] * a.nbytes)
+        path = tmp_path / "x.bin"
+        with open(path, "wb") as f:
+            assert devbridge.export_to(pb, x, f) == a.nbytes
+        assert path.read_bytes() == a.tobytes()
+        with open(path, "rb") as f, pb.import_tensor(f, dtype="float64", shape=a.shape) as y:
+            assert np.array_equal(pb.download(y), a)
+        with open(path, "rb") as f:
+            f.seek(8)
+            with pytest.raises(devbridge.CheckpointError, match="ends 8 bytes early"):
+                pb.import_tensor(f, dtype="float64", shape=a.shape)
+        with devbridge.import_tensor(pb, bytes(out), dtype="float64", shape=a.shape) as z:
+            assert np.array_equal(z.numpy(), a)
+        with pb.import_tensor(a) as w:
+            assert np.array_equal(w.numpy(), a)
+    assert settled_footprint(pb) == before
+
+
+def test_import_into_a_callers_spec(pb):
+    t = devbridge.PortableTensor.from_array(np.arange(100, dtype=np.int16))
+    with pb.import_tensor(t, devbridge.ObjectSpec(4096, 64, "int16")) as x:
+        assert pb.extent(x.handle) == 256 and pb.spec(x.handle).max_extent == 4096
+        assert np.array_equal(x.numpy(), np.arange(100, dtype=np.int16))
+    with pb.import_tensor(t, devbridge.ObjectSpec(4096, 64, "bytes")) as x:
+        assert x.dtype == "int16"
+    before = footprint(pb)
+    with pytest.raises(ValueError, match="does not fit the spec's max_extent of 128"):
+        pb.import_tensor(t, devbridge.ObjectSpec(128, 64, "int16"))
+    with pytest.raises(ValueError, match="dtype is float32"):
+        pb.import_tensor(t, devbridge.ObjectSpec(4096, 64, "float32"))
+    with pytest.raises(TypeError, match="ObjectSpec"):
+        pb.import_tensor(t, {"max_extent": 4096})
+    assert footprint(pb) == before
+
+
+def test_import_and_export_refuse_bad_arguments(pb):
+    before = footprint(pb)
+    with pytest.raises(TypeError, match="dtype= and shape="):
+        pb.import_tensor(b"\0" * 16)
+    with pytest.raises(TypeError, match="dtype= and shape="):
+        pb.import_tensor(io.BytesIO(b"\0" * 16), dtype="float32")
+    with pytest.raises(ValueError, match="unknown dtype"):
+        pb.import_tensor(b"\0" * 16, dtype="complex64", shape=(2,))
+    with pytest.raises(ValueError, match="holds 12 bytes; the buffer has 16"):
+        pb.import_tensor(b"\0" * 16, dtype="float32", shape=(3,))
+    with pytest.raises(ValueError, match="empty"):
+        pb.import_tensor(np.zeros((0, 3), np.float32))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        pb.import_tensor(np.zeros((4, 4), np.float32)[:, ::2])
+    with pytest.raises(ValueError, match="big-endian"):
+        pb.import_tensor(np.zeros(4, ">f4"))
+    with pytest.raises(ValueError, match="differs"):
+        pb.import_tensor(devbridge.PortableTensor((2,), "int8", b"ab"), dtype="uint8")
+    with pytest.raises(TypeError, match="Bridge"):
+        devbridge.import_tensor("host", b"ab", dtype="uint8", shape=(2,))
+    with pb.upload(np.zeros(64, np.float32), wait=True) as x:
+        with pytest.raises(TypeError, match="DeviceTensor or a DeviceHandle"):
+            pb.export("x")
+        with pytest.raises(TypeError):
+            pb.export(x, offset="4")
+        with pytest.raises(TypeError):
+            pb.export(x, offset=4.0)
+        with pytest.raises(OverflowError):
+            pb.export(x, offset=-1)
+        with pytest.raises(OverflowError):
+            pb.export(x, offset=2**64)
+        with pytest.raises(TypeError):
+            pb.export(x, strides="ab")
+        with pytest.raises(devbridge.InvalidTensorView, match="handle"):
+            pb.export(x, shape=(65,))  # past the extent: the view's own check names the handle
+        with pytest.raises(TypeError, match="write"):
+            pb.export_to(x, "file.bin")
+    with pytest.raises(devbridge.Closed):
+        pb.export(x)
+    assert settled_footprint(pb) == before
+
+
+# ---------------------------------------------------------------------------------------------- transfer
+
+
+@pytest.mark.parametrize("src_name,dst_name", [("fake", "host"), ("host", "fake"), ("fake", "fake")])
+def test_a_failed_transfer_leaves_nothing_on_the_destination(bridges, rng, src_name, dst_name):
+    src, dst = bridges(src_name), bridges(dst_name)
+    x = src.upload(rng.standard_normal(600_000).astype(np.float32), wait=True)  # 2.4 MB: several chunks
+    fake = src if src_name == "fake" else dst
+    call = "copy_d2h" if fake is src else "copy_h2d"
+    kind = devbridge.OutputCopyFailed if fake is src else devbridge.DeviceCopyFailed
+    before = footprint(dst)
+    fake.fake.inject(call, "copy_failed_at_submit", nth=2)
+    with pytest.raises(kind, match=r"transfer of .*chunk 1 \(bytes"):
+        devbridge.transfer(src, x, dst)
+    assert settled_footprint(dst) == before
+    fake.fake.inject(call, "copy_failed_at_completion", nth=3)
+    with pytest.raises(kind, match=r"transfer of .*chunk 2"):
+        src.transfer(x, dst)
+    assert settled_footprint(dst) == before
+    if dst_name == "fake":
+        dst.fake.inject("allocate", "allocation_failed")
+        with pytest.raises(devbridge.AllocationFailed, match="transfer of"):
+            devbridge.transfer(src, x, dst)
+        assert settled_footprint(dst) == before
+    assert settled_footprint(src)[:3] == (1, 0, 0)  # the source keeps only its tensor
+    with pytest.raises(TypeError, match="dst_bridge"):
+        devbridge.transfer(src, x, "host")
+
+
+# ------------------------------------------------------------------------------- checkpoint and restore
+
+
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES)
+def test_a_checkpoint_loads_with_the_safetensors_package_and_its_files_restore(pb, rng, tmp_path, dtype):
+    arrays = {"a": bits(rng, dtype, (33, 17)), "b.scalar": bits(rng, dtype, ()), "c": bits(rng, dtype, (5000,))}
+    tensors = {name: pb.upload(a, wait=True) for name, a in arrays.items()}
+    ours = tmp_path / "ours.safetensors"
+    meta = pb.checkpoint(ours, tensors, metadata={"step": "12"})
+    loaded = safetensors.numpy.load_file(str(ours))
+    assert set(loaded) == set(arrays)
+    for name, a in arrays.items():
+        assert loaded[name].dtype == a.dtype and loaded[name].shape == a.shape
+        assert loaded[name].tobytes() == a.tobytes()
+    with safetensors.safe_open(str(ours), framework="numpy") as f:
+        assert f.metadata() == meta and meta["step"] == "12"
+        assert meta["generation"] == str(pb.generation) and meta["checksum"].startswith("sha256:")
+
+    theirs = tmp_path / "theirs.safetensors"
+    safetensors.numpy.save_file(arrays, str(theirs))
+    restored = pb.restore(theirs)
+    assert set(restored) == set(arrays)
+    for name, a in arrays.items():
+        assert restored[name].dtype == dtype and restored[name].shape == a.shape
+        assert pb.download(restored[name]).tobytes() == a.tobytes()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_dtype_survives_the_safetensors_packages_raw_reader_and_writer(bridges, rng, tmp_path, dtype):
+    b = bridges("host")
+    a = bits(rng, dtype, (7, 9))
+    path = tmp_path / "x.safetensors"
+    b.checkpoint(path, {"x": b.upload(a, dtype=dtype, wait=True)})
+    [(name, info)] = safetensors.deserialize(path.read_bytes())
+    assert name == "x" and info["shape"] == [7, 9] and bytes(info["data"]) == a.tobytes()
+    assert info["dtype"] == devbridge._portable._SAFETENSORS_NAMES[dtype]
+
+    theirs = tmp_path / "theirs.safetensors"
+    spec = safetensors.TensorSpec(dtype=dtype, shape=[7, 9], data_ptr=a.ctypes.data, data_len=a.nbytes)
+    safetensors.serialize_file({"y": spec}, str(theirs))
+    restored = b.restore(theirs)
+    assert restored["y"].dtype == dtype and b.download(restored["y"]).tobytes() == a.tobytes()
+
+
+def test_a_checkpoint_is_laid_out_as_safetensors_expects(bridges, tmp_path):
+    b = bridges("host")
+    tensors = {"u8": b.upload(np.arange(3, dtype=np.uint8), wait=True),
+               "f64": b.upload(np.arange(3, dtype=np.float64), wait=True),
+               "f16": b.upload(np.arange(5, dtype=np.float16), wait=True)}
+    path = tmp_path / "layout.safetensors"
+    b.checkpoint(path, tensors)
+    raw = path.read_bytes()
+    length = int.from_bytes(raw[:8], "little")
+    assert (8 + length) % 8 == 0 and raw[8:9] == b"{"
+    header = json.loads(raw[8:8 + length])
+    # widest first, so each tensor starts aligned to its itemsize
+    assert [header[n]["data_offsets"] for n in ("f64", "f16", "u8")] == [[0, 24], [24, 34], [34, 37]]
+    assert json.loads(header["__metadata__"]["dtypes"]) == {"f16": "float16", "f64": "float64", "u8": "uint8"}
+    assert header["__metadata__"]["format"] == "devbridge-checkpoint"
+    info = devbridge.checkpoint_info(path)
+    assert info["tensors"]["f16"] == {"dtype": "float16", "shape": (5,), "nbytes": 10}
+    assert [p.name for p in tmp_path.iterdir()] == ["layout.safetensors"]  # no temporary left behind
+
+
+def test_checkpoint_replaces_a_file_atomically_and_a_failure_keeps_the_old_one(bridges, rng, tmp_path):
+    b = bridges("fake")
+    path = tmp_path / "state.safetensors"
+    first = rng.standard_normal(400_000).astype(np.float32)
+    x = b.upload(first, wait=True)
+    b.checkpoint(str(path), {"x": x})
+    old = path.read_bytes()
+    b.fake.inject("copy_d2h", "copy_failed_at_submit", nth=3)
+    with pytest.raises(devbridge.OutputCopyFailed, match=r"checkpoint .*tensor 'x'.*chunk 2"):
+        b.checkpoint(path, {"x": x})
+    assert path.read_bytes() == old and [p.name for p in tmp_path.iterdir()] == ["state.safetensors"]
+    assert footprint(b)[:3] == (1, 0, 0)
+
+
+def test_supervisor_flow_checkpoint_restart_restore(pb, rng, tmp_path):
+    arrays = {"w": rng.standard_normal((512, 600)).astype(np.float32), "step": np.array(7, np.int64)}
+    tensors = {name: pb.upload(a, wait=True) for name, a in arrays.items()}
+    path = tmp_path / "worker.safetensors"
+    pb.checkpoint(path, tensors)
+    pb.restart(pb.generation + 1)
+    with pytest.raises(devbridge.OldGenerationHandle):
+        pb.export(tensors["w"].handle)
+    restored = pb.restore(path)
+    assert devbridge.checkpoint_info(path)["metadata"]["generation"] == str(pb.generation - 1)
+    for name, a in arrays.items():
+        assert restored[name].handle.generation == pb.generation
+        assert pb.download(restored[name]).tobytes() == a.tobytes()
+
+
+@pytest.mark.parametrize("backend", ["fake", "host", "opencl"])
+def test_a_killed_worker_leaves_a_checkpoint_a_new_process_restores(bridges, tmp_path, backend):
+    skip_unless_runs(backend)
+    path = tmp_path / "worker.safetensors"
+    child = subprocess.Popen([sys.executable, str(HERE / "portable_child.py"), backend, str(path), "5"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(0.3)  # let it die in the middle of a later checkpoint
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+    assert child.returncode == -signal.SIGKILL
+    b = bridges(backend)
+    restored = b.restore(path)  # a whole checkpoint, whichever it was: the checksum is verified
+    versions = [tensors_for(5), tensors_for(6)]
+    got = {name: b.download(t).tobytes() for name, t in restored.items()}
+    assert any(got == {name: a.tobytes() for name, (a, _) in v.items()} for v in versions)
+    assert {name: t.dtype for name, t in restored.items()} == {n: d for n, (_, d) in versions[0].items()}
+
+
+# ------------------------------------------------------------------------------------------ bad files
+
+
+def _write_checkpoint(b, path, rng) -> dict[str, np.ndarray]:
+    arrays = {"big": rng.standard_normal(300_000).astype(np.float32), "small": rng.integers(0, 9, 100, np.int64)}
+    b.checkpoint(path, {name: b.upload(a, wait=True) for name, a in arrays.items()})
+    return arrays
+
+
+def _rewrite_header(path: Path, edit) -> None:
+    raw = path.read_bytes()
+    length = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + length])
+    edit(header)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + length:])
+
+
+def _flip_data_byte(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[-5] ^= 0x01
+    path.write_bytes(bytes(raw))
+
+
+def _set(field, value, name="big"):
+    def edit(header):
+        header[name][field] = value
+    return edit
+
+
+BAD_FILES = {
+    "empty file": (lambda p: p.write_bytes(b""), r"not a safetensors file: 0 bytes"),
+    "text": (lambda p: p.write_bytes(b"hello, this is not a checkpoint"), r"not a safetensors file"),
+    "header not json": (lambda p: p.write_bytes((16).to_bytes(8, "little") + b"\xff" * 16), r"not JSON"),
+    "header a list": (lambda p: p.write_bytes((8).to_bytes(8, "little") + b"[1,2,3] "), r"not a JSON object"),
+    "huge header length": (lambda p: p.write_bytes((2**63).to_bytes(8, "little") + b"{}"), r"header length"),
+    "truncated header": (lambda p: p.write_bytes(p.read_bytes()[:40]), r"truncated"),
+    "truncated data": (lambda p: p.write_bytes(p.read_bytes()[:-100]), r"truncated: its tensors need"),
+    "trailing bytes": (lambda p: p.write_bytes(p.read_bytes() + b"junk"), r"4 bytes follow"),
+    "flipped data byte": (_flip_data_byte, r"corrupt: the data's checksum"),
+    "wrong checksum": (lambda p: _rewrite_header(p, lambda h: h["__metadata__"].update(checksum="sha256:" + "ab" * 32)),
+                       r"corrupt: the data's checksum"),
+    "malformed checksum": (lambda p: _rewrite_header(p, lambda h: h["__metadata__"].update(checksum="md5:1")),
+                           r"without a valid sha256 checksum"),
+    "unknown dtype": (lambda p: _rewrite_header(p, _set("dtype", "C64")), r"tensor 'big': dtype 'C64'"),
+    "shape and extent disagree": (lambda p: _rewrite_header(p, _set("shape", [300_001])),
+                                  r"tensor 'big': shape \(300001,\) of float32 is 1200004 bytes"),
+    "negative dimension": (lambda p: _rewrite_header(p, _set("shape", [-1])), r"tensor 'big': shape"),
+    "gap": (lambda p: _rewrite_header(p, _set("data_offsets", [8, 808], name="small")), r"tensor 'small' starts"),
+    "empty tensor": (lambda p: _rewrite_header(p, lambda h: h.update(
+        empty={"dtype": "F32", "shape": [0, 4], "data_offsets": [0, 0]})), r"tensor 'empty'.*empty"),
+    "metadata not strings": (lambda p: _rewrite_header(p, lambda h: h["__metadata__"].update(step=3)),
+                             r"__metadata__ is not a map"),
+    "dtypes disagree": (lambda p: _rewrite_header(p, lambda h: h["__metadata__"].update(
+        dtypes=json.dumps({"big": "int32"}))), r"tensor 'big': the metadata records dtype 'int32'"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_a_bad_file_is_a_clear_error_and_restores_nothing(pb, rng, tmp_path, case):
+    spoil, message = BAD_FILES[case]
+    path = tmp_path / "bad.safetensors"
+    _write_checkpoint(pb, path, rng)
+    collect()
+    before = settled_footprint(pb)
+    spoil(path)
+    with pytest.raises(devbridge.CheckpointError, match=message) as caught:
+        pb.restore(path)
+    assert "bad.safetensors" in str(caught.value)
+    assert isinstance(caught.value, ValueError)
+    assert settled_footprint(pb) == before
+
+
+def test_a_checksum_can_be_skipped_but_not_faked(bridges, rng, tmp_path):
+    b = bridges("host")
+    path = tmp_path / "x.safetensors"
+    _write_checkpoint(b, path, rng)
+    _flip_data_byte(path)
+    with pytest.raises(devbridge.CheckpointError):
+        b.restore(path)
+    assert set(b.restore(path, verify=False)) == {"big", "small"}  # the caller's explicit choice
+
+
+@pytest.mark.parametrize("nth,failing", [(1, "small"), (2, "big")])
+def test_a_tensor_the_destination_cannot_hold_frees_the_others(bridges, rng, tmp_path, nth, failing):
+    b = bridges("fake")
+    path = tmp_path / "x.safetensors"
+    _write_checkpoint(b, path, rng)
+    collect()
+    before = settled_footprint(b)
+    b.fake.inject("allocate", "allocation_failed", nth=nth)  # as a device out of memory refuses it
+    with pytest.raises(devbridge.AllocationFailed, match=f"restore .*x.safetensors.*tensor '{failing}'"):
+        b.restore(path)
+    assert settled_footprint(b) == before
+    b.fake.inject("copy_h2d", "copy_failed_at_completion", nth=3)  # small is 1 chunk, big's 2nd
+    with pytest.raises(devbridge.DeviceCopyFailed, match=r"tensor 'big': upload chunk 1"):
+        b.restore(path)
+    assert settled_footprint(b) == before
+
+
+def test_checkpoint_and_restore_refuse_bad_arguments(pb, tmp_path):
+    x = pb.upload(np.zeros(16, np.float32), wait=True)
+    before = footprint(pb)
+    with pytest.raises(TypeError, match="path"):
+        pb.checkpoint(3, {"x": x})
+    with pytest.raises(TypeError, match="path"):
+        pb.checkpoint(str(tmp_path / "x").encode(), {"x": x})
+    with pytest.raises(ValueError, match="empty"):
+        pb.checkpoint("", {"x": x})
+    with pytest.raises(TypeError, match="mapping"):
+        pb.checkpoint(tmp_path / "x", [x])
+    with pytest.raises(TypeError, match="names must be str"):
+        pb.checkpoint(tmp_path / "x", {3: x})
+    with pytest.raises(ValueError, match="cannot name a tensor"):
+        pb.checkpoint(tmp_path / "x", {"__metadata__": x})
+    with pytest.raises(TypeError, match="tensor 'x'.*DeviceTensor or a DeviceHandle"):
+        pb.checkpoint(tmp_path / "x", {"x": np.zeros(3)})
+    with pytest.raises(TypeError, match="str to str"):
+        pb.checkpoint(tmp_path / "x", {"x": x}, metadata={"step": 3})
+    with pytest.raises(ValueError, match="devbridge's own"):
+        pb.checkpoint(tmp_path / "x", {"x": x}, metadata={"checksum": "mine"})
+    with pytest.raises(TypeError, match="path"):
+        pb.restore(None)
+    with pytest.raises(TypeError, match="verify"):
+        pb.restore(tmp_path / "x", verify="yes")
+    with pytest.raises(FileNotFoundError):
+        pb.restore(tmp_path / "missing.safetensors")
+    assert list(tmp_path.iterdir()) == [] and footprint(pb) == before
+    x.free()

@@ -1,0 +1,550 @@
+"""Prefetcher: batches fed from device memory while the next ones upload.
+
+Runs on fake (auto-completing unless a test drives completions), host, and OpenCL where it is available
+(CUDA with DEVBRIDGE_TEST_BACKEND=cuda). tinygrad hand-offs need a device tinygrad can wrap without a copy
+(CPU, CUDA): on OpenCL those cases are skipped and ``to="device"`` runs instead. Every bridge has a 1 MiB
+ring, so the large batches are chunked.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import math
+import threading
+
+import numpy as np
+import pytest
+
+import devbridge
+from conftest import REQUESTED_BACKEND, _backend_available, collect, make_bridge, random_array
+
+RING = 1 << 20
+BACKENDS = ["fake", "host", "opencl", "cuda"]
+TINYGRAD_DEVICES = ("CPU", "CUDA")
+
+
+def _bridge(name: str, *, auto_complete: bool = True) -> devbridge.Bridge:
+    if name == "cuda" and REQUESTED_BACKEND != "cuda":
+        pytest.skip("CUDA cases run with DEVBRIDGE_TEST_BACKEND=cuda")
+    available, reason = _backend_available(name)
+    if not available:
+        if name == REQUESTED_BACKEND:
+            pytest.fail(f"DEVBRIDGE_TEST_BACKEND={name} but the backend is unavailable: {reason}")
+        pytest.skip(reason)
+    b = make_bridge(name, ring_bytes=RING)
+    if name == "fake":
+        b.fake.set_auto_complete(auto_complete)
+    return b
+
+
+@pytest.fixture(params=BACKENDS)
+def pb(request):
+    b = _bridge(request.param)
+    yield b
+    collect()
+    b.close()
+
+
+@pytest.fixture
+def fake():
+    b = _bridge("fake")
+    yield b
+    collect()
+    b.close()
+
+
+@pytest.fixture(params=["device", "tinygrad"])
+def to(request, pb):
+    if request.param == "tinygrad":
+        pytest.importorskip("tinygrad")
+        if not _tinygrad_can_wrap(pb):
+            pytest.skip(f"tinygrad cannot wrap {pb.backend} memory without a copy (to='device' covers it)")
+    return request.param
+
+
+def _tinygrad_can_wrap(b: devbridge.Bridge) -> bool:
+    h = b.alloc(devbridge.ObjectSpec(256, 64, "uint8"), 256)
+    try:
+        with b.view(h, "uint8", 256) as view:
+            return view.device.partition(":")[0] in TINYGRAD_DEVICES
+    finally:
+        b.free(h)
+
+
+def host(x) -> np.ndarray:
+    """A handed-out array's values on the host (a DeviceTensor or a tinygrad Tensor)."""
+    return x.numpy()
+
+
+def assert_quiet(b: devbridge.Bridge) -> None:
+    """Nothing of the Prefetcher's is left: no allocation, no ring range, no view, no copy."""
+    collect()
+    s = b.stats()
+    left = {k: s[k] for k in ("live_allocations", "ring_reservations", "live_views", "copies_in_flight")}
+    assert left == dict.fromkeys(left, 0), left
+
+
+def make_batches(rng, n: int, shape=(8, 5)):
+    return [(random_array(rng, shape, "float32"), random_array(rng, shape[:1], "int32")) for _ in range(n)]
+
+
+# ------------------------------------------------------------------------------------- happy paths
+
+
+@pytest.mark.parametrize("depth", [1, 2, 4])
+def test_tuples_round_trip_bit_exact_and_leave_nothing(pb, to, rng, depth):
+    batches = make_batches(rng, 7)
+    seen = 0
+    for i, (x, y) in enumerate(devbridge.Prefetcher(pb, batches, depth=depth, to=to)):
+        assert host(x).tobytes() == batches[i][0].tobytes()
+        assert host(y).tobytes() == batches[i][1].tobytes()
+        assert pb.stats()["live_allocations"] <= 2 * (depth + 1)  # bounded: depth + 1 slots of two arrays
+        seen += 1
+    assert seen == len(batches)
+    del x, y
+    assert_quiet(pb)
+
+
+def test_each_structure_comes_back_as_it_went_in(pb, to, rng):
+    Pair = collections.namedtuple("Pair", "image label")
+    a, c = random_array(rng, (4, 3), "float32"), random_array(rng, 4, "uint8")
+    shapes = {
+        "array": (a, lambda out: [out]),
+        "tuple": ((a, c), lambda out: list(out)),
+        "list": ([a, c], lambda out: list(out)),
+        "dict": ({"image": a, "label": c}, lambda out: [out["image"], out["label"]]),
+        "namedtuple": (Pair(a, c), lambda out: [out.image, out.label]),
+    }
+    for name, (batch, items) in shapes.items():
+        (out,) = list(devbridge.Prefetcher(pb, [batch], to=to))
+        assert type(out) is type(batch) or (name == "array" and not isinstance(out, (tuple, list, dict))), name
+        if name == "dict":
+            assert list(out) == ["image", "label"]
+        expected = [a] if name == "array" else [a, c]
+        for got, want in zip(items(out), expected):
+            assert host(got).tobytes() == want.tobytes() and tuple(got.shape) == want.shape
+        del out, got
+    assert_quiet(pb)
+
+
+def test_device_tensors_are_ready_and_views_of_them_work(pb, rng):
+    batches = [random_array(rng, (16, 16), "float32") for _ in range(4)]
+    for i, x in enumerate(devbridge.Prefetcher(pb, batches, to="device")):
+        assert isinstance(x, devbridge.DeviceTensor) and x.ready()
+        assert x.shape == (16, 16) and x.dtype == "float32"
+        with x.view() as view:
+            assert view.shape == (16, 16)
+            if view.device == "CPU":
+                assert np.from_dlpack(view).tobytes() == batches[i].tobytes()
+        assert x.numpy().tobytes() == batches[i].tobytes()
+    del x
+    assert_quiet(pb)
+
+
+def test_batches_larger_than_the_ring_are_chunked(pb, to, rng):
+    batches = [random_array(rng, (3 * RING // 4,), "float32") for _ in range(3)]  # 3 MiB each, 1 MiB ring
+    for i, x in enumerate(devbridge.Prefetcher(pb, batches, depth=2, to=to)):
+        assert host(x).tobytes() == batches[i].tobytes()
+    del x
+    assert_quiet(pb)
+
+
+def test_slots_are_reused_until_a_batch_needs_more_room(pb, rng):
+    sizes = [64, 64, 64, 64, 40, 40, 100, 100, 100, 100]  # smaller: reused; larger: reallocated
+    batches = [random_array(rng, n, "float32") for n in sizes]
+    handles = set()
+    for i, x in enumerate(devbridge.Prefetcher(pb, batches, depth=1, to="device")):
+        assert x.shape == (sizes[i],) and host(x).tobytes() == batches[i].tobytes()
+        handles.add(x.handle)
+        assert pb.stats()["live_allocations"] <= 2
+    del x
+    assert len(handles) <= 4  # two slots, each reallocated at most once (for the 100-element batches)
+    assert_quiet(pb)
+
+
+def test_a_dtype_change_reallocates(pb, to, rng):
+    batches = [random_array(rng, 32, "float32"), random_array(rng, 32, "int32"), random_array(rng, 32, "float16")]
+    for i, x in enumerate(devbridge.Prefetcher(pb, batches, depth=1, to=to)):
+        got = host(x)
+        assert got.dtype == batches[i].dtype and got.tobytes() == batches[i].tobytes()
+    del x, got
+    assert_quiet(pb)
+
+
+def test_an_empty_source_allocates_nothing(pb, to):
+    assert list(devbridge.Prefetcher(pb, [], to=to)) == []
+    assert list(devbridge.Prefetcher(pb, iter(()), to=to)) == []
+    assert_quiet(pb)
+
+
+# ----------------------------------------------------------------------------- overlap and ordering
+
+
+def h2d_calls(b: devbridge.Bridge) -> int:
+    return sum(1 for call in b.fake.calls() if call["call"] == "copy_h2d")
+
+
+def test_the_next_batches_are_issued_before_the_consumer_asks(fake, rng):
+    batches = [random_array(rng, 64, "float32") for _ in range(8)]  # one chunk each: one copy per batch
+    it = devbridge.Prefetcher(fake, batches, depth=2, to="device")
+    x = next(it)
+    assert h2d_calls(fake) == 3  # batch 0, and 1..2 ahead (depth + 1 slots, none held yet)
+    x = next(it)  # batch 0 is still held (by x) while batch 1 is handed out
+    assert h2d_calls(fake) == 3 and host(x).tobytes() == batches[1].tobytes()
+    del x  # the consumer lets go before asking: both slots it held are refilled
+    x = next(it)
+    assert h2d_calls(fake) == 5 and host(x).tobytes() == batches[2].tobytes()
+    assert int(fake.stats()["live_allocations"]) == 3
+    it.close()
+    del x
+    assert_quiet(fake)
+
+
+def test_a_batch_is_handed_out_only_once_its_copies_completed():
+    b = _bridge("fake", auto_complete=False)
+    data = np.arange(64, dtype=np.float32)
+    it = devbridge.Prefetcher(b, [data], depth=1, to="device", timeout=60)
+    completer = threading.Timer(0.2, b.fake.complete_all)
+    completer.start()
+    try:
+        x = next(it)  # waits (the bridge's wait drops the GIL) until the copy completes
+    finally:
+        completer.join()
+    assert all(b.copy_status(event) == "completed" for event, _, _ in x._events)
+    b.fake.set_auto_complete(True)  # for the download that reads it back
+    assert host(x).tobytes() == data.tobytes()
+    del x
+    it.close()
+    assert_quiet(b)
+    b.close()
+
+
+# ----------------------------------------------------------------------------------- producer errors
+
+
+@pytest.mark.parametrize("failure", ["copy_failed_at_submit", "copy_failed_at_completion"])
+@pytest.mark.parametrize("to_", ["device", "tinygrad"])
+def test_a_failed_upload_surfaces_at_its_batch_and_leaks_nothing(fake, rng, failure, to_):
+    if to_ == "tinygrad":
+        pytest.importorskip("tinygrad")
+    batches = make_batches(rng, 8)
+    # Two single-chunk copies per batch: the 8th copy is batch 3's second array ("item 1").
+    fake.fake.inject("copy_h2d", failure, nth=8)
+    got = []
+    with pytest.raises(devbridge.DeviceCopyFailed) as caught:
+        for x, y in devbridge.Prefetcher(fake, batches, depth=2, to=to_):
+            got.append(host(x).tobytes())
+    assert got == [batches[i][0].tobytes() for i in range(3)]  # the batches before it, intact
+    error = caught.value
+    assert "Prefetcher batch 3 (item 1)" in str(error) and error.batch_index == 3
+    assert isinstance(error.__cause__, devbridge.DeviceCopyFailed)
+    del x, y, caught, error
+    assert_quiet(fake)
+
+
+def test_after_a_producer_error_the_iteration_ends(fake, rng):
+    fake.fake.inject("copy_h2d", "copy_failed_at_submit", nth=2)
+    it = devbridge.Prefetcher(fake, [random_array(rng, 16, "float32") for _ in range(5)], depth=1, to="device")
+    x = next(it)
+    with pytest.raises(devbridge.DeviceCopyFailed, match="Prefetcher batch 1"):
+        next(it)
+    assert it.closed
+    with pytest.raises(StopIteration):
+        next(it)
+    del x
+    assert_quiet(fake)
+
+
+def test_a_failed_allocation_names_its_batch(fake, rng):
+    fake.fake.inject("allocate", "allocation_failed", nth=3)  # one allocation per slot: slot 2, batch 2
+    it = devbridge.Prefetcher(fake, [random_array(rng, 16, "float32") for _ in range(5)], depth=2, to="device")
+    assert [host(x).size for x in (next(it), next(it))] == [16, 16]
+    with pytest.raises(devbridge.AllocationFailed, match="Prefetcher batch 2") as caught:
+        next(it)
+    assert caught.value.batch_index == 2
+    del caught
+    assert_quiet(fake)
+
+
+def test_a_source_error_is_raised_at_its_batch_after_the_ones_before(pb, to, rng):
+    closed = []
+
+    def source():
+        try:
+            for i in range(5):
+                if i == 3:
+                    raise KeyError("record 3 is missing")
+                yield random_array(rng, 8, "float32")
+        finally:
+            closed.append(True)
+
+    got = 0
+    with pytest.raises(KeyError, match="Prefetcher batch 3") as caught:
+        for _ in devbridge.Prefetcher(pb, source(), depth=3, to=to):
+            got += 1
+    assert got == 3 and caught.value.batch_index == 3
+    assert isinstance(caught.value.__cause__, KeyError) and closed == [True]
+    del _, caught
+    assert_quiet(pb)
+
+
+def test_a_batch_that_cannot_be_staged_names_its_batch_and_item(pb, to, rng):
+    a = random_array(rng, (8, 8), "float32")
+    batches = [{"x": a, "y": a[0]}, {"x": a[:, ::2], "y": a[0]}]  # batch 1's "x" is not contiguous
+    it = devbridge.Prefetcher(pb, batches, to=to)
+    first = next(it)
+    with pytest.raises(ValueError, match=r"Prefetcher batch 1 \(key 'x'\).*C-contiguous"):
+        next(it)
+    with pytest.raises(TypeError, match="Prefetcher batch 0 \\(item 1\\)"):
+        next(devbridge.Prefetcher(pb, [(a, [1.0, 2.0])], to=to))
+    with pytest.raises(ValueError, match="Prefetcher batch 0.*empty"):
+        next(devbridge.Prefetcher(pb, [np.zeros((4, 0), np.float32)], to=to))
+    with pytest.raises(ValueError, match="Prefetcher batch 0: .*empty tuple"):
+        next(devbridge.Prefetcher(pb, [()], to=to))
+    del first
+    assert_quiet(pb)
+
+
+def test_tinygrad_refused_for_a_device_it_cannot_wrap_names_the_batch(rng):
+    pytest.importorskip("tinygrad")
+    b = _bridge("opencl")
+    try:
+        with pytest.raises(devbridge.Unsupported, match="Prefetcher batch 0.*DLPack"):
+            next(devbridge.Prefetcher(b, [random_array(rng, 8, "float32")], to="tinygrad"))
+        assert_quiet(b)
+    finally:
+        b.close()
+
+
+# ------------------------------------------------------------------------------------------ early exit
+
+
+def test_break_releases_everything(pb, to, rng):
+    closed = []
+
+    def source():
+        try:
+            for _ in range(100):
+                yield make_batches(rng, 1)[0]
+        finally:
+            closed.append(True)
+
+    for i, (x, y) in enumerate(devbridge.Prefetcher(pb, source(), depth=3, to=to)):
+        if i == 2:
+            break
+    # The iterator was the for loop's alone: gone now, and closed (the generator with it).
+    gc.collect()
+    assert closed == [True]
+    assert host(x).shape == (8, 5)  # what the consumer still holds stays valid
+    del x, y
+    assert_quiet(pb)
+
+
+def test_close_and_del_mid_iteration_release_everything(pb, to, rng):
+    batches = make_batches(rng, 10)
+    it = devbridge.Prefetcher(pb, batches, depth=3, to=to)
+    x, _ = next(it)
+    it.close()
+    it.close()  # idempotent
+    with pytest.raises(StopIteration):
+        next(it)
+    assert host(x).tobytes() == batches[0][0].tobytes()
+    del x, _
+    assert_quiet(pb)
+
+    it = devbridge.Prefetcher(pb, batches, depth=2, to=to)
+    next(it)
+    next(it)
+    del it  # garbage: closes itself
+    assert_quiet(pb)
+
+    with devbridge.Prefetcher(pb, batches, depth=2, to=to) as it:
+        for i, _ in enumerate(it):
+            if i == 4:
+                break
+    assert it.closed
+    del _
+    assert_quiet(pb)
+
+
+def test_a_device_tensor_kept_after_close_owns_its_allocation(pb, rng):
+    batches = [random_array(rng, 32, "float32") for _ in range(4)]
+    it = devbridge.Prefetcher(pb, batches, depth=2, to="device")
+    x = next(it)
+    it.close()
+    assert pb.stats()["live_allocations"] == 1  # x's; the other slots are freed
+    assert host(x).tobytes() == batches[0].tobytes()
+    x.free()
+    assert pb.stats()["live_allocations"] == 0
+    with pytest.raises(devbridge.Closed):
+        x.numpy()
+    del x
+    assert_quiet(pb)
+
+
+def test_close_waits_for_copies_in_flight():
+    b = _bridge("fake", auto_complete=False)
+    it = devbridge.Prefetcher(b, [np.arange(64, dtype=np.float32)] * 4, depth=2, to="device", timeout=60)
+    completer = threading.Timer(0.1, b.fake.complete_all)
+    completer.start()
+    x = next(it)  # batches 0..2 issued, and completed by the timer
+    completer.join()
+    del x
+    x = next(it)  # batch 3 goes into batch 0's slot, and stays in flight
+    assert len(b.fake.pending()) == 1
+    completer = threading.Timer(0.1, b.fake.complete_all)
+    completer.start()
+    it.close()  # waits for it before freeing the slot
+    completer.join()
+    del x
+    assert_quiet(b)
+    b.close()
+
+
+def test_the_bridge_closing_first_is_survived(rng):
+    b = _bridge("host")
+    it = devbridge.Prefetcher(b, make_batches(rng, 6), to="device")
+    next(it)
+    b.close()
+    it.close()  # nothing to release any more, and no error
+
+
+# ---------------------------------------------------------------------- a consumer that holds its batches
+
+
+def test_holding_every_slot_times_out_naming_the_batch(pb, to, rng):
+    batches = make_batches(rng, 5)
+    it = devbridge.Prefetcher(pb, batches, depth=1, to=to, timeout=0.05)
+    kept = [next(it), next(it)]
+    with pytest.raises(devbridge.AllocationStillInUse, match=r"Prefetcher batch 2: .*batch 0: .*batch 1") as caught:
+        next(it)
+    assert ("tinygrad tensors" if to == "tinygrad" else "DeviceTensors") in str(caught.value)
+    del caught
+    kept.pop(0)  # letting go of one slot is enough to go on
+    x, _ = next(it)
+    assert host(x).tobytes() == batches[2][0].tobytes()
+    it.close()
+    del kept, x, _
+    assert_quiet(pb)
+
+
+def test_another_thread_letting_go_unblocks_the_wait(pb, rng):
+    batches = [random_array(rng, 32, "float32") for _ in range(4)]
+    it = devbridge.Prefetcher(pb, batches, depth=1, to="device", timeout=60)
+    kept = [next(it), next(it)]
+    threading.Timer(0.1, kept.clear).start()
+    x = next(it)
+    assert host(x).tobytes() == batches[2].tobytes()
+    it.close()
+    del x
+    assert_quiet(pb)
+
+
+def keep_behind_its_back(b: devbridge.Bridge, x: devbridge.DeviceTensor):
+    """A view of x that only the bridge knows of: a DLPack array where numpy can take one, else a TensorView.
+    Returns it, what the bridge calls its holder, and a function reading the bytes under it."""
+    view = x.view()
+    handle, dtype, shape = x.handle, x.dtype, x.shape  # not x itself: the caller's x is all that holds it
+    read = lambda: b.download(handle, dtype=dtype, shape=shape).tobytes()  # noqa: E731
+    if view.device == "CPU":
+        array = np.from_dlpack(view)
+        view.close()
+        return array, "DLPack consumer", read
+    return view, "held by the caller", read
+
+
+def test_a_view_the_consumer_keeps_is_never_overwritten(pb, rng):
+    batches = [random_array(rng, 64, "float32") for _ in range(8)]
+    it = devbridge.Prefetcher(pb, batches, depth=2, to="device")
+    kept, _, read = keep_behind_its_back(pb, next(it))  # the DeviceTensor itself is gone
+    for i, x in enumerate(it, start=1):
+        assert host(x).tobytes() == batches[i].tobytes()
+        assert read() == batches[0].tobytes()  # while the Prefetcher runs (it releases the handle at the end)
+    if isinstance(kept, np.ndarray):
+        assert kept.tobytes() == batches[0].tobytes()  # and after: the memory stays the array's
+    del x, kept
+    assert_quiet(pb)
+
+
+def test_hidden_holders_are_named_when_every_slot_is_held(pb, rng):
+    batches = [random_array(rng, 64, "float32") for _ in range(4)]
+    it = devbridge.Prefetcher(pb, batches, depth=1, to="device", timeout=0.05)
+    (first, holder, read_first), (second, _, read_second) = (keep_behind_its_back(pb, next(it)) for _ in range(2))
+    with pytest.raises(devbridge.AllocationStillInUse, match=f"Prefetcher batch 2: .*{holder}") as caught:
+        next(it)
+    del caught
+    assert [read_first(), read_second()] == [batches[0].tobytes(), batches[1].tobytes()]
+    del first, second
+    assert host(next(it)).tobytes() == batches[2].tobytes()
+    it.close()
+    assert_quiet(pb)
+
+
+def test_a_device_tensor_freed_by_the_consumer_frees_its_slot(pb, rng):
+    batches = [random_array(rng, 32, "float32") for _ in range(5)]
+    it = devbridge.Prefetcher(pb, batches, depth=1, to="device", timeout=0)
+    kept = []
+    for i, x in enumerate(it):
+        assert host(x).tobytes() == batches[i].tobytes()
+        kept.append(x)
+        x.free()  # done with it, though still referenced
+    assert all(k.freed for k in kept)
+    del kept, x
+    assert_quiet(pb)
+
+
+# ------------------------------------------------------------------------------------------ arguments
+
+
+@pytest.mark.parametrize("depth", ["2", 2.0, None, True, np.float32(2)])
+def test_depth_must_be_an_int(fake, depth):
+    with pytest.raises(TypeError, match="depth"):
+        devbridge.Prefetcher(fake, [], depth=depth)
+
+
+@pytest.mark.parametrize("depth", [0, -1, -2**70])
+def test_depth_must_be_at_least_one(fake, depth):
+    with pytest.raises(ValueError, match="depth"):
+        devbridge.Prefetcher(fake, [], depth=depth)
+
+
+def test_numpy_ints_are_depths(fake, rng):
+    assert devbridge.Prefetcher(fake, [], depth=np.int64(3)).depth == 3
+
+
+@pytest.mark.parametrize("timeout, error", [(-1, ValueError), (-1e-9, ValueError), (math.nan, ValueError),
+                                            ("1", TypeError), (True, TypeError), ([1], TypeError)])
+def test_timeouts_are_non_negative_numbers(fake, timeout, error):
+    with pytest.raises(error, match="timeout"):
+        devbridge.Prefetcher(fake, [], timeout=timeout)
+
+
+@pytest.mark.parametrize("timeout", [0, 0.5, 10**400, math.inf, None])
+def test_timeouts_that_are_accepted(fake, timeout):
+    devbridge.Prefetcher(fake, [], timeout=timeout).close()
+
+
+def test_other_arguments_are_checked(fake):
+    with pytest.raises(TypeError, match="bridge"):
+        devbridge.Prefetcher("host", [])
+    with pytest.raises(TypeError):
+        devbridge.Prefetcher(fake, 3)  # not iterable
+    with pytest.raises(ValueError, match="to"):
+        devbridge.Prefetcher(fake, [], to="cpu")
+    with pytest.raises(TypeError, match="to"):
+        devbridge.Prefetcher(fake, [], to=None)
+    with pytest.raises(devbridge.InvalidAlignment):
+        devbridge.Prefetcher(fake, [], alignment=3)
+    with pytest.raises(TypeError):
+        devbridge.Prefetcher(fake, [], alignment="256")
+    assert_quiet(fake)
+
+
+def test_repr_says_where_it_is(fake, rng):
+    it = devbridge.Prefetcher(fake, make_batches(rng, 3), depth=2, to="device")
+    next(it)
+    assert "depth=2" in repr(it) and "1 batches handed out" in repr(it)
+    it.close()
+    assert "closed" in repr(it)
+    assert_quiet(fake)
