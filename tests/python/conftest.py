@@ -33,6 +33,17 @@ def _backend_available(name: str) -> tuple[bool, str]:
     return False, f"backend {name!r} is not in this build"
 
 
+def require_backend(name: str) -> None:
+    """Skips a test whose backend cannot run here; fails it when that backend is DEVBRIDGE_TEST_BACKEND's."""
+    if name == "cuda" and REQUESTED_BACKEND != "cuda":
+        pytest.skip("CUDA cases run with DEVBRIDGE_TEST_BACKEND=cuda on a machine with an NVIDIA GPU")
+    available, reason = _backend_available(name)
+    if not available:
+        if name == REQUESTED_BACKEND:
+            pytest.fail(f"DEVBRIDGE_TEST_BACKEND={name} but the backend is unavailable: {reason}")
+        pytest.skip(reason)
+
+
 def make_bridge(backend: str, **options) -> devbridge.Bridge:
     """A bridge on `backend`; CUDA bridges share tinygrad's context (when tinygrad is there) so tinygrad
     can compute on their memory; without tinygrad they use the device's primary context."""
@@ -44,15 +55,9 @@ def make_bridge(backend: str, **options) -> devbridge.Bridge:
 @pytest.fixture(params=REAL_BACKENDS)
 def backend_name(request) -> str:
     name = request.param
-    if name == "cuda" and REQUESTED_BACKEND != "cuda":
-        pytest.skip("CUDA cases run with DEVBRIDGE_TEST_BACKEND=cuda on a machine with an NVIDIA GPU")
     if name == "host" and REQUESTED_BACKEND not in ("host", "cuda"):
         pytest.skip(f"DEVBRIDGE_TEST_BACKEND={REQUESTED_BACKEND}")
-    available, reason = _backend_available(name)
-    if not available:
-        if name == REQUESTED_BACKEND:
-            pytest.fail(f"DEVBRIDGE_TEST_BACKEND={name} but the backend is unavailable: {reason}")
-        pytest.skip(reason)
+    require_backend(name)
     return name
 
 

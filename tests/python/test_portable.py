@@ -24,7 +24,7 @@ import safetensors
 import safetensors.numpy
 
 import devbridge
-from conftest import REQUESTED_BACKEND, _backend_available, collect, make_bridge
+from conftest import collect, make_bridge, require_backend
 from portable_child import tensors_for
 
 RING = 1 << 20
@@ -37,13 +37,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def skip_unless_runs(name: str) -> None:
-    if name == "cuda" and REQUESTED_BACKEND != "cuda":
-        pytest.skip("CUDA cases run with DEVBRIDGE_TEST_BACKEND=cuda")
-    available, reason = _backend_available(name)
-    if not available:
-        if name == REQUESTED_BACKEND:
-            pytest.fail(f"DEVBRIDGE_TEST_BACKEND={name} but the backend is unavailable: {reason}")
-        pytest.skip(reason)
+    require_backend(name)
 
 
 def open_bridge(name: str, **options) -> devbridge.Bridge:

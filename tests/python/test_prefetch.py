@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import devbridge
-from conftest import REQUESTED_BACKEND, _backend_available, collect, make_bridge, random_array
+from conftest import collect, make_bridge, random_array, require_backend
 
 RING = 1 << 20
 BACKENDS = ["fake", "host", "opencl", "cuda"]
@@ -25,13 +25,7 @@ TINYGRAD_DEVICES = ("CPU", "CUDA")
 
 
 def _bridge(name: str, *, auto_complete: bool = True) -> devbridge.Bridge:
-    if name == "cuda" and REQUESTED_BACKEND != "cuda":
-        pytest.skip("CUDA cases run with DEVBRIDGE_TEST_BACKEND=cuda")
-    available, reason = _backend_available(name)
-    if not available:
-        if name == REQUESTED_BACKEND:
-            pytest.fail(f"DEVBRIDGE_TEST_BACKEND={name} but the backend is unavailable: {reason}")
-        pytest.skip(reason)
+    require_backend(name)
     b = make_bridge(name, ring_bytes=RING)
     if name == "fake":
         b.fake.set_auto_complete(auto_complete)

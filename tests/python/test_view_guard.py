@@ -14,20 +14,14 @@ import numpy as np
 import pytest
 
 import devbridge
-from conftest import REQUESTED_BACKEND, _backend_available, collect, make_bridge, random_array
+from conftest import collect, make_bridge, random_array, require_backend
 
 F32 = devbridge.ObjectSpec(1 << 20, 64, "float32")
 BYTES = devbridge.ObjectSpec(1 << 20, 256, "bytes")
 
 
 def _bridge(name, **options):
-    if name == "cuda" and REQUESTED_BACKEND != "cuda":
-        pytest.skip("CUDA cases run with DEVBRIDGE_TEST_BACKEND=cuda")
-    available, reason = _backend_available(name)
-    if not available:
-        if name == REQUESTED_BACKEND:
-            pytest.fail(f"DEVBRIDGE_TEST_BACKEND={name} but the backend is unavailable: {reason}")
-        pytest.skip(reason)
+    require_backend(name)
     b = make_bridge(name, ring_bytes=1 << 20, **options)
     if name == "fake":
         b.fake.set_auto_complete(True)
