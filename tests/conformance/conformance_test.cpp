@@ -126,41 +126,10 @@ ObjectSpec bytes_spec(std::uint64_t max_extent, std::uint64_t alignment = 64) {
 
 // ---- the fixture ---------------------------------------------------------
 
-class BackendConformance : public ::testing::TestWithParam<BackendDriver> {
+class BackendConformance : public DriverTest {
  protected:
-  void SetUp() override {
-    if (driver().unavailable_reason) {
-      if (const auto why = driver().unavailable_reason(); !why.empty())
-        GTEST_SKIP() << "backend " << driver().name << " is unavailable here: " << why;
-    }
-  }
-
-  void TearDown() override {
-    // A failed assertion must not leave copies held: the bridge's close
-    // would still end them, but the fake would stay out of auto-complete.
-    if (bridge_ && held_) hold(false);
-  }
-
-  const BackendDriver& driver() const { return GetParam(); }
-
   Bridge& make_bridge(std::uint64_t ring_bytes = 8ull << 20, std::uint64_t inflight_budget = 0) {
-    bridge_ = std::make_unique<Bridge>(driver().make(),
-                                       BridgeOptions{.generation = 1, .ring_bytes = ring_bytes,
-                                                     .inflight_budget_bytes = inflight_budget});
-    return *bridge_;
-  }
-  Bridge& bridge() { return *bridge_; }
-
-  bool can_hold() const { return static_cast<bool>(driver().hold_copies); }
-  void hold(bool on) {
-    driver().hold_copies(bridge_->backend(), on);
-    held_ = on;
-  }
-
-  // Device allocations the backend holds (its own count where it has one).
-  std::uint64_t backend_live_allocations() {
-    if (driver().live_allocations) return driver().live_allocations(bridge_->backend());
-    return bridge_->stats().live_allocations;
+    return DriverTest::make_bridge(ring_bytes, inflight_budget);
   }
 
   // A reservation of `len` bytes filled with `data` (or poison).
@@ -197,8 +166,6 @@ class BackendConformance : public ::testing::TestWithParam<BackendDriver> {
     return out;
   }
 
-  std::unique_ptr<Bridge> bridge_;
-  bool held_ = false;
   Random random_{seed_for_current_test()};
 };
 

@@ -67,38 +67,13 @@ ObjectSpec bytes_spec(std::uint64_t extent) { return ObjectSpec{extent, 1, DType
   return same_bytes(back, expected);
 }
 
-class StagerConformance : public ::testing::TestWithParam<BackendDriver> {
+class StagerConformance : public DriverTest {
  protected:
-  void SetUp() override {
-    if (driver().unavailable_reason) {
-      if (const auto why = driver().unavailable_reason(); !why.empty())
-        GTEST_SKIP() << "backend " << driver().name << " is unavailable here: " << why;
-    }
-  }
-
-  void TearDown() override {
-    if (bridge_ && held_) hold(false);
-  }
-
-  const BackendDriver& driver() const { return GetParam(); }
   bool is_fake() const { return driver().name == "fake"; }
   fake::FakeBackend& fake_backend() { return dynamic_cast<fake::FakeBackend&>(bridge_->backend()); }
 
   Bridge& make_bridge(std::uint64_t ring_bytes = kRing, std::uint64_t inflight_budget = 0) {
-    bridge_ = std::make_unique<Bridge>(driver().make(),
-                                       BridgeOptions{.generation = 1, .ring_bytes = ring_bytes,
-                                                     .inflight_budget_bytes = inflight_budget});
-    return *bridge_;
-  }
-
-  void hold(bool on) {
-    driver().hold_copies(bridge_->backend(), on);
-    held_ = on;
-  }
-
-  std::uint64_t backend_live_allocations() {
-    if (driver().live_allocations) return driver().live_allocations(bridge_->backend());
-    return bridge_->stats().live_allocations;
+    return DriverTest::make_bridge(ring_bytes, inflight_budget);
   }
 
   Bytes random_bytes(std::size_t n) {
@@ -119,8 +94,6 @@ class StagerConformance : public ::testing::TestWithParam<BackendDriver> {
     EXPECT_EQ(backend_live_allocations(), allocations);
   }
 
-  std::unique_ptr<Bridge> bridge_;
-  bool held_ = false;
   std::mt19937_64 random_{std::hash<std::string>{}(
       ::testing::UnitTest::GetInstance()->current_test_info()->name())};
 };
