@@ -395,18 +395,18 @@ class BridgeCore {
     const std::uint32_t dlpack = handed == handed_on_.end() ? 0 : handed->second[0];
     const std::uint32_t tinygrad = handed == handed_on_.end() ? 0 : handed->second[1];
     const std::uint32_t caller = slot.views - std::min(slot.views, dlpack + tinygrad);
-    const int kinds = (dlpack != 0) + (tinygrad != 0) + (caller != 0);
-    const auto add = [&](std::uint32_t n, std::string_view who) {
-      if (n == 0) return;
-      text += text.back() == ':' ? " " : kinds == 1 ? " " : ", ";
-      if (kinds > 1) text += fmt::format("{} ", n);
-      text += who;
+    const std::pair<std::uint32_t, std::string_view> holders[] = {
+        {tinygrad, "held by a tinygrad tensor (a lazy graph or .grad may still read it; opt.zero_grad() or del "
+                   "releases it)"},
+        {dlpack, "held by a DLPack consumer (a numpy, jax, torch or cupy array; del releases it)"},
+        {caller, "held by the caller (closing the view, or the end of its with-block, releases it)"},
     };
-    if (kinds > 1) text += ':';
-    add(tinygrad, "held by a tinygrad tensor (a lazy graph or .grad may still read it; opt.zero_grad() or del "
-                  "releases it)");
-    add(dlpack, "held by a DLPack consumer (a numpy, jax, torch or cupy array; del releases it)");
-    add(caller, "held by the caller (closing the view, or the end of its with-block, releases it)");
+    const auto kinds = std::ranges::count_if(holders, [](const auto& holder) { return holder.first != 0; });
+    for (const auto& [n, who] : holders) {
+      if (n == 0) continue;
+      if (kinds == 1) text += fmt::format(" {}", who);
+      else text += fmt::format("{}{} {}", text.find(':') == std::string::npos ? ": " : ", ", n, who);
+    }
     return text;
   }
 
@@ -513,6 +513,12 @@ class BridgeCore {
     }
   }
 
+  // An upload into an allocation a view still reads, which the policy guards.
+  bool guarded_write(const AllocationSlot& slot, CopyDirection direction) const noexcept {
+    return slot.views != 0 && direction == CopyDirection::HostToDevice &&
+           writes_under_view_ != WritesUnderView::Allow;
+  }
+
   // The copy's slow path: a view under an upload (writes_under_view) or no
   // in-flight budget left. Returns once the copy may go ahead, with `slot`
   // and `ring_key` valid; each wait drops the lock, so after one everything
@@ -530,8 +536,7 @@ class BridgeCore {
       auto* slot = &allocation(device.handle);
       validate_device_range(device, *slot);
       const auto ring_key = ring_.find(host);
-      if (slot->views != 0 && direction == CopyDirection::HostToDevice &&
-          writes_under_view_ != WritesUnderView::Allow) {
+      if (guarded_write(*slot, direction)) {
         if (writes_under_view_ == WritesUnderView::Wait) {
           if (!views_deadline) views_deadline = checked::deadline_after(writes_under_view_timeout_);
           if (wait_until(lock, *views_deadline, [&] { return allocation(device.handle).views == 0; })) continue;
@@ -562,8 +567,7 @@ class BridgeCore {
       fail(ErrorKind::InvalidRange, "{} and device range of {} bytes differ in length", describe(host), device.len);
     auto ring_key = ring_.find(host);
     // inflight_bytes_ never exceeds the budget, so the room left cannot wrap.
-    if (__builtin_expect((slot->views != 0 && direction == CopyDirection::HostToDevice &&
-                          writes_under_view_ != WritesUnderView::Allow) ||
+    if (__builtin_expect(guarded_write(*slot, direction) ||
                              (mode == CopyMode::Async && host.len > inflight_budget_ - inflight_bytes_),
                          0))
     {
