@@ -138,13 +138,15 @@ struct AllocationSlot {
   std::uint32_t views = 0;    // live view leases
   bool used() const noexcept { return copies || steps || views; }
   // Every field but the version, for a new use of the slot.
-  [[gnu::always_inline]] void start(const ObjectSpec& new_spec, std::uint8_t new_element_size,
+  // (The caller derives element size and view dtype from the spec while it
+  // validates, before any store here could alias the spec.)
+  [[gnu::always_inline]] void start(const ObjectSpec& new_spec, std::uint8_t new_element_size, DType new_view_dtype,
                                     std::uint64_t new_extent, const DeviceAllocation& memory) {
     in_use = true;
     released = false;
     spec = new_spec;
     element_size = new_element_size;
-    view_dtype = new_spec.dtype.value_or(DType::UInt8);
+    view_dtype = new_view_dtype;
     extent = new_extent;
     device = memory;
     copies = uploads = steps = views = 0;
@@ -360,6 +362,7 @@ class BridgeCore {
     if (!is_power_of_two(spec.alignment))
       fail(ErrorKind::InvalidAlignment, "alignment {} is not a non-zero power of two", spec.alignment);
     const auto elem = spec_element_size(spec);
+    const DType view_dtype = spec.dtype.value_or(DType::UInt8);
     if (extent == 0 || extent > spec.max_extent || (extent & (spec.alignment - 1)) || (extent & (elem - 1)))
       fail(ErrorKind::InvalidExtent,
            "extent {} must be non-zero, at most max_extent {}, and a multiple of the alignment {} "
@@ -376,7 +379,7 @@ class BridgeCore {
       throw;
     }
     auto& slot = allocations_[index];
-    slot.start(spec, static_cast<std::uint8_t>(elem), extent, device);
+    slot.start(spec, static_cast<std::uint8_t>(elem), view_dtype, extent, device);
     allocated_bytes_ += device.bytes;
     return DeviceHandle{domain_, generation_, make_id(index, slot.version)};
   }

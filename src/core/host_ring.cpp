@@ -49,41 +49,47 @@ HostRange HostRing::reserve(std::uint64_t bytes, std::uint64_t alignment) {
   if (!checked::add(tail_, end_from_tail)) rebase();
   const Position begin = tail_ + *from_tail;
   reservations_.push_back(Reservation{begin, offset, bytes});
+  ++next_key_;
   ++live_;
   head_ = tail_ + end_from_tail;
   head_offset_ = bytes == cap - offset ? 0 : offset + bytes;  // offset + bytes <= cap
   return HostRange{offset, bytes};
 }
 
-std::ptrdiff_t HostRing::locate(HostRange range) const noexcept {
+std::optional<HostRing::Key> HostRing::locate(HostRange range) const noexcept {
   const std::uint64_t cap = capacity();
-  if (range.len == 0 || !checked::range_within(range.offset, range.len, cap) || reservations_.empty()) return -1;
+  if (range.len == 0 || !checked::range_within(range.offset, range.len, cap) || reservations_.empty())
+    return std::nullopt;
   // Every live byte lies in [tail, head), at most cap past the tail: map the
   // offset into that window.
   const std::uint64_t from_tail =
       range.offset >= tail_offset_ ? range.offset - tail_offset_ : cap - (tail_offset_ - range.offset);
-  if (from_tail >= used()) return -1;
+  if (from_tail >= used()) return std::nullopt;
   const Position at = tail_ + from_tail;  // < head_: fits
-  // The newest reservation is the likeliest; check it before searching.
-  auto it = std::prev(reservations_.end());
-  if (at < it->begin)
-    it = std::prev(std::upper_bound(reservations_.begin(), it, at,
-                                    [](Position p, const Reservation& r) { return p < r.begin; }));
-  if (at < it->begin || it->released || !checked::range_within(at - it->begin, range.len, it->len)) return -1;
-  return it - reservations_.begin();
+  const auto holds = [&](const Reservation& r) {
+    return at >= r.begin && !r.released && checked::range_within(at - r.begin, range.len, r.len);
+  };
+  // The newest reservation is the likeliest: its key is known without the
+  // deque iterator arithmetic a search needs (most of a lookup's cost).
+  if (const auto& newest = reservations_.back(); at >= newest.begin)
+    return holds(newest) ? std::optional<Key>(next_key_ - 1) : std::nullopt;
+  const auto it = std::prev(std::upper_bound(reservations_.begin(), std::prev(reservations_.end()), at,
+                                             [](Position p, const Reservation& r) { return p < r.begin; }));
+  return holds(*it) ? std::optional<Key>(front_key_ + static_cast<Key>(it - reservations_.begin())) : std::nullopt;
 }
 
 HostRing::Key HostRing::find(HostRange range) const {
-  const auto index = locate(range);
-  if (index < 0)
+  const auto key = locate(range);
+  if (!key)
     fail(ErrorKind::InvalidRange, "host range [offset {}, len {}] is not inside one live reservation of the {}-byte ring",
          range.offset, range.len, capacity());
-  return front_key_ + static_cast<Key>(index);
+  return *key;
 }
 
 void HostRing::unpin(Key key) noexcept {
+  // next_key_ - front_key_ is the deque's size, without its iterator arithmetic.
   const auto index = key - front_key_;
-  if (index < reservations_.size() && reservations_[index].pins > 0) --reservations_[index].pins;
+  if (index < next_key_ - front_key_ && reservations_[index].pins > 0) --reservations_[index].pins;
 }
 
 void HostRing::unpin_all() noexcept {
@@ -91,16 +97,16 @@ void HostRing::unpin_all() noexcept {
 }
 
 void HostRing::release(HostRange range) {
-  const auto index = locate(range);
-  if (index < 0 || reservations_[index].offset != range.offset || reservations_[index].len != range.len)
+  const auto key = locate(range);
+  auto* reservation = key ? &reservations_[*key - front_key_] : nullptr;
+  if (!reservation || reservation->offset != range.offset || reservation->len != range.len)
     fail(ErrorKind::InvalidRange,
          "host range [offset {}, len {}] is not a live reservation (release takes exactly the range reserve returned)",
          range.offset, range.len);
-  auto& reservation = reservations_[index];
-  if (reservation.pins > 0)
+  if (reservation->pins > 0)
     fail(ErrorKind::AllocationStillInUse, "host range [offset {}, len {}] is used by {} in-flight cop{}; wait for them first",
-         range.offset, range.len, reservation.pins, reservation.pins == 1 ? "y" : "ies");
-  reservation.released = true;
+         range.offset, range.len, reservation->pins, reservation->pins == 1 ? "y" : "ies");
+  reservation->released = true;
   --live_;
   advance_tail();
 }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <optional>
 
 #include "devbridge/backend.hpp"
 #include "devbridge/types.hpp"
@@ -55,8 +56,8 @@ class HostRing {
     std::uint32_t pins = 0;
     bool released = false;
   };
-  // Index into reservations_ of the live reservation holding `range`, or -1.
-  std::ptrdiff_t locate(HostRange range) const noexcept;
+  // The key of the live reservation holding `range`, if one does.
+  std::optional<Key> locate(HostRange range) const noexcept;
   void advance_tail() noexcept;
   // Shifts every position down by tail_ (offsets unchanged).
   void rebase() noexcept;
@@ -64,6 +65,7 @@ class HostRing {
   HostBlock block_;
   std::deque<Reservation> reservations_;  // ordered by begin; front has key front_key_
   Key front_key_ = 0;
+  Key next_key_ = 0;  // front_key_ + reservations_.size(): the next reservation's key
   std::size_t live_ = 0;
   Position head_ = 0;  // end of the newest reservation
   Position tail_ = 0;  // begin of the oldest reservation still owned
