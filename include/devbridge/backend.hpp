@@ -20,6 +20,8 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,7 +38,15 @@ enum class DLPackDevice : int { CPU = 1, CUDA = 2, CUDAHost = 3, OpenCL = 4 };
 struct BackendInfo {
   std::string name;           // registry name: "host", "fake", "cuda", ...
   std::string vendor;         // "cpu", "nvidia", "fake", ...
+  // What the "device" option of make_backend takes to bind this device
+  // again: "0" (a CUDA ordinal, the one host or fake device), "0:1" (an
+  // OpenCL platform:device).
+  std::string device_id;
   std::string device_name;    // the CPU model, the GPU name
+  std::string pci_bus_id;     // "0000:3b:00.0" where the driver reports one, else empty
+  // What the device can do beyond moving bytes, in words a user greps for:
+  // "cl_khr_fp16", "compute capability 9.0", "page-locked host memory".
+  std::vector<std::string> capabilities;
   std::string device_string;  // tinygrad's device: "CPU", "CUDA:0"
   DLPackDevice dlpack_device = DLPackDevice::CPU;
   int device_ordinal = 0;
@@ -46,6 +56,13 @@ struct BackendInfo {
   bool host_memory_page_locked = false;
   std::string notes;               // e.g. why the ring is not page-locked
 };
+
+// A backend's options as text, so that callers (the Python module, the CLI)
+// pass them through without knowing which backend takes what. Every backend
+// takes "device" (a BackendInfo::device_id from list_devices); the rest are
+// its own (docs/BACKENDS.md). A key the backend does not take, or a value it
+// cannot parse, is Error(Unsupported) naming the key and what it takes.
+using BackendOptions = std::map<std::string, std::string, std::less<>>;
 
 // An allocation as the backend made it. `address` is what views hand out;
 // `token` is the backend's own bookkeeping (never read above the seam).

@@ -22,8 +22,14 @@ struct BackendAvailability {
 std::vector<BackendAvailability> list_backends();
 
 // "auto" picks the best available: cuda, then an OpenCL GPU or accelerator,
-// then host (never fake). Unknown or unavailable
-// names throw Error(Unavailable) naming the reason.
-std::unique_ptr<Backend> make_backend(std::string_view name);
+// then host (never fake). Unknown or unavailable names, and a device that is
+// not there, throw Error(Unavailable) naming the reason; an option the
+// backend does not take, Error(Unsupported) naming what it takes.
+std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOptions& options = {});
+
+// Every device `name` can bind, each as describe() gives it once bound (its
+// device_id is what the "device" option takes). Empty when the backend is
+// unavailable here; an unknown name throws Error(Unavailable).
+std::vector<BackendInfo> list_devices(std::string_view name);
 
 }  // namespace devbridge

@@ -21,6 +21,7 @@ enum class ErrorKind : std::uint8_t {
   ForeignDomain,
   InvalidViewDType,
   InvalidTensorView,
+  UnsupportedDType,  // a dtype the bridge's device does not hold (its BackendInfo::dtypes)
   AllocationStillInUse,
   Backpressure,
   Unavailable,

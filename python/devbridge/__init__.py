@@ -52,6 +52,7 @@ from ._errors import (
     Unavailable,
     UnknownDeviceHandle,
     Unsupported,
+    UnsupportedDType,
 )
 from ._tinygrad import synchronize as tinygrad_synchronize
 from ._tinygrad import DeviceMismatchWarning

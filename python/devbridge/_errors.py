@@ -55,6 +55,7 @@ OldGenerationHandle = _kind("OldGenerationHandle", "A handle or event from befor
 ForeignDomain = _kind("ForeignDomain", "A handle or event from another bridge.")
 InvalidViewDType = _kind("InvalidViewDType", "A view's dtype differs from the allocation's object spec.")
 InvalidTensorView = _kind("InvalidTensorView", "A view's shape, strides and offset do not fit the allocation.")
+UnsupportedDType = _kind("UnsupportedDType", "A dtype the bridge's device does not hold (see backend_info()['dtypes']).")
 AllocationStillInUse = _kind("AllocationStillInUse", "Copies, compute steps or views still use the allocation or range.")
 Backpressure = _kind("Backpressure", "No room: the host ring or the in-flight copy budget is full.")
 Unavailable = _kind("Unavailable", "The backend (or a library it needs) is not available here.")

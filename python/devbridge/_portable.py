@@ -29,6 +29,8 @@ import operator
 import os
 import stat
 import tempfile
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO, Callable, Iterator, Mapping, NamedTuple
 
 import numpy as np
@@ -84,6 +86,15 @@ FORMAT_VERSION = "1"
 _HEADER_LIMIT = 100_000_000
 # Uploads of one transfer in flight on the destination at once (the source keeps its own few downloads).
 _TRANSFER_WINDOW = 2
+# Restore: ring ranges read from the file and not yet hashed (each also has its upload in flight).
+_RESTORE_WINDOW = 4
+# Checkpoint: after this many bytes written, the disk writeback of the file so far starts on a thread
+# (fdatasync), so the fsync before the rename has little left to do.
+_WRITEBACK_EVERY = 64 << 20
+# Checksums a checkpoint may record: algorithm -> hex digits. checkpoint writes crc32 by default (see
+# docs/PORTABLE.md, "Checksums"); restore and `devbridge checkpoint inspect` verify both.
+_CHECKSUM_DIGITS = {"sha256": 64, "crc32": 8}
+_DEFAULT_CHECKSUM = "crc32"
 
 
 class CheckpointError(ValueError):
@@ -545,20 +556,101 @@ def _checked_path(path: Any) -> str:
     return path
 
 
+class _Crc32:
+    """zlib's CRC-32 (the IEEE polynomial, as gzip and PNG) behind hashlib's interface."""
+
+    name = "crc32"
+
+    def __init__(self) -> None:
+        self._value = 0
+
+    def update(self, data: Any) -> None:
+        self._value = zlib.crc32(data, self._value)
+
+    def hexdigest(self) -> str:
+        return f"{self._value:08x}"
+
+
+def _new_digest(algorithm: str) -> Any:
+    return hashlib.sha256() if algorithm == "sha256" else _Crc32()
+
+
+class _Hasher:
+    """Feeds a digest, in order, on a thread of its own, so the checksum overlaps the device copies and the
+    file I/O (hashlib and zlib release the GIL for large buffers, and so do os.write and readinto).
+    ``submit(view)`` returns a Future; the caller keeps the bytes unchanged until it is done."""
+
+    def __init__(self, algorithm: str) -> None:
+        self.algorithm = algorithm
+        self.digest = _new_digest(algorithm)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="devbridge-checksum")
+
+    def submit(self, view: memoryview) -> Future:
+        return self._pool.submit(self.digest.update, view)
+
+    def checksum(self) -> str:
+        """``"<algorithm>:<hex>"`` of everything submitted (waits for it)."""
+        self._pool.shutdown(wait=True)
+        return f"{self.algorithm}:{self.digest.hexdigest()}"
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+class _Writeback:
+    """Starts the disk writeback of a file being written, every ``_WRITEBACK_EVERY`` bytes, on a thread
+    (``fdatasync`` of what is there so far), so it overlaps the rest of the write and the final ``fsync``
+    has little left. A failed writeback is raised (by ``wrote`` or ``finish``), never lost."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._sync = getattr(os, "fdatasync", os.fsync)
+        self._pool: ThreadPoolExecutor | None = None
+        self._running: Future | None = None
+        self._unsynced = 0
+
+    def wrote(self, n: int) -> None:
+        self._unsynced += n
+        if self._unsynced < _WRITEBACK_EVERY:
+            return
+        if self._running is not None:
+            if not self._running.done():
+                return
+            self._running.result()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="devbridge-writeback")
+        self._unsynced = 0
+        self._running = self._pool.submit(self._sync, self._fd)
+
+    def finish(self) -> None:
+        """Waits for the writeback in progress (raising its error); the fd may close after this."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        if self._running is not None:
+            running, self._running = self._running, None
+            running.result()
+
+
 def checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], *,
-               metadata: Mapping[str, str] | None = None) -> dict[str, str]:
+               metadata: Mapping[str, str] | None = None, checksum: str = _DEFAULT_CHECKSUM) -> dict[str, str]:
     """Writes ``{name: DeviceTensor | DeviceHandle}`` of ``bridge`` to ``path`` as a safetensors file.
 
     The file loads with the ``safetensors`` package (and numpy/torch loaders).
     Its ``__metadata__`` holds the format and its version, the bridge's
-    generation, a ``sha256:`` checksum of the data section, each tensor's
+    generation, a checksum of the data section (``checksum``: ``"crc32"``,
+    the default, or ``"sha256"``; restore verifies either), each tensor's
     devbridge dtype (``dtypes``, JSON) and ``metadata``'s own entries. The
     tensors stream from the ring to the file chunk by chunk (the checkpoint is
-    never held in memory), into a temporary file beside ``path`` that is
-    fsynced, renamed over ``path`` and its directory fsynced: a crash leaves
-    the old file or the new one, never a mix. Returns the metadata written.
+    never held in memory), hashed on a thread of their own while they are
+    written, into a temporary file beside ``path`` that is fsynced, renamed
+    over ``path`` and its directory fsynced: a crash leaves the old file or
+    the new one, never a mix. Returns the metadata written.
     """
     path = _checked_path(path)
+    if not isinstance(checksum, str):
+        raise TypeError(f"checksum must be a str, not {type(checksum).__name__}")
+    if checksum not in _CHECKSUM_DIGITS:
+        raise ValueError(f"checksum {checksum!r} is not one of {', '.join(sorted(_CHECKSUM_DIGITS))}")
     if not isinstance(tensors, Mapping):
         raise TypeError(f"tensors must be a mapping of names to DeviceTensors or DeviceHandles, "
                         f"not {type(tensors).__name__}")
@@ -572,7 +664,8 @@ def checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], *,
             sources.append((name, _resolve(bridge, x)))
     # The package's own order: widest dtype first, so every tensor starts aligned to its itemsize.
     sources.sort(key=lambda entry: (-dtype_info(entry[1].dtype)["itemsize"], entry[0]))
-    meta = _checkpoint_metadata(bridge, metadata, {name: s.dtype for name, s in sources}, "sha256:" + "0" * 64)
+    meta = _checkpoint_metadata(bridge, metadata, {name: s.dtype for name, s in sources},
+                                f"{checksum}:" + "0" * _CHECKSUM_DIGITS[checksum])
     header: dict[str, Any] = {"__metadata__": meta}
     begin = 0
     for name, source in sources:
@@ -584,19 +677,32 @@ def checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], *,
     fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     try:
         with open(fd, "wb", buffering=0) as file:
-            file.write(_encode_header(header))  # the checksum is a placeholder of the final length
-            digest = hashlib.sha256()
+            hasher = _Hasher(checksum)
+            writeback = _Writeback(file.fileno())
+            try:
+                _write_all(file.write, _encode_header(header))  # the checksum is a placeholder of the final length
 
-            def sink(offset: int, chunk: np.ndarray) -> None:
-                digest.update(chunk)
-                _write_all(file.write, chunk)
+                def sink(offset: int, chunk: np.ndarray) -> None:
+                    # The chunk is a ring range that goes back when this returns: it is hashed (on the
+                    # hasher's thread) while it is written here, and both are done before the return.
+                    view = memoryview(chunk).cast("B")
+                    hashed = hasher.submit(view)
+                    try:
+                        _write_all(file.write, view)
+                    finally:
+                        hashed.result()
+                    writeback.wrote(view.nbytes)
 
-            for name, source in sources:
-                with _context(f"checkpoint {path!r}: tensor {name!r}"):
-                    _stream(source, sink)
-            meta["checksum"] = "sha256:" + digest.hexdigest()
-            file.seek(0)
-            file.write(_encode_header(header))
+                for name, source in sources:
+                    with _context(f"checkpoint {path!r}: tensor {name!r}"):
+                        _stream(source, sink)
+                meta["checksum"] = hasher.checksum()
+                file.seek(0)
+                _write_all(file.write, _encode_header(header))
+                writeback.finish()
+            finally:
+                hasher.close()
+                writeback.finish()  # no writeback may run once the file is closed (its fd reused)
             os.fchmod(file.fileno(), _mode_for(path))
             os.fsync(file.fileno())
         os.replace(temporary, path)
@@ -709,10 +815,11 @@ def _read_header(file: BinaryIO, path: str) -> _Header:
                               "a safetensors file)")
     if metadata.get("format") == FORMAT:
         checksum = metadata.get("checksum", "")
-        digits = checksum.removeprefix("sha256:")
-        if not checksum.startswith("sha256:") or len(digits) != 64 or not all(c in "0123456789abcdef" for c in digits):
-            raise CheckpointError(f"{path!r}: a devbridge checkpoint without a valid sha256 checksum "
-                                  f"(got {checksum!r})")
+        algorithm, _, digits = checksum.partition(":")
+        if (len(digits) != _CHECKSUM_DIGITS.get(algorithm, -1)
+                or not all(c in "0123456789abcdef" for c in digits)):
+            raise CheckpointError(f"{path!r}: a devbridge checkpoint without a valid checksum (got {checksum!r}; "
+                                  "crc32:<8 hex digits> or sha256:<64 hex digits>)")
     return _Header(metadata, entries, 8 + length)
 
 
@@ -850,8 +957,8 @@ def _bridge_transfer(self: Bridge, x: Any, dst_bridge: Bridge, **kwargs: Any) ->
 
 
 def _bridge_checkpoint(self: Bridge, path: Any, tensors: Mapping[str, Any], *,
-                       metadata: Mapping[str, str] | None = None) -> dict[str, str]:
-    return checkpoint(self, path, tensors, metadata=metadata)
+                       metadata: Mapping[str, str] | None = None, checksum: str = _DEFAULT_CHECKSUM) -> dict[str, str]:
+    return checkpoint(self, path, tensors, metadata=metadata, checksum=checksum)
 
 
 def _bridge_restore(self: Bridge, path: Any, *, alignment: int = 256, verify: bool = True) -> dict[str, DeviceTensor]:

@@ -216,6 +216,9 @@ class BridgeCore {
       throw Error(ErrorKind::InvalidRange, fmt::format("writes_under_view_timeout of {} ns is negative",
                                                        options.writes_under_view_timeout.count()));
     const auto info = backend_->describe();
+    for (DType dtype : info.dtypes) element_sizes_[static_cast<std::uint8_t>(dtype)] = dtype_size(dtype);
+    device_text_ = fmt::format("{} device {} ({})", info.name, info.device_id.empty() ? "0" : info.device_id,
+                               info.device_name);
     device_string_ = info.device_string;
     dlpack_device_ = static_cast<int>(info.dlpack_device);
     device_ordinal_ = info.device_ordinal;
@@ -361,13 +364,17 @@ class BridgeCore {
     // Validation needs no state, so it happens before taking the lock.
     if (!is_power_of_two(spec.alignment))
       fail(ErrorKind::InvalidAlignment, "alignment {} is not a non-zero power of two", spec.alignment);
-    const auto elem = spec_element_size(spec);
+    // 0 for a dtype the device does not hold (or no dtype at all): the
+    // extent check below then fails, and its cold path tells which.
+    const std::uint32_t elem = spec.dtype ? element_sizes_[static_cast<std::uint8_t>(*spec.dtype)] : 1;
     const DType view_dtype = spec.dtype.value_or(DType::UInt8);
-    if (extent == 0 || extent > spec.max_extent || (extent & (spec.alignment - 1)) || (extent & (elem - 1)))
+    if (extent == 0 || extent > spec.max_extent || (extent & (spec.alignment - 1)) || (extent & (elem - 1))) {
+      if (elem == 0 && dtype_size(*spec.dtype) != 0) fail_unsupported_dtype(*spec.dtype, "an allocation");
       fail(ErrorKind::InvalidExtent,
            "extent {} must be non-zero, at most max_extent {}, and a multiple of the alignment {} "
            "and of the {} size {}",
            extent, spec.max_extent, spec.alignment, spec_dtype_name(spec), elem);
+    }
     SpinLockHold lock(lock_);
     enter(lock);
     const DeviceAllocation device = call_backend([&] { return backend_->allocate(extent, spec.alignment); });
@@ -903,9 +910,9 @@ class BridgeCore {
     SpinLockHold lock(lock_);
     enter(lock);
     auto* slot = &allocation(h);
-    if (__builtin_expect(spec.dtype != slot->view_dtype, 0) && slot->spec.dtype)
-      fail(ErrorKind::InvalidViewDType, "view dtype {} differs from {}'s dtype {}", dtype_info(spec.dtype).name,
-           describe(h), spec_dtype_name(slot->spec));
+    if (__builtin_expect(spec.dtype != slot->view_dtype, 0) &&
+        (slot->spec.dtype || element_sizes_[static_cast<std::uint8_t>(spec.dtype)] == 0))
+      fail_view_dtype(h, spec.dtype, *slot);
     shape_view(h, spec, *slot, view);
     if (slot->uploads) {
       if (wait_mode == ViewWait::Refuse)
@@ -920,6 +927,28 @@ class BridgeCore {
     call_backend([&] { backend_->validate_view(slot->device, view); });
     ++slot->views;
     ++outstanding_leases_;
+  }
+
+  // A view of a typed allocation has its dtype; one of an untyped allocation
+  // any dtype its device holds.
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_view_dtype(const DeviceHandle& h, DType dtype,
+                                                              const AllocationSlot& slot) const {
+    if (slot.spec.dtype)
+      fail(ErrorKind::InvalidViewDType, "view dtype {} differs from {}'s dtype {}", dtype_info(dtype).name, describe(h),
+           spec_dtype_name(slot.spec));
+    if (dtype_size(dtype) == 0)
+      fail(ErrorKind::InvalidViewDType, "view of {}: dtype value {} is not a dtype", describe(h),
+           static_cast<int>(dtype));
+    fail_unsupported_dtype(dtype, "a view");
+  }
+
+  // Names the dtype, the device, and what it does hold.
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_unsupported_dtype(DType dtype, std::string_view what) const {
+    std::string held;
+    for (const auto& info : all_dtypes())
+      if (element_sizes_[static_cast<std::uint8_t>(info.dtype)] != 0) held += fmt::format("{}{}", held.empty() ? "" : ", ", info.name);
+    fail(ErrorKind::UnsupportedDType, "{} of dtype {}: the bridge's {} does not hold {} (it holds: {})", what,
+         dtype_info(dtype).name, device_text_, dtype_info(dtype).name, held.empty() ? "none" : held);
   }
 
   template <class... Args>
@@ -1258,6 +1287,10 @@ class BridgeCore {
   bool owner_alive_ = true;
   std::string broken_reason_;
   std::string device_string_;  // views point at it: it never changes after construction
+  std::string device_text_;    // "opencl device 0:0 (pthread-...)", for errors
+  // Indexed by DType's value (all 256, so no bound check): its size where the
+  // device holds it, else 0. Read before the lock: set once, at construction.
+  std::array<std::uint8_t, 256> element_sizes_{};
   int dlpack_device_ = 0;
   int device_ordinal_ = 0;
 };

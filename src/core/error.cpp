@@ -9,7 +9,8 @@ namespace {
 constexpr std::array<std::string_view, kErrorKindCount> kKindNames = {
     "AllocationFailed",    "DeviceCopyFailed",     "OutputCopyFailed", "InvalidExtent",
     "InvalidAlignment",    "InvalidRange",         "UnknownDeviceHandle", "OldGenerationHandle",
-    "ForeignDomain",       "InvalidViewDType",     "InvalidTensorView", "AllocationStillInUse",
+    "ForeignDomain",       "InvalidViewDType",     "InvalidTensorView", "UnsupportedDType",
+    "AllocationStillInUse",
     "Backpressure",        "Unavailable",          "Unsupported",      "Closed",
     "Broken",
 };

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -140,8 +141,44 @@ TEST_F(OpenCLDevice, DescribesItselfTheWayTinygradAndDLPackNameOpenCL) {
   EXPECT_EQ(info.dlpack_device, DLPackDevice::OpenCL);
   EXPECT_GT(info.total_memory, 0u);
   EXPECT_FALSE(info.device_name.empty());
-  EXPECT_EQ(info.dtypes.size(), all_dtypes().size());
   EXPECT_TRUE(is_opencl_backend(*backend));
+}
+
+// Half and double only with cl_khr_fp16 / cl_khr_fp64 (PoCL on a CPU has
+// fp64 and not fp16); every other dtype always, since buffers hold bytes.
+TEST_F(OpenCLDevice, HoldsHalfAndDoubleOnlyWithTheirExtensions) {
+  const BackendInfo info = make_opencl_backend()->describe();
+  const auto holds = [&](DType dtype) { return std::ranges::count(info.dtypes, dtype) == 1; };
+  const auto has = [&](std::string_view name) { return std::ranges::count(info.capabilities, name) == 1; };
+  EXPECT_EQ(holds(DType::Float16), has("cl_khr_fp16"));
+  EXPECT_EQ(holds(DType::Float64), has("cl_khr_fp64"));
+  for (const auto& dtype : all_dtypes())
+    if (dtype.dtype != DType::Float16 && dtype.dtype != DType::Float64) EXPECT_TRUE(holds(dtype.dtype)) << dtype.name;
+  EXPECT_EQ(info.device_id, "0:0");
+}
+
+TEST_F(OpenCLDevice, ABridgeRefusesADTypeItsDeviceDoesNotHold) {
+  auto backend = make_opencl_backend();
+  const BackendInfo info = backend->describe();
+  if (std::ranges::count(info.dtypes, DType::Float16) == 1) GTEST_SKIP() << "this device has cl_khr_fp16";
+  Bridge bridge(std::move(backend), BridgeOptions{});
+  const Error refused = error_of([&] { bridge.alloc_device(ObjectSpec{1024, 2, DType::Float16}, 1024); });
+  EXPECT_EQ(refused.kind(), ErrorKind::UnsupportedDType);
+  EXPECT_THAT(refused.what(), HasSubstr("does not hold float16"));
+  EXPECT_THAT(refused.what(), HasSubstr("opencl device 0:0"));
+  EXPECT_EQ(bridge.stats().allocated_bytes, 0u);
+}
+
+TEST_F(OpenCLDevice, TheDeviceOptionPicksPlatformAndDevice) {
+  EXPECT_EQ(make_opencl_backend(BackendOptions{{"device", "0:0"}})->describe().device_id, "0:0");
+  const Error missing = error_of([] { make_opencl_backend(BackendOptions{{"device", "5:0"}}); });
+  EXPECT_EQ(missing.kind(), ErrorKind::Unavailable);
+  const Error malformed = error_of([] { make_opencl_backend(BackendOptions{{"device", "zero"}}); });
+  EXPECT_EQ(malformed.kind(), ErrorKind::Unsupported);
+  EXPECT_THAT(malformed.what(), HasSubstr("device='zero'"));
+  const Error unknown = error_of([] { make_opencl_backend(BackendOptions{{"ordinal", "0"}}); });
+  EXPECT_EQ(unknown.kind(), ErrorKind::Unsupported);
+  EXPECT_THAT(unknown.what(), HasSubstr("no option 'ordinal'"));
 }
 
 TEST_F(OpenCLDevice, ADeviceThatIsNotThereIsUnavailableAndNamed) {

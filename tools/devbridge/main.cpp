@@ -1,5 +1,6 @@
 // devbridge: the command-line worker. `stream` moves data through the bridge
-// and checks every element; `info` says which backends can run here.
+// and checks every element; `info` says which backends can run here;
+// `checkpoint inspect` lists a checkpoint file and verifies its checksum.
 //
 // Exit codes: 0 success (stream: every element verified), 1 a runtime or
 // verification failure, 2 a command line that cannot work, 128 + N a stream
@@ -30,6 +31,7 @@
 #include <spdlog/spdlog.h>
 
 #include "devbridge/backends.hpp"
+#include "checkpoint.hpp"
 #include "devbridge/error.hpp"
 #include "info.hpp"
 #include "progress.hpp"
@@ -278,6 +280,18 @@ int run_info_command(const std::optional<std::string>& json_path) {
   return json.write(devbridge::cli::info_report_json(report)) ? kExitOk : kExitFailure;
 }
 
+// Exit 0: the file is whole (its checksum verified, or it records none); 1: it
+// cannot be read or restore would refuse it (the reason on stderr, one line).
+int run_checkpoint_inspect_command(const std::string& path, const std::optional<std::string>& json_path) {
+  JsonSink json(json_path);
+  const devbridge::cli::CheckpointReport report = devbridge::cli::inspect_checkpoint(path);
+  if (!json.to_stdout()) fmt::print("{}", devbridge::cli::format_checkpoint(report));
+  std::fflush(stdout);
+  if (!report.ok()) fmt::print(stderr, "devbridge checkpoint inspect: {}\n", one_line(report.error));
+  const bool written = json.write(devbridge::cli::checkpoint_report_json(report));
+  return report.ok() && written ? kExitOk : kExitFailure;
+}
+
 // "--backend" help: every backend the registry knows, and which run here.
 std::string backend_help() {
   std::string names = "auto (the best available: cuda, then an OpenCL GPU, then host)";
@@ -345,10 +359,29 @@ int main(int argc, char** argv) {
   CLI::Option* info_json_option =
       info->add_option("--json", info_json, "Write the listing as JSON to this file ('-' for stdout)");
 
+  std::string checkpoint_file;
+  std::string checkpoint_json;
+  CLI::App* checkpoint = app.add_subcommand("checkpoint", "Look into checkpoint (safetensors) files");
+  checkpoint->require_subcommand(1);
+  CLI::App* checkpoint_inspect = checkpoint->add_subcommand(
+      "inspect", "List a checkpoint's tensors and metadata and verify its checksum (exit 1 when it is corrupt)");
+  checkpoint_inspect->add_option("file", checkpoint_file, "The checkpoint (a safetensors file)")->required();
+  CLI::Option* checkpoint_json_option = checkpoint_inspect->add_option(
+      "--json", checkpoint_json, "Write the listing as JSON to this file ('-' for stdout)");
+
   // CLI11 reports a mistyped command as "A subcommand is required"; say what was wrong.
   if (argc > 1 && argv[1][0] != '-' && std::string_view(argv[1]) != "stream" &&
-      std::string_view(argv[1]) != "info") {
-    fmt::print(stderr, "devbridge: unknown command '{}' (commands: stream, info; see devbridge --help)\n", argv[1]);
+      std::string_view(argv[1]) != "info" && std::string_view(argv[1]) != "checkpoint") {
+    fmt::print(stderr, "devbridge: unknown command '{}' (commands: stream, info, checkpoint; see devbridge --help)\n",
+               argv[1]);
+    return kExitUsage;
+  }
+  if (argc > 2 && std::string_view(argv[1]) == "checkpoint" && argv[2][0] != '-' &&
+      std::string_view(argv[2]) != "inspect") {
+    fmt::print(stderr,
+               "devbridge: unknown command 'checkpoint {}' (checkpoint commands: inspect; see devbridge checkpoint "
+               "--help)\n",
+               argv[2]);
     return kExitUsage;
   }
 
@@ -372,6 +405,9 @@ int main(int argc, char** argv) {
       return run_stream_command(stream_args, given(stream_json_option, stream_json), quiet);
     }
     if (info->parsed()) return run_info_command(given(info_json_option, info_json));
+    if (checkpoint_inspect->parsed()) {
+      return run_checkpoint_inspect_command(checkpoint_file, given(checkpoint_json_option, checkpoint_json));
+    }
     return kExitUsage;  // unreachable: require_subcommand(1)
   } catch (const UsageError& e) {
     fmt::print(stderr, "devbridge: {}\n", one_line(e.what()));

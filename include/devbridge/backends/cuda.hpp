@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "devbridge/backend.hpp"
 
@@ -35,6 +36,11 @@ struct Options {
 
 // Throws Error(Unavailable) with the probe's reason.
 std::unique_ptr<Backend> make_cuda_backend(const Options& options = {});
+// From text (the registry's form): device (the ordinal), context (a CUcontext
+// as an integer).
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);
+// Every device's id (its ordinal), for list_devices.
+std::vector<std::string> device_ids();
 
 // ---- hooks for bindings (DLPack, tinygrad) ---------------------------------
 // The seam stays vendor-neutral; these reach the CUDA backend behind it

@@ -61,7 +61,9 @@ struct RecordedCall {
 
 class FakeBackend final : public Backend {
  public:
-  explicit FakeBackend(std::uint64_t memory_bytes = 1ull << 34);
+  // `dtypes`: what describe() says the device holds (every dtype when empty),
+  // so tests can see a bridge refuse the others (UnsupportedDType).
+  explicit FakeBackend(std::uint64_t memory_bytes = 1ull << 34, std::vector<DType> dtypes = {});
   ~FakeBackend() override;
 
   // ---- test controls; all thread-safe ----
@@ -100,6 +102,9 @@ class FakeBackend final : public Backend {
   std::unique_ptr<State> state_;
 };
 
-std::unique_ptr<Backend> make_fake_backend();
+// Options: device ("0", the one device), memory_bytes (what allocations may
+// total; default 16 GiB), dtypes (comma-separated names the device holds;
+// default all).
+std::unique_ptr<Backend> make_fake_backend(const BackendOptions& options = {});
 
 }  // namespace devbridge::fake

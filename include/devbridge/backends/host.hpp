@@ -24,6 +24,9 @@ struct Options {
 };
 
 std::unique_ptr<Backend> make_host_backend(const Options& options = {});
+// From text (the registry's form): device ("0", the one device),
+// inline_async_max_bytes (as Options).
+std::unique_ptr<Backend> make_host_backend(const BackendOptions& options);
 
 // ---- observation and test controls ----
 // Each throws Error(Unsupported) when `backend` is not a host backend.

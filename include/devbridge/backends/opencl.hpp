@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "devbridge/backend.hpp"
 
@@ -38,6 +39,10 @@ struct Options {
 
 // Throws Error(Unavailable) when there is no such device.
 std::unique_ptr<Backend> make_opencl_backend(const Options& options = {});
+// From text (the registry's form): device ("<platform>:<device>").
+std::unique_ptr<Backend> make_opencl_backend(const BackendOptions& options);
+// Every device's id ("<platform>:<device>"), for list_devices.
+std::vector<std::string> device_ids();
 
 // ---- observation and test controls ----
 // Each throws Error(Unsupported) when `backend` is not an OpenCL backend.

@@ -23,6 +23,8 @@
 // never disturbed.
 #include "devbridge/backends/cuda.hpp"
 
+#include <fmt/format.h>
+
 #include "core/log.hpp"
 
 #include <algorithm>
@@ -30,11 +32,13 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "backends/backend_options.hpp"
 #include "backends/cuda/cuda_driver.hpp"
 #include "backends/cuda/cuda_ptx.hpp"
 #include "devbridge/checked.hpp"
@@ -188,6 +192,9 @@ class CudaBackend final : public Backend {
     info.device_string = device_string_;
     info.dlpack_device = DLPackDevice::CUDA;
     info.device_ordinal = ordinal_;
+    info.device_id = std::to_string(ordinal_);
+    info.pci_bus_id = pci_bus_id_;
+    info.capabilities.push_back(fmt::format("compute capability {}.{}", compute_capability_ / 10, compute_capability_ % 10));
     info.total_memory = total_memory_;
     for (const DTypeInfo& dtype : all_dtypes()) info.dtypes.push_back(dtype.dtype);
     info.host_memory_page_locked = true;
@@ -567,6 +574,13 @@ class CudaBackend final : public Backend {
         multiprocessors_ <= 0)
       multiprocessors_ = 16;
     compute_capability_ = major * 10 + minor;
+    // The bus id, where the driver reports it (an emulated one may not: then
+    // none is shown, and nothing else depends on it).
+    int domain = 0, bus = 0, slot = 0;
+    if (driver_.cuDeviceGetAttribute(&domain, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, device_) == CUDA_SUCCESS &&
+        driver_.cuDeviceGetAttribute(&bus, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, device_) == CUDA_SUCCESS &&
+        driver_.cuDeviceGetAttribute(&slot, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, device_) == CUDA_SUCCESS)
+      pci_bus_id_ = fmt::format("{:04x}:{:02x}:{:02x}.0", domain, bus, slot);
 
     ContextGuard guard(driver_, context_, Operation::Setup);
     check(driver_, driver_.cuStreamCreate(&upload_.stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate(upload)",
@@ -804,6 +818,7 @@ class CudaBackend final : public Backend {
   std::string device_name_;
   std::uint64_t total_memory_ = 0;
   int compute_capability_ = 0;
+  std::string pci_bus_id_;
   int multiprocessors_ = 0;
   std::string notes_;
   std::string jit_log_;
@@ -878,6 +893,27 @@ std::unique_ptr<Backend> make_cuda_backend(const Options& options) {
     throw Error(ErrorKind::Unavailable, "CUDA: no device with ordinal " + std::to_string(options.ordinal) + " (" +
                                             std::to_string(found.device_count) + " present)");
   return std::make_unique<CudaBackend>(detail::driver(), options);
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
+  devbridge::detail::OptionReader reader("cuda", options);
+  Options typed;
+  if (const auto ordinal = reader.unsigned_integer("device", "the device ordinal, as devbridge info lists them")) {
+    if (*ordinal > static_cast<std::uint64_t>(std::numeric_limits<int>::max()))
+      reader.refuse("device", std::to_string(*ordinal), "not a device ordinal");
+    typed.ordinal = static_cast<int>(*ordinal);
+  }
+  if (const auto context = reader.unsigned_integer(
+          "context", "a CUcontext the caller owns, as an integer (e.g. tinygrad's); pointers are valid in it"))
+    typed.context = reinterpret_cast<void*>(static_cast<std::uintptr_t>(*context));
+  reader.finish();
+  return make_cuda_backend(typed);
+}
+
+std::vector<std::string> device_ids() {
+  std::vector<std::string> ids;
+  for (int ordinal = 0; ordinal < probe().device_count; ++ordinal) ids.push_back(std::to_string(ordinal));
+  return ids;
 }
 
 bool is_cuda_backend(const Backend& backend) noexcept {

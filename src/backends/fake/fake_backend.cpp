@@ -47,6 +47,8 @@
 #include <stdexcept>
 #include <string>
 
+#include <fmt/format.h>
+#include "backends/backend_options.hpp"
 #include "devbridge/checked.hpp"
 #include "devbridge/types.hpp"
 
@@ -193,6 +195,7 @@ struct FakeBackend::State {
     bool late = false;
   };
 
+  std::vector<DType> dtypes;  // what describe() reports
   std::uint64_t memory_bytes = 0;
   std::uint64_t used_bytes = 0;
 
@@ -302,8 +305,11 @@ struct FakeBackend::State {
   }
 };
 
-FakeBackend::FakeBackend(std::uint64_t memory_bytes) : state_(std::make_unique<State>()) {
+FakeBackend::FakeBackend(std::uint64_t memory_bytes, std::vector<DType> dtypes) : state_(std::make_unique<State>()) {
   state_->memory_bytes = memory_bytes;
+  if (dtypes.empty())
+    for (const auto& d : all_dtypes()) dtypes.push_back(d.dtype);
+  state_->dtypes = std::move(dtypes);
 }
 
 FakeBackend::~FakeBackend() {
@@ -410,12 +416,13 @@ BackendInfo FakeBackend::describe() {
   info.device_string = "CPU";  // tinygrad has no fake device; the memory is host memory
   info.dlpack_device = DLPackDevice::CPU;
   info.device_ordinal = 0;
+  info.device_id = "0";
   {
     std::lock_guard lock(state_->mutex);
     info.total_memory = state_->memory_bytes;
     info.free_memory = state_->memory_bytes - state_->used_bytes;
   }
-  for (const auto& d : all_dtypes()) info.dtypes.push_back(d.dtype);
+  info.dtypes = state_->dtypes;
   info.host_memory_page_locked = false;
   info.notes = "scripted test device: device memory is host memory, async copies complete when the test says";
   return info;
@@ -707,6 +714,24 @@ void FakeBackend::validate_view(const DeviceAllocation& allocation, const Tensor
   }
 }
 
-std::unique_ptr<Backend> make_fake_backend() { return std::make_unique<FakeBackend>(); }
+std::unique_ptr<Backend> make_fake_backend(const BackendOptions& options) {
+  devbridge::detail::OptionReader reader("fake", options);
+  reader.single_device();
+  const auto memory_bytes = reader.unsigned_integer("memory_bytes", "bytes allocations may total");
+  std::vector<DType> dtypes;
+  if (const auto names = reader.text("dtypes", "comma-separated dtypes the device holds")) {
+    for (std::string_view rest = *names; !rest.empty();) {
+      const auto comma = rest.find(',');
+      const auto name = rest.substr(0, comma);
+      const auto dtype = dtype_from_name(name);
+      if (!dtype) reader.refuse("dtypes", *names, fmt::format("'{}' is not a dtype name", name));
+      dtypes.push_back(*dtype);
+      rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    }
+    if (dtypes.empty()) reader.refuse("dtypes", *names, "names no dtype");
+  }
+  reader.finish();
+  return std::make_unique<FakeBackend>(memory_bytes.value_or(1ull << 34), std::move(dtypes));
+}
 
 }  // namespace devbridge::fake

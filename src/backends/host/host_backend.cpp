@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 #include "core/log.hpp"
 
+#include "backends/backend_options.hpp"
 #include "backends/host/copy_engine.hpp"
 #include "backends/host/system_info.hpp"
 #include "devbridge/backends/host.hpp"
@@ -84,6 +85,7 @@ class HostBackend final : public Backend {
     info.device_string = "CPU";
     info.dlpack_device = DLPackDevice::CPU;
     info.device_ordinal = 0;
+    info.device_id = "0";
     const auto memory = detail::read_memory_info();
     info.total_memory = memory.total;
     info.free_memory = memory.available;
@@ -351,6 +353,17 @@ const HostBackend& as_host(const Backend& backend, const char* what) {
 }  // namespace
 
 std::unique_ptr<Backend> make_host_backend(const Options& options) { return std::make_unique<HostBackend>(options); }
+
+std::unique_ptr<Backend> make_host_backend(const BackendOptions& options) {
+  devbridge::detail::OptionReader reader("host", options);
+  reader.single_device();
+  Options typed;
+  if (const auto bytes = reader.unsigned_integer("inline_async_max_bytes",
+                                                 "async copies up to this size run on the submitting thread"))
+    typed.inline_async_max_bytes = *bytes;
+  reader.finish();
+  return make_host_backend(typed);
+}
 
 std::uint64_t live_allocations(const Backend& backend) {
   return as_host(backend, "host::live_allocations").live_allocations();

@@ -39,7 +39,9 @@
 #include <utility>
 #include <vector>
 
-#include "backends/opencl/opencl_api.hpp"
+#include "backends/backend_options.hpp"
+#include "backends/opencl/opencl_api.hpp"  // before cl_ext.h: it sets the OpenCL version
+#include <CL/cl_ext.h>
 #include "backends/opencl/opencl_errors.hpp"
 #include "devbridge/backends/opencl.hpp"
 #include "devbridge/checked.hpp"
@@ -170,6 +172,16 @@ const Devices& devices() {
   return found;
 }
 
+// "<platform>:<device>" (e.g. "0:1"), as BackendInfo::device_id gives it.
+bool parse_device_id(const std::string& text, Options& options) {
+  int platform = -1, device = -1;
+  char tail = 0;
+  if (std::sscanf(text.c_str(), "%d:%d%c", &platform, &device, &tail) != 2 || platform < 0 || device < 0) return false;
+  options.platform = platform;
+  options.device = device;
+  return true;
+}
+
 // The device Options (or $DEVBRIDGE_OPENCL_DEVICE) name, else the first GPU
 // or accelerator, else the first device. Null with `why` set when none fits.
 const DeviceChoice* choose_device(const Devices& devices, Options options, std::string& why) {
@@ -179,14 +191,10 @@ const DeviceChoice* choose_device(const Devices& devices, Options options, std::
   }
   if (options.platform < 0 && options.device < 0) {
     if (const char* env = std::getenv("DEVBRIDGE_OPENCL_DEVICE"); env != nullptr && *env != '\0') {
-      int platform = -1, device = -1;
-      char tail = 0;
-      if (std::sscanf(env, "%d:%d%c", &platform, &device, &tail) != 2 || platform < 0 || device < 0) {
+      if (!parse_device_id(env, options)) {
         why = fmt::format("DEVBRIDGE_OPENCL_DEVICE='{}' is not <platform>:<device> (e.g. 0:1)", env);
         return nullptr;
       }
-      options.platform = platform;
-      options.device = device;
     }
   }
   if (options.platform >= 0 || options.device >= 0) {
@@ -255,9 +263,27 @@ class OpenCLBackend final : public Backend {
     info.device_string = choice_.device_index == 0 ? "CL" : fmt::format("CL:{}", choice_.device_index);
     info.dlpack_device = DLPackDevice::OpenCL;
     info.device_ordinal = choice_.device_index;
+    info.device_id = fmt::format("{}:{}", choice_.platform_index, choice_.device_index);
+    info.pci_bus_id = pci_bus_id();
     info.total_memory = total_memory_;
-    info.free_memory = 0;                                               // OpenCL has no query for it
-    for (const auto& d : all_dtypes()) info.dtypes.push_back(d.dtype);  // buffers hold bytes
+    info.free_memory = 0;  // OpenCL has no query for it
+    // Buffers hold any bytes, but a kernel (tinygrad's, or ours) can compute
+    // in half or double only with the extension; without it such a view
+    // could be made and never used, so the device does not hold the dtype.
+    const auto extensions = " " + device_text(cl_, choice_.device, CL_DEVICE_EXTENSIONS) + " ";
+    const auto has = [&](std::string_view name) { return extensions.find(fmt::format(" {} ", name)) != std::string::npos; };
+    for (const auto& d : all_dtypes()) {
+      if ((d.dtype == DType::Float16 && !has("cl_khr_fp16")) || (d.dtype == DType::Float64 && !has("cl_khr_fp64")))
+        continue;
+      info.dtypes.push_back(d.dtype);
+    }
+    const auto type = device_value<cl_device_type>(cl_, choice_.device, CL_DEVICE_TYPE);
+    info.capabilities.push_back((type & CL_DEVICE_TYPE_GPU)           ? "gpu"
+                                : (type & CL_DEVICE_TYPE_ACCELERATOR) ? "accelerator"
+                                                                      : "cpu");
+    info.capabilities.push_back(device_text(cl_, choice_.device, CL_DEVICE_VERSION));
+    for (std::string_view name : {"cl_khr_fp16", "cl_khr_fp64", "cl_khr_pci_bus_info"})
+      if (has(name)) info.capabilities.emplace_back(name);
     info.host_memory_page_locked = false;
     info.notes = fmt::format(
         "platform {} ({}), device {}:{}; buffers at most {} bytes each; one in-order queue; the ring is a mapped "
@@ -265,6 +291,14 @@ class OpenCLBackend final : public Backend {
         platform_text(cl_, choice_.platform, CL_PLATFORM_NAME), device_text(cl_, choice_.device, CL_DEVICE_VERSION),
         choice_.platform_index, choice_.device_index, max_buffer_bytes_);
     return info;
+  }
+
+  // "0000:3b:00.0" from cl_khr_pci_bus_info, where the driver has it.
+  std::string pci_bus_id() const {
+    cl_device_pci_bus_info_khr bus{};
+    if (cl_.clGetDeviceInfo(choice_.device, CL_DEVICE_PCI_BUS_INFO_KHR, sizeof bus, &bus, nullptr) != CL_SUCCESS)
+      return {};
+    return fmt::format("{:04x}:{:02x}:{:02x}.{:x}", bus.pci_domain, bus.pci_bus, bus.pci_device, bus.pci_function);
   }
 
   // `alignment` holds for every buffer: a buffer has no address of its own,
@@ -669,6 +703,22 @@ std::unique_ptr<Backend> make_opencl_backend(const Options& options) {
   const DeviceChoice* choice = choose_device(devices(), options, why);
   if (choice == nullptr) throw Error(ErrorKind::Unavailable, "opencl: " + why);
   return std::make_unique<OpenCLBackend>(*choice);
+}
+
+std::unique_ptr<Backend> make_opencl_backend(const BackendOptions& options) {
+  devbridge::detail::OptionReader reader("opencl", options);
+  Options typed;
+  if (const auto device = reader.text("device", "<platform>:<device>, as devbridge info lists them");
+      device && !parse_device_id(*device, typed))
+    reader.refuse("device", *device, "not <platform>:<device> (e.g. 0:1)");
+  reader.finish();
+  return make_opencl_backend(typed);
+}
+
+std::vector<std::string> device_ids() {
+  std::vector<std::string> ids;
+  for (const auto& choice : devices().all) ids.push_back(fmt::format("{}:{}", choice.platform_index, choice.device_index));
+  return ids;
 }
 
 bool is_opencl_backend(const Backend& backend) noexcept {

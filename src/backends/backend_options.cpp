@@ -1,0 +1,57 @@
+#include "backends/backend_options.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "devbridge/error.hpp"
+
+namespace devbridge::detail {
+
+std::optional<std::string> OptionReader::text(std::string_view key, std::string_view meaning) {
+  taken_.push_back(fmt::format("{} ({})", key, meaning));
+  const auto it = options_.find(key);
+  if (it == options_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::optional<std::uint64_t> OptionReader::unsigned_integer(std::string_view key, std::string_view meaning) {
+  const auto value = text(key, meaning);
+  if (!value) return std::nullopt;
+  // strtoull accepts a sign and leading spaces; an option value may have neither.
+  const bool digits_only = !value->empty() && std::isdigit(static_cast<unsigned char>((*value)[0]));
+  errno = 0;
+  char* end = nullptr;
+  const unsigned long long parsed = digits_only ? std::strtoull(value->c_str(), &end, 0) : 0;
+  if (!digits_only || errno == ERANGE || end != value->c_str() + value->size())
+    refuse(key, *value, "not a non-negative integer that fits in 64 bits");
+  return parsed;
+}
+
+void OptionReader::single_device() {
+  if (const auto device = text("device", "the one device: 0"); device && *device != "0")
+    refuse("device", *device, "this backend has one device, \"0\"");
+}
+
+void OptionReader::finish() const {
+  for (const auto& [key, value] : options_) {
+    const bool known = std::any_of(taken_.begin(), taken_.end(), [&](const std::string& taken) {
+      return taken.size() > key.size() && taken.compare(0, key.size(), key) == 0 && taken[key.size()] == ' ';
+    });
+    if (!known) {
+      std::string takes;
+      for (const auto& taken : taken_) takes += fmt::format("{}{}", takes.empty() ? "" : "; ", taken);
+      throw Error(ErrorKind::Unsupported, fmt::format("backend {} has no option '{}' (it takes: {})", backend_, key,
+                                                      takes.empty() ? "none" : takes));
+    }
+  }
+}
+
+void OptionReader::refuse(std::string_view key, std::string_view value, std::string_view why) const {
+  throw Error(ErrorKind::Unsupported, fmt::format("backend {}: option {}='{}': {}", backend_, key, value, why));
+}
+
+}  // namespace devbridge::detail

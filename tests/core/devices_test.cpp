@@ -1,0 +1,79 @@
+// Devices through the registry (options, enumeration) and the dtypes a
+// device holds, enforced by the bridge (UnsupportedDType), on the backends
+// every machine runs: fake and host.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "devbridge/backends.hpp"
+#include "devbridge/backends/fake.hpp"
+#include "devbridge/bridge.hpp"
+#include "support.hpp"
+
+namespace devbridge {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::expect_error;
+
+// A fake device that holds only float32 and uint8.
+std::unique_ptr<Backend> narrow_fake() { return make_backend("fake", {{"dtypes", "float32,uint8"}}); }
+
+TEST(Devices, EveryAvailableBackendListsDevicesItsDeviceOptionBindsAgain) {
+  for (const auto& backend : list_backends()) {
+    if (!backend.available) continue;
+    const auto devices = list_devices(backend.name);
+    ASSERT_FALSE(devices.empty()) << backend.name;
+    for (const auto& device : devices) {
+      EXPECT_EQ(device.name, backend.name);
+      EXPECT_FALSE(device.device_id.empty()) << backend.name;
+      EXPECT_FALSE(device.dtypes.empty()) << backend.name;
+      EXPECT_EQ(make_backend(backend.name, {{"device", device.device_id}})->describe().device_id, device.device_id);
+    }
+  }
+  EXPECT_EQ(expect_error(ErrorKind::Unavailable, [] { list_devices("tpu"); }), "unknown backend 'tpu'");
+}
+
+TEST(Devices, OptionsABackendDoesNotTakeAreRefusedNamingWhatItTakes) {
+  const auto unknown = expect_error(ErrorKind::Unsupported, [] { make_backend("host", {{"context", "1"}}); });
+  EXPECT_THAT(unknown, HasSubstr("backend host has no option 'context'"));
+  EXPECT_THAT(unknown, HasSubstr("inline_async_max_bytes"));
+  EXPECT_THAT(expect_error(ErrorKind::Unsupported, [] { make_backend("fake", {{"device", "1"}}); }),
+              HasSubstr("option device='1': this backend has one device"));
+  for (const char* bad : {"-1", "", " 5", "18446744073709551616", "12kb", "+3"})
+    EXPECT_THAT(expect_error(ErrorKind::Unsupported, [&] { make_backend("fake", {{"memory_bytes", bad}}); }),
+                HasSubstr("not a non-negative integer")) << bad;
+  EXPECT_THAT(expect_error(ErrorKind::Unsupported, [] { make_backend("fake", {{"dtypes", "float32,float33"}}); }),
+              HasSubstr("'float33' is not a dtype name"));
+  EXPECT_EQ(make_backend("fake", {{"memory_bytes", "0x1000"}})->describe().total_memory, 4096u);
+}
+
+TEST(Devices, ABridgeRefusesAnAllocationOfADTypeItsDeviceDoesNotHold) {
+  auto backend = narrow_fake();
+  auto* fake = dynamic_cast<fake::FakeBackend*>(backend.get());
+  Bridge bridge(std::move(backend), BridgeOptions{});
+  const auto refused =
+      expect_error(ErrorKind::UnsupportedDType, [&] { bridge.alloc_device(ObjectSpec{1024, 4, DType::Float64}, 1024); });
+  EXPECT_THAT(refused, HasSubstr("an allocation of dtype float64: the bridge's fake device 0"));
+  EXPECT_THAT(refused, HasSubstr("it holds: uint8, float32"));
+  EXPECT_EQ(fake->live_allocations(), 0u);
+  // What it holds, and untyped bytes, still go.
+  bridge.free_device(bridge.alloc_device(ObjectSpec{1024, 4, DType::Float32}, 1024));
+  bridge.free_device(bridge.alloc_device(ObjectSpec{1024, 4, std::nullopt}, 1024));
+}
+
+TEST(Devices, AViewOfUntypedBytesTakesOnlyADTypeTheDeviceHolds) {
+  Bridge bridge(narrow_fake(), BridgeOptions{});
+  const auto bytes = bridge.alloc_device(ObjectSpec{1024, 8, std::nullopt}, 1024);
+  EXPECT_THAT(expect_error(ErrorKind::UnsupportedDType,
+                           [&] { bridge.view(bytes, ViewSpec{DType::Int64, {4}, {}, 0}); }),
+              HasSubstr("a view of dtype int64"));
+  { auto lease = bridge.view(bytes, ViewSpec{DType::Float32, {4}, {}, 0}); }
+  // A typed allocation still says the dtype differs, whatever the device holds.
+  const auto typed = bridge.alloc_device(ObjectSpec{1024, 4, DType::Float32}, 1024);
+  expect_error(ErrorKind::InvalidViewDType, [&] { bridge.view(typed, ViewSpec{DType::Int64, {4}, {}, 0}); });
+  bridge.free_device(typed);
+  bridge.free_device(bytes);
+}
+
+}  // namespace
+}  // namespace devbridge
