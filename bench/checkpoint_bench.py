@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Checkpoint/restore and transfer throughput: devbridge against the plain paths, as ratios, in one run.
 
-  checkpoint  bridge.checkpoint(path, tensors): device -> ring -> file, sha256
-              of the data, temp file + fsync + rename + directory fsync;
+  checkpoint  bridge.checkpoint(path, tensors): device -> ring -> file, the
+              data's checksum (crc32, the default; sha256 in its own row) on a
+              thread of its own, temp file + fsync + rename + directory fsync;
               against safetensors.numpy.save_file of the same arrays held in
               host memory, with and without an fsync after it (save_file does
               not make the file durable; devbridge does).
-  restore     bridge.restore(path): file -> ring -> device, sha256 verified
-              (and, for reference, with verify=False); against
-              safetensors.numpy.load_file (file -> numpy arrays).
+  restore     bridge.restore(path): file -> ring -> device, the checksum
+              verified (crc32, and sha256 in its own row; for reference also
+              verify=False); against safetensors.numpy.load_file (file -> numpy
+              arrays).
   transfer    devbridge.transfer(host bridge, x, OpenCL bridge) and back:
               against the slower of the source's download and the destination's
               upload (bridge.download / bridge.upload of the same bytes), the
@@ -17,7 +19,10 @@
 Files go to --dir (default: the temp directory), so the page cache is warm for
 the reads: these are memory-bandwidth figures, not the disk's. Each figure is
 the median of --repeat samples (GB/s, 1 GB = 1e9 bytes); a ratio above 1 means
-devbridge is faster. Nothing is asserted: this reports.
+devbridge is faster. The samples of a row and of its baseline are interleaved
+(ours, theirs, ours, ...), so a machine that slows down mid-run (another
+process, the disk's writeback) weighs on both alike. Nothing is asserted:
+this reports.
 
     .venv/bin/python bench/checkpoint_bench.py [--mib 256] [--repeat 3] [--ring-mib 64] [--dir /tmp]
 """
@@ -60,6 +65,20 @@ def median_seconds(run: Callable[[], object], repeat: int, before: Callable[[], 
     return statistics.median(samples)
 
 
+def interleaved_medians(runs: list[tuple[Callable[[], object], Callable[[], object] | None]],
+                        repeat: int) -> list[float]:
+    """The median seconds of each ``(run, before)``, their samples taken in turn: run 0, run 1, ..., run 0, ..."""
+    samples: list[list[float]] = [[] for _ in runs]
+    for _ in range(repeat):
+        for (run, before), out in zip(runs, samples):
+            if before is not None:
+                before()
+            start = time.perf_counter()
+            run()
+            out.append(time.perf_counter() - start)
+    return [statistics.median(s) for s in samples]
+
+
 def save_and_fsync(arrays: dict[str, np.ndarray], path: str) -> None:
     safetensors.numpy.save_file(arrays, path)
     fd = os.open(path, os.O_RDONLY)
@@ -77,7 +96,7 @@ def free_all(tensors: dict[str, devbridge.DeviceTensor]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mib", type=int, default=256, help="total checkpoint size (MiB)")
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--ring-mib", type=int, default=64, help="each bridge's ring (MiB)")
     parser.add_argument("--dir", default=tempfile.gettempdir())
     args = parser.parse_args()
@@ -89,33 +108,45 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.dir) as workdir, \
             devbridge.Bridge(backend="host", ring_bytes=args.ring_mib << 20) as host:
         ours, theirs = os.path.join(workdir, "ours.safetensors"), os.path.join(workdir, "theirs.safetensors")
+        strong = os.path.join(workdir, "ours-sha256.safetensors")
         tensors = {name: host.upload(a, wait=True) for name, a in arrays.items()}
+        host.checkpoint(ours, tensors)  # one each first: the files exist, so every sample replaces one
+        host.checkpoint(strong, tensors, checksum="sha256")
+        safetensors.numpy.save_file(arrays, theirs)
 
-        write = median_seconds(lambda: host.checkpoint(ours, tensors), args.repeat)
-        plain_write = median_seconds(lambda: safetensors.numpy.save_file(arrays, theirs), args.repeat)
-        durable_write = median_seconds(lambda: save_and_fsync(arrays, theirs), args.repeat)
-        rows.append(("checkpoint (host)", gb / write, "save_file", gb / plain_write))
-        rows.append(("checkpoint (host)", gb / write, "save_file + fsync", gb / durable_write))
+        write, write_sha, plain_write, durable_write = interleaved_medians([
+            (lambda: host.checkpoint(ours, tensors), None),
+            (lambda: host.checkpoint(strong, tensors, checksum="sha256"), None),
+            (lambda: safetensors.numpy.save_file(arrays, theirs), None),
+            (lambda: save_and_fsync(arrays, theirs), None),
+        ], args.repeat)
+        rows.append(("checkpoint (host, crc32)", gb / write, "save_file", gb / plain_write))
+        rows.append(("checkpoint (host, crc32)", gb / write, "save_file + fsync", gb / durable_write))
+        rows.append(("checkpoint (host, sha256)", gb / write_sha, "save_file", gb / plain_write))
 
         restored: dict[str, devbridge.DeviceTensor] = {}
 
-        def restore() -> None:
-            restored.update(host.restore(ours))
+        def restore(path: str, **kwargs: object) -> Callable[[], None]:
+            return lambda: restored.update(host.restore(path, **kwargs))
 
-        read = median_seconds(restore, args.repeat, before=lambda: free_all(restored))
-        free_all(restored)
-        plain_read = median_seconds(lambda: safetensors.numpy.load_file(theirs), args.repeat)
-        rows.append(("restore (host, verified)", gb / read, "load_file", gb / plain_read))
+        def clear() -> None:
+            free_all(restored)
+            restored.clear()
 
-        def restore_unverified() -> None:
-            restored.update(host.restore(ours, verify=False))
-
-        unverified = median_seconds(restore_unverified, args.repeat, before=lambda: free_all(restored))
-        free_all(restored)
+        read, read_sha, unverified, plain_read = interleaved_medians([
+            (restore(ours), clear),
+            (restore(strong), clear),
+            (restore(ours, verify=False), clear),
+            (lambda: safetensors.numpy.load_file(theirs), clear),
+        ], args.repeat)
+        clear()
+        rows.append(("restore (host, crc32)", gb / read, "load_file", gb / plain_read))
+        rows.append(("restore (host, sha256)", gb / read_sha, "load_file", gb / plain_read))
         rows.append(("restore (host, verify=False)", gb / unverified, "load_file", gb / plain_read))
-        check = host.restore(ours)
-        assert all(np.array_equal(host.download(check[n]), a) for n, a in arrays.items()), "restore differs"
-        free_all(check)
+        for path in (ours, strong):
+            check = host.restore(path)
+            assert all(np.array_equal(host.download(check[n]), a) for n, a in arrays.items()), "restore differs"
+            free_all(check)
 
         available = {b["name"]: b["available"] for b in devbridge.list_backends()}
         if available.get("opencl"):
@@ -148,7 +179,8 @@ def main() -> None:
             print("OpenCL unavailable here: no transfer figures")
         free_all(tensors)
 
-    print(f"{nbytes / 2**20:.0f} MiB in {len(arrays)} tensors, ring {args.ring_mib} MiB, median of {args.repeat}")
+    print(f"{nbytes / 2**20:.0f} MiB in {len(arrays)} tensors, ring {args.ring_mib} MiB, median of {args.repeat}, "
+          f"{os.cpu_count()} CPUs")
     print(f"{'devbridge':<30}{'GB/s':>8}   {'against':<24}{'GB/s':>8}   {'ratio':>6}")
     for ours_label, ours_rate, their_label, their_rate in rows:
         print(f"{ours_label:<30}{ours_rate:>8.2f}   {their_label:<24}{their_rate:>8.2f}   "

@@ -45,6 +45,7 @@ from ._staging import (
     _chunk_error,
     _cleanup,
     _download_chunks,
+    _room,
     _dtype_name,
     _numpy_dtype,
     _stage_chunk,
@@ -702,7 +703,8 @@ def checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], *,
                 writeback.finish()
             finally:
                 hasher.close()
-                writeback.finish()  # no writeback may run once the file is closed (its fd reused)
+                with contextlib.suppress(OSError):  # after a failure: raised above when it is the first
+                    writeback.finish()  # no writeback may run once the file is closed (its fd reused)
             os.fchmod(file.fileno(), _mode_for(path))
             os.fsync(file.fileno())
         os.replace(temporary, path)
@@ -909,29 +911,120 @@ def restore(bridge: Bridge, path: Any, *, alignment: int = 256, verify: bool = T
         for entry in header.entries:  # spec_for_array's own checks (alignment, sizes) before any allocation
             spec_for_array(entry.shape, entry.dtype, alignment)
         expected = header.metadata.get("checksum") if verify else None
-        digest = hashlib.sha256() if expected else None
+        hasher = _Hasher(expected.partition(":")[0]) if expected else None
         try:
-            for entry in header.entries:
-                with _context(f"restore {path!r}: tensor {entry.name!r}"):
-                    fill = _file_reader(file.readinto, digest)
-                    spec, extent = spec_for_array(entry.shape, entry.dtype, alignment)
-                    with _staging_queue(bridge) as queue:
-                        restored[entry.name] = _upload(
-                            bridge, queue, entry.shape, entry.dtype, spec, extent, False,
-                            lambda handle: _stage_chunks(bridge, queue, handle, entry.end - entry.begin, fill))
+            with _staging_queue(bridge) as queue:
+                reader = _RestoreReader(bridge, queue, file.readinto, hasher)
+                try:
+                    for entry in header.entries:
+                        with _context(f"restore {path!r}: tensor {entry.name!r}"):
+                            spec, extent = spec_for_array(entry.shape, entry.dtype, alignment)
+                            restored[entry.name] = _upload(
+                                bridge, queue, entry.shape, entry.dtype, spec, extent, False,
+                                lambda handle: reader.stage(handle, entry.end - entry.begin))
+                finally:
+                    reader.drain()
             for name, tensor in restored.items():
                 with _context(f"restore {path!r}: tensor {name!r}"):
                     tensor.wait()
-            if digest is not None and "sha256:" + digest.hexdigest() != expected:
-                raise CheckpointError(f"{path!r} is corrupt: the data's checksum is sha256:{digest.hexdigest()}, "
+            if hasher is not None and (actual := hasher.checksum()) != expected:
+                raise CheckpointError(f"{path!r} is corrupt: the data's checksum is {actual}, "
                                       f"the file records {expected}; nothing was restored")
         except BaseException:
+            if hasher is not None:
+                hasher.close()
             for tensor in restored.values():  # their copies first, so the frees happen now, not deferred
                 with contextlib.suppress(BridgeError):
                     tensor.wait(timeout=_CLEANUP_WAIT_S)
                 tensor.free()
             raise
     return restored
+
+
+class _RestoreReader:
+    """Streams a checkpoint's data section from the file into device allocations through the ring, with
+    the checksum on the hasher's thread: chunk k is hashed while chunk k+1 is read into the ring and chunk
+    k copies to the device. A ring range goes back (through the release queue, once its copy is done) only
+    after the hash has read it. The ranges of one tensor may still be hashing while the next tensor is
+    read; ``drain()`` settles them all (call it once, also after a failure)."""
+
+    def __init__(self, bridge: Bridge, queue: Any, readinto: Callable[[Any], int | None],
+                 hasher: _Hasher | None) -> None:
+        self._bridge = bridge
+        self._queue = queue
+        self._ring = bridge.ring
+        self._readinto = readinto
+        self._hasher = hasher
+        self._pending: collections.deque[tuple[Any, Any, Future | None]] = collections.deque()
+
+    def stage(self, handle: DeviceHandle, nbytes: int) -> list:
+        """Fills ``handle`` from offset 0 with the file's next ``nbytes``: ``(event, offset, length)`` per
+        chunk, as ``_stage_chunks`` returns them."""
+        bridge, ring = self._bridge, self._ring
+        chunk = _chunk_bytes(bridge, nbytes)
+        events: list = []
+        index = offset = n = 0
+        try:
+            while offset < nbytes:
+                n = min(chunk, nbytes - offset)
+                r = _room(bridge, self._queue, lambda: ring.reserve(n), self._settle_oldest)
+                try:
+                    view = memoryview(ring.ndarray(r, "uint8")).cast("B")
+                    self._read(view, offset)
+                    event = _room(bridge, self._queue, lambda: bridge.host_to_device(r, handle, offset),
+                                  self._settle_oldest)
+                except BaseException:
+                    ring.release(r)
+                    raise
+                hashed = self._hasher.submit(view) if self._hasher is not None else None
+                self._pending.append((r, event, hashed))
+                events.append((event, offset, n))
+                index += 1
+                offset += n
+                while len(self._pending) > _RESTORE_WINDOW:
+                    self._settle_oldest()
+            return events
+        except BaseException as error:
+            self.drain()
+            _cleanup(bridge, self._queue, [e for e, _, _ in events])
+            if isinstance(error, BridgeError):
+                raise _chunk_error(error, "upload", index, offset, n, nbytes) from error
+            raise
+
+    def _read(self, view: memoryview, offset: int) -> None:
+        done = 0
+        while done < view.nbytes:
+            got = self._readinto(view[done:])
+            if not got:
+                raise CheckpointError(f"the file ends {view.nbytes - done} bytes early "
+                                      f"(at byte {offset + done} of the tensor)")
+            done += got
+
+    def _settle_oldest(self) -> bool:
+        """Makes room: the oldest range's hash finishes and its range goes back once its copy is done
+        (waited for here). False when nothing is pending."""
+        if not self._pending:
+            return False
+        r, event, hashed = self._pending.popleft()
+        try:
+            if hashed is not None:
+                hashed.result()
+        finally:
+            self._queue.add(r, event, ring=self._ring, report=False)
+        with contextlib.suppress(BridgeError):  # a failed copy is reported by its tensor's wait
+            self._bridge.wait(event)
+        self._queue.reap(raise_failures=False)
+        return True
+
+    def drain(self) -> None:
+        """Every pending range's hash finishes and the range goes to the release queue (not waited for)."""
+        while self._pending:
+            r, event, hashed = self._pending.popleft()
+            try:
+                if hashed is not None:
+                    hashed.exception()  # waits; a failure shows in the digest's comparison
+            finally:
+                self._queue.add(r, event, ring=self._ring, report=False)
 
 
 # ------------------------------------------------------------------------------- attached to the classes

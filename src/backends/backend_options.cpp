@@ -12,7 +12,7 @@
 namespace devbridge::detail {
 
 std::optional<std::string> OptionReader::text(std::string_view key, std::string_view meaning) {
-  taken_.push_back(fmt::format("{} ({})", key, meaning));
+  taken_.emplace_back(key, meaning);
   const auto it = options_.find(key);
   if (it == options_.end()) return std::nullopt;
   return it->second;
@@ -37,16 +37,13 @@ void OptionReader::single_device() {
 }
 
 void OptionReader::finish() const {
-  for (const auto& [key, value] : options_) {
-    const bool known = std::any_of(taken_.begin(), taken_.end(), [&](const std::string& taken) {
-      return taken.size() > key.size() && taken.compare(0, key.size(), key) == 0 && taken[key.size()] == ' ';
-    });
-    if (!known) {
-      std::string takes;
-      for (const auto& taken : taken_) takes += fmt::format("{}{}", takes.empty() ? "" : "; ", taken);
-      throw Error(ErrorKind::Unsupported, fmt::format("backend {} has no option '{}' (it takes: {})", backend_, key,
-                                                      takes.empty() ? "none" : takes));
-    }
+  for (const auto& option : options_) {
+    const auto& key = option.first;
+    if (std::any_of(taken_.begin(), taken_.end(), [&](const auto& taken) { return taken.first == key; })) continue;
+    std::string takes;
+    for (const auto& [name, meaning] : taken_) takes += fmt::format("{}{} ({})", takes.empty() ? "" : "; ", name, meaning);
+    throw Error(ErrorKind::Unsupported,
+                fmt::format("backend {} has no option '{}' (it takes: {})", backend_, key, takes.empty() ? "none" : takes));
   }
 }
 

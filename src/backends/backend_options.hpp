@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "devbridge/backend.hpp"
@@ -34,7 +35,7 @@ class OptionReader {
  private:
   std::string backend_;
   const BackendOptions& options_;
-  std::vector<std::string> taken_;  // "key: meaning", for the refusal
+  std::vector<std::pair<std::string, std::string>> taken_;  // key and meaning, for the refusal
 };
 
 }  // namespace devbridge::detail
