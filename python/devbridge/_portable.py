@@ -36,7 +36,7 @@ from typing import Any, BinaryIO, Callable, Iterator, Mapping, NamedTuple
 import numpy as np
 
 from ._devbridge import Bridge, DeviceHandle, ObjectSpec, dtype_info, dtypes
-from ._errors import BridgeError
+from ._errors import BridgeError, UnsupportedDType
 from ._staging import (
     _CLEANUP_WAIT_S,
     DeviceTensor,
@@ -89,9 +89,6 @@ _HEADER_LIMIT = 100_000_000
 _TRANSFER_WINDOW = 2
 # Restore: ring ranges read from the file and not yet hashed (each also has its upload in flight).
 _RESTORE_WINDOW = 4
-# Checkpoint: after this many bytes written, the disk writeback of the file so far starts on a thread
-# (fdatasync), so the fsync before the rename has little left to do.
-_WRITEBACK_EVERY = 64 << 20
 # Checksums a checkpoint may record: algorithm -> hex digits. checkpoint writes crc32 by default (see
 # docs/PORTABLE.md, "Checksums"); restore and `devbridge checkpoint inspect` verify both.
 _CHECKSUM_DIGITS = {"sha256": 64, "crc32": 8}
@@ -598,40 +595,6 @@ class _Hasher:
         self._pool.shutdown(wait=True)
 
 
-class _Writeback:
-    """Starts the disk writeback of a file being written, every ``_WRITEBACK_EVERY`` bytes, on a thread
-    (``fdatasync`` of what is there so far), so it overlaps the rest of the write and the final ``fsync``
-    has little left. A failed writeback is raised (by ``wrote`` or ``finish``), never lost."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._sync = getattr(os, "fdatasync", os.fsync)
-        self._pool: ThreadPoolExecutor | None = None
-        self._running: Future | None = None
-        self._unsynced = 0
-
-    def wrote(self, n: int) -> None:
-        self._unsynced += n
-        if self._unsynced < _WRITEBACK_EVERY:
-            return
-        if self._running is not None:
-            if not self._running.done():
-                return
-            self._running.result()
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="devbridge-writeback")
-        self._unsynced = 0
-        self._running = self._pool.submit(self._sync, self._fd)
-
-    def finish(self) -> None:
-        """Waits for the writeback in progress (raising its error); the fd may close after this."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-        if self._running is not None:
-            running, self._running = self._running, None
-            running.result()
-
-
 def checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], *,
                metadata: Mapping[str, str] | None = None, checksum: str = _DEFAULT_CHECKSUM) -> dict[str, str]:
     """Writes ``{name: DeviceTensor | DeviceHandle}`` of ``bridge`` to ``path`` as a safetensors file.
@@ -679,7 +642,6 @@ def checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], *,
     try:
         with open(fd, "wb", buffering=0) as file:
             hasher = _Hasher(checksum)
-            writeback = _Writeback(file.fileno())
             try:
                 _write_all(file.write, _encode_header(header))  # the checksum is a placeholder of the final length
 
@@ -692,7 +654,6 @@ def checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], *,
                         _write_all(file.write, view)
                     finally:
                         hashed.result()
-                    writeback.wrote(view.nbytes)
 
                 for name, source in sources:
                     with _context(f"checkpoint {path!r}: tensor {name!r}"):
@@ -700,11 +661,8 @@ def checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], *,
                 meta["checksum"] = hasher.checksum()
                 file.seek(0)
                 _write_all(file.write, _encode_header(header))
-                writeback.finish()
             finally:
                 hasher.close()
-                with contextlib.suppress(OSError):  # after a failure: raised above when it is the first
-                    writeback.finish()  # no writeback may run once the file is closed (its fd reused)
             os.fchmod(file.fileno(), _mode_for(path))
             os.fsync(file.fileno())
         os.replace(temporary, path)
@@ -908,8 +866,13 @@ def restore(bridge: Bridge, path: Any, *, alignment: int = 256, verify: bool = T
     restored: dict[str, DeviceTensor] = {}
     with open(path, "rb", buffering=0) as file:
         header = _read_header(file, path)
+        held = bridge.backend_info()["dtypes"]
         for entry in header.entries:  # spec_for_array's own checks (alignment, sizes) before any allocation
             spec_for_array(entry.shape, entry.dtype, alignment)
+            if entry.dtype not in held:  # what alloc would say, before anything is allocated or read
+                raise UnsupportedDType(f"restore {path!r}: tensor {entry.name!r} is {entry.dtype}, "
+                                       f"which the bridge's {bridge.backend} device does not hold (it holds: "
+                                       f"{', '.join(held)}); nothing was restored")
         expected = header.metadata.get("checksum") if verify else None
         hasher = _Hasher(expected.partition(":")[0]) if expected else None
         try:

@@ -366,7 +366,9 @@ nb::dict backend_info_dict(const BackendInfo& info) {
   nb::dict d;
   d["name"] = info.name;
   d["vendor"] = info.vendor;
+  d["device_id"] = info.device_id;
   d["device_name"] = info.device_name;
+  d["pci_bus_id"] = info.pci_bus_id;
   d["device_string"] = info.device_string;
   d["dlpack_device"] = nb::make_tuple(static_cast<int>(info.dlpack_device), info.device_ordinal);
   d["dlpack_device_name"] = dlpack_device_name(info.dlpack_device);
@@ -376,9 +378,48 @@ nb::dict backend_info_dict(const BackendInfo& info) {
   nb::list dtypes;
   for (DType dtype : info.dtypes) dtypes.append(std::string(dtype_info(dtype).name));
   d["dtypes"] = dtypes;
+  nb::list capabilities;
+  for (const std::string& capability : info.capabilities) capabilities.append(capability);
+  d["capabilities"] = capabilities;
   d["host_memory_page_locked"] = info.host_memory_page_locked;
   d["notes"] = info.notes;
   return d;
+}
+
+nb::object tinygrad_helper(const char* name);
+
+// A backend option's value as the registry takes it (text). str and int
+// only: anything else would have to be guessed at.
+std::string option_text(nb::handle value, const std::string& key) {
+  if (nb::isinstance<nb::str>(value)) return nb::cast<std::string>(value);
+  if (nb::isinstance<nb::int_>(value) && !nb::isinstance<nb::bool_>(value)) return nb::cast<std::string>(nb::str(value));
+  const auto type_name = nb::cast<std::string>(nb::str(value.type().attr("__name__")));
+  throw nb::type_error(("backend option " + key + " must be a str or an int, not " + type_name).c_str());
+}
+
+// Bridge(**options) into the registry's form. `device` and `context` are
+// options like any other; cuda_ordinal and cuda_context are their older
+// names. context="tinygrad" names tinygrad's own context (found in Python).
+BackendOptions backend_options(nb::handle device, nb::handle cuda_ordinal, nb::handle cuda_context,
+                               const nb::kwargs& extra) {
+  BackendOptions options;
+  for (auto [key, value] : extra) {
+    const auto name = nb::cast<std::string>(key);
+    if (!value.is_none()) options[name] = option_text(value, name);
+  }
+  const auto alias = [&](nb::handle value, const char* old_name, const char* name) {
+    if (value.is_none()) return;
+    if (options.count(name)) throw nb::value_error((std::string("give ") + name + " or " + old_name + ", not both").c_str());
+    options[name] = option_text(value, old_name);
+  };
+  alias(device, "device", "device");
+  alias(cuda_ordinal, "cuda_ordinal", "device");
+  alias(cuda_context, "cuda_context", "context");
+  if (const auto it = options.find("context"); it != options.end() && it->second == "tinygrad") {
+    const auto ordinal = options.count("device") ? options["device"] : std::string("0");
+    it->second = option_text(tinygrad_helper("cuda_context")("tinygrad", nb::int_(nb::str(ordinal.c_str()))), "context");
+  }
+  return options;
 }
 
 nb::dict recorded_call_dict(const fake::RecordedCall& call) {
@@ -585,6 +626,21 @@ void bind_module(nb::module_& m) {
         return out;
       },
       "The backends of this build: name, built, available here, and why not.");
+  m.def(
+      "devices",
+      [](const std::string& backend) {
+        std::vector<BackendInfo> found;
+        {
+          nb::gil_scoped_release no_gil;
+          found = list_devices(backend);
+        }
+        nb::list out;
+        for (const BackendInfo& info : found) out.append(backend_info_dict(info));
+        return out;
+      },
+      "backend"_a,
+      "The devices `backend` can bind, as Bridge.backend_info() describes each; its device_id is what\n"
+      "Bridge(backend, device=...) takes. Empty when the backend is unavailable here.");
 
   // ---- value types ----
   bind_tagged<DeviceHandle>(m, "DeviceHandle", "{domain, generation, id}: names one device allocation of one bridge.",
@@ -805,30 +861,25 @@ void bind_module(nb::module_& m) {
   nb::class_<PyBridge>(m, "Bridge",
                        "One bridge per (worker, device): a host ring, device allocations, copies and views.\n"
                        "Bridge(backend=\"host\", generation=1, ring_bytes=64 << 20, inflight_bytes=None,\n"
-                       "       *, cuda_ordinal=0, cuda_context=None, writes_under_view=\"refuse\",\n"
-                       "       writes_under_view_timeout=None)\n"
+                       "       *, device=None, writes_under_view=\"refuse\", writes_under_view_timeout=None,\n"
+                       "       **options)\n"
+                       "device: which device (a device_id from devbridge.devices(backend)); options: the\n"
+                       "backend's own (str or int; e.g. context=<CUcontext> or \"tinygrad\" for cuda;\n"
+                       "docs/BACKENDS.md). cuda_ordinal/cuda_context are older names of device/context.\n"
                        "writes_under_view: what an upload into an allocation a live view still reads does:\n"
                        "\"refuse\" (AllocationStillInUse naming the views), \"wait\" for them to end (at most\n"
                        "writes_under_view_timeout seconds; None: until they end or close()), or \"allow\".")
       .def(
           "__init__",
           [](PyBridge* self, const std::string& backend, nb::handle generation_object, nb::handle ring_bytes_object,
-             nb::handle inflight_bytes_object, nb::handle cuda_ordinal_object, nb::handle cuda_context,
-             nb::handle writes_under_view, nb::handle writes_under_view_timeout) {
+             nb::handle inflight_bytes_object, nb::handle device, nb::handle cuda_ordinal, nb::handle cuda_context,
+             nb::handle writes_under_view, nb::handle writes_under_view_timeout, nb::kwargs extra) {
             const auto generation = args::integer<Generation>(generation_object, "generation");
             const auto ring_bytes = args::integer<std::uint64_t>(ring_bytes_object, "ring_bytes");
             const auto inflight_bytes = args::optional_integer<std::uint64_t>(inflight_bytes_object, "inflight_bytes");
-            const int cuda_ordinal = args::integer<int>(cuda_ordinal_object, "cuda_ordinal");
+            const auto device_options = backend_options(device, cuda_ordinal, cuda_context, extra);
             auto state = std::make_shared<BridgeState>();
             state->backend_name = backend;
-            std::uint64_t context = 0;
-            if (!cuda_context.is_none()) {
-              if (backend != "cuda") throw nb::value_error("cuda_context applies only to backend=\"cuda\"");
-              nb::object resolved = nb::isinstance<nb::str>(cuda_context)
-                                        ? tinygrad_helper("cuda_context")(cuda_context, cuda_ordinal)
-                                        : nb::borrow(cuda_context);
-              context = args::integer<std::uint64_t>(resolved, "cuda_context");
-            }
             BridgeOptions options;
             options.generation = generation;
             options.ring_bytes = ring_bytes;
@@ -839,28 +890,16 @@ void bind_module(nb::module_& m) {
                     .value_or(std::chrono::nanoseconds::max());
             {
               nb::gil_scoped_release no_gil;
-              std::unique_ptr<Backend> device;
-              if (backend == "cuda" && (context != 0 || cuda_ordinal != 0)) {
-#if defined(DEVBRIDGE_HAS_CUDA)
-                cuda::Options cuda_options;
-                cuda_options.ordinal = cuda_ordinal;
-                cuda_options.context = reinterpret_cast<void*>(static_cast<std::uintptr_t>(context));
-                device = cuda::make_cuda_backend(cuda_options);
-#else
-                throw Error(ErrorKind::Unavailable, "cuda_ordinal/cuda_context: this build has no CUDA backend");
-#endif
-              } else {
-                device = make_backend(backend);
-              }
-              state->fake = dynamic_cast<fake::FakeBackend*>(device.get());
-              state->bridge = std::make_unique<Bridge>(std::move(device), options);
+              std::unique_ptr<Backend> made = make_backend(backend, device_options);
+              state->fake = dynamic_cast<fake::FakeBackend*>(made.get());
+              state->bridge = std::make_unique<Bridge>(std::move(made), options);
             }
             new (self) PyBridge{std::move(state)};
           },
           "backend"_a = "host", "generation"_a.none() = 1, "ring_bytes"_a.none() = std::uint64_t{64} << 20,
-          "inflight_bytes"_a.none() = nb::none(), nb::kw_only(), "cuda_ordinal"_a.none() = 0,
-          "cuda_context"_a.none() = nb::none(), "writes_under_view"_a.none() = "refuse",
-          "writes_under_view_timeout"_a.none() = nb::none())
+          "inflight_bytes"_a.none() = nb::none(), nb::kw_only(), "device"_a.none() = nb::none(),
+          "cuda_ordinal"_a.none() = nb::none(), "cuda_context"_a.none() = nb::none(),
+          "writes_under_view"_a.none() = "refuse", "writes_under_view_timeout"_a.none() = nb::none(), "options"_a)
       .def_prop_ro("backend", [](const PyBridge& b) { return b.state->backend_name; })
       .def_prop_ro("domain", [](const PyBridge& b) { return b.state->bridge->domain(); })
       .def_prop_ro("generation", [](const PyBridge& b) { return b.state->open().generation(); })

@@ -44,6 +44,13 @@ def require_backend(name: str) -> None:
         pytest.skip(reason)
 
 
+def require_dtype(b: devbridge.Bridge, dtype: str) -> None:
+    """Skips unless `b`'s device holds `dtype` (PoCL on a CPU has no cl_khr_fp16: OpenCL there holds no
+    float16, and refuses it with UnsupportedDType, which test_devices.py checks)."""
+    if dtype not in b.backend_info()["dtypes"]:
+        pytest.skip(f"{b.backend}'s device does not hold {dtype}")
+
+
 def make_bridge(backend: str, **options) -> devbridge.Bridge:
     """A bridge on `backend`; CUDA bridges share tinygrad's context (when tinygrad is there) so tinygrad
     can compute on their memory; without tinygrad they use the device's primary context."""

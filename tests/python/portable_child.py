@@ -25,7 +25,7 @@ def tensors_for(seed: int) -> dict[str, tuple[np.ndarray, str]]:
     than the ring."""
     rng = np.random.default_rng(seed)
     shapes = {"weights": ((700, 513), "float32"), "bias": ((513,), "bfloat16"), "steps": ((), "int64"),
-              "mask": ((97, 31), "bool"), "table": ((300, 1024), "float16")}
+              "mask": ((97, 31), "bool"), "table": ((300, 1024), "int16")}
     out = {}
     for name, (shape, dtype) in shapes.items():
         info = devbridge.dtype_info(dtype)

@@ -105,6 +105,22 @@ def test_good_checkpoint_json(written, tmp_path):
         {t["name"]: (t["dtype"], t["shape"]) for t in report["tensors"]}
 
 
+def test_a_sha256_checkpoint_is_verified_too(tmp_path):
+    path = tmp_path / "strong.safetensors"
+    with devbridge.Bridge(backend="host", ring_bytes=1 << 20) as bridge:
+        x = bridge.upload(np.random.default_rng(1).standard_normal(400_000, dtype=np.float32), wait=True)
+        meta = bridge.checkpoint(path, {"x": x}, checksum="sha256")
+        x.free()
+    assert meta["checksum"].startswith("sha256:")
+    done = run("checkpoint", "inspect", str(path))
+    assert done.returncode == 0 and f"checksum: {meta['checksum']} verified" in done.stdout
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0x80
+    path.write_bytes(raw)
+    report = _refused(path, "is corrupt", "sha256:")
+    assert report["checksum"]["status"] == "mismatch"
+
+
 def test_plain_safetensors_file(tmp_path):
     path = tmp_path / "plain.safetensors"
     safetensors.numpy.save_file({"a": np.arange(10, dtype=np.float64), "b": np.ones((2, 3), np.uint8)}, str(path))
@@ -211,7 +227,7 @@ def _with_header(path: pathlib.Path, header: dict, data: bytes) -> pathlib.Path:
     ({"dtype": "F32", "shape": [4], "data_offsets": [2**64 - 8, 2**64 + 8]}, "are not [begin, end] byte offsets"),
     ({"dtype": "F32", "shape": [4], "data_offsets": [2**64 - 17, 2**64 - 1]}, "starts at data byte"),
     ({"dtype": "F32", "shape": [0, 2**63, 4], "data_offsets": [0, 0]}, "is empty"),
-    ({"dtype": "F32", "shape": [4]}, "data_offsets None are not"),
+    ({"dtype": "F32", "shape": [4]}, "data_offsets null are not"),
     ([1, 2], "its header entry is not an object"),
 ])
 def test_hostile_header_entries(tmp_path, entry, reason):
@@ -237,7 +253,7 @@ def test_bad_devbridge_metadata(tmp_path):
     tensor = {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}
     path = _with_header(tmp_path / "m.safetensors", {"__metadata__": {"format": "devbridge-checkpoint"}, "t": tensor},
                         bytes(4))
-    _refused(path, "without a valid sha256 checksum")
+    _refused(path, "without a valid checksum")
     path = _with_header(tmp_path / "m.safetensors", {"__metadata__": {"n": 1}, "t": tensor}, bytes(4))
     _refused(path, "__metadata__ is not a map of strings to strings")
     path = _with_header(tmp_path / "m.safetensors", {"__metadata__": {"dtypes": "{\"t\": \"int8\"}"}, "t": tensor},

@@ -9,6 +9,7 @@ are checked after each refusal.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import itertools
 import json
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +26,7 @@ import safetensors
 import safetensors.numpy
 
 import devbridge
-from conftest import collect, make_bridge, require_backend
+from conftest import collect, make_bridge, require_backend, require_dtype
 from portable_child import tensors_for
 
 RING = 1 << 20
@@ -107,8 +109,26 @@ def settled_footprint(b: devbridge.Bridge) -> tuple[int, ...]:
 def test_every_dtype_round_trips_between_every_pair(bridges, rng, tmp_path, dtype, src_name, dst_name):
     src, dst = bridges(src_name), bridges(dst_name)
     a = bits(rng, dtype, matrix_shape(dtype))
+    if dtype not in src.backend_info()["dtypes"]:  # OpenCL without cl_khr_fp16: float16
+        before = footprint(src)
+        with pytest.raises(devbridge.UnsupportedDType, match=f"dtype {dtype}"):
+            src.upload(a, dtype=dtype, wait=True)
+        assert settled_footprint(src) == before
+        return
     before = footprint(dst)
     x = src.upload(a, dtype=dtype, wait=True)
+    if dtype not in dst.backend_info()["dtypes"]:  # every way in is refused, naming the dtype; nothing allocated
+        with pytest.raises(devbridge.UnsupportedDType, match=f"dtype {dtype}"):
+            devbridge.transfer(src, x, dst)
+        with pytest.raises(devbridge.UnsupportedDType, match=f"dtype {dtype}"):
+            dst.import_tensor(src.export(x))
+        path = tmp_path / "state.safetensors"
+        src.checkpoint(path, {"x": x})
+        with pytest.raises(devbridge.UnsupportedDType, match=f"tensor 'x' is {dtype}"):
+            dst.restore(path)
+        x.free()
+        assert settled_footprint(dst) == before
+        return
 
     moved = devbridge.transfer(src, x, dst)
     assert (moved.shape, moved.dtype) == (a.shape, dtype)
@@ -337,6 +357,7 @@ def test_a_failed_transfer_leaves_nothing_on_the_destination(bridges, rng, src_n
 
 @pytest.mark.parametrize("dtype", NUMPY_DTYPES)
 def test_a_checkpoint_loads_with_the_safetensors_package_and_its_files_restore(pb, rng, tmp_path, dtype):
+    require_dtype(pb, dtype)
     arrays = {"a": bits(rng, dtype, (33, 17)), "b.scalar": bits(rng, dtype, ()), "c": bits(rng, dtype, (5000,))}
     tensors = {name: pb.upload(a, wait=True) for name, a in arrays.items()}
     ours = tmp_path / "ours.safetensors"
@@ -348,7 +369,7 @@ def test_a_checkpoint_loads_with_the_safetensors_package_and_its_files_restore(p
         assert loaded[name].tobytes() == a.tobytes()
     with safetensors.safe_open(str(ours), framework="numpy") as f:
         assert f.metadata() == meta and meta["step"] == "12"
-        assert meta["generation"] == str(pb.generation) and meta["checksum"].startswith("sha256:")
+        assert meta["generation"] == str(pb.generation) and meta["checksum"].startswith("crc32:")
 
     theirs = tmp_path / "theirs.safetensors"
     safetensors.numpy.save_file(arrays, str(theirs))
@@ -518,6 +539,65 @@ def test_a_bad_file_is_a_clear_error_and_restores_nothing(pb, rng, tmp_path, cas
     assert "bad.safetensors" in str(caught.value)
     assert isinstance(caught.value, ValueError)
     assert settled_footprint(pb) == before
+
+
+def _data_section(path) -> bytes:
+    raw = Path(path).read_bytes()
+    return raw[8 + int.from_bytes(raw[:8], "little"):]
+
+
+@pytest.mark.parametrize("algorithm", ["crc32", "sha256"])
+def test_each_checksum_is_the_data_sections_and_restore_verifies_it(bridges, rng, tmp_path, algorithm):
+    b = bridges("host")
+    arrays = {"w": rng.standard_normal((700, 500), dtype=np.float32), "i": bits(rng, "int16", (3000,))}
+    tensors = {name: b.upload(a, wait=True) for name, a in arrays.items()}
+    path = tmp_path / "x.safetensors"
+    kwargs = {} if algorithm == "crc32" else {"checksum": "sha256"}  # crc32 is the default
+    meta = b.checkpoint(path, tensors, **kwargs)
+    data = _data_section(path)
+    expected = f"{zlib.crc32(data):08x}" if algorithm == "crc32" else hashlib.sha256(data).hexdigest()
+    assert meta["checksum"] == f"{algorithm}:{expected}"
+    assert safetensors.safe_open(str(path), framework="numpy").metadata()["checksum"] == meta["checksum"]
+    restored = b.restore(path)  # a 1 MiB ring: many chunks, hashed on the checksum thread as they pass
+    for name, a in arrays.items():
+        assert b.download(restored[name]).tobytes() == a.tobytes()
+        restored[name].free()
+    collect()
+    before = settled_footprint(b)
+    _flip_data_byte(path)
+    with pytest.raises(devbridge.CheckpointError, match=rf"corrupt: the data's checksum is {algorithm}:"):
+        b.restore(path)
+    assert settled_footprint(b) == before
+    for t in tensors.values():
+        t.free()
+
+
+def test_a_sha256_checkpoint_from_before_crc32_still_restores(bridges, rng, tmp_path):
+    """Files of format_version 1 written before crc32 became the default carry sha256: restore verifies them."""
+    b = bridges("host")
+    a = rng.standard_normal(300_000, dtype=np.float32)
+    path = tmp_path / "old.safetensors"
+    x = b.upload(a, wait=True)
+    b.checkpoint(path, {"big": x})
+    _rewrite_header(path, lambda h: h["__metadata__"].update(
+        checksum="sha256:" + hashlib.sha256(_data_section(path)).hexdigest()))
+    restored = b.restore(path)
+    assert b.download(restored["big"]).tobytes() == a.tobytes()
+    restored["big"].free()
+    _flip_data_byte(path)
+    with pytest.raises(devbridge.CheckpointError, match="corrupt"):
+        b.restore(path)
+    x.free()
+
+
+def test_the_checksum_argument_is_checked(pb, rng, tmp_path):
+    x = pb.upload(bits(rng, "uint8", (64,)), wait=True)
+    with pytest.raises(TypeError, match="checksum"):
+        pb.checkpoint(tmp_path / "x", {"x": x}, checksum=None)
+    with pytest.raises(ValueError, match="checksum 'md5'"):
+        pb.checkpoint(tmp_path / "x", {"x": x}, checksum="md5")
+    assert not list(tmp_path.iterdir())  # refused before any file
+    x.free()
 
 
 def test_a_checksum_can_be_skipped_but_not_faked(bridges, rng, tmp_path):

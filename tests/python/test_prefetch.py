@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import devbridge
-from conftest import collect, make_bridge, random_array, require_backend
+from conftest import collect, make_bridge, random_array, require_backend, require_dtype
 
 RING = 1 << 20
 BACKENDS = ["fake", "host", "opencl", "cuda"]
@@ -158,6 +158,7 @@ def test_slots_are_reused_until_a_batch_needs_more_room(pb, rng):
 
 
 def test_a_dtype_change_reallocates(pb, to, rng):
+    require_dtype(pb, "float16")
     batches = [random_array(rng, 32, "float32"), random_array(rng, 32, "int32"), random_array(rng, 32, "float16")]
     for i, x in enumerate(devbridge.Prefetcher(pb, batches, depth=1, to=to)):
         got = host(x)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import devbridge
-from conftest import collect, make_bridge, random_array, require_backend
+from conftest import collect, make_bridge, random_array, require_backend, require_dtype
 
 RING = 1 << 20
 
@@ -77,6 +77,7 @@ def test_spec_for_array_refuses_what_cannot_be_allocated():
 @pytest.mark.parametrize("dtype", ["float32", "int8", "float16", "bool", "uint64"])
 @pytest.mark.parametrize("shape", [(), (7,), (3, 5, 2), (1000, 33)])
 def test_round_trip_is_bit_exact(sb, rng, dtype, shape):
+    require_dtype(sb, dtype)
     a = data(rng, shape, dtype)
     before = sb.stats()["live_allocations"]
     t = sb.upload(a, wait=True)

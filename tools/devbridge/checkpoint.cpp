@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -113,6 +114,7 @@ std::string shape_text(const std::vector<std::uint64_t>& shape) {
 }
 
 std::string json_text(const nlohmann::json& value) {
+  if (value.is_string() && value.get_ref<const std::string&>().size() <= 78) return quoted(value.get<std::string>());
   std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   if (text.size() > 80) text = text.substr(0, 77) + "...";
   return text;
@@ -141,16 +143,99 @@ std::string hex(const unsigned char* bytes, std::size_t n) {
   return out;
 }
 
+// The checksums a checkpoint may record (python/devbridge/_portable.py's
+// _CHECKSUM_DIGITS): "crc32:<8 hex digits>" (zlib's CRC-32, what checkpoint
+// writes by default) and "sha256:<64 hex digits>" (checkpoint(checksum="sha256"),
+// and every file written before crc32 was the default).
+struct ChecksumKind {
+  std::string_view algorithm;
+  std::size_t digits;
+};
+constexpr std::array<ChecksumKind, 2> kChecksums{{{"crc32", 8}, {"sha256", 64}}};
+
+bool valid_checksum(std::string_view checksum) {
+  const std::size_t colon = checksum.find(':');
+  if (colon == std::string_view::npos) return false;
+  for (const ChecksumKind& kind : kChecksums) {
+    if (checksum.substr(0, colon) == kind.algorithm) return is_hex_digest(checksum.substr(colon + 1), kind.digits);
+  }
+  return false;
+}
+
+// CRC-32 (the IEEE polynomial, reflected: zlib.crc32), eight bytes at a time.
+class Crc32 {
+ public:
+  void update(const unsigned char* data, std::size_t n) {
+    static const Tables tables;
+    std::uint32_t crc = ~value_;
+    while (n >= 8) {
+      std::uint32_t low = 0;
+      std::uint32_t high = 0;
+      std::memcpy(&low, data, 4);
+      std::memcpy(&high, data + 4, 4);
+      if constexpr (std::endian::native == std::endian::big) {
+        low = __builtin_bswap32(low);
+        high = __builtin_bswap32(high);
+      }
+      low ^= crc;
+      crc = tables.t[7][low & 0xff] ^ tables.t[6][(low >> 8) & 0xff] ^ tables.t[5][(low >> 16) & 0xff] ^
+            tables.t[4][low >> 24] ^ tables.t[3][high & 0xff] ^ tables.t[2][(high >> 8) & 0xff] ^
+            tables.t[1][(high >> 16) & 0xff] ^ tables.t[0][high >> 24];
+      data += 8;
+      n -= 8;
+    }
+    while (n-- > 0) crc = tables.t[0][(crc ^ *data++) & 0xff] ^ (crc >> 8);
+    value_ = ~crc;
+  }
+  std::string hexdigest() const { return fmt::format("{:08x}", value_); }
+
+ private:
+  struct Tables {
+    std::uint32_t t[8][256];
+    Tables() {
+      for (std::uint32_t i = 0; i < 256; ++i) {
+        std::uint32_t c = i;
+        for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        t[0][i] = c;
+      }
+      for (std::uint32_t i = 0; i < 256; ++i) {
+        for (int s = 1; s < 8; ++s) t[s][i] = t[0][t[s - 1][i] & 0xff] ^ (t[s - 1][i] >> 8);
+      }
+    }
+  };
+  std::uint32_t value_ = 0;
+};
+
 struct DigestDeleter {
   void operator()(EVP_MD_CTX* context) const { EVP_MD_CTX_free(context); }
 };
 
-// sha256 of the file's bytes [begin, end), read in chunks.
-std::string sha256_of(int fd, std::uint64_t begin, std::uint64_t end, const std::string& where) {
-  std::unique_ptr<EVP_MD_CTX, DigestDeleter> context(EVP_MD_CTX_new());
-  if (!context || EVP_DigestInit_ex(context.get(), EVP_sha256(), nullptr) != 1) {
-    throw std::runtime_error("OpenSSL could not start a sha256 digest");
+class Sha256 {
+ public:
+  Sha256() : context_(EVP_MD_CTX_new()) {
+    if (!context_ || EVP_DigestInit_ex(context_.get(), EVP_sha256(), nullptr) != 1) {
+      throw std::runtime_error("OpenSSL could not start a sha256 digest");
+    }
   }
+  void update(const unsigned char* data, std::size_t n) {
+    if (EVP_DigestUpdate(context_.get(), data, n) != 1) throw std::runtime_error("OpenSSL sha256 failed");
+  }
+  std::string hexdigest() {
+    std::array<unsigned char, EVP_MAX_MD_SIZE> digest{};
+    unsigned int length = 0;
+    if (EVP_DigestFinal_ex(context_.get(), digest.data(), &length) != 1) throw std::runtime_error("OpenSSL sha256 failed");
+    return hex(digest.data(), length);
+  }
+
+ private:
+  std::unique_ptr<EVP_MD_CTX, DigestDeleter> context_;
+};
+
+// "<algorithm>:<hex>" of the file's bytes [begin, end), read in chunks.
+template <class Digest>
+std::string checksum_of(int fd, std::uint64_t begin, std::uint64_t end, const std::string& where,
+                        std::string_view algorithm) {
+  Digest digest;
   std::vector<unsigned char> buffer(static_cast<std::size_t>(std::min<std::uint64_t>(kReadChunk, end - begin)));
   for (std::uint64_t at = begin; at < end;) {
     const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buffer.size(), end - at));
@@ -158,13 +243,10 @@ std::string sha256_of(int fd, std::uint64_t begin, std::uint64_t end, const std:
       throw Refused(fmt::format("{} is truncated: the file ended at byte {} while its data was read (it shrank?)",
                                 where, at));
     }
-    if (EVP_DigestUpdate(context.get(), buffer.data(), n) != 1) throw std::runtime_error("OpenSSL sha256 failed");
+    digest.update(buffer.data(), n);
     at += n;
   }
-  std::array<unsigned char, EVP_MAX_MD_SIZE> digest{};
-  unsigned int length = 0;
-  if (EVP_DigestFinal_ex(context.get(), digest.data(), &length) != 1) throw std::runtime_error("OpenSSL sha256 failed");
-  return hex(digest.data(), length);
+  return fmt::format("{}:{}", algorithm, digest.hexdigest());
 }
 
 // Parses the header and checks it against the file: the same checks, in the
@@ -263,13 +345,20 @@ void read_header(int fd, CheckpointReport& report, const std::string& where) {
       if (!dim) throw Refused(fmt::format("{}: shape {} is not a list of non-negative integers", at, json_text(shape)));
       tensor.shape.push_back(*dim);
     }
-    const auto begin = offsets.is_array() && offsets.size() == 2 ? as_u64(offsets[0]) : std::nullopt;
-    const auto end = offsets.is_array() && offsets.size() == 2 ? as_u64(offsets[1]) : std::nullopt;
-    if (!begin || !end || *begin > *end) {
+    bool offsets_ok = false;
+    if (offsets.is_array() && offsets.size() == 2) {
+      const std::optional<std::uint64_t> begin = as_u64(offsets[0]);
+      const std::optional<std::uint64_t> end = as_u64(offsets[1]);
+      if (begin && end && *begin <= *end) {
+        tensor.begin = *begin;
+        tensor.end = *end;
+        offsets_ok = true;
+      }
+    }
+    if (!offsets_ok) {
       throw Refused(fmt::format("{}: data_offsets {} are not [begin, end] byte offsets", at, json_text(offsets)));
     }
-    tensor.begin = *begin;
-    tensor.end = *end;
+    const std::uint64_t span = tensor.end - tensor.begin;
     std::optional<std::uint64_t> nbytes = known->itemsize;
     for (std::uint64_t dim : tensor.shape) {
       if (nbytes) nbytes = checked::mul(*nbytes, dim);
@@ -278,11 +367,11 @@ void read_header(int fd, CheckpointReport& report, const std::string& where) {
     if (!nbytes && std::find(tensor.shape.begin(), tensor.shape.end(), 0) != tensor.shape.end()) nbytes = 0;
     if (!nbytes) {
       throw Refused(fmt::format("{}: shape {} of {} is more than 2^64 bytes (its data_offsets span {})", at,
-                                shape_text(tensor.shape), tensor.dtype, *end - *begin));
+                                shape_text(tensor.shape), tensor.dtype, span));
     }
-    if (*nbytes != *end - *begin) {
+    if (*nbytes != span) {
       throw Refused(fmt::format("{}: shape {} of {} is {} bytes, its data_offsets span {}", at, shape_text(tensor.shape),
-                                tensor.dtype, *nbytes, *end - *begin));
+                                tensor.dtype, *nbytes, span));
     }
     if (*nbytes == 0) {
       throw Refused(fmt::format("{}: shape {} is empty, and a device allocation cannot be (devbridge cannot restore it)",
@@ -315,9 +404,10 @@ void read_header(int fd, CheckpointReport& report, const std::string& where) {
   }
   if (report.devbridge) {
     const std::string& checksum = report.recorded_checksum;
-    if (checksum.rfind("sha256:", 0) != 0 || !is_hex_digest(std::string_view(checksum).substr(7), 64)) {
-      throw Refused(
-          fmt::format("{}: a devbridge checkpoint without a valid sha256 checksum (got {})", where, quoted(checksum)));
+    if (!valid_checksum(checksum)) {
+      throw Refused(fmt::format(
+          "{}: a devbridge checkpoint without a valid checksum (got {}; crc32:<8 hex digits> or sha256:<64 hex digits>)",
+          where, quoted(checksum)));
     }
   } else {
     report.recorded_checksum.clear();  // only devbridge's own checksum is devbridge's to verify
@@ -378,8 +468,11 @@ CheckpointReport inspect_checkpoint(const std::string& path) {
       report.checksum = ChecksumStatus::None;
       return report;
     }
+    const std::uint64_t data_start = 8 + report.header_bytes;
     report.computed_checksum =
-        "sha256:" + sha256_of(fd.get(), 8 + report.header_bytes, report.file_bytes, where);
+        report.recorded_checksum.rfind("sha256:", 0) == 0
+            ? checksum_of<Sha256>(fd.get(), data_start, report.file_bytes, where, "sha256")
+            : checksum_of<Crc32>(fd.get(), data_start, report.file_bytes, where, "crc32");
     if (report.computed_checksum == report.recorded_checksum) {
       report.checksum = ChecksumStatus::Verified;
     } else {
