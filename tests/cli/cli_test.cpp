@@ -139,13 +139,22 @@ TEST(Stream, OpenCLStreamsAndVerifiesWhereADeviceIsThere) {
   EXPECT_GE(report["ring_wraps"].get<std::uint64_t>(), 1u);
 }
 
+TEST(Stream, TheDeviceAndTheBackendsOwnOptionsReachTheBackend) {
+  const CliRun run = run_cli({"stream", "--backend", "host", "--device", "0", "--backend-option",
+                              "inline_async_max_bytes=0", "--bytes", "1MiB", "--chunk", "64KiB", "--json", "-"});
+  ASSERT_EQ(run.exit_code, 0) << describe(run);
+  const auto report = nlohmann::json::parse(run.out);
+  EXPECT_EQ(report["device_id"], "0");
+  EXPECT_EQ(report["verified"], true);
+}
+
 TEST(Stream, JsonReportHasEveryDocumentedField) {
   CliRun run;
   const nlohmann::json report =
       stream_json({"--backend", "host", "--bytes", "1MiB", "--chunk", "64KiB", "--ring-bytes", "256KiB"}, run);
   ASSERT_EQ(run.exit_code, 0) << describe(run);
   for (const char* field :
-       {"command", "backend", "device_name", "device_string", "bytes", "chunk_bytes", "chunks", "chunks_verified",
+       {"command", "backend", "device_id", "device_name", "device_string", "bytes", "chunk_bytes", "chunks", "chunks_verified",
         "inflight", "device_buffers", "ring_bytes", "ring_wraps", "seconds", "upload_busy_seconds",
         "download_busy_seconds", "upload_gbps", "download_gbps", "end_to_end_gbps", "copies_submitted",
         "copies_failed", "stale_completions", "bytes_verified", "verified", "interrupted", "signal", "errors"}) {
@@ -325,6 +334,19 @@ INSTANTIATE_TEST_SUITE_P(
         UsageCase{"JsonEmpty", {"stream", "--json", ""}, "--json: '' is not a path"},
         UsageCase{"JsonIsADirectory", {"stream", "--json", "."}, "--json: cannot write '.': Is a directory"},
         UsageCase{"JsonEndsInASlash", {"stream", "--json", "reports/"}, "--json: cannot write 'reports/'"},
+        UsageCase{"DeviceNotThere", {"stream", "--backend", "host", "--device", "1"}, "this backend has one device"},
+        UsageCase{"DeviceEmpty", {"stream", "--backend", "host", "--device", ""}, "--device: empty"},
+        UsageCase{"BackendOptionUnknown",
+                  {"stream", "--backend", "host", "--backend-option", "context=1"},
+                  "backend host has no option 'context'"},
+        UsageCase{"BackendOptionNotKeyValue", {"stream", "--backend-option", "fast"}, "'fast' is not KEY=VALUE"},
+        UsageCase{"BackendOptionTwice",
+                  {"stream", "--backend", "host", "--backend-option", "inline_async_max_bytes=1", "--backend-option",
+                   "inline_async_max_bytes=2"},
+                  "inline_async_max_bytes given twice"},
+        UsageCase{"DeviceAsABackendOption",
+                  {"stream", "--backend", "host", "--backend-option", "device=0"},
+                  "give the device with --device"},
         UsageCase{"InjectWithoutFake",
                   {"stream", "--backend", "host", "--fake-inject", "copy_h2d:lost_completion"},
                   "only with --backend fake"},
@@ -427,6 +449,13 @@ TEST(Info, JsonMatchesTheListing) {
         EXPECT_TRUE(backend["info"].contains(field)) << field;
       }
       EXPECT_FALSE(backend["info"]["dtypes"].empty());
+      // Every device it can bind, each with the id --device takes.
+      ASSERT_TRUE(backend["devices"].is_array() && !backend["devices"].empty()) << backend.dump();
+      for (const nlohmann::json& device : backend["devices"]) {
+        EXPECT_FALSE(device["device_id"].get<std::string>().empty()) << device.dump();
+        EXPECT_TRUE(device["capabilities"].is_array()) << device.dump();
+        EXPECT_TRUE(device.contains("pci_bus_id")) << device.dump();
+      }
     } else {
       EXPECT_NE(backend["reason"], "") << backend.dump();  // says why not
     }

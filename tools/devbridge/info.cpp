@@ -3,6 +3,7 @@
 #include <exception>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "devbridge/types.hpp"
 #include "sizes.hpp"
@@ -17,6 +18,7 @@ InfoReport collect_info() {
     if (entry.availability.available) {
       try {
         entry.info = make_backend(entry.availability.name)->describe();
+        entry.devices = list_devices(entry.availability.name);
       } catch (const std::exception& e) {
         entry.describe_error = e.what();
       }
@@ -81,12 +83,20 @@ std::string format_info(const InfoReport& report) {
     }
     const BackendInfo& info = *e.info;
     out += fmt::format("  vendor         {}\n", info.vendor);
-    out += fmt::format("  device         {}\n", info.device_name);
+    out += fmt::format("  device         {} (--device {}, the default)\n", info.device_name, info.device_id);
+    if (!info.pci_bus_id.empty()) out += fmt::format("  pci bus id     {}\n", info.pci_bus_id);
+    if (!info.capabilities.empty()) out += fmt::format("  capabilities   {}\n", fmt::join(info.capabilities, ", "));
     out += fmt::format("  device string  {}\n", info.device_string);
     out += fmt::format("  memory         {}\n", memory_line(info));
     out += fmt::format("  dtypes         {}\n", dtype_list(info));
     out += fmt::format("  page-locked    {}\n", info.host_memory_page_locked ? "yes" : "no");
     if (!info.notes.empty()) out += fmt::format("  notes          {}\n", info.notes);
+    if (e.devices.size() > 1) {
+      out += "  devices\n";
+      for (const BackendInfo& device : e.devices)
+        out += fmt::format("    --device {:<6} {}, {}, dtypes: {}\n", device.device_id, device.device_name,
+                           memory_line(device), dtype_list(device));
+    }
   }
   return out;
 }

@@ -13,7 +13,8 @@ namespace devbridge::cli {
 
 struct BackendEntry {
   BackendAvailability availability;
-  std::optional<BackendInfo> info;  // when available and described
+  std::optional<BackendInfo> info;  // the device the backend binds by default, when available and described
+  std::vector<BackendInfo> devices;  // every device it can bind (list_devices)
   std::string describe_error;       // when available but describing it failed
 };
 

@@ -330,6 +330,12 @@ int main(int argc, char** argv) {
   // help is printed, since finding out which can run probes the drivers.
   CLI::Option* backend_option =
       stream->add_option("--backend", stream_args.backend, "Backend (see devbridge info)")->capture_default_str();
+  std::string device;
+  CLI::Option* device_option =
+      stream->add_option("--device", device, "Which device of the backend (a device id from devbridge info)");
+  stream->add_option("--backend-option", stream_args.backend_options,
+                     "KEY=VALUE, the backend's own options (repeatable; devbridge info and docs/BACKENDS.md list them)")
+      ->allow_extra_args(false);
   stream->add_option("--bytes", stream_args.bytes, "Total bytes to stream (4096, 512MiB, 1GiB, 1.5GiB, 2GB)")
       ->capture_default_str();
   stream->add_option("--chunk", stream_args.chunk, "Bytes per chunk (a multiple of 4)")->capture_default_str();
@@ -401,6 +407,7 @@ int main(int argc, char** argv) {
     log_to_stderr(quiet);
     if (stream->parsed()) {
       stream_args.fake_inject = given(fake_inject_option, fake_inject);
+      stream_args.device = given(device_option, device);
       stream_args.corrupt_element = given(corrupt_option, corrupt_element);
       return run_stream_command(stream_args, given(stream_json_option, stream_json), quiet);
     }

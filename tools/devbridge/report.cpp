@@ -20,6 +20,7 @@ nlohmann::json stream_report_json(const StreamReport& r) {
   return {
       {"command", "stream"},
       {"backend", r.backend},
+      {"device_id", r.device_id},
       {"device_name", r.device_name},
       {"device_string", r.device_string},
       {"bytes", r.bytes},
@@ -47,6 +48,30 @@ nlohmann::json stream_report_json(const StreamReport& r) {
   };
 }
 
+namespace {
+
+nlohmann::json device_json(const BackendInfo& info) {
+  nlohmann::json dtypes = nlohmann::json::array();
+  for (DType dtype : info.dtypes) dtypes.push_back(std::string(dtype_info(dtype).name));
+  return {
+      {"vendor", info.vendor},
+      {"device_id", info.device_id},
+      {"device_name", info.device_name},
+      {"pci_bus_id", info.pci_bus_id.empty() ? nlohmann::json(nullptr) : nlohmann::json(info.pci_bus_id)},
+      {"capabilities", info.capabilities},
+      {"device_string", info.device_string},
+      {"dlpack_device", static_cast<int>(info.dlpack_device)},
+      {"device_ordinal", info.device_ordinal},
+      {"total_memory", info.total_memory},
+      {"free_memory", info.free_memory},
+      {"dtypes", dtypes},
+      {"host_memory_page_locked", info.host_memory_page_locked},
+      {"notes", info.notes},
+  };
+}
+
+}  // namespace
+
 nlohmann::json info_report_json(const InfoReport& report) {
   nlohmann::json backends = nlohmann::json::array();
   for (const BackendEntry& e : report.backends) {
@@ -57,20 +82,10 @@ nlohmann::json info_report_json(const InfoReport& report) {
         {"reason", e.availability.reason},
     };
     if (e.info) {
-      nlohmann::json dtypes = nlohmann::json::array();
-      for (DType dtype : e.info->dtypes) dtypes.push_back(std::string(dtype_info(dtype).name));
-      entry["info"] = {
-          {"vendor", e.info->vendor},
-          {"device_name", e.info->device_name},
-          {"device_string", e.info->device_string},
-          {"dlpack_device", static_cast<int>(e.info->dlpack_device)},
-          {"device_ordinal", e.info->device_ordinal},
-          {"total_memory", e.info->total_memory},
-          {"free_memory", e.info->free_memory},
-          {"dtypes", dtypes},
-          {"host_memory_page_locked", e.info->host_memory_page_locked},
-          {"notes", e.info->notes},
-      };
+      entry["info"] = device_json(*e.info);
+      nlohmann::json devices = nlohmann::json::array();
+      for (const BackendInfo& device : e.devices) devices.push_back(device_json(device));
+      entry["devices"] = devices;
     } else if (!e.describe_error.empty()) {
       entry["error"] = e.describe_error;
     }

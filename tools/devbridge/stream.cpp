@@ -566,7 +566,7 @@ class StreamPipeline {
 };
 
 std::unique_ptr<Backend> open_backend(const StreamPlan& plan) {
-  std::unique_ptr<Backend> backend = make_backend(plan.backend);
+  std::unique_ptr<Backend> backend = make_backend(plan.backend, plan.backend_options);
   if (auto* fake_backend = dynamic_cast<fake::FakeBackend*>(backend.get())) {
     // The fake device completes copies only when told; the stream has no one
     // to tell it, so it completes them as they are submitted.
@@ -604,6 +604,30 @@ StreamPlan plan_stream(const StreamArgs& args) {
     }
   }
   plan.backend = args.backend;
+  for (const std::string& option : args.backend_options) {
+    const auto equals = option.find('=');
+    if (equals == std::string::npos || equals == 0)
+      throw UsageError(fmt::format("--backend-option: '{}' is not KEY=VALUE", option));
+    const auto key = option.substr(0, equals);
+    if (key == "device") throw UsageError("--backend-option: give the device with --device");
+    if (!plan.backend_options.emplace(key, option.substr(equals + 1)).second)
+      throw UsageError(fmt::format("--backend-option: {} given twice", key));
+  }
+  if (args.device) {
+    if (args.device->empty()) throw UsageError("--device: empty (see devbridge info for the devices)");
+    plan.backend_options["device"] = *args.device;
+  }
+  // A device that is not there, or an option the backend does not take, is
+  // a usage error found before anything runs: open it once to ask.
+  if (!plan.backend_options.empty() && plan.backend != "auto") {
+    try {
+      make_backend(plan.backend, plan.backend_options);
+    } catch (const Error& e) {
+      if (e.kind() == ErrorKind::Unsupported || e.kind() == ErrorKind::Unavailable)
+        throw UsageError(fmt::format("--device/--backend-option: {}", e.message()));
+      throw;
+    }
+  }
 
   plan.bytes = parse_size("--bytes", args.bytes);
   const std::uint64_t chunk = parse_size("--chunk", args.chunk);
@@ -698,6 +722,7 @@ StreamReport run_stream(const StreamPlan& plan, Progress& progress, const std::a
     Bridge bridge(open_backend(plan), options);
     const BackendInfo info = bridge.backend_info();
     report.backend = info.name;
+    report.device_id = info.device_id;
     report.device_name = info.device_name;
     report.device_string = info.device_string;
 

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "devbridge/backend.hpp"
+
 namespace devbridge::cli {
 
 class Progress;
@@ -24,6 +26,8 @@ struct StreamArgs {
   std::string inflight = "8";
   std::string ring_bytes = "64MiB";
   std::string stall_timeout = "60";  // seconds without a completion before giving up
+  std::optional<std::string> device;         // a device_id from devbridge info; the backend's default when absent
+  std::vector<std::string> backend_options;  // KEY=VALUE, the backend's own options
   // Test hooks; nullopt when not given (an empty text was given, and is refused).
   std::optional<std::string> fake_inject;      // "CALL:FAILURE[:N]", fake backend only
   std::optional<std::string> corrupt_element;  // a global element index to damage after download
@@ -32,6 +36,7 @@ struct StreamArgs {
 // A validated plan; every field has been checked against the others.
 struct StreamPlan {
   std::string backend;  // as asked: "host", "fake", "cuda", "auto"
+  BackendOptions backend_options;  // --device and --backend-option, for make_backend
   std::uint64_t bytes = 0;
   std::uint64_t chunk_bytes = 0;    // at most `bytes`
   std::uint64_t slot_bytes = 0;     // chunk_bytes rounded up to the ring alignment
@@ -59,6 +64,7 @@ StreamPlan plan_stream(const StreamArgs& args);
 
 struct StreamReport {
   std::string backend;        // the backend that ran ("host" when "auto" chose it)
+  std::string device_id;
   std::string device_name;
   std::string device_string;
   std::uint64_t bytes = 0;
