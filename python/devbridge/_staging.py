@@ -411,6 +411,11 @@ class DeviceTensor:
         self._freed = False
 
     @property
+    def device(self) -> str:
+        """Where the tensor lives: its bridge's device, ``"<backend>:<device_id>"``."""
+        return self.bridge.device
+
+    @property
     def itemsize(self) -> int:
         return dtype_info(self.dtype)["itemsize"]
 

@@ -893,6 +893,9 @@ void bind_module(nb::module_& m) {
               std::unique_ptr<Backend> made = make_backend(backend, device_options);
               state->fake = dynamic_cast<fake::FakeBackend*>(made.get());
               state->bridge = std::make_unique<Bridge>(std::move(made), options);
+              const BackendInfo info = state->bridge->backend_info();
+              state->backend_name = info.name;  // what "auto" chose
+              state->device = info.name + ":" + info.device_id;
             }
             new (self) PyBridge{std::move(state)};
           },
@@ -901,6 +904,10 @@ void bind_module(nb::module_& m) {
           "cuda_ordinal"_a.none() = nb::none(), "cuda_context"_a.none() = nb::none(),
           "writes_under_view"_a.none() = "refuse", "writes_under_view_timeout"_a.none() = nb::none(), "options"_a)
       .def_prop_ro("backend", [](const PyBridge& b) { return b.state->backend_name; })
+      .def_prop_ro(
+          "device", [](const PyBridge& b) { return b.state->device; },
+          "The device the bridge binds, \"<backend>:<device_id>\" (\"opencl:0:0\", \"host:0\"); every handle and view\n"
+          "of the bridge lives there.")
       .def_prop_ro("domain", [](const PyBridge& b) { return b.state->bridge->domain(); })
       .def_prop_ro("generation", [](const PyBridge& b) { return b.state->open().generation(); })
       .def_prop_ro("closed", [](const PyBridge& b) { return b.state->closed.load(); })

@@ -100,3 +100,13 @@ def test_a_view_of_untyped_bytes_takes_only_a_dtype_the_device_holds(narrow):
     with narrow.view(h, "float32", (4,)) as v:
         assert v.shape == (4,)
     narrow.free(h)
+
+
+def test_a_bridge_and_its_tensors_name_the_device_they_live_on():
+    with devbridge.Bridge(backend="host", device=0) as b:
+        assert b.device == "host:0" and b.backend == "host"
+        t = b.upload(np.ones(4, np.float32), wait=True)
+        assert t.device == "host:0"
+        t.free()
+    with devbridge.Bridge(backend="auto") as b:  # the backend auto chose, not "auto"
+        assert b.backend != "auto" and b.device.startswith(b.backend + ":")
