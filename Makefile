@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 PRESET ?= release
 BUILD := build/$(PRESET)
 
-.PHONY: setup build test test-core test-sanitizers fuzz bench run gpu-check install clean
+.PHONY: setup build test test-core test-sanitizers fuzz bench run run-ray gpu-check install clean
 
 setup:
 	@bash scripts/setup.sh
@@ -44,6 +44,12 @@ bench: build
 
 run: build
 	@$(BUILD)/tools/devbridge/devbridge stream --backend host --bytes 1GiB --chunk 4MiB --inflight 8 --ring-bytes 64MiB
+
+# A two-stage pipeline on two devbridge Ray workers (host and OpenCL when available), one killed halfway
+# and restored from its checkpoint; checks the result against a single-process run (examples/ray_pipeline.py).
+run-ray: setup
+	@bash scripts/python-tests.sh --build-only
+	@.venv/bin/python examples/ray_pipeline.py
 
 gpu-check:
 	@bash scripts/gpu-check.sh

@@ -13,6 +13,7 @@
 #  5. bench/cuda, when the CUDA helper has added it and a GPU is present;
 #  6. the tinygrad hand-off benchmark, when bench/tinygrad_handoff.py exists;
 #  7. Prefetcher-fed training and upload/download against numpy (bench/prefetch_bench.py).
+#  8. devbridge.ray: worker-to-worker hand-off vs ray.put/get, pipeline on 1 vs 2 workers (bench/ray_bench.py).
 # No step fails on time; a step fails only when a program itself fails.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -116,6 +117,19 @@ if [ -f bench/prefetch_bench.py ]; then
         | tee "$OUT/prefetch_bench.txt"; } || status=1
   else
     echo "bench: .venv/bin/python missing (run 'make setup'); skipping bench/prefetch_bench.py"
+  fi
+fi
+
+# 8. devbridge.ray on a local Ray cluster: 256 MiB hand-off between two workers (export/import_) against
+# ray.put + ray.get of the same numpy array, and pipeline throughput with 1 vs 2 workers (skips without Ray).
+if [ -f bench/ray_bench.py ]; then
+  echo
+  echo "== devbridge.ray: hand-off and pipeline =="
+  if [ -x .venv/bin/python ]; then
+    { bash scripts/python-tests.sh --build-only && .venv/bin/python bench/ray_bench.py \
+        | tee "$OUT/ray_bench.txt"; } || status=1
+  else
+    echo "bench: .venv/bin/python missing (run 'make setup'); skipping bench/ray_bench.py"
   fi
 fi
 

@@ -24,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "devbridge/error.hpp"
@@ -54,6 +55,11 @@ struct BackendInfo {
   std::uint64_t free_memory = 0;   // bytes at describe time, 0 where unknown
   std::vector<DType> dtypes;       // dtypes the backend can hold and view
   bool host_memory_page_locked = false;
+  // Device memory is host memory the CPU reads and writes at a view's
+  // address (the host backend): staging may copy through a view, once,
+  // instead of twice through the ring. Not the fake: its copies are what
+  // tests script and count.
+  bool host_addressable = false;
   std::string notes;               // e.g. why the ring is not page-locked
 };
 
@@ -152,6 +158,37 @@ class Backend {
   virtual void validate_view(const DeviceAllocation& allocation, const TensorView& view) {
     (void)allocation;
     (void)view;
+  }
+
+  // ---- optional capabilities ----
+  // What only some backends can do. Each answers Error(Unsupported) unless
+  // the backend overrides it, so code above the seam (the Python module, the
+  // CLI, the conformance suite) asks the backend instead of naming it.
+
+  // The driver context the device addresses are valid in (CUDA: the
+  // CUcontext), for a consumer that must compute in the same one.
+  virtual std::uintptr_t native_context() { unsupported("native context"); }
+  // Makes a consumer's queue wait, on the device and without blocking the
+  // host, for everything submitted so far (DLPack's `stream` argument).
+  // `queue` in the backend's numbering (CUDA: a CUstream; 1 the legacy
+  // default stream, 2 the per-thread one).
+  virtual void order_consumer_queue(std::uintptr_t queue) {
+    (void)queue;
+    unsupported("consumer queues");
+  }
+  // Test control: device allocations made and not yet freed (a restart or
+  // close must bring it to 0).
+  virtual std::uint64_t live_allocations() const { unsupported("live-allocation count"); }
+  // Test control: while held, asynchronous copies submitted from now on stay
+  // pending; quiesce() lifts the hold.
+  virtual void hold_copies(bool hold) {
+    (void)hold;
+    unsupported("way to hold copies");
+  }
+
+ private:
+  [[noreturn]] static void unsupported(std::string_view what) {
+    throw Error(ErrorKind::Unsupported, std::string("this backend has no ") + std::string(what) + " (an optional capability)");
   }
 };
 

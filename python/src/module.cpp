@@ -27,9 +27,6 @@
 #include "devbridge/backends.hpp"
 #include "devbridge/bridge.hpp"
 #include "devbridge/backends/fake.hpp"
-#if defined(DEVBRIDGE_HAS_CUDA)
-#include "devbridge/backends/cuda.hpp"
-#endif
 #include "arguments.hpp"
 #include "state.hpp"
 
@@ -382,6 +379,7 @@ nb::dict backend_info_dict(const BackendInfo& info) {
   for (const std::string& capability : info.capabilities) capabilities.append(capability);
   d["capabilities"] = capabilities;
   d["host_memory_page_locked"] = info.host_memory_page_locked;
+  d["host_addressable"] = info.host_addressable;
   d["notes"] = info.notes;
   return d;
 }
@@ -505,32 +503,29 @@ std::optional<std::uintptr_t> parse_dlpack_stream(const PyTensorView& view, nb::
   return std::nullopt;
 }
 
-// The CUcontext a CUDA backend allocates in (0 for any other backend).
-std::uint64_t cuda_context_of(BridgeState& state) {
-#if defined(DEVBRIDGE_HAS_CUDA)
-  Backend& backend = state.bridge->backend();
-  if (cuda::is_cuda_backend(backend))
-    return static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(cuda::context_of(backend)));
-#else
-  (void)state;
-#endif
-  return 0;
+// The driver context the bridge's device addresses are valid in (a CUDA
+// backend's CUcontext), 0 for a backend without one.
+std::uint64_t native_context_of(BridgeState& state) {
+  try {
+    return state.bridge->backend().native_context();
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::Unsupported) return 0;
+    throw;
+  }
 }
 
-// Makes a consumer's CUDA stream (DLPack numbering: 1 legacy default, 2
+// Makes a consumer's queue (DLPack numbering for CUDA: 1 legacy default, 2
 // per-thread default, else a CUstream) wait on the device for everything
 // submitted to the bridge's backend so far, compute steps included. A no-op
-// for backends without streams.
-void order_cuda_stream(BridgeState& state, std::uintptr_t stream) {
-#if defined(DEVBRIDGE_HAS_CUDA)
+// for backends without queues.
+void order_consumer_queue(BridgeState& state, std::uintptr_t queue) {
   Bridge& bridge = state.open();
-  if (!cuda::is_cuda_backend(bridge.backend())) return;
   nb::gil_scoped_release no_gil;
-  cuda::order_stream_after_submitted_work(bridge.backend(), stream);
-#else
-  (void)state;
-  (void)stream;
-#endif
+  try {
+    bridge.backend().order_consumer_queue(queue);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::Unsupported) throw;
+  }
 }
 
 nb::object tinygrad_helper(const char* name) {
@@ -757,12 +752,12 @@ void bind_module(nb::module_& m) {
       .def_prop_ro("contiguous", [](const PyTensorView& v) { return v.meta.contiguous(); })
       .def_prop_ro("handle", [](const PyTensorView& v) { return v.meta.handle; })
       .def_prop_ro("closed", [](const PyTensorView& v) { return v.closed(); })
-      .def_prop_ro("_cuda_context", [](const PyTensorView& v) { return cuda_context_of(*v.state); },
+      .def_prop_ro("_cuda_context", [](const PyTensorView& v) { return native_context_of(*v.state); },
                    "The CUcontext the bridge allocates in (0 when not CUDA).")
       .def(
           "_order_cuda_stream",
           [](const PyTensorView& v, nb::handle stream) {
-            order_cuda_stream(*v.state, args::integer<std::uintptr_t>(stream, "stream"));
+            order_consumer_queue(*v.state, args::integer<std::uintptr_t>(stream, "stream"));
           },
           "stream"_a, "Orders a CUDA stream (1: legacy default, 2: per-thread) after the bridge's submitted work.")
       .def("close", &PyTensorView::close, "Ends the view's lease (idempotent).")
@@ -806,7 +801,7 @@ void bind_module(nb::module_& m) {
             check_dlpack_device(v, dl_device);
             if (wants_copy) raise_buffer_error("__dlpack__: devbridge views export zero-copy only (copy=True)");
             if (std::optional<std::uintptr_t> order_after = parse_dlpack_stream(v, stream))
-              order_cuda_stream(*v.state, *order_after);
+              order_consumer_queue(*v.state, *order_after);
             return make_dlpack_capsule(v.state, v.meta.handle, v.spec, versioned);
           },
           nb::kw_only(), "stream"_a.none() = nb::none(), "max_version"_a.none() = nb::none(),
@@ -896,6 +891,7 @@ void bind_module(nb::module_& m) {
               const BackendInfo info = state->bridge->backend_info();
               state->backend_name = info.name;  // what "auto" chose
               state->device = info.name + ":" + info.device_id;
+              state->host_addressable = info.host_addressable;
             }
             new (self) PyBridge{std::move(state)};
           },
@@ -904,6 +900,10 @@ void bind_module(nb::module_& m) {
           "cuda_ordinal"_a.none() = nb::none(), "cuda_context"_a.none() = nb::none(),
           "writes_under_view"_a.none() = "refuse", "writes_under_view_timeout"_a.none() = nb::none(), "options"_a)
       .def_prop_ro("backend", [](const PyBridge& b) { return b.state->backend_name; })
+      .def_prop_ro(
+          "host_addressable", [](const PyBridge& b) { return b.state->host_addressable; },
+          "Whether device memory is host memory the CPU reads and writes at a view's address (the host backend):\n"
+          "upload/download then copy once, through a view, instead of twice through the ring.")
       .def_prop_ro(
           "device", [](const PyBridge& b) { return b.state->device; },
           "The device the bridge binds, \"<backend>:<device_id>\" (\"opencl:0:0\", \"host:0\"); every handle and view\n"

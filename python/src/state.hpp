@@ -31,6 +31,7 @@ struct BridgeState {
   fake::FakeBackend* fake = nullptr;  // set when the backend is the fake one; owned by `bridge`
   std::string backend_name;
   std::string device;  // "<backend>:<device_id>", the device the bridge binds (storage identity)
+  bool host_addressable = false;  // BackendInfo::host_addressable, read once
   // Set by close() before the C++ bridge closes, so accessors the C++ bridge
   // answers without checking (ring_capacity) refuse as well.
   std::atomic<bool> closed{false};

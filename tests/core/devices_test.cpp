@@ -75,5 +75,20 @@ TEST(Devices, AViewOfUntypedBytesTakesOnlyADTypeTheDeviceHolds) {
   bridge.free_device(bytes);
 }
 
+// Optional capabilities answer Unsupported where a backend lacks them, so
+// callers ask instead of naming a backend.
+TEST(Capabilities, ABackendWithoutOneAnswersUnsupported) {
+  auto host = make_backend("host");
+  EXPECT_THAT(expect_error(ErrorKind::Unsupported, [&] { host->native_context(); }), HasSubstr("no native context"));
+  EXPECT_THAT(expect_error(ErrorKind::Unsupported, [&] { host->order_consumer_queue(1); }),
+              HasSubstr("no consumer queues"));
+  EXPECT_EQ(host->live_allocations(), 0u);
+  host->hold_copies(true);
+  host->hold_copies(false);
+  auto fake = make_backend("fake");
+  EXPECT_EQ(fake->live_allocations(), 0u);
+  EXPECT_THAT(expect_error(ErrorKind::Unsupported, [&] { fake->hold_copies(true); }), HasSubstr("no way to hold copies"));
+}
+
 }  // namespace
 }  // namespace devbridge

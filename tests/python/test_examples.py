@@ -27,3 +27,15 @@ def test_train_digits_is_bit_exact_against_numpy_feeding(jit):
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "bit-exact" in done.stdout and "Prefetcher epoch 1" in done.stdout and "numpy epoch 1" in done.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                    reason="Ray is not installed (pip install 'devbridge[ray]'; requirements-dev.txt installs it)")
+@pytest.mark.skipif(importlib.util.find_spec("tinygrad") is None, reason="tinygrad is not installed")
+def test_ray_pipeline_survives_a_killed_worker_bit_exact():
+    env = {k: v for k, v in os.environ.items() if k != "DEV"}
+    command = [sys.executable, str(ROOT / "examples" / "ray_pipeline.py"), "--batches", "6", "--kill-at", "3",
+               "--batch-size", "64", "--num-cpus", "2", "--timeout", "60"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "bit-exact" in done.stdout and "worker B restarts: 1" in done.stdout

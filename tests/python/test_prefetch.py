@@ -478,7 +478,7 @@ def test_hidden_holders_are_named_when_every_slot_is_held(pb, rng):
 
 def test_a_device_tensor_freed_by_the_consumer_frees_its_slot(pb, rng):
     batches = [random_array(rng, 32, "float32") for _ in range(5)]
-    it = devbridge.Prefetcher(pb, batches, depth=1, to="device", timeout=0)
+    it = devbridge.Prefetcher(pb, batches, depth=1, to="device", timeout=30)
     kept = []
     for i, x in enumerate(it):
         assert host(x).tobytes() == batches[i].tobytes()

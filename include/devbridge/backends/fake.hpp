@@ -79,7 +79,7 @@ class FakeBackend final : public Backend {
   void report_completion(CopyEvent event, bool ok = true);
   std::vector<RecordedCall> calls() const;
   void clear_calls();
-  std::uint64_t live_allocations() const;
+  std::uint64_t live_allocations() const override;
   std::uint64_t live_host_blocks() const;
   // When true, async copies complete at submit (as if the device were instant).
   void set_auto_complete(bool on);

@@ -507,7 +507,10 @@ class CudaBackend final : public Backend {
   }
 
   CUcontext context() const noexcept { return context_; }
-  std::uint64_t live_allocations() const noexcept { return live_allocations_.load(std::memory_order_relaxed); }
+  std::uint64_t live_allocations() const noexcept override { return live_allocations_.load(std::memory_order_relaxed); }
+  void hold_copies(bool on) override { hold(on); }
+  std::uintptr_t native_context() override { return reinterpret_cast<std::uintptr_t>(context()); }
+  void order_consumer_queue(std::uintptr_t queue) override { order_stream(reinterpret_cast<CUstream>(queue)); }
 
   void order_stream(CUstream stream) {
     ContextGuard guard(driver_, context_, Operation::Query);

@@ -556,9 +556,9 @@ class OpenCLBackend final : public Backend {
   }
 
   // ---- observation and test controls ----
-  std::uint64_t live_allocations() const noexcept { return live_allocations_.load(std::memory_order_relaxed); }
+  std::uint64_t live_allocations() const noexcept override { return live_allocations_.load(std::memory_order_relaxed); }
 
-  void hold_copies(bool hold) {
+  void hold_copies(bool hold) override {
     if (hold) {
       std::lock_guard lock(mutex_);
       if (hold_ != nullptr) return;

@@ -1,0 +1,533 @@
+"""devbridge on Ray: a fleet of device workers, each a Ray actor owning one Bridge.
+
+``pip install devbridge[ray]``. See docs/RAY.md for a walk-through and the
+multi-node setup.
+
+    import ray, numpy as np
+    from devbridge.ray import DeviceWorker, start_worker
+
+    ray.init()
+    a = start_worker("host", checkpoint="/shared/a.safetensors")     # a Ray actor handle
+    b = start_worker("opencl")
+    a.put.remote("x", np.ones((64, 64), np.float32))
+    a.run.remote(lambda x: (x * 2).relu(), ["x"], ["y"])              # tinygrad, on the worker's device
+    b.import_.remote("y", a.export.remote("y"))                      # hand-off through the object store
+    print(ray.get(b.get.remote("y"), timeout=60))
+
+Handles across the actor boundary
+---------------------------------
+A worker never hands out a device pointer or a bridge ``DeviceHandle``: those
+mean nothing in another process. ``put``, ``run`` and ``import_`` return a
+``TensorRef``, a small picklable token naming (worker domain, generation,
+name, version). Every method taking a tensor accepts a name (``str``: the
+tensor of that name now) or a ``TensorRef``, checked as the bridge checks its
+handles: a token of another worker raises ``devbridge.ForeignDomain``, one of
+an older generation (issued before the actor was restarted) raises
+``devbridge.OldGenerationHandle``, one whose tensor has since been replaced or
+deleted raises ``devbridge.UnknownDeviceHandle``. None is ever silently
+accepted.
+
+Generations: a worker's generation is 1 + the number of times Ray has
+restarted its actor (Ray's own count, from the GCS), so a restarted worker
+starts at a new generation, its bridge too. A worker started with
+``checkpoint=PATH`` restores the last checkpoint written there when it is
+restarted (names come back, in the new generation; tokens do not).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import math
+import os
+import threading
+import time
+import uuid
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+try:
+    import ray
+except ImportError as _error:  # pragma: no cover - exercised only without the extra
+    raise ImportError("devbridge.ray needs Ray: pip install 'devbridge[ray]' (or pip install ray)") from _error
+
+import devbridge
+from ._staging import DeviceTensor, _numpy_dtype
+from ._portable import PortableTensor
+
+__all__ = ["DeviceWorker", "TensorRef", "start_worker", "wait_until_ready", "DEFAULT_MAX_RESTARTS"]
+
+DEFAULT_MAX_RESTARTS = 4
+# Copies between shared memory and host-addressable device memory this large or larger are split
+# across threads (numpy releases the GIL while it copies).
+_PARALLEL_COPY_BYTES = 8 << 20
+
+
+class TensorRef:
+    """A worker's token for one of its named tensors: ``(domain, generation, name, version)``.
+
+    Small and picklable: it crosses the actor boundary (and the object store)
+    where a bridge handle could not. ``domain`` is the worker's (its Ray actor
+    id, stable across restarts), ``generation`` the worker's generation when
+    the token was issued. ``shape`` and ``dtype`` describe the tensor (for the
+    caller's information; the worker checks the token, not these)."""
+
+    __slots__ = ("domain", "generation", "name", "version", "shape", "dtype")
+
+    def __init__(self, domain: str, generation: int, name: str, version: int,
+                 shape: tuple[int, ...], dtype: str) -> None:
+        self.domain, self.generation, self.name, self.version = domain, generation, name, version
+        self.shape, self.dtype = tuple(shape), dtype
+
+    def __reduce__(self):
+        return (TensorRef, (self.domain, self.generation, self.name, self.version, self.shape, self.dtype))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TensorRef):
+            return NotImplemented
+        return self.__reduce__()[1] == other.__reduce__()[1]
+
+    def __hash__(self) -> int:
+        return hash(self.__reduce__()[1])
+
+    def __repr__(self) -> str:
+        return (f"TensorRef({self.name!r}, worker {self.domain[:12]}, generation {self.generation}, "
+                f"version {self.version}, {self.dtype}{list(self.shape)})")
+
+
+_copy_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_copy_pool_lock = threading.Lock()
+
+
+def _parallel_copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[:] = src`` for flat uint8 arrays, split across a few threads when large."""
+    global _copy_pool
+    n = dst.size
+    threads = min(4, os.cpu_count() or 1)
+    if n < _PARALLEL_COPY_BYTES or threads < 2:
+        np.copyto(dst, src)
+        return
+    with _copy_pool_lock:
+        if _copy_pool is None:
+            _copy_pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="devbridge-copy")
+    step = -(-n // threads)
+    step = -(-step // 4096) * 4096
+    futures = [_copy_pool.submit(np.copyto, dst[i:i + step], src[i:i + step]) for i in range(step, n, step)]
+    np.copyto(dst[:step], src[:step])
+    for future in futures:
+        future.result()
+
+
+def _flat_bytes(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1).view(np.uint8) if a.size else np.empty(0, np.uint8)
+
+
+def _actor_identity() -> tuple[str, int]:
+    """(domain, generation) of the calling actor: its actor id, and 1 + Ray's restart count."""
+    context = ray.get_runtime_context()
+    actor_id = context.get_actor_id()
+    if actor_id is None:  # not in an actor (a plain process using the class directly)
+        return f"local-{uuid.uuid4().hex}", 1
+    restarts = None
+    try:  # Ray's own count, kept by the GCS
+        from ray._private import state
+
+        info = state.actors(actor_id)
+        restarts = int(info.get("NumRestarts"))
+    except Exception:  # noqa: BLE001 - another Ray version: fall back to the public flag
+        restarts = None
+    if restarts is None:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            restarts = 1 if context.was_current_actor_reconstructed else 0
+    return actor_id, 1 + restarts
+
+
+class _Tensor:
+    __slots__ = ("tensor", "version")
+
+    def __init__(self, tensor: DeviceTensor, version: int) -> None:
+        self.tensor, self.version = tensor, version
+
+
+class _DeviceWorker:
+    """One Bridge in one Ray actor; see the module doc. Use ``DeviceWorker`` (the Ray actor class)
+    or ``start_worker(...)``; this plain class also runs in-process (domain ``local-...``, generation 1)."""
+
+    def __init__(self, backend: str = "host", device: str | None = None, *, ring_bytes: int = 64 << 20,
+                 checkpoint: str | os.PathLike | None = None, restore_on_restart: bool = True,
+                 tinygrad_device: str | None = None, direct: bool = True, **options: Any) -> None:
+        self.domain, self.generation = _actor_identity()
+        self.backend = backend
+        kwargs: dict[str, Any] = dict(options)
+        if device is not None:
+            kwargs["device"] = device
+        self.bridge = devbridge.Bridge(backend=backend, generation=self.generation, ring_bytes=ring_bytes, **kwargs)
+        info = self.bridge.backend_info()
+        self._view_device = str(info.get("device_string", ""))
+        # Views of this bridge are host memory numpy can read and write (the host backend; not the fake,
+        # whose copies tests count): bytes go straight between the object store and the allocation, one
+        # copy, no ring in between.
+        self._host_addressable = self.bridge.host_addressable and direct
+        self._tinygrad_device = tinygrad_device
+        self._checkpoint_path = os.fspath(checkpoint) if checkpoint is not None else None
+        self._tensors: dict[str, _Tensor] = {}
+        self._version = 0
+        self._counts = {"puts": 0, "runs": 0, "gets": 0, "exports": 0, "imports": 0, "checkpoints": 0,
+                        "restores": 0, "bytes_in": 0, "bytes_out": 0, "refused_handles": 0}
+        self._restored_from: str | None = None
+        self._restored_names: list[str] = []
+        if (restore_on_restart and self.generation > 1 and self._checkpoint_path is not None
+                and os.path.exists(self._checkpoint_path)):
+            self.restore()
+
+    # ------------------------------------------------------------------------------- names and tokens
+
+    def _ref(self, name: str) -> TensorRef:
+        entry = self._tensors[name]
+        return TensorRef(self.domain, self.generation, name, entry.version, entry.tensor.shape, entry.tensor.dtype)
+
+    def _refuse(self, error: devbridge.BridgeError) -> devbridge.BridgeError:
+        self._counts["refused_handles"] += 1
+        return error
+
+    def _lookup(self, key: Any) -> tuple[str, DeviceTensor]:
+        if isinstance(key, str):
+            entry = self._tensors.get(key)
+            if entry is None:
+                raise devbridge.UnknownDeviceHandle(
+                    f"worker {self.domain} (generation {self.generation}) has no tensor named {key!r}")
+            return key, entry.tensor
+        if isinstance(key, TensorRef):
+            if key.domain != self.domain:
+                raise self._refuse(devbridge.ForeignDomain(
+                    f"{key!r} was issued by worker {key.domain}, not by this worker ({self.domain})"))
+            if key.generation < self.generation:
+                raise self._refuse(devbridge.OldGenerationHandle(
+                    f"{key!r} is from generation {key.generation}; worker {self.domain} is at generation "
+                    f"{self.generation} (restarted since)"))
+            if key.generation > self.generation:
+                raise self._refuse(devbridge.ForeignDomain(
+                    f"{key!r} is from generation {key.generation}, which this worker ({self.domain}, generation "
+                    f"{self.generation}) never had"))
+            entry = self._tensors.get(key.name)
+            if entry is None or entry.version != key.version:
+                raise self._refuse(devbridge.UnknownDeviceHandle(
+                    f"{key!r}: the tensor has been {'deleted' if entry is None else 'replaced'} since"))
+            return key.name, entry.tensor
+        raise TypeError(f"a tensor is named by a str or a devbridge.ray.TensorRef, not {type(key).__name__}")
+
+    def _store(self, name: str, tensor: DeviceTensor) -> TensorRef:
+        if not isinstance(name, str) or not name:
+            tensor.free()
+            raise TypeError(f"a tensor name must be a non-empty str, not {name!r}")
+        old = self._tensors.get(name)
+        self._version += 1
+        self._tensors[name] = _Tensor(tensor, self._version)
+        if old is not None and old.tensor is not tensor:
+            old.tensor.free()  # deferred by the bridge while a view or tinygrad tensor still reads it
+        return self._ref(name)
+
+    # ------------------------------------------------------------------------------------ bytes in/out
+
+    def _ingest(self, value: Any, dtype: Any = None, reuse: str | None = None) -> DeviceTensor:
+        """A new DeviceTensor holding ``value`` (numpy array, PortableTensor, buffer), read in place."""
+        if isinstance(value, ray.ObjectRef):
+            value = ray.get(value)
+        if isinstance(value, (list, tuple)) and len(value) == 1 and isinstance(value[0], ray.ObjectRef):
+            value = ray.get(value[0])  # [ref]: Ray does not resolve a nested ref by itself
+        if isinstance(value, PortableTensor):
+            shape, name, src = value.shape, value.dtype if dtype is None else dtype, value._bytes
+        else:
+            a = np.asarray(value)
+            if a.dtype.byteorder == ">" or not a.flags.c_contiguous:
+                a = np.ascontiguousarray(a.astype(a.dtype.newbyteorder("<")))
+            shape, name, src = a.shape, a.dtype if dtype is None else dtype, _flat_bytes(a)
+        spec, extent = devbridge.spec_for_array(shape, name)
+        name = spec.dtype
+        if self._host_addressable:
+            # Writing over the tensor of that name when it has the same shape and dtype and nothing reads
+            # any allocation (no view, tinygrad tensor or export alive): no new allocation to fault in.
+            entry = self._tensors.get(reuse) if reuse is not None else None
+            if (entry is not None and entry.tensor.shape == tuple(shape) and entry.tensor.dtype == name
+                    and shape and self.bridge.stats()["live_views"] == 0):
+                if self._write_direct(entry.tensor.handle, shape, name, src):
+                    return entry.tensor
+            tensor = self._ingest_direct(shape, name, spec, extent, src)
+            if tensor is not None:
+                return tensor
+        # Through the ring, in chunks, straight from the (shared-memory) source: no copy of it first.
+        return self.bridge.import_tensor(src, dtype=name, shape=shape)
+
+    def _write_direct(self, handle, shape, name, src: np.ndarray) -> bool:
+        """Copies ``src`` into the allocation through a DLPack view; False for a dtype numpy lacks."""
+        view = self.bridge.view(handle, name, shape if shape else (1,))
+        try:
+            try:
+                dst = np.from_dlpack(view)
+            except (BufferError, TypeError, RuntimeError, ValueError):
+                return False
+            try:
+                _parallel_copy(_flat_bytes(dst), src)
+            finally:
+                del dst
+        finally:
+            view.close()
+        return True
+
+    def _ingest_direct(self, shape, name, spec, extent, src: np.ndarray) -> DeviceTensor | None:
+        handle = self.bridge.alloc(spec, extent)
+        try:
+            if not self._write_direct(handle, shape, name, src):  # a dtype numpy lacks: use the ring
+                self.bridge.free(handle)
+                return None
+        except BaseException:
+            try:
+                self.bridge.free(handle)
+            except devbridge.BridgeError:
+                self.bridge.release(handle)
+            raise
+        return DeviceTensor(self.bridge, handle, shape, name)
+
+    def _portable(self, tensor: DeviceTensor) -> PortableTensor:
+        """The tensor's bytes as a PortableTensor: over device memory itself where numpy can read it (the
+        copy into the object store is then the only one), else read out through the ring."""
+        if self._host_addressable and tensor.shape:
+            try:
+                view = tensor.view()
+                try:
+                    a = np.from_dlpack(view)  # holds its own lease until Ray has serialized it
+                finally:
+                    view.close()
+                if a.dtype == _numpy_dtype(tensor.dtype):
+                    return PortableTensor(tensor.shape, tensor.dtype, _flat_bytes(a))
+            except (BufferError, TypeError, RuntimeError, ValueError):
+                pass
+        return self.bridge.export(tensor)
+
+    # ----------------------------------------------------------------------------------------- methods
+
+    def identity(self) -> dict[str, Any]:
+        """``{"domain", "generation", "backend", "device", "pid", "node_id"}``."""
+        node = None
+        try:
+            node = ray.get_runtime_context().get_node_id()
+        except Exception:  # noqa: BLE001 - not in Ray
+            pass
+        return {"domain": self.domain, "generation": self.generation, "backend": self.backend,
+                "device": self.bridge.device, "pid": os.getpid(), "node_id": node}
+
+    def put(self, name: str, value: Any, *, dtype: Any = None) -> TensorRef:
+        """Stores ``value`` (a numpy array, a PortableTensor, an ObjectRef of either) on the device as ``name``.
+
+        An ObjectRef passed as the argument itself is resolved by Ray before the call: the array is then a
+        zero-copy view of the object store's shared memory, and is staged from there (no host copy first)."""
+        tensor = self._ingest(value, dtype, reuse=name)
+        self._counts["puts"] += 1
+        self._counts["bytes_in"] += tensor.nbytes
+        return self._store(name, tensor)
+
+    def import_(self, name: str, value: Any) -> TensorRef:
+        """Stores a PortableTensor (typically another worker's ``export``, passed as its ObjectRef) as
+        ``name``; any backend to any backend, bit-exact. A ``TensorRef`` is refused: hand over the export."""
+        if isinstance(value, TensorRef):
+            raise self._refuse(devbridge.ForeignDomain(
+                f"import_ takes the exported tensor (worker.export.remote(name)), not the token {value!r}"))
+        tensor = self._ingest(value, reuse=name)
+        self._counts["imports"] += 1
+        self._counts["bytes_in"] += tensor.nbytes
+        return self._store(name, tensor)
+
+    def get(self, key: Any) -> np.ndarray:
+        """The tensor's contents as a numpy array (downloaded through the ring)."""
+        _, tensor = self._lookup(key)
+        self._counts["gets"] += 1
+        self._counts["bytes_out"] += tensor.nbytes
+        return self.bridge.download(tensor)
+
+    def export(self, key: Any) -> PortableTensor:
+        """The tensor as a PortableTensor. Called as ``worker.export.remote(name)``, the result is an
+        ObjectRef to it in the object store, owned by the caller (it outlives this worker)."""
+        _, tensor = self._lookup(key)
+        self._counts["exports"] += 1
+        self._counts["bytes_out"] += tensor.nbytes
+        return self._portable(tensor)
+
+    def handle(self, name: str) -> TensorRef:
+        """A token for the tensor ``name`` now (this generation, its current version)."""
+        self._lookup(name)
+        return self._ref(name)
+
+    def tensors(self) -> dict[str, dict[str, Any]]:
+        """``{name: {"shape", "dtype", "nbytes", "version"}}``."""
+        return {name: {"shape": e.tensor.shape, "dtype": e.tensor.dtype, "nbytes": e.tensor.nbytes,
+                       "version": e.version} for name, e in sorted(self._tensors.items())}
+
+    def delete(self, key: Any) -> None:
+        """Frees the tensor (deferred while anything still reads it); its tokens are refused afterwards."""
+        name, tensor = self._lookup(key)
+        del self._tensors[name]
+        tensor.free()
+
+    def run(self, fn: Callable[..., Any], inputs: Sequence[Any] | Any, outputs: Sequence[str] | str,
+            **kwargs: Any) -> list[TensorRef] | TensorRef:
+        """``fn(*tensors, **kwargs)`` over tinygrad tensors of the named ``inputs`` (names, TensorRefs, or
+        ObjectRefs of a TensorRef or a list of them: an earlier ``import_``'s or ``run``'s result, so calls chain
+        without waiting); its results (one
+        tinygrad Tensor, or a tuple/list of them) are stored on this worker's device as ``outputs``.
+
+        On the host backend (and CUDA) the inputs are zero-copy views of device memory and each result is
+        computed straight into a new allocation of this bridge (``assign``); elsewhere (OpenCL, whose
+        buffers tinygrad cannot adopt) the inputs are read out through the ring and the results staged
+        back. tinygrad's default device is set to the tensors' device for the call, so tensors ``fn``
+        creates without ``device=`` land beside them. Returns a TensorRef (``outputs`` a str) or a list."""
+        single_in = isinstance(inputs, (str, TensorRef, ray.ObjectRef))
+        keys = [inputs] if single_in else list(inputs)
+        single_out = isinstance(outputs, str)
+        names = [outputs] if single_out else list(outputs)
+        expanded: list[Any] = []
+        for key in keys:  # an ObjectRef of a list of tokens (an earlier run's outputs) stands for all of them
+            key = ray.get(key) if isinstance(key, ray.ObjectRef) else key
+            expanded.extend(key if isinstance(key, list) else [key])
+        sources = [self._lookup(k)[1] for k in expanded]
+        from tinygrad import Tensor
+        from tinygrad.helpers import Context
+
+        zero_copy = self._view_device.upper().partition(":")[0] in ("CPU", "CUDA")
+        device = self._tinygrad_device or (devbridge._tinygrad._tinygrad_device(self._view_device)
+                                           if zero_copy else "CPU")
+        args: list[Any] = []
+        results: Any = None
+        with Context(DEV=device):
+            if zero_copy:
+                args = [t.to_tinygrad() for t in sources]
+            else:
+                args = [Tensor(self.bridge.download(t), device=device) for t in sources]
+            results = fn(*args, **kwargs)
+            if isinstance(results, Tensor):
+                results = [results]
+            results = list(results)
+            if len(results) != len(names):
+                raise ValueError(f"run: fn returned {len(results)} tensors for outputs {names}")
+            made: list[DeviceTensor] = []
+            try:
+                for result in results:
+                    if not isinstance(result, Tensor):
+                        raise TypeError(f"run: fn must return tinygrad Tensors, not {type(result).__name__}")
+                    if zero_copy and result.shape:
+                        dtype = devbridge.dtype_info(result.dtype)["name"]
+                        spec, extent = devbridge.spec_for_array(result.shape, dtype)
+                        out = DeviceTensor(self.bridge, self.bridge.alloc(spec, extent), result.shape, dtype)
+                        made.append(out)
+                        target = out.to_tinygrad()
+                        target.assign(result.to(target.device)).realize()
+                        devbridge.tinygrad_synchronize(target)
+                        del target
+                    else:
+                        made.append(self.bridge.upload(np.ascontiguousarray(result.numpy()), wait=True))
+            except BaseException:
+                for tensor in made:
+                    tensor.free()
+                raise
+            finally:
+                del args, results
+        self._counts["runs"] += 1
+        refs = [self._store(name, tensor) for name, tensor in zip(names, made)]
+        return refs[0] if single_out else refs
+
+    def checkpoint(self, path: str | os.PathLike | None = None, *, names: Iterable[str] | None = None,
+                   metadata: Mapping[str, str] | None = None) -> str:
+        """Writes the named tensors (all by default) to a safetensors file (``devbridge.checkpoint``:
+        atomic, checksummed); ``path`` defaults to the worker's ``checkpoint=``. Returns the path."""
+        target = self._path(path)
+        chosen = sorted(self._tensors) if names is None else list(names)
+        tensors = {name: self._lookup(name)[1] for name in chosen}
+        extra = {"devbridge_ray_domain": self.domain, "devbridge_ray_generation": str(self.generation)}
+        extra.update(metadata or {})
+        self.bridge.checkpoint(target, tensors, metadata=extra)
+        self._counts["checkpoints"] += 1
+        return target
+
+    def restore(self, path: str | os.PathLike | None = None) -> list[str]:
+        """Loads a checkpoint (``path`` defaults to the worker's ``checkpoint=``): each tensor replaces the
+        one of its name, in this generation (tokens issued before are refused). Returns the names."""
+        target = self._path(path)
+        restored = self.bridge.restore(target)
+        for name, tensor in restored.items():
+            self._store(name, tensor)
+        self._counts["restores"] += 1
+        self._restored_from = target
+        self._restored_names = sorted(restored)
+        return self._restored_names
+
+    def _path(self, path: str | os.PathLike | None) -> str:
+        if path is None:
+            if self._checkpoint_path is None:
+                raise ValueError("no checkpoint path: pass one, or start the worker with checkpoint=PATH")
+            return self._checkpoint_path
+        return os.fspath(path)
+
+    def stats(self) -> dict[str, Any]:
+        """The worker's counters, identity and what it holds, with its bridge's ``stats()`` under ``"bridge"``."""
+        return {**self.identity(), **self._counts, "restored_from": self._restored_from,
+                "restored_names": list(self._restored_names), "tensors": len(self._tensors),
+                "tensor_bytes": sum(e.tensor.nbytes for e in self._tensors.values()),
+                "checkpoint_path": self._checkpoint_path, "bridge": self.bridge.stats()}
+
+    def ping(self) -> int:
+        """The worker's generation (a cheap call to wait for a worker, or for its restart)."""
+        return self.generation
+
+    def close(self) -> None:
+        """Frees every tensor and closes the bridge (the actor itself stays until killed)."""
+        for entry in self._tensors.values():
+            entry.tensor.free()
+        self._tensors.clear()
+        self.bridge.close()
+
+
+# The Ray actor class. Restarted by Ray on failure (max_restarts); a call in flight when the process
+# died fails with a RayActorError (not retried: the caller decides, see examples/ray_pipeline.py).
+DeviceWorker = ray.remote(max_restarts=DEFAULT_MAX_RESTARTS, max_task_retries=0)(_DeviceWorker)
+
+
+def start_worker(backend: str = "host", device: str | None = None, *, checkpoint: str | os.PathLike | None = None,
+                 max_restarts: int = DEFAULT_MAX_RESTARTS, num_gpus: float | None = None,
+                 ray_options: Mapping[str, Any] | None = None, **options: Any) -> Any:
+    """A ``DeviceWorker`` actor for ``backend``: ``num_gpus=1`` for ``"cuda"`` (Ray then places it on a GPU
+    node and makes that GPU its device 0), none otherwise. ``options`` go to the worker (``ring_bytes``,
+    the backend's own options); ``ray_options`` to ``DeviceWorker.options`` (``name``, ``resources``,
+    ``scheduling_strategy``, ...)."""
+    if num_gpus is None:
+        num_gpus = 1 if backend == "cuda" else 0
+    if backend == "cuda" and "cuda_context" not in options and "context" not in options:
+        options["cuda_context"] = "tinygrad"  # run() hands views to tinygrad
+    settings: dict[str, Any] = {"max_restarts": max_restarts, "max_task_retries": 0}
+    if num_gpus:
+        # Only when asked for: an actor given any resource explicitly also holds a CPU for its lifetime
+        # (Ray's rule), where a plain actor holds none once placed.
+        settings["num_gpus"] = num_gpus
+    settings.update(ray_options or {})
+    checkpoint = os.fspath(checkpoint) if checkpoint is not None else None
+    return DeviceWorker.options(**settings).remote(backend, device, checkpoint=checkpoint, **options)
+
+
+def wait_until_ready(worker: Any, *, timeout: float = 60.0, min_generation: int = 1) -> int:
+    """Waits (up to ``timeout`` seconds) until ``worker`` answers at ``min_generation`` or later, retrying
+    while Ray restarts it; returns its generation. Raises ``TimeoutError``."""
+    deadline = time.monotonic() + timeout
+    last: BaseException | None = None
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"the worker did not answer at generation >= {min_generation} within {timeout} s"
+                               + (f" (last: {last!r})" if last else ""))
+        try:
+            generation = ray.get(worker.ping.remote(), timeout=max(0.1, min(left, 30.0)))
+            if generation >= min_generation:
+                return generation
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as error:
+            last = error
+        time.sleep(0.05)

@@ -1,0 +1,194 @@
+"""devbridge.ray on a local Ray cluster: put/run/get, cross-backend hand-off, kill-and-restore, stale handles.
+
+One cluster for the module (started and shut down by the ``cluster`` fixture), small arrays, a timeout on
+every ray.get. Skipped when Ray (or tinygrad) is not installed.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'devbridge[ray]'; "
+                                        "requirements-dev.txt installs it)")
+pytest.importorskip("tinygrad", reason="tinygrad is not installed (DeviceWorker.run computes with it)")
+
+import devbridge  # noqa: E402
+from devbridge.ray import TensorRef, start_worker, wait_until_ready  # noqa: E402
+
+TIMEOUT = 60  # seconds, for every ray.get
+HAVE_OPENCL = any(b["name"] == "opencl" and b["available"] for b in devbridge.list_backends())
+OTHER_BACKEND = "opencl" if HAVE_OPENCL else "host"
+
+
+def get(ref, timeout=TIMEOUT):
+    return ray.get(ref, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if ray.is_initialized():  # pragma: no cover - another module's cluster
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 << 20, log_to_driver=False,
+             configure_logging=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def host_worker(cluster):
+    w = start_worker("host")
+    wait_until_ready(w, timeout=TIMEOUT)
+    yield w
+    ray.kill(w, no_restart=True)
+
+
+@pytest.fixture(scope="module")
+def other_worker(cluster):
+    w = start_worker(OTHER_BACKEND)
+    wait_until_ready(w, timeout=TIMEOUT)
+    yield w
+    ray.kill(w, no_restart=True)
+
+
+def test_put_run_get(host_worker):
+    w = host_worker
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((32, 48), dtype=np.float32)
+    m = rng.standard_normal((48, 16), dtype=np.float32)
+    ref = get(w.put.remote("x", x))
+    assert isinstance(ref, TensorRef) and ref.name == "x" and ref.shape == (32, 48) and ref.dtype == "float32"
+    get(w.put.remote("m", ray.put(m)))            # an ObjectRef argument: resolved by Ray, staged from shm
+    get(w.put.remote("m2", [ray.put(m)]))         # a nested ObjectRef: fetched by the worker
+    out = get(w.run.remote(lambda a, b: (a @ b).relu(), ["x", "m"], ["y"]))
+    assert [r.name for r in out] == ["y"] and out[0].shape == (32, 16)
+    y = get(w.get.remote("y"))
+    np.testing.assert_allclose(y, np.maximum(x @ m, 0), rtol=1e-5, atol=1e-5)
+    # Elementwise results are bit-exact; the worker's tokens name its inputs too; several outputs.
+    a, b = get(w.run.remote(lambda t, s: (t * 2 + s, t - 1), [ref, "x"], ["a", "b"]))
+    assert np.array_equal(get(w.get.remote(a)), x * 2 + x) and np.array_equal(get(w.get.remote("b")), x - 1)
+    assert np.array_equal(get(w.get.remote("m2")), m)
+    # Tensors fn creates without device= land on the worker's device (no mixed-device failure).
+    from tinygrad import Tensor
+    one = get(w.run.remote(lambda t: t + Tensor.ones(*t.shape), "x", "x1"))
+    assert isinstance(one, TensorRef)
+    assert np.array_equal(get(w.get.remote("x1")), x + 1)
+    stats = get(w.stats.remote())
+    assert stats["puts"] >= 3 and stats["runs"] >= 3 and stats["generation"] == 1 and stats["backend"] == "host"
+    assert stats["bridge"]["live_views"] == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int64", "uint8", "float16", "float64"])
+def test_put_get_dtypes_bit_exact(host_worker, other_worker, dtype):
+    data = (np.random.default_rng(2).standard_normal(1000) * 50).astype(dtype).reshape(10, 100)
+    for w in (host_worker, other_worker):
+        try:
+            get(w.put.remote("d", data))
+        except devbridge.UnsupportedDType:
+            continue  # OpenCL without cl_khr_fp16
+        back = get(w.get.remote("d"))
+        assert back.dtype == data.dtype and back.shape == data.shape and np.array_equal(back, data)
+
+
+def test_cross_backend_hand_off_is_bit_exact(host_worker, other_worker):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((64, 257), dtype=np.float32)
+    get(host_worker.put.remote("h", x))
+    # host -> other (OpenCL where available), through the object store, then back.
+    exported = host_worker.export.remote("h")
+    portable = get(exported)
+    assert isinstance(portable, devbridge.PortableTensor) and np.array_equal(np.asarray(portable), x)
+    ref = get(other_worker.import_.remote("h", exported))
+    assert ref.shape == x.shape and ref.dtype == "float32"
+    assert np.array_equal(get(other_worker.get.remote("h")), x)
+    get(other_worker.run.remote(lambda t: t * 3 - 1, "h", "h3"))
+    get(host_worker.import_.remote("back", other_worker.export.remote("h3")))
+    h3 = get(other_worker.get.remote("h3"))
+    np.testing.assert_allclose(h3, x * 3 - 1, rtol=1e-6, atol=1e-6)  # tinygrad may fuse (fma)
+    assert np.array_equal(get(host_worker.get.remote("back")), h3)
+    # A dtype numpy lacks travels as its bits.
+    bits = rng.integers(0, 1 << 16, size=(33,), dtype=np.uint16)
+    get(host_worker.put.remote("bf", bits, dtype="bfloat16"))
+    get(other_worker.import_.remote("bf", host_worker.export.remote("bf")))
+    assert get(other_worker.tensors.remote())["bf"]["dtype"] == "bfloat16"
+    assert np.array_equal(get(other_worker.get.remote("bf")), bits)
+
+
+def test_tokens_of_other_workers_or_replaced_tensors_are_refused(host_worker, other_worker):
+    ref = get(host_worker.put.remote("t", np.arange(10, dtype=np.int32)))
+    with pytest.raises(devbridge.ForeignDomain):
+        get(other_worker.get.remote(ref))
+    with pytest.raises(devbridge.ForeignDomain):
+        get(other_worker.import_.remote("t", ref))  # the token is not the tensor: hand over export()
+    newer = get(host_worker.put.remote("t", np.arange(10, 20, dtype=np.int32)))
+    with pytest.raises(devbridge.UnknownDeviceHandle):
+        get(host_worker.get.remote(ref))            # replaced since
+    assert np.array_equal(get(host_worker.get.remote(newer)), np.arange(10, 20))
+    get(host_worker.delete.remote("t"))
+    with pytest.raises(devbridge.UnknownDeviceHandle):
+        get(host_worker.get.remote(newer))
+    with pytest.raises(devbridge.UnknownDeviceHandle):
+        get(host_worker.get.remote("no such tensor"))
+    forged = TensorRef(newer.domain, newer.generation + 1, newer.name, newer.version, newer.shape, newer.dtype)
+    with pytest.raises(devbridge.ForeignDomain):
+        get(host_worker.get.remote(forged))
+    assert get(host_worker.stats.remote())["refused_handles"] >= 3
+
+
+def test_checkpoint_and_restore_explicit(host_worker, tmp_path):
+    path = tmp_path / "explicit.safetensors"
+    get(host_worker.put.remote("c", np.full((5, 7), 2.5, np.float32)))
+    assert get(host_worker.checkpoint.remote(str(path), names=["c"])) == str(path)
+    assert tuple(devbridge.checkpoint_info(path)["tensors"]["c"]["shape"]) == (5, 7)
+    old = get(host_worker.put.remote("c", np.zeros((5, 7), np.float32)))
+    assert get(host_worker.restore.remote(str(path))) == ["c"]
+    assert np.array_equal(get(host_worker.get.remote("c")), np.full((5, 7), 2.5, np.float32))
+    with pytest.raises(devbridge.UnknownDeviceHandle):
+        get(host_worker.get.remote(old))            # restore replaced it
+
+
+def test_worker_killed_mid_run_restarts_restores_and_refuses_old_handles(cluster, tmp_path):
+    path = tmp_path / "worker.safetensors"
+    w = start_worker(OTHER_BACKEND, checkpoint=str(path), max_restarts=2)
+    try:
+        assert wait_until_ready(w, timeout=TIMEOUT) == 1
+        x = np.random.default_rng(4).standard_normal((16, 16), dtype=np.float32)
+        tx = get(w.put.remote("x", x))
+        ty = get(w.run.remote(lambda t: t * 2, "x", "y"))
+        get(w.checkpoint.remote())
+        get(w.put.remote("late", np.ones(4, np.float32)))   # after the checkpoint: lost with the process
+
+        def slow(t):
+            import time as _time
+            _time.sleep(30)
+            return t + 1
+
+        in_flight = w.run.remote(slow, "y", "z")
+        time.sleep(0.5)
+        ray.kill(w, no_restart=False)
+        with pytest.raises(ray.exceptions.RayActorError):
+            get(in_flight)
+        assert wait_until_ready(w, timeout=TIMEOUT, min_generation=2) == 2
+        stats = get(w.stats.remote())
+        assert stats["generation"] == 2 and stats["restored_from"] == str(path)
+        assert stats["restored_names"] == ["x", "y"] and stats["bridge"]["generation"] == 2
+        # Names come back (bit-exact); tokens from the dead process are refused, never accepted.
+        assert np.array_equal(get(w.get.remote("x")), x) and np.array_equal(get(w.get.remote("y")), x * 2)
+        for stale in (tx, ty):
+            with pytest.raises(devbridge.OldGenerationHandle):
+                get(w.get.remote(stale))
+        with pytest.raises(devbridge.OldGenerationHandle):
+            get(w.run.remote(lambda t: t, [ty], ["copy"]))
+        with pytest.raises(devbridge.UnknownDeviceHandle):
+            get(w.get.remote("late"))
+        # The pipeline continues: fresh tokens of generation 2 work.
+        fresh = get(w.handle.remote("y"))
+        assert fresh.generation == 2
+        get(w.run.remote(lambda t: t + 1, fresh, "z"))
+        assert np.array_equal(get(w.get.remote("z")), x * 2 + 1)
+    finally:
+        ray.kill(w, no_restart=True)
