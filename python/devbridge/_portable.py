@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -45,6 +46,7 @@ from ._staging import (
     _chunk_error,
     _cleanup,
     _download_chunks,
+    _host_bytes,
     _room,
     _dtype_name,
     _numpy_dtype,
@@ -295,6 +297,9 @@ def _stream(source: _Source, sink: Callable[[int, np.ndarray], Any]) -> None:
     if source.nbytes == 0:
         return
     bridge = source.bridge
+    if bridge.host_addressable:
+        _stream_from_memory(source, sink)
+        return
     with _staging_queue(bridge) as queue:
         if source.strides is None:
             _download_chunks(bridge, queue, source.handle, source.nbytes, sink, device_offset=source.byte_offset)
@@ -310,6 +315,40 @@ def _stream(source: _Source, sink: Callable[[int, np.ndarray], Any]) -> None:
     logical = np.lib.stride_tricks.as_strided(elements, source.shape, [s * itemsize for s in source.strides],
                                               writeable=False)
     sink(0, np.ascontiguousarray(logical).reshape(-1).view(np.uint8))
+
+
+_MEMORY_CHUNK_BYTES = 16 << 20
+
+
+def _stream_from_memory(source: _Source, sink: Callable[[int, np.ndarray], Any]) -> None:
+    """``_stream`` for host-addressable device memory (``bridge.host_addressable``): the sink reads the
+    allocation itself, a chunk at a time, at the address of a view of the source (its lease keeps the
+    memory alive, and taking it waits for uploads in flight): no ring, no copy before the sink's own. A
+    strided source is gathered into row-major order a block of leading rows at a time, so nothing the
+    size of the tensor is held."""
+    itemsize = dtype_info(source.dtype)["itemsize"]
+    with source.bridge.view(source.handle, source.dtype, source.shape, source.strides, source.byte_offset) as view:
+        start = view.ptr  # the first element: the allocation plus the offset
+        if source.strides is None:
+            memory = _host_bytes(start, source.nbytes)
+            for offset in range(0, source.nbytes, _MEMORY_CHUNK_BYTES):
+                sink(offset, memory[offset:offset + _MEMORY_CHUNK_BYTES])
+            return
+        reach = [(d - 1) * s for d, s in zip(source.shape, source.strides)]
+        low = sum(r for r in reach if r < 0)
+        span = _host_bytes(start + low * itemsize, (sum(r for r in reach if r > 0) - low + 1) * itemsize)
+        elements = span.view(_numpy_dtype(source.dtype))[-low:]
+        logical = np.lib.stride_tricks.as_strided(elements, source.shape, [s * itemsize for s in source.strides],
+                                                  writeable=False)
+        if not source.shape:
+            sink(0, np.ascontiguousarray(logical).reshape(-1).view(np.uint8))
+            return
+        rows = max(1, _MEMORY_CHUNK_BYTES // max(1, source.nbytes // source.shape[0]))
+        offset = 0
+        for first in range(0, source.shape[0], rows):
+            block = np.ascontiguousarray(logical[first:first + rows]).reshape(-1).view(np.uint8)
+            sink(offset, block)
+            offset += block.size
 
 
 def _with_context(error: BaseException, context: str) -> BaseException:
@@ -882,9 +921,11 @@ def restore(bridge: Bridge, path: Any, *, alignment: int = 256, verify: bool = T
                     for entry in header.entries:
                         with _context(f"restore {path!r}: tensor {entry.name!r}"):
                             spec, extent = spec_for_array(entry.shape, entry.dtype, alignment)
+                            fill = (functools.partial(reader.read_into_memory, name=entry.dtype, shape=entry.shape)
+                                    if bridge.host_addressable else reader.stage)
                             restored[entry.name] = _upload(
                                 bridge, queue, entry.shape, entry.dtype, spec, extent, False,
-                                lambda handle: reader.stage(handle, entry.end - entry.begin))
+                                lambda handle: fill(handle, nbytes=entry.end - entry.begin))
                 finally:
                     reader.drain()
             for name, tensor in restored.items():
@@ -953,6 +994,30 @@ class _RestoreReader:
             if isinstance(error, BridgeError):
                 raise _chunk_error(error, "upload", index, offset, n, nbytes) from error
             raise
+
+    def read_into_memory(self, handle: DeviceHandle, name: str, shape: tuple[int, ...], nbytes: int) -> list:
+        """``stage`` for host-addressable device memory (``bridge.host_addressable``): the file is read
+        straight into the allocation, a chunk at a time, at the address of a view of it (no ring, so no
+        copy events); each chunk is hashed on the hasher's thread while the next is read, and every hash is
+        done before the view goes."""
+        if nbytes == 0:
+            return []
+        with self._bridge.view(handle, name, shape) as view:
+            memory = memoryview(_host_bytes(view.ptr, nbytes)).cast("B")
+            hashed: Future | None = None
+            try:
+                for offset in range(0, nbytes, _MEMORY_CHUNK_BYTES):
+                    piece = memory[offset:offset + _MEMORY_CHUNK_BYTES]
+                    self._read(piece, offset)
+                    if self._hasher is not None:
+                        if hashed is not None:
+                            hashed.result()
+                        hashed = self._hasher.submit(piece)
+            finally:
+                if hashed is not None:
+                    hashed.result()
+                memory.release()
+        return []
 
     def _read(self, view: memoryview, offset: int) -> None:
         done = 0

@@ -567,6 +567,14 @@ def upload(bridge: Bridge, array: Any, *, dtype: Any = None, alignment: int = 25
                        lambda handle: _stage_into(bridge, queue, a, handle))
 
 
+def _host_bytes(address: int, nbytes: int) -> np.ndarray:
+    """A uint8 array over ``nbytes`` of host-addressable device memory at ``address``: valid only while the
+    view that gave the address is held."""
+    if nbytes == 0:
+        return np.empty(0, np.uint8)
+    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
+
+
 def _copy_through_view(bridge: Bridge, handle: DeviceHandle, name: str, shape: tuple[int, ...], data: np.ndarray,
                        into_device: bool) -> list[tuple[CopyEvent, int, int]]:
     """Copies ``data`` (C-contiguous, ``data.nbytes`` bytes) into the allocation, or the allocation into
@@ -574,9 +582,8 @@ def _copy_through_view(bridge: Bridge, handle: DeviceHandle, name: str, shape: t
     (``bridge.host_addressable``), one copy instead of two through the ring. The view's lease keeps the
     memory alive for the copy, and taking it waits for copies into the allocation still in flight (an
     upload by another thread), as any view does. No copy event: it is done when this returns."""
-    nbytes = data.nbytes
     with bridge.view(handle, name, shape) as view:
-        memory = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(view.ptr + view.byte_offset))
+        memory = _host_bytes(view.ptr, data.nbytes)  # ptr: where the view starts
         raw = data.reshape(-1).view(np.uint8)
         if into_device:
             np.copyto(memory, raw)
