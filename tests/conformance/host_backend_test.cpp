@@ -109,6 +109,37 @@ TEST(HostBackend, AllocationsAreAlignedWritableMemory) {
   EXPECT_EQ(host::live_allocations(*backend), 0u);
 }
 
+// A freed large block is kept warm for the next allocation of its size (no
+// page faults), at most four of them; live_allocations counts only live ones.
+TEST(HostBackend, AFreedLargeBlockIsReusedWarmAndTheCacheIsBounded) {
+  auto backend = host::make_host_backend();
+  constexpr std::uint64_t kBlock = 8u << 20;
+  const auto first = backend->allocate(kBlock, 256);
+  EXPECT_EQ(first.address % (2u << 20), 0u);  // huge-page aligned from 4 MiB up
+  std::memset(at(first), 0x5a, kBlock);
+  backend->free(first);
+  EXPECT_EQ(backend->live_allocations(), 0u);
+  const auto again = backend->allocate(kBlock, 256);
+  EXPECT_EQ(again.address, first.address);
+  const auto other_size = backend->allocate(kBlock + 4096, 256);  // exact sizes only
+  EXPECT_NE(other_size.address, first.address);
+  backend->free(again);
+  backend->free(other_size);
+  std::vector<DeviceAllocation> blocks;
+  for (int i = 0; i < 6; ++i) blocks.push_back(backend->allocate(kBlock, 256));
+  EXPECT_EQ(backend->live_allocations(), 6u);
+  for (const auto& block : blocks) backend->free(block);
+  // The four freed last are warm, the oldest went back to the C library.
+  std::vector<std::uint64_t> reused;
+  for (int i = 0; i < 4; ++i) {
+    const auto block = backend->allocate(kBlock, 256);
+    reused.push_back(block.address);
+  }
+  for (int i = 2; i < 6; ++i) EXPECT_NE(std::ranges::count(reused, blocks[i].address), 0) << i;
+  for (const auto address : reused) backend->free(DeviceAllocation{address, kBlock, address});
+  EXPECT_EQ(backend->live_allocations(), 0u);
+}
+
 TEST(HostBackend, AllocationFailureNamesBytesAskedAndFree) {
   if (kSanitized) {
     GTEST_SKIP() << "sanitizer allocators abort on a 1 EiB request instead of returning ENOMEM";

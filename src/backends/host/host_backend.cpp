@@ -11,11 +11,13 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <new>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 #include <fmt/format.h>
 #include "core/log.hpp"
@@ -46,6 +48,15 @@ constexpr std::uint64_t kMinAlignment = 64;
 // numpy array does.
 constexpr std::uint64_t kHugePage = 2u << 20;
 constexpr std::uint64_t kHugePageFrom = 4u << 20;
+// Freed blocks of kHugePageFrom and up are kept warm for the next allocation
+// of the same size and alignment: a fresh block costs its page faults (256
+// MiB: 45 ms even in huge pages, twice what copying into it costs), a reused
+// one nothing, and a worker allocates the same shapes step after step.
+// Bounded: at most kWarmBlocks blocks and kWarmBytes in all, the oldest
+// freed first; an allocation the C library refuses drops them and retries.
+// (A first step toward a real pool: exact sizes only, no size classes.)
+constexpr std::size_t kWarmBlocks = 4;
+constexpr std::uint64_t kWarmBytes = 512u << 20;
 
 // A hint: where the kernel cannot (THP off, no memory to compact), the memory
 // simply stays in small pages.
@@ -91,6 +102,7 @@ class HostBackend final : public Backend {
   ~HostBackend() override {
     engine_.stop();
     release_leftovers();
+    drop_warm();
   }
 
   BackendInfo describe() override {
@@ -141,13 +153,17 @@ class HostBackend final : public Backend {
                   fmt::format("host backend: allocate of {} bytes (alignment {}): too large for the address space",
                               bytes, effective_alignment));
     }
-    void* memory = nullptr;
-    if (const int rc = posix_memalign(&memory, effective_alignment, bytes); rc != 0) {
-      throw Error(ErrorKind::AllocationFailed,
-                  fmt::format("host backend: posix_memalign of {} bytes (alignment {}) failed: {}; {}", bytes,
-                              effective_alignment, describe_errno(rc), available_memory_text()));
+    void* memory = bytes >= kHugePageFrom ? take_warm(bytes, effective_alignment) : nullptr;
+    if (memory == nullptr) {
+      int rc = posix_memalign(&memory, effective_alignment, bytes);
+      if (rc != 0 && drop_warm()) rc = posix_memalign(&memory, effective_alignment, bytes);
+      if (rc != 0) {
+        throw Error(ErrorKind::AllocationFailed,
+                    fmt::format("host backend: posix_memalign of {} bytes (alignment {}) failed: {}; {}", bytes,
+                                effective_alignment, describe_errno(rc), available_memory_text()));
+      }
+      if (bytes >= kHugePageFrom) advise_huge_pages(memory, bytes);
     }
-    if (bytes >= kHugePageFrom) advise_huge_pages(memory, bytes);
     const auto address = reinterpret_cast<std::uintptr_t>(memory);
     try {
       std::lock_guard lock(memory_mutex_);
@@ -161,6 +177,7 @@ class HostBackend final : public Backend {
   }
 
   void free(const DeviceAllocation& allocation) noexcept override {
+    std::vector<WarmBlock> evicted;
     {
       std::lock_guard lock(memory_mutex_);
       if (allocations_.erase(allocation.token) == 0) {
@@ -168,8 +185,48 @@ class HostBackend final : public Backend {
                       allocation.address, allocation.bytes);
         return;
       }
+      if (allocation.bytes >= kHugePageFrom && allocation.bytes <= kWarmBytes) {
+        try {
+          warm_.push_back({reinterpret_cast<void*>(allocation.token), allocation.bytes});
+          warm_bytes_ += allocation.bytes;
+          while (warm_.size() > kWarmBlocks || warm_bytes_ > kWarmBytes) {
+            evicted.push_back(warm_.front());
+            warm_bytes_ -= warm_.front().bytes;
+            warm_.pop_front();
+          }
+        } catch (const std::bad_alloc&) {
+          evicted.push_back({reinterpret_cast<void*>(allocation.token), allocation.bytes});
+        }
+      } else {
+        evicted.push_back({reinterpret_cast<void*>(allocation.token), allocation.bytes});
+      }
     }
-    std::free(reinterpret_cast<void*>(allocation.token));
+    for (const auto& block : evicted) std::free(block.memory);
+  }
+
+  // A warm block of exactly `bytes` whose address has `alignment`, or null.
+  void* take_warm(std::uint64_t bytes, std::uint64_t alignment) noexcept {
+    std::lock_guard lock(memory_mutex_);
+    for (auto it = warm_.rbegin(); it != warm_.rend(); ++it) {
+      if (it->bytes != bytes || reinterpret_cast<std::uintptr_t>(it->memory) % alignment != 0) continue;
+      void* memory = it->memory;
+      warm_bytes_ -= bytes;
+      warm_.erase(std::next(it).base());
+      return memory;
+    }
+    return nullptr;
+  }
+
+  // Frees every warm block; false when there was none.
+  bool drop_warm() noexcept {
+    std::deque<WarmBlock> dropped;
+    {
+      std::lock_guard lock(memory_mutex_);
+      dropped.swap(warm_);
+      warm_bytes_ = 0;
+    }
+    for (const auto& block : dropped) std::free(block.memory);
+    return !dropped.empty();
   }
 
   HostBlock allocate_host(std::uint64_t bytes) override {
@@ -352,6 +409,12 @@ class HostBackend final : public Backend {
 
   mutable std::mutex memory_mutex_;
   std::unordered_set<std::uintptr_t> allocations_;  // device allocations by address
+  struct WarmBlock {
+    void* memory;
+    std::uint64_t bytes;
+  };
+  std::deque<WarmBlock> warm_;  // freed large blocks kept for reuse, oldest first (kWarmBlocks)
+  std::uint64_t warm_bytes_ = 0;
   std::unordered_map<std::byte*, RingBlock> host_blocks_;
   std::string ring_note_;  // mlock outcome of the latest host block
 
