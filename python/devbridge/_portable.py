@@ -551,8 +551,15 @@ def transfer(src_bridge: Bridge, x: Any, dst_bridge: Bridge, *, dtype: Any = Non
 
 def _pipe(source: _Source, dst: Bridge, queue: Any, handle: DeviceHandle) -> list:
     """Streams ``source`` into ``handle`` of ``dst``: each chunk the source's ring hands over is copied
-    into ``dst``'s ring and uploaded asynchronously while the source downloads its next chunks."""
+    into ``dst``'s ring and uploaded asynchronously while the source downloads its next chunks; into
+    host-addressable memory (``dst.host_addressable``) it is copied straight into the allocation, through
+    a view held for the whole transfer."""
     total = source.nbytes
+    if dst.host_addressable and total:
+        with dst.view(handle, source.dtype, source.shape) as view:
+            memory = _host_bytes(view.ptr, total)
+            _stream(source, lambda offset, chunk: np.copyto(memory[offset:offset + chunk.size], chunk))
+        return []
     step = _chunk_bytes(dst, total)
     events: list = []  # (event, offset, length), as DeviceTensor keeps them
     in_flight: collections.deque = collections.deque()
