@@ -149,10 +149,10 @@ def staging(backend: str, rounds: int, mib: int) -> None:
         print(f"  {name:<13} {seconds * 1e3:8.1f} ms  {nbytes / seconds / 1e9:6.2f} GB/s")
     for name, baseline in (("upload", "numpy.copyto"), ("upload", "empty+copyto"), ("download", "numpy.copyto")):
         print(f"  {name} speed / {baseline} speed: {times[baseline] / times[name]:.3f} (goal >= 0.9 on host)")
-    print("  (upload allocates its destination, as empty+copyto does: fresh pages are faulted in, which numpy.copyto "
-          "into a warm array never pays; " + ("host-addressable device memory: upload and download copy once, "
-          "through a view" if bridge.host_addressable else "upload and download copy every byte twice: through the "
-          "ring") + ")")
+    print("  (upload allocates its destination each time, as empty+copyto does; the host backend hands back the block "
+          "this loop freed, warm, where numpy's fresh array faults its pages in; " + (
+              "host-addressable device memory: upload and download copy once, through a view"
+              if bridge.host_addressable else "upload and download copy every byte twice: through the ring") + ")")
     kept.free()
     bridge.close()
 

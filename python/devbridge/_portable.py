@@ -689,7 +689,10 @@ def checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], *,
         with open(fd, "wb", buffering=0) as file:
             hasher = _Hasher(checksum)
             try:
-                _write_all(file.write, _encode_header(header))  # the checksum is a placeholder of the final length
+                encoded = _encode_header(header)
+                with contextlib.suppress(OSError):  # the file's blocks at once, not a write at a time; a hint
+                    os.posix_fallocate(file.fileno(), 0, len(encoded) + begin)
+                _write_all(file.write, encoded)  # the checksum is a placeholder of the final length
 
                 def sink(offset: int, chunk: np.ndarray) -> None:
                     # The chunk is a ring range that goes back when this returns: it is hashed (on the
