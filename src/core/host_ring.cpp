@@ -56,15 +56,15 @@ HostRange HostRing::reserve(std::uint64_t bytes, std::uint64_t alignment) {
   return HostRange{offset, bytes};
 }
 
-std::optional<HostRing::Key> HostRing::locate(HostRange range) const noexcept {
+HostRing::Key HostRing::locate(HostRange range) const noexcept {
   const std::uint64_t cap = capacity();
   if (range.len == 0 || !checked::range_within(range.offset, range.len, cap) || reservations_.empty())
-    return std::nullopt;
+    return kNoKey;
   // Every live byte lies in [tail, head), at most cap past the tail: map the
   // offset into that window.
   const std::uint64_t from_tail =
       range.offset >= tail_offset_ ? range.offset - tail_offset_ : cap - (tail_offset_ - range.offset);
-  if (from_tail >= used()) return std::nullopt;
+  if (from_tail >= used()) return kNoKey;
   const Position at = tail_ + from_tail;  // < head_: fits
   const auto holds = [&](const Reservation& r) {
     return at >= r.begin && !r.released && checked::range_within(at - r.begin, range.len, r.len);
@@ -72,18 +72,18 @@ std::optional<HostRing::Key> HostRing::locate(HostRange range) const noexcept {
   // The newest reservation is the likeliest: its key is known without the
   // deque iterator arithmetic a search needs (most of a lookup's cost).
   if (const auto& newest = reservations_.back(); at >= newest.begin)
-    return holds(newest) ? std::optional<Key>(next_key_ - 1) : std::nullopt;
+    return holds(newest) ? next_key_ - 1 : kNoKey;
   const auto it = std::prev(std::upper_bound(reservations_.begin(), std::prev(reservations_.end()), at,
                                              [](Position p, const Reservation& r) { return p < r.begin; }));
-  return holds(*it) ? std::optional<Key>(front_key_ + static_cast<Key>(it - reservations_.begin())) : std::nullopt;
+  return holds(*it) ? front_key_ + static_cast<Key>(it - reservations_.begin()) : kNoKey;
 }
 
 HostRing::Key HostRing::find(HostRange range) const {
   const auto key = locate(range);
-  if (!key)
+  if (key == kNoKey)
     fail(ErrorKind::InvalidRange, "host range [offset {}, len {}] is not inside one live reservation of the {}-byte ring",
          range.offset, range.len, capacity());
-  return *key;
+  return key;
 }
 
 void HostRing::unpin(Key key) noexcept {
@@ -98,7 +98,7 @@ void HostRing::unpin_all() noexcept {
 
 void HostRing::release(HostRange range) {
   const auto key = locate(range);
-  auto* reservation = key ? &reservations_[*key - front_key_] : nullptr;
+  auto* reservation = key != kNoKey ? &reservations_[key - front_key_] : nullptr;
   if (!reservation || reservation->offset != range.offset || reservation->len != range.len)
     fail(ErrorKind::InvalidRange,
          "host range [offset {}, len {}] is not a live reservation (release takes exactly the range reserve returned)",
