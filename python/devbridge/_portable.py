@@ -37,7 +37,7 @@ from typing import Any, BinaryIO, Callable, Iterator, Mapping, NamedTuple
 import numpy as np
 
 from ._devbridge import Bridge, DeviceHandle, ObjectSpec, dtype_info, dtypes
-from ._errors import BridgeError, UnsupportedDType
+from ._errors import BridgeError
 from ._staging import (
     _CLEANUP_WAIT_S,
     DeviceTensor,
@@ -893,6 +893,24 @@ def checkpoint_info(path: Any) -> dict[str, Any]:
                         for e in header.entries}}
 
 
+# The dtypes each bridge's device holds, by bridge domain (process-unique, never reused). They are fixed
+# when the bridge is made; backend_info() asks the backend afresh (the host reads /proc/meminfo), so restore
+# reads them once per bridge. A Bridge takes no attribute and no weak reference: past the bound, the oldest
+# entries are forgotten (and read again if asked).
+_HELD_DTYPES: collections.OrderedDict[int, frozenset[str]] = collections.OrderedDict()
+_HELD_DTYPES_BOUND = 64
+
+
+def _held_dtypes(bridge: Bridge) -> frozenset[str]:
+    domain = bridge.domain
+    held = _HELD_DTYPES.get(domain)
+    if held is None:
+        held = _HELD_DTYPES[domain] = frozenset(bridge.backend_info()["dtypes"])
+        while len(_HELD_DTYPES) > _HELD_DTYPES_BOUND:
+            _HELD_DTYPES.popitem(last=False)
+    return held
+
+
 def restore(bridge: Bridge, path: Any, *, alignment: int = 256, verify: bool = True) -> dict[str, DeviceTensor]:
     """Restores a safetensors checkpoint into ``bridge``'s current generation: ``{name: DeviceTensor}``.
 
@@ -915,13 +933,12 @@ def restore(bridge: Bridge, path: Any, *, alignment: int = 256, verify: bool = T
     restored: dict[str, DeviceTensor] = {}
     with open(path, "rb", buffering=0) as file:
         header = _read_header(file, path)
-        held = bridge.backend_info()["dtypes"]
+        held = _held_dtypes(bridge)
         for entry in header.entries:  # spec_for_array's own checks (alignment, sizes) before any allocation
-            spec_for_array(entry.shape, entry.dtype, alignment)
-            if entry.dtype not in held:  # what alloc would say, before anything is allocated or read
-                raise UnsupportedDType(f"restore {path!r}: tensor {entry.name!r} is {entry.dtype}, "
-                                       f"which the bridge's {bridge.backend} device does not hold (it holds: "
-                                       f"{', '.join(held)}); nothing was restored")
+            spec, extent = spec_for_array(entry.shape, entry.dtype, alignment)
+            if entry.dtype not in held:  # before anything is allocated or read: the bridge's own refusal
+                with _context(f"restore {path!r}: tensor {entry.name!r} is {entry.dtype} (nothing was restored)"):
+                    bridge.free(bridge.alloc(spec, extent))  # UnsupportedDType, checked before any allocation
         expected = header.metadata.get("checksum") if verify else None
         hasher = _Hasher(expected.partition(":")[0]) if expected else None
         try:

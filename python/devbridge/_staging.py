@@ -23,7 +23,10 @@ import contextlib
 import ctypes
 import math
 import operator
+import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
@@ -561,8 +564,7 @@ def upload(bridge: Bridge, array: Any, *, dtype: Any = None, alignment: int = 25
     _reap_shared(bridge.domain)
     with _staging_queue(bridge) as queue:
         if bridge.host_addressable and a.nbytes:  # one copy, through a view: no ring, no events to wait for
-            return _upload(bridge, queue, a.shape, name, spec, extent, wait,
-                           lambda handle: _copy_through_view(bridge, handle, name, a.shape, a.reshape(-1), True))
+            return _upload_through_view(bridge, queue, a.shape, name, spec, extent, a, wait)
         return _upload(bridge, queue, a.shape, name, spec, extent, wait,
                        lambda handle: _stage_into(bridge, queue, a, handle))
 
@@ -575,22 +577,58 @@ def _host_bytes(address: int, nbytes: int) -> np.ndarray:
     return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
 
 
+# A copy through a view asked to run in parallel is split across threads from this size on (numpy
+# releases the GIL while it copies).
+_PARALLEL_COPY_BYTES = 8 << 20
+_copy_pool: ThreadPoolExecutor | None = None
+_copy_pool_lock = threading.Lock()
+
+
+def _copy_bytes(dst: np.ndarray, src: np.ndarray, parallel: bool) -> None:
+    """``dst[:] = src`` for flat uint8 arrays of one size; with ``parallel``, split across a few threads
+    when large."""
+    global _copy_pool
+    n = dst.size
+    threads = min(4, os.cpu_count() or 1) if parallel else 1
+    if n < _PARALLEL_COPY_BYTES or threads < 2:
+        np.copyto(dst, src)
+        return
+    with _copy_pool_lock:
+        if _copy_pool is None:
+            _copy_pool = ThreadPoolExecutor(threads, thread_name_prefix="devbridge-copy")
+    step = -(-n // threads)
+    step = -(-step // _CHUNK_ALIGN) * _CHUNK_ALIGN
+    futures = [_copy_pool.submit(np.copyto, dst[i:i + step], src[i:i + step]) for i in range(step, n, step)]
+    np.copyto(dst[:step], src[:step])
+    for future in futures:
+        future.result()
+
+
 def _copy_through_view(bridge: Bridge, handle: DeviceHandle, name: str, shape: tuple[int, ...], data: np.ndarray,
-                       into_device: bool) -> list[tuple[CopyEvent, int, int]]:
+                       into_device: bool, *, parallel: bool = False) -> list[tuple[CopyEvent, int, int]]:
     """Copies ``data`` (C-contiguous, ``data.nbytes`` bytes) into the allocation, or the allocation into
     ``data``, at the address of a view of it: for a bridge whose device memory is host memory
     (``bridge.host_addressable``), one copy instead of two through the ring. The view's lease keeps the
     memory alive for the copy, and taking it waits for copies into the allocation still in flight (an
-    upload by another thread), as any view does. No copy event: it is done when this returns."""
+    upload by another thread), as any view does. No copy event: it is done when this returns.
+    ``parallel``: a large copy is split across a few threads."""
     with bridge.view(handle, name, shape) as view:
         memory = _host_bytes(view.ptr, data.nbytes)  # ptr: where the view starts
         raw = data.reshape(-1).view(np.uint8)
         if into_device:
-            np.copyto(memory, raw)
+            _copy_bytes(memory, raw, parallel)
         else:
-            np.copyto(raw, memory)
+            _copy_bytes(raw, memory, parallel)
         del memory
     return []
+
+
+def _upload_through_view(bridge: Bridge, queue: ReleaseQueue, shape: tuple[int, ...], name: str, spec: ObjectSpec,
+                         extent: int, data: np.ndarray, wait: bool, *, parallel: bool = False) -> DeviceTensor:
+    """``_upload`` for host-addressable device memory: ``data`` (C-contiguous, the bytes of ``shape`` elements
+    of ``name``) is copied into the new allocation through a view (``_copy_through_view``), no ring."""
+    return _upload(bridge, queue, shape, name, spec, extent, wait,
+                   lambda handle: _copy_through_view(bridge, handle, name, shape, data, True, parallel=parallel))
 
 
 @contextlib.contextmanager

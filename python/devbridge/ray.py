@@ -36,10 +36,7 @@ restarted (names come back, in the new generation; tokens do not).
 
 from __future__ import annotations
 
-import concurrent.futures
-import math
 import os
-import threading
 import time
 import uuid
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -52,15 +49,12 @@ except ImportError as _error:  # pragma: no cover - exercised only without the e
     raise ImportError("devbridge.ray needs Ray: pip install 'devbridge[ray]' (or pip install ray)") from _error
 
 import devbridge
-from ._staging import DeviceTensor, _numpy_dtype
+from ._staging import DeviceTensor, _copy_through_view, _numpy_dtype, _staging_queue, _upload_through_view
 from ._portable import PortableTensor
 
 __all__ = ["DeviceWorker", "TensorRef", "start_worker", "wait_until_ready", "DEFAULT_MAX_RESTARTS"]
 
 DEFAULT_MAX_RESTARTS = 4
-# Copies between shared memory and host-addressable device memory this large or larger are split
-# across threads (numpy releases the GIL while it copies).
-_PARALLEL_COPY_BYTES = 8 << 20
 
 
 class TensorRef:
@@ -93,29 +87,6 @@ class TensorRef:
     def __repr__(self) -> str:
         return (f"TensorRef({self.name!r}, worker {self.domain[:12]}, generation {self.generation}, "
                 f"version {self.version}, {self.dtype}{list(self.shape)})")
-
-
-_copy_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_copy_pool_lock = threading.Lock()
-
-
-def _parallel_copy(dst: np.ndarray, src: np.ndarray) -> None:
-    """``dst[:] = src`` for flat uint8 arrays, split across a few threads when large."""
-    global _copy_pool
-    n = dst.size
-    threads = min(4, os.cpu_count() or 1)
-    if n < _PARALLEL_COPY_BYTES or threads < 2:
-        np.copyto(dst, src)
-        return
-    with _copy_pool_lock:
-        if _copy_pool is None:
-            _copy_pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="devbridge-copy")
-    step = -(-n // threads)
-    step = -(-step // 4096) * 4096
-    futures = [_copy_pool.submit(np.copyto, dst[i:i + step], src[i:i + step]) for i in range(step, n, step)]
-    np.copyto(dst[:step], src[:step])
-    for future in futures:
-        future.result()
 
 
 def _flat_bytes(a: np.ndarray) -> np.ndarray:
@@ -246,50 +217,21 @@ class _DeviceWorker:
                 a = np.ascontiguousarray(a.astype(a.dtype.newbyteorder("<")))
             shape, name, src = a.shape, a.dtype if dtype is None else dtype, _flat_bytes(a)
         spec, extent = devbridge.spec_for_array(shape, name)
-        name = spec.dtype
-        if self._host_addressable:
-            # Writing over the tensor of that name when it has the same shape and dtype and nothing reads
-            # any allocation (no view, tinygrad tensor or export alive): no new allocation to fault in.
-            entry = self._tensors.get(reuse) if reuse is not None else None
-            if (entry is not None and entry.tensor.shape == tuple(shape) and entry.tensor.dtype == name
-                    and shape and self.bridge.stats()["live_views"] == 0):
-                if self._write_direct(entry.tensor.handle, shape, name, src):
-                    return entry.tensor
-            tensor = self._ingest_direct(shape, name, spec, extent, src)
-            if tensor is not None:
-                return tensor
-        # Through the ring, in chunks, straight from the (shared-memory) source: no copy of it first.
-        return self.bridge.import_tensor(src, dtype=name, shape=shape)
-
-    def _write_direct(self, handle, shape, name, src: np.ndarray) -> bool:
-        """Copies ``src`` into the allocation through a DLPack view; False for a dtype numpy lacks."""
-        view = self.bridge.view(handle, name, shape if shape else (1,))
-        try:
-            try:
-                dst = np.from_dlpack(view)
-            except (BufferError, TypeError, RuntimeError, ValueError):
-                return False
-            try:
-                _parallel_copy(_flat_bytes(dst), src)
-            finally:
-                del dst
-        finally:
-            view.close()
-        return True
-
-    def _ingest_direct(self, shape, name, spec, extent, src: np.ndarray) -> DeviceTensor | None:
-        handle = self.bridge.alloc(spec, extent)
-        try:
-            if not self._write_direct(handle, shape, name, src):  # a dtype numpy lacks: use the ring
-                self.bridge.free(handle)
-                return None
-        except BaseException:
-            try:
-                self.bridge.free(handle)
-            except devbridge.BridgeError:
-                self.bridge.release(handle)
-            raise
-        return DeviceTensor(self.bridge, handle, shape, name)
+        source = PortableTensor(shape, spec.dtype, src)  # checks that the bytes are those of the shape and dtype
+        shape, name = source.shape, source.dtype
+        if not self._host_addressable:
+            # Through the ring, in chunks, straight from the (shared-memory) source: no copy of it first.
+            return self.bridge.import_tensor(source)
+        # One copy, through a view of the allocation (any dtype, bfloat16 and float8 too), split across threads
+        # when large. Over the tensor of that name when it has the same shape and dtype and nothing reads any
+        # allocation (no view, tinygrad tensor or export alive): no new allocation to fault in.
+        entry = self._tensors.get(reuse) if reuse is not None else None
+        if (entry is not None and entry.tensor.shape == shape and entry.tensor.dtype == name
+                and shape and self.bridge.stats()["live_views"] == 0):
+            _copy_through_view(self.bridge, entry.tensor.handle, name, shape, src, True, parallel=True)
+            return entry.tensor
+        with _staging_queue(self.bridge) as queue:
+            return _upload_through_view(self.bridge, queue, shape, name, spec, extent, src, False, parallel=True)
 
     def _portable(self, tensor: DeviceTensor) -> PortableTensor:
         """The tensor's bytes as a PortableTensor: over device memory itself where numpy can read it (the

@@ -16,11 +16,20 @@ InfoReport collect_info() {
     BackendEntry entry;
     entry.availability = std::move(availability);
     if (entry.availability.available) {
+      const std::string& name = entry.availability.name;
       try {
-        entry.info = make_backend(entry.availability.name)->describe();
-        entry.devices = list_devices(entry.availability.name);
+        entry.devices = list_devices(name);
       } catch (const std::exception& e) {
-        entry.describe_error = e.what();
+        entry.describe_error = e.what();  // the default device may still open
+      }
+      if (entry.devices.size() == 1) {
+        entry.info = entry.devices.front();  // the one device is the default, described already
+      } else {
+        try {  // which of several the backend binds by default only the backend knows
+          entry.info = make_backend(name)->describe();
+        } catch (const std::exception& e) {
+          entry.describe_error = e.what();
+        }
       }
     }
     report.backends.push_back(std::move(entry));

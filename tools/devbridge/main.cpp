@@ -256,7 +256,7 @@ void log_to_stderr(bool quiet) {
 
 int run_stream_command(const devbridge::cli::StreamArgs& args, const std::optional<std::string>& json_path,
                        bool quiet) {
-  const devbridge::cli::StreamPlan plan = devbridge::cli::plan_stream(args);
+  devbridge::cli::StreamPlan plan = devbridge::cli::plan_stream(args);
   // From here a signal ends the stream cleanly instead of the process.
   catch_stop_signals();
   JsonSink json(json_path);

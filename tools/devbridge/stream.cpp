@@ -565,8 +565,10 @@ class StreamPipeline {
   BusyClock download_busy_;       // download watcher only
 };
 
-std::unique_ptr<Backend> open_backend(const StreamPlan& plan) {
-  std::unique_ptr<Backend> backend = make_backend(plan.backend, plan.backend_options);
+// The backend plan_stream opened, else a new one.
+std::unique_ptr<Backend> open_backend(StreamPlan& plan) {
+  std::unique_ptr<Backend> backend =
+      plan.opened_backend ? std::move(plan.opened_backend) : make_backend(plan.backend, plan.backend_options);
   if (auto* fake_backend = dynamic_cast<fake::FakeBackend*>(backend.get())) {
     // The fake device completes copies only when told; the stream has no one
     // to tell it, so it completes them as they are submitted.
@@ -618,10 +620,11 @@ StreamPlan plan_stream(const StreamArgs& args) {
     plan.backend_options["device"] = *args.device;
   }
   // A device that is not there, or an option the backend does not take, is
-  // a usage error found before anything runs: open it once to ask.
+  // a usage error found before anything runs: open it to ask, once (the
+  // stream runs on this instance).
   if (!plan.backend_options.empty() && plan.backend != "auto") {
     try {
-      make_backend(plan.backend, plan.backend_options);
+      plan.opened_backend = make_backend(plan.backend, plan.backend_options);
     } catch (const Error& e) {
       if (e.kind() == ErrorKind::Unsupported || e.kind() == ErrorKind::Unavailable)
         throw UsageError(fmt::format("--device/--backend-option: {}", e.message()));
@@ -706,7 +709,7 @@ StreamPlan plan_stream(const StreamArgs& args) {
   return plan;
 }
 
-StreamReport run_stream(const StreamPlan& plan, Progress& progress, const std::atomic<int>* stop) {
+StreamReport run_stream(StreamPlan& plan, Progress& progress, const std::atomic<int>* stop) {
   StreamReport report;
   report.backend = plan.backend;
   report.bytes = plan.bytes;

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -53,6 +54,10 @@ struct StreamPlan {
   };
   std::optional<Injection> fake_injection;
   std::optional<std::uint64_t> corrupt_element;
+  // The backend plan_stream opened to check --device/--backend-option, for
+  // run_stream to run on (so the device is opened once); null when there was
+  // nothing to check, and run_stream opens it.
+  std::unique_ptr<Backend> opened_backend;
 };
 
 // The ring alignment of every reservation the stream makes.
@@ -96,11 +101,12 @@ struct StreamReport {
   std::vector<std::string> errors;
 };
 
-// Runs the plan. Runtime failures (devbridge::Error, a wrong element, a lost
+// Runs the plan, on the plan's opened backend when it has one (it takes it).
+// Runtime failures (devbridge::Error, a wrong element, a lost
 // completion) do not throw: they end the stream and land in report.errors.
 // When `stop` is given and becomes non-zero (a signal number, set by a
 // signal handler), the stream submits no further chunk, drains and verifies
 // what is in flight, and returns a report with `interrupted` set.
-StreamReport run_stream(const StreamPlan& plan, Progress& progress, const std::atomic<int>* stop = nullptr);
+StreamReport run_stream(StreamPlan& plan, Progress& progress, const std::atomic<int>* stop = nullptr);
 
 }  // namespace devbridge::cli
