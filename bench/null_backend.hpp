@@ -39,8 +39,7 @@ class NullBackend final : public Backend {
     info.name = "null";
     info.vendor = "null";
     info.device_name = "null device (benchmarks only)";
-    info.device_string = "CPU";
-    info.dlpack_device = DLPackDevice::CPU;
+    info.device_kind = DeviceKind::Cpu;
     for (const auto& d : all_dtypes()) info.dtypes.push_back(d.dtype);
     info.notes = "moves no bytes; completes every async copy at the next drain";
     return info;
@@ -99,7 +98,12 @@ class NullBackend final : public Backend {
 
   void quiesce() override {}
 
-  void launch_axpy(const AxpyLaunch& /*launch*/) override {}
+  // Nothing runs, so every launch and every queue is done at once.
+  Fence launch_axpy(const AxpyLaunch& /*launch*/) override { return Fence{}; }
+  Fence record_fence(const QueueRef& /*where*/) override { return Fence{}; }
+  bool fence_passed(Fence /*fence*/) override { return true; }
+  bool wait_fence(Fence /*fence*/, std::chrono::nanoseconds /*timeout*/) override { return true; }
+  void release_fence(Fence /*fence*/) noexcept override {}
 
  private:
   static constexpr std::uint64_t kAddressBase = 0x7e00'0000'0000ull;

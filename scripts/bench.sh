@@ -8,8 +8,10 @@
 #     alternating, BENCH_ROUNDS times (default 5);
 #  3. one comparison table of medians (bench/compare.py), then workload e set
 #     beside an unsynchronized model of the same view (bench/view_floor.cpp);
-#  4. the host backend against memcpy, and the 4 KiB round trip; the OpenCL
-#     backend against raw OpenCL calls, where it is built;
+#  4. the host backend against memcpy, and the 4 KiB round trip; the drop
+#     queue's reclamation latency (release -> memory back, with and without a
+#     pending launch fence); the caching pool against a driver allocation per
+#     call; the OpenCL backend against raw OpenCL calls, where it is built;
 #  5. bench/cuda, when the CUDA helper has added it and a GPU is present;
 #  6. the tinygrad hand-off benchmark, when bench/tinygrad_handoff.py exists;
 #  7. Prefetcher-fed training and upload/download against numpy (bench/prefetch_bench.py).
@@ -26,7 +28,7 @@ status=0
 if [ ! -x "$BUILD/bench/bridge_workloads" ] || [ ! -x "$BUILD/bench/view_floor" ]; then
   # `make bench` builds everything first; rebuild only the benchmarks if run alone.
   if [ -f "$BUILD/build.ninja" ] || [ -f "$BUILD/Makefile" ]; then
-    cmake --build "$BUILD" --target bridge_workloads view_floor host_copy -j "$(nproc)" || exit 1
+    cmake --build "$BUILD" --target bridge_workloads view_floor host_copy reclaim pool_alloc -j "$(nproc)" || exit 1
   else
     echo "bench: no build in $BUILD; run 'make bench'" >&2
     exit 1
@@ -80,6 +82,20 @@ echo "== workload e: devbridge's view vs an unsynchronized model vs a reference-
 echo
 echo "== host backend: async upload vs memcpy, 4 KiB round trip =="
 "$BUILD/bench/host_copy" | tee "$OUT/host_copy.txt" || status=1
+
+# 4a. Deferred-free reclamation latency, with and without a pending fence.
+if [ -x "$BUILD/bench/reclaim" ]; then
+  echo
+  echo "== drop queue: release -> memory back in the host backend =="
+  "$BUILD/bench/reclaim" | tee "$OUT/reclaim.txt" || status=1
+fi
+
+# 4a'. The caching pool: mixed-size alloc+free through it vs a driver allocation per call.
+if [ -x "$BUILD/bench/pool_alloc" ]; then
+  echo
+  echo "== caching pool: alloc+free of mixed sizes, pool vs driver =="
+  "$BUILD/bench/pool_alloc" | tee "$OUT/pool_alloc.txt" || status=1
+fi
 
 # 4b. OpenCL backend against raw OpenCL (when built; it skips without a device).
 if [ -x "$BUILD/bench/opencl_copy" ]; then

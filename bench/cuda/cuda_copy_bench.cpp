@@ -32,6 +32,7 @@
 #include "backends/cuda/cuda_driver.hpp"
 #include "devbridge/backends/cuda.hpp"
 #include "devbridge/bridge.hpp"
+#include "devbridge/consumer_names.hpp"
 
 namespace {
 
@@ -307,8 +308,8 @@ int main(int argc, char** argv) {
     bridge_options.ring_bytes = options.ring_mib * kMiB + 4 * kMiB;
     Bridge bridge(cuda::make_cuda_backend(), bridge_options);
     const BackendInfo info = bridge.backend_info();
-    std::printf("cuda_copy_bench: %s (%s), %s\n", info.device_name.c_str(), info.device_string.c_str(),
-                info.notes.c_str());
+    std::printf("cuda_copy_bench: %s (%s), %s\n", info.device_name.c_str(),
+                tinygrad_device(info.device_kind, info.device_ordinal).c_str(), info.notes.c_str());
     std::printf("  %llu MiB per direction per run, median of %d runs after a warm-up, ring %llu MiB page-locked\n\n",
                 static_cast<unsigned long long>(options.bytes_mib), options.repeats,
                 static_cast<unsigned long long>(options.ring_mib));

@@ -32,10 +32,6 @@
 
 namespace devbridge {
 
-// DLPack device types (dlpack.h DLDeviceType), kept here for the same reason
-// as DLPackTypeCode.
-enum class DLPackDevice : int { CPU = 1, CUDA = 2, CUDAHost = 3, OpenCL = 4 };
-
 struct BackendInfo {
   std::string name;           // registry name: "host", "fake", "cuda", ...
   std::string vendor;         // "cpu", "nvidia", "fake", ...
@@ -48,8 +44,10 @@ struct BackendInfo {
   // What the device can do beyond moving bytes, in words a user greps for:
   // "cl_khr_fp16", "compute capability 9.0", "page-locked host memory".
   std::vector<std::string> capabilities;
-  std::string device_string;  // tinygrad's device: "CPU", "CUDA:0"
-  DLPackDevice dlpack_device = DLPackDevice::CPU;
+  // What the device is (consumer_names.hpp names it for tinygrad and
+  // DLPack): its kind, and its ordinal among the devices of that kind the
+  // driver lists (a CUDA ordinal; an OpenCL device's index in its platform).
+  DeviceKind device_kind = DeviceKind::Cpu;
   int device_ordinal = 0;
   std::uint64_t total_memory = 0;  // bytes, 0 where unknown
   std::uint64_t free_memory = 0;   // bytes at describe time, 0 where unknown
@@ -123,6 +121,39 @@ struct AxpyLaunch {
   float b = 0.0f;
 };
 
+// ---- queues and fences ----
+// A backend runs work on queues; each runs its work in order. The bridge
+// never frees memory on the word of a host call alone: a use that ends on a
+// queue (a launch, a consumer's step, a consumer reading a view) ends at a
+// fence recorded on that queue, and the memory waits in the bridge's drop
+// queue until the fence passes (docs/ARCHITECTURE.md, "Lifetimes on the
+// device").
+enum class Queue : std::uint8_t {
+  CopyUp,    // host ring -> device copies
+  CopyDown,  // device -> host ring copies
+  Compute,   // the built-in compute role (launch_axpy)
+  Consumer,  // a queue of someone else's, handed in (QueueRef::consumer)
+};
+
+// Where a fence goes: one of the backend's own queues, or a consumer's queue
+// in the backend's numbering (CUDA: a CUstream, 1 the legacy default stream,
+// 2 the per-thread one; OpenCL: a cl_command_queue).
+struct QueueRef {
+  Queue queue = Queue::Compute;
+  std::uintptr_t consumer = 0;  // Queue::Consumer only
+  bool operator==(const QueueRef&) const = default;
+};
+
+// A point on a queue, owned by the backend: it passes once everything
+// enqueued there before it has finished. The bridge tests it, may wait on
+// it, and gives it back exactly once (release_fence). The zero fence has
+// already passed: work that finished before its call returned gets it, and
+// the backend is never asked about it.
+struct Fence {
+  std::uintptr_t token = 0;
+  bool pending() const noexcept { return token != 0; }
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -146,11 +177,32 @@ class Backend {
   // Block until a completion may be ready to drain, or until `timeout`.
   // Returns false on timeout. Spurious true is allowed.
   virtual bool wait_for_completions(std::chrono::nanoseconds timeout) = 0;
-  // Finish or cancel everything in flight. Afterwards nothing the backend was
-  // given touches memory; completions of that work may still be drained.
+  // Finish or cancel everything in flight on the backend's own queues
+  // (copies and launches). Afterwards nothing the backend was given touches
+  // memory and every fence on its own queues has passed; completions of that
+  // work may still be drained. A consumer's queue is not the backend's to
+  // finish: its fences pass when the consumer's work does.
   virtual void quiesce() = 0;
 
-  virtual void launch_axpy(const AxpyLaunch& launch) = 0;
+  // Queues the compute role; returns a fence on Queue::Compute that passes
+  // once the kernel finished. The fence is recorded with the launch, so no
+  // kernel is ever left untracked: if it cannot be recorded, the backend
+  // finishes the kernel before it throws.
+  virtual Fence launch_axpy(const AxpyLaunch& launch) = 0;
+
+  // Records a fence after everything enqueued on `where` so far.
+  // Queue::Consumer is optional: Error(Unsupported) from a backend whose
+  // consumers have no queues (host memory: a CPU consumer is done when its
+  // call returns).
+  virtual Fence record_fence(const QueueRef& where) = 0;
+  // True once the fence passed; also true when the work before it failed
+  // and nothing of it runs any more. Never blocks. A fault that leaves the
+  // device's state unknown throws (fatal); the bridge then keeps the memory.
+  virtual bool fence_passed(Fence fence) = 0;
+  // Blocks until the fence passed (true) or `timeout` went by (false).
+  virtual bool wait_fence(Fence fence, std::chrono::nanoseconds timeout) = 0;
+  // The bridge will not ask about the fence again.
+  virtual void release_fence(Fence fence) noexcept = 0;
 
   // Last word on a view the bridge has already validated against the
   // allocation (dtype, bounds). A backend that cannot express it (no device
@@ -159,6 +211,12 @@ class Backend {
     (void)allocation;
     (void)view;
   }
+
+  // ---- policy ----
+  // Whether the bridge caches freed allocations for reuse by default
+  // (BridgeOptions::caching_pool): where the driver's allocation is costly
+  // or synchronizes the device (cuMemAlloc, clCreateBuffer).
+  virtual bool caches_allocations() const { return false; }
 
   // ---- optional capabilities ----
   // What only some backends can do. Each answers Error(Unsupported) unless
@@ -179,8 +237,9 @@ class Backend {
   // Test control: device allocations made and not yet freed (a restart or
   // close must bring it to 0).
   virtual std::uint64_t live_allocations() const { unsupported("live-allocation count"); }
-  // Test control: while held, asynchronous copies submitted from now on stay
-  // pending; quiesce() lifts the hold.
+  // Test control: while held, asynchronous copies and launches submitted
+  // from now on stay pending (their fences do not pass); quiesce() lifts the
+  // hold.
   virtual void hold_copies(bool hold) {
     (void)hold;
     unsupported("way to hold copies");

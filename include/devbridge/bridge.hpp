@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -32,6 +33,22 @@ enum class WritesUnderView : std::uint8_t {
   Allow,   // copy anyway: the caller orders its consumers itself
 };
 
+// A consumer's queue: the stream a DLPack consumer or a tinygrad tensor
+// computes on, in the backend's numbering (CUDA: a CUstream, 1 the legacy
+// default stream, 2 the per-thread one; OpenCL: a cl_command_queue). Work
+// that ends there ends at a fence recorded on it, not when the host says so.
+struct ConsumerQueue {
+  std::uintptr_t handle = 0;
+};
+
+// Whether freed device memory is cached for reuse (the caching pool, see
+// MemoryStats) or goes back to the backend at once.
+enum class CachingPool : std::uint8_t {
+  BackendDefault,  // as the backend prefers (Backend::caches_allocations: CUDA and OpenCL do)
+  On,
+  Off,
+};
+
 struct BridgeOptions {
   Generation generation = 1;
   std::uint64_t ring_bytes = 64ull << 20;
@@ -47,6 +64,39 @@ struct BridgeOptions {
   // A view held by the waiting thread itself never ends: give a bound, or
   // end it first.
   std::chrono::nanoseconds writes_under_view_timeout = std::chrono::nanoseconds::max();
+  // How long close() waits for fences on consumers' queues that still hold
+  // memory (a view ended "after this stream"). Memory whose fence has not
+  // passed by then is abandoned, never freed: the consumer may still read
+  // it (stats().abandoned_fences, an error in the log).
+  std::chrono::nanoseconds close_fence_timeout = std::chrono::seconds(10);
+  CachingPool caching_pool = CachingPool::BackendDefault;
+  // The most bytes the pool keeps cached; a block freed beyond it goes back
+  // to the backend. Cached blocks are released (and the allocation retried)
+  // when the backend runs out of memory, whatever the cap.
+  std::uint64_t pool_cap_bytes = std::numeric_limits<std::uint64_t>::max();
+};
+
+// Device memory as the bridge sees it (PyTorch's memory_stats, RMM's
+// statistics). "Allocated": bytes of live allocations (as asked of the
+// backend: with the pool, a size class); "reserved": allocated plus what the
+// pool caches, i.e. everything the backend holds for this bridge.
+struct MemoryStats {
+  bool pool_enabled = false;
+  std::uint64_t pool_cap_bytes = 0;
+  std::uint64_t allocated_bytes = 0, peak_allocated_bytes = 0, total_allocated_bytes = 0;
+  std::uint64_t reserved_bytes = 0, peak_reserved_bytes = 0, total_reserved_bytes = 0;
+  std::uint64_t allocations = 0, total_allocations = 0;  // live, and made since the bridge began
+  std::uint64_t backend_allocations = 0, backend_frees = 0;  // calls into the backend
+  std::uint64_t cached_bytes = 0, cached_blocks = 0;
+  std::uint64_t cache_hits = 0, cache_misses = 0;
+  // Allocations that failed for want of memory and were retried after
+  // draining completions, reaping fences and releasing the cache; and those
+  // that failed again.
+  std::uint64_t oom_retries = 0, oom_failures = 0;
+  std::uint64_t largest_request_bytes = 0;
+  // Cached bytes in blocks too small for the largest request so far: free
+  // memory the pool holds that the biggest tensor could not use.
+  std::uint64_t fragmentation_bytes = 0;
 };
 
 enum class CopyState : std::uint8_t { Pending, Completed, Failed };
@@ -100,6 +150,11 @@ struct BridgeStats {
   // Allocations of an older generation (or of a closed bridge) kept only
   // because views still lease them; each is freed when its last view ends.
   std::uint64_t orphaned_allocations = 0;
+  // Fences in the drop queue: uses (launches, steps and views ended on a
+  // consumer's queue) whose memory waits for them to pass.
+  std::uint64_t pending_fences = 0;
+  // Fences close() gave up on; their memory stays allocated for good.
+  std::uint64_t abandoned_fences = 0;
   std::uint64_t active_steps = 0;
   std::uint64_t restarts = 0;
   std::uint64_t ring_capacity = 0;
@@ -149,6 +204,12 @@ class ViewLease {
   const TensorView* operator->() const noexcept { return &view_; }
   explicit operator bool() const noexcept { return core_ != nullptr || handed_on_core_ != nullptr; }
   void reset() noexcept;
+  // Ends the lease once the work enqueued on `queue` so far has finished:
+  // the allocation stays held until a fence recorded there now passes (the
+  // consumer may still read the view on its queue; PyTorch's record_stream).
+  // Throws Unsupported where the backend's consumers have no queues, and
+  // then the lease stays live.
+  void end_after(ConsumerQueue queue);
   // Names who holds the lease now, for the bridge's messages about it
   // (AllocationStillInUse). No effect on an ended lease.
   void set_holder(ViewHolder holder) noexcept;
@@ -180,14 +241,21 @@ class Bridge {
   // Describes the device; takes no bridge lock.
   BackendInfo backend_info() const;
   BridgeStats stats() const;
+  MemoryStats memory_stats() const;
+  // Peaks start again from the current figures.
+  void reset_peak_memory();
+  // Gives every cached block back to the backend.
+  void empty_cache();
 
   // ---- allocation ----
   DeviceHandle alloc_device(const ObjectSpec& spec, std::uint64_t extent);
-  // Frees now, or throws AllocationStillInUse (naming the copies, steps and
-  // views that use it) and changes nothing.
+  // Frees now, or throws AllocationStillInUse (naming the copies, steps,
+  // views and pending fences that use it) and changes nothing.
   void free_device(DeviceHandle handle);
   // Deferred free: the handle is unusable from now on; the memory goes back to
-  // the backend when its last copy, step and view end.
+  // the backend when its last copy, step and view end and every fence
+  // holding it (a launch, a consumer's queue) has passed, noticed by the next
+  // call into the bridge of any kind: no one has to poll for it.
   void release(DeviceHandle handle);
   std::uint64_t extent(DeviceHandle handle) const;
   ObjectSpec spec(DeviceHandle handle) const;
@@ -228,8 +296,15 @@ class Bridge {
   // ---- compute ----
   void begin_step(StepId step, std::span<const DeviceHandle> handles);
   void end_step(StepId step);
+  // Ends the step once the work enqueued on `queue` so far has finished: its
+  // allocations stay held (release() defers, free_device refuses) until a
+  // fence recorded there now passes. Throws, ending nothing, where the
+  // backend cannot record one (Unsupported: its consumers have no queues).
+  void end_step(StepId step, ConsumerQueue after);
   // The built-in role y = a*x + b over float32 ranges of equal length, run by
   // the backend in order after copies into x and before later copies from y.
+  // It may still run when the call returns: x and y stay held until its
+  // fence passes (release() defers their free, free_device refuses).
   void launch_axpy(DeviceRange x, DeviceRange y, float a, float b);
 
   // ---- views ----

@@ -155,6 +155,14 @@ struct DeviceRange {
 enum class CopyMode : std::uint8_t { Sync, Async };
 enum class CopyDirection : std::uint8_t { HostToDevice, DeviceToHost };
 
+// ---- devices ----------------------------------------------------------------
+
+// What a backend's memory is, in the backend's own terms; with its ordinal
+// (BackendInfo::device_ordinal), all a backend says about its device.
+// Consumers name it their own way, and those names live in one adapter
+// (consumer_names.hpp), so a consumer's spelling never reaches a backend.
+enum class DeviceKind : std::uint8_t { Cpu, Cuda, OpenCL };
+
 // ---- tensor shapes ----------------------------------------------------------
 
 inline constexpr int kMaxRank = 8;
@@ -225,7 +233,9 @@ struct ViewSpec {
 // allocation (the view starts at data + byte_offset, as DLPack's data/byte_offset).
 struct TensorView {
   std::uint64_t data = 0;
-  std::string_view device;  // tinygrad's device name: "CPU", "CUDA:0", "CL", ...
+  // How consumers name the device (consumer_names.hpp): tinygrad's device
+  // ("CPU", "CUDA:0", "CL", ...) and a DLPackDevice.
+  std::string_view device;
   int dlpack_device_type = 0;
   int device_ordinal = 0;
   DType dtype = DType::UInt8;

@@ -234,7 +234,7 @@ def hand_off(view: "TensorView") -> tuple["Tensor", Any]:
         device = _tinygrad_device(view_device)
         if device.startswith("CUDA"):
             ordinal = int(device.partition(":")[2] or 0)
-            if lease._cuda_context != cuda_context("tinygrad", ordinal):
+            if lease._native_context != cuda_context("tinygrad", ordinal):
                 raise Unsupported(
                     "to_tinygrad: the bridge allocates in a different CUDA context from tinygrad's, so its pointers "
                     'are not valid where tinygrad computes; create the bridge with Bridge(backend="cuda", '
@@ -242,8 +242,11 @@ def hand_off(view: "TensorView") -> tuple["Tensor", Any]:
                 )
             # tinygrad launches on its context's legacy default stream, which
             # does not wait for the bridge's non-blocking streams: order it
-            # after the bridge's work (compute steps included) on the device.
-            lease._order_cuda_stream(1)
+            # after the bridge's work (compute steps included) on the device,
+            # and hold the memory, once the lease ends, until that stream has
+            # passed the kernels tinygrad enqueued over it.
+            lease._order_consumer_stream(1)
+            lease._end_after_stream(1)
         tensor, buffer = _wrap_external(ptr, shape, tinygrad_dtype, device)
         # The Buffer holds the address for as long as any tensor (lazy or not)
         # can read it: the lease lives exactly as long.

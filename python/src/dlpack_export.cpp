@@ -21,6 +21,7 @@
 #include <Python.h>
 #include <nanobind/nanobind.h>
 
+#include "devbridge/consumer_names.hpp"
 #include "state.hpp"
 
 #if defined(DEVBRIDGE_HAVE_DLPACK_H)
@@ -89,6 +90,10 @@ struct DLPackExport {
   DLManagedTensor managed{};
   ManagedTensorVersioned versioned{};
   ViewLease lease;
+  std::optional<std::uintptr_t> consumer_stream;  // the lease ends after it
+  ~DLPackExport() {
+    if (consumer_stream) end_lease_after(lease, *consumer_stream);
+  }
   std::array<std::int64_t, kMaxRank> shape{};
   std::array<std::int64_t, kMaxRank> strides{};
 };
@@ -126,9 +131,10 @@ void destroy_versioned(PyObject* capsule) {
 }  // namespace
 
 nb::object make_dlpack_capsule(const std::shared_ptr<BridgeState>& state, DeviceHandle handle, const ViewSpec& spec,
-                               std::optional<DLPackAbi> versioned) {
+                               std::optional<DLPackAbi> versioned, std::optional<std::uintptr_t> consumer_stream) {
   auto owned = std::make_unique<DLPackExport>();
   owned->lease = acquire_lease(state, handle, spec, ViewWait::Wait);
+  owned->consumer_stream = consumer_stream;
   owned->lease.set_holder(ViewHolder::DLPackConsumer);
   const TensorView& view = owned->lease.view();
   const DTypeInfo& info = dtype_info(view.dtype);

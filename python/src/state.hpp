@@ -63,6 +63,13 @@ struct BridgeState {
 ViewLease acquire_lease(const std::shared_ptr<BridgeState>& state, DeviceHandle handle, const ViewSpec& spec,
                         ViewWait wait);
 
+// Ends `lease` once the consumer's queue (DLPack numbering) has run the work
+// enqueued on it so far. Where the backend's consumers have no queues it ends
+// at once; where the fence cannot be recorded (a faulted device) the memory
+// is kept for good, never freed under work that may still read it. Any
+// thread, with or without the GIL.
+void end_lease_after(ViewLease& lease, std::uintptr_t queue) noexcept;
+
 // Sets the Python error for a C++ exception the way the module's exception
 // translator does (for raw CPython slots, which nanobind does not wrap).
 void set_python_error(const std::exception& error) noexcept;
@@ -76,14 +83,10 @@ struct DLPackAbi {
 // A capsule over a new lease on the view (taken once copies into the
 // allocation completed): "dltensor_versioned" when `versioned` is set, else
 // the unversioned "dltensor".
+// `consumer_stream`: the stream the consumer named (DLPack numbering); the
+// lease then ends after it (end_lease_after).
 nanobind::object make_dlpack_capsule(const std::shared_ptr<BridgeState>& state, DeviceHandle handle,
-                                     const ViewSpec& spec, std::optional<DLPackAbi> versioned);
-
-// ---- the host ring's buffer-protocol object (ring_buffer.cpp) ----
-struct RingBuffer {
-  std::shared_ptr<BridgeState> state;
-  HostRange range;
-};
-void bind_ring_buffer(nanobind::module_& m);
+                                     const ViewSpec& spec, std::optional<DLPackAbi> versioned,
+                                     std::optional<std::uintptr_t> consumer_stream);
 
 }  // namespace devbridge::python

@@ -18,11 +18,14 @@
 
 #include <fmt/format.h>
 #include "core/describe.hpp"
+#include "core/device_pool.hpp"
+#include "core/drop_queue.hpp"
 #include "core/fail.hpp"
 #include "core/host_ring.hpp"
 #include "core/log.hpp"
 #include "core/spin_lock.hpp"
 #include "devbridge/checked.hpp"
+#include "devbridge/consumer_names.hpp"
 
 namespace devbridge {
 
@@ -134,7 +137,10 @@ struct AllocationSlot {
   DeviceAllocation device;
   std::uint32_t copies = 0;   // in-flight copies of either direction, sync ones too
   std::uint32_t uploads = 0;  // of those, copies into the allocation
-  std::uint32_t steps = 0;    // active compute steps, and launches in progress
+  // Active compute steps, launches in progress, and uses that end at a fence
+  // not yet passed (the drop queue; counted here, not in a field of their
+  // own, so the slot stays 80 bytes; messages count them in the queue).
+  std::uint32_t steps = 0;
   std::uint32_t views = 0;    // live view leases
   bool used() const noexcept { return copies || steps || views; }
   // Every field but the version, for a new use of the slot.
@@ -212,6 +218,9 @@ class BridgeCore {
     if (options.ring_bytes == 0) throw Error(ErrorKind::InvalidExtent, "ring_bytes must be non-zero");
     if (options.failed_record_limit == 0)
       throw Error(ErrorKind::InvalidExtent, "failed_record_limit must be at least 1");
+    if (options.close_fence_timeout.count() < 0)
+      throw Error(ErrorKind::InvalidRange,
+                  fmt::format("close_fence_timeout of {} ns is negative", options.close_fence_timeout.count()));
     if (options.writes_under_view_timeout.count() < 0)
       throw Error(ErrorKind::InvalidRange, fmt::format("writes_under_view_timeout of {} ns is negative",
                                                        options.writes_under_view_timeout.count()));
@@ -219,18 +228,27 @@ class BridgeCore {
     for (DType dtype : info.dtypes) element_sizes_[static_cast<std::uint8_t>(dtype)] = dtype_size(dtype);
     device_text_ = fmt::format("{} device {} ({})", info.name, info.device_id.empty() ? "0" : info.device_id,
                                info.device_name);
-    device_string_ = info.device_string;
-    dlpack_device_ = static_cast<int>(info.dlpack_device);
+    device_string_ = tinygrad_device(info.device_kind, info.device_ordinal);
+    dlpack_device_ = static_cast<int>(dlpack_device(info.device_kind));
     device_ordinal_ = info.device_ordinal;
     inflight_budget_ = options.inflight_budget_bytes ? options.inflight_budget_bytes : options.ring_bytes;
     failure_limit_ = options.failed_record_limit;
     writes_under_view_ = options.writes_under_view;
     writes_under_view_timeout_ = options.writes_under_view_timeout;
+    close_fence_timeout_ = options.close_fence_timeout;
+    if (options.caching_pool == CachingPool::On ||
+        (options.caching_pool == CachingPool::BackendDefault && backend_->caches_allocations()))
+      pool_.emplace(options.pool_cap_bytes);
     // Last: nothing after it may throw, or the ring would leak.
     ring_ = HostRing(backend_->allocate_host(options.ring_bytes));
   }
 
-  ~BridgeCore() = default;
+  // The last lease of a closed bridge ends here: fences a lease left behind
+  // (ViewLease::end_after) are waited for, bounded, before the backend goes.
+  ~BridgeCore() {
+    SpinLockHold lock(lock_);
+    settle_fences(lock, "the bridge's last lease ended");
+  }
 
   // ---- lifetime of the core itself ----
   void detach_owner() noexcept {
@@ -267,6 +285,7 @@ class BridgeCore {
   [[gnu::noinline]] void enter_slow() {
     // A close refuses at once, even while it is still quiescing.
     block_while(lock_, [&] { return restarting() && !closed(); });
+    if (fences_pending() && !restarting() && !closed()) reap_fences();
     check_usable();
   }
 
@@ -291,6 +310,145 @@ class BridgeCore {
       broken_reason_ = std::string(error.what());
       log().error("devbridge: bridge (domain {}) is broken: {}", domain_, broken_reason_);
     }
+  }
+
+  // An orphan goes when nothing uses it; an abandoned one is forgotten, not
+  // freed.
+  template <class OrphanIt>
+  void maybe_free_orphan(OrphanIt orphan) noexcept {
+    auto& o = orphan->second;
+    if (o.views != 0 || o.fences != 0) return;
+    if (!o.abandoned) {
+      ++backend_frees_;
+      backend_->free(o.device);
+    }
+    orphans_.erase(orphan);
+  }
+
+  // ---- the drop queue ----
+  // Ends every fenced use whose fence passed; frees what that leaves unused.
+  // Any call that enters the bridge runs it while fences are pending.
+  void reap_fences() noexcept {
+    drops_.reap(
+        *backend_, [&](const DropQueue::Entry& entry) { end_fenced_uses(entry); },
+        [&](const Error& e) {
+          if (e.fatal()) mark_broken(e);
+          log().error("devbridge: testing a fence failed (the memory it holds stays allocated): {}", e.what());
+        });
+    set_state(kFencesPending, !drops_.empty());
+  }
+
+  void end_fenced_uses(const DropQueue::Entry& entry) noexcept {
+    for (const auto id : entry.allocation_ids) {
+      if (entry.generation == generation_) {
+        if (auto* slot = allocations_.find(id)) {
+          --slot->steps;
+          maybe_finish_release(id_slot(id));
+          continue;
+        }
+      }
+      // The allocation left its generation (restart, close) while the fence
+      // held it: an orphan now.
+      if (auto orphan = orphans_.find(OrphanKey{entry.generation, id}); orphan != orphans_.end()) {
+        --orphan->second.fences;
+        maybe_free_orphan(orphan);
+      }
+    }
+  }
+
+  void add_fenced_uses(DropQueue::Entry&& entry) noexcept {
+    for (const auto id : entry.allocation_ids) {
+      if (entry.generation == generation_) {
+        if (auto* slot = allocations_.find(id)) {
+          ++slot->steps;
+          continue;
+        }
+      }
+      if (auto orphan = orphans_.find(OrphanKey{entry.generation, id}); orphan != orphans_.end())
+        ++orphan->second.fences;
+    }
+    drops_.add(std::move(entry));
+    set_state(kFencesPending, true);
+  }
+
+  // Holds the entry's allocations until a fence recorded now on its
+  // consumer's queue passes. Throws, changing nothing, when the backend
+  // cannot record one.
+  void hold_until_consumer_fence(DropQueue::Entry&& held) {
+    drops_.reserve_one();
+    try {
+      held.fence = backend_->record_fence(held.where);
+    } catch (const Error& e) {
+      drops_.cancel_reservation();
+      if (e.fatal()) mark_broken(e);
+      throw;
+    } catch (...) {
+      drops_.cancel_reservation();
+      throw;
+    }
+    if (held.fence.pending())
+      add_fenced_uses(std::move(held));
+    else
+      drops_.cancel_reservation();
+  }
+
+  // Waits, outside the lock and for at most close_fence_timeout, for the
+  // fences still pending (close, or the core's end); memory whose fence
+  // does not pass in time is abandoned, never freed: the device may still
+  // read it.
+  template <class Lock>
+  void settle_fences(Lock& lock, const char* when) noexcept {
+    reap_fences();
+    if (drops_.empty()) return;
+    auto pending = drops_.take_all();
+    set_state(kFencesPending, false);
+    const auto deadline = checked::deadline_after(close_fence_timeout_);
+    lock.unlock();
+    std::vector<bool> passed(pending.size(), false);
+    for (std::size_t i = 0; i < pending.size(); ++i) {
+      const auto now = checked::Clock::now();
+      const auto left = deadline > now ? std::chrono::nanoseconds(deadline - now) : std::chrono::nanoseconds(0);
+      try {
+        passed[i] = backend_->wait_fence(pending[i].fence, left);
+      } catch (const std::exception& e) {
+        log().error("devbridge: waiting for a fence failed: {}", e.what());
+      }
+    }
+    lock.lock();
+    for (std::size_t i = 0; i < pending.size(); ++i) {
+      if (passed[i]) {
+        end_fenced_uses(pending[i]);
+      } else {
+        abandon(pending[i], when);
+      }
+      backend_->release_fence(pending[i].fence);
+    }
+  }
+
+  void abandon(const DropQueue::Entry& entry, const char* when) noexcept {
+    ++abandoned_fences_;
+    std::uint64_t bytes = 0;
+    for (const auto id : entry.allocation_ids) {
+      if (auto orphan = orphans_.find(OrphanKey{entry.generation, id}); orphan != orphans_.end()) {
+        orphan->second.abandoned = true;
+        bytes += orphan->second.device.bytes;
+        --orphan->second.fences;
+        maybe_free_orphan(orphan);
+      }
+    }
+    log().error("devbridge: {}, but a fence on {} had not passed after {} ns: the {} bytes it holds stay "
+                "allocated for good (the device may still read them); {} fences abandoned so far",
+                when, queue_text(entry.where), close_fence_timeout_.count(), bytes, abandoned_fences_);
+  }
+
+  static std::string queue_text(const QueueRef& where) {
+    switch (where.queue) {
+      case Queue::CopyUp: return "the upload queue";
+      case Queue::CopyDown: return "the download queue";
+      case Queue::Compute: return "the compute queue";
+      case Queue::Consumer: break;
+    }
+    return fmt::format("consumer queue {:#x}", where.consumer);
   }
 
   // ---- handles ----
@@ -342,9 +500,10 @@ class BridgeCore {
 
   [[gnu::always_inline]] void free_slot(std::uint32_t index) {
     auto& slot = allocations_[index];
-    backend_->free(slot.device);
-    allocated_bytes_ -= slot.device.bytes;
+    const DeviceAllocation device = slot.device;
+    allocated_bytes_ -= device.bytes;
     allocations_.retire(index);
+    if (keep_or_free_later(device, slot.spec.alignment)) backend_->free(device);
   }
 
   // A backend call made under the lock; a fatal failure breaks the bridge.
@@ -375,25 +534,206 @@ class BridgeCore {
            "and of the {} size {}",
            extent, spec.max_extent, spec.alignment, spec_dtype_name(spec), elem);
     }
+    if (pool_) {
+      SpinLockHold lock(lock_);
+      enter(lock);
+      largest_request_ = std::max(largest_request_, extent);
+      if (const auto cached = pool_->take(DevicePool::size_class(extent), spec.alignment)) {
+        ++cache_hits_;
+        return add_allocation(lock, spec, elem, view_dtype, extent, *cached);
+      }
+      ++cache_misses_;
+    } else if (__builtin_expect(state_seen_.load(std::memory_order_relaxed) & (kClosed | kBroken), 0)) {
+      // Refused before the driver is asked (a racing close costs an
+      // allocation freed again below).
+      SpinLockHold lock(lock_);
+      enter(lock);
+    }
+    // The driver's allocation runs without the lock: it can take
+    // milliseconds and synchronize the device (cuMemAlloc), and no other
+    // caller should spin meanwhile. A restart in progress is waited out by
+    // enter() afterwards, and the memory joins the new generation.
+    const DeviceAllocation device = allocate_memory(extent, spec.alignment);
     SpinLockHold lock(lock_);
-    enter(lock);
-    const DeviceAllocation device = call_backend([&] { return backend_->allocate(extent, spec.alignment); });
+    try {
+      enter(lock);
+    } catch (...) {
+      lock.unlock();
+      backend_->free(device);
+      throw;
+    }
+    ++backend_allocations_;
+    total_reserved_bytes_ += device.bytes;
+    largest_request_ = std::max(largest_request_, extent);
+    const DeviceHandle handle = add_allocation(lock, spec, elem, view_dtype, extent, device);
+    peak_reserved_bytes_ = std::max(peak_reserved_bytes_, reserved_bytes());
+    return handle;
+  }
+
+  // A new slot for memory the caller got (from the pool or the backend);
+  // on failure the memory goes back where it came from... or to the backend,
+  // which is where all memory ends up.
+  DeviceHandle add_allocation(SpinLockHold& lock, const ObjectSpec& spec, std::uint32_t elem, DType view_dtype,
+                              std::uint64_t extent, const DeviceAllocation& device) {
     std::uint32_t index;
     try {
       index = allocations_.acquire();
     } catch (...) {
+      lock.unlock();
       backend_->free(device);
       throw;
     }
     auto& slot = allocations_[index];
     slot.start(spec, static_cast<std::uint8_t>(elem), view_dtype, extent, device);
     allocated_bytes_ += device.bytes;
+    total_allocated_bytes_ += device.bytes;
+    ++total_allocations_;
+    peak_allocated_bytes_ = std::max(peak_allocated_bytes_, allocated_bytes_);
     return DeviceHandle{domain_, generation_, make_id(index, slot.version)};
   }
 
+  // ---- memory: the pool and the backend ----
+  std::uint64_t reserved_bytes() const noexcept { return allocated_bytes_ + (pool_ ? pool_->cached_bytes() : 0); }
+
+  // Asks the backend for `extent` bytes (the pool's size class when the
+  // pool is on, else, or where the class cannot be had, the exact size). Out
+  // of memory, it reclaims what the bridge can (completions that end last
+  // uses, passed fences, the whole cache) and retries once; the error then
+  // says what the bridge held. Runs without the lock.
+  DeviceAllocation allocate_memory(std::uint64_t extent, std::uint64_t alignment) {
+    const std::uint64_t class_bytes = pool_ ? DevicePool::size_class(extent) : extent;
+    if (auto device = try_allocate(class_bytes, alignment)) return *device;
+    if (class_bytes != extent)
+      if (auto device = try_allocate(extent, alignment)) return *device;
+    const auto held = reclaim_for_retry();
+    try {
+      return allocate_or_break(extent, alignment);
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::AllocationFailed) throw;
+      {
+        SpinLockHold lock(lock_);
+        ++oom_failures_;
+      }
+      fail(ErrorKind::AllocationFailed,
+           "{}; retried once after releasing every cached block: the bridge held {} bytes in live allocations and {} "
+           "cached (the largest cached block {} bytes) for a request of {} bytes",
+           e.message(), held.in_use, held.cached, held.largest, extent);
+    }
+  }
+
+  // The allocation, or nothing when the backend is out of memory.
+  std::optional<DeviceAllocation> try_allocate(std::uint64_t bytes, std::uint64_t alignment) {
+    try {
+      return allocate_or_break(bytes, alignment);
+    } catch (const Error& e) {
+      if (e.kind() == ErrorKind::AllocationFailed && !e.fatal()) return std::nullopt;
+      throw;
+    }
+  }
+
+  DeviceAllocation allocate_or_break(std::uint64_t bytes, std::uint64_t alignment) {
+    try {
+      return backend_->allocate(bytes, alignment);
+    } catch (const Error& e) {
+      if (e.fatal()) {
+        SpinLockHold lock(lock_);
+        mark_broken(e);
+      }
+      throw;
+    }
+  }
+
+  struct Held {
+    std::uint64_t in_use = 0, cached = 0, largest = 0;
+  };
+  Held reclaim_for_retry() {
+    SpinLockHold lock(lock_);
+    enter(lock);
+    ++oom_retries_;
+    try {
+      drain_locked();  // a completion may end the last use of a released allocation
+    } catch (const std::exception& e) {
+      log().warn("devbridge: draining completions before retrying an allocation failed: {}", e.what());
+    }
+    if (!drops_.empty()) reap_fences();
+    const Held held{allocated_bytes_, pool_ ? pool_->cached_bytes() : 0, pool_ ? pool_->largest_block() : 0};
+    give_back_cache(lock);
+    return held;
+  }
+
+  // Every cached block back to the backend; the frees run without the lock.
+  void give_back_cache(SpinLockHold& lock) {
+    if (!pool_ || pool_->cached_blocks() == 0) return;
+    const auto blocks = pool_->take_all();
+    backend_frees_ += blocks.size();
+    lock.unlock();
+    for (const auto& block : blocks) backend_->free(block.allocation);
+    lock.lock();
+  }
+
+  // Memory no allocation uses any more: cached, or freed in the backend.
+  // Under the lock; returns whether the backend must still free it (the
+  // caller does, now or after unlocking).
+  bool keep_or_free_later(const DeviceAllocation& device, std::uint64_t alignment) noexcept {
+    if (pool_) {
+      try {
+        if (pool_->keep(DevicePool::Block{device, alignment})) return false;
+      } catch (...) {
+        // No room to remember it: the backend takes it back.
+      }
+    }
+    ++backend_frees_;
+    return true;
+  }
+
+  void empty_cache() {
+    SpinLockHold lock(lock_);
+    enter(lock);
+    give_back_cache(lock);
+  }
+
+  void reset_peak_memory() {
+    std::lock_guard guard(lock_);
+    peak_allocated_bytes_ = allocated_bytes_;
+    peak_reserved_bytes_ = reserved_bytes();
+  }
+
+  MemoryStats memory_stats() {
+    std::lock_guard guard(lock_);
+    MemoryStats m;
+    m.pool_enabled = pool_.has_value();
+    m.pool_cap_bytes = pool_ ? pool_->cap_bytes() : 0;
+    m.allocated_bytes = allocated_bytes_;
+    m.peak_allocated_bytes = peak_allocated_bytes_;
+    m.total_allocated_bytes = total_allocated_bytes_;
+    m.reserved_bytes = reserved_bytes();
+    m.peak_reserved_bytes = std::max(peak_reserved_bytes_, m.reserved_bytes);
+    m.total_reserved_bytes = total_reserved_bytes_;
+    m.allocations = allocations_.live();
+    m.total_allocations = total_allocations_;
+    m.backend_allocations = backend_allocations_;
+    m.backend_frees = backend_frees_;
+    m.cached_bytes = pool_ ? pool_->cached_bytes() : 0;
+    m.cached_blocks = pool_ ? pool_->cached_blocks() : 0;
+    m.cache_hits = cache_hits_;
+    m.cache_misses = cache_misses_;
+    m.oom_retries = oom_retries_;
+    m.oom_failures = oom_failures_;
+    m.largest_request_bytes = largest_request_;
+    m.fragmentation_bytes = pool_ ? pool_->bytes_below(DevicePool::size_class(largest_request_)) : 0;
+    return m;
+  }
+
   std::string uses(const DeviceHandle& h, const AllocationSlot& slot) const {
-    return fmt::format("{} cop{} in flight, {} compute step{}, {}", slot.copies, slot.copies == 1 ? "y" : "ies",
-                       slot.steps, slot.steps == 1 ? "" : "s", views_text(h, slot));
+    const std::uint32_t fenced = drops_.uses_of(h.generation, h.id);
+    const std::uint32_t steps = slot.steps - std::min(slot.steps, fenced);
+    std::string text = fmt::format("{} cop{} in flight, {} compute step{}, {}", slot.copies,
+                                   slot.copies == 1 ? "y" : "ies", steps, steps == 1 ? "" : "s", views_text(h, slot));
+    if (fenced)
+      text += fmt::format(", {} use{} ending at a fence not yet passed (a launch, or a consumer's queue; release() "
+                          "frees it once they pass)",
+                          fenced, fenced == 1 ? "" : "s");
+    return text;
   }
 
   // "1 live view held by a tinygrad tensor (...)", "3 live views: 1 held by
@@ -439,7 +779,7 @@ class BridgeCore {
     enter(lock);
     auto& slot = allocation(h);
     if (__builtin_expect(slot.used(), 0)) fail_in_use(h, slot);
-    free_slot(id_slot(h.id));
+    free_slot_then_unlock(lock, id_slot(h.id));
   }
 
   void release(const DeviceHandle& h) {
@@ -447,7 +787,22 @@ class BridgeCore {
     enter(lock);
     auto& slot = allocation(h);
     slot.released = true;
-    maybe_finish_release(id_slot(h.id));
+    if (!slot.used()) free_slot_then_unlock(lock, id_slot(h.id));
+  }
+
+  // The backend's free runs after the lock is dropped: a driver free may
+  // synchronize the device (cuMemFree does), and no other caller should spin
+  // meanwhile. The slot is retired first, so nothing reaches the memory any
+  // more. (Frees that the end of a last use triggers inside another call —
+  // a completion, a lease ending — still run under the lock.)
+  [[gnu::always_inline]] void free_slot_then_unlock(SpinLockHold& lock, std::uint32_t index) {
+    auto& slot = allocations_[index];
+    const DeviceAllocation device = slot.device;
+    allocated_bytes_ -= device.bytes;
+    allocations_.retire(index);
+    const bool to_backend = keep_or_free_later(device, slot.spec.alignment);
+    lock.unlock();
+    if (to_backend) backend_->free(device);
   }
 
   std::pair<ObjectSpec, std::uint64_t> spec_of(const DeviceHandle& h) {
@@ -854,13 +1209,21 @@ class BridgeCore {
     steps_.emplace(step, std::move(indices));
   }
 
-  void end_step(StepId step) {
+  void end_step(StepId step, std::optional<ConsumerQueue> after) {
     SpinLockHold lock(lock_);
     enter(lock);
     auto it = steps_.find(step);
     if (it == steps_.end())
       fail(ErrorKind::UnknownDeviceHandle,
            "step {} is not active (never begun, already ended, or from before a restart)", step);
+    if (after) {
+      // The consumer's queue may still run the step: its allocations stay
+      // held until a fence recorded there now passes.
+      DropQueue::Entry held{Fence{}, QueueRef{Queue::Consumer, after->handle}, generation_, {}};
+      held.allocation_ids.reserve(it->second.size());
+      for (auto index : it->second) held.allocation_ids.push_back(make_id(index, allocations_[index].version));
+      hold_until_consumer_fence(std::move(held));
+    }
     for (auto index : it->second) {
       --allocations_[index].steps;
       maybe_finish_release(index);
@@ -890,13 +1253,20 @@ class BridgeCore {
            ys.copies, ys.copies == 1 ? "y" : "ies");
     const AxpyLaunch launch{xs.device, x.offset, ys.device, y.offset, x.len / sizeof(float), a, b};
     const auto xi = id_slot(x.handle.id), yi = id_slot(y.handle.id);
+    // The kernel may still run when the launch returns: its use of x and y
+    // ends at its fence. Everything that can fail is done before it starts.
+    DropQueue::Entry held{Fence{}, QueueRef{Queue::Compute}, generation_, {x.handle.id, y.handle.id}};
+    drops_.reserve_one();
     ++xs.steps;
     ++ys.steps;
-    auto failure = run_unlocked(lock, [&] { backend_->launch_axpy(launch); });
-    for (auto index : {xi, yi}) {
-      --allocations_[index].steps;
-      maybe_finish_release(index);
-    }
+    auto failure = run_unlocked(lock, [&] { held.fence = backend_->launch_axpy(launch); });
+    // A restart waits for calls in progress: x and y are still this generation's.
+    for (auto index : {xi, yi}) --allocations_[index].steps;
+    if (!failure && held.fence.pending())
+      add_fenced_uses(std::move(held));
+    else
+      drops_.cancel_reservation();
+    for (auto index : {xi, yi}) maybe_finish_release(index);
     if (failure) {
       if (failure->fatal()) mark_broken(*failure);
       throw *failure;
@@ -1054,6 +1424,15 @@ class BridgeCore {
     if (it->second[0] == 0 && it->second[1] == 0) handed_on_.erase(it);
   }
 
+  // Holds a lease's allocation until a fence recorded now on the consumer's
+  // queue passes: the consumer may still read the view there (PyTorch's
+  // record_stream). No enter(): a lease ends on a restarted or closed bridge
+  // too. Throws, changing nothing, when the fence cannot be recorded.
+  void hold_view_until_fence(const DeviceHandle& h, ConsumerQueue queue) {
+    SpinLockHold lock(lock_);
+    hold_until_consumer_fence(DropQueue::Entry{Fence{}, QueueRef{Queue::Consumer, queue.handle}, h.generation, {h.id}});
+  }
+
   // A live lease of the current generation changes hands (ViewLease::set_holder).
   void set_view_holder(const DeviceHandle& h, ViewHolder from, ViewHolder to) noexcept {
     std::lock_guard guard(lock_);
@@ -1081,11 +1460,10 @@ class BridgeCore {
     bool last;
     {
       std::lock_guard guard(lock_, std::adopt_lock);
+      if (!drops_.empty()) reap_fences();
       if (auto orphan = orphans_.find(OrphanKey{h.generation, h.id}); orphan != orphans_.end()) {
-        if (--orphan->second.views == 0) {
-          backend_->free(orphan->second.device);
-          orphans_.erase(orphan);
-        }
+        --orphan->second.views;
+        maybe_free_orphan(orphan);
       } else if (h.generation == generation_) {
         // Closed, but its quiesce failed: the allocation is still in the
         // table, and a retried close must see this lease gone.
@@ -1136,6 +1514,10 @@ class BridgeCore {
         log().error("devbridge: draining completions during {} failed after a clean quiesce: {}", what, e.what());
       }
     }
+    // The backend's own queues are idle now: their fences have passed.
+    // Those on consumers' queues may not have; what they hold becomes an
+    // orphan below, freed when they pass.
+    reap_fences();
     // Copy ids start afresh in the new generation: an event is known only
     // if it was issued in the generation it names.
     copies_ = SlotTable<CopySlot>();
@@ -1144,10 +1526,15 @@ class BridgeCore {
     unobserved_failures_ = 0;
     sync_copies_issued_ = 0;
     allocations_.for_each_in_use([&](std::uint32_t index, AllocationSlot& slot) {
-      if (slot.views == 0) return free_slot(index);
-      // A live view may still be read (numpy, tinygrad): its memory stays
-      // until the last lease ends, though the handle is refused from now on.
-      orphans_.emplace(OrphanKey{generation_, make_id(index, slot.version)}, Orphan{slot.device, slot.views});
+      const auto id = make_id(index, slot.version);
+      // Steps and launches are over (steps_ is cleared below, calls in
+      // progress have ended): what steps still counts is fenced uses.
+      const std::uint32_t fenced = slot.steps == 0 ? 0 : drops_.uses_of(generation_, id);
+      if (slot.views == 0 && fenced == 0) return free_slot(index);
+      // A live view may still be read (numpy, tinygrad), a consumer's queue
+      // may still run over it: its memory stays until the last lease ends
+      // and its fences pass, though the handle is refused from now on.
+      orphans_.emplace(OrphanKey{generation_, id}, Orphan{slot.device, slot.views, fenced});
       allocated_bytes_ -= slot.device.bytes;
       allocations_.retire(index);
     });
@@ -1155,6 +1542,9 @@ class BridgeCore {
     handed_on_.clear();
     ring_.unpin_all();
     inflight_bytes_ = 0;
+    // The cache goes back too: a restart or close leaves the backend holding
+    // only what views and fences still keep.
+    give_back_cache(lock);
   }
 
   void restart(Generation generation) {
@@ -1182,6 +1572,7 @@ class BridgeCore {
     set_state(kClosed, true);
     notify();
     quiesce_and_free_all(lock, "close");
+    settle_fences(lock, "the bridge closed");
     if (host_leases_ == 0)
       backend_->free_host(ring_.block());
     else
@@ -1194,7 +1585,10 @@ class BridgeCore {
 
   BridgeStats stats() {
     std::lock_guard guard(lock_);
+    if (fences_pending() && !restarting() && !closed()) reap_fences();
     BridgeStats s;
+    s.pending_fences = drops_.size();
+    s.abandoned_fences = abandoned_fences_;
     s.generation = generation_;
     s.domain = domain_;
     s.broken = broken();
@@ -1244,10 +1638,21 @@ class BridgeCore {
   // still leased them; freed in the backend when the last lease ends.
   struct Orphan {
     DeviceAllocation device;
-    std::uint32_t views;
+    std::uint32_t views = 0;
+    std::uint32_t fences = 0;
+    bool abandoned = false;  // its fence never passed by close: never freed
   };
   using OrphanKey = std::pair<Generation, std::uint64_t>;
   std::map<OrphanKey, Orphan> orphans_;
+  DropQueue drops_;
+  std::optional<DevicePool> pool_;  // engaged when the caching pool is on; never changes after construction
+  std::uint64_t peak_allocated_bytes_ = 0, total_allocated_bytes_ = 0;
+  std::uint64_t peak_reserved_bytes_ = 0, total_reserved_bytes_ = 0;
+  std::uint64_t total_allocations_ = 0, backend_allocations_ = 0, backend_frees_ = 0;
+  std::uint64_t cache_hits_ = 0, cache_misses_ = 0, oom_retries_ = 0, oom_failures_ = 0;
+  std::uint64_t largest_request_ = 0;
+  std::uint64_t abandoned_fences_ = 0;
+  std::chrono::nanoseconds close_fence_timeout_{std::chrono::seconds(10)};
   // Failed copies, by event id, remembered so their events read as Failed;
   // at most failure_limit_ of them, oldest first in failure_order_.
   std::unordered_map<std::uint64_t, FailedCopy> failures_;
@@ -1276,14 +1681,21 @@ class BridgeCore {
   std::uint32_t waiters_ = 0;
   // Why calls cannot go ahead as usual: bits of one byte, so that every entry
   // (enter) tests them with one compare.
-  enum StateBit : std::uint8_t { kRestarting = 1, kClosed = 2, kBroken = 4 };
+  // kFencesPending sends every entry to the slow path while the drop queue
+  // holds fences, so that any call reclaims what passed.
+  enum StateBit : std::uint8_t { kRestarting = 1, kClosed = 2, kBroken = 4, kFencesPending = 8 };
   std::uint8_t state_ = 0;
   bool restarting() const noexcept { return state_ & kRestarting; }
   bool closed() const noexcept { return state_ & kClosed; }
   bool broken() const noexcept { return state_ & kBroken; }
+  bool fences_pending() const noexcept { return state_ & kFencesPending; }
   void set_state(StateBit bit, bool on) noexcept {
     state_ = on ? static_cast<std::uint8_t>(state_ | bit) : static_cast<std::uint8_t>(state_ & ~bit);
+    state_seen_.store(state_, std::memory_order_relaxed);
   }
+  // state_ as last set, for a look without the lock (alloc_device's early
+  // refusal); only a hint, the locked enter() decides.
+  std::atomic<std::uint8_t> state_seen_{0};
   bool owner_alive_ = true;
   std::string broken_reason_;
   std::string device_string_;  // views point at it: it never changes after construction
@@ -1323,6 +1735,13 @@ void ViewLease::reset() noexcept {
     core->end_view(view_.handle);
   else if (auto* handed_on = std::exchange(handed_on_core_, nullptr)) [[unlikely]]
     handed_on->end_handed_on_view(view_.handle, holder_);
+}
+
+void ViewLease::end_after(ConsumerQueue queue) {
+  auto* core = core_ ? core_ : handed_on_core_;
+  if (!core) return;
+  core->hold_view_until_fence(view_.handle, queue);
+  reset();
 }
 
 void ViewLease::set_holder(ViewHolder holder) noexcept {
@@ -1368,6 +1787,9 @@ std::uint64_t Bridge::domain() const noexcept { return core_->domain(); }
 Generation Bridge::generation() const { return core_->generation(); }
 BackendInfo Bridge::backend_info() const { return core_->backend().describe(); }
 BridgeStats Bridge::stats() const { return core_->stats(); }
+MemoryStats Bridge::memory_stats() const { return core_->memory_stats(); }
+void Bridge::reset_peak_memory() { core_->reset_peak_memory(); }
+void Bridge::empty_cache() { core_->empty_cache(); }
 
 DeviceHandle Bridge::alloc_device(const ObjectSpec& spec, std::uint64_t extent) {
   return core_->alloc_device(spec, extent);
@@ -1404,7 +1826,8 @@ CopyStatus Bridge::wait(CopyEvent event, std::optional<std::chrono::nanoseconds>
 std::size_t Bridge::poll() { return core_->poll(); }
 
 void Bridge::begin_step(StepId step, std::span<const DeviceHandle> handles) { core_->begin_step(step, handles); }
-void Bridge::end_step(StepId step) { core_->end_step(step); }
+void Bridge::end_step(StepId step) { core_->end_step(step, std::nullopt); }
+void Bridge::end_step(StepId step, ConsumerQueue after) { core_->end_step(step, after); }
 void Bridge::launch_axpy(DeviceRange x, DeviceRange y, float a, float b) { core_->launch_axpy(x, y, a, b); }
 
 ViewLease Bridge::view(DeviceHandle handle, const ViewSpec& spec, ViewWait wait) {

@@ -255,11 +255,33 @@ INSTANTIATE_TEST_SUITE_P(
                     {"chunk 1", "never arrived"}},
         FailureCase{"DeviceLostInCompute",
                     {"--backend", "fake", "--fake-inject", "launch:fatal:3"},
-                    {"chunk 2", "launch_axpy"}},
-        FailureCase{"DeviceAllocationRefused",
-                    {"--backend", "fake", "--fake-inject", "allocate:allocation_failed"},
-                    {"AllocationFailed"}}),
+                    {"chunk 2", "launch_axpy"}}),
     [](const ::testing::TestParamInfo<FailureCase>& info) { return std::string(info.param.name); });
+
+// Out of memory for real (one injected refusal would be retried away): 1 MiB
+// of device memory for four buffers of 512 KiB.
+TEST(Stream, ADeviceOutOfMemoryExitsOneNamingWhatTheBridgeHeld) {
+  CliRun run;
+  const nlohmann::json report =
+      stream_json({"--backend", "fake", "--bytes", "2MiB", "--chunk", "512KiB", "--inflight", "4", "--ring-bytes",
+                   "1MiB", "--backend-option", "memory_bytes=1048576"},
+                  run);
+  EXPECT_EQ(run.exit_code, 1) << describe(run);
+  EXPECT_THAT(run.err, HasSubstr("AllocationFailed"));
+  EXPECT_THAT(run.err, HasSubstr("retried once"));
+  EXPECT_THAT(run.err, HasSubstr("1048576 bytes in live allocations"));
+  EXPECT_EQ(report["verified"], false);
+  EXPECT_EQ(report["memory"]["oom_retries"], 1);
+}
+
+TEST(Stream, TheReportSaysHowDeviceMemoryWent) {
+  CliRun run;
+  const nlohmann::json report = stream_json({"--backend", "host", "--bytes", "1MiB", "--chunk", "64KiB"}, run);
+  ASSERT_EQ(run.exit_code, 0) << describe(run);
+  EXPECT_EQ(report["memory"]["pool_enabled"], false);
+  EXPECT_GT(report["memory"]["peak_allocated_bytes"].get<std::uint64_t>(), 0u);
+  EXPECT_GT(report["memory"]["backend_allocations"].get<std::uint64_t>(), 0u);
+}
 
 TEST(Stream, ADuplicatedCompletionIsIgnoredAndTheStreamStillVerifies) {
   CliRun run;

@@ -30,6 +30,7 @@ fake::FakeBackend& as_fake(Backend& backend) { return dynamic_cast<fake::FakeBac
 void hold_fake_copies(Backend& backend, bool hold) {
   auto& fake = as_fake(backend);
   fake.set_auto_complete(!hold);
+  fake.hold_launches(hold);
   if (!hold) fake.complete_all();
 }
 
@@ -55,15 +56,18 @@ std::string opencl_unavailable_reason() {
 
 const BackendDriver kBackendDrivers[] = {
     // name    available?               factory                         live allocations        hold copies host memory
-    {"fake", always_available, make_auto_completing_fake, live_allocations_of, hold_fake_copies, true},
-    {"host", always_available, [] { return host::make_host_backend(); }, live_allocations_of, hold_copies_of, true},
+    // consumer queue
+    {"fake", always_available, make_auto_completing_fake, live_allocations_of, hold_fake_copies, true,
+     make_fake_consumer_queue},
+    {"host", always_available, [] { return host::make_host_backend(); }, live_allocations_of, hold_copies_of, true,
+     nullptr},
 #ifdef DEVBRIDGE_HAS_CUDA
     {"cuda", cuda_unavailable_reason, [] { return cuda::make_cuda_backend(); }, live_allocations_of, hold_copies_of,
-     false},
+     false, make_cuda_consumer_queue},
 #endif
 #ifdef DEVBRIDGE_HAS_OPENCL
     {"opencl", opencl_unavailable_reason, [] { return opencl::make_opencl_backend(); }, live_allocations_of,
-     hold_copies_of, false},
+     hold_copies_of, false, make_opencl_consumer_queue},
 #endif
 };
 

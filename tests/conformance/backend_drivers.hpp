@@ -17,6 +17,29 @@
 
 namespace devbridge::conformance {
 
+// A queue of the test's own playing a consumer's (the stream a DLPack
+// consumer or a tinygrad tensor computes on). While blocked, nothing
+// enqueued on it after block() runs, so a fence recorded on it stays pending
+// until unblock().
+class TestConsumerQueue {
+ public:
+  virtual ~TestConsumerQueue() = default;
+  // What ConsumerQueue and QueueRef::consumer take (a CUstream, a cl_command_queue).
+  virtual std::uintptr_t handle() const = 0;
+  virtual void block() = 0;
+  virtual void unblock() = 0;
+};
+
+// One per backend with consumer queues, each in its own file
+// (consumer_queue_<backend>.cpp), so the rows below name no vendor type.
+std::unique_ptr<TestConsumerQueue> make_fake_consumer_queue(Backend& backend);
+#ifdef DEVBRIDGE_HAS_CUDA
+std::unique_ptr<TestConsumerQueue> make_cuda_consumer_queue(Backend& backend);
+#endif
+#ifdef DEVBRIDGE_HAS_OPENCL
+std::unique_ptr<TestConsumerQueue> make_opencl_consumer_queue(Backend& backend);
+#endif
+
 struct BackendDriver {
   std::string_view name;  // registry name; also the test-name suffix
   // Empty when the backend can run on this machine; otherwise why not. Tests
@@ -36,6 +59,9 @@ struct BackendDriver {
   std::function<void(Backend&, bool)> hold_copies;
   // Device addresses are host memory the test may read directly.
   bool host_addressable = false;
+  // A blockable queue standing in for a consumer's; null when the backend's
+  // consumers have no queues (host: a CPU consumer is done when it returns).
+  std::function<std::unique_ptr<TestConsumerQueue>(Backend&)> consumer_queue;
 };
 
 std::span<const BackendDriver> backend_drivers();
@@ -59,9 +85,10 @@ class DriverTest : public ::testing::TestWithParam<BackendDriver> {
   const BackendDriver& driver() const { return GetParam(); }
 
   Bridge& make_bridge(std::uint64_t ring_bytes, std::uint64_t inflight_budget = 0) {
-    bridge_ = std::make_unique<Bridge>(driver().make(),
-                                       BridgeOptions{.generation = 1, .ring_bytes = ring_bytes,
-                                                     .inflight_budget_bytes = inflight_budget});
+    return make_bridge(BridgeOptions{.generation = 1, .ring_bytes = ring_bytes, .inflight_budget_bytes = inflight_budget});
+  }
+  Bridge& make_bridge(const BridgeOptions& options) {
+    bridge_ = std::make_unique<Bridge>(driver().make(), options);
     return *bridge_;
   }
   Bridge& bridge() { return *bridge_; }
@@ -72,9 +99,12 @@ class DriverTest : public ::testing::TestWithParam<BackendDriver> {
     held_ = on;
   }
 
-  // Device allocations the backend holds (its own count where it has one).
+  // Device allocations the backend holds for the bridge's allocations (its
+  // own count where it has one), not counting blocks the bridge's caching
+  // pool keeps for reuse (on by default for CUDA and OpenCL).
   std::uint64_t backend_live_allocations() {
-    if (driver().live_allocations) return driver().live_allocations(bridge_->backend());
+    if (driver().live_allocations)
+      return driver().live_allocations(bridge_->backend()) - bridge_->memory_stats().cached_blocks;
     return bridge_->stats().live_allocations;
   }
 

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "forwarding_backend.hpp"
 #include "backend_drivers.hpp"
 #include "devbridge/backends/fake.hpp"
 #include "devbridge/backends/host.hpp"
@@ -64,30 +65,7 @@ std::string outcome_text(Outcome outcome) { return outcome ? std::string(kind_na
 }
 
 // Lends a backend to a bridge without giving it away.
-class BorrowedBackend final : public Backend {
- public:
-  explicit BorrowedBackend(Backend& backend) : backend_(backend) {}
-  BackendInfo describe() override { return backend_.describe(); }
-  DeviceAllocation allocate(std::uint64_t bytes, std::uint64_t alignment) override {
-    return backend_.allocate(bytes, alignment);
-  }
-  void free(const DeviceAllocation& allocation) noexcept override { backend_.free(allocation); }
-  HostBlock allocate_host(std::uint64_t bytes) override { return backend_.allocate_host(bytes); }
-  void free_host(const HostBlock& block) noexcept override { backend_.free_host(block); }
-  void submit_copy(const CopyRequest& request) override { backend_.submit_copy(request); }
-  void drain_completions(std::vector<Completion>& out) override { backend_.drain_completions(out); }
-  bool wait_for_completions(std::chrono::nanoseconds timeout) override {
-    return backend_.wait_for_completions(timeout);
-  }
-  void quiesce() override { backend_.quiesce(); }
-  void launch_axpy(const AxpyLaunch& launch) override { backend_.launch_axpy(launch); }
-  void validate_view(const DeviceAllocation& allocation, const TensorView& view) override {
-    backend_.validate_view(allocation, view);
-  }
-
- private:
-  Backend& backend_;
-};
+using BorrowedBackend = testing::ForwardingBackend;
 
 ObjectSpec spec_of(std::uint64_t max_extent, std::uint64_t alignment, DType dtype = DType::UInt8,
                    ShapeKind shape = ShapeKind::Tensor) {
@@ -678,15 +656,10 @@ INSTANTIATE_TEST_SUITE_P(Backends, BoundaryTest, ::testing::ValuesIn(backend_dri
 // backend can allocate that much, but the ring's arithmetic must hold for any
 // capacity a backend reports. Only ranges inside the first 4096 bytes are
 // ever copied.
-class HugeRingBackend final : public Backend {
+class HugeRingBackend final : public testing::ForwardingBackend {
  public:
-  HugeRingBackend() { fake_.set_auto_complete(true); }
+  HugeRingBackend() : ForwardingBackend(fake_) { fake_.set_auto_complete(true); }
   fake::FakeBackend& fake() { return fake_; }
-  BackendInfo describe() override { return fake_.describe(); }
-  DeviceAllocation allocate(std::uint64_t bytes, std::uint64_t alignment) override {
-    return fake_.allocate(bytes, alignment);
-  }
-  void free(const DeviceAllocation& allocation) noexcept override { fake_.free(allocation); }
   HostBlock allocate_host(std::uint64_t bytes) override {
     real_ = fake_.allocate_host(4096);
     HostBlock claimed = real_;
@@ -694,11 +667,6 @@ class HugeRingBackend final : public Backend {
     return claimed;
   }
   void free_host(const HostBlock&) noexcept override { fake_.free_host(real_); }
-  void submit_copy(const CopyRequest& request) override { fake_.submit_copy(request); }
-  void drain_completions(std::vector<Completion>& out) override { fake_.drain_completions(out); }
-  bool wait_for_completions(std::chrono::nanoseconds timeout) override { return fake_.wait_for_completions(timeout); }
-  void quiesce() override { fake_.quiesce(); }
-  void launch_axpy(const AxpyLaunch& launch) override { fake_.launch_axpy(launch); }
 
  private:
   fake::FakeBackend fake_;

@@ -26,6 +26,7 @@
 
 #include "backend_drivers.hpp"
 #include "devbridge/bridge.hpp"
+#include "devbridge/consumer_names.hpp"
 
 namespace devbridge::conformance {
 namespace {
@@ -177,14 +178,14 @@ TEST_P(BackendConformance, DescribesItselfAndItsViews) {
   EXPECT_EQ(info.name, driver().name);
   EXPECT_FALSE(info.vendor.empty());
   EXPECT_FALSE(info.device_name.empty());
-  EXPECT_FALSE(info.device_string.empty());
+  EXPECT_FALSE(tinygrad_device(info.device_kind, info.device_ordinal).empty());
   EXPECT_FALSE(info.dtypes.empty());
   EXPECT_LE(info.free_memory, info.total_memory == 0 ? info.free_memory : info.total_memory);
 
   const auto h = b.alloc_device(ObjectSpec{4096, 64, DType::UInt8, ShapeKind::Matrix}, 4096);
   const auto lease = b.view(h, view_spec(DType::UInt8, Dims{64, 64}));
-  EXPECT_EQ(lease->device, info.device_string);
-  EXPECT_EQ(lease->dlpack_device_type, static_cast<int>(info.dlpack_device));
+  EXPECT_EQ(lease->device, tinygrad_device(info.device_kind, info.device_ordinal));
+  EXPECT_EQ(lease->dlpack_device_type, static_cast<int>(dlpack_device(info.device_kind)));
   EXPECT_EQ(lease->device_ordinal, info.device_ordinal);
   EXPECT_NE(lease->data, 0u);
   EXPECT_TRUE(lease->contiguous());
@@ -683,7 +684,7 @@ TEST_P(BackendConformance, EveryAdvertisedDTypeRoundTripsAndViews) {
     EXPECT_EQ(lease->dtype, dtype);
     EXPECT_EQ(lease->shape, (Dims{kCount}));
     EXPECT_EQ(lease->strides, (Dims{1}));
-    EXPECT_EQ(lease->device, info.device_string);
+    EXPECT_EQ(lease->device, tinygrad_device(info.device_kind, info.device_ordinal));
     if (driver().host_addressable) {
       const std::span<const std::byte> seen(reinterpret_cast<const std::byte*>(lease->data), bytes);
       EXPECT_TRUE(bytes_equal(seen, data, "bytes seen through the view"));

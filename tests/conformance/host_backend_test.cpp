@@ -1,6 +1,7 @@
 // The host backend's own promises, below the bridge: what it describes, real
 // aligned memory, the ring's page-locking (and the note when it is refused),
-// allocation failures that name their size, and the copy engine's ordering.
+// allocation failures that name their size, the engine's ordering of copies
+// and launches by bytes, and its fences.
 // What every backend must do lives in conformance_test.cpp.
 #include <gtest/gtest.h>
 
@@ -13,10 +14,12 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "devbridge/backends/fake.hpp"
 #include "devbridge/backends/host.hpp"
+#include "devbridge/consumer_names.hpp"
 
 namespace devbridge {
 namespace {
@@ -73,8 +76,9 @@ TEST(HostBackend, DescribesTheCpu) {
   auto info = backend->describe();
   EXPECT_EQ(info.name, "host");
   EXPECT_EQ(info.vendor, "cpu");
-  EXPECT_EQ(info.device_string, "CPU");
-  EXPECT_EQ(info.dlpack_device, DLPackDevice::CPU);
+  EXPECT_EQ(info.device_kind, DeviceKind::Cpu);
+  EXPECT_EQ(tinygrad_device(info.device_kind, info.device_ordinal), "CPU");
+  EXPECT_EQ(dlpack_device(info.device_kind), DLPackDevice::CPU);
   EXPECT_EQ(info.device_ordinal, 0);
   EXPECT_FALSE(info.device_name.empty());
   if (const auto model = cpuinfo_model_name(); !model.empty()) {
@@ -371,6 +375,27 @@ TEST(HostBackend, EngineOnlyModeStillCompletesSmallCopies) {
   backend->free_host(block);
 }
 
+// ---- launches: queued like a kernel, done at their fence ----
+
+constexpr auto kForever = std::chrono::nanoseconds::max();
+
+std::vector<float> random_floats(std::size_t n, std::uint32_t seed) {
+  std::vector<float> values(n);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-10.0f, 10.0f);
+  for (auto& v : values) v = dist(rng);
+  return values;
+}
+
+// How many of the x.size() floats at `y` are not a * x[i] + b.
+std::size_t wrong_axpy(const std::byte* y, const std::vector<float>& x, float a, float b) {
+  std::vector<float> result(x.size());
+  std::memcpy(result.data(), y, x.size() * sizeof(float));
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) wrong += result[i] != a * x[i] + b;
+  return wrong;
+}
+
 TEST(HostBackend, AxpyWaitsForTheUploadIntoX) {
   auto backend = host::make_host_backend();
   constexpr std::uint64_t kCount = 4 << 20;
@@ -378,22 +403,329 @@ TEST(HostBackend, AxpyWaitsForTheUploadIntoX) {
   const auto x = backend->allocate(kBytes, 64);
   const auto y = backend->allocate(kBytes, 64);
   const auto block = backend->allocate_host(kBytes);
-  std::vector<float> values(kCount);
-  std::mt19937 rng(5);
-  std::uniform_real_distribution<float> dist(-10.0f, 10.0f);
-  for (auto& v : values) v = dist(rng);
+  const auto values = random_floats(kCount, 5);
   std::memcpy(block.data, values.data(), kBytes);
   std::memset(at(x), 0, kBytes);
 
   backend->submit_copy(copy(CopyDirection::HostToDevice, CopyMode::Async, 1, block.data, x, 0, kBytes));
-  backend->launch_axpy(AxpyLaunch{x, 0, y, 0, kCount, 3.0f, 0.5f});
-  std::vector<float> result(kCount);
-  std::memcpy(result.data(), at(y), kBytes);
-  std::size_t wrong = 0;
-  for (std::size_t i = 0; i < kCount; ++i) wrong += result[i] != 3.0f * values[i] + 0.5f;
-  EXPECT_EQ(wrong, 0u);
+  const Fence fence = backend->launch_axpy(AxpyLaunch{x, 0, y, 0, kCount, 3.0f, 0.5f});
+  EXPECT_TRUE(fence.pending()) << "a 16 MiB launch behind a queued upload cannot have run inline";
+  ASSERT_TRUE(backend->wait_fence(fence, kForever));
+  EXPECT_TRUE(backend->fence_passed(fence));
+  backend->release_fence(fence);
+  EXPECT_EQ(wrong_axpy(at(y), values, 3.0f, 0.5f), 0u);
   EXPECT_THROW(backend->launch_axpy(AxpyLaunch{x, 4, y, 0, kCount, 1.0f, 0.0f}), Error);
   drain(*backend, 1);
+  backend->free(x);
+  backend->free(y);
+  backend->free_host(block);
+}
+
+// The same with everything queued before anything runs: the launch's lane
+// must wait for the upload's, not merely find it done.
+TEST(HostBackend, HeldLaunchAfterAHeldUploadIntoXSeesTheUploadedBytes) {
+  auto backend = host::make_host_backend();
+  constexpr std::uint64_t kCount = 1024;  // small enough to run inline, were it allowed
+  constexpr std::uint64_t kBytes = kCount * sizeof(float);
+  const auto x = backend->allocate(kBytes, 64);
+  const auto y = backend->allocate(kBytes, 64);
+  const auto block = backend->allocate_host(kBytes);
+  const auto values = random_floats(kCount, 11);
+  std::memcpy(block.data, values.data(), kBytes);
+  std::memset(at(x), 0, kBytes);
+
+  host::hold_copies(*backend, true);
+  backend->submit_copy(copy(CopyDirection::HostToDevice, CopyMode::Async, 1, block.data, x, 0, kBytes));
+  const Fence fence = backend->launch_axpy(AxpyLaunch{x, 0, y, 0, kCount, -2.0f, 1.0f});
+  ASSERT_TRUE(fence.pending());
+  host::hold_copies(*backend, false);
+  ASSERT_TRUE(backend->wait_fence(fence, kForever));
+  EXPECT_EQ(wrong_axpy(at(y), values, -2.0f, 1.0f), 0u);
+  drain(*backend, 1);
+  backend->free(x);
+  backend->free(y);
+  backend->free_host(block);
+}
+
+// The use-after-free the old design allowed: a launch used to be "done" when
+// its call returned. Held, it has not even started, and its fence says so.
+TEST(HostBackend, HeldLaunchFencePendsUntilTheHoldIsLifted) {
+  auto backend = host::make_host_backend();
+  constexpr std::uint64_t kCount = 256;
+  const auto x = backend->allocate(kCount * sizeof(float), 64);
+  const auto y = backend->allocate(kCount * sizeof(float), 64);
+  const auto values = random_floats(kCount, 12);
+  std::memcpy(at(x), values.data(), kCount * sizeof(float));
+  std::memset(at(y), 0, kCount * sizeof(float));
+
+  host::hold_copies(*backend, true);
+  const Fence fence = backend->launch_axpy(AxpyLaunch{x, 0, y, 0, kCount, 2.0f, 1.0f});
+  ASSERT_TRUE(fence.pending());
+  EXPECT_FALSE(backend->fence_passed(fence));
+  EXPECT_FALSE(backend->wait_fence(fence, std::chrono::milliseconds(5)));
+  EXPECT_EQ(std::to_integer<int>(*at(y)), 0) << "a held launch wrote y";
+
+  host::hold_copies(*backend, false);
+  ASSERT_TRUE(backend->wait_fence(fence, kForever));
+  EXPECT_TRUE(backend->fence_passed(fence));
+  EXPECT_EQ(wrong_axpy(at(y), values, 2.0f, 1.0f), 0u);
+  backend->release_fence(fence);
+  backend->free(x);
+  backend->free(y);
+}
+
+TEST(HostBackend, QuiescePassesEveryFenceOnItsOwnQueues) {
+  auto backend = host::make_host_backend();
+  constexpr std::uint64_t kCount = 256;
+  constexpr std::uint64_t kBytes = kCount * sizeof(float);
+  const auto x = backend->allocate(kBytes, 64);
+  const auto y = backend->allocate(kBytes, 64);
+  const auto block = backend->allocate_host(2 * kBytes);
+  const auto values = random_floats(kCount, 13);
+  std::memcpy(block.data, values.data(), kBytes);
+
+  host::hold_copies(*backend, true);
+  backend->submit_copy(copy(CopyDirection::HostToDevice, CopyMode::Async, 1, block.data, x, 0, kBytes));
+  const Fence launched = backend->launch_axpy(AxpyLaunch{x, 0, y, 0, kCount, 0.5f, -1.0f});
+  backend->submit_copy(copy(CopyDirection::DeviceToHost, CopyMode::Async, 2, block.data + kBytes, y, 0, kBytes));
+  std::vector<Fence> fences{launched};
+  for (const Queue queue : {Queue::CopyUp, Queue::CopyDown, Queue::Compute}) {
+    fences.push_back(backend->record_fence(QueueRef{queue}));
+    EXPECT_TRUE(fences.back().pending()) << static_cast<int>(queue);
+    EXPECT_FALSE(backend->fence_passed(fences.back())) << static_cast<int>(queue);
+  }
+
+  backend->quiesce();  // lifts the hold and finishes everything
+  for (const Fence fence : fences) EXPECT_TRUE(backend->fence_passed(fence));
+  for (const Queue queue : {Queue::CopyUp, Queue::CopyDown, Queue::Compute}) {
+    EXPECT_FALSE(backend->record_fence(QueueRef{queue}).pending()) << "an idle queue's fence has passed already";
+  }
+  EXPECT_EQ(wrong_axpy(block.data + kBytes, values, 0.5f, -1.0f), 0u) << "the download must see the launch's y";
+  for (const Fence fence : fences) backend->release_fence(fence);
+  drain(*backend, 2);
+  backend->free(x);
+  backend->free(y);
+  backend->free_host(block);
+}
+
+// Copies submitted after a launch order against its bytes: a download of y
+// (async or sync) gets the computed values, and an upload into x waits until
+// the launch has read the old ones.
+TEST(HostBackend, CopiesAfterALaunchOrderAgainstItsBytes) {
+  auto backend = host::make_host_backend();
+  constexpr std::uint64_t kCount = 4 << 20;  // 16 MiB: queued, and long enough to overtake if unordered
+  constexpr std::uint64_t kBytes = kCount * sizeof(float);
+  const auto x = backend->allocate(kBytes, 64);
+  const auto y = backend->allocate(kBytes, 64);
+  const auto block = backend->allocate_host(3 * kBytes);
+  const auto values = random_floats(kCount, 14);
+  const auto other = random_floats(kCount, 15);
+  std::memcpy(at(x), values.data(), kBytes);
+  std::byte* down_async = block.data;
+  std::byte* down_sync = block.data + kBytes;
+  std::byte* up = block.data + 2 * kBytes;
+  std::memcpy(up, other.data(), kBytes);
+
+  const Fence fence = backend->launch_axpy(AxpyLaunch{x, 0, y, 0, kCount, 1.5f, 2.0f});
+  backend->submit_copy(copy(CopyDirection::HostToDevice, CopyMode::Async, 1, up, x, 0, kBytes));
+  backend->submit_copy(copy(CopyDirection::DeviceToHost, CopyMode::Async, 2, down_async, y, 0, kBytes));
+  backend->submit_copy(copy(CopyDirection::DeviceToHost, CopyMode::Sync, 3, down_sync, y, 0, kBytes));
+  EXPECT_EQ(wrong_axpy(down_sync, values, 1.5f, 2.0f), 0u) << "a sync download overtook the launch";
+  drain(*backend, 2);
+  EXPECT_EQ(wrong_axpy(down_async, values, 1.5f, 2.0f), 0u) << "an async download overtook the launch";
+  EXPECT_EQ(wrong_axpy(at(y), values, 1.5f, 2.0f), 0u) << "an upload into x overtook the launch reading it";
+  EXPECT_EQ(std::memcmp(at(x), other.data(), kBytes), 0);
+  EXPECT_TRUE(backend->wait_fence(fence, kForever));
+  backend->free(x);
+  backend->free(y);
+  backend->free_host(block);
+}
+
+// An in-place launch (y = x) waits for a queued download still reading x.
+TEST(HostBackend, InPlaceLaunchWaitsForADownloadOfItsBytes) {
+  auto backend = host::make_host_backend();
+  constexpr std::uint64_t kCount = 1024;
+  constexpr std::uint64_t kBytes = kCount * sizeof(float);
+  const auto x = backend->allocate(kBytes, 64);
+  const auto block = backend->allocate_host(kBytes);
+  const auto values = random_floats(kCount, 16);
+  std::memcpy(at(x), values.data(), kBytes);
+
+  host::hold_copies(*backend, true);
+  backend->submit_copy(copy(CopyDirection::DeviceToHost, CopyMode::Async, 1, block.data, x, 0, kBytes));
+  const Fence fence = backend->launch_axpy(AxpyLaunch{x, 0, x, 0, kCount, 4.0f, 0.0f});
+  host::hold_copies(*backend, false);
+  ASSERT_TRUE(backend->wait_fence(fence, kForever));
+  drain(*backend, 1);
+  EXPECT_EQ(std::memcmp(block.data, values.data(), kBytes), 0) << "the launch overwrote x under a download";
+  EXPECT_EQ(wrong_axpy(at(x), values, 4.0f, 0.0f), 0u);
+  backend->free(x);
+  backend->free_host(block);
+}
+
+TEST(HostBackend, RecordFenceOnEachOwnQueueCoversWhatWasQueuedThere) {
+  auto backend = host::make_host_backend();
+  for (const Queue queue : {Queue::CopyUp, Queue::CopyDown, Queue::Compute}) {
+    EXPECT_FALSE(backend->record_fence(QueueRef{queue}).pending()) << "idle queue " << static_cast<int>(queue);
+  }
+  constexpr std::uint64_t kCount = 256;
+  constexpr std::uint64_t kBytes = kCount * sizeof(float);
+  const auto up_target = backend->allocate(kBytes, 64);
+  const auto down_source = backend->allocate(kBytes, 64);
+  const auto x = backend->allocate(kBytes, 64);
+  const auto y = backend->allocate(kBytes, 64);
+  const auto block = backend->allocate_host(2 * kBytes);
+  std::memset(at(x), 0, kBytes);
+
+  host::hold_copies(*backend, true);
+  backend->submit_copy(copy(CopyDirection::HostToDevice, CopyMode::Async, 1, block.data, up_target, 0, kBytes));
+  backend->submit_copy(
+      copy(CopyDirection::DeviceToHost, CopyMode::Async, 2, block.data + kBytes, down_source, 0, kBytes));
+  const Fence launched = backend->launch_axpy(AxpyLaunch{x, 0, y, 0, kCount, 1.0f, 1.0f});
+  const Fence up = backend->record_fence(QueueRef{Queue::CopyUp});
+  const Fence down = backend->record_fence(QueueRef{Queue::CopyDown});
+  const Fence compute = backend->record_fence(QueueRef{Queue::Compute});
+  for (const Fence fence : {up, down, compute}) {
+    ASSERT_TRUE(fence.pending());
+    EXPECT_FALSE(backend->fence_passed(fence));
+  }
+  EXPECT_NE(up.token, down.token);
+  EXPECT_NE(down.token, compute.token);
+  EXPECT_EQ(compute.token, launched.token) << "nothing queued on Compute after the launch";
+
+  host::hold_copies(*backend, false);
+  for (const Fence fence : {up, down, compute}) EXPECT_TRUE(backend->wait_fence(fence, kForever));
+  drain(*backend, 2);
+  for (const Fence fence : {up, down, compute, launched}) backend->release_fence(fence);
+  for (const auto& a : {up_target, down_source, x, y}) backend->free(a);
+  backend->free_host(block);
+}
+
+// A CPU consumer is done when its call returns: there is no queue of its to
+// record on, and the backend says so rather than pretend.
+TEST(HostBackend, ConsumerQueueFenceIsUnsupported) {
+  auto backend = host::make_host_backend();
+  try {
+    backend->record_fence(QueueRef{Queue::Consumer, 1});
+    FAIL() << "a fence on a consumer queue was recorded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
+    EXPECT_NE(std::string(e.message()).find("stream None"), std::string::npos) << e.message();
+  }
+}
+
+TEST(HostBackend, WaitFenceTimesOutThenPassesOnceReleased) {
+  auto backend = host::make_host_backend();
+  constexpr std::uint64_t kCount = 256;
+  const auto x = backend->allocate(kCount * sizeof(float), 64);
+  std::memset(at(x), 0, kCount * sizeof(float));
+  host::hold_copies(*backend, true);
+  const Fence fence = backend->launch_axpy(AxpyLaunch{x, 0, x, 0, kCount, 1.0f, 1.0f});
+  ASSERT_TRUE(fence.pending());
+  EXPECT_FALSE(backend->wait_fence(fence, std::chrono::nanoseconds::zero()));
+  EXPECT_FALSE(backend->wait_fence(fence, std::chrono::nanoseconds(-1)));
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(backend->wait_fence(fence, std::chrono::milliseconds(20)));  // past the spin, into the sleep
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(20));
+
+  // Released from another thread while this one sleeps with no deadline
+  // (a timeout too large to add to the clock means "until done").
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    host::hold_copies(*backend, false);
+  });
+  EXPECT_TRUE(backend->wait_fence(fence, kForever));
+  releaser.join();
+  EXPECT_TRUE(backend->wait_fence(fence, std::chrono::nanoseconds::zero()));
+  backend->release_fence(fence);
+  backend->free(x);
+}
+
+TEST(HostBackend, PassedFenceAndForeignTokens) {
+  auto backend = host::make_host_backend();
+  EXPECT_TRUE(backend->fence_passed(Fence{}));
+  EXPECT_TRUE(backend->wait_fence(Fence{}, std::chrono::nanoseconds::zero()));
+  backend->release_fence(Fence{});
+  // Lane bits 0, and a sequence number never issued.
+  for (const std::uintptr_t token : {std::uintptr_t{4}, (std::uintptr_t{1000} << 2) | 1}) {
+    try {
+      backend->fence_passed(Fence{token});
+      FAIL() << "token " << token << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
+    }
+  }
+}
+
+// A small launch on an idle engine runs at once and hands back the passed
+// fence; with inline work off it goes to the compute thread.
+TEST(HostBackend, SmallLaunchOnAnIdleEngineRunsAtOnceUnlessInlineIsOff) {
+  for (const std::uint64_t inline_max : {std::uint64_t{16} << 10, std::uint64_t{0}}) {
+    auto backend = host::make_host_backend(host::Options{.inline_async_max_bytes = inline_max});
+    constexpr std::uint64_t kCount = 1024;
+    const auto x = backend->allocate(kCount * sizeof(float), 64);
+    const auto y = backend->allocate(kCount * sizeof(float), 64);
+    const auto values = random_floats(kCount, 17);
+    std::memcpy(at(x), values.data(), kCount * sizeof(float));
+    const Fence fence = backend->launch_axpy(AxpyLaunch{x, 0, y, 0, kCount, 3.0f, 3.0f});
+    if (inline_max > 0) {
+      EXPECT_FALSE(fence.pending());
+    } else {
+      EXPECT_TRUE(fence.pending());
+      EXPECT_TRUE(backend->wait_fence(fence, kForever));
+      backend->release_fence(fence);
+    }
+    EXPECT_EQ(wrong_axpy(at(y), values, 3.0f, 3.0f), 0u) << "inline_async_max_bytes " << inline_max;
+    backend->free(x);
+    backend->free(y);
+  }
+}
+
+// Unaligned offsets: the loop loads and stores through memcpy.
+TEST(HostBackend, LaunchAtUnalignedOffsets) {
+  auto backend = host::make_host_backend(host::Options{.inline_async_max_bytes = 0});
+  constexpr std::uint64_t kCount = 1000;
+  const auto x = backend->allocate(kCount * sizeof(float) + 3, 64);
+  const auto y = backend->allocate(kCount * sizeof(float) + 1, 64);
+  const auto values = random_floats(kCount, 18);
+  std::memcpy(at(x, 3), values.data(), kCount * sizeof(float));
+  const Fence fence = backend->launch_axpy(AxpyLaunch{x, 3, y, 1, kCount, -1.0f, 0.25f});
+  ASSERT_TRUE(backend->wait_fence(fence, kForever));
+  EXPECT_EQ(wrong_axpy(at(y, 1), values, -1.0f, 0.25f), 0u);
+  backend->free(x);
+  backend->free(y);
+}
+
+// Upload, compute, download, chunk after chunk, all queued on the three
+// lanes at once (nothing inline): every result must come out of the
+// computation on its own chunk's uploaded bytes.
+TEST(HostBackend, PipelinedUploadLaunchDownloadStaysOrdered) {
+  auto backend = host::make_host_backend(host::Options{.inline_async_max_bytes = 0});
+  constexpr std::uint64_t kCount = 64 << 10;
+  constexpr std::uint64_t kBytes = kCount * sizeof(float);
+  constexpr int kChunks = 24;
+  const auto x = backend->allocate(kBytes, 64);  // reused by every chunk: write-after-read hazards
+  const auto y = backend->allocate(kBytes, 64);
+  const auto block = backend->allocate_host(2 * kBytes * kChunks);
+  std::vector<std::vector<float>> inputs;
+  for (int i = 0; i < kChunks; ++i) {
+    inputs.push_back(random_floats(kCount, 100 + i));
+    std::memcpy(block.data + i * kBytes, inputs.back().data(), kBytes);
+  }
+  std::byte* outputs = block.data + kChunks * kBytes;
+  Fence last;
+  for (int i = 0; i < kChunks; ++i) {
+    backend->submit_copy(
+        copy(CopyDirection::HostToDevice, CopyMode::Async, 2 * i, block.data + i * kBytes, x, 0, kBytes));
+    last = backend->launch_axpy(AxpyLaunch{x, 0, y, 0, kCount, static_cast<float>(i), 1.0f});
+    backend->submit_copy(
+        copy(CopyDirection::DeviceToHost, CopyMode::Async, 2 * i + 1, outputs + i * kBytes, y, 0, kBytes));
+  }
+  drain(*backend, 2 * kChunks);
+  EXPECT_TRUE(backend->wait_fence(last, kForever));
+  for (int i = 0; i < kChunks; ++i) {
+    EXPECT_EQ(wrong_axpy(outputs + i * kBytes, inputs[i], static_cast<float>(i), 1.0f), 0u) << "chunk " << i;
+  }
   backend->free(x);
   backend->free(y);
   backend->free_host(block);
@@ -413,14 +745,17 @@ TEST(HostBackend, OutOfBoundsCopyIsRefusedAtSubmit) {
   backend->free_host(block);
 }
 
-// Destroying a backend with copies still queued neither hangs nor runs them
-// late, and frees what its owner forgot.
+// Destroying a backend with copies and launches still queued neither hangs
+// nor runs them late, and frees what its owner forgot.
 TEST(HostBackend, DestructionDropsQueuedCopiesAndFreesLeftovers) {
   auto backend = host::make_host_backend();
   const auto device = backend->allocate(1 << 20, 64);
   const auto block = backend->allocate_host(1 << 20);
   host::hold_copies(*backend, true);
   backend->submit_copy(copy(CopyDirection::HostToDevice, CopyMode::Async, 1, block.data, device, 0, 1 << 20));
+  const auto x = backend->allocate(1 << 20, 64);
+  const Fence fence = backend->launch_axpy(AxpyLaunch{x, 0, device, 0, (1 << 20) / sizeof(float), 1.0f, 0.0f});
+  EXPECT_TRUE(fence.pending());
   backend.reset();  // ASan/LSan would report a leak or a late write here
   SUCCEED();
 }

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "support.hpp"
+#include "devbridge/consumer_names.hpp"
 
 namespace devbridge::testing {
 namespace {

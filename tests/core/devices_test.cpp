@@ -7,6 +7,7 @@
 #include "devbridge/backends.hpp"
 #include "devbridge/backends/fake.hpp"
 #include "devbridge/bridge.hpp"
+#include "devbridge/consumer_names.hpp"
 #include "support.hpp"
 
 namespace devbridge {
@@ -77,6 +78,21 @@ TEST(Devices, AViewOfUntypedBytesTakesOnlyADTypeTheDeviceHolds) {
 
 // Optional capabilities answer Unsupported where a backend lacks them, so
 // callers ask instead of naming a backend.
+TEST(Devices, ConsumersNameADeviceByItsKindAndOrdinal) {
+  EXPECT_EQ(tinygrad_device(DeviceKind::Cpu, 0), "CPU");
+  EXPECT_EQ(tinygrad_device(DeviceKind::Cuda, 0), "CUDA:0");
+  EXPECT_EQ(tinygrad_device(DeviceKind::Cuda, 3), "CUDA:3");
+  EXPECT_EQ(tinygrad_device(DeviceKind::OpenCL, 0), "CL");
+  EXPECT_EQ(tinygrad_device(DeviceKind::OpenCL, 2), "CL:2");
+  EXPECT_EQ(dlpack_device(DeviceKind::Cpu), DLPackDevice::CPU);
+  EXPECT_EQ(dlpack_device(DeviceKind::Cuda), DLPackDevice::CUDA);
+  EXPECT_EQ(dlpack_device(DeviceKind::OpenCL), DLPackDevice::OpenCL);
+  EXPECT_EQ(dlpack_device_name(DLPackDevice::CPU), "cpu");
+  EXPECT_EQ(dlpack_device_name(DLPackDevice::CUDA), "cuda");
+  EXPECT_EQ(dlpack_device_name(DLPackDevice::CUDAHost), "cuda_host");
+  EXPECT_EQ(dlpack_device_name(DLPackDevice::OpenCL), "opencl");
+}
+
 TEST(Capabilities, ABackendWithoutOneAnswersUnsupported) {
   auto host = make_backend("host");
   EXPECT_THAT(expect_error(ErrorKind::Unsupported, [&] { host->native_context(); }), HasSubstr("no native context"));

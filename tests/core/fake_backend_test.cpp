@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "support.hpp"
+#include "devbridge/consumer_names.hpp"
 
 namespace devbridge::testing {
 namespace {
@@ -83,8 +84,9 @@ TEST(FakeDescribe, HostMemoryDeviceWithEveryDType) {
   const BackendInfo info = fake.describe();
   EXPECT_EQ(info.name, "fake");
   EXPECT_EQ(info.vendor, "fake");
-  EXPECT_EQ(info.device_string, "CPU");
-  EXPECT_EQ(info.dlpack_device, DLPackDevice::CPU);
+  EXPECT_EQ(info.device_kind, DeviceKind::Cpu);
+  EXPECT_EQ(tinygrad_device(info.device_kind, info.device_ordinal), "CPU");
+  EXPECT_EQ(dlpack_device(info.device_kind), DLPackDevice::CPU);
   EXPECT_EQ(info.total_memory, 1u << 20);
   EXPECT_EQ(info.free_memory, 1u << 20);
   EXPECT_EQ(info.dtypes.size(), static_cast<std::size_t>(kDTypeCount));

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "forwarding_backend.hpp"
 #include "devbridge/backends/fake.hpp"
 #include "devbridge/bridge.hpp"
 
@@ -81,33 +82,6 @@ inline std::string describe_calls(const std::vector<RecordedCall>& calls) {
     EXPECT_EQ(::devbridge::testing::call_kinds(recorded_calls_), (std::vector<::devbridge::fake::Call>{__VA_ARGS__})) \
         << ::devbridge::testing::describe_calls(recorded_calls_);                          \
   } while (0)
-
-// A backend that forwards to a FakeBackend the test keeps, so the fake can be
-// inspected after the Bridge that owned the backend is gone.
-class ForwardingBackend final : public Backend {
- public:
-  explicit ForwardingBackend(std::shared_ptr<FakeBackend> fake) : fake_(std::move(fake)) {}
-  BackendInfo describe() override { return fake_->describe(); }
-  DeviceAllocation allocate(std::uint64_t bytes, std::uint64_t alignment) override {
-    return fake_->allocate(bytes, alignment);
-  }
-  void free(const DeviceAllocation& allocation) noexcept override { fake_->free(allocation); }
-  HostBlock allocate_host(std::uint64_t bytes) override { return fake_->allocate_host(bytes); }
-  void free_host(const HostBlock& block) noexcept override { fake_->free_host(block); }
-  void submit_copy(const CopyRequest& request) override { fake_->submit_copy(request); }
-  void drain_completions(std::vector<Completion>& out) override { fake_->drain_completions(out); }
-  bool wait_for_completions(std::chrono::nanoseconds timeout) override {
-    return fake_->wait_for_completions(timeout);
-  }
-  void quiesce() override { fake_->quiesce(); }
-  void launch_axpy(const AxpyLaunch& launch) override { fake_->launch_axpy(launch); }
-  void validate_view(const DeviceAllocation& allocation, const TensorView& view) override {
-    fake_->validate_view(allocation, view);
-  }
-
- private:
-  std::shared_ptr<FakeBackend> fake_;
-};
 
 inline ObjectSpec bytes_spec(std::uint64_t max_extent = 1 << 20, std::uint64_t alignment = 64) {
   return ObjectSpec{max_extent, alignment, DType::UInt8, ShapeKind::Vector};

@@ -17,13 +17,19 @@
 #include <vector>
 
 #include "backends/cuda/cuda_driver.hpp"
+#include "cuda_test_support.hpp"
 #include "devbridge/backends/cuda.hpp"
 #include "devbridge/bridge.hpp"
+#include "devbridge/consumer_names.hpp"
 
 namespace devbridge::cuda {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::AllocationHolder;
+using testing::FenceHolder;
+using testing::HostBlockHolder;
+using testing::OwnContext;
 
 void fill_random(std::byte* data, std::size_t bytes, std::uint64_t seed) {
   std::mt19937_64 generator(seed);
@@ -46,19 +52,6 @@ CUcontext current_context() {
   detail::driver().cuCtxGetCurrent(&current);
   return current;
 }
-
-// Releases a page-locked block however the test ends.
-struct HostBlockHolder {
-  Backend& backend;
-  HostBlock block;
-  ~HostBlockHolder() { backend.free_host(block); }
-};
-
-struct AllocationHolder {
-  Backend& backend;
-  DeviceAllocation allocation;
-  ~AllocationHolder() { backend.free(allocation); }
-};
 
 class CudaDeviceTest : public ::testing::Test {
  protected:
@@ -106,9 +99,10 @@ TEST_F(CudaDeviceTest, DescribesTheDevice) {
   EXPECT_EQ(info.name, "cuda");
   EXPECT_EQ(info.vendor, "nvidia");
   EXPECT_FALSE(info.device_name.empty());
-  EXPECT_EQ(info.device_string, "CUDA:0");
+  EXPECT_EQ(info.device_kind, DeviceKind::Cuda);
+  EXPECT_EQ(tinygrad_device(info.device_kind, info.device_ordinal), "CUDA:0");
   EXPECT_EQ(info.device_ordinal, 0);
-  EXPECT_EQ(info.dlpack_device, DLPackDevice::CUDA);
+  EXPECT_EQ(dlpack_device(info.device_kind), DLPackDevice::CUDA);
   EXPECT_GT(info.total_memory, 0u);
   EXPECT_GT(info.free_memory, 0u);
   EXPECT_LE(info.free_memory, info.total_memory);
@@ -286,7 +280,8 @@ TEST_F(CudaDeviceTest, AxpyRunsAfterItsUploadAndBeforeTheDownload) {
 
   backend_->submit_copy(request(CopyDirection::HostToDevice, CopyMode::Async, 1, host.block.data, x.allocation, 0,
                                 kBytes));
-  backend_->launch_axpy(AxpyLaunch{x.allocation, 0, y.allocation, 0, kCount, a, b});
+  FenceHolder launched{*backend_, backend_->launch_axpy(AxpyLaunch{x.allocation, 0, y.allocation, 0, kCount, a, b})};
+  EXPECT_TRUE(launched.fence.pending());
   backend_->submit_copy(request(CopyDirection::DeviceToHost, CopyMode::Async, 2, host.block.data + kBytes,
                                 y.allocation, 0, kBytes));
   for (const auto& [id, completion] : collect({1, 2})) EXPECT_TRUE(completion.ok) << id << completion.message;
@@ -311,7 +306,8 @@ TEST_F(CudaDeviceTest, AxpyInPlaceAndAtAnOffset) {
   fill_random_floats(input, kCount, 6);
   backend_->submit_copy(
       request(CopyDirection::HostToDevice, CopyMode::Sync, 1, host.block.data, x.allocation, 0, kBytes));
-  backend_->launch_axpy(AxpyLaunch{x.allocation, kOffset, x.allocation, kOffset, kCount, -3.0f, 0.5f});
+  FenceHolder launched{*backend_,
+                      backend_->launch_axpy(AxpyLaunch{x.allocation, kOffset, x.allocation, kOffset, kCount, -3.0f, 0.5f})};
   backend_->submit_copy(
       request(CopyDirection::DeviceToHost, CopyMode::Sync, 2, host.block.data + kBytes, x.allocation, 0, kBytes));
   const auto* output = reinterpret_cast<const float*>(host.block.data + kBytes + kOffset);
@@ -328,7 +324,7 @@ TEST_F(CudaDeviceTest, AxpyRefusesRangesThatWouldFaultTheDevice) {
                                 AxpyLaunch{x.allocation, 0, x.allocation, 0, 1025, 1.0f, 0.0f},
                                 AxpyLaunch{x.allocation, 4096, x.allocation, 0, 1, 1.0f, 0.0f}}) {
     try {
-      backend_->launch_axpy(bad);
+      backend_->release_fence(backend_->launch_axpy(bad));
       ADD_FAILURE() << "a launch outside the allocation was accepted";
     } catch (const Error& error) {
       EXPECT_EQ(error.kind(), ErrorKind::InvalidRange);
@@ -336,8 +332,9 @@ TEST_F(CudaDeviceTest, AxpyRefusesRangesThatWouldFaultTheDevice) {
     }
   }
   // Still healthy.
-  backend_->launch_axpy(AxpyLaunch{x.allocation, 0, x.allocation, 0, 1024, 1.0f, 0.0f});
+  FenceHolder launched{*backend_, backend_->launch_axpy(AxpyLaunch{x.allocation, 0, x.allocation, 0, 1024, 1.0f, 0.0f})};
   backend_->quiesce();
+  EXPECT_TRUE(backend_->fence_passed(launched.fence));
 }
 
 TEST_F(CudaDeviceTest, NeverLeavesItsContextCurrent) {
@@ -350,7 +347,15 @@ TEST_F(CudaDeviceTest, NeverLeavesItsContextCurrent) {
   backend_->submit_copy(request(CopyDirection::HostToDevice, CopyMode::Async, 1, host.block.data,
                                 device.allocation, 0, 1 << 20));
   EXPECT_EQ(current_context(), nullptr);
-  backend_->launch_axpy(AxpyLaunch{device.allocation, 0, device.allocation, 0, 1024, 1.0f, 1.0f});
+  FenceHolder launched{*backend_,
+                      backend_->launch_axpy(AxpyLaunch{device.allocation, 0, device.allocation, 0, 1024, 1.0f, 1.0f})};
+  EXPECT_EQ(current_context(), nullptr);
+  (void)backend_->fence_passed(launched.fence);
+  EXPECT_EQ(current_context(), nullptr);
+  EXPECT_TRUE(backend_->wait_fence(launched.fence, 30s));
+  EXPECT_EQ(current_context(), nullptr);
+  FenceHolder up{*backend_, backend_->record_fence(QueueRef{Queue::CopyUp})};
+  FenceHolder legacy{*backend_, backend_->record_fence(QueueRef{Queue::Consumer, 1})};
   EXPECT_EQ(current_context(), nullptr);
   backend_->wait_for_completions(10ms);
   EXPECT_EQ(current_context(), nullptr);
@@ -362,34 +367,6 @@ TEST_F(CudaDeviceTest, NeverLeavesItsContextCurrent) {
   order_stream_after_submitted_work(*backend_, 1);
   EXPECT_EQ(current_context(), nullptr);
 }
-
-// cuCtxCreate_v2 (flags, device): exported by every driver; cuda.h 13 only
-// declares the newer form.
-struct OwnContext {
-  using Create = CUresult (*)(CUcontext*, unsigned int, CUdevice);
-  using Destroy = CUresult (*)(CUcontext);
-  CUcontext context = nullptr;
-  Destroy destroy = nullptr;
-
-  OwnContext() {
-    void* library = dlopen(detail::driver().path.c_str(), RTLD_NOW | RTLD_NOLOAD);
-    if (library == nullptr) return;
-    auto create = reinterpret_cast<Create>(dlsym(library, "cuCtxCreate_v2"));
-    destroy = reinterpret_cast<Destroy>(dlsym(library, "cuCtxDestroy_v2"));
-    CUdevice device = 0;
-    if (create == nullptr || destroy == nullptr || detail::driver().cuDeviceGet(&device, 0) != CUDA_SUCCESS) return;
-    if (create(&context, 0, device) != CUDA_SUCCESS) {
-      context = nullptr;
-      return;
-    }
-    // cuCtxCreate makes the new context current; hand the thread back clean.
-    CUcontext popped = nullptr;
-    detail::driver().cuCtxPopCurrent_v2(&popped);
-  }
-  ~OwnContext() {
-    if (context != nullptr) destroy(context);
-  }
-};
 
 TEST_F(CudaDeviceTest, UsesACallerContextAndLeavesTheCallersCurrentContextAlone) {
   OwnContext own;
@@ -488,7 +465,7 @@ TEST_F(CudaDeviceTest, DeviceFaultInItsOwnContextIsFatal) {
     const DeviceAllocation unmapped{0x1000, 1 << 20, 0};
     bool fatal_seen = false;
     try {
-      backend->launch_axpy(AxpyLaunch{unmapped, 0, device.allocation, 0, 1 << 18, 1.0f, 0.0f});
+      backend->release_fence(backend->launch_axpy(AxpyLaunch{unmapped, 0, device.allocation, 0, 1 << 18, 1.0f, 0.0f}));
     } catch (const Error& error) {
       // A fast fault can surface on the launch's own follow-up calls.
       EXPECT_TRUE(error.fatal()) << error.what();

@@ -1,9 +1,14 @@
 // Shared helpers for the CUDA tests.
 #pragma once
 
+#include <dlfcn.h>
+
 #include <cstdlib>
 #include <optional>
 #include <string>
+
+#include "backends/cuda/cuda_driver.hpp"
+#include "devbridge/backend.hpp"
 
 namespace devbridge::cuda::testing {
 
@@ -29,5 +34,70 @@ class ScopedEnv {
 };
 
 inline constexpr const char* kMissingDriver = "/nonexistent/devbridge-test/libcuda.so.1";
+
+// Releases a page-locked block however the test ends.
+struct HostBlockHolder {
+  Backend& backend;
+  HostBlock block;
+  ~HostBlockHolder() { backend.free_host(block); }
+};
+
+struct AllocationHolder {
+  Backend& backend;
+  DeviceAllocation allocation;
+  ~AllocationHolder() { backend.free(allocation); }
+};
+
+// Gives a fence back however the test ends (the backend warns at teardown
+// about fences never released).
+// Not copyable: a copy would give the fence back twice.
+struct FenceHolder {
+  FenceHolder(Backend& backend_, Fence fence_) : backend(backend_), fence(fence_) {}
+  ~FenceHolder() { backend.release_fence(fence); }
+  FenceHolder(const FenceHolder&) = delete;
+  FenceHolder& operator=(const FenceHolder&) = delete;
+  Backend& backend;
+  Fence fence;
+};
+
+// A symbol of the loaded driver that only the emulated one has (its test
+// hooks); null on a real driver.
+template <typename Function>
+Function emulator_hook(const char* name) {
+  void* library = dlopen(cuda::detail::driver().path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  return library == nullptr ? nullptr : reinterpret_cast<Function>(dlsym(library, name));
+}
+
+// cuCtxCreate_v2 (flags, device): exported by every driver; cuda.h 13 only
+// declares the newer form. A context of the test's own, so a test may fault
+// it without harming the primary context the others share.
+struct OwnContext {
+  using Create = CUresult (*)(CUcontext*, unsigned int, CUdevice);
+  using Destroy = CUresult (*)(CUcontext);
+  CUcontext context = nullptr;
+  Destroy destroy = nullptr;
+
+  OwnContext() {
+    const cuda::detail::Driver& driver = cuda::detail::driver();
+    void* library = dlopen(driver.path.c_str(), RTLD_NOW | RTLD_NOLOAD);
+    if (library == nullptr) return;
+    auto create = reinterpret_cast<Create>(dlsym(library, "cuCtxCreate_v2"));
+    destroy = reinterpret_cast<Destroy>(dlsym(library, "cuCtxDestroy_v2"));
+    CUdevice device = 0;
+    if (create == nullptr || destroy == nullptr || driver.cuDeviceGet(&device, 0) != CUDA_SUCCESS) return;
+    if (create(&context, 0, device) != CUDA_SUCCESS) {
+      context = nullptr;
+      return;
+    }
+    // cuCtxCreate makes the new context current; hand the thread back clean.
+    CUcontext popped = nullptr;
+    driver.cuCtxPopCurrent_v2(&popped);
+  }
+  ~OwnContext() {
+    if (context != nullptr) destroy(context);
+  }
+  OwnContext(const OwnContext&) = delete;
+  OwnContext& operator=(const OwnContext&) = delete;
+};
 
 }  // namespace devbridge::cuda::testing

@@ -15,6 +15,14 @@
 // DEVBRIDGE_EMULATED_CUDA_CC (default 90), DEVBRIDGE_EMULATED_CUDA_MEMORY_MIB
 // (default 16384), DEVBRIDGE_EMULATED_CUDA_DELAY_US (default 20).
 //
+// Test hooks (extern "C", found with dlsym; a real driver has none, so tests
+// that need them skip there): event create/destroy counters, and one
+// injected cuEventRecord failure.
+//
+// Default streams (0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) have no thread
+// of their own: work on them runs on the caller, so a wait there blocks the
+// caller and a record there completes at once.
+//
 // Signatures come from cuda.h, whose macros also give the versioned symbol
 // names (cuMemAlloc -> cuMemAlloc_v2), so the compiler checks the ABI.
 #include <cuda.h>
@@ -93,6 +101,21 @@ struct Event {
 // Events are shared with the stream operations that complete them, so a
 // destroy never frees one under a running operation.
 std::mutex events_mutex;
+std::uint64_t events_created = 0;    // guarded by events_mutex
+std::uint64_t events_destroyed = 0;  // guarded by events_mutex
+// An injected cuEventRecord failure (test hook): after `records_to_pass`
+// more records succeed, the next one returns `record_failure` and records
+// nothing. Negative: no failure armed.
+long long records_to_pass = -1;      // guarded by events_mutex
+CUresult record_failure = CUDA_SUCCESS;  // guarded by events_mutex
+
+// Consumes the armed failure when it is this record's turn.
+CUresult injected_record_failure() {
+  std::lock_guard lock(events_mutex);
+  if (records_to_pass < 0) return CUDA_SUCCESS;
+  if (records_to_pass-- > 0) return CUDA_SUCCESS;
+  return record_failure;
+}
 std::map<Event*, std::shared_ptr<Event>>& events() {
   static auto* e = new std::map<Event*, std::shared_ptr<Event>>();
   return *e;
@@ -465,21 +488,36 @@ EXPORT CUresult CUDAAPI cuEventCreate(CUevent* handle, unsigned int flags) {
   event->context = current();
   std::lock_guard lock(events_mutex);
   events()[event.get()] = event;
+  ++events_created;
   *handle = reinterpret_cast<CUevent>(event.get());
   return CUDA_SUCCESS;
 }
 
 EXPORT CUresult CUDAAPI cuEventDestroy(CUevent handle) {
   std::lock_guard lock(events_mutex);
-  return events().erase(reinterpret_cast<Event*>(handle)) == 1 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+  if (events().erase(reinterpret_cast<Event*>(handle)) != 1) return CUDA_ERROR_INVALID_HANDLE;
+  ++events_destroyed;
+  return CUDA_SUCCESS;
 }
 
 EXPORT CUresult CUDAAPI cuEventRecord(CUevent handle, CUstream stream) {
   if (int error = require_context()) return static_cast<CUresult>(error);
+  if (CUresult injected = injected_record_failure()) return injected;
   auto event = find_event(handle);
-  if (event == nullptr || is_default_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
+  if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (event->context != current()) return CUDA_ERROR_INVALID_CONTEXT;
+  if (is_default_stream(stream)) {
+    // Default-stream work runs on its caller here (see cuStreamWaitEvent),
+    // so everything before this record has already run: it completes now.
+    // Not modelled: the legacy stream's implicit wait for blocking streams
+    // (the backend's and the tests' streams are all non-blocking).
+    std::lock_guard lock(event->mutex);
+    event->completed = ++event->recorded;
+    event->changed.notify_all();
+    return CUDA_SUCCESS;
+  }
   auto* target = reinterpret_cast<Stream*>(stream);
-  if (target->context() != current() || event->context != current()) return CUDA_ERROR_INVALID_CONTEXT;
+  if (target->context() != current()) return CUDA_ERROR_INVALID_CONTEXT;
   std::uint64_t number = 0;
   {
     std::lock_guard lock(event->mutex);
@@ -650,4 +688,26 @@ EXPORT CUresult CUDAAPI cuLaunchHostFunc(CUstream stream, CUhostFn function, voi
   if (target->context() != current()) return CUDA_ERROR_INVALID_CONTEXT;
   target->enqueue([function, data] { function(data); });
   return CUDA_SUCCESS;
+}
+
+// ---- test hooks (not driver API) ----------------------------------------------------
+
+// Events created and destroyed since load, so a test can see whether the
+// backend recycles its events (dlsym these from the loaded driver).
+EXPORT unsigned long long devbridge_emulated_cuda_events_created() {
+  std::lock_guard lock(events_mutex);
+  return events_created;
+}
+
+EXPORT unsigned long long devbridge_emulated_cuda_events_destroyed() {
+  std::lock_guard lock(events_mutex);
+  return events_destroyed;
+}
+
+// Arms one cuEventRecord failure: the next `pass` records succeed, the one
+// after returns `result` (a CUresult) without recording.
+EXPORT void devbridge_emulated_cuda_fail_event_record(long long pass, int result) {
+  std::lock_guard lock(events_mutex);
+  records_to_pass = pass;
+  record_failure = static_cast<CUresult>(result);
 }

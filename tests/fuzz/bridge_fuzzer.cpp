@@ -2,12 +2,14 @@
 // over the fake backend (allocations, ring reservations, sync and async
 // copies, completions ok and failed, forged completions, events and handles,
 // steps, axpy, views, fault injection including during restart and close,
-// restarts to valid and invalid generations, close, hostile sizes) and checks
-// every outcome against the reference model (tests/model). Any disagreement
-// aborts with the operation trace; ASan and UBSan catch the rest.
+// restarts to valid and invalid generations, close, hostile sizes, fences:
+// held launches, views and steps ended after blocked consumer queues) and
+// checks every outcome against the reference model (tests/model). Any
+// disagreement aborts with the operation trace; ASan and UBSan catch the rest.
 //
-// Input layout: 3 configuration bytes (ring size, in-flight budget and
-// whether leases outlive the bridge, failed-record limit and the
+// Input layout: 3 configuration bytes (ring size; in-flight budget (bits
+// 0-1), which leases finish ends after a consumer queue (bits 2-6) and
+// whether leases outlive the bridge (bit 7); failed-record limit and the
 // writes-under-view policy), then 9 bytes per
 // operation (tests/model/harness.hpp: Op). tests/fuzz/make_corpus.py writes
 // the seed corpus in this format.
@@ -56,6 +58,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static const WritesUnderView writes[] = {WritesUnderView::Allow, WritesUnderView::Refuse, WritesUnderView::Wait};
   config.writes_under_view = writes[data[2] / 6 % 3];
   const bool leases_outlive_bridge = data[1] & 0x80;
+  const auto end_after_queue = static_cast<std::uint8_t>(data[1] >> 2 & 0x1f);
   data += 3;
   size -= 3;
   try {
@@ -64,7 +67,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     constexpr std::size_t kMaxOps = 256;
     for (std::size_t n = 0; size >= kOpBytes && n < kMaxOps; ++n, data += kOpBytes, size -= kOpBytes)
       harness.step(decode_op(data));
-    harness.finish(leases_outlive_bridge);
+    harness.finish(leases_outlive_bridge, end_after_queue);
   } catch (const Mismatch& m) {
     std::fprintf(stderr, "\n==== devbridge model mismatch ====\n%s\n", m.what());
     std::abort();

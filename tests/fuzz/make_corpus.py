@@ -3,14 +3,17 @@
 operation sequences in the target's input format (3 configuration bytes, then
 9 bytes per operation: a kind and eight parameters; see tests/model/harness.hpp).
 
-Run from anywhere: python3 tests/fuzz/make_corpus.py. Deterministic."""
+Run from anywhere: python3 tests/fuzz/make_corpus.py. Deterministic. Seeds
+named regression-* (triaged findings, tests/fuzz/open-findings/README.md) are
+kept as they are."""
 import os
 import random
 
 OPS = ["alloc", "free", "release", "extent", "reserve", "release_host", "write_ring", "read_ring",
        "h2d", "d2h", "complete", "complete_all", "poll", "copy_status", "wait", "safe_to_release",
        "begin_step", "end_step", "axpy", "view", "end_view", "inject", "restart", "close",
-       "read_device", "report_completion", "lease_host", "end_host_lease"]
+       "read_device", "report_completion", "lease_host", "end_host_lease", "hold_launches", "end_view_after",
+       "end_step_after", "block_queue", "signal_fence"]
 K = {name: i for i, name in enumerate(OPS)}
 
 # Inject combos (harness.hpp do_inject): parameter value -> (call, failure)
@@ -52,6 +55,30 @@ def inject(name, nth=1):
     return op("inject", INJ[name], nth - 1)
 
 
+# Fences (harness.hpp): queue parameter q -> consumer queue 1 + q % 3; the
+# last parameter of hold/block/signal, bit 0: stats() right after (it reaps),
+# else the next operation's call is the first to notice.
+def hold(on, stats=0):
+    return op("hold_launches", 1 if on else 0, 0, stats)
+
+
+def block(q, stats=0):
+    return op("block_queue", 1, q, stats)
+
+
+def unblock(q, stats=0):
+    return op("block_queue", 0, q, stats)
+
+
+def view_after(lease, q):
+    return op("end_view_after", lease, q)
+
+
+VIEW = op("view", 0, 0, 1, 0, 0, 0, 0, 0)            # a whole view of the newest live allocation
+AXPY = op("axpy", 0, 0, 0, 1, 3, 0, 0, 1)             # x = newest, y = the one before, whole extents
+AXPY_SELF = op("axpy", 0, 0, 0, 0, 3, 0, 1, 1)        # x == y
+
+
 def seq(*parts, cfg=(0, 0, 0)):
     return bytes(cfg) + b"".join(parts)
 
@@ -61,7 +88,8 @@ def main():
     out = os.path.join(here, "corpus")
     os.makedirs(out, exist_ok=True)
     for f in os.listdir(out):
-        os.remove(os.path.join(out, f))
+        if not f.startswith("regression-"):
+            os.remove(os.path.join(out, f))
     seeds = {
         "upload_download_sync": seq(ALLOC_U8, RESERVE_256, WRITE, H2D_SYNC, RESERVE_256, D2H_SYNC, READ_RING, READ_DEV),
         "upload_async_complete": seq(ALLOC_U8, RESERVE_256, WRITE, H2D_ASYNC, STATUS, RELEASE_HOST,
@@ -131,6 +159,32 @@ def main():
         "failed_limit_zero": seq(ALLOC_U8, cfg=(0, 0, 5)),
         "ring_wrap_around": seq(*[RESERVE_256 for _ in range(6)], op("release_host", NEWEST, 5),
                                 op("release_host", NEWEST, 4), RESERVE_256, op("reserve", 1, 0, 0), cfg=(2, 0, 0)),
+        # Fences: a held launch holds x and y (free refused, release deferred)
+        # until the hold lifts; the next call into the bridge frees.
+        "fence_held_launch": seq(ALLOC_F32, ALLOC_F32, hold(True), AXPY, op("free", 0, 0), op("release", 0, 1),
+                                 op("free", 0, 0), hold(False), op("free", 0, 0), ALLOC_F32, hold(True), AXPY_SELF,
+                                 op("release", 0, 0), hold(False), RELEASE_HOST, op("poll")),
+        "fence_view_after_queue": seq(ALLOC_F32, VIEW, VIEW, block(0), view_after(0, 0), op("free", 0, 0),
+                                      op("release", 0, 0), op("end_view", 0), unblock(0), op("read_ring", NEWEST, 0, 63),
+                                      op("lease_host", 15, 0), op("extent", 0, 0)),
+        "fence_step_after_queue": seq(ALLOC_F32, ALLOC_U8, op("begin_step", 1, 2, 0, 0, 0, 1), block(1),
+                                      op("end_step_after", 1, 1), op("free", 0, 0), op("release", 0, 1), unblock(1, 1),
+                                      op("free", 0, 0), op("begin_step", 2, 1, 0, 0), op("end_step_after", 2, 2),
+                                      op("free", 0, 0)),
+        "fence_out_of_order": seq(ALLOC_F32, VIEW, ALLOC_F32, VIEW, block(0), view_after(1, 0), view_after(0, 0),
+                                  op("release", 0, 0), op("release", 0, 1), op("signal_fence", 0, 1), op("poll"),
+                                  op("signal_fence", 0, 0), op("poll"), op("signal_fence", 7, 3)),
+        "fence_restart_orphans": seq(ALLOC_F32, VIEW, ALLOC_F32, block(2), view_after(0, 2), hold(True), AXPY,
+                                     op("restart", 0), unblock(2), op("end_view", 0), op("poll"), op("restart", 0)),
+        "fence_close_abandons": seq(ALLOC_F32, VIEW, VIEW, ALLOC_U8, op("begin_step", 1, 1, 0, 0), block(0), block(1),
+                                    view_after(0, 0), op("end_step_after", 1, 1), op("close"), unblock(1),
+                                    view_after(0, 0), op("poll")),
+        "fence_close_fails_then_reap": seq(ALLOC_F32, VIEW, VIEW, block(0), view_after(0, 0), op("release", 0, 0),
+                                           inject("quiesce_fatal"), op("close"), unblock(0), op("end_view", 0),
+                                           op("close")),
+        "fence_leases_outlive_end_after": seq(ALLOC_F32, VIEW, ALLOC_U8, VIEW, block(0), block(1),
+                                              op("lease_host", 15, 0), cfg=(0, 0x80 | (3 << 2), 0)),
+        "fence_ends_after_close": seq(ALLOC_F32, VIEW, VIEW, block(1), op("close"), cfg=(0, 0x1f << 2, 0)),
     }
     rng = random.Random(10)
     for k in range(12):  # random programs, for breadth

@@ -8,7 +8,9 @@
 // never spanning the end, the tail advancing over the released prefix only),
 // copy events (pending / completed / failed / forgotten), the bounded log of
 // failed copies, generations, Broken and Closed, the fake backend's injections
-// and queues, and the statistics the bridge must report. It predicts the
+// and queues, the drop queue (uses that end at a fence: launches, steps and
+// views ended after a consumer's queue; when each is reaped, what restart
+// orphans and close abandons), and the statistics the bridge must report. It predicts the
 // outcome of each call (one error kind, or a small set where the contract does
 // not order two checks); harness.hpp runs the same call on a real Bridge and
 // compares. Byte contents are tracked per byte; kUnknown marks a byte whose
@@ -159,11 +161,23 @@ struct Alloc {
   bool in_slot = true;     // in the bridge's table (live_allocations counts it), handle of the current generation
   bool released = false;   // deferred free asked: the handle is refused from now on
   bool in_backend = true;  // the backend still holds its memory
-  bool orphan = false;     // kept past restart/close only for live views
+  bool orphan = false;     // kept past restart/close only for live views and pending fences
+  bool abandoned = false;  // close gave up on a fence holding it: never freed
   std::uint32_t copies = 0, uploads = 0, steps = 0, views = 0;
+  std::uint32_t fences = 0;  // uses waiting in the drop queue (one per id an entry holds)
   std::uint64_t address = 0;
   std::vector<Byte> bytes;  // kept after the free: a copy the fake still runs reads them
-  bool used() const { return copies || steps || views; }
+  bool used() const { return copies || steps || views || fences; }
+};
+
+// One entry of the bridge's drop queue: a fence and the uses it holds.
+struct FenceEntry {
+  std::uintptr_t token = 0;  // the fake's token (learned when recorded); 0 on the host backend
+  bool consumer = false;     // a consumer's queue; else the compute queue (a launch)
+  std::uintptr_t queue = 0;  // the consumer's queue
+  bool passed = false;       // the backend says it passed (the bridge notices at its next reap)
+  std::vector<std::size_t> allocs;  // one per use (an allocation may repeat: axpy with x == y)
+  bool same_queue(const FenceEntry& o) const { return consumer == o.consumer && queue == o.queue; }
 };
 
 enum class EvState : std::uint8_t { Pending, Completed, Failed, Forgotten, Retired };
@@ -240,6 +254,13 @@ struct Model {
   std::vector<ReadyCompletion> late_after_quiesce;
   bool late_released = false;
   std::uint64_t fake_used = 0;
+
+  // The drop queue, oldest first, and what passes its fences (fake: held
+  // launches, blocked consumer queues).
+  std::vector<FenceEntry> drops;
+  bool launches_held = false;
+  std::set<std::uintptr_t> blocked_queues;
+  std::uint64_t abandoned_fences = 0;
 
   // Statistics.
   std::uint64_t inflight_bytes = 0;
@@ -318,6 +339,81 @@ struct Model {
       a.in_slot = false;
       free_in_backend(a);
     }
+  }
+  // An orphan goes back to the backend with its last view and fence, unless
+  // close abandoned it.
+  void maybe_free_orphan(std::size_t i) {
+    Alloc& a = allocs[i];
+    if (a.orphan && a.views == 0 && a.fences == 0 && !a.abandoned) free_in_backend(a);
+  }
+
+  // ---- the drop queue ----
+  std::uint64_t fences_recorded = 0;  // entries ever added (coverage)
+  void add_fence(FenceEntry entry) {
+    ++fences_recorded;
+    for (auto i : entry.allocs) ++allocs[i].fences;
+    drops.push_back(std::move(entry));
+  }
+  void end_fenced_uses(const FenceEntry& entry) {
+    for (auto i : entry.allocs) {
+      Alloc& a = allocs[i];
+      if (a.fences) --a.fences;
+      if (a.in_slot)
+        maybe_finish_release(i);
+      else
+        maybe_free_orphan(i);
+    }
+  }
+  // The bridge's reap: oldest first; once a queue has a fence not passed (or
+  // one behind it), its later fences wait, even if they passed (a queue runs
+  // in order, so the bridge does not ask).
+  void reap() {
+    std::vector<FenceEntry> kept, blocked;
+    for (auto& entry : drops) {
+      const bool queue_blocked =
+          std::any_of(blocked.begin(), blocked.end(), [&](const FenceEntry& b) { return b.same_queue(entry); });
+      if (!queue_blocked && entry.passed) {
+        end_fenced_uses(entry);
+        continue;
+      }
+      if (!queue_blocked) blocked.push_back(entry);
+      kept.push_back(std::move(entry));
+    }
+    drops = std::move(kept);
+  }
+  // Every call that enters the bridge (enter_slow) and stats() reap while
+  // the bridge is not closed.
+  void enter() {
+    if (!closed) reap();
+  }
+  // close, and the core's end after its last lease: every fence still in the
+  // queue is waited for (close_fence_timeout); those that did not pass are
+  // abandoned, and the memory they hold is never freed.
+  void settle_fences() {
+    reap();
+    for (const auto& entry : drops) {
+      if (entry.passed) {
+        end_fenced_uses(entry);
+        continue;
+      }
+      ++abandoned_fences;
+      for (auto i : entry.allocs) {
+        Alloc& a = allocs[i];
+        if (!a.orphan) continue;  // the bridge looks only among orphans
+        a.abandoned = true;
+        if (a.fences) --a.fences;
+      }
+    }
+    drops.clear();
+  }
+  void pass_fences(bool consumer, std::uintptr_t queue) {
+    for (auto& entry : drops)
+      if (entry.consumer == consumer && (!consumer || entry.queue == queue)) entry.passed = true;
+  }
+  std::uint64_t pending_fence_count() const {
+    std::uint64_t n = 0;
+    for (const auto& entry : drops) n += !entry.passed;
+    return n;
   }
   void pin(Event& ev) {
     Alloc& a = allocs[ev.alloc];
@@ -446,7 +542,13 @@ struct Model {
   }
   std::uint64_t orphans() const {
     std::uint64_t n = 0;
-    for (const auto& a : allocs) n += a.orphan && a.in_backend;
+    for (const auto& a : allocs) n += a.orphan && (a.views || a.fences);
+    return n;
+  }
+  // Memory close abandoned: the backend keeps it for good.
+  std::uint64_t abandoned_allocations() const {
+    std::uint64_t n = 0;
+    for (const auto& a : allocs) n += a.abandoned && a.in_backend;
     return n;
   }
 
@@ -463,6 +565,10 @@ struct Model {
       for (const auto& c : backend_pending) backend_finish(c, true, ready);
     }
     backend_pending.clear();
+    // The backend's own queues are idle: their fences passed (the fake lifts
+    // its hold on launches). Consumers' queues are not the backend's.
+    launches_held = false;
+    pass_fences(false, 0);
   }
 
   // Retires the generation: records, steps, pins; frees or orphans allocations.
@@ -473,6 +579,7 @@ struct Model {
     for (const auto& c : ready)
       if (auto i = find_event(c.event); i && events[*i].state == EvState::Pending) counters_exact = false;
     if (!broken) drain();
+    reap();
     for (auto& ev : events)
       if (ev.event.generation == gen && (ev.state == EvState::Pending || ev.state == EvState::Failed)) {
         if (ev.state == EvState::Failed && !ev.observed) ++evicted_hi;
@@ -483,10 +590,10 @@ struct Model {
       if (!a.in_slot) continue;
       a.in_slot = false;
       a.copies = a.uploads = a.steps = 0;
-      if (a.views == 0)
+      if (a.views == 0 && a.fences == 0)
         free_in_backend(a);
       else
-        a.orphan = true;
+        a.orphan = true;  // a live view, or a consumer's fence, still holds it
     }
     steps.clear();
     ring.unpin_all();

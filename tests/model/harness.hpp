@@ -16,6 +16,16 @@
 // settles them (lifts the hold and waits, bounded, for each); faults are only
 // injected on the fake.
 //
+// Fences (docs/ARCHITECTURE.md, "Lifetimes on the device"): on the fake a
+// launch's fence stays pending while launches are held (HoldLaunches), and a
+// view or step ended after a blocked consumer queue holds its memory until
+// the queue is unblocked or the fence signalled; the model predicts when the
+// bridge notices (the next call that enters it, stats(), an orphan's lease
+// ending), so the backend's counts are compared before stats() reaps too.
+// On the host backend every launch is held with the copies (its fence pending
+// until the harness settles, which also waits until the drop queue is empty);
+// consumers there have no queues (Unsupported). Close waits 1 ms for fences.
+//
 // A disagreement throws Mismatch with the operation trace.
 #pragma once
 
@@ -23,12 +33,15 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "forwarding_backend.hpp"
 #include "bridge_model.hpp"
 #include "devbridge/backends/fake.hpp"
 #include "devbridge/backends/host.hpp"
@@ -38,6 +51,28 @@ namespace devbridge::model {
 
 struct Mismatch : std::runtime_error {
   using std::runtime_error::runtime_error;
+};
+
+// Forwards to the fake and keeps each allocation it made, by address, so
+// that the memory close abandoned (never freed, by design) can be given back
+// to the fake once finish() has checked it.
+class RecordingFake final : public testing::ForwardingBackend {
+ public:
+  using Made = std::map<std::uint64_t, DeviceAllocation>;
+  RecordingFake(std::shared_ptr<fake::FakeBackend> fake, std::shared_ptr<Made> made)
+      : ForwardingBackend(std::move(fake)), made_(std::move(made)) {}
+  DeviceAllocation allocate(std::uint64_t bytes, std::uint64_t alignment) override {
+    const DeviceAllocation a = ForwardingBackend::allocate(bytes, alignment);
+    (*made_)[a.address] = a;
+    return a;
+  }
+  void free(const DeviceAllocation& allocation) noexcept override {
+    made_->erase(allocation.address);
+    ForwardingBackend::free(allocation);
+  }
+
+ private:
+  std::shared_ptr<Made> made_;
 };
 
 enum class OpKind : std::uint8_t {
@@ -69,6 +104,14 @@ enum class OpKind : std::uint8_t {
   ReportCompletion,  // fake: a forged completion, then poll
   LeaseHost,
   EndHostLease,
+  // Fences. Queues are consumer queues 1-3; after hold, block and signal,
+  // p2 & 1 asks stats() (which reaps), else the next call must notice.
+  HoldLaunches,   // fake: hold_launches(p0 & 1), lifting passes the launches' fences; holding with p1 & 1
+                  // then launches over a float32 allocation (host: that launch; lifting settles)
+  EndViewAfter,   // ViewLease::end_after(a consumer queue) (host: Unsupported, the lease stays)
+  EndStepAfter,   // end_step(step, a consumer queue) (host: Unsupported, the step stays)
+  BlockQueue,     // fake: block (p0 & 1) or unblock (passing its fences) a consumer queue
+  SignalFence,    // fake: signal one pending fence, out of its queue's order (or one not pending: false)
   Count
 };
 
@@ -78,7 +121,8 @@ inline const char* op_name(OpKind k) {
                                 "complete",     "complete_all",  "poll",      "copy_status", "wait",
                                 "safe_to_release", "begin_step", "end_step",  "axpy",       "view",
                                 "end_view",     "inject",        "restart",   "close",      "read_device",
-                                "report_completion", "lease_host", "end_host_lease"};
+                                "report_completion", "lease_host", "end_host_lease", "hold_launches",
+                                "end_view_after", "end_step_after", "block_queue", "signal_fence"};
   const auto i = static_cast<unsigned>(k);
   return i < static_cast<unsigned>(OpKind::Count) ? names[i] : "?";
 }
@@ -123,6 +167,11 @@ class Harness {
     options.failed_record_limit = config.failed_record_limit;
     options.writes_under_view = config.writes_under_view;
     options.writes_under_view_timeout = std::chrono::nanoseconds(0);
+    // Short, so a close with fences that never pass (a blocked consumer
+    // queue) abandons their memory at once.
+    options.close_fence_timeout = std::chrono::milliseconds(1);
+    // Freed memory goes back to the backend at once: its counts are the model's.
+    options.caching_pool = CachingPool::Off;
     // Construction refuses a zero ring, and a ring the backend cannot hold.
     const bool hostile_ring = config.ring_bytes > (1ull << 40);
     std::optional<Error> error;
@@ -180,9 +229,10 @@ class Harness {
   }
 
   // One line per operation: what the model and the bridge each hold.
-  void print_state() const {
+  void print_state() {
     BridgeStats s;
     const bool have_stats = !attempt([&] { s = bridge_->stats(); });
+    m.enter();  // stats() reaps
     std::fprintf(stderr,
                  "  #%zu %-17s model: gen %llu%s%s failed-log %zu evicted [%llu,%llu] in-flight %llu ready %zu "
                  "late %zu%s",
@@ -191,12 +241,16 @@ class Harness {
                  m.failure_log.size(), static_cast<unsigned long long>(m.evicted_lo),
                  static_cast<unsigned long long>(m.evicted_hi), static_cast<unsigned long long>(m.copies_in_flight()),
                  m.ready.size(), m.late_after_quiesce.size(), m.late_released ? " released" : "");
+    std::fprintf(stderr, " fences %zu (%llu pending)%s", m.drops.size(),
+                 static_cast<unsigned long long>(m.pending_fence_count()), m.launches_held ? " held" : "");
     if (have_stats)
-      std::fprintf(stderr, " | bridge: gen %llu%s%s failed %llu evicted %llu in-flight %llu\n",
+      std::fprintf(stderr, " | bridge: gen %llu%s%s failed %llu evicted %llu in-flight %llu fences %llu abandoned %llu\n",
                    static_cast<unsigned long long>(s.generation), s.broken ? " broken" : "", s.closed ? " closed" : "",
                    static_cast<unsigned long long>(s.failed_records),
                    static_cast<unsigned long long>(s.failed_records_evicted),
-                   static_cast<unsigned long long>(s.copies_in_flight));
+                   static_cast<unsigned long long>(s.copies_in_flight),
+                   static_cast<unsigned long long>(s.pending_fences),
+                   static_cast<unsigned long long>(s.abandoned_fences));
     else
       std::fprintf(stderr, " | bridge: stats() threw\n");
   }
@@ -231,15 +285,26 @@ class Harness {
       case OpKind::ReportCompletion: return do_report(op);
       case OpKind::LeaseHost: return do_lease_host(op);
       case OpKind::EndHostLease: return do_end_host_lease(op);
+      case OpKind::HoldLaunches: return do_hold_launches(op);
+      case OpKind::EndViewAfter: return do_end_view_after(op);
+      case OpKind::EndStepAfter: return do_end_step_after(op);
+      case OpKind::BlockQueue: return do_block_queue(op);
+      case OpKind::SignalFence: return do_signal_fence(op);
       case OpKind::Count: return;
     }
   }
 
   // Ends every lease (before or after the bridge goes), closes until the
-  // close succeeds, destroys the bridge and checks the backend holds nothing.
-  void finish(bool leases_outlive_bridge) {
+  // close succeeds, destroys the bridge and checks the backend holds nothing
+  // but what close abandoned (memory under a consumer's fence that never
+  // passed), and on the fake that every fence was given back. Bit k % 5 of
+  // `end_after_queue` ends view lease k after a consumer queue instead
+  // (fake): past close, and past the bridge when leases outlive it, so the
+  // core's own end settles (and abandons) those fences.
+  void finish(bool leases_outlive_bridge, std::uint8_t end_after_queue = 0) {
     if (!bridge_) return;
     trace_.push_back(Op{OpKind::Count, {}});
+    end_after_bits_ = end_after_queue;
     if (!leases_outlive_bridge && (m.config.end_views_while_close_pending || !m.close_pending)) end_all_leases();
     // Each failing close consumes one injected quiesce failure; they are few.
     for (int attempt = 0; attempt < 64; ++attempt) {
@@ -251,11 +316,26 @@ class Harness {
     if (m.close_pending) fail("close never succeeded");
     if (!leases_outlive_bridge) end_all_leases();
     bridge_.reset();
+    maybe_core_ends();
     if (leases_outlive_bridge) end_all_leases();
+    if (!core_gone_) fail("the bridge's core outlived its owner and every lease (the model's count)");
     const std::uint64_t allocations = backend_live_allocations();
     const std::uint64_t blocks = backend_live_host_blocks();
-    if (allocations != 0) fail("after close and every lease ended, the backend holds " + std::to_string(allocations) + " allocation(s)");
+    const std::uint64_t abandoned = m.abandoned_allocations();
+    if (m.backend_allocations() != abandoned)
+      fail("the model still holds " + std::to_string(m.backend_allocations() - abandoned) + " allocation(s) it did not abandon");
+    if (allocations != abandoned)
+      fail("after close and every lease ended, the backend holds " + std::to_string(allocations) +
+           " allocation(s); close abandoned " + std::to_string(abandoned));
     if (blocks != 0) fail("after close and every lease ended, the backend holds " + std::to_string(blocks) + " host block(s)");
+    if (fake_ && fake_->live_fences() != 0)
+      fail("after the bridge and every lease are gone, the fake holds " + std::to_string(fake_->live_fences()) +
+           " fence(s) the bridge never gave back");
+    // Checked: now the test gives the abandoned memory back itself.
+    if (fake_)
+      for (const auto& a : m.allocs)
+        if (a.abandoned && a.in_backend)
+          if (auto it = fake_made_->find(a.address); it != fake_made_->end()) fake_->free(it->second);
   }
 
   std::string describe_trace() const {
@@ -276,50 +356,11 @@ class Harness {
 
  private:
   // ---- plumbing ----
-  class Forward final : public Backend {
-   public:
-    explicit Forward(std::shared_ptr<fake::FakeBackend> f) : f_(std::move(f)) {}
-    BackendInfo describe() override { return f_->describe(); }
-    DeviceAllocation allocate(std::uint64_t b, std::uint64_t a) override { return f_->allocate(b, a); }
-    void free(const DeviceAllocation& a) noexcept override { f_->free(a); }
-    HostBlock allocate_host(std::uint64_t b) override { return f_->allocate_host(b); }
-    void free_host(const HostBlock& b) noexcept override { f_->free_host(b); }
-    void submit_copy(const CopyRequest& r) override { f_->submit_copy(r); }
-    void drain_completions(std::vector<Completion>& out) override { f_->drain_completions(out); }
-    bool wait_for_completions(std::chrono::nanoseconds t) override { return f_->wait_for_completions(t); }
-    void quiesce() override { f_->quiesce(); }
-    void launch_axpy(const AxpyLaunch& l) override { f_->launch_axpy(l); }
-    void validate_view(const DeviceAllocation& a, const TensorView& v) override { f_->validate_view(a, v); }
-
-   private:
-    std::shared_ptr<fake::FakeBackend> f_;
-  };
-  // The host backend is owned by the bridge; a shared owner keeps it alive
-  // after the bridge so its live counts can be read at the end.
-  class ForwardHost final : public Backend {
-   public:
-    explicit ForwardHost(std::shared_ptr<Backend> b) : b_(std::move(b)) {}
-    BackendInfo describe() override { return b_->describe(); }
-    DeviceAllocation allocate(std::uint64_t b, std::uint64_t a) override { return b_->allocate(b, a); }
-    void free(const DeviceAllocation& a) noexcept override { b_->free(a); }
-    HostBlock allocate_host(std::uint64_t b) override { return b_->allocate_host(b); }
-    void free_host(const HostBlock& b) noexcept override { b_->free_host(b); }
-    void submit_copy(const CopyRequest& r) override { b_->submit_copy(r); }
-    void drain_completions(std::vector<Completion>& out) override { b_->drain_completions(out); }
-    bool wait_for_completions(std::chrono::nanoseconds t) override { return b_->wait_for_completions(t); }
-    void quiesce() override { b_->quiesce(); }
-    void launch_axpy(const AxpyLaunch& l) override { b_->launch_axpy(l); }
-    void validate_view(const DeviceAllocation& a, const TensorView& v) override { b_->validate_view(a, v); }
-
-   private:
-    std::shared_ptr<Backend> b_;
-  };
-
   std::unique_ptr<Backend> make_backend() {
-    if (fake_) return std::make_unique<Forward>(fake_);
+    if (fake_) return std::make_unique<RecordingFake>(fake_, fake_made_);
     host_shared_ = std::shared_ptr<Backend>(std::move(host_));
     host_raw_ = host_shared_.get();
-    return std::make_unique<ForwardHost>(host_shared_);
+    return std::make_unique<testing::ForwardingBackend>(host_shared_);
   }
 
   std::uint64_t backend_live_allocations() const {
@@ -507,6 +548,10 @@ class Harness {
 
   // ---- statistics and backend counts, checked after every operation ----
   void check_stats() {
+    // First what the backend holds before stats() reaps: a fence that passed
+    // since the last call into the bridge has freed nothing yet.
+    check_backend_counts();
+    m.enter();  // stats() reaps like any call that enters the bridge
     BridgeStats s;
     if (auto e = attempt([&] { s = bridge_->stats(); })) {
       if (m.closed && e->kind() == ErrorKind::Closed) return check_backend_counts();
@@ -538,6 +583,8 @@ class Harness {
     eq("live_views", s.live_views, m.live_views());
     eq("orphaned_allocations", s.orphaned_allocations, m.orphans());
     eq("restarts", s.restarts, m.restarts);
+    eq("pending_fences", s.pending_fences, m.drops.size());
+    eq("abandoned_fences", s.abandoned_fences, m.abandoned_fences);
     if (m.counters_exact) {
       eq("copies_submitted", s.copies_submitted, m.submitted);
       eq("copies_completed", s.copies_completed, m.completed);
@@ -553,6 +600,16 @@ class Harness {
     const std::uint64_t blocks = backend_live_host_blocks();
     if (blocks != (m.ring_freed ? 0u : 1u))
       fail("the backend holds " + std::to_string(blocks) + " host block(s), the model " + (m.ring_freed ? "0" : "1"));
+    if (fake_) {
+      // Every fence in the drop queue is live in the fake (none is released
+      // before its reap); pending ones are those nothing passed yet.
+      if (fake_->live_fences() != m.drops.size())
+        fail("the fake holds " + std::to_string(fake_->live_fences()) + " fence(s) not given back, the model's drop queue " +
+             std::to_string(m.drops.size()));
+      if (fake_->pending_fences().size() != m.pending_fence_count())
+        fail("the fake has " + std::to_string(fake_->pending_fences().size()) + " pending fence(s), the model " +
+             std::to_string(m.pending_fence_count()));
+    }
   }
   // After poll() every completion the backend had is applied: exact.
   void check_stale() {
@@ -563,7 +620,8 @@ class Harness {
   }
 
   // ---- host backend: pending copies stay held until settled ----
-  bool host_pending() const { return !m.fake() && !m.backend_pending.empty(); }
+  // On the host every fence in the drop queue is a held launch's.
+  bool host_pending() const { return !m.fake() && (!m.backend_pending.empty() || !m.drops.empty()); }
 
   // What a piece of work reads or writes: ring bytes, or bytes of one allocation.
   struct Span {
@@ -588,8 +646,12 @@ class Harness {
   // The host engine makes work wait for held copies it conflicts with (bytes
   // one writes and the other reads or writes): those must be settled first,
   // or a single-threaded caller would wait forever.
-  bool conflicts_with_held(const Access& access) const {
+  // `launches`: held launches count too (a sync copy waits for them).
+  bool conflicts_with_held(const Access& access, bool launches = false) const {
     if (m.fake()) return false;
+    if (launches)
+      for (const auto& launch : host_launches_)
+        if (access.conflicts_with(launch)) return true;
     for (const auto& c : m.backend_pending) {
       const Event& ev = m.events[c.event];
       if (access.conflicts_with(copy_access(ev.dir, ev.host, ev.alloc, ev.dev_offset, ev.host.len))) return true;
@@ -599,8 +661,10 @@ class Harness {
   // Lifts the hold, waits (bounded) for every pending copy, holds again.
   // `also`: copies already let go (their completions applied in the model)
   // that the bridge may not have drained yet.
+  // Then waits (bounded) until every held launch's fence passed and the
+  // bridge reaped it (stats() reaps), so the drop queue is empty again.
   void settle(std::vector<std::size_t> also = {}) {
-    if (m.fake() || (m.backend_pending.empty() && also.empty())) return;
+    if (m.fake() || (m.backend_pending.empty() && also.empty() && m.drops.empty())) return;
     if (m.closed || m.broken) return;
     host::hold_copies(*host_raw_, false);
     std::vector<std::size_t> pending = std::move(also);
@@ -621,6 +685,19 @@ class Harness {
              ", not Completed");
       m.drain();  // the bridge drained everything ready
     }
+    if (!m.drops.empty()) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      for (;;) {
+        const std::uint64_t left = bridge_->stats().pending_fences;
+        if (left == 0) break;
+        if (std::chrono::steady_clock::now() > deadline)
+          fail("settle: " + std::to_string(left) + " launch fence(s) still pending 20 s after the hold was lifted");
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      for (auto& entry : m.drops) entry.passed = true;
+      m.reap();
+    }
+    host_launches_.clear();
     host::hold_copies(*host_raw_, true);
   }
 
@@ -664,17 +741,35 @@ class Harness {
     // The host backend would really try to allocate a huge valid extent.
     if (!m.fake() && !invalid && extent > (1u << 20)) return;
 
+    // Arguments wrong whatever the state are refused before the call enters
+    // the bridge. A closed or broken bridge is refused (entering it) before
+    // the backend is asked; otherwise the backend allocates first, and the
+    // bridge enters (reaping fences) only once it has the memory. Out of
+    // memory, it enters, drains completions, reaps fences and asks once more.
     Expect x;
     Fired fired;
+    bool allocated = false;
+    const auto fake_room = [&] { return extent <= m.config.fake_memory - m.fake_used; };
     // Arguments invalid whatever the state may be refused before the state is looked at.
-    if (auto e = m.entry()) x = invalid ? Expect::either({*invalid, *e}) : Expect::error(*e);
-    else if (invalid) x = Expect::error(*invalid);
-    else if (m.fake()) {
+    if (auto e = m.entry()) {
+      x = invalid ? Expect::either({*invalid, *e}) : Expect::error(*e);
+      if (!invalid) m.enter();
+    } else if (invalid) {
+      x = Expect::error(*invalid);
+    } else if (m.fake()) {
       fired = m.fire(fake::Call::Allocate);
-      if (fired.fatal || fired.allocation_failed || extent > m.config.fake_memory - m.fake_used)
-        x = Expect::error(ErrorKind::AllocationFailed);
+      if (!fired.fatal && (fired.allocation_failed || !fake_room())) {
+        m.enter();
+        m.drain();
+        fired = m.fire(fake::Call::Allocate);
+      }
+      allocated = !fired.fatal && !fired.allocation_failed && fake_room();
+      if (!allocated) x = Expect::error(ErrorKind::AllocationFailed);
       if (fired.fatal) m.broken = true;
+    } else {
+      allocated = true;
     }
+    if (allocated) m.enter();
     DeviceHandle h;
     if (!expect_kind(call, x, attempt([&] { h = bridge_->alloc_device(spec, extent); }))) return check_stats();
     if (h.domain != m.domain || h.generation != m.gen) fail(call() + " returned " + h_text(h) + " tagged wrongly");
@@ -708,6 +803,7 @@ class Harness {
   void do_free(const Op& op, bool deferred) {
     const DeviceHandle h = pick_handle(op.p[0], op.p[1]);
     const auto call = [&] { return std::string(std::string(deferred ? "release(" : "free_device(") + h_text(h) + ")"); };
+    m.enter();  // a fence that passed since the last call ends its uses first
     Expect x;
     std::size_t i = 0;
     if (auto e = m.entry()) x = Expect::error(*e);
@@ -732,6 +828,7 @@ class Harness {
 
   void do_extent(const Op& op) {
     const DeviceHandle h = pick_handle(op.p[0], op.p[1]);
+    m.enter();
     Expect x;
     std::size_t i = 0;
     if (auto e = m.entry()) x = Expect::error(*e);
@@ -760,6 +857,7 @@ class Harness {
     }
     const std::uint64_t align = op.p[2] & 0x80 ? 64 : aligns[op.p[2] % 12];
     const auto call = [&] { return std::string("reserve(" + std::to_string(bytes) + ", align " + std::to_string(align) + ")"); };
+    m.enter();
     Expect x;
     HostRange want;
     RingModel after = m.ring;
@@ -852,6 +950,7 @@ class Harness {
     bool room_from_host = false;
     // A negative wait for room is refused whatever the state or mode (a usage error).
     const bool negative = room.count() < 0;
+    if (!negative) m.enter();  // the negative one is refused before the call enters the bridge
     if (auto e = m.entry()) x = negative ? Expect::either({*e, ErrorKind::InvalidRange}) : Expect::error(*e);
     else if (auto e2 = m.handle_error(h, &ai)) x = negative ? Expect::either({*e2, ErrorKind::InvalidRange}) : Expect::error(*e2);
     else {
@@ -906,7 +1005,7 @@ class Harness {
       host::hold_copies(*host_raw_, false);
     }
     // A sync copy on the host backend waits for the held copies it conflicts with.
-    if (!async && conflicts_with_held(copy_access(dir, r, ai, d.offset, d.len))) settle();
+    if (!async && conflicts_with_held(copy_access(dir, r, ai, d.offset, d.len), true)) settle();
     Event ev;
     ev.sync = !async;
     ev.dir = dir;
@@ -953,6 +1052,7 @@ class Harness {
   }
 
   void do_poll() {
+    m.enter();
     Expect x;
     if (auto e = m.entry()) x = Expect::error(*e);
     std::size_t got = 0;
@@ -1048,6 +1148,7 @@ class Harness {
       // A negative timeout is refused before the bridge looks at anything.
       if (!negative) m.drain();
     }
+    if (!negative) m.enter();
     CopyStatus status;
     const auto error = attempt([&] { status = wait ? bridge_->wait(e, timeout) : bridge_->copy_status(e); });
     if (error && x.ok && may_be_unknown && error->kind() == ErrorKind::UnknownDeviceHandle) return check_stats();
@@ -1080,6 +1181,7 @@ class Harness {
     // The bridge drains for an event that is not complete yet; one that
     // already reads Completed is answered without draining.
     if (x.ok && m.events[i].state != EvState::Completed) m.drain();
+    m.enter();
     bool got = false;
     const auto error = attempt([&] { got = valid_query ? bridge_->host_bytes_valid(e) : bridge_->safe_to_release_host(e); });
     if (error && x.ok && may_be_unknown && error->kind() == ErrorKind::UnknownDeviceHandle) return check_stats();
@@ -1099,6 +1201,7 @@ class Harness {
     const std::size_t n = op.p[1] % 4;
     std::vector<DeviceHandle> handles;
     for (std::size_t k = 0; k < n; ++k) handles.push_back(pick_handle(op.p[2 + 2 * k], op.p[3 + 2 * k]));
+    m.enter();
     Expect x;
     std::vector<std::size_t> indices;
     if (auto e = m.entry()) x = Expect::error(*e);
@@ -1122,6 +1225,7 @@ class Harness {
 
   void do_end_step(const Op& op) {
     const StepId step = step_id(op.p[0]);
+    m.enter();
     Expect x;
     if (auto e = m.entry()) x = Expect::error(*e);
     else if (!m.steps.count(step)) x = Expect::error(ErrorKind::UnknownDeviceHandle);
@@ -1145,6 +1249,7 @@ class Harness {
     const float a = as[op.p[7] / 2 % 4], b = bs[op.p[7] / 8 % 4];
     const auto call = [&] { return std::string("launch_axpy(" + h_text(xh) + " [" + std::to_string(xr.offset) + ",+" + std::to_string(xr.len) +
                              "), " + h_text(yh) + " [" + std::to_string(yr.offset) + ",+" + std::to_string(yr.len) + "))"); };
+    m.enter();
     Expect x;
     std::size_t xi = 0, yi = 0;
     Fired fired;
@@ -1174,6 +1279,15 @@ class Harness {
       }
     }
     if (expect_kind(call, x, attempt([&] { bridge_->launch_axpy(xr, yr, a, b); }))) {
+      // Its use of x and y ends at its fence: pending while the fake holds
+      // launches, and always on the held host engine (the launch is queued).
+      if (!m.fake() || m.launches_held) {
+        FenceEntry entry;
+        entry.allocs = {xi, yi};
+        if (m.fake()) entry.token = learn_fence(call());
+        else host_launches_.push_back(Access{{false, xi, xr.offset, xr.len}, {false, yi, yr.offset, yr.len}});
+        m.add_fence(std::move(entry));
+      }
       // y[i] = a * x[i] + b, element by element in order (as both backends run it).
       for (std::uint64_t k = 0; k < xr.len / 4; ++k) {
         Byte* src = &m.allocs[xi].bytes[xr.offset + 4 * k];
@@ -1268,6 +1382,7 @@ class Harness {
         x = Expect::error(ErrorKind::InvalidTensorView);
       }
     }
+    m.enter();
     ViewLease lease;
     if (expect_kind(call, x, attempt([&] { lease = bridge_->view(h, spec, wait); }))) {
       const Alloc& a = m.allocs[i];
@@ -1285,17 +1400,48 @@ class Harness {
 
   void end_view(std::size_t k) {
     const std::size_t i = leases_[k].alloc;
-    leases_[k].lease.reset();
+    leases_[k].lease.reset();  // a no-op after end_after, which ended it already
     leases_.erase(leases_.begin() + static_cast<std::ptrdiff_t>(k));
     Alloc& a = m.allocs[i];
+    // A lease of an older generation, or of a closed bridge, ends on the
+    // bridge's cold path, which reaps the drop queue first (even when closed).
+    if (a.orphan || m.closed) m.reap();
     --a.views;
     if (a.orphan) {
-      if (a.views == 0) m.free_in_backend(a);
+      m.maybe_free_orphan(i);
     } else if (!m.close_pending) {
       // After a close whose quiesce failed nothing is freed (the device may
       // still touch it) until a close succeeds.
       m.maybe_finish_release(i);
     }
+    maybe_core_ends();
+  }
+
+  // The core goes when its Bridge and its last lease (view or host) are gone:
+  // it settles the fences still queued (waits close_fence_timeout, abandons).
+  void maybe_core_ends() {
+    if (bridge_ || core_gone_ || !leases_.empty() || !host_leases_.empty()) return;
+    core_gone_ = true;
+    m.settle_fences();
+  }
+
+  // The fake's token of the one fence the last call recorded.
+  std::uintptr_t learn_fence(const std::string& call) {
+    std::vector<std::uintptr_t> fresh;
+    for (const Fence f : fake_->pending_fences()) {
+      const bool known = std::any_of(m.drops.begin(), m.drops.end(), [&](const FenceEntry& e) { return e.token == f.token; });
+      if (!known) fresh.push_back(f.token);
+    }
+    if (fresh.size() != 1)
+      fail(call + ": the model expects one new pending fence in the fake, it has " + std::to_string(fresh.size()));
+    return fresh.front();
+  }
+
+  static std::uintptr_t queue_of(std::uint8_t p) { return 1 + p % 3u; }
+  // Mostly a queue the fake blocks (when it blocks one), so fences pend.
+  std::uintptr_t pick_queue(std::uint8_t p) const {
+    if (m.blocked_queues.empty() || p % 4 == 0) return queue_of(p / 4);
+    return *std::next(m.blocked_queues.begin(), static_cast<std::ptrdiff_t>(p / 4 % m.blocked_queues.size()));
   }
 
   void do_end_view(const Op& op) {
@@ -1305,9 +1451,166 @@ class Harness {
     if (bridge_) check_stats();
   }
 
+  // At finish: view lease k ends after consumer queue 1 + k % 3 when bit
+  // k % 5 of end_after_bits_ is set (fake), else at once.
   void end_all_leases() {
-    while (!leases_.empty()) end_view(leases_.size() - 1);
+    while (!leases_.empty()) {
+      const std::size_t k = leases_.size() - 1;
+      if (m.fake() && (end_after_bits_ >> (k % 5) & 1u))
+        end_view_after(k, queue_of(static_cast<std::uint8_t>(k)));
+      else
+        end_view(k);
+    }
     while (!host_leases_.empty()) end_host_lease(host_leases_.size() - 1);
+  }
+
+  // ViewLease::end_after: no entry into the bridge (no reap, no state check):
+  // a fence on the consumer's queue, pending while the fake blocks it, then
+  // the lease ends. The host backend's consumers have no queues: Unsupported,
+  // and the lease stays.
+  void end_view_after(std::size_t k, std::uintptr_t queue) {
+    const std::size_t i = leases_[k].alloc;
+    const auto call = [&] { return "end_after(view of " + h_text(m.allocs[i].handle) + ", queue " + std::to_string(queue) + ")"; };
+    const Expect x = m.fake() ? Expect::success() : Expect::error(ErrorKind::Unsupported);
+    if (!expect_kind(call, x, attempt([&] { leases_[k].lease.end_after(ConsumerQueue{queue}); }))) {
+      if (!leases_[k].lease) fail(call() + " threw, but ended the lease");
+      return;
+    }
+    if (leases_[k].lease) fail(call() + " left the lease live");
+    if (m.blocked_queues.count(queue)) {
+      FenceEntry entry;
+      entry.consumer = true;
+      entry.queue = queue;
+      entry.allocs = {i};
+      // The last lease of a bridge already gone: the core ended inside the
+      // call, settling (and giving back) the fence just recorded.
+      const bool core_ended = !bridge_ && leases_.size() == 1 && host_leases_.empty();
+      if (!core_ended) entry.token = learn_fence(call());
+      m.add_fence(std::move(entry));
+    }
+    end_view(k);
+  }
+
+  void do_end_view_after(const Op& op) {
+    // Meant to end a view: without one, it first takes a whole view of the
+    // newest live allocation (a random sequence rarely has one live).
+    if (leases_.empty() && op.p[2] % 4 != 0) {
+      for (auto it = m.allocs.rbegin(); it != m.allocs.rend(); ++it) {
+        if (!it->in_slot || it->released) continue;
+        static const std::uint8_t shapes[] = {3, 0, 4, 0};  // scalar {}, vector {n}, matrix {1, n}, tensor {n}
+        do_view(Op{OpKind::View, {0, 0, 1, 0, shapes[static_cast<int>(it->spec.shape) % 4], 0, 0, 0}});
+        break;
+      }
+    }
+    if (leases_.empty()) return;
+    if (m.close_pending && !m.config.end_views_while_close_pending) return;
+    end_view_after(op.p[0] % leases_.size(), pick_queue(op.p[1]));
+    if (bridge_) check_stats();
+  }
+
+  void do_end_step_after(const Op& op) {
+    const StepId step = step_id(op.p[0]);
+    const std::uintptr_t queue = pick_queue(op.p[1]);
+    m.enter();
+    Expect x;
+    if (auto e = m.entry()) x = Expect::error(*e);
+    else if (!m.steps.count(step)) x = Expect::error(ErrorKind::UnknownDeviceHandle);
+    else if (!m.fake()) x = Expect::error(ErrorKind::Unsupported);  // the step stays active
+    const auto call = [&] { return "end_step(" + std::to_string(step) + ", queue " + std::to_string(queue) + ")"; };
+    if (expect_kind(call, x, attempt([&] { bridge_->end_step(step, ConsumerQueue{queue}); }))) {
+      const std::vector<std::size_t> held = m.steps[step];
+      if (m.blocked_queues.count(queue)) {
+        FenceEntry entry;
+        entry.consumer = true;
+        entry.queue = queue;
+        entry.allocs = held;
+        entry.token = learn_fence(call());
+        m.add_fence(std::move(entry));
+      }
+      for (auto i : held) {
+        --m.allocs[i].steps;
+        m.maybe_finish_release(i);
+      }
+      m.steps.erase(step);
+    }
+    check_stats();
+  }
+
+  // After an operation that passes fences, the bridge notices only at its
+  // next call: one time in two stats() is not asked (it would reap), so the
+  // next operation's call must.
+  void after_fences_passed(std::uint8_t p) {
+    if (p & 1) check_stats();
+    else check_backend_counts();
+  }
+
+  // Holding, with p1 & 1, then launches y = x over a live float32
+  // allocation (a random sequence rarely launches one that is valid).
+  void do_hold_launches(const Op& op) {
+    const bool hold = op.p[0] & 1;
+    if (!m.fake()) {
+      // The host engine stays held; lifting it is a settle (launches run,
+      // their fences pass, the bridge reaps them).
+      if (!hold) settle();
+      else if (op.p[1] & 1) launch_over_float32(op.p[3]);
+      return check_stats();
+    }
+    fake_->hold_launches(hold);
+    m.launches_held = hold;
+    if (!hold) m.pass_fences(false, 0);
+    if (hold && (op.p[1] & 1)) return launch_over_float32(op.p[3]);
+    after_fences_passed(op.p[2]);
+  }
+
+  void launch_over_float32(std::uint8_t which) {
+    // pick_handle(0, k) is the k-th live allocation, newest first.
+    std::vector<std::uint8_t> candidates;
+    std::size_t k = 0;
+    for (auto it = m.allocs.rbegin(); it != m.allocs.rend() && k < 256; ++it) {
+      if (!it->in_slot || it->released) continue;
+      if (it->spec.dtype == DType::Float32) candidates.push_back(static_cast<std::uint8_t>(k));
+      ++k;
+    }
+    if (candidates.empty()) return check_stats();
+    const std::uint8_t b = candidates[which % candidates.size()];
+    // x == y (p6 & 1), whole extent (p4 = 3), a = 2 and b = 1 or a = 1 and b = 0 (p7).
+    do_axpy(Op{OpKind::Axpy, {0, b, 0, b, 3, 0, 1, static_cast<std::uint8_t>(which & 0x80 ? 11 : 1)}});
+  }
+
+  void do_block_queue(const Op& op) {
+    if (!m.fake()) return;
+    const std::uintptr_t queue = queue_of(op.p[1]);
+    if (op.p[0] & 1) {
+      fake_->block_consumer_queue(queue);
+      m.blocked_queues.insert(queue);
+    } else {
+      fake_->unblock_consumer_queue(queue);
+      m.blocked_queues.erase(queue);
+      m.pass_fences(true, queue);
+    }
+    after_fences_passed(op.p[2]);
+  }
+
+  // One fence passes out of its queue's order: the bridge asks a queue only
+  // about its oldest fence, so one behind a pending fence stays queued.
+  void do_signal_fence(const Op& op) {
+    if (!m.fake()) return;
+    std::vector<std::size_t> pending;
+    for (std::size_t k = 0; k < m.drops.size(); ++k)
+      if (!m.drops[k].passed) pending.push_back(k);
+    if (pending.empty() || op.p[0] % 8 == 7) {
+      // One the fake does not hold pending: never issued, or passed already.
+      std::uintptr_t token = op.p[1] & 1 ? std::numeric_limits<std::uintptr_t>::max() : 0;
+      for (const auto& e : m.drops)
+        if (e.passed && (op.p[1] & 2)) token = e.token;
+      if (fake_->signal_fence(Fence{token})) fail("fake signal_fence(" + std::to_string(token) + ") of a fence not pending returned true");
+      return check_backend_counts();
+    }
+    FenceEntry& entry = m.drops[pending[op.p[1] % pending.size()]];
+    if (!fake_->signal_fence(Fence{entry.token}))
+      fail("fake signal_fence(" + std::to_string(entry.token) + ") of a pending fence returned false");
+    entry.passed = true;
+    after_fences_passed(op.p[2]);
   }
 
   void do_inject(const Op& op) {
@@ -1374,6 +1677,7 @@ class Harness {
     m.broken = false;
     m.evicted_in_generation = false;
     ++m.restarts;
+    host_launches_.clear();
     if (!m.fake()) host::hold_copies(*host_raw_, true);
     check_stats();
   }
@@ -1400,6 +1704,8 @@ class Harness {
     }
     m.quiesce_succeeded();
     m.retire_generation();
+    m.settle_fences();  // consumers' fences: waited for (1 ms), then abandoned
+    host_launches_.clear();
     m.closed = true;
     m.close_pending = false;
     if (m.host_leases == 0) m.ring_freed = true;
@@ -1448,10 +1754,12 @@ class Harness {
     host_leases_.erase(host_leases_.begin() + static_cast<std::ptrdiff_t>(k));
     --m.host_leases;
     if (m.closed && !m.close_pending && m.host_leases == 0) m.ring_freed = true;
+    maybe_core_ends();
   }
 
   Model m;
   std::shared_ptr<fake::FakeBackend> fake_;
+  std::shared_ptr<RecordingFake::Made> fake_made_ = std::make_shared<RecordingFake::Made>();
   std::unique_ptr<Backend> host_;
   std::shared_ptr<Backend> host_shared_;
   Backend* host_raw_ = nullptr;
@@ -1469,6 +1777,11 @@ class Harness {
   std::vector<HostLeaseRec> host_leases_;
   std::vector<HostRange> ranges_;
   std::vector<Op> trace_;
+  // Host backend: what the held launches read and write (a sync copy over
+  // those bytes waits for them: settle first). Cleared when they ran.
+  std::vector<Access> host_launches_;
+  std::uint8_t end_after_bits_ = 0;
+  bool core_gone_ = false;
 };
 
 }  // namespace devbridge::model

@@ -1,7 +1,8 @@
 // The OpenCL backend's own rules: how cl_int codes map into the vocabulary
 // (no device needed), and what the conformance suite does not cover on a
-// real device: device choice, the per-buffer limit, what a view names, and
-// how the registry offers the backend.
+// real device: device choice, the per-buffer limit, what a view names, how
+// the registry offers the backend, and fences as OpenCL events (held
+// launches, markers on a consumer's queue, contexts, event references).
 #include "devbridge/backends/opencl.hpp"
 
 #include <gmock/gmock.h>
@@ -11,15 +12,18 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "backends/opencl/opencl_api.hpp"
 #include "backends/opencl/opencl_errors.hpp"
 #include "devbridge/backends.hpp"
 #include "devbridge/bridge.hpp"
+#include "devbridge/consumer_names.hpp"
 #include "devbridge/error.hpp"
 
 namespace devbridge::opencl {
@@ -137,8 +141,9 @@ TEST_F(OpenCLDevice, DescribesItselfTheWayTinygradAndDLPackNameOpenCL) {
   auto backend = make_opencl_backend();
   const BackendInfo info = backend->describe();
   EXPECT_EQ(info.name, "opencl");
-  EXPECT_EQ(info.device_string, "CL");
-  EXPECT_EQ(info.dlpack_device, DLPackDevice::OpenCL);
+  EXPECT_EQ(info.device_kind, DeviceKind::OpenCL);
+  EXPECT_EQ(tinygrad_device(info.device_kind, info.device_ordinal), "CL");
+  EXPECT_EQ(dlpack_device(info.device_kind), DLPackDevice::OpenCL);
   EXPECT_GT(info.total_memory, 0u);
   EXPECT_FALSE(info.device_name.empty());
   EXPECT_TRUE(is_opencl_backend(*backend));
@@ -153,7 +158,9 @@ TEST_F(OpenCLDevice, HoldsHalfAndDoubleOnlyWithTheirExtensions) {
   EXPECT_EQ(holds(DType::Float16), has("cl_khr_fp16"));
   EXPECT_EQ(holds(DType::Float64), has("cl_khr_fp64"));
   for (const auto& dtype : all_dtypes())
-    if (dtype.dtype != DType::Float16 && dtype.dtype != DType::Float64) EXPECT_TRUE(holds(dtype.dtype)) << dtype.name;
+    if (dtype.dtype != DType::Float16 && dtype.dtype != DType::Float64) {
+      EXPECT_TRUE(holds(dtype.dtype)) << dtype.name;
+    }
   EXPECT_EQ(info.device_id, "0:0");
 }
 
@@ -314,11 +321,336 @@ TEST_F(OpenCLDevice, TheRegistryOffersItByNameAndAutoOnlyForAGpu) {
   EXPECT_EQ(is_opencl_backend(*chosen), probe().has_gpu) << "auto chose " << chosen->describe().name;
 }
 
+// ---- fences ----
+
+const detail::Api& cl() { return detail::api(); }
+
+cl_event as_event(Fence fence) { return reinterpret_cast<cl_event>(fence.token); }
+
+cl_uint reference_count(cl_event event) {
+  cl_uint count = 0;
+  EXPECT_EQ(cl().clGetEventInfo(event, CL_EVENT_REFERENCE_COUNT, sizeof count, &count, nullptr), CL_SUCCESS);
+  return count;
+}
+
+cl_device_id device_of(cl_context context) {
+  cl_device_id device = nullptr;
+  EXPECT_EQ(cl().clGetContextInfo(context, CL_CONTEXT_DEVICES, sizeof device, &device, nullptr), CL_SUCCESS);
+  return device;
+}
+
+// An in-order queue of the test's, standing in for a consumer's (pyopencl,
+// tinygrad); block() parks it behind a user event.
+class ConsumerQueue {
+ public:
+  explicit ConsumerQueue(cl_context context) : context_(context) {
+    cl_int result = CL_SUCCESS;
+    queue_ = cl().clCreateCommandQueue(context_, device_of(context_), 0, &result);
+    EXPECT_EQ(result, CL_SUCCESS);
+  }
+  ~ConsumerQueue() {
+    unblock();
+    cl().clFinish(queue_);
+    cl().clReleaseCommandQueue(queue_);
+  }
+  ConsumerQueue(const ConsumerQueue&) = delete;
+  ConsumerQueue& operator=(const ConsumerQueue&) = delete;
+
+  cl_command_queue get() const { return queue_; }
+  std::uintptr_t handle() const { return reinterpret_cast<std::uintptr_t>(queue_); }
+  QueueRef ref() const { return QueueRef{Queue::Consumer, handle()}; }
+
+  void block() {
+    cl_int result = CL_SUCCESS;
+    gate_ = cl().clCreateUserEvent(context_, &result);
+    ASSERT_EQ(result, CL_SUCCESS);
+    ASSERT_EQ(cl().clEnqueueMarkerWithWaitList(queue_, 1, &gate_, nullptr), CL_SUCCESS);
+    cl().clFlush(queue_);
+  }
+  void unblock() {
+    if (gate_ == nullptr) return;
+    cl().clSetUserEventStatus(gate_, CL_COMPLETE);
+    cl().clReleaseEvent(gate_);
+    gate_ = nullptr;
+    cl().clFlush(queue_);
+  }
+
+ private:
+  cl_context context_;
+  cl_command_queue queue_ = nullptr;
+  cl_event gate_ = nullptr;
+};
+
+// A context of the test's own on the same device: its queues are not the backend's.
+class OtherContext {
+ public:
+  explicit OtherContext(cl_device_id device) {
+    cl_int result = CL_SUCCESS;
+    context_ = cl().clCreateContext(nullptr, 1, &device, nullptr, nullptr, &result);
+    EXPECT_EQ(result, CL_SUCCESS);
+  }
+  ~OtherContext() { cl().clReleaseContext(context_); }
+  OtherContext(const OtherContext&) = delete;
+  OtherContext& operator=(const OtherContext&) = delete;
+  cl_context get() const { return context_; }
+
+ private:
+  cl_context context_ = nullptr;
+};
+
+// A backend with a ring, an x buffer holding 0..n-1 and a y buffer, to launch over.
+class OpenCLFences : public OpenCLDevice {
+ protected:
+  static constexpr std::uint64_t kCount = 1024;
+  static constexpr std::uint64_t kBytes = kCount * sizeof(float);
+
+  void SetUp() override {
+    OpenCLDevice::SetUp();
+    if (IsSkipped()) return;
+    backend_ = make_opencl_backend();
+    ring_ = backend_->allocate_host(2 * kBytes);
+    x_ = backend_->allocate(kBytes, 64);
+    y_ = backend_->allocate(kBytes, 64);
+    auto* values = reinterpret_cast<float*>(ring_.data);
+    for (std::uint64_t i = 0; i < kCount; ++i) values[i] = static_cast<float>(i);
+    copy(CopyDirection::HostToDevice, x_, 0);
+  }
+  void TearDown() override {
+    if (!backend_) return;
+    backend_->quiesce();
+    std::vector<Completion> drained;
+    backend_->drain_completions(drained);
+    backend_->free(x_);
+    backend_->free(y_);
+    backend_->free_host(ring_);
+    EXPECT_EQ(live_allocations(*backend_), 0u);
+    EXPECT_EQ(live_fences(*backend_), 0u) << "a fence was never given back";
+  }
+
+  void copy(CopyDirection direction, const DeviceAllocation& buffer, std::uint64_t ring_offset,
+            CopyMode mode = CopyMode::Sync, std::uint64_t id = 1) {
+    backend_->submit_copy(
+        CopyRequest{direction, mode, CopyEvent{1, 1, id}, ring_.data + ring_offset, buffer, 0, kBytes});
+  }
+  Fence launch() { return backend_->launch_axpy(AxpyLaunch{x_, 0, y_, 0, kCount, 2.0f, 1.0f}); }
+  // y as the launch left it, read back through the ring's second half.
+  void expect_y_computed() {
+    copy(CopyDirection::DeviceToHost, y_, kBytes);
+    const auto* y = reinterpret_cast<const float*>(ring_.data + kBytes);
+    for (std::uint64_t i = 0; i < kCount; i += 127) ASSERT_EQ(y[i], 2.0f * static_cast<float>(i) + 1.0f) << i;
+  }
+  cl_context context() { return reinterpret_cast<cl_context>(backend_->native_context()); }
+
+  std::unique_ptr<Backend> backend_;
+  HostBlock ring_;
+  DeviceAllocation x_, y_;
+};
+
+TEST_F(OpenCLFences, ALaunchsFencePendsWhileHeldAndPassesOnceLifted) {
+  hold_copies(*backend_, true);
+  const Fence fence = launch();
+  ASSERT_TRUE(fence.pending());
+  EXPECT_EQ(live_fences(*backend_), 1u);
+  EXPECT_FALSE(backend_->fence_passed(fence));
+  EXPECT_FALSE(backend_->wait_fence(fence, std::chrono::nanoseconds::zero()));
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(backend_->wait_fence(fence, std::chrono::milliseconds(30)));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(30));
+  EXPECT_FALSE(backend_->fence_passed(fence)) << "the held kernel ran";
+
+  // A timeout too large to add to the clock waits until the fence passes.
+  std::thread lifter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    hold_copies(*backend_, false);
+  });
+  EXPECT_TRUE(backend_->wait_fence(fence, std::chrono::nanoseconds::max()));
+  lifter.join();
+  EXPECT_TRUE(backend_->fence_passed(fence));
+  backend_->release_fence(fence);
+  EXPECT_EQ(live_fences(*backend_), 0u);
+  expect_y_computed();
+}
+
+TEST_F(OpenCLFences, AnEmptyLaunchHasAlreadyPassed) {
+  EXPECT_FALSE(backend_->launch_axpy(AxpyLaunch{x_, 0, y_, 0, 0, 2.0f, 1.0f}).pending());
+  EXPECT_EQ(live_fences(*backend_), 0u);
+}
+
+TEST_F(OpenCLFences, QuiesceLeavesEveryFenceOnItsOwnQueuesPassed) {
+  hold_copies(*backend_, true);
+  copy(CopyDirection::HostToDevice, x_, 0, CopyMode::Async, 2);
+  std::vector<Fence> fences{launch()};
+  for (const Queue queue : {Queue::CopyUp, Queue::CopyDown, Queue::Compute})
+    fences.push_back(backend_->record_fence(QueueRef{queue}));
+  for (const Fence fence : fences) {
+    ASSERT_TRUE(fence.pending());
+    EXPECT_FALSE(backend_->fence_passed(fence)) << "a fence after held work passed";
+  }
+  backend_->quiesce();
+  for (const Fence fence : fences) {
+    EXPECT_TRUE(backend_->fence_passed(fence)) << "quiesce left a fence on its own queue pending";
+    backend_->release_fence(fence);
+  }
+  expect_y_computed();
+}
+
+TEST_F(OpenCLFences, AFenceOnTheBridgesQueuesWaitsForEverythingBeforeIt) {
+  hold_copies(*backend_, true);
+  copy(CopyDirection::DeviceToHost, x_, 0, CopyMode::Async, 2);
+  // Copies up and down and the compute role share one in-order queue: a
+  // fence on any of them waits for the held download.
+  const Fence fence = backend_->record_fence(QueueRef{Queue::CopyUp});
+  EXPECT_FALSE(backend_->wait_fence(fence, std::chrono::milliseconds(20)));
+  hold_copies(*backend_, false);
+  EXPECT_TRUE(backend_->wait_fence(fence, std::chrono::seconds(30)));
+  std::vector<Completion> drained;
+  while (drained.empty()) {
+    backend_->wait_for_completions(std::chrono::seconds(1));
+    backend_->drain_completions(drained);
+  }
+  EXPECT_TRUE(drained[0].ok) << drained[0].message;
+  backend_->release_fence(fence);
+}
+
+TEST_F(OpenCLFences, AConsumersFenceOnABlockedQueuePendsUntilUnblocked) {
+  ConsumerQueue consumer(context());
+  consumer.block();
+  const Fence fence = backend_->record_fence(consumer.ref());
+  ASSERT_TRUE(fence.pending());
+  EXPECT_FALSE(backend_->fence_passed(fence));
+  EXPECT_FALSE(backend_->wait_fence(fence, std::chrono::milliseconds(20)));
+  // Not the backend's queue: quiesce neither finishes nor waits for it.
+  backend_->quiesce();
+  EXPECT_FALSE(backend_->fence_passed(fence));
+  consumer.unblock();
+  EXPECT_TRUE(backend_->wait_fence(fence, std::chrono::seconds(30)));
+  backend_->release_fence(fence);
+}
+
+TEST_F(OpenCLFences, AQueueOfAnotherContextIsRefusedNamingTheMismatch) {
+  OtherContext other(device_of(context()));
+  ConsumerQueue foreign(other.get());
+  for (const auto& attempt : std::vector<std::function<void()>>{
+           [&] { backend_->record_fence(foreign.ref()); }, [&] { backend_->order_consumer_queue(foreign.handle()); }}) {
+    const Error refused = error_of(attempt);
+    EXPECT_EQ(refused.kind(), ErrorKind::ForeignDomain);
+    EXPECT_THAT(refused.what(), HasSubstr("belongs to OpenCL context"));
+    EXPECT_THAT(refused.what(), HasSubstr("native_context"));
+  }
+  const Error none = error_of([&] { backend_->record_fence(QueueRef{Queue::Consumer, 0}); });
+  EXPECT_EQ(none.kind(), ErrorKind::Unsupported);
+  EXPECT_THAT(none.what(), HasSubstr("no default queue"));
+  EXPECT_EQ(error_of([&] { backend_->order_consumer_queue(0); }).kind(), ErrorKind::Unsupported);
+  EXPECT_EQ(live_fences(*backend_), 0u) << "a refused fence left an event behind";
+}
+
+// DLPack's `stream`: the consumer's queue waits on the device for the
+// bridge's held work; a read it enqueues then sees the kernel's output.
+TEST_F(OpenCLFences, OrderingAConsumersQueueMakesItWaitForTheBridgesWork) {
+  ConsumerQueue consumer(context());
+  hold_copies(*backend_, true);
+  const Fence launched = launch();
+  backend_->order_consumer_queue(consumer.handle());
+  std::vector<float> seen(kCount, -1.0f);
+  cl_event read = nullptr;
+  ASSERT_EQ(cl().clEnqueueReadBuffer(consumer.get(), reinterpret_cast<cl_mem>(y_.token), CL_FALSE, 0, kBytes,
+                                     seen.data(), 0, nullptr, &read),
+            CL_SUCCESS);
+  cl().clFlush(consumer.get());
+  const Fence after = backend_->record_fence(consumer.ref());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  cl_int status = CL_QUEUED;
+  ASSERT_EQ(cl().clGetEventInfo(read, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof status, &status, nullptr),
+            CL_SUCCESS);
+  EXPECT_GT(status, CL_COMPLETE) << "the consumer read before the bridge's held launch ran";
+  EXPECT_FALSE(backend_->fence_passed(after));
+
+  hold_copies(*backend_, false);
+  EXPECT_TRUE(backend_->wait_fence(after, std::chrono::seconds(30)));
+  ASSERT_EQ(cl().clWaitForEvents(1, &read), CL_SUCCESS);
+  cl().clReleaseEvent(read);
+  for (std::uint64_t i = 0; i < kCount; i += 127) EXPECT_EQ(seen[i], 2.0f * static_cast<float>(i) + 1.0f) << i;
+  EXPECT_TRUE(backend_->fence_passed(launched));
+  backend_->release_fence(launched);
+  backend_->release_fence(after);
+  EXPECT_EQ(live_fences(*backend_), 0u) << "ordering left its marker behind";
+}
+
+// The backend holds exactly one reference to a fence's event and gives it
+// back in release_fence: counted on the event itself.
+TEST_F(OpenCLFences, ReleasingAFenceGivesBackItsOneEventReference) {
+  ConsumerQueue consumer(context());
+  const std::vector<Fence> fences{launch(), backend_->record_fence(QueueRef{Queue::Compute}),
+                                  backend_->record_fence(consumer.ref())};
+  EXPECT_EQ(live_fences(*backend_), fences.size());
+  backend_->quiesce();
+  cl().clFinish(consumer.get());
+  for (const Fence fence : fences) {
+    ASSERT_TRUE(backend_->wait_fence(fence, std::chrono::seconds(30)));
+    cl_event event = as_event(fence);
+    ASSERT_EQ(cl().clRetainEvent(event), CL_SUCCESS);  // keeps it countable past release_fence
+    const cl_uint before = reference_count(event);
+    backend_->release_fence(fence);
+    EXPECT_EQ(reference_count(event), before - 1);
+    cl().clReleaseEvent(event);
+  }
+  EXPECT_EQ(live_fences(*backend_), 0u);
+}
+
+// A command that ended abnormally runs no more: whatever its fence holds may go.
+TEST_F(OpenCLFences, AFenceBehindAFailedCommandHasPassed) {
+  cl_int result = CL_SUCCESS;
+  cl_event failed = cl().clCreateUserEvent(context(), &result);
+  ASSERT_EQ(result, CL_SUCCESS);
+  const Fence fence{reinterpret_cast<std::uintptr_t>(failed)};  // the test's own event, never released by the backend
+  EXPECT_FALSE(backend_->fence_passed(fence));
+  ASSERT_EQ(cl().clSetUserEventStatus(failed, -9999), CL_SUCCESS);
+  EXPECT_TRUE(backend_->fence_passed(fence));
+  EXPECT_TRUE(backend_->wait_fence(fence, std::chrono::seconds(1)));
+  cl().clReleaseEvent(failed);
+}
+
+TEST_F(OpenCLFences, NativeContextIsTheContextOfTheBridgesBuffers) {
+  cl_context of_buffer = nullptr;
+  ASSERT_EQ(cl().clGetCommandQueueInfo(ConsumerQueue(context()).get(), CL_QUEUE_CONTEXT, sizeof of_buffer, &of_buffer,
+                                       nullptr),
+            CL_SUCCESS);
+  EXPECT_EQ(of_buffer, context());
+}
+
+// Through the bridge: a release right after a launch on a held queue waits
+// for the kernel (the use-after-free the old seam allowed), and every fence
+// is given back.
+TEST_F(OpenCLDevice, ABridgeFreesMemoryUnderAHeldLaunchOnlyAfterTheKernel) {
+  // Without the caching pool, so that "freed" means back in the driver.
+  Bridge bridge(make_opencl_backend(), BridgeOptions{.ring_bytes = 1 << 20, .caching_pool = CachingPool::Off});
+  Backend& backend = bridge.backend();
+  const ObjectSpec spec{4096, 64, DType::Float32, ShapeKind::Vector};
+  const DeviceHandle x = bridge.alloc_device(spec, 4096);
+  const DeviceHandle y = bridge.alloc_device(spec, 4096);
+  hold_copies(backend, true);
+  bridge.launch_axpy(DeviceRange{x, 0, 4096}, DeviceRange{y, 0, 4096}, 2.0f, 1.0f);
+  bridge.release(x);
+  bridge.release(y);
+  bridge.poll();
+  EXPECT_EQ(live_allocations(backend), 2u) << "memory freed under a held kernel";
+  EXPECT_GE(live_fences(backend), 1u) << "the launch's fence is not held";
+  hold_copies(backend, false);
+  const auto start = std::chrono::steady_clock::now();
+  while (live_allocations(backend) != 0) {
+    ASSERT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30)) << "never freed";
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    bridge.poll();
+  }
+  EXPECT_EQ(live_fences(backend), 0u) << "a passed fence was not given back";
+}
+
 TEST(OpenCLControls, RefuseABackendThatIsNotOpenCL) {
   auto backend = make_backend("fake");
   EXPECT_FALSE(is_opencl_backend(*backend));
   EXPECT_EQ(error_of([&] { live_allocations(*backend); }).kind(), ErrorKind::Unsupported);
   EXPECT_EQ(error_of([&] { hold_copies(*backend, true); }).kind(), ErrorKind::Unsupported);
+  EXPECT_EQ(error_of([&] { live_fences(*backend); }).kind(), ErrorKind::Unsupported);
 }
 
 }  // namespace

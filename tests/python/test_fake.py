@@ -52,11 +52,23 @@ def test_calls_are_recorded_with_exact_arguments(fake_bridge, rng):
 def test_allocation_failure(fake_bridge):
     b = fake_bridge
     b.fake.inject("allocate", "allocation_failed")
+    b.fake.inject("allocate", "allocation_failed", nth=2)  # the bridge's one retry
     with pytest.raises(devbridge.AllocationFailed) as caught:
         b.alloc(U8, 4096)
-    assert "4096" in caught.value.message
+    assert "4096" in caught.value.message and "retried once" in caught.value.message
     assert b.fake.live_allocations() == 0 and b.stats()["live_allocations"] == 0
+    assert b.memory_stats()["oom_failures"] == 1
     h = b.alloc(U8, 4096)  # one-shot
+    b.free(h)
+
+
+def test_one_refusal_is_retried_away(fake_bridge):
+    b = fake_bridge
+    b.fake.inject("allocate", "allocation_failed")
+    h = b.alloc(U8, 4096)
+    assert [c["call"] for c in b.fake.calls()][-2:] == ["allocate", "allocate"]
+    stats = b.memory_stats()
+    assert stats["oom_retries"] == 1 and stats["oom_failures"] == 0
     b.free(h)
 
 

@@ -344,6 +344,7 @@ def test_a_failed_transfer_leaves_nothing_on_the_destination(bridges, rng, src_n
     assert settled_footprint(dst) == before
     if dst_name == "fake":
         dst.fake.inject("allocate", "allocation_failed")
+        dst.fake.inject("allocate", "allocation_failed", nth=2)  # and the bridge's one retry
         with pytest.raises(devbridge.AllocationFailed, match="transfer of"):
             devbridge.transfer(src, x, dst)
         assert settled_footprint(dst) == before
@@ -617,7 +618,8 @@ def test_a_tensor_the_destination_cannot_hold_frees_the_others(bridges, rng, tmp
     _write_checkpoint(b, path, rng)
     collect()
     before = settled_footprint(b)
-    b.fake.inject("allocate", "allocation_failed", nth=nth)  # as a device out of memory refuses it
+    b.fake.inject("allocate", "allocation_failed", nth=nth)  # as a device out of memory refuses it,
+    b.fake.inject("allocate", "allocation_failed", nth=nth + 1)  # and again when the bridge retries
     with pytest.raises(devbridge.AllocationFailed, match=f"restore .*x.safetensors.*tensor '{failing}'"):
         b.restore(path)
     assert settled_footprint(b) == before

@@ -253,6 +253,7 @@ def test_after_a_producer_error_the_iteration_ends(fake, rng):
 
 def test_a_failed_allocation_names_its_batch(fake, rng):
     fake.fake.inject("allocate", "allocation_failed", nth=3)  # one allocation per slot: slot 2, batch 2
+    fake.fake.inject("allocate", "allocation_failed", nth=4)  # and the bridge's one retry
     it = devbridge.Prefetcher(fake, [random_array(rng, 16, "float32") for _ in range(5)], depth=2, to="device")
     assert [host(x).size for x in (next(it), next(it))] == [16, 16]
     with pytest.raises(devbridge.AllocationFailed, match="Prefetcher batch 2") as caught:

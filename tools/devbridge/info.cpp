@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "devbridge/consumer_names.hpp"
 #include "devbridge/types.hpp"
 #include "sizes.hpp"
 
@@ -95,7 +96,7 @@ std::string format_info(const InfoReport& report) {
     out += fmt::format("  device         {} (--device {}, the default)\n", info.device_name, info.device_id);
     if (!info.pci_bus_id.empty()) out += fmt::format("  pci bus id     {}\n", info.pci_bus_id);
     if (!info.capabilities.empty()) out += fmt::format("  capabilities   {}\n", fmt::join(info.capabilities, ", "));
-    out += fmt::format("  device string  {}\n", info.device_string);
+    out += fmt::format("  device string  {}\n", tinygrad_device(info.device_kind, info.device_ordinal));
     out += fmt::format("  memory         {}\n", memory_line(info));
     out += fmt::format("  dtypes         {}\n", dtype_list(info));
     out += fmt::format("  page-locked    {}\n", info.host_memory_page_locked ? "yes" : "no");

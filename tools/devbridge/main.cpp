@@ -242,6 +242,11 @@ void print_stream_summary(std::FILE* out, const devbridge::cli::StreamPlan& plan
   fmt::print(out, "  upload       {:.2f} GB/s  (busy {:.3f} s)\n", r.upload_gbps, r.upload_busy_seconds);
   fmt::print(out, "  download     {:.2f} GB/s  (busy {:.3f} s)\n", r.download_gbps, r.download_busy_seconds);
   fmt::print(out, "  end to end   {:.2f} GB/s\n", r.end_to_end_gbps);
+  fmt::print(out, "  memory       peak {} bytes allocated, {} backend allocations, caching pool {}\n",
+             r.memory.peak_allocated_bytes, r.memory.backend_allocations,
+             r.memory.pool_enabled
+                 ? fmt::format("on ({} hits, {} misses)", r.memory.cache_hits, r.memory.cache_misses)
+                 : std::string("off"));
   fmt::print(out, "  verified     {} of {} chunks, {} elements exact\n", r.chunks_verified, r.chunks,
              r.bytes_verified / sizeof(float));
 }

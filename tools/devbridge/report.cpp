@@ -3,6 +3,7 @@
 #include <csignal>
 #include <string>
 
+#include "devbridge/consumer_names.hpp"
 #include "devbridge/types.hpp"
 
 namespace devbridge::cli {
@@ -40,6 +41,17 @@ nlohmann::json stream_report_json(const StreamReport& r) {
       {"copies_submitted", r.copies_submitted},
       {"copies_failed", r.copies_failed},
       {"stale_completions", r.stale_completions},
+      {"memory",
+       {
+           {"pool_enabled", r.memory.pool_enabled},
+           {"peak_allocated_bytes", r.memory.peak_allocated_bytes},
+           {"peak_reserved_bytes", r.memory.peak_reserved_bytes},
+           {"backend_allocations", r.memory.backend_allocations},
+           {"backend_frees", r.memory.backend_frees},
+           {"cache_hits", r.memory.cache_hits},
+           {"cache_misses", r.memory.cache_misses},
+           {"oom_retries", r.memory.oom_retries},
+       }},
       {"bytes_verified", r.bytes_verified},
       {"verified", r.verified},
       {"interrupted", r.interrupted},
@@ -59,8 +71,8 @@ nlohmann::json device_json(const BackendInfo& info) {
       {"device_name", info.device_name},
       {"pci_bus_id", info.pci_bus_id.empty() ? nlohmann::json(nullptr) : nlohmann::json(info.pci_bus_id)},
       {"capabilities", info.capabilities},
-      {"device_string", info.device_string},
-      {"dlpack_device", static_cast<int>(info.dlpack_device)},
+      {"device_string", tinygrad_device(info.device_kind, info.device_ordinal)},
+      {"dlpack_device", static_cast<int>(dlpack_device(info.device_kind))},
       {"device_ordinal", info.device_ordinal},
       {"total_memory", info.total_memory},
       {"free_memory", info.free_memory},

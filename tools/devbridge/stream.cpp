@@ -19,6 +19,7 @@
 #include "devbridge/backends.hpp"
 #include "devbridge/backends/fake.hpp"
 #include "devbridge/bridge.hpp"
+#include "devbridge/consumer_names.hpp"
 #include "devbridge/error.hpp"
 #include "pattern.hpp"
 #include "progress.hpp"
@@ -727,16 +728,22 @@ StreamReport run_stream(StreamPlan& plan, Progress& progress, const std::atomic<
     report.backend = info.name;
     report.device_id = info.device_id;
     report.device_name = info.device_name;
-    report.device_string = info.device_string;
+    report.device_string = tinygrad_device(info.device_kind, info.device_ordinal);
 
     StreamPipeline pipeline(bridge, plan, progress, stop);
-    pipeline.allocate_slots();
+    try {
+      pipeline.allocate_slots();
+    } catch (...) {
+      report.memory = bridge.memory_stats();  // the report says what memory the bridge held when it ran out
+      throw;
+    }
     pipeline.run(report);
 
     const BridgeStats stats = bridge.stats();
     report.copies_submitted = stats.copies_submitted;
     report.copies_failed = stats.copies_failed;
     report.stale_completions = stats.stale_completions;
+    report.memory = bridge.memory_stats();
     if (report.errors.empty()) {
       // Everything came back: nothing may still hold the ring or a buffer.
       if (stats.ring_reservations != 0 || stats.copies_in_flight != 0 || stats.active_steps != 0) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "devbridge/backend.hpp"
+#include "devbridge/bridge.hpp"
 
 namespace devbridge::cli {
 
@@ -92,6 +93,7 @@ struct StreamReport {
   std::uint64_t copies_submitted = 0;
   std::uint64_t copies_failed = 0;
   std::uint64_t stale_completions = 0;
+  MemoryStats memory;  // the bridge's device memory at the end (peak, pool)
   std::uint64_t bytes_verified = 0;  // bytes of the chunks verified
   bool verified = false;
   // Stopped by a signal: no chunk was submitted after it arrived, and every

@@ -3,6 +3,14 @@
 // backend runs on machines without a GPU or driver; there probe() says why
 // CUDA is unavailable. docs/CUDA.md describes contexts, streams and ordering.
 //
+// Fences are CUevents recorded on a stream: the upload, download or compute
+// stream, or a consumer's (QueueRef::consumer: a CUstream of the backend's
+// context; 1 the legacy default stream, 2 the per-thread one; 0 is refused
+// as ambiguous). A fence in a context that faulted for good (an illegal
+// address, a failed launch, ...) counts as passed: nothing there runs any
+// more. If a launch's fence cannot be recorded, the backend waits for the
+// kernel to finish and throws.
+//
 // This header exists in every build; the functions are defined only when the
 // library was built with the backend (DEVBRIDGE_HAS_CUDA is then defined for
 // every user of the devbridge target).
@@ -58,12 +66,14 @@ void* context_of(const Backend& backend);
 // Unsupported for a backend that is not CUDA.
 std::uint64_t live_allocations(const Backend& backend);
 
-// For tests: while held, asynchronous copies submitted to the backend do not
-// run (a host function blocks both copy streams), so a test can observe the
-// "pending" side of every rule deterministically. quiesce() (and so
-// Bridge::restart and close) lifts the hold and finishes the work. A sync
-// copy that must order after a held copy waits until the hold is lifted.
-// Throws Unsupported for a backend that is not CUDA.
+// For tests: while held, asynchronous copies and launches submitted to the
+// backend do not run (a host function blocks both copy streams and the
+// compute stream), so a test can observe the "pending" side of every rule
+// deterministically: copies do not complete and fences on the backend's own
+// streams do not pass. quiesce() (and so Bridge::restart and close) lifts the
+// hold and finishes the work. A sync copy that must order after held work
+// waits until the hold is lifted. Throws Unsupported for a backend that is
+// not CUDA.
 void hold_copies(Backend& backend, bool hold);
 
 // Makes `stream` (a CUstream of the backend's context; 1 and 2 name the

@@ -84,6 +84,19 @@ class FakeBackend final : public Backend {
   // When true, async copies complete at submit (as if the device were instant).
   void set_auto_complete(bool on);
 
+  // Fences. A launch moves its bytes at call time (the fake does not model
+  // stream order) but, while launches are held, its fence stays pending
+  // until the hold is lifted, the test signals it, or quiesce(): the kernel
+  // is "still running". A consumer queue the test blocked gets pending
+  // fences until it is unblocked; an unblocked one's have passed at once.
+  void hold_launches(bool hold);  // lifting the hold passes the own queues' fences
+  void block_consumer_queue(std::uintptr_t queue);
+  void unblock_consumer_queue(std::uintptr_t queue);  // passes its fences
+  bool signal_fence(Fence fence);  // false when the fence is not pending here
+  std::vector<Fence> pending_fences() const;
+  // Fences handed out and not yet released by the bridge (a leak check).
+  std::uint64_t live_fences() const;
+
   // ---- Backend ----
   BackendInfo describe() override;
   DeviceAllocation allocate(std::uint64_t bytes, std::uint64_t alignment) override;
@@ -94,7 +107,11 @@ class FakeBackend final : public Backend {
   void drain_completions(std::vector<Completion>& out) override;
   bool wait_for_completions(std::chrono::nanoseconds timeout) override;
   void quiesce() override;
-  void launch_axpy(const AxpyLaunch& launch) override;
+  Fence launch_axpy(const AxpyLaunch& launch) override;
+  Fence record_fence(const QueueRef& where) override;
+  bool fence_passed(Fence fence) override;
+  bool wait_fence(Fence fence, std::chrono::nanoseconds timeout) override;
+  void release_fence(Fence fence) noexcept override;
   void validate_view(const DeviceAllocation& allocation, const TensorView& view) override;
 
  private:

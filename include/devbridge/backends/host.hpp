@@ -1,6 +1,8 @@
 // The host (CPU) backend, the default: device memory is aligned host memory,
-// asynchronous copies run on a copy engine (one thread per direction, in
-// submission order), so the whole worker runs on a machine without a GPU.
+// asynchronous copies and launches run on an engine of three queues (one
+// thread per copy direction and one for launches, each in submission order),
+// so the whole worker runs on a machine without a GPU, with the same
+// "a launch is done at its fence, not at its return" as one.
 // Device string "CPU", as tinygrad names it.
 #pragma once
 
@@ -18,8 +20,10 @@ struct Options {
   // reported through drain_completions, exactly as if the engine had run it.
   // Handing a small copy to another core costs more than the copy (a 4 KiB
   // memcpy is ~0.1 us; one cache-line round trip between cores is 0.3-0.8 us
-  // on a small VM). Never while copies are held. 0: every async copy goes to
-  // the engine threads.
+  // on a small VM). A launch writing at most this many bytes runs inline on
+  // the same terms (its queue idle, nothing queued on its bytes) and returns
+  // the passed fence. Never while held. 0: every async copy and every launch
+  // goes to the engine threads.
   std::uint64_t inline_async_max_bytes = 16 << 10;
 };
 
@@ -37,11 +41,11 @@ std::uint64_t live_allocations(const Backend& backend);
 // Host (ring) blocks allocated and not yet freed.
 std::uint64_t live_host_blocks(const Backend& backend);
 
-// While held, the copy engine starts no new asynchronous copy; queued copies
-// stay in flight, so a test can observe the "pending" side of every rule
-// deterministically. quiesce() (and so Bridge::restart/close) lifts the hold
-// and finishes the work. A sync copy or launch that must order after a held
-// copy waits until the hold is lifted.
+// While held, the engine starts no new asynchronous copy or launch; queued
+// work stays in flight and launches' fences pending, so a test can observe
+// the "pending" side of every rule deterministically. quiesce() (and so
+// Bridge::restart/close) lifts the hold and finishes the work. A sync copy
+// that must order after held work waits until the hold is lifted.
 void hold_copies(Backend& backend, bool hold);
 
 }  // namespace devbridge::host

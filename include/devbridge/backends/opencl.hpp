@@ -50,10 +50,15 @@ std::vector<std::string> device_ids();
 bool is_opencl_backend(const Backend& backend) noexcept;
 // Device buffers made and not yet freed; a restart or close must bring it to 0.
 std::uint64_t live_allocations(const Backend& backend);
-// While held, asynchronous copies submitted from now on wait on the device
-// for a user event, so a test can observe the "pending" side of every rule.
-// The queue is in order: later commands (sync copies, launches) wait too.
-// quiesce() (and so Bridge::restart and close) lifts the hold.
+// While held, asynchronous copies and launches submitted from now on wait on
+// the device for a user event (their fences stay pending), so a test can
+// observe the "pending" side of every rule. The queue is in order: later
+// commands (sync copies, markers) wait too. quiesce() (and so Bridge::restart
+// and close) lifts the hold.
 void hold_copies(Backend& backend, bool hold);
+// Fences handed out (launch_axpy, record_fence) and not yet given back with
+// release_fence; each holds a cl_event, so anything left after the bridge
+// closed is a leak.
+std::uint64_t live_fences(const Backend& backend);
 
 }  // namespace devbridge::opencl

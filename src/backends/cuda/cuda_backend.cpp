@@ -16,8 +16,17 @@
 //     download reads the result, and an upload never overwrites an input the
 //     kernel is still reading).
 //
-// Locks: compute_mutex_ before the lanes' mutexes; a submission holds both
-// lanes' mutexes (std::scoped_lock), everything else one at a time.
+// Fences (the seam's Queue/Fence) are CUevents, and a fence's token is its
+// CUevent. They come from a pool of their own, apart from the copies' events:
+// a fence is the bridge's until release_fence, so its event can never be
+// recycled under a copy that still waits on it, nor the other way round.
+// kernel_done_ stays a separate event for the copies' ordering for the same
+// reason (the bridge may release a launch's fence before a later copy is
+// submitted).
+//
+// Locks: hold_mutex_ before compute_mutex_ before the lanes' mutexes; a
+// submission holds both lanes' mutexes (std::scoped_lock), everything else
+// one at a time.
 // Every driver call runs with the backend's context pushed (ContextGuard) and
 // popped again before returning, so another library's current context is
 // never disturbed.
@@ -35,7 +44,10 @@
 #include <limits>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "backends/backend_options.hpp"
@@ -54,6 +66,9 @@ using detail::Operation;
 // cuMemAlloc returns addresses aligned to at least this (CUDA guarantees 256).
 constexpr std::uint64_t kDriverAlignment = 256;
 constexpr unsigned kAxpyBlockSize = 256;
+// Fence events kept for reuse: enough for every fence a busy bridge holds at
+// once in steady state; a burst beyond it costs a create and a destroy each.
+constexpr std::size_t kFreeFenceEvents = 256;
 
 std::string hex(std::uint64_t value) {
   char buffer[32];
@@ -84,16 +99,22 @@ class ContextGuard {
   const Driver& driver_;
 };
 
-// Creating and destroying an event per copy costs more than the copy's
-// submission; completed events come back here instead.
+// Creating and destroying an event per copy or fence costs more than the
+// submission itself; events that are done with come back here instead. The
+// pool remembers every event it made and not yet destroyed, so teardown
+// destroys events still out (a pending copy's, a fence the bridge never gave
+// back) as well as the free ones.
 class EventPool {
  public:
-  explicit EventPool(const Driver& driver) : driver_(driver) {}
+  // Keeps at most `max_free` events for reuse; beyond that a returned event
+  // is destroyed (fences: a burst of them must not pin events for good).
+  EventPool(const Driver& driver, std::size_t max_free = std::numeric_limits<std::size_t>::max())
+      : driver_(driver), max_free_(max_free) {}
   EventPool(const EventPool&) = delete;
   EventPool& operator=(const EventPool&) = delete;
 
   // Needs the context current.
-  CUevent acquire(Operation operation) {
+  CUevent acquire(Operation operation, std::string_view call = "cuEventCreate") {
     {
       std::lock_guard lock(mutex_);
       if (!free_.empty()) {
@@ -103,30 +124,62 @@ class EventPool {
       }
     }
     CUevent event = nullptr;
-    check(driver_, driver_.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), "cuEventCreate", operation);
+    check(driver_, driver_.cuEventCreate(&event, CU_EVENT_DISABLE_TIMING), call, operation);
+    try {
+      std::lock_guard lock(mutex_);
+      live_.insert(event);
+    } catch (...) {
+      destroy(event);
+      throw;
+    }
     return event;
   }
 
+  // Needs no current context: an event belongs to its own.
   void give_back(CUevent event) noexcept {
     std::lock_guard lock(mutex_);
-    try {
-      free_.push_back(event);
-    } catch (...) {
-      driver_.cuEventDestroy_v2(event);
+    if (free_.size() < max_free_) {
+      try {
+        free_.push_back(event);
+        return;
+      } catch (...) {
+      }
     }
+    destroy(event);
+    live_.erase(event);
   }
 
   // Needs the context current.
   void destroy_all() noexcept {
     std::lock_guard lock(mutex_);
-    for (CUevent event : free_) driver_.cuEventDestroy_v2(event);
+    for (CUevent event : live_) destroy(event);
+    live_.clear();
     free_.clear();
   }
 
+  // Events made and not destroyed, free ones included.
+  std::size_t live() const {
+    std::lock_guard lock(mutex_);
+    return live_.size();
+  }
+  // Events made and not yet given back (pending copies, unreleased fences).
+  std::size_t out() const {
+    std::lock_guard lock(mutex_);
+    return live_.size() > free_.size() ? live_.size() - free_.size() : 0;
+  }
+
  private:
+  void destroy(CUevent event) noexcept {
+    CUresult result = driver_.cuEventDestroy_v2(event);
+    if (result != CUDA_SUCCESS)
+      devbridge::detail::log().warn("devbridge cuda: {}", driver_.describe_failure("cuEventDestroy", result));
+  }
+
   const Driver& driver_;
-  std::mutex mutex_;
+  const std::size_t max_free_;
+  mutable std::mutex mutex_;
   std::vector<CUevent> free_;
+  std::unordered_set<CUevent> live_;
 };
 
 // A half-open address range [begin, end); host and device addresses are
@@ -160,7 +213,8 @@ struct CopyStream {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(const Driver& driver, const Options& options) : driver_(driver), events_(driver) {
+  CudaBackend(const Driver& driver, const Options& options)
+      : driver_(driver), events_(driver), fences_(driver, kFreeFenceEvents) {
     upload_.direction = CopyDirection::HostToDevice;
     upload_.call = "cuMemcpyHtoDAsync";
     upload_.operation = Operation::Upload;
@@ -184,13 +238,15 @@ class CudaBackend final : public Backend {
 
   // ---- Backend -------------------------------------------------------------
 
+  // The bridge caches freed buffers: cuMemAlloc synchronizes the device and cuMemFree waits for it.
+  bool caches_allocations() const override { return true; }
+
   BackendInfo describe() override {
     BackendInfo info;
     info.name = "cuda";
     info.vendor = "nvidia";
     info.device_name = device_name_;
-    info.device_string = device_string_;
-    info.dlpack_device = DLPackDevice::CUDA;
+    info.device_kind = DeviceKind::Cuda;
     info.device_ordinal = ordinal_;
     info.device_id = std::to_string(ordinal_);
     info.pci_bus_id = pci_bus_id_;
@@ -425,17 +481,24 @@ class CudaBackend final : public Backend {
     ContextGuard guard(driver_, context_, Operation::Query);
     // A failure here is a device fault; the pending events then report it as
     // each copy's completion, so nothing is thrown (and nothing is left
-    // running: a faulted context runs nothing more).
+    // running: a faulted context runs nothing more, and fence_passed says
+    // so). Every fence on the three streams has passed afterwards; a
+    // consumer's stream is not ours to finish.
     {
       std::lock_guard lock(compute_mutex_);
-      synchronize(compute_, "compute");
+      synchronize(compute_, "compute, quiesce");
     }
-    synchronize(upload_.stream, "upload");
-    synchronize(download_.stream, "download");
+    synchronize(upload_.stream, "upload, quiesce");
+    synchronize(download_.stream, "download, quiesce");
   }
 
-  void launch_axpy(const AxpyLaunch& launch) override {
-    if (launch.count == 0) return;
+  // A fence that cannot be recorded after the kernel is handled by finishing
+  // the kernel (cuStreamSynchronize on the compute stream) and then throwing
+  // the mapped error: the caller never holds memory a kernel it has no fence
+  // for may still touch. The fence's event is taken before the kernel is
+  // queued, so running out of events refuses the launch instead.
+  Fence launch_axpy(const AxpyLaunch& launch) override {
+    if (launch.count == 0) return Fence{};  // nothing is queued: nothing to wait for
     check_axpy_range("x", launch.x, launch.x_offset, launch.count);
     check_axpy_range("y", launch.y, launch.y_offset, launch.count);
     // Both ranges lie inside their allocations (checked above): no wrap.
@@ -450,6 +513,7 @@ class CudaBackend final : public Backend {
         std::min<unsigned long long>(wanted_blocks, static_cast<unsigned long long>(multiprocessors_) * 16));
 
     ContextGuard guard(driver_, context_, Operation::Launch);
+    FenceEvent fence(fences_, fences_.acquire(Operation::Launch, "cuEventCreate(launch fence)"));
     std::lock_guard compute_lock(compute_mutex_);
     // Wait (on the device) for everything already submitted on both lanes.
     record_marker(upload_, upload_marker_);
@@ -462,43 +526,114 @@ class CudaBackend final : public Backend {
           driver_.cuLaunchKernel(axpy_, blocks, 1, 1, kAxpyBlockSize, 1, 1, 0, compute_, arguments, nullptr),
           "cuLaunchKernel(" + std::string(detail::kAxpyKernelName) + ", " + std::to_string(count) + " elements)",
           Operation::Launch);
-    CUresult recorded = driver_.cuEventRecord(kernel_done_, compute_);
-    if (recorded != CUDA_SUCCESS) {
-      // Later copies could not be ordered after this kernel: finish it now.
-      driver_.cuStreamSynchronize(compute_);
-      throw make_error(driver_, recorded, "cuEventRecord(after kernel)", Operation::Launch);
+    for (auto [event, call] : {std::pair{kernel_done_, "cuEventRecord(after kernel)"},
+                               std::pair{fence.get(), "cuEventRecord(launch fence)"}}) {
+      CUresult recorded = driver_.cuEventRecord(event, compute_);
+      if (recorded != CUDA_SUCCESS) {
+        // Later copies could not be ordered after this kernel, or its end
+        // could not be reported: finish it now.
+        synchronize(compute_, "compute, after a failed cuEventRecord");
+        throw make_error(driver_, recorded, call, Operation::Launch);
+      }
     }
     launches_.fetch_add(1, std::memory_order_release);
+    return Fence{reinterpret_cast<std::uintptr_t>(fence.release())};
+  }
+
+  Fence record_fence(const QueueRef& where) override {
+    if (where.queue == Queue::Consumer) return record_consumer_fence(where.consumer);
+    ContextGuard guard(driver_, context_, Operation::Query);
+    FenceEvent fence(fences_, fences_.acquire(Operation::Query, "cuEventCreate(fence)"));
+    // The queue's own lock: a fence lands after everything this backend has
+    // enqueued there, in the same order its bookkeeping saw.
+    CUresult recorded = CUDA_SUCCESS;
+    const char* call = nullptr;
+    switch (where.queue) {
+      case Queue::CopyUp:
+      case Queue::CopyDown: {
+        CopyStream& lane = where.queue == Queue::CopyUp ? upload_ : download_;
+        std::lock_guard lock(lane.mutex);
+        recorded = driver_.cuEventRecord(fence.get(), lane.stream);
+        call = where.queue == Queue::CopyUp ? "cuEventRecord(fence on the upload stream)"
+                                            : "cuEventRecord(fence on the download stream)";
+        break;
+      }
+      case Queue::Compute: {
+        std::lock_guard lock(compute_mutex_);
+        recorded = driver_.cuEventRecord(fence.get(), compute_);
+        call = "cuEventRecord(fence on the compute stream)";
+        break;
+      }
+      case Queue::Consumer:
+        break;  // handled above
+    }
+    if (call == nullptr)
+      throw Error(ErrorKind::InvalidRange,
+                  "CUDA fence on an unknown queue " + std::to_string(static_cast<int>(where.queue)));
+    if (recorded != CUDA_SUCCESS) throw make_error(driver_, recorded, call, Operation::Query);
+    return Fence{reinterpret_cast<std::uintptr_t>(fence.release())};
+  }
+
+  bool fence_passed(Fence fence) override {
+    if (!fence.pending()) return true;
+    ContextGuard guard(driver_, context_, Operation::Query);
+    return query_fence(fence);
+  }
+
+  // cuEventSynchronize has no timeout (and with blocking-sync off it spins a
+  // core anyway), so poll: yield briefly for latency, then sleep with backoff.
+  bool wait_fence(Fence fence, std::chrono::nanoseconds timeout) override {
+    if (!fence.pending()) return true;
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    const auto deadline = checked::deadline_after(timeout, start);  // saturates: nanoseconds::max() never ends
+    constexpr auto kSpinFor = std::chrono::microseconds(50);
+    constexpr auto kMaxSleep = std::chrono::milliseconds(1);
+    auto sleep = std::chrono::microseconds(5);
+    ContextGuard guard(driver_, context_, Operation::Query);
+    for (;;) {
+      if (query_fence(fence)) return true;
+      const auto now = Clock::now();
+      if (now >= deadline) return false;
+      if (now - start < kSpinFor) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::min<Clock::duration>(sleep, deadline - now));
+        sleep = std::min<std::chrono::microseconds>(sleep * 2, kMaxSleep);
+      }
+    }
+  }
+
+  void release_fence(Fence fence) noexcept override {
+    if (!fence.pending()) return;
+    fences_.give_back(event_of(fence));
   }
 
   // ---- CUDA hooks ------------------------------------------------------------
 
-  // A gate on both copy streams: a host function that blocks the stream
-  // until the gate opens. Work queued behind it waits on the device side.
+  // A gate on both copy streams and the compute stream: a host function
+  // that blocks the stream until the gate opens. Work queued behind it waits
+  // on the device side, so copies stay pending and launches' fences do not
+  // pass, while the host goes on submitting.
   void hold(bool on) {
     std::lock_guard lock(hold_mutex_);
     if (on == (gate_ != nullptr)) return;
     if (!on) {
-      {
-        std::lock_guard gate_lock(gate_->mutex);
-        gate_->open = true;
-      }
-      gate_->opened.notify_all();
+      open(*gate_);
       gate_.reset();
       return;
     }
     auto gate = std::make_shared<Gate>();
     ContextGuard guard(driver_, context_, Operation::Query);
+    // Under the streams' own locks, so nothing submitted after hold()
+    // returns can slip in front of the gate.
+    std::lock_guard compute_lock(compute_mutex_);
     std::scoped_lock lanes_lock(upload_.mutex, download_.mutex);
-    for (CopyStream* lane : {&upload_, &download_}) {
+    for (CUstream stream : {upload_.stream, download_.stream, compute_}) {
       auto holder = std::make_unique<std::shared_ptr<Gate>>(gate);
-      CUresult result = driver_.cuLaunchHostFunc(lane->stream, &CudaBackend::wait_at_gate, holder.get());
+      CUresult result = driver_.cuLaunchHostFunc(stream, &CudaBackend::wait_at_gate, holder.get());
       if (result != CUDA_SUCCESS) {
-        {
-          std::lock_guard gate_lock(gate->mutex);
-          gate->open = true;
-        }
-        gate->opened.notify_all();
+        open(*gate);  // lets the streams already gated go again
         throw make_error(driver_, result, "cuLaunchHostFunc(hold)", Operation::Query);
       }
       holder.release();  // the host function owns it now
@@ -539,11 +674,106 @@ class CudaBackend final : public Backend {
     bool open = false;
   };
 
+  static void open(Gate& gate) {
+    {
+      std::lock_guard gate_lock(gate.mutex);
+      gate.open = true;
+    }
+    gate.opened.notify_all();
+  }
+
   static void CUDA_CB wait_at_gate(void* data) {
     std::unique_ptr<std::shared_ptr<Gate>> holder(static_cast<std::shared_ptr<Gate>*>(data));
     Gate& gate = **holder;
     std::unique_lock lock(gate.mutex);
     gate.opened.wait(lock, [&] { return gate.open; });
+  }
+
+  // A fence's event until it is handed to the bridge: every way out of a
+  // failed record gives it back to the pool.
+  class FenceEvent {
+   public:
+    FenceEvent(EventPool& pool, CUevent event) noexcept : pool_(pool), event_(event) {}
+    ~FenceEvent() {
+      if (event_ != nullptr) pool_.give_back(event_);
+    }
+    FenceEvent(const FenceEvent&) = delete;
+    FenceEvent& operator=(const FenceEvent&) = delete;
+    CUevent get() const noexcept { return event_; }
+    CUevent release() noexcept { return std::exchange(event_, nullptr); }
+
+   private:
+    EventPool& pool_;
+    CUevent event_;
+  };
+
+  static CUevent event_of(Fence fence) noexcept { return reinterpret_cast<CUevent>(fence.token); }
+
+  // A consumer's stream in DLPack's numbering, which the seam uses: 1 the
+  // legacy default stream, 2 the per-thread one (the calling thread's, as in
+  // DLPack), any other value a CUstream of this context. 0 is refused: it is
+  // the legacy or the per-thread default stream depending on how the
+  // consumer was compiled, and guessing wrong frees memory too early.
+  static CUstream consumer_stream(std::uintptr_t consumer) {
+    switch (consumer) {
+      case 0:
+        throw Error(ErrorKind::InvalidRange,
+                    "CUDA consumer stream 0 is ambiguous (the legacy or the per-thread default stream, depending "
+                    "on how the consumer was built); pass 1 for the legacy default stream, 2 for the per-thread "
+                    "one, or a CUstream");
+      case 1:
+        return CU_STREAM_LEGACY;
+      case 2:
+        return CU_STREAM_PER_THREAD;
+      default:
+        return reinterpret_cast<CUstream>(consumer);
+    }
+  }
+
+  Fence record_consumer_fence(std::uintptr_t consumer) {
+    CUstream stream = consumer_stream(consumer);
+    ContextGuard guard(driver_, context_, Operation::Query);
+    FenceEvent fence(fences_, fences_.acquire(Operation::Query, "cuEventCreate(consumer fence)"));
+    // Not the backend's stream: no lock of ours orders it.
+    CUresult recorded = driver_.cuEventRecord(fence.get(), stream);
+    if (recorded != CUDA_SUCCESS) {
+      Error mapped = make_error(driver_, recorded, "cuEventRecord(fence on consumer stream " + hex(consumer) + ")",
+                                Operation::Query);
+      // A stream the driver does not know, or one of another context, is the
+      // caller's mistake, not an unavailable device.
+      if (!mapped.fatal() && (recorded == CUDA_ERROR_INVALID_HANDLE || recorded == CUDA_ERROR_INVALID_VALUE ||
+                              recorded == CUDA_ERROR_INVALID_CONTEXT))
+        throw Error(ErrorKind::InvalidRange,
+                    std::string(mapped.message()) + " (not a stream of " + device_string_ + "'s context?)");
+      throw mapped;
+    }
+    return Fence{reinterpret_cast<std::uintptr_t>(fence.release())};
+  }
+
+  // True when `result` says the context faulted for good: nothing enqueued
+  // in it runs any more, so whatever a fence guarded is no longer touched.
+  // CUDA_ERROR_UNKNOWN is sticky too, but says nothing about what still runs.
+  static bool stopped_by_fault(CUresult result) noexcept {
+    return result != CUDA_ERROR_UNKNOWN && detail::is_sticky(static_cast<int>(result));
+  }
+
+  // Needs the context current.
+  bool query_fence(Fence fence) {
+    const CUresult result = driver_.cuEventQuery(event_of(fence));
+    if (result == CUDA_SUCCESS) return true;
+    if (result == CUDA_ERROR_NOT_READY) return false;
+    if (stopped_by_fault(result)) {
+      if (!fault_logged_.exchange(true))
+        devbridge::detail::log().error(
+            "devbridge cuda: {}: {} faulted; its fences count as passed from now on (nothing in it runs any more)",
+            driver_.describe_failure("cuEventQuery(fence)", result), device_string_);
+      return true;
+    }
+    // Whether the work before the fence still runs is unknown: the bridge
+    // must keep the memory and stop trusting the device.
+    const Error mapped = make_error(driver_, result, "cuEventQuery(fence)", Operation::Query,
+                                    "whether the work before the fence still runs is unknown");
+    throw Error(mapped.kind(), mapped.message(), true);
   }
 
   void set_up(const Options& options) {
@@ -672,11 +902,14 @@ class CudaBackend final : public Backend {
       for (CUstream stream : {compute_, upload_.stream, download_.stream}) {
         if (stream != nullptr) driver_.cuStreamSynchronize(stream);
       }
-      for (CopyStream* lane : {&upload_, &download_}) {
-        for (const PendingCopy& copy : lane->pending) driver_.cuEventDestroy_v2(copy.done);
-        lane->pending.clear();
-      }
+      for (CopyStream* lane : {&upload_, &download_}) lane->pending.clear();
+      // The pools destroy their events still out too (pending copies'; fences
+      // the bridge never gave back, which it must not ask about any more).
+      if (const std::size_t unreleased = fences_.out())
+        devbridge::detail::log().warn("devbridge cuda: {} fence(s) never released; destroyed with the backend",
+                                      unreleased);
       events_.destroy_all();
+      fences_.destroy_all();
       for (CUevent event : {kernel_done_, upload_marker_, download_marker_}) {
         if (event != nullptr) driver_.cuEventDestroy_v2(event);
       }
@@ -788,10 +1021,12 @@ class CudaBackend final : public Backend {
     waiter_cv_.notify_all();
   }
 
+  // Logs rather than throws: its callers are already failing or quiescing,
+  // and a faulted stream reports through its events anyway.
   void synchronize(CUstream stream, const char* which) {
     CUresult result = driver_.cuStreamSynchronize(stream);
     if (result != CUDA_SUCCESS)
-      devbridge::detail::log().warn("devbridge cuda: quiesce: {}",
+      devbridge::detail::log().warn("devbridge cuda: {}",
                    driver_.describe_failure(std::string("cuStreamSynchronize(") + which + ")", result));
   }
 
@@ -828,7 +1063,9 @@ class CudaBackend final : public Backend {
 
   CopyStream upload_;
   CopyStream download_;
-  EventPool events_;
+  EventPool events_;  // the copies' events; never more than copies in flight
+  EventPool fences_;  // the bridge's fences (tokens are these events)
+  std::atomic<bool> fault_logged_{false};
 
   std::mutex compute_mutex_;
   CUstream compute_ = nullptr;

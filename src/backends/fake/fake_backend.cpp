@@ -2,9 +2,9 @@
 //
 // Design choices the header leaves open (tests rely on them):
 //  - "Device" memory is ordinary aligned host memory, so views hand out real
-//    addresses. describe() therefore reports device_string "CPU" and DLPack
-//    kDLCPU: tinygrad has no fake device, and anything that follows the
-//    address must find host memory behind it.
+//    addresses. describe() therefore reports a CPU device (tinygrad "CPU",
+//    DLPack kDLCPU): tinygrad has no fake device, and anything that follows
+//    the address must find host memory behind it.
 //  - Every hook call is recorded (before its outcome is known), including calls
 //    that then fail. drain_completions, wait_for_completions and describe are
 //    not recorded: they carry no arguments worth asserting.
@@ -28,7 +28,11 @@
 //    bytes, and the other three have no effect (a sync copy reports nothing).
 //  - A LateCompletion copy stays pending under auto-complete: it is late.
 //  - launch_axpy runs at call time; the fake does not model stream order, so
-//    tests complete copies into x before launching.
+//    tests complete copies into x before launching. Its fence, though, stays
+//    pending while launches are held (hold_launches): for the bridge the
+//    kernel is still running, which is what lifetime tests need.
+//  - fence_passed/wait_fence on a fence the fake does not know (released, or
+//    never handed out) throw: a bridge that asks twice is caught.
 //  - inject() refuses (std::invalid_argument) a failure that cannot apply to
 //    the call kind, e.g. InvalidView on Allocate or anything on Free (free
 //    hooks are noexcept).
@@ -41,6 +45,7 @@
 #include <limits>
 #include <deque>
 #include <map>
+#include <set>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -211,6 +216,36 @@ struct FakeBackend::State {
   bool late_released = false;                   // a copy was submitted since: deliver them
   std::vector<RecordedCall> calls;
   bool auto_complete = false;
+
+  struct FenceRecord {
+    QueueRef where;
+    bool passed = false;
+  };
+  std::map<std::uintptr_t, FenceRecord> fences;  // handed out, not yet released
+  std::uintptr_t next_fence = 1;
+  bool launches_held = false;
+  std::set<std::uintptr_t> blocked_consumers;
+  std::condition_variable fence_passed;
+
+  Fence new_fence(const QueueRef& where, bool pending) {
+    if (!pending) return Fence{};
+    const auto token = next_fence++;
+    fences.emplace(token, FenceRecord{where, false});
+    return Fence{token};
+  }
+  // Passes every pending fence `which` selects; the caller notifies.
+  template <class Which>
+  void pass_fences(Which which) {
+    for (auto& [token, fence] : fences)
+      if (which(fence.where)) fence.passed = true;
+  }
+  FenceRecord& fence_record(Fence fence) {
+    auto it = fences.find(fence.token);
+    if (it == fences.end())
+      throw Error(ErrorKind::UnknownDeviceHandle,
+                  "fake: fence " + std::to_string(fence.token) + " is unknown (never handed out, or released)");
+    return it->second;
+  }
 
   // Appends a record of `call` (other fields zero); returns its index. Caller holds the mutex.
   std::size_t record(Call call) {
@@ -413,8 +448,7 @@ BackendInfo FakeBackend::describe() {
   info.name = "fake";
   info.vendor = "fake";
   info.device_name = "fake device (host memory)";
-  info.device_string = "CPU";  // tinygrad has no fake device; the memory is host memory
-  info.dlpack_device = DLPackDevice::CPU;
+  info.device_kind = DeviceKind::Cpu;  // the memory is host memory (and tinygrad has no fake device)
   info.device_ordinal = 0;
   info.device_id = "0";
   {
@@ -659,11 +693,15 @@ void FakeBackend::quiesce() {
     }
     s.pending.clear();
     s.late_released = false;
+    // The own queues are idle now; consumers' queues are not the fake's.
+    s.launches_held = false;
+    s.pass_fences([](const QueueRef& where) { return where.queue != Queue::Consumer; });
   }
   state_->completions_ready.notify_all();
+  state_->fence_passed.notify_all();
 }
 
-void FakeBackend::launch_axpy(const AxpyLaunch& launch) {
+Fence FakeBackend::launch_axpy(const AxpyLaunch& launch) {
   std::lock_guard lock(state_->mutex);
   auto& s = *state_;
   // The byte count, or nothing when count * 4 does not fit (recorded as 2^64-1).
@@ -694,6 +732,90 @@ void FakeBackend::launch_axpy(const AxpyLaunch& launch) {
     const float yi = launch.a * xi + launch.b;
     std::memcpy(y + i * sizeof(float), &yi, sizeof(float));
   }
+  return s.new_fence(QueueRef{Queue::Compute}, s.launches_held);
+}
+
+Fence FakeBackend::record_fence(const QueueRef& where) {
+  std::lock_guard lock(state_->mutex);
+  auto& s = *state_;
+  const bool pending = where.queue == Queue::Consumer ? s.blocked_consumers.contains(where.consumer)
+                                                      : s.launches_held;
+  return s.new_fence(where, pending);
+}
+
+bool FakeBackend::fence_passed(Fence fence) {
+  std::lock_guard lock(state_->mutex);
+  return state_->fence_record(fence).passed;
+}
+
+bool FakeBackend::wait_fence(Fence fence, std::chrono::nanoseconds timeout) {
+  std::unique_lock lock(state_->mutex);
+  auto& s = *state_;
+  s.fence_record(fence);
+  const auto passed = [&] {
+    auto it = s.fences.find(fence.token);
+    return it == s.fences.end() || it->second.passed;
+  };
+  const auto deadline = checked::deadline_after(timeout);
+  if (deadline == checked::Clock::time_point::max()) {
+    s.fence_passed.wait(lock, passed);
+    return true;
+  }
+  return s.fence_passed.wait_until(lock, deadline, passed);
+}
+
+void FakeBackend::release_fence(Fence fence) noexcept {
+  std::lock_guard lock(state_->mutex);
+  state_->fences.erase(fence.token);
+}
+
+void FakeBackend::hold_launches(bool hold) {
+  {
+    std::lock_guard lock(state_->mutex);
+    auto& s = *state_;
+    s.launches_held = hold;
+    if (!hold) s.pass_fences([](const QueueRef& where) { return where.queue != Queue::Consumer; });
+  }
+  state_->fence_passed.notify_all();
+}
+
+void FakeBackend::block_consumer_queue(std::uintptr_t queue) {
+  std::lock_guard lock(state_->mutex);
+  state_->blocked_consumers.insert(queue);
+}
+
+void FakeBackend::unblock_consumer_queue(std::uintptr_t queue) {
+  {
+    std::lock_guard lock(state_->mutex);
+    auto& s = *state_;
+    s.blocked_consumers.erase(queue);
+    s.pass_fences([&](const QueueRef& where) { return where.queue == Queue::Consumer && where.consumer == queue; });
+  }
+  state_->fence_passed.notify_all();
+}
+
+bool FakeBackend::signal_fence(Fence fence) {
+  {
+    std::lock_guard lock(state_->mutex);
+    auto it = state_->fences.find(fence.token);
+    if (it == state_->fences.end() || it->second.passed) return false;
+    it->second.passed = true;
+  }
+  state_->fence_passed.notify_all();
+  return true;
+}
+
+std::vector<Fence> FakeBackend::pending_fences() const {
+  std::lock_guard lock(state_->mutex);
+  std::vector<Fence> out;
+  for (const auto& [token, fence] : state_->fences)
+    if (!fence.passed) out.push_back(Fence{token});
+  return out;
+}
+
+std::uint64_t FakeBackend::live_fences() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->fences.size();
 }
 
 void FakeBackend::validate_view(const DeviceAllocation& allocation, const TensorView& view) {

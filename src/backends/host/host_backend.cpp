@@ -1,7 +1,8 @@
 // The host (CPU) backend: "device" memory is aligned host memory, the ring is
 // an mlock()ed mapping where the system allows, and asynchronous copies run
-// on the copy engine (copy_engine.hpp). Compute runs on the caller's thread
-// once the copies it depends on have finished.
+// on the copy engine (copy_engine.hpp), and so do launches, on a compute lane
+// of their own: a launch returns while it runs, and its fence passes when it
+// finished, as on a GPU.
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -110,8 +111,7 @@ class HostBackend final : public Backend {
     info.name = "host";
     info.vendor = "cpu";
     info.device_name = cpu_name_;
-    info.device_string = "CPU";
-    info.dlpack_device = DLPackDevice::CPU;
+    info.device_kind = DeviceKind::Cpu;
     info.device_ordinal = 0;
     info.device_id = "0";
     info.host_addressable = true;
@@ -128,9 +128,9 @@ class HostBackend final : public Backend {
           std::all_of(host_blocks_.begin(), host_blocks_.end(), [](const auto& entry) { return entry.second.locked; });
       ring_note = host_blocks_.empty() ? "no host ring allocated yet" : ring_note_;
     }
-    info.notes = ring_note + "; copy engine: one thread per direction (H2D, D2H)";
+    info.notes = ring_note + "; copy engine: one thread per direction (H2D, D2H) and one for launches";
     if (inline_async_max_bytes_ > 0) {
-      info.notes += fmt::format(", async copies up to {} run on the caller while their engine is idle",
+      info.notes += fmt::format(", async copies and launches up to {} run on the caller while their engine is idle",
                                 format_bytes(inline_async_max_bytes_));
     }
     if (!memory.problem.empty()) info.notes += "; " + memory.problem;
@@ -325,9 +325,8 @@ class HostBackend final : public Backend {
 
   void quiesce() override { engine_.quiesce(); }
 
-  void launch_axpy(const AxpyLaunch& launch) override {
-    constexpr std::uint64_t kElement = sizeof(float);
-    const auto counted = checked::mul(launch.count, kElement);
+  Fence launch_axpy(const AxpyLaunch& launch) override {
+    const auto counted = checked::mul(launch.count, sizeof(float));
     if (!counted) {
       throw Error(ErrorKind::InvalidRange, fmt::format("host backend: axpy over {} elements overflows", launch.count));
     }
@@ -338,27 +337,39 @@ class HostBackend final : public Backend {
                               "(allocation {} bytes) is out of bounds",
                               launch.count, launch.x_offset, launch.x.bytes, launch.y_offset, launch.y.bytes));
     }
-    const std::byte* x = reinterpret_cast<const std::byte*>(launch.x.address) + launch.x_offset;
-    std::byte* y = reinterpret_cast<std::byte*>(launch.y.address) + launch.y_offset;
-
-    // Stream order without streams: wait for earlier copies into x (and for
-    // any earlier copy still reading or writing y), then compute in place.
-    // The spans cannot wrap: each lies inside a live allocation (checked above).
-    const auto x_begin = reinterpret_cast<std::uintptr_t>(x);
-    const auto y_begin = reinterpret_cast<std::uintptr_t>(y);
-    engine_.wait_for_conflicts(detail::Access{{x_begin, x_begin + bytes}, {y_begin, y_begin + bytes}});
-
-    // memcpy loads and stores: offsets need not be float-aligned, and the
-    // compiler turns them into plain (vectorised) moves.
-    const float a = launch.a;
-    const float b = launch.b;
-    for (std::uint64_t i = 0; i < launch.count; ++i) {
-      float value;
-      std::memcpy(&value, x + i * kElement, kElement);
-      value = a * value + b;
-      std::memcpy(y + i * kElement, &value, kElement);
+    const detail::AxpyJob job{reinterpret_cast<const std::byte*>(launch.x.address) + launch.x_offset,
+                              reinterpret_cast<std::byte*>(launch.y.address) + launch.y_offset, launch.count,
+                              launch.a, launch.b};
+    try {
+      return engine_.launch(job);
+    } catch (const std::bad_alloc&) {
+      // Nothing was queued, so no kernel is left untracked.
+      throw Error(ErrorKind::Unavailable,
+                  fmt::format("host backend: out of memory queueing an axpy over {} floats", launch.count));
     }
   }
+
+  Fence record_fence(const QueueRef& where) override {
+    switch (where.queue) {
+      case Queue::CopyUp:
+      case Queue::CopyDown:
+      case Queue::Compute:
+        return engine_.record(where.queue);
+      case Queue::Consumer:
+        throw Error(ErrorKind::Unsupported,
+                    "host backend: a CPU consumer has no queue to record a fence on: its work is done when its call "
+                    "returns (DLPack: host views take stream None)");
+    }
+    throw Error(ErrorKind::Unsupported,
+                fmt::format("host backend: no queue {} to record a fence on", static_cast<int>(where.queue)));
+  }
+
+  bool fence_passed(Fence fence) override { return engine_.passed(fence); }
+
+  bool wait_fence(Fence fence, std::chrono::nanoseconds timeout) override { return engine_.wait(fence, timeout); }
+
+  // A fence is a lane's sequence number: nothing to give back.
+  void release_fence(Fence /*fence*/) noexcept override {}
 
   std::uint64_t live_allocations() const override {
     std::lock_guard lock(memory_mutex_);
@@ -439,8 +450,8 @@ std::unique_ptr<Backend> make_host_backend(const BackendOptions& options) {
   devbridge::detail::OptionReader reader("host", options);
   reader.single_device();
   Options typed;
-  if (const auto bytes = reader.unsigned_integer("inline_async_max_bytes",
-                                                 "async copies up to this size run on the submitting thread"))
+  if (const auto bytes = reader.unsigned_integer(
+          "inline_async_max_bytes", "async copies and launches up to this many bytes run on the submitting thread"))
     typed.inline_async_max_bytes = *bytes;
   reader.finish();
   return make_host_backend(typed);

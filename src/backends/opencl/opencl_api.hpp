@@ -23,8 +23,10 @@ namespace devbridge::opencl::detail {
   X(clGetDeviceInfo)                     \
   X(clCreateContext)                     \
   X(clReleaseContext)                    \
+  X(clGetContextInfo)                    \
   X(clCreateCommandQueue)                \
   X(clReleaseCommandQueue)               \
+  X(clGetCommandQueueInfo)               \
   X(clCreateBuffer)                      \
   X(clReleaseMemObject)                  \
   X(clEnqueueWriteBuffer)                \
@@ -32,6 +34,8 @@ namespace devbridge::opencl::detail {
   X(clEnqueueMapBuffer)                  \
   X(clEnqueueUnmapMemObject)             \
   X(clEnqueueNDRangeKernel)              \
+  X(clEnqueueMarkerWithWaitList)         \
+  X(clEnqueueBarrierWithWaitList)        \
   X(clCreateUserEvent)                   \
   X(clSetUserEventStatus)                \
   X(clSetEventCallback)                  \

@@ -17,6 +17,14 @@
 // OpenCL call, so a driver that runs callbacks while holding its own locks
 // cannot deadlock with a drain.
 //
+// Fences: a fence is a cl_event we hold one reference to: a launch's own
+// event, or a marker (clEnqueueMarkerWithWaitList) on our queue or on a
+// consumer's. Copy up, copy down and compute are all this one queue, so a
+// fence on any of them waits for everything submitted before it. OpenCL
+// can wait on an event only without a timeout, so wait_fence polls its
+// status. A consumer's queue must live in our context: an event of one
+// context means nothing to a queue of another.
+//
 // Views: an OpenCL buffer has no device address. A view's `data` is the
 // cl_mem handle and its byte_offset stays separate, as DLPack's kDLOpenCL
 // asks.
@@ -24,6 +32,7 @@
 #include "core/log.hpp"
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -35,6 +44,8 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -56,6 +67,13 @@ using detail::Operation;
 
 // How long quiesce waits for the driver's callbacks after clFinish returned.
 constexpr std::chrono::seconds kCallbackDrainLimit{30};
+
+// wait_fence polls (clWaitForEvents has no timeout): a few status reads
+// catch a fence that is about to pass without a sleep's latency, then sleeps
+// that double up to a cap bound both the latency and the cost of a poll.
+constexpr int kFenceSpins = 64;
+constexpr std::chrono::microseconds kFirstFenceSleep{2};
+constexpr std::chrono::microseconds kFenceSleepCap{1000};
 
 // The multiply and the add are rounded separately (no contraction into a
 // fused multiply-add, which PoCL does by default), so every element is
@@ -219,6 +237,7 @@ std::string describe_device(const Api& cl, const DeviceChoice& choice) {
 }
 
 cl_mem as_buffer(const DeviceAllocation& allocation) { return reinterpret_cast<cl_mem>(allocation.token); }
+cl_event as_event(Fence fence) { return reinterpret_cast<cl_event>(fence.token); }
 
 // The ring's buffer and where it is mapped; HostBlock::token points at it.
 struct HostMapping {
@@ -252,16 +271,21 @@ class OpenCLBackend final : public Backend {
     quiesce();
     std::lock_guard lock(mutex_);
     for (auto& copy : pending_) cl_.clReleaseEvent(copy.done);
+    // Not fatal (each event keeps the context alive), but a fence nobody
+    // gave back is a leak in the caller's bookkeeping.
+    if (const auto left = live_fences_.load(std::memory_order_relaxed); left != 0)
+      devbridge::detail::log().warn("devbridge opencl: {} fence(s) never released when the backend closed", left);
   }
+
+  // The bridge caches freed buffers: clCreateBuffer and clReleaseMemObject cost a driver round trip each.
+  bool caches_allocations() const override { return true; }
 
   BackendInfo describe() override {
     BackendInfo info;
     info.name = "opencl";
     info.vendor = device_text(cl_, choice_.device, CL_DEVICE_VENDOR);
     info.device_name = device_name_;
-    // tinygrad names its OpenCL device "CL".
-    info.device_string = choice_.device_index == 0 ? "CL" : fmt::format("CL:{}", choice_.device_index);
-    info.dlpack_device = DLPackDevice::OpenCL;
+    info.device_kind = DeviceKind::OpenCL;
     info.device_ordinal = choice_.device_index;
     info.device_id = fmt::format("{}:{}", choice_.platform_index, choice_.device_index);
     info.pci_bus_id = pci_bus_id();
@@ -396,13 +420,7 @@ class OpenCLBackend final : public Backend {
       return;
     }
 
-    // A held copy waits on the device for the hold's user event. The event
-    // is retained for the enqueue, so lifting the hold meanwhile is safe.
-    Owned<cl_event> gate({}, {cl_.clReleaseEvent});
-    {
-      std::lock_guard lock(mutex_);
-      if (hold_ != nullptr && cl_.clRetainEvent(hold_) == CL_SUCCESS) gate.reset(hold_);
-    }
+    Owned<cl_event> gate = hold_gate();
     cl_event gate_event = gate.get();
     cl_event done = nullptr;
     if (const cl_int result = enqueue_copy(request, CL_FALSE, gate_event ? &gate_event : nullptr, &done);
@@ -479,8 +497,8 @@ class OpenCLBackend final : public Backend {
   void quiesce() override {
     hold_copies(false);
     // Unlike a faulted CUDA context, a queue whose clFinish failed gives no
-    // promise that its commands stopped (launches are not even tracked): the
-    // quiesce fails, so the bridge frees nothing the device may still touch,
+    // promise that its commands stopped, and the fences on it may never
+    // pass: the quiesce fails, so the bridge frees nothing the device may still touch,
     // and a later restart retries it.
     if (const cl_int result = cl_.clFinish(queue_.get()); result != CL_SUCCESS) {
       mark_queue_unusable();
@@ -515,7 +533,7 @@ class OpenCLBackend final : public Backend {
     }
   }
 
-  void launch_axpy(const AxpyLaunch& launch) override {
+  Fence launch_axpy(const AxpyLaunch& launch) override {
     // Whole float32 elements inside each buffer (the kernel indexes by element).
     const auto bytes = checked::mul(launch.count, sizeof(float));
     for (const auto& [buffer, offset] : {std::pair{launch.x, launch.x_offset}, std::pair{launch.y, launch.y_offset}}) {
@@ -524,6 +542,9 @@ class OpenCLBackend final : public Backend {
                     fmt::format("opencl axpy: {} float32 at byte offset {} do not fit a buffer of {} bytes",
                                 launch.count, offset, buffer.bytes));
     }
+    if (launch.count == 0) return Fence{};  // nothing runs; OpenCL refuses an empty NDRange anyway
+    Owned<cl_event> gate = hold_gate();
+    cl_event gate_event = gate.get();
     std::lock_guard guard(launch_mutex_);  // clSetKernelArg is not thread-safe on one kernel
     cl_kernel kernel = axpy_kernel();
     cl_mem x = as_buffer(launch.x);
@@ -542,21 +563,106 @@ class OpenCLBackend final : public Backend {
     set(5, sizeof launch.b, &launch.b);
     set(6, sizeof count, &count);
     const std::size_t global = static_cast<std::size_t>(launch.count);
-    if (const cl_int result =
-            cl_.clEnqueueNDRangeKernel(queue_.get(), kernel, 1, nullptr, &global, nullptr, 0, nullptr, nullptr);
+    // The kernel's own event is the fence: it is created by the enqueue
+    // itself, so there is no moment where the kernel runs untracked.
+    cl_event done = nullptr;
+    if (const cl_int result = cl_.clEnqueueNDRangeKernel(queue_.get(), kernel, 1, nullptr, &global, nullptr,
+                                                         gate_event != nullptr ? 1 : 0,
+                                                         gate_event != nullptr ? &gate_event : nullptr, &done);
         result != CL_SUCCESS) {
       Error error = make_error(result, "clEnqueueNDRangeKernel", Operation::Launch,
                                fmt::format("axpy over {} elements", launch.count));
       if (error.fatal()) mark_queue_unusable();
       throw error;
     }
-    // The launch is queued whatever happens now: a failed flush is reported, not thrown.
+    const Fence fence = adopt_fence(done);
+    // The launch is queued whatever happens now, and its fence must reach the
+    // bridge: a failed flush is logged, not thrown (the next flush or
+    // quiesce's clFinish submits it).
     if (const cl_int result = cl_.clFlush(queue_.get()); result != CL_SUCCESS)
-      devbridge::detail::log().warn("devbridge opencl: {}", make_error(result, "clFlush", Operation::Launch).what());
+      log_failure(result, "clFlush", Operation::Launch);
+    return fence;
+  }
+
+  // ---- fences ----
+  Fence record_fence(const QueueRef& where) override {
+    switch (where.queue) {
+      case Queue::CopyUp:
+      case Queue::CopyDown:
+      case Queue::Compute:
+        return record_marker(queue_.get(), /*ours=*/true, "the bridge's queue");
+      case Queue::Consumer: {
+        cl_command_queue consumer = consumer_queue(where.consumer, "record a fence on");
+        return record_marker(consumer, /*ours=*/false, fmt::format("consumer queue {:#x}", where.consumer));
+      }
+    }
+    throw Error(ErrorKind::Unsupported,
+                fmt::format("opencl record_fence: no queue {}", static_cast<unsigned>(where.queue)));
+  }
+
+  bool fence_passed(Fence fence) override {
+    if (!fence.pending()) return true;
+    cl_event event = as_event(fence);
+    cl_int status = CL_QUEUED;
+    if (const cl_int queried = execution_status(event, status); queried != CL_SUCCESS)
+      throw make_error(queried, "clGetEventInfo(CL_EVENT_COMMAND_EXECUTION_STATUS)", Operation::Query,
+                       "testing a fence");
+    if (status > CL_COMPLETE) return false;  // queued, submitted or running
+    // A negative status: the command was terminated abnormally and nothing
+    // of it runs any more, so whatever the fence holds may go.
+    if (status < 0) note_failed_fence(event, status);
+    return true;
+  }
+
+  bool wait_fence(Fence fence, std::chrono::nanoseconds timeout) override {
+    const auto deadline = checked::deadline_after(timeout);
+    std::chrono::nanoseconds pause = kFirstFenceSleep;
+    for (int polls = 0;; ++polls) {
+      if (fence_passed(fence)) return true;
+      const auto now = checked::Clock::now();
+      if (now >= deadline) return false;
+      if (polls < kFenceSpins) {
+        std::this_thread::yield();
+        continue;
+      }
+      // deadline - now is positive here, and representable even when the
+      // deadline is the clock's end of time.
+      std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(pause, deadline - now));
+      pause = std::min<std::chrono::nanoseconds>(pause * 2, kFenceSleepCap);
+    }
+  }
+
+  void release_fence(Fence fence) noexcept override {
+    if (!fence.pending()) return;
+    if (const cl_int result = cl_.clReleaseEvent(as_event(fence)); result != CL_SUCCESS)
+      log_failure(result, "clReleaseEvent(fence)", Operation::Release);
+    live_fences_.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+  // ---- capabilities ----
+  // A consumer (pyopencl, tinygrad) needs the context to make a queue that
+  // may wait on our events and read our buffers.
+  std::uintptr_t native_context() override { return reinterpret_cast<std::uintptr_t>(context_.get()); }
+
+  void order_consumer_queue(std::uintptr_t handle) override {
+    cl_command_queue consumer = consumer_queue(handle, "order");
+    const Fence marker = record_marker(queue_.get(), /*ours=*/true, "the bridge's queue, to order a consumer after");
+    cl_event after = as_event(marker);
+    const cl_int result = cl_.clEnqueueBarrierWithWaitList(consumer, 1, &after, nullptr);
+    // The barrier keeps what it waits for alive on its own: our reference can go.
+    release_fence(marker);
+    if (result != CL_SUCCESS)
+      throw make_error(result, "clEnqueueBarrierWithWaitList", Operation::Query,
+                       fmt::format("ordering consumer queue {:#x} after the bridge's work", handle));
+    // Their queue's later commands would submit the barrier too; flushing
+    // now lets it start waiting at once.
+    if (const cl_int flushed = cl_.clFlush(consumer); flushed != CL_SUCCESS)
+      log_failure(flushed, "clFlush(consumer queue)", Operation::Query);
   }
 
   // ---- observation and test controls ----
   std::uint64_t live_allocations() const noexcept override { return live_allocations_.load(std::memory_order_relaxed); }
+  std::uint64_t live_fences() const noexcept { return live_fences_.load(std::memory_order_relaxed); }
 
   void hold_copies(bool hold) override {
     if (hold) {
@@ -588,6 +694,95 @@ class OpenCLBackend final : public Backend {
     self->finished_signals_.fetch_add(1, std::memory_order_release);
     self->callbacks_outstanding_.fetch_sub(1, std::memory_order_release);
     self->signal_cv_.notify_all();
+  }
+
+  // The hold's user event with one reference of ours (null when nothing is
+  // held): lifting the hold between this and the enqueue that waits on it
+  // then cannot free it under the enqueue.
+  Owned<cl_event> hold_gate() {
+    Owned<cl_event> gate(nullptr, {cl_.clReleaseEvent});
+    std::lock_guard lock(mutex_);
+    if (hold_ != nullptr && cl_.clRetainEvent(hold_) == CL_SUCCESS) gate.reset(hold_);
+    return gate;
+  }
+
+  // Takes over the one reference the enqueue gave us.
+  Fence adopt_fence(cl_event event) noexcept {
+    live_fences_.fetch_add(1, std::memory_order_relaxed);
+    return Fence{reinterpret_cast<std::uintptr_t>(event)};
+  }
+
+  // A marker waits for everything enqueued before it on an in-order queue.
+  // Flushed, or a driver may never submit it and the fence never passes;
+  // a marker that cannot be flushed is given back and the failure thrown
+  // (nothing but the marker was enqueued, so nothing goes untracked).
+  Fence record_marker(cl_command_queue queue, bool ours, std::string_view where) {
+    cl_event marker = nullptr;
+    if (const cl_int result = cl_.clEnqueueMarkerWithWaitList(queue, 0, nullptr, &marker); result != CL_SUCCESS) {
+      Error error = make_error(result, "clEnqueueMarkerWithWaitList", Operation::Query, where);
+      if (error.fatal() && ours) mark_queue_unusable();
+      throw error;
+    }
+    Owned<cl_event> owned(marker, {cl_.clReleaseEvent});
+    if (const cl_int result = cl_.clFlush(queue); result != CL_SUCCESS) {
+      Error error = make_error(result, "clFlush", Operation::Query, where);
+      if (error.fatal() && ours) mark_queue_unusable();
+      throw error;
+    }
+    return adopt_fence(owned.release());
+  }
+
+  // A consumer's queue, refused unless it lives in our context (an event of
+  // ours means nothing to a queue of another context, and its commands could
+  // not name our buffers).
+  cl_command_queue consumer_queue(std::uintptr_t handle, std::string_view doing) {
+    if (handle == 0)
+      throw Error(ErrorKind::Unsupported,
+                  fmt::format("opencl: cannot {} consumer queue 0: OpenCL has no default queue; pass a "
+                              "cl_command_queue made on this bridge's context (native_context)",
+                              doing));
+    auto* queue = reinterpret_cast<cl_command_queue>(handle);
+    cl_context context = nullptr;
+    if (const cl_int result =
+            cl_.clGetCommandQueueInfo(queue, CL_QUEUE_CONTEXT, sizeof context, &context, nullptr);
+        result != CL_SUCCESS)
+      throw make_error(result, "clGetCommandQueueInfo(CL_QUEUE_CONTEXT)", Operation::Query,
+                       fmt::format("consumer queue {:#x} is not a usable cl_command_queue", handle));
+    if (context != context_.get())
+      throw Error(ErrorKind::ForeignDomain,
+                  fmt::format("opencl: cannot {} consumer queue {:#x}: it belongs to OpenCL context {}, not to this "
+                              "bridge's context {} (make the queue on native_context())",
+                              doing, handle, static_cast<const void*>(context),
+                              static_cast<const void*>(context_.get())));
+    return queue;
+  }
+
+  // A command behind a fence ended abnormally. A launch has no completion to
+  // report it through, so it is logged here; and if it ran on our queue,
+  // that queue has no defined state any more: the next quiesce replaces it.
+  void note_failed_fence(cl_event event, cl_int status) {
+    cl_command_queue queue = nullptr;
+    const bool ours = cl_.clGetEventInfo(event, CL_EVENT_COMMAND_QUEUE, sizeof queue, &queue, nullptr) == CL_SUCCESS &&
+                      queue != nullptr && queue == queue_.get();
+    const bool poisoned = ours && detail::classify(status, Operation::Launch).fatal;
+    if (poisoned) mark_queue_unusable();
+    try {
+      devbridge::detail::log().warn("devbridge opencl: a command before a fence on {} ended abnormally: {} ({}){}",
+                                    ours ? "the bridge's queue" : "another queue", detail::error_name(status), status,
+                                    poisoned ? "; the queue is replaced at the next restart" : "");
+    } catch (...) {
+      // Logging is best effort; the fence has passed either way.
+    }
+  }
+
+  // For failures that must not throw: after work is queued (its fence has to
+  // reach the bridge) and in noexcept paths. Building the message may itself
+  // fail (out of memory); then only the log line is lost.
+  static void log_failure(cl_int result, std::string_view call, Operation operation) noexcept {
+    try {
+      devbridge::detail::log().warn("devbridge opencl: {}", make_error(result, call, operation).what());
+    } catch (...) {
+    }
   }
 
   Owned<cl_command_queue> make_queue() {
@@ -675,6 +870,7 @@ class OpenCLBackend final : public Backend {
   std::atomic<std::uint64_t> callbacks_outstanding_{0};
 
   std::atomic<std::uint64_t> live_allocations_{0};
+  std::atomic<std::uint64_t> live_fences_{0};  // fences handed out and not yet released
 };
 
 OpenCLBackend& as_opencl(Backend& backend) {
@@ -731,5 +927,10 @@ std::uint64_t live_allocations(const Backend& backend) {
 }
 
 void hold_copies(Backend& backend, bool hold) { as_opencl(backend).hold_copies(hold); }
+
+std::uint64_t live_fences(const Backend& backend) {
+  if (const auto* opencl = dynamic_cast<const OpenCLBackend*>(&backend)) return opencl->live_fences();
+  throw Error(ErrorKind::Unsupported, "not an OpenCL backend");
+}
 
 }  // namespace devbridge::opencl

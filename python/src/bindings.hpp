@@ -1,0 +1,110 @@
+// What the binding files share. Each Python class, or group of module
+// functions, is bound by one bind_* function in its own file; module.cpp
+// calls them in the order the module has always defined its names. Only what
+// crosses files is here: objects that one class hands out and another binds
+// (Bridge.ring, Bridge.fake, Bridge.view), and conversions more than one
+// binding takes, so each is written once.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <nanobind/nanobind.h>
+// The type casters the module has always bound with, in every binding file,
+// so a std::string, std::vector or std::optional converts the same wherever
+// its class is bound.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "devbridge/backend.hpp"
+#include "devbridge/backends/fake.hpp"
+#include "devbridge/bridge.hpp"
+#include "state.hpp"
+
+namespace devbridge::python {
+
+struct PyHostRing {
+  std::shared_ptr<BridgeState> state;
+};
+
+struct PyFake {
+  std::shared_ptr<BridgeState> state;
+  fake::FakeBackend& backend() const { return *state->fake; }
+};
+
+// ---- conversions more than one binding takes ----
+// value_types.cpp
+std::string lower(std::string text);
+DType parse_dtype(nanobind::handle object);
+std::string handle_repr(const DeviceHandle& h);
+// module.cpp
+nanobind::dict backend_info_dict(const BackendInfo& info);
+// views.cpp
+nanobind::object tinygrad_helper(const char* name);
+
+// A view and the lease that keeps its allocation alive. The metadata stays
+// readable after close(); the address does not.
+struct PyTensorView {
+  std::shared_ptr<BridgeState> state;
+  ViewLease lease;  // survives close(): the memory stays valid until it ends
+  TensorView meta;
+  std::string device;  // meta.device points into the backend; keep our own copy
+  ViewSpec spec;       // what the caller asked for, to take further leases
+
+  // A consumer's queue (DLPack numbering) the lease ends after, set by a
+  // hand-off to a consumer that computes on its own queue (tinygrad).
+  std::optional<std::uintptr_t> end_after_queue;
+
+  PyTensorView() = default;
+  PyTensorView(PyTensorView&&) noexcept = default;
+  PyTensorView& operator=(PyTensorView&&) noexcept = default;
+  ~PyTensorView() { close(); }
+
+  bool closed() const { return !lease; }
+
+  // The lease is live and belongs to the bridge's current generation: a
+  // restart retires the allocation under a view from before it.
+  void check_usable(const char* what) const {
+    if (closed()) throw Error(ErrorKind::Closed, std::string(what) + ": the view is closed");
+    Generation current = state->open().generation();
+    if (meta.handle.generation != current)
+      throw Error(ErrorKind::OldGenerationHandle,
+                  std::string(what) + ": the view's " + handle_repr(meta.handle) +
+                      " is from generation " + std::to_string(meta.handle.generation) +
+                      "; the bridge restarted into generation " + std::to_string(current));
+  }
+
+  void close() noexcept {
+    if (end_after_queue && lease)
+      end_lease_after(lease, *end_after_queue);
+    else
+      lease.reset();
+  }
+  // Ends the lease once `queue` has run what was enqueued on it so far.
+  void close_after(std::uintptr_t queue) {
+    Bridge& bridge = state->open();
+    (void)bridge;
+    nanobind::gil_scoped_release no_gil;
+    lease.end_after(ConsumerQueue{queue});
+  }
+};
+
+// Bridge.view's arguments, parsed where the rest of a view's are.
+ViewSpec parse_view_spec(nanobind::handle dtype, nanobind::handle shape, nanobind::handle strides,
+                         nanobind::handle offset);
+PyTensorView make_view(const std::shared_ptr<BridgeState>& state, DeviceHandle handle, const ViewSpec& spec,
+                       ViewWait wait);
+
+// ---- one per class or area, in the order module.cpp calls them ----
+void bind_errors(nanobind::module_& m);             // errors.cpp
+void bind_module_functions(nanobind::module_& m);   // module.cpp
+void bind_value_types(nanobind::module_& m);        // value_types.cpp
+void bind_ring(nanobind::module_& m);               // ring.cpp
+void bind_views(nanobind::module_& m);              // views.cpp
+void bind_fake_controls(nanobind::module_& m);      // fake_controls.cpp
+void bind_bridge(nanobind::module_& m);             // bridge.cpp
+
+}  // namespace devbridge::python

@@ -1,0 +1,173 @@
+// The value types (DeviceHandle, CopyEvent, HostRange, ObjectSpec) and the
+// names callers give for dtypes and shape kinds.
+#include <cctype>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <Python.h>
+#include <nanobind/nanobind.h>
+
+#include "devbridge/types.hpp"
+#include "arguments.hpp"
+#include "bindings.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace devbridge::python {
+namespace {
+
+std::string known_dtype_names() {
+  std::string names;
+  for (const DTypeInfo& info : all_dtypes()) {
+    if (!names.empty()) names += ", ";
+    names += info.name;
+  }
+  return names;
+}
+
+}  // namespace
+
+std::string lower(std::string text) {
+  for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return text;
+}
+
+// A dtype named as numpy and tinygrad name it ("float32"), or given as a
+// numpy dtype/type or a tinygrad DType.
+DType parse_dtype(nb::handle object) {
+  std::string name;
+  if (nb::isinstance<nb::str>(object)) {
+    name = nb::cast<std::string>(object);
+  } else {
+    nb::handle type = object.type();
+    std::string module_name = nb::hasattr(type, "__module__") ? nb::cast<std::string>(nb::str(type.attr("__module__"))) : "";
+    if (module_name.rfind("tinygrad", 0) == 0) {
+      // tinygrad's DType names are C names ("float", "__bf16"): match the object.
+      nb::object tinygrad_dtypes = nb::module_::import_("tinygrad").attr("dtypes");
+      for (const DTypeInfo& info : all_dtypes()) {
+        nb::object candidate = nb::getattr(tinygrad_dtypes, std::string(info.tinygrad_name).c_str(), nb::none());
+        if (!candidate.is_none() && candidate.equal(object)) return info.dtype;
+      }
+      throw nb::value_error(("dtype " + nb::cast<std::string>(nb::repr(object)) + " has no devbridge equivalent").c_str());
+    }
+    try {
+      name = nb::cast<std::string>(nb::module_::import_("numpy").attr("dtype")(object).attr("name"));
+    } catch (const nb::python_error&) {
+      throw nb::type_error(("dtype must be a name such as \"float32\", a numpy dtype or a tinygrad DType, not " +
+                            nb::cast<std::string>(nb::repr(object))).c_str());
+    }
+  }
+  if (std::optional<DType> dtype = dtype_from_name(name)) return *dtype;
+  throw nb::value_error(("unknown dtype \"" + name + "\"; devbridge knows: " + known_dtype_names()).c_str());
+}
+
+std::string handle_repr(const DeviceHandle& h) {
+  return "DeviceHandle(domain=" + std::to_string(h.domain) + ", generation=" + std::to_string(h.generation) +
+         ", id=" + std::to_string(h.id) + ")";
+}
+
+namespace {
+
+// An ObjectSpec's dtype: any dtype parse_dtype takes, or "bytes" / None for
+// an untyped allocation.
+std::optional<DType> parse_spec_dtype(nb::handle object) {
+  if (object.is_none()) return std::nullopt;
+  if (nb::isinstance<nb::str>(object) && nb::cast<std::string>(object) == "bytes") return std::nullopt;
+  return parse_dtype(object);
+}
+
+ShapeKind parse_shape_kind(const std::string& name) {
+  std::string n = lower(name);
+  if (n == "scalar") return ShapeKind::Scalar;
+  if (n == "vector") return ShapeKind::Vector;
+  if (n == "matrix") return ShapeKind::Matrix;
+  if (n == "tensor") return ShapeKind::Tensor;
+  throw nb::value_error(("shape kind must be scalar, vector, matrix or tensor, not \"" + name + "\"").c_str());
+}
+
+std::string event_repr(const CopyEvent& e) {
+  return "CopyEvent(domain=" + std::to_string(e.domain) + ", generation=" + std::to_string(e.generation) +
+         ", id=" + std::to_string(e.id) + ")";
+}
+
+std::size_t hash_triple(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
+  std::uint64_t h = a * 0x9E3779B97F4A7C15ull;
+  h ^= b + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+  h ^= c + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+  return static_cast<std::size_t>(h);
+}
+
+// DeviceHandle and CopyEvent: the same {domain, generation, id} value type.
+template <class Tagged>
+void bind_tagged(nb::module_& m, const char* name, const char* doc, std::string (*repr)(const Tagged&)) {
+  nb::class_<Tagged>(m, name, doc)
+      .def(
+          "__init__",
+          [](Tagged* self, nb::handle domain, nb::handle generation, nb::handle id) {
+            new (self) Tagged{args::integer<std::uint64_t>(domain, "domain"),
+                              args::integer<std::uint64_t>(generation, "generation"),
+                              args::integer<std::uint64_t>(id, "id")};
+          },
+          "domain"_a, "generation"_a, "id"_a)
+      .def_ro("domain", &Tagged::domain)
+      .def_ro("generation", &Tagged::generation)
+      .def_ro("id", &Tagged::id)
+      .def("__eq__", [](const Tagged& a, const Tagged& b) { return a == b; })
+      .def("__eq__", [](const Tagged&, nb::handle) { return false; })
+      .def("__hash__", [](const Tagged& t) { return hash_triple(t.domain, t.generation, t.id); })
+      .def("__repr__", repr);
+}
+
+}  // namespace
+
+void bind_value_types(nb::module_& m) {
+  bind_tagged<DeviceHandle>(m, "DeviceHandle", "{domain, generation, id}: names one device allocation of one bridge.",
+                            &handle_repr);
+  bind_tagged<CopyEvent>(m, "CopyEvent", "{domain, generation, id}: names one copy; never aliases a later copy.",
+                         &event_repr);
+
+  nb::class_<HostRange>(m, "HostRange", "A reserved range of the host ring: byte offset into the ring and length.")
+      .def(
+          "__init__",
+          [](HostRange* self, nb::handle offset, nb::handle len) {
+            new (self) HostRange{args::integer<std::uint64_t>(offset, "offset"), args::integer<std::uint64_t>(len, "len")};
+          },
+          "offset"_a, "len"_a)
+      .def_ro("offset", &HostRange::offset)
+      .def_ro("len", &HostRange::len)
+      .def("__len__", [](const HostRange& r) { return r.len; })
+      .def("__eq__", [](const HostRange& a, const HostRange& b) { return a == b; })
+      .def("__eq__", [](const HostRange&, nb::handle) { return false; })
+      .def("__hash__", [](const HostRange& r) { return hash_triple(r.offset, r.len, 0x486f737452616e67ull); })
+      .def("__repr__", [](const HostRange& r) {
+        return "HostRange(offset=" + std::to_string(r.offset) + ", len=" + std::to_string(r.len) + ")";
+      });
+
+  nb::class_<ObjectSpec>(m, "ObjectSpec",
+                         "What an allocation may hold: max extent (bytes), alignment (bytes), dtype, shape kind.")
+      .def(
+          "__init__",
+          [](ObjectSpec* self, nb::handle max_extent, nb::handle alignment, nb::handle dtype,
+             const std::string& shape) {
+            new (self) ObjectSpec{args::integer<std::uint64_t>(max_extent, "max_extent"),
+                                  args::integer<std::uint64_t>(alignment, "alignment"), parse_spec_dtype(dtype),
+                                  parse_shape_kind(shape)};
+          },
+          "max_extent"_a, "alignment"_a, "dtype"_a.none(), "shape"_a = "tensor",
+          "dtype: a dtype name (\"float32\"), a numpy or tinygrad dtype, or \"bytes\"/None for an untyped "
+          "allocation that views of any dtype may share at offsets aligned to their dtype.")
+      .def_ro("max_extent", &ObjectSpec::max_extent)
+      .def_ro("alignment", &ObjectSpec::alignment)
+      .def_prop_ro("dtype", [](const ObjectSpec& s) { return std::string(spec_dtype_name(s)); },
+                   "The dtype's name; \"bytes\" for an untyped allocation.")
+      .def_prop_ro("shape", [](const ObjectSpec& s) { return std::string(shape_kind_name(s.shape)); })
+      .def("__repr__", [](const ObjectSpec& s) {
+        return "ObjectSpec(max_extent=" + std::to_string(s.max_extent) + ", alignment=" + std::to_string(s.alignment) +
+               ", dtype=\"" + std::string(spec_dtype_name(s)) + "\", shape=\"" +
+               std::string(shape_kind_name(s.shape)) + "\")";
+      });
+}
+
+}  // namespace devbridge::python

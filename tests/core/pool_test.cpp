@@ -1,0 +1,187 @@
+// The caching pool and the out-of-memory retry, on the fake (which records
+// every backend call, so a cache hit is a missing Allocate).
+#include <gtest/gtest.h>
+
+#include <memory>
+
+#include "support.hpp"
+
+namespace devbridge::testing {
+namespace {
+
+const ObjectSpec kBytes4K{1 << 20, 64, DType::UInt8, ShapeKind::Vector};
+const ObjectSpec kFloats{1 << 20, 64, DType::Float32, ShapeKind::Vector};
+
+std::size_t count(const std::vector<RecordedCall>& calls, Call kind) {
+  std::size_t n = 0;
+  for (const auto& call : calls) n += call.call == kind;
+  return n;
+}
+
+struct PoolTest : ::testing::Test {
+  static constexpr std::uint64_t kRing = 4096;
+  void make(CachingPool pool = CachingPool::On, std::uint64_t memory = 1ull << 30, std::uint64_t cap = UINT64_MAX) {
+    fake = std::make_shared<FakeBackend>(memory);  // the ring is not counted, but must fit in it
+    bridge = std::make_unique<Bridge>(std::make_unique<ForwardingBackend>(fake),
+                                      BridgeOptions{.ring_bytes = kRing, .caching_pool = pool, .pool_cap_bytes = cap});
+    fake->clear_calls();
+  }
+  std::shared_ptr<FakeBackend> fake;
+  std::unique_ptr<Bridge> bridge;
+};
+
+TEST_F(PoolTest, SizeClassesAreQuarterOctaves) {
+  make();
+  // 5000 bytes round up to 5120 (4096 + 1024), not to 4096: a new block.
+  bridge->free_device(bridge->alloc_device(kBytes4K, 4096));
+  const auto a = bridge->alloc_device(kBytes4K, 4992);
+  EXPECT_EQ(count(fake->calls(), Call::Allocate), 2u);
+  EXPECT_EQ(fake->calls().back().bytes, 5120u);
+  bridge->free_device(a);
+  const auto b = bridge->alloc_device(kBytes4K, 5120);  // the same class: a hit
+  EXPECT_EQ(count(fake->calls(), Call::Allocate), 2u);
+  const auto c = bridge->alloc_device(kBytes4K, 64);  // the smallest class is 512 bytes
+  EXPECT_EQ(fake->calls().back().bytes, 512u);
+  bridge->free_device(b);
+  bridge->free_device(c);
+}
+
+TEST_F(PoolTest, AFreedBlockServesTheNextRequestOfItsSizeClassWithoutTheBackend) {
+  make();
+  const auto a = bridge->alloc_device(kBytes4K, 4096);
+  bridge->free_device(a);
+  const auto b = bridge->alloc_device(kBytes4K, 3712);  // above 3.5 KiB: the same 4 KiB class
+  const auto calls = fake->calls();
+  EXPECT_EQ(count(calls, Call::Allocate), 1u) << describe_calls(calls);
+  EXPECT_EQ(count(calls, Call::Free), 0u);
+  auto stats = bridge->memory_stats();
+  EXPECT_TRUE(stats.pool_enabled);
+  EXPECT_EQ(stats.cache_hits, 1u);
+  EXPECT_EQ(stats.cache_misses, 1u);
+  EXPECT_EQ(stats.backend_allocations, 1u);
+  EXPECT_EQ(stats.total_allocations, 2u);
+  EXPECT_EQ(stats.allocated_bytes, 4096u);
+  bridge->free_device(b);
+  stats = bridge->memory_stats();
+  EXPECT_EQ(stats.cached_blocks, 1u);
+  EXPECT_EQ(stats.reserved_bytes, 4096u);
+  bridge->empty_cache();
+  EXPECT_EQ(bridge->memory_stats().cached_bytes, 0u);
+  EXPECT_EQ(fake->live_allocations(), 0u);
+}
+
+TEST_F(PoolTest, ABlockIsNotReusedWhileAFenceOnItIsPending) {
+  make();
+  const auto x = bridge->alloc_device(kFloats, 4096);
+  const auto y = bridge->alloc_device(kFloats, 4096);
+  fake->hold_launches(true);
+  bridge->launch_axpy(DeviceRange{x, 0, 4096}, DeviceRange{y, 0, 4096}, 1.0f, 0.0f);
+  bridge->release(y);
+  const auto z = bridge->alloc_device(kFloats, 4096);  // y's kernel may still write: a new block
+  EXPECT_EQ(count(fake->calls(), Call::Allocate), 3u);
+  EXPECT_EQ(bridge->memory_stats().cached_blocks, 0u);
+  fake->hold_launches(false);
+  EXPECT_EQ(bridge->memory_stats().cached_blocks, 0u) << "memory_stats reaps nothing; stats() does";
+  (void)bridge->stats();
+  EXPECT_EQ(bridge->memory_stats().cached_blocks, 1u);
+  const auto w = bridge->alloc_device(kFloats, 4096);  // now y's block
+  EXPECT_EQ(count(fake->calls(), Call::Allocate), 3u);
+  for (const auto h : {x, z, w}) bridge->free_device(h);
+}
+
+TEST_F(PoolTest, TheCapSendsWhatDoesNotFitBackToTheBackend) {
+  make(CachingPool::On, 1ull << 30, 4096);
+  const auto a = bridge->alloc_device(kBytes4K, 4096);
+  const auto b = bridge->alloc_device(kBytes4K, 4096);
+  bridge->free_device(a);
+  bridge->free_device(b);
+  const auto stats = bridge->memory_stats();
+  EXPECT_EQ(stats.cached_bytes, 4096u);
+  EXPECT_EQ(stats.backend_frees, 1u);
+  EXPECT_EQ(fake->live_allocations(), 1u);
+}
+
+TEST_F(PoolTest, RestartAndCloseGiveTheCacheBack) {
+  make();
+  bridge->free_device(bridge->alloc_device(kBytes4K, 4096));
+  EXPECT_EQ(fake->live_allocations(), 1u);
+  bridge->restart(2);
+  EXPECT_EQ(fake->live_allocations(), 0u);
+  bridge->free_device(bridge->alloc_device(kBytes4K, 4096));
+  bridge->close();
+  EXPECT_EQ(fake->live_allocations(), 0u);
+}
+
+TEST_F(PoolTest, PeaksAndTotalsFollowTheAllocationsAndResetToTheCurrentFigures) {
+  make();
+  const auto a = bridge->alloc_device(kBytes4K, 8192);
+  const auto b = bridge->alloc_device(kBytes4K, 4096);
+  bridge->free_device(a);
+  auto stats = bridge->memory_stats();
+  EXPECT_EQ(stats.peak_allocated_bytes, 8192u + 4096u);
+  EXPECT_EQ(stats.allocated_bytes, 4096u);
+  EXPECT_EQ(stats.total_allocated_bytes, 8192u + 4096u);
+  EXPECT_EQ(stats.reserved_bytes, 8192u + 4096u);  // a's block is cached
+  EXPECT_EQ(stats.largest_request_bytes, 8192u);
+  EXPECT_EQ(stats.fragmentation_bytes, 0u);
+  bridge->reset_peak_memory();
+  stats = bridge->memory_stats();
+  EXPECT_EQ(stats.peak_allocated_bytes, 4096u);
+  EXPECT_EQ(stats.peak_reserved_bytes, 8192u + 4096u);
+  bridge->free_device(b);  // a 4 KiB block cannot serve the largest request (8 KiB)
+  EXPECT_EQ(bridge->memory_stats().fragmentation_bytes, 4096u);
+}
+
+// The scenario: the backend is out of memory, but a released
+// allocation's last copy has completed (not yet drained): the retry drains
+// it, frees the memory and succeeds.
+TEST_F(PoolTest, OutOfMemoryDrainsCompletionsAndRetriesOnce) {
+  for (const auto pool : {CachingPool::Off, CachingPool::On}) {
+    make(pool, 8192);
+    const auto x = bridge->alloc_device(kBytes4K, 8192);
+    const auto range = bridge->reserve(4096);
+    const auto copy = bridge->host_to_device(range, DeviceRange{x, 0, 4096}, CopyMode::Async);
+    bridge->release(x);  // deferred: the copy is in flight
+    ASSERT_TRUE(fake->complete(copy));  // done on the device; the bridge has not seen it
+    const auto y = bridge->alloc_device(kBytes4K, 8192);
+    const auto stats = bridge->memory_stats();
+    EXPECT_EQ(stats.oom_retries, 1u);
+    EXPECT_EQ(stats.oom_failures, 0u);
+    EXPECT_EQ(fake->live_allocations(), 1u);
+    bridge->free_device(y);
+    bridge->release_host(range);
+  }
+}
+
+TEST_F(PoolTest, OutOfMemoryReleasesTheCacheBeforeItGivesUp) {
+  make(CachingPool::On, 16384);
+  bridge->free_device(bridge->alloc_device(kBytes4K, 8192));  // cached
+  const auto big = bridge->alloc_device(kBytes4K, 12288);     // needs the cached 8 KiB back
+  EXPECT_EQ(bridge->memory_stats().oom_retries, 1u);
+  EXPECT_EQ(bridge->memory_stats().cached_bytes, 0u);
+  bridge->free_device(big);
+}
+
+TEST_F(PoolTest, ATrueOutOfMemoryNamesWhatTheBridgeHeld) {
+  make(CachingPool::On, 8192);
+  const auto x = bridge->alloc_device(kBytes4K, 8192);
+  const auto message = EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationFailed, bridge->alloc_device(kBytes4K, 4096));
+  EXPECT_NE(message.find("retried once"), std::string::npos) << message;
+  EXPECT_NE(message.find("8192 bytes in live allocations"), std::string::npos) << message;
+  EXPECT_NE(message.find("request of 4096 bytes"), std::string::npos) << message;
+  const auto stats = bridge->memory_stats();
+  EXPECT_EQ(stats.oom_retries, 1u);
+  EXPECT_EQ(stats.oom_failures, 1u);
+  EXPECT_FALSE(bridge->stats().broken);
+  bridge->free_device(x);
+}
+
+TEST_F(PoolTest, ThePoolIsOffByDefaultForABackendThatDoesNotAskForIt) {
+  make(CachingPool::BackendDefault);
+  bridge->free_device(bridge->alloc_device(kBytes4K, 4096));
+  EXPECT_FALSE(bridge->memory_stats().pool_enabled);
+  EXPECT_EQ(fake->live_allocations(), 0u);
+}
+
+}  // namespace
+}  // namespace devbridge::testing
