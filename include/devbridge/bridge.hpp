@@ -93,7 +93,7 @@ struct MemoryStats {
   // draining completions, reaping fences and releasing the cache; and those
   // that failed again.
   std::uint64_t oom_retries = 0, oom_failures = 0;
-  std::uint64_t largest_request_bytes = 0;
+  std::uint64_t largest_request_bytes = 0;  // tracked with the pool on
   // Cached bytes in blocks too small for the largest request so far: free
   // memory the pool holds that the biggest tensor could not use.
   std::uint64_t fragmentation_bytes = 0;

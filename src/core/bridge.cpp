@@ -498,7 +498,9 @@ class BridgeCore {
     if (__builtin_expect(slot.released, 0) && slot.in_use && !slot.used()) free_slot(index);
   }
 
-  [[gnu::always_inline]] void free_slot(std::uint32_t index) {
+  // Out of line: every path that ends a use (a copy's unpin above all) tests
+  // for a release, and only a released allocation's last use frees.
+  [[gnu::noinline]] void free_slot(std::uint32_t index) {
     auto& slot = allocations_[index];
     const DeviceAllocation device = slot.device;
     allocated_bytes_ -= device.bytes;
@@ -534,16 +536,8 @@ class BridgeCore {
            "and of the {} size {}",
            extent, spec.max_extent, spec.alignment, spec_dtype_name(spec), elem);
     }
-    if (pool_) {
-      SpinLockHold lock(lock_);
-      enter(lock);
-      largest_request_ = std::max(largest_request_, extent);
-      if (const auto cached = pool_->take(DevicePool::size_class(extent), spec.alignment)) {
-        ++cache_hits_;
-        return add_allocation(lock, spec, elem, view_dtype, extent, *cached);
-      }
-      ++cache_misses_;
-    } else if (__builtin_expect(state_seen_.load(std::memory_order_relaxed) & (kClosed | kBroken), 0)) {
+    if (pool_) return alloc_through_pool(spec, elem, view_dtype, extent);
+    if (__builtin_expect(state_seen_.load(std::memory_order_relaxed) & (kClosed | kBroken), 0)) {
       // Refused before the driver is asked (a racing close costs an
       // allocation freed again below).
       SpinLockHold lock(lock_);
@@ -553,8 +547,50 @@ class BridgeCore {
     // milliseconds and synchronize the device (cuMemAlloc), and no other
     // caller should spin meanwhile. A restart in progress is waited out by
     // enter() afterwards, and the memory joins the new generation.
-    const DeviceAllocation device = allocate_memory(extent, spec.alignment);
+    const DeviceAllocation device = allocate(extent, extent, spec.alignment);
     SpinLockHold lock(lock_);
+    enter_or_free(lock, device);
+    return add_allocation(lock, spec, elem, view_dtype, extent, device);
+  }
+
+  // The backend's allocation of `asked` bytes for a request of `extent`
+  // (returned in place: no copy on alloc_device's path).
+  [[gnu::always_inline]] DeviceAllocation allocate(std::uint64_t asked, std::uint64_t extent,
+                                                   std::uint64_t alignment) {
+    try {
+      return backend_->allocate(asked, alignment);
+    } catch (const Error& e) {
+      return allocate_after_refusal(e, asked, extent, alignment);
+    }
+  }
+
+  // alloc_device with the caching pool on: a cached block of the request's
+  // size class, else the backend's.
+  [[gnu::noinline]] DeviceHandle alloc_through_pool(const ObjectSpec& spec, std::uint32_t elem, DType view_dtype,
+                                                    std::uint64_t extent) {
+    const std::uint64_t class_bytes = DevicePool::size_class(extent);
+    {
+      SpinLockHold lock(lock_);
+      enter(lock);
+      largest_request_ = std::max(largest_request_, extent);
+      if (const auto cached = pool_->take(class_bytes, spec.alignment)) {
+        ++cache_hits_;
+        return add_allocation(lock, spec, elem, view_dtype, extent, *cached);
+      }
+      ++cache_misses_;
+    }
+    const DeviceAllocation device = allocate(class_bytes, extent, spec.alignment);
+    SpinLockHold lock(lock_);
+    enter_or_free(lock, device);
+    ++backend_allocations_;
+    total_reserved_bytes_ += device.bytes;
+    const DeviceHandle handle = add_allocation(lock, spec, elem, view_dtype, extent, device);
+    peak_reserved_bytes_ = std::max(peak_reserved_bytes_, reserved_bytes());
+    return handle;
+  }
+
+  // enter(), giving the memory back to the backend if the bridge refuses.
+  void enter_or_free(SpinLockHold& lock, const DeviceAllocation& device) {
     try {
       enter(lock);
     } catch (...) {
@@ -562,12 +598,6 @@ class BridgeCore {
       backend_->free(device);
       throw;
     }
-    ++backend_allocations_;
-    total_reserved_bytes_ += device.bytes;
-    largest_request_ = std::max(largest_request_, extent);
-    const DeviceHandle handle = add_allocation(lock, spec, elem, view_dtype, extent, device);
-    peak_reserved_bytes_ = std::max(peak_reserved_bytes_, reserved_bytes());
-    return handle;
   }
 
   // A new slot for memory the caller got (from the pool or the backend);
@@ -595,15 +625,19 @@ class BridgeCore {
   // ---- memory: the pool and the backend ----
   std::uint64_t reserved_bytes() const noexcept { return allocated_bytes_ + (pool_ ? pool_->cached_bytes() : 0); }
 
-  // Asks the backend for `extent` bytes (the pool's size class when the
-  // pool is on, else, or where the class cannot be had, the exact size). Out
-  // of memory, it reclaims what the bridge can (completions that end last
-  // uses, passed fences, the whole cache) and retries once; the error then
-  // says what the bridge held. Runs without the lock.
-  DeviceAllocation allocate_memory(std::uint64_t extent, std::uint64_t alignment) {
-    const std::uint64_t class_bytes = pool_ ? DevicePool::size_class(extent) : extent;
-    if (auto device = try_allocate(class_bytes, alignment)) return *device;
-    if (class_bytes != extent)
+  // The backend refused `asked` bytes (the request's `extent`, or its size
+  // class): a fatal error breaks the bridge; out of memory, the exact size is
+  // tried (a size class may be past a per-buffer limit), then the bridge
+  // reclaims what it can (completions that end last uses, passed fences, the
+  // whole cache) and retries once, and the final error says what it held.
+  [[gnu::noinline, gnu::cold]] DeviceAllocation allocate_after_refusal(const Error& refusal, std::uint64_t asked,
+                                                                       std::uint64_t extent, std::uint64_t alignment) {
+    if (refusal.fatal()) {
+      SpinLockHold lock(lock_);
+      mark_broken(refusal);
+    }
+    if (refusal.kind() != ErrorKind::AllocationFailed || refusal.fatal()) throw refusal;
+    if (asked != extent)
       if (auto device = try_allocate(extent, alignment)) return *device;
     const auto held = reclaim_for_retry();
     try {
@@ -707,11 +741,12 @@ class BridgeCore {
     m.peak_allocated_bytes = peak_allocated_bytes_;
     m.total_allocated_bytes = total_allocated_bytes_;
     m.reserved_bytes = reserved_bytes();
-    m.peak_reserved_bytes = std::max(peak_reserved_bytes_, m.reserved_bytes);
-    m.total_reserved_bytes = total_reserved_bytes_;
+    m.peak_reserved_bytes = pool_ ? std::max(peak_reserved_bytes_, m.reserved_bytes) : peak_allocated_bytes_;
+    m.total_reserved_bytes = pool_ ? total_reserved_bytes_ : total_allocated_bytes_;
     m.allocations = allocations_.live();
     m.total_allocations = total_allocations_;
-    m.backend_allocations = backend_allocations_;
+    // Without the pool every allocation is the backend's.
+    m.backend_allocations = pool_ ? backend_allocations_ : total_allocations_;
     m.backend_frees = backend_frees_;
     m.cached_bytes = pool_ ? pool_->cached_bytes() : 0;
     m.cached_blocks = pool_ ? pool_->cached_blocks() : 0;
