@@ -85,10 +85,17 @@ struct HostBlock {
 };
 
 // One validated copy: host and device ranges have already been checked
-// against the ring and the allocation. For Async, the backend reports the
-// outcome later through drain_completions under `event`; it must never report
-// it from inside submit_copy's caller frame in a way the caller cannot see
-// (queue it). For Sync, submit_copy returns once the copy is done, or throws.
+// against the ring (or a registered region) and the allocation. For Async,
+// the backend reports the outcome later through drain_completions under
+// `event`; it must never report it from inside submit_copy's caller frame in
+// a way the caller cannot see (queue it). For Sync, submit_copy returns once
+// the copy is done, or throws.
+//
+// A pitched copy (layout.pitched()) moves layout.rows rows of
+// layout.row_bytes, row i from host + i * host_pitch to device_offset + i *
+// device_pitch (or back), as one copy with one event (cuMemcpy2DAsync,
+// clEnqueueWriteBufferRect); `len` is the bytes moved, rows * row_bytes. The
+// bytes between rows are never touched.
 struct CopyRequest {
   CopyDirection direction = CopyDirection::HostToDevice;
   CopyMode mode = CopyMode::Async;
@@ -97,6 +104,7 @@ struct CopyRequest {
   DeviceAllocation device;
   std::uint64_t device_offset = 0;
   std::uint64_t len = 0;
+  CopyLayout layout;  // rows == 0: one contiguous run of `len` bytes
 };
 
 struct Completion {
@@ -169,6 +177,16 @@ class Backend {
   // Host memory for the ring.
   virtual HostBlock allocate_host(std::uint64_t bytes) = 0;
   virtual void free_host(const HostBlock& block) noexcept = 0;
+
+  // Host memory of the caller's, registered as a staging source beside the
+  // ring (Bridge::register_host): the backend pins it where it can
+  // (cuMemHostRegister; an OpenCL buffer over it, CL_MEM_USE_HOST_PTR) and
+  // copies take addresses inside it like the ring's. The bridge has checked
+  // that it overlaps no other registration, and unregisters it only when no
+  // copy uses it and the device is done with it. By default it is used as
+  // it is (host memory needs nothing more).
+  virtual HostBlock register_host(std::byte* data, std::uint64_t bytes) { return HostBlock{data, bytes, false, 0}; }
+  virtual void unregister_host(const HostBlock& block) noexcept { (void)block; }
 
   virtual void submit_copy(const CopyRequest& request) = 0;
 

@@ -157,6 +157,9 @@ struct BridgeStats {
   std::uint64_t abandoned_fences = 0;
   std::uint64_t active_steps = 0;
   std::uint64_t restarts = 0;
+  // Registered host memory (Bridge::register_host) of this generation.
+  std::uint64_t host_regions = 0;
+  std::uint64_t host_region_bytes = 0;
   std::uint64_t ring_capacity = 0;
   std::uint64_t ring_used = 0;
   std::uint64_t ring_reservations = 0;
@@ -280,6 +283,36 @@ class Bridge {
   // Into an allocation a live view still reads: as options.writes_under_view says.
   CopyEvent host_to_device(HostRange host, DeviceRange device, CopyMode mode, Admission admission = {});
   CopyEvent device_to_host(DeviceRange device, HostRange host, CopyMode mode, Admission admission = {});
+  // Pitched 2-D copies (types.hpp, CopyLayout): layout.rows rows of
+  // layout.row_bytes, one copy and one event. The layout's host span must lie
+  // in `host`, its device span in `device` (a range covering every row); the
+  // bytes between rows are never touched. Refused with InvalidRange naming
+  // why when the layout does not fit or its rows would overlap.
+  CopyEvent host_to_device(HostRange host, DeviceRange device, const CopyLayout& layout, CopyMode mode,
+                           Admission admission = {});
+  CopyEvent device_to_host(DeviceRange device, HostRange host, const CopyLayout& layout, CopyMode mode,
+                           Admission admission = {});
+
+  // ---- registered host memory ----
+  // Registers the caller's memory (a numpy array, an mmap) as a staging
+  // source beside the ring: copies to and from it follow the ring's rules
+  // (ranges validated, safe_to_release_host / host_bytes_valid say when its
+  // bytes may be reused or read). The backend pins it where it can. The
+  // caller keeps it alive and unmoved until unregister_host, restart or
+  // close. Refused (InvalidRange) when it overlaps a region already
+  // registered, (InvalidExtent) when empty.
+  HostRegion register_host(std::span<std::byte> bytes);
+  // AllocationStillInUse while a copy uses the region; changes nothing then.
+  void unregister_host(HostRegion region);
+  // The registered bytes (validated).
+  std::span<std::byte> region_bytes(HostRegion region) const;
+  CopyEvent host_to_device(RegionRange host, DeviceRange device, CopyMode mode, Admission admission = {});
+  CopyEvent device_to_host(DeviceRange device, RegionRange host, CopyMode mode, Admission admission = {});
+  CopyEvent host_to_device(RegionRange host, DeviceRange device, const CopyLayout& layout, CopyMode mode,
+                           Admission admission = {});
+  CopyEvent device_to_host(DeviceRange device, RegionRange host, const CopyLayout& layout, CopyMode mode,
+                           Admission admission = {});
+
   CopyStatus copy_status(CopyEvent event);
   // True once the host range of an H2D copy may be released (or reused).
   bool safe_to_release_host(CopyEvent event);

@@ -152,6 +152,54 @@ struct DeviceRange {
   friend constexpr bool operator==(const DeviceRange&, const DeviceRange&) = default;
 };
 
+// Host memory of the caller's (a numpy array, an mmap) registered with the
+// bridge as a second staging source beside the ring (Bridge::register_host).
+// Tagged like a handle: refused after a restart or unregister.
+struct HostRegion {
+  std::uint64_t domain = 0;
+  Generation generation = 0;
+  std::uint64_t id = 0;
+  friend constexpr auto operator<=>(const HostRegion&, const HostRegion&) = default;
+};
+
+// Bytes [offset, offset + len) of a registered region.
+struct RegionRange {
+  HostRegion region;
+  std::uint64_t offset = 0;
+  std::uint64_t len = 0;
+  friend constexpr bool operator==(const RegionRange&, const RegionRange&) = default;
+};
+
+// A pitched 2-D copy: `rows` rows of `row_bytes` each, row i at byte
+// i * host_pitch of the host range and i * device_pitch of the device range.
+// The bytes between rows (the padding) are never touched. rows == 0 is the
+// plain copy of one contiguous run. Build one with pitched_layout (it checks
+// what a caller gives); a hand-made one is checked by the copy.
+struct CopyLayout {
+  std::uint64_t rows = 0;
+  std::uint64_t row_bytes = 0;
+  std::uint64_t host_pitch = 0;
+  std::uint64_t device_pitch = 0;
+  bool pitched() const noexcept { return rows != 0; }
+  friend constexpr bool operator==(const CopyLayout&, const CopyLayout&) = default;
+};
+
+// The layout of a copy between a strided host array and a device tensor,
+// computed once from the array's shape, its byte strides and its element
+// size. Leading dimensions that are contiguous over the rows fold into them;
+// anything else is not pitched row-major and is InvalidRange naming the
+// dimension and why (a negative or overlapping stride, elements not adjacent
+// within a row). `device_pitch` 0 packs the rows on the device.
+CopyLayout pitched_layout(std::span<const std::int64_t> shape, std::span<const std::int64_t> byte_strides,
+                          std::uint64_t element_size, std::uint64_t device_pitch = 0);
+
+// Bytes a layout reaches from its start on one side: (rows - 1) * pitch +
+// row_bytes; InvalidRange when that does not fit in 64 bits or a pitch is
+// shorter than a row (the rows would overlap). bytes_moved: rows * row_bytes.
+std::uint64_t layout_host_span(const CopyLayout& layout);
+std::uint64_t layout_device_span(const CopyLayout& layout);
+std::uint64_t layout_bytes_moved(const CopyLayout& layout);
+
 enum class CopyMode : std::uint8_t { Sync, Async };
 enum class CopyDirection : std::uint8_t { HostToDevice, DeviceToHost };
 
