@@ -107,6 +107,16 @@ struct CopyRequest {
   CopyLayout layout;  // rows == 0: one contiguous run of `len` bytes
 };
 
+// Bytes a request reaches from its host pointer, and from its device offset:
+// `len` for a plain copy, the layout's spans for a pitched one (which the
+// bridge has checked fit in 64 bits).
+inline std::uint64_t request_host_span(const CopyRequest& request) {
+  return request.layout.pitched() ? layout_host_span(request.layout) : request.len;
+}
+inline std::uint64_t request_device_span(const CopyRequest& request) {
+  return request.layout.pitched() ? layout_device_span(request.layout) : request.len;
+}
+
 struct Completion {
   CopyEvent event;
   bool ok = true;

@@ -48,7 +48,7 @@ void bind_fake_controls(nb::module_& m) {
       .def(
           "inject",
           [](PyFake& f, const std::string& call, const std::string& failure, nb::handle nth_object) {
-            auto c = parse_named<fake::Call>(call, static_cast<int>(fake::Call::Quiesce) + 1, &fake::call_name, "call");
+            auto c = parse_named<fake::Call>(call, fake::kCallCount, &fake::call_name, "call");
             auto k = parse_named<fake::Failure>(failure, static_cast<int>(fake::Failure::Fatal) + 1,
                                                 &fake::failure_name, "failure");
             const int nth = args::integer<int>(nth_object, "nth");

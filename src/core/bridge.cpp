@@ -167,7 +167,7 @@ struct CopySlot {
   bool in_use = false;
   CopyDirection direction = CopyDirection::HostToDevice;
   std::uint32_t allocation = 0;
-  detail::HostRing::Key ring_key = 0;
+  detail::HostRing::Key host_key = 0;  // a ring reservation's, or a registered region's (BridgeCore::kRegionPin)
   std::uint64_t bytes = 0;
   // The newest version of this slot whose failure was forgotten (evicted from
   // the failure log). A retired event at or below it may have failed, so it
@@ -175,13 +175,26 @@ struct CopySlot {
   std::uint32_t forgotten_failure_version = 0;
   // Every field but the version and the watermark, for a new use of the slot.
   [[gnu::always_inline]] void start(CopyDirection new_direction, std::uint32_t new_allocation,
-                                    detail::HostRing::Key new_ring_key, std::uint64_t new_bytes) {
+                                    detail::HostRing::Key new_host_key, std::uint64_t new_bytes) {
     in_use = true;
     direction = new_direction;
     allocation = new_allocation;
-    ring_key = new_ring_key;
+    host_key = new_host_key;
     bytes = new_bytes;
   }
+};
+
+// Host memory of the caller's, registered as a staging source. Registering
+// and unregistering call the backend without the lock (cuMemHostRegister can
+// take milliseconds): meanwhile the slot is in use but not Live, so it
+// counts for overlap checks and no copy can use it.
+struct RegionSlot {
+  enum class Phase : std::uint8_t { Registering, Live, Unregistering };
+  std::uint32_t version = 0;
+  bool in_use = false;
+  Phase phase = Phase::Registering;
+  HostBlock block;
+  std::uint32_t copies = 0;  // in flight, sync ones too
 };
 
 // A failed async copy, remembered after its slot was retired.
@@ -517,6 +530,90 @@ class BridgeCore {
       if (e.fatal()) mark_broken(e);
       throw;
     }
+  }
+
+  // ---- registered host memory ----
+  [[noreturn, gnu::cold, gnu::noinline]] static void fail_unknown(const HostRegion& r) {
+    fail(ErrorKind::UnknownDeviceHandle, "{} is unknown or already unregistered", describe(r));
+  }
+
+  // The slot of a live region of this generation.
+  std::uint32_t region_index(const HostRegion& r) {
+    check_tag(r);
+    auto* slot = regions_.find(r.id);
+    if (!slot || slot->phase != RegionSlot::Phase::Live) fail_unknown(r);
+    return id_slot(r.id);
+  }
+
+  HostRegion register_host(std::span<std::byte> bytes) {
+    if (bytes.empty()) fail(ErrorKind::InvalidExtent, "registering host memory of 0 bytes");
+    const auto begin = reinterpret_cast<std::uintptr_t>(bytes.data());
+    if (!bytes.data() || !checked::add(begin, bytes.size()))
+      fail(ErrorKind::InvalidRange, "host memory at {:#x} of {} bytes is not an address range", begin, bytes.size());
+    const auto overlaps = [&](const std::byte* data, std::uint64_t len) {
+      const auto other = reinterpret_cast<std::uintptr_t>(data);
+      return len != 0 && begin < other + len && other < begin + bytes.size();
+    };
+    SpinLockHold lock(lock_);
+    enter(lock);
+    if (overlaps(ring_.block().data, ring_.block().bytes))
+      fail(ErrorKind::InvalidRange, "host memory [{:#x}, +{}) overlaps the bridge's own ring; stage through it instead",
+           begin, bytes.size());
+    regions_.for_each_in_use([&](std::uint32_t index, RegionSlot& other) {
+      if (overlaps(other.block.data, other.block.bytes))
+        fail(ErrorKind::InvalidRange, "host memory [{:#x}, +{}) overlaps {} [{:#x}, +{}); unregister it first", begin,
+             bytes.size(), describe(HostRegion{domain_, generation_, make_id(index, other.version)}),
+             reinterpret_cast<std::uintptr_t>(other.block.data), other.block.bytes);
+    });
+    const auto index = regions_.acquire();
+    auto& slot = regions_[index];
+    slot.in_use = true;
+    slot.phase = RegionSlot::Phase::Registering;
+    slot.block = HostBlock{bytes.data(), bytes.size(), false, 0};
+    slot.copies = 0;
+    HostBlock registered;
+    auto failure = run_unlocked(lock, [&] { registered = backend_->register_host(bytes.data(), bytes.size()); });
+    if (failure) {
+      regions_.unissue(index);
+      if (failure->fatal()) mark_broken(*failure);
+      throw *failure;
+    }
+    auto& live = regions_[index];
+    live.block = registered;
+    live.phase = RegionSlot::Phase::Live;
+    region_bytes_ += registered.bytes;
+    return HostRegion{domain_, generation_, make_id(index, live.version)};
+  }
+
+  void unregister_host(const HostRegion& r) {
+    SpinLockHold lock(lock_);
+    enter(lock);
+    const auto index = region_index(r);
+    auto& slot = regions_[index];
+    if (slot.copies != 0)
+      fail(ErrorKind::AllocationStillInUse, "{} is used by {} copies in flight; wait for them before unregistering",
+           describe(r), slot.copies);
+    slot.phase = RegionSlot::Phase::Unregistering;
+    const HostBlock block = slot.block;
+    run_unlocked(lock, [&] { backend_->unregister_host(block); });
+    region_bytes_ -= block.bytes;
+    regions_.retire(index);
+  }
+
+  std::span<std::byte> region_bytes(const HostRegion& r) {
+    SpinLockHold lock(lock_);
+    enter(lock);
+    const auto& block = regions_[region_index(r)].block;
+    return {block.data, block.bytes};
+  }
+
+  // Restart and close, with the device idle: every region goes back.
+  void unregister_all_regions() noexcept {
+    regions_.for_each_in_use([&](std::uint32_t index, RegionSlot& slot) {
+      backend_->unregister_host(slot.block);
+      regions_.retire(index);
+    });
+    region_bytes_ = 0;
   }
 
   // ---- allocation ----
@@ -919,23 +1016,78 @@ class BridgeCore {
            writes_under_view_ != WritesUnderView::Allow;
   }
 
-  // The copy's slow path: a view under an upload (writes_under_view) or no
-  // in-flight budget left. Returns once the copy may go ahead, with `slot`
-  // and `ring_key` valid; each wait drops the lock, so after one everything
-  // is checked again.
+  // Where a copy's host bytes are: a ring reservation's key, or a
+  // registered region's slot with kRegionPin set (ring keys never reach it).
+  static constexpr HostRing::Key kRegionPin = 1ull << 63;
+
+  // The ring reservation holding `host` (validated), and its bytes.
+  HostRing::Key locate_host(const HostRange& host) const { return ring_.find(host); }
+  std::byte* host_data(const HostRange& host, HostRing::Key) const noexcept { return ring_.data(host); }
+  // The registered region holding `host` (validated), and its bytes.
+  HostRing::Key locate_host(const RegionRange& host) {
+    const auto index = region_index(host.region);
+    const auto& slot = regions_[index];
+    if (host.len == 0 || !checked::range_within(host.offset, host.len, slot.block.bytes))
+      fail(ErrorKind::InvalidRange, "{} is outside the region's {} bytes (or empty)", describe(host), slot.block.bytes);
+    return kRegionPin | index;
+  }
+  std::byte* host_data(const RegionRange& host, HostRing::Key key) noexcept {
+    return regions_[static_cast<std::uint32_t>(key)].block.data + host.offset;
+  }
+
+  // Bytes a copy moves; for a pitched one, after checking that its rows fit
+  // both ranges and the allocation's element alignment.
+  template <bool kPitched, class Host>
+  std::uint64_t copy_bytes(const Host& host, const DeviceRange& device, const AllocationSlot& slot,
+                           const CopyLayout& layout) const {
+    if constexpr (!kPitched) {
+      if (host.len != device.len)
+        fail(ErrorKind::InvalidRange, "{} and device range of {} bytes differ in length", describe(host), device.len);
+      return host.len;
+    } else {
+      if (!layout.pitched() || layout.row_bytes == 0)
+        fail(ErrorKind::InvalidRange, "a pitched copy of {} rows of {} bytes moves nothing", layout.rows,
+             layout.row_bytes);
+      const auto host_span = layout_host_span(layout);
+      const auto device_span = layout_device_span(layout);
+      if (host_span > host.len)
+        fail(ErrorKind::InvalidRange, "{} rows of {} bytes at a host pitch of {} reach {} bytes, past {}", layout.rows,
+             layout.row_bytes, layout.host_pitch, host_span, describe(host));
+      if (device_span > device.len)
+        fail(ErrorKind::InvalidRange,
+             "{} rows of {} bytes at a device pitch of {} reach {} bytes, past the device range [offset {}, len {}] "
+             "of {}",
+             layout.rows, layout.row_bytes, layout.device_pitch, device_span, device.offset, device.len,
+             describe(device.handle));
+      if ((layout.row_bytes | layout.device_pitch) & (slot.element_size - 1))
+        fail(ErrorKind::InvalidRange, "rows of {} bytes at a device pitch of {} split the {} elements ({} bytes) of {}",
+             layout.row_bytes, layout.device_pitch, spec_dtype_name(slot.spec), slot.element_size,
+             describe(device.handle));
+      return layout_bytes_moved(layout);
+    }
+  }
+
+  // The slow half of a copy's admission: a write under live views, or no
+  // room in the in-flight budget. Waits as the options and the admission
+  // allow, then revalidates everything (the lock was dropped meanwhile).
+  // Returns the allocation's slot and the host pin, since waiting may have
+  // moved both, or throws; the caller's validation up to here is checked
+  // again.
   // (Returned by value: locals of copy() whose address escaped would live in
   // memory on its fast path too.)
   struct Admitted {
     AllocationSlot* slot;
-    HostRing::Key ring_key;
+    HostRing::Key host_key;
   };
-  [[gnu::noinline, gnu::cold]] Admitted admit(SpinLockHold& lock, CopyDirection direction, const HostRange& host,
-                                              const DeviceRange& device, CopyMode mode, const Admission& admission) {
+  template <class Host>
+  [[gnu::noinline, gnu::cold]] Admitted admit(SpinLockHold& lock, CopyDirection direction, const Host& host,
+                                              const DeviceRange& device, std::uint64_t bytes, CopyMode mode,
+                                              const Admission& admission) {
     std::optional<checked::Clock::time_point> room_deadline, views_deadline;
     for (;;) {
       auto* slot = &allocation(device.handle);
       validate_device_range(device, *slot);
-      const auto ring_key = ring_.find(host);
+      const auto host_key = locate_host(host);
       if (guarded_write(*slot, direction)) {
         if (writes_under_view_ == WritesUnderView::Wait) {
           if (!views_deadline) views_deadline = checked::deadline_after(writes_under_view_timeout_);
@@ -944,54 +1096,58 @@ class BridgeCore {
         }
         fail_write_under_view(device, *slot);
       }
-      if (mode == CopyMode::Sync || host.len <= inflight_budget_ - inflight_bytes_) return {slot, ring_key};
-      if (host.len > inflight_budget_)
+      if (mode == CopyMode::Sync || bytes <= inflight_budget_ - inflight_bytes_) return {slot, host_key};
+      if (bytes > inflight_budget_)
         fail(ErrorKind::Backpressure,
-             "a copy of {} bytes exceeds the whole in-flight budget of {} bytes", host.len, inflight_budget_);
+             "a copy of {} bytes exceeds the whole in-flight budget of {} bytes", bytes, inflight_budget_);
       if (!room_deadline) room_deadline = checked::deadline_after(admission.wait_for_room);
       const bool room = admission.wait_for_room.count() > 0 &&
-                        wait_until(lock, *room_deadline, [&] { return host.len <= inflight_budget_ - inflight_bytes_; });
+                        wait_until(lock, *room_deadline, [&] { return bytes <= inflight_budget_ - inflight_bytes_; });
       if (!room)
         fail(ErrorKind::Backpressure, "{} bytes in flight of a {}-byte budget; no room for {} more", inflight_bytes_,
-             inflight_budget_, host.len);
+             inflight_budget_, bytes);
     }
   }
 
-  CopyEvent copy(CopyDirection direction, HostRange host, DeviceRange device, CopyMode mode, Admission admission) {
+  // Every copy: between the ring or a registered region (Host) and an
+  // allocation, of one contiguous run or (kPitched) of rows.
+  template <bool kPitched = false, class Host>
+  CopyEvent copy(CopyDirection direction, const Host& host, DeviceRange device, CopyMode mode, Admission admission,
+                 const CopyLayout& layout = {}) {
     check_timeout(admission.wait_for_room, "wait_for_room");
     SpinLockHold lock(lock_);
     enter(lock);
     auto* slot = &allocation(device.handle);
     validate_device_range(device, *slot);
-    if (host.len != device.len)
-      fail(ErrorKind::InvalidRange, "{} and device range of {} bytes differ in length", describe(host), device.len);
-    auto ring_key = ring_.find(host);
+    const std::uint64_t bytes = copy_bytes<kPitched>(host, device, *slot, layout);
+    auto host_key = locate_host(host);
     // inflight_bytes_ never exceeds the budget, so the room left cannot wrap.
     if (__builtin_expect(guarded_write(*slot, direction) ||
-                             (mode == CopyMode::Async && host.len > inflight_budget_ - inflight_bytes_),
+                             (mode == CopyMode::Async && bytes > inflight_budget_ - inflight_bytes_),
                          0))
     {
-      const auto admitted = admit(lock, direction, host, device, mode, admission);
+      const auto admitted = admit(lock, direction, host, device, bytes, mode, admission);
       slot = admitted.slot;
-      ring_key = admitted.ring_key;
+      host_key = admitted.host_key;
     }
 
     const auto alloc_index = id_slot(device.handle.id);
     if (mode == CopyMode::Async) {
       const auto copy_index = copies_.acquire();  // before pin: it may throw
       auto& record = copies_[copy_index];
-      record.start(direction, alloc_index, ring_key, host.len);
-      pin(*slot, direction, ring_key);
+      record.start(direction, alloc_index, host_key, bytes);
+      pin(*slot, direction, host_key);
       const CopyEvent event{domain_, generation_, make_id(copy_index, record.version)};
       // Submission is an enqueue: it stays under the lock, so a completion
       // can never be drained before its record exists.
-      inflight_bytes_ += host.len;
+      inflight_bytes_ += bytes;
       try {
-        backend_->submit_copy({direction, mode, event, ring_.data(host), slot->device, device.offset, host.len});
+        backend_->submit_copy(
+            {direction, mode, event, host_data(host, host_key), slot->device, device.offset, bytes, layout});
       } catch (...) {
         // Never submitted, never handed out: the event stays unknown.
-        inflight_bytes_ -= host.len;
-        unpin(alloc_index, direction, ring_key);
+        inflight_bytes_ -= bytes;
+        unpin(alloc_index, direction, host_key);
         copies_.unissue(copy_index);
         rethrow_as_copy_error(direction);
       }
@@ -1002,11 +1158,12 @@ class BridgeCore {
     // Sync: the copy itself runs unlocked; pins keep memory and range alive.
     // Its event is numbered only once it succeeded: a failed sync copy's
     // event is never handed out, so no id of it can read as Completed.
-    pin(*slot, direction, ring_key);
+    pin(*slot, direction, host_key);
     const CopyEvent unnumbered{domain_, generation_, kSyncEventBit};
-    const CopyRequest request{direction, mode, unnumbered, ring_.data(host), slot->device, device.offset, host.len};
+    const CopyRequest request{direction, mode,          unnumbered, host_data(host, host_key),
+                              slot->device, device.offset, bytes,      layout};
     auto failure = run_unlocked(lock, [&] { backend_->submit_copy(request); });
-    unpin(alloc_index, direction, ring_key);
+    unpin(alloc_index, direction, host_key);
     if (failure) throw copy_error(direction, *failure);
     ++copies_submitted_;
     ++copies_completed_;
@@ -1057,18 +1214,24 @@ class BridgeCore {
     return mapped;
   }
 
-  void pin(AllocationSlot& slot, CopyDirection direction, HostRing::Key ring_key) {
+  void pin(AllocationSlot& slot, CopyDirection direction, HostRing::Key host_key) {
     ++slot.copies;
     if (direction == CopyDirection::HostToDevice) ++slot.uploads;
-    ring_.pin(ring_key);
+    if (__builtin_expect(host_key & kRegionPin, 0))
+      ++regions_[static_cast<std::uint32_t>(host_key)].copies;
+    else
+      ring_.pin(host_key);
   }
 
   // The copy no longer touches the allocation or the host range.
-  void unpin(std::uint32_t allocation, CopyDirection direction, HostRing::Key ring_key) {
+  void unpin(std::uint32_t allocation, CopyDirection direction, HostRing::Key host_key) {
     auto& slot = allocations_[allocation];
     --slot.copies;
     if (direction == CopyDirection::HostToDevice) --slot.uploads;
-    ring_.unpin(ring_key);
+    if (__builtin_expect(host_key & kRegionPin, 0))
+      --regions_[static_cast<std::uint32_t>(host_key)].copies;
+    else
+      ring_.unpin(host_key);
     maybe_finish_release(allocation);
   }
 
@@ -1092,7 +1255,7 @@ class BridgeCore {
       return;
     }
     inflight_bytes_ -= record->bytes;
-    unpin(record->allocation, record->direction, record->ring_key);
+    unpin(record->allocation, record->direction, record->host_key);
     const auto index = id_slot(c.event.id);
     copies_.retire(index);
     if (c.ok) {
@@ -1576,6 +1739,9 @@ class BridgeCore {
     steps_.clear();
     handed_on_.clear();
     ring_.unpin_all();
+    // Registered regions belong to the old generation too: their handles
+    // are refused from now on, and the backend unpins them.
+    unregister_all_regions();
     inflight_bytes_ = 0;
     // The cache goes back too: a restart or close leaves the backend holding
     // only what views and fences still keep.
@@ -1645,6 +1811,8 @@ class BridgeCore {
     for (const auto& [key, orphan] : orphans_) s.live_views += orphan.views;
     s.active_steps = steps_.size();
     s.restarts = restarts_;
+    s.host_regions = regions_.live();
+    s.host_region_bytes = region_bytes_;
     s.ring_capacity = ring_.capacity();
     s.ring_used = ring_.used();
     s.ring_reservations = ring_.reservations();
@@ -1668,6 +1836,8 @@ class BridgeCore {
   HostRing ring_;
   SlotTable<AllocationSlot> allocations_;
   SlotTable<CopySlot> copies_;
+  SlotTable<RegionSlot> regions_;
+  std::uint64_t region_bytes_ = 0;
   std::unordered_map<StepId, std::vector<std::uint32_t>> steps_;
   // Allocations a restart or close took from their generation while views
   // still leased them; freed in the backend when the last lease ends.
@@ -1851,6 +2021,31 @@ CopyEvent Bridge::host_to_device(HostRange host, DeviceRange device, CopyMode mo
 }
 CopyEvent Bridge::device_to_host(DeviceRange device, HostRange host, CopyMode mode, Admission admission) {
   return core_->copy(CopyDirection::DeviceToHost, host, device, mode, admission);
+}
+CopyEvent Bridge::host_to_device(HostRange host, DeviceRange device, const CopyLayout& layout, CopyMode mode,
+                                 Admission admission) {
+  return core_->copy<true>(CopyDirection::HostToDevice, host, device, mode, admission, layout);
+}
+CopyEvent Bridge::device_to_host(DeviceRange device, HostRange host, const CopyLayout& layout, CopyMode mode,
+                                 Admission admission) {
+  return core_->copy<true>(CopyDirection::DeviceToHost, host, device, mode, admission, layout);
+}
+HostRegion Bridge::register_host(std::span<std::byte> bytes) { return core_->register_host(bytes); }
+void Bridge::unregister_host(HostRegion region) { core_->unregister_host(region); }
+std::span<std::byte> Bridge::region_bytes(HostRegion region) const { return core_->region_bytes(region); }
+CopyEvent Bridge::host_to_device(RegionRange host, DeviceRange device, CopyMode mode, Admission admission) {
+  return core_->copy(CopyDirection::HostToDevice, host, device, mode, admission);
+}
+CopyEvent Bridge::device_to_host(DeviceRange device, RegionRange host, CopyMode mode, Admission admission) {
+  return core_->copy(CopyDirection::DeviceToHost, host, device, mode, admission);
+}
+CopyEvent Bridge::host_to_device(RegionRange host, DeviceRange device, const CopyLayout& layout, CopyMode mode,
+                                 Admission admission) {
+  return core_->copy<true>(CopyDirection::HostToDevice, host, device, mode, admission, layout);
+}
+CopyEvent Bridge::device_to_host(DeviceRange device, RegionRange host, const CopyLayout& layout, CopyMode mode,
+                                 Admission admission) {
+  return core_->copy<true>(CopyDirection::DeviceToHost, host, device, mode, admission, layout);
 }
 CopyStatus Bridge::copy_status(CopyEvent event) { return core_->copy_status(event); }
 bool Bridge::safe_to_release_host(CopyEvent event) { return core_->is_completed(event); }

@@ -19,5 +19,11 @@ inline std::string describe(const CopyEvent& e) {
 inline std::string describe(const HostRange& r) {
   return fmt::format("host range [offset {}, len {}]", r.offset, r.len);
 }
+inline std::string describe(const HostRegion& r) {
+  return fmt::format("host region {{domain {}, generation {}, id {:#x}}}", r.domain, r.generation, r.id);
+}
+inline std::string describe(const RegionRange& r) {
+  return fmt::format("range [offset {}, len {}] of {}", r.offset, r.len, describe(r.region));
+}
 
 }  // namespace devbridge::detail

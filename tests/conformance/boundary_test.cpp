@@ -763,7 +763,7 @@ TEST(FakeBackendBoundary, AHugeWaitTimeoutWaitsForTheCompletion) {
   const HostBlock ring = fake.allocate_host(4096);
   const DeviceAllocation device = fake.allocate(4096, 64);
   const CopyEvent event{1, 1, 42};
-  fake.submit_copy(CopyRequest{CopyDirection::HostToDevice, CopyMode::Async, event, ring.data, device, 0, 4096});
+  fake.submit_copy(CopyRequest{CopyDirection::HostToDevice, CopyMode::Async, event, ring.data, device, 0, 4096, CopyLayout{}});
   std::thread completer([&] {
     std::this_thread::sleep_for(50ms);
     fake.complete(event);

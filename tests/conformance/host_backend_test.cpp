@@ -58,7 +58,7 @@ std::byte* at(const DeviceAllocation& a, std::uint64_t offset = 0) {
 
 CopyRequest copy(CopyDirection direction, CopyMode mode, std::uint64_t id, std::byte* host,
                  const DeviceAllocation& device, std::uint64_t device_offset, std::uint64_t len) {
-  return CopyRequest{direction, mode, CopyEvent{1, 1, id}, host, device, device_offset, len};
+  return CopyRequest{direction, mode, CopyEvent{1, 1, id}, host, device, device_offset, len, CopyLayout{}};
 }
 
 // Drains until `count` completions have arrived.

@@ -34,7 +34,7 @@ std::uint64_t round_up(std::uint64_t value, std::uint64_t multiple) { return (va
 
 // ---- validation of the test hooks -------------------------------------------
 
-constexpr int kFakeCallCount = static_cast<int>(fake::Call::Quiesce) + 1;
+constexpr int kFakeCallCount = fake::kCallCount;
 constexpr int kFakeFailureCount = static_cast<int>(fake::Failure::Fatal) + 1;
 
 std::string fake_call_names() {

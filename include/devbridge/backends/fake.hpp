@@ -25,10 +25,13 @@ enum class Call : std::uint8_t {
   Launch,
   ValidateView,
   Quiesce,
+  RegisterHost,    // Backend::register_host: the caller's memory, made a staging source
+  UnregisterHost,
 };
+inline constexpr int kCallCount = static_cast<int>(Call::UnregisterHost) + 1;
 
 enum class Failure : std::uint8_t {
-  AllocationFailed,        // Allocate/AllocateHost throws AllocationFailed
+  AllocationFailed,        // Allocate/AllocateHost/RegisterHost throws AllocationFailed
   CopyFailedAtSubmit,      // Copy* throws DeviceCopyFailed / OutputCopyFailed
   CopyFailedAtCompletion,  // the copy completes with failure (its bytes are not moved)
   InvalidView,             // ValidateView throws InvalidTensorView
@@ -55,6 +58,7 @@ struct RecordedCall {
   std::uint64_t address = 0;      // the device address involved (Free, copies, Launch x)
   std::uint64_t host_offset = 0;  // copies: offset of the host pointer inside the host block
   std::uint64_t device_offset = 0;
+  CopyLayout layout;              // copies: the pitched layout exactly as given (rows 0: contiguous)
   CopyMode mode = CopyMode::Sync;
   CopyEvent event;
 };
@@ -81,6 +85,8 @@ class FakeBackend final : public Backend {
   void clear_calls();
   std::uint64_t live_allocations() const override;
   std::uint64_t live_host_blocks() const;
+  // Host memory registered and not yet unregistered (a leak check).
+  std::uint64_t live_registrations() const;
   // When true, async copies complete at submit (as if the device were instant).
   void set_auto_complete(bool on);
 
@@ -103,6 +109,8 @@ class FakeBackend final : public Backend {
   void free(const DeviceAllocation& allocation) noexcept override;
   HostBlock allocate_host(std::uint64_t bytes) override;
   void free_host(const HostBlock& block) noexcept override;
+  HostBlock register_host(std::byte* data, std::uint64_t bytes) override;
+  void unregister_host(const HostBlock& block) noexcept override;
   void submit_copy(const CopyRequest& request) override;
   void drain_completions(std::vector<Completion>& out) override;
   bool wait_for_completions(std::chrono::nanoseconds timeout) override;

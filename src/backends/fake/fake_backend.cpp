@@ -38,6 +38,8 @@
 //    hooks are noexcept).
 #include "devbridge/backends/fake.hpp"
 
+#include "backends/cpu_copy.hpp"
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstdio>
@@ -70,6 +72,8 @@ std::string_view call_name(Call call) noexcept {
     case Call::Launch: return "launch";
     case Call::ValidateView: return "validate_view";
     case Call::Quiesce: return "quiesce";
+    case Call::RegisterHost: return "register_host";
+    case Call::UnregisterHost: return "unregister_host";
   }
   return "unknown";
 }
@@ -91,7 +95,7 @@ std::string_view failure_name(Failure failure) noexcept {
 bool applies(Call call, Failure failure) noexcept {
   switch (failure) {
     case Failure::AllocationFailed:
-      return call == Call::Allocate || call == Call::AllocateHost;
+      return call == Call::Allocate || call == Call::AllocateHost || call == Call::RegisterHost;
     case Failure::CopyFailedAtSubmit:
     case Failure::CopyFailedAtCompletion:
     case Failure::LostCompletion:
@@ -101,7 +105,7 @@ bool applies(Call call, Failure failure) noexcept {
     case Failure::InvalidView:
       return call == Call::ValidateView;
     case Failure::Fatal:
-      return call != Call::Free && call != Call::FreeHost;
+      return call != Call::Free && call != Call::FreeHost && call != Call::UnregisterHost;
   }
   return false;
 }
@@ -184,6 +188,7 @@ struct FakeBackend::State {
   struct HostBlockRecord {
     SharedBytes memory;
     std::uint64_t bytes = 0;
+    bool registered = false;  // the caller's memory (register_host), not the fake's own
   };
   struct Injection {
     Call call;
@@ -307,12 +312,7 @@ struct FakeBackend::State {
 
   // Only after submit_copy checked both ranges (range_within): no sum wraps.
   static void move_bytes(const CopyRequest& r) {
-    auto* device = reinterpret_cast<std::byte*>(r.device.address) + r.device_offset;
-    if (r.direction == CopyDirection::HostToDevice) {
-      std::memcpy(device, r.host, static_cast<std::size_t>(r.len));
-    } else {
-      std::memcpy(r.host, device, static_cast<std::size_t>(r.len));
-    }
+    detail::move_request_bytes(r, reinterpret_cast<std::byte*>(r.device.address) + r.device_offset);
   }
 
   static Completion outcome(const PendingCopy& copy, bool ok) {
@@ -433,7 +433,8 @@ std::uint64_t FakeBackend::live_allocations() const {
 
 std::uint64_t FakeBackend::live_host_blocks() const {
   std::lock_guard lock(state_->mutex);
-  return state_->host_blocks.size();
+  return static_cast<std::uint64_t>(std::count_if(state_->host_blocks.begin(), state_->host_blocks.end(),
+                                                  [](const auto& entry) { return !entry.second.registered; }));
 }
 
 void FakeBackend::set_auto_complete(bool on) {
@@ -572,6 +573,54 @@ void FakeBackend::free_host(const HostBlock& block) noexcept {
   s.host_blocks.erase(it);
 }
 
+HostBlock FakeBackend::register_host(std::byte* data, std::uint64_t bytes) {
+  std::lock_guard lock(state_->mutex);
+  auto& s = *state_;
+  const std::size_t record = s.record(Call::RegisterHost);
+  s.calls[record].bytes = bytes;
+  s.calls[record].address = reinterpret_cast<std::uintptr_t>(data);
+  const Fired fired = s.fire(Call::RegisterHost);
+  const std::string what = std::to_string(bytes) + " bytes at " + std::to_string(reinterpret_cast<std::uintptr_t>(data));
+  if (fired.fatal) State::throw_fatal(Call::RegisterHost, "registering " + what);
+  if (fired.allocation_failed)
+    throw Error(ErrorKind::AllocationFailed, "fake register_host: injected failure registering " + what);
+  // A driver refuses to pin the same pages twice (cuMemHostRegister); the
+  // bridge must never ask.
+  const auto begin = reinterpret_cast<std::uintptr_t>(data);
+  for (const auto& [token, block] : s.host_blocks) {
+    const auto other = reinterpret_cast<std::uintptr_t>(block.memory.get());
+    if (begin < other + block.bytes && other < begin + bytes)
+      throw Error(ErrorKind::InvalidRange, "fake register_host: " + what + " overlaps a host block the fake holds");
+  }
+  const std::uintptr_t token = s.next_token++;
+  // The caller owns the bytes: the record aliases them without owning them.
+  s.host_blocks.emplace(token, State::HostBlockRecord{SharedBytes(SharedBytes(), data), bytes, true});
+  return HostBlock{data, bytes, /*page_locked=*/false, token};
+}
+
+void FakeBackend::unregister_host(const HostBlock& block) noexcept {
+  std::lock_guard lock(state_->mutex);
+  auto& s = *state_;
+  {
+    RecordedCall& call = s.calls[s.record(Call::UnregisterHost)];
+    call.bytes = block.bytes;
+    call.address = reinterpret_cast<std::uintptr_t>(block.data);
+  }
+  auto it = s.host_blocks.find(block.token);
+  if (it == s.host_blocks.end() || !it->second.registered || it->second.memory.get() != block.data) {
+    std::fprintf(stderr, "FakeBackend: unregister_host of unknown or already unregistered memory (%p, token %llu)\n",
+                 static_cast<void*>(block.data), static_cast<unsigned long long>(block.token));
+    return;
+  }
+  s.host_blocks.erase(it);
+}
+
+std::uint64_t FakeBackend::live_registrations() const {
+  std::lock_guard lock(state_->mutex);
+  return static_cast<std::uint64_t>(std::count_if(state_->host_blocks.begin(), state_->host_blocks.end(),
+                                                  [](const auto& entry) { return entry.second.registered; }));
+}
+
 void FakeBackend::submit_copy(const CopyRequest& request) {
   const Call call =
       request.direction == CopyDirection::HostToDevice ? Call::CopyHostToDevice : Call::CopyDeviceToHost;
@@ -592,6 +641,7 @@ void FakeBackend::submit_copy(const CopyRequest& request) {
       recorded.address = request.device.address;
       recorded.host_offset = s.host_offset_of(request.host);
       recorded.device_offset = request.device_offset;
+      recorded.layout = request.layout;
       recorded.mode = request.mode;
       recorded.event = request.event;
     }
@@ -615,13 +665,13 @@ void FakeBackend::submit_copy(const CopyRequest& request) {
       throw Error(ErrorKind::UnknownDeviceHandle, "fake " + std::string(call_name(call)) +
                                                       ": allocation not live in the backend (" + what + ")");
     }
-    if (!checked::range_within(request.device_offset, request.len, allocation->second.bytes)) {
+    if (!checked::range_within(request.device_offset, request_device_span(request), allocation->second.bytes)) {
       throw Error(ErrorKind::InvalidRange, "fake " + std::string(call_name(call)) + ": device range [" +
                                                std::to_string(request.device_offset) + ", +" +
-                                               std::to_string(request.len) + ") outside allocation of " +
+                                               std::to_string(request_device_span(request)) + ") outside allocation of " +
                                                std::to_string(allocation->second.bytes) + " bytes reached the backend");
     }
-    const State::HostBlockRecord* host_block = s.find_host_block(request.host, request.len);
+    const State::HostBlockRecord* host_block = s.find_host_block(request.host, request_host_span(request));
     if (host_block == nullptr) {
       throw Error(ErrorKind::InvalidRange, "fake " + std::string(call_name(call)) + ": host range (" + what +
                                                ") outside every host block reached the backend");

@@ -1,4 +1,5 @@
 #include "backends/host/copy_engine.hpp"
+#include "backends/cpu_copy.hpp"
 
 #include <pthread.h>
 
@@ -82,23 +83,22 @@ Fence fence_of(int lane, std::uint64_t seq) noexcept {
 }  // namespace
 
 void copy_bytes(const CopyRequest& request) noexcept {
-  std::byte* device = reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(request.device.address)) +
-                      request.device_offset;
-  if (request.direction == CopyDirection::HostToDevice) {
-    std::memcpy(device, request.host, request.len);
-  } else {
-    std::memcpy(request.host, device, request.len);
-  }
+  devbridge::detail::move_request_bytes(request, reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(request.device.address)) +
+                                  request.device_offset);
 }
 
-// The sums below cannot wrap: the backend checks the device range against its
-// allocation (range_within) and the bridge the host range against the ring
-// before a request gets here, so each span lies inside live memory.
+// The sums below cannot wrap: the backend checks the device span against its
+// allocation (range_within) and the bridge the host span against the ring
+// before a request gets here, so each span lies inside live memory. A
+// pitched copy's access is its whole span: the padding between its rows
+// orders it after other work there too, which costs only concurrency.
 Access access_of(const CopyRequest& request) noexcept {
+  const auto host_len = request_host_span(request);  // checked by the bridge: cannot throw here
+  const auto device_len = request_device_span(request);
   const auto host = reinterpret_cast<std::uintptr_t>(request.host);
   const auto device = static_cast<std::uintptr_t>(request.device.address + request.device_offset);
-  const ByteSpan host_span{host, host + request.len};
-  const ByteSpan device_span{device, device + request.len};
+  const ByteSpan host_span{host, host + host_len};
+  const ByteSpan device_span{device, device + device_len};
   if (request.direction == CopyDirection::HostToDevice) return Access{host_span, device_span};
   return Access{device_span, host_span};
 }

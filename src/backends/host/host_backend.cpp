@@ -295,11 +295,12 @@ class HostBackend final : public Backend {
       throw Error(ErrorKind::InvalidRange, fmt::format("host backend: copy of {} bytes with a null {} pointer",
                                                        request.len, request.host == nullptr ? "host" : "device"));
     }
-    if (!range_within(request.device_offset, request.len, request.device.bytes)) {
+    if (!range_within(request.device_offset, request_device_span(request), request.device.bytes)) {
       throw Error(ErrorKind::InvalidRange,
-                  fmt::format("host backend: copy of {} bytes at device offset {} exceeds the allocation at 0x{:x} "
-                              "({} bytes)",
-                              request.len, request.device_offset, request.device.address, request.device.bytes));
+                  fmt::format("host backend: copy reaching {} bytes at device offset {} exceeds the allocation at "
+                              "0x{:x} ({} bytes)",
+                              request_device_span(request), request.device_offset, request.device.address,
+                              request.device.bytes));
     }
     if (request.mode == CopyMode::Async) {
       try {

@@ -1,0 +1,134 @@
+// Pitched 2-D copies (CopyLayout) on every backend: each row lands at its
+// pitch on the other side, the bytes between rows are never touched on
+// either side, and a layout that does not fit is refused before the backend
+// sees it. Odd widths and pitches, so nothing may round to a word or a line.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "conformance_support.hpp"
+
+namespace devbridge::conformance {
+namespace {
+
+struct Shape {
+  std::uint64_t rows, row_bytes, host_pitch, device_pitch;
+};
+// 3-byte rows, a 4095-byte row at an odd pitch, one row, and the pitch of a
+// 4096-column matrix under a 4095-column window.
+constexpr Shape kShapes[] = {{5, 3, 7, 11}, {3, 4095, 4099, 4097}, {1, 7, 7, 9}, {17, 4095 * 4, 4096 * 4, 4095 * 4}};
+
+class PitchedCopyConformance : public BackendConformance {
+ protected:
+  static CopyLayout layout_of(const Shape& s) { return CopyLayout{s.rows, s.row_bytes, s.host_pitch, s.device_pitch}; }
+  static std::uint64_t span(std::uint64_t rows, std::uint64_t row_bytes, std::uint64_t pitch) {
+    return (rows - 1) * pitch + row_bytes;
+  }
+  // What `rows` rows of `src` at `src_pitch` look like written over `dst`
+  // (poison) at `dst_pitch`.
+  static Bytes scatter(Bytes dst, std::span<const std::byte> src, const Shape& s, std::uint64_t src_pitch,
+                       std::uint64_t dst_pitch, std::uint64_t dst_offset = 0) {
+    for (std::uint64_t r = 0; r < s.rows; ++r)
+      std::memcpy(dst.data() + dst_offset + r * dst_pitch, src.data() + r * src_pitch, s.row_bytes);
+    return dst;
+  }
+};
+
+TEST_P(PitchedCopyConformance, RowsLandAtTheirPitchAndThePaddingIsUntouched) {
+  auto& b = make_bridge();
+  for (const auto& s : kShapes) {
+    for (const CopyMode mode : {CopyMode::Sync, CopyMode::Async}) {
+      SCOPED_TRACE(testing::Message() << s.rows << " rows of " << s.row_bytes << " bytes, host pitch " << s.host_pitch
+                                      << ", device pitch " << s.device_pitch << (mode == CopyMode::Sync ? ", sync" : ", async"));
+      const auto layout = layout_of(s);
+      const std::uint64_t host_span = span(s.rows, s.row_bytes, s.host_pitch);
+      const std::uint64_t device_span = span(s.rows, s.row_bytes, s.device_pitch);
+      constexpr std::uint64_t kDeviceOffset = 13;  // an odd start inside the allocation
+      const std::uint64_t extent = device_span + 2 * kDeviceOffset;
+      const auto h = b.alloc_device(bytes_spec(extent, 1), extent);
+      write_device(h, 0, Bytes(extent, kDevicePoison));
+
+      // Up: the host range holds rows at host_pitch, padding poisoned.
+      const Bytes source = random_.bytes_not(host_span, kDevicePoison);
+      const auto up = reserve_with(source);
+      const auto up_event = b.host_to_device(up, DeviceRange{h, kDeviceOffset, device_span}, layout, mode);
+      if (mode == CopyMode::Async) {
+        EXPECT_EQ(b.wait(up_event).state, CopyState::Completed);
+      }
+      EXPECT_TRUE(b.safe_to_release_host(up_event));
+      b.release_host(up);
+      const Bytes expected_device = scatter(Bytes(extent, kDevicePoison), source, s, s.host_pitch, s.device_pitch, kDeviceOffset);
+      EXPECT_TRUE(bytes_equal(read_device(h, 0, extent), expected_device, "device after a pitched upload"));
+
+      // Down: back into a poisoned host range at host_pitch.
+      const auto down = reserve_poisoned(host_span);
+      const auto down_event = b.device_to_host(DeviceRange{h, kDeviceOffset, device_span}, down, layout, mode);
+      if (mode == CopyMode::Async) {
+        EXPECT_EQ(b.wait(down_event).state, CopyState::Completed);
+      }
+      EXPECT_TRUE(b.host_bytes_valid(down_event));
+      const Bytes expected_host = scatter(Bytes(host_span, kHostPoison), source, s, s.host_pitch, s.host_pitch);
+      const auto got = b.host_bytes(down);
+      EXPECT_TRUE(bytes_equal(Bytes(got.begin(), got.end()), expected_host, "host after a pitched download"));
+      b.release_host(down);
+      b.free_device(h);
+    }
+  }
+  EXPECT_EQ(backend_live_allocations(), 0u);
+}
+
+TEST_P(PitchedCopyConformance, ALayoutThatDoesNotFitIsRefusedBeforeTheBackendSeesIt) {
+  auto& b = make_bridge();
+  const auto h = b.alloc_device(bytes_spec(4096, 1), 4096);
+  const auto host = b.reserve(4096);
+  const DeviceRange device{h, 0, 4096};
+  // Rows overlapping on either side, reaching past either range, or moving nothing.
+  EXPECT_KIND(ErrorKind::InvalidRange, b.host_to_device(host, device, CopyLayout{4, 100, 99, 100}, CopyMode::Sync));
+  EXPECT_KIND(ErrorKind::InvalidRange, b.host_to_device(host, device, CopyLayout{4, 100, 100, 50}, CopyMode::Sync));
+  EXPECT_KIND(ErrorKind::InvalidRange, b.host_to_device(host, device, CopyLayout{5, 100, 1000, 100}, CopyMode::Sync));
+  EXPECT_KIND(ErrorKind::InvalidRange, b.device_to_host(device, host, CopyLayout{5, 100, 100, 1000}, CopyMode::Sync));
+  EXPECT_KIND(ErrorKind::InvalidRange, b.host_to_device(host, device, CopyLayout{0, 100, 100, 100}, CopyMode::Sync));
+  EXPECT_KIND(ErrorKind::InvalidRange, b.host_to_device(host, device, CopyLayout{3, 0, 100, 100}, CopyMode::Sync));
+  // Pitches whose span wraps 2^64.
+  EXPECT_KIND(ErrorKind::InvalidRange,
+              b.host_to_device(host, device, CopyLayout{1ull << 40, 8, 1ull << 40, 8}, CopyMode::Async));
+  // A typed allocation's rows may not split its elements.
+  const auto floats = b.alloc_device(ObjectSpec{4096, 64, DType::Float32, ShapeKind::Matrix}, 4096);
+  EXPECT_KIND(ErrorKind::InvalidRange,
+              b.host_to_device(host, DeviceRange{floats, 0, 4096}, CopyLayout{2, 6, 8, 8}, CopyMode::Sync));
+  EXPECT_EQ(b.stats().copies_submitted, 0u);
+  b.release_host(host);
+  b.free_device(h);
+  b.free_device(floats);
+}
+
+TEST_P(PitchedCopyConformance, ALayoutFromAStridedArrayMatchesItsRows) {
+  // A 7x5 float32 window of a 9x6 matrix starting at row 1, column 1.
+  const std::int64_t shape[] = {7, 5};
+  const std::int64_t strides[] = {6 * 4, 4};
+  const auto layout = pitched_layout(shape, strides, 4);
+  EXPECT_EQ(layout, (CopyLayout{7, 20, 24, 20}));
+  auto& b = make_bridge();
+  const auto h = b.alloc_device(ObjectSpec{7 * 20, 4, DType::Float32, ShapeKind::Matrix}, 7 * 20);
+  std::vector<float> matrix(9 * 6);
+  for (std::size_t i = 0; i < matrix.size(); ++i) matrix[i] = static_cast<float>(i);
+  const auto host = b.reserve(matrix.size() * 4);
+  std::memcpy(b.host_bytes(host).data(), matrix.data(), matrix.size() * 4);
+  const std::uint64_t window = (1 * 6 + 1) * 4;
+  b.host_to_device(HostRange{host.offset + window, host.len - window}, DeviceRange{h, 0, 7 * 20}, layout, CopyMode::Sync);
+  const Bytes device = read_device(h, 0, 7 * 20);
+  std::vector<float> got(35);
+  std::memcpy(got.data(), device.data(), device.size());
+  for (int r = 0; r < 7; ++r)
+    for (int c = 0; c < 5; ++c) EXPECT_EQ(got[r * 5 + c], matrix[(r + 1) * 6 + c + 1]) << "row " << r << " column " << c;
+  b.release_host(host);
+  b.free_device(h);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, PitchedCopyConformance, ::testing::ValuesIn(backend_drivers()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace devbridge::conformance
