@@ -246,6 +246,22 @@ class Backend {
   // or synchronizes the device (cuMemAlloc, clCreateBuffer).
   virtual bool caches_allocations() const { return false; }
 
+  // Whether the pool may split an allocation into parts that are
+  // allocations of their own (packing small tensors into one segment,
+  // splitting a large one): the alignment part offsets keep, or 0 when
+  // parts cannot be addressed (the pool then caches whole allocations).
+  // A part is used like any allocation (copies, launches, views) but never
+  // freed: the pool releases it, and frees the whole allocation once every
+  // part of it is released.
+  virtual std::uint64_t part_alignment() const { return 0; }
+  // Bytes [offset, offset + bytes) of `whole` as an allocation of its own.
+  // The default is address arithmetic over the whole's token, for devices
+  // whose memory is addressed linearly (host memory, CUDA).
+  virtual DeviceAllocation make_part(const DeviceAllocation& whole, std::uint64_t offset, std::uint64_t bytes) {
+    return DeviceAllocation{whole.address + offset, bytes, whole.token};
+  }
+  virtual void release_part(const DeviceAllocation& part) noexcept { (void)part; }
+
   // ---- optional capabilities ----
   // What only some backends can do. Each answers Error(Unsupported) unless
   // the backend overrides it, so code above the seam (the Python module, the

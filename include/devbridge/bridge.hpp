@@ -87,6 +87,12 @@ struct MemoryStats {
   std::uint64_t reserved_bytes = 0, peak_reserved_bytes = 0, total_reserved_bytes = 0;
   std::uint64_t allocations = 0, total_allocations = 0;  // live, and made since the bridge began
   std::uint64_t backend_allocations = 0, backend_frees = 0;  // calls into the backend
+  // The pool's segments: the backend's allocations it holds (split into
+  // parts where the backend can address them, Backend::part_alignment),
+  // those wholly free, and whether it splits.
+  std::uint64_t segments = 0, free_segments = 0;
+  bool pool_splits = false;
+  // Free bytes in the pool, in how many free spans.
   std::uint64_t cached_bytes = 0, cached_blocks = 0;
   std::uint64_t cache_hits = 0, cache_misses = 0;
   // Allocations that failed for want of memory and were retried after

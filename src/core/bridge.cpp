@@ -251,7 +251,7 @@ class BridgeCore {
     close_fence_timeout_ = options.close_fence_timeout;
     if (options.caching_pool == CachingPool::On ||
         (options.caching_pool == CachingPool::BackendDefault && backend_->caches_allocations()))
-      pool_.emplace(options.pool_cap_bytes);
+      pool_.emplace(options.pool_cap_bytes, backend_->part_alignment());
     // Last: nothing after it may throw, or the ring would leak.
     ring_ = HostRing(backend_->allocate_host(options.ring_bytes));
   }
@@ -332,8 +332,9 @@ class BridgeCore {
     auto& o = orphan->second;
     if (o.views != 0 || o.fences != 0) return;
     if (!o.abandoned) {
-      ++backend_frees_;
-      backend_->free(o.device);
+      if (const auto whole = keep_or_free_later(o.device)) backend_->free(*whole);
+      // After close, nothing allocates again: what the orphan left cached goes too.
+      if (closed() && !restarting()) free_cache_now();
     }
     orphans_.erase(orphan);
   }
@@ -518,7 +519,7 @@ class BridgeCore {
     const DeviceAllocation device = slot.device;
     allocated_bytes_ -= device.bytes;
     allocations_.retire(index);
-    if (keep_or_free_later(device, slot.spec.alignment)) backend_->free(device);
+    if (const auto whole = keep_or_free_later(device)) backend_->free(*whole);
   }
 
   // A backend call made under the lock; a fatal failure breaks the bridge.
@@ -661,8 +662,8 @@ class BridgeCore {
     }
   }
 
-  // alloc_device with the caching pool on: a cached block of the request's
-  // size class, else the backend's.
+  // alloc_device with the caching pool on: a part of a free span that fits
+  // the request's size class, else of a new segment from the backend.
   [[gnu::noinline]] DeviceHandle alloc_through_pool(const ObjectSpec& spec, std::uint32_t elem, DType view_dtype,
                                                     std::uint64_t extent) {
     const std::uint64_t class_bytes = DevicePool::size_class(extent);
@@ -670,20 +671,24 @@ class BridgeCore {
       SpinLockHold lock(lock_);
       enter(lock);
       largest_request_ = std::max(largest_request_, extent);
-      if (const auto cached = pool_->take(class_bytes, spec.alignment)) {
+      if (const auto part = call_backend([&] { return pool_->take(*backend_, class_bytes, spec.alignment); })) {
         ++cache_hits_;
-        return add_allocation(lock, spec, elem, view_dtype, extent, *cached);
+        return add_allocation(lock, spec, elem, view_dtype, extent, *part);
       }
       ++cache_misses_;
     }
-    const DeviceAllocation device = allocate(class_bytes, extent, spec.alignment);
+    // The pool's shape never changes after construction: read unlocked.
+    const DeviceAllocation segment =
+        allocate(pool_->segment_bytes(class_bytes), extent, pool_->segment_alignment(spec.alignment));
     SpinLockHold lock(lock_);
-    enter_or_free(lock, device);
+    enter_or_free(lock, segment);
     ++backend_allocations_;
-    total_reserved_bytes_ += device.bytes;
-    const DeviceHandle handle = add_allocation(lock, spec, elem, view_dtype, extent, device);
+    total_reserved_bytes_ += segment.bytes;
+    // If the part cannot be made, the segment stays cached for the next request.
+    const DeviceAllocation part =
+        call_backend([&] { return pool_->take_from_new(*backend_, segment, spec.alignment, class_bytes); });
     peak_reserved_bytes_ = std::max(peak_reserved_bytes_, reserved_bytes());
-    return handle;
+    return add_allocation(lock, spec, elem, view_dtype, extent, part);
   }
 
   // enter(), giving the memory back to the backend if the bridge refuses.
@@ -706,8 +711,9 @@ class BridgeCore {
     try {
       index = allocations_.acquire();
     } catch (...) {
+      const auto whole = keep_or_free_later(device);
       lock.unlock();
-      backend_->free(device);
+      if (whole) backend_->free(*whole);
       throw;
     }
     auto& slot = allocations_[index];
@@ -720,7 +726,7 @@ class BridgeCore {
   }
 
   // ---- memory: the pool and the backend ----
-  std::uint64_t reserved_bytes() const noexcept { return allocated_bytes_ + (pool_ ? pool_->cached_bytes() : 0); }
+  std::uint64_t reserved_bytes() const noexcept { return pool_ ? pool_->reserved_bytes() : allocated_bytes_; }
 
   // The backend refused `asked` bytes (the request's `extent`, or its size
   // class): a fatal error breaks the bridge; out of memory, the exact size is
@@ -794,27 +800,43 @@ class BridgeCore {
 
   // Every cached block back to the backend; the frees run without the lock.
   void give_back_cache(SpinLockHold& lock) {
-    if (!pool_ || pool_->cached_blocks() == 0) return;
-    const auto blocks = pool_->take_all();
-    backend_frees_ += blocks.size();
+    if (!pool_ || pool_->free_segments() == 0) return;
+    const auto segments = pool_->release_free_segments();
+    backend_frees_ += segments.size();
     lock.unlock();
-    for (const auto& block : blocks) backend_->free(block.allocation);
+    for (const auto& segment : segments) backend_->free(segment);
     lock.lock();
   }
 
   // Memory no allocation uses any more: cached, or freed in the backend.
-  // Under the lock; returns whether the backend must still free it (the
-  // caller does, now or after unlocking).
-  bool keep_or_free_later(const DeviceAllocation& device, std::uint64_t alignment) noexcept {
+  // Under the lock; returns what the backend must still free (the memory,
+  // or the pool's segment it was part of), which the caller frees now or
+  // after unlocking.
+  std::optional<DeviceAllocation> keep_or_free_later(const DeviceAllocation& device) noexcept {
+    std::optional<DeviceAllocation> whole = device;
     if (pool_) {
       try {
-        if (pool_->keep(DevicePool::Block{device, alignment})) return false;
-      } catch (...) {
-        // No room to remember it: the backend takes it back.
+        whole = pool_->give_back(*backend_, device);
+      } catch (const std::exception& e) {
+        // The pool could not take it back: the memory stays allocated (never
+        // freed under a part still handed out), lost to reuse.
+        log().error("devbridge: the caching pool could not take back {} bytes at {:#x}: {}", device.bytes,
+                    device.address, e.what());
+        return std::nullopt;
       }
     }
-    ++backend_frees_;
-    return true;
+    if (whole) ++backend_frees_;
+    return whole;
+  }
+
+  // Under the lock, from inside a noexcept path: every whole free segment
+  // back to the backend.
+  void free_cache_now() noexcept {
+    if (!pool_ || pool_->free_segments() == 0) return;
+    for (const auto& segment : pool_->release_free_segments()) {
+      ++backend_frees_;
+      backend_->free(segment);
+    }
   }
 
   void empty_cache() {
@@ -847,6 +869,9 @@ class BridgeCore {
     m.backend_frees = backend_frees_;
     m.cached_bytes = pool_ ? pool_->cached_bytes() : 0;
     m.cached_blocks = pool_ ? pool_->cached_blocks() : 0;
+    m.segments = pool_ ? pool_->segments() : 0;
+    m.free_segments = pool_ ? pool_->free_segments() : 0;
+    m.pool_splits = pool_ && pool_->splits();
     m.cache_hits = cache_hits_;
     m.cache_misses = cache_misses_;
     m.oom_retries = oom_retries_;
@@ -932,9 +957,9 @@ class BridgeCore {
     const DeviceAllocation device = slot.device;
     allocated_bytes_ -= device.bytes;
     allocations_.retire(index);
-    const bool to_backend = keep_or_free_later(device, slot.spec.alignment);
+    const auto whole = keep_or_free_later(device);
     lock.unlock();
-    if (to_backend) backend_->free(device);
+    if (whole) backend_->free(*whole);
   }
 
   std::pair<ObjectSpec, std::uint64_t> spec_of(const DeviceHandle& h) {

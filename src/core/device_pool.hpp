@@ -1,20 +1,29 @@
-// The bridge's caching pool: device memory the bridge freed, kept for the next
-// allocation of the same size class instead of going back to the driver, since
-// a driver allocation costs microseconds to milliseconds and may synchronize
-// the device (cuMemAlloc, clCreateBuffer). PyTorch's caching allocator, RMM's
+// The bridge's caching pool: device memory the bridge freed, kept for the
+// next allocation instead of going back to the driver, since a driver
+// allocation costs microseconds to milliseconds and may synchronize the
+// device (cuMemAlloc, clCreateBuffer). PyTorch's caching allocator, RMM's
 // pool and tinygrad's LRUAllocator do the same.
 //
-// Blocks are whole backend allocations, cached by size class: a request is
-// rounded up to the next of 2^k, 1.25*2^k, 1.5*2^k, 1.75*2^k bytes (at least
-// 512), so at most a fifth of a block is slack and same-sized tensors of a
-// training loop hit the cache every step. Blocks are never split or
-// coalesced: a backend's allocation is what its copies and views are checked
-// against (an OpenCL buffer is a handle, not an address to offset), so a
-// sub-block would need the seam to carry offsets. docs/DECISIONS.md.
+// Requests are rounded up to a size class: the next of 2^k, 1.25*2^k,
+// 1.5*2^k, 1.75*2^k bytes (at least 512), so at most a fifth of a block is
+// slack and same-sized tensors of a training loop reuse the same spans.
 //
-// Lifetimes: a block reaches the pool only when the bridge frees it, which is
+// Where the backend can address part of an allocation as an allocation of
+// its own (Backend::part_alignment: host and CUDA memory is linear), the
+// backend's allocations are segments the pool splits:
+//  - small classes (up to 1 MiB) are packed into shared 2 MiB segments;
+//  - a large class gets a segment of its own class, which a later, smaller
+//    large request may split (when at least 1 MiB would be left over);
+//  - a freed span coalesces with free neighbours, and a segment whose spans
+//    are all free again is whole again (empty_cache gives it back).
+// Small and large segments are kept apart, so small tensors never pin a large
+// segment. Elsewhere (OpenCL: a buffer is a handle, and a sub-buffer per part
+// costs what a buffer does) each allocation is a whole segment, reused only
+// by a request of exactly its class. docs/DECISIONS.md.
+//
+// Lifetimes: a span reaches the pool only when the bridge frees it, which is
 // after every copy, step, view and fence that used it has ended (the drop
-// queue), so a cached block is never touched by the device.
+// queue), so a free span is never touched by the device.
 //
 // Not thread-safe: the bridge calls it under its lock.
 #pragma once
@@ -22,6 +31,8 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
+#include <unordered_map>
 #include <vector>
 
 #include "devbridge/backend.hpp"
@@ -30,42 +41,92 @@ namespace devbridge::detail {
 
 class DevicePool {
  public:
-  // Keyed by allocation.bytes, which is what the bridge asked the backend
-  // for: a size class, or, where the class could not be had, the exact size
-  // (then it serves only requests whose class is exactly that).
-  struct Block {
-    DeviceAllocation allocation;
-    std::uint64_t alignment = 0;  // what the backend was asked for
-  };
+  static constexpr std::uint64_t kSmallLimit = 1ull << 20;    // classes up to this are packed
+  static constexpr std::uint64_t kSmallSegment = 2ull << 20;  // into segments of this size
+  static constexpr std::uint64_t kSmallest = 512;
 
   // The bytes a request of `bytes` is rounded up to (`bytes` itself when the
   // round-up would not fit in 64 bits).
   static std::uint64_t size_class(std::uint64_t bytes) noexcept;
 
-  explicit DevicePool(std::uint64_t cap_bytes) : cap_bytes_(cap_bytes) {}
+  // `part_alignment`: Backend::part_alignment(), 0 when the backend cannot
+  // address parts (whole segments only).
+  DevicePool(std::uint64_t cap_bytes, std::uint64_t part_alignment) noexcept;
 
-  // A cached block of exactly `class_bytes` whose alignment covers `alignment`, the
-  // most recently cached first (its pages are the warmest).
-  std::optional<DeviceAllocation> take(std::uint64_t class_bytes, std::uint64_t alignment) noexcept;
-  // Keeps a freed block; false when it would take the cache past its cap
-  // (the caller frees it in the backend).
-  bool keep(const Block& block);
-  // Everything cached, for the backend to free (empty_cache, out of
-  // memory, restart, close).
-  std::vector<Block> take_all() noexcept;
+  bool splits() const noexcept { return granularity_ != 0; }
+  // What to ask the backend for when take() found no room for `class_bytes`.
+  std::uint64_t segment_bytes(std::uint64_t class_bytes) const noexcept {
+    return splits() && class_bytes <= kSmallLimit ? kSmallSegment : class_bytes;
+  }
+  // The alignment to ask the backend for, for a request aligned to `alignment`.
+  std::uint64_t segment_alignment(std::uint64_t alignment) const noexcept {
+    return alignment > granularity_ ? alignment : (granularity_ ? granularity_ : alignment);
+  }
 
-  std::uint64_t cached_bytes() const noexcept { return cached_bytes_; }
-  std::uint64_t cached_blocks() const noexcept { return cached_blocks_; }
+  // A part of a free span holding `class_bytes` at `alignment` (split off
+  // where enough is left over), made by `backend`; nothing when no free
+  // span fits. Throws only what make_part throws (the span stays free).
+  std::optional<DeviceAllocation> take(Backend& backend, std::uint64_t class_bytes, std::uint64_t alignment);
+  // Adds a segment the backend just made for a request that take() could
+  // not serve, and takes the request's part of it. If making the part
+  // throws, the segment stays in the pool, free.
+  DeviceAllocation take_from_new(Backend& backend, const DeviceAllocation& segment, std::uint64_t alignment,
+                                 std::uint64_t class_bytes);
+  // A part no allocation uses any more. Returns what the backend must free:
+  // the part's segment, when it is whole again and keeping it would pass
+  // the cap (or the part itself, were it not the pool's).
+  std::optional<DeviceAllocation> give_back(Backend& backend, const DeviceAllocation& part);
+  // Every segment whose spans are all free, for the backend to free
+  // (empty_cache, out of memory, restart, close).
+  std::vector<DeviceAllocation> release_free_segments() noexcept;
+
+  // Bytes the backend holds for the pool (every segment), and of those the
+  // free ones (cached), in how many free spans.
+  std::uint64_t reserved_bytes() const noexcept { return reserved_bytes_; }
+  std::uint64_t cached_bytes() const noexcept { return free_bytes_; }
+  std::uint64_t cached_blocks() const noexcept { return free_small_.size() + free_large_.size(); }
+  std::uint64_t segments() const noexcept { return segments_.size(); }
+  std::uint64_t free_segments() const noexcept { return free_segments_; }
   std::uint64_t largest_block() const noexcept;
-  // Cached bytes in blocks too small for a request of `bytes`.
+  // Free bytes in spans too small for a request of `bytes`.
   std::uint64_t bytes_below(std::uint64_t bytes) const noexcept;
   std::uint64_t cap_bytes() const noexcept { return cap_bytes_; }
 
  private:
-  std::map<std::uint64_t, std::vector<Block>> blocks_;  // by bytes, newest last
+  struct Span {
+    std::uint64_t bytes = 0;
+    bool free = false;
+  };
+  struct Segment {
+    DeviceAllocation block;
+    std::uint64_t alignment = 0;
+    bool small = false;
+    std::uint64_t used_bytes = 0;
+    std::map<std::uint64_t, Span> spans;  // by offset; they tile the block
+  };
+  // Free spans in best-fit order.
+  struct FreeKey {
+    std::uint64_t bytes, segment, offset;
+    friend auto operator<=>(const FreeKey&, const FreeKey&) = default;
+  };
+  struct Where {
+    std::uint64_t segment, offset;
+  };
+
+  std::set<FreeKey>& free_set(const Segment& s) noexcept { return s.small ? free_small_ : free_large_; }
+  DeviceAllocation carve(Backend& backend, std::uint64_t id, Segment& s, std::uint64_t offset, std::uint64_t bytes);
+  void mark_free(std::uint64_t id, Segment& s, std::map<std::uint64_t, Span>::iterator span);
+  void mark_used(std::uint64_t id, Segment& s, std::map<std::uint64_t, Span>::iterator span);
+
   std::uint64_t cap_bytes_;
-  std::uint64_t cached_bytes_ = 0;
-  std::uint64_t cached_blocks_ = 0;
+  std::uint64_t granularity_;  // offsets of parts are multiples of it; 0: whole segments
+  std::uint64_t next_segment_ = 1;
+  std::unordered_map<std::uint64_t, Segment> segments_;
+  std::set<FreeKey> free_small_, free_large_;
+  std::unordered_map<std::uint64_t, Where> parts_;  // live parts by address
+  std::uint64_t reserved_bytes_ = 0;
+  std::uint64_t free_bytes_ = 0;
+  std::uint64_t free_segments_ = 0;
 };
 
 }  // namespace devbridge::detail

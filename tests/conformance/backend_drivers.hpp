@@ -100,11 +100,11 @@ class DriverTest : public ::testing::TestWithParam<BackendDriver> {
   }
 
   // Device allocations the backend holds for the bridge's allocations (its
-  // own count where it has one), not counting blocks the bridge's caching
-  // pool keeps for reuse (on by default for CUDA and OpenCL).
+  // own count where it has one), not counting segments the bridge's caching
+  // pool keeps wholly free for reuse (on by default for CUDA and OpenCL).
   std::uint64_t backend_live_allocations() {
     if (driver().live_allocations)
-      return driver().live_allocations(bridge_->backend()) - bridge_->memory_stats().cached_blocks;
+      return driver().live_allocations(bridge_->backend()) - bridge_->memory_stats().free_segments;
     return bridge_->stats().live_allocations;
   }
 

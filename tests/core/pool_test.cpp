@@ -22,12 +22,15 @@ struct PoolTest : ::testing::Test {
   static constexpr std::uint64_t kRing = 4096;
   void make(CachingPool pool = CachingPool::On, std::uint64_t memory = 1ull << 30, std::uint64_t cap = UINT64_MAX) {
     fake = std::make_shared<FakeBackend>(memory);  // the ring is not counted, but must fit in it
+    fake->set_parts(parts);
     bridge = std::make_unique<Bridge>(std::make_unique<ForwardingBackend>(fake),
                                       BridgeOptions{.ring_bytes = kRing, .caching_pool = pool, .pool_cap_bytes = cap});
     fake->clear_calls();
   }
   std::shared_ptr<FakeBackend> fake;
   std::unique_ptr<Bridge> bridge;
+  // Whole blocks (a device without parts, as OpenCL) unless a test splits.
+  bool parts = false;
 };
 
 TEST_F(PoolTest, SizeClassesAreQuarterOctaves) {
@@ -181,6 +184,133 @@ TEST_F(PoolTest, ThePoolIsOffByDefaultForABackendThatDoesNotAskForIt) {
   bridge->free_device(bridge->alloc_device(kBytes4K, 4096));
   EXPECT_FALSE(bridge->memory_stats().pool_enabled);
   EXPECT_EQ(fake->live_allocations(), 0u);
+}
+
+
+// ---- segments split into parts (a device that addresses parts: host, CUDA) ----
+
+struct SplitPoolTest : PoolTest {
+  SplitPoolTest() { parts = true; }
+  // The device address a handle's view starts at.
+  std::uint64_t address_of(DeviceHandle h) {
+    const auto dtype = bridge->spec(h).dtype.value_or(DType::UInt8);
+    return bridge->view(h, ViewSpec{dtype, Dims{1}, std::nullopt, 0})->data;
+  }
+};
+
+TEST_F(SplitPoolTest, SmallTensorsArePackedIntoOneSegmentAndCoalesceWhenFreed) {
+  make();
+  const auto a = bridge->alloc_device(kBytes4K, 4096);
+  const auto b = bridge->alloc_device(kBytes4K, 4096);
+  const auto c = bridge->alloc_device(kBytes4K, 128);  // the smallest class, 512 bytes
+  EXPECT_EQ(count(fake->calls(), Call::Allocate), 1u) << describe_calls(fake->calls());
+  EXPECT_EQ(fake->calls().front().bytes, 2u << 20) << "small classes share a 2 MiB segment";
+  EXPECT_EQ(fake->live_parts(), 3u);
+  EXPECT_EQ(address_of(b), address_of(a) + 4096);
+  EXPECT_EQ(address_of(c), address_of(b) + 4096);
+  auto stats = bridge->memory_stats();
+  EXPECT_EQ(stats.segments, 1u);
+  EXPECT_EQ(stats.reserved_bytes, 2u << 20);
+  EXPECT_EQ(stats.allocated_bytes, 4096u + 4096u + 512u);
+  EXPECT_EQ(stats.cached_bytes, (2u << 20) - stats.allocated_bytes);
+  bridge->free_device(b);  // a hole between a and c
+  EXPECT_EQ(bridge->memory_stats().cached_blocks, 2u);
+  bridge->free_device(a);  // merges with b's span
+  bridge->free_device(c);  // merges both neighbours: the segment is whole again
+  stats = bridge->memory_stats();
+  EXPECT_EQ(stats.cached_blocks, 1u);
+  EXPECT_EQ(stats.free_segments, 1u);
+  EXPECT_EQ(fake->live_parts(), 0u);
+  EXPECT_EQ(count(fake->calls(), Call::Free), 0u);
+  bridge->empty_cache();
+  EXPECT_EQ(fake->live_allocations(), 0u);
+  EXPECT_EQ(bridge->memory_stats().reserved_bytes, 0u);
+}
+
+TEST_F(SplitPoolTest, AFreedLargeSegmentIsSplitForSmallerLargeTensors) {
+  make();
+  const ObjectSpec large{64 << 20, 64, DType::UInt8, ShapeKind::Vector};
+  bridge->free_device(bridge->alloc_device(large, 32 << 20));
+  const auto a = bridge->alloc_device(large, 8 << 20);
+  const auto b = bridge->alloc_device(large, 16 << 20);
+  EXPECT_EQ(count(fake->calls(), Call::Allocate), 1u) << "both from the freed 32 MiB";
+  EXPECT_EQ(bridge->memory_stats().cache_hits, 2u);
+  // Less than 1 MiB would be left: the span is handed out whole, not split.
+  const auto c = bridge->alloc_device(large, (8 << 20) - (512 << 10));
+  EXPECT_EQ(bridge->memory_stats().cached_bytes, 0u);
+  for (const auto h : {a, b, c}) bridge->free_device(h);
+  EXPECT_EQ(bridge->memory_stats().free_segments, 1u);
+  // A small tensor never takes a large segment's span.
+  bridge->free_device(bridge->alloc_device(kBytes4K, 4096));
+  EXPECT_EQ(count(fake->calls(), Call::Allocate), 2u);
+}
+
+TEST_F(SplitPoolTest, APartIsNotReusedWhileAFenceOnItIsPending) {
+  make();
+  const auto x = bridge->alloc_device(kFloats, 4096);
+  const auto y = bridge->alloc_device(kFloats, 4096);
+  const auto y_address = address_of(y);
+  fake->hold_launches(true);
+  bridge->launch_axpy(DeviceRange{x, 0, 4096}, DeviceRange{y, 0, 4096}, 1.0f, 0.0f);
+  bridge->release(y);
+  const auto z = bridge->alloc_device(kFloats, 4096);
+  EXPECT_NE(address_of(z), y_address) << "handed out a part the held kernel still writes";
+  fake->hold_launches(false);
+  (void)bridge->stats();  // reaps the fence: y's part goes back
+  bridge->free_device(z);  // z (after y) merges with the free tail; y's span is the first free one
+  const auto w = bridge->alloc_device(kFloats, 4096);
+  EXPECT_EQ(address_of(w), y_address);
+  for (const auto h : {x, w}) bridge->free_device(h);
+  EXPECT_EQ(fake->live_parts(), 0u);
+}
+
+TEST_F(SplitPoolTest, APartAViewOutlivesRestartAndCloseKeepsOnlyItsSegment) {
+  make();
+  const auto kept = bridge->alloc_device(kBytes4K, 4096);
+  bridge->free_device(bridge->alloc_device(kBytes4K, 1 << 20));  // the same segment, freed again
+  auto view = bridge->view(kept, ViewSpec{DType::UInt8, Dims{4096}, std::nullopt, 0});
+  bridge->restart(2);
+  EXPECT_EQ(fake->live_allocations(), 1u) << "the segment under the live view stays";
+  EXPECT_EQ(fake->live_parts(), 1u);
+  bridge->free_device(bridge->alloc_device(kBytes4K, 4096));  // the new generation may use the rest of it
+  bridge->close();
+  EXPECT_EQ(fake->live_allocations(), 1u);
+  view.reset();  // the last use: the part, then the whole segment, go back
+  EXPECT_EQ(fake->live_parts(), 0u);
+  EXPECT_EQ(fake->live_allocations(), 0u);
+}
+
+TEST_F(SplitPoolTest, OutOfMemoryReleasesWhollyFreeSegmentsOnly) {
+  make(CachingPool::On, 6u << 20);
+  const auto small = bridge->alloc_device(kBytes4K, 4096);  // a 2 MiB segment, in use
+  const ObjectSpec large{64 << 20, 64, DType::UInt8, ShapeKind::Vector};
+  bridge->free_device(bridge->alloc_device(large, 2 << 20));  // a free 2 MiB segment
+  const auto big = bridge->alloc_device(large, 4 << 20);     // needs the free one back
+  EXPECT_EQ(bridge->memory_stats().oom_retries, 1u);
+  EXPECT_EQ(bridge->memory_stats().segments, 2u);
+  const auto message =
+      EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationFailed, bridge->alloc_device(large, 4 << 20));
+  EXPECT_NE(message.find("retried once"), std::string::npos) << message;
+  bridge->free_device(big);
+  bridge->free_device(small);
+}
+
+TEST_F(SplitPoolTest, FragmentationCountsFreeSpansTooSmallForTheLargestRequest) {
+  make();
+  const ObjectSpec large{64 << 20, 64, DType::UInt8, ShapeKind::Vector};
+  bridge->free_device(bridge->alloc_device(large, 16 << 20));
+  DeviceHandle quarters[4];
+  for (auto& q : quarters) q = bridge->alloc_device(large, 4 << 20);
+  bridge->free_device(quarters[0]);
+  bridge->free_device(quarters[2]);  // two 4 MiB holes, not adjacent
+  auto stats = bridge->memory_stats();
+  EXPECT_EQ(stats.largest_request_bytes, 16u << 20);
+  EXPECT_EQ(stats.cached_bytes, 8u << 20);
+  EXPECT_EQ(stats.fragmentation_bytes, 8u << 20) << "neither hole holds the largest request";
+  bridge->free_device(quarters[1]);  // the holes coalesce into 12 MiB, still too small
+  EXPECT_EQ(bridge->memory_stats().fragmentation_bytes, 12u << 20);
+  bridge->free_device(quarters[3]);
+  EXPECT_EQ(bridge->memory_stats().fragmentation_bytes, 0u);
 }
 
 }  // namespace

@@ -54,6 +54,8 @@ TEST(CudaResultNames, MatchCudaHeader) {
       {NAMED(CUDA_ERROR_LAUNCH_INCOMPATIBLE_TEXTURING)},
       {NAMED(CUDA_ERROR_CONTEXT_IS_DESTROYED)},
       {NAMED(CUDA_ERROR_ASSERT)},
+      {NAMED(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)},
+      {NAMED(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)},
       {NAMED(CUDA_ERROR_HARDWARE_STACK_ERROR)},
       {NAMED(CUDA_ERROR_ILLEGAL_INSTRUCTION)},
       {NAMED(CUDA_ERROR_MISALIGNED_ADDRESS)},
@@ -119,6 +121,9 @@ TEST(CudaResultMapping, Table) {
       {CUDA_ERROR_NO_BINARY_FOR_GPU, Operation::Setup, ErrorKind::Unsupported, false},
       {CUDA_ERROR_INVALID_PTX, Operation::Setup, ErrorKind::Unsupported, false},
       {CUDA_ERROR_NOT_SUPPORTED, Operation::Allocate, ErrorKind::Unsupported, false},
+      // Host registration names a range that is (or is not) page-locked already.
+      {CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, Operation::Allocate, ErrorKind::InvalidRange, false},
+      {CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, Operation::Release, ErrorKind::InvalidRange, false},
   };
   for (const MappingCase& c : cases) {
     const ResultClass cls = classify(c.code, c.operation);

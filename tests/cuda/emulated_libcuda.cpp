@@ -13,11 +13,14 @@
 // Knobs (environment): DEVBRIDGE_EMULATED_CUDA_DRIVER_VERSION (default 13000;
 // PTX newer than that driver is refused with UNSUPPORTED_PTX_VERSION),
 // DEVBRIDGE_EMULATED_CUDA_CC (default 90), DEVBRIDGE_EMULATED_CUDA_MEMORY_MIB
-// (default 16384), DEVBRIDGE_EMULATED_CUDA_DELAY_US (default 20).
+// (default 16384), DEVBRIDGE_EMULATED_CUDA_DELAY_US (default 20),
+// DEVBRIDGE_EMULATED_CUDA_MAX_PITCH (CU_DEVICE_ATTRIBUTE_MAX_PITCH, default
+// 2147483647 as on current GPUs; 2-D copies with a larger pitch are refused).
 //
 // Test hooks (extern "C", found with dlsym; a real driver has none, so tests
-// that need them skip there): event create/destroy counters, and one
-// injected cuEventRecord failure.
+// that need them skip there): event create/destroy counters, one injected
+// cuEventRecord failure, one injected copy submission failure, and the
+// number of live host registrations (cuMemHostRegister).
 //
 // Default streams (0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) have no thread
 // of their own: work on them runs on the caller, so a wait there blocks the
@@ -35,10 +38,10 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,6 +62,9 @@ int compute_capability() { return env_int("DEVBRIDGE_EMULATED_CUDA_CC", 90); }
 std::uint64_t total_memory() {
   return static_cast<std::uint64_t>(env_int("DEVBRIDGE_EMULATED_CUDA_MEMORY_MIB", 16384)) << 20;
 }
+std::uint64_t max_pitch() {
+  return static_cast<std::uint64_t>(env_int("DEVBRIDGE_EMULATED_CUDA_MAX_PITCH", 2147483647));
+}
 void operation_delay() {
   static const int delay = env_int("DEVBRIDGE_EMULATED_CUDA_DELAY_US", 20);
   if (delay > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay));
@@ -73,8 +79,20 @@ struct Context {
 struct Memory {
   std::mutex mutex;
   std::map<std::uintptr_t, std::size_t> device;  // base -> bytes
-  std::set<void*> host;
+  std::map<std::uintptr_t, std::size_t> host;        // cuMemHostAlloc: base -> bytes
+  std::map<std::uintptr_t, std::size_t> registered;  // cuMemHostRegister: base -> bytes
   std::uint64_t device_used = 0;
+
+  // Needs `mutex` held. True when [address, address + bytes) meets a block
+  // of `blocks` (base -> bytes, none overlapping each other).
+  static bool overlaps(const std::map<std::uintptr_t, std::size_t>& blocks, std::uintptr_t address,
+                       std::size_t bytes) {
+    auto after = blocks.lower_bound(address);
+    if (after != blocks.end() && after->first - address < bytes) return true;
+    if (after == blocks.begin()) return false;
+    auto before = std::prev(after);
+    return address - before->first < before->second;
+  }
 
   bool device_range_ok(std::uintptr_t address, std::size_t bytes) {
     std::lock_guard lock(mutex);
@@ -250,6 +268,8 @@ const char* name_of(CUresult result) {
     case CUDA_ERROR_NOT_FOUND: return "CUDA_ERROR_NOT_FOUND";
     case CUDA_ERROR_NOT_READY: return "CUDA_ERROR_NOT_READY";
     case CUDA_ERROR_ILLEGAL_ADDRESS: return "CUDA_ERROR_ILLEGAL_ADDRESS";
+    case CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED: return "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED";
+    case CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED: return "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED";
     default: return nullptr;
   }
 }
@@ -324,6 +344,7 @@ EXPORT CUresult CUDAAPI cuDeviceGetAttribute(int* value, CUdevice_attribute attr
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *value = compute_capability() / 10; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *value = compute_capability() % 10; break;
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *value = 4; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_PITCH: *value = static_cast<int>(max_pitch()); break;
     default: return CUDA_ERROR_INVALID_VALUE;
   }
   return CUDA_SUCCESS;
@@ -448,7 +469,7 @@ EXPORT CUresult CUDAAPI cuMemHostAlloc(void** pointer, size_t bytes, unsigned in
   void* data = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
   if (data == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   std::lock_guard lock(memory().mutex);
-  memory().host.insert(data);
+  memory().host[reinterpret_cast<std::uintptr_t>(data)] = bytes;
   *pointer = data;
   return CUDA_SUCCESS;
 }
@@ -456,8 +477,32 @@ EXPORT CUresult CUDAAPI cuMemHostAlloc(void** pointer, size_t bytes, unsigned in
 EXPORT CUresult CUDAAPI cuMemFreeHost(void* pointer) {
   if (int error = require_context()) return static_cast<CUresult>(error);
   std::lock_guard lock(memory().mutex);
-  if (memory().host.erase(pointer) == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (memory().host.erase(reinterpret_cast<std::uintptr_t>(pointer)) == 0) return CUDA_ERROR_INVALID_VALUE;
   std::free(pointer);
+  return CUDA_SUCCESS;
+}
+
+// Page-locks memory the caller owns. As the real driver: any overlap with
+// memory already page-locked (another registration, a cuMemHostAlloc block)
+// is CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, and only the base address a
+// registration was made with unregisters it.
+EXPORT CUresult CUDAAPI cuMemHostRegister(void* pointer, size_t bytes, unsigned int flags) {
+  if (int error = require_context()) return static_cast<CUresult>(error);
+  const auto address = reinterpret_cast<std::uintptr_t>(pointer);
+  if (pointer == nullptr || bytes == 0 || (flags & ~0xfu) != 0 || address > UINTPTR_MAX - bytes)
+    return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(memory().mutex);
+  if (Memory::overlaps(memory().registered, address, bytes) || Memory::overlaps(memory().host, address, bytes))
+    return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+  memory().registered[address] = bytes;
+  return CUDA_SUCCESS;
+}
+
+EXPORT CUresult CUDAAPI cuMemHostUnregister(void* pointer) {
+  if (int error = require_context()) return static_cast<CUresult>(error);
+  std::lock_guard lock(memory().mutex);
+  if (memory().registered.erase(reinterpret_cast<std::uintptr_t>(pointer)) == 0)
+    return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
   return CUDA_SUCCESS;
 }
 
@@ -575,15 +620,72 @@ EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream stream, CUevent handle, unsig
 
 namespace {
 
+// An injected copy submission failure (test hook), like the cuEventRecord
+// one: after `copies_to_pass` more copy submissions (1-D or 2-D) succeed,
+// the next returns `copy_failure` and queues nothing. Negative: none armed.
+std::mutex copy_failure_mutex;
+long long copies_to_pass = -1;          // guarded by copy_failure_mutex
+CUresult copy_failure = CUDA_SUCCESS;   // guarded by copy_failure_mutex
+
+CUresult injected_copy_failure() {
+  std::lock_guard lock(copy_failure_mutex);
+  if (copies_to_pass < 0) return CUDA_SUCCESS;
+  if (copies_to_pass-- > 0) return CUDA_SUCCESS;
+  return copy_failure;
+}
+
+// The checks every async copy makes before it is queued, in the driver's
+// order; the stream it goes to, or null with `result` set.
+Stream* copy_stream(CUstream stream, CUresult& result) {
+  result = static_cast<CUresult>(require_context());
+  if (result != CUDA_SUCCESS) return nullptr;
+  result = CUDA_ERROR_INVALID_HANDLE;  // the backend never uses a default stream
+  if (is_default_stream(stream)) return nullptr;
+  auto* target = reinterpret_cast<Stream*>(stream);
+  result = CUDA_ERROR_INVALID_CONTEXT;
+  if (target->context() != current()) return nullptr;
+  result = injected_copy_failure();
+  return result == CUDA_SUCCESS ? target : nullptr;
+}
+
 CUresult enqueue_copy(void* destination, const void* source, std::size_t bytes, CUstream stream,
                       std::uintptr_t device_address) {
-  if (int error = require_context()) return static_cast<CUresult>(error);
-  if (is_default_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;  // the backend never uses it
-  auto* target = reinterpret_cast<Stream*>(stream);
-  if (target->context() != current()) return CUDA_ERROR_INVALID_CONTEXT;
+  CUresult result = CUDA_SUCCESS;
+  Stream* target = copy_stream(stream, result);
+  if (target == nullptr) return result;
   if (!memory().device_range_ok(device_address, bytes)) return CUDA_ERROR_INVALID_VALUE;
   target->enqueue([destination, source, bytes] { std::memcpy(destination, source, bytes); });
   return CUDA_SUCCESS;
+}
+
+// Where one side of a 2-D copy starts (its X and Y offsets applied) and how
+// far its rows reach; false when the side is not one the emulation models
+// (arrays, unified memory) or its numbers do not fit.
+struct CopySide {
+  std::uintptr_t start = 0;
+  std::size_t pitch = 0;
+  std::size_t reach = 0;  // (Height - 1) * pitch + WidthInBytes
+  bool device = false;
+};
+
+bool copy_side(CUmemorytype type, const void* host, CUdeviceptr device, std::size_t x, std::size_t y,
+               std::size_t pitch, std::size_t width, std::size_t height, CopySide& side) {
+  if (type != CU_MEMORYTYPE_HOST && type != CU_MEMORYTYPE_DEVICE) return false;
+  side.device = type == CU_MEMORYTYPE_DEVICE;
+  const auto base = side.device ? static_cast<std::uintptr_t>(device) : reinterpret_cast<std::uintptr_t>(host);
+  if (base == 0) return false;
+  // As the real driver: a row (with its X offset) must fit in the pitch, and
+  // the pitch must not exceed the device's maximum.
+  if (pitch < width || pitch - width < x || pitch > max_pitch()) return false;
+  std::size_t offset = 0;
+  std::size_t before_last = 0;
+  if (__builtin_mul_overflow(y, pitch, &offset) || __builtin_add_overflow(offset, x, &offset) ||
+      __builtin_mul_overflow(height - 1, pitch, &before_last) ||
+      __builtin_add_overflow(before_last, width, &side.reach) || __builtin_add_overflow(base, offset, &side.start) ||
+      side.start > UINTPTR_MAX - side.reach)
+    return false;
+  side.pitch = pitch;
+  return true;
 }
 
 }  // namespace
@@ -597,6 +699,37 @@ EXPORT CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr destination, const void* s
 EXPORT CUresult CUDAAPI cuMemcpyDtoHAsync(void* destination, CUdeviceptr source, size_t bytes, CUstream stream) {
   return enqueue_copy(destination, reinterpret_cast<const void*>(source), bytes, stream,
                       static_cast<std::uintptr_t>(source));
+}
+
+// A row loop honouring both pitches, queued on the stream like the 1-D
+// copies (so a hold, the per-operation delay and a faulted context apply
+// alike). The bytes between rows are never touched, on either side. Device
+// sides must lie inside one allocation, rows and padding alike.
+EXPORT CUresult CUDAAPI cuMemcpy2DAsync(const CUDA_MEMCPY2D* copy, CUstream stream) {
+  if (copy == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUresult result = CUDA_SUCCESS;
+  Stream* target = copy_stream(stream, result);
+  if (target == nullptr) return result;
+  if (copy->WidthInBytes == 0 || copy->Height == 0) return CUDA_SUCCESS;
+  CopySide source;
+  CopySide destination;
+  if (!copy_side(copy->srcMemoryType, copy->srcHost, copy->srcDevice, copy->srcXInBytes, copy->srcY,
+                 copy->srcPitch, copy->WidthInBytes, copy->Height, source) ||
+      !copy_side(copy->dstMemoryType, copy->dstHost, copy->dstDevice, copy->dstXInBytes, copy->dstY,
+                 copy->dstPitch, copy->WidthInBytes, copy->Height, destination))
+    return CUDA_ERROR_INVALID_VALUE;
+  for (const CopySide* side : {&source, &destination}) {
+    if (side->device && !memory().device_range_ok(side->start, side->reach)) return CUDA_ERROR_INVALID_VALUE;
+  }
+  const std::size_t width = copy->WidthInBytes;
+  const std::size_t height = copy->Height;
+  target->enqueue([source, destination, width, height] {
+    for (std::size_t row = 0; row < height; ++row) {
+      std::memcpy(reinterpret_cast<void*>(destination.start + row * destination.pitch),
+                  reinterpret_cast<const void*>(source.start + row * source.pitch), width);
+    }
+  });
+  return CUDA_SUCCESS;
 }
 
 // ---- modules and kernels ----------------------------------------------------------
@@ -710,4 +843,20 @@ EXPORT void devbridge_emulated_cuda_fail_event_record(long long pass, int result
   std::lock_guard lock(events_mutex);
   records_to_pass = pass;
   record_failure = static_cast<CUresult>(result);
+}
+
+// Arms one copy submission failure (cuMemcpyHtoDAsync, cuMemcpyDtoHAsync or
+// cuMemcpy2DAsync): the next `pass` submissions succeed, the one after
+// returns `result` (a CUresult) without queueing anything.
+EXPORT void devbridge_emulated_cuda_fail_copy(long long pass, int result) {
+  std::lock_guard lock(copy_failure_mutex);
+  copies_to_pass = pass;
+  copy_failure = static_cast<CUresult>(result);
+}
+
+// Host ranges registered (cuMemHostRegister) and not yet unregistered, so a
+// test can see that every registration was given back.
+EXPORT unsigned long long devbridge_emulated_cuda_host_registrations() {
+  std::lock_guard lock(memory().mutex);
+  return memory().registered.size();
 }

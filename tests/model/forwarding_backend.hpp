@@ -23,6 +23,8 @@ class ForwardingBackend : public Backend {
   void free(const DeviceAllocation& allocation) noexcept override { target_->free(allocation); }
   HostBlock allocate_host(std::uint64_t bytes) override { return target_->allocate_host(bytes); }
   void free_host(const HostBlock& block) noexcept override { target_->free_host(block); }
+  HostBlock register_host(std::byte* data, std::uint64_t bytes) override { return target_->register_host(data, bytes); }
+  void unregister_host(const HostBlock& block) noexcept override { target_->unregister_host(block); }
   void submit_copy(const CopyRequest& request) override { target_->submit_copy(request); }
   void drain_completions(std::vector<Completion>& out) override { target_->drain_completions(out); }
   bool wait_for_completions(std::chrono::nanoseconds timeout) override {
@@ -39,6 +41,14 @@ class ForwardingBackend : public Backend {
   void validate_view(const DeviceAllocation& allocation, const TensorView& view) override {
     target_->validate_view(allocation, view);
   }
+  // caches_allocations() is not forwarded: a bridge over a forwarder keeps no
+  // pool unless the test asks for one, so the target's allocation count
+  // follows the bridge's allocations one for one.
+  std::uint64_t part_alignment() const override { return target_->part_alignment(); }
+  DeviceAllocation make_part(const DeviceAllocation& whole, std::uint64_t offset, std::uint64_t bytes) override {
+    return target_->make_part(whole, offset, bytes);
+  }
+  void release_part(const DeviceAllocation& part) noexcept override { target_->release_part(part); }
   std::uintptr_t native_context() override { return target_->native_context(); }
   void order_consumer_queue(std::uintptr_t queue) override { target_->order_consumer_queue(queue); }
   std::uint64_t live_allocations() const override { return target_->live_allocations(); }

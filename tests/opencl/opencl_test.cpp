@@ -253,7 +253,7 @@ TEST_F(OpenCLDevice, RangesOutsideABufferAreInvalidRange) {
     SCOPED_TRACE("device range " + std::to_string(range.offset) + " +" + std::to_string(range.len));
     for (const CopyMode mode : {CopyMode::Sync, CopyMode::Async}) {
       const CopyRequest request{CopyDirection::HostToDevice, mode, CopyEvent{1, 1, 1}, ring.data, buffer,
-                                range.offset, range.len};
+                                range.offset, range.len, CopyLayout{}};
       EXPECT_EQ(error_of([&] { backend->submit_copy(request); }).kind(), ErrorKind::InvalidRange);
     }
     const AxpyLaunch launch{buffer, range.offset, buffer, 0, range.len / 4 + 1, 1.0f, 0.0f};
@@ -280,7 +280,7 @@ TEST_F(OpenCLDevice, AHugeWaitTimeoutWaitsForTheCopy) {
   const DeviceAllocation buffer = backend->allocate(4096, 64);
   hold_copies(*backend, true);
   backend->submit_copy(CopyRequest{CopyDirection::HostToDevice, CopyMode::Async, CopyEvent{1, 1, 7}, ring.data,
-                                   buffer, 0, 4096});
+                                   buffer, 0, 4096, CopyLayout{}});
   std::thread releaser([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     hold_copies(*backend, false);
@@ -430,7 +430,7 @@ class OpenCLFences : public OpenCLDevice {
   void copy(CopyDirection direction, const DeviceAllocation& buffer, std::uint64_t ring_offset,
             CopyMode mode = CopyMode::Sync, std::uint64_t id = 1) {
     backend_->submit_copy(
-        CopyRequest{direction, mode, CopyEvent{1, 1, id}, ring_.data + ring_offset, buffer, 0, kBytes});
+        CopyRequest{direction, mode, CopyEvent{1, 1, id}, ring_.data + ring_offset, buffer, 0, kBytes, CopyLayout{}});
   }
   Fence launch() { return backend_->launch_axpy(AxpyLaunch{x_, 0, y_, 0, kCount, 2.0f, 1.0f}); }
   // y as the launch left it, read back through the ring's second half.

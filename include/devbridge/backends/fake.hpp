@@ -87,8 +87,13 @@ class FakeBackend final : public Backend {
   std::uint64_t live_host_blocks() const;
   // Host memory registered and not yet unregistered (a leak check).
   std::uint64_t live_registrations() const;
+  // Parts of allocations (make_part) not yet released; live_allocations()
+  // counts whole allocations only.
+  std::uint64_t live_parts() const;
   // When true, async copies complete at submit (as if the device were instant).
   void set_auto_complete(bool on);
+  // Whether the fake offers parts of allocations (part_alignment; on by default).
+  void set_parts(bool on);
 
   // Fences. A launch moves its bytes at call time (the fake does not model
   // stream order) but, while launches are held, its fence stays pending
@@ -120,6 +125,12 @@ class FakeBackend final : public Backend {
   bool fence_passed(Fence fence) override;
   bool wait_fence(Fence fence, std::chrono::nanoseconds timeout) override;
   void release_fence(Fence fence) noexcept override;
+  // Parts are real allocations of their own here (a use after release_part
+  // is refused), 512-byte aligned like CUDA's; set_parts(false) makes the
+  // fake a device without them (OpenCL's case: the pool keeps whole blocks).
+  std::uint64_t part_alignment() const override;
+  DeviceAllocation make_part(const DeviceAllocation& whole, std::uint64_t offset, std::uint64_t bytes) override;
+  void release_part(const DeviceAllocation& part) noexcept override;
   void validate_view(const DeviceAllocation& allocation, const TensorView& view) override;
 
  private:

@@ -1,7 +1,9 @@
 // The CUDA backend: device memory from cuMemAlloc, the ring from
-// cuMemHostAlloc, copies on two non-blocking streams (one per direction, so
-// uploads and downloads overlap), one pooled event per asynchronous copy, and
-// the compute role on a third stream ordered by stream-event waits.
+// cuMemHostAlloc (and the caller's memory pinned with cuMemHostRegister),
+// copies on two non-blocking streams (one per direction, so uploads and
+// downloads overlap; a pitched copy is one cuMemcpy2DAsync), one pooled
+// event per asynchronous copy, and the compute role on a third stream
+// ordered by stream-event waits.
 //
 // Ordering between the three streams (all on the device, never a host wait):
 //   - copies in one direction run in submission order (one stream each);
@@ -240,6 +242,9 @@ class CudaBackend final : public Backend {
 
   // The bridge caches freed buffers: cuMemAlloc synchronizes the device and cuMemFree waits for it.
   bool caches_allocations() const override { return true; }
+  // Device memory is addressed linearly (cuMemAlloc aligns to 256 bytes):
+  // the pool may hand out parts of one allocation.
+  std::uint64_t part_alignment() const override { return 512; }
 
   BackendInfo describe() override {
     BackendInfo info;
@@ -346,11 +351,59 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // Registers the caller's memory for DMA. PORTABLE for the same reason as
+  // the ring: it stays page-locked for every context in the process.
+  HostBlock register_host(std::byte* data, std::uint64_t bytes) override {
+    const auto begin = reinterpret_cast<std::uintptr_t>(data);
+    if (data == nullptr)
+      throw Error(ErrorKind::InvalidRange, "cuMemHostRegister: null host pointer (" + std::to_string(bytes) + " bytes)");
+    if (bytes == 0) throw Error(ErrorKind::InvalidExtent, "cuMemHostRegister: 0 bytes at " + hex(begin));
+    const auto end = checked::add(begin, bytes);
+    if (!end)
+      throw Error(ErrorKind::InvalidRange, "cuMemHostRegister: " + std::to_string(bytes) + " bytes at " + hex(begin) +
+                                               " reach past the end of the address space");
+    ContextGuard guard(driver_, context_, Operation::Allocate);
+    CUresult result = driver_.cuMemHostRegister_v2(data, bytes, CU_MEMHOSTREGISTER_PORTABLE);
+    if (result != CUDA_SUCCESS)
+      throw make_error(driver_, result, "cuMemHostRegister", Operation::Allocate,
+                       "host range [" + hex(begin) + ", " + hex(*end) + ") of " + std::to_string(bytes) + " bytes on " +
+                           device_string_);
+    live_registrations_.fetch_add(1, std::memory_order_relaxed);
+    return HostBlock{data, bytes, true, begin};
+  }
+
+  void unregister_host(const HostBlock& block) noexcept override {
+    if (block.data == nullptr) return;
+    const auto begin = reinterpret_cast<std::uintptr_t>(block.data);
+    try {
+      ContextGuard guard(driver_, context_, Operation::Release);
+      CUresult result = driver_.cuMemHostUnregister(block.data);
+      // Counted as gone even if the driver refuses otherwise (the bridge
+      // never hands this block back again), but not when the driver says it
+      // was never registered: then it was never counted either.
+      if (result != CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)
+        live_registrations_.fetch_sub(1, std::memory_order_relaxed);
+      if (result != CUDA_SUCCESS)
+        devbridge::detail::log().warn("devbridge cuda: {} (host range {} of {} bytes)",
+                                      driver_.describe_failure("cuMemHostUnregister", result), hex(begin), block.bytes);
+    } catch (const std::exception& error) {
+      live_registrations_.fetch_sub(1, std::memory_order_relaxed);
+      devbridge::detail::log().warn("devbridge cuda: cannot unregister host range {} of {} bytes: {}", hex(begin),
+                                    block.bytes, error.what());
+    }
+  }
+
   void submit_copy(const CopyRequest& request) override {
     CopyStream& lane = request.direction == CopyDirection::HostToDevice ? upload_ : download_;
     if (request.host == nullptr)
       throw Error(ErrorKind::InvalidRange, std::string(lane.call) + ": null host pointer for " +
                                                describe_event(request.event));
+    // The one branch between the shapes: a contiguous copy pays nothing
+    // else for pitched ones.
+    if (request.layout.pitched()) {
+      submit_pitched_copy(lane, request);
+      return;
+    }
     if (!checked::range_within(request.device_offset, request.len, request.device.bytes))
       throw Error(ErrorKind::InvalidRange, std::string(lane.call) + ": device range [" +
                                                std::to_string(request.device_offset) + ", +" +
@@ -360,56 +413,14 @@ class CudaBackend final : public Backend {
     // Inside the allocation (checked above), and the host range inside the
     // ring (checked by the bridge): none of these sums can wrap.
     const CUdeviceptr device = request.device.address + request.device_offset;
-
-    CopyStream& other_lane = &lane == &upload_ ? download_ : upload_;
     const auto host_begin = reinterpret_cast<std::uintptr_t>(request.host);
     const Span host_span{host_begin, host_begin + request.len};
     const Span device_span{static_cast<std::uintptr_t>(device), static_cast<std::uintptr_t>(device + request.len)};
-
-    ContextGuard guard(driver_, context_, lane.operation);
-    CUevent done = events_.acquire(lane.operation);
-    bool queued = false;
-    try {
-      std::unique_lock<std::mutex> compute_lock;
-      const std::uint64_t launches = launches_.load(std::memory_order_acquire);
-      if (launches != lane.waited_launches.load(std::memory_order_relaxed)) compute_lock = std::unique_lock(compute_mutex_);
-      // Both lanes: the other lane's pending list is read, and its events
-      // must not be recycled before this lane's wait on them is enqueued.
-      std::scoped_lock lanes_lock(upload_.mutex, download_.mutex);
-      if (compute_lock.owns_lock()) {
-        order_after_last_launch(lane);
-        compute_lock.unlock();
-      }
-      order_after_conflicting_copies(lane, other_lane, host_span, device_span);
-      if (request.len > 0) {
-        CUresult result = lane.direction == CopyDirection::HostToDevice
-                              ? driver_.cuMemcpyHtoDAsync_v2(device, request.host, request.len, lane.stream)
-                              : driver_.cuMemcpyDtoHAsync_v2(request.host, device, request.len, lane.stream);
-        if (result != CUDA_SUCCESS) throw copy_error(lane, result, lane.call, request);
-      }
-      CUresult recorded = driver_.cuEventRecord(done, lane.stream);
-      if (recorded != CUDA_SUCCESS) {
-        // The copy may be running with nothing to report its end: let it
-        // finish before the caller gets its range back.
-        driver_.cuStreamSynchronize(lane.stream);
-        throw copy_error(lane, recorded, "cuEventRecord", request);
-      }
-      if (request.mode == CopyMode::Async) {
-        lane.pending.push_back(PendingCopy{request.event, done, request.len, host_span, device_span});
-        queued = true;
-      }
-    } catch (...) {
-      events_.give_back(done);
-      throw;
-    }
-    if (queued) {
-      wake_waiters();
-      return;
-    }
-    // Sync: the copy is ordered like any other; wait for this one alone.
-    CUresult result = driver_.cuEventSynchronize(done);
-    events_.give_back(done);
-    if (result != CUDA_SUCCESS) throw copy_error(lane, result, "cuEventSynchronize", request);
+    enqueue_copy(lane, request, host_span, device_span, lane.call, [&] {
+      return lane.direction == CopyDirection::HostToDevice
+                 ? driver_.cuMemcpyHtoDAsync_v2(device, request.host, request.len, lane.stream)
+                 : driver_.cuMemcpyDtoHAsync_v2(request.host, device, request.len, lane.stream);
+    });
   }
 
   void drain_completions(std::vector<Completion>& out) override {
@@ -806,6 +817,9 @@ class CudaBackend final : public Backend {
             CUDA_SUCCESS ||
         multiprocessors_ <= 0)
       multiprocessors_ = 16;
+    int max_pitch = 0;
+    if (driver_.cuDeviceGetAttribute(&max_pitch, CU_DEVICE_ATTRIBUTE_MAX_PITCH, device_) == CUDA_SUCCESS && max_pitch > 0)
+      max_pitch_ = static_cast<std::uint64_t>(max_pitch);
     compute_capability_ = major * 10 + minor;
     // The bus id, where the driver reports it (an emulated one may not: then
     // none is shown, and nothing else depends on it).
@@ -905,6 +919,8 @@ class CudaBackend final : public Backend {
       for (CopyStream* lane : {&upload_, &download_}) lane->pending.clear();
       // The pools destroy their events still out too (pending copies'; fences
       // the bridge never gave back, which it must not ask about any more).
+      if (const std::uint64_t registered = live_registrations_.load(std::memory_order_relaxed))
+        devbridge::detail::log().warn("devbridge cuda: {} host registration(s) never unregistered", registered);
       if (const std::size_t unreleased = fences_.out())
         devbridge::detail::log().warn("devbridge cuda: {} fence(s) never released; destroyed with the backend",
                                       unreleased);
@@ -927,6 +943,132 @@ class CudaBackend final : public Backend {
     context_ = nullptr;
   }
 
+  // A pitched copy: one cuMemcpy2DAsync, ordered and reported like any
+  // other copy. Its ordering spans are the whole reach of its rows on each
+  // side (padding included): conservative, and one comparison per copy.
+  // Out of line, so the contiguous path's code stays as compact as before.
+  [[gnu::noinline]] void submit_pitched_copy(CopyStream& lane, const CopyRequest& request) {
+    const CopyLayout& layout = request.layout;
+    const char* call = lane.direction == CopyDirection::HostToDevice ? "cuMemcpy2DAsync(host to device)"
+                                                                     : "cuMemcpy2DAsync(device to host)";
+    // The spans refuse rows that would overlap or reach past 2^64.
+    const std::uint64_t device_reach = layout_device_span(layout);
+    const std::uint64_t host_reach = layout_host_span(layout);
+    // Spelled out only for an error: a copy that goes through builds no text.
+    const auto shape = [&] {
+      return std::to_string(layout.rows) + " rows of " + std::to_string(layout.row_bytes) + " bytes (host pitch " +
+             std::to_string(layout.host_pitch) + ", device pitch " + std::to_string(layout.device_pitch) + ")";
+    };
+    if (layout_bytes_moved(layout) != request.len)
+      throw Error(ErrorKind::InvalidRange, std::string(call) + ": " + std::to_string(request.len) +
+                                               " bytes asked, but " + shape() + " move " +
+                                               std::to_string(layout_bytes_moved(layout)));
+    if (!checked::range_within(request.device_offset, device_reach, request.device.bytes))
+      throw Error(ErrorKind::InvalidRange, std::string(call) + ": device range [" +
+                                               std::to_string(request.device_offset) + ", +" +
+                                               std::to_string(device_reach) + ") of " + shape() +
+                                               " outside allocation " + hex(request.device.address) + " of " +
+                                               std::to_string(request.device.bytes) + " bytes");
+    const auto host_begin = reinterpret_cast<std::uintptr_t>(request.host);
+    const auto host_end = checked::add(host_begin, host_reach);
+    if (!host_end)
+      throw Error(ErrorKind::InvalidRange, std::string(call) + ": host range at " + hex(host_begin) + " of " + shape() +
+                                               " reaches past the end of the address space");
+    // One row has no pitch to speak of; the driver still wants one of at
+    // least a row.
+    const std::uint64_t host_pitch = layout.rows == 1 ? layout.row_bytes : layout.host_pitch;
+    const std::uint64_t device_pitch = layout.rows == 1 ? layout.row_bytes : layout.device_pitch;
+    // The driver refuses pitches above its maximum; say which and why
+    // before anything is queued.
+    for (auto [pitch, side] : {std::pair{host_pitch, "host"}, std::pair{device_pitch, "device"}}) {
+      if (max_pitch_ != 0 && pitch > max_pitch_)
+        throw Error(ErrorKind::InvalidRange, std::string(call) + ": " + side + " pitch of " + std::to_string(pitch) +
+                                                 " bytes exceeds " + device_string_ + "'s maximum of " +
+                                                 std::to_string(max_pitch_) + " (" + shape() +
+                                                 "); copy the rows separately");
+    }
+    // Inside the allocation (checked above): no wrap.
+    const CUdeviceptr device = request.device.address + request.device_offset;
+
+    CUDA_MEMCPY2D params{};
+    params.WidthInBytes = layout.row_bytes;
+    params.Height = layout.rows;
+    if (lane.direction == CopyDirection::HostToDevice) {
+      params.srcMemoryType = CU_MEMORYTYPE_HOST;
+      params.srcHost = request.host;
+      params.srcPitch = host_pitch;
+      params.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+      params.dstDevice = device;
+      params.dstPitch = device_pitch;
+    } else {
+      params.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+      params.srcDevice = device;
+      params.srcPitch = device_pitch;
+      params.dstMemoryType = CU_MEMORYTYPE_HOST;
+      params.dstHost = request.host;
+      params.dstPitch = host_pitch;
+    }
+    const Span host_span{host_begin, *host_end};
+    const Span device_span{static_cast<std::uintptr_t>(device), static_cast<std::uintptr_t>(device + device_reach)};
+    enqueue_copy(lane, request, host_span, device_span, call,
+                 [&] { return driver_.cuMemcpy2DAsync_v2(&params, lane.stream); });
+  }
+
+  // What every copy shares once its ranges are checked: the waits that
+  // order it (after the newest launch, after the newest conflicting copy of
+  // the other direction), the copy itself (`enqueue_the_copy`, a driver call
+  // on lane.stream), its event, and then the pending list (async) or a wait
+  // for that event alone (sync). Always inline, so the contiguous path is
+  // the same code it was before pitched copies shared this part.
+  template <typename EnqueueTheCopy>
+  [[gnu::always_inline]] inline void enqueue_copy(CopyStream& lane, const CopyRequest& request, const Span& host_span,
+                                                  const Span& device_span, const char* call,
+                                                  EnqueueTheCopy&& enqueue_the_copy) {
+    CopyStream& other_lane = &lane == &upload_ ? download_ : upload_;
+    ContextGuard guard(driver_, context_, lane.operation);
+    CUevent done = events_.acquire(lane.operation);
+    bool queued = false;
+    try {
+      std::unique_lock<std::mutex> compute_lock;
+      const std::uint64_t launches = launches_.load(std::memory_order_acquire);
+      if (launches != lane.waited_launches.load(std::memory_order_relaxed)) compute_lock = std::unique_lock(compute_mutex_);
+      // Both lanes: the other lane's pending list is read, and its events
+      // must not be recycled before this lane's wait on them is enqueued.
+      std::scoped_lock lanes_lock(upload_.mutex, download_.mutex);
+      if (compute_lock.owns_lock()) {
+        order_after_last_launch(lane);
+        compute_lock.unlock();
+      }
+      order_after_conflicting_copies(lane, other_lane, host_span, device_span);
+      if (request.len > 0) {
+        CUresult result = enqueue_the_copy();
+        if (result != CUDA_SUCCESS) throw copy_error(lane, result, call, request);
+      }
+      CUresult recorded = driver_.cuEventRecord(done, lane.stream);
+      if (recorded != CUDA_SUCCESS) {
+        // The copy may be running with nothing to report its end: let it
+        // finish before the caller gets its range back.
+        driver_.cuStreamSynchronize(lane.stream);
+        throw copy_error(lane, recorded, "cuEventRecord", request);
+      }
+      if (request.mode == CopyMode::Async) {
+        lane.pending.push_back(PendingCopy{request.event, done, request.len, host_span, device_span});
+        queued = true;
+      }
+    } catch (...) {
+      events_.give_back(done);
+      throw;
+    }
+    if (queued) {
+      wake_waiters();
+      return;
+    }
+    // Sync: the copy is ordered like any other; wait for this one alone.
+    CUresult result = driver_.cuEventSynchronize(done);
+    events_.give_back(done);
+    if (result != CUDA_SUCCESS) throw copy_error(lane, result, "cuEventSynchronize", request);
+  }
+
   Error allocation_error(CUresult result, std::string_view call, std::uint64_t bytes, std::uint64_t padded,
                          std::uint64_t alignment) {
     std::string detail = "asked " + std::to_string(bytes) + " bytes (alignment " + std::to_string(alignment) +
@@ -943,6 +1085,10 @@ class CudaBackend final : public Backend {
     std::string detail = describe_event(request.event) + ", " + std::to_string(request.len) + " bytes " +
                          (lane.direction == CopyDirection::HostToDevice ? "to" : "from") + " device " +
                          hex(request.device.address) + "+" + std::to_string(request.device_offset);
+    if (request.layout.pitched())
+      detail += " in " + std::to_string(request.layout.rows) + " rows of " + std::to_string(request.layout.row_bytes) +
+                " bytes (host pitch " + std::to_string(request.layout.host_pitch) + ", device pitch " +
+                std::to_string(request.layout.device_pitch) + ")";
     Error mapped = make_error(driver_, result, call, lane.operation, detail);
     // Whatever the driver's code, a failed copy is a failed copy of its
     // direction; the fatal flag still says whether the device survived.
@@ -1076,6 +1222,10 @@ class CudaBackend final : public Backend {
   CUevent download_marker_ = nullptr;  // "everything downloaded so far"
   std::atomic<std::uint64_t> launches_{0};
   std::atomic<std::uint64_t> live_allocations_{0};
+  std::atomic<std::uint64_t> live_registrations_{0};
+  // CU_DEVICE_ATTRIBUTE_MAX_PITCH, the largest pitch a 2-D copy may use; 0
+  // where the driver does not say (its own refusal is then reported).
+  std::uint64_t max_pitch_ = 0;
 
   std::mutex hold_mutex_;
   std::shared_ptr<Gate> gate_;

@@ -44,8 +44,11 @@ namespace devbridge::cuda::detail {
   X(cuMemFree_v2)                             \
   X(cuMemHostAlloc)                           \
   X(cuMemFreeHost)                            \
+  X(cuMemHostRegister_v2)                     \
+  X(cuMemHostUnregister)                      \
   X(cuMemcpyHtoDAsync_v2)                     \
   X(cuMemcpyDtoHAsync_v2)                     \
+  X(cuMemcpy2DAsync_v2)                       \
   X(cuStreamCreate)                           \
   X(cuStreamDestroy_v2)                       \
   X(cuStreamSynchronize)                      \
@@ -58,7 +61,7 @@ namespace devbridge::cuda::detail {
   X(cuModuleLoadDataEx)                       \
   X(cuModuleUnload)                           \
   X(cuModuleGetFunction)                      \
-  X(cuLaunchKernel)                            \
+  X(cuLaunchKernel)                           \
   X(cuLaunchHostFunc)
 
 // One loaded copy of the driver library. Never unloaded: other libraries in

@@ -54,6 +54,8 @@ constexpr std::array kKnownResults{
     KnownResult{703, "CUDA_ERROR_LAUNCH_INCOMPATIBLE_TEXTURING", true},
     KnownResult{709, "CUDA_ERROR_CONTEXT_IS_DESTROYED", true},
     KnownResult{710, "CUDA_ERROR_ASSERT", true},
+    KnownResult{712, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED", false},
+    KnownResult{713, "CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED", false},
     KnownResult{714, "CUDA_ERROR_HARDWARE_STACK_ERROR", true},
     KnownResult{715, "CUDA_ERROR_ILLEGAL_INSTRUCTION", true},
     KnownResult{716, "CUDA_ERROR_MISALIGNED_ADDRESS", true},
@@ -127,6 +129,12 @@ ResultClass classify(int code, Operation operation) noexcept {
     case 223:  // JIT_COMPILATION_DISABLED
     case 801:  // NOT_SUPPORTED
       return {ErrorKind::Unsupported, false};
+    // Host memory registration: the caller named a range that is already
+    // page-locked (overlapping another registration or a cuMemHostAlloc
+    // block), or one that never was. The range is at fault, not the device.
+    case 712:  // HOST_MEMORY_ALREADY_REGISTERED
+    case 713:  // HOST_MEMORY_NOT_REGISTERED
+      return {ErrorKind::InvalidRange, false};
     default:  // OUT_OF_MEMORY, INVALID_VALUE, ...: this operation failed, the device is fine
       return {operation_kind(operation), false};
   }

@@ -120,6 +120,9 @@ constexpr std::uint64_t kHostBlockAlignment = 4096;
 
 using SharedBytes = std::shared_ptr<std::byte>;
 
+// Parts (make_part) start at multiples of this, as the pool promises.
+constexpr std::uint64_t kPartAlignment = 512;
+
 // Fresh aligned memory of `bytes` (at least 1). The aligned operator new
 // rounds the size up to a multiple of the alignment, so a size within
 // `alignment - 1` of 2^64 would wrap into a tiny block that the fill then
@@ -184,6 +187,9 @@ struct FakeBackend::State {
   struct Allocation {
     SharedBytes memory;
     std::uint64_t bytes = 0;
+    // A part of another allocation (make_part): its own token, so a use
+    // after release_part is caught; not counted as an allocation.
+    std::uintptr_t whole = 0;
   };
   struct HostBlockRecord {
     SharedBytes memory;
@@ -221,6 +227,7 @@ struct FakeBackend::State {
   bool late_released = false;                   // a copy was submitted since: deliver them
   std::vector<RecordedCall> calls;
   bool auto_complete = false;
+  bool parts = true;  // part_alignment() offers parts
 
   struct FenceRecord {
     QueueRef where;
@@ -428,7 +435,54 @@ void FakeBackend::clear_calls() {
 
 std::uint64_t FakeBackend::live_allocations() const {
   std::lock_guard lock(state_->mutex);
-  return state_->allocations.size();
+  return static_cast<std::uint64_t>(std::count_if(state_->allocations.begin(), state_->allocations.end(),
+                                                  [](const auto& entry) { return entry.second.whole == 0; }));
+}
+
+std::uint64_t FakeBackend::part_alignment() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->parts ? kPartAlignment : 0;
+}
+
+void FakeBackend::set_parts(bool on) {
+  std::lock_guard lock(state_->mutex);
+  state_->parts = on;
+}
+
+std::uint64_t FakeBackend::live_parts() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->allocations.size() - static_cast<std::uint64_t>(std::count_if(
+                                          state_->allocations.begin(), state_->allocations.end(),
+                                          [](const auto& entry) { return entry.second.whole == 0; }));
+}
+
+DeviceAllocation FakeBackend::make_part(const DeviceAllocation& whole, std::uint64_t offset, std::uint64_t bytes) {
+  std::lock_guard lock(state_->mutex);
+  auto& s = *state_;
+  const auto it = s.allocations.find(whole.token);
+  if (it == s.allocations.end() || it->second.whole != 0 ||
+      reinterpret_cast<std::uintptr_t>(it->second.memory.get()) != whole.address ||
+      !checked::range_within(offset, bytes, it->second.bytes) || offset % kPartAlignment != 0)
+    throw Error(ErrorKind::InvalidRange, fmt::format("fake make_part: [{}, +{}) is not a part of a live allocation "
+                                                     "(address {:#x}, {} bytes) at a multiple of {} bytes",
+                                                     offset, bytes, whole.address, whole.bytes, kPartAlignment));
+  const std::uintptr_t token = s.next_token++;
+  SharedBytes memory(it->second.memory, it->second.memory.get() + offset);  // shares the whole's bytes
+  const DeviceAllocation part{reinterpret_cast<std::uintptr_t>(memory.get()), bytes, token};
+  s.allocations.emplace(token, State::Allocation{std::move(memory), bytes, whole.token});
+  return part;
+}
+
+void FakeBackend::release_part(const DeviceAllocation& part) noexcept {
+  std::lock_guard lock(state_->mutex);
+  auto& s = *state_;
+  const auto it = s.allocations.find(part.token);
+  if (it == s.allocations.end() || it->second.whole == 0) {
+    std::fprintf(stderr, "FakeBackend: release_part of unknown or already released part (address 0x%llx, token %llu)\n",
+                 static_cast<unsigned long long>(part.address), static_cast<unsigned long long>(part.token));
+    return;
+  }
+  s.allocations.erase(it);
 }
 
 std::uint64_t FakeBackend::live_host_blocks() const {
@@ -514,6 +568,13 @@ void FakeBackend::free(const DeviceAllocation& allocation) noexcept {
                  static_cast<unsigned long long>(allocation.address),
                  static_cast<unsigned long long>(allocation.token));
     return;
+  }
+  for (const auto& [token, other] : s.allocations) {
+    if (other.whole == allocation.token) {
+      std::fprintf(stderr, "FakeBackend: allocation 0x%llx freed while its part 0x%llx is live\n",
+                   static_cast<unsigned long long>(allocation.address),
+                   static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(other.memory.get())));
+    }
   }
   for (const auto& p : s.pending) {
     if (p.request.device.token == allocation.token) {

@@ -383,6 +383,8 @@ class HostBackend final : public Backend {
   }
 
   void hold_copies(bool hold) override { engine_.set_held(hold); }
+  // Host memory is addressed linearly: a part is an address inside a block.
+  std::uint64_t part_alignment() const override { return 512; }
 
  private:
   struct RingBlock {

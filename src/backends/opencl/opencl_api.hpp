@@ -15,7 +15,8 @@
 namespace devbridge::opencl::detail {
 
 // X(symbol): a member declared with the type of cl.h's `symbol`, loaded from
-// the symbol of that name. Only OpenCL 1.2 entry points, so any ICD serves.
+// the symbol of that name. Only OpenCL 1.2 entry points (the rect copies are
+// 1.1), so any ICD serves.
 #define DEVBRIDGE_OPENCL_ENTRY_POINTS(X) \
   X(clGetPlatformIDs)                    \
   X(clGetPlatformInfo)                   \
@@ -29,8 +30,11 @@ namespace devbridge::opencl::detail {
   X(clGetCommandQueueInfo)               \
   X(clCreateBuffer)                      \
   X(clReleaseMemObject)                  \
+  X(clGetMemObjectInfo)                  \
   X(clEnqueueWriteBuffer)                \
   X(clEnqueueReadBuffer)                 \
+  X(clEnqueueWriteBufferRect)            \
+  X(clEnqueueReadBufferRect)             \
   X(clEnqueueMapBuffer)                  \
   X(clEnqueueUnmapMemObject)             \
   X(clEnqueueNDRangeKernel)              \

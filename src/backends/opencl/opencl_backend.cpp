@@ -1,7 +1,10 @@
 // The OpenCL backend: device memory from clCreateBuffer, the ring from a
 // mapped CL_MEM_ALLOC_HOST_PTR buffer (the portable way to ask a driver for
 // page-locked memory), and every copy and launch on one in-order command
-// queue.
+// queue. A pitched copy is one rect command (clEnqueue*BufferRect), so it
+// shares the 1-D copy's event, hold and completion path; registered host
+// memory is a CL_MEM_USE_HOST_PTR buffer no command ever names, there only
+// so a driver that can pin the pages does.
 //
 // Ordering: the queue runs commands in submission order, so an upload lands
 // before a later launch reads it, a launch finishes before a later download
@@ -53,6 +56,7 @@
 #include "backends/backend_options.hpp"
 #include "backends/opencl/opencl_api.hpp"  // before cl_ext.h: it sets the OpenCL version
 #include <CL/cl_ext.h>
+#include "backends/opencl/opencl_controls.hpp"
 #include "backends/opencl/opencl_errors.hpp"
 #include "devbridge/backends/opencl.hpp"
 #include "devbridge/checked.hpp"
@@ -396,23 +400,77 @@ class OpenCLBackend final : public Backend {
     cl_.clReleaseMemObject(mapping->buffer);
   }
 
+  // A buffer over the caller's memory: CL_MEM_USE_HOST_PTR is how OpenCL
+  // lets a driver pin memory it did not allocate (it may also just remember
+  // the pointer; OpenCL does not say, so page_locked stays false). Copies
+  // keep naming host addresses inside the block, never this buffer: it only
+  // exists so the driver knows the pages, and no command ever runs on it.
+  HostBlock register_host(std::byte* data, std::uint64_t bytes) override {
+    const auto where = [&] {
+      return fmt::format("registering {} bytes of host memory at {}", bytes, static_cast<const void*>(data));
+    };
+    // Refused before the driver sees it, in the words it would use: OpenCL
+    // has no empty buffer and none past the device's per-buffer limit.
+    if (bytes == 0 || (max_buffer_bytes_ != 0 && bytes > max_buffer_bytes_))
+      throw Error(ErrorKind::InvalidExtent,
+                  fmt::format("opencl: {}: {} holds buffers of 1 to {} bytes (CL_DEVICE_MAX_MEM_ALLOC_SIZE)", where(),
+                              device_name_, max_buffer_bytes_));
+    cl_int result = CL_SUCCESS;
+    cl_mem buffer = cl_.clCreateBuffer(context_.get(), CL_MEM_READ_WRITE | CL_MEM_USE_HOST_PTR, bytes, data, &result);
+    if (result != CL_SUCCESS) {
+      const std::string failure = fmt::format("clCreateBuffer(CL_MEM_USE_HOST_PTR): {} ({}); {}",
+                                              detail::error_name(result), result, where());
+      switch (result) {
+        case CL_INVALID_BUFFER_SIZE:
+          throw Error(ErrorKind::InvalidExtent,
+                      fmt::format("{} ({} holds buffers of at most {} bytes, CL_DEVICE_MAX_MEM_ALLOC_SIZE)", failure,
+                                  device_name_, max_buffer_bytes_));
+        // The driver could not pin or track this much: the registration
+        // fails, the device does not (unlike a queue's CL_OUT_OF_RESOURCES,
+        // nothing was enqueued that could be left half done).
+        case CL_MEM_OBJECT_ALLOCATION_FAILURE:
+        case CL_OUT_OF_RESOURCES:
+        case CL_OUT_OF_HOST_MEMORY:
+          throw Error(ErrorKind::AllocationFailed, failure);
+        default:
+          throw make_error(result, "clCreateBuffer(CL_MEM_USE_HOST_PTR)", Operation::Allocate, where());
+      }
+    }
+    live_registrations_.fetch_add(1, std::memory_order_relaxed);
+    return HostBlock{data, bytes, false, reinterpret_cast<std::uintptr_t>(buffer)};
+  }
+
+  // The bridge unregisters only once no copy uses the memory, and no
+  // command ever named the buffer: releasing it frees it at once, and the
+  // driver has nothing to write back into the caller's memory.
+  void unregister_host(const HostBlock& block) noexcept override {
+    if (block.token == 0) return;
+    if (const cl_int result = cl_.clReleaseMemObject(reinterpret_cast<cl_mem>(block.token)); result != CL_SUCCESS)
+      log_failure(result, "clReleaseMemObject(registered host memory)", Operation::Release);
+    live_registrations_.fetch_sub(1, std::memory_order_relaxed);
+  }
+
   void submit_copy(const CopyRequest& request) override {
     const bool upload = request.direction == CopyDirection::HostToDevice;
     const Operation operation = upload ? Operation::Upload : Operation::Download;
-    const char* call = upload ? "clEnqueueWriteBuffer" : "clEnqueueReadBuffer";
+    const bool pitched = request.layout.pitched();
+    const char* call = pitched ? (upload ? "clEnqueueWriteBufferRect" : "clEnqueueReadBufferRect")
+                               : (upload ? "clEnqueueWriteBuffer" : "clEnqueueReadBuffer");
     const auto fail = [&](cl_int result) -> Error {
-      Error error = make_error(result, call, operation,
-                               fmt::format("{} bytes at device offset {}", request.len, request.device_offset));
+      Error error = make_error(result, call, operation, describe_copy(request));
       if (error.fatal()) mark_queue_unusable();
       return error;
     };
 
     // The bridge has checked the range; a range that slips through is refused
     // here as the seam's InvalidRange rather than as a driver error.
-    if (!checked::range_within(request.device_offset, request.len, request.device.bytes))
+    if (pitched) {
+      check_pitched(request, call);
+    } else if (!checked::range_within(request.device_offset, request.len, request.device.bytes)) {
       throw Error(ErrorKind::InvalidRange,
                   fmt::format("opencl {}: device range [{}, +{}) outside a buffer of {} bytes", call,
                               request.device_offset, request.len, request.device.bytes));
+    }
 
     if (request.mode == CopyMode::Sync) {
       if (const cl_int result = enqueue_copy(request, CL_TRUE, nullptr, nullptr); result != CL_SUCCESS)
@@ -663,6 +721,7 @@ class OpenCLBackend final : public Backend {
   // ---- observation and test controls ----
   std::uint64_t live_allocations() const noexcept override { return live_allocations_.load(std::memory_order_relaxed); }
   std::uint64_t live_fences() const noexcept { return live_fences_.load(std::memory_order_relaxed); }
+  std::uint64_t live_registrations() const noexcept { return live_registrations_.load(std::memory_order_relaxed); }
 
   void hold_copies(bool hold) override {
     if (hold) {
@@ -793,14 +852,80 @@ class OpenCLBackend final : public Backend {
     return queue;
   }
 
+  // The one place sync and async copies differ from 1-D to pitched: every
+  // other step (hold gate, event, callback, completion) is shared.
   cl_int enqueue_copy(const CopyRequest& request, cl_bool blocking, const cl_event* wait_for, cl_event* done) {
     cl_mem buffer = as_buffer(request.device);
     const cl_uint waits = wait_for != nullptr ? 1 : 0;
-    if (request.direction == CopyDirection::HostToDevice)
+    const bool upload = request.direction == CopyDirection::HostToDevice;
+    if (request.layout.pitched()) {
+      const CopyLayout& layout = request.layout;
+      // OpenCL refuses a row pitch shorter than region[0] even when there is
+      // no second row to step to; one row spans exactly its own bytes.
+      // (check_pitched made sure every value fits a size_t.)
+      const auto size = [](std::uint64_t value) { return static_cast<std::size_t>(value); };
+      const std::size_t device_pitch = size(layout.rows == 1 ? layout.row_bytes : layout.device_pitch);
+      const std::size_t host_pitch = size(layout.rows == 1 ? layout.row_bytes : layout.host_pitch);
+      const std::size_t buffer_origin[3] = {size(request.device_offset), 0, 0};
+      const std::size_t host_origin[3] = {0, 0, 0};
+      const std::size_t region[3] = {size(layout.row_bytes), size(layout.rows), 1};
+      // Slice pitches 0: one slice, so OpenCL derives them and never steps them.
+      if (upload)
+        return cl_.clEnqueueWriteBufferRect(queue_.get(), buffer, blocking, buffer_origin, host_origin, region,
+                                            device_pitch, 0, host_pitch, 0, request.host, waits, wait_for, done);
+      return cl_.clEnqueueReadBufferRect(queue_.get(), buffer, blocking, buffer_origin, host_origin, region,
+                                         device_pitch, 0, host_pitch, 0, request.host, waits, wait_for, done);
+    }
+    if (upload)
       return cl_.clEnqueueWriteBuffer(queue_.get(), buffer, blocking, request.device_offset, request.len, request.host,
                                       waits, wait_for, done);
     return cl_.clEnqueueReadBuffer(queue_.get(), buffer, blocking, request.device_offset, request.len, request.host,
                                    waits, wait_for, done);
+  }
+
+  // What a failed copy's message names: the range, and for a pitched copy
+  // its rows and pitches.
+  static std::string describe_copy(const CopyRequest& request) {
+    if (!request.layout.pitched())
+      return fmt::format("{} bytes at device offset {}", request.len, request.device_offset);
+    const CopyLayout& layout = request.layout;
+    return fmt::format("{} rows of {} bytes at device offset {} (device pitch {}, host pitch {}, host {})",
+                       layout.rows, layout.row_bytes, request.device_offset, layout.device_pitch, layout.host_pitch,
+                       static_cast<const void*>(request.host));
+  }
+
+  // A pitched request the driver would refuse, or that would reach past the
+  // buffer, is the seam's InvalidRange naming the rows at fault, not a copy
+  // failure (the bridge checks the same; this is the backend's own word).
+  static void check_pitched(const CopyRequest& request, const char* call) {
+    const CopyLayout& layout = request.layout;
+    if (layout.row_bytes == 0)
+      throw Error(ErrorKind::InvalidRange,
+                  fmt::format("opencl {}: {} rows of 0 bytes move nothing (OpenCL refuses an empty region)", call,
+                              layout.rows));
+    // Both throw InvalidRange naming the pitch when rows would overlap or
+    // the span does not fit in 64 bits.
+    const std::uint64_t device_span = layout_device_span(layout);
+    (void)layout_host_span(layout);
+    if (const auto moved = checked::mul(layout.rows, layout.row_bytes); !moved || *moved != request.len)
+      throw Error(ErrorKind::InvalidRange,
+                  fmt::format("opencl {}: a copy of {} bytes does not match its {} rows of {} bytes", call,
+                              request.len, layout.rows, layout.row_bytes));
+    if (!checked::range_within(request.device_offset, device_span, request.device.bytes))
+      throw Error(ErrorKind::InvalidRange,
+                  fmt::format("opencl {}: device range [{}, +{}) ({} rows of {} bytes at a pitch of {}) outside a "
+                              "buffer of {} bytes",
+                              call, request.device_offset, device_span, layout.rows, layout.row_bytes,
+                              layout.device_pitch, request.device.bytes));
+    // size_t is what the driver takes; on a 32-bit host a span past it would wrap.
+    if constexpr (sizeof(std::size_t) < sizeof(std::uint64_t)) {
+      constexpr std::uint64_t kMax = static_cast<std::size_t>(-1);
+      if (request.device_offset > kMax || device_span > kMax - request.device_offset ||
+          layout.device_pitch > kMax || layout.host_pitch > kMax)
+        throw Error(ErrorKind::InvalidRange,
+                    fmt::format("opencl {}: device range [{}, +{}) or its pitches do not fit this host's size_t",
+                                call, request.device_offset, device_span));
+    }
   }
 
   bool front_finished() {
@@ -869,7 +994,8 @@ class OpenCLBackend final : public Backend {
   std::atomic<std::uint64_t> finished_signals_{0};
   std::atomic<std::uint64_t> callbacks_outstanding_{0};
 
-  std::atomic<std::uint64_t> live_allocations_{0};
+  std::atomic<std::uint64_t> live_allocations_{0};     // device buffers only, not registrations
+  std::atomic<std::uint64_t> live_registrations_{0};   // host memory under a CL_MEM_USE_HOST_PTR buffer
   std::atomic<std::uint64_t> live_fences_{0};  // fences handed out and not yet released
 };
 
@@ -930,6 +1056,11 @@ void hold_copies(Backend& backend, bool hold) { as_opencl(backend).hold_copies(h
 
 std::uint64_t live_fences(const Backend& backend) {
   if (const auto* opencl = dynamic_cast<const OpenCLBackend*>(&backend)) return opencl->live_fences();
+  throw Error(ErrorKind::Unsupported, "not an OpenCL backend");
+}
+
+std::uint64_t detail::live_registrations(const Backend& backend) {
+  if (const auto* opencl = dynamic_cast<const OpenCLBackend*>(&backend)) return opencl->live_registrations();
   throw Error(ErrorKind::Unsupported, "not an OpenCL backend");
 }
 
