@@ -11,7 +11,8 @@
 #  4. the host backend against memcpy, and the 4 KiB round trip; the drop
 #     queue's reclamation latency (release -> memory back, with and without a
 #     pending launch fence); the caching pool against a driver allocation per
-#     call; the OpenCL backend against raw OpenCL calls, where it is built;
+#     call; a pitched 2-D copy against a row loop of 1-D copies; the OpenCL
+#     backend against raw OpenCL calls, where it is built;
 #  5. bench/cuda, when the CUDA helper has added it and a GPU is present;
 #  6. the tinygrad hand-off benchmark, when bench/tinygrad_handoff.py exists;
 #  7. Prefetcher-fed training and upload/download against numpy (bench/prefetch_bench.py).
@@ -28,7 +29,7 @@ status=0
 if [ ! -x "$BUILD/bench/bridge_workloads" ] || [ ! -x "$BUILD/bench/view_floor" ]; then
   # `make bench` builds everything first; rebuild only the benchmarks if run alone.
   if [ -f "$BUILD/build.ninja" ] || [ -f "$BUILD/Makefile" ]; then
-    cmake --build "$BUILD" --target bridge_workloads view_floor host_copy reclaim pool_alloc -j "$(nproc)" || exit 1
+    cmake --build "$BUILD" --target bridge_workloads view_floor host_copy reclaim pool_alloc pitched_copy -j "$(nproc)" || exit 1
   else
     echo "bench: no build in $BUILD; run 'make bench'" >&2
     exit 1
@@ -95,6 +96,13 @@ if [ -x "$BUILD/bench/pool_alloc" ]; then
   echo
   echo "== caching pool: alloc+free of mixed sizes, pool vs driver =="
   "$BUILD/bench/pool_alloc" | tee "$OUT/pool_alloc.txt" || status=1
+fi
+
+# 4a''. Pitched 2-D copies: a 4096 x 4095 float32 window in one copy vs a row loop.
+if [ -x "$BUILD/bench/pitched_copy" ]; then
+  echo
+  echo "== pitched 2-D copy vs a row loop of 1-D copies =="
+  "$BUILD/bench/pitched_copy" | tee "$OUT/pitched_copy.txt" || status=1
 fi
 
 # 4b. OpenCL backend against raw OpenCL (when built; it skips without a device).

@@ -388,7 +388,7 @@ INSTANTIATE_TEST_SUITE_P(
         UsageCase{"InjectAllocationFailureIntoUpload",
                   {"stream", "--backend", "fake", "--fake-inject", "copy_h2d:allocation_failed"},
                   "failure allocation_failed cannot apply to call copy_h2d (allocation_failed applies to: allocate, "
-                  "allocate_host)"},
+                  "allocate_host, register_host)"},
         UsageCase{"InjectInvalidViewIntoAllocate",
                   {"stream", "--backend", "fake", "--fake-inject", "allocate:invalid_view:2"},
                   "failure invalid_view cannot apply to call allocate"},
@@ -448,6 +448,7 @@ TEST(Info, ListsTheBackendsAndDescribesTheAvailableOnes) {
   EXPECT_THAT(run.out, HasSubstr("fake"));
   EXPECT_THAT(run.out, HasSubstr("device string  CPU"));
   EXPECT_THAT(run.out, HasSubstr("(auto)"));
+  EXPECT_THAT(run.out, HasSubstr("caching pool   off by default"));
   EXPECT_EQ(run.err, "");
 }
 
@@ -487,6 +488,13 @@ TEST(Info, JsonMatchesTheListing) {
       EXPECT_EQ(backend["info"]["vendor"], "cpu");
       EXPECT_EQ(backend["info"]["device_string"], "CPU");
       EXPECT_THAT(backend["info"]["dtypes"].get<std::vector<std::string>>(), ::testing::Contains("float32"));
+      // The pool's policy: off by default on host memory, which can be split when it is on.
+      EXPECT_EQ(backend["memory"]["caching_pool_default"], false) << backend.dump();
+      EXPECT_EQ(backend["memory"]["pool_splits"], true) << backend.dump();
+    }
+    if (backend["name"] == "opencl" && backend["available"] == true) {
+      EXPECT_EQ(backend["memory"]["caching_pool_default"], true) << backend.dump();
+      EXPECT_EQ(backend["memory"]["pool_splits"], false) << backend.dump();
     }
   }
   EXPECT_TRUE(saw_host);

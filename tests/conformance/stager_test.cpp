@@ -91,7 +91,10 @@ class StagerConformance : public DriverTest {
     EXPECT_EQ(stats.copies_in_flight, 0u);
     EXPECT_EQ(stats.inflight_bytes, 0u);
     EXPECT_EQ(stats.live_allocations, allocations);
-    EXPECT_EQ(backend_live_allocations(), allocations);
+    // A pool that packs small allocations into one segment holds fewer
+    // backend allocations than the bridge has; none is left all the same.
+    if (allocations == 0 || !bridge_->memory_stats().pool_splits)
+      EXPECT_EQ(backend_live_allocations(), allocations);
   }
 
   std::mt19937_64 random_{std::hash<std::string>{}(

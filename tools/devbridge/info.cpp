@@ -1,5 +1,6 @@
 #include "info.hpp"
 
+#include <algorithm>
 #include <exception>
 
 #include <fmt/format.h>
@@ -23,14 +24,14 @@ InfoReport collect_info() {
       } catch (const std::exception& e) {
         entry.describe_error = e.what();  // the default device may still open
       }
-      if (entry.devices.size() == 1) {
-        entry.info = entry.devices.front();  // the one device is the default, described already
-      } else {
-        try {  // which of several the backend binds by default only the backend knows
-          entry.info = make_backend(name)->describe();
-        } catch (const std::exception& e) {
-          entry.describe_error = e.what();
-        }
+      try {
+        const auto backend = make_backend(name);
+        entry.memory = MemoryPolicy{backend->caches_allocations(), backend->part_alignment()};
+        // Which of several devices the backend binds by default only the backend knows.
+        entry.info = entry.devices.size() == 1 ? entry.devices.front() : backend->describe();
+      } catch (const std::exception& e) {
+        if (entry.devices.size() == 1) entry.info = entry.devices.front();
+        entry.describe_error = e.what();
       }
     }
     report.backends.push_back(std::move(entry));
@@ -100,6 +101,14 @@ std::string format_info(const InfoReport& report) {
     out += fmt::format("  memory         {}\n", memory_line(info));
     out += fmt::format("  dtypes         {}\n", dtype_list(info));
     out += fmt::format("  page-locked    {}\n", info.host_memory_page_locked ? "yes" : "no");
+    if (e.memory) {
+      out += fmt::format("  caching pool   {}\n",
+                         !e.memory->caching_pool ? "off by default (Bridge option caching_pool)"
+                         : e.memory->part_alignment
+                             ? fmt::format("on; packs and splits segments into {}-byte aligned parts",
+                                           std::max<std::uint64_t>(e.memory->part_alignment, 512))
+                             : std::string("on; whole blocks, reused by size class"));
+    }
     if (!info.notes.empty()) out += fmt::format("  notes          {}\n", info.notes);
     if (e.devices.size() > 1) {
       out += "  devices\n";

@@ -44,13 +44,23 @@ nlohmann::json stream_report_json(const StreamReport& r) {
       {"memory",
        {
            {"pool_enabled", r.memory.pool_enabled},
+           {"pool_splits", r.memory.pool_splits},
+           {"allocated_bytes", r.memory.allocated_bytes},
            {"peak_allocated_bytes", r.memory.peak_allocated_bytes},
+           {"total_allocated_bytes", r.memory.total_allocated_bytes},
+           {"reserved_bytes", r.memory.reserved_bytes},
            {"peak_reserved_bytes", r.memory.peak_reserved_bytes},
+           {"total_reserved_bytes", r.memory.total_reserved_bytes},
+           {"total_allocations", r.memory.total_allocations},
            {"backend_allocations", r.memory.backend_allocations},
            {"backend_frees", r.memory.backend_frees},
+           {"segments", r.memory.segments},
+           {"cached_bytes", r.memory.cached_bytes},
            {"cache_hits", r.memory.cache_hits},
            {"cache_misses", r.memory.cache_misses},
            {"oom_retries", r.memory.oom_retries},
+           {"oom_failures", r.memory.oom_failures},
+           {"fragmentation_bytes", r.memory.fragmentation_bytes},
        }},
       {"bytes_verified", r.bytes_verified},
       {"verified", r.verified},
@@ -93,6 +103,13 @@ nlohmann::json info_report_json(const InfoReport& report) {
         {"available", e.availability.available},
         {"reason", e.availability.reason},
     };
+    if (e.memory) {
+      entry["memory"] = {
+          {"caching_pool_default", e.memory->caching_pool},
+          {"pool_splits", e.memory->part_alignment != 0},
+          {"part_alignment", e.memory->part_alignment},
+      };
+    }
     if (e.info) {
       entry["info"] = device_json(*e.info);
       nlohmann::json devices = nlohmann::json::array();
