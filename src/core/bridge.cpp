@@ -332,7 +332,7 @@ class BridgeCore {
     auto& o = orphan->second;
     if (o.views != 0 || o.fences != 0) return;
     if (!o.abandoned) {
-      if (const auto whole = keep_or_free_later(o.device)) backend_->free(*whole);
+      if (const auto whole = keep_or_free_later(o.device, o.alignment)) backend_->free(*whole);
       // After close, nothing allocates again: what the orphan left cached goes too.
       if (closed() && !restarting()) free_cache_now();
     }
@@ -519,7 +519,7 @@ class BridgeCore {
     const DeviceAllocation device = slot.device;
     allocated_bytes_ -= device.bytes;
     allocations_.retire(index);
-    if (const auto whole = keep_or_free_later(device)) backend_->free(*whole);
+    if (const auto whole = keep_or_free_later(device, slot.spec.alignment)) backend_->free(*whole);
   }
 
   // A backend call made under the lock; a fatal failure breaks the bridge.
@@ -711,7 +711,7 @@ class BridgeCore {
     try {
       index = allocations_.acquire();
     } catch (...) {
-      const auto whole = keep_or_free_later(device);
+      const auto whole = keep_or_free_later(device, spec.alignment);
       lock.unlock();
       if (whole) backend_->free(*whole);
       throw;
@@ -812,11 +812,11 @@ class BridgeCore {
   // Under the lock; returns what the backend must still free (the memory,
   // or the pool's segment it was part of), which the caller frees now or
   // after unlocking.
-  std::optional<DeviceAllocation> keep_or_free_later(const DeviceAllocation& device) noexcept {
+  std::optional<DeviceAllocation> keep_or_free_later(const DeviceAllocation& device, std::uint64_t alignment) noexcept {
     std::optional<DeviceAllocation> whole = device;
     if (pool_) {
       try {
-        whole = pool_->give_back(*backend_, device);
+        whole = pool_->give_back(*backend_, device, alignment);
       } catch (const std::exception& e) {
         // The pool could not take it back: the memory stays allocated (never
         // freed under a part still handed out), lost to reuse.
@@ -957,7 +957,7 @@ class BridgeCore {
     const DeviceAllocation device = slot.device;
     allocated_bytes_ -= device.bytes;
     allocations_.retire(index);
-    const auto whole = keep_or_free_later(device);
+    const auto whole = keep_or_free_later(device, slot.spec.alignment);
     lock.unlock();
     if (whole) backend_->free(*whole);
   }
@@ -1757,7 +1757,7 @@ class BridgeCore {
       // A live view may still be read (numpy, tinygrad), a consumer's queue
       // may still run over it: its memory stays until the last lease ends
       // and its fences pass, though the handle is refused from now on.
-      orphans_.emplace(OrphanKey{generation_, id}, Orphan{slot.device, slot.views, fenced});
+      orphans_.emplace(OrphanKey{generation_, id}, Orphan{slot.device, slot.views, fenced, false, slot.spec.alignment});
       allocated_bytes_ -= slot.device.bytes;
       allocations_.retire(index);
     });
@@ -1871,6 +1871,7 @@ class BridgeCore {
     std::uint32_t views = 0;
     std::uint32_t fences = 0;
     bool abandoned = false;  // its fence never passed by close: never freed
+    std::uint64_t alignment = 0;  // its spec's, for the pool
   };
   using OrphanKey = std::pair<Generation, std::uint64_t>;
   std::map<OrphanKey, Orphan> orphans_;

@@ -75,7 +75,9 @@ class DevicePool {
   // A part no allocation uses any more. Returns what the backend must free:
   // the part's segment, when it is whole again and keeping it would pass
   // the cap (or the part itself, were it not the pool's).
-  std::optional<DeviceAllocation> give_back(Backend& backend, const DeviceAllocation& part);
+  // `alignment`: what the allocation's spec asked for (a whole block is
+  // reused for requests asking no more).
+  std::optional<DeviceAllocation> give_back(Backend& backend, const DeviceAllocation& part, std::uint64_t alignment);
   // Every segment whose spans are all free, for the backend to free
   // (empty_cache, out of memory, restart, close).
   std::vector<DeviceAllocation> release_free_segments() noexcept;
@@ -84,8 +86,10 @@ class DevicePool {
   // free ones (cached), in how many free spans.
   std::uint64_t reserved_bytes() const noexcept { return reserved_bytes_; }
   std::uint64_t cached_bytes() const noexcept { return free_bytes_; }
-  std::uint64_t cached_blocks() const noexcept { return free_small_.size() + free_large_.size(); }
-  std::uint64_t segments() const noexcept { return segments_.size(); }
+  std::uint64_t cached_blocks() const noexcept {
+    return splits() ? free_small_.size() + free_large_.size() : free_segments_;
+  }
+  std::uint64_t segments() const noexcept { return splits() ? segments_.size() : whole_segments_; }
   std::uint64_t free_segments() const noexcept { return free_segments_; }
   std::uint64_t largest_block() const noexcept;
   // Free bytes in spans too small for a request of `bytes`.
@@ -114,9 +118,29 @@ class DevicePool {
   };
 
   std::set<FreeKey>& free_set(const Segment& s) noexcept { return s.small ? free_small_ : free_large_; }
+  // Free spans and live parts come and go on every allocation: their tree
+  // and hash nodes are recycled (extracted, kept, reinserted) so that a
+  // steady state allocates nothing (a node allocation each way cost more
+  // than the rest of the pool's work).
+  void add_free(const Segment& s, FreeKey key);
+  void remove_free(const Segment& s, FreeKey key) noexcept;
+  void add_part(std::uint64_t address, Where where);
+  std::optional<Where> remove_part(std::uint64_t address) noexcept;
+  void add_span(Segment& s, std::uint64_t offset, Span span);
+  void remove_span(Segment& s, std::map<std::uint64_t, Span>::iterator span) noexcept;
   DeviceAllocation carve(Backend& backend, std::uint64_t id, Segment& s, std::uint64_t offset, std::uint64_t bytes);
   void mark_free(std::uint64_t id, Segment& s, std::map<std::uint64_t, Span>::iterator span);
   void mark_used(std::uint64_t id, Segment& s, std::map<std::uint64_t, Span>::iterator span);
+
+  // Whole blocks (a backend without parts): a LIFO per exact size, nothing
+  // to split or coalesce, so the steady state is a vector push and pop.
+  struct WholeBlock {
+    DeviceAllocation block;
+    std::uint64_t alignment;
+  };
+  std::optional<DeviceAllocation> take_whole(std::uint64_t class_bytes, std::uint64_t alignment) noexcept;
+  std::map<std::uint64_t, std::vector<WholeBlock>> whole_free_;  // by bytes, newest last
+  std::uint64_t whole_segments_ = 0;
 
   std::uint64_t cap_bytes_;
   std::uint64_t granularity_;  // offsets of parts are multiples of it; 0: whole segments
@@ -124,6 +148,9 @@ class DevicePool {
   std::unordered_map<std::uint64_t, Segment> segments_;
   std::set<FreeKey> free_small_, free_large_;
   std::unordered_map<std::uint64_t, Where> parts_;  // live parts by address
+  std::vector<std::set<FreeKey>::node_type> spare_free_nodes_;
+  std::vector<std::unordered_map<std::uint64_t, Where>::node_type> spare_part_nodes_;
+  std::vector<std::map<std::uint64_t, Span>::node_type> spare_span_nodes_;
   std::uint64_t reserved_bytes_ = 0;
   std::uint64_t free_bytes_ = 0;
   std::uint64_t free_segments_ = 0;
