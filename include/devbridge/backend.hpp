@@ -278,6 +278,22 @@ class Backend {
     (void)queue;
     unsupported("consumer queues");
   }
+  // Copies `len` bytes device to device, from `source` + source_offset of
+  // this backend into `destination` + destination_offset of
+  // `destination_backend` (another bridge's), without the host: CUDA's copy
+  // within one context, or its peer copy between two devices. Ordered after
+  // everything already submitted to either backend; returns once the bytes
+  // have landed. Returns false, touching nothing, where there is no such
+  // path (another vendor, another kind of device): the caller stages through
+  // the host instead. The bridges have checked both ranges and hold both
+  // allocations for the call.
+  virtual bool copy_to_peer(const DeviceAllocation& source, std::uint64_t source_offset,
+                            Backend& destination_backend, const DeviceAllocation& destination,
+                            std::uint64_t destination_offset, std::uint64_t len) {
+    (void)source, (void)source_offset, (void)destination_backend, (void)destination, (void)destination_offset,
+        (void)len;
+    return false;
+  }
   // Test control: device allocations made and not yet freed (a restart or
   // close must bring it to 0).
   virtual std::uint64_t live_allocations() const { unsupported("live-allocation count"); }

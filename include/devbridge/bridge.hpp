@@ -319,6 +319,16 @@ class Bridge {
   CopyEvent device_to_host(DeviceRange device, RegionRange host, const CopyLayout& layout, CopyMode mode,
                            Admission admission = {});
 
+  // Device to device into another bridge's allocation, where the two
+  // backends have a direct path (Backend::copy_to_peer: CUDA within a
+  // context or between peers); returns false, changing nothing, where they
+  // have none (stage through the host instead). Synchronous: both
+  // allocations are held until the bytes have landed; a live view of the
+  // destination is treated as for host_to_device (writes_under_view). Ranges
+  // validated in both bridges; a failure is the destination's
+  // DeviceCopyFailed.
+  bool copy_to_peer(DeviceRange source, Bridge& destination, DeviceRange destination_range);
+
   CopyStatus copy_status(CopyEvent event);
   // True once the host range of an H2D copy may be released (or reused).
   bool safe_to_release_host(CopyEvent event);

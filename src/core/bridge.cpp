@@ -1195,6 +1195,90 @@ class BridgeCore {
     return CopyEvent{domain_, generation_, kSyncEventBit | ++sync_copies_issued_};
   }
 
+  // ---- device to device, between bridges ----
+  // One side of a peer copy, validated and held: counted as a copy of the
+  // allocation (free_device refuses, release defers) and as a call in
+  // progress (a restart or close waits for it). Each bridge's lock is taken
+  // on its own, never both at once.
+  struct PeerSide {
+    DeviceAllocation device;
+    std::uint32_t index;
+  };
+  PeerSide hold_for_peer_copy(const DeviceRange& range, CopyDirection direction) {
+    SpinLockHold lock(lock_);
+    enter(lock);
+    auto* slot = &allocation(range.handle);
+    validate_device_range(range, *slot);
+    if (guarded_write(*slot, direction)) {
+      if (writes_under_view_ == WritesUnderView::Wait &&
+          wait_until(lock, checked::deadline_after(writes_under_view_timeout_),
+                     [&] { return allocation(range.handle).views == 0; })) {
+        slot = &allocation(range.handle);
+        validate_device_range(range, *slot);
+      } else {
+        fail_write_under_view(range, allocation(range.handle));
+      }
+    }
+    ++slot->copies;
+    if (direction == CopyDirection::HostToDevice) ++slot->uploads;
+    ++calls_in_progress_;
+    return {slot->device, id_slot(range.handle.id)};
+  }
+  void end_peer_copy(const PeerSide& side, CopyDirection direction, bool copied) noexcept {
+    SpinLockHold lock(lock_);
+    auto& slot = allocations_[side.index];
+    --slot.copies;
+    if (direction == CopyDirection::HostToDevice) --slot.uploads;
+    if (copied) {
+      ++copies_submitted_;
+      ++copies_completed_;
+    }
+    maybe_finish_release(side.index);
+    --calls_in_progress_;
+    notify();
+  }
+
+  bool copy_to_peer(const DeviceRange& source, BridgeCore& destination, const DeviceRange& destination_range) {
+    if (source.len != destination_range.len)
+      fail(ErrorKind::InvalidRange, "device range of {} bytes of {} and device range of {} bytes of {} differ in "
+           "length", source.len, describe(source.handle), destination_range.len, describe(destination_range.handle));
+    if (&destination == this)
+      fail(ErrorKind::Unsupported, "a peer copy goes to another bridge; within one bridge stage through the ring");
+    const auto from = hold_for_peer_copy(source, CopyDirection::DeviceToHost);
+    PeerSide to;
+    try {
+      to = destination.hold_for_peer_copy(destination_range, CopyDirection::HostToDevice);
+    } catch (...) {
+      end_peer_copy(from, CopyDirection::DeviceToHost, false);
+      throw;
+    }
+    bool copied = false;
+    std::optional<Error> failure;
+    try {
+      copied = backend_->copy_to_peer(from.device, source.offset, *destination.backend_, to.device,
+                                      destination_range.offset, source.len);
+    } catch (const Error& e) {
+      failure.emplace(directed_kind(CopyDirection::HostToDevice, e.kind()), e.message(), e.fatal());
+    } catch (const std::exception& e) {
+      failure.emplace(ErrorKind::DeviceCopyFailed, fmt::format("the backend threw: {}", e.what()));
+    }
+    end_peer_copy(from, CopyDirection::DeviceToHost, copied);
+    destination.end_peer_copy(to, CopyDirection::HostToDevice, copied);
+    if (failure) {
+      if (failure->fatal()) {
+        // The device state is unknown on both sides: both bridges turn Broken.
+        {
+          SpinLockHold lock(lock_);
+          mark_broken(*failure);
+        }
+        SpinLockHold lock(destination.lock_);
+        destination.mark_broken(*failure);
+      }
+      throw *failure;
+    }
+    return copied;
+  }
+
   // Runs blocking backend work without the lock. The caller has pinned what
   // the work uses; restart and close wait for calls_in_progress_ to drain.
   // Returns the backend's error, if any, with the lock held again.
@@ -2055,6 +2139,9 @@ CopyEvent Bridge::host_to_device(HostRange host, DeviceRange device, const CopyL
 CopyEvent Bridge::device_to_host(DeviceRange device, HostRange host, const CopyLayout& layout, CopyMode mode,
                                  Admission admission) {
   return core_->copy<true>(CopyDirection::DeviceToHost, host, device, mode, admission, layout);
+}
+bool Bridge::copy_to_peer(DeviceRange source, Bridge& destination, DeviceRange destination_range) {
+  return core_->copy_to_peer(source, *destination.core_, destination_range);
 }
 HostRegion Bridge::register_host(std::span<std::byte> bytes) { return core_->register_host(bytes); }
 void Bridge::unregister_host(HostRegion region) { core_->unregister_host(region); }

@@ -49,6 +49,14 @@ class ForwardingBackend : public Backend {
     return target_->make_part(whole, offset, bytes);
   }
   void release_part(const DeviceAllocation& part) noexcept override { target_->release_part(part); }
+  bool copy_to_peer(const DeviceAllocation& source, std::uint64_t source_offset, Backend& destination_backend,
+                    const DeviceAllocation& destination, std::uint64_t destination_offset,
+                    std::uint64_t len) override {
+    // A forwarder's peer is the backend it forwards to.
+    auto* forwarder = dynamic_cast<ForwardingBackend*>(&destination_backend);
+    return target_->copy_to_peer(source, source_offset, forwarder ? *forwarder->target_ : destination_backend,
+                                 destination, destination_offset, len);
+  }
   std::uintptr_t native_context() override { return target_->native_context(); }
   void order_consumer_queue(std::uintptr_t queue) override { target_->order_consumer_queue(queue); }
   std::uint64_t live_allocations() const override { return target_->live_allocations(); }

@@ -131,6 +131,10 @@ class FakeBackend final : public Backend {
   std::uint64_t part_alignment() const override;
   DeviceAllocation make_part(const DeviceAllocation& whole, std::uint64_t offset, std::uint64_t bytes) override;
   void release_part(const DeviceAllocation& part) noexcept override;
+  // Another fake is a peer (the bytes move at once); anything else is not.
+  bool copy_to_peer(const DeviceAllocation& source, std::uint64_t source_offset, Backend& destination_backend,
+                    const DeviceAllocation& destination, std::uint64_t destination_offset,
+                    std::uint64_t len) override;
   void validate_view(const DeviceAllocation& allocation, const TensorView& view) override;
 
  private:

@@ -682,6 +682,28 @@ std::uint64_t FakeBackend::live_registrations() const {
                                                   [](const auto& entry) { return entry.second.registered; }));
 }
 
+bool FakeBackend::copy_to_peer(const DeviceAllocation& source, std::uint64_t source_offset,
+                               Backend& destination_backend, const DeviceAllocation& destination,
+                               std::uint64_t destination_offset, std::uint64_t len) {
+  auto* peer = dynamic_cast<FakeBackend*>(&destination_backend);
+  if (peer == nullptr) return false;
+  // Each fake checks its own side under its own mutex, one at a time.
+  const auto live = [](FakeBackend& fake, const DeviceAllocation& a, std::uint64_t offset, std::uint64_t bytes) {
+    std::lock_guard lock(fake.state_->mutex);
+    const auto it = fake.state_->allocations.find(a.token);
+    if (it == fake.state_->allocations.end() ||
+        reinterpret_cast<std::uintptr_t>(it->second.memory.get()) != a.address ||
+        !checked::range_within(offset, bytes, it->second.bytes))
+      throw Error(ErrorKind::InvalidRange, fmt::format("fake copy_to_peer: [{}, +{}) of the allocation at {:#x} is "
+                                                       "not live in its backend", offset, bytes, a.address));
+    return it->second.memory;
+  };
+  const SharedBytes from = live(*this, source, source_offset, len);
+  const SharedBytes to = live(*peer, destination, destination_offset, len);
+  std::memmove(to.get() + destination_offset, from.get() + source_offset, len);
+  return true;
+}
+
 void FakeBackend::submit_copy(const CopyRequest& request) {
   const Call call =
       request.direction == CopyDirection::HostToDevice ? Call::CopyHostToDevice : Call::CopyDeviceToHost;
