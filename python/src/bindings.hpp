@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <variant>
 
 #include <nanobind/nanobind.h>
 // The type casters the module has always bound with, in every binding file,
@@ -97,6 +98,53 @@ ViewSpec parse_view_spec(nanobind::handle dtype, nanobind::handle shape, nanobin
 PyTensorView make_view(const std::shared_ptr<BridgeState>& state, DeviceHandle handle, const ViewSpec& spec,
                        ViewWait wait);
 
+// A buffer export (PyObject_GetBuffer) held for as long as this lives:
+// TypeError naming `what` when the object has no buffer protocol; the
+// exporter's own error (BufferError) when it refuses `flags`.
+class HeldBuffer {
+ public:
+  HeldBuffer(nanobind::handle object, int flags, const std::string& what);
+  ~HeldBuffer() { reset(); }
+  HeldBuffer(const HeldBuffer&) = delete;
+  HeldBuffer& operator=(const HeldBuffer&) = delete;
+  const Py_buffer& view() const noexcept { return view_; }
+  // Ends the export now (with the GIL).
+  void reset() noexcept;
+  // Hands the export to the caller, who releases it (PyBuffer_Release).
+  Py_buffer take() noexcept;
+
+ private:
+  Py_buffer view_{};
+  bool held_ = false;
+};
+// The layout of an exported buffer's elements (strides in bytes, as the
+// buffer protocol and numpy give them).
+CopyLayout buffer_layout(const Py_buffer& view, std::uint64_t device_pitch);
+
+// copy_layout.cpp
+// Bridge copies' layout= argument: a CopyLayout, or None for a plain copy
+// (TypeError for anything else).
+std::optional<CopyLayout> parse_layout(nanobind::handle layout);
+std::string layout_repr(const CopyLayout& layout);
+
+// host_regions.cpp
+// The host side of a copy: a ring range (HostRange) or a range of a
+// registered region (RegionRange), as host_to_device / device_to_host take
+// it; TypeError for anything else.
+struct CopyHost {
+  std::variant<HostRange, RegionRange> range;
+  bool writable = true;  // false: a region registered with writable=False
+  std::uint64_t len() const {
+    return std::visit([](const auto& r) { return r.len; }, range);
+  }
+};
+CopyHost parse_copy_host(nanobind::handle range);
+// Refuses (InvalidRange) a download into a region registered read-only.
+void check_copy_host_writable(const CopyHost& host);
+// Bridge.register_host / unregister_host.
+nanobind::object register_host(const std::shared_ptr<BridgeState>& state, nanobind::handle object, bool writable);
+void unregister_host(const std::shared_ptr<BridgeState>& state, nanobind::handle region);
+
 // ---- one per class or area, in the order module.cpp calls them ----
 void bind_errors(nanobind::module_& m);             // errors.cpp
 void bind_module_functions(nanobind::module_& m);   // module.cpp
@@ -104,6 +152,8 @@ void bind_value_types(nanobind::module_& m);        // value_types.cpp
 void bind_ring(nanobind::module_& m);               // ring.cpp
 void bind_views(nanobind::module_& m);              // views.cpp
 void bind_fake_controls(nanobind::module_& m);      // fake_controls.cpp
+void bind_copy_layout(nanobind::module_& m);        // copy_layout.cpp
+void bind_host_regions(nanobind::module_& m);       // host_regions.cpp
 void bind_bridge(nanobind::module_& m);             // bridge.cpp
 
 }  // namespace devbridge::python

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include <nanobind/nanobind.h>
@@ -84,6 +85,8 @@ nb::dict stats_dict(const BridgeStats& s) {
   d["abandoned_fences"] = s.abandoned_fences;
   d["active_steps"] = s.active_steps;
   d["restarts"] = s.restarts;
+  d["host_regions"] = s.host_regions;
+  d["host_region_bytes"] = s.host_region_bytes;
   d["ring_capacity"] = s.ring_capacity;
   d["ring_used"] = s.ring_used;
   d["ring_reservations"] = s.ring_reservations;
@@ -154,17 +157,38 @@ struct PyBridge {
 };
 
 // host_to_device and device_to_host take the same arguments (in their own
-// order) and check them in the same order.
-CopyEvent submit_copy(PyBridge& b, CopyDirection direction, HostRange r, DeviceHandle h, nb::handle offset_object,
-                      const std::string& mode, nb::handle wait_for_room) {
+// order) and check them in the same order: the Python types first, then the
+// bridge's rules.
+CopyEvent submit_copy(PyBridge& b, CopyDirection direction, nb::handle range, DeviceHandle h,
+                      nb::handle offset_object, const std::string& mode, nb::handle wait_for_room,
+                      nb::handle layout_object) {
+  const CopyHost host = parse_copy_host(range);
   const auto offset = args::integer<std::uint64_t>(offset_object, "offset");
   CopyMode m = parse_mode(mode);
   Admission admission = parse_admission(wait_for_room);
+  const std::optional<CopyLayout> layout = parse_layout(layout_object);
   Bridge& bridge = b.state->open();
-  const DeviceRange device{h, offset, r.len};
+  if (direction == CopyDirection::DeviceToHost) check_copy_host_writable(host);
+  // A pitched copy's device range is what its rows reach from `offset`; a
+  // plain one's is as long as the host range.
+  std::uint64_t device_len = host.len();
+  if (layout) {
+    if (!layout->pitched())
+      throw Error(ErrorKind::InvalidRange, "layout " + layout_repr(*layout) +
+                                               " has no rows; pass layout=None for a plain copy of the whole range");
+    device_len = layout_device_span(*layout);
+  }
+  const DeviceRange device{h, offset, device_len};
   nb::gil_scoped_release no_gil;
-  return direction == CopyDirection::HostToDevice ? bridge.host_to_device(r, device, m, admission)
-                                                  : bridge.device_to_host(device, r, m, admission);
+  return std::visit(
+      [&](const auto& r) {
+        if (layout)
+          return direction == CopyDirection::HostToDevice ? bridge.host_to_device(r, device, *layout, m, admission)
+                                                          : bridge.device_to_host(device, r, *layout, m, admission);
+        return direction == CopyDirection::HostToDevice ? bridge.host_to_device(r, device, m, admission)
+                                                        : bridge.device_to_host(device, r, m, admission);
+      },
+      host.range);
 }
 
 }  // namespace
@@ -265,16 +289,23 @@ void bind_bridge(nb::module_& m) {
             // lease (tinygrad tensors, DLPack arrays) is freed when they end.
             const auto generation = args::integer<Generation>(generation_object, "generation");
             Bridge& bridge = b.state->open();
-            nb::gil_scoped_release no_gil;
-            bridge.restart(generation);
+            {
+              nb::gil_scoped_release no_gil;
+              bridge.restart(generation);
+            }
+            // The restart unregistered every region: their buffers go back.
+            release_regions_after_restart(*b.state);
           },
           "generation"_a.none(),
           "Quiesce, free every allocation of the current generation, move to `generation` (> current).")
       .def(
           "close",
           [](PyBridge& b) {
-            nb::gil_scoped_release no_gil;
-            b.state->close();
+            {
+              nb::gil_scoped_release no_gil;
+              b.state->close();
+            }
+            release_regions_after_close(*b.state);
           },
           "Closes the bridge at once: every blocked call (wait, a waiting view, a wait for room) and every later\n"
           "call raises Closed. Memory still exported (ring arrays, views, DLPack arrays, tinygrad tensors) stays\n"
@@ -283,8 +314,11 @@ void bind_bridge(nb::module_& m) {
       .def(
           "__exit__",
           [](PyBridge& b, nb::handle, nb::handle, nb::handle) {
-            nb::gil_scoped_release no_gil;
-            b.state->close();
+            {
+              nb::gil_scoped_release no_gil;
+              b.state->close();
+            }
+            release_regions_after_close(*b.state);
           },
           "exc_type"_a.none(), "exc"_a.none(), "tb"_a.none())
       .def_prop_ro("ring", [](const PyBridge& b) { return PyHostRing{b.state}; })
@@ -315,20 +349,41 @@ void bind_bridge(nb::module_& m) {
       // ---- copies ----
       .def(
           "host_to_device",
-          [](PyBridge& b, HostRange r, DeviceHandle h, nb::handle offset, const std::string& mode,
-             nb::handle wait_for_room) {
-            return submit_copy(b, CopyDirection::HostToDevice, r, h, offset, mode, wait_for_room);
+          [](PyBridge& b, nb::handle r, DeviceHandle h, nb::handle offset, const std::string& mode,
+             nb::handle wait_for_room, nb::handle layout) {
+            return submit_copy(b, CopyDirection::HostToDevice, r, h, offset, mode, wait_for_room, layout);
           },
           "range"_a, "handle"_a, "offset"_a.none() = 0, "mode"_a = "async", nb::kw_only(), "wait_for_room"_a.none() = 0.0,
-          "Copies the host range to {handle, offset, range.len}; returns the CopyEvent.")
+          "layout"_a.none() = nb::none(),
+          "Copies the host range (a ring HostRange, a RegionRange of a registered buffer, or a whole HostRegion)\n"
+          "to {handle, offset, range.len}; returns the CopyEvent. layout=CopyLayout: a pitched copy of its rows,\n"
+          "row i from byte i * host_pitch of the range to offset + i * device_pitch; the padding between rows\n"
+          "is never touched.")
       .def(
           "device_to_host",
-          [](PyBridge& b, DeviceHandle h, HostRange r, nb::handle offset, const std::string& mode,
-             nb::handle wait_for_room) {
-            return submit_copy(b, CopyDirection::DeviceToHost, r, h, offset, mode, wait_for_room);
+          [](PyBridge& b, DeviceHandle h, nb::handle r, nb::handle offset, const std::string& mode,
+             nb::handle wait_for_room, nb::handle layout) {
+            return submit_copy(b, CopyDirection::DeviceToHost, r, h, offset, mode, wait_for_room, layout);
           },
           "handle"_a, "range"_a, "offset"_a.none() = 0, "mode"_a = "async", nb::kw_only(), "wait_for_room"_a.none() = 0.0,
-          "Copies {handle, offset, range.len} into the host range; returns the CopyEvent.")
+          "layout"_a.none() = nb::none(),
+          "Copies {handle, offset, range.len} into the host range (as host_to_device takes it); returns the\n"
+          "CopyEvent. layout=CopyLayout: a pitched copy, row i from offset + i * device_pitch to byte\n"
+          "i * host_pitch of the range; the padding between rows is never touched.")
+      // ---- registered host memory ----
+      .def(
+          "register_host",
+          [](PyBridge& b, nb::handle obj, nb::handle writable) {
+            return register_host(b.state, obj, args::flag(writable, "writable"));
+          },
+          "obj"_a, nb::kw_only(), "writable"_a = true,
+          "Registers a C-contiguous buffer (numpy array, bytearray, mmap.mmap, memoryview) as a staging source\n"
+          "beside the ring; returns a HostRegion, which holds the buffer until unregistered (or a restart or\n"
+          "close). writable=False takes a read-only buffer (bytes, a read-only array) for host_to_device only.\n"
+          "InvalidRange when it overlaps a registered region or the ring.")
+      .def(
+          "unregister_host", [](PyBridge& b, nb::handle region) { unregister_host(b.state, region); }, "region"_a,
+          "region.unregister(): AllocationStillInUse while a copy uses it.")
       .def(
           "wait",
           [](PyBridge& b, CopyEvent e, nb::handle timeout) {

@@ -37,6 +37,8 @@ nb::dict recorded_call_dict(const fake::RecordedCall& call) {
   d["host_offset"] = call.host_offset;
   d["device_offset"] = call.device_offset;
   d["mode"] = call.mode == CopyMode::Async ? "async" : "sync";
+  // A pitched copy's layout exactly as the backend got it; None for a plain one.
+  d["layout"] = call.layout.pitched() ? nb::cast(call.layout) : nb::none();
   d["event"] = nb::cast(call.event);
   return d;
 }
@@ -89,6 +91,8 @@ void bind_fake_controls(nb::module_& m) {
       .def("clear_calls", [](PyFake& f) { f.backend().clear_calls(); })
       .def("live_allocations", [](PyFake& f) { return f.backend().live_allocations(); })
       .def("live_host_blocks", [](PyFake& f) { return f.backend().live_host_blocks(); })
+      .def("live_registrations", [](PyFake& f) { return f.backend().live_registrations(); },
+           "Host memory registered with the backend (Bridge.register_host) and not yet unregistered.")
       .def(
           "set_auto_complete", [](PyFake& f, bool on) { f.backend().set_auto_complete(on); }, "on"_a);
 }

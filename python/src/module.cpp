@@ -113,7 +113,7 @@ void bind_module_functions(nb::module_& m) {
 
 // nanobind looks types up at call time, so no order is required; this is the
 // order the module always defined its names in, kept so that nothing a caller
-// sees changes.
+// sees changes; names added later come after those.
 NB_MODULE(_devbridge, m) {
   using namespace devbridge::python;
   m.doc() = "devbridge: host ring <-> device memory bridge with zero-copy tensor views (C++ core bindings)";
@@ -123,5 +123,7 @@ NB_MODULE(_devbridge, m) {
   bind_ring(m);
   bind_views(m);
   bind_fake_controls(m);
+  bind_copy_layout(m);
+  bind_host_regions(m);
   bind_bridge(m);
 }

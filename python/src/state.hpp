@@ -10,6 +10,11 @@
 // view waiting for copies, a wait for room) and every later call fails with
 // Closed; the memory under live leases stays valid until each lease ends
 // (the C++ bridge frees it then, with or without the GIL).
+//
+// The one exception runs the other way: a caller's buffer registered with the
+// bridge (Bridge.register_host) is memory the bindings must keep from its
+// owner, not from the bridge. Its buffer export stays in `registrations` until
+// the C++ bridge has let go of the memory (host_regions.cpp).
 #pragma once
 
 #include <atomic>
@@ -17,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nanobind/nanobind.h>
 
@@ -25,6 +31,10 @@
 #include "devbridge/error.hpp"
 
 namespace devbridge::python {
+
+// One registration of a caller's buffer (Bridge.register_host): the held
+// buffer export and the C++ region. Defined in host_regions.cpp.
+struct HostRegistration;
 
 struct BridgeState {
   std::unique_ptr<Bridge> bridge;
@@ -35,6 +45,11 @@ struct BridgeState {
   // Set by close() before the C++ bridge closes, so accessors the C++ bridge
   // answers without checking (ring_capacity) refuse as well.
   std::atomic<bool> closed{false};
+  // Buffers registered with the bridge whose export the bindings still hold:
+  // each is let go only once the C++ bridge no longer lets the device touch
+  // it (an unregister, a restart or close that succeeded). Read and changed
+  // with the GIL held only.
+  std::vector<std::shared_ptr<HostRegistration>> registrations;
 
   // The bridge, unless close() was called. The C++ bridge refuses on its own
   // too (a call that passed this check while close() ran gets Closed there).
@@ -51,11 +66,14 @@ struct BridgeState {
     bridge->close();
   }
 
-  ~BridgeState() {
-    // ~Bridge closes, quiescing the backend; nothing in it needs the GIL.
-    bridge.reset();
-  }
+  ~BridgeState();
 };
+
+// The buffers the C++ bridge let go of, handed back to their objects: after
+// a restart that succeeded (regions of older generations), after a close
+// that succeeded (all). With the GIL.
+void release_regions_after_restart(BridgeState& state);
+void release_regions_after_close(BridgeState& state);
 
 // Takes a lease on `handle` described by `spec`. Releases the GIL while the
 // bridge waits for copies into the allocation (ViewWait::Wait); close() wakes
