@@ -15,7 +15,15 @@
 // DEVBRIDGE_EMULATED_CUDA_CC (default 90), DEVBRIDGE_EMULATED_CUDA_MEMORY_MIB
 // (default 16384), DEVBRIDGE_EMULATED_CUDA_DELAY_US (default 20),
 // DEVBRIDGE_EMULATED_CUDA_MAX_PITCH (CU_DEVICE_ATTRIBUTE_MAX_PITCH, default
-// 2147483647 as on current GPUs; 2-D copies with a larger pitch are refused).
+// 2147483647 as on current GPUs; 2-D copies with a larger pitch are refused),
+// DEVBRIDGE_EMULATED_CUDA_DEVICES (default 1, at most 8: devices 0..n-1, each
+// with its own primary context and its own memory budget; read once).
+//
+// Device memory belongs to the context that allocated it. The device-to-
+// device copies check it as the driver's address spaces would:
+// cuMemcpyDtoDAsync moves bytes within the current context only, and
+// cuMemcpyPeerAsync takes each side from the context it names (two devices,
+// or two contexts of one device).
 //
 // Test hooks (extern "C", found with dlsym; a real driver has none, so tests
 // that need them skip there): event create/destroy counters, one injected
@@ -30,6 +38,7 @@
 // names (cuMemAlloc -> cuMemAlloc_v2), so the compiler checks the ABI.
 #include <cuda.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -65,6 +74,12 @@ std::uint64_t total_memory() {
 std::uint64_t max_pitch() {
   return static_cast<std::uint64_t>(env_int("DEVBRIDGE_EMULATED_CUDA_MAX_PITCH", 2147483647));
 }
+constexpr int kMaxDevices = 8;
+int device_count() {
+  static const int count = std::clamp(env_int("DEVBRIDGE_EMULATED_CUDA_DEVICES", 1), 1, kMaxDevices);
+  return count;
+}
+bool is_device(CUdevice device) { return device >= 0 && device < device_count(); }
 void operation_delay() {
   static const int delay = env_int("DEVBRIDGE_EMULATED_CUDA_DELAY_US", 20);
   if (delay > 0) std::this_thread::sleep_for(std::chrono::microseconds(delay));
@@ -81,7 +96,8 @@ struct Memory {
   std::map<std::uintptr_t, std::size_t> device;  // base -> bytes
   std::map<std::uintptr_t, std::size_t> host;        // cuMemHostAlloc: base -> bytes
   std::map<std::uintptr_t, std::size_t> registered;  // cuMemHostRegister: base -> bytes
-  std::uint64_t device_used = 0;
+  std::map<std::uintptr_t, Context*> owner;          // cuMemAlloc: base -> the context that made it
+  std::uint64_t device_used[kMaxDevices] = {};
 
   // Needs `mutex` held. True when [address, address + bytes) meets a block
   // of `blocks` (base -> bytes, none overlapping each other).
@@ -94,12 +110,19 @@ struct Memory {
     return address - before->first < before->second;
   }
 
-  bool device_range_ok(std::uintptr_t address, std::size_t bytes) {
+  bool device_range_ok(std::uintptr_t address, std::size_t bytes) { return device_range_in(address, bytes, nullptr); }
+
+  // As device_range_ok, and the allocation is `context`'s (any context's
+  // when null).
+  bool device_range_in(std::uintptr_t address, std::size_t bytes, const Context* context) {
     std::lock_guard lock(mutex);
     auto it = device.upper_bound(address);
     if (it == device.begin()) return false;
     --it;
-    return address >= it->first && bytes <= it->second && address - it->first <= it->second - bytes;
+    if (!(address >= it->first && bytes <= it->second && address - it->first <= it->second - bytes)) return false;
+    if (context == nullptr) return true;
+    auto made_by = owner.find(it->first);
+    return made_by != owner.end() && made_by->second == context;
   }
 };
 
@@ -245,8 +268,13 @@ int require_context() {
 
 std::atomic<bool> initialised{false};
 std::mutex primary_mutex;
-Context* primary = nullptr;
-int primary_references = 0;
+Context* primaries[kMaxDevices] = {};      // guarded by primary_mutex; never freed, like the real ones
+int primary_references[kMaxDevices] = {};  // guarded by primary_mutex
+
+bool is_primary(const Context* context) {
+  std::lock_guard lock(primary_mutex);
+  return std::find(std::begin(primaries), std::end(primaries), context) != std::end(primaries);
+}
 
 bool is_default_stream(CUstream stream) {
   const auto value = reinterpret_cast<std::uintptr_t>(stream);
@@ -321,25 +349,28 @@ EXPORT CUresult CUDAAPI cuGetErrorString(CUresult error, const char** text) {
 
 EXPORT CUresult CUDAAPI cuDeviceGetCount(int* count) {
   if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-  *count = 1;
+  *count = device_count();
   return CUDA_SUCCESS;
 }
 
 EXPORT CUresult CUDAAPI cuDeviceGet(CUdevice* device, int ordinal) {
   if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-  if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
-  *device = 0;
+  if (!is_device(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+  *device = ordinal;
   return CUDA_SUCCESS;
 }
 
 EXPORT CUresult CUDAAPI cuDeviceGetName(char* name, int length, CUdevice device) {
-  if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
-  std::snprintf(name, static_cast<std::size_t>(length), "devbridge emulated GPU");
+  if (!is_device(device)) return CUDA_ERROR_INVALID_DEVICE;
+  if (device == 0)
+    std::snprintf(name, static_cast<std::size_t>(length), "devbridge emulated GPU");
+  else
+    std::snprintf(name, static_cast<std::size_t>(length), "devbridge emulated GPU %d", device);
   return CUDA_SUCCESS;
 }
 
 EXPORT CUresult CUDAAPI cuDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevice device) {
-  if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (!is_device(device)) return CUDA_ERROR_INVALID_DEVICE;
   switch (attribute) {
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *value = compute_capability() / 10; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *value = compute_capability() % 10; break;
@@ -351,7 +382,7 @@ EXPORT CUresult CUDAAPI cuDeviceGetAttribute(int* value, CUdevice_attribute attr
 }
 
 EXPORT CUresult CUDAAPI cuDeviceTotalMem(size_t* bytes, CUdevice device) {
-  if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (!is_device(device)) return CUDA_ERROR_INVALID_DEVICE;
   *bytes = total_memory();
   return CUDA_SUCCESS;
 }
@@ -359,19 +390,23 @@ EXPORT CUresult CUDAAPI cuDeviceTotalMem(size_t* bytes, CUdevice device) {
 // ---- contexts -----------------------------------------------------------------
 
 EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* context, CUdevice device) {
-  if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (!is_device(device)) return CUDA_ERROR_INVALID_DEVICE;
   std::lock_guard lock(primary_mutex);
-  if (primary == nullptr) primary = new Context();  // lives as long as the process, like the real one
-  ++primary_references;
+  Context*& primary = primaries[device];
+  if (primary == nullptr) {
+    primary = new Context();  // lives as long as the process, like the real one
+    primary->device = device;
+  }
+  ++primary_references[device];
   *context = reinterpret_cast<CUcontext>(primary);
   return CUDA_SUCCESS;
 }
 
 EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice device) {
-  if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (!is_device(device)) return CUDA_ERROR_INVALID_DEVICE;
   std::lock_guard lock(primary_mutex);
-  if (primary_references <= 0) return CUDA_ERROR_INVALID_CONTEXT;
-  --primary_references;
+  if (primary_references[device] <= 0) return CUDA_ERROR_INVALID_CONTEXT;
+  --primary_references[device];
   return CUDA_SUCCESS;
 }
 
@@ -401,8 +436,9 @@ EXPORT CUresult CUDAAPI cuCtxGetDevice(CUdevice* device) {
 
 // The pre-12 form, which tests use to make a context of their own.
 EXPORT CUresult CUDAAPI cuCtxCreate_v2(CUcontext* context, unsigned int, CUdevice device) {
-  if (device != 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (!is_device(device)) return CUDA_ERROR_INVALID_DEVICE;
   auto* created = new Context();
+  created->device = device;
   context_stack.push_back(created);
   *context = reinterpret_cast<CUcontext>(created);
   return CUDA_SUCCESS;
@@ -410,7 +446,7 @@ EXPORT CUresult CUDAAPI cuCtxCreate_v2(CUcontext* context, unsigned int, CUdevic
 
 EXPORT CUresult CUDAAPI cuCtxDestroy_v2(CUcontext context) {
   auto* doomed = reinterpret_cast<Context*>(context);
-  if (doomed == nullptr || doomed == primary) return CUDA_ERROR_INVALID_CONTEXT;
+  if (doomed == nullptr || is_primary(doomed)) return CUDA_ERROR_INVALID_CONTEXT;
   std::erase(context_stack, doomed);
   // Streams and memory of the context are the tests' to have freed; the
   // object itself stays reachable (a stale handle must not crash a late
@@ -428,7 +464,7 @@ EXPORT CUresult CUDAAPI cuMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   if (int error = require_context()) return static_cast<CUresult>(error);
   std::lock_guard lock(memory().mutex);
   *total_bytes = total_memory();
-  *free_bytes = total_memory() - memory().device_used;
+  *free_bytes = total_memory() - memory().device_used[current()->device];
   return CUDA_SUCCESS;
 }
 
@@ -437,14 +473,15 @@ EXPORT CUresult CUDAAPI cuMemAlloc(CUdeviceptr* pointer, size_t bytes) {
   if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
   {
     std::lock_guard lock(memory().mutex);
-    if (bytes > total_memory() - memory().device_used) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (bytes > total_memory() - memory().device_used[current()->device]) return CUDA_ERROR_OUT_OF_MEMORY;
   }
   // bytes <= total_memory() (checked above), so rounding to 256 cannot wrap.
   void* data = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
   if (data == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   std::lock_guard lock(memory().mutex);
   memory().device[reinterpret_cast<std::uintptr_t>(data)] = bytes;
-  memory().device_used += bytes;
+  memory().owner[reinterpret_cast<std::uintptr_t>(data)] = current();
+  memory().device_used[current()->device] += bytes;
   *pointer = reinterpret_cast<CUdeviceptr>(data);
   return CUDA_SUCCESS;
 }
@@ -454,7 +491,9 @@ EXPORT CUresult CUDAAPI cuMemFree(CUdeviceptr pointer) {
   std::lock_guard lock(memory().mutex);
   auto it = memory().device.find(static_cast<std::uintptr_t>(pointer));
   if (it == memory().device.end()) return CUDA_ERROR_INVALID_VALUE;
-  memory().device_used -= it->second;
+  auto owner = memory().owner.find(it->first);
+  memory().device_used[owner->second->device] -= it->second;
+  memory().owner.erase(owner);
   memory().device.erase(it);
   std::free(reinterpret_cast<void*>(pointer));
   return CUDA_SUCCESS;
@@ -621,8 +660,9 @@ EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream stream, CUevent handle, unsig
 namespace {
 
 // An injected copy submission failure (test hook), like the cuEventRecord
-// one: after `copies_to_pass` more copy submissions (1-D or 2-D) succeed,
-// the next returns `copy_failure` and queues nothing. Negative: none armed.
+// one: after `copies_to_pass` more copy submissions (1-D, 2-D or device to
+// device) succeed, the next returns `copy_failure` and queues nothing.
+// Negative: none armed.
 std::mutex copy_failure_mutex;
 long long copies_to_pass = -1;          // guarded by copy_failure_mutex
 CUresult copy_failure = CUDA_SUCCESS;   // guarded by copy_failure_mutex
@@ -699,6 +739,54 @@ EXPORT CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr destination, const void* s
 EXPORT CUresult CUDAAPI cuMemcpyDtoHAsync(void* destination, CUdeviceptr source, size_t bytes, CUstream stream) {
   return enqueue_copy(destination, reinterpret_cast<const void*>(source), bytes, stream,
                       static_cast<std::uintptr_t>(source));
+}
+
+// Device to device, queued on the stream like the copies above (so a hold,
+// the per-operation delay, a faulted context and an injected failure apply
+// alike). Both ranges must lie inside allocations of `source_context` and
+// `destination_context`; the bytes may overlap (memmove), though the driver
+// leaves that undefined.
+namespace {
+
+CUresult enqueue_device_copy(CUdeviceptr destination, const Context* destination_context, CUdeviceptr source,
+                             const Context* source_context, std::size_t bytes, CUstream stream) {
+  CUresult result = CUDA_SUCCESS;
+  Stream* target = copy_stream(stream, result);
+  if (target == nullptr) return result;
+  if (bytes == 0) return CUDA_SUCCESS;
+  if (!memory().device_range_in(static_cast<std::uintptr_t>(source), bytes, source_context) ||
+      !memory().device_range_in(static_cast<std::uintptr_t>(destination), bytes, destination_context))
+    return CUDA_ERROR_INVALID_VALUE;
+  target->enqueue([destination, source, bytes] {
+    std::memmove(reinterpret_cast<void*>(destination), reinterpret_cast<const void*>(source), bytes);
+  });
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+// Within the current context: memory of another context (another device's,
+// or a second context's on the same device) is refused, as it is not mapped
+// here; that takes cuMemcpyPeerAsync.
+EXPORT CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr destination, CUdeviceptr source, size_t bytes,
+                                          CUstream stream) {
+  return enqueue_device_copy(destination, current(), source, current(), bytes, stream);
+}
+
+// Between contexts, each side in the context it names; the stream is the
+// current context's. No peer access needs enabling (the driver stages
+// through the host where the devices cannot reach each other).
+EXPORT CUresult CUDAAPI cuMemcpyPeerAsync(CUdeviceptr destination, CUcontext destination_context, CUdeviceptr source,
+                                          CUcontext source_context, size_t bytes, CUstream stream) {
+  if (destination_context == nullptr || source_context == nullptr) {
+    if (int error = require_context()) return static_cast<CUresult>(error);
+    return CUDA_ERROR_INVALID_CONTEXT;
+  }
+  for (CUcontext side : {destination_context, source_context}) {
+    if (int sticky = reinterpret_cast<Context*>(side)->sticky.load()) return static_cast<CUresult>(sticky);
+  }
+  return enqueue_device_copy(destination, reinterpret_cast<const Context*>(destination_context), source,
+                             reinterpret_cast<const Context*>(source_context), bytes, stream);
 }
 
 // A row loop honouring both pitches, queued on the stream like the 1-D
@@ -845,9 +933,10 @@ EXPORT void devbridge_emulated_cuda_fail_event_record(long long pass, int result
   record_failure = static_cast<CUresult>(result);
 }
 
-// Arms one copy submission failure (cuMemcpyHtoDAsync, cuMemcpyDtoHAsync or
-// cuMemcpy2DAsync): the next `pass` submissions succeed, the one after
-// returns `result` (a CUresult) without queueing anything.
+// Arms one copy submission failure (cuMemcpyHtoDAsync, cuMemcpyDtoHAsync,
+// cuMemcpy2DAsync, cuMemcpyDtoDAsync or cuMemcpyPeerAsync): the next `pass`
+// submissions succeed, the one after returns `result` (a CUresult) without
+// queueing anything.
 EXPORT void devbridge_emulated_cuda_fail_copy(long long pass, int result) {
   std::lock_guard lock(copy_failure_mutex);
   copies_to_pass = pass;

@@ -26,9 +26,16 @@
 // reason (the bridge may release a launch's fence before a later copy is
 // submitted).
 //
+// Device-to-device copies into another CUDA backend's allocation
+// (copy_to_peer) run on a fourth stream, made on first use: after an event
+// recorded on each of the six streams of both backends (a stream-event wait,
+// never a host wait on their work), then cuMemcpyDtoDAsync within one
+// context or cuMemcpyPeerAsync between two, then a host wait for that copy
+// alone.
+//
 // Locks: hold_mutex_ before compute_mutex_ before the lanes' mutexes; a
 // submission holds both lanes' mutexes (std::scoped_lock), everything else
-// one at a time.
+// one at a time. peer_mutex_ is only ever held alone.
 // Every driver call runs with the backend's context pushed (ContextGuard) and
 // popped again before returning, so another library's current context is
 // never disturbed.
@@ -501,6 +508,11 @@ class CudaBackend final : public Backend {
     }
     synchronize(upload_.stream, "upload, quiesce");
     synchronize(download_.stream, "download, quiesce");
+    // A device-to-device copy waits for its own end before it returns, and
+    // the bridge quiesces only once its calls have returned: nothing of
+    // ours is left there, but a failed one may have left its waits.
+    std::lock_guard peer_lock(peer_mutex_);
+    if (peer_ != nullptr) synchronize(peer_, "peer copies, quiesce");
   }
 
   // A fence that cannot be recorded after the kernel is handled by finishing
@@ -658,6 +670,92 @@ class CudaBackend final : public Backend {
   std::uintptr_t native_context() override { return reinterpret_cast<std::uintptr_t>(context()); }
   void order_consumer_queue(std::uintptr_t queue) override { order_stream(reinterpret_cast<CUstream>(queue)); }
 
+  // Device to device, into `destination_backend`'s allocation when it is a
+  // CUDA backend too: cuMemcpyDtoDAsync when both backends share a context
+  // (two bridges on one device's primary context), cuMemcpyPeerAsync when
+  // they do not (two devices, or a caller's context), on this backend's peer
+  // stream with this backend's context pushed. Returns once the bytes have
+  // landed.
+  //
+  // Ordering: an event is recorded on each stream of both backends (upload,
+  // download, compute; under each stream's own lock, as record_fence does)
+  // and the peer stream waits for them on the device, rather than a host
+  // cuStreamSynchronize of those six streams first. Both orders put the copy
+  // after everything already submitted to either backend, but a synchronize
+  // would also wait for whatever other threads submit while it waits (a
+  // steady stream of copies could keep it waiting indefinitely) and would
+  // block on each stream in turn; the events capture exactly the work
+  // submitted before this call, and the host waits once, for the copy.
+  bool copy_to_peer(const DeviceAllocation& source, std::uint64_t source_offset, Backend& destination_backend,
+                    const DeviceAllocation& destination, std::uint64_t destination_offset,
+                    std::uint64_t len) override {
+    // Bounds first, whatever the destination: only ranges inside their
+    // allocations give addresses that cannot wrap.
+    if (!checked::range_within(source_offset, len, source.bytes))
+      throw Error(ErrorKind::InvalidRange, "device-to-device copy: source range [" + std::to_string(source_offset) +
+                                               ", +" + std::to_string(len) + ") outside allocation " +
+                                               hex(source.address) + " of " + std::to_string(source.bytes) +
+                                               " bytes on " + device_string_);
+    if (!checked::range_within(destination_offset, len, destination.bytes))
+      throw Error(ErrorKind::InvalidRange, "device-to-device copy: destination range [" +
+                                               std::to_string(destination_offset) + ", +" + std::to_string(len) +
+                                               ") outside allocation " + hex(destination.address) + " of " +
+                                               std::to_string(destination.bytes) + " bytes");
+    auto* peer = dynamic_cast<CudaBackend*>(&destination_backend);
+    if (peer == nullptr) return false;  // another kind of device: the caller stages through the host
+    if (len == 0) return true;
+    const CUdeviceptr from = source.address + source_offset;
+    const CUdeviceptr to = destination.address + destination_offset;
+    const bool same_context = peer->context_ == context_;
+    const auto detail = [&] {
+      return "device-to-device copy of " + std::to_string(len) + " bytes from " + device_string_ + " " + hex(from) +
+             " (allocation " + hex(source.address) + "+" + std::to_string(source_offset) + ") to " +
+             peer->device_string_ + " " + hex(to) + " (allocation " + hex(destination.address) + "+" +
+             std::to_string(destination_offset) + ")" + (same_context ? ", one context" : ", between contexts");
+    };
+    PeerEvents events;
+    try {
+      ContextGuard guard(driver_, context_, Operation::Upload);
+      // Everything already submitted to either backend, then the copy.
+      record_submitted(events);
+      if (peer != this) peer->record_submitted(events);
+      CUevent done = events_.acquire(Operation::Upload, "cuEventCreate(device-to-device copy)");
+      events.add(events_, done);
+      {
+        std::lock_guard peer_lock(peer_mutex_);
+        if (peer_ == nullptr)
+          check(driver_, driver_.cuStreamCreate(&peer_, CU_STREAM_NON_BLOCKING), "cuStreamCreate(peer copies)",
+                Operation::Upload);
+        for (const auto& [pool, event] : events.events) {
+          if (event == done) continue;
+          check(driver_, driver_.cuStreamWaitEvent(peer_, event, 0),
+                "cuStreamWaitEvent(device-to-device copy after submitted work)", Operation::Upload);
+        }
+        const CUresult copied = same_context
+                                    ? driver_.cuMemcpyDtoDAsync_v2(to, from, len, peer_)
+                                    : driver_.cuMemcpyPeerAsync(to, peer->context_, from, context_, len, peer_);
+        check(driver_, copied, same_context ? "cuMemcpyDtoDAsync" : "cuMemcpyPeerAsync", Operation::Upload);
+        const CUresult recorded = driver_.cuEventRecord(done, peer_);
+        if (recorded != CUDA_SUCCESS) {
+          // The copy may be running with nothing to report its end: let it
+          // finish before the caller gets its allocations back.
+          synchronize(peer_, "peer copies, after a failed cuEventRecord");
+          check(driver_, recorded, "cuEventRecord(after device-to-device copy)", Operation::Upload);
+        }
+      }
+      // Only this copy (and the waits before it): work submitted meanwhile
+      // on either backend is not waited for.
+      const CUresult finished = driver_.cuEventSynchronize(done);
+      if (finished != CUDA_SUCCESS) {
+        synchronize(peer_, "peer copies, after a failed cuEventSynchronize");
+        check(driver_, finished, "cuEventSynchronize(device-to-device copy)", Operation::Upload);
+      }
+    } catch (const Error& error) {
+      throw peer_copy_error(error, detail());
+    }
+    return true;
+  }
+
   void order_stream(CUstream stream) {
     ContextGuard guard(driver_, context_, Operation::Query);
     std::lock_guard compute_lock(compute_mutex_);
@@ -678,6 +776,56 @@ class CudaBackend final : public Backend {
     bool pending = false;
     bool ready = false;
   };
+
+  // Events a device-to-device copy waits for (and its own), each with the
+  // pool it goes back to: a destination's events are its backend's, made
+  // and recorded in its context. Given back however the copy ends; a wait
+  // already enqueued on them uses the record it saw when it was enqueued.
+  struct PeerEvents {
+    std::vector<std::pair<EventPool*, CUevent>> events;
+    PeerEvents() = default;
+    PeerEvents(const PeerEvents&) = delete;
+    PeerEvents& operator=(const PeerEvents&) = delete;
+    ~PeerEvents() {
+      for (const auto& [pool, event] : events) pool->give_back(event);
+    }
+    // Never loses the event: given back at once when it cannot be kept.
+    void add(EventPool& pool, CUevent event) {
+      try {
+        events.emplace_back(&pool, event);
+      } catch (...) {
+        pool.give_back(event);
+        throw;
+      }
+    }
+  };
+
+  // Records an event after everything submitted so far on each of this
+  // backend's streams (under that stream's own lock, so it lands after what
+  // the bookkeeping saw, as record_fence does) into `out`, with this
+  // backend's context pushed.
+  void record_submitted(PeerEvents& out) {
+    ContextGuard guard(driver_, context_, Operation::Upload);
+    const auto record = [&](CUstream stream, std::mutex& mutex, const std::string& call) {
+      CUevent event = events_.acquire(Operation::Upload, "cuEventCreate(device-to-device ordering)");
+      out.add(events_, event);
+      std::lock_guard lock(mutex);
+      check(driver_, driver_.cuEventRecord(event, stream), call, Operation::Upload);
+    };
+    record(upload_.stream, upload_.mutex, "cuEventRecord(after the uploads of " + device_string_ + ")");
+    record(download_.stream, download_.mutex, "cuEventRecord(after the downloads of " + device_string_ + ")");
+    record(compute_, compute_mutex_, "cuEventRecord(after the launches of " + device_string_ + ")");
+  }
+
+  // A device-to-device copy's failure, whatever call it was: the copy's
+  // error (DeviceCopyFailed unless the driver said more, such as an
+  // allocation failure), naming both sides and the length; fatal stays fatal.
+  static Error peer_copy_error(const Error& error, const std::string& detail) {
+    ErrorKind kind = error.kind();
+    if (kind == ErrorKind::Unavailable || kind == ErrorKind::Unsupported || kind == ErrorKind::Broken)
+      kind = ErrorKind::DeviceCopyFailed;
+    return Error(kind, std::string(error.message()) + "; " + detail, error.fatal());
+  }
 
   struct Gate {
     std::mutex mutex;
@@ -913,7 +1061,7 @@ class CudaBackend final : public Backend {
     CUcontext popped = nullptr;
     if (driver_.cuCtxPushCurrent_v2(context_) == CUDA_SUCCESS) {
       // Nothing may still run on memory the owner is about to free.
-      for (CUstream stream : {compute_, upload_.stream, download_.stream}) {
+      for (CUstream stream : {compute_, upload_.stream, download_.stream, peer_}) {
         if (stream != nullptr) driver_.cuStreamSynchronize(stream);
       }
       for (CopyStream* lane : {&upload_, &download_}) lane->pending.clear();
@@ -929,14 +1077,14 @@ class CudaBackend final : public Backend {
       for (CUevent event : {kernel_done_, upload_marker_, download_marker_}) {
         if (event != nullptr) driver_.cuEventDestroy_v2(event);
       }
-      for (CUstream stream : {compute_, upload_.stream, download_.stream}) {
+      for (CUstream stream : {compute_, upload_.stream, download_.stream, peer_}) {
         if (stream != nullptr) driver_.cuStreamDestroy_v2(stream);
       }
       if (module_ != nullptr) driver_.cuModuleUnload(module_);
       driver_.cuCtxPopCurrent_v2(&popped);
     }
     kernel_done_ = upload_marker_ = download_marker_ = nullptr;
-    compute_ = upload_.stream = download_.stream = nullptr;
+    compute_ = upload_.stream = download_.stream = peer_ = nullptr;
     module_ = nullptr;
     if (owns_primary_context_) driver_.cuDevicePrimaryCtxRelease_v2(device_);
     owns_primary_context_ = false;
@@ -1229,6 +1377,10 @@ class CudaBackend final : public Backend {
 
   std::mutex hold_mutex_;
   std::shared_ptr<Gate> gate_;
+
+  // Device-to-device copies from this backend (copy_to_peer); made on first use.
+  std::mutex peer_mutex_;
+  CUstream peer_ = nullptr;
 
   std::mutex waiters_mutex_;
   std::condition_variable waiter_cv_;

@@ -49,6 +49,8 @@ namespace devbridge::cuda::detail {
   X(cuMemcpyHtoDAsync_v2)                     \
   X(cuMemcpyDtoHAsync_v2)                     \
   X(cuMemcpy2DAsync_v2)                       \
+  X(cuMemcpyDtoDAsync_v2)                     \
+  X(cuMemcpyPeerAsync)                        \
   X(cuStreamCreate)                           \
   X(cuStreamDestroy_v2)                       \
   X(cuStreamSynchronize)                      \
