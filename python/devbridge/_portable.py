@@ -531,7 +531,10 @@ def transfer(src_bridge: Bridge, x: Any, dst_bridge: Bridge, *, dtype: Any = Non
              strides: Any = None, offset: int = 0, alignment: int = 256, wait: bool = True) -> DeviceTensor:
     """Copies a device tensor of ``src_bridge`` into a new allocation of ``dst_bridge`` (any two backends).
 
-    ``x`` and the view arguments are as for ``export``. The bytes are staged
+    ``x`` and the view arguments are as for ``export``. Where the two backends
+    have a direct path (``Bridge.copy_to_peer``: CUDA within one context or
+    between peer devices) a row-major tensor goes device to device in one
+    copy. Otherwise the bytes are staged
     through both rings, chunk by chunk and overlapped: chunk k+1 downloads
     from the source while chunk k uploads to the destination, with a few
     chunks in flight per side, so memory stays bounded by the rings. Returns
@@ -546,7 +549,22 @@ def transfer(src_bridge: Bridge, x: Any, dst_bridge: Bridge, *, dtype: Any = Non
     with _context(f"transfer of {source.handle!r} (bridge {src_bridge.domain} -> {dst_bridge.domain})"), \
             _staging_queue(dst_bridge) as queue:
         return _upload(dst_bridge, queue, source.shape, source.dtype, spec, extent, wait,
-                       lambda handle: _pipe(source, dst_bridge, queue, handle))
+                       lambda handle: _direct_or_pipe(source, dst_bridge, queue, handle))
+
+
+def _direct_or_pipe(source: _Source, dst: Bridge, queue: Any, handle: DeviceHandle) -> list:
+    """Device to device where the backends can (``_direct``), else staged through both rings (``_pipe``)."""
+    if _direct(source, dst, handle):
+        return []
+    return _pipe(source, dst, queue, handle)
+
+
+def _direct(source: _Source, dst: Bridge, handle: DeviceHandle) -> bool:
+    """The device-to-device path (``Bridge.copy_to_peer``: CUDA within a context or between peers) for a
+    row-major source: True once the bytes have landed, False where the two backends have no such path."""
+    if source.strides is not None or not source.nbytes or source.bridge is dst:
+        return False
+    return source.bridge.copy_to_peer(source.handle, dst, handle, source.nbytes, offset=source.byte_offset)
 
 
 def _pipe(source: _Source, dst: Bridge, queue: Any, handle: DeviceHandle) -> list:

@@ -370,6 +370,24 @@ void bind_bridge(nb::module_& m) {
           "Copies {handle, offset, range.len} into the host range (as host_to_device takes it); returns the\n"
           "CopyEvent. layout=CopyLayout: a pitched copy, row i from offset + i * device_pitch to byte\n"
           "i * host_pitch of the range; the padding between rows is never touched.")
+      .def(
+          "copy_to_peer",
+          [](PyBridge& b, DeviceHandle h, PyBridge& destination, DeviceHandle to, nb::handle length,
+             nb::handle offset, nb::handle destination_offset) {
+            const auto len = args::integer<std::uint64_t>(length, "length");
+            const DeviceRange source{h, args::integer<std::uint64_t>(offset, "offset"), len};
+            const DeviceRange target{to, args::integer<std::uint64_t>(destination_offset, "destination_offset"), len};
+            Bridge& from = b.state->open();
+            Bridge& into = destination.state->open();
+            nb::gil_scoped_release no_gil;
+            return from.copy_to_peer(source, into, target);
+          },
+          "handle"_a, "destination"_a, "destination_handle"_a, "length"_a, nb::kw_only(), "offset"_a.none() = 0,
+          "destination_offset"_a.none() = 0,
+          "Copies length bytes of handle (from offset) into destination_handle of the destination bridge (from\n"
+          "destination_offset), device to device, where the two backends have a direct path (CUDA within a\n"
+          "context or between peer devices; two fakes): returns True once the bytes have landed, False (nothing\n"
+          "changed) where there is none. devbridge.transfer uses it before staging through both rings.")
       // ---- registered host memory ----
       .def(
           "register_host",

@@ -326,7 +326,8 @@ def test_import_and_export_refuse_bad_arguments(pb):
 # ---------------------------------------------------------------------------------------------- transfer
 
 
-@pytest.mark.parametrize("src_name,dst_name", [("fake", "host"), ("host", "fake"), ("fake", "fake")])
+# (Two fakes are peers: their transfer goes device to device, tested below, not through the rings.)
+@pytest.mark.parametrize("src_name,dst_name", [("fake", "host"), ("host", "fake")])
 def test_a_failed_transfer_leaves_nothing_on_the_destination(bridges, rng, src_name, dst_name):
     src, dst = bridges(src_name), bridges(dst_name)
     x = src.upload(rng.standard_normal(600_000).astype(np.float32), wait=True)  # 2.4 MB: several chunks
@@ -658,3 +659,38 @@ def test_checkpoint_and_restore_refuse_bad_arguments(pb, tmp_path):
         pb.restore(tmp_path / "missing.safetensors")
     assert list(tmp_path.iterdir()) == [] and footprint(pb) == before
     x.free()
+
+
+# ----------------------------------------------------------------------------- the direct path (copy_to_peer)
+
+def test_transfer_between_backends_with_a_direct_path_goes_device_to_device(bridges, rng):
+    """Two fakes are peers (as two CUDA bridges are): transfer copies device to device, through neither ring."""
+    src, dst = bridges("fake"), bridges("fake")
+    data = rng.standard_normal((300, 7)).astype(np.float32)
+    x = src.upload(data)
+    src.fake.clear_calls()
+    dst.fake.clear_calls()
+    y = devbridge.transfer(src, x, dst)
+    assert np.array_equal(dst.download(y), data)
+    copies = [c for c in src.fake.calls() + dst.fake.calls() if c["call"] in ("copy_h2d", "copy_d2h")]
+    assert [c["call"] for c in copies] == ["copy_d2h"], "only download() above: the transfer itself used no ring"
+    # A window (strided) has no direct path: staged, still exact.
+    z = devbridge.transfer(src, x, dst, shape=(300, 3), strides=(7, 1))
+    assert np.array_equal(dst.download(z), data[:, :3])
+
+
+def test_copy_to_peer_validates_both_sides_and_says_when_there_is_no_path(bridges):
+    src, dst, host = bridges("fake"), bridges("fake"), bridges("host")
+    x = src.alloc(devbridge.ObjectSpec(4096, 64, "uint8"), 4096)
+    y = dst.alloc(devbridge.ObjectSpec(4096, 64, "uint8"), 4096)
+    h = host.alloc(devbridge.ObjectSpec(4096, 64, "uint8"), 4096)
+    assert src.copy_to_peer(x, dst, y, 4096)
+    assert not src.copy_to_peer(x, host, h, 4096)
+    with pytest.raises(devbridge.InvalidRange):
+        src.copy_to_peer(x, dst, y, 100, offset=4000)
+    with pytest.raises(OverflowError):
+        src.copy_to_peer(x, dst, y, -1)
+    with pytest.raises(TypeError):
+        src.copy_to_peer(x, dst, y, "8")
+    for b, handle in ((src, x), (dst, y), (host, h)):
+        b.free(handle)
