@@ -196,6 +196,12 @@ class Backend {
   // copy uses it and the device is done with it. By default it is used as
   // it is (host memory needs nothing more).
   virtual HostBlock register_host(std::byte* data, std::uint64_t bytes) { return HostBlock{data, bytes, false, 0}; }
+  // Memory the device only reads from (an immutable object-store buffer,
+  // registered for uploads only): CUDA pins it with
+  // CU_MEMHOSTREGISTER_READ_ONLY, which it needs for read-only pages.
+  virtual HostBlock register_host_read_only(const std::byte* data, std::uint64_t bytes) {
+    return register_host(const_cast<std::byte*>(data), bytes);
+  }
   virtual void unregister_host(const HostBlock& block) noexcept { (void)block; }
 
   virtual void submit_copy(const CopyRequest& request) = 0;

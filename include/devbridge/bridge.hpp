@@ -308,6 +308,9 @@ class Bridge {
   // close. Refused (InvalidRange) when it overlaps a region already
   // registered, (InvalidExtent) when empty.
   HostRegion register_host(std::span<std::byte> bytes);
+  // For uploads only (an immutable buffer: Ray's object store, a read-only
+  // mmap): a copy into it (device_to_host) is refused with InvalidRange.
+  HostRegion register_host_read_only(std::span<const std::byte> bytes);
   // AllocationStillInUse while a copy uses the region; changes nothing then.
   void unregister_host(HostRegion region);
   // The registered bytes (validated).

@@ -133,14 +133,11 @@ std::string layout_repr(const CopyLayout& layout);
 // it; TypeError for anything else.
 struct CopyHost {
   std::variant<HostRange, RegionRange> range;
-  bool writable = true;  // false: a region registered with writable=False
   std::uint64_t len() const {
     return std::visit([](const auto& r) { return r.len; }, range);
   }
 };
 CopyHost parse_copy_host(nanobind::handle range);
-// Refuses (InvalidRange) a download into a region registered read-only.
-void check_copy_host_writable(const CopyHost& host);
 // Bridge.register_host / unregister_host.
 nanobind::object register_host(const std::shared_ptr<BridgeState>& state, nanobind::handle object, bool writable);
 void unregister_host(const std::shared_ptr<BridgeState>& state, nanobind::handle region);

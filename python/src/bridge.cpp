@@ -168,7 +168,6 @@ CopyEvent submit_copy(PyBridge& b, CopyDirection direction, nb::handle range, De
   Admission admission = parse_admission(wait_for_room);
   const std::optional<CopyLayout> layout = parse_layout(layout_object);
   Bridge& bridge = b.state->open();
-  if (direction == CopyDirection::DeviceToHost) check_copy_host_writable(host);
   // A pitched copy's device range is what its rows reach from `offset`; a
   // plain one's is as long as the host range.
   std::uint64_t device_len = host.len();

@@ -339,27 +339,15 @@ CopyHost parse_copy_host(nb::handle range) {
   if (nb::isinstance<HostRange>(range)) return CopyHost{nb::cast<HostRange>(range)};
   if (nb::isinstance<PyRegionRange>(range)) {
     const auto& r = nb::cast<const PyRegionRange&>(range);
-    return CopyHost{r.range, r.reg->writable};
+    return CopyHost{r.range};
   }
   if (nb::isinstance<PyHostRegion>(range)) {
     // The whole region.
     const auto& reg = *nb::cast<const PyHostRegion&>(range).reg;
-    return CopyHost{RegionRange{reg.region, 0, reg.nbytes}, reg.writable};
+    return CopyHost{RegionRange{reg.region, 0, reg.nbytes}};
   }
   args::raise(PyExc_TypeError, "range must be a HostRange (bridge.ring.reserve), a RegionRange (region.range(), "
                                "region.range_of(array)) or a HostRegion, not " + object_type_name(range));
-}
-
-void check_copy_host_writable(const CopyHost& host) {
-  if (host.writable) return;
-  const auto& r = std::get<RegionRange>(host.range);
-  char id[32];
-  std::snprintf(id, sizeof id, "%#llx", static_cast<unsigned long long>(r.region.id));
-  throw Error(ErrorKind::InvalidRange,
-              "device_to_host into range [offset " + std::to_string(r.offset) + ", len " + std::to_string(r.len) +
-                  "] of host region {domain " + std::to_string(r.region.domain) + ", generation " +
-                  std::to_string(r.region.generation) + ", id " + id +
-                  "}: the region was registered with writable=False (host_to_device only)");
 }
 
 nb::object register_host(const std::shared_ptr<BridgeState>& state, nb::handle object, bool writable) {
@@ -407,7 +395,7 @@ nb::object register_host(const std::shared_ptr<BridgeState>& state, nb::handle o
     // meanwhile, so the bytes cannot move.
     const std::span<std::byte> bytes(static_cast<std::byte*>(view.buf), static_cast<std::size_t>(view.len));
     nb::gil_scoped_release no_gil;
-    reg->region = bridge.register_host(bytes);
+    reg->region = writable ? bridge.register_host(bytes) : bridge.register_host_read_only(bytes);
   }
   reg->buffer = buffer->take();
   reg->held = true;

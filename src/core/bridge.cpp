@@ -195,6 +195,7 @@ struct RegionSlot {
   Phase phase = Phase::Registering;
   HostBlock block;
   std::uint32_t copies = 0;  // in flight, sync ones too
+  bool read_only = false;    // uploads only (register_host_read_only)
 };
 
 // A failed async copy, remembered after its slot was retired.
@@ -546,7 +547,7 @@ class BridgeCore {
     return id_slot(r.id);
   }
 
-  HostRegion register_host(std::span<std::byte> bytes) {
+  HostRegion register_host(std::span<std::byte> bytes, bool read_only) {
     if (bytes.empty()) fail(ErrorKind::InvalidExtent, "registering host memory of 0 bytes");
     const auto begin = reinterpret_cast<std::uintptr_t>(bytes.data());
     if (!bytes.data() || !checked::add(begin, bytes.size()))
@@ -572,8 +573,12 @@ class BridgeCore {
     slot.phase = RegionSlot::Phase::Registering;
     slot.block = HostBlock{bytes.data(), bytes.size(), false, 0};
     slot.copies = 0;
+    slot.read_only = read_only;
     HostBlock registered;
-    auto failure = run_unlocked(lock, [&] { registered = backend_->register_host(bytes.data(), bytes.size()); });
+    auto failure = run_unlocked(lock, [&] {
+      registered = read_only ? backend_->register_host_read_only(bytes.data(), bytes.size())
+                             : backend_->register_host(bytes.data(), bytes.size());
+    });
     if (failure) {
       regions_.unissue(index);
       if (failure->fatal()) mark_broken(*failure);
@@ -1046,14 +1051,17 @@ class BridgeCore {
   static constexpr HostRing::Key kRegionPin = 1ull << 63;
 
   // The ring reservation holding `host` (validated), and its bytes.
-  HostRing::Key locate_host(const HostRange& host) const { return ring_.find(host); }
+  HostRing::Key locate_host(const HostRange& host, CopyDirection) const { return ring_.find(host); }
   std::byte* host_data(const HostRange& host, HostRing::Key) const noexcept { return ring_.data(host); }
   // The registered region holding `host` (validated), and its bytes.
-  HostRing::Key locate_host(const RegionRange& host) {
+  HostRing::Key locate_host(const RegionRange& host, CopyDirection direction) {
     const auto index = region_index(host.region);
     const auto& slot = regions_[index];
     if (host.len == 0 || !checked::range_within(host.offset, host.len, slot.block.bytes))
       fail(ErrorKind::InvalidRange, "{} is outside the region's {} bytes (or empty)", describe(host), slot.block.bytes);
+    if (slot.read_only && direction == CopyDirection::DeviceToHost)
+      fail(ErrorKind::InvalidRange, "a download into {}: the region was registered read-only (uploads only)",
+           describe(host));
     return kRegionPin | index;
   }
   std::byte* host_data(const RegionRange& host, HostRing::Key key) noexcept {
@@ -1112,7 +1120,7 @@ class BridgeCore {
     for (;;) {
       auto* slot = &allocation(device.handle);
       validate_device_range(device, *slot);
-      const auto host_key = locate_host(host);
+      const auto host_key = locate_host(host, direction);
       if (guarded_write(*slot, direction)) {
         if (writes_under_view_ == WritesUnderView::Wait) {
           if (!views_deadline) views_deadline = checked::deadline_after(writes_under_view_timeout_);
@@ -1145,7 +1153,7 @@ class BridgeCore {
     auto* slot = &allocation(device.handle);
     validate_device_range(device, *slot);
     const std::uint64_t bytes = copy_bytes<kPitched>(host, device, *slot, layout);
-    auto host_key = locate_host(host);
+    auto host_key = locate_host(host, direction);
     // inflight_bytes_ never exceeds the budget, so the room left cannot wrap.
     if (__builtin_expect(guarded_write(*slot, direction) ||
                              (mode == CopyMode::Async && bytes > inflight_budget_ - inflight_bytes_),
@@ -2143,7 +2151,11 @@ CopyEvent Bridge::device_to_host(DeviceRange device, HostRange host, const CopyL
 bool Bridge::copy_to_peer(DeviceRange source, Bridge& destination, DeviceRange destination_range) {
   return core_->copy_to_peer(source, *destination.core_, destination_range);
 }
-HostRegion Bridge::register_host(std::span<std::byte> bytes) { return core_->register_host(bytes); }
+HostRegion Bridge::register_host(std::span<std::byte> bytes) { return core_->register_host(bytes, false); }
+HostRegion Bridge::register_host_read_only(std::span<const std::byte> bytes) {
+  // Never written through: a download into a read-only region is refused.
+  return core_->register_host({const_cast<std::byte*>(bytes.data()), bytes.size()}, true);
+}
 void Bridge::unregister_host(HostRegion region) { core_->unregister_host(region); }
 std::span<std::byte> Bridge::region_bytes(HostRegion region) const { return core_->region_bytes(region); }
 CopyEvent Bridge::host_to_device(RegionRange host, DeviceRange device, CopyMode mode, Admission admission) {

@@ -132,6 +132,25 @@ TEST_P(RegisteredHostConformance, RestartAndCloseUnregisterEverythingAndRefuseOl
   EXPECT_EQ(b.stats().host_regions, 0u);
 }
 
+TEST_P(RegisteredHostConformance, AReadOnlyRegionTakesUploadsAndRefusesDownloads) {
+  auto& b = make_bridge(1 << 20);
+  auto memory = buffer(8192);
+  const Bytes data = random_.bytes(8192);
+  std::memcpy(memory.data(), data.data(), data.size());
+  const std::span<const std::byte> immutable = memory;
+  const auto region = b.register_host_read_only(immutable);
+  const auto h = b.alloc_device(bytes_spec(8192, 1), 8192);
+  b.wait(b.host_to_device(RegionRange{region, 0, 8192}, DeviceRange{h, 0, 8192}, CopyMode::Async));
+  EXPECT_TRUE(bytes_equal(read_device(h, 0, 8192), data, "device after an upload from a read-only region"));
+  EXPECT_KIND(ErrorKind::InvalidRange,
+              b.device_to_host(DeviceRange{h, 0, 64}, RegionRange{region, 0, 64}, CopyMode::Sync));
+  EXPECT_KIND(ErrorKind::InvalidRange, b.device_to_host(DeviceRange{h, 0, 64}, RegionRange{region, 0, 64},
+                                                        CopyLayout{1, 64, 64, 64}, CopyMode::Async));
+  EXPECT_TRUE(bytes_equal(memory, data, "the read-only region after refused downloads"));
+  b.unregister_host(region);
+  b.free_device(h);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, RegisteredHostConformance, ::testing::ValuesIn(backend_drivers()),
                          [](const auto& info) { return std::string(info.param.name); });
 

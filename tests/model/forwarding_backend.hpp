@@ -24,6 +24,9 @@ class ForwardingBackend : public Backend {
   HostBlock allocate_host(std::uint64_t bytes) override { return target_->allocate_host(bytes); }
   void free_host(const HostBlock& block) noexcept override { target_->free_host(block); }
   HostBlock register_host(std::byte* data, std::uint64_t bytes) override { return target_->register_host(data, bytes); }
+  HostBlock register_host_read_only(const std::byte* data, std::uint64_t bytes) override {
+    return target_->register_host_read_only(data, bytes);
+  }
   void unregister_host(const HostBlock& block) noexcept override { target_->unregister_host(block); }
   void submit_copy(const CopyRequest& request) override { target_->submit_copy(request); }
   void drain_completions(std::vector<Completion>& out) override { target_->drain_completions(out); }

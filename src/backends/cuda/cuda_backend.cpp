@@ -361,6 +361,16 @@ class CudaBackend final : public Backend {
   // Registers the caller's memory for DMA. PORTABLE for the same reason as
   // the ring: it stays page-locked for every context in the process.
   HostBlock register_host(std::byte* data, std::uint64_t bytes) override {
+    return register_pages(data, bytes, CU_MEMHOSTREGISTER_PORTABLE);
+  }
+  // READ_ONLY: the driver pins pages it may not write (an immutable object
+  // store's mapping), which it refuses without the flag.
+  HostBlock register_host_read_only(const std::byte* data, std::uint64_t bytes) override {
+    return register_pages(const_cast<std::byte*>(data), bytes,
+                          CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_READ_ONLY);
+  }
+
+  HostBlock register_pages(std::byte* data, std::uint64_t bytes, unsigned int flags) {
     const auto begin = reinterpret_cast<std::uintptr_t>(data);
     if (data == nullptr)
       throw Error(ErrorKind::InvalidRange, "cuMemHostRegister: null host pointer (" + std::to_string(bytes) + " bytes)");
@@ -370,7 +380,7 @@ class CudaBackend final : public Backend {
       throw Error(ErrorKind::InvalidRange, "cuMemHostRegister: " + std::to_string(bytes) + " bytes at " + hex(begin) +
                                                " reach past the end of the address space");
     ContextGuard guard(driver_, context_, Operation::Allocate);
-    CUresult result = driver_.cuMemHostRegister_v2(data, bytes, CU_MEMHOSTREGISTER_PORTABLE);
+    CUresult result = driver_.cuMemHostRegister_v2(data, bytes, flags);
     if (result != CUDA_SUCCESS)
       throw make_error(driver_, result, "cuMemHostRegister", Operation::Allocate,
                        "host range [" + hex(begin) + ", " + hex(*end) + ") of " + std::to_string(bytes) + " bytes on " +

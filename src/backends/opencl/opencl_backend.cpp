@@ -406,6 +406,13 @@ class OpenCLBackend final : public Backend {
   // keep naming host addresses inside the block, never this buffer: it only
   // exists so the driver knows the pages, and no command ever runs on it.
   HostBlock register_host(std::byte* data, std::uint64_t bytes) override {
+    return register_pages(data, bytes, CL_MEM_READ_WRITE);
+  }
+  HostBlock register_host_read_only(const std::byte* data, std::uint64_t bytes) override {
+    return register_pages(const_cast<std::byte*>(data), bytes, CL_MEM_READ_ONLY);
+  }
+
+  HostBlock register_pages(std::byte* data, std::uint64_t bytes, cl_mem_flags access) {
     const auto where = [&] {
       return fmt::format("registering {} bytes of host memory at {}", bytes, static_cast<const void*>(data));
     };
@@ -416,7 +423,7 @@ class OpenCLBackend final : public Backend {
                   fmt::format("opencl: {}: {} holds buffers of 1 to {} bytes (CL_DEVICE_MAX_MEM_ALLOC_SIZE)", where(),
                               device_name_, max_buffer_bytes_));
     cl_int result = CL_SUCCESS;
-    cl_mem buffer = cl_.clCreateBuffer(context_.get(), CL_MEM_READ_WRITE | CL_MEM_USE_HOST_PTR, bytes, data, &result);
+    cl_mem buffer = cl_.clCreateBuffer(context_.get(), access | CL_MEM_USE_HOST_PTR, bytes, data, &result);
     if (result != CL_SUCCESS) {
       const std::string failure = fmt::format("clCreateBuffer(CL_MEM_USE_HOST_PTR): {} ({}); {}",
                                               detail::error_name(result), result, where());
