@@ -80,15 +80,7 @@ class CudaDeviceTest : public ::testing::Test {
 
   CopyRequest request(CopyDirection direction, CopyMode mode, std::uint64_t id, std::byte* host,
                       const DeviceAllocation& device, std::uint64_t offset, std::uint64_t len) {
-    CopyRequest r;
-    r.direction = direction;
-    r.mode = mode;
-    r.event = CopyEvent{7, 1, id};
-    r.host = host;
-    r.device = device;
-    r.device_offset = offset;
-    r.len = len;
-    return r;
+    return testing::copy_request(7, direction, mode, id, host, device, offset, len);
   }
 
   std::unique_ptr<Backend> backend_;

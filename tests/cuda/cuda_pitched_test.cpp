@@ -112,16 +112,7 @@ class CudaPitchedTest : public ::testing::Test {
   static CopyRequest request(CopyDirection direction, CopyMode mode, std::uint64_t id, std::byte* host,
                              const DeviceAllocation& device, std::uint64_t offset, std::uint64_t len,
                              const CopyLayout& layout = {}) {
-    CopyRequest r;
-    r.direction = direction;
-    r.mode = mode;
-    r.event = CopyEvent{9, 1, id};
-    r.host = host;
-    r.device = device;
-    r.device_offset = offset;
-    r.len = len;
-    r.layout = layout;
-    return r;
+    return testing::copy_request(9, direction, mode, id, host, device, offset, len, layout);
   }
 
   static CopyRequest pitched(CopyDirection direction, CopyMode mode, std::uint64_t id, std::byte* host,

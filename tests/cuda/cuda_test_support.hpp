@@ -36,6 +36,23 @@ class ScopedEnv {
 inline constexpr const char* kMissingDriver = "/nonexistent/devbridge-test/libcuda.so.1";
 
 // Releases a page-locked block however the test ends.
+// A copy request as the bridge would submit it (tests call the backend
+// directly); `domain` tags its event.
+inline CopyRequest copy_request(std::uint64_t domain, CopyDirection direction, CopyMode mode, std::uint64_t id,
+                                std::byte* host, const DeviceAllocation& device, std::uint64_t offset,
+                                std::uint64_t len, const CopyLayout& layout = {}) {
+  CopyRequest r;
+  r.direction = direction;
+  r.mode = mode;
+  r.event = CopyEvent{domain, 1, id};
+  r.host = host;
+  r.device = device;
+  r.device_offset = offset;
+  r.len = len;
+  r.layout = layout;
+  return r;
+}
+
 struct HostBlockHolder {
   Backend& backend;
   HostBlock block;
