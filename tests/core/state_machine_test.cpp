@@ -48,7 +48,7 @@ rc::Gen<Op> gen_op(BackendKind backend) {
       {3, OpKind::BeginStep}, {3, OpKind::EndStep},      {6, OpKind::Axpy},         {9, OpKind::View},
       {6, OpKind::EndView},   {1, OpKind::Restart},      {1, OpKind::Close},        {6, OpKind::ReadDevice},
       {3, OpKind::LeaseHost}, {3, OpKind::EndHostLease}, {8, OpKind::HoldLaunches}, {8, OpKind::EndViewAfter},
-      {3, OpKind::EndStepAfter},
+      {3, OpKind::EndStepAfter}, {12, OpKind::PitchedCopy},
   };
   if (backend == BackendKind::Fake) {
     weights.push_back({6, OpKind::Inject});

@@ -189,6 +189,8 @@ struct Event {
   std::size_t alloc = 0;
   std::uint64_t dev_offset = 0;
   HostRange host;
+  CopyLayout layout;       // pitched when rows != 0
+  std::uint64_t bytes = 0;  // moved: host.len, or rows * row_bytes
   std::uint64_t ring_key = 0;
   EvState state = EvState::Completed;
   bool observed = false;
@@ -432,14 +434,17 @@ struct Model {
   // The bytes of a copy move (in the backend, whatever the bridge thinks).
   void move_bytes(const Event& ev) {
     Alloc& a = allocs[ev.alloc];
-    for (std::uint64_t i = 0; i < ev.host.len; ++i) {
-      Byte& host = ring_bytes[ev.host.offset + i];
-      Byte& dev = a.bytes[ev.dev_offset + i];
-      if (ev.dir == CopyDirection::HostToDevice)
-        dev = host;
-      else
-        host = dev;
-    }
+    const CopyLayout whole{1, ev.host.len, ev.host.len, ev.host.len};
+    const CopyLayout& layout = ev.layout.pitched() ? ev.layout : whole;
+    for (std::uint64_t row = 0; row < layout.rows; ++row)
+      for (std::uint64_t i = 0; i < layout.row_bytes; ++i) {
+        Byte& host = ring_bytes[ev.host.offset + row * layout.host_pitch + i];
+        Byte& dev = a.bytes[ev.dev_offset + row * layout.device_pitch + i];
+        if (ev.dir == CopyDirection::HostToDevice)
+          dev = host;
+        else
+          host = dev;
+      }
   }
 
   // ---- failed-record log ----
@@ -477,7 +482,7 @@ struct Model {
       return;
     }
     Event& ev = events[*i];
-    inflight_bytes -= ev.host.len;
+    inflight_bytes -= ev.bytes;
     unpin(ev);
     if (c.ok) {
       ++completed;

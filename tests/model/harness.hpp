@@ -46,6 +46,7 @@
 #include "devbridge/backends/fake.hpp"
 #include "devbridge/backends/host.hpp"
 #include "devbridge/bridge.hpp"
+#include "devbridge/checked.hpp"
 
 namespace devbridge::model {
 
@@ -112,6 +113,7 @@ enum class OpKind : std::uint8_t {
   EndStepAfter,   // end_step(step, a consumer queue) (host: Unsupported, the step stays)
   BlockQueue,     // fake: block (p0 & 1) or unblock (passing its fences) a consumer queue
   SignalFence,    // fake: signal one pending fence, out of its queue's order (or one not pending: false)
+  PitchedCopy,    // a pitched 2-D copy either way: rows, row bytes and pitches from p3-p6, some hostile
   Count
 };
 
@@ -122,7 +124,8 @@ inline const char* op_name(OpKind k) {
                                 "safe_to_release", "begin_step", "end_step",  "axpy",       "view",
                                 "end_view",     "inject",        "restart",   "close",      "read_device",
                                 "report_completion", "lease_host", "end_host_lease", "hold_launches",
-                                "end_view_after", "end_step_after", "block_queue", "signal_fence"};
+                                "end_view_after", "end_step_after", "block_queue", "signal_fence",
+                                "pitched_copy"};
   const auto i = static_cast<unsigned>(k);
   return i < static_cast<unsigned>(OpKind::Count) ? names[i] : "?";
 }
@@ -267,6 +270,7 @@ class Harness {
       case OpKind::ReadRing: return do_ring_bytes(op, false);
       case OpKind::HostToDevice: return do_copy(op, CopyDirection::HostToDevice);
       case OpKind::DeviceToHost: return do_copy(op, CopyDirection::DeviceToHost);
+      case OpKind::PitchedCopy: return do_pitched_copy(op);
       case OpKind::Complete: return do_complete(op, false);
       case OpKind::CompleteAll: return do_complete(op, true);
       case OpKind::Poll: return do_poll();
@@ -639,9 +643,17 @@ class Harness {
       return writes.overlaps(o.reads) || reads.overlaps(o.writes) || writes.overlaps(o.writes);
     }
   };
-  static Access copy_access(CopyDirection dir, HostRange r, std::size_t alloc, std::uint64_t dev_offset, std::uint64_t len) {
-    const Span host{true, 0, r.offset, len}, dev{false, alloc, dev_offset, len};
+  static Access copy_access(CopyDirection dir, HostRange r, std::size_t alloc, std::uint64_t dev_offset,
+                            std::uint64_t len, std::uint64_t dev_len = 0) {
+    const Span host{true, 0, r.offset, len}, dev{false, alloc, dev_offset, dev_len ? dev_len : len};
     return dir == CopyDirection::HostToDevice ? Access{host, dev} : Access{dev, host};
+  }
+  // A pitched copy reaches its whole span on each side (the host engine
+  // orders it after anything there, padding included).
+  static Access event_access(const Event& ev) {
+    if (!ev.layout.pitched()) return copy_access(ev.dir, ev.host, ev.alloc, ev.dev_offset, ev.host.len);
+    return copy_access(ev.dir, ev.host, ev.alloc, ev.dev_offset, layout_host_span(ev.layout),
+                       layout_device_span(ev.layout));
   }
   // The host engine makes work wait for held copies it conflicts with (bytes
   // one writes and the other reads or writes): those must be settled first,
@@ -654,7 +666,7 @@ class Harness {
         if (access.conflicts_with(launch)) return true;
     for (const auto& c : m.backend_pending) {
       const Event& ev = m.events[c.event];
-      if (access.conflicts_with(copy_access(ev.dir, ev.host, ev.alloc, ev.dev_offset, ev.host.len))) return true;
+      if (access.conflicts_with(event_access(ev))) return true;
     }
     return false;
   }
@@ -926,7 +938,6 @@ class Harness {
 
   void do_copy(const Op& op, CopyDirection dir) {
     const bool async = op.p[4] & 1;
-    const CopyMode mode = async ? CopyMode::Async : CopyMode::Sync;
     const DeviceHandle h = pick_handle(op.p[0], op.p[1]);
     const DeviceRange d = pick_device_range(h, op.p[2], op.p[3]);
     // A copy meant to be valid reserves its ring bytes first when no live
@@ -936,14 +947,80 @@ class Harness {
       if (d.len <= 1024) do_reserve(reserve);
     }
     const HostRange r = pick_range(op.p[5], op.p[6], d.len);
+    copy_checked(dir, async, h, d, r, room_of(op.p[7]), std::nullopt);
+  }
+
+  static std::chrono::nanoseconds room_of(std::uint8_t p) {
     static const std::int64_t admissions[] = {0, 0, 0, 0, 1000, 100000, std::numeric_limits<std::int64_t>::max(), -1};
-    const std::chrono::nanoseconds room{admissions[op.p[7] % 8 == 7 ? 7 - (op.p[7] / 8 % 2) : op.p[7] % 8]};
-    const auto call = [&] { return std::string(std::string(dir == CopyDirection::HostToDevice ? "host_to_device(" : "device_to_host(") +
-                       r_text(r) + ", " + h_text(h) + " [" + std::to_string(d.offset) + ",+" +
-                       std::to_string(d.len) + "), " + (async ? "async" : "sync") + ", room " +
-                       std::to_string(room.count()) + "ns)"); };
+    return std::chrono::nanoseconds{admissions[p % 8 == 7 ? 7 - (p / 8 % 2) : p % 8]};
+  }
 
+  // A pitched copy: rows of row_bytes at a pitch on each side, mostly fitting
+  // a live reservation and the allocation, sometimes hostile.
+  void do_pitched_copy(const Op& op) {
+    const CopyDirection dir = op.p[2] & 1 ? CopyDirection::DeviceToHost : CopyDirection::HostToDevice;
+    const bool async = op.p[2] & 2;
+    const DeviceHandle h = pick_handle(op.p[0], op.p[1]);
+    const Alloc* al = alloc_of(h);
+    const std::uint64_t elem = al ? spec_element_size(al->spec) : 1;
+    CopyLayout layout;
+    layout.rows = op.p[3] % 8 == 7 ? hostile(op.p[3] / 8) : op.p[3] % 8;  // 0 rows: refused
+    layout.row_bytes = op.p[4] % 16 == 15 ? hostile(op.p[4] / 16) : elem * (op.p[4] % 16) + (op.p[4] / 16 % 4 == 3);
+    layout.host_pitch = op.p[5] % 16 == 15 ? hostile(op.p[5] / 16) : layout.row_bytes + op.p[5] % 16 - (op.p[5] / 16 % 8 == 7);
+    layout.device_pitch =
+        op.p[6] % 16 == 15 ? hostile(op.p[6] / 16) : layout.row_bytes + elem * (op.p[6] % 8) - (op.p[6] / 16 % 8 == 7);
+    std::uint64_t host_span = 0, device_span = 0;
+    try {
+      host_span = layout_host_span(layout);
+      device_span = layout_device_span(layout);
+    } catch (const Error&) {
+      host_span = device_span = 64;  // refused anyway: any ranges will do
+    }
+    // The device range covers the rows (or not, 1 in 8), from an offset inside the extent.
+    const std::uint64_t extent = al ? al->extent : 64;
+    DeviceRange d{h, 0, device_span + (op.p[7] % 8 == 7 ? elem : 0)};
+    if (op.p[7] / 8 % 4 == 3 && extent > d.len) d.offset = (extent - d.len) / elem * elem;
+    if (op.p[7] / 32 % 8 == 7) d.offset = hostile(op.p[7]);
+    if (op.p[5] % 16 < 12 && !m.closed && !m.broken && host_span > 0 && host_span <= 1024 &&
+        !live_range_for(host_span, 0, 0)) {
+      Op reserve{OpKind::Reserve, {6, static_cast<std::uint8_t>((host_span + 63) / 64 - 1), 0x80}};
+      do_reserve(reserve);
+    }
+    const HostRange r = pick_range(op.p[6] % 16 == 14 ? 15 : 0, op.p[1], host_span);
+    copy_checked(dir, async, h, d, r, room_of(op.p[7] / 64), layout);
+  }
 
+  // What the bridge's pitched-copy checks refuse (all InvalidRange), given a
+  // valid device range: bytes moved when it is accepted.
+  static std::optional<std::uint64_t> pitched_bytes(const CopyLayout& layout, const HostRange& r, const DeviceRange& d,
+                                                    std::uint64_t elem) {
+    if (!layout.pitched() || layout.row_bytes == 0) return std::nullopt;
+    if (layout.rows > 1 && (layout.host_pitch < layout.row_bytes || layout.device_pitch < layout.row_bytes))
+      return std::nullopt;
+    const auto span = [&](std::uint64_t pitch) -> std::optional<std::uint64_t> {
+      const auto before = checked::mul(layout.rows - 1, pitch);
+      return before ? checked::add(*before, layout.row_bytes) : std::nullopt;
+    };
+    const auto host_span = span(layout.host_pitch), device_span = span(layout.device_pitch);
+    if (!host_span || !device_span || *host_span > r.len || *device_span > d.len) return std::nullopt;
+    if ((layout.row_bytes | layout.device_pitch) & (elem - 1)) return std::nullopt;
+    return checked::mul(layout.rows, layout.row_bytes);
+  }
+
+  void copy_checked(CopyDirection dir, bool async, const DeviceHandle& h, const DeviceRange& d, const HostRange& r,
+                    std::chrono::nanoseconds room, const std::optional<CopyLayout>& layout) {
+    const CopyMode mode = async ? CopyMode::Async : CopyMode::Sync;
+    const auto call = [&] {
+      std::string text = std::string(dir == CopyDirection::HostToDevice ? "host_to_device(" : "device_to_host(") +
+                         r_text(r) + ", " + h_text(h) + " [" + std::to_string(d.offset) + ",+" +
+                         std::to_string(d.len) + "), " + (async ? "async" : "sync") + ", room " +
+                         std::to_string(room.count());
+      if (layout)
+        text += ", rows " + std::to_string(layout->rows) + " of " + std::to_string(layout->row_bytes) + " at pitches " +
+                std::to_string(layout->host_pitch) + "/" + std::to_string(layout->device_pitch);
+      return text + ")";
+    };
+    std::uint64_t bytes = r.len;
     Expect x;
     std::size_t ai = 0;
     std::optional<ErrorKind> invalid;
@@ -956,10 +1033,15 @@ class Harness {
     else {
       const Alloc& a = m.allocs[ai];
       const std::uint64_t elem = spec_element_size(a.spec);
-      if (d.len == 0 || d.offset > a.extent || d.len > a.extent - d.offset || (d.offset | d.len) % elem)
+      if (d.len == 0 || d.offset > a.extent || d.len > a.extent - d.offset || (d.offset | d.len) % elem) {
         invalid = ErrorKind::InvalidRange;
-      else if (r.len != d.len || !m.ring.locate(r))
+      } else if (layout) {
+        const auto moved = pitched_bytes(*layout, r, d, elem);
+        if (!moved || !m.ring.locate(r)) invalid = ErrorKind::InvalidRange;
+        else bytes = *moved;
+      } else if (r.len != d.len || !m.ring.locate(r)) {
         invalid = ErrorKind::InvalidRange;
+      }
       if (negative) {
         x = invalid ? Expect::either({*invalid, ErrorKind::InvalidRange}) : Expect::error(ErrorKind::InvalidRange);
       } else if (invalid) {
@@ -969,23 +1051,27 @@ class Harness {
         // Wait (with a zero timeout here) drains once before it gives up.
         if (m.config.writes_under_view == WritesUnderView::Wait) m.drain();
         x = Expect::error(ErrorKind::AllocationStillInUse);
-      } else if (async && m.inflight_bytes + r.len > m.budget()) {
-        if (room == std::chrono::nanoseconds::max() && r.len <= m.budget()) {
+      } else if (async && m.inflight_bytes + bytes > m.budget()) {
+        if (room == std::chrono::nanoseconds::max() && bytes <= m.budget()) {
           // Waiting until there is room: on the fake nothing would ever make
           // room; on the host, the held copies are let go and the call must
           // wait for them (the copy is then admitted).
           if (m.fake()) return;
           room_from_host = true;
         } else {
-          if (room.count() > 0 && r.len <= m.budget()) m.drain();
+          if (room.count() > 0 && bytes <= m.budget()) m.drain();
           x = Expect::error(ErrorKind::Backpressure);
         }
       }
     }
     auto run_copy = [&](CopyEvent& got) {
       return attempt([&] {
-        got = dir == CopyDirection::HostToDevice ? bridge_->host_to_device(r, d, mode, {room})
-                                                 : bridge_->device_to_host(d, r, mode, {room});
+        if (layout)
+          got = dir == CopyDirection::HostToDevice ? bridge_->host_to_device(r, d, *layout, mode, {room})
+                                                   : bridge_->device_to_host(d, r, *layout, mode, {room});
+        else
+          got = dir == CopyDirection::HostToDevice ? bridge_->host_to_device(r, d, mode, {room})
+                                                   : bridge_->device_to_host(d, r, mode, {room});
       });
     };
     CopyEvent got;
@@ -1005,13 +1091,15 @@ class Harness {
       host::hold_copies(*host_raw_, false);
     }
     // A sync copy on the host backend waits for the held copies it conflicts with.
-    if (!async && conflicts_with_held(copy_access(dir, r, ai, d.offset, d.len), true)) settle();
     Event ev;
     ev.sync = !async;
     ev.dir = dir;
     ev.alloc = ai;
     ev.dev_offset = d.offset;
     ev.host = r;
+    ev.layout = layout.value_or(CopyLayout{});
+    ev.bytes = bytes;
+    if (!async && conflicts_with_held(event_access(ev), true)) settle();
     ev.ring_key = m.ring.locate(r)->key;
     Fired fired;
     std::optional<ErrorKind> backend_error;
@@ -1042,7 +1130,7 @@ class Harness {
     } else {
       ev.state = EvState::Pending;
       m.pin(ev);
-      m.inflight_bytes += r.len;
+      m.inflight_bytes += bytes;
       m.events.push_back(ev);
       m.backend_pending.push_back(
           BackendCopy{m.events.size() - 1, fired.fail_at_completion, fired.lost, fired.duplicated, fired.late});
