@@ -22,11 +22,14 @@ inline void move_request_bytes(const CopyRequest& request, std::byte* device) no
   }
   const auto& layout = request.layout;
   std::byte* host = request.host;
-  for (std::uint64_t row = 0; row < layout.rows; ++row) {
+  for (std::uint64_t row = 0;;) {
     if (up)
       std::memcpy(device, host, layout.row_bytes);
     else
       std::memcpy(host, device, layout.row_bytes);
+    // Never past the last row: a single row's pitch may be anything, and a
+    // pointer moved beyond the span is undefined even if never read.
+    if (++row == layout.rows) break;
     host += layout.host_pitch;
     device += layout.device_pitch;
   }
