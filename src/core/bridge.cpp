@@ -262,6 +262,7 @@ class BridgeCore {
   ~BridgeCore() {
     SpinLockHold lock(lock_);
     settle_fences(lock, "the bridge's last lease ended");
+    free_cache_now();
   }
 
   // ---- lifetime of the core itself ----
@@ -1891,6 +1892,8 @@ class BridgeCore {
     notify();
     quiesce_and_free_all(lock, "close");
     settle_fences(lock, "the bridge closed");
+    // What the settled fences freed went to the pool: nothing allocates any more.
+    give_back_cache(lock);
     if (host_leases_ == 0)
       backend_->free_host(ring_.block());
     else

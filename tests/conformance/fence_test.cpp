@@ -189,6 +189,7 @@ TEST_P(FenceConformance, CloseWaitsForAConsumersFenceThenFreesEverything) {
   b.close();
   consumer.join();
   EXPECT_EQ(backend_live_allocations(), 0u);
+  EXPECT_EQ(b.memory_stats().reserved_bytes, 0u) << "what the fence held went to the pool and stayed there";
   EXPECT_EQ(b.stats().abandoned_fences, 0u);
 }
 
