@@ -496,7 +496,8 @@ class BridgeCore {
     return *slot;
   }
 
-  void validate_device_range(const DeviceRange& range, const AllocationSlot& slot) const {
+  // Inlined: every copy runs it, from several instantiations of copy().
+  [[gnu::always_inline]] void validate_device_range(const DeviceRange& range, const AllocationSlot& slot) const {
     const auto elem = slot.element_size;
     if (range.len == 0 || range.offset > slot.extent || range.len > slot.extent - range.offset)
       fail(ErrorKind::InvalidRange,
@@ -963,6 +964,12 @@ class BridgeCore {
     const DeviceAllocation device = slot.device;
     allocated_bytes_ -= device.bytes;
     allocations_.retire(index);
+    if (__builtin_expect(!pool_, 1)) {  // the common case: straight back to the backend
+      ++backend_frees_;
+      lock.unlock();
+      backend_->free(device);
+      return;
+    }
     const auto whole = keep_or_free_later(device, slot.spec.alignment);
     lock.unlock();
     if (whole) backend_->free(*whole);
@@ -1332,7 +1339,7 @@ class BridgeCore {
     return mapped;
   }
 
-  void pin(AllocationSlot& slot, CopyDirection direction, HostRing::Key host_key) {
+  [[gnu::always_inline]] void pin(AllocationSlot& slot, CopyDirection direction, HostRing::Key host_key) {
     ++slot.copies;
     if (direction == CopyDirection::HostToDevice) ++slot.uploads;
     if (__builtin_expect(host_key & kRegionPin, 0))
@@ -1342,7 +1349,7 @@ class BridgeCore {
   }
 
   // The copy no longer touches the allocation or the host range.
-  void unpin(std::uint32_t allocation, CopyDirection direction, HostRing::Key host_key) {
+  [[gnu::always_inline]] void unpin(std::uint32_t allocation, CopyDirection direction, HostRing::Key host_key) {
     auto& slot = allocations_[allocation];
     --slot.copies;
     if (direction == CopyDirection::HostToDevice) --slot.uploads;
