@@ -807,12 +807,20 @@ class BridgeCore {
 
   // Every cached block back to the backend; the frees run without the lock.
   void give_back_cache(SpinLockHold& lock) {
-    if (!pool_ || pool_->free_segments() == 0) return;
-    const auto segments = pool_->release_free_segments();
-    backend_frees_ += segments.size();
+    const auto segments = take_free_segments();
+    if (segments.empty()) return;
     lock.unlock();
     for (const auto& segment : segments) backend_->free(segment);
     lock.lock();
+  }
+
+  // Every wholly free segment, out of the pool and counted as freed; the
+  // caller frees them in the backend.
+  std::vector<DeviceAllocation> take_free_segments() noexcept {
+    if (!pool_ || pool_->free_segments() == 0) return {};
+    auto segments = pool_->release_free_segments();
+    backend_frees_ += segments.size();
+    return segments;
   }
 
   // Memory no allocation uses any more: cached, or freed in the backend.
@@ -839,11 +847,7 @@ class BridgeCore {
   // Under the lock, from inside a noexcept path: every whole free segment
   // back to the backend.
   void free_cache_now() noexcept {
-    if (!pool_ || pool_->free_segments() == 0) return;
-    for (const auto& segment : pool_->release_free_segments()) {
-      ++backend_frees_;
-      backend_->free(segment);
-    }
+    for (const auto& segment : take_free_segments()) backend_->free(segment);
   }
 
   void empty_cache() {
@@ -1054,6 +1058,20 @@ class BridgeCore {
            writes_under_view_ != WritesUnderView::Allow;
   }
 
+  // A write into `range` while views still read it: waits for them to end
+  // where the options say so (writes_under_view "wait", until `deadline`,
+  // set on the first call) and returns with the lock dropped and taken
+  // again, so the caller checks everything again; otherwise, or once the
+  // wait times out, refuses (AllocationStillInUse).
+  void wait_out_views_or_fail(SpinLockHold& lock, const DeviceRange& range,
+                              std::optional<checked::Clock::time_point>& deadline) {
+    if (writes_under_view_ == WritesUnderView::Wait) {
+      if (!deadline) deadline = checked::deadline_after(writes_under_view_timeout_);
+      if (wait_until(lock, *deadline, [&] { return allocation(range.handle).views == 0; })) return;
+    }
+    fail_write_under_view(range, allocation(range.handle));
+  }
+
   // Where a copy's host bytes are: a ring reservation's key, or a
   // registered region's slot with kRegionPin set (ring keys never reach it).
   static constexpr HostRing::Key kRegionPin = 1ull << 63;
@@ -1130,12 +1148,8 @@ class BridgeCore {
       validate_device_range(device, *slot);
       const auto host_key = locate_host(host, direction);
       if (guarded_write(*slot, direction)) {
-        if (writes_under_view_ == WritesUnderView::Wait) {
-          if (!views_deadline) views_deadline = checked::deadline_after(writes_under_view_timeout_);
-          if (wait_until(lock, *views_deadline, [&] { return allocation(device.handle).views == 0; })) continue;
-          slot = &allocation(device.handle);
-        }
-        fail_write_under_view(device, *slot);
+        wait_out_views_or_fail(lock, device, views_deadline);
+        continue;  // the lock was dropped: check everything again
       }
       if (mode == CopyMode::Sync || bytes <= inflight_budget_ - inflight_bytes_) return {slot, host_key};
       if (bytes > inflight_budget_)
@@ -1226,14 +1240,10 @@ class BridgeCore {
     auto* slot = &allocation(range.handle);
     validate_device_range(range, *slot);
     if (guarded_write(*slot, direction)) {
-      if (writes_under_view_ == WritesUnderView::Wait &&
-          wait_until(lock, checked::deadline_after(writes_under_view_timeout_),
-                     [&] { return allocation(range.handle).views == 0; })) {
-        slot = &allocation(range.handle);
-        validate_device_range(range, *slot);
-      } else {
-        fail_write_under_view(range, allocation(range.handle));
-      }
+      std::optional<checked::Clock::time_point> deadline;
+      wait_out_views_or_fail(lock, range, deadline);
+      slot = &allocation(range.handle);  // the lock was dropped: check again
+      validate_device_range(range, *slot);
     }
     ++slot->copies;
     if (direction == CopyDirection::HostToDevice) ++slot->uploads;

@@ -28,6 +28,7 @@
 // Not thread-safe: the bridge calls it under its lock.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -60,7 +61,7 @@ class DevicePool {
   }
   // The alignment to ask the backend for, for a request aligned to `alignment`.
   std::uint64_t segment_alignment(std::uint64_t alignment) const noexcept {
-    return alignment > granularity_ ? alignment : (granularity_ ? granularity_ : alignment);
+    return std::max(alignment, granularity_);  // granularity_ is 0 without parts
   }
 
   // A part of a free span holding `class_bytes` at `alignment` (split off

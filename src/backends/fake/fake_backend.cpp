@@ -296,6 +296,16 @@ struct FakeBackend::State {
                 /*fatal=*/true);
   }
 
+  // The live allocation (or part) `a` names, or nullptr: its token is
+  // known and still at a's address.
+  Allocation* live(const DeviceAllocation& a) {
+    const auto it = allocations.find(a.token);
+    if (it == allocations.end() || reinterpret_cast<std::uintptr_t>(it->second.memory.get()) != a.address)
+      return nullptr;
+    return &it->second;
+  }
+  static bool is_whole(const std::pair<const std::uintptr_t, Allocation>& entry) { return entry.second.whole == 0; }
+
   // The host block holding [host, host + len), or nullptr.
   const HostBlockRecord* find_host_block(const std::byte* host, std::uint64_t len) const {
     const auto address = reinterpret_cast<std::uintptr_t>(host);
@@ -435,8 +445,8 @@ void FakeBackend::clear_calls() {
 
 std::uint64_t FakeBackend::live_allocations() const {
   std::lock_guard lock(state_->mutex);
-  return static_cast<std::uint64_t>(std::count_if(state_->allocations.begin(), state_->allocations.end(),
-                                                  [](const auto& entry) { return entry.second.whole == 0; }));
+  return static_cast<std::uint64_t>(
+      std::count_if(state_->allocations.begin(), state_->allocations.end(), &State::is_whole));
 }
 
 std::uint64_t FakeBackend::part_alignment() const {
@@ -452,22 +462,20 @@ void FakeBackend::set_parts(bool on) {
 std::uint64_t FakeBackend::live_parts() const {
   std::lock_guard lock(state_->mutex);
   return state_->allocations.size() - static_cast<std::uint64_t>(std::count_if(
-                                          state_->allocations.begin(), state_->allocations.end(),
-                                          [](const auto& entry) { return entry.second.whole == 0; }));
+                                          state_->allocations.begin(), state_->allocations.end(), &State::is_whole));
 }
 
 DeviceAllocation FakeBackend::make_part(const DeviceAllocation& whole, std::uint64_t offset, std::uint64_t bytes) {
   std::lock_guard lock(state_->mutex);
   auto& s = *state_;
-  const auto it = s.allocations.find(whole.token);
-  if (it == s.allocations.end() || it->second.whole != 0 ||
-      reinterpret_cast<std::uintptr_t>(it->second.memory.get()) != whole.address ||
-      !checked::range_within(offset, bytes, it->second.bytes) || offset % kPartAlignment != 0)
+  State::Allocation* const parent = s.live(whole);
+  if (parent == nullptr || parent->whole != 0 || !checked::range_within(offset, bytes, parent->bytes) ||
+      offset % kPartAlignment != 0)
     throw Error(ErrorKind::InvalidRange, fmt::format("fake make_part: [{}, +{}) is not a part of a live allocation "
                                                      "(address {:#x}, {} bytes) at a multiple of {} bytes",
                                                      offset, bytes, whole.address, whole.bytes, kPartAlignment));
   const std::uintptr_t token = s.next_token++;
-  SharedBytes memory(it->second.memory, it->second.memory.get() + offset);  // shares the whole's bytes
+  SharedBytes memory(parent->memory, parent->memory.get() + offset);  // shares the whole's bytes
   const DeviceAllocation part{reinterpret_cast<std::uintptr_t>(memory.get()), bytes, token};
   s.allocations.emplace(token, State::Allocation{std::move(memory), bytes, whole.token});
   return part;
@@ -690,13 +698,11 @@ bool FakeBackend::copy_to_peer(const DeviceAllocation& source, std::uint64_t sou
   // Each fake checks its own side under its own mutex, one at a time.
   const auto live = [](FakeBackend& fake, const DeviceAllocation& a, std::uint64_t offset, std::uint64_t bytes) {
     std::lock_guard lock(fake.state_->mutex);
-    const auto it = fake.state_->allocations.find(a.token);
-    if (it == fake.state_->allocations.end() ||
-        reinterpret_cast<std::uintptr_t>(it->second.memory.get()) != a.address ||
-        !checked::range_within(offset, bytes, it->second.bytes))
+    const State::Allocation* allocation = fake.state_->live(a);
+    if (allocation == nullptr || !checked::range_within(offset, bytes, allocation->bytes))
       throw Error(ErrorKind::InvalidRange, fmt::format("fake copy_to_peer: [{}, +{}) of the allocation at {:#x} is "
                                                        "not live in its backend", offset, bytes, a.address));
-    return it->second.memory;
+    return allocation->memory;
   };
   const SharedBytes from = live(*this, source, source_offset, len);
   const SharedBytes to = live(*peer, destination, destination_offset, len);
@@ -742,17 +748,16 @@ void FakeBackend::submit_copy(const CopyRequest& request) {
 
     // The bridge validates every range; the fake re-checks so that a range
     // that slips through is caught here instead of corrupting memory.
-    auto allocation = s.allocations.find(request.device.token);
-    if (allocation == s.allocations.end() ||
-        reinterpret_cast<std::uintptr_t>(allocation->second.memory.get()) != request.device.address) {
+    const State::Allocation* allocation = s.live(request.device);
+    if (allocation == nullptr) {
       throw Error(ErrorKind::UnknownDeviceHandle, "fake " + std::string(call_name(call)) +
                                                       ": allocation not live in the backend (" + what + ")");
     }
-    if (!checked::range_within(request.device_offset, request_device_span(request), allocation->second.bytes)) {
+    if (!checked::range_within(request.device_offset, request_device_span(request), allocation->bytes)) {
       throw Error(ErrorKind::InvalidRange, "fake " + std::string(call_name(call)) + ": device range [" +
                                                std::to_string(request.device_offset) + ", +" +
                                                std::to_string(request_device_span(request)) + ") outside allocation of " +
-                                               std::to_string(allocation->second.bytes) + " bytes reached the backend");
+                                               std::to_string(allocation->bytes) + " bytes reached the backend");
     }
     const State::HostBlockRecord* host_block = s.find_host_block(request.host, request_host_span(request));
     if (host_block == nullptr) {
@@ -771,7 +776,7 @@ void FakeBackend::submit_copy(const CopyRequest& request) {
     }
 
     State::PendingCopy copy{request,
-                            allocation->second.memory,
+                            allocation->memory,
                             host_block->memory,
                             fired.copy_failed_at_completion,
                             fired.lost,
@@ -848,9 +853,8 @@ Fence FakeBackend::launch_axpy(const AxpyLaunch& launch) {
   const Fired fired = s.fire(Call::Launch);
   if (fired.fatal) State::throw_fatal(Call::Launch, "launching axpy over " + std::to_string(launch.count) + " floats");
   auto inside = [&](const DeviceAllocation& a, std::uint64_t offset) {
-    auto it = s.allocations.find(a.token);
-    return it != s.allocations.end() && reinterpret_cast<std::uintptr_t>(it->second.memory.get()) == a.address &&
-           bytes && checked::range_within(offset, *bytes, it->second.bytes);
+    const State::Allocation* allocation = s.live(a);
+    return allocation != nullptr && bytes && checked::range_within(offset, *bytes, allocation->bytes);
   };
   if (!inside(launch.x, launch.x_offset) || !inside(launch.y, launch.y_offset)) {
     throw Error(ErrorKind::InvalidRange, "fake launch: axpy over " + std::to_string(launch.count) +
