@@ -54,8 +54,11 @@ def require_dtype(b: devbridge.Bridge, dtype: str) -> None:
 def make_bridge(backend: str, **options) -> devbridge.Bridge:
     """A bridge on `backend`; CUDA bridges share tinygrad's context (when tinygrad is there) so tinygrad
     can compute on their memory; without tinygrad they use the device's primary context."""
-    if backend == "cuda" and importlib.util.find_spec("tinygrad") is not None:
-        options.setdefault("cuda_context", "tinygrad")
+    if backend == "cuda" and "cuda_context" not in options and importlib.util.find_spec("tinygrad") is not None:
+        try:
+            return devbridge.Bridge(backend=backend, cuda_context="tinygrad", **options)
+        except devbridge.Unavailable:
+            pass  # tinygrad has no CUDA device here (the emulated driver): the device's primary context
     return devbridge.Bridge(backend=backend, **options)
 
 
