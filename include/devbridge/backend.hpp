@@ -203,6 +203,17 @@ class Backend {
     return register_host(const_cast<std::byte*>(data), bytes);
   }
   virtual void unregister_host(const HostBlock& block) noexcept { (void)block; }
+  // Bytes [offset, offset + bytes) of a read-only registered region used in
+  // place as device memory, no copy (Bridge::adopt_host): where the device
+  // addresses host memory directly. The bridge has validated the range and
+  // keeps the region registered until release_adopted; the allocation is
+  // only ever read (copies from it, views, launch inputs), never freed.
+  // Optional: Unsupported by default.
+  virtual DeviceAllocation adopt_host(const HostBlock& region, std::uint64_t offset, std::uint64_t bytes) {
+    (void)region, (void)offset, (void)bytes;
+    unsupported("way to use host memory in place as device memory (adopt_host)");
+  }
+  virtual void release_adopted(const DeviceAllocation& adopted) noexcept { (void)adopted; }
 
   virtual void submit_copy(const CopyRequest& request) = 0;
 

@@ -163,9 +163,15 @@ struct BridgeStats {
   std::uint64_t abandoned_fences = 0;
   std::uint64_t active_steps = 0;
   std::uint64_t restarts = 0;
-  // Registered host memory (Bridge::register_host) of this generation.
+  // Registered host memory (Bridge::register_host) of this generation, and
+  // regions of older ones kept for adopted allocations a view still reads.
   std::uint64_t host_regions = 0;
   std::uint64_t host_region_bytes = 0;
+  // Allocations of this generation over host memory adopted in place
+  // (Bridge::adopt_host), and their bytes: counted in live_allocations, not
+  // in allocated_bytes (no device memory of the bridge's).
+  std::uint64_t adopted_allocations = 0;
+  std::uint64_t adopted_bytes = 0;
   std::uint64_t ring_capacity = 0;
   std::uint64_t ring_used = 0;
   std::uint64_t ring_reservations = 0;
@@ -315,6 +321,24 @@ class Bridge {
   void unregister_host(HostRegion region);
   // The registered bytes (validated).
   std::span<std::byte> region_bytes(HostRegion region) const;
+  // True while the bridge still holds the region's memory: registered in
+  // this generation, or kept past a restart or close because an allocation
+  // adopted from it is still read through a view. Whoever keeps the memory
+  // alive for the bridge (the Python bindings) lets go once it is false.
+  bool region_retained(HostRegion region) const noexcept;
+  // The bytes of a read-only region used in place as a device allocation,
+  // with no copy, where the device addresses host memory (the host backend,
+  // the fake; Unsupported elsewhere): an object-store buffer becomes a
+  // tensor. The range must start at a multiple of spec.alignment and its
+  // length be a valid extent of the spec (InvalidAlignment, InvalidExtent);
+  // the region must be read-only (InvalidRange otherwise: a writable one
+  // could be both a copy's source and its destination). The allocation is
+  // read-only: uploads, launches and peer copies into it are refused
+  // (InvalidRange), its views say read_only. It is freed or released like
+  // any other (never cached); until then unregister_host of its region is
+  // refused (AllocationStillInUse), and a restart or close that leaves it
+  // under a live view keeps the region until the view ends.
+  DeviceHandle adopt_host(RegionRange range, const ObjectSpec& spec);
   CopyEvent host_to_device(RegionRange host, DeviceRange device, CopyMode mode, Admission admission = {});
   CopyEvent device_to_host(DeviceRange device, RegionRange host, CopyMode mode, Admission admission = {});
   CopyEvent host_to_device(RegionRange host, DeviceRange device, const CopyLayout& layout, CopyMode mode,

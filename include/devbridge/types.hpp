@@ -291,6 +291,9 @@ struct TensorView {
   Dims strides;  // elements
   std::uint64_t byte_offset = 0;
   DeviceHandle handle;
+  // The allocation is host memory adopted read-only (Bridge::adopt_host):
+  // a consumer must not write through the view (DLPack's read-only flag).
+  bool read_only = false;
   bool contiguous() const noexcept { return strides == contiguous_strides(shape); }
 };
 

@@ -127,7 +127,7 @@ struct AllocationSlot {
   std::uint32_t version = 0;
   bool in_use = false;
   bool released = false;  // deferred free: unusable, freed when the last use ends
-  // In what was padding (the slot stays 80 bytes): spec_element_size(spec),
+  // In what was padding: spec_element_size(spec),
   // read by every copy, and the dtype a view must have (any when untyped:
   // one compare on the view path for the usual, typed case).
   std::uint8_t element_size = 1;
@@ -139,9 +139,14 @@ struct AllocationSlot {
   std::uint32_t uploads = 0;  // of those, copies into the allocation
   // Active compute steps, launches in progress, and uses that end at a fence
   // not yet passed (the drop queue; counted here, not in a field of their
-  // own, so the slot stays 80 bytes; messages count them in the queue).
+  // own, to keep the slot small; messages count them in the queue).
   std::uint32_t steps = 0;
   std::uint32_t views = 0;    // live view leases
+  // Adopted host memory (Bridge::adopt_host): 1 + the slot of the region it
+  // lies in, 0 for the backend's own memory. Adopted memory is read-only
+  // and goes back to the region, never to the backend's free or the pool.
+  std::uint32_t adopted_region = 0;
+  bool read_only() const noexcept { return adopted_region != 0; }
   bool used() const noexcept { return copies || steps || views; }
   // Every field but the version, for a new use of the slot.
   // (The caller derives element size and view dtype from the spec while it
@@ -156,6 +161,7 @@ struct AllocationSlot {
     extent = new_extent;
     device = memory;
     copies = uploads = steps = views = 0;
+    adopted_region = 0;
   }
 };
 
@@ -187,14 +193,17 @@ struct CopySlot {
 // Host memory of the caller's, registered as a staging source. Registering
 // and unregistering call the backend without the lock (cuMemHostRegister can
 // take milliseconds): meanwhile the slot is in use but not Live, so it
-// counts for overlap checks and no copy can use it.
+// counts for overlap checks and no copy can use it. Retained: of an older
+// generation (or a closed bridge), kept registered because an allocation
+// adopted from it is an orphan a view still reads; it goes with the last.
 struct RegionSlot {
-  enum class Phase : std::uint8_t { Registering, Live, Unregistering };
+  enum class Phase : std::uint8_t { Registering, Live, Unregistering, Retained };
   std::uint32_t version = 0;
   bool in_use = false;
   Phase phase = Phase::Registering;
   HostBlock block;
   std::uint32_t copies = 0;  // in flight, sync ones too
+  std::uint32_t adoptions = 0;  // allocations adopted from it (adopt_host), orphans too
   bool read_only = false;    // uploads only (register_host_read_only)
 };
 
@@ -333,7 +342,9 @@ class BridgeCore {
   void maybe_free_orphan(OrphanIt orphan) noexcept {
     auto& o = orphan->second;
     if (o.views != 0 || o.fences != 0) return;
-    if (!o.abandoned) {
+    if (o.adopted_region) {
+      if (!o.abandoned) end_adoption(o.device, o.adopted_region - 1);
+    } else if (!o.abandoned) {
       if (const auto whole = keep_or_free_later(o.device, o.alignment)) backend_->free(*whole);
       // After close, nothing allocates again: what the orphan left cached goes too.
       if (closed() && !restarting()) free_cache_now();
@@ -519,6 +530,7 @@ class BridgeCore {
   // for a release, and only a released allocation's last use frees.
   [[gnu::noinline]] void free_slot(std::uint32_t index) {
     auto& slot = allocations_[index];
+    if (slot.adopted_region) return end_adopted_slot(index);
     const DeviceAllocation device = slot.device;
     allocated_bytes_ -= device.bytes;
     allocations_.retire(index);
@@ -601,6 +613,10 @@ class BridgeCore {
     if (slot.copies != 0)
       fail(ErrorKind::AllocationStillInUse, "{} is used by {} copies in flight; wait for them before unregistering",
            describe(r), slot.copies);
+    if (slot.adoptions != 0)
+      fail(ErrorKind::AllocationStillInUse,
+           "{} holds {} allocation{} adopted from it (adopt_host); free or release {} before unregistering",
+           describe(r), slot.adoptions, slot.adoptions == 1 ? "" : "s", slot.adoptions == 1 ? "it" : "them");
     slot.phase = RegionSlot::Phase::Unregistering;
     const HostBlock block = slot.block;
     run_unlocked(lock, [&] { backend_->unregister_host(block); });
@@ -615,19 +631,89 @@ class BridgeCore {
     return {block.data, block.bytes};
   }
 
-  // Restart and close, with the device idle: every region goes back.
+  // Restart and close, with the device idle: every region goes back, but
+  // one an orphaned adoption lies in (a view still reads it), which is
+  // retained until that orphan goes (end_adoption).
   void unregister_all_regions() noexcept {
     regions_.for_each_in_use([&](std::uint32_t index, RegionSlot& slot) {
+      if (slot.adoptions != 0) {
+        slot.phase = RegionSlot::Phase::Retained;
+        return;
+      }
       backend_->unregister_host(slot.block);
+      region_bytes_ -= slot.block.bytes;
       regions_.retire(index);
     });
-    region_bytes_ = 0;
+  }
+
+  // ---- host memory adopted in place ----
+  DeviceHandle adopt_host(const RegionRange& range, const ObjectSpec& spec) {
+    const auto [elem, view_dtype] = checked_allocation(spec, range.len);
+    SpinLockHold lock(lock_);
+    enter(lock);
+    const auto index = region_index(range.region);
+    auto& region = regions_[index];
+    if (range.len == 0 || !checked::range_within(range.offset, range.len, region.block.bytes))
+      fail(ErrorKind::InvalidRange, "{} is outside the region's {} bytes (or empty)", describe(range),
+           region.block.bytes);
+    if (!region.read_only)
+      fail(ErrorKind::InvalidRange,
+           "adopting {}: only a region registered read-only (register_host_read_only) can be adopted; a writable one "
+           "could be a copy's source and destination at once",
+           describe(range));
+    const auto address = reinterpret_cast<std::uintptr_t>(region.block.data) + range.offset;
+    if (address & (spec.alignment - 1))
+      fail(ErrorKind::InvalidAlignment, "adopting {}: its first byte at {:#x} is not aligned to the spec's {} bytes",
+           describe(range), address, spec.alignment);
+    const auto slot_index = allocations_.acquire();  // before the backend: it may throw
+    DeviceAllocation device;
+    try {
+      device = call_backend([&] { return backend_->adopt_host(region.block, range.offset, range.len); });
+    } catch (...) {
+      allocations_.unissue(slot_index);
+      throw;
+    }
+    auto& slot = allocations_[slot_index];
+    slot.start(spec, static_cast<std::uint8_t>(elem), view_dtype, range.len, device);
+    slot.adopted_region = index + 1;
+    ++region.adoptions;
+    return DeviceHandle{domain_, generation_, make_id(slot_index, slot.version)};
+  }
+
+  bool region_retained(const HostRegion& r) noexcept {
+    std::lock_guard guard(lock_);
+    if (r.domain != domain_ || r.generation > generation_) return false;
+    const auto* slot = regions_.find(r.id);
+    if (!slot) return false;
+    return r.generation == generation_ && !closed() ? slot->phase != RegionSlot::Phase::Unregistering
+                                                    : slot->phase == RegionSlot::Phase::Retained;
+  }
+
+  void end_adopted_slot(std::uint32_t index) noexcept {
+    const DeviceAllocation device = allocations_[index].device;
+    const std::uint32_t region = allocations_[index].adopted_region - 1;
+    allocations_.retire(index);
+    end_adoption(device, region);
+  }
+
+  // The last use of an adopted allocation ended: back to its region, which
+  // goes too if it was retained only for it.
+  void end_adoption(const DeviceAllocation& device, std::uint32_t region) noexcept {
+    backend_->release_adopted(device);
+    auto& slot = regions_[region];
+    if (--slot.adoptions == 0 && slot.phase == RegionSlot::Phase::Retained) {
+      backend_->unregister_host(slot.block);
+      region_bytes_ -= slot.block.bytes;
+      regions_.retire(region);
+    }
   }
 
   // ---- allocation ----
 
-  DeviceHandle alloc_device(const ObjectSpec& spec, std::uint64_t extent) {
-    // Validation needs no state, so it happens before taking the lock.
+  // The element size and view dtype of an allocation of `extent` bytes of
+  // `spec`, once both are valid. Needs no state: runs before the lock.
+  [[gnu::always_inline]] std::pair<std::uint32_t, DType> checked_allocation(const ObjectSpec& spec,
+                                                                            std::uint64_t extent) const {
     if (!is_power_of_two(spec.alignment))
       fail(ErrorKind::InvalidAlignment, "alignment {} is not a non-zero power of two", spec.alignment);
     // 0 for a dtype the device does not hold (or no dtype at all): the
@@ -641,6 +727,11 @@ class BridgeCore {
            "and of the {} size {}",
            extent, spec.max_extent, spec.alignment, spec_dtype_name(spec), elem);
     }
+    return {elem, view_dtype};
+  }
+
+  DeviceHandle alloc_device(const ObjectSpec& spec, std::uint64_t extent) {
+    const auto [elem, view_dtype] = checked_allocation(spec, extent);
     if (pool_) return alloc_through_pool(spec, elem, view_dtype, extent);
     if (__builtin_expect(state_seen_.load(std::memory_order_relaxed) & (kClosed | kBroken), 0)) {
       // Refused before the driver is asked (a racing close costs an
@@ -965,6 +1056,7 @@ class BridgeCore {
   // a completion, a lease ending — still run under the lock.)
   [[gnu::always_inline]] void free_slot_then_unlock(SpinLockHold& lock, std::uint32_t index) {
     auto& slot = allocations_[index];
+    if (__builtin_expect(slot.adopted_region != 0, 0)) return end_adopted_slot(index);  // nothing the driver frees
     const DeviceAllocation device = slot.device;
     allocated_bytes_ -= device.bytes;
     allocations_.retire(index);
@@ -1052,10 +1144,18 @@ class BridgeCore {
     }
   }
 
-  // An upload into an allocation a view still reads, which the policy guards.
+  // An upload into an allocation a view still reads, which the policy
+  // guards, or into a read-only one (refused): the slow path sorts them out.
   bool guarded_write(const AllocationSlot& slot, CopyDirection direction) const noexcept {
-    return slot.views != 0 && direction == CopyDirection::HostToDevice &&
-           writes_under_view_ != WritesUnderView::Allow;
+    return (slot.views | slot.adopted_region) != 0 && direction == CopyDirection::HostToDevice &&
+           (slot.adopted_region != 0 || writes_under_view_ != WritesUnderView::Allow);
+  }
+
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_read_only(const DeviceRange& range, std::string_view what) const {
+    fail(ErrorKind::InvalidRange,
+         "{} [offset {}, len {}] of {}: it is read-only host memory adopted in place (adopt_host); allocate a "
+         "tensor of its own to write into",
+         what, range.offset, range.len, describe(range.handle));
   }
 
   // A write into `range` while views still read it: waits for them to end
@@ -1147,6 +1247,7 @@ class BridgeCore {
       auto* slot = &allocation(device.handle);
       validate_device_range(device, *slot);
       const auto host_key = locate_host(host, direction);
+      if (direction == CopyDirection::HostToDevice && slot->read_only()) fail_read_only(device, "an upload into");
       if (guarded_write(*slot, direction)) {
         wait_out_views_or_fail(lock, device, views_deadline);
         continue;  // the lock was dropped: check everything again
@@ -1239,6 +1340,7 @@ class BridgeCore {
     enter(lock);
     auto* slot = &allocation(range.handle);
     validate_device_range(range, *slot);
+    if (direction == CopyDirection::HostToDevice && slot->read_only()) fail_read_only(range, "a peer copy into");
     if (guarded_write(*slot, direction)) {
       std::optional<checked::Clock::time_point> deadline;
       wait_out_views_or_fail(lock, range, deadline);
@@ -1575,6 +1677,7 @@ class BridgeCore {
         fail(ErrorKind::InvalidViewDType, "axpy runs over float32; an operand holds {}", spec_dtype_name(s->spec));
     validate_device_range(x, xs);
     validate_device_range(y, ys);
+    if (ys.read_only()) fail_read_only(y, "axpy's output");
     for (const auto* r : {&x, &y})
       if ((r->offset | r->len) % sizeof(float))
         fail(ErrorKind::InvalidRange, "axpy range [offset {}, len {}] of {} is not aligned to float32 (4 bytes)",
@@ -1716,6 +1819,7 @@ class BridgeCore {
     view.shape = spec.shape;
     view.byte_offset = spec.byte_offset;
     view.handle = h;
+    view.read_only = slot.read_only();
   }
 
   // Ends one lease. A lease of the current generation on an open bridge is the
@@ -1867,8 +1971,9 @@ class BridgeCore {
       // A live view may still be read (numpy, tinygrad), a consumer's queue
       // may still run over it: its memory stays until the last lease ends
       // and its fences pass, though the handle is refused from now on.
-      orphans_.emplace(OrphanKey{generation_, id}, Orphan{slot.device, slot.views, fenced, false, slot.spec.alignment});
-      allocated_bytes_ -= slot.device.bytes;
+      orphans_.emplace(OrphanKey{generation_, id},
+                       Orphan{slot.device, slot.views, fenced, false, slot.spec.alignment, slot.adopted_region});
+      if (!slot.adopted_region) allocated_bytes_ -= slot.device.bytes;
       allocations_.retire(index);
     });
     steps_.clear();
@@ -1943,7 +2048,13 @@ class BridgeCore {
     s.inflight_bytes = inflight_bytes_;
     s.inflight_budget_bytes = inflight_budget_;
     s.stale_completions = stale_completions_;
-    allocations_.for_each_in_use([&](std::uint32_t, AllocationSlot& a) { s.live_views += a.views; });
+    allocations_.for_each_in_use([&](std::uint32_t, AllocationSlot& a) {
+      s.live_views += a.views;
+      if (a.adopted_region) {
+        ++s.adopted_allocations;
+        s.adopted_bytes += a.device.bytes;
+      }
+    });
     s.orphaned_allocations = orphans_.size();
     for (const auto& [key, orphan] : orphans_) s.live_views += orphan.views;
     s.active_steps = steps_.size();
@@ -1984,6 +2095,7 @@ class BridgeCore {
     std::uint32_t fences = 0;
     bool abandoned = false;  // its fence never passed by close: never freed
     std::uint64_t alignment = 0;  // its spec's, for the pool
+    std::uint32_t adopted_region = 0;  // as AllocationSlot's
   };
   using OrphanKey = std::pair<Generation, std::uint64_t>;
   std::map<OrphanKey, Orphan> orphans_;
@@ -2178,6 +2290,8 @@ HostRegion Bridge::register_host_read_only(std::span<const std::byte> bytes) {
 }
 void Bridge::unregister_host(HostRegion region) { core_->unregister_host(region); }
 std::span<std::byte> Bridge::region_bytes(HostRegion region) const { return core_->region_bytes(region); }
+bool Bridge::region_retained(HostRegion region) const noexcept { return core_->region_retained(region); }
+DeviceHandle Bridge::adopt_host(RegionRange range, const ObjectSpec& spec) { return core_->adopt_host(range, spec); }
 CopyEvent Bridge::host_to_device(RegionRange host, DeviceRange device, CopyMode mode, Admission admission) {
   return core_->copy(CopyDirection::HostToDevice, host, device, mode, admission);
 }

@@ -151,6 +151,134 @@ TEST_P(RegisteredHostConformance, AReadOnlyRegionTakesUploadsAndRefusesDownloads
   b.free_device(h);
 }
 
+// ---- host memory adopted in place (Bridge::adopt_host) ----
+// Where the device addresses host memory (host, fake) a read-only region
+// becomes an allocation with no copy; elsewhere adopt_host is Unsupported
+// and the rows below skip.
+
+// The region's bytes as a read-only allocation, or a skip.
+#define ADOPT_OR_SKIP(handle, b, range, spec)                                                        \
+  DeviceHandle handle;                                                                              \
+  try {                                                                                             \
+    handle = (b).adopt_host((range), (spec));                                                       \
+  } catch (const Error& e) {                                                                        \
+    if (e.kind() != ErrorKind::Unsupported) throw;                                                  \
+    GTEST_SKIP() << driver().name << " cannot use host memory in place: " << e.what();              \
+  }
+
+TEST_P(RegisteredHostConformance, AnAdoptedRegionIsTheAllocationWithNoCopyAndRefusesEveryWrite) {
+  auto& b = make_bridge(1 << 20);
+  constexpr std::uint64_t kBytes = 4 * 4096;
+  auto memory = buffer(kBytes);
+  Bytes data(kBytes);  // finite floats: axpy(1, 0) gives them back bit for bit (a NaN's payload might not be)
+  for (std::uint64_t i = 0; i < kBytes / 4; ++i) {
+    const float value = static_cast<float>(random_.below(1 << 20)) - 524288.0f;
+    std::memcpy(data.data() + 4 * i, &value, 4);
+  }
+  std::memcpy(memory.data(), data.data(), kBytes);
+  const auto baseline = backend_live_allocations();
+  const auto region = b.register_host_read_only(std::span<const std::byte>(memory));
+  const ObjectSpec spec{kBytes, 256, DType::Float32, ShapeKind::Vector};
+  const auto submitted = b.stats().copies_submitted;
+  ADOPT_OR_SKIP(h, b, (RegionRange{region, 4096, 2 * 4096}), spec);
+  EXPECT_EQ(b.stats().copies_submitted, submitted) << "adopting copies nothing";
+  EXPECT_EQ(b.extent(h), 2u * 4096);
+  EXPECT_EQ(b.stats().adopted_allocations, 1u);
+  EXPECT_EQ(b.stats().adopted_bytes, 2u * 4096);
+  EXPECT_EQ(b.memory_stats().allocated_bytes, 0u) << "adopted bytes are not the device's";
+  {
+    const auto lease = b.view(h, view_spec(DType::Float32, {2048}));
+    EXPECT_TRUE(lease->read_only);
+    EXPECT_EQ(lease->data, reinterpret_cast<std::uintptr_t>(memory.data() + 4096)) << "the view is the region itself";
+  }
+  EXPECT_TRUE(bytes_equal(read_device(h, 0, 2 * 4096), slice(data, 4096, 2 * 4096), "adopted bytes read back"));
+  // Every way of writing into it is refused, and changes nothing.
+  const auto other = b.alloc_device(spec, 2 * 4096);
+  write_device(other, 0, slice(data, 0, 2 * 4096));
+  EXPECT_KIND(ErrorKind::InvalidRange, write_device(h, 0, Bytes(64, std::byte{1})));
+  EXPECT_KIND(ErrorKind::InvalidRange, write_device(h, 0, Bytes(64, std::byte{1}), CopyMode::Async));
+  EXPECT_KIND(ErrorKind::InvalidRange, b.host_to_device(RegionRange{region, 0, 128}, DeviceRange{h, 0, 128},
+                                                        CopyLayout{2, 64, 64, 64}, CopyMode::Sync));
+  EXPECT_KIND(ErrorKind::InvalidRange, b.launch_axpy(DeviceRange{other, 0, 256}, DeviceRange{h, 0, 256}, 2.0f, 1.0f));
+  EXPECT_TRUE(bytes_equal(memory, data, "the region after refused writes"));
+  // It reads like any allocation: a launch's input, a download's source.
+  b.launch_axpy(DeviceRange{h, 0, 2 * 4096}, DeviceRange{other, 0, 2 * 4096}, 1.0f, 0.0f);
+  EXPECT_TRUE(bytes_equal(read_device(other, 0, 2 * 4096), slice(data, 4096, 2 * 4096), "axpy(1, 0) of adopted x"));
+  EXPECT_KIND(ErrorKind::AllocationStillInUse, b.unregister_host(region));
+  b.free_device(h);
+  EXPECT_EQ(b.stats().adopted_allocations, 0u);
+  b.unregister_host(region);
+  b.free_device(other);
+  EXPECT_EQ(backend_live_allocations(), baseline);
+  EXPECT_EQ(b.memory_stats().cached_bytes + b.memory_stats().allocated_bytes,
+            b.memory_stats().pool_enabled ? b.memory_stats().cached_bytes : 0u)
+      << "adopted memory never enters the pool";
+}
+
+TEST_P(RegisteredHostConformance, AdoptionIsValidated) {
+  auto& b = make_bridge(1 << 20);
+  auto memory = buffer(8192);
+  const auto region = b.register_host_read_only(std::span<const std::byte>(memory));
+  const ObjectSpec spec{8192, 256, DType::Float32, ShapeKind::Vector};
+  ADOPT_OR_SKIP(whole, b, (RegionRange{region, 0, 8192}), spec);
+  b.free_device(whole);
+  EXPECT_KIND(ErrorKind::InvalidAlignment, b.adopt_host(RegionRange{region, 64, 4096}, spec));
+  EXPECT_KIND(ErrorKind::InvalidRange, b.adopt_host(RegionRange{region, 4096, 8192}, spec));
+  EXPECT_KIND(ErrorKind::InvalidExtent, b.adopt_host(RegionRange{region, 0, 6}, ObjectSpec{8192, 2, DType::Float32,
+                                                                                            ShapeKind::Vector}));
+  EXPECT_KIND(ErrorKind::InvalidExtent, b.adopt_host(RegionRange{region, 0, 8192}, ObjectSpec{4096, 256, DType::Float32,
+                                                                                               ShapeKind::Vector}));
+  auto writable_memory = buffer(4096);
+  const auto writable = b.register_host(writable_memory);
+  EXPECT_KIND(ErrorKind::InvalidRange, b.adopt_host(RegionRange{writable, 0, 4096}, spec));
+  EXPECT_EQ(b.stats().live_allocations, 0u) << "a refused adoption leaves nothing";
+  b.restart(2);
+  EXPECT_KIND(ErrorKind::OldGenerationHandle, b.adopt_host(RegionRange{region, 0, 4096}, spec));
+}
+
+TEST_P(RegisteredHostConformance, AnAdoptionAViewOutlivesRestartKeepsItsRegionUntilTheViewEnds) {
+  auto& b = make_bridge(1 << 20);
+  auto memory = buffer(4096);
+  const Bytes data = random_.bytes(4096);
+  std::memcpy(memory.data(), data.data(), 4096);
+  const auto region = b.register_host_read_only(std::span<const std::byte>(memory));
+  ADOPT_OR_SKIP(h, b, (RegionRange{region, 0, 4096}), bytes_spec(4096));
+  ADOPT_OR_SKIP(released, b, (RegionRange{region, 0, 4096}), bytes_spec(4096));
+  auto lease = b.view(h, view_spec(DType::UInt8, {4096}));
+  auto released_lease = b.view(released, view_spec(DType::UInt8, {4096}));
+  b.release(released);  // deferred: the view reads it
+  EXPECT_TRUE(b.region_retained(region));
+  EXPECT_KIND(ErrorKind::AllocationStillInUse, b.unregister_host(region));
+  released_lease.reset();
+  b.restart(2);
+  EXPECT_EQ(b.stats().orphaned_allocations, 1u);
+  EXPECT_TRUE(b.region_retained(region)) << "the orphan a view reads keeps its region registered";
+  EXPECT_EQ(b.stats().host_regions, 1u);
+  EXPECT_KIND(ErrorKind::OldGenerationHandle, b.unregister_host(region));
+  EXPECT_KIND(ErrorKind::InvalidRange, b.register_host(memory)) << "the retained region's memory is still taken";
+  EXPECT_EQ(std::memcmp(reinterpret_cast<const void*>(lease->data), data.data(), 4096), 0);
+  lease.reset();
+  EXPECT_FALSE(b.region_retained(region));
+  EXPECT_EQ(b.stats().host_regions, 0u);
+  EXPECT_EQ(b.stats().host_region_bytes, 0u);
+  EXPECT_EQ(b.stats().orphaned_allocations, 0u);
+  const auto again = b.register_host(memory);  // free to register again
+  b.unregister_host(again);
+}
+
+TEST_P(RegisteredHostConformance, CloseUnderAViewOfAnAdoptionKeepsTheRegionUntilTheViewEnds) {
+  auto& b = make_bridge(1 << 20);
+  auto memory = buffer(4096);
+  const auto region = b.register_host_read_only(std::span<const std::byte>(memory));
+  ADOPT_OR_SKIP(h, b, (RegionRange{region, 0, 4096}), bytes_spec(4096));
+  auto lease = b.view(h, view_spec(DType::UInt8, {4096}));
+  b.close();
+  EXPECT_TRUE(b.region_retained(region));
+  lease.reset();
+  EXPECT_FALSE(b.region_retained(region));
+  EXPECT_EQ(b.stats().host_regions, 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, RegisteredHostConformance, ::testing::ValuesIn(backend_drivers()),
                          [](const auto& info) { return std::string(info.param.name); });
 

@@ -90,6 +90,8 @@ class FakeBackend final : public Backend {
   // Parts of allocations (make_part) not yet released; live_allocations()
   // counts whole allocations only.
   std::uint64_t live_parts() const;
+  // Host memory adopted (adopt_host) and not yet released.
+  std::uint64_t live_adoptions() const;
   // When true, async copies complete at submit (as if the device were instant).
   void set_auto_complete(bool on);
   // Whether the fake offers parts of allocations (part_alignment; on by default).
@@ -131,6 +133,10 @@ class FakeBackend final : public Backend {
   std::uint64_t part_alignment() const override;
   DeviceAllocation make_part(const DeviceAllocation& whole, std::uint64_t offset, std::uint64_t bytes) override;
   void release_part(const DeviceAllocation& part) noexcept override;
+  // Adopted host memory is a record aliasing the registered bytes: a use
+  // after release_adopted is caught like a use after free.
+  DeviceAllocation adopt_host(const HostBlock& region, std::uint64_t offset, std::uint64_t bytes) override;
+  void release_adopted(const DeviceAllocation& adopted) noexcept override;
   // Another fake is a peer (the bytes move at once); anything else is not.
   bool copy_to_peer(const DeviceAllocation& source, std::uint64_t source_offset, Backend& destination_backend,
                     const DeviceAllocation& destination, std::uint64_t destination_offset,

@@ -190,6 +190,9 @@ struct FakeBackend::State {
     // A part of another allocation (make_part): its own token, so a use
     // after release_part is caught; not counted as an allocation.
     std::uintptr_t whole = 0;
+    // Host memory adopted in place (adopt_host): the caller's bytes, aliased
+    // without owning them; counted by live_adoptions, not as an allocation.
+    bool adopted = false;
   };
   struct HostBlockRecord {
     SharedBytes memory;
@@ -304,7 +307,10 @@ struct FakeBackend::State {
       return nullptr;
     return &it->second;
   }
-  static bool is_whole(const std::pair<const std::uintptr_t, Allocation>& entry) { return entry.second.whole == 0; }
+  static bool is_whole(const std::pair<const std::uintptr_t, Allocation>& entry) {
+    return entry.second.whole == 0 && !entry.second.adopted;
+  }
+  static bool is_adopted(const std::pair<const std::uintptr_t, Allocation>& entry) { return entry.second.adopted; }
 
   // The host block holding [host, host + len), or nullptr.
   const HostBlockRecord* find_host_block(const std::byte* host, std::uint64_t len) const {
@@ -461,8 +467,43 @@ void FakeBackend::set_parts(bool on) {
 
 std::uint64_t FakeBackend::live_parts() const {
   std::lock_guard lock(state_->mutex);
-  return state_->allocations.size() - static_cast<std::uint64_t>(std::count_if(
-                                          state_->allocations.begin(), state_->allocations.end(), &State::is_whole));
+  return static_cast<std::uint64_t>(std::count_if(state_->allocations.begin(), state_->allocations.end(),
+                                                  [](const auto& entry) { return entry.second.whole != 0; }));
+}
+
+std::uint64_t FakeBackend::live_adoptions() const {
+  std::lock_guard lock(state_->mutex);
+  return static_cast<std::uint64_t>(
+      std::count_if(state_->allocations.begin(), state_->allocations.end(), &State::is_adopted));
+}
+
+DeviceAllocation FakeBackend::adopt_host(const HostBlock& region, std::uint64_t offset, std::uint64_t bytes) {
+  std::lock_guard lock(state_->mutex);
+  auto& s = *state_;
+  const auto block = s.host_blocks.find(region.token);
+  if (block == s.host_blocks.end() || !block->second.registered || block->second.memory.get() != region.data ||
+      !checked::range_within(offset, bytes, block->second.bytes))
+    throw Error(ErrorKind::InvalidRange, fmt::format("fake adopt_host: [{}, +{}) is not inside memory registered "
+                                                     "with the fake ({} bytes at {})",
+                                                     offset, bytes, region.bytes, static_cast<void*>(region.data)));
+  const std::uintptr_t token = s.next_token++;
+  SharedBytes memory(SharedBytes(), region.data + offset);  // the caller's bytes, not owned
+  const DeviceAllocation adopted{reinterpret_cast<std::uintptr_t>(memory.get()), bytes, token};
+  s.allocations.emplace(token, State::Allocation{std::move(memory), bytes, 0, true});
+  return adopted;
+}
+
+void FakeBackend::release_adopted(const DeviceAllocation& adopted) noexcept {
+  std::lock_guard lock(state_->mutex);
+  auto& s = *state_;
+  const auto it = s.allocations.find(adopted.token);
+  if (it == s.allocations.end() || !it->second.adopted) {
+    std::fprintf(stderr, "FakeBackend: release_adopted of unknown or already released memory (address 0x%llx, "
+                         "token %llu)\n",
+                 static_cast<unsigned long long>(adopted.address), static_cast<unsigned long long>(adopted.token));
+    return;
+  }
+  s.allocations.erase(it);
 }
 
 DeviceAllocation FakeBackend::make_part(const DeviceAllocation& whole, std::uint64_t offset, std::uint64_t bytes) {
@@ -577,6 +618,11 @@ void FakeBackend::free(const DeviceAllocation& allocation) noexcept {
                  static_cast<unsigned long long>(allocation.token));
     return;
   }
+  if (it->second.adopted) {
+    std::fprintf(stderr, "FakeBackend: free of adopted host memory (address 0x%llx), which is released, never freed\n",
+                 static_cast<unsigned long long>(allocation.address));
+    return;
+  }
   for (const auto& [token, other] : s.allocations) {
     if (other.whole == allocation.token) {
       std::fprintf(stderr, "FakeBackend: allocation 0x%llx freed while its part 0x%llx is live\n",
@@ -680,6 +726,12 @@ void FakeBackend::unregister_host(const HostBlock& block) noexcept {
     std::fprintf(stderr, "FakeBackend: unregister_host of unknown or already unregistered memory (%p, token %llu)\n",
                  static_cast<void*>(block.data), static_cast<unsigned long long>(block.token));
     return;
+  }
+  for (const auto& [token, allocation] : s.allocations) {
+    const auto* at = allocation.memory.get();
+    if (allocation.adopted && at >= block.data && at < block.data + block.bytes)
+      std::fprintf(stderr, "FakeBackend: unregister_host of memory (%p) an adopted allocation (%p) still uses\n",
+                   static_cast<void*>(block.data), static_cast<const void*>(at));
   }
   s.host_blocks.erase(it);
 }

@@ -372,6 +372,13 @@ class HostBackend final : public Backend {
   // A fence is a lane's sequence number: nothing to give back.
   void release_fence(Fence /*fence*/) noexcept override {}
 
+  // Device memory is host memory here: an adopted region is used as it is,
+  // and nothing is freed when the bridge lets go (token 0 is no allocation
+  // of ours, so a free of it by mistake is caught and logged).
+  DeviceAllocation adopt_host(const HostBlock& region, std::uint64_t offset, std::uint64_t bytes) override {
+    return DeviceAllocation{reinterpret_cast<std::uintptr_t>(region.data) + offset, bytes, 0};
+  }
+
   std::uint64_t live_allocations() const override {
     std::lock_guard lock(memory_mutex_);
     return allocations_.size();
