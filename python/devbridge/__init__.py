@@ -61,7 +61,7 @@ from ._errors import (
 )
 from ._tinygrad import synchronize as tinygrad_synchronize
 from ._tinygrad import DeviceMismatchWarning
-from ._staging import DeviceTensor, ReleaseQueue, download, spec_for_array, upload
+from ._staging import DeviceTensor, ReleaseQueue, adopt, download, spec_for_array, upload
 from ._prefetch import Prefetcher
 from ._portable import (
     CheckpointError,
@@ -108,6 +108,7 @@ __all__ = [
     "download",
     "spec_for_array",
     "upload",
+    "adopt",
     "Prefetcher",
     "CheckpointError",
     "PortableTensor",

@@ -414,6 +414,12 @@ class DeviceTensor:
         self.dtype = _dtype_name(dtype)
         self._events = list(events or [])  # (event, chunk offset, chunk length)
         self._freed = False
+        self._region = None  # adopt(): the HostRegion the tensor lies in, unregistered once the tensor is freed
+
+    @property
+    def read_only(self) -> bool:
+        """True for a tensor over adopted host memory (``bridge.adopt``): nothing may be written into it."""
+        return self._region is not None
 
     @property
     def device(self) -> str:
@@ -518,6 +524,8 @@ class DeviceTensor:
             self.bridge.release(self.handle)
         except BridgeError:
             pass  # a restart retired it already, or the bridge closed
+        # An adopted tensor's region goes now, or (a view still reads the tensor) once the bridge lets go of it.
+        self._region = None
         _reap_shared(self.bridge.domain, raise_failures=False)
 
     def __enter__(self) -> DeviceTensor:
@@ -538,6 +546,43 @@ class DeviceTensor:
 
 
 # ------------------------------------------------------------------------------------- upload/download
+
+
+def adopt(bridge: Bridge, array: Any, *, dtype: Any = None) -> DeviceTensor:
+    """The array's own memory as a read-only ``DeviceTensor``, with no copy, where the bridge's device
+    addresses host memory (the host backend): an immutable buffer (a Ray object-store array, a read-only
+    mmap) becomes a tensor that views, tinygrad, DLPack and downloads read in place.
+
+    The array is registered read-only (``register_host(array, writable=False)``) and held until the tensor
+    is freed and no view reads it any more. Writes into the tensor are refused (``InvalidRange``), its
+    DLPack export carries the read-only flag. ``Unsupported`` on a backend whose device memory is not host
+    memory (stage with ``upload`` there); ``ValueError`` for an empty array, one that is not C-contiguous,
+    or ``dtype`` of another item size than the array's.
+    """
+    a = np.asarray(array)
+    if not a.flags.c_contiguous:
+        raise ValueError(f"adopt: the array (shape {a.shape}, strides {a.strides}) is not C-contiguous: its "
+                         "memory is not one run of bytes; upload a contiguous copy instead")
+    name = _dtype_name(a.dtype if dtype is None else dtype)
+    if dtype_info(name)["itemsize"] != a.itemsize:
+        raise ValueError(f"adopt: dtype {name} has items of {dtype_info(name)['itemsize']} bytes, the array's "
+                         f"{a.dtype} {a.itemsize}: adopting reinterprets bytes, it cannot convert them")
+    spec_for_array(a.shape, name)  # the shape's checks: an empty array raises ValueError
+    # The largest alignment both the address and the length keep (a power of two, at most 256): the
+    # adopted allocation's extent is exactly the array's bytes.
+    address = a.__array_interface__["data"][0]
+    alignment = min(256, (address | a.nbytes) & -(address | a.nbytes))
+    spec = ObjectSpec(max_extent=a.nbytes, alignment=alignment, dtype=name)
+    region = bridge.register_host(a.reshape(-1).view(np.uint8), writable=False)
+    try:
+        handle = bridge.adopt_host(region, spec)
+    except BaseException:
+        region.unregister()
+        raise
+    tensor = DeviceTensor(bridge, handle, a.shape, name)
+    tensor._region = region
+    return tensor
+
 
 
 def upload(bridge: Bridge, array: Any, *, dtype: Any = None, alignment: int = 256, wait: bool = False) -> DeviceTensor:
@@ -857,7 +902,15 @@ _bridge_upload.__doc__ = upload.__doc__
 _bridge_download.__doc__ = download.__doc__
 
 
+def _bridge_adopt(self: Bridge, array: Any, *, dtype: Any = None) -> DeviceTensor:
+    return adopt(self, array, dtype=dtype)
+
+
+_bridge_adopt.__doc__ = adopt.__doc__
+
+
 def _install() -> None:
+    Bridge.adopt = _bridge_adopt
     Bridge.upload = _bridge_upload
     Bridge.download = _bridge_download
     Bridge.release_when_safe = _bridge_release_when_safe

@@ -141,6 +141,8 @@ CopyHost parse_copy_host(nanobind::handle range);
 // Bridge.register_host / unregister_host.
 nanobind::object register_host(const std::shared_ptr<BridgeState>& state, nanobind::handle object, bool writable);
 void unregister_host(const std::shared_ptr<BridgeState>& state, nanobind::handle region);
+// Bridge.adopt_host: a RegionRange or a whole HostRegion (TypeError else).
+DeviceHandle adopt_host(const std::shared_ptr<BridgeState>& state, nanobind::handle range, const ObjectSpec& spec);
 
 // ---- one per class or area, in the order module.cpp calls them ----
 void bind_errors(nanobind::module_& m);             // errors.cpp

@@ -87,6 +87,10 @@ nb::dict stats_dict(const BridgeStats& s) {
   d["restarts"] = s.restarts;
   d["host_regions"] = s.host_regions;
   d["host_region_bytes"] = s.host_region_bytes;
+  d["adopted_allocations"] = s.adopted_allocations;
+  d["adopted_bytes"] = s.adopted_bytes;
+  d["failed_records"] = s.failed_records;
+  d["failed_records_evicted"] = s.failed_records_evicted;
   d["ring_capacity"] = s.ring_capacity;
   d["ring_used"] = s.ring_used;
   d["ring_reservations"] = s.ring_reservations;
@@ -336,11 +340,28 @@ void bind_bridge(nb::module_& m) {
           },
           "spec"_a, "extent"_a.none(), "Allocates `extent` bytes for objects of `spec`.")
       .def(
-          "free", [](PyBridge& b, DeviceHandle h) { b.state->open().free_device(h); }, "handle"_a,
-          "Frees now, or raises AllocationStillInUse (copies, steps or views use it) and changes nothing.")
+          "free",
+          [](PyBridge& b, DeviceHandle h) {
+            b.state->open().free_device(h);
+            reap_released_regions(*b.state);  // an adopted allocation may have held the last use of a region
+          },
+          "handle"_a, "Frees now, or raises AllocationStillInUse (copies, steps or views use it) and changes nothing.")
       .def(
-          "release", [](PyBridge& b, DeviceHandle h) { b.state->open().release(h); }, "handle"_a,
-          "Deferred free: unusable now, freed when its last copy, step and view end.")
+          "release",
+          [](PyBridge& b, DeviceHandle h) {
+            b.state->open().release(h);
+            reap_released_regions(*b.state);
+          },
+          "handle"_a, "Deferred free: unusable now, freed when its last copy, step and view end.")
+      .def(
+          "adopt_host",
+          [](PyBridge& b, nb::handle range, const ObjectSpec& spec) { return adopt_host(b.state, range, spec); },
+          "range"_a, "spec"_a,
+          "The bytes of a region registered with writable=False (a RegionRange, or a whole HostRegion) used in\n"
+          "place as a device allocation, with no copy, where the device addresses host memory (the host\n"
+          "backend); Unsupported elsewhere. Read-only: uploads and launches into it raise InvalidRange, its\n"
+          "views are read-only (DLPack's read-only flag). The region cannot be unregistered while it lives.\n"
+          "InvalidAlignment when the range does not start at a multiple of spec.alignment.")
       .def(
           "extent", [](PyBridge& b, DeviceHandle h) { return b.state->open().extent(h); }, "handle"_a)
       .def(

@@ -2,7 +2,8 @@
 //
 // Two capsules, as the DLPack Python spec asks: a consumer that passes
 // max_version >= (1, 0) gets "dltensor_versioned" (DLManagedTensorVersioned,
-// with flags: devbridge memory is writable, so numpy makes writable arrays);
+// with flags: devbridge memory is writable, so numpy makes writable arrays,
+// but for adopted read-only memory, flagged so);
 // any other consumer gets the unversioned "dltensor" (DLManagedTensor), which
 // every consumer accepts (numpy marks such arrays read-only: that ABI cannot
 // say whether memory is writable). The installed dlpack.h (0.6) predates the
@@ -22,6 +23,7 @@
 #include <nanobind/nanobind.h>
 
 #include "devbridge/consumer_names.hpp"
+#include "arguments.hpp"
 #include "state.hpp"
 
 #if defined(DEVBRIDGE_HAVE_DLPACK_H)
@@ -138,6 +140,12 @@ nb::object make_dlpack_capsule(const std::shared_ptr<BridgeState>& state, Device
   owned->lease.set_holder(ViewHolder::DLPackConsumer);
   const TensorView& view = owned->lease.view();
   const DTypeInfo& info = dtype_info(view.dtype);
+  // As numpy does for its read-only arrays: the unversioned ABI cannot say
+  // "read-only", and a consumer taking it would write into memory that is
+  // not the bridge's to change (an adopted object-store buffer).
+  if (view.read_only && !versioned)
+    args::raise(PyExc_BufferError, "__dlpack__: the view is of read-only memory (adopted host memory, adopt_host), "
+                                   "which only a DLPack >= 1.0 consumer (max_version=(1, 0)) can be told about");
 
   DLTensor& tensor = versioned ? owned->versioned.dl_tensor : owned->managed.dl_tensor;
   tensor.device.device_type = static_cast<DLDeviceType>(view.dlpack_device_type);
@@ -165,7 +173,7 @@ nb::object make_dlpack_capsule(const std::shared_ptr<BridgeState>& state, Device
   PyObject* capsule;
   if (versioned) {
     owned->versioned.version = PackVersion{versioned->major, versioned->minor};
-    owned->versioned.flags = 0;  // writable, and not a copy
+    owned->versioned.flags = view.read_only ? 1 : 0;  // bit 0: read-only; never a copy
     owned->versioned.manager_ctx = owned.get();
     owned->versioned.deleter = &delete_versioned_export;
     capsule = PyCapsule_New(&owned->versioned, kVersionedCapsuleName, &destroy_versioned);

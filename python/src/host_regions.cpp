@@ -44,6 +44,9 @@ struct HostRegistration {
   // A Python HostRegion still owns it; false once that was dropped while a
   // copy used the region (then the state retries the unregister).
   bool owned = true;
+  // Kept past a restart or close that unregistered everything else: an
+  // allocation adopted from it lives on under a view (Bridge.region_retained).
+  bool retained = false;
   std::uintptr_t address = 0;
   std::uint64_t nbytes = 0;
   std::string object_type;  // for messages once the export is gone
@@ -114,14 +117,22 @@ Unregistered try_unregister(BridgeState& state, const HostRegistration& reg) noe
   }
 }
 
+// The C++ bridge holds the region's memory no longer: retained past a
+// restart or close only until the last adopted allocation in it went.
+bool retention_ended(const BridgeState& state, const HostRegistration& reg) {
+  return reg.retained && !state.bridge->region_retained(reg.region);
+}
+
 // Lets go of regions whose HostRegion was dropped while a copy used them,
-// now that those copies may have ended.
+// now that those copies may have ended, and of retained regions whose
+// adoptions ended.
 void reap_dropped(BridgeState& state) {
+  release_if(state, [&](const HostRegistration& reg) { return retention_ended(state, reg); });
   // Owning references: the GIL is released around each unregister, and
   // another thread may settle the list meanwhile.
   std::vector<std::shared_ptr<HostRegistration>> dropped;
   for (const auto& reg : state.registrations)
-    if (!reg->owned && reg->held) dropped.push_back(reg);
+    if (!reg->owned && reg->held && !reg->retained) dropped.push_back(reg);
   std::vector<const HostRegistration*> done;
   for (const auto& reg : dropped)
     if (try_unregister(state, *reg) != Unregistered::Kept) done.push_back(reg.get());
@@ -312,6 +323,11 @@ BridgeState::~BridgeState() {
     }
     if (closed_cleanly) {
       release_regions_after_close(*this);
+      // What is left is retained for an adopted allocation a DLPack consumer
+      // still reads: its buffer stays exported for good (the bridge's last
+      // lease cannot reach this state any more to let it go).
+      for (auto& reg : registrations) reg->held = false;
+      registrations.clear();
     } else {
       for (auto& reg : registrations) reg->held = false;  // leaked on purpose
       registrations.clear();
@@ -321,6 +337,15 @@ BridgeState::~BridgeState() {
   bridge.reset();
 }
 
+// Whether the bridge let go of `reg` at a restart or close (`gone`: its
+// generation ended): true, unless it is retained for an adoption, which is
+// marked so for reap_dropped.
+static bool outlived(const BridgeState& state, HostRegistration& reg, bool gone) {
+  if (!gone) return false;
+  reg.retained = state.bridge->region_retained(reg.region);
+  return !reg.retained;
+}
+
 void release_regions_after_restart(BridgeState& state) {
   Generation current = 0;
   try {
@@ -328,11 +353,25 @@ void release_regions_after_restart(BridgeState& state) {
   } catch (const Error&) {
     return;  // closed meanwhile: close releases them
   }
-  release_if(state, [&](const HostRegistration& reg) { return reg.region.generation < current; });
+  release_if(state, [&](HostRegistration& reg) { return outlived(state, reg, reg.region.generation < current); });
 }
 
 void release_regions_after_close(BridgeState& state) {
-  release_if(state, [](const HostRegistration&) { return true; });
+  release_if(state, [&](HostRegistration& reg) { return outlived(state, reg, true); });
+}
+
+void reap_released_regions(BridgeState& state) {
+  if (!state.registrations.empty()) reap_dropped(state);
+}
+
+DeviceHandle adopt_host(const std::shared_ptr<BridgeState>& state, nb::handle range, const ObjectSpec& spec) {
+  if (!nb::isinstance<PyRegionRange>(range) && !nb::isinstance<PyHostRegion>(range))
+    args::raise(PyExc_TypeError, "adopt_host: range must be a RegionRange (region.range(), region.range_of(array)) or "
+                                 "a HostRegion of a region registered with writable=False, not " +
+                                     object_type_name(range));
+  const auto region = std::get<RegionRange>(parse_copy_host(range).range);
+  Bridge& bridge = state->open();
+  return bridge.adopt_host(region, spec);
 }
 
 CopyHost parse_copy_host(nb::handle range) {

@@ -74,6 +74,10 @@ struct BridgeState {
 // that succeeded (all). With the GIL.
 void release_regions_after_restart(BridgeState& state);
 void release_regions_after_close(BridgeState& state);
+// Lets go of buffers the C++ bridge no longer holds since: a HostRegion
+// dropped while a copy or an adoption used it, a region retained past a
+// restart or close for an adopted allocation a view read. With the GIL.
+void reap_released_regions(BridgeState& state);
 
 // Takes a lease on `handle` described by `spec`. Releases the GIL while the
 // bridge waits for copies into the allocation (ViewWait::Wait); close() wakes

@@ -229,6 +229,8 @@ void bind_views(nb::module_& m) {
                    })
       .def_prop_ro("contiguous", [](const PyTensorView& v) { return v.meta.contiguous(); })
       .def_prop_ro("handle", [](const PyTensorView& v) { return v.meta.handle; })
+      .def_prop_ro("read_only", [](const PyTensorView& v) { return v.meta.read_only; },
+                   "True for a view of adopted read-only host memory (Bridge.adopt_host): write nothing through it.")
       .def_prop_ro("closed", [](const PyTensorView& v) { return v.closed(); })
       .def_prop_ro("_native_context", [](const PyTensorView& v) { return native_context_of(*v.state); },
                    "The driver context the bridge allocates in (CUDA: the CUcontext), 0 where there is none.")
