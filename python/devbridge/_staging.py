@@ -414,7 +414,7 @@ class DeviceTensor:
         self.dtype = _dtype_name(dtype)
         self._events = list(events or [])  # (event, chunk offset, chunk length)
         self._freed = False
-        self._region = None  # adopt(): the HostRegion the tensor lies in, unregistered once the tensor is freed
+        self._region = None  # adopt(): the _AdoptedRegion the tensor lies in, let go once the tensor is freed
 
     @property
     def read_only(self) -> bool:
@@ -524,8 +524,11 @@ class DeviceTensor:
             self.bridge.release(self.handle)
         except BridgeError:
             pass  # a restart retired it already, or the bridge closed
-        # An adopted tensor's region goes now, or (a view still reads the tensor) once the bridge lets go of it.
-        self._region = None
+        # An adopted tensor's region goes with the last tensor in it: now, or (a view still reads the
+        # tensor) once the bridge lets go of it.
+        if self._region is not None:
+            self._region.drop()
+            self._region = None
         _reap_shared(self.bridge.domain, raise_failures=False)
 
     def __enter__(self) -> DeviceTensor:
@@ -546,6 +549,32 @@ class DeviceTensor:
 
 
 # ------------------------------------------------------------------------------------- upload/download
+
+
+class _AdoptedRegion:
+    """A buffer registered for adoption, shared by every tensor adopted from it: adopting the same buffer
+    again (one object-store object imported twice) reuses the registration, which a second one would
+    overlap."""
+
+    _live: dict[tuple[int, int, int, int], _AdoptedRegion] = {}
+
+    def __init__(self, key: tuple[int, int, int, int], region: Any) -> None:
+        self.key, self.region, self.tensors = key, region, 0
+
+    @classmethod
+    def of(cls, bridge: Bridge, flat: np.ndarray) -> _AdoptedRegion:
+        key = (bridge.domain, bridge.generation, flat.__array_interface__["data"][0], flat.nbytes)
+        found = cls._live.get(key)
+        if found is None or not found.region.registered:
+            found = cls._live[key] = cls(key, bridge.register_host(flat, writable=False))
+        return found
+
+    def drop(self) -> None:
+        self.tensors -= 1
+        if self.tensors == 0:
+            if self._live.get(self.key) is self:
+                del self._live[self.key]
+            self.region = None  # unregistered now, or once the bridge lets go (a view still reads)
 
 
 def adopt(bridge: Bridge, array: Any, *, dtype: Any = None) -> DeviceTensor:
@@ -573,14 +602,15 @@ def adopt(bridge: Bridge, array: Any, *, dtype: Any = None) -> DeviceTensor:
     address = a.__array_interface__["data"][0]
     alignment = min(256, (address | a.nbytes) & -(address | a.nbytes))
     spec = ObjectSpec(max_extent=a.nbytes, alignment=alignment, dtype=name)
-    region = bridge.register_host(a.reshape(-1).view(np.uint8), writable=False)
+    shared = _AdoptedRegion.of(bridge, a.reshape(-1).view(np.uint8))
+    shared.tensors += 1
     try:
-        handle = bridge.adopt_host(region, spec)
+        handle = bridge.adopt_host(shared.region, spec)
     except BaseException:
-        region.unregister()
+        shared.drop()
         raise
     tensor = DeviceTensor(bridge, handle, a.shape, name)
-    tensor._region = region
+    tensor._region = shared
     return tensor
 
 

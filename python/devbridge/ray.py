@@ -93,6 +93,23 @@ def _flat_bytes(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1).view(np.uint8) if a.size else np.empty(0, np.uint8)
 
 
+def _in_object_store(a: np.ndarray) -> bool:
+    """Whether ``a`` is a read-only view of a buffer in Ray's object store (what ray.get and a resolved
+    argument give for an array): sealed, so immutable for as long as anything references it."""
+    if a.flags.writeable:
+        return False
+    base = a
+    for _ in range(8):  # ndarray views of views, then Ray's buffer
+        base = getattr(base, "base", None)
+        if base is None:
+            return False
+        if type(base).__module__ == "ray._raylet" and type(base).__name__.endswith("Buffer"):
+            return True
+        if not isinstance(base, np.ndarray):
+            return False
+    return False
+
+
 def _actor_identity() -> tuple[str, int]:
     """(domain, generation) of the calling actor: its actor id, and 1 + Ray's restart count."""
     context = ray.get_runtime_context()
@@ -129,7 +146,8 @@ class _DeviceWorker:
 
     def __init__(self, backend: str = "host", device: str | None = None, *, ring_bytes: int = 64 << 20,
                  checkpoint: str | os.PathLike | None = None, restore_on_restart: bool = True,
-                 tinygrad_device: str | None = None, direct: bool = True, **options: Any) -> None:
+                 tinygrad_device: str | None = None, direct: bool = True, adopt: bool = True,
+                 **options: Any) -> None:
         self.domain, self.generation = _actor_identity()
         self.backend = backend
         kwargs: dict[str, Any] = dict(options)
@@ -142,6 +160,9 @@ class _DeviceWorker:
         # whose copies tests count): bytes go straight between the object store and the allocation, one
         # copy, no ring in between.
         self._host_addressable = self.bridge.host_addressable and direct
+        # And an array that arrives in Ray's object store (an argument, an ObjectRef, another worker's
+        # export) needs no copy at all: the bridge adopts the sealed buffer as the tensor (Bridge.adopt).
+        self._adopt = self._host_addressable and adopt
         self._tinygrad_device = tinygrad_device
         self._checkpoint_path = os.fspath(checkpoint) if checkpoint is not None else None
         self._tensors: dict[str, _Tensor] = {}
@@ -222,12 +243,19 @@ class _DeviceWorker:
         if not self._host_addressable:
             # Through the ring, in chunks, straight from the (shared-memory) source: no copy of it first.
             return self.bridge.import_tensor(source)
+        if self._adopt and shape and _in_object_store(src):
+            # No copy at all: the object-store buffer (sealed, immutable) is the tensor's memory, read in
+            # place by views, tinygrad and downloads, held until the tensor is replaced or deleted.
+            try:
+                return self.bridge.adopt(src.view(_numpy_dtype(name)).reshape(shape), dtype=name)
+            except devbridge.Unsupported:
+                self._adopt = False  # this backend's device memory is not host memory after all: copy
         # One copy, through a view of the allocation (any dtype, bfloat16 and float8 too), split across threads
         # when large. Over the tensor of that name when it has the same shape and dtype and nothing reads any
         # allocation (no view, tinygrad tensor or export alive): no new allocation to fault in.
         entry = self._tensors.get(reuse) if reuse is not None else None
         if (entry is not None and entry.tensor.shape == shape and entry.tensor.dtype == name
-                and shape and self.bridge.stats()["live_views"] == 0):
+                and not entry.tensor.read_only and shape and self.bridge.stats()["live_views"] == 0):
             _copy_through_view(self.bridge, entry.tensor.handle, name, shape, src, True, parallel=True)
             return entry.tensor
         with _staging_queue(self.bridge) as queue:

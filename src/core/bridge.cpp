@@ -201,6 +201,7 @@ struct RegionSlot {
   std::uint32_t version = 0;
   bool in_use = false;
   Phase phase = Phase::Registering;
+  Generation generation = 0;  // registered in; a Retained slot outlives it
   HostBlock block;
   std::uint32_t copies = 0;  // in flight, sync ones too
   std::uint32_t adoptions = 0;  // allocations adopted from it (adopt_host), orphans too
@@ -585,6 +586,7 @@ class BridgeCore {
     auto& slot = regions_[index];
     slot.in_use = true;
     slot.phase = RegionSlot::Phase::Registering;
+    slot.generation = generation_;
     slot.block = HostBlock{bytes.data(), bytes.size(), false, 0};
     slot.copies = 0;
     slot.read_only = read_only;
@@ -682,11 +684,15 @@ class BridgeCore {
 
   bool region_retained(const HostRegion& r) noexcept {
     std::lock_guard guard(lock_);
-    if (r.domain != domain_ || r.generation > generation_) return false;
+    if (r.domain != domain_) return false;
     const auto* slot = regions_.find(r.id);
-    if (!slot) return false;
-    return r.generation == generation_ && !closed() ? slot->phase != RegionSlot::Phase::Unregistering
-                                                    : slot->phase == RegionSlot::Phase::Retained;
+    // The id alone matches a retained slot under a generation it never had.
+    if (!slot || slot->generation != r.generation) return false;
+    // Of the current generation and not yet released by a close that
+    // succeeded (a failed quiesce unregisters nothing): held until
+    // unregistered. Otherwise only while retained for an adoption.
+    if (r.generation == generation_ && !released_at_close_) return slot->phase != RegionSlot::Phase::Unregistering;
+    return slot->phase == RegionSlot::Phase::Retained;
   }
 
   void end_adopted_slot(std::uint32_t index) noexcept {

@@ -1,7 +1,10 @@
 // A rapidcheck state-machine test of Bridge: random sequences of operations
 // (tests/model/harness.hpp: allocations, ring reservations, sync and async
 // copies, completions ok and failed, forged events and handles, steps, axpy,
-// views, host leases, restarts to valid and invalid generations, close, and
+// views, host leases, registered host memory (copies to and from it,
+// unregistering, regions retained past a restart or close for an adopted
+// allocation), host memory adopted read-only as allocations, restarts to
+// valid and invalid generations, close, and
 // on the fake backend fault injection, including a quiesce that fails during
 // restart and close, and fences: held launches, views and steps ended after a
 // blocked consumer queue, fences passed in and out of order, restart orphaning
@@ -20,6 +23,7 @@
 #include <rapidcheck.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <iostream>
@@ -49,6 +53,8 @@ rc::Gen<Op> gen_op(BackendKind backend) {
       {6, OpKind::EndView},   {1, OpKind::Restart},      {1, OpKind::Close},        {6, OpKind::ReadDevice},
       {3, OpKind::LeaseHost}, {3, OpKind::EndHostLease}, {8, OpKind::HoldLaunches}, {8, OpKind::EndViewAfter},
       {3, OpKind::EndStepAfter}, {12, OpKind::PitchedCopy},
+      {6, OpKind::RegisterHost}, {3, OpKind::UnregisterHost}, {8, OpKind::RegionCopy}, {4, OpKind::RegionPitchedCopy},
+      {6, OpKind::AdoptHost},    {4, OpKind::RegionBytes},
   };
   if (backend == BackendKind::Fake) {
     weights.push_back({6, OpKind::Inject});
@@ -107,6 +113,8 @@ void run(BackendKind backend) {
   RC_CLASSIFY(m.fences_recorded > 0, "a fence held memory");
   RC_CLASSIFY(!m.drops.empty(), "fences pending");
   RC_CLASSIFY(m.abandoned_fences > 0, "fences abandoned");
+  RC_CLASSIFY(std::any_of(m.allocs.begin(), m.allocs.end(), [](const auto& a) { return a.adopted(); }), "adopted");
+  RC_CLASSIFY(m.regions_retained > 0, "a region retained");
   harness.finish(leases_outlive_bridge, end_after_queue);
 }
 

@@ -3,7 +3,8 @@
 // copies, completions ok and failed, forged completions, events and handles,
 // steps, axpy, views, fault injection including during restart and close,
 // restarts to valid and invalid generations, close, hostile sizes, fences:
-// held launches, views and steps ended after blocked consumer queues) and
+// held launches, views and steps ended after blocked consumer queues,
+// registered host memory and allocations adopted from it) and
 // checks every outcome against the reference model (tests/model). Any
 // disagreement aborts with the operation trace; ASan and UBSan catch the rest.
 //
@@ -14,7 +15,7 @@
 // operation (tests/model/harness.hpp: Op). tests/fuzz/make_corpus.py writes
 // the seed corpus in this format.
 //
-// DEVBRIDGE_MODEL_RELAX=rank,ring,stride,closeview (environment; see
+// DEVBRIDGE_MODEL_RELAX=rank,ring,stride,closeview,retained (environment; see
 // tests/model/bridge_model.hpp, Config::relax) lets a long run look past known
 // findings.
 #include <cstdint>

@@ -13,8 +13,13 @@ OPS = ["alloc", "free", "release", "extent", "reserve", "release_host", "write_r
        "h2d", "d2h", "complete", "complete_all", "poll", "copy_status", "wait", "safe_to_release",
        "begin_step", "end_step", "axpy", "view", "end_view", "inject", "restart", "close",
        "read_device", "report_completion", "lease_host", "end_host_lease", "hold_launches", "end_view_after",
-       "end_step_after", "block_queue", "signal_fence"]
+       "end_step_after", "block_queue", "signal_fence", "pitched_copy",
+       "register_host", "unregister_host", "region_copy", "region_pitched_copy", "adopt_host", "region_bytes"]
 K = {name: i for i, name in enumerate(OPS)}
+# The kinds random_00..11 were drawn from when they were written (OPS up to
+# signal_fence): kept, so those seeds stay as they are; random_regions_*
+# draw from every kind.
+OLD_RANDOM_KINDS = K["signal_fence"] + 1
 
 # Inject combos (harness.hpp do_inject): parameter value -> (call, failure)
 INJ = {"alloc_failed": 0, "h2d_submit": 1, "h2d_at_completion": 2, "h2d_lost": 3, "h2d_dup": 4, "h2d_late": 5,
@@ -75,8 +80,38 @@ def view_after(lease, q):
 
 
 VIEW = op("view", 0, 0, 1, 0, 0, 0, 0, 0)            # a whole view of the newest live allocation
+END_VIEW = op("end_view", 0)
 AXPY = op("axpy", 0, 0, 0, 1, 3, 0, 0, 1)             # x = newest, y = the one before, whole extents
 AXPY_SELF = op("axpy", 0, 0, 0, 0, 3, 0, 1, 1)        # x == y
+
+
+# Registered host memory (harness.hpp do_register, do_copy, do_adopt):
+# register_host p0 a span of the harness's arena (0-3 a page, 4-5 two pages,
+# 6-11 half pages, 12 one aligned to 32 bytes only; 13 empty, 14 inside the
+# ring, 15 past the address space), p1 bit 0 read-only, bit 1 fresh bytes
+# (while no region holds them), p2 % 32: 31 an injected refusal, 30 a fatal
+# one, p3 the bytes' seed.
+def register(span, read_only=False, fresh=True, inject_=0, seed=0):
+    return op("register_host", span, int(read_only) | 2 * int(fresh), inject_, seed)
+
+
+# region copies: as h2d/d2h with p4 bit 1 the direction (download) and the
+# host side a live region's range (registering a writable page first when
+# none fits, p5 % 16 < 11; with p5 = 11 it registers nothing and picks any live region).
+def region_copy(download=False, asynchronous=False, p5=0, p6=0):
+    return op("region_copy", 0, 0, 3, 0, int(asynchronous) | 2 * int(download), p5, p6, 0)
+
+
+# adopt_host: p0/p1 the region (a live read-only one first), p2 dtype, p3
+# alignment index, p4 offset (0: none), p5 length (0: all the region holds),
+# p6 max_extent (2: 2^64-1) and shape (p6 / 8 % 4), p7 / 8 % 4 != 0:
+# register a read-only page first when none is live.
+ADOPT_F32 = op("adopt_host", 0, 0, 11, 5, 0, 0, 2 + 8 * 3, 8)  # float32, align 64, the whole region, tensor
+ADOPT_U8 = op("adopt_host", 0, 0, 5, 5, 0, 0, 2 + 8 * 1, 8)    # uint8, a vector
+
+
+def region_bytes(write=False, seed=0, a=0, b=0):
+    return op("region_bytes", a, b, int(write), seed)
 
 
 def seq(*parts, cfg=(0, 0, 0)):
@@ -186,11 +221,57 @@ def main():
                                               op("lease_host", 15, 0), cfg=(0, 0x80 | (3 << 2), 0)),
         "fence_ends_after_close": seq(ALLOC_F32, VIEW, VIEW, block(1), op("close"), cfg=(0, 0x1f << 2, 0)),
     }
+    seeds.update({
+        # Copies to and from a registered page; unregistering waits for them.
+        "region_copies": seq(ALLOC_U8, region_copy(), region_bytes(write=True, seed=9), region_copy(asynchronous=True),
+                             op("unregister_host", 0, 0), COMPLETE_OK, region_copy(download=True, asynchronous=True),
+                             COMPLETE_OK, region_bytes(), region_copy(download=True), READ_DEV,
+                             op("unregister_host", 0, 0), region_copy(p5=11)),
+        # A read-only region: uploads only; overlapping and hostile spans; forged regions.
+        "region_read_only": seq(register(1, read_only=True), ALLOC_U8, region_copy(download=True, p5=11),
+                                region_copy(p5=11), op("region_pitched_copy", 0, 0, 0, 4, 8, 4, 2, 0),
+                                register(4), register(13), register(14), register(15),
+                                *[op("unregister_host", 15 + 16 * k, k) for k in range(8)],
+                                *[region_bytes(a=15 + 16 * k, b=k) for k in range(8)]),
+        # An adopted float32 region: read in place (a view, a download, axpy's
+        # x), refused as a write's target (an upload, axpy's y); its region
+        # stays registered until the allocation goes.
+        "adopt_read_only": seq(ADOPT_F32, VIEW, op("d2h", 0, 0, 0, 7, 0, 0, 0, 0), op("read_ring", NEWEST, 0, 7),
+                               op("h2d", 0, 0, 0, 7, 0, 0, 0, 0), ALLOC_F32, op("axpy", 0, 0, 0, 1, 0, 1, 0, 1),
+                               op("axpy", 0, 1, 0, 0, 0, 1, 0, 1),
+                               READ_DEV, op("unregister_host", 0, 0), op("free", 0, 1), op("release", 0, 1), END_VIEW,
+                               op("unregister_host", 0, 0)),
+        # A view of an adopted allocation outlives the restart: its region is
+        # retained (registering over it is refused) until the view ends.
+        "adopt_retained_over_restart": seq(ADOPT_U8, VIEW, op("restart", 0), register(0), region_bytes(),
+                                           END_VIEW, register(0, read_only=True), ADOPT_U8, VIEW, op("close"),
+                                           region_bytes(a=11), END_VIEW),
+        # The view ends after a blocked consumer queue: close abandons the
+        # adoption, whose region stays registered for good.
+        "adopt_abandoned_at_close": seq(ADOPT_F32, VIEW, VIEW, block(0), view_after(0, 0), op("close"), unblock(0)),
+        "adopt_hostile": seq(register(1), op("adopt_host", 0, 0, 5, 5, 0, 0, 2, 0), register(12, read_only=True),
+                             *[op("adopt_host", 0, 0, k, k, k * 9, k * 13, k, 8) for k in range(16)],
+                             *[op("adopt_host", 15 + 16 * k, k, 5, 0, 0, 0, 2, 0) for k in range(8)]),
+        # Injected refusals of a registration (the fatal one breaks the
+        # bridge); a restart whose quiesce fails keeps every region.
+        "region_faults": seq(register(0, inject_=31), register(1, inject_=30), register(1), op("restart", 0),
+                             ALLOC_U8, register(1), region_copy(asynchronous=True), inject("quiesce_fatal"),
+                             op("restart", 0), region_bytes(), op("unregister_host", 0, 0), op("restart", 0),
+                             region_bytes(a=11)),
+    })
     rng = random.Random(10)
     for k in range(12):  # random programs, for breadth
         n = rng.randrange(8, 60)
-        body = b"".join(bytes([rng.randrange(len(OPS))] + [rng.randrange(256) for _ in range(8)]) for _ in range(n))
+        body = b"".join(bytes([rng.randrange(OLD_RANDOM_KINDS)] + [rng.randrange(256) for _ in range(8)])
+                        for _ in range(n))
         seeds["random_%02d" % k] = bytes([rng.randrange(256) for _ in range(3)]) + body
+    rng = random.Random(11)
+    for k in range(4):  # random programs that register and adopt host memory (half their operations)
+        n = rng.randrange(16, 60)
+        kinds = [rng.randrange(len(OPS)) if rng.random() < 0.5 else rng.randrange(K["register_host"], len(OPS))
+                 for _ in range(n)]
+        body = b"".join(bytes([kind] + [rng.randrange(256) for _ in range(8)]) for kind in kinds)
+        seeds["random_regions_%02d" % k] = bytes([rng.randrange(256) for _ in range(3)]) + body
     for name, data in seeds.items():
         with open(os.path.join(out, name), "wb") as f:
             f.write(data)

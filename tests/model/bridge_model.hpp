@@ -7,7 +7,10 @@
 // the host ring (the same placement rule the contract's ring follows: aligned,
 // never spanning the end, the tail advancing over the released prefix only),
 // copy events (pending / completed / failed / forgotten), the bounded log of
-// failed copies, generations, Broken and Closed, the fake backend's injections
+// failed copies, registered host regions (live, or retained past a restart or
+// close for an adopted allocation a view or fence still holds) over a small
+// arena the harness owns, allocations adopted from them (read-only, their
+// bytes the arena's), generations, Broken and Closed, the fake backend's injections
 // and queues, the drop queue (uses that end at a fence: launches, steps and
 // views ended after a consumer's queue; when each is reaped, what restart
 // orphans and close abandons), and the statistics the bridge must report. It predicts the
@@ -154,6 +157,19 @@ struct RingModel {
 
 // ---- allocations, events --------------------------------------------------
 
+// The harness's host memory for registrations: a few pages, 4096-aligned.
+inline constexpr std::uint64_t kArenaPages = 4;
+inline constexpr std::uint64_t kArenaBytes = kArenaPages * 4096;
+
+// A registered host region (Bridge::register_host), by the arena bytes it covers.
+struct Region {
+  HostRegion handle;
+  std::uint64_t begin = 0, len = 0;  // in the arena
+  bool read_only = false;
+  bool live = true;          // registered in its generation, usable (until unregister, restart or close)
+  std::uint32_t copies = 0;  // async copies in flight that pin it
+};
+
 struct Alloc {
   DeviceHandle handle;
   ObjectSpec spec;
@@ -167,6 +183,12 @@ struct Alloc {
   std::uint32_t fences = 0;  // uses waiting in the drop queue (one per id an entry holds)
   std::uint64_t address = 0;
   std::vector<Byte> bytes;  // kept after the free: a copy the fake still runs reads them
+  // Adopted (Bridge::adopt_host) from this region: read-only, its bytes the
+  // arena's from arena_offset (`bytes` stays empty); in_backend then means
+  // the backend still holds the adoption, which keeps the region registered.
+  std::optional<std::size_t> region;
+  std::uint64_t arena_offset = 0;
+  bool adopted() const { return region.has_value(); }
   bool used() const { return copies || steps || views || fences; }
 };
 
@@ -188,10 +210,11 @@ struct Event {
   CopyDirection dir = CopyDirection::HostToDevice;
   std::size_t alloc = 0;
   std::uint64_t dev_offset = 0;
-  HostRange host;
+  HostRange host;          // in the ring, or in the arena for a region's copy
+  std::optional<std::size_t> region;  // the registered region it copies to or from
   CopyLayout layout;       // pitched when rows != 0
   std::uint64_t bytes = 0;  // moved: host.len, or rows * row_bytes
-  std::uint64_t ring_key = 0;
+  std::uint64_t ring_key = 0;  // the ring reservation it pins (none for a region's copy)
   EvState state = EvState::Completed;
   bool observed = false;
   ErrorKind error = ErrorKind::DeviceCopyFailed;
@@ -242,9 +265,12 @@ struct Model {
 
   RingModel ring;
   std::vector<Byte> ring_bytes;  // the ring's contents (outside RingModel: that one is copied per call)
+  std::vector<Byte> arena_bytes;  // the harness's host memory (registered regions, adopted allocations)
+  std::vector<Region> regions;    // every region ever registered, in order
   std::vector<Alloc> allocs;  // every allocation ever made, in order
   std::vector<Event> events;  // every event ever issued
   std::set<std::pair<Generation, std::uint64_t>> handle_ids, event_ids;  // issued, per generation
+  std::set<std::uint64_t> region_ids;  // issued (region ids are never reused within a domain)
   std::map<StepId, std::vector<std::size_t>> steps;
   std::deque<std::size_t> failure_log;  // failed events remembered, oldest first
   bool evicted_in_generation = false;   // a completed event may then read UnknownDeviceHandle
@@ -298,6 +324,47 @@ struct Model {
     }
     return ErrorKind::UnknownDeviceHandle;
   }
+  // The live region of this generation `r` names, or an error.
+  std::optional<ErrorKind> region_error(const HostRegion& r, std::size_t* index = nullptr) const {
+    if (auto e = tag_error(r)) return e;
+    for (std::size_t i = regions.size(); i-- > 0;)
+      if (regions[i].handle == r && regions[i].live) {
+        if (index) *index = i;
+        return std::nullopt;
+      }
+    return ErrorKind::UnknownDeviceHandle;
+  }
+  // Allocations adopted from region i that the backend still holds: they
+  // keep it registered (unregister_host refuses; past a restart or close it
+  // is retained until the last goes).
+  std::uint32_t adoptions(std::size_t i) const {
+    std::uint32_t n = 0;
+    for (const auto& a : allocs) n += a.region == i && a.in_backend;
+    return n;
+  }
+  // The backend still has region i registered.
+  bool held(std::size_t i) const { return regions[i].live || adoptions(i) > 0; }
+  // Any region the backend holds covers some of arena bytes [begin, begin + len).
+  bool arena_held(std::uint64_t begin, std::uint64_t len) const {
+    for (std::size_t i = 0; i < regions.size(); ++i)
+      if (held(i) && begin < regions[i].begin + regions[i].len && regions[i].begin < begin + len) return true;
+    return false;
+  }
+  // Bridge::region_retained: the bridge still holds the region's memory
+  // (live, including after a close whose quiesce failed, or retained for an
+  // adoption). A handle never issued names none.
+  bool region_retained(const HostRegion& r) const {
+    if (r.domain != domain || r.generation > gen) return false;
+    for (std::size_t i = 0; i < regions.size(); ++i)
+      if (regions[i].handle == r) return held(i);
+    return false;
+  }
+
+  // An allocation's device bytes: its own, or the arena's when adopted.
+  Byte* device_bytes(Alloc& a) { return a.region ? &arena_bytes[a.arena_offset] : a.bytes.data(); }
+  const Byte* device_bytes(const Alloc& a) const { return a.region ? &arena_bytes[a.arena_offset] : a.bytes.data(); }
+  Byte* host_bytes(const Event& ev) { return (ev.region ? arena_bytes : ring_bytes).data() + ev.host.offset; }
+
   // The event `e` names in the current generation, or nullopt (never issued here).
   std::optional<std::size_t> find_event(const CopyEvent& e) const {
     if (e.domain != domain || e.generation != gen) return std::nullopt;
@@ -330,10 +397,12 @@ struct Model {
   }
 
   // ---- uses ----
+  // For an adopted allocation: the adoption ends (its region goes too if
+  // it was retained only for it).
   void free_in_backend(Alloc& a) {
     if (!a.in_backend) return;
     a.in_backend = false;
-    if (fake()) fake_used -= a.extent;
+    if (fake() && !a.adopted()) fake_used -= a.extent;
   }
   void maybe_finish_release(std::size_t i) {
     Alloc& a = allocs[i];
@@ -351,6 +420,7 @@ struct Model {
 
   // ---- the drop queue ----
   std::uint64_t fences_recorded = 0;  // entries ever added (coverage)
+  std::uint64_t regions_retained = 0;  // regions a restart or close retained for an adoption (coverage)
   void add_fence(FenceEntry entry) {
     ++fences_recorded;
     for (auto i : entry.allocs) ++allocs[i].fences;
@@ -421,25 +491,31 @@ struct Model {
     Alloc& a = allocs[ev.alloc];
     ++a.copies;
     if (ev.dir == CopyDirection::HostToDevice) ++a.uploads;
-    if (auto* r = ring.by_key(ev.ring_key)) ++r->pins;
+    if (ev.region) ++regions[*ev.region].copies;
+    else if (auto* r = ring.by_key(ev.ring_key)) ++r->pins;
   }
   void unpin(Event& ev) {
     Alloc& a = allocs[ev.alloc];
     if (a.copies) --a.copies;
     if (ev.dir == CopyDirection::HostToDevice && a.uploads) --a.uploads;
-    ring.unpin(ev.ring_key);
+    if (ev.region) {
+      if (regions[*ev.region].copies) --regions[*ev.region].copies;
+    } else {
+      ring.unpin(ev.ring_key);
+    }
     maybe_finish_release(ev.alloc);
   }
 
   // The bytes of a copy move (in the backend, whatever the bridge thinks).
   void move_bytes(const Event& ev) {
-    Alloc& a = allocs[ev.alloc];
+    Byte* const host_base = host_bytes(ev);
+    Byte* const dev_base = device_bytes(allocs[ev.alloc]) + ev.dev_offset;
     const CopyLayout whole{1, ev.host.len, ev.host.len, ev.host.len};
     const CopyLayout& layout = ev.layout.pitched() ? ev.layout : whole;
     for (std::uint64_t row = 0; row < layout.rows; ++row)
       for (std::uint64_t i = 0; i < layout.row_bytes; ++i) {
-        Byte& host = ring_bytes[ev.host.offset + row * layout.host_pitch + i];
-        Byte& dev = a.bytes[ev.dev_offset + row * layout.device_pitch + i];
+        Byte& host = host_base[row * layout.host_pitch + i];
+        Byte& dev = dev_base[row * layout.device_pitch + i];
         if (ev.dir == CopyDirection::HostToDevice)
           dev = host;
         else
@@ -519,15 +595,44 @@ struct Model {
     for (const auto& a : allocs) n += a.in_slot;
     return n;
   }
+  // Adopted memory is not the bridge's: counted in live_allocations only.
   std::uint64_t allocated_bytes() const {
     std::uint64_t n = 0;
     for (const auto& a : allocs)
-      if (a.in_slot) n += a.extent;
+      if (a.in_slot && !a.adopted()) n += a.extent;
+    return n;
+  }
+  std::uint64_t adopted_allocations() const {
+    std::uint64_t n = 0;
+    for (const auto& a : allocs) n += a.in_slot && a.adopted();
+    return n;
+  }
+  std::uint64_t adopted_bytes() const {
+    std::uint64_t n = 0;
+    for (const auto& a : allocs)
+      if (a.in_slot && a.adopted()) n += a.extent;
     return n;
   }
   std::uint64_t backend_allocations() const {
     std::uint64_t n = 0;
-    for (const auto& a : allocs) n += a.in_backend;
+    for (const auto& a : allocs) n += a.in_backend && !a.adopted();
+    return n;
+  }
+  std::uint64_t backend_adoptions() const {
+    std::uint64_t n = 0;
+    for (const auto& a : allocs) n += a.in_backend && a.adopted();
+    return n;
+  }
+  // Regions the backend holds registered, and their bytes (stats().host_regions, host_region_bytes).
+  std::uint64_t held_regions() const {
+    std::uint64_t n = 0;
+    for (std::size_t i = 0; i < regions.size(); ++i) n += held(i);
+    return n;
+  }
+  std::uint64_t held_region_bytes() const {
+    std::uint64_t n = 0;
+    for (std::size_t i = 0; i < regions.size(); ++i)
+      if (held(i)) n += regions[i].len;
     return n;
   }
   std::uint64_t copies_in_flight() const {
@@ -550,10 +655,16 @@ struct Model {
     for (const auto& a : allocs) n += a.orphan && (a.views || a.fences);
     return n;
   }
-  // Memory close abandoned: the backend keeps it for good.
+  // Memory close abandoned: the backend keeps it for good (an adoption
+  // keeps its region registered too).
   std::uint64_t abandoned_allocations() const {
     std::uint64_t n = 0;
-    for (const auto& a : allocs) n += a.abandoned && a.in_backend;
+    for (const auto& a : allocs) n += a.abandoned && a.in_backend && !a.adopted();
+    return n;
+  }
+  std::uint64_t abandoned_adoptions() const {
+    std::uint64_t n = 0;
+    for (const auto& a : allocs) n += a.abandoned && a.in_backend && a.adopted();
     return n;
   }
 
@@ -602,9 +713,28 @@ struct Model {
     }
     steps.clear();
     ring.unpin_all();
+    // Every region is unregistered, but one an orphaned adoption lies in
+    // (held() keeps it until the adoption ends).
+    for (std::size_t i = 0; i < regions.size(); ++i) {
+      if (regions[i].live && adoptions(i) > 0) ++regions_retained;
+      regions[i].live = false;
+      regions[i].copies = 0;
+    }
     inflight_bytes = 0;
   }
 };
+
+// ---- allocation specs -------------------------------------------------------
+
+// What alloc_device (and adopt_host, of its range's length) refuses in a spec
+// and extent before looking at any state.
+inline std::optional<ErrorKind> allocation_error(const ObjectSpec& spec, std::uint64_t extent) {
+  if (!RingModel::pow2(spec.alignment)) return ErrorKind::InvalidAlignment;
+  const std::uint64_t elem = spec.dtype ? dtype_size(*spec.dtype) : 1;
+  if (extent == 0 || extent > spec.max_extent || extent % spec.alignment || extent % elem)
+    return ErrorKind::InvalidExtent;
+  return std::nullopt;
+}
 
 // ---- views: the contract's shape rules, computed exactly -------------------
 

@@ -28,6 +28,10 @@ class ForwardingBackend : public Backend {
     return target_->register_host_read_only(data, bytes);
   }
   void unregister_host(const HostBlock& block) noexcept override { target_->unregister_host(block); }
+  DeviceAllocation adopt_host(const HostBlock& region, std::uint64_t offset, std::uint64_t bytes) override {
+    return target_->adopt_host(region, offset, bytes);
+  }
+  void release_adopted(const DeviceAllocation& adopted) noexcept override { target_->release_adopted(adopted); }
   void submit_copy(const CopyRequest& request) override { target_->submit_copy(request); }
   void drain_completions(std::vector<Completion>& out) override { target_->drain_completions(out); }
   bool wait_for_completions(std::chrono::nanoseconds timeout) override {

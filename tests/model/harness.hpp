@@ -26,6 +26,12 @@
 // until the harness settles, which also waits until the drop queue is empty);
 // consumers there have no queues (Unsupported). Close waits 1 ms for fences.
 //
+// Registered host memory: the harness owns a small arena (kArenaPages pages,
+// 4096-aligned) and registers pages and half pages of it, writable or
+// read-only, copies to and from them, and adopts ranges of read-only ones as
+// allocations (Bridge::adopt_host). The model knows the arena's bytes, so a
+// download from an adopted allocation is checked to read them in place.
+//
 // A disagreement throws Mismatch with the operation trace.
 #pragma once
 
@@ -38,7 +44,9 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <span>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "forwarding_backend.hpp"
@@ -54,22 +62,55 @@ struct Mismatch : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Forwards to the fake and keeps each allocation it made, by address, so
-// that the memory close abandoned (never freed, by design) can be given back
-// to the fake once finish() has checked it.
+// Forwards to the fake and keeps each allocation, adoption and registration
+// it made, so that the memory close abandoned (never freed, by design; an
+// abandoned adoption keeps its region registered) can be given back to the
+// fake once finish() has checked it.
 class RecordingFake final : public testing::ForwardingBackend {
  public:
-  using Made = std::map<std::uint64_t, DeviceAllocation>;
+  struct Made {
+    std::map<std::uint64_t, DeviceAllocation> allocations;     // by address
+    std::multimap<std::uint64_t, DeviceAllocation> adoptions;  // by address: two adoptions of one range share it
+    std::map<const std::byte*, HostBlock> registrations;       // by data (registered memory never overlaps)
+  };
   RecordingFake(std::shared_ptr<fake::FakeBackend> fake, std::shared_ptr<Made> made)
       : ForwardingBackend(std::move(fake)), made_(std::move(made)) {}
   DeviceAllocation allocate(std::uint64_t bytes, std::uint64_t alignment) override {
     const DeviceAllocation a = ForwardingBackend::allocate(bytes, alignment);
-    (*made_)[a.address] = a;
+    made_->allocations[a.address] = a;
     return a;
   }
   void free(const DeviceAllocation& allocation) noexcept override {
-    made_->erase(allocation.address);
+    made_->allocations.erase(allocation.address);
     ForwardingBackend::free(allocation);
+  }
+  DeviceAllocation adopt_host(const HostBlock& region, std::uint64_t offset, std::uint64_t bytes) override {
+    const DeviceAllocation a = ForwardingBackend::adopt_host(region, offset, bytes);
+    made_->adoptions.emplace(a.address, a);
+    return a;
+  }
+  void release_adopted(const DeviceAllocation& adopted) noexcept override {
+    const auto [first, last] = made_->adoptions.equal_range(adopted.address);
+    for (auto it = first; it != last; ++it)
+      if (it->second.token == adopted.token) {
+        made_->adoptions.erase(it);
+        break;
+      }
+    ForwardingBackend::release_adopted(adopted);
+  }
+  HostBlock register_host(std::byte* data, std::uint64_t bytes) override {
+    const HostBlock b = ForwardingBackend::register_host(data, bytes);
+    made_->registrations[b.data] = b;
+    return b;
+  }
+  HostBlock register_host_read_only(const std::byte* data, std::uint64_t bytes) override {
+    const HostBlock b = ForwardingBackend::register_host_read_only(data, bytes);
+    made_->registrations[b.data] = b;
+    return b;
+  }
+  void unregister_host(const HostBlock& block) noexcept override {
+    made_->registrations.erase(block.data);
+    ForwardingBackend::unregister_host(block);
   }
 
  private:
@@ -114,6 +155,13 @@ enum class OpKind : std::uint8_t {
   BlockQueue,     // fake: block (p0 & 1) or unblock (passing its fences) a consumer queue
   SignalFence,    // fake: signal one pending fence, out of its queue's order (or one not pending: false)
   PitchedCopy,    // a pitched 2-D copy either way: rows, row bytes and pitches from p3-p6, some hostile
+  // Registered host memory and adoption (appended: the corpus's kind bytes keep their meaning).
+  RegisterHost,       // a span of the arena (or a hostile one), writable or read-only (p1 & 1)
+  UnregisterHost,
+  RegionCopy,         // as HostToDevice / DeviceToHost (p4 & 2: download) with a region's range
+  RegionPitchedCopy,  // as PitchedCopy with a region's range
+  AdoptHost,          // adopt_host of a region's range, mostly a live read-only one's
+  RegionBytes,        // region_bytes: write (p2 & 1, writable regions only) or compare; then region_retained
   Count
 };
 
@@ -125,7 +173,9 @@ inline const char* op_name(OpKind k) {
                                 "end_view",     "inject",        "restart",   "close",      "read_device",
                                 "report_completion", "lease_host", "end_host_lease", "hold_launches",
                                 "end_view_after", "end_step_after", "block_queue", "signal_fence",
-                                "pitched_copy"};
+                                "pitched_copy", "register_host", "unregister_host", "region_copy",
+                                "region_pitched_copy", "adopt_host", "region_bytes"};
+  static_assert(std::size(names) == static_cast<std::size_t>(OpKind::Count));
   const auto i = static_cast<unsigned>(k);
   return i < static_cast<unsigned>(OpKind::Count) ? names[i] : "?";
 }
@@ -158,6 +208,12 @@ class Harness {
   // model; sets constructed() false when the bridge (rightly) refused.
   explicit Harness(const Config& config) {
     m.config = config;
+    m.arena_bytes.resize(kArenaBytes);
+    for (std::uint64_t i = 0; i < kArenaBytes; ++i) {
+      const auto v = static_cast<std::uint8_t>(i * 7 + i / 251);
+      arena()[i] = static_cast<std::byte>(v);
+      m.arena_bytes[i] = v;
+    }
     if (config.backend == BackendKind::Fake) {
       fake_ = std::make_shared<fake::FakeBackend>(config.fake_memory);
     } else {
@@ -244,8 +300,9 @@ class Harness {
                  m.failure_log.size(), static_cast<unsigned long long>(m.evicted_lo),
                  static_cast<unsigned long long>(m.evicted_hi), static_cast<unsigned long long>(m.copies_in_flight()),
                  m.ready.size(), m.late_after_quiesce.size(), m.late_released ? " released" : "");
-    std::fprintf(stderr, " fences %zu (%llu pending)%s", m.drops.size(),
-                 static_cast<unsigned long long>(m.pending_fence_count()), m.launches_held ? " held" : "");
+    std::fprintf(stderr, " fences %zu (%llu pending)%s regions %llu adoptions %llu", m.drops.size(),
+                 static_cast<unsigned long long>(m.pending_fence_count()), m.launches_held ? " held" : "",
+                 static_cast<unsigned long long>(m.held_regions()), static_cast<unsigned long long>(m.backend_adoptions()));
     if (have_stats)
       std::fprintf(stderr, " | bridge: gen %llu%s%s failed %llu evicted %llu in-flight %llu fences %llu abandoned %llu\n",
                    static_cast<unsigned long long>(s.generation), s.broken ? " broken" : "", s.closed ? " closed" : "",
@@ -294,6 +351,13 @@ class Harness {
       case OpKind::EndStepAfter: return do_end_step_after(op);
       case OpKind::BlockQueue: return do_block_queue(op);
       case OpKind::SignalFence: return do_signal_fence(op);
+      case OpKind::RegisterHost: return do_register(op);
+      case OpKind::UnregisterHost: return do_unregister(op);
+      case OpKind::RegionCopy:
+        return do_copy(op, op.p[4] & 2 ? CopyDirection::DeviceToHost : CopyDirection::HostToDevice, true);
+      case OpKind::RegionPitchedCopy: return do_pitched_copy(op, true);
+      case OpKind::AdoptHost: return do_adopt(op);
+      case OpKind::RegionBytes: return do_region_bytes(op);
       case OpKind::Count: return;
     }
   }
@@ -301,7 +365,9 @@ class Harness {
   // Ends every lease (before or after the bridge goes), closes until the
   // close succeeds, destroys the bridge and checks the backend holds nothing
   // but what close abandoned (memory under a consumer's fence that never
-  // passed), and on the fake that every fence was given back. Bit k % 5 of
+  // passed; on the fake, an abandoned adoption and its region's
+  // registration), and on the fake that every fence, adoption and
+  // registration was given back. Bit k % 5 of
   // `end_after_queue` ends view lease k after a consumer queue instead
   // (fake): past close, and past the bridge when leases outlive it, so the
   // core's own end settles (and abandons) those fences.
@@ -335,11 +401,37 @@ class Harness {
     if (fake_ && fake_->live_fences() != 0)
       fail("after the bridge and every lease are gone, the fake holds " + std::to_string(fake_->live_fences()) +
            " fence(s) the bridge never gave back");
-    // Checked: now the test gives the abandoned memory back itself.
-    if (fake_)
-      for (const auto& a : m.allocs)
-        if (a.abandoned && a.in_backend)
-          if (auto it = fake_made_->find(a.address); it != fake_made_->end()) fake_->free(it->second);
+    // Adoptions and registrations: none left but an abandoned adoption and
+    // the region it keeps registered (held() says which).
+    const std::uint64_t abandoned_adoptions = m.abandoned_adoptions();
+    if (m.backend_adoptions() != abandoned_adoptions)
+      fail("the model still holds " + std::to_string(m.backend_adoptions() - abandoned_adoptions) +
+           " adoption(s) it did not abandon");
+    if (fake_ && fake_->live_adoptions() != abandoned_adoptions)
+      fail("after close and every lease ended, the fake holds " + std::to_string(fake_->live_adoptions()) +
+           " adoption(s); close abandoned " + std::to_string(abandoned_adoptions));
+    if (fake_ && fake_->live_registrations() != m.held_regions())
+      fail("after close and every lease ended, the fake holds " + std::to_string(fake_->live_registrations()) +
+           " registration(s); the model " + std::to_string(m.held_regions()) + " (regions of abandoned adoptions)");
+    // Checked: now the test gives the abandoned memory back itself
+    // (adoptions before the regions they lie in).
+    if (fake_) {
+      for (const auto& a : m.allocs) {
+        if (!a.abandoned || !a.in_backend) continue;
+        if (a.adopted()) {
+          if (auto it = fake_made_->adoptions.find(a.address); it != fake_made_->adoptions.end()) {
+            fake_->release_adopted(it->second);
+            fake_made_->adoptions.erase(it);
+          }
+        } else if (auto it = fake_made_->allocations.find(a.address); it != fake_made_->allocations.end()) {
+          fake_->free(it->second);
+        }
+      }
+      for (std::size_t i = 0; i < m.regions.size(); ++i)
+        if (m.held(i))
+          if (auto it = fake_made_->registrations.find(arena() + m.regions[i].begin); it != fake_made_->registrations.end())
+            fake_->unregister_host(it->second);
+    }
   }
 
   std::string describe_trace() const {
@@ -397,6 +489,8 @@ class Harness {
   // True when the call succeeded as expected; throws Mismatch otherwise.
   template <class Describe>
   bool expect_kind(const Describe& describe_call, const Expect& x, const std::optional<Error>& got) const {
+    if (m.config.trace)
+      std::fprintf(stderr, "    %s -> %s\n", describe(describe_call).c_str(), got ? kind_text(got->kind()).c_str() : "ok");
     if (x.ok && !got) return true;
     if (!x.ok && got && x.accepts(got->kind())) return false;
     const std::string call = describe(describe_call);
@@ -422,6 +516,74 @@ class Harness {
   }
   static std::string r_text(const HostRange& r) {
     return "[" + std::to_string(r.offset) + ",+" + std::to_string(r.len) + ")";
+  }
+  static std::string g_text(const HostRegion& r) {
+    return "region {" + std::to_string(r.domain) + "," + std::to_string(r.generation) + "," + std::to_string(r.id) + "}";
+  }
+  static std::string rr_text(const RegionRange& r) {
+    return g_text(r.region) + " [" + std::to_string(r.offset) + ",+" + std::to_string(r.len) + ")";
+  }
+
+  // A copy's host side: a ring range, or a registered region's.
+  using HostSide = std::variant<HostRange, RegionRange>;
+  static std::string host_text(const HostSide& host) {
+    return std::visit([](const auto& r) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(r)>, HostRange>) return r_text(r);
+      else return rr_text(r);
+    }, host);
+  }
+
+  // ---- the harness's host memory ----
+  struct alignas(4096) Page {
+    std::byte bytes[4096];
+  };
+  std::byte* arena() const { return arena_[0].bytes; }
+
+  // Spans of the arena to register: pages, pairs and halves of them
+  // (overlapping one another), and one aligned to 32 bytes only.
+  struct ArenaSpan {
+    std::uint64_t begin, len;
+  };
+  static constexpr ArenaSpan kSpans[] = {
+      {0, 4096},    {4096, 4096}, {8192, 4096}, {12288, 4096},  // pages
+      {0, 8192},    {8192, 8192},                               // pairs
+      {0, 2048},    {4096, 2048}, {8192, 2048}, {12288, 2048},  // first halves
+      {2048, 2048}, {6144, 2048},                               // second halves
+      {12288 + 96, 1000},
+  };
+  static constexpr std::size_t kSpanCount = std::size(kSpans);
+  static_assert(kSpans[kSpanCount - 1].begin + kSpans[kSpanCount - 1].len <= kArenaBytes);
+
+  // What register_host is given: a span of the arena (p % 16 below
+  // kSpanCount); else one inside the ring (14, while the harness knows where
+  // it is), one past the end of the address space (15), or an empty one;
+  // `arena` is false for the first two.
+  struct RegisterSpan {
+    std::byte* data;
+    std::uint64_t len;
+    bool arena;
+    std::uint64_t begin;  // in the arena
+  };
+  RegisterSpan pick_register_span(std::uint8_t p) const {
+    const unsigned k = p % 16;
+    if (k < kSpanCount) return {arena() + kSpans[k].begin, kSpans[k].len, true, kSpans[k].begin};
+    const std::uint64_t page = 4096 * (p / 16 % kArenaPages);
+    // Inside the ring: only while the ring's memory exists (the span is
+    // never read, but a pointer into freed memory is not one to hand out).
+    if (k == 14 && ring_block_ && !m.ring_freed) return {ring_block_ + m.ring.cap / 2 / 64 * 64, 64, false, 0};
+    if (k == 15) return {arena() + 64, std::numeric_limits<std::uint64_t>::max() - 63, false, 0};
+    return {arena() + page, 0, true, page};
+  }
+
+  // The caller's bytes, fresh (the same stream write_ring writes).
+  static void fill_pattern(std::byte* out, Byte* model, std::uint64_t len, std::uint8_t seed) {
+    std::uint32_t state = seed * 2654435761u + 12345u;
+    for (std::uint64_t i = 0; i < len; ++i) {
+      state = state * 1664525u + 1013904223u;
+      const auto v = static_cast<std::uint8_t>(state >> 24);
+      out[i] = static_cast<std::byte>(v);
+      model[i] = v;
+    }
   }
 
   // ---- picking arguments ----
@@ -459,6 +621,71 @@ class Harness {
     for (std::size_t i = m.allocs.size(); i-- > 0;)
       if (m.allocs[i].handle == h) return &m.allocs[i];
     return nullptr;
+  }
+
+  // Regions, as handles are picked: mostly a live one (of the kind a call
+  // wants where there is one), sometimes any ever registered (unregistered,
+  // of an older generation, retained), sometimes a forgery.
+  enum class Want : std::uint8_t { Any, Writable, ReadOnly };
+  HostRegion forged_region(std::uint8_t kind, std::uint8_t p) const {
+    const std::uint64_t some_id = m.regions.empty() ? 1 : m.regions[p % m.regions.size()].handle.id;
+    switch (kind % 8) {
+      case 0: return {m.domain + 7777, m.gen, some_id};
+      case 1: return {m.domain, m.gen - 1, some_id};
+      case 2: return {m.domain, m.gen + 1, some_id};
+      case 3: return {m.domain, m.gen, some_id};  // an id of any generation, retagged
+      case 4: return {m.domain, m.gen, 0};
+      case 5: return {m.domain, m.gen, std::numeric_limits<std::uint64_t>::max()};
+      case 6: return {m.domain, m.gen, (std::uint64_t{p % 4u + 1u} << 32) | (p / 4u % 4u)};
+      default: return {0, 0, 0};
+    }
+  }
+  static bool wanted(const Region& r, Want want) {
+    return want == Want::Any || r.read_only == (want == Want::ReadOnly);
+  }
+  HostRegion pick_region(std::uint8_t a, std::uint8_t b, Want want) const {
+    if (m.regions.empty() || a % 16 == 15) return forged_region(a / 16, b);
+    const std::size_t n = m.regions.size();
+    if (a % 16 < 12) {
+      std::vector<std::size_t> live;
+      for (const Want w : {want, Want::Any}) {
+        for (std::size_t i = n; i-- > 0;)
+          if (m.regions[i].live && wanted(m.regions[i], w)) live.push_back(i);
+        if (!live.empty()) return m.regions[live[b % live.size()]].handle;
+      }
+    }
+    return m.regions[n - 1 - b % std::min<std::size_t>(n, 8)].handle;
+  }
+  const Region* region_of(const HostRegion& h) const {
+    for (const auto& r : m.regions)
+      if (r.handle == h) return &r;
+    return nullptr;
+  }
+  // Mostly `want_len` bytes inside the region; sometimes all of it, one byte
+  // past its end, or at a hostile offset.
+  RegionRange pick_region_range(std::uint8_t a, std::uint8_t b, std::uint64_t want_len, Want want) const {
+    const HostRegion h = pick_region(a, b, want);
+    const Region* r = region_of(h);
+    const std::uint64_t len = r ? r->len : 4096;
+    const std::uint64_t slack = len >= want_len ? len - want_len : 0;
+    switch (a / 16 % 8) {
+      case 5: return {h, 0, len};
+      case 6: return {h, slack + 1, want_len};
+      case 7: return {h, hostile(b / 8), want_len};
+      default: return {h, a & 0x80 ? slack : slack / 2 / 64 * 64, want_len};
+    }
+  }
+  // A call meant to be valid registers host memory first (a fresh span of
+  // the arena) when no live region of the kind it wants holds `want_len`
+  // bytes: a random sequence rarely has one ready.
+  void ensure_region(std::uint64_t want_len, Want want, bool read_only_if_any) {
+    if (m.closed || m.broken || want_len == 0 || want_len > kArenaBytes) return;
+    for (const auto& r : m.regions)
+      if (r.live && r.len >= want_len && wanted(r, want)) return;
+    const bool read_only = want == Want::ReadOnly || (want == Want::Any && read_only_if_any);
+    for (std::uint8_t k = 0; k < kSpanCount; ++k)
+      if (kSpans[k].len >= want_len && !m.arena_held(kSpans[k].begin, kSpans[k].len))
+        return do_register(Op{OpKind::RegisterHost, {k, static_cast<std::uint8_t>(read_only ? 3 : 2), 0, k}});
   }
 
   CopyEvent forged_event(std::uint8_t kind, std::uint8_t p) const {
@@ -579,7 +806,15 @@ class Harness {
       eq("ring_used", s.ring_used, m.ring.used());
       eq("ring_reservations", s.ring_reservations, m.ring.live);
       eq("ring_capacity", s.ring_capacity, m.ring.cap);
+      eq("adopted_allocations", s.adopted_allocations, m.adopted_allocations());
+      eq("adopted_bytes", s.adopted_bytes, m.adopted_bytes());
+      eq("memory_stats().allocated_bytes", bridge_->memory_stats().allocated_bytes, m.allocated_bytes());
     }
+    // Retained regions outlive their generation and the close.
+    eq("host_regions", s.host_regions, m.held_regions());
+    eq("host_region_bytes", s.host_region_bytes, m.held_region_bytes());
+    for (std::size_t i = m.regions.size() > 16 ? m.regions.size() - 16 : 0; i < m.regions.size(); ++i)
+      check_retained(m.regions[i].handle);
     if (s.failed_records_evicted < m.evicted_lo || s.failed_records_evicted > m.evicted_hi)
       fail("stats().failed_records_evicted = " + std::to_string(s.failed_records_evicted) + ", model says between " +
            std::to_string(m.evicted_lo) + " and " + std::to_string(m.evicted_hi));
@@ -613,7 +848,18 @@ class Harness {
       if (fake_->pending_fences().size() != m.pending_fence_count())
         fail("the fake has " + std::to_string(fake_->pending_fences().size()) + " pending fence(s), the model " +
              std::to_string(m.pending_fence_count()));
+      if (fake_->live_adoptions() != m.backend_adoptions())
+        fail("the fake holds " + std::to_string(fake_->live_adoptions()) + " adoption(s), the model " +
+             std::to_string(m.backend_adoptions()));
+      if (fake_->live_registrations() != m.held_regions())
+        fail("the fake holds " + std::to_string(fake_->live_registrations()) + " registration(s), the model " +
+             std::to_string(m.held_regions()));
     }
+  }
+  void check_retained(const HostRegion& r) const {
+    const bool got = bridge_->region_retained(r), want = m.region_retained(r);
+    if (got != want)
+      fail("region_retained(" + g_text(r) + ") = " + (got ? "true" : "false") + ", the model says " + (want ? "true" : "false"));
   }
   // After poll() every completion the backend had is applied: exact.
   void check_stale() {
@@ -627,13 +873,15 @@ class Harness {
   // On the host every fence in the drop queue is a held launch's.
   bool host_pending() const { return !m.fake() && (!m.backend_pending.empty() || !m.drops.empty()); }
 
-  // What a piece of work reads or writes: ring bytes, or bytes of one allocation.
+  // What a piece of work reads or writes: bytes of the ring, of the arena
+  // (registered regions, and the allocations adopted from them), or of one
+  // allocation of the backend's.
   struct Span {
-    bool ring = true;
+    enum class Space : std::uint8_t { Ring, Arena, Alloc } space = Space::Ring;
     std::size_t alloc = 0;
     std::uint64_t offset = 0, len = 0;
     bool overlaps(const Span& o) const {
-      if (ring != o.ring || (!ring && alloc != o.alloc) || len == 0 || o.len == 0) return false;
+      if (space != o.space || (space == Space::Alloc && alloc != o.alloc) || len == 0 || o.len == 0) return false;
       return offset < o.offset + o.len && o.offset < offset + len;
     }
   };
@@ -643,17 +891,23 @@ class Harness {
       return writes.overlaps(o.reads) || reads.overlaps(o.writes) || writes.overlaps(o.writes);
     }
   };
-  static Access copy_access(CopyDirection dir, HostRange r, std::size_t alloc, std::uint64_t dev_offset,
-                            std::uint64_t len, std::uint64_t dev_len = 0) {
-    const Span host{true, 0, r.offset, len}, dev{false, alloc, dev_offset, dev_len ? dev_len : len};
-    return dir == CopyDirection::HostToDevice ? Access{host, dev} : Access{dev, host};
+  Span device_span(std::size_t alloc, std::uint64_t offset, std::uint64_t len) const {
+    const Alloc& a = m.allocs[alloc];
+    if (a.adopted()) return {Span::Space::Arena, 0, a.arena_offset + offset, len};
+    return {Span::Space::Alloc, alloc, offset, len};
   }
   // A pitched copy reaches its whole span on each side (the host engine
   // orders it after anything there, padding included).
-  static Access event_access(const Event& ev) {
-    if (!ev.layout.pitched()) return copy_access(ev.dir, ev.host, ev.alloc, ev.dev_offset, ev.host.len);
-    return copy_access(ev.dir, ev.host, ev.alloc, ev.dev_offset, layout_host_span(ev.layout),
-                       layout_device_span(ev.layout));
+  Access event_access(const Event& ev) const {
+    const bool pitched = ev.layout.pitched();
+    const Span host{ev.region ? Span::Space::Arena : Span::Space::Ring, 0, ev.host.offset,
+                    pitched ? layout_host_span(ev.layout) : ev.host.len};
+    const Span dev = device_span(ev.alloc, ev.dev_offset, pitched ? layout_device_span(ev.layout) : ev.host.len);
+    return ev.dir == CopyDirection::HostToDevice ? Access{host, dev} : Access{dev, host};
+  }
+  // A launch reads x and writes y.
+  Access launch_access(std::size_t xi, const DeviceRange& xr, std::size_t yi, const DeviceRange& yr) const {
+    return {device_span(xi, xr.offset, xr.len), device_span(yi, yr.offset, yr.len)};
   }
   // The host engine makes work wait for held copies it conflicts with (bytes
   // one writes and the other reads or writes): those must be settled first,
@@ -714,14 +968,35 @@ class Harness {
   }
 
   // ---- operations ----
-  void do_alloc(const Op& op) {
+  // An allocation's spec, as alloc_device and adopt_host are given it. One
+  // in eight is untyped (`untyped` % 8 == 7): views of any dtype share it.
+  static std::optional<DType> pick_dtype(std::uint8_t p, std::uint8_t untyped) {
+    return untyped % 8 == 7 ? std::nullopt : std::optional<DType>(static_cast<DType>(p % kDTypeCount));
+  }
+  static std::uint64_t pick_alignment(std::uint8_t p) {
     static const std::uint64_t aligns[] = {1, 2, 4, 8, 16, 64, 256, 4096, 64, 64, 8, 1, 0, 3, 6, 1ull << 63};
-    // One allocation in eight is untyped: views of any dtype share it.
-    const std::optional<DType> dtype =
-        op.p[7] % 8 == 7 ? std::nullopt : std::optional<DType>(static_cast<DType>(op.p[0] % kDTypeCount));
+    return aligns[p % 16];
+  }
+  // What extents are counted in: the element, or the alignment when it is
+  // a plausible one and larger.
+  static std::uint64_t extent_unit(const std::optional<DType>& dtype, std::uint64_t align) {
     const std::uint64_t elem = dtype ? dtype_size(*dtype) : 1;
-    const std::uint64_t align = aligns[op.p[1] % 16];
-    const std::uint64_t unit = std::max<std::uint64_t>(elem, RingModel::pow2(align) && align <= 4096 ? align : 1);
+    return std::max<std::uint64_t>(elem, RingModel::pow2(align) && align <= 4096 ? align : 1);
+  }
+  static std::uint64_t pick_max_extent(std::uint8_t p, std::uint64_t extent) {
+    switch (p % 8) {
+      case 1: return extent ? extent - 1 : 0;
+      case 2: return std::numeric_limits<std::uint64_t>::max();
+      case 3: return 1 << 20;
+      default: return extent;
+    }
+  }
+
+  void do_alloc(const Op& op) {
+    const std::optional<DType> dtype = pick_dtype(op.p[0], op.p[7]);
+    const std::uint64_t elem = dtype ? dtype_size(*dtype) : 1;
+    const std::uint64_t align = pick_alignment(op.p[1]);
+    const std::uint64_t unit = extent_unit(dtype, align);
     std::uint64_t extent;
     if (op.p[2] < 200) {
       extent = unit * (1 + op.p[2] % 16) * (op.p[3] & 0x80 ? 16 : 1);
@@ -733,23 +1008,13 @@ class Harness {
         default: extent = hostile(op.p[2]); break;
       }
     }
-    std::uint64_t max_extent;
-    switch (op.p[4] % 8) {
-      case 1: max_extent = extent ? extent - 1 : 0; break;
-      case 2: max_extent = std::numeric_limits<std::uint64_t>::max(); break;
-      case 3: max_extent = 1 << 20; break;
-      default: max_extent = extent; break;
-    }
+    const std::uint64_t max_extent = pick_max_extent(op.p[4], extent);
     const ShapeKind shape = static_cast<ShapeKind>(op.p[5] % 4);
     const ObjectSpec spec{max_extent, align, dtype, shape};
     const auto call = [&] { return std::string("alloc_device(align " + std::to_string(align) + ", extent " + std::to_string(extent) +
                              ", max " + std::to_string(max_extent) + ", " + std::string(spec_dtype_name(spec)) + ")"); };
 
-    std::optional<ErrorKind> invalid;
-    if (!RingModel::pow2(align))
-      invalid = ErrorKind::InvalidAlignment;
-    else if (extent == 0 || extent > max_extent || extent % align || extent % elem)
-      invalid = ErrorKind::InvalidExtent;
+    const std::optional<ErrorKind> invalid = allocation_error(spec, extent);
     // The host backend would really try to allocate a huge valid extent.
     if (!m.fake() && !invalid && extent > (1u << 20)) return;
 
@@ -914,13 +1179,7 @@ class Harness {
     if (span.size() != r.len || span.data() != ring_block_ + r.offset)
       fail("host_bytes(" + r_text(r) + ") is not the ring's bytes at that offset");
     if (write) {
-      std::uint32_t state = op.p[3] * 2654435761u + 12345u;
-      for (std::uint64_t i = 0; i < r.len; ++i) {
-        state = state * 1664525u + 1013904223u;
-        const auto v = static_cast<std::uint8_t>(state >> 24);
-        span[i] = static_cast<std::byte>(v);
-        m.ring_bytes[r.offset + i] = v;
-      }
+      fill_pattern(span.data(), &m.ring_bytes[r.offset], r.len, op.p[3]);
     } else {
       compare_bytes([&] { return "ring bytes " + r_text(r); }, span.data(), &m.ring_bytes[r.offset], r.len);
     }
@@ -936,10 +1195,17 @@ class Harness {
     }
   }
 
-  void do_copy(const Op& op, CopyDirection dir) {
+  // `region`: the host side is a registered region's range, not the ring's.
+  void do_copy(const Op& op, CopyDirection dir, bool region = false) {
     const bool async = op.p[4] & 1;
     const DeviceHandle h = pick_handle(op.p[0], op.p[1]);
     const DeviceRange d = pick_device_range(h, op.p[2], op.p[3]);
+    if (region) {
+      const Want want = dir == CopyDirection::DeviceToHost ? Want::Writable : Want::Any;
+      if (op.p[5] % 16 < 11) ensure_region(d.len, want, op.p[4] & 4);
+      return copy_checked(dir, async, h, d, pick_region_range(op.p[5], op.p[6], d.len, want), room_of(op.p[7]),
+                          std::nullopt);
+    }
     // A copy meant to be valid reserves its ring bytes first when no live
     // reservation holds them (a random sequence rarely has one ready).
     if (op.p[5] % 16 < 11 && !m.closed && !m.broken && d.len > 0 && d.len <= 4096 && !live_range_for(d.len, 0, 0)) {
@@ -956,8 +1222,9 @@ class Harness {
   }
 
   // A pitched copy: rows of row_bytes at a pitch on each side, mostly fitting
-  // a live reservation and the allocation, sometimes hostile.
-  void do_pitched_copy(const Op& op) {
+  // a live reservation (or, `region`, a live region) and the allocation,
+  // sometimes hostile.
+  void do_pitched_copy(const Op& op, bool region = false) {
     const CopyDirection dir = op.p[2] & 1 ? CopyDirection::DeviceToHost : CopyDirection::HostToDevice;
     const bool async = op.p[2] & 2;
     const DeviceHandle h = pick_handle(op.p[0], op.p[1]);
@@ -981,6 +1248,12 @@ class Harness {
     DeviceRange d{h, 0, device_span + (op.p[7] % 8 == 7 ? elem : 0)};
     if (op.p[7] / 8 % 4 == 3 && extent > d.len) d.offset = (extent - d.len) / elem * elem;
     if (op.p[7] / 32 % 8 == 7) d.offset = hostile(op.p[7]);
+    if (region) {
+      const Want want = dir == CopyDirection::DeviceToHost ? Want::Writable : Want::Any;
+      if (op.p[5] % 16 < 12) ensure_region(host_span, want, op.p[5] & 0x80);
+      return copy_checked(dir, async, h, d, pick_region_range(op.p[6] % 16 == 14 ? 15 : 0, op.p[1], host_span, want),
+                          room_of(op.p[7] / 64), layout);
+    }
     if (op.p[5] % 16 < 12 && !m.closed && !m.broken && host_span > 0 && host_span <= 1024 &&
         !live_range_for(host_span, 0, 0)) {
       Op reserve{OpKind::Reserve, {6, static_cast<std::uint8_t>((host_span + 63) / 64 - 1), 0x80}};
@@ -992,8 +1265,8 @@ class Harness {
 
   // What the bridge's pitched-copy checks refuse (all InvalidRange), given a
   // valid device range: bytes moved when it is accepted.
-  static std::optional<std::uint64_t> pitched_bytes(const CopyLayout& layout, const HostRange& r, const DeviceRange& d,
-                                                    std::uint64_t elem) {
+  static std::optional<std::uint64_t> pitched_bytes(const CopyLayout& layout, std::uint64_t host_len,
+                                                    const DeviceRange& d, std::uint64_t elem) {
     if (!layout.pitched() || layout.row_bytes == 0) return std::nullopt;
     if (layout.rows > 1 && (layout.host_pitch < layout.row_bytes || layout.device_pitch < layout.row_bytes))
       return std::nullopt;
@@ -1002,17 +1275,36 @@ class Harness {
       return before ? checked::add(*before, layout.row_bytes) : std::nullopt;
     };
     const auto host_span = span(layout.host_pitch), device_span = span(layout.device_pitch);
-    if (!host_span || !device_span || *host_span > r.len || *device_span > d.len) return std::nullopt;
+    if (!host_span || !device_span || *host_span > host_len || *device_span > d.len) return std::nullopt;
     if ((layout.row_bytes | layout.device_pitch) & (elem - 1)) return std::nullopt;
     return checked::mul(layout.rows, layout.row_bytes);
   }
 
-  void copy_checked(CopyDirection dir, bool async, const DeviceHandle& h, const DeviceRange& d, const HostRange& r,
+  // What the bridge refuses in a copy's host side once the rest is valid
+  // (the ring's range, or the region's handle and range); `region` gets the
+  // region's index.
+  std::optional<ErrorKind> host_error(const HostSide& host, CopyDirection dir, std::optional<std::size_t>& region) {
+    if (const auto* r = std::get_if<HostRange>(&host))
+      return m.ring.locate(*r) ? std::nullopt : std::optional<ErrorKind>(ErrorKind::InvalidRange);
+    const RegionRange& rr = std::get<RegionRange>(host);
+    std::size_t i = 0;
+    if (auto e = m.region_error(rr.region, &i)) return e;
+    const Region& reg = m.regions[i];
+    // A download into a region registered read-only is refused.
+    if (rr.len == 0 || rr.offset > reg.len || rr.len > reg.len - rr.offset ||
+        (reg.read_only && dir == CopyDirection::DeviceToHost))
+      return ErrorKind::InvalidRange;
+    region = i;
+    return std::nullopt;
+  }
+
+  void copy_checked(CopyDirection dir, bool async, const DeviceHandle& h, const DeviceRange& d, const HostSide& host,
                     std::chrono::nanoseconds room, const std::optional<CopyLayout>& layout) {
     const CopyMode mode = async ? CopyMode::Async : CopyMode::Sync;
+    const std::uint64_t host_len = std::visit([](const auto& r) { return r.len; }, host);
     const auto call = [&] {
       std::string text = std::string(dir == CopyDirection::HostToDevice ? "host_to_device(" : "device_to_host(") +
-                         r_text(r) + ", " + h_text(h) + " [" + std::to_string(d.offset) + ",+" +
+                         host_text(host) + ", " + h_text(h) + " [" + std::to_string(d.offset) + ",+" +
                          std::to_string(d.len) + "), " + (async ? "async" : "sync") + ", room " +
                          std::to_string(room.count());
       if (layout)
@@ -1020,9 +1312,10 @@ class Harness {
                 std::to_string(layout->host_pitch) + "/" + std::to_string(layout->device_pitch);
       return text + ")";
     };
-    std::uint64_t bytes = r.len;
+    std::uint64_t bytes = host_len;
     Expect x;
     std::size_t ai = 0;
+    std::optional<std::size_t> region;
     std::optional<ErrorKind> invalid;
     bool room_from_host = false;
     // A negative wait for room is refused whatever the state or mode (a usage error).
@@ -1036,12 +1329,15 @@ class Harness {
       if (d.len == 0 || d.offset > a.extent || d.len > a.extent - d.offset || (d.offset | d.len) % elem) {
         invalid = ErrorKind::InvalidRange;
       } else if (layout) {
-        const auto moved = pitched_bytes(*layout, r, d, elem);
-        if (!moved || !m.ring.locate(r)) invalid = ErrorKind::InvalidRange;
+        const auto moved = pitched_bytes(*layout, host_len, d, elem);
+        if (!moved) invalid = ErrorKind::InvalidRange;
         else bytes = *moved;
-      } else if (r.len != d.len || !m.ring.locate(r)) {
+      } else if (host_len != d.len) {
         invalid = ErrorKind::InvalidRange;
       }
+      if (!invalid) invalid = host_error(host, dir, region);
+      // Adopted memory is read-only.
+      if (!invalid && dir == CopyDirection::HostToDevice && a.adopted()) invalid = ErrorKind::InvalidRange;
       if (negative) {
         x = invalid ? Expect::either({*invalid, ErrorKind::InvalidRange}) : Expect::error(ErrorKind::InvalidRange);
       } else if (invalid) {
@@ -1066,12 +1362,14 @@ class Harness {
     }
     auto run_copy = [&](CopyEvent& got) {
       return attempt([&] {
-        if (layout)
-          got = dir == CopyDirection::HostToDevice ? bridge_->host_to_device(r, d, *layout, mode, {room})
-                                                   : bridge_->device_to_host(d, r, *layout, mode, {room});
-        else
-          got = dir == CopyDirection::HostToDevice ? bridge_->host_to_device(r, d, mode, {room})
-                                                   : bridge_->device_to_host(d, r, mode, {room});
+        std::visit([&](const auto& r) {
+          if (layout)
+            got = dir == CopyDirection::HostToDevice ? bridge_->host_to_device(r, d, *layout, mode, {room})
+                                                     : bridge_->device_to_host(d, r, *layout, mode, {room});
+          else
+            got = dir == CopyDirection::HostToDevice ? bridge_->host_to_device(r, d, mode, {room})
+                                                     : bridge_->device_to_host(d, r, mode, {room});
+        }, host);
       });
     };
     CopyEvent got;
@@ -1096,11 +1394,17 @@ class Harness {
     ev.dir = dir;
     ev.alloc = ai;
     ev.dev_offset = d.offset;
-    ev.host = r;
+    ev.region = region;
+    if (const auto* r = std::get_if<HostRange>(&host)) {
+      ev.host = *r;
+      ev.ring_key = m.ring.locate(*r)->key;
+    } else {
+      const RegionRange& rr = std::get<RegionRange>(host);
+      ev.host = HostRange{m.regions[*region].begin + rr.offset, rr.len};  // in the arena
+    }
     ev.layout = layout.value_or(CopyLayout{});
     ev.bytes = bytes;
     if (!async && conflicts_with_held(event_access(ev), true)) settle();
-    ev.ring_key = m.ring.locate(r)->key;
     Fired fired;
     std::optional<ErrorKind> backend_error;
     if (m.fake()) {
@@ -1352,13 +1656,14 @@ class Harness {
     else if (m.allocs[xi].spec.dtype.value_or(DType::Float32) != DType::Float32 ||
              m.allocs[yi].spec.dtype.value_or(DType::Float32) != DType::Float32)
       x = Expect::error(ErrorKind::InvalidViewDType);
-    else if (range_bad(xr, m.allocs[xi]) || range_bad(yr, m.allocs[yi]) || xr.len != yr.len)
+    else if (range_bad(xr, m.allocs[xi]) || range_bad(yr, m.allocs[yi]) || xr.len != yr.len ||
+             m.allocs[yi].adopted())  // adopted memory is read-only
       x = Expect::error(ErrorKind::InvalidRange);
     else if (m.allocs[yi].copies)
       x = Expect::error(ErrorKind::AllocationStillInUse);
     else if (!m.fake()) {
       // The host engine runs it after held copies it conflicts with (writes into x).
-      if (conflicts_with_held(Access{{false, xi, xr.offset, xr.len}, {false, yi, yr.offset, yr.len}})) settle();
+      if (conflicts_with_held(launch_access(xi, xr, yi, yr))) settle();
     } else {
       fired = m.fire(fake::Call::Launch);
       if (fired.fatal) {
@@ -1373,13 +1678,13 @@ class Harness {
         FenceEntry entry;
         entry.allocs = {xi, yi};
         if (m.fake()) entry.token = learn_fence(call());
-        else host_launches_.push_back(Access{{false, xi, xr.offset, xr.len}, {false, yi, yr.offset, yr.len}});
+        else host_launches_.push_back(launch_access(xi, xr, yi, yr));
         m.add_fence(std::move(entry));
       }
       // y[i] = a * x[i] + b, element by element in order (as both backends run it).
       for (std::uint64_t k = 0; k < xr.len / 4; ++k) {
-        Byte* src = &m.allocs[xi].bytes[xr.offset + 4 * k];
-        Byte* dst = &m.allocs[yi].bytes[yr.offset + 4 * k];
+        const Byte* src = m.device_bytes(m.allocs[xi]) + xr.offset + 4 * k;
+        Byte* dst = m.device_bytes(m.allocs[yi]) + yr.offset + 4 * k;
         bool known = true;
         std::uint8_t raw[4];
         for (int j = 0; j < 4; ++j) {
@@ -1476,7 +1781,7 @@ class Harness {
       const Alloc& a = m.allocs[i];
       const TensorView& v = lease.view();
       if (v.data != a.address || v.handle != h || v.dtype != spec.dtype || !(v.shape == spec.shape) ||
-          v.byte_offset != spec.byte_offset || v.device != "CPU")
+          v.byte_offset != spec.byte_offset || v.device != "CPU" || v.read_only != a.adopted())
         fail(call() + " returned a view that does not describe the allocation");
       if (!(v.strides == (spec.strides ? *spec.strides : contiguous_strides(spec.shape))))
         fail(call() + " returned the wrong strides");
@@ -1811,7 +2116,160 @@ class Harness {
       if (!a.in_backend) return;   // a deferred free finished as the copies did
     }
     const auto* base = reinterpret_cast<const std::byte*>(a.address);
-    compare_bytes([&] { return "device bytes of " + h_text(a.handle); }, base, a.bytes.data(), a.extent);
+    compare_bytes([&] { return "device bytes of " + h_text(a.handle); }, base, m.device_bytes(a), a.extent);
+  }
+
+  // ---- registered host memory and adoption ----
+  void do_register(const Op& op) {
+    const RegisterSpan span = pick_register_span(op.p[0]);
+    const bool read_only = op.p[1] & 1;
+    // The caller's bytes change only while no region holds them.
+    if ((op.p[1] & 2) && span.arena && !m.arena_held(span.begin, span.len))
+      fill_pattern(span.data, &m.arena_bytes[span.begin], span.len, op.p[3]);
+    if (m.fake() && op.p[2] % 32 >= 30) {
+      const auto failure = op.p[2] % 32 == 31 ? fake::Failure::AllocationFailed : fake::Failure::Fatal;
+      fake_->inject(fake::Call::RegisterHost, failure, 1);
+      m.injections.push_back({fake::Call::RegisterHost, failure, 1});
+    }
+    const auto call = [&] {
+      return std::string(read_only ? "register_host_read_only(" : "register_host(") +
+             std::to_string(reinterpret_cast<std::uintptr_t>(span.data)) + ", " + std::to_string(span.len) + ")";
+    };
+    // An empty span, or one past the address space, is refused before the
+    // call enters the bridge.
+    Expect x;
+    if (span.len == 0) {
+      x = Expect::error(ErrorKind::InvalidExtent);
+    } else if (!checked::add(std::uint64_t{reinterpret_cast<std::uintptr_t>(span.data)}, span.len)) {
+      x = Expect::error(ErrorKind::InvalidRange);
+    } else {
+      m.enter();
+      if (auto e = m.entry()) {
+        x = Expect::error(*e);
+      } else if (!span.arena || m.arena_held(span.begin, span.len)) {
+        x = Expect::error(ErrorKind::InvalidRange);  // the ring's bytes, or a held region's
+      } else if (m.fake()) {
+        const Fired fired = m.fire(fake::Call::RegisterHost);
+        if (fired.fatal) {
+          x = Expect::error(ErrorKind::Unavailable);
+          m.broken = true;
+        } else if (fired.allocation_failed) {
+          x = Expect::error(ErrorKind::AllocationFailed);
+        }
+      }
+    }
+    HostRegion h;
+    const auto error = attempt([&] {
+      h = read_only ? bridge_->register_host_read_only(std::span<const std::byte>(span.data, span.len))
+                    : bridge_->register_host(std::span<std::byte>(span.data, span.len));
+    });
+    if (expect_kind(call, x, error)) {
+      if (h.domain != m.domain || h.generation != m.gen) fail(call() + " returned " + g_text(h) + " tagged wrongly");
+      if (!m.region_ids.insert(h.id).second) fail(call() + " returned an id already issued: " + g_text(h));
+      m.regions.push_back(Region{h, span.begin, span.len, read_only, true, 0});
+    }
+    check_stats();
+  }
+
+  void do_unregister(const Op& op) {
+    const HostRegion h = pick_region(op.p[0], op.p[1], Want::Any);
+    m.enter();
+    Expect x;
+    std::size_t i = 0;
+    if (auto e = m.entry()) x = Expect::error(*e);
+    else if (auto e2 = m.region_error(h, &i)) x = Expect::error(*e2);
+    else if (m.regions[i].copies || m.adoptions(i)) x = Expect::error(ErrorKind::AllocationStillInUse);
+    if (expect_kind([&] { return "unregister_host(" + g_text(h) + ")"; }, x, attempt([&] { bridge_->unregister_host(h); })))
+      m.regions[i].live = false;
+    check_stats();
+  }
+
+  // adopt_host: mostly of a live read-only region, a range at offsets and of
+  // lengths in whole units of the spec (the dtype, or the alignment), some
+  // unaligned, past the region's end or hostile; the spec as alloc_device's.
+  void do_adopt(const Op& op) {
+    if (op.p[7] / 8 % 4 != 0) ensure_region(1, Want::ReadOnly, true);
+    const HostRegion h = pick_region(op.p[0], op.p[1], Want::ReadOnly);
+    const Region* reg = region_of(h);
+    const std::uint64_t region_len = reg ? reg->len : 4096;
+    const std::optional<DType> dtype = pick_dtype(op.p[2], op.p[7]);
+    const std::uint64_t align = pick_alignment(op.p[3]);
+    const std::uint64_t unit = extent_unit(dtype, align);
+    std::uint64_t offset;
+    switch (op.p[4] % 8) {
+      case 0: case 1: case 2: offset = 0; break;
+      case 3: case 4: offset = unit * (op.p[4] / 8 % 8); break;
+      case 5: offset = 4 * (op.p[4] / 8 % 32); break;
+      case 6: offset = hostile(op.p[4] / 8); break;
+      default: offset = region_len; break;
+    }
+    const std::uint64_t rest = region_len > offset ? region_len - offset : 0;
+    std::uint64_t len;
+    switch (op.p[5] % 8) {
+      case 0: case 1: case 2: len = rest / unit * unit; break;  // all it holds
+      case 3: case 4: len = unit * (1 + op.p[5] / 8 % 16); break;
+      case 5: len = rest + unit; break;
+      case 6: len = op.p[5] & 0x80 ? 0 : hostile(op.p[5] / 8); break;
+      default: len = unit * (1 + op.p[5] / 8 % 4) + 1; break;
+    }
+    const ObjectSpec spec{pick_max_extent(op.p[6], len), align, dtype, static_cast<ShapeKind>(op.p[6] / 8 % 4)};
+    const RegionRange range{h, offset, len};
+    const auto call = [&] {
+      return "adopt_host(" + rr_text(range) + ", align " + std::to_string(align) + ", max " +
+             std::to_string(spec.max_extent) + ", " + std::string(spec_dtype_name(spec)) + ")";
+    };
+    // The spec and length are refused before the call enters the bridge.
+    Expect x;
+    std::size_t ri = 0;
+    if (auto e = allocation_error(spec, len)) {
+      x = Expect::error(*e);
+    } else {
+      m.enter();
+      if (auto e1 = m.entry()) x = Expect::error(*e1);
+      else if (auto e2 = m.region_error(h, &ri)) x = Expect::error(*e2);
+      else if (offset > m.regions[ri].len || len > m.regions[ri].len - offset || !m.regions[ri].read_only)
+        x = Expect::error(ErrorKind::InvalidRange);
+      else if ((reinterpret_cast<std::uintptr_t>(arena()) + m.regions[ri].begin + offset) % align)
+        x = Expect::error(ErrorKind::InvalidAlignment);  // the first byte's address
+    }
+    DeviceHandle got;
+    if (expect_kind(call, x, attempt([&] { got = bridge_->adopt_host(range, spec); }))) {
+      if (got.domain != m.domain || got.generation != m.gen) fail(call() + " returned " + h_text(got) + " tagged wrongly");
+      if (!m.handle_ids.insert({got.generation, got.id}).second)
+        fail(call() + " returned an id already issued in this generation: " + h_text(got));
+      Alloc a;
+      a.handle = got;
+      a.spec = spec;
+      a.extent = len;
+      a.region = ri;
+      a.arena_offset = m.regions[ri].begin + offset;
+      a.address = reinterpret_cast<std::uintptr_t>(arena()) + a.arena_offset;  // in place: views say so
+      m.allocs.push_back(std::move(a));
+    }
+    check_stats();
+  }
+
+  // region_bytes: the registered bytes, which the caller writes (p2 & 1,
+  // only where it registered them writable: adopted memory never changes)
+  // or reads back; then region_retained of the same, perhaps forged, handle.
+  void do_region_bytes(const Op& op) {
+    const bool write = op.p[2] & 1;
+    const HostRegion h = pick_region(op.p[0], op.p[1], write ? Want::Writable : Want::Any);
+    m.enter();
+    Expect x;
+    std::size_t i = 0;
+    if (auto e = m.entry()) x = Expect::error(*e);
+    else if (auto e2 = m.region_error(h, &i)) x = Expect::error(*e2);
+    std::span<std::byte> got;
+    const auto call = [&] { return "region_bytes(" + g_text(h) + ")"; };
+    if (expect_kind(call, x, attempt([&] { got = bridge_->region_bytes(h); }))) {
+      const Region& r = m.regions[i];
+      if (got.data() != arena() + r.begin || got.size() != r.len) fail(call() + " is not the bytes registered");
+      if (write && !r.read_only) fill_pattern(got.data(), &m.arena_bytes[r.begin], r.len, op.p[3]);
+      else compare_bytes(call, got.data(), &m.arena_bytes[r.begin], r.len);
+    }
+    check_retained(h);
+    check_stats();
   }
 
   // Host leases keep the ring's memory past close() until they end.
@@ -1846,6 +2304,8 @@ class Harness {
   }
 
   Model m;
+  // The memory it registers; declared before the bridge, so it outlives it.
+  std::unique_ptr<Page[]> arena_ = std::make_unique<Page[]>(kArenaPages);
   std::shared_ptr<fake::FakeBackend> fake_;
   std::shared_ptr<RecordingFake::Made> fake_made_ = std::make_shared<RecordingFake::Made>();
   std::unique_ptr<Backend> host_;

@@ -1,0 +1,572 @@
+"""devbridge as a Ray Direct Transport (RDT): device tensors pass between actors by ObjectRef, out of the object store.
+
+    import ray
+    import devbridge.ray_transport as rt           # registers the "devbridge" transport: import it before
+                                                   # creating the actors, in the process that creates them
+    ray.init()
+    a, b = rt.start_worker("host"), rt.start_worker("opencl")
+    a.put.remote("x", np.ones((1024, 1024), np.float32))
+    b.accept.remote("x", a.share.remote("x"))       # A's device -> shared memory -> B's device; no object store
+
+Any actor method decorated ``@ray.method(tensor_transport="devbridge")`` may return ``DeviceTensor``s (alone,
+in a list, inside any picklable structure); everything else in the return value goes through Ray as usual.
+
+How the bytes move (one node):
+
+* The method returns: Ray hands the DeviceTensors to ``extract_tensor_transport_metadata`` on the sender,
+  which writes them once into a shared-memory segment, an anonymous ``memfd`` the sender holds open: at a
+  view's address on the host backend (one copy, split across threads), through the ring elsewhere. The
+  ObjectRef carries only where the segment is (sender pid and fd, inode), a token, offsets, shapes, dtypes.
+* Anyone holding the ref (another actor given it as an argument, the driver in ``ray.get``) opens the
+  segment through ``/proc/<sender pid>/fd/<fd>``, maps it read-only and gets a ``SegmentTensor`` (a
+  ``PortableTensor``) over the mapping: no copy. ``RDTDeviceWorker.accept`` puts it on that worker's
+  device: adopted in place on the host backend (``Bridge.adopt``: no copy, a read-only tensor), staged
+  once elsewhere. A receiver holds a shared ``flock`` on the segment for as long as anything maps it.
+* When Ray's reference counting frees the ref, ``garbage_collect`` on the sender recycles the segment:
+  once no receiver holds it any more it goes to the sender's pool (up to ``pool_bytes()``, 1 GiB by
+  default, ``DEVBRIDGE_RDT_POOL_BYTES``), where the next tensors of a similar size are written into pages
+  already allocated and mapped; beyond that it is closed. A fresh segment costs several times the copy
+  itself (the kernel allocates, zeroes and maps every page), which is what the pool saves.
+
+Segments have no name anywhere: nothing is left behind when a process dies, however it dies (the kernel
+frees a segment once the last process holding or mapping it is gone), and ``/dev/shm``'s size does not
+limit them. The price: a receiver must be allowed to open another process's fd through ``/proc`` (same
+user, the default for Ray workers; a ``/proc`` mounted ``hidepid=`` or a security profile forbidding
+ptrace reads refuses it, with a ``DevbridgeTransportError`` saying so).
+
+The receiver gets a ``SegmentTensor``, not a ``DeviceTensor``: Ray runs the receive on the actor's
+``_ray_system`` thread, concurrently with the actor's own methods, and devbridge's staging layer is used
+from one thread per bridge; so the device side is left to the method that takes the tensor, on its thread.
+
+The segment is a snapshot taken when the method returned: unlike Ray's built-in transports, later
+writes to the sender's tensor are not seen by receivers.
+
+Limits: one node (a receiver on another node gets ``DevbridgeTransportError``: use ``export``/``import_``
+there); Linux; no ``set_target_for_ref``; ``ray.get(ref, _use_object_store=True)`` fails (a DeviceTensor
+cannot be pickled); a ref whose sender died cannot be read (``DevbridgeTransportError``), as with Ray's
+own transports.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fcntl
+import math
+import mmap
+import os
+import stat as _stat_module
+import threading
+import uuid
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+import numpy as np
+
+try:
+    import ray
+    from ray.experimental import (CommunicatorMetadata, TensorTransportManager, TensorTransportMetadata,
+                                  register_tensor_transport)
+except ImportError as _error:  # pragma: no cover - exercised only without Ray, or with a Ray before RDT
+    raise ImportError("devbridge.ray_transport needs Ray with Ray Direct Transport custom transports "
+                      "(ray.experimental.register_tensor_transport): pip install 'devbridge[ray]'") from _error
+
+import devbridge
+from ._errors import InvalidTensorView, InvalidViewDType
+from ._portable import PortableTensor
+from ._staging import DeviceTensor, _copy_through_view, _numpy_dtype, download
+from .ray import DEFAULT_MAX_RESTARTS, TensorRef, _DeviceWorker
+
+__all__ = ["TRANSPORT", "DevbridgeTransport", "DevbridgeTransportMetadata", "DevbridgeTransportError",
+           "RDTDeviceWorker", "SegmentTensor", "start_worker", "segments", "pool_bytes", "set_pool_bytes",
+           "transport_stats"]
+
+TRANSPORT = "DEVBRIDGE"
+_NAME = "devbridge-rdt"
+# Page-aligned tensors: a receiver's view of each starts on its own page, as a fresh allocation would (and
+# adopting two of them registers two regions that cannot overlap).
+_ALIGN = 4096
+# The first page holds the token of the tensors now in the segment: a receiver holding a ref the sender
+# already freed (its segment recycled for other tensors) reads another token and refuses.
+_HEADER = _ALIGN
+_TOKEN = 16
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+_DEFAULT_POOL_BYTES = 1 << 30
+
+
+class DevbridgeTransportError(RuntimeError):
+    """A devbridge RDT hand-off that cannot complete: the tensors were freed, their sender died, the
+    receiver is on another node or may not open the sender's segment."""
+
+
+# ------------------------------------------------------------------------------------ process identity
+
+def _start_time(pid: int) -> int | None:
+    """Start time (clock ticks since boot) of the live process ``pid``; None when gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(b")") + 2:].split()  # the command name may hold spaces and parentheses
+    if fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[19])
+
+
+def _alive(pid: int, start: int) -> bool:
+    # A pid is reused: the start time tells the sender from a later process of the same pid.
+    return _start_time(pid) == start
+
+
+def segments(pid: int | None = None) -> list[int]:
+    """The inodes of the transport's segments open in process ``pid`` (this one by default): those it wrote
+    (for live refs, or pooled for reuse: ``transport_stats()`` tells which) and those it maps as a receiver."""
+    base = f"/proc/{os.getpid() if pid is None else pid}/fd"
+    found = set()
+    try:
+        fds = os.listdir(base)
+    except OSError:
+        return []
+    for fd in fds:
+        try:
+            if os.readlink(f"{base}/{fd}").startswith(f"/memfd:{_NAME}"):
+                found.add(os.stat(f"{base}/{fd}").st_ino)  # mmap holds a dup of each fd: count files
+        except OSError:
+            pass  # closed meanwhile
+    return sorted(found)
+
+
+def _node_id() -> str | None:
+    # get_runtime_context() would start a local cluster in a process that has none.
+    if not ray.is_initialized():
+        return None
+    try:
+        return ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001 - outside a worker of this Ray version
+        return None
+
+
+def _try_lock(fd: int, how: int) -> bool:
+    try:
+        fcntl.flock(fd, how | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+# ------------------------------------------------------------------------------------------- transport
+
+class SegmentTensor(PortableTensor):
+    """A PortableTensor received by the transport: read-only, over a mapping of the sender's segment.
+
+    Its bytes never change while it lives (the sender wrote them before the ref existed, and recycles the
+    segment only once no receiver holds it), so a bridge may adopt them as device memory (``Bridge.adopt``)
+    rather than copy them."""
+
+    __slots__ = ()
+
+    def __reduce__(self):
+        # Elsewhere the bytes are a private copy, no longer the segment: a plain PortableTensor.
+        return (PortableTensor, (self.shape, self.dtype, self._bytes))
+
+
+@dataclass
+class DevbridgeTransportMetadata(TensorTransportMetadata):
+    """What an ObjectRef carries: ``tensor_meta`` is ``[(shape, devbridge dtype name)]`` (a name, not a numpy
+    dtype: ``bfloat16`` and ``float8_*`` have none); the bytes are in the segment open as ``fd`` in process
+    ``pid`` (started at ``start``), inode ``inode``, ``nbytes`` bytes whose first page holds ``token``, at
+    ``offsets``."""
+
+    pid: int = 0
+    start: int = 0
+    fd: int = -1
+    inode: int = 0
+    nbytes: int = 0
+    token: bytes = b""
+    offsets: List[int] = field(default_factory=list)
+    node_id: Optional[str] = None
+
+
+class _Segment:
+    """A segment the sender wrote: its memfd, kept open and mapped so that it can be written again."""
+
+    __slots__ = ("fd", "mm", "size", "inode")
+
+    def __init__(self, fd: int, mm: mmap.mmap, size: int) -> None:
+        self.fd, self.mm, self.size, self.inode = fd, mm, size, os.fstat(fd).st_ino
+
+    def close(self) -> None:
+        try:
+            self.mm.close()
+        except BufferError:  # a view of it is still alive somewhere in this process: let it go with that
+            pass
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+
+
+def _layout(tensors: list[DeviceTensor]) -> tuple[list[int], int]:
+    offsets, end = [], _HEADER
+    for t in tensors:
+        offsets.append(end)
+        end = -(-(end + t.nbytes) // _ALIGN) * _ALIGN
+    return offsets, end
+
+
+def _write(tensor: DeviceTensor, out: np.ndarray) -> None:
+    """The tensor's bytes into ``out`` (a C-contiguous array of its shape and numpy dtype over the segment)."""
+    bridge = tensor.bridge
+    if bridge.host_addressable:
+        tensor.wait()
+        try:
+            # The allocation is host memory: one copy at a view's address, split across threads.
+            _copy_through_view(bridge, tensor.handle, tensor.dtype, tensor.shape, out, False, parallel=True)
+            return
+        except (InvalidViewDType, InvalidTensorView):
+            pass
+    download(bridge, tensor, out)
+
+
+_pool_bytes: int | None = None
+
+
+def pool_bytes() -> int:
+    """The most bytes of freed segments a sender keeps for reuse (``DEVBRIDGE_RDT_POOL_BYTES``, 1 GiB)."""
+    if _pool_bytes is not None:
+        return _pool_bytes
+    try:
+        return max(0, int(os.environ.get("DEVBRIDGE_RDT_POOL_BYTES", _DEFAULT_POOL_BYTES)))
+    except ValueError:
+        return _DEFAULT_POOL_BYTES
+
+
+def set_pool_bytes(nbytes: int | None) -> None:
+    """Sets this process's pool limit (``None``: back to the environment's or the default; ``0``: a freed
+    segment is closed at once). A smaller limit closes what no longer fits now."""
+    global _pool_bytes
+    _pool_bytes = None if nbytes is None else max(0, int(nbytes))
+    manager = _manager_if_made()
+    if manager is not None:
+        manager._trim()
+
+
+def transport_stats() -> dict[str, int]:
+    """This process's side of the transport: segments holding the tensors of live refs (``live``), freed
+    ones a receiver still maps (``draining``), pooled for reuse (``pooled``), their bytes, and how many
+    segments were created and reused."""
+    manager = _manager_if_made()
+    return manager.stats() if manager is not None else DevbridgeTransport._stats_of({}, [], [], 0, 0)
+
+
+def _manager_if_made() -> DevbridgeTransport | None:
+    from ray.experimental.rdt import util
+
+    # Ray's per-process singleton, made on first use; there is no public accessor for it.
+    manager = getattr(util, "transport_managers", {}).get(TRANSPORT)
+    return manager if isinstance(manager, DevbridgeTransport) else None
+
+
+class DevbridgeTransport(TensorTransportManager):
+    """The ``TensorTransportManager`` Ray instantiates once per process; see the module doc."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: dict[int, _Segment] = {}  # by fd: written, their ref not freed yet
+        self._by_object: dict[str, DevbridgeTransportMetadata] = {}
+        self._draining: list[_Segment] = []   # freed, a receiver still holds them
+        self._pooled: list[_Segment] = []     # freed, held by nobody but us (locked exclusively): reusable
+        self._created = self._reused = 0
+        atexit.register(self.close)
+
+    def tensor_transport_backend(self) -> str:
+        return TRANSPORT
+
+    @staticmethod
+    def is_one_sided() -> bool:
+        # The bytes are in the segment before the ref exists: the receiver reads them without the sender.
+        return True
+
+    @staticmethod
+    def can_abort_transport() -> bool:
+        # A receive is a local mmap that never waits on the sender: nothing can hang. Saying False would
+        # make Ray kill the sender (and the receiver) whenever a receive task fails, e.g. on a dead receiver.
+        return True
+
+    def actor_has_tensor_transport(self, actor: Any) -> bool:
+        # Asking the actor would block the caller; an actor without devbridge fails at extract instead.
+        return True
+
+    def get_communicator_metadata(self, src_actor: Any, dst_actor: Any,
+                                  backend: Optional[str] = None) -> CommunicatorMetadata:
+        return CommunicatorMetadata()
+
+    # ------------------------------------------------------------------------------------------ sender
+
+    def extract_tensor_transport_metadata(self, obj_id: str, rdt_object: List[Any]) -> DevbridgeTransportMetadata:
+        tensors = list(rdt_object)
+        if not tensors:
+            return DevbridgeTransportMetadata(tensor_meta=[], tensor_device=None)
+        for t in tensors:
+            if not isinstance(t, DeviceTensor):
+                raise TypeError(f"the devbridge transport moves devbridge.DeviceTensor, not {type(t).__name__}")
+            t._check()
+        backends = {t.bridge.backend for t in tensors}
+        if len(backends) != 1:
+            raise ValueError(f"one ref's DeviceTensors must share a backend (Ray's rule), not {sorted(backends)}")
+        with self._lock:
+            again = self._by_object.get(obj_id)
+        if again is not None:
+            # A retried task whose first reply was lost: Ray keeps the first primary copy and asks again.
+            return again
+        offsets, need = _layout(tensors)
+        segment = self._take(need)
+        token = uuid.uuid4().bytes
+        try:
+            for t, offset in zip(tensors, offsets):
+                out = np.ndarray(t.shape, _numpy_dtype(t.dtype), buffer=segment.mm, offset=offset)
+                _write(t, out)
+                del out
+            segment.mm[:_TOKEN] = token  # last: the bytes are whole before anything names them
+            fcntl.flock(segment.fd, fcntl.LOCK_UN)
+        except BaseException:
+            segment.close()
+            raise
+        meta = DevbridgeTransportMetadata(
+            tensor_meta=[(t.shape, t.dtype) for t in tensors], tensor_device=backends.pop(), pid=os.getpid(),
+            start=_start_time(os.getpid()) or 0, fd=segment.fd, inode=segment.inode, nbytes=segment.size,
+            token=token, offsets=offsets, node_id=_node_id())
+        with self._lock:
+            self._live[segment.fd] = segment
+            self._by_object[obj_id] = meta
+        return meta
+
+    def _take(self, need: int) -> _Segment:
+        """A segment of at least ``need`` bytes, locked exclusively: the smallest pooled one of at most twice
+        that, else a new one."""
+        with self._lock:
+            self._settle()
+            fits = [s for s in self._pooled if need <= s.size <= 2 * need]
+            if fits:
+                best = min(fits, key=lambda s: s.size)
+                self._pooled.remove(best)
+                self._reused += 1
+                return best
+            self._created += 1
+        fd = os.memfd_create(_NAME, os.MFD_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            # Allocate the pages now: no memory left is an OSError here, not a SIGBUS in the middle of the copy.
+            os.posix_fallocate(fd, 0, need)
+            mm = mmap.mmap(fd, need, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            raise
+        return _Segment(fd, mm, need)
+
+    def garbage_collect(self, obj_id: str, tensor_transport_meta: DevbridgeTransportMetadata,
+                        tensors: List[Any]) -> None:
+        with self._lock:
+            self._by_object.pop(obj_id, None)
+            segment = self._live.pop(tensor_transport_meta.fd, None)
+            if segment is not None:
+                self._draining.append(segment)
+                self._settle()
+                self._trim_locked()
+
+    def _settle(self) -> None:
+        """Moves the freed segments no receiver holds any more into the pool (locked by us: a stale receiver
+        can no longer take it), their token wiped."""
+        still = []
+        for segment in self._draining:
+            if _try_lock(segment.fd, fcntl.LOCK_EX):
+                segment.mm[:_TOKEN] = bytes(_TOKEN)
+                self._pooled.append(segment)
+            else:
+                still.append(segment)
+        self._draining = still
+
+    def _trim(self) -> None:
+        with self._lock:
+            self._trim_locked()
+
+    def _trim_locked(self) -> None:
+        # Oldest first; a draining segment closed now lives on in its receivers' mappings only.
+        limit = pool_bytes()
+        while self._pooled or self._draining:
+            if sum(s.size for s in self._pooled) + sum(s.size for s in self._draining) <= limit:
+                break
+            (self._pooled if self._pooled else self._draining).pop(0).close()
+
+    @staticmethod
+    def _stats_of(live: dict, draining: list, pooled: list, created: int, reused: int) -> dict[str, int]:
+        return {"live": len(live), "draining": len(draining), "pooled": len(pooled),
+                "live_bytes": sum(s.size for s in live.values()),
+                "pooled_bytes": sum(s.size for s in pooled) + sum(s.size for s in draining),
+                "created": created, "reused": reused}
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            self._settle()
+            return self._stats_of(self._live, self._draining, self._pooled, self._created, self._reused)
+
+    def close(self) -> None:
+        """Closes every segment this process wrote (at exit; a live ref's tensors can no longer be read)."""
+        with self._lock:
+            held = [*self._live.values(), *self._draining, *self._pooled]
+            self._live, self._draining, self._pooled, self._by_object = {}, [], [], {}
+        for segment in held:
+            segment.close()
+
+    def send_multiple_tensors(self, tensors: List[Any], tensor_transport_metadata: TensorTransportMetadata,
+                              communicator_metadata: CommunicatorMetadata) -> None:
+        raise NotImplementedError("the devbridge transport is one-sided: Ray never calls send_multiple_tensors")
+
+    def abort_transport(self, obj_id: str, communicator_metadata: CommunicatorMetadata) -> None:
+        pass  # a receive holds nothing between calls: a failed one left nothing behind
+
+    # ---------------------------------------------------------------------------------------- receiver
+
+    def recv_multiple_tensors(self, obj_id: str, tensor_transport_metadata: DevbridgeTransportMetadata,
+                              communicator_metadata: CommunicatorMetadata,
+                              target_buffers: Optional[List[Any]] = None) -> List[PortableTensor]:
+        meta = tensor_transport_metadata
+        if target_buffers:
+            raise ValueError("the devbridge transport does not receive into target buffers (set_target_for_ref)")
+        if not meta.tensor_meta:
+            return []
+        here = _node_id()
+        if meta.node_id is not None and here is not None and here != meta.node_id:
+            raise DevbridgeTransportError(
+                f"ObjectRef({obj_id}): its tensors are in shared memory on node {meta.node_id}, this process is on "
+                f"node {here}; the devbridge transport is one node only (hand off with export/import_ instead)")
+        fd = self._open(obj_id, meta)
+        try:
+            # Shared while mapped: the sender recycles the segment only once it can lock it exclusively.
+            if not _try_lock(fd, fcntl.LOCK_SH) or os.pread(fd, _TOKEN, 0) != meta.token:
+                raise DevbridgeTransportError(self._freed(obj_id, meta))
+            size = os.fstat(fd).st_size
+            if size != meta.nbytes:
+                raise DevbridgeTransportError(
+                    f"ObjectRef({obj_id}): the segment holds {size} bytes, the ref says {meta.nbytes}")
+            # Not populated: a bridge that adopts the bytes touches them only when compute reads them, and
+            # populating here made a 256 MiB host-to-host hand-off take twice as long.
+            mm = mmap.mmap(fd, meta.nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        except BaseException:
+            os.close(fd)
+            raise
+        # The lock (the fd) goes with the mapping: once the last tensor, array or adopted DeviceTensor over
+        # it is gone, whenever that is.
+        weakref.finalize(mm, os.close, fd)
+        out: list[PortableTensor] = []
+        for (shape, dtype), offset in zip(meta.tensor_meta, meta.offsets):
+            n = math.prod(shape) * devbridge.dtype_info(dtype)["itemsize"]
+            out.append(SegmentTensor(shape, dtype, np.frombuffer(mm, np.uint8, n, offset)))
+        return out
+
+    def _open(self, obj_id: str, meta: DevbridgeTransportMetadata) -> int:
+        """The sender's segment, opened read-only here (a new open file description: a lock of our own)."""
+        if not _alive(meta.pid, meta.start):
+            raise DevbridgeTransportError(
+                f"ObjectRef({obj_id}): the sender process (pid {meta.pid}) that held its tensors has died; they "
+                "lived on its device and are lost")
+        path = f"/proc/{meta.pid}/fd/{meta.fd}"
+        try:
+            # Non-blocking: a stale ref's fd number may name a pipe or a FIFO by now.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except PermissionError as error:
+            raise DevbridgeTransportError(
+                f"ObjectRef({obj_id}): may not open {path}, the sender's segment ({error.strerror}): the transport "
+                "needs both processes under one user and /proc readable between them (no hidepid=, no security "
+                "profile denying ptrace reads)") from None
+        except OSError:
+            if not _alive(meta.pid, meta.start):
+                raise DevbridgeTransportError(
+                    f"ObjectRef({obj_id}): the sender process (pid {meta.pid}) died while its tensors were read; "
+                    "they are lost") from None
+            raise DevbridgeTransportError(self._freed(obj_id, meta)) from None
+        info = os.fstat(fd)
+        if not _stat_module.S_ISREG(info.st_mode) or info.st_ino != meta.inode or not _alive(meta.pid, meta.start):
+            os.close(fd)
+            raise DevbridgeTransportError(self._freed(obj_id, meta))
+        return fd
+
+    @staticmethod
+    def _freed(obj_id: str, meta: DevbridgeTransportMetadata) -> str:
+        return (f"ObjectRef({obj_id}): the sender (pid {meta.pid}) has freed its tensors (the ref went out of "
+                "scope there); its segment no longer holds them")
+
+
+def _register() -> None:
+    try:
+        # Ray's devices are the tensors' tensor_device: the backend of their bridge.
+        register_tensor_transport(TRANSPORT, ["host", "opencl", "cuda", "fake"], DevbridgeTransport, DeviceTensor)
+    except ValueError:
+        # Already registered: workers import this module too (the classes below are pickled by reference), and
+        # Ray registers the driver's transports there itself, skipping a name this import registered first.
+        pass
+
+
+_register()
+
+
+# -------------------------------------------------------------------------------------------- the worker
+
+class _RDTDeviceWorker(_DeviceWorker):
+    """A ``DeviceWorker`` that hands tensors to other workers by RDT: ``share`` and ``accept``."""
+
+    @ray.method(tensor_transport=TRANSPORT)
+    def share(self, key: Any) -> DeviceTensor | list[DeviceTensor]:
+        """The tensor(s) named by ``key`` (a name or TensorRef, or a list of them), for another actor:
+        ``b.accept.remote(name, a.share.remote(key))``. The bytes are copied once, now, into shared memory."""
+        keys = key if isinstance(key, list) else [key]
+        tensors = [self._lookup(k)[1] for k in keys]
+        self._counts["exports"] += len(tensors)
+        self._counts["bytes_out"] += sum(t.nbytes for t in tensors)
+        return tensors if isinstance(key, list) else tensors[0]
+
+    def accept(self, name: str | list[str], value: Any) -> TensorRef | list[TensorRef]:
+        """Stores what ``share`` handed over (a SegmentTensor, or a list) as ``name`` (or the list of names):
+        adopted with no copy on the host backend (read-only: a later ``put`` of the name replaces it), one
+        copy onto the device elsewhere. Also takes what ``put`` takes."""
+        if isinstance(name, list):
+            values = list(value)
+            if len(values) != len(name):
+                raise ValueError(f"accept: {len(name)} names for {len(values)} tensors")
+            return [self.accept(n, v) for n, v in zip(name, values)]
+        if isinstance(value, DeviceTensor):
+            # A ref shared by this very actor: Ray hands back the tensor itself, which is also held under its
+            # own name (and by Ray): store a copy, so that replacing one name does not free the other.
+            value = self._portable(value) if value.bridge is self.bridge else value.bridge.export(value)
+        tensor = None
+        if isinstance(value, SegmentTensor) and self._adopt and value.shape:
+            try:
+                tensor = self.bridge.adopt(value.numpy(), dtype=value.dtype)
+            except devbridge.Unsupported:
+                self._adopt = False  # device memory that is not host memory after all: copy
+        if tensor is None:
+            tensor = self._ingest(value, reuse=name)
+        self._counts["imports"] += 1
+        self._counts["bytes_in"] += tensor.nbytes
+        return self._store(name, tensor)
+
+
+RDTDeviceWorker = ray.remote(max_restarts=DEFAULT_MAX_RESTARTS, max_task_retries=0,
+                             enable_tensor_transport=True)(_RDTDeviceWorker)
+
+
+def start_worker(backend: str = "host", device: str | None = None, *, checkpoint: str | os.PathLike | None = None,
+                 max_restarts: int = DEFAULT_MAX_RESTARTS, num_gpus: float | None = None,
+                 ray_options: dict[str, Any] | None = None, **options: Any) -> Any:
+    """``devbridge.ray.start_worker`` for an ``RDTDeviceWorker`` (same placement rules and arguments)."""
+    if num_gpus is None:
+        num_gpus = 1 if backend == "cuda" else 0
+    if backend == "cuda" and "cuda_context" not in options and "context" not in options:
+        options["cuda_context"] = "tinygrad"
+    settings: dict[str, Any] = {"max_restarts": max_restarts, "max_task_retries": 0}
+    if num_gpus:
+        settings["num_gpus"] = num_gpus
+    settings.update(ray_options or {})
+    checkpoint = os.fspath(checkpoint) if checkpoint is not None else None
+    return RDTDeviceWorker.options(**settings).remote(backend, device, checkpoint=checkpoint, **options)

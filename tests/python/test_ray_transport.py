@@ -1,0 +1,361 @@
+"""devbridge as a Ray Direct Transport (devbridge.ray_transport): DeviceTensors between actors by ObjectRef.
+
+The transport's manager in this process first (no cluster: layout, dtypes, the segment pool, refusals), then
+one local cluster for the module (2 CPUs, no dashboard, a timeout on every ray.get): a hand-off between two
+workers bit-exact (adopted with no copy on the host backend), the driver's ray.get, several tensors in one
+ref, segments recycled or closed once their ref is freed, a dead sender and a dead receiver. Skipped when Ray
+(or its RDT custom transports) is missing.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'devbridge[ray]'; "
+                                        "requirements-dev.txt installs it)")
+if not hasattr(__import__("ray.experimental", fromlist=["_"]), "register_tensor_transport"):
+    pytest.skip("this Ray has no Ray Direct Transport custom transports (register_tensor_transport)",
+                allow_module_level=True)
+
+import devbridge  # noqa: E402
+
+# A devbridge installed before ray_transport.py existed: read the module from this checkout, here and (through
+# the cluster's worker setup hook) in every worker, which must import it by name.
+_SOURCE = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "python", "devbridge"))
+_FROM_CHECKOUT = importlib.util.find_spec("devbridge.ray_transport") is None
+if _FROM_CHECKOUT:
+    devbridge.__path__.append(_SOURCE)
+
+import devbridge.ray_transport as rt  # noqa: E402
+from devbridge.ray import TensorRef, wait_until_ready  # noqa: E402
+
+# Ray 2.60's owner-side handling of a failed transfer (RDTManager._abort_transport, in the driver's
+# _monitor_failures thread) first imports ray.experimental.collective, which imports torch: without torch that
+# thread dies there (about a second after a transfer failed, so in whichever test runs then), once the receive
+# task has already failed as it should. Nothing of devbridge's is involved; see docs/RAY.md.
+pytestmark = pytest.mark.filterwarnings(
+    r"ignore:Exception in thread .*\(_monitor_failures\):pytest.PytestUnhandledThreadExceptionWarning")
+
+TIMEOUT = 60  # seconds, for every ray.get
+HAVE_OPENCL = any(b["name"] == "opencl" and b["available"] for b in devbridge.list_backends())
+HAVE_TINYGRAD = importlib.util.find_spec("tinygrad") is not None
+OTHER_BACKEND = "opencl" if HAVE_OPENCL else "host"
+
+
+def get(ref, timeout=TIMEOUT):
+    return ray.get(ref, timeout=timeout)
+
+
+def eventually(check, timeout=20.0):
+    """Polls ``check()`` until true (Ray frees a ref's primary copy asynchronously); its last value."""
+    deadline = time.monotonic() + timeout
+    while not (ok := check()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return ok
+
+
+def dead_pid():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+# --------------------------------------------------------------------------------- in-process: the manager
+
+
+@pytest.fixture
+def manager():
+    m = rt.DevbridgeTransport()
+    yield m
+    m.close()
+    rt.set_pool_bytes(None)
+
+
+def upload_all(b, xs, dtypes=None):
+    return [b.upload(x, dtype=(dtypes or {}).get(i), wait=True) for i, x in enumerate(xs)]
+
+
+@pytest.mark.parametrize("backend", ["host", "fake", "opencl"])
+def test_receivers_map_the_senders_segment_bit_exact_and_read_only(manager, backend):
+    if backend == "opencl" and not HAVE_OPENCL:
+        pytest.skip("no OpenCL device")
+    b = devbridge.Bridge(backend=backend)
+    if backend == "fake":
+        b.fake.set_auto_complete(True)
+    rng = np.random.default_rng(11)
+    xs = [rng.standard_normal((33, 65), dtype=np.float32), rng.integers(-9, 9, size=7, dtype=np.int64),
+          rng.integers(0, 1 << 16, size=(5, 3), dtype=np.uint16)]
+    ts = upload_all(b, xs, {2: "bfloat16"})
+    try:
+        meta = manager.extract_tensor_transport_metadata("obj", ts)
+        assert meta.inode in rt.segments() and meta.pid == os.getpid() and meta.tensor_device == backend
+        assert [o % 4096 for o in meta.offsets] == [0, 0, 0] and meta.offsets[0] >= 4096  # a header page first
+        assert meta.tensor_meta == [((33, 65), "float32"), ((7,), "int64"), ((5, 3), "bfloat16")]
+        assert manager.extract_tensor_transport_metadata("obj", ts) is meta  # a retry: the same segment
+        got = manager.recv_multiple_tensors("obj", meta, None)
+        assert [type(g) for g in got] == [rt.SegmentTensor] * 3 and got[2].dtype == "bfloat16"
+        for g, x in zip(got, xs):
+            a = np.asarray(g)
+            assert a.dtype == x.dtype and np.array_equal(a, x) and not a.flags.writeable
+        manager.garbage_collect("obj", meta, ts)
+        # Freed while a receiver still maps it: kept aside, never rewritten under the receiver's feet.
+        assert manager.stats()["live"] == 0 and manager.stats()["draining"] == 1
+        assert np.array_equal(np.asarray(got[0]), xs[0])
+        del got, a, g
+        gc.collect()
+        assert manager.stats()["draining"] == 0 and manager.stats()["pooled"] == 1  # nobody maps it: reusable
+        with pytest.raises(rt.DevbridgeTransportError, match="has freed its tensors"):
+            manager.recv_multiple_tensors("obj", meta, None)
+    finally:
+        for t in ts:
+            t.free()
+        b.close()
+
+
+def test_a_pooled_segment_is_reused_and_a_stale_ref_refused(manager):
+    with devbridge.Bridge(backend="host") as b:
+        x, y = np.arange(50_000, dtype=np.float32), np.arange(50_000, dtype=np.float32)[::-1].copy()
+        tx, ty = b.upload(x, wait=True), b.upload(y, wait=True)
+        first = manager.extract_tensor_transport_metadata("1", [tx])
+        manager.garbage_collect("1", first, [tx])
+        second = manager.extract_tensor_transport_metadata("2", [ty])  # same size: first's segment again
+        assert (second.fd, second.inode) == (first.fd, first.inode) and manager.stats()["reused"] == 1
+        with pytest.raises(rt.DevbridgeTransportError, match="has freed its tensors"):
+            manager.recv_multiple_tensors("1", first, None)
+        held = manager.recv_multiple_tensors("2", second, None)
+        assert np.array_equal(np.asarray(held[0]), y)
+        # Held by a receiver when freed: the next tensors go to a new segment, the held bytes stay as they were.
+        manager.garbage_collect("2", second, [ty])
+        third = manager.extract_tensor_transport_metadata("3", [tx])
+        assert third.fd != second.fd and manager.stats()["created"] == 2
+        assert np.array_equal(np.asarray(held[0]), y)
+        # No pool: a freed segment nobody holds is closed at once, one still held as soon as it is let go.
+        rt.set_pool_bytes(0)
+        manager._trim()
+        manager.garbage_collect("3", third, [tx])
+        assert third.inode not in rt.segments()
+        del held
+        gc.collect()
+        assert manager.stats()["pooled_bytes"] == 0 and rt.segments() == []
+        tx.free()
+        ty.free()
+
+
+def test_the_manager_refuses_what_it_cannot_move(manager):
+    with devbridge.Bridge(backend="host") as b, devbridge.Bridge(backend="fake") as f:
+        t = b.upload(np.arange(10, dtype=np.float32), wait=True)
+        with pytest.raises(TypeError, match="DeviceTensor"):
+            manager.extract_tensor_transport_metadata("o", [np.zeros(3)])
+        f.fake.set_auto_complete(True)
+        other = f.upload(np.arange(10, dtype=np.float32), wait=True)
+        with pytest.raises(ValueError, match="share a backend"):
+            manager.extract_tensor_transport_metadata("o", [t, other])
+        other.free()
+        t.free()
+        with pytest.raises(devbridge.Closed):
+            manager.extract_tensor_transport_metadata("o", [t])
+        assert rt.segments() == []
+        empty = manager.extract_tensor_transport_metadata("o", [])
+        assert empty.tensor_meta == [] and manager.recv_multiple_tensors("o", empty, None) == []
+        t = b.upload(np.arange(10, dtype=np.float32), wait=True)
+        meta = manager.extract_tensor_transport_metadata("o", [t])
+        with pytest.raises(ValueError, match="target buffers"):
+            manager.recv_multiple_tensors("o", meta, None, target_buffers=[t])
+        gone = rt.DevbridgeTransportMetadata(**{**meta.__dict__, "pid": dead_pid()})
+        with pytest.raises(rt.DevbridgeTransportError, match="has died"):
+            manager.recv_multiple_tensors("o", gone, None)
+        reused = rt.DevbridgeTransportMetadata(**{**meta.__dict__, "start": meta.start + 1})  # pid reused since
+        with pytest.raises(rt.DevbridgeTransportError, match="has died"):
+            manager.recv_multiple_tensors("o", reused, None)
+        wrong = rt.DevbridgeTransportMetadata(**{**meta.__dict__, "fd": 0})  # not the segment (stdin)
+        with pytest.raises(rt.DevbridgeTransportError, match="has freed"):
+            manager.recv_multiple_tensors("o", wrong, None)
+        manager.garbage_collect("o", meta, [t])
+        t.free()
+
+
+# -------------------------------------------------------------------------------- on a local Ray cluster
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if ray.is_initialized():  # pragma: no cover - another module's cluster
+        ray.shutdown()
+    runtime_env = {}
+    if _FROM_CHECKOUT:
+        source = _SOURCE
+
+        def _hook():  # nested: pickled by value, so the workers need not import this test module
+            import devbridge as _devbridge
+
+            if source not in _devbridge.__path__:
+                _devbridge.__path__.append(source)
+
+        runtime_env["worker_process_setup_hook"] = _hook
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 << 20, log_to_driver=False,
+             configure_logging=False, runtime_env=runtime_env)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def start(backend="host", **kw):
+    w = rt.start_worker(backend, **kw)
+    wait_until_ready(w, timeout=TIMEOUT)
+    return w
+
+
+@pytest.fixture(scope="module")
+def workers(cluster):
+    a, b = start("host"), start(OTHER_BACKEND)
+    yield a, b
+    for w in (a, b):
+        ray.kill(w, no_restart=True)
+
+
+def stats_of(worker):
+    return get(worker.__ray_call__.remote(lambda self: rt.transport_stats()))
+
+
+def test_hand_off_by_objectref_is_bit_exact_and_recycles_its_segment(workers):
+    a, b = workers
+    x = np.random.default_rng(1).standard_normal((512, 1000), dtype=np.float32)  # 2 MB: past the inline limit
+    get(a.put.remote("x", x))
+    ref = a.share.remote("x")
+    y = get(b.accept.remote("y", ref))
+    assert isinstance(y, TensorRef) and y.shape == x.shape and y.dtype == "float32"
+    assert stats_of(a)["live"] == 1
+    assert np.array_equal(get(b.get.remote("y")), x)
+    # The same ref again: to the driver (a SegmentTensor over the mapping), and back to its sender (Ray hands
+    # the sender its own tensor; accept stores a copy).
+    here = get(ref)
+    assert isinstance(here, rt.SegmentTensor) and np.array_equal(np.asarray(here), x)
+    with pytest.warns(UserWarning, match="passed back to the actor that created it"):
+        get(a.accept.remote("x_again", ref))
+    # Overwrites x (in place on the host backend, in the very allocation Ray still holds for the ref): the
+    # copy and the segment, a snapshot taken when share returned, keep the old bytes.
+    get(a.put.remote("x", np.zeros_like(x)))
+    assert np.array_equal(get(a.get.remote("x_again")), x)
+    get(b.accept.remote("z", ref))
+    assert np.array_equal(get(b.get.remote("z")), x)
+    # The other way, into the host worker: its bridge adopts the mapped segment as the tensor, no copy.
+    before = get(a.stats.remote())["bridge"]
+    back = b.share.remote("y")
+    get(a.accept.remote("from_b", back))
+    stats = get(a.stats.remote())["bridge"]
+    assert stats["adopted_allocations"] == before["adopted_allocations"] + 1
+    assert stats["copies_submitted"] == before["copies_submitted"]
+    del ref, here, back
+    assert eventually(lambda: stats_of(a)["live"] == 0 and stats_of(b)["live"] == 0)
+    # What was received lives on without its ref (an adopted tensor holds its mapping, which keeps b's segment
+    # aside until the tensor is replaced).
+    assert np.array_equal(get(b.get.remote("y")), x) and np.array_equal(get(a.get.remote("from_b")), x)
+    assert stats_of(b)["draining"] == 1
+    if HAVE_TINYGRAD:
+        get(a.run.remote(lambda t: t * 2, "from_b", "twice"))  # read in place by tinygrad
+        assert np.array_equal(get(a.get.remote("twice")), x * 2)
+    get(a.put.remote("from_b", np.ones_like(x)))  # read-only: replaced, never written into
+    assert np.array_equal(get(a.get.remote("from_b")), np.ones_like(x))
+    assert eventually(lambda: stats_of(b)["draining"] == 0 and stats_of(b)["pooled"] == 1)
+    # The next share of that size is written into the pooled segment.
+    reused = stats_of(b)["reused"]
+    get(a.accept.remote("from_b", b.share.remote("y")))
+    assert stats_of(b)["reused"] == reused + 1 and np.array_equal(get(a.get.remote("from_b")), x)
+
+
+def test_several_tensors_and_dtypes_in_one_ref(workers):
+    a, b = workers
+    rng = np.random.default_rng(2)
+    data = {"f16": rng.standard_normal((64, 3)).astype(np.float16), "i8": rng.integers(-100, 100, 4097).astype(np.int8),
+            "u64": rng.integers(0, 1 << 62, size=(3, 5, 7), dtype=np.uint64)}
+    bits = rng.integers(0, 1 << 16, size=(9, 9), dtype=np.uint16)
+    for name, v in data.items():
+        get(a.put.remote(name, v))
+    get(a.put.remote("bf", bits, dtype="bfloat16"))
+    names = [*data, "bf"]
+    try:
+        refs = get(b.accept.remote([f"r_{n}" for n in names], a.share.remote(names)))
+    except devbridge.UnsupportedDType:  # OpenCL without cl_khr_fp16
+        names = ["i8", "u64", "bf"]
+        refs = get(b.accept.remote([f"r_{n}" for n in names], a.share.remote(names)))
+    assert [r.name for r in refs] == [f"r_{n}" for n in names]
+    assert get(b.tensors.remote())["r_bf"]["dtype"] == "bfloat16"
+    for n in names:
+        assert np.array_equal(get(b.get.remote(f"r_{n}")), bits if n == "bf" else data[n])
+
+
+def test_the_driver_shares_its_own_device_tensor_with_ray_put(workers):
+    _, b = workers
+    x = np.random.default_rng(3).standard_normal((100, 100)).astype(np.float32)
+    with devbridge.Bridge(backend="host") as bridge:
+        t = bridge.upload(x, wait=True)
+        ref = ray.put(t, _tensor_transport="devbridge")  # one-sided: the driver may be the sender
+        assert rt.transport_stats()["live"] == 1
+        get(b.accept.remote("from_driver", ref))
+        assert np.array_equal(get(b.get.remote("from_driver")), x)
+        del ref
+        assert eventually(lambda: rt.transport_stats()["live"] == 0)
+        t.free()
+
+
+def test_a_dead_sender_fails_the_receiver_clearly(workers):
+    _, b = workers
+    sender = start("host", max_restarts=0)
+    pid = get(sender.identity.remote())["pid"]
+    get(sender.put.remote("s", np.arange(300_000, dtype=np.float32)))
+    ref = sender.share.remote("s")
+    assert stats_of(sender)["live"] == 1
+    pid_b = get(b.identity.remote())["pid"]
+    held_by_b = len(rt.segments(pid_b))
+    ray.kill(sender, no_restart=True)
+    assert eventually(lambda: not os.path.exists(f"/proc/{pid}") or rt._start_time(pid) is None)
+    with pytest.raises(ray.exceptions.RayError, match="has died"):
+        get(b.accept.remote("lost", ref))
+    with pytest.raises(devbridge.UnknownDeviceHandle):
+        get(b.get.remote("lost"))
+    assert len(rt.segments(pid_b)) == held_by_b  # the failed receive kept nothing open
+    del ref
+
+
+def test_a_dead_receiver_neither_takes_the_sender_down_nor_leaks(workers):
+    a, _ = workers
+    receiver = start("host", max_restarts=0)
+    get(a.put.remote("d", np.arange(100_000, dtype=np.int32)))
+    ref = a.share.remote("d")
+    assert stats_of(a)["live"] == 1
+    ray.kill(receiver, no_restart=True)
+    with pytest.raises(ray.exceptions.RayActorError):
+        get(receiver.accept.remote("d", ref))
+    # Ray kills both ends of a failed transfer unless the transport can abort; this one can (nothing waits).
+    assert get(a.ping.remote()) == 1
+    assert np.array_equal(np.asarray(get(ref)), np.arange(100_000, dtype=np.int32))
+    del ref
+    assert eventually(lambda: stats_of(a)["live"] == 0 and stats_of(a)["draining"] == 0)
+
+
+def test_without_a_pool_a_freed_segment_is_closed(workers):
+    a, b = workers
+    pid_a = get(a.identity.remote())["pid"]
+    get(a.__ray_call__.remote(lambda self: rt.set_pool_bytes(0)))
+    try:
+        assert eventually(lambda: stats_of(a)["pooled_bytes"] == 0)  # the pool emptied at once
+        before = set(rt.segments(pid_a))  # what a maps as a receiver (tensors it adopted) stays
+        get(a.put.remote("p", np.arange(70_000, dtype=np.float64)))
+        ref = a.share.remote("p")
+        get(b.accept.remote("p", ref))
+        new = set(rt.segments(pid_a)) - before
+        assert len(new) == 1
+        del ref
+        assert eventually(lambda: new.isdisjoint(rt.segments(pid_a)))
+        assert np.array_equal(get(b.get.remote("p")), np.arange(70_000, dtype=np.float64))
+    finally:
+        get(a.__ray_call__.remote(lambda self: rt.set_pool_bytes(None)))
