@@ -58,6 +58,12 @@ struct BackendInfo {
   // instead of twice through the ring. Not the fake: its copies are what
   // tests script and count.
   bool host_addressable = false;
+  // One upload of a buffer is cheaper from a registration of it (register,
+  // one copy, unregister) than through the ring (two copies): the device
+  // shares host memory and registering pins nothing (host memory; OpenCL
+  // with CL_DEVICE_HOST_UNIFIED_MEMORY). False where registering pins every
+  // page (cuMemHostRegister costs about what the ring's extra copy does).
+  bool cheap_registration = false;
   std::string notes;               // e.g. why the ring is not page-locked
 };
 

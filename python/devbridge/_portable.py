@@ -52,6 +52,8 @@ from ._staging import (
     _numpy_dtype,
     _stage_chunk,
     _stage_chunks,
+    _REGISTRATION_FROM,
+    _stage_from_registration,
     _stage_into,
     _staging_queue,
     _upload,
@@ -461,9 +463,11 @@ def import_tensor(bridge: Bridge, source: Any, spec: ObjectSpec | None = None, *
                            lambda handle: _stage_chunks(bridge, queue, handle, nbytes, fill))
     tensor = _as_portable(source, dtype, shape)
     allocation = _allocation(tensor.shape, tensor.dtype, spec, alignment, "import_tensor")
+    stage = (_stage_from_registration if wait and bridge.cheap_registration and tensor.nbytes >= _REGISTRATION_FROM
+             else _stage_into)
     with _staging_queue(bridge) as queue:
         return _upload(bridge, queue, tensor.shape, tensor.dtype, *allocation, wait,
-                       lambda handle: _stage_into(bridge, queue, tensor._bytes, handle))
+                       lambda handle: stage(bridge, queue, tensor._bytes, handle))
 
 
 def _as_portable(source: Any, dtype: Any, shape: Any) -> PortableTensor:

@@ -739,6 +739,24 @@ def _upload(bridge: Bridge, queue: ReleaseQueue, shape: tuple[int, ...], name: s
         raise
 
 
+# Below this the ring's second copy costs less than registering and unregistering (a driver call each).
+_REGISTRATION_FROM = 1 << 20
+
+
+def _stage_from_registration(bridge: Bridge, queue: ReleaseQueue, a: np.ndarray,
+                             handle: DeviceHandle) -> list[tuple[CopyEvent, int, int]]:
+    """Fills ``handle`` from the flat bytes ``a`` with one copy, straight from ``a`` registered read-only for
+    the call (where ``bridge.cheap_registration``; the ring would take two copies); through the ring when
+    ``a`` cannot be registered (it overlaps a region already registered). Synchronous: no events."""
+    try:
+        region = bridge.register_host(a, writable=False)
+    except InvalidRange:
+        return _stage_into(bridge, queue, a, handle)
+    with region:
+        bridge.host_to_device(region, handle, mode="sync")
+    return []
+
+
 def _stage_into(bridge: Bridge, queue: ReleaseQueue, a: np.ndarray,
                 handle: DeviceHandle) -> list[tuple[CopyEvent, int, int]]:
     """Copies the bytes of the C-contiguous array ``a`` into ``handle`` (from offset 0): ``_stage_chunks``."""

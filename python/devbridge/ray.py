@@ -161,8 +161,9 @@ class _DeviceWorker:
         # copy, no ring in between.
         self._host_addressable = self.bridge.host_addressable and direct
         # And an array that arrives in Ray's object store (an argument, an ObjectRef, another worker's
-        # export) needs no copy at all: the bridge adopts the sealed buffer as the tensor (Bridge.adopt).
-        self._adopt = self._host_addressable and adopt
+        # export) needs no copy at all where the device shares host memory: the bridge adopts the sealed
+        # buffer as the tensor (Bridge.adopt; on OpenCL the buffer over it).
+        self._adopt = adopt and (self._host_addressable or self.bridge.cheap_registration)
         self._tinygrad_device = tinygrad_device
         self._checkpoint_path = os.fspath(checkpoint) if checkpoint is not None else None
         self._tensors: dict[str, _Tensor] = {}
@@ -240,16 +241,17 @@ class _DeviceWorker:
         spec, extent = devbridge.spec_for_array(shape, name)
         source = PortableTensor(shape, spec.dtype, src)  # checks that the bytes are those of the shape and dtype
         shape, name = source.shape, source.dtype
-        if not self._host_addressable:
-            # Through the ring, in chunks, straight from the (shared-memory) source: no copy of it first.
-            return self.bridge.import_tensor(source)
         if self._adopt and shape and _in_object_store(src):
             # No copy at all: the object-store buffer (sealed, immutable) is the tensor's memory, read in
-            # place by views, tinygrad and downloads, held until the tensor is replaced or deleted.
+            # place by views, kernels and downloads, held until the tensor is replaced or deleted.
             try:
                 return self.bridge.adopt(src.view(_numpy_dtype(name)).reshape(shape), dtype=name)
             except devbridge.Unsupported:
-                self._adopt = False  # this backend's device memory is not host memory after all: copy
+                self._adopt = False  # this device's memory is not host memory after all: copy
+        if not self._host_addressable:
+            # Straight from the (shared-memory) source, no copy of it first: once from a registration of it
+            # where that is cheap, else through the ring in chunks.
+            return self.bridge.import_tensor(source)
         # One copy, through a view of the allocation (any dtype, bfloat16 and float8 too), split across threads
         # when large. Over the tensor of that name when it has the same shape and dtype and nothing reads any
         # allocation (no view, tinygrad tensor or export alive): no new allocation to fault in.
@@ -465,11 +467,12 @@ DeviceWorker = ray.remote(max_restarts=DEFAULT_MAX_RESTARTS, max_task_retries=0)
 
 def start_worker(backend: str = "host", device: str | None = None, *, checkpoint: str | os.PathLike | None = None,
                  max_restarts: int = DEFAULT_MAX_RESTARTS, num_gpus: float | None = None,
-                 ray_options: Mapping[str, Any] | None = None, **options: Any) -> Any:
+                 ray_options: Mapping[str, Any] | None = None, actor_class: Any = None, **options: Any) -> Any:
     """A ``DeviceWorker`` actor for ``backend``: ``num_gpus=1`` for ``"cuda"`` (Ray then places it on a GPU
     node and makes that GPU its device 0), none otherwise. ``options`` go to the worker (``ring_bytes``,
     the backend's own options); ``ray_options`` to ``DeviceWorker.options`` (``name``, ``resources``,
-    ``scheduling_strategy``, ...)."""
+    ``scheduling_strategy``, ...). ``actor_class``: a Ray actor class over a ``_DeviceWorker`` subclass
+    (``devbridge.ray_transport.RDTDeviceWorker``) instead of ``DeviceWorker``."""
     if num_gpus is None:
         num_gpus = 1 if backend == "cuda" else 0
     if backend == "cuda" and "cuda_context" not in options and "context" not in options:
@@ -481,7 +484,7 @@ def start_worker(backend: str = "host", device: str | None = None, *, checkpoint
         settings["num_gpus"] = num_gpus
     settings.update(ray_options or {})
     checkpoint = os.fspath(checkpoint) if checkpoint is not None else None
-    return DeviceWorker.options(**settings).remote(backend, device, checkpoint=checkpoint, **options)
+    return (actor_class or DeviceWorker).options(**settings).remote(backend, device, checkpoint=checkpoint, **options)
 
 
 def wait_until_ready(worker: Any, *, timeout: float = 60.0, min_generation: int = 1) -> int:

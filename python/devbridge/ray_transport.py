@@ -76,6 +76,7 @@ from ._errors import InvalidTensorView, InvalidViewDType
 from ._portable import PortableTensor
 from ._staging import DeviceTensor, _copy_through_view, _numpy_dtype, download
 from .ray import DEFAULT_MAX_RESTARTS, TensorRef, _DeviceWorker
+from .ray import start_worker as _start_worker
 
 __all__ = ["TRANSPORT", "DevbridgeTransport", "DevbridgeTransportMetadata", "DevbridgeTransportError",
            "RDTDeviceWorker", "SegmentTensor", "start_worker", "segments", "pool_bytes", "set_pool_bytes",
@@ -556,17 +557,6 @@ RDTDeviceWorker = ray.remote(max_restarts=DEFAULT_MAX_RESTARTS, max_task_retries
                              enable_tensor_transport=True)(_RDTDeviceWorker)
 
 
-def start_worker(backend: str = "host", device: str | None = None, *, checkpoint: str | os.PathLike | None = None,
-                 max_restarts: int = DEFAULT_MAX_RESTARTS, num_gpus: float | None = None,
-                 ray_options: dict[str, Any] | None = None, **options: Any) -> Any:
+def start_worker(backend: str = "host", device: str | None = None, **kwargs: Any) -> Any:
     """``devbridge.ray.start_worker`` for an ``RDTDeviceWorker`` (same placement rules and arguments)."""
-    if num_gpus is None:
-        num_gpus = 1 if backend == "cuda" else 0
-    if backend == "cuda" and "cuda_context" not in options and "context" not in options:
-        options["cuda_context"] = "tinygrad"
-    settings: dict[str, Any] = {"max_restarts": max_restarts, "max_task_retries": 0}
-    if num_gpus:
-        settings["num_gpus"] = num_gpus
-    settings.update(ray_options or {})
-    checkpoint = os.fspath(checkpoint) if checkpoint is not None else None
-    return RDTDeviceWorker.options(**settings).remote(backend, device, checkpoint=checkpoint, **options)
+    return _start_worker(backend, device, actor_class=RDTDeviceWorker, **kwargs)

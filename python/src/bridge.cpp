@@ -246,6 +246,7 @@ void bind_bridge(nb::module_& m) {
               state->backend_name = info.name;  // what "auto" chose
               state->device = info.name + ":" + info.device_id;
               state->host_addressable = info.host_addressable;
+              state->cheap_registration = info.cheap_registration;
             }
             new (self) PyBridge{std::move(state)};
           },
@@ -260,6 +261,10 @@ void bind_bridge(nb::module_& m) {
           "host_addressable", [](const PyBridge& b) { return b.state->host_addressable; },
           "Whether device memory is host memory the CPU reads and writes at a view's address (the host backend):\n"
           "upload/download then copy once, through a view, instead of twice through the ring.")
+      .def_prop_ro(
+          "cheap_registration", [](const PyBridge& b) { return b.state->cheap_registration; },
+          "Whether one upload of a buffer is cheaper from a registration of it (register_host, one copy,\n"
+          "unregister) than through the ring (two copies): import_tensor then goes that way for large buffers.")
       .def_prop_ro(
           "device", [](const PyBridge& b) { return b.state->device; },
           "The device the bridge binds, \"<backend>:<device_id>\" (\"opencl:0:0\", \"host:0\"); every handle and view\n"

@@ -51,6 +51,7 @@ nb::dict backend_info_dict(const BackendInfo& info) {
   d["capabilities"] = capabilities;
   d["host_memory_page_locked"] = info.host_memory_page_locked;
   d["host_addressable"] = info.host_addressable;
+  d["cheap_registration"] = info.cheap_registration;
   d["notes"] = info.notes;
   return d;
 }

@@ -42,6 +42,7 @@ struct BridgeState {
   std::string backend_name;
   std::string device;  // "<backend>:<device_id>", the device the bridge binds (storage identity)
   bool host_addressable = false;  // BackendInfo::host_addressable, read once
+  bool cheap_registration = false;  // BackendInfo::cheap_registration, read once
   // Set by close() before the C++ bridge closes, so accessors the C++ bridge
   // answers without checking (ring_capacity) refuse as well.
   std::atomic<bool> closed{false};

@@ -695,7 +695,9 @@ class BridgeCore {
     return slot->phase == RegionSlot::Phase::Retained;
   }
 
-  void end_adopted_slot(std::uint32_t index) noexcept {
+  // Out of line: free_device and release inline their free path, and only
+  // adopted memory comes here.
+  [[gnu::noinline, gnu::cold]] void end_adopted_slot(std::uint32_t index) noexcept {
     const DeviceAllocation device = allocations_[index].device;
     const std::uint32_t region = allocations_[index].adopted_region - 1;
     allocations_.retire(index);

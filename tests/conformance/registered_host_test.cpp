@@ -156,6 +156,13 @@ TEST_P(RegisteredHostConformance, AReadOnlyRegionTakesUploadsAndRefusesDownloads
 // becomes an allocation with no copy; elsewhere adopt_host is Unsupported
 // and the rows below skip.
 
+// Where a view's address is a host address the CPU reads (host memory, and
+// the fake's records over it), not an OpenCL buffer's handle.
+bool views_are_host_addresses(Bridge& b) {
+  const auto info = b.backend_info();
+  return info.host_addressable || info.name == "fake";
+}
+
 // The region's bytes as a read-only allocation, or a skip.
 #define ADOPT_OR_SKIP(handle, b, range, spec)                                                        \
   DeviceHandle handle;                                                                              \
@@ -189,7 +196,8 @@ TEST_P(RegisteredHostConformance, AnAdoptedRegionIsTheAllocationWithNoCopyAndRef
   {
     const auto lease = b.view(h, view_spec(DType::Float32, {2048}));
     EXPECT_TRUE(lease->read_only);
-    EXPECT_EQ(lease->data, reinterpret_cast<std::uintptr_t>(memory.data() + 4096)) << "the view is the region itself";
+    if (views_are_host_addresses(b))
+      EXPECT_EQ(lease->data, reinterpret_cast<std::uintptr_t>(memory.data() + 4096)) << "the view is the region itself";
   }
   EXPECT_TRUE(bytes_equal(read_device(h, 0, 2 * 4096), slice(data, 4096, 2 * 4096), "adopted bytes read back"));
   // Every way of writing into it is refused, and changes nothing.
@@ -256,7 +264,8 @@ TEST_P(RegisteredHostConformance, AnAdoptionAViewOutlivesRestartKeepsItsRegionUn
   EXPECT_EQ(b.stats().host_regions, 1u);
   EXPECT_KIND(ErrorKind::OldGenerationHandle, b.unregister_host(region));
   EXPECT_KIND(ErrorKind::InvalidRange, b.register_host(memory)) << "the retained region's memory is still taken";
-  EXPECT_EQ(std::memcmp(reinterpret_cast<const void*>(lease->data), data.data(), 4096), 0);
+  if (views_are_host_addresses(b))
+    EXPECT_EQ(std::memcmp(reinterpret_cast<const void*>(lease->data), data.data(), 4096), 0);
   lease.reset();
   EXPECT_FALSE(b.region_retained(region));
   EXPECT_EQ(b.stats().host_regions, 0u);

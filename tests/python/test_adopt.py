@@ -162,9 +162,24 @@ def test_the_fake_adopts_too_and_refuses_a_use_after_release():
     b.close()
 
 
-@pytest.mark.parametrize("backend", ["opencl", "cuda"])
-def test_a_backend_whose_device_memory_is_not_host_memory_refuses_adoption(backend):
-    b = open_bridge(backend)
+def test_opencl_adopts_the_registration_buffer_itself():
+    b = open_bridge("opencl")
+    a = immutable(np.random.default_rng(2).standard_normal(4096, dtype=np.float32))
+    t = b.adopt(a)                               # the region's CL_MEM_USE_HOST_PTR buffer, retained
+    assert t.read_only and np.array_equal(t.numpy(), a)
+    out = b.upload(np.zeros(4096, np.float32), wait=True)
+    b.axpy(t.handle, out.handle, 2.0, 0.0)       # a kernel reads it
+    assert np.array_equal(out.numpy(), a * 2)
+    with pytest.raises(devbridge.InvalidRange, match="read-only"):
+        b.axpy(out.handle, t.handle, 1.0, 0.0)
+    t.free()
+    out.free()
+    assert b.stats()["adopted_allocations"] == 0
+    b.close()
+
+
+def test_cuda_refuses_adoption():
+    b = open_bridge("cuda")
     with pytest.raises(devbridge.Unsupported, match="adopt_host"):
         b.adopt(immutable(np.zeros(1024, np.float32)))
     assert b.stats()["host_regions"] == 0 and b.stats()["live_allocations"] == 0

@@ -330,6 +330,8 @@ def test_a_dead_receiver_neither_takes_the_sender_down_nor_leaks(workers):
     a, _ = workers
     receiver = start("host", max_restarts=0)
     get(a.put.remote("d", np.arange(100_000, dtype=np.int32)))
+    # Segments earlier receivers still map (a tensor adopted in place lives in its segment) stay draining.
+    draining = stats_of(a)["draining"]
     ref = a.share.remote("d")
     assert stats_of(a)["live"] == 1
     ray.kill(receiver, no_restart=True)
@@ -339,7 +341,7 @@ def test_a_dead_receiver_neither_takes_the_sender_down_nor_leaks(workers):
     assert get(a.ping.remote()) == 1
     assert np.array_equal(np.asarray(get(ref)), np.arange(100_000, dtype=np.int32))
     del ref
-    assert eventually(lambda: stats_of(a)["live"] == 0 and stats_of(a)["draining"] == 0)
+    assert eventually(lambda: stats_of(a)["live"] == 0 and stats_of(a)["draining"] == draining)
 
 
 def test_without_a_pool_a_freed_segment_is_closed(workers):

@@ -101,6 +101,9 @@ std::string format_info(const InfoReport& report) {
     out += fmt::format("  memory         {}\n", memory_line(info));
     out += fmt::format("  dtypes         {}\n", dtype_list(info));
     out += fmt::format("  page-locked    {}\n", info.host_memory_page_locked ? "yes" : "no");
+    out += fmt::format("  registration   {}\n", info.cheap_registration
+                                                   ? "cheap (a large import copies straight from the buffer)"
+                                                   : "not cheap (imports stage through the ring)");
     if (e.memory) {
       out += fmt::format("  caching pool   {}\n",
                          !e.memory->caching_pool ? "off by default (Bridge option caching_pool)"

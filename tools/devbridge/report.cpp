@@ -88,6 +88,8 @@ nlohmann::json device_json(const BackendInfo& info) {
       {"free_memory", info.free_memory},
       {"dtypes", dtypes},
       {"host_memory_page_locked", info.host_memory_page_locked},
+      {"host_addressable", info.host_addressable},
+      {"cheap_registration", info.cheap_registration},
       {"notes", info.notes},
   };
 }

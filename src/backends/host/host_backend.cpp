@@ -115,6 +115,7 @@ class HostBackend final : public Backend {
     info.device_ordinal = 0;
     info.device_id = "0";
     info.host_addressable = true;
+    info.cheap_registration = true;
     const auto memory = detail::read_memory_info();
     info.total_memory = memory.total;
     info.free_memory = memory.available;

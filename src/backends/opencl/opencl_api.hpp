@@ -30,6 +30,8 @@ namespace devbridge::opencl::detail {
   X(clGetCommandQueueInfo)               \
   X(clCreateBuffer)                      \
   X(clReleaseMemObject)                  \
+  X(clRetainMemObject)                   \
+  X(clCreateSubBuffer)                   \
   X(clGetMemObjectInfo)                  \
   X(clEnqueueWriteBuffer)                \
   X(clEnqueueReadBuffer)                 \

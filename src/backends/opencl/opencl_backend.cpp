@@ -313,6 +313,9 @@ class OpenCLBackend final : public Backend {
     for (std::string_view name : {"cl_khr_fp16", "cl_khr_fp64", "cl_khr_pci_bus_info"})
       if (has(name)) info.capabilities.emplace_back(name);
     info.host_memory_page_locked = false;
+    // A CL_MEM_USE_HOST_PTR buffer over memory the device shares is the
+    // memory itself: registering costs next to nothing.
+    info.cheap_registration = device_value<cl_bool>(cl_, choice_.device, CL_DEVICE_HOST_UNIFIED_MEMORY) == CL_TRUE;
     info.notes = fmt::format(
         "platform {} ({}), device {}:{}; buffers at most {} bytes each; one in-order queue; the ring is a mapped "
         "CL_MEM_ALLOC_HOST_PTR buffer (OpenCL does not say whether it is page-locked)",
@@ -403,8 +406,9 @@ class OpenCLBackend final : public Backend {
   // A buffer over the caller's memory: CL_MEM_USE_HOST_PTR is how OpenCL
   // lets a driver pin memory it did not allocate (it may also just remember
   // the pointer; OpenCL does not say, so page_locked stays false). Copies
-  // keep naming host addresses inside the block, never this buffer: it only
-  // exists so the driver knows the pages, and no command ever runs on it.
+  // keep naming host addresses inside the block, never this buffer: it
+  // exists so the driver knows the pages; only an adoption of a read-only
+  // region (adopt_host) runs commands on it, which read it.
   HostBlock register_host(std::byte* data, std::uint64_t bytes) override {
     return register_pages(data, bytes, CL_MEM_READ_WRITE);
   }
@@ -447,14 +451,52 @@ class OpenCLBackend final : public Backend {
     return HostBlock{data, bytes, false, reinterpret_cast<std::uintptr_t>(buffer)};
   }
 
-  // The bridge unregisters only once no copy uses the memory, and no
-  // command ever named the buffer: releasing it frees it at once, and the
-  // driver has nothing to write back into the caller's memory.
+  // The bridge unregisters only once no copy or adoption uses the memory,
+  // and no command ever wrote the buffer: the driver has nothing to write
+  // back into the caller's memory (and keeps the buffer itself until
+  // commands that read it finish).
   void unregister_host(const HostBlock& block) noexcept override {
     if (block.token == 0) return;
     if (const cl_int result = cl_.clReleaseMemObject(reinterpret_cast<cl_mem>(block.token)); result != CL_SUCCESS)
       log_failure(result, "clReleaseMemObject(registered host memory)", Operation::Release);
     live_registrations_.fetch_sub(1, std::memory_order_relaxed);
+  }
+
+  // A read-only region's CL_MEM_USE_HOST_PTR buffer used as an allocation:
+  // on a device that shares host memory (PoCL, an integrated GPU) it is the
+  // memory itself; elsewhere the driver may keep a copy on the device, which
+  // stays right because nothing ever writes the memory. The whole region is
+  // its buffer, retained; a range of it a sub-buffer, which OpenCL lets
+  // start only at multiples of CL_DEVICE_MEM_BASE_ADDR_ALIGN.
+  DeviceAllocation adopt_host(const HostBlock& region, std::uint64_t offset, std::uint64_t bytes) override {
+    const auto whole = reinterpret_cast<cl_mem>(region.token);
+    const auto where = [&] {
+      return fmt::format("adopting bytes [{}, +{}) of host memory registered at {}", offset, bytes,
+                         static_cast<const void*>(region.data));
+    };
+    cl_mem buffer = whole;
+    if (offset == 0 && bytes == region.bytes) {
+      check(cl_.clRetainMemObject(whole), "clRetainMemObject", Operation::Allocate);
+    } else {
+      const auto align_bits = device_value<cl_uint>(cl_, choice_.device, CL_DEVICE_MEM_BASE_ADDR_ALIGN);
+      const std::uint64_t align = std::max<std::uint64_t>(align_bits / 8, 1);
+      if (offset % align != 0)
+        throw Error(ErrorKind::InvalidAlignment,
+                    fmt::format("opencl: {}: a part of a buffer must start at a multiple of {} bytes on {} "
+                                "(CL_DEVICE_MEM_BASE_ADDR_ALIGN)",
+                                where(), align, device_name_));
+      const cl_buffer_region part{offset, bytes};
+      cl_int result = CL_SUCCESS;
+      buffer = cl_.clCreateSubBuffer(whole, CL_MEM_READ_ONLY, CL_BUFFER_CREATE_TYPE_REGION, &part, &result);
+      if (result != CL_SUCCESS) throw make_error(result, "clCreateSubBuffer", Operation::Allocate, where());
+    }
+    const auto handle = reinterpret_cast<std::uintptr_t>(buffer);
+    return DeviceAllocation{handle, bytes, handle};
+  }
+
+  void release_adopted(const DeviceAllocation& adopted) noexcept override {
+    if (const cl_int result = cl_.clReleaseMemObject(as_buffer(adopted)); result != CL_SUCCESS)
+      log_failure(result, "clReleaseMemObject(adopted host memory)", Operation::Release);
   }
 
   void submit_copy(const CopyRequest& request) override {
