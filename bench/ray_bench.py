@@ -45,7 +45,7 @@ def main(argv=None) -> int:
 
     nbytes = args.mib << 20
     ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=True, configure_logging=False,
-             object_store_memory=max(1 << 30, 4 * nbytes + (256 << 20)))
+             object_store_memory=max(1 << 30, 3 * nbytes + (256 << 20)))
     status = 0
     try:
         @ray.remote

@@ -160,9 +160,9 @@ class _DeviceWorker:
         # whose copies tests count): bytes go straight between the object store and the allocation, one
         # copy, no ring in between.
         self._host_addressable = self.bridge.host_addressable and direct
-        # And an array that arrives in Ray's object store (an argument, an ObjectRef, another worker's
-        # export) needs no copy at all where the device shares host memory: the bridge adopts the sealed
-        # buffer as the tensor (Bridge.adopt; on OpenCL the buffer over it).
+        # And another worker's export that arrives in Ray's object store needs no copy at all where the
+        # device shares host memory: the bridge adopts the sealed buffer as the tensor (Bridge.adopt; on
+        # OpenCL the buffer over it).
         self._adopt = adopt and (self._host_addressable or self.bridge.cheap_registration)
         self._tinygrad_device = tinygrad_device
         self._checkpoint_path = os.fspath(checkpoint) if checkpoint is not None else None
@@ -225,8 +225,9 @@ class _DeviceWorker:
 
     # ------------------------------------------------------------------------------------ bytes in/out
 
-    def _ingest(self, value: Any, dtype: Any = None, reuse: str | None = None) -> DeviceTensor:
-        """A new DeviceTensor holding ``value`` (numpy array, PortableTensor, buffer), read in place."""
+    def _ingest(self, value: Any, dtype: Any = None, reuse: str | None = None, adopt: bool = False) -> DeviceTensor:
+        """A new DeviceTensor holding ``value`` (numpy array, PortableTensor, buffer), read in place; with
+        ``adopt``, an object-store buffer becomes the tensor itself where the device shares host memory."""
         if isinstance(value, ray.ObjectRef):
             value = ray.get(value)
         if isinstance(value, (list, tuple)) and len(value) == 1 and isinstance(value[0], ray.ObjectRef):
@@ -241,7 +242,7 @@ class _DeviceWorker:
         spec, extent = devbridge.spec_for_array(shape, name)
         source = PortableTensor(shape, spec.dtype, src)  # checks that the bytes are those of the shape and dtype
         shape, name = source.shape, source.dtype
-        if self._adopt and shape and _in_object_store(src):
+        if adopt and self._adopt and shape and _in_object_store(src):
             # No copy at all: the object-store buffer (sealed, immutable) is the tensor's memory, read in
             # place by views, kernels and downloads, held until the tensor is replaced or deleted.
             try:
@@ -295,7 +296,9 @@ class _DeviceWorker:
         """Stores ``value`` (a numpy array, a PortableTensor, an ObjectRef of either) on the device as ``name``.
 
         An ObjectRef passed as the argument itself is resolved by Ray before the call: the array is then a
-        zero-copy view of the object store's shared memory, and is staged from there (no host copy first)."""
+        zero-copy view of the object store's shared memory, and is staged from there (no host copy first).
+        Copied, never adopted: what a worker is loaded with (weights, state) lives as long as the worker and
+        must not hold object-store memory that long."""
         tensor = self._ingest(value, dtype, reuse=name)
         self._counts["puts"] += 1
         self._counts["bytes_in"] += tensor.nbytes
@@ -303,11 +306,15 @@ class _DeviceWorker:
 
     def import_(self, name: str, value: Any) -> TensorRef:
         """Stores a PortableTensor (typically another worker's ``export``, passed as its ObjectRef) as
-        ``name``; any backend to any backend, bit-exact. A ``TensorRef`` is refused: hand over the export."""
+        ``name``; any backend to any backend, bit-exact. A ``TensorRef`` is refused: hand over the export.
+
+        Where the device shares host memory (host; OpenCL with ``cheap_registration``) the object-store
+        buffer is adopted: it becomes the tensor, read-only, with no copy, and stays pinned in the store until
+        the tensor is replaced or deleted (hand-offs are replaced step by step). ``adopt=False`` at start copies."""
         if isinstance(value, TensorRef):
             raise self._refuse(devbridge.ForeignDomain(
                 f"import_ takes the exported tensor (worker.export.remote(name)), not the token {value!r}"))
-        tensor = self._ingest(value, reuse=name)
+        tensor = self._ingest(value, reuse=name, adopt=True)
         self._counts["imports"] += 1
         self._counts["bytes_in"] += tensor.nbytes
         return self._store(name, tensor)

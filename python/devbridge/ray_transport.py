@@ -547,7 +547,7 @@ class _RDTDeviceWorker(_DeviceWorker):
             except devbridge.Unsupported:
                 self._adopt = False  # device memory that is not host memory after all: copy
         if tensor is None:
-            tensor = self._ingest(value, reuse=name)
+            tensor = self._ingest(value, reuse=name, adopt=True)
         self._counts["imports"] += 1
         self._counts["bytes_in"] += tensor.nbytes
         return self._store(name, tensor)

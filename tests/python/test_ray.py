@@ -118,19 +118,20 @@ def test_cross_backend_hand_off_is_bit_exact(host_worker, other_worker):
     assert np.array_equal(get(other_worker.get.remote("bf")), bits)
 
 
-def test_a_host_worker_adopts_what_arrives_in_the_object_store_with_no_copy(host_worker):
+def test_a_host_worker_adopts_a_handed_over_export_with_no_copy(host_worker):
     w = host_worker
     x = np.random.default_rng(5).standard_normal((256, 300), dtype=np.float32)  # > Ray's inline limit
     before = get(w.stats.remote())["bridge"]
-    get(w.put.remote("adopt_a", ray.put(x)))  # an ObjectRef: the object-store buffer is the tensor
-    get(w.put.remote("adopt_a", ray.put(x)))  # replaced: the first buffer is let go
-    stats = get(w.stats.remote())["bridge"]
-    assert stats["adopted_allocations"] == before["adopted_allocations"] + 1
-    assert stats["copies_submitted"] == before["copies_submitted"]  # nothing was copied in
-    # The same exported object imported twice (one buffer, adopted twice), read, computed on, checkpointed.
+    get(w.put.remote("adopt_a", ray.put(x)))  # put copies: a worker's own state must not pin the object store
+    assert get(w.stats.remote())["bridge"]["adopted_allocations"] == before["adopted_allocations"]
+    # The same exported object imported twice (one buffer, adopted twice), read, computed on.
     ref = w.export.remote("adopt_a")
+    submitted = get(w.stats.remote())["bridge"]["copies_submitted"]
     get(w.import_.remote("adopt_b", ref))
     get(w.import_.remote("adopt_c", ref))
+    stats = get(w.stats.remote())["bridge"]
+    assert stats["adopted_allocations"] == before["adopted_allocations"] + 2
+    assert stats["copies_submitted"] == submitted  # nothing was copied in
     assert np.array_equal(get(w.get.remote("adopt_b")), x) and np.array_equal(get(w.get.remote("adopt_c")), x)
     get(w.run.remote(lambda t, u: t + u, ["adopt_b", "adopt_c"], ["adopt_d"]))
     assert np.array_equal(get(w.get.remote("adopt_d")), x + x)
