@@ -562,6 +562,15 @@ class BridgeCore {
     return id_slot(r.id);
   }
 
+  // The slot of the live region a non-empty range lies in.
+  std::uint32_t region_range_index(const RegionRange& range) {
+    const auto index = region_index(range.region);
+    const auto bytes = regions_[index].block.bytes;
+    if (range.len == 0 || !checked::range_within(range.offset, range.len, bytes))
+      fail(ErrorKind::InvalidRange, "{} is outside the region's {} bytes (or empty)", describe(range), bytes);
+    return index;
+  }
+
   HostRegion register_host(std::span<std::byte> bytes, bool read_only) {
     if (bytes.empty()) fail(ErrorKind::InvalidExtent, "registering host memory of 0 bytes");
     const auto begin = reinterpret_cast<std::uintptr_t>(bytes.data());
@@ -653,11 +662,8 @@ class BridgeCore {
     const auto [elem, view_dtype] = checked_allocation(spec, range.len);
     SpinLockHold lock(lock_);
     enter(lock);
-    const auto index = region_index(range.region);
+    const auto index = region_range_index(range);
     auto& region = regions_[index];
-    if (range.len == 0 || !checked::range_within(range.offset, range.len, region.block.bytes))
-      fail(ErrorKind::InvalidRange, "{} is outside the region's {} bytes (or empty)", describe(range),
-           region.block.bytes);
     if (!region.read_only)
       fail(ErrorKind::InvalidRange,
            "adopting {}: only a region registered read-only (register_host_read_only) can be adopted; a writable one "
@@ -1189,10 +1195,8 @@ class BridgeCore {
   std::byte* host_data(const HostRange& host, HostRing::Key) const noexcept { return ring_.data(host); }
   // The registered region holding `host` (validated), and its bytes.
   HostRing::Key locate_host(const RegionRange& host, CopyDirection direction) {
-    const auto index = region_index(host.region);
+    const auto index = region_range_index(host);
     const auto& slot = regions_[index];
-    if (host.len == 0 || !checked::range_within(host.offset, host.len, slot.block.bytes))
-      fail(ErrorKind::InvalidRange, "{} is outside the region's {} bytes (or empty)", describe(host), slot.block.bytes);
     if (slot.read_only && direction == CopyDirection::DeviceToHost)
       fail(ErrorKind::InvalidRange, "a download into {}: the region was registered read-only (uploads only)",
            describe(host));

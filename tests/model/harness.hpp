@@ -587,8 +587,12 @@ class Harness {
   }
 
   // ---- picking arguments ----
-  DeviceHandle forged_handle(std::uint8_t kind, std::uint8_t p) const {
-    const std::uint64_t some_id = m.allocs.empty() ? 1 : m.allocs[p % m.allocs.size()].handle.id;
+  // A handle or region of the bridge's tag shape ({domain, generation, id})
+  // that names nothing live: another domain, a generation off by one, a
+  // known id retagged, ids no slot has. `ids` are the model's own, to retag.
+  template <class Tagged, class Records>
+  Tagged forged(const Records& ids, std::uint8_t kind, std::uint8_t p) const {
+    const std::uint64_t some_id = ids.empty() ? 1 : ids[p % ids.size()].handle.id;
     switch (kind % 8) {
       case 0: return {m.domain + 7777, m.gen, some_id};
       case 1: return {m.domain, m.gen - 1, some_id};
@@ -599,6 +603,9 @@ class Harness {
       case 6: return {m.domain, m.gen, (std::uint64_t{p % 4u + 1u} << 32) | (p / 4u % 4u)};
       default: return {0, 0, 0};
     }
+  }
+  DeviceHandle forged_handle(std::uint8_t kind, std::uint8_t p) const {
+    return forged<DeviceHandle>(m.allocs, kind, p);
   }
   // Returns the handle and, when it names a model allocation, its index.
   // Mostly a live allocation's handle; sometimes any handle ever issued
@@ -628,17 +635,7 @@ class Harness {
   // of an older generation, retained), sometimes a forgery.
   enum class Want : std::uint8_t { Any, Writable, ReadOnly };
   HostRegion forged_region(std::uint8_t kind, std::uint8_t p) const {
-    const std::uint64_t some_id = m.regions.empty() ? 1 : m.regions[p % m.regions.size()].handle.id;
-    switch (kind % 8) {
-      case 0: return {m.domain + 7777, m.gen, some_id};
-      case 1: return {m.domain, m.gen - 1, some_id};
-      case 2: return {m.domain, m.gen + 1, some_id};
-      case 3: return {m.domain, m.gen, some_id};  // an id of any generation, retagged
-      case 4: return {m.domain, m.gen, 0};
-      case 5: return {m.domain, m.gen, std::numeric_limits<std::uint64_t>::max()};
-      case 6: return {m.domain, m.gen, (std::uint64_t{p % 4u + 1u} << 32) | (p / 4u % 4u)};
-      default: return {0, 0, 0};
-    }
+    return forged<HostRegion>(m.regions, kind, p);
   }
   static bool wanted(const Region& r, Want want) {
     return want == Want::Any || r.read_only == (want == Want::ReadOnly);
