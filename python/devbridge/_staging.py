@@ -580,7 +580,8 @@ class _AdoptedRegion:
 def adopt(bridge: Bridge, array: Any, *, dtype: Any = None) -> DeviceTensor:
     """The array's own memory as a read-only ``DeviceTensor``, with no copy, where the bridge's device
     addresses host memory (the host backend): an immutable buffer (a Ray object-store array, a read-only
-    mmap) becomes a tensor that views, tinygrad, DLPack and downloads read in place.
+    mmap) becomes a tensor that views, tinygrad, DLPack and downloads read in place. A writable array
+    raises ``ValueError``: mark it read-only first (``a.flags.writeable = False``) if nothing writes it.
 
     The array is registered read-only (``register_host(array, writable=False)``) and held until the tensor
     is freed and no view reads it any more. Writes into the tensor are refused (``InvalidRange``), its
@@ -592,6 +593,13 @@ def adopt(bridge: Bridge, array: Any, *, dtype: Any = None) -> DeviceTensor:
     if not a.flags.c_contiguous:
         raise ValueError(f"adopt: the array (shape {a.shape}, strides {a.strides}) is not C-contiguous: its "
                          "memory is not one run of bytes; upload a contiguous copy instead")
+    if a.flags.writeable:
+        # Views, DLPack arrays and lazy tinygrad graphs read adopted memory in place, whenever they run: a
+        # write through the caller's array would change them under their feet (as adopt_host refuses a
+        # writable region, and the bridge refuses an upload under a live view).
+        raise ValueError(f"adopt: the array (shape {a.shape}, {a.dtype}) is writable; only memory nothing "
+                         "writes while the tensor lives can be adopted: mark it read-only "
+                         "(a.flags.writeable = False) if nothing writes it, or upload a copy (bridge.upload(a))")
     name = _dtype_name(a.dtype if dtype is None else dtype)
     if dtype_info(name)["itemsize"] != a.itemsize:
         raise ValueError(f"adopt: dtype {name} has items of {dtype_info(name)['itemsize']} bytes, the array's "

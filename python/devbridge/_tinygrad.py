@@ -75,13 +75,23 @@ def _tinygrad_device(view_device: str) -> str:
     family, _, ordinal = view_device.partition(":")
     family = family.upper()
     if family not in _ZERO_COPY_DEVICES:
-        raise Unsupported(
-            f"to_tinygrad: a {view_device} view cannot be handed to tinygrad without a copy "
-            f"(tinygrad takes external memory only on {', '.join(_ZERO_COPY_DEVICES)}); use DLPack instead"
-        )
+        raise Unsupported(_no_zero_copy_message(view_device))
     if family == "CPU":
         return "CPU"
     return family if ordinal in ("", "0") else f"{family}:{ordinal}"
+
+
+def _no_zero_copy_message(view_device: str, handle: Any = None, dtype: str = "", shape: Any = None) -> str:
+    # Copy it out is the only advice that works: DLPack of such a view names a device buffer (an OpenCL
+    # cl_mem), which no CPU consumer reads, and torch 2.15 aborts the process on one (docs/PYTHON.md).
+    what = "a" if handle is None else f"{handle!r} (a"
+    download = ("bridge.download(tensor)" if handle is None
+                else f"bridge.download(handle, dtype={dtype!r}, shape={tuple(shape)!r})")
+    return (f"to_tinygrad: {what} {view_device} view{')' if handle is not None else ''} cannot be handed to "
+            f"tinygrad without a copy (tinygrad takes external memory only on {', '.join(_ZERO_COPY_DEVICES)}). "
+            f"Copy it out instead: tinygrad.Tensor({download}) (a DeviceTensor's .numpy() too), or "
+            "bridge.device_to_host into the ring; a Prefetcher on this device takes to=\"device\" "
+            "(DeviceTensors)")
 
 
 def cuda_context(which: str, ordinal: int = 0) -> int:
@@ -136,12 +146,14 @@ class _Names:
         import tinygrad
         from tinygrad.device import Buffer, Device
         from tinygrad.tensor import Tensor, all_tensors
-        from tinygrad.uop.ops import Ops, ParamArg, UOp, buffers, shape_to_shape_arg
+        from tinygrad.uop.ops import GroupOp, Ops, ParamArg, UOp, buffers, shape_to_shape_arg
 
         self.dtypes, self.Tensor, self.all_tensors, self.Buffer = tinygrad.dtypes, Tensor, all_tensors, Buffer
         self.Device = Device
         self.Ops, self.ParamArg, self.UOp, self.buffers = Ops, ParamArg, UOp, buffers
         self.shape_to_shape_arg, self.weakref = shape_to_shape_arg, weakref.ref
+        # What Tensor.assign looks through to find the buffer it stores into.
+        self.write_through_ops = frozenset(GroupOp.Movement | {Ops.BITCAST, Ops.DETACH})
 
 
 @functools.cache
@@ -210,6 +222,28 @@ def _wrap_external(ptr: int, shape: tuple[int, ...], dtype: Any, device: str) ->
     return _tensor_of(tg, node), buffer
 
 
+def _unwritable(tg: _Names, tensor: "Tensor", view: "TensorView") -> "Tensor":
+    """``tensor`` (over read-only memory) as a tensor no tinygrad write reaches that memory through.
+
+    tinygrad has no read-only tensors: ``assign`` (and ``+=``, an optimizer's step) stores into the buffer
+    found under the tensor's movement ops, which here is the caller's adopted memory (an ``ACCESS_READ``
+    mmap faults, an object-store buffer would change under its other readers). ``tensor * 1`` is an
+    exact identity tinygrad fuses into every kernel that reads it (still zero-copy), but it is a
+    computation, not a buffer: an assign into it, or into any view of it, realizes a buffer of
+    tinygrad's own first (copy on write). Where this tinygrad would still reach the buffer (it folded
+    the identity away) or changed the dtype, the hand-off is refused rather than made writable."""
+    wrapped = tensor * (True if tensor.dtype == tg.dtypes.bool else 1)
+    node = wrapped.uop
+    while node.op in tg.write_through_ops:
+        node = node.src[0]
+    if wrapped.dtype != tensor.dtype or node.has_buffer_identity(after_ok=True):
+        raise Unsupported(
+            f"to_tinygrad: {view.handle!r} is read-only memory (adopted host memory), and this tinygrad would "
+            "write through the tensor into it; read it with bridge.download(...) (or tensor.numpy()), or upload "
+            "a copy (bridge.upload(array)) for a tensor tinygrad may write")
+    return wrapped
+
+
 def to_tinygrad(view: "TensorView") -> "Tensor":
     """A ``tinygrad.Tensor`` over the view's memory, zero-copy (see the module doc)."""
     tensor = hand_off(view)[0]
@@ -231,6 +265,8 @@ def hand_off(view: "TensorView") -> tuple["Tensor", Any]:
         tinygrad_dtype = getattr(tg.dtypes, dtype_name, None)
         if tinygrad_dtype is None:
             raise Unsupported(f"to_tinygrad: this tinygrad has no dtype {lease.dtype!r} (tinygrad.dtypes.{dtype_name})")
+        if view_device.partition(":")[0].upper() not in _ZERO_COPY_DEVICES:
+            raise Unsupported(_no_zero_copy_message(view_device, lease.handle, lease.dtype, lease.shape))
         device = _tinygrad_device(view_device)
         if device.startswith("CUDA"):
             ordinal = int(device.partition(":")[2] or 0)
@@ -248,6 +284,8 @@ def hand_off(view: "TensorView") -> tuple["Tensor", Any]:
             lease._order_consumer_stream(1)
             lease._end_after_stream(1)
         tensor, buffer = _wrap_external(ptr, shape, tinygrad_dtype, device)
+        if lease.read_only:
+            tensor = _unwritable(tg, tensor, lease)
         # The Buffer holds the address for as long as any tensor (lazy or not)
         # can read it: the lease lives exactly as long.
         buffer._devbridge_lease = lease
