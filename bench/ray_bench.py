@@ -38,14 +38,14 @@ def main(argv=None) -> int:
         print("ray_bench: Ray is not installed (pip install 'devbridge[ray]'); skipped")
         return 0
     import devbridge
-    from devbridge.ray import start_worker, wait_until_ready
+    from devbridge.ray import init_local, start_worker, wait_until_ready
     import ray_pipeline as pipeline
 
     ray.cloudpickle.register_pickle_by_value(pipeline)  # the workers cannot import examples/
 
     nbytes = args.mib << 20
-    ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=True, configure_logging=False,
-             object_store_memory=max(1 << 30, 3 * nbytes + (256 << 20)))
+    init_local(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=True, configure_logging=False,
+               object_store_memory=max(1 << 30, 3 * nbytes + (256 << 20)))
     status = 0
     try:
         @ray.remote

@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     import ray
 
     import devbridge
-    from devbridge.ray import start_worker, wait_until_ready
+    from devbridge.ray import init_local, start_worker, wait_until_ready
 
     if args.backends is None:
         opencl = any(b["name"] == "opencl" and b["available"] for b in devbridge.list_backends())
@@ -89,8 +89,8 @@ def main(argv=None) -> int:
     w1, b1, w2 = weights(args.seed, args.features, args.hidden, args.out)
     directory = tempfile.mkdtemp(prefix="devbridge-ray-pipeline-")
     started = time.perf_counter()
-    ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=True, configure_logging=False,
-             object_store_memory=512 << 20)
+    init_local(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=True, configure_logging=False,
+               object_store_memory=512 << 20)
     try:
         a = start_worker(backend_a, checkpoint=os.path.join(directory, "a.safetensors"))
         b = start_worker(backend_b, checkpoint=os.path.join(directory, "b.safetensors"))

@@ -144,7 +144,7 @@ if [ -f bench/prefetch_bench.py ]; then
   fi
 fi
 
-# 8. devbridge.ray on a local Ray cluster: 256 MiB hand-off between two workers (export/import_) against
+# 8. devbridge.ray on a local Ray cluster (devbridge.ray.init_local: on 127.0.0.1 only): 256 MiB hand-off between two workers (export/import_) against
 # ray.put + ray.get of the same numpy array, and pipeline throughput with 1 vs 2 workers (skips without Ray).
 if [ -f bench/ray_bench.py ]; then
   echo

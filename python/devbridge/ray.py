@@ -4,9 +4,9 @@
 multi-node setup.
 
     import ray, numpy as np
-    from devbridge.ray import DeviceWorker, start_worker
+    from devbridge.ray import DeviceWorker, init_local, start_worker
 
-    ray.init()
+    init_local()                     # ray.init() on 127.0.0.1; ray.init(address=...) joins a cluster
     a = start_worker("host", checkpoint="/shared/a.safetensors")     # a Ray actor handle
     b = start_worker("opencl")
     a.put.remote("x", np.ones((64, 64), np.float32))
@@ -31,7 +31,10 @@ Generations: a worker's generation is 1 + the number of times Ray has
 restarted its actor (Ray's own count, from the GCS), so a restarted worker
 starts at a new generation, its bridge too. A worker started with
 ``checkpoint=PATH`` restores the last checkpoint written there when it is
-restarted (names come back, in the new generation; tokens do not).
+restarted (names come back, in the new generation; tokens do not). A
+checkpoint that cannot be restored (damaged, truncated) stops the worker for
+good instead: the restart fails once with a ``devbridge.CheckpointError``,
+which ``wait_until_ready`` raises at once.
 """
 
 from __future__ import annotations
@@ -52,9 +55,78 @@ import devbridge
 from ._staging import DeviceTensor, _copy_through_view, _numpy_dtype, _staging_queue, _upload_through_view
 from ._portable import PortableTensor
 
-__all__ = ["DeviceWorker", "TensorRef", "start_worker", "wait_until_ready", "DEFAULT_MAX_RESTARTS"]
+__all__ = ["DeviceWorker", "TensorRef", "init_local", "non_loopback_addresses", "start_worker", "wait_until_ready",
+           "DEFAULT_MAX_RESTARTS"]
 
 DEFAULT_MAX_RESTARTS = 4
+
+# What a Ray instance started by init_local, and every process it starts, runs with.
+LOOPBACK_ENVIRONMENT = {
+    # Ray's switch for local-only instances (the default on Windows and macOS, honoured on Linux): the GCS,
+    # raylet, workers and the driver's own core worker listen on 127.0.0.1 and name it as the node's address,
+    # instead of the machine's routable address.
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    # And no usage report leaves the machine.
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+
+
+def init_local(**ray_init_kwargs: Any) -> Any:
+    """Starts a new Ray instance on this machine with all its traffic on loopback (127.0.0.1), as
+    ``ray.init(**ray_init_kwargs)`` would start one on the machine's network address; returns ray.init's result.
+
+    What the tests, ``examples/ray_pipeline.py`` and ``bench/ray_bench.py`` start Ray with. Sets
+    ``LOOPBACK_ENVIRONMENT`` in ``os.environ`` (inherited by every process Ray starts, and left set for this
+    one), starts the instance (never joins one: no ``address``), then checks ``non_loopback_addresses()``:
+    should this Ray ignore the setting, it shuts the instance down and raises ``RuntimeError`` naming the
+    address. For a cluster of several machines call ``ray.init(address=...)`` instead (docs/RAY.md)."""
+    for key in ("address", "_node_ip_address"):
+        if key in ray_init_kwargs:
+            raise TypeError(f"init_local starts a new instance on 127.0.0.1 and takes no {key}=; "
+                            "to join a cluster call ray.init(address=...)")
+    os.environ.update(LOOPBACK_ENVIRONMENT)
+    try:
+        # Ray reads the switch from the environment once, when it is first imported, and this module has
+        # imported it: this process's copy must be set too, or ray.init maps 127.0.0.1 back to the
+        # routable address.
+        from ray._private import ray_constants
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    except (ImportError, AttributeError):  # pragma: no cover - another Ray: the check below decides
+        pass
+    context = ray.init(address="local", _node_ip_address="127.0.0.1", **ray_init_kwargs)
+    try:
+        found = non_loopback_addresses()
+    except BaseException:
+        ray.shutdown()
+        raise
+    if found:
+        ray.shutdown()
+        raise RuntimeError(f"Ray {ray.__version__} started off loopback despite {LOOPBACK_ENVIRONMENT}: "
+                           + ", ".join(f"{what} {address}" for what, address in found) + "; shut down")
+    return context
+
+
+def non_loopback_addresses() -> list[tuple[str, str]]:
+    """``[(what, address)]`` for each address of the running Ray instance not on loopback: this process's node
+    address, the GCS's, and each live node's (its raylet and object manager); empty when all are loopback."""
+    import ipaddress
+
+    def host(address: str) -> str:
+        name = address.rpartition(":")[0] if address.count(":") == 1 or address.startswith("[") else address
+        return name.strip("[]")
+
+    def loopback(name: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(name)
+            return (ip.ipv4_mapped or ip).is_loopback if ip.version == 6 else ip.is_loopback
+        except ValueError:
+            return name == "localhost"
+
+    candidates = [("node address", ray.util.get_node_ip_address()),
+                  ("GCS", host(ray.get_runtime_context().gcs_address))]
+    candidates += [(f"node {n['NodeID'][:12]}", n["NodeManagerAddress"]) for n in ray.nodes() if n.get("Alive")]
+    return [(what, address) for what, address in candidates if not loopback(address)]
 
 
 class TensorRef:
@@ -174,7 +246,20 @@ class _DeviceWorker:
         self._restored_names: list[str] = []
         if (restore_on_restart and self.generation > 1 and self._checkpoint_path is not None
                 and os.path.exists(self._checkpoint_path)):
-            self.restore()
+            try:
+                self.restore()
+            except BaseException as error:
+                # The worker does not come up: starting empty would silently drop the state it was started to
+                # keep (and its next checkpoint would overwrite the file). Ray does not restart an actor whose
+                # constructor raised, so this fails once, and wait_until_ready raises it at the driver.
+                self.close()
+                if isinstance(error, devbridge.CheckpointError):
+                    raise devbridge.CheckpointError(
+                        f"worker {self.domain} (generation {self.generation}, restarted by Ray) cannot restore "
+                        f"its checkpoint: {error}. The worker stays down and the file is left as it is; start "
+                        f"a new worker (with restore_on_restart=False or another checkpoint= to start empty)"
+                    ) from error
+                raise
 
     # ------------------------------------------------------------------------------- names and tokens
 
@@ -496,7 +581,10 @@ def start_worker(backend: str = "host", device: str | None = None, *, checkpoint
 
 def wait_until_ready(worker: Any, *, timeout: float = 60.0, min_generation: int = 1) -> int:
     """Waits (up to ``timeout`` seconds) until ``worker`` answers at ``min_generation`` or later, retrying
-    while Ray restarts it; returns its generation. Raises ``TimeoutError``."""
+    while Ray restarts it; returns its generation. Raises ``TimeoutError``; and at once, without waiting, the
+    error a start or restart of the worker raised (a damaged checkpoint's ``devbridge.CheckpointError``, an
+    unavailable backend's ``devbridge.Unavailable``, ...), chained from Ray's ``ActorDiedError``: Ray does
+    not restart an actor whose constructor raised."""
     deadline = time.monotonic() + timeout
     last: BaseException | None = None
     while True:
@@ -508,6 +596,18 @@ def wait_until_ready(worker: Any, *, timeout: float = 60.0, min_generation: int 
             generation = ray.get(worker.ping.remote(), timeout=max(0.1, min(left, 30.0)))
             if generation >= min_generation:
                 return generation
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as error:
+        except ray.exceptions.RayActorError as error:
+            if error.actor_init_failed:
+                raise _constructor_error(error) from error
+            last = error
+        except ray.exceptions.GetTimeoutError as error:
             last = error
         time.sleep(0.05)
+
+
+def _constructor_error(error: BaseException) -> BaseException:
+    """The exception a worker's constructor raised, from Ray's ActorDiedError for it (which holds the
+    worker's RayTaskError, whose ``cause`` it is); ``error`` itself where this Ray keeps no such cause."""
+    task_error = error.args[0] if error.args else None
+    cause = getattr(task_error, "cause", None)
+    return cause if isinstance(cause, Exception) else error

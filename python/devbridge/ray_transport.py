@@ -3,7 +3,8 @@
     import ray
     import devbridge.ray_transport as rt           # registers the "devbridge" transport: import it before
                                                    # creating the actors, in the process that creates them
-    ray.init()
+    from devbridge.ray import init_local
+    init_local()                                   # ray.init() on 127.0.0.1 (or join a cluster: ray.init(address=...))
     a, b = rt.start_worker("host"), rt.start_worker("opencl")
     a.put.remote("x", np.ones((1024, 1024), np.float32))
     b.accept.remote("x", a.share.remote("x"))       # A's device -> shared memory -> B's device; no object store

@@ -1,11 +1,14 @@
 """devbridge.ray on a local Ray cluster: put/run/get, cross-backend hand-off, kill-and-restore, stale handles.
 
-One cluster for the module (started and shut down by the ``cluster`` fixture), small arrays, a timeout on
-every ray.get. Skipped when Ray (or tinygrad) is not installed.
+One cluster for the module (started on loopback by ``init_local`` and shut down by the ``cluster`` fixture),
+small arrays, a timeout on every ray.get. Skipped when Ray (or tinygrad) is not installed.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import sys
 import time
 
 import numpy as np
@@ -16,7 +19,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'devb
 pytest.importorskip("tinygrad", reason="tinygrad is not installed (DeviceWorker.run computes with it)")
 
 import devbridge  # noqa: E402
-from devbridge.ray import TensorRef, start_worker, wait_until_ready  # noqa: E402
+from devbridge.ray import TensorRef, init_local, non_loopback_addresses, start_worker, wait_until_ready  # noqa: E402
 
 TIMEOUT = 60  # seconds, for every ray.get
 HAVE_OPENCL = any(b["name"] == "opencl" and b["available"] for b in devbridge.list_backends())
@@ -31,8 +34,8 @@ def get(ref, timeout=TIMEOUT):
 def cluster():
     if ray.is_initialized():  # pragma: no cover - another module's cluster
         ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=256 << 20, log_to_driver=False,
-             configure_logging=False)
+    init_local(num_cpus=2, include_dashboard=False, object_store_memory=256 << 20, log_to_driver=False,
+               configure_logging=False)
     try:
         yield
     finally:
@@ -53,6 +56,74 @@ def other_worker(cluster):
     wait_until_ready(w, timeout=TIMEOUT)
     yield w
     ray.kill(w, no_restart=True)
+
+
+def _loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    return (ip.ipv4_mapped or ip).is_loopback if ip.version == 6 else ip.is_loopback
+
+
+def _listening_sockets(root: int) -> list[tuple[str, int, str]]:
+    """(address, port, process name) of each TCP socket listening in process ``root`` or its descendants
+    (Ray's GCS, raylet, agents and workers are the driver's), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                children.setdefault(int(f.read().rpartition(")")[2].split()[1]), []).append(int(entry))
+        except OSError:
+            continue  # exited meanwhile
+    inodes: dict[str, int] = {}
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, []))
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue  # closed meanwhile
+            if link.startswith("socket:["):
+                inodes[link[8:-1]] = pid
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in list(f)[1:]:
+                fields = line.split()
+                if fields[3] != "0A" or fields[9] not in inodes:  # 0A: LISTEN
+                    continue
+                address, port = fields[1].split(":")
+                raw = bytes.fromhex(address)  # 32-bit words in host (little-endian) order
+                raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                try:
+                    with open(f"/proc/{inodes[fields[9]]}/comm") as f:
+                        name = f.read().strip()
+                except OSError:
+                    name = "(exited)"
+                found.append((str(ipaddress.ip_address(raw)), int(port, 16), name))
+    return found
+
+
+def test_ray_keeps_its_traffic_on_loopback(host_worker):
+    """init_local's instance (what every test, example and benchmark starts) names and listens on 127.0.0.1
+    only, never on the machine's network address."""
+    assert _loopback(ray.util.get_node_ip_address())
+    assert _loopback(ray.get_runtime_context().gcs_address.rpartition(":")[0])
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    assert nodes and all(_loopback(n["NodeManagerAddress"]) for n in nodes), nodes
+    assert _loopback(get(host_worker.__ray_call__.remote(lambda self: ray.util.get_node_ip_address())))
+    assert non_loopback_addresses() == []
+    if sys.platform.startswith("linux"):
+        sockets = _listening_sockets(os.getpid())
+        names = {name for _, _, name in sockets}
+        assert "gcs_server" in names and "raylet" in names, sockets
+        assert all(_loopback(address) for address, _, _ in sockets), sockets
+    with pytest.raises(TypeError, match="address"):
+        init_local(address="auto")  # never joins whatever RAY_ADDRESS names
 
 
 def test_put_run_get(host_worker):
@@ -217,5 +288,30 @@ def test_worker_killed_mid_run_restarts_restores_and_refuses_old_handles(cluster
         assert fresh.generation == 2
         get(w.run.remote(lambda t: t + 1, fresh, "z"))
         assert np.array_equal(get(w.get.remote("z")), x * 2 + 1)
+    finally:
+        ray.kill(w, no_restart=True)
+
+
+def test_a_damaged_checkpoint_stops_the_restarted_worker_and_reaches_the_driver(cluster, tmp_path):
+    """The restart fails once (not once per restart Ray allows), and wait_until_ready raises the
+    CheckpointError at once instead of timing out on a worker that will never answer."""
+    path = tmp_path / "damaged.safetensors"
+    w = start_worker("host", checkpoint=str(path), max_restarts=3)
+    try:
+        assert wait_until_ready(w, timeout=TIMEOUT) == 1
+        get(w.put.remote("x", np.arange(1024, dtype=np.float32)))
+        get(w.checkpoint.remote())
+        damaged = bytearray(path.read_bytes())
+        damaged[-1] ^= 0xFF  # a bit of the data: the file's checksum no longer matches
+        path.write_bytes(bytes(damaged))
+        ray.kill(w, no_restart=False)
+        with pytest.raises(devbridge.CheckpointError, match="corrupt") as caught:
+            wait_until_ready(w, timeout=TIMEOUT, min_generation=2)
+        message = str(caught.value)
+        assert str(path) in message and "generation 2" in message and "stays down" in message
+        assert isinstance(caught.value.__cause__, ray.exceptions.ActorDiedError)
+        with pytest.raises(ray.exceptions.ActorDiedError, match="CheckpointError"):
+            get(w.ping.remote())  # dead for good: not restarted again
+        assert path.read_bytes() == bytes(damaged)  # left as it was, for whoever looks into it
     finally:
         ray.kill(w, no_restart=True)

@@ -1,7 +1,7 @@
 """devbridge as a Ray Direct Transport (devbridge.ray_transport): DeviceTensors between actors by ObjectRef.
 
 The transport's manager in this process first (no cluster: layout, dtypes, the segment pool, refusals), then
-one local cluster for the module (2 CPUs, no dashboard, a timeout on every ray.get): a hand-off between two
+one local cluster for the module (on loopback, 2 CPUs, no dashboard, a timeout on every ray.get): a hand-off between two
 workers bit-exact (adopted with no copy on the host backend), the driver's ray.get, several tensors in one
 ref, segments recycled or closed once their ref is freed, a dead sender and a dead receiver. Skipped when Ray
 (or its RDT custom transports) is missing.
@@ -35,7 +35,7 @@ if _FROM_CHECKOUT:
     devbridge.__path__.append(_SOURCE)
 
 import devbridge.ray_transport as rt  # noqa: E402
-from devbridge.ray import TensorRef, wait_until_ready  # noqa: E402
+from devbridge.ray import TensorRef, init_local, wait_until_ready  # noqa: E402
 
 # Ray 2.60's owner-side handling of a failed transfer (RDTManager._abort_transport, in the driver's
 # _monitor_failures thread) first imports ray.experimental.collective, which imports torch: without torch that
@@ -200,8 +200,8 @@ def cluster():
                 _devbridge.__path__.append(source)
 
         runtime_env["worker_process_setup_hook"] = _hook
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=128 << 20, log_to_driver=False,
-             configure_logging=False, runtime_env=runtime_env)
+    init_local(num_cpus=2, include_dashboard=False, object_store_memory=128 << 20, log_to_driver=False,
+               configure_logging=False, runtime_env=runtime_env)
     try:
         yield
     finally:
