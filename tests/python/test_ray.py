@@ -30,6 +30,13 @@ def get(ref, timeout=TIMEOUT):
     return ray.get(ref, timeout=timeout)
 
 
+def same_bits(a, b) -> bool:
+    """Same shape and bytes. A bfloat16 reads as its uint16 bits, or as ml_dtypes' bfloat16 where devbridge
+    hands that out; the bytes are what must not change."""
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and a.dtype.itemsize == b.dtype.itemsize and a.tobytes() == b.tobytes()
+
+
 @pytest.fixture(scope="module")
 def cluster():
     if ray.is_initialized():  # pragma: no cover - another module's cluster
@@ -186,7 +193,7 @@ def test_cross_backend_hand_off_is_bit_exact(host_worker, other_worker):
     get(host_worker.put.remote("bf", bits, dtype="bfloat16"))
     get(other_worker.import_.remote("bf", host_worker.export.remote("bf")))
     assert get(other_worker.tensors.remote())["bf"]["dtype"] == "bfloat16"
-    assert np.array_equal(get(other_worker.get.remote("bf")), bits)
+    assert same_bits(get(other_worker.get.remote("bf")), bits)
 
 
 def test_a_host_worker_adopts_a_handed_over_export_with_no_copy(host_worker):
