@@ -125,6 +125,13 @@ def download(b: devbridge.Bridge, handle, nbytes: int, dtype="uint8", offset: in
     return out
 
 
+def same_bits(a, b) -> bool:
+    """Same shape and bytes. A bfloat16 reads as its uint16 bits, or as ml_dtypes' bfloat16 where devbridge
+    hands that out; the bytes are what must not change."""
+    a, b = np.asarray(a), np.asarray(b)
+    return a.shape == b.shape and a.dtype.itemsize == b.dtype.itemsize and a.tobytes() == b.tobytes()
+
+
 def collect() -> None:
     """Runs the garbage collector until tinygrad's weak references settle."""
     for _ in range(3):

@@ -19,6 +19,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'devb
 pytest.importorskip("tinygrad", reason="tinygrad is not installed (DeviceWorker.run computes with it)")
 
 import devbridge  # noqa: E402
+from conftest import same_bits  # noqa: E402
 from devbridge.ray import TensorRef, init_local, non_loopback_addresses, start_worker, wait_until_ready  # noqa: E402
 
 TIMEOUT = 60  # seconds, for every ray.get
@@ -28,13 +29,6 @@ OTHER_BACKEND = "opencl" if HAVE_OPENCL else "host"
 
 def get(ref, timeout=TIMEOUT):
     return ray.get(ref, timeout=timeout)
-
-
-def same_bits(a, b) -> bool:
-    """Same shape and bytes. A bfloat16 reads as its uint16 bits, or as ml_dtypes' bfloat16 where devbridge
-    hands that out; the bytes are what must not change."""
-    a, b = np.asarray(a), np.asarray(b)
-    return a.shape == b.shape and a.dtype.itemsize == b.dtype.itemsize and a.tobytes() == b.tobytes()
 
 
 @pytest.fixture(scope="module")

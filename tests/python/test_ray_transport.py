@@ -26,6 +26,7 @@ if not hasattr(__import__("ray.experimental", fromlist=["_"]), "register_tensor_
                 allow_module_level=True)
 
 import devbridge  # noqa: E402
+from conftest import same_bits  # noqa: E402
 
 # A devbridge installed before ray_transport.py existed: read the module from this checkout, here and (through
 # the cluster's worker setup hook) in every worker, which must import it by name.
@@ -52,13 +53,6 @@ OTHER_BACKEND = "opencl" if HAVE_OPENCL else "host"
 
 def get(ref, timeout=TIMEOUT):
     return ray.get(ref, timeout=timeout)
-
-
-def same_bits(a, b) -> bool:
-    """Same shape and bytes. A bfloat16 reads as its uint16 bits, or as ml_dtypes' bfloat16 where devbridge
-    hands that out; the bytes are what must not change."""
-    a, b = np.asarray(a), np.asarray(b)
-    return a.shape == b.shape and a.dtype.itemsize == b.dtype.itemsize and a.tobytes() == b.tobytes()
 
 
 def eventually(check, timeout=20.0):
