@@ -9,6 +9,11 @@ previous step computes, handed to tinygrad without a copy) and fed by ``tinygrad
 Every step's loss and the final weights must be the same bits; the script prints the per-epoch mean loss
 of both and exits 1 on any difference.
 
+TinyJit keeps the batch of its capture call (its second call) alive for as long as the jitted step lives,
+so that batch's Prefetcher slot is never let go: at ``--depth 1`` the Prefetcher retires it (a
+``RuntimeWarning`` says so, once) and stages into a fresh slot; at a larger depth it costs one batch of
+look-ahead.
+
 The data set is ``sklearn.datasets.load_digits`` (1797 8x8 images, shipped inside scikit-learn: nothing is
 downloaded). Needs numpy, tinygrad and scikit-learn (``requirements-dev.txt``).
 """

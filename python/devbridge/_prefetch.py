@@ -22,6 +22,10 @@ Design, in short:
   itself, which refuses an upload into an allocation a live view still reads
   (``writes_under_view="refuse"``, the default), for views the weak references
   cannot see (a DLPack array, a ``TensorView`` taken from a ``DeviceTensor``).
+* A slot still held once batches after it were handed out is kept for good by something other than the
+  loop's variables (TinyJit keeps the batch of its capture call): when no slot is free it is *retired*,
+  its memory left to its holder (freed when that lets go), and a fresh slot takes the next batch; at most
+  ``depth + 1`` retired slots are held at once.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import math
 import numbers
 import operator
 import time
+import warnings
 import weakref
 from typing import Any, Callable, Iterable, Iterator
 
@@ -54,6 +59,9 @@ from ._staging import (
 _TARGETS = ("tinygrad", "device")
 # Backoff while the consumer (another thread, or garbage awaiting collection) still holds every slot.
 _SLOT_POLL_MIN_S, _SLOT_POLL_MAX_S = 0.001, 0.05
+# What a consumer keeps for good (TinyJit's capture call keeps its input batch) may pin this many slots per
+# depth + 1 at once: each is left to its holder and replaced by a fresh one, so memory stays bounded.
+_RETIRED_PER_SLOT = 1
 
 
 # ------------------------------------------------------------------------------------------ batches
@@ -243,9 +251,12 @@ class Prefetcher:
     * Device memory is bounded: ``depth + 1`` slots of one batch each (the batches uploading, and the one
       the consumer holds), made on first use and reused. A slot is reused only once the consumer is done
       with it: every tensor handed out from it (and every tensor computed from one, lazily or not, every
-      view and DLPack array) is gone. When every slot is still held, the next step waits up to
-      ``timeout`` seconds (``None``: without bound), then raises ``AllocationStillInUse`` naming the batch
-      and what holds the slots.
+      view and DLPack array) is gone. A slot the consumer keeps past the batch after it (TinyJit keeps its
+      capture call's batch for as long as the jitted function lives) is retired when no slot is free: its
+      memory is left to its holder and a fresh slot replaces it, at most ``depth + 1`` retired slots held
+      at once (a ``RuntimeWarning`` says so, once). When every slot is still held after that, the next step
+      waits up to ``timeout`` seconds (``None``: without bound), then raises ``AllocationStillInUse``
+      naming the batch and what holds the slots.
     * A failure on the producer side (the source raising, an array that cannot be staged, a copy that
       fails) is raised at the batch where it happened, once the batches before it have been handed out:
       the same class (``DeviceCopyFailed``, ``ValueError``...) with ``Prefetcher batch <i>...`` in its
@@ -277,6 +288,10 @@ class Prefetcher:
         self._source: Iterator[Any] = iter(batches)
         self._bridge = bridge
         self._slots: list[_Slot] = []
+        # Slots retired while their holders live: (batch index, weak references to what was handed out).
+        self._retired: list[tuple[int, list[weakref.ref]]] = []
+        self._warned_retired = False
+        self._last_handed_out: int | None = None  # the batch the loop's variables hold
         self._loaded: collections.deque[_Loaded] = collections.deque()
         self._next_index = 0  # the index of the next batch the source yields
         self._pulled: _Batch | None = None  # taken from the source, waiting for a slot
@@ -293,6 +308,11 @@ class Prefetcher:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def retired(self) -> int:
+        """Retired slots whose holders still live (see the class doc): at most ``depth + 1``."""
+        return len(self._live_retired())
 
     def __iter__(self) -> Prefetcher:
         return self
@@ -311,6 +331,7 @@ class Prefetcher:
         try:
             out = self._hand_out(loaded.batch, loaded.slot)
             self._handed_out += 1
+            self._last_handed_out = loaded.batch.index
             return out
         except BaseException as error:
             self.close()
@@ -333,6 +354,7 @@ class Prefetcher:
             for slot in self._slots:
                 slot.release(bridge)
             self._slots.clear()
+            self._retired.clear()  # released when retired: the bridge frees each once its holder lets go
             self._loaded.clear()
             self._pulled = None
             if not bridge.closed:
@@ -358,8 +380,9 @@ class Prefetcher:
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._loaded)} loaded ahead"
+        retired = f", {self.retired} retired" if self._retired else ""
         return (f"Prefetcher(depth={self._depth}, to={self._to!r}, {self._handed_out} batches handed out, "
-                f"{len(self._slots)} slots, {state})")
+                f"{len(self._slots)} slots{retired}, {state})")
 
     # ---- the producer side ----
 
@@ -383,12 +406,46 @@ class Prefetcher:
             if not collected:
                 gc.collect()
                 collected = True
+            elif self._retire_pinned():
+                pass  # a fresh slot takes the batch
             elif deadline is not None and time.monotonic() >= deadline:
                 raise AllocationStillInUse(self._all_held_message())
             else:
                 time.sleep(pause if deadline is None else min(pause, max(0.0, deadline - time.monotonic())))
                 pause = min(pause * 2, _SLOT_POLL_MAX_S)
             refused.clear()
+
+    def _live_retired(self) -> list[tuple[int, list[weakref.ref]]]:
+        self._retired = [(index, refs) for index, refs in self._retired if any(ref() is not None for ref in refs)]
+        return self._retired
+
+    def _retire_pinned(self) -> bool:
+        """Retires the oldest slot held past the batch handed out after it, unless the cap is reached:
+        its allocations are released (the bridge frees them once the holder lets go; a DeviceTensor still
+        referenced owns its own) and it leaves the slots, so a fresh one is made. True if one was."""
+        if len(self._live_retired()) >= _RETIRED_PER_SLOT * (self._depth + 1) or self._last_handed_out is None:
+            return False
+        busy = {id(loaded.slot) for loaded in self._loaded}
+        pinned = [slot for slot in self._slots if id(slot) not in busy and slot.batch_index is not None
+                  and slot.batch_index < self._last_handed_out and slot.held()]
+        if not pinned:
+            return False
+        slot = min(pinned, key=lambda s: s.batch_index)
+        self._slots.remove(slot)
+        self._retired.append((slot.batch_index, slot.holders))
+        if not self._warned_retired:
+            self._warned_retired = True
+            what = "tinygrad tensors (or tensors computed from them)" if self._to == "tinygrad" else "DeviceTensors"
+            warnings.warn(
+                f"Prefetcher: batch {slot.batch_index}'s {what} are still alive after batch "
+                f"{self._last_handed_out} was handed out, so something keeps them beyond the loop (TinyJit "
+                f"keeps the batch of its capture call for as long as the jitted function lives; so does a list "
+                f"of batches). Its device slot is retired: its memory stays with its holder until that lets go, "
+                f"and a fresh slot takes the next batch (at most {_RETIRED_PER_SLOT * (self._depth + 1)} retired "
+                f"slots held at once, then the Prefetcher waits). Said once per Prefetcher.",
+                RuntimeWarning, stacklevel=4)  # the frame iterating: _issue, __next__, then the caller
+        slot.release(self._bridge)
+        return True
 
     def _free_slot(self, skip: set[int]) -> _Slot | None:
         """A slot no batch is loading into and nothing handed out holds; a new one while fewer than depth + 1."""
@@ -517,10 +574,17 @@ class Prefetcher:
             held.append(f"batch {slot.batch_index}: {what}")
         waited = "without a bound" if self._timeout is None else f"{self._timeout} s"
         index = self._next_index if self._pulled is None else self._pulled.index
+        retired = self._live_retired()
+        kept = (f" {len(retired)} more slots are retired, still held by what keeps their batches "
+                f"({', '.join(str(i) for i, _ in retired)}): at most {_RETIRED_PER_SLOT * (self._depth + 1)} at once."
+                if retired else "")
         return (f"Prefetcher batch {index}: no device slot "
                 f"came free in {waited}: all {len(self._slots)} slots (depth {self._depth} + 1) hold batches the "
-                f"consumer has not let go of ({'; '.join(held)}). Drop them (del, or let the loop variables move "
-                f"on) before asking for the next batch, or raise depth.")
+                f"consumer has not let go of ({'; '.join(held)}).{kept} The loop's variables hold the batch last "
+                f"handed out; a batch kept beyond it (a list of batches or of results computed from them, a "
+                f"lazy graph, .grad; TinyJit keeps only its capture call's, which the Prefetcher retires) stays "
+                f"until dropped: drop what you keep, realize results you keep (.realize() or .numpy()), "
+                f"or raise depth.")
 
 
 __all__ = ["Prefetcher"]

@@ -28,6 +28,11 @@ What it does not order
   is gone), but memory under a live tensor is freed only when the tensor's
   lease ends, so the tensor never reads freed memory.
 
+Read-only memory (adopted host memory, ``view.read_only``): tinygrad has no
+read-only tensors, so the tensor handed over is an exact identity over the
+memory (``_unwritable``): reads stay zero-copy, and tinygrad's writes
+(``assign``, ``+=``, an optimizer's step) land in a buffer of its own.
+
 Devices: a host-backend view becomes a tinygrad ``CPU`` tensor. A CUDA view
 becomes a ``CUDA`` tensor; tinygrad computes in a CUDA context of its own
 (``cuCtxCreate``), and device pointers are only valid in the context that

@@ -16,12 +16,16 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 @pytest.mark.skipif(importlib.util.find_spec("sklearn") is None,
                     reason="scikit-learn is not installed (requirements-dev.txt installs it)")
 @pytest.mark.skipif(importlib.util.find_spec("tinygrad") is None, reason="tinygrad is not installed")
-@pytest.mark.parametrize("jit", [True, False], ids=["jit", "no-jit"])
-def test_train_digits_is_bit_exact_against_numpy_feeding(jit):
+# TinyJit at depth 1: its capture call keeps that batch for as long as the jitted step lives, so one of
+# the two slots is pinned for good; the Prefetcher retires it (it used to stall, then raise). Without the
+# jit, the default depth.
+@pytest.mark.parametrize("jit, depth", [(True, 1), (False, 2)], ids=["jit-depth1", "no-jit"])
+def test_train_digits_is_bit_exact_against_numpy_feeding(jit, depth):
     # The example sets tinygrad's default device itself; one inherited from this process (tinygrad writes
     # DEV into the environment once it has picked a default) would only add a warning.
     env = {k: v for k, v in os.environ.items() if k != "DEV"}
-    command = [sys.executable, str(ROOT / "examples" / "train_digits.py"), "--epochs", "1", "--backend", "host"]
+    command = [sys.executable, str(ROOT / "examples" / "train_digits.py"), "--epochs", "1", "--backend", "host",
+               "--depth", str(depth)]
     if not jit:
         command.append("--no-jit")
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -306,7 +306,7 @@ def test_tinygrad_refused_for_a_device_it_cannot_wrap_names_the_batch(rng):
     pytest.importorskip("tinygrad")
     b = _bridge("opencl")
     try:
-        with pytest.raises(devbridge.Unsupported, match="Prefetcher batch 0.*DLPack"):
+        with pytest.raises(devbridge.Unsupported, match=r'Prefetcher batch 0.*bridge\.download.*to="device"'):
             next(devbridge.Prefetcher(b, [random_array(rng, 8, "float32")], to="tinygrad"))
         assert_quiet(b)
     finally:
@@ -409,29 +409,56 @@ def test_the_bridge_closing_first_is_survived(rng):
 # ---------------------------------------------------------------------- a consumer that holds its batches
 
 
-def test_holding_every_slot_times_out_naming_the_batch(pb, to, rng):
-    batches = make_batches(rng, 5)
+def test_a_batch_kept_for_good_is_retired_and_the_loop_goes_on(pb, to, rng):
+    # What TinyJit does to its capture call's batch: a consumer keeps one batch for good. Before, depth=1
+    # stalled at the next batch and raised AllocationStillInUse telling the user to drop what they cannot.
+    batches = make_batches(rng, 6)
     it = devbridge.Prefetcher(pb, batches, depth=1, to=to, timeout=0.05)
-    kept = [next(it), next(it)]
-    with pytest.raises(devbridge.AllocationStillInUse, match=r"Prefetcher batch 2: .*batch 0: .*batch 1") as caught:
+    pinned = None
+    with pytest.warns(RuntimeWarning, match=r"batch 0's .*TinyJit keeps the batch of its capture call") as caught:
+        for i, (x, y) in enumerate(it):
+            assert host(x).tobytes() == batches[i][0].tobytes() and host(y).tobytes() == batches[i][1].tobytes()
+            if i == 0:
+                pinned = x
+            elif i >= 2:  # batch 1 came from the slot staged beside batch 0's; batch 2 needed a fresh one
+                assert it.retired == 1 and "1 retired" in repr(it)  # one slot left to its holder, no more
+    assert len([w for w in caught if issubclass(w.category, RuntimeWarning)]) == 1, "said once"
+    assert host(pinned).tobytes() == batches[0][0].tobytes(), "a retired slot is never written again"
+    del x, y, pinned, caught
+    assert it.retired == 0
+    assert_quiet(pb)  # the retired slot was freed once its holder let go
+
+
+def test_retired_slots_are_capped_then_it_times_out_naming_the_batch(pb, to, rng):
+    batches = make_batches(rng, 6)
+    it = devbridge.Prefetcher(pb, batches, depth=1, to=to, timeout=0.05)
+    with pytest.warns(RuntimeWarning, match="retired"):
+        kept = [next(it) for _ in range(4)]      # batches 0 and 1 retired: the cap (depth + 1) is reached
+    assert it.retired == 2
+    with pytest.raises(devbridge.AllocationStillInUse,
+                       match=r"Prefetcher batch 4: .*batch 2: .*2 more slots are retired.*\(0, 1\): at most 2") as caught:
         next(it)
     assert ("tinygrad tensors" if to == "tinygrad" else "DeviceTensors") in str(caught.value)
+    assert "TinyJit" in str(caught.value) and "drop what you keep" in str(caught.value)
     del caught
-    kept.pop(0)  # letting go of one slot is enough to go on
+    kept.pop(0)  # letting go of a retired batch is enough to go on: another can be retired
     x, _ = next(it)
-    assert host(x).tobytes() == batches[2][0].tobytes()
+    assert host(x).tobytes() == batches[4][0].tobytes()
+    for k, (x, _) in enumerate(kept):
+        assert host(x).tobytes() == batches[k + 1][0].tobytes(), "no kept batch was overwritten"
     it.close()
     del kept, x, _
     assert_quiet(pb)
 
 
 def test_another_thread_letting_go_unblocks_the_wait(pb, rng):
-    batches = [random_array(rng, 32, "float32") for _ in range(4)]
+    batches = [random_array(rng, 32, "float32") for _ in range(6)]
     it = devbridge.Prefetcher(pb, batches, depth=1, to="device", timeout=60)
-    kept = [next(it), next(it)]
+    with pytest.warns(RuntimeWarning, match="retired"):
+        kept = [next(it) for _ in range(4)]      # every slot held, and as many retired as may be
     threading.Timer(0.1, kept.clear).start()
     x = next(it)
-    assert host(x).tobytes() == batches[2].tobytes()
+    assert host(x).tobytes() == batches[4].tobytes()
     it.close()
     del x
     assert_quiet(pb)
