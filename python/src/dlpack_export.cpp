@@ -24,6 +24,7 @@
 
 #include "devbridge/consumer_names.hpp"
 #include "arguments.hpp"
+#include "bindings.hpp"
 #include "state.hpp"
 
 #if defined(DEVBRIDGE_HAVE_DLPACK_H)
@@ -144,8 +145,12 @@ nb::object make_dlpack_capsule(const std::shared_ptr<BridgeState>& state, Device
   // "read-only", and a consumer taking it would write into memory that is
   // not the bridge's to change (an adopted object-store buffer).
   if (view.read_only && !versioned)
-    args::raise(PyExc_BufferError, "__dlpack__: the view is of read-only memory (adopted host memory, adopt_host), "
-                                   "which only a DLPack >= 1.0 consumer (max_version=(1, 0)) can be told about");
+    args::raise(PyExc_BufferError,
+                "__dlpack__: " + handle_repr(handle) +
+                    " is read-only memory (adopted host memory, adopt_host), which only a DLPack >= 1.0 consumer "
+                    "(max_version=(1, 0), as numpy asks) can be told about, and this consumer asked for the "
+                    "unversioned capsule (jax does); take a copy instead: bridge.download(...) or "
+                    "DeviceTensor.numpy()");
 
   DLTensor& tensor = versioned ? owned->versioned.dl_tensor : owned->managed.dl_tensor;
   tensor.device.device_type = static_cast<DLDeviceType>(view.dlpack_device_type);
