@@ -48,7 +48,10 @@ from ._staging import (
     _download_chunks,
     _host_bytes,
     _room,
+    _bits_dtype,
     _dtype_name,
+    _handle_dtype,
+    _intake,
     _numpy_dtype,
     _stage_chunk,
     _stage_chunks,
@@ -141,18 +144,14 @@ class PortableTensor:
     def from_array(cls, array: Any, dtype: Any = None) -> PortableTensor:
         """A PortableTensor of a numpy array (or anything ``numpy.asarray`` takes).
 
-        A C-contiguous little-endian array is kept as it is; any other is copied
+        Also any CPU DLPack producer (torch, jax; bfloat16 and float8 too). A
+        C-contiguous little-endian array is kept as it is; any other is copied
         into row-major little-endian order first. ``dtype`` relabels the bytes
         (same itemsize, e.g. ``uint16`` bits as ``"bfloat16"``)."""
-        a = np.asarray(array)
-        if a.dtype.byteorder == ">":
-            a = a.astype(a.dtype.newbyteorder("<"))
-        a = np.ascontiguousarray(a)
-        name = _checked_dtype(a.dtype if dtype is None else dtype)
-        if dtype_info(name)["itemsize"] != a.itemsize:
-            raise ValueError(f"dtype {name} ({dtype_info(name)['itemsize']} bytes) does not match the array's "
-                             f"{a.dtype} ({a.itemsize} bytes); dtype relabels the bytes, it does not convert them")
-        return cls(a.shape, name, a.reshape(-1).view(np.uint8))
+        if dtype is not None:
+            _checked_dtype(dtype)
+        a = _intake(array, "PortableTensor.from_array", dtype, any_layout=True)
+        return cls(a.shape, _dtype_name(a.dtype), a.reshape(-1).view(np.uint8))
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -176,18 +175,23 @@ class PortableTensor:
         return self._bytes.size
 
     def numpy(self) -> np.ndarray:
-        """A numpy array over the bytes (no copy; writable when the buffer is)."""
+        """A numpy array over the bytes (no copy; writable when the buffer is). bfloat16 and float8 are
+        ml_dtypes' types when ml_dtypes is installed, else their bits (as ``download``)."""
         return self._bytes.view(_numpy_dtype(self._dtype)).reshape(self._shape)
 
     @property
     def data(self) -> memoryview:
-        """The bytes as a shaped, typed memoryview (no copy)."""
-        return memoryview(self.numpy())
+        """The bytes as a shaped, typed memoryview (no copy); bfloat16 and float8 as their bits, which is
+        all a memoryview's format can say."""
+        return memoryview(self._bytes.view(_bits_dtype(self._dtype) or _numpy_dtype(self._dtype))
+                          .reshape(self._shape))
 
-    @property
-    def __array_interface__(self) -> dict[str, Any]:
-        # numpy keeps this object (and so the buffer) alive as the array's base.
-        return self.numpy().__array_interface__
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        # The array's base is the buffer, kept alive by it. (From Python 3.12 numpy reads __buffer__ first.)
+        a = self.numpy()
+        if copy:
+            a = a.copy()
+        return a if dtype is None else a.astype(dtype, copy=False)
 
     def __buffer__(self, flags: int) -> memoryview:  # PEP 688 (Python 3.12+)
         return self.data
@@ -248,9 +252,7 @@ def _resolve(bridge: Bridge, x: Any, dtype: Any = None, shape: Any = None, strid
         handle, name, dims = x.handle, x.dtype, x.shape
     elif isinstance(x, DeviceHandle):
         handle = x
-        name = bridge.spec(x).dtype
-        if name == "bytes":
-            name = "uint8"  # an untyped allocation reads as its bytes
+        name = _handle_dtype(bridge, x)
         dims = None
     else:
         raise TypeError(f"expected a DeviceTensor or a DeviceHandle, not {type(x).__name__}")
@@ -278,6 +280,13 @@ def _resolve(bridge: Bridge, x: Any, dtype: Any = None, shape: Any = None, strid
     with bridge.view(handle, name, dims, strides, offset, wait=True) as view:
         actual = tuple(view.strides)
         byte_offset = view.byte_offset
+    if isinstance(x, DeviceTensor):
+        # The view reads within the allocation; a tensor's bytes end before its rounded extent does.
+        reach = sum((d - 1) * s for d, s in zip(dims, actual) if s > 0)
+        end = byte_offset + (reach + 1) * itemsize
+        if end > x.nbytes:
+            raise ValueError(f"a view of shape {dims} {name} at byte {byte_offset} reads up to byte {end}, past "
+                             f"the tensor's {x.nbytes} bytes (shape {x.shape} {x.dtype})")
     row_major = _row_major_strides(dims)
     contiguous = all(a == r for a, r, d in zip(actual, row_major, dims) if d > 1)
     return _Source(bridge, handle, name, dims, None if contiguous else actual, byte_offset)
@@ -476,15 +485,11 @@ def _as_portable(source: Any, dtype: Any, shape: Any) -> PortableTensor:
             if given is not None and (_checked_dtype(given) if what == "dtype" else _checked_shape(given)) != own:
                 raise ValueError(f"import_tensor: {what}={given!r} differs from the PortableTensor's {own!r}")
         return source
-    if isinstance(source, np.ndarray):
-        if not source.flags.c_contiguous:
-            raise ValueError(f"import_tensor: the array (shape {source.shape}, strides {source.strides}) is not "
-                             "C-contiguous; pass numpy.ascontiguousarray(array) or PortableTensor.from_array(array)")
-        if source.dtype.byteorder == ">":
-            raise ValueError(f"import_tensor: the array is big-endian ({source.dtype.str}); portable bytes are "
-                             "little-endian: pass PortableTensor.from_array(array)")
-        dtype = source.dtype if dtype is None else dtype
-        shape = source.shape if shape is None else shape
+    if isinstance(source, np.ndarray) or hasattr(type(source), "__dlpack__"):
+        a = _intake(source, "import_tensor")
+        dtype = a.dtype if dtype is None else dtype
+        shape = a.shape if shape is None else shape
+        source = a.reshape(-1).view(np.uint8)
     elif dtype is None or shape is None:
         raise TypeError(f"import_tensor of a {type(source).__name__} needs dtype= and shape= "
                         "(a PortableTensor or numpy array carries its own)")

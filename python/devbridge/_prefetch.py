@@ -46,7 +46,7 @@ from ._devbridge import Bridge, DeviceHandle, ObjectSpec
 from ._errors import AllocationStillInUse, BridgeError
 from ._staging import (
     DeviceTensor,
-    _as_array,
+    _intake,
     _cleanup,
     _dtype_name,
     _free_or_release,
@@ -99,7 +99,7 @@ class _Batch:
         self.arrays: list[np.ndarray] = []
         for position, item in enumerate(items):
             try:
-                self.arrays.append(_as_array(item))
+                self.arrays.append(_intake(item, "upload"))
             except (TypeError, ValueError) as error:
                 raise _batch_error(error, index, self.where(position)) from error
 

@@ -21,6 +21,7 @@ import atexit
 import collections
 import contextlib
 import ctypes
+import functools
 import math
 import operator
 import os
@@ -36,6 +37,7 @@ from ._errors import (AllocationStillInUse, Backpressure, BridgeError, Closed, I
                       InvalidTensorView, InvalidViewDType)
 
 _U64_MAX = (1 << 64) - 1
+_I64_MAX = (1 << 63) - 1
 _CHUNK_ALIGN = 4096
 # How long cleanup after a failure waits for this call's own copies still in flight before leaving
 # their ranges to the bridge's release queue (released when safe) and the allocation to a deferred free.
@@ -45,28 +47,64 @@ _CLEANUP_WAIT_S = 30.0
 # ---------------------------------------------------------------------------------------------- dtypes
 
 
+# A numpy dtype may carry devbridge's name of the data in its metadata: bits of a dtype numpy lacks
+# (bfloat16, float8 from a DLPack producer) or bytes relabelled with ``dtype=``. Such an array says what it
+# holds to every later step (``_dtype_name(array.dtype)``) without a parallel list of names.
+_LABEL = "devbridge_dtype"
+
+
 def _dtype_name(dtype: Any) -> str:
     """devbridge's name for a dtype given as a name, a numpy dtype or a tinygrad DType."""
     if isinstance(dtype, str):
         return dtype_info(dtype)["name"]
     if isinstance(dtype, np.dtype) or (isinstance(dtype, type) and issubclass(dtype, np.generic)):
-        return dtype_info(np.dtype(dtype).name)["name"]
+        dtype = np.dtype(dtype)
+        if dtype.metadata and _LABEL in dtype.metadata:
+            return dtype.metadata[_LABEL]
+        return dtype_info(dtype.name)["name"]
     return dtype_info(dtype)["name"]  # a tinygrad DType or anything the module accepts
 
 
-def _numpy_dtype(name: str) -> np.dtype:
-    """The numpy dtype of a devbridge dtype; one numpy lacks (bfloat16, float8) is its unsigned bits.
-
-    Always the bits, even where ml_dtypes (jax's) has taught numpy those names: what comes back must not
-    depend on which other package was imported first.
-    """
+@functools.lru_cache(maxsize=None)
+def _ml_dtypes() -> Any:
+    """The ml_dtypes module when it is installed (imported here if nobody has yet), else None."""
     try:
-        dtype = np.dtype(name)
+        import ml_dtypes
+    except ImportError:
+        return None
+    return ml_dtypes
+
+
+def _bits_dtype(name: str) -> np.dtype | None:
+    """The unsigned integers holding a dtype numpy itself lacks (bfloat16, float8); None for one it has."""
+    try:
+        if np.dtype(name).isbuiltin == 1:  # ml_dtypes registers its types as user dtypes (2)
+            return None
     except TypeError:
-        dtype = None
-    if dtype is None or dtype.isbuiltin != 1:  # ml_dtypes registers its types as user dtypes (2)
-        return np.dtype(f"uint{dtype_info(name)['itemsize'] * 8}")
-    return dtype
+        pass
+    return np.dtype(f"uint{dtype_info(name)['itemsize'] * 8}")
+
+
+def _numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype arrays of devbridge dtype ``name`` come back as.
+
+    One numpy lacks (bfloat16, float8) is ml_dtypes' type when ml_dtypes is installed (importable: jax
+    users have it), else its unsigned bits: what comes back depends on what is installed, never on which
+    package happened to be imported first.
+    """
+    bits = _bits_dtype(name)
+    if bits is None:
+        return np.dtype(name)
+    ml_dtypes = _ml_dtypes()
+    own = getattr(ml_dtypes, name, None) if ml_dtypes is not None else None
+    return bits if own is None else np.dtype(own)
+
+
+@functools.lru_cache(maxsize=None)
+def _labelled(name: str) -> np.dtype:
+    """A numpy dtype whose ``_dtype_name`` is ``name``: numpy's own when it has it, else labelled bits."""
+    bits = _bits_dtype(name)
+    return np.dtype(name) if bits is None else np.dtype(bits, metadata={_LABEL: name})
 
 
 # ------------------------------------------------------------------------------------------------ spec
@@ -82,6 +120,8 @@ def _checked_shape(shape: Any) -> tuple[int, ...]:
     for d in dims:
         if d < 0:
             raise ValueError(f"shape {dims}: dimension {d} is negative")
+        if d > _I64_MAX:  # as the bindings' dimensions (signed 64-bit): an int that does not fit
+            raise OverflowError(f"shape {dims}: dimension {d} is past 2**63 - 1")
     return dims
 
 
@@ -92,13 +132,15 @@ def spec_for_array(shape: Any, dtype: Any, alignment: int = 256) -> tuple[Object
     two), and is the spec's ``max_extent``. A shape whose byte size (or rounded
     extent) passes 2**64 - 1 raises ``OverflowError``; an empty shape (a zero
     dimension) raises ``ValueError`` (the contract allows no empty allocation);
-    an alignment that is not a power of two raises ``InvalidAlignment``.
+    an alignment that is not a power of two raises ``InvalidAlignment``, one that is no int ``TypeError``
+    and one outside 0..2**64 - 1 ``OverflowError`` (as ``ObjectSpec``'s own).
     """
     dims = _checked_shape(shape)
     name = _dtype_name(dtype)
-    alignment = operator.index(alignment)
-    if alignment <= 0 or alignment & (alignment - 1) or alignment > _U64_MAX:
-        raise InvalidAlignment(f"alignment {alignment} is not a power of two below 2**64")
+    # The bindings' one conversion of a byte count (TypeError, OverflowError); the power of two is ours.
+    alignment = ObjectSpec(max_extent=0, alignment=alignment, dtype=name).alignment
+    if alignment == 0 or alignment & (alignment - 1):
+        raise InvalidAlignment(f"alignment {alignment} is not a power of two")
     nbytes = math.prod(dims) * dtype_info(name)["itemsize"]
     if nbytes > _U64_MAX:
         raise OverflowError(f"an array of shape {dims} and dtype {name} is {nbytes} bytes, past 2**64 - 1")
@@ -362,24 +404,151 @@ def _cleanup(bridge: Bridge, queue: ReleaseQueue, events: Iterable[CopyEvent]) -
         pass
 
 
-def _as_array(array: Any) -> np.ndarray:
+# ---------------------------------------------------------------------------------------------- intake
+#
+# Every entry that takes an array (upload, adopt, the Prefetcher, import_tensor, PortableTensor.from_array,
+# a devbridge.ray put) reads it through _intake: numpy, any DLPack producer in host memory (torch, jax,
+# cupy's host arrays...; bfloat16 and float8 included) or any buffer-protocol object, without a copy. The
+# one rule for byte order: devbridge's bytes are little-endian (PortableTensor, safetensors, every device
+# it drives), so a big-endian array is converted to them (a copy, the values kept) by every entry that copies
+# anyway; adopt, which promises no copy, refuses it.
+
+_DLPACK_CPU = 1
+_DLPACK_DEVICES = {2: "CUDA", 3: "CUDA host", 4: "OpenCL", 7: "Vulkan", 8: "Metal", 9: "VPI", 10: "ROCm",
+                   11: "ROCm host", 13: "CUDA managed", 14: "oneAPI"}
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+@functools.lru_cache(maxsize=None)
+def _dlpack_dtypes() -> dict[tuple[int, int], str]:
+    """(DLPack type code, bits) -> devbridge dtype, from the module's own table."""
+    from ._devbridge import dtypes
+    return {(dtype_info(n)["dlpack_code"], dtype_info(n)["dlpack_bits"]): n for n in dtypes()}
+
+
+class _DLPackMemory:
+    """The memory of an unversioned DLPack capsule as an array interface for numpy. It holds the capsule,
+    whose destructor (the producer's) lets the producer's memory go once the array is gone."""
+
+    __slots__ = ("__array_interface__", "_capsule")
+
+    def __init__(self, capsule: Any, interface: dict[str, Any]) -> None:
+        self._capsule = capsule
+        self.__array_interface__ = interface
+
+
+def _from_capsule(array: Any, what: str) -> np.ndarray:
+    """A DLPack producer's CPU tensor whose dtype numpy lacks (bfloat16, float8), read without a copy from
+    its capsule as numpy would: the bits, labelled with devbridge's dtype."""
+    kind = type(array).__name__
+    try:
+        capsule = array.__dlpack__()  # no max_version: the unversioned capsule every producer gives
+    except Exception as error:  # the producer's own refusal (a tensor requiring grad, an unsupported dtype...)
+        raise TypeError(f"{what}: the {kind} refused its DLPack export: {type(error).__name__}: {error}") from error
+    tensor = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
+    code, bits, lanes = tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes
+    name = _dlpack_dtypes().get((code, bits)) if lanes == 1 else None
+    if name is None:
+        raise TypeError(f"{what}: the {kind} holds DLPack dtype (code {code}, bits {bits}, lanes {lanes}), "
+                        f"which devbridge does not hold")
+    dtype = _labelled(name)
+    shape = tuple(tensor.shape[i] for i in range(tensor.ndim))
+    if math.prod(shape) == 0:
+        return np.empty(shape, dtype)
+    strides = None if not tensor.strides else tuple(tensor.strides[i] * dtype.itemsize for i in range(tensor.ndim))
+    interface = {"version": 3, "shape": shape, "typestr": dtype.str, "strides": strides,
+                 "data": (tensor.data + tensor.byte_offset, True)}
+    return np.asarray(_DLPackMemory(capsule, interface)).view(dtype)
+
+
+def _from_dlpack(array: Any, what: str) -> np.ndarray:
+    kind = type(array).__name__
+    try:
+        device_type, device_id = (int(v) for v in array.__dlpack_device__())
+    except Exception as error:
+        raise TypeError(f"{what}: the {kind} has __dlpack__ but no usable __dlpack_device__ ({error})") from error
+    if device_type != _DLPACK_CPU:
+        where = _DLPACK_DEVICES.get(device_type, "not host memory")
+        raise ValueError(f"{what}: the {kind} lives on DLPack device ({device_type}, {device_id}) ({where}), not "
+                         "the CPU: devbridge takes arrays in host memory; copy it there first (torch: .cpu(), "
+                         "jax: jax.device_put(x, jax.devices('cpu')[0]))")
+    try:
+        return np.from_dlpack(array)
+    except (BufferError, RuntimeError, TypeError, ValueError):
+        return _from_capsule(array, what)  # a dtype numpy lacks (or the producer's refusal, said by it)
+
+
+def _to_numpy(array: Any, what: str) -> np.ndarray:
+    """``array`` as a numpy array over its own memory: numpy, a CPU DLPack producer, a buffer."""
     if isinstance(array, np.ndarray):
-        a = array
-    else:
-        try:
-            view = memoryview(array)
-        except TypeError as error:
-            raise TypeError(
-                f"upload takes a buffer-protocol array (numpy, bytes, array.array...), not {type(array).__name__}"
-            ) from error
-        if not view.c_contiguous:
-            raise ValueError(f"upload: the {type(array).__name__} buffer is not C-contiguous; copy it first")
-        a = np.asarray(view)
+        return array
+    if hasattr(type(array), "__dlpack__"):
+        return _from_dlpack(array, what)
+    kind = type(array).__name__
+    try:
+        view = memoryview(array)
+    except TypeError as error:
+        raise TypeError(f"{what} takes an array (numpy, a DLPack producer in host memory such as a torch or jax "
+                        f"CPU tensor, or a buffer such as bytes or array.array), not {kind}") from error
+    except BufferError as error:
+        raise TypeError(f"{what}: the {kind} refused its buffer: {error}") from error
+    if not view.c_contiguous:
+        raise ValueError(f"{what}: the {kind} buffer is not C-contiguous; copy it first")
+    return np.asarray(view)
+
+
+def _intake(array: Any, what: str, dtype: Any = None, *, copy: bool = True, any_layout: bool = False) -> np.ndarray:
+    """The one reading of an array an entry is given: a C-contiguous numpy array of little-endian items
+    whose ``_dtype_name(a.dtype)`` is the data's devbridge dtype (``dtype`` relabels bytes of the same item
+    size), over the caller's memory where that allows.
+
+    ``copy``: the entry copies the data anyway, so a big-endian array is converted (else ``ValueError``
+    naming its dtype). ``any_layout``: anything ``numpy.asarray`` takes, a strided array copied into
+    row-major order (else a non-contiguous array is ``ValueError``). ``what`` names the entry in errors."""
+    try:
+        a = _to_numpy(array, what)
+    except TypeError:
+        if not any_layout:
+            raise
+        a = np.asarray(array)
     if not a.flags.c_contiguous:
-        raise ValueError(
-            f"upload: the array (shape {a.shape}, strides {a.strides}) is not C-contiguous, so it cannot be "
-            "staged as one run of bytes; pass numpy.ascontiguousarray(array)"
-        )
+        if not any_layout:
+            raise ValueError(f"{what}: the array (shape {a.shape}, strides {a.strides}) is not C-contiguous, so "
+                             "it is not one run of bytes; pass numpy.ascontiguousarray(array)")
+        a = np.ascontiguousarray(a)
+    if a.dtype.byteorder == ">":
+        if not copy:
+            raise ValueError(f"{what}: the array is big-endian ({a.dtype.str}) and devbridge's bytes are "
+                             "little-endian; this call copies nothing, so pass array.astype(array.dtype."
+                             "newbyteorder('<')) or use a call that copies")
+        a = a.astype(a.dtype.newbyteorder("<"))
+    if dtype is not None:
+        name = _dtype_name(dtype)
+        if dtype_info(name)["itemsize"] != a.itemsize:
+            raise ValueError(f"{what}: dtype {name} has items of {dtype_info(name)['itemsize']} bytes, the "
+                             f"array's {a.dtype} {a.itemsize}: dtype relabels the bytes, it does not convert them "
+                             "(use array.astype)")
+        a = a.view(_labelled(name))
+    else:
+        _dtype_name(a.dtype)  # ValueError now for a dtype devbridge does not hold
     return a
 
 
@@ -589,10 +758,7 @@ def adopt(bridge: Bridge, array: Any, *, dtype: Any = None) -> DeviceTensor:
     memory (stage with ``upload`` there); ``ValueError`` for an empty array, one that is not C-contiguous,
     or ``dtype`` of another item size than the array's.
     """
-    a = np.asarray(array)
-    if not a.flags.c_contiguous:
-        raise ValueError(f"adopt: the array (shape {a.shape}, strides {a.strides}) is not C-contiguous: its "
-                         "memory is not one run of bytes; upload a contiguous copy instead")
+    a = _intake(array, "adopt", dtype, copy=False)
     if a.flags.writeable:
         # Views, DLPack arrays and lazy tinygrad graphs read adopted memory in place, whenever they run: a
         # write through the caller's array would change them under their feet (as adopt_host refuses a
@@ -600,10 +766,7 @@ def adopt(bridge: Bridge, array: Any, *, dtype: Any = None) -> DeviceTensor:
         raise ValueError(f"adopt: the array (shape {a.shape}, {a.dtype}) is writable; only memory nothing "
                          "writes while the tensor lives can be adopted: mark it read-only "
                          "(a.flags.writeable = False) if nothing writes it, or upload a copy (bridge.upload(a))")
-    name = _dtype_name(a.dtype if dtype is None else dtype)
-    if dtype_info(name)["itemsize"] != a.itemsize:
-        raise ValueError(f"adopt: dtype {name} has items of {dtype_info(name)['itemsize']} bytes, the array's "
-                         f"{a.dtype} {a.itemsize}: adopting reinterprets bytes, it cannot convert them")
+    name = _dtype_name(a.dtype)
     spec_for_array(a.shape, name)  # the shape's checks: an empty array raises ValueError
     # The largest alignment both the address and the length keep (a power of two, at most 256): the
     # adopted allocation's extent is exactly the array's bytes.
@@ -626,7 +789,10 @@ def adopt(bridge: Bridge, array: Any, *, dtype: Any = None) -> DeviceTensor:
 def upload(bridge: Bridge, array: Any, *, dtype: Any = None, alignment: int = 256, wait: bool = False) -> DeviceTensor:
     """Copies a C-contiguous array into a new device allocation; returns its ``DeviceTensor``.
 
-    The bytes go through the ring in chunks (at most a quarter of the ring
+    ``array``: numpy, any DLPack producer in host memory (a torch or jax CPU
+    tensor, bfloat16 and float8 included) or a buffer (``bytes``...), read in
+    place; a big-endian array is converted to little-endian (its values kept);
+    one on a device is ``ValueError``. The bytes go through the ring in chunks (at most a quarter of the ring
     each), so an array larger than the ring works; each chunk's range goes
     back to the ring as soon as its copy completes. ``dtype`` relabels the
     bytes (same itemsize: e.g. ``uint16`` bits as ``"bfloat16"``); nothing is
@@ -635,14 +801,8 @@ def upload(bridge: Bridge, array: Any, *, dtype: Any = None, alignment: int = 25
     a non-contiguous one ``ValueError``. On any failure the ring ranges go
     back, the allocation is freed and the error names the chunk.
     """
-    a = _as_array(array)
-    name = _dtype_name(a.dtype if dtype is None else dtype)
-    itemsize = dtype_info(name)["itemsize"]
-    if itemsize != a.itemsize:
-        raise ValueError(
-            f"upload: dtype {name} ({itemsize} bytes) does not match the array's {a.dtype} ({a.itemsize} bytes); "
-            "dtype relabels the bytes, it does not convert them (use array.astype)"
-        )
+    a = _intake(array, "upload", dtype)
+    name = _dtype_name(a.dtype)
     spec, extent = spec_for_array(a.shape, name, alignment)
     _reap_shared(bridge.domain)
     with _staging_queue(bridge) as queue:
@@ -822,38 +982,48 @@ def download(bridge: Bridge, x: Any, out: np.ndarray | None = None, *, dtype: An
              shape: Any = None) -> np.ndarray:
     """Copies a ``DeviceTensor`` (or a ``DeviceHandle`` with ``dtype``/``shape``) into a numpy array.
 
-    For a handle, ``dtype`` defaults to the allocation's and ``shape`` to the
-    whole extent as a vector. ``out``, when given, must be a writable
-    C-contiguous numpy array of that shape (or size) and dtype. Chunked through
-    the ring like ``upload``; on failure every ring range goes back and the
-    error names the chunk.
+    For a handle, ``dtype`` defaults to the allocation's (``uint8`` for an
+    untyped one) and ``shape`` to the whole extent as a vector. A shape past
+    a tensor's bytes is ``ValueError`` (the rounded allocation beyond them
+    holds none of its data); past a handle's extent, ``InvalidRange``. bfloat16 and float8 come back
+    as ml_dtypes' types when ml_dtypes is installed, else as their bits
+    (``uint16``/``uint8``). ``out``, when given, must be a writable
+    C-contiguous numpy array of that shape (or size) and dtype (or those bits).
+    Chunked through the ring like ``upload``; on failure every ring range goes
+    back and the error names the chunk.
     """
     if isinstance(x, DeviceTensor):
         x._check()
         x.wait()
         handle = x.handle
         name = x.dtype if dtype is None else _dtype_name(dtype)
-        dims = x.shape if shape is None else _checked_shape(shape)
+        limit, what = x.nbytes, f"the tensor's {x.nbytes} bytes (shape {x.shape} {x.dtype})"
     elif isinstance(x, DeviceHandle):
         handle = x
-        name = bridge.spec(x).dtype if dtype is None else _dtype_name(dtype)
-        if shape is None:
-            dims = (bridge.extent(x) // dtype_info(name)["itemsize"],)
-        else:
-            dims = _checked_shape(shape)
+        name = _handle_dtype(bridge, x) if dtype is None else _dtype_name(dtype)
+        limit = bridge.extent(x)
+        what = f"the {limit} bytes of {x!r}"
     else:
         raise TypeError(f"download takes a DeviceTensor or a DeviceHandle, not {type(x).__name__}")
+    if shape is not None:
+        dims = _checked_shape(shape)
+    elif isinstance(x, DeviceTensor) and dtype is None:
+        dims = x.shape
+    else:
+        dims = _whole(limit, name, what)
     np_dtype = _numpy_dtype(name)
     nbytes = math.prod(dims) * np_dtype.itemsize
-    if nbytes > bridge.extent(handle):
-        raise InvalidRange(f"download of shape {dims} {name} ({nbytes} bytes) is past the extent of "
-                           f"{bridge.extent(handle)} bytes of {handle!r}")
+    if nbytes > limit:
+        # A tensor's size is the staging layer's; an allocation's extent is the bridge's (the contract's kind).
+        error = ValueError if isinstance(x, DeviceTensor) else InvalidRange
+        raise error(f"download of shape {dims} {name} ({nbytes} bytes) is larger than {what}")
     if out is None:
         out = np.empty(dims, dtype=np_dtype)
     else:
         if not isinstance(out, np.ndarray):
             raise TypeError(f"out must be a numpy.ndarray, not {type(out).__name__}")
-        if out.dtype != np_dtype:
+        bits = _bits_dtype(name)
+        if out.dtype != np_dtype and (bits is None or out.dtype != bits):
             raise ValueError(f"out has dtype {out.dtype}, the data is {name} ({np_dtype})")
         if out.size != math.prod(dims):
             raise ValueError(f"out has {out.size} elements (shape {out.shape}), the data has shape {dims}")
@@ -875,6 +1045,20 @@ def download(bridge: Bridge, x: Any, out: np.ndarray | None = None, *, dtype: An
         _download(bridge, queue, handle, dst, nbytes)
     _reap_shared(bridge.domain, raise_failures=False)
     return out
+
+
+def _handle_dtype(bridge: Bridge, handle: DeviceHandle) -> str:
+    """The dtype a handle's bytes read as: its allocation's, ``uint8`` for an untyped one (``"bytes"``)."""
+    name = bridge.spec(handle).dtype
+    return "uint8" if name == "bytes" else name
+
+
+def _whole(nbytes: int, name: str, what: str) -> tuple[int]:
+    """The shape of ``nbytes`` as a vector of ``name``; ``ValueError`` when they are no whole number of it."""
+    itemsize = dtype_info(name)["itemsize"]
+    if nbytes % itemsize:
+        raise ValueError(f"{what} are not a whole number of {name} ({itemsize} bytes); give a shape")
+    return (nbytes // itemsize,)
 
 
 def _download(bridge: Bridge, queue: ReleaseQueue, handle: DeviceHandle, dst: np.ndarray, nbytes: int) -> None:

@@ -52,7 +52,8 @@ except ImportError as _error:  # pragma: no cover - exercised only without the e
     raise ImportError("devbridge.ray needs Ray: pip install 'devbridge[ray]' (or pip install ray)") from _error
 
 import devbridge
-from ._staging import DeviceTensor, _copy_through_view, _numpy_dtype, _staging_queue, _upload_through_view
+from ._staging import (DeviceTensor, _copy_through_view, _dtype_name, _intake, _numpy_dtype, _staging_queue,
+                       _upload_through_view)
 from ._portable import PortableTensor
 
 __all__ = ["DeviceWorker", "TensorRef", "init_local", "non_loopback_addresses", "start_worker", "wait_until_ready",
@@ -320,10 +321,8 @@ class _DeviceWorker:
         if isinstance(value, PortableTensor):
             shape, name, src = value.shape, value.dtype if dtype is None else dtype, value._bytes
         else:
-            a = np.asarray(value)
-            if a.dtype.byteorder == ">" or not a.flags.c_contiguous:
-                a = np.ascontiguousarray(a.astype(a.dtype.newbyteorder("<")))
-            shape, name, src = a.shape, a.dtype if dtype is None else dtype, _flat_bytes(a)
+            a = _intake(value, "put", any_layout=True)
+            shape, name, src = a.shape, _dtype_name(a.dtype) if dtype is None else dtype, _flat_bytes(a)
         spec, extent = devbridge.spec_for_array(shape, name)
         source = PortableTensor(shape, spec.dtype, src)  # checks that the bytes are those of the shape and dtype
         shape, name = source.shape, source.dtype
