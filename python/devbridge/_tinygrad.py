@@ -270,9 +270,10 @@ def hand_off(view: "TensorView") -> tuple["Tensor", Any]:
         tinygrad_dtype = getattr(tg.dtypes, dtype_name, None)
         if tinygrad_dtype is None:
             raise Unsupported(f"to_tinygrad: this tinygrad has no dtype {lease.dtype!r} (tinygrad.dtypes.{dtype_name})")
-        if view_device.partition(":")[0].upper() not in _ZERO_COPY_DEVICES:
-            raise Unsupported(_no_zero_copy_message(view_device, lease.handle, lease.dtype, lease.shape))
-        device = _tinygrad_device(view_device)
+        try:
+            device = _tinygrad_device(view_device)
+        except Unsupported:  # no zero-copy hand-off: the advice names this view's download
+            raise Unsupported(_no_zero_copy_message(view_device, lease.handle, lease.dtype, lease.shape)) from None
         if device.startswith("CUDA"):
             ordinal = int(device.partition(":")[2] or 0)
             if lease._native_context != cuda_context("tinygrad", ordinal):
