@@ -36,7 +36,7 @@ from typing import Any, BinaryIO, Callable, Iterator, Mapping, NamedTuple
 
 import numpy as np
 
-from ._devbridge import Bridge, DeviceHandle, ObjectSpec, dtype_info, dtypes
+from ._devbridge import Bridge, DeviceHandle, ObjectSpec, _checkpoint_open, dtype_info, dtypes
 from ._errors import BridgeError
 from ._staging import (
     _CLEANUP_WAIT_S,
@@ -83,15 +83,11 @@ _SAFETENSORS_NAMES = {
     "float8_e4m3fn": "F8_E4M3",
     "float8_e5m2": "F8_E5M2",
 }
-_FROM_SAFETENSORS = {st: name for name, st in _SAFETENSORS_NAMES.items()}
 if set(_SAFETENSORS_NAMES) != set(dtypes()):
     raise ImportError(f"devbridge._portable: no safetensors name for {sorted(set(dtypes()) - set(_SAFETENSORS_NAMES))}")
 
 FORMAT = "devbridge-checkpoint"
 FORMAT_VERSION = "1"
-# The safetensors package refuses headers past 100 MB; so does restore (a corrupt length must not
-# make it read gigabytes of "header").
-_HEADER_LIMIT = 100_000_000
 # Uploads of one transfer in flight on the destination at once (the source keeps its own few downloads).
 _TRANSFER_WINDOW = 2
 # Restore: ring ranges read from the file and not yet hashed (each also has its upload in flight).
@@ -697,6 +693,7 @@ def checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], *,
             raise TypeError(f"checkpoint {path!r}: tensor names must be str, not {type(name).__name__}")
         if not name or name == "__metadata__":
             raise ValueError(f"checkpoint {path!r}: {name!r} cannot name a tensor")
+        _check_utf8(name, f"checkpoint {path!r}: tensor name {name!r}")
         with _context(f"checkpoint {path!r}: tensor {name!r}"):
             sources.append((name, _resolve(bridge, x)))
     # The package's own order: widest dtype first, so every tensor starts aligned to its itemsize.
@@ -798,8 +795,21 @@ def _checkpoint_metadata(bridge: Bridge, extra: Mapping[str, str] | None, dtypes
                                 f"{type(value).__name__}")
             if key in meta:
                 raise ValueError(f"metadata key {key!r} is devbridge's own")
+            _check_utf8(key, f"metadata key {key!r}")
+            _check_utf8(value, f"metadata {key!r}'s value {value!r}")
             meta[key] = value
     return meta
+
+
+def _check_utf8(text: str, what: str) -> None:
+    """A str with a lone surrogate (``"\\ud800"``) has no UTF-8: json.dumps would still write it (as an
+    escape), and every reader, safetensors' and restore's, would refuse the file. Refused before anything
+    is written."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} is not valid UTF-8 (it holds a lone surrogate); a safetensors header is "
+                         "UTF-8") from None
 
 
 def _encode_header(header: dict[str, Any]) -> bytes:
@@ -881,111 +891,22 @@ class _Header(NamedTuple):
     data_start: int
 
 
-def _read_header(file: BinaryIO, path: str) -> _Header:
-    """Parses and checks a safetensors header against the file's size before anything is allocated."""
-    size = os.fstat(file.fileno()).st_size
-    if size < 8:
-        raise CheckpointError(f"{path!r} is not a safetensors file: {size} bytes, shorter than the 8-byte "
-                              "header length")
-    length = int.from_bytes(_read_exactly(file, 8, path), "little")
-    if length > _HEADER_LIMIT:
-        raise CheckpointError(f"{path!r} is not a safetensors file: a header length of {length} bytes "
-                              f"(past {_HEADER_LIMIT})")
-    if 8 + length > size:
-        raise CheckpointError(f"{path!r} is truncated (or not a safetensors file): its header is {length} bytes, "
-                              f"the file {size}")
-    try:
-        header = json.loads(_read_exactly(file, length, path).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as error:
-        raise CheckpointError(f"{path!r} is not a safetensors file: its header is not JSON ({error})") from None
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{path!r} is not a safetensors file: its header is not a JSON object")
-    metadata = header.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                 for k, v in metadata.items()):
-        raise CheckpointError(f"{path!r}: __metadata__ is not a map of strings to strings")
-    own_dtypes = _recorded_dtypes(metadata, path)
-    entries = [_entry(path, name, info, own_dtypes.get(name)) for name, info in header.items()]
-    entries.sort(key=lambda e: (e.begin, e.end))
-    expected = 0
-    for entry in entries:
-        if entry.begin != expected:
-            raise CheckpointError(f"{path!r}: tensor {entry.name!r} starts at data byte {entry.begin}, "
-                                  f"expected {expected} (tensors overlap or leave a gap)")
-        expected = entry.end
-    data = size - 8 - length
-    if expected > data:
-        raise CheckpointError(f"{path!r} is truncated: its tensors need {expected} bytes of data, the file holds "
-                              f"{data}")
-    if expected < data:
-        raise CheckpointError(f"{path!r}: {data - expected} bytes follow the last tensor's data (corrupt, or not "
-                              "a safetensors file)")
-    if metadata.get("format") == FORMAT:
-        checksum = metadata.get("checksum", "")
-        algorithm, _, digits = checksum.partition(":")
-        if (len(digits) != _CHECKSUM_DIGITS.get(algorithm, -1)
-                or not all(c in "0123456789abcdef" for c in digits)):
-            raise CheckpointError(f"{path!r}: a devbridge checkpoint without a valid checksum (got {checksum!r}; "
-                                  "crc32:<8 hex digits> or sha256:<64 hex digits>)")
-    return _Header(metadata, entries, 8 + length)
-
-
-def _recorded_dtypes(metadata: dict[str, str], path: str) -> dict[str, str]:
-    """devbridge's own dtype names, recorded by ``checkpoint`` (a plain safetensors file has none)."""
-    if "dtypes" not in metadata:
-        return {}
-    try:
-        recorded = json.loads(metadata["dtypes"])
-    except (ValueError, RecursionError):
-        recorded = None
-    if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
-        raise CheckpointError(f"{path!r}: the metadata's dtypes entry is not a JSON map of names to dtypes")
-    return recorded
-
-
-def _entry(path: str, name: str, info: Any, recorded_dtype: str | None) -> _Entry:
-    where = f"{path!r}: tensor {name!r}"
-    if not isinstance(info, dict):
-        raise CheckpointError(f"{where}: its header entry is not an object")
-    st_dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-    if st_dtype not in _FROM_SAFETENSORS:
-        raise CheckpointError(f"{where}: dtype {st_dtype!r} is not one devbridge holds "
-                              f"(it knows {', '.join(sorted(_FROM_SAFETENSORS))})")
-    dtype = _FROM_SAFETENSORS[st_dtype]
-    if recorded_dtype is not None and recorded_dtype != dtype:
-        raise CheckpointError(f"{where}: the metadata records dtype {recorded_dtype!r}, the header {st_dtype!r}")
-    if not isinstance(shape, list) or not all(type(d) is int and 0 <= d <= _U64_MAX for d in shape):
-        raise CheckpointError(f"{where}: shape {shape!r} is not a list of non-negative integers")
-    if (not isinstance(offsets, list) or len(offsets) != 2
-            or not all(type(o) is int and 0 <= o <= _U64_MAX for o in offsets) or offsets[0] > offsets[1]):
-        raise CheckpointError(f"{where}: data_offsets {offsets!r} are not [begin, end] byte offsets")
-    nbytes = math.prod(shape) * dtype_info(dtype)["itemsize"]
-    if offsets[1] - offsets[0] != nbytes:
-        raise CheckpointError(f"{where}: shape {tuple(shape)} of {dtype} is {nbytes} bytes, its data_offsets "
-                              f"span {offsets[1] - offsets[0]}")
-    if nbytes == 0:
-        raise CheckpointError(f"{where}: shape {tuple(shape)} is empty, and a device allocation cannot be")
-    return _Entry(name, dtype, tuple(shape), offsets[0], offsets[1])
-
-
-def _read_exactly(file: BinaryIO, n: int, path: str) -> bytes:
-    data = file.read(n)
-    while data is not None and len(data) < n:
-        more = file.read(n - len(data))
-        if not more:
-            break
-        data += more
-    if data is None or len(data) != n:
-        raise CheckpointError(f"{path!r} is truncated: {n} bytes expected at its start")
-    return data
+def _open_checkpoint(path: str) -> tuple[BinaryIO, _Header]:
+    """Opens ``path`` and checks its header against the file before anything is allocated: the C++
+    reader ``devbridge checkpoint inspect`` uses (include/devbridge/checkpoint_file.hpp), so both refuse
+    the same files with the same reasons. Returns the file the header was read through (unbuffered,
+    positioned at the data section) and the header; ``CheckpointError`` names the file when refused."""
+    file, metadata, tensors, data_start = _checkpoint_open(os.fsencode(path), repr(path))
+    file.seek(data_start)
+    return file, _Header(metadata, [_Entry(*t) for t in tensors], data_start)
 
 
 def checkpoint_info(path: Any) -> dict[str, Any]:
     """A checkpoint's header without restoring it: ``{"metadata": {...}, "tensors": {name: {"dtype",
     "shape", "nbytes"}}}`` (devbridge dtype names), after the same checks ``restore`` makes first."""
     path = _checked_path(path)
-    with open(path, "rb") as file:
-        header = _read_header(file, path)
+    file, header = _open_checkpoint(path)
+    file.close()
     return {"metadata": dict(header.metadata),
             "tensors": {e.name: {"dtype": e.dtype, "shape": e.shape, "nbytes": e.end - e.begin}
                         for e in header.entries}}
@@ -1029,8 +950,8 @@ def restore(bridge: Bridge, path: Any, *, alignment: int = 256, verify: bool = T
         raise TypeError(f"verify must be a bool, not {type(verify).__name__}")
     path = _checked_path(path)
     restored: dict[str, DeviceTensor] = {}
-    with open(path, "rb", buffering=0) as file:
-        header = _read_header(file, path)
+    file, header = _open_checkpoint(path)
+    with file:
         held = _held_dtypes(bridge)
         for entry in header.entries:  # spec_for_array's own checks (alignment, sizes) before any allocation
             spec, extent = spec_for_array(entry.shape, entry.dtype, alignment)

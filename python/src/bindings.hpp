@@ -154,5 +154,6 @@ void bind_fake_controls(nanobind::module_& m);      // fake_controls.cpp
 void bind_copy_layout(nanobind::module_& m);        // copy_layout.cpp
 void bind_host_regions(nanobind::module_& m);       // host_regions.cpp
 void bind_bridge(nanobind::module_& m);             // bridge.cpp
+void bind_checkpoint_file(nanobind::module_& m);    // checkpoint_file.cpp
 
 }  // namespace devbridge::python

@@ -127,4 +127,5 @@ NB_MODULE(_devbridge, m) {
   bind_copy_layout(m);
   bind_host_regions(m);
   bind_bridge(m);
+  bind_checkpoint_file(m);
 }

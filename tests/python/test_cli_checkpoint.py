@@ -19,6 +19,7 @@ import pytest
 import safetensors.numpy
 
 import devbridge
+from test_checkpoint_hostile import HOSTILE, _write
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -302,3 +303,35 @@ def test_help_lists_the_command():
     assert done.returncode == 0 and "checkpoint" in done.stdout
     done = run("checkpoint", "inspect", "--help", check_one_line=False)
     assert done.returncode == 0 and "--json" in done.stdout
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_inspect_and_python_refuse_a_hostile_header_alike(tmp_path, case):
+    # One reader (include/devbridge/checkpoint_file.hpp) for both: the same refusal, word for word. The CLI
+    # accepted a BOM, trailing NUL and garbage, rank 9, lone surrogates and duplicate names before.
+    header, words = HOSTILE[case]
+    path = tmp_path / "bad.safetensors"
+    _write(path, header, bytes(4))
+    report = _refused(path, words)
+    with pytest.raises(devbridge.CheckpointError) as caught:
+        devbridge.checkpoint_info(path)
+    assert report["error"] == str(caught.value)
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path):
+    # Opened O_NONBLOCK and refused after fstat; a plain open() waited for a writer forever (run's timeout
+    # turns a hang into a failure).
+    fifo = tmp_path / "p"
+    os.mkfifo(fifo)
+    _refused(fifo, "is not a regular file")
+
+
+def test_fifty_thousand_tensors_are_inspected_in_linear_time(tmp_path):
+    # The old reader was quadratic here (24-160 s); this completes in well under a second.
+    n = 50_000
+    header = {f"t{i}": {"dtype": "U8", "shape": [1], "data_offsets": [i, i + 1]} for i in range(n)}
+    path = tmp_path / "many.safetensors"
+    _write(path, json.dumps(header).encode(), bytes(n))
+    report = json.loads(run("checkpoint", "inspect", str(path), "--json", "-").stdout)
+    assert report["ok"] is True and len(report["tensors"]) == n
+    assert len(devbridge.checkpoint_info(path)["tensors"]) == n

@@ -3,12 +3,12 @@
 // whether its data still matches the checksum recorded in it.
 //
 // A checkpoint is a safetensors file (docs/PORTABLE.md): an 8-byte
-// little-endian header length, a JSON header, then the data section. Every
-// size in the file is treated as hostile: the header is checked against the
-// file the way devbridge.restore checks it (python/devbridge/_portable.py)
-// before any data is read, so a file restore would refuse is refused here
-// with the same reason, and nothing in it can make the command crash or
-// allocate more than the file's own header.
+// little-endian header length, a JSON header, then the data section. The
+// header is read and checked by the library's one reader
+// (include/devbridge/checkpoint_file.hpp), the one devbridge.restore and
+// checkpoint_info use too, before any data is read: a file restore would
+// refuse is refused here with the same words, and nothing in it can make the
+// command block, crash or allocate more than the file's own header.
 #pragma once
 
 #include <cstdint>

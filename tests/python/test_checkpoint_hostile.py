@@ -1,0 +1,142 @@
+"""Hostile checkpoint files through checkpoint_info and restore, and the names checkpoint refuses to write.
+
+The header is read by the C++ reader `devbridge checkpoint inspect` uses too
+(include/devbridge/checkpoint_file.hpp); tests/python/test_cli_checkpoint.py
+checks the two refuse the same files with the same words. Each case here was
+accepted, raised the wrong exception or hung before it.
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import json
+import os
+import threading
+
+import numpy as np
+import pytest
+
+import devbridge
+
+
+def _write(path, header: bytes, data: bytes = b"") -> None:
+    path.write_bytes(len(header).to_bytes(8, "little") + header + data)
+
+
+def _one(**fields) -> bytes:
+    entry = {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}
+    entry.update(fields)
+    return json.dumps({"a": entry}).encode()
+
+
+ONE = _one()
+
+HOSTILE = {
+    "dtype a list": (_one(dtype=["F32"]), "tensor 'a': dtype [\"F32\"] is not one devbridge holds"),
+    "dtype an object": (_one(dtype={"F32": 1}), "tensor 'a': dtype {\"F32\": 1} is not one devbridge holds"),
+    "metadata a list": (b'{"__metadata__":[],' + ONE[1:], "__metadata__ is not a map of strings to strings"),
+    "metadata false": (b'{"__metadata__":false,' + ONE[1:], "__metadata__ is not a map of strings to strings"),
+    "metadata empty str": (b'{"__metadata__":"",' + ONE[1:], "__metadata__ is not a map of strings to strings"),
+    "metadata 0": (b'{"__metadata__":0,' + ONE[1:], "__metadata__ is not a map of strings to strings"),
+    "rank 9": (_one(shape=[1] * 9), "shape (1, 1, 1, 1, 1, 1, 1, 1, 1) has 9 dimensions, more than devbridge's 8"),
+    "NUL and garbage": (ONE + b"\0garbage", "not JSON (trailing characters"),
+    "BOM": (b"\xef\xbb\xbf" + ONE, "byte order mark"),
+    "lone surrogate name": (ONE.replace(b'"a"', b'"\\ud800"'), "surrogate"),
+    "lone surrogate metadata": (b'{"__metadata__":{"k":"\\udc00"},' + ONE[1:], "surrogate"),
+    "invalid UTF-8 name": (ONE.replace(b'"a"', b'"a\xff"'), "invalid UTF-8"),
+    "duplicate name": (b'{"a":' + ONE[5:-1] + b',"a":' + ONE[5:], "tensor 'a' appears twice"),
+    "duplicate metadata key": (b'{"__metadata__":{"k":"1","k":"2"},' + ONE[1:], "__metadata__ is not a map"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_a_hostile_header_is_a_checkpoint_error(tmp_path, case):
+    header, words = HOSTILE[case]
+    path = tmp_path / "bad.safetensors"
+    _write(path, header, bytes(4))
+    with pytest.raises(devbridge.CheckpointError) as caught:
+        devbridge.checkpoint_info(path)
+    assert words in str(caught.value) and repr(str(path)) in str(caught.value)
+    with devbridge.Bridge(backend="host") as bridge, pytest.raises(devbridge.CheckpointError) as restored:
+        bridge.restore(path)  # refused before anything is allocated, for the same reason
+    assert str(restored.value) == str(caught.value)
+
+
+def test_whitespace_padding_is_accepted_as_the_safetensors_package_accepts_it(tmp_path):
+    path = tmp_path / "padded.safetensors"
+    _write(path, b" \n" + ONE + b" \t\r\n  ", np.array([1.5], np.float32).tobytes())
+    assert devbridge.checkpoint_info(path)["tensors"]["a"]["shape"] == (1,)
+    with devbridge.Bridge(backend="host") as bridge:
+        assert bridge.download(bridge.restore(path)["a"])[0] == 1.5
+
+
+def _unblocking_writer(path):
+    """A thread that opens the FIFO for writing and closes it at once: a reader that opened the FIFO blocking
+    is let go (and reads nothing), so code that would block fails the test instead of hanging it."""
+    def write():
+        with open(path, "wb"):
+            pass
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    return thread
+
+
+def _release(path, thread):
+    # The writer waits in open() for a reader; a non-blocking read end lets it finish.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    thread.join()
+    os.close(fd)
+
+
+def test_a_fifo_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "p"
+    os.mkfifo(fifo)
+    thread = _unblocking_writer(fifo)
+    try:
+        with pytest.raises(devbridge.CheckpointError, match="is not a regular file"):
+            devbridge.checkpoint_info(fifo)
+        with devbridge.Bridge(backend="host") as bridge, pytest.raises(devbridge.CheckpointError,
+                                                                       match="is not a regular file"):
+            bridge.restore(fifo)
+    finally:
+        _release(fifo, thread)
+
+
+def test_a_directory_is_refused_and_a_missing_file_is_still_oserror(tmp_path):
+    with pytest.raises(devbridge.CheckpointError, match="is not a regular file"):
+        devbridge.checkpoint_info(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        devbridge.checkpoint_info(tmp_path / "missing.safetensors")
+
+
+def test_restore_reads_the_file_whose_header_it_checked(tmp_path, monkeypatch):
+    # The data is read through the descriptor the header was read from: no second open by path, which could
+    # find another file renamed into its place.
+    path = tmp_path / "x.safetensors"
+    with devbridge.Bridge(backend="host") as bridge:
+        x = bridge.upload(np.arange(6, dtype=np.float32), wait=True)
+        bridge.checkpoint(path, {"x": x})
+
+        def no_open(*args, **kwargs):
+            raise AssertionError(f"restore opened {args[0]!r} by path a second time")
+        monkeypatch.setattr(builtins, "open", no_open)
+        monkeypatch.setattr(io, "open", no_open)
+        monkeypatch.setattr(os, "open", no_open)
+        restored = bridge.restore(path)
+        monkeypatch.undo()
+        assert bridge.download(restored["x"]).tobytes() == np.arange(6, dtype=np.float32).tobytes()
+
+
+@pytest.mark.parametrize("where", ["name", "metadata key", "metadata value"])
+def test_checkpoint_refuses_what_is_not_utf8_before_writing_anything(tmp_path, where):
+    path = tmp_path / "x.safetensors"
+    with devbridge.Bridge(backend="host") as bridge:
+        x = bridge.upload(np.arange(4, dtype=np.float32), wait=True)
+        name = "\ud800" if where == "name" else "x"
+        metadata = {"metadata key": {"k\udfff": "v"}, "metadata value": {"k": "v\ud800"}}.get(where)
+        with pytest.raises(ValueError, match="not valid UTF-8") as caught:
+            bridge.checkpoint(path, {name: x}, metadata=metadata)
+        assert not isinstance(caught.value, UnicodeError)
+        assert ("tensor name" if where == "name" else "metadata") in str(caught.value)
+        assert list(tmp_path.iterdir()) == []  # no file, no temporary left behind
