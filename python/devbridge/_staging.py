@@ -32,7 +32,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from ._devbridge import Bridge, CopyEvent, DeviceHandle, HostRange, HostRing, ObjectSpec, dtype_info
+from ._devbridge import Bridge, CopyEvent, DeviceHandle, HostRange, HostRing, ObjectSpec, dtype_info, dtypes
 from ._errors import (AllocationStillInUse, Backpressure, BridgeError, Closed, InvalidAlignment, InvalidRange,
                       InvalidTensorView, InvalidViewDType)
 
@@ -440,7 +440,6 @@ _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 @functools.lru_cache(maxsize=None)
 def _dlpack_dtypes() -> dict[tuple[int, int], str]:
     """(DLPack type code, bits) -> devbridge dtype, from the module's own table."""
-    from ._devbridge import dtypes
     return {(dtype_info(n)["dlpack_code"], dtype_info(n)["dlpack_bits"]): n for n in dtypes()}
 
 
@@ -463,7 +462,10 @@ def _from_capsule(array: Any, what: str) -> np.ndarray:
         capsule = array.__dlpack__()  # no max_version: the unversioned capsule every producer gives
     except Exception as error:  # the producer's own refusal (a tensor requiring grad, an unsupported dtype...)
         raise TypeError(f"{what}: the {kind} refused its DLPack export: {type(error).__name__}: {error}") from error
-    tensor = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
+    try:
+        tensor = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
+    except ValueError as error:  # not the unversioned capsule __dlpack__() must give without max_version
+        raise TypeError(f"{what}: the {kind}'s __dlpack__() gave no unversioned DLPack capsule ({error})") from error
     code, bits, lanes = tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes
     name = _dlpack_dtypes().get((code, bits)) if lanes == 1 else None
     if name is None:
