@@ -112,8 +112,9 @@ class PortableTensor:
     ``data`` is any C-contiguous buffer of exactly ``prod(shape) * itemsize``
     bytes; it is kept, not copied. numpy reads a PortableTensor without a copy
     (``numpy.asarray(t)``, ``t.numpy()``; dtypes numpy lacks, ``bfloat16`` and
-    ``float8_*``, read as the unsigned integers of their bits), and so does
-    ``memoryview(t)`` on Python 3.12+ (``t.data`` on any version).
+    ``float8_*``, read as ml_dtypes' types when ml_dtypes is installed, else as
+    the unsigned integers of their bits), and so does ``memoryview(t)`` on
+    Python 3.12+ (``t.data`` on any version; always the bits).
     """
 
     __slots__ = ("_shape", "_dtype", "_bytes", "__weakref__")
