@@ -13,8 +13,13 @@
 // DLManagedTensor's deleter, which the consumer calls when its array dies, or
 // in the capsule's destructor when no consumer ever took it. The deleter runs
 // only C++ (no Python objects are reachable from it), so it is safe from any
-// thread, with or without the GIL.
+// thread, with or without the GIL. The deleter runs once however often it is
+// called, and the export is freed only once both the capsule and the deleter
+// are done with it: torch 2.15 calls the deleter of a tensor on a device it
+// cannot take (OpenCL) and raises without renaming the capsule, whose
+// destructor then calls it again (a double free that aborted the process).
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -94,25 +99,39 @@ struct DLPackExport {
   ManagedTensorVersioned versioned{};
   ViewLease lease;
   std::optional<std::uintptr_t> consumer_stream;  // the lease ends after it
-  ~DLPackExport() {
-    if (consumer_stream) end_lease_after(lease, *consumer_stream);
-  }
   std::array<std::int64_t, kMaxRank> shape{};
   std::array<std::int64_t, kMaxRank> strides{};
+  // Held by the capsule and by the managed tensor's owner (the deleter).
+  std::atomic<int> owners{2};
+  std::atomic<bool> deleted{false};
+
+  void let_go() noexcept {
+    if (owners.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+  // The managed tensor's deleter: the lease ends (after close() the last
+  // lease on an allocation frees it; C++ only, any thread), once.
+  void end_use() noexcept {
+    if (deleted.exchange(true, std::memory_order_acq_rel)) return;
+    if (consumer_stream) end_lease_after(lease, *consumer_stream);
+    lease.reset();
+    let_go();
+  }
 };
 
-// The lease ends in these (after close() the last lease on an allocation
-// frees it; C++ only, any thread).
-void delete_export(DLManagedTensor* managed) { delete static_cast<DLPackExport*>(managed->manager_ctx); }
+void delete_export(DLManagedTensor* managed) { static_cast<DLPackExport*>(managed->manager_ctx)->end_use(); }
 void delete_versioned_export(ManagedTensorVersioned* managed) {
-  delete static_cast<DLPackExport*>(managed->manager_ctx);
+  static_cast<DLPackExport*>(managed->manager_ctx)->end_use();
 }
 
 // A capsule nobody consumed still owns its tensor; a consumed one was renamed
 // "used_..." and belongs to the consumer.
 template <typename Managed>
 void destroy_capsule(PyObject* capsule, const char* name, const char* used_name) {
-  if (PyCapsule_IsValid(capsule, used_name)) return;
+  auto* owned = static_cast<DLPackExport*>(PyCapsule_GetContext(capsule));
+  if (PyCapsule_IsValid(capsule, used_name)) {
+    if (owned) owned->let_go();
+    return;
+  }
   PyObject *type, *value, *traceback;
   PyErr_Fetch(&type, &value, &traceback);  // a destructor must not disturb a pending error
   auto* managed = static_cast<Managed*>(PyCapsule_GetPointer(capsule, name));
@@ -121,6 +140,7 @@ void destroy_capsule(PyObject* capsule, const char* name, const char* used_name)
   } else if (managed->deleter != nullptr) {
     managed->deleter(managed);
   }
+  if (owned) owned->let_go();
   PyErr_Restore(type, value, traceback);
 }
 
@@ -188,7 +208,12 @@ nb::object make_dlpack_capsule(const std::shared_ptr<BridgeState>& state, Device
     capsule = PyCapsule_New(&owned->managed, kCapsuleName, &destroy_unversioned);
   }
   if (capsule == nullptr) throw nb::python_error();
-  owned.release();  // the capsule (then its consumer) owns it now
+  auto* shared = owned.release();  // the capsule and its consumer own it now
+  if (PyCapsule_SetContext(capsule, shared) != 0) {
+    Py_DECREF(capsule);  // its destructor ends the use; the context was never set, so one owner is left
+    shared->let_go();
+    throw nb::python_error();
+  }
   return nb::steal(capsule);
 }
 

@@ -205,3 +205,45 @@ def test_torch_consumes_cuda_views_in_place(backend_name, rng, stream):
     finally:
         gc.collect()
         b.close()
+
+
+def test_a_consumer_that_calls_the_deleter_and_then_raises_does_not_double_free():
+    """torch 2.15 calls the deleter of an OpenCL tensor it cannot take, raises, and leaves the
+    capsule named "dltensor", so its destructor calls the deleter again: the export must survive it
+    (it aborted the process), and the view's lease must end exactly once."""
+    class DLManagedTensor(ctypes.Structure):
+        _fields_ = [("dl_tensor", ctypes.c_byte * 48), ("manager_ctx", ctypes.c_void_p),
+                    ("deleter", ctypes.CFUNCTYPE(None, ctypes.c_void_p))]
+
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype = ctypes.c_void_p
+    get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    with devbridge.Bridge(backend="host") as bridge:
+        t = bridge.upload(np.arange(8, dtype=np.float32), wait=True)
+        view = t.view()
+        for _ in range(3):
+            capsule = view.__dlpack__()
+            managed = DLManagedTensor.from_address(get_pointer(capsule, b"dltensor"))
+            managed.deleter(ctypes.addressof(managed))  # the consumer's deleter call...
+            managed.deleter(ctypes.addressof(managed))  # ...and a second one
+            del capsule  # the capsule's destructor calls it once more
+        view.close()
+        assert bridge.stats()["live_views"] == 0
+        t.free()
+
+
+def test_torch_refusing_an_opencl_view_raises_instead_of_aborting():
+    torch = pytest.importorskip("torch")
+    try:
+        bridge = devbridge.Bridge(backend="opencl")
+    except devbridge.BridgeError as e:
+        pytest.skip(f"no OpenCL here: {e}")
+    with bridge:
+        t = bridge.upload(np.arange(8, dtype=np.float32), wait=True)
+        view = t.view()
+        with pytest.raises(Exception):
+            torch.from_dlpack(view)  # torch 2.15 cannot take an OpenCL device
+        gc.collect()
+        view.close()
+        assert bridge.stats()["live_views"] == 0
+        t.free()
