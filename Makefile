@@ -20,16 +20,16 @@ test: build
 	@BUILD=$(BUILD) bash scripts/check-install.sh
 	@bash scripts/python-tests.sh
 
-# The core and conformance suites under AddressSanitizer+UBSan and ThreadSanitizer
+# The core, conformance and checkpoint-reader suites under AddressSanitizer+UBSan and ThreadSanitizer
 # (the core suite includes the state-machine test against the reference model).
 # A test that fails runs once more: LeakSanitizer's exit-time tracer can crash
 # on PoCL's driver threads ("Tracer caught signal 11") without any finding; a
 # real failure fails twice.
-SANITIZED_TESTS := devbridge_core_tests devbridge_conformance_tests
+SANITIZED_TESTS := devbridge_core_tests devbridge_conformance_tests devbridge_portable_tests
 test-sanitizers: setup
 	@for p in asan tsan; do \
 	  cmake --preset $$p >/dev/null && cmake --build --preset $$p -j $(JOBS) --target $(SANITIZED_TESTS) && \
-	  ctest --preset $$p -j $(JOBS) -L 'core|conformance' --repeat until-pass:2 || exit 1; \
+	  ctest --preset $$p -j $(JOBS) -L 'core|conformance|portable' --repeat until-pass:2 || exit 1; \
 	done
 
 # The libFuzzer target (bridge over the fake backend against the reference
