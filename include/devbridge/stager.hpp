@@ -1,8 +1,9 @@
 // The staging layer (issue #13): one call moves a span of bytes of any size
 // between host memory and a device allocation through the bridge's host ring,
 // in chunks, with the ring bookkeeping users otherwise write by hand. It is
-// the C++ twin of python/devbridge/_staging.py and uses only Bridge's public
-// API, so every rule of the contract still holds underneath it.
+// the transfer planner's (transfer.hpp) ring-chunks face: every call takes
+// Route::RingChunks, whatever the backend could do instead (use a
+// TransferPlanner to let it choose).
 //
 //   devbridge::Stager stager(bridge);
 //   auto h = stager.upload(std::as_bytes(std::span(weights)), spec, extent);  // returns once on the device
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "devbridge/bridge.hpp"
+#include "devbridge/transfer.hpp"
 #include "devbridge/types.hpp"
 
 namespace devbridge {
@@ -88,24 +90,17 @@ class Stager {
 
   // The chunk size in use (options.chunk_bytes or its default; a call into
   // an allocation of wider elements rounds it down to a whole element).
-  std::uint64_t chunk_bytes() const noexcept { return chunk_bytes_; }
+  std::uint64_t chunk_bytes() const noexcept { return planner_.chunk_bytes(); }
   // Ring ranges left reserved because a copy could still use them when a
   // failed call cleaned up (or the bridge was Broken). Every later call, and
   // the destructor, releases those whose copies have ended.
-  std::size_t stranded_ranges() const noexcept { return stranded_.size(); }
+  std::size_t stranded_ranges() const noexcept { return planner_.stranded_ranges(); }
   // Releases the stranded ranges no copy uses any more; returns how many
   // are left.
-  std::size_t release_stranded();
+  std::size_t release_stranded() { return planner_.release_stranded(); }
 
  private:
-  // The one chunked pipeline behind upload_into and download (stager.cpp).
-  void stage(CopyDirection direction, DeviceHandle handle, std::uint64_t device_offset,
-             std::span<const std::byte> source, std::span<std::byte> destination);
-
-  Bridge& bridge_;
-  StagerOptions options_;
-  std::uint64_t chunk_bytes_ = 0;
-  std::vector<HostRange> stranded_;
+  TransferPlanner planner_;
 };
 
 }  // namespace devbridge

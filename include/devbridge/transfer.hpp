@@ -1,0 +1,200 @@
+// The transfer planner (issue #24): one place that, given where bytes are and
+// where they go, chooses how they travel from the backend's capabilities and
+// moves them, over Bridge's public API only (every rule of the contract still
+// holds underneath it).
+//
+//   devbridge::TransferPlanner planner(bridge);
+//   auto plan = planner.plan(HostSource{bytes}, NewAllocation{spec, extent});   // Route + why
+//   auto result = planner.run(HostSource{bytes}, NewAllocation{spec, extent}); // result.handle
+//
+// Routes, best first, each taken only where the endpoints and the backend
+// allow it (plan() says which and why):
+//   AdoptInPlace    a read-only caller buffer becomes the allocation itself
+//                   (Bridge::adopt_host), no copy: only with
+//                   TransferOptions::adopt, on a device whose memory is host
+//                   memory (BackendInfo::host_addressable); the result aliases
+//                   the buffer, which must outlive it unchanged.
+//   RegisteredCopy  the caller's buffer registered for the call (read-only for
+//                   uploads), one copy, unregistered: where registering is
+//                   cheap (host_addressable or cheap_registration) and the
+//                   buffer is at least registration_from_bytes.
+//   DirectCopy      one copy from or into the ring range or registered region
+//                   the caller gives.
+//   RingChunks      through the bridge's ring: a bounded window of chunk
+//                   copies in flight, each range released once its copy allows.
+//   PeerCopy        device to device across bridges (Bridge::copy_to_peer);
+//                   where the backends have no direct path, StagedThroughRings.
+//   StagedThroughRings  device to device chunk by chunk: into the source's
+//                   ring, straight into a range of the destination's ring, up.
+//
+// A planner is not thread-safe: give each thread its own (the Bridge under
+// it is). It must not outlive its Bridge.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "devbridge/bridge.hpp"
+#include "devbridge/types.hpp"
+
+namespace devbridge {
+
+enum class Route : std::uint8_t {
+  Nothing,  // zero bytes: no copy (a new allocation is still made)
+  AdoptInPlace,
+  RegisteredCopy,
+  DirectCopy,
+  RingChunks,
+  PeerCopy,
+  StagedThroughRings,
+};
+// "nothing", "adopt_in_place", "registered_copy", "direct_copy",
+// "ring_chunks", "peer_copy", "staged_through_rings".
+std::string_view route_name(Route route) noexcept;
+
+// ---- endpoints ----
+// A caller's host bytes, valid and unchanged for the call (for AdoptInPlace:
+// for the life of the allocation).
+struct HostSource {
+  std::span<const std::byte> bytes;
+};
+// A caller's host bytes the transfer writes, valid for the call.
+struct HostDestination {
+  std::span<std::byte> bytes;
+};
+// A range the caller reserved in the planner's bridge's ring.
+struct RingSpan {
+  HostRange range;
+};
+// A range of a region registered with the planner's bridge.
+struct RegionSpan {
+  RegionRange range;
+};
+// Bytes [offset, offset + bytes) of an allocation of `bridge` (null: the
+// planner's). A source's `bytes` unset means as many as the destination
+// holds; a destination's is the source's length (set, it must agree).
+struct DeviceSpan {
+  DeviceHandle handle;
+  std::uint64_t offset = 0;
+  std::optional<std::uint64_t> bytes = std::nullopt;
+  Bridge* bridge = nullptr;
+};
+// A new allocation of the planner's bridge holding the bytes at offset 0.
+struct NewAllocation {
+  ObjectSpec spec;
+  std::uint64_t extent = 0;
+};
+
+using TransferSource = std::variant<HostSource, RingSpan, RegionSpan, DeviceSpan>;
+using TransferDestination = std::variant<HostDestination, RingSpan, RegionSpan, DeviceSpan, NewAllocation>;
+
+struct TransferOptions {
+  // ---- ring chunks (the fields, in order, of the Stager's options) ----
+  // Bytes staged per chunk. 0 (the default): a quarter of the ring and at
+  // most half the bridge's in-flight budget, rounded down to 4096, at least
+  // 4096 (less only when the ring or the budget is smaller than that). A
+  // chunk larger than the ring or the in-flight budget could never be staged:
+  // the constructor refuses it with InvalidRange.
+  std::uint64_t chunk_bytes = 0;
+  // Chunk copies kept in flight at once (at least 1); the ring and the
+  // in-flight budget bound it too (on Backpressure the oldest chunk finishes).
+  std::uint32_t max_chunks_in_flight = 4;
+  // After a failure, how long cleanup waits in all for this call's copies
+  // still in flight before leaving their ranges stranded (stranded_ranges()).
+  // Negative is refused with InvalidRange; nanoseconds::max() waits until
+  // they end (or the bridge closes).
+  std::chrono::nanoseconds cleanup_timeout = std::chrono::seconds(30);
+  // Called as bytes land (after each chunk, or once for a one-copy route)
+  // with the bytes done so far and the total. It may throw: the call then
+  // cleans up and propagates the exception.
+  std::function<void(std::uint64_t done, std::uint64_t total)> progress = nullptr;
+
+  // ---- route choice ----
+  // The caller permits AdoptInPlace: the new allocation may alias the
+  // source buffer, which then must stay alive and unchanged while it lives.
+  bool adopt = false;
+  // Smallest buffer worth a registration where registering is cheap (below
+  // it the ring's second memcpy costs less than registering).
+  std::uint64_t registration_from_bytes = 1ull << 20;
+  // Take this route instead of choosing one (tests, benchmarks, the Stager);
+  // refused with InvalidRange, naming why, where the endpoints do not allow it.
+  std::optional<Route> route = std::nullopt;
+};
+
+struct TransferPlan {
+  Route route = Route::Nothing;
+  std::string reason;      // why this route, in words (docs, `devbridge info`, Python display)
+  std::uint64_t bytes = 0;  // the transfer's length
+  std::uint64_t chunk_bytes = 0;  // RingChunks / StagedThroughRings: bytes per chunk
+};
+
+struct TransferResult {
+  Route route = Route::Nothing;  // the route taken (PeerCopy may end as StagedThroughRings)
+  std::uint64_t bytes = 0;
+  // NewAllocation: the allocation made (read-only when adopted).
+  std::optional<DeviceHandle> handle;
+  // AdoptInPlace: the read-only registration of the caller's buffer the
+  // allocation lies in. The bridge refuses to unregister it while the
+  // allocation lives; the caller unregisters it (Bridge::unregister_host)
+  // once the allocation is freed, or a restart or close() gives it back.
+  std::optional<HostRegion> adopted_region;
+};
+
+class TransferPlanner {
+ public:
+  // Throws InvalidRange for an unusable option (chunk_bytes larger than the
+  // ring or the in-flight budget, max_chunks_in_flight 0, a negative
+  // cleanup_timeout), Closed when the bridge is closed already.
+  explicit TransferPlanner(Bridge& bridge, TransferOptions options = {});
+  // Tries once more to release stranded ranges; leaves the rest to the
+  // bridge's close(), which frees the whole ring.
+  ~TransferPlanner();
+  TransferPlanner(const TransferPlanner&) = delete;
+  TransferPlanner& operator=(const TransferPlanner&) = delete;
+
+  // Which route run() would take, and why; validates the endpoints as run()
+  // does (InvalidRange naming the range at fault, UnknownDeviceHandle, ...)
+  // and changes nothing.
+  TransferPlan plan(const TransferSource& source, const TransferDestination& destination) const;
+  // Moves the bytes; returns once they have landed. Every error keeps the
+  // kind the bridge gave (DeviceCopyFailed, OutputCopyFailed, Closed, Broken,
+  // Backpressure when the room is held by others, ...) and names the chunk
+  // or range at fault: "upload chunk 3 (bytes 49152..65536 of 1048576, device
+  // offset 49152 of handle {...}): DeviceCopyFailed: ...". On failure nothing
+  // is left registered or reserved that no copy uses, and a NewAllocation is
+  // freed (a deferred release() if a copy may still use it); a destination
+  // may hold the chunks that completed before the failure.
+  TransferResult run(const TransferSource& source, const TransferDestination& destination);
+
+  // The everyday three.
+  DeviceHandle upload(std::span<const std::byte> bytes, const ObjectSpec& spec, std::uint64_t extent);
+  void upload_into(DeviceHandle handle, std::uint64_t device_offset, std::span<const std::byte> bytes);
+  void download(DeviceHandle handle, std::uint64_t device_offset, std::span<std::byte> out);
+
+  const TransferOptions& options() const noexcept { return options_; }
+  Bridge& bridge() const noexcept { return bridge_; }
+  // The chunk size in use (options.chunk_bytes or its default; a transfer
+  // into an allocation of wider elements rounds it down to a whole element).
+  std::uint64_t chunk_bytes() const noexcept { return chunk_bytes_; }
+  // Ring ranges left reserved because a copy could still use them when a
+  // failed call cleaned up (or the bridge was Broken). Every later call, and
+  // the destructor, releases those whose copies have ended.
+  std::size_t stranded_ranges() const noexcept { return stranded_.size(); }
+  // Releases the stranded ranges no copy uses any more; returns how many are left.
+  std::size_t release_stranded();
+
+ private:
+  Bridge& bridge_;
+  TransferOptions options_;
+  std::uint64_t chunk_bytes_ = 0;
+  std::vector<HostRange> stranded_;
+};
+
+}  // namespace devbridge

@@ -1,0 +1,520 @@
+// The transfer planner (transfer.hpp): validates the two ends, chooses the
+// route from the backend's capabilities, and runs it over Bridge's public API.
+#include "devbridge/transfer.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "core/describe.hpp"
+#include "core/fail.hpp"
+#include "core/log.hpp"
+#include "devbridge/checked.hpp"
+#include "transfer/ring_chunks.hpp"
+
+namespace devbridge {
+
+std::string_view route_name(Route route) noexcept {
+  switch (route) {
+    case Route::Nothing: return "nothing";
+    case Route::AdoptInPlace: return "adopt_in_place";
+    case Route::RegisteredCopy: return "registered_copy";
+    case Route::DirectCopy: return "direct_copy";
+    case Route::RingChunks: return "ring_chunks";
+    case Route::PeerCopy: return "peer_copy";
+    case Route::StagedThroughRings: return "staged_through_rings";
+  }
+  return "unknown";
+}
+
+namespace {
+
+using detail::describe;
+using detail::fail;
+
+// One end of a transfer, whatever the caller gave.
+struct End {
+  enum class Kind : std::uint8_t { Host, Ring, Region, Device, New } kind = Kind::Host;
+  std::span<const std::byte> host_in;  // a HostSource
+  std::span<std::byte> host_out;       // a HostDestination
+  HostRange ring;
+  RegionRange region;
+  Bridge* bridge = nullptr;  // Device and New: never null once resolved
+  DeviceHandle handle;
+  std::uint64_t offset = 0;
+  std::optional<std::uint64_t> bytes;  // the length it fixes, if any
+  ObjectSpec spec;  // New
+  std::uint64_t extent = 0;
+  std::uint32_t element_size = 1;
+
+  bool device() const noexcept { return kind == Kind::Device || kind == Kind::New; }
+  std::string name() const {
+    switch (kind) {
+      case Kind::Host: return fmt::format("the caller's {} host bytes", bytes.value_or(0));
+      case Kind::Ring: return describe(ring);
+      case Kind::Region: return describe(region);
+      case Kind::Device: return describe(handle);
+      case Kind::New: return "a new allocation";
+    }
+    return {};
+  }
+};
+
+End resolve(const TransferSource& source, Bridge& own) {
+  End end;
+  std::visit(
+      [&](const auto& s) {
+        using T = std::decay_t<decltype(s)>;
+        if constexpr (std::is_same_v<T, HostSource>) {
+          end.kind = End::Kind::Host;
+          end.host_in = s.bytes;
+          end.bytes = s.bytes.size();
+        } else if constexpr (std::is_same_v<T, RingSpan>) {
+          end.kind = End::Kind::Ring;
+          end.ring = s.range;
+          end.bytes = s.range.len;
+        } else if constexpr (std::is_same_v<T, RegionSpan>) {
+          end.kind = End::Kind::Region;
+          end.region = s.range;
+          end.bytes = s.range.len;
+        } else {
+          end.kind = End::Kind::Device;
+          end.bridge = s.bridge != nullptr ? s.bridge : &own;
+          end.handle = s.handle;
+          end.offset = s.offset;
+          end.bytes = s.bytes;
+        }
+      },
+      source);
+  return end;
+}
+
+End resolve(const TransferDestination& destination, Bridge& own) {
+  End end;
+  std::visit(
+      [&](const auto& d) {
+        using T = std::decay_t<decltype(d)>;
+        if constexpr (std::is_same_v<T, HostDestination>) {
+          end.kind = End::Kind::Host;
+          end.host_out = d.bytes;
+          end.bytes = d.bytes.size();
+        } else if constexpr (std::is_same_v<T, NewAllocation>) {
+          end.kind = End::Kind::New;
+          end.bridge = &own;
+          end.spec = d.spec;
+          end.extent = d.extent;
+          end.element_size = spec_element_size(d.spec);
+        } else {
+          end = resolve(TransferSource{d}, own);
+        }
+      },
+      destination);
+  return end;
+}
+
+// The transfer, validated: both ends and its length.
+struct Resolved {
+  End source, destination;
+  std::uint64_t bytes = 0;
+  std::string_view verb;  // "upload", "download", "copy"
+
+  bool upload() const noexcept { return !source.device(); }
+  bool download() const noexcept { return !destination.device(); }
+  Bridge& device_bridge() const noexcept { return *(destination.device() ? destination.bridge : source.bridge); }
+  std::string describe_it() const {
+    return fmt::format("{} of {} bytes from {} to {}", verb, bytes, source.name(), destination.name());
+  }
+};
+
+Resolved resolve(const TransferSource& source, const TransferDestination& destination, Bridge& own) {
+  Resolved r{resolve(source, own), resolve(destination, own), 0, {}};
+  const bool source_device = r.source.device();
+  const bool destination_device = r.destination.device();
+  r.verb = source_device ? (destination_device ? "copy" : "download") : "upload";
+  if (!source_device && !destination_device)
+    fail(ErrorKind::InvalidRange, "a transfer from {} to {}: neither end is device memory", r.source.name(),
+         r.destination.name());
+  if (source_device != destination_device && &r.device_bridge() != &own)
+    fail(ErrorKind::InvalidRange,
+         "{} from {} to {}: host memory moves through the planner's own bridge, and the allocation belongs to "
+         "another: use a planner of that bridge",
+         r.verb, r.source.name(), r.destination.name());
+
+  // spec() and extent() refuse a closed bridge and an unknown, old or foreign handle.
+  for (End* end : {&r.source, &r.destination})
+    if (end->kind == End::Kind::Device) {
+      end->element_size = spec_element_size(end->bridge->spec(end->handle));
+      end->extent = end->bridge->extent(end->handle);
+    }
+  // The length: the source's, else the destination's, else the rest of the source allocation.
+  if (r.source.bytes)
+    r.bytes = *r.source.bytes;
+  else if (r.destination.bytes)
+    r.bytes = *r.destination.bytes;
+  else if (r.destination.kind == End::Kind::New)
+    r.bytes = r.destination.extent;
+  else
+    r.bytes = r.source.offset <= r.source.extent ? r.source.extent - r.source.offset : 0;
+  if (r.destination.bytes && *r.destination.bytes != r.bytes)
+    fail(ErrorKind::InvalidRange, "{} of {} bytes from {} into {} of {} bytes: the lengths differ", r.verb, r.bytes,
+         r.source.name(), r.destination.name(), *r.destination.bytes);
+  for (const End* end : {&r.source, &r.destination})
+    if (end->device())
+      detail::check_device_range(r.verb, end->name(), end->offset, r.bytes, end->extent, end->element_size);
+  return r;
+}
+
+bool aligned(const void* pointer, std::uint64_t alignment) noexcept {
+  return alignment <= 1 || reinterpret_cast<std::uintptr_t>(pointer) % alignment == 0;
+}
+
+// Why AdoptInPlace cannot take this upload; empty when it can.
+std::string adopt_refusal(const Resolved& r, const TransferOptions& options, bool host_addressable) {
+  if (r.destination.kind != End::Kind::New) return "adoption makes a new allocation; the destination is an existing one";
+  if (!options.adopt) return "TransferOptions::adopt is off (the allocation would alias the caller's buffer)";
+  if (r.bytes != r.destination.extent)
+    return fmt::format("the buffer's {} bytes are not the whole extent of {} bytes", r.bytes, r.destination.extent);
+  if (!aligned(r.source.host_in.data(), r.destination.spec.alignment))
+    return fmt::format("the buffer does not start at a multiple of the spec's alignment {}", r.destination.spec.alignment);
+  // Asked for by name, the backend's adopt_host decides (the fake adopts
+  // too; Unsupported where the device cannot address host memory).
+  if (!host_addressable && !options.route)
+    return "device memory is not host memory here (BackendInfo::host_addressable is false)";
+  return {};
+}
+
+// The route for `r` and why, or InvalidRange where options.route is not possible.
+TransferPlan choose(const Resolved& r, const TransferOptions& options, const BackendInfo& info,
+                    std::uint64_t chunk_bytes) {
+  TransferPlan plan;
+  plan.bytes = r.bytes;
+  const bool host_buffer = (r.upload() && r.source.kind == End::Kind::Host) ||
+                           (r.download() && r.destination.kind == End::Kind::Host);
+  const bool cheap = info.host_addressable || info.cheap_registration;
+  const std::optional<Route> forced = options.route;
+  auto refuse = [&](std::string_view why) {
+    fail(ErrorKind::InvalidRange, "TransferOptions::route {} is not possible for the {}: {}", route_name(*forced),
+         r.describe_it(), why);
+  };
+  auto take = [&](Route route, std::string reason) {
+    plan.route = route;
+    plan.reason = std::move(reason);
+  };
+
+  if (r.bytes == 0) {
+    take(Route::Nothing, "zero bytes: no copy");
+  } else if (!r.upload() && !r.download()) {
+    const bool other_bridge = r.source.bridge != r.destination.bridge;
+    if (forced == Route::PeerCopy && !other_bridge) refuse("both allocations belong to one bridge");
+    if (forced && *forced != Route::PeerCopy && *forced != Route::StagedThroughRings)
+      refuse("device to device goes by peer_copy or staged_through_rings");
+    if (forced ? *forced == Route::PeerCopy : other_bridge)
+      take(Route::PeerCopy,
+           "device to device between two bridges: Bridge::copy_to_peer, or staged through both rings where the "
+           "backends have no direct path");
+    else
+      take(Route::StagedThroughRings, forced ? "as TransferOptions::route asks"
+                                             : "device to device within one bridge: through its ring, chunk by chunk");
+  } else if (!host_buffer) {
+    if (forced && *forced != Route::DirectCopy) refuse("a ring range or registered region moves by one direct_copy");
+    take(Route::DirectCopy, "the host bytes are already in the ring or a registered region: one copy");
+  } else {
+    const std::string no_adopt = r.upload() ? adopt_refusal(r, options, info.host_addressable) : "not an upload";
+    if (forced) {
+      if (*forced == Route::AdoptInPlace && !no_adopt.empty()) refuse(no_adopt);
+      if (*forced != Route::AdoptInPlace && *forced != Route::RegisteredCopy && *forced != Route::RingChunks)
+        refuse("a caller's host buffer moves by adopt_in_place, registered_copy or ring_chunks");
+      take(*forced, "as TransferOptions::route asks");
+    } else if (no_adopt.empty()) {
+      take(Route::AdoptInPlace, "a read-only buffer on a device that addresses host memory: used in place, no copy");
+    } else if (cheap && r.bytes >= options.registration_from_bytes) {
+      take(Route::RegisteredCopy,
+           fmt::format("registering is cheap here ({}) and {} bytes >= registration_from_bytes {}: one copy "
+                       "instead of two through the ring",
+                       info.host_addressable ? "host-addressable memory" : "host-unified memory", r.bytes,
+                       options.registration_from_bytes));
+    } else {
+      take(Route::RingChunks,
+           cheap ? fmt::format("{} bytes < registration_from_bytes {}: the ring's second copy costs less than "
+                               "registering",
+                               r.bytes, options.registration_from_bytes)
+                 : std::string("registering pins every page here (BackendInfo::cheap_registration is false): "
+                               "through the ring"));
+    }
+  }
+  if (plan.route == Route::RingChunks || plan.route == Route::StagedThroughRings) plan.chunk_bytes = chunk_bytes;
+  return plan;
+}
+
+// The same error, its message naming what was being done.
+[[noreturn]] void rethrow_naming(const Error& error, std::string_view what) {
+  throw Error(error.kind(), fmt::format("{}: {}", what, error.message()), error.fatal());
+}
+
+// An allocation the transfer made: freed unless it succeeds.
+class AllocationGuard {
+ public:
+  AllocationGuard(Bridge& bridge, DeviceHandle handle) noexcept : bridge_(bridge), handle_(handle) {}
+  AllocationGuard(const AllocationGuard&) = delete;
+  AllocationGuard& operator=(const AllocationGuard&) = delete;
+  ~AllocationGuard() {
+    if (kept_) return;
+    try {
+      bridge_.free_device(handle_);
+    } catch (const Error& e) {
+      // Closed, Broken or restarted: close() or restart() frees it.
+      if (e.kind() != ErrorKind::AllocationStillInUse) return;
+      try {
+        bridge_.release(handle_);  // a copy may still use it: freed when the last one ends
+      } catch (const Error&) {
+      }
+    }
+  }
+  DeviceHandle handle() const noexcept { return handle_; }
+  DeviceHandle keep() noexcept {
+    kept_ = true;
+    return handle_;
+  }
+
+ private:
+  Bridge& bridge_;
+  DeviceHandle handle_;
+  bool kept_ = false;
+};
+
+// A registration of the caller's buffer for one call: unregistered at the
+// end unless handed on (an adopted allocation keeps its region).
+class RegistrationGuard {
+ public:
+  RegistrationGuard(Bridge& bridge, HostRegion region) noexcept : bridge_(bridge), region_(region) {}
+  RegistrationGuard(const RegistrationGuard&) = delete;
+  RegistrationGuard& operator=(const RegistrationGuard&) = delete;
+  ~RegistrationGuard() {
+    if (kept_) return;
+    try {
+      bridge_.unregister_host(region_);
+    } catch (const Error& e) {
+      // Closed or restarted: the region went with it. Still in use: only a
+      // Broken bridge's copy could hold it; it is never copied from again.
+      if (e.kind() == ErrorKind::AllocationStillInUse)
+        detail::log().warn("transfer: {} left registered: {}", describe(region_), e.message());
+    }
+  }
+  HostRegion region() const noexcept { return region_; }
+  HostRegion keep() noexcept {
+    kept_ = true;
+    return region_;
+  }
+
+ private:
+  Bridge& bridge_;
+  HostRegion region_;
+  bool kept_ = false;
+};
+
+// A range of a (possibly other) bridge's ring this call reserved.
+class RangeGuard {
+ public:
+  RangeGuard(Bridge& bridge, HostRange range) noexcept : bridge_(bridge), range_(range) {}
+  RangeGuard(const RangeGuard&) = delete;
+  RangeGuard& operator=(const RangeGuard&) = delete;
+  ~RangeGuard() { detail::try_release(bridge_, range_); }
+  HostRange get() const noexcept { return range_; }
+
+ private:
+  Bridge& bridge_;
+  HostRange range_;
+};
+
+}  // namespace
+
+TransferPlanner::TransferPlanner(Bridge& bridge, TransferOptions options)
+    : bridge_(bridge), options_(std::move(options)) {
+  const BridgeStats stats = bridge_.stats();
+  // A closed bridge has no ring left to size chunks by.
+  if (stats.closed) fail(ErrorKind::Closed, "the bridge is closed: a transfer planner cannot move bytes through it");
+  const std::uint64_t ring = stats.ring_capacity;
+  const std::uint64_t budget = stats.inflight_budget_bytes;
+  if (options_.max_chunks_in_flight == 0)
+    fail(ErrorKind::InvalidRange, "max_chunks_in_flight is 0: at least one chunk copy must be in flight");
+  if (options_.cleanup_timeout < std::chrono::nanoseconds::zero())
+    fail(ErrorKind::InvalidRange, "cleanup_timeout of {} ns is negative", options_.cleanup_timeout.count());
+  if (options_.chunk_bytes > ring)
+    fail(ErrorKind::InvalidRange, "chunk_bytes of {} does not fit the ring of {} bytes", options_.chunk_bytes, ring);
+  if (options_.chunk_bytes > budget)
+    fail(ErrorKind::InvalidRange, "chunk_bytes of {} exceeds the in-flight budget of {} bytes", options_.chunk_bytes,
+         budget);
+  chunk_bytes_ = options_.chunk_bytes != 0 ? options_.chunk_bytes : detail::default_chunk_bytes(ring, budget);
+  if (chunk_bytes_ == 0)
+    fail(ErrorKind::InvalidRange, "a ring of {} bytes with an in-flight budget of {} bytes leaves no room for a chunk",
+         ring, budget);
+}
+
+TransferPlanner::~TransferPlanner() { detail::release_unused(bridge_, stranded_); }
+
+std::size_t TransferPlanner::release_stranded() {
+  detail::release_unused(bridge_, stranded_);
+  return stranded_.size();
+}
+
+TransferPlan TransferPlanner::plan(const TransferSource& source, const TransferDestination& destination) const {
+  const Resolved r = resolve(source, destination, bridge_);
+  return choose(r, options_, bridge_.backend_info(), chunk_bytes_);
+}
+
+TransferResult TransferPlanner::run(const TransferSource& source, const TransferDestination& destination) {
+  Resolved r = resolve(source, destination, bridge_);
+  const TransferPlan plan = choose(r, options_, bridge_.backend_info(), chunk_bytes_);
+  TransferResult result{plan.route, r.bytes, std::nullopt, std::nullopt};
+  detail::release_unused(bridge_, stranded_);
+  auto report_once = [&] {
+    if (options_.progress) options_.progress(r.bytes, r.bytes);
+  };
+
+  if (plan.route == Route::AdoptInPlace) {
+    RegistrationGuard registration(bridge_, bridge_.register_host_read_only(r.source.host_in));
+    result.handle = bridge_.adopt_host(RegionRange{registration.region(), 0, r.bytes}, r.destination.spec);
+    // The region lives as long as the allocation: the bridge refuses to
+    // unregister it before, and gives it back with its generation.
+    result.adopted_region = registration.keep();
+    report_once();
+    return result;
+  }
+
+  std::optional<AllocationGuard> allocation;
+  if (r.destination.kind == End::Kind::New) {
+    allocation.emplace(bridge_, bridge_.alloc_device(r.destination.spec, r.destination.extent));
+    r.destination.handle = allocation->handle();
+  }
+  const DeviceRange source_range{r.source.handle, r.source.offset, r.bytes};
+  const DeviceRange destination_range{r.destination.handle, r.destination.offset, r.bytes};
+
+  switch (plan.route) {
+    case Route::Nothing:
+    case Route::AdoptInPlace:
+      break;
+    case Route::RegisteredCopy: {
+      try {
+        if (r.upload()) {
+          RegistrationGuard registration(bridge_, bridge_.register_host_read_only(r.source.host_in));
+          bridge_.host_to_device(RegionRange{registration.region(), 0, r.bytes}, destination_range, CopyMode::Sync);
+        } else {
+          RegistrationGuard registration(bridge_, bridge_.register_host(r.destination.host_out));
+          bridge_.device_to_host(source_range, RegionRange{registration.region(), 0, r.bytes}, CopyMode::Sync);
+        }
+      } catch (const Error& e) {
+        rethrow_naming(e, r.describe_it() + " (registered_copy)");
+      }
+      report_once();
+      break;
+    }
+    case Route::DirectCopy: {
+      try {
+        if (r.source.kind == End::Kind::Ring)
+          bridge_.host_to_device(r.source.ring, destination_range, CopyMode::Sync);
+        else if (r.source.kind == End::Kind::Region)
+          bridge_.host_to_device(r.source.region, destination_range, CopyMode::Sync);
+        else if (r.destination.kind == End::Kind::Ring)
+          bridge_.device_to_host(source_range, r.destination.ring, CopyMode::Sync);
+        else
+          bridge_.device_to_host(source_range, r.destination.region, CopyMode::Sync);
+      } catch (const Error& e) {
+        rethrow_naming(e, r.describe_it() + " (direct_copy)");
+      }
+      report_once();
+      break;
+    }
+    case Route::RingChunks: {
+      const std::uint32_t element = r.upload() ? r.destination.element_size : r.source.element_size;
+      detail::RingChunkJob job;
+      job.direction = r.upload() ? CopyDirection::HostToDevice : CopyDirection::DeviceToHost;
+      job.handle = r.upload() ? r.destination.handle : r.source.handle;
+      job.device_offset = r.upload() ? r.destination.offset : r.source.offset;
+      job.total = r.bytes;
+      job.chunk_bytes = std::max<std::uint64_t>(chunk_bytes_ - chunk_bytes_ % element, element);
+      job.source = r.source.host_in;
+      job.destination = r.destination.host_out;
+      const detail::RingChunkSettings settings{options_.max_chunks_in_flight, options_.cleanup_timeout,
+                                               &options_.progress};
+      detail::run_ring_chunks(bridge_, settings, stranded_, job);
+      break;
+    }
+    case Route::PeerCopy:
+    case Route::StagedThroughRings: {
+      Bridge& from = *r.source.bridge;
+      Bridge& to = *r.destination.bridge;
+      if (plan.route == Route::PeerCopy) {
+        try {
+          if (from.copy_to_peer(source_range, to, destination_range)) {
+            report_once();
+            break;
+          }
+        } catch (const Error& e) {
+          rethrow_naming(e, r.describe_it() + " (peer_copy)");
+        }
+        result.route = Route::StagedThroughRings;  // no direct path between these backends
+      }
+      // Chunk by chunk: down into the source's ring, out of it straight into
+      // a range of the destination's ring, up from there. Each chunk is
+      // whole elements of both ends and fits both rings with room to spare.
+      const std::uint64_t element = std::lcm<std::uint64_t>(r.source.element_size, r.destination.element_size);
+      std::uint64_t chunk = chunk_bytes_;
+      for (Bridge* b : {&from, &to}) {
+        const BridgeStats stats = b->stats();
+        chunk = std::min(chunk, detail::default_chunk_bytes(stats.ring_capacity, stats.inflight_budget_bytes));
+      }
+      chunk = std::max(chunk - chunk % element, element);
+      std::vector<HostRange> foreign_stranded;
+      std::vector<HostRange>& from_stranded = &from == &bridge_ ? stranded_ : foreign_stranded;
+      const detail::RingChunkSettings settings{1, options_.cleanup_timeout, nullptr};
+      std::uint64_t index = 0;
+      for (std::uint64_t done = 0; done < r.bytes; ++index) {
+        const std::uint64_t len = std::min(chunk, r.bytes - done);
+        const std::uint64_t end = done + len;
+        try {
+          RangeGuard landing(to, to.reserve(len));
+          detail::RingChunkJob job;
+          job.direction = CopyDirection::DeviceToHost;
+          job.handle = r.source.handle;
+          job.device_offset = checked::add_or_throw(r.source.offset, done, ErrorKind::InvalidRange, "source offset");
+          job.total = len;
+          job.chunk_bytes = len;
+          job.destination = to.host_bytes(landing.get());
+          detail::run_ring_chunks(from, settings, from_stranded, job);
+          const DeviceRange up{r.destination.handle,
+                               checked::add_or_throw(r.destination.offset, done, ErrorKind::InvalidRange,
+                                                     "destination offset"),
+                               len};
+          to.host_to_device(landing.get(), up, CopyMode::Sync);
+        } catch (const Error& e) {
+          detail::release_unused(from, foreign_stranded);
+          rethrow_naming(e, fmt::format("staged chunk {} (bytes {}..{} of the {})", index, done, end, r.describe_it()));
+        }
+        done = end;
+        if (options_.progress) options_.progress(done, r.bytes);
+      }
+      if (detail::release_unused(from, foreign_stranded), !foreign_stranded.empty())
+        detail::log().warn("transfer: {} ring range(s) of the source bridge left reserved", foreign_stranded.size());
+      break;
+    }
+  }
+  if (allocation) result.handle = allocation->keep();
+  return result;
+}
+
+DeviceHandle TransferPlanner::upload(std::span<const std::byte> bytes, const ObjectSpec& spec, std::uint64_t extent) {
+  return *run(HostSource{bytes}, NewAllocation{spec, extent}).handle;
+}
+
+void TransferPlanner::upload_into(DeviceHandle handle, std::uint64_t device_offset, std::span<const std::byte> bytes) {
+  run(HostSource{bytes}, DeviceSpan{handle, device_offset, std::nullopt, nullptr});
+}
+
+void TransferPlanner::download(DeviceHandle handle, std::uint64_t device_offset, std::span<std::byte> out) {
+  run(DeviceSpan{handle, device_offset, std::nullopt, nullptr}, HostDestination{out});
+}
+
+}  // namespace devbridge

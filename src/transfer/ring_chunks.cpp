@@ -1,0 +1,292 @@
+// The ring-chunk pipeline (ring_chunks.hpp), over the Bridge's public API only.
+#include "transfer/ring_chunks.hpp"
+
+#include <algorithm>
+#include <deque>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "core/describe.hpp"
+#include "core/fail.hpp"
+#include "core/log.hpp"
+#include "devbridge/checked.hpp"
+
+namespace devbridge::detail {
+
+namespace {
+
+// Default chunks are whole pages: every dtype's size divides them, so a
+// chunk boundary never splits an element.
+constexpr std::uint64_t kChunkAlignment = 4096;
+
+}  // namespace
+
+// A quarter of the ring (so several chunks are in flight while the next is
+// filled) and at most half the in-flight budget (so one chunk's copy never
+// waits for the whole budget), in pages; never more than either can hold.
+std::uint64_t default_chunk_bytes(std::uint64_t ring_capacity, std::uint64_t inflight_budget) {
+  std::uint64_t chunk = std::min(ring_capacity / 4, inflight_budget / 2);
+  chunk = std::max(chunk - chunk % kChunkAlignment, kChunkAlignment);
+  return std::min({chunk, ring_capacity, inflight_budget});
+}
+
+// Refuses (InvalidRange) `bytes` at `device_offset` unless they lie inside
+// `extent` and are whole elements of `element_size`, before any copy starts.
+void check_device_range(std::string_view verb, std::string_view target, std::uint64_t device_offset,
+                    std::uint64_t bytes, std::uint64_t extent, std::uint32_t element_size) {
+  const auto end = checked::add(device_offset, bytes);
+  if (!end)
+    fail(ErrorKind::InvalidRange, "{} of {} bytes at device offset {} into {}: the end does not fit in 64 bits", verb,
+         bytes, device_offset, target);
+  if (*end > extent)
+    fail(ErrorKind::InvalidRange, "{} of {} bytes at device offset {} into {} ends at {}, past its extent of {} bytes",
+         verb, bytes, device_offset, target, *end, extent);
+  if (device_offset % element_size != 0 || bytes % element_size != 0)
+    fail(ErrorKind::InvalidRange,
+         "{} of {} bytes at device offset {} into {}: offset and size must be multiples of its element size {}", verb,
+         bytes, device_offset, target, element_size);
+}
+
+// Gives `range` back to the ring; false while it must stay ours: a copy may
+// still use it (AllocationStillInUse), or the bridge is Broken (its copies
+// may still run; a restart unpins them). Any other refusal means the ring no
+// longer holds the range (closed, or released already): nothing to keep.
+bool try_release(Bridge& bridge, HostRange range) noexcept {
+  try {
+    bridge.release_host(range);
+    return true;
+  } catch (const Error& e) {
+    return e.kind() != ErrorKind::AllocationStillInUse && e.kind() != ErrorKind::Broken;
+  } catch (...) {
+    return false;
+  }
+}
+
+// Releases the stranded ranges no copy uses any more; returns how many.
+std::size_t release_unused(Bridge& bridge, std::vector<HostRange>& stranded) noexcept {
+  return std::erase_if(stranded, [&](HostRange range) { return try_release(bridge, range); });
+}
+
+
+namespace {
+
+struct Chunk {
+  std::uint64_t index = 0;
+  std::uint64_t offset = 0;  // into the caller's bytes
+  std::uint64_t len = 0;
+  std::uint64_t end = 0;  // offset + len
+};
+
+// A job, as the pipeline reads it.
+struct Transfer : RingChunkJob {
+  bool upload() const noexcept { return direction == CopyDirection::HostToDevice; }
+  std::string_view verb() const noexcept { return upload() ? "upload" : "download"; }
+  std::uint64_t device_offset_of(const Chunk& chunk) const {
+    return checked::add_or_throw(device_offset, chunk.offset, ErrorKind::InvalidRange, "device offset of a chunk");
+  }
+};
+
+// The same error, its message naming the chunk at fault.
+[[noreturn]] void rethrow_for_chunk(const Error& error, const Transfer& transfer, const Chunk& chunk) {
+  throw Error(error.kind(),
+              fmt::format("{} chunk {} (bytes {}..{} of {}, device offset {} of {}): {}", transfer.verb(), chunk.index,
+                          chunk.offset, chunk.end, transfer.total, transfer.device_offset_of(chunk),
+                          describe(transfer.handle), error.message()),
+              error.fatal());
+}
+
+// A range this call reserved that no copy uses yet: released unless handed
+// on to the window (which then owns it).
+class ReservedRange {
+ public:
+  ReservedRange(Bridge& bridge, HostRange range) noexcept : bridge_(bridge), range_(range) {}
+  ReservedRange(const ReservedRange&) = delete;
+  ReservedRange& operator=(const ReservedRange&) = delete;
+  ~ReservedRange() {
+    if (owned_) try_release(bridge_, range_);
+  }
+  HostRange get() const noexcept { return range_; }
+  void hand_over() noexcept { owned_ = false; }
+
+ private:
+  Bridge& bridge_;
+  HostRange range_;
+  bool owned_ = true;
+};
+
+struct InFlightChunk {
+  Chunk chunk;
+  HostRange range;
+  CopyEvent event;
+};
+
+// This call's chunks whose copies were submitted and are not finished yet,
+// oldest first. When the call ends early, the destructor waits (up to the
+// cleanup timeout) for their copies, then releases each range the bridge
+// no longer pins and strands the rest: a range whose copy may still run is
+// never released, since the ring would hand it out again under the device.
+class ChunkWindow {
+ public:
+  ChunkWindow(Bridge& bridge, std::vector<HostRange>& stranded, std::chrono::nanoseconds cleanup_timeout) noexcept
+      : bridge_(bridge), stranded_(stranded), cleanup_timeout_(cleanup_timeout) {}
+  ChunkWindow(const ChunkWindow&) = delete;
+  ChunkWindow& operator=(const ChunkWindow&) = delete;
+  ~ChunkWindow() {
+    if (!chunks_.empty()) clean_up();
+  }
+
+  bool empty() const noexcept { return chunks_.empty(); }
+  std::size_t size() const noexcept { return chunks_.size(); }
+  const InFlightChunk& oldest() const noexcept { return chunks_.front(); }
+  void pop_oldest() noexcept { chunks_.pop_front(); }
+  // Takes over `range` once its copy is submitted.
+  void push(const Chunk& chunk, ReservedRange& range, CopyEvent event) {
+    // Room to strand every chunk in flight, so the destructor never allocates.
+    stranded_.reserve(stranded_.size() + chunks_.size() + 1);
+    chunks_.push_back({chunk, range.get(), event});
+    range.hand_over();
+  }
+
+ private:
+  void clean_up() noexcept {
+    const auto deadline = checked::deadline_after(cleanup_timeout_);
+    for (const auto& in_flight : chunks_) {
+      try {
+        std::optional<std::chrono::nanoseconds> left;
+        if (deadline != checked::Clock::time_point::max())
+          left = std::max(std::chrono::nanoseconds::zero(), std::chrono::nanoseconds(deadline - checked::Clock::now()));
+        bridge_.wait(in_flight.event, left);
+      } catch (...) {
+        // Closed, Broken, restarted: try_release below asks the bridge whether the range is still pinned.
+      }
+    }
+    std::size_t left_behind = 0;
+    for (const auto& in_flight : chunks_) {
+      if (try_release(bridge_, in_flight.range)) continue;
+      stranded_.push_back(in_flight.range);  // capacity reserved by push()
+      ++left_behind;
+    }
+    if (left_behind != 0)
+      detail::log().warn(
+          "transfer: {} ring range(s) left reserved after a failed transfer: their copies had not ended within the "
+          "cleanup timeout of {} ns (or the bridge is broken); later calls of the planner release them once they end",
+          left_behind, cleanup_timeout_.count());
+  }
+
+  Bridge& bridge_;
+  std::vector<HostRange>& stranded_;
+  std::chrono::nanoseconds cleanup_timeout_;
+  std::deque<InFlightChunk> chunks_;
+};
+
+// Runs one transfer: fills the window chunk by chunk, finishing chunks as
+// their copies complete, and (through the window's destructor) cleans up if
+// anything throws.
+class Pipeline {
+ public:
+  Pipeline(Bridge& bridge, const RingChunkSettings& options, std::vector<HostRange>& stranded, const Transfer& transfer)
+      : bridge_(bridge),
+        options_(options),
+        stranded_(stranded),
+        transfer_(transfer),
+        window_(bridge, stranded, options.cleanup_timeout) {}
+
+  void run() {
+    Chunk chunk;
+    for (std::uint64_t offset = 0; offset < transfer_.total; ++chunk.index) {
+      chunk.offset = offset;
+      chunk.len = std::min(transfer_.chunk_bytes, transfer_.total - offset);
+      chunk.end = checked::add_or_throw(offset, chunk.len, ErrorKind::InvalidRange, "end of a chunk");
+      submit(chunk);
+      while (!window_.empty() && finish_oldest(false)) {
+      }
+      if (window_.size() >= options_.max_chunks_in_flight) finish_oldest(true);
+      offset = chunk.end;
+    }
+    while (!window_.empty()) finish_oldest(true);
+  }
+
+ private:
+  void submit(const Chunk& chunk) {
+    ReservedRange range(bridge_, with_room(chunk, [&] { return bridge_.reserve(chunk.len); }));
+    const DeviceRange device{transfer_.handle, transfer_.device_offset_of(chunk), chunk.len};
+    try {
+      if (transfer_.upload())
+        std::ranges::copy(transfer_.source.subspan(chunk.offset, chunk.len), bridge_.host_bytes(range.get()).begin());
+    } catch (const Error& e) {
+      rethrow_for_chunk(e, transfer_, chunk);
+    }
+    const CopyEvent event = with_room(chunk, [&] {
+      return transfer_.upload() ? bridge_.host_to_device(range.get(), device, CopyMode::Async)
+                                : bridge_.device_to_host(device, range.get(), CopyMode::Async);
+    });
+    window_.push(chunk, range, event);
+  }
+
+  // Runs `attempt` (a reserve or a copy). On Backpressure (the ring or the
+  // in-flight budget is full) it makes room from this call's own chunks,
+  // oldest first, or from stranded ranges whose copies have ended, and tries
+  // again; with neither, the room is held by others and Backpressure stands.
+  template <class Attempt>
+  std::invoke_result_t<Attempt&> with_room(const Chunk& chunk, Attempt attempt) {
+    for (;;) {
+      try {
+        return attempt();
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::Backpressure) rethrow_for_chunk(e, transfer_, chunk);
+        if (window_.empty() && release_unused(bridge_, stranded_) == 0) rethrow_for_chunk(e, transfer_, chunk);
+      }
+      if (!window_.empty()) finish_oldest(true);
+    }
+  }
+
+  // Finishes the oldest chunk: waits for its copy (without `block`, returns
+  // false if it has not completed yet), copies a download's bytes out of the
+  // ring, releases the range and reports progress.
+  bool finish_oldest(bool block) {
+    const InFlightChunk oldest = window_.oldest();
+    try {
+      if (block) {
+        const CopyStatus status = bridge_.wait(oldest.event);
+        if (status.state == CopyState::Failed)
+          throw Error(status.error.value_or(transfer_.upload() ? ErrorKind::DeviceCopyFailed
+                                                               : ErrorKind::OutputCopyFailed),
+                      status.message);
+      } else if (!(transfer_.upload() ? bridge_.safe_to_release_host(oldest.event)
+                                      : bridge_.host_bytes_valid(oldest.event))) {
+        return false;
+      }
+      if (!transfer_.upload())
+        std::ranges::copy(bridge_.host_bytes(oldest.range), transfer_.destination.subspan(oldest.chunk.offset).begin());
+      bridge_.release_host(oldest.range);
+    } catch (const Error& e) {
+      rethrow_for_chunk(e, transfer_, oldest.chunk);
+    }
+    window_.pop_oldest();
+    done_ = checked::add_or_throw(done_, oldest.chunk.len, ErrorKind::InvalidRange, "bytes staged");
+    if (options_.progress != nullptr && *options_.progress) (*options_.progress)(done_, transfer_.total);
+    return true;
+  }
+
+  Bridge& bridge_;
+  const RingChunkSettings& options_;
+  std::vector<HostRange>& stranded_;
+  const Transfer& transfer_;
+  ChunkWindow window_;
+  std::uint64_t done_ = 0;
+};
+
+}  // namespace
+
+void run_ring_chunks(Bridge& bridge, const RingChunkSettings& settings, std::vector<HostRange>& stranded,
+                     const RingChunkJob& job) {
+  const Transfer transfer{job};
+  Pipeline(bridge, settings, stranded, transfer).run();
+}
+
+}  // namespace devbridge::detail

@@ -1,0 +1,57 @@
+// The ring-chunk pipeline (TransferPlanner's RingChunks route, and one leg of
+// StagedThroughRings): caller bytes <-> ring chunks <-> device, a window of
+// chunk copies in flight, each range released as soon as its copy allows,
+// Backpressure answered by finishing this call's oldest chunk, and cleanup
+// that never releases a range a copy may still read or write.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "devbridge/bridge.hpp"
+#include "devbridge/types.hpp"
+
+namespace devbridge::detail {
+
+// One chunked upload or download, validated by the caller.
+struct RingChunkJob {
+  CopyDirection direction = CopyDirection::HostToDevice;
+  DeviceHandle handle;
+  std::uint64_t device_offset = 0;
+  std::uint64_t total = 0;
+  std::uint64_t chunk_bytes = 0;  // whole elements of the allocation
+  std::span<const std::byte> source;  // uploads
+  std::span<std::byte> destination;   // downloads
+};
+
+struct RingChunkSettings {
+  std::uint32_t max_chunks_in_flight = 4;
+  std::chrono::nanoseconds cleanup_timeout{0};
+  // Null: no progress reported.
+  const std::function<void(std::uint64_t, std::uint64_t)>* progress = nullptr;
+};
+
+// Runs `job` through `bridge`'s ring. Ranges a failed call could not give
+// back (a copy may still use them) are appended to `stranded`.
+void run_ring_chunks(Bridge& bridge, const RingChunkSettings& settings, std::vector<HostRange>& stranded,
+                     const RingChunkJob& job);
+
+// Gives `range` back to the ring; false while it must stay reserved (a copy
+// may still use it, or the bridge is Broken).
+bool try_release(Bridge& bridge, HostRange range) noexcept;
+// Releases the stranded ranges no copy uses any more; returns how many.
+std::size_t release_unused(Bridge& bridge, std::vector<HostRange>& stranded) noexcept;
+
+// The default chunk for a ring and an in-flight budget (TransferOptions::chunk_bytes).
+std::uint64_t default_chunk_bytes(std::uint64_t ring_capacity, std::uint64_t inflight_budget);
+
+// Refuses (InvalidRange) `bytes` at `device_offset` unless they lie inside
+// `extent` and are whole elements of `element_size`, before any copy starts.
+void check_device_range(std::string_view verb, std::string_view target, std::uint64_t device_offset,
+                        std::uint64_t bytes, std::uint64_t extent, std::uint32_t element_size);
+
+}  // namespace devbridge::detail

@@ -1,0 +1,346 @@
+// The transfer planner (include/devbridge/transfer.hpp) against every backend
+// in backend_drivers.cpp: which route it chooses from the backend's
+// capabilities and why, bytes bit-exact on every route for sizes 0, 1, odd,
+// ring-sized and larger than the ring, device to device within and between
+// bridges, and (on the fake, which fails a copy on demand) failures that keep
+// their kind, name the range or chunk, and leave nothing registered, reserved
+// or allocated. The ring-chunk pipeline itself is stager_test.cpp's.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend_drivers.hpp"
+#include "devbridge/backends/fake.hpp"
+#include "devbridge/bridge.hpp"
+#include "devbridge/transfer.hpp"
+
+namespace devbridge::conformance {
+namespace {
+
+using Bytes = std::vector<std::byte>;
+
+constexpr std::uint64_t kRing = 64 << 10;
+constexpr std::uint64_t kAlignment = 64;
+
+ObjectSpec bytes_spec(std::uint64_t extent) { return ObjectSpec{extent, kAlignment, DType::UInt8, ShapeKind::Vector}; }
+
+// The smallest extent that holds `bytes` (extents are whole multiples of the alignment).
+std::uint64_t extent_for(std::uint64_t bytes) {
+  return (std::max<std::uint64_t>(bytes, 1) + kAlignment - 1) / kAlignment * kAlignment;
+}
+NewAllocation fresh(std::uint64_t bytes) { return NewAllocation{bytes_spec(extent_for(bytes)), extent_for(bytes)}; }
+
+::testing::AssertionResult throws_kind(ErrorKind kind, const std::function<void()>& statement,
+                                       std::string_view text = {}) {
+  try {
+    statement();
+  } catch (const Error& e) {
+    if (e.kind() != kind)
+      return ::testing::AssertionFailure() << "expected " << kind_name(kind) << ", got " << e.what();
+    if (std::string_view(e.what()).find(text) == std::string_view::npos)
+      return ::testing::AssertionFailure() << "the message does not contain \"" << text << "\": " << e.what();
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << "expected " << kind_name(kind) << ", nothing was thrown";
+}
+#define EXPECT_KIND(kind, statement, ...) EXPECT_TRUE(throws_kind((kind), [&] { statement; } __VA_OPT__(, ) __VA_ARGS__))
+
+// Host bytes at an address aligned for adoption (a vector's data is not).
+class AlignedBytes {
+ public:
+  explicit AlignedBytes(std::size_t n) : storage_(n + 4096) {
+    const auto address = reinterpret_cast<std::uintptr_t>(storage_.data());
+    offset_ = (4096 - address % 4096) % 4096;
+    size_ = n;
+  }
+  std::span<std::byte> span() { return {storage_.data() + offset_, size_}; }
+
+ private:
+  Bytes storage_;
+  std::size_t offset_ = 0, size_ = 0;
+};
+
+class TransferConformance : public DriverTest {
+ protected:
+  bool is_fake() const { return driver().name == "fake"; }
+  fake::FakeBackend& fake_of(Bridge& b) { return dynamic_cast<fake::FakeBackend&>(b.backend()); }
+
+  // Registering is cheap here: above registration_from_bytes the planner registers instead of staging.
+  bool cheap(Bridge& b) {
+    const auto info = b.backend_info();
+    return info.host_addressable || info.cheap_registration;
+  }
+
+  Bytes random_bytes(std::size_t n) {
+    Bytes out(n);
+    for (auto& b : out) b = static_cast<std::byte>(random_());
+    return out;
+  }
+
+  // Nothing a transfer made is left on `b`: no registration, no reservation,
+  // no copy in flight, and exactly `allocations` allocations.
+  static void expect_nothing_left(Bridge& b, std::uint64_t allocations = 0) {
+    const auto stats = b.stats();
+    EXPECT_EQ(stats.host_regions, 0u);
+    EXPECT_EQ(stats.ring_reservations, 0u);
+    EXPECT_EQ(stats.copies_in_flight, 0u);
+    EXPECT_EQ(stats.live_allocations, allocations);
+  }
+
+  std::unique_ptr<Bridge> second_bridge() {
+    return std::make_unique<Bridge>(driver().make(), BridgeOptions{.generation = 1, .ring_bytes = kRing / 2});
+  }
+
+  std::mt19937_64 random_{std::hash<std::string>{}(::testing::UnitTest::GetInstance()->current_test_info()->name())};
+};
+
+const std::vector<std::uint64_t>& sizes() {
+  static const std::vector<std::uint64_t> values{0, 1, 4097, kRing, 3 * kRing + 123};
+  return values;
+}
+
+// ---- route choice ---------------------------------------------------------------
+
+TEST_P(TransferConformance, TransferPlansTheRouteFromTheBackendsCapabilities) {
+  auto& b = make_bridge(kRing);
+  TransferPlanner planner(b);
+  const bool cheap_here = cheap(b);
+  const bool addressable = b.backend_info().host_addressable;
+  AlignedBytes big(2 << 20);
+  const Bytes small(1000);
+  const auto big_spec = bytes_spec(big.span().size());
+  const DeviceHandle h = b.alloc_device(big_spec, big.span().size());
+
+  EXPECT_EQ(planner.plan(HostSource{{}}, NewAllocation{bytes_spec(1), 1}).route, Route::Nothing);
+  EXPECT_EQ(planner.plan(HostSource{small}, DeviceSpan{h}).route, Route::RingChunks);
+  const auto large = planner.plan(HostSource{big.span()}, DeviceSpan{h});
+  EXPECT_EQ(large.route, cheap_here ? Route::RegisteredCopy : Route::RingChunks) << large.reason;
+  EXPECT_FALSE(large.reason.empty());
+  EXPECT_EQ(planner.plan(DeviceSpan{h}, HostDestination{big.span()}).route,
+            cheap_here ? Route::RegisteredCopy : Route::RingChunks);
+  // Adoption only when permitted, and only where device memory is host memory.
+  EXPECT_NE(planner.plan(HostSource{big.span()}, NewAllocation{big_spec, big.span().size()}).route,
+            Route::AdoptInPlace);
+  TransferPlanner adopting(b, {.adopt = true});
+  const auto adopt = adopting.plan(HostSource{big.span()}, NewAllocation{big_spec, big.span().size()});
+  EXPECT_EQ(adopt.route == Route::AdoptInPlace, addressable) << adopt.reason;
+  // Never into an existing allocation, nor for a buffer that is not the whole extent.
+  EXPECT_NE(adopting.plan(HostSource{big.span()}, DeviceSpan{h}).route, Route::AdoptInPlace);
+  EXPECT_NE(adopting.plan(HostSource{big.span().first(4096)}, NewAllocation{big_spec, big.span().size()}).route,
+            Route::AdoptInPlace);
+  // Ring ranges and registered regions: one direct copy.
+  const HostRange range = b.reserve(4096);
+  EXPECT_EQ(planner.plan(RingSpan{range}, DeviceSpan{h}).route, Route::DirectCopy);
+  EXPECT_EQ(planner.plan(DeviceSpan{h}, RingSpan{range}).route, Route::DirectCopy);
+  b.release_host(range);
+  // Device to device: within a bridge through its ring, between bridges a peer copy.
+  EXPECT_EQ(planner.plan(DeviceSpan{h, 0, 4096}, DeviceSpan{h, 8192}).route, Route::StagedThroughRings);
+  auto other = second_bridge();
+  const DeviceHandle o = other->alloc_device(bytes_spec(4096), 4096);
+  EXPECT_EQ(planner.plan(DeviceSpan{h, 0, 4096}, DeviceSpan{o, 0, std::nullopt, other.get()}).route, Route::PeerCopy);
+
+  // A route the endpoints do not allow, asked for by name: InvalidRange naming why.
+  TransferPlanner peer(b, {.route = Route::PeerCopy});
+  EXPECT_KIND(ErrorKind::InvalidRange, peer.plan(HostSource{small}, DeviceSpan{h}), "route peer_copy is not possible");
+  TransferPlanner adopt_into(b, {.route = Route::AdoptInPlace});
+  EXPECT_KIND(ErrorKind::InvalidRange, adopt_into.plan(HostSource{small}, DeviceSpan{h}), "existing one");
+  // Endpoints that cannot be: no device end, lengths that differ, past the extent, another bridge's host side.
+  Bytes out(10);
+  EXPECT_KIND(ErrorKind::InvalidRange, planner.plan(HostSource{small}, HostDestination{out}), "neither end");
+  EXPECT_KIND(ErrorKind::InvalidRange, planner.plan(DeviceSpan{h, 0, 20}, HostDestination{out}), "lengths differ");
+  EXPECT_KIND(ErrorKind::InvalidRange, planner.plan(HostSource{small}, DeviceSpan{h, big.span().size() - 10}),
+              "past its extent");
+  EXPECT_KIND(ErrorKind::InvalidRange, planner.plan(HostSource{small}, DeviceSpan{o, 0, std::nullopt, other.get()}),
+              "another");
+  b.free_device(h);
+  expect_nothing_left(b);
+}
+
+// ---- bytes ------------------------------------------------------------------------
+
+// Every host route, both ways, for sizes 0, 1, odd, the ring and past it.
+TEST_P(TransferConformance, TransferEveryHostRouteIsBitExact) {
+  auto& b = make_bridge(kRing);
+  for (const std::optional<Route> route :
+       {std::optional<Route>{}, std::optional{Route::RingChunks}, std::optional{Route::RegisteredCopy}}) {
+    TransferPlanner planner(b, {.registration_from_bytes = 0, .route = route});
+    for (const std::uint64_t size : sizes()) {
+      SCOPED_TRACE(std::string(route ? route_name(*route) : "auto") + ", size " + std::to_string(size));
+      const Bytes data = random_bytes(size);
+      const auto up = planner.run(HostSource{data}, fresh(size));
+      ASSERT_TRUE(up.handle);
+      EXPECT_EQ(up.route, size == 0 ? Route::Nothing : route.value_or(cheap(b) ? Route::RegisteredCopy : Route::RingChunks));
+      Bytes back(size);
+      planner.run(DeviceSpan{*up.handle}, HostDestination{back});
+      EXPECT_EQ(back, data);
+      expect_nothing_left(b, 1);
+      b.free_device(*up.handle);
+    }
+  }
+}
+
+// Adopted in place where the backend can (the host, the fake): the
+// allocation is the buffer itself; elsewhere Unsupported, nothing left.
+TEST_P(TransferConformance, TransferAdoptsInPlaceWhereTheDeviceCan) {
+  auto& b = make_bridge(kRing);
+  TransferPlanner planner(b, {.adopt = true, .route = Route::AdoptInPlace});
+  AlignedBytes buffer(3 * kRing + 64);
+  const Bytes data = random_bytes(buffer.span().size());
+  std::memcpy(buffer.span().data(), data.data(), data.size());
+  const std::span<const std::byte> source = buffer.span();
+  const auto spec = bytes_spec(source.size());
+  TransferResult adopted;
+  try {
+    adopted = planner.run(HostSource{source}, NewAllocation{spec, source.size()});
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Unsupported) << e.what();
+    expect_nothing_left(b);
+    GTEST_SKIP() << "this backend cannot adopt host memory: " << e.what();
+  }
+  ASSERT_TRUE(adopted.handle && adopted.adopted_region);
+  EXPECT_EQ(adopted.route, Route::AdoptInPlace);
+  Bytes back(data.size());
+  TransferPlanner(b).download(*adopted.handle, 0, back);
+  EXPECT_EQ(back, data);
+  // Read-only: an upload into it is refused.
+  EXPECT_KIND(ErrorKind::InvalidRange, TransferPlanner(b).upload_into(*adopted.handle, 0, std::span(data).first(64)));
+  b.free_device(*adopted.handle);
+  b.unregister_host(*adopted.adopted_region);
+  expect_nothing_left(b);
+}
+
+// Ring ranges and registered regions the caller holds: one copy each way.
+TEST_P(TransferConformance, TransferDirectCopiesFromTheRingAndARegion) {
+  auto& b = make_bridge(kRing);
+  TransferPlanner planner(b);
+  const Bytes data = random_bytes(5000);
+  const DeviceHandle h = b.alloc_device(bytes_spec(8192), 8192);
+  const HostRange range = b.reserve(data.size());
+  std::memcpy(b.host_bytes(range).data(), data.data(), data.size());
+  EXPECT_EQ(planner.run(RingSpan{range}, DeviceSpan{h, 100}).route, Route::DirectCopy);
+  Bytes region_bytes(data.size());
+  const HostRegion region = b.register_host(region_bytes);
+  EXPECT_EQ(planner.run(DeviceSpan{h, 100}, RegionSpan{RegionRange{region, 0, data.size()}}).route, Route::DirectCopy);
+  EXPECT_EQ(region_bytes, data);
+  b.unregister_host(region);
+  b.release_host(range);
+  b.free_device(h);
+  expect_nothing_left(b);
+}
+
+// Device to device: within one bridge (through its ring) and between two
+// (a peer copy, or through both rings where there is no direct path), into
+// an existing allocation at an offset and into a new one.
+TEST_P(TransferConformance, TransferDeviceToDeviceIsBitExact) {
+  auto& b = make_bridge(kRing);
+  auto other = second_bridge();
+  TransferPlanner planner(b);
+  TransferPlanner staged(b, {.route = Route::StagedThroughRings});
+  for (const std::uint64_t size : sizes()) {
+    SCOPED_TRACE("size " + std::to_string(size));
+    const Bytes data = random_bytes(size);
+    const DeviceHandle src = *planner.run(HostSource{data}, fresh(size)).handle;
+    const std::uint64_t extent = extent_for(size + 64);
+    const DeviceHandle within = b.alloc_device(bytes_spec(extent), extent);
+    EXPECT_EQ(planner.run(DeviceSpan{src, 0, size}, DeviceSpan{within, 64}).route,
+              size == 0 ? Route::Nothing : Route::StagedThroughRings);
+    const DeviceHandle across = other->alloc_device(bytes_spec(extent), extent);
+    for (TransferPlanner* p : {&planner, &staged}) {
+      const auto result = p->run(DeviceSpan{src, 0, size}, DeviceSpan{across, 64, std::nullopt, other.get()});
+      if (size != 0 && p == &staged) {
+        EXPECT_EQ(result.route, Route::StagedThroughRings);
+      } else if (size != 0) {
+        EXPECT_TRUE(result.route == Route::PeerCopy || result.route == Route::StagedThroughRings);
+      }
+      Bytes back(size);
+      TransferPlanner(*other).download(across, 64, back);
+      EXPECT_EQ(back, data);
+    }
+    Bytes back(size);
+    planner.download(within, 64, back);
+    EXPECT_EQ(back, data);
+    const auto copied = planner.run(DeviceSpan{within, 64, size}, fresh(size));
+    ASSERT_TRUE(copied.handle);
+    planner.download(*copied.handle, 0, back);
+    EXPECT_EQ(back, data);
+    for (const DeviceHandle h : {src, within, *copied.handle}) b.free_device(h);
+    other->free_device(across);
+    expect_nothing_left(b);
+    expect_nothing_left(*other);
+  }
+}
+
+// ---- failures (the fake) ------------------------------------------------------------
+
+TEST_P(TransferConformance, TransferFailedRegisteredCopyIsNamedAndLeavesNothing) {
+  if (!is_fake()) GTEST_SKIP() << "needs the fake's fault injection";
+  auto& b = make_bridge(kRing);
+  TransferPlanner planner(b, {.route = Route::RegisteredCopy});
+  const Bytes data = random_bytes(3 * kRing);
+  fake_of(b).inject(fake::Call::CopyHostToDevice, fake::Failure::CopyFailedAtSubmit);
+  EXPECT_KIND(ErrorKind::DeviceCopyFailed, planner.upload(data, bytes_spec(data.size()), data.size()),
+              "upload of 196608 bytes from the caller's 196608 host bytes to a new allocation (registered_copy)");
+  expect_nothing_left(b);
+  const DeviceHandle h = planner.upload(data, bytes_spec(data.size()), data.size());
+  fake_of(b).inject(fake::Call::CopyDeviceToHost, fake::Failure::CopyFailedAtSubmit);
+  Bytes back(data.size());
+  EXPECT_KIND(ErrorKind::OutputCopyFailed, planner.download(h, 0, back), "(registered_copy)");
+  expect_nothing_left(b, 1);
+  b.free_device(h);
+}
+
+TEST_P(TransferConformance, TransferFailedStagedChunkIsNamedAndLeavesNothing) {
+  if (!is_fake()) GTEST_SKIP() << "needs the fake's fault injection";
+  auto& b = make_bridge(kRing);
+  auto other = second_bridge();
+  TransferPlanner planner(b, {.route = Route::StagedThroughRings});
+  const Bytes data = random_bytes(3 * kRing);
+  const DeviceHandle src = TransferPlanner(b).upload(data, bytes_spec(data.size()), data.size());
+  // The second chunk's copy up into the destination fails.
+  fake_of(*other).inject(fake::Call::CopyHostToDevice, fake::Failure::CopyFailedAtSubmit, 2);
+  EXPECT_KIND(ErrorKind::DeviceCopyFailed,
+              planner.run(DeviceSpan{src}, DeviceSpan{other->alloc_device(bytes_spec(data.size()), data.size()), 0,
+                                                      std::nullopt, other.get()}),
+              "staged chunk 1 (bytes 8192..16384");
+  // The second chunk's copy down from the source fails; the new allocation goes with it.
+  TransferPlanner into_new(*other, {.route = Route::StagedThroughRings});
+  fake_of(b).inject(fake::Call::CopyDeviceToHost, fake::Failure::CopyFailedAtSubmit, 2);
+  EXPECT_KIND(ErrorKind::OutputCopyFailed,
+              into_new.run(DeviceSpan{src, 0, std::nullopt, &b}, NewAllocation{bytes_spec(data.size()), data.size()}),
+              "staged chunk 1");
+  expect_nothing_left(b, 1);
+  expect_nothing_left(*other, 1);  // the first test's destination, the caller's
+  b.free_device(src);
+}
+
+// Progress: per chunk on the ring, once for a one-copy route.
+TEST_P(TransferConformance, TransferReportsProgress) {
+  auto& b = make_bridge(kRing);
+  std::vector<std::uint64_t> done;
+  auto record = [&](std::uint64_t d, std::uint64_t) { done.push_back(d); };
+  const Bytes data = random_bytes(kRing + 1);
+  TransferPlanner registered(b, {.progress = record, .route = Route::RegisteredCopy});
+  const DeviceHandle h = *registered.run(HostSource{data}, fresh(data.size())).handle;
+  EXPECT_EQ(done, std::vector<std::uint64_t>{data.size()});
+  done.clear();
+  TransferPlanner chunks(b, {.progress = record, .route = Route::RingChunks});
+  Bytes back(data.size());
+  chunks.download(h, 0, back);
+  EXPECT_EQ(done.size(), 5u) << "four chunks of a quarter ring and one byte";
+  EXPECT_EQ(done.back(), data.size());
+  EXPECT_EQ(back, data);
+  b.free_device(h);
+  expect_nothing_left(b);
+}
+
+std::string driver_name(const ::testing::TestParamInfo<BackendDriver>& info) { return std::string(info.param.name); }
+
+INSTANTIATE_TEST_SUITE_P(Backends, TransferConformance, ::testing::ValuesIn(backend_drivers()), driver_name);
+
+}  // namespace
+}  // namespace devbridge::conformance
