@@ -155,5 +155,6 @@ void bind_copy_layout(nanobind::module_& m);        // copy_layout.cpp
 void bind_host_regions(nanobind::module_& m);       // host_regions.cpp
 void bind_bridge(nanobind::module_& m);             // bridge.cpp
 void bind_checkpoint_file(nanobind::module_& m);    // checkpoint_file.cpp
+void bind_transfer(nanobind::module_& m);           // transfer.cpp
 
 }  // namespace devbridge::python

@@ -12,7 +12,8 @@
 //
 // GIL: calls that can block (waits, sync copies, views that wait for copies,
 // restart, close, bridge construction) release it; nothing below the
-// bindings ever calls back into Python, so that is always safe.
+// bindings ever calls back into Python, so that is always safe (except a
+// TransferPlanner's progress callback, which takes the GIL back: transfer.cpp).
 #include <string>
 #include <vector>
 
@@ -128,4 +129,5 @@ NB_MODULE(_devbridge, m) {
   bind_host_regions(m);
   bind_bridge(m);
   bind_checkpoint_file(m);
+  bind_transfer(m);
 }

@@ -1,0 +1,228 @@
+// devbridge._devbridge.TransferPlanner: the C++ transfer planner
+// (include/devbridge/transfer.hpp) over any buffer-protocol object. The
+// planner chooses the route (registered copy, ring chunks, peer copy, ...)
+// from the backend's capabilities, so Python code never reads
+// host_addressable / cheap_registration to pick one.
+//
+// Each call holds the buffer's export for the call only and releases the GIL
+// around the C++ work; a progress callback takes the GIL back for each call
+// (the one place below the bindings that calls into Python). Adoption is not
+// offered here: an adopted allocation aliases the buffer for its whole life,
+// and only Bridge.adopt holds a buffer export that long.
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include "arguments.hpp"
+#include "bindings.hpp"
+#include "devbridge/transfer.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace devbridge::python {
+
+namespace {
+
+constexpr Route kRoutes[] = {Route::Nothing,    Route::AdoptInPlace, Route::RegisteredCopy,    Route::DirectCopy,
+                             Route::RingChunks, Route::PeerCopy,     Route::StagedThroughRings};
+
+std::optional<Route> parse_route(nb::handle value) {
+  if (value.is_none()) return std::nullopt;
+  if (!nb::isinstance<nb::str>(value))
+    args::raise(PyExc_TypeError, "route must be a str or None, not " + std::string(nb::type_name(value.type()).c_str()));
+  const std::string name = nb::cast<std::string>(value);
+  for (const Route route : kRoutes)
+    if (route_name(route) == name) {
+      if (route == Route::AdoptInPlace)
+        args::raise(PyExc_ValueError,
+                    "route \"adopt_in_place\": the allocation would alias the buffer for its whole life; use "
+                    "Bridge.adopt, which holds the buffer that long");
+      return route;
+    }
+  args::raise(PyExc_ValueError, "route \"" + name +
+                                    "\" is not one of registered_copy, direct_copy, ring_chunks, peer_copy, "
+                                    "staged_through_rings (or None: the planner chooses)");
+}
+
+nb::dict plan_dict(const TransferPlan& plan) {
+  nb::dict d;
+  d["route"] = std::string(route_name(plan.route));
+  d["reason"] = plan.reason;
+  d["bytes"] = plan.bytes;
+  d["chunk_bytes"] = plan.chunk_bytes;
+  return d;
+}
+
+// The bytes of an exported buffer (C-contiguous: the planner moves one span).
+std::span<const std::byte> bytes_of(const HeldBuffer& buffer) {
+  return {static_cast<const std::byte*>(buffer.view().buf), static_cast<std::size_t>(buffer.view().len)};
+}
+std::span<std::byte> writable_bytes_of(const HeldBuffer& buffer) {
+  return {static_cast<std::byte*>(buffer.view().buf), static_cast<std::size_t>(buffer.view().len)};
+}
+
+struct PyTransferPlanner {
+  std::shared_ptr<BridgeState> state;  // declared first: outlives the planner over its bridge
+  std::unique_ptr<TransferPlanner> planner;
+  nb::object progress;  // a callable or None, called with the GIL
+  // A planner is not thread-safe; Python threads may share this object.
+  // Taken without the GIL, so a progress callback never waits on it.
+  std::mutex mutex;
+  std::atomic<Route> last_route{Route::Nothing};
+
+  // Runs `work(planner)` without the GIL, one call at a time.
+  template <class Work>
+  auto locked(Work work) {
+    state->open();  // Closed before anything else
+    nb::gil_scoped_release no_gil;
+    std::lock_guard lock(mutex);
+    return work(*planner);
+  }
+};
+
+std::shared_ptr<BridgeState> state_of(nb::handle bridge, const char* what) {
+  // Every devbridge.Bridge hands out its ring; its state is the bridge's.
+  if (!nb::hasattr(bridge, "ring") || !nb::isinstance<PyHostRing>(bridge.attr("ring")))
+    args::raise(PyExc_TypeError,
+                std::string(what) + " must be a devbridge.Bridge, not " + nb::type_name(bridge.type()).c_str());
+  return nb::cast<PyHostRing&>(bridge.attr("ring")).state;
+}
+
+}  // namespace
+
+void bind_transfer(nb::module_& m) {
+  nb::class_<PyTransferPlanner>(
+      m, "TransferPlanner",
+      "Moves bytes between Python buffers and device memory by the route the bridge's backend makes cheapest\n"
+      "(the C++ TransferPlanner): a registered copy where registering host memory is cheap, ring chunks\n"
+      "elsewhere, a peer copy or both rings between bridges. plan_*() say which route and why.")
+      .def(
+          "__init__",
+          [](PyTransferPlanner* self, nb::handle bridge, nb::handle chunk_bytes, nb::handle max_chunks_in_flight,
+             nb::handle cleanup_timeout, nb::handle registration_from_bytes, nb::handle route, nb::object progress) {
+            TransferOptions options;
+            options.chunk_bytes = args::integer<std::uint64_t>(chunk_bytes, "chunk_bytes");
+            options.max_chunks_in_flight = args::integer<std::uint32_t>(max_chunks_in_flight, "max_chunks_in_flight");
+            options.cleanup_timeout = args::seconds(cleanup_timeout, "cleanup_timeout");
+            options.registration_from_bytes =
+                args::integer<std::uint64_t>(registration_from_bytes, "registration_from_bytes");
+            options.route = parse_route(route);
+            if (!progress.is_none() && !PyCallable_Check(progress.ptr()))
+              args::raise(PyExc_TypeError, "progress must be a callable(done, total) or None");
+            auto state = state_of(bridge, "bridge");
+            if (!progress.is_none())
+              // Runs only inside calls on the constructed object below.
+              options.progress = [self](std::uint64_t done, std::uint64_t total) {
+                nb::gil_scoped_acquire gil;
+                self->progress(done, total);
+              };
+            auto planner = std::make_unique<TransferPlanner>(state->open(), std::move(options));
+            new (self) PyTransferPlanner{std::move(state), std::move(planner), progress};
+          },
+          "bridge"_a, nb::kw_only(), "chunk_bytes"_a = 0, "max_chunks_in_flight"_a = 4, "cleanup_timeout"_a = 30.0,
+          "registration_from_bytes"_a = std::uint64_t{1} << 20, "route"_a = nb::none(), "progress"_a = nb::none(),
+          "chunk_bytes: bytes per ring chunk (0: a quarter of the ring); route: force one route by name (tests);\n"
+          "progress: called as progress(done, total) as bytes land.")
+      .def(
+          "plan_upload",
+          [](PyTransferPlanner& p, nb::handle buffer, nb::handle spec, nb::handle extent, nb::handle into,
+             nb::handle offset) {
+            HeldBuffer held(buffer, PyBUF_C_CONTIGUOUS, "buffer");
+            const auto bytes = bytes_of(held);
+            TransferDestination destination = HostDestination{};
+            if (!into.is_none()) {
+              destination = DeviceSpan{nb::cast<DeviceHandle>(into), args::integer<std::uint64_t>(offset, "offset")};
+            } else {
+              if (spec.is_none()) args::raise(PyExc_TypeError, "plan_upload: give spec= (a new allocation) or into=");
+              destination = NewAllocation{nb::cast<ObjectSpec>(spec),
+                                          extent.is_none() ? bytes.size()
+                                                           : args::integer<std::uint64_t>(extent, "extent")};
+            }
+            return plan_dict(p.locked([&](TransferPlanner& t) { return t.plan(HostSource{bytes}, destination); }));
+          },
+          "buffer"_a, "spec"_a = nb::none(), "extent"_a = nb::none(), nb::kw_only(), "into"_a = nb::none(),
+          "offset"_a = 0,
+          "The route an upload of `buffer` would take (into a new allocation of spec/extent, or into= an existing\n"
+          "one at offset=): a dict of route, reason, bytes, chunk_bytes. Validates as the upload would.")
+      .def(
+          "upload",
+          [](PyTransferPlanner& p, nb::handle buffer, const ObjectSpec& spec, nb::handle extent) {
+            HeldBuffer held(buffer, PyBUF_C_CONTIGUOUS, "buffer");
+            const auto bytes = bytes_of(held);
+            const std::uint64_t n = extent.is_none() ? bytes.size() : args::integer<std::uint64_t>(extent, "extent");
+            return p.locked([&](TransferPlanner& t) {
+              const TransferResult result = t.run(HostSource{bytes}, NewAllocation{spec, n});
+              p.last_route = result.route;
+              return *result.handle;
+            });
+          },
+          "buffer"_a, "spec"_a, "extent"_a = nb::none(),
+          "A new allocation of spec and extent (default: the buffer's size) holding the buffer's bytes at 0.")
+      .def(
+          "upload_into",
+          [](PyTransferPlanner& p, DeviceHandle handle, nb::handle offset, nb::handle buffer) {
+            const auto device_offset = args::integer<std::uint64_t>(offset, "offset");
+            HeldBuffer held(buffer, PyBUF_C_CONTIGUOUS, "buffer");
+            const auto bytes = bytes_of(held);
+            p.locked([&](TransferPlanner& t) {
+              p.last_route = t.run(HostSource{bytes}, DeviceSpan{handle, device_offset}).route;
+            });
+          },
+          "handle"_a, "offset"_a, "buffer"_a, "The buffer's bytes into an existing allocation at offset.")
+      .def(
+          "plan_download",
+          [](PyTransferPlanner& p, DeviceHandle handle, nb::handle offset, nb::handle out) {
+            const auto device_offset = args::integer<std::uint64_t>(offset, "offset");
+            HeldBuffer held(out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE, "out");
+            const auto bytes = writable_bytes_of(held);
+            return plan_dict(p.locked([&](TransferPlanner& t) {
+              return t.plan(DeviceSpan{handle, device_offset}, HostDestination{bytes});
+            }));
+          },
+          "handle"_a, "offset"_a, "out"_a, "The route download(handle, offset, out) would take, as plan_upload.")
+      .def(
+          "download",
+          [](PyTransferPlanner& p, DeviceHandle handle, nb::handle offset, nb::handle out) {
+            const auto device_offset = args::integer<std::uint64_t>(offset, "offset");
+            HeldBuffer held(out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE, "out");
+            const auto bytes = writable_bytes_of(held);
+            p.locked([&](TransferPlanner& t) {
+              p.last_route = t.run(DeviceSpan{handle, device_offset}, HostDestination{bytes}).route;
+            });
+          },
+          "handle"_a, "offset"_a, "out"_a, "len(out) bytes of the allocation from offset into out (writable).")
+      .def(
+          "copy",
+          [](PyTransferPlanner& p, DeviceHandle source, nb::handle source_offset, nb::handle nbytes,
+             DeviceHandle destination, nb::handle destination_offset, nb::handle destination_bridge) {
+            const auto from = args::integer<std::uint64_t>(source_offset, "source_offset");
+            const auto n = args::integer<std::uint64_t>(nbytes, "nbytes");
+            const auto to = args::integer<std::uint64_t>(destination_offset, "destination_offset");
+            std::shared_ptr<BridgeState> other;
+            if (!destination_bridge.is_none()) other = state_of(destination_bridge, "destination_bridge");
+            Bridge* target = other ? &other->open() : nullptr;
+            return p.locked([&](TransferPlanner& t) {
+              const TransferResult result = t.run(DeviceSpan{source, from, n}, DeviceSpan{destination, to, std::nullopt, target});
+              p.last_route = result.route;
+              return std::string(route_name(result.route));
+            });
+          },
+          "source"_a, "source_offset"_a, "nbytes"_a, "destination"_a, "destination_offset"_a = 0, nb::kw_only(),
+          "destination_bridge"_a = nb::none(),
+          "nbytes of source from source_offset into destination at destination_offset, device to device (in\n"
+          "destination_bridge, default this bridge): a peer copy where the backends have a direct path, else\n"
+          "through the rings. Returns the route taken.")
+      .def_prop_ro("last_route", [](const PyTransferPlanner& p) { return std::string(route_name(p.last_route)); },
+                   "The route the last upload, upload_into, download or copy took.")
+      .def_prop_ro("chunk_bytes", [](const PyTransferPlanner& p) { return p.planner->chunk_bytes(); })
+      .def_prop_ro("stranded_ranges", [](const PyTransferPlanner& p) { return p.planner->stranded_ranges(); },
+                   "Ring ranges a failed call left reserved because a copy could still use them.");
+}
+
+}  // namespace devbridge::python

@@ -1,0 +1,219 @@
+"""devbridge._devbridge.TransferPlanner: the C++ transfer planner (include/devbridge/transfer.hpp) from Python.
+
+Any buffer-protocol object goes in or out; the planner chooses the route from the backend's capabilities
+(plan_upload / plan_download say which and why), bytes arrive bit-exact on every route, errors keep their
+kind and name what failed, and a failed call leaves nothing registered or reserved.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+import devbridge
+from devbridge import _devbridge
+
+from conftest import make_bridge, require_backend
+
+TransferPlanner = _devbridge.TransferPlanner
+RING = 64 << 10
+SIZES = (0, 1, 4097, RING, 3 * RING + 123)
+
+
+def spec_for(nbytes: int) -> devbridge.ObjectSpec:
+    return devbridge.ObjectSpec(max_extent=extent_for(nbytes), alignment=64, dtype="uint8")
+
+
+def extent_for(nbytes: int) -> int:
+    return (max(nbytes, 1) + 63) // 64 * 64
+
+
+def nothing_left(b: devbridge.Bridge, allocations: int = 0) -> None:
+    stats = b.stats()
+    assert stats["host_regions"] == 0
+    assert stats["ring_reservations"] == 0
+    assert stats["copies_in_flight"] == 0
+    assert stats["live_allocations"] == allocations
+
+
+@pytest.fixture(params=["host", "fake", "opencl"])
+def planner_bridge(request):
+    require_backend(request.param)
+    b = make_bridge(request.param, ring_bytes=RING)
+    if request.param == "fake":
+        b.fake.set_auto_complete(True)
+    yield b
+    gc.collect()
+    b.close()
+
+
+@pytest.mark.parametrize("route", [None, "ring_chunks", "registered_copy"])
+def test_round_trips_are_bit_exact_on_every_route(planner_bridge, rng, route):
+    b = planner_bridge
+    planner = TransferPlanner(b, route=route, registration_from_bytes=0)
+    cheap = b.backend_info()["host_addressable"] or b.backend_info()["cheap_registration"]
+    for size in SIZES:
+        data = rng.integers(0, 256, size=size, dtype=np.uint8)
+        handle = planner.upload(data, spec_for(size), extent_for(size))
+        expected = "nothing" if size == 0 else route or ("registered_copy" if cheap else "ring_chunks")
+        assert planner.last_route == expected
+        back = bytearray(size)
+        planner.download(handle, 0, back)
+        assert bytes(back) == data.tobytes()
+        nothing_left(b, 1)
+        b.free(handle)
+
+
+def test_plans_say_the_route_and_why(planner_bridge):
+    b = planner_bridge
+    info = b.backend_info()
+    cheap = info["host_addressable"] or info["cheap_registration"]
+    planner = TransferPlanner(b)
+    big = np.zeros(2 << 20, dtype=np.uint8)
+    plan = planner.plan_upload(big, spec_for(big.nbytes))
+    assert plan["route"] == ("registered_copy" if cheap else "ring_chunks")
+    assert plan["reason"] and plan["bytes"] == big.nbytes
+    small = planner.plan_upload(b"x" * 1000, spec_for(1000))
+    assert small["route"] == "ring_chunks" and small["chunk_bytes"] == RING // 4
+    handle = b.alloc(spec_for(4096), 4096)
+    assert planner.plan_download(handle, 0, bytearray(4096))["route"] == "ring_chunks"
+    assert planner.plan_upload(b"\0" * 10, into=handle, offset=4086)["bytes"] == 10
+    with pytest.raises(devbridge.InvalidRange, match="past its extent"):
+        planner.plan_upload(b"\0" * 11, into=handle, offset=4086)
+    b.free(handle)
+    nothing_left(b)
+
+
+def test_upload_into_an_offset_and_any_buffer(planner_bridge, rng):
+    b = planner_bridge
+    planner = TransferPlanner(b)
+    model = rng.integers(0, 256, size=3 * RING, dtype=np.uint8)
+    handle = planner.upload(memoryview(model.tobytes()), spec_for(model.nbytes))  # a read-only buffer
+    patch = rng.integers(0, 256, size=1000, dtype=np.uint8)
+    planner.upload_into(handle, 12345, bytearray(patch.tobytes()))
+    model[12345:13345] = patch
+    out = np.empty_like(model)
+    planner.download(handle, 0, out)
+    np.testing.assert_array_equal(out, model)
+    b.free(handle)
+    nothing_left(b)
+
+
+def test_device_to_device_between_bridges(planner_bridge, rng):
+    b = planner_bridge
+    other = make_bridge(b.backend, ring_bytes=RING // 2)
+    if b.backend == "fake":
+        other.fake.set_auto_complete(True)
+    try:
+        data = rng.integers(0, 256, size=3 * RING + 64, dtype=np.uint8)
+        planner = TransferPlanner(b)
+        source = planner.upload(data, spec_for(data.nbytes), extent_for(data.nbytes))
+        destination = other.alloc(spec_for(data.nbytes + 64), extent_for(data.nbytes + 64))
+        route = planner.copy(source, 0, data.nbytes, destination, 64, destination_bridge=other)
+        assert route in ("peer_copy", "staged_through_rings")
+        assert TransferPlanner(b, route="staged_through_rings").copy(
+            source, 0, data.nbytes, destination, 64, destination_bridge=other) == "staged_through_rings"
+        out = np.empty_like(data)
+        TransferPlanner(other).download(destination, 64, out)
+        np.testing.assert_array_equal(out, data)
+        b.free(source)
+        other.free(destination)
+        nothing_left(b)
+        nothing_left(other)
+    finally:
+        other.close()
+
+
+def test_argument_errors_have_the_right_python_types(fake_bridge):
+    b = fake_bridge
+    with pytest.raises(TypeError, match="bridge must be a devbridge.Bridge"):
+        TransferPlanner(object())
+    with pytest.raises(OverflowError):
+        TransferPlanner(b, chunk_bytes=-1)
+    with pytest.raises(TypeError):
+        TransferPlanner(b, chunk_bytes="4096")
+    with pytest.raises(ValueError, match="not one of"):
+        TransferPlanner(b, route="teleport")
+    with pytest.raises(ValueError, match="Bridge.adopt"):
+        TransferPlanner(b, route="adopt_in_place")
+    with pytest.raises(devbridge.InvalidRange, match="does not fit the ring"):
+        TransferPlanner(b, chunk_bytes=(2 << 20))
+    planner = TransferPlanner(b)
+    with pytest.raises(TypeError, match="buffer protocol"):
+        planner.upload(12, spec_for(12))
+    handle = b.alloc(spec_for(64), 64)
+    with pytest.raises(BufferError):
+        planner.download(handle, 0, b"\0" * 64)  # not writable
+    with pytest.raises(OverflowError):
+        planner.download(handle, -1, bytearray(64))
+    b.free(handle)
+    nothing_left(b)
+
+
+def test_a_failed_copy_keeps_its_kind_and_leaves_nothing(fake_bridge, rng):
+    b = fake_bridge
+    b.fake.set_auto_complete(True)
+    data = rng.integers(0, 256, size=1 << 20, dtype=np.uint8)  # four chunks of a quarter of the fake's ring
+    for route, name in (("registered_copy", "registered_copy"), ("ring_chunks", "upload chunk 1")):
+        planner = TransferPlanner(b, route=route)
+        b.fake.inject("copy_h2d", "copy_failed_at_submit", 2 if route == "ring_chunks" else 1)
+        with pytest.raises(devbridge.DeviceCopyFailed, match=name):
+            planner.upload(data, spec_for(data.nbytes), extent_for(data.nbytes))
+        nothing_left(b)
+
+
+def test_progress_is_called_with_the_gil_and_may_raise(planner_bridge, rng):
+    b = planner_bridge
+    seen = []
+    planner = TransferPlanner(b, route="ring_chunks", progress=lambda done, total: seen.append((done, total)))
+    data = rng.integers(0, 256, size=RING + 1, dtype=np.uint8)
+    handle = planner.upload(data, spec_for(data.nbytes), extent_for(data.nbytes))
+    assert seen[-1] == (data.nbytes, data.nbytes) and len(seen) == 5
+
+    def stop(done, total):
+        raise KeyError("stop")
+
+    with pytest.raises(KeyError, match="stop"):
+        TransferPlanner(b, route="ring_chunks", progress=stop).download(handle, 0, bytearray(data.nbytes))
+    b.free(handle)
+    nothing_left(b)
+
+
+def test_threads_share_a_planner(planner_bridge, rng):
+    b = planner_bridge
+    planner = TransferPlanner(b)
+    data = [rng.integers(0, 256, size=RING + 7 * i, dtype=np.uint8) for i in range(4)]
+    handles = [None] * 4
+    errors = []
+
+    def work(i):
+        try:
+            handles[i] = planner.upload(data[i], spec_for(data[i].nbytes), extent_for(data[i].nbytes))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for i, handle in enumerate(handles):
+        out = np.empty_like(data[i])
+        planner.download(handle, 0, out)
+        np.testing.assert_array_equal(out, data[i])
+        b.free(handle)
+    nothing_left(b)
+
+
+def test_a_closed_bridge_is_refused(fake_bridge):
+    b = fake_bridge
+    planner = TransferPlanner(b)
+    b.close()
+    with pytest.raises(devbridge.Closed):
+        planner.upload(b"abc", spec_for(3))
+    with pytest.raises(devbridge.Closed):
+        TransferPlanner(b)
