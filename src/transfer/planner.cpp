@@ -392,19 +392,48 @@ TransferResult TransferPlanner::run(const TransferSource& source, const Transfer
   const DeviceRange source_range{r.source.handle, r.source.offset, r.bytes};
   const DeviceRange destination_range{r.destination.handle, r.destination.offset, r.bytes};
 
+  auto run_ring_chunks = [&] {
+    const std::uint32_t element = r.upload() ? r.destination.element_size : r.source.element_size;
+    detail::RingChunkJob job;
+    job.direction = r.upload() ? CopyDirection::HostToDevice : CopyDirection::DeviceToHost;
+    job.handle = r.upload() ? r.destination.handle : r.source.handle;
+    job.device_offset = r.upload() ? r.destination.offset : r.source.offset;
+    job.total = r.bytes;
+    job.chunk_bytes = std::max<std::uint64_t>(chunk_bytes_ - chunk_bytes_ % element, element);
+    job.source = r.source.host_in;
+    job.destination = r.destination.host_out;
+    const detail::RingChunkSettings settings{options_.max_chunks_in_flight, options_.cleanup_timeout,
+                                             &options_.progress};
+    detail::run_ring_chunks(bridge_, settings, stranded_, job);
+  };
+
   switch (plan.route) {
     case Route::Nothing:
     case Route::AdoptInPlace:
       break;
     case Route::RegisteredCopy: {
+      std::optional<RegistrationGuard> registration;
       try {
-        if (r.upload()) {
-          RegistrationGuard registration(bridge_, bridge_.register_host_read_only(r.source.host_in));
-          bridge_.host_to_device(RegionRange{registration.region(), 0, r.bytes}, destination_range, CopyMode::Sync);
-        } else {
-          RegistrationGuard registration(bridge_, bridge_.register_host(r.destination.host_out));
-          bridge_.device_to_host(source_range, RegionRange{registration.region(), 0, r.bytes}, CopyMode::Sync);
-        }
+        registration.emplace(bridge_, r.upload() ? bridge_.register_host_read_only(r.source.host_in)
+                                                 : bridge_.register_host(r.destination.host_out));
+      } catch (const Error& e) {
+        // The buffer overlaps a registration already there (the caller's
+        // own): the ring takes any bytes, so a route the planner chose goes
+        // that way instead; one the caller named is refused.
+        if (e.kind() != ErrorKind::InvalidRange || options_.route)
+          rethrow_naming(e, r.describe_it() + " (registered_copy)");
+      }
+      if (!registration) {
+        result.route = Route::RingChunks;
+        run_ring_chunks();
+        break;
+      }
+      try {
+        const RegionRange host{registration->region(), 0, r.bytes};
+        if (r.upload())
+          bridge_.host_to_device(host, destination_range, CopyMode::Sync);
+        else
+          bridge_.device_to_host(source_range, host, CopyMode::Sync);
       } catch (const Error& e) {
         rethrow_naming(e, r.describe_it() + " (registered_copy)");
       }
@@ -427,21 +456,9 @@ TransferResult TransferPlanner::run(const TransferSource& source, const Transfer
       report_once();
       break;
     }
-    case Route::RingChunks: {
-      const std::uint32_t element = r.upload() ? r.destination.element_size : r.source.element_size;
-      detail::RingChunkJob job;
-      job.direction = r.upload() ? CopyDirection::HostToDevice : CopyDirection::DeviceToHost;
-      job.handle = r.upload() ? r.destination.handle : r.source.handle;
-      job.device_offset = r.upload() ? r.destination.offset : r.source.offset;
-      job.total = r.bytes;
-      job.chunk_bytes = std::max<std::uint64_t>(chunk_bytes_ - chunk_bytes_ % element, element);
-      job.source = r.source.host_in;
-      job.destination = r.destination.host_out;
-      const detail::RingChunkSettings settings{options_.max_chunks_in_flight, options_.cleanup_timeout,
-                                               &options_.progress};
-      detail::run_ring_chunks(bridge_, settings, stranded_, job);
+    case Route::RingChunks:
+      run_ring_chunks();
       break;
-    }
     case Route::PeerCopy:
     case Route::StagedThroughRings: {
       Bridge& from = *r.source.bridge;

@@ -184,6 +184,26 @@ TEST_P(TransferConformance, TransferEveryHostRouteIsBitExact) {
   }
 }
 
+// A buffer the caller registered already cannot be registered again for the
+// call: a registered copy the planner chose goes through the ring instead;
+// one the caller named is refused, naming the route.
+TEST_P(TransferConformance, TransferTakesTheRingWhenTheBufferIsRegisteredAlready) {
+  auto& b = make_bridge(kRing);
+  const Bytes data = random_bytes(3 * kRing);
+  TransferPlanner planner(b, {.registration_from_bytes = 0});
+  const DeviceHandle h = planner.upload(data, bytes_spec(data.size()), data.size());
+  Bytes out(data.size());
+  const HostRegion region = b.register_host(out);
+  const auto result = planner.run(DeviceSpan{h}, HostDestination{out});
+  EXPECT_EQ(result.route, Route::RingChunks);
+  EXPECT_EQ(out, data);
+  TransferPlanner named(b, {.route = Route::RegisteredCopy});
+  EXPECT_KIND(ErrorKind::InvalidRange, named.download(h, 0, out), "(registered_copy)");
+  b.unregister_host(region);
+  b.free_device(h);
+  expect_nothing_left(b);
+}
+
 // Adopted in place where the backend can (the host, the fake): the
 // allocation is the buffer itself; elsewhere Unsupported, nothing left.
 TEST_P(TransferConformance, TransferAdoptsInPlaceWhereTheDeviceCan) {
