@@ -164,6 +164,14 @@ Resolved resolve(const TransferSource& source, const TransferDestination& destin
   for (const End* end : {&r.source, &r.destination})
     if (end->device())
       detail::check_device_range(r.verb, end->name(), end->offset, r.bytes, end->extent, end->element_size);
+  // Chunk by chunk, an overlapping copy within one allocation would read
+  // bytes it has already overwritten (both ranges lie inside the extent, so
+  // these sums do not overflow).
+  if (r.source.kind == End::Kind::Device && r.destination.kind == End::Kind::Device &&
+      r.source.bridge == r.destination.bridge && r.source.handle == r.destination.handle && r.bytes != 0 &&
+      r.source.offset < r.destination.offset + r.bytes && r.destination.offset < r.source.offset + r.bytes)
+    fail(ErrorKind::InvalidRange, "copy of {} bytes within {} from offset {} to offset {}: the ranges overlap", r.bytes,
+         r.source.name(), r.source.offset, r.destination.offset);
   return r;
 }
 

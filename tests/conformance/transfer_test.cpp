@@ -157,6 +157,7 @@ TEST_P(TransferConformance, TransferPlansTheRouteFromTheBackendsCapabilities) {
               "past its extent");
   EXPECT_KIND(ErrorKind::InvalidRange, planner.plan(HostSource{small}, DeviceSpan{o, 0, std::nullopt, other.get()}),
               "another");
+  EXPECT_KIND(ErrorKind::InvalidRange, planner.plan(DeviceSpan{h, 0, 4096}, DeviceSpan{h, 4095}), "overlap");
   b.free_device(h);
   expect_nothing_left(b);
 }
