@@ -1,0 +1,115 @@
+"""Threads racing restart: nothing is left behind once every consumer lets go.
+
+Four workers loop alloc -> upload -> download -> wait -> view (waiting for the upload) (a few views kept, most closed) ->
+free or release, a poller polls, and a restarter calls restart(generation + 1) as fast as it can.
+Operations that race a restart fail, and must fail with the contract's kinds (an old handle or
+event, an unknown one, an allocation still in use, backpressure from a ring pinned by old copies);
+anything else is a bug. After the threads are joined, every kept view closed and one more restart,
+the bridge must hold no view and no orphaned allocation. OpenCL used to end with one live view and
+one orphan in every run: a view taken while a restart was retiring its allocation.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import devbridge
+from conftest import require_backend
+
+# The kinds an operation racing a restart may raise (CONTRACT.md: restart retires every old handle
+# and event at once; a pinned range or a live view refuses a free or an upload).
+RACING_KINDS = (devbridge.OldGenerationHandle, devbridge.UnknownDeviceHandle, devbridge.AllocationStillInUse,
+                devbridge.Backpressure, devbridge.InvalidRange)
+RUN_SECONDS = 2.5
+
+
+@pytest.mark.parametrize("backend", ["fake", "host", "opencl"])
+def test_threads_racing_restart_leave_no_view_or_orphan(backend):
+    require_backend(backend)
+    b = devbridge.Bridge(backend=backend, ring_bytes=4 << 20)
+    stop = threading.Event()
+    kept: list = []
+    kept_lock = threading.Lock()
+    unexpected: list[BaseException] = []
+
+    def record(exc: BaseException) -> None:
+        if not isinstance(exc, RACING_KINDS):
+            unexpected.append(exc)
+
+    def worker(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        spec = devbridge.ObjectSpec(4096, 4, "float32")
+        n = 0
+        while not stop.is_set():
+            n += 1
+            h = up = down = None
+            try:
+                h = b.alloc(spec, 4096)
+                up = b.ring.reserve(4096)
+                np.frombuffer(b.ring.buffer(up), dtype=np.float32)[:] = rng.random(1024, dtype=np.float32)
+                b.host_to_device(up, h)  # not waited: the view waits for it, and a restart may come meanwhile
+                down = b.ring.reserve(4096)
+                b.wait(b.device_to_host(h, down))
+                v = b.view(h, "float32", (1024,), wait=True)
+                if n % 16 == 0:
+                    with kept_lock:
+                        kept.append(v)
+                else:
+                    time.sleep(0.0002)  # a consumer reading it for a moment: a restart may orphan it meanwhile
+                    v.close()
+                if n % 2:
+                    b.free(h)
+                else:
+                    b.release(h)
+                h = None
+            except Exception as exc:  # noqa: BLE001 - sorted by record()
+                record(exc)
+            finally:
+                for r in (up, down):
+                    if r is not None:
+                        try:
+                            b.ring.release(r)
+                        except Exception as exc:  # noqa: BLE001
+                            record(exc)
+                if h is not None:
+                    try:
+                        b.release(h)
+                    except Exception as exc:  # noqa: BLE001
+                        record(exc)
+
+    def poller() -> None:
+        while not stop.is_set():
+            try:
+                b.poll()
+            except Exception as exc:  # noqa: BLE001
+                record(exc)
+
+    def restarter() -> None:
+        while not stop.is_set():
+            try:
+                b.restart(b.generation + 1)
+            except Exception as exc:  # noqa: BLE001
+                record(exc)
+            time.sleep(0.0005)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    threads += [threading.Thread(target=poller), threading.Thread(target=restarter)]
+    for t in threads:
+        t.start()
+    time.sleep(RUN_SECONDS)
+    stop.set()
+    for t in threads:
+        t.join()
+    try:
+        assert not unexpected, f"{len(unexpected)} unexpected errors, first: {unexpected[0]!r}"
+        for v in kept:
+            v.close()
+        b.restart(b.generation + 1)
+        stats = b.stats()
+        assert (stats["live_views"], stats["orphaned_allocations"]) == (0, 0), stats
+    finally:
+        b.close()
