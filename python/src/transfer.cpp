@@ -218,6 +218,22 @@ void bind_transfer(nb::module_& m) {
           "nbytes of source from source_offset into destination at destination_offset, device to device (in\n"
           "destination_bridge, default this bridge): a peer copy where the backends have a direct path, else\n"
           "through the rings. Returns the route taken.")
+      .def(
+          "plan_copy",
+          [](PyTransferPlanner& p, DeviceHandle source, nb::handle source_offset, nb::handle nbytes,
+             DeviceHandle destination, nb::handle destination_offset, nb::handle destination_bridge) {
+            const auto from = args::integer<std::uint64_t>(source_offset, "source_offset");
+            const auto n = args::integer<std::uint64_t>(nbytes, "nbytes");
+            const auto to = args::integer<std::uint64_t>(destination_offset, "destination_offset");
+            std::shared_ptr<BridgeState> other;
+            if (!destination_bridge.is_none()) other = state_of(destination_bridge, "destination_bridge");
+            Bridge* target = other ? &other->open() : nullptr;
+            return plan_dict(p.locked([&](TransferPlanner& t) {
+              return t.plan(DeviceSpan{source, from, n}, DeviceSpan{destination, to, std::nullopt, target});
+            }));
+          },
+          "source"_a, "source_offset"_a, "nbytes"_a, "destination"_a, "destination_offset"_a = 0, nb::kw_only(),
+          "destination_bridge"_a = nb::none(), "The route copy() would take, as plan_upload.")
       .def_prop_ro("last_route", [](const PyTransferPlanner& p) { return std::string(route_name(p.last_route)); },
                    "The route the last upload, upload_into, download or copy took.")
       .def_prop_ro("chunk_bytes", [](const PyTransferPlanner& p) { return p.planner->chunk_bytes(); })

@@ -112,6 +112,11 @@ def test_device_to_device_between_bridges(planner_bridge, rng):
         planner = TransferPlanner(b)
         source = planner.upload(data, spec_for(data.nbytes), extent_for(data.nbytes))
         destination = other.alloc(spec_for(data.nbytes + 64), extent_for(data.nbytes + 64))
+        plan = planner.plan_copy(source, 0, data.nbytes, destination, 64, destination_bridge=other)
+        assert plan["route"] == "peer_copy" and plan["bytes"] == data.nbytes
+        assert planner.plan_copy(source, 0, 64, source, 128)["route"] == "staged_through_rings"
+        with pytest.raises(devbridge.InvalidRange, match="overlap"):
+            planner.plan_copy(source, 0, 128, source, 64)
         route = planner.copy(source, 0, data.nbytes, destination, 64, destination_bridge=other)
         assert route in ("peer_copy", "staged_through_rings")
         assert TransferPlanner(b, route="staged_through_rings").copy(
