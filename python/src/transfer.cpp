@@ -94,6 +94,24 @@ std::shared_ptr<BridgeState> state_of(nb::handle bridge, const char* what) {
   return nb::cast<PyHostRing&>(bridge.attr("ring")).state;
 }
 
+// copy() and plan_copy()'s arguments: the two ends, the destination's
+// bridge (held for the call) defaulting to the planner's.
+struct DeviceCopy {
+  std::shared_ptr<BridgeState> other;
+  DeviceSpan from, to;
+
+  DeviceCopy(DeviceHandle source, nb::handle source_offset, nb::handle nbytes, DeviceHandle destination,
+             nb::handle destination_offset, nb::handle destination_bridge) {
+    from = DeviceSpan{source, args::integer<std::uint64_t>(source_offset, "source_offset"),
+                      args::integer<std::uint64_t>(nbytes, "nbytes")};
+    to = DeviceSpan{destination, args::integer<std::uint64_t>(destination_offset, "destination_offset")};
+    if (!destination_bridge.is_none()) {
+      other = state_of(destination_bridge, "destination_bridge");
+      to.bridge = &other->open();
+    }
+  }
+};
+
 }  // namespace
 
 void bind_transfer(nb::module_& m) {
@@ -201,14 +219,9 @@ void bind_transfer(nb::module_& m) {
           "copy",
           [](PyTransferPlanner& p, DeviceHandle source, nb::handle source_offset, nb::handle nbytes,
              DeviceHandle destination, nb::handle destination_offset, nb::handle destination_bridge) {
-            const auto from = args::integer<std::uint64_t>(source_offset, "source_offset");
-            const auto n = args::integer<std::uint64_t>(nbytes, "nbytes");
-            const auto to = args::integer<std::uint64_t>(destination_offset, "destination_offset");
-            std::shared_ptr<BridgeState> other;
-            if (!destination_bridge.is_none()) other = state_of(destination_bridge, "destination_bridge");
-            Bridge* target = other ? &other->open() : nullptr;
+            const DeviceCopy copy(source, source_offset, nbytes, destination, destination_offset, destination_bridge);
             return p.locked([&](TransferPlanner& t) {
-              const TransferResult result = t.run(DeviceSpan{source, from, n}, DeviceSpan{destination, to, std::nullopt, target});
+              const TransferResult result = t.run(copy.from, copy.to);
               p.last_route = result.route;
               return std::string(route_name(result.route));
             });
@@ -222,15 +235,8 @@ void bind_transfer(nb::module_& m) {
           "plan_copy",
           [](PyTransferPlanner& p, DeviceHandle source, nb::handle source_offset, nb::handle nbytes,
              DeviceHandle destination, nb::handle destination_offset, nb::handle destination_bridge) {
-            const auto from = args::integer<std::uint64_t>(source_offset, "source_offset");
-            const auto n = args::integer<std::uint64_t>(nbytes, "nbytes");
-            const auto to = args::integer<std::uint64_t>(destination_offset, "destination_offset");
-            std::shared_ptr<BridgeState> other;
-            if (!destination_bridge.is_none()) other = state_of(destination_bridge, "destination_bridge");
-            Bridge* target = other ? &other->open() : nullptr;
-            return plan_dict(p.locked([&](TransferPlanner& t) {
-              return t.plan(DeviceSpan{source, from, n}, DeviceSpan{destination, to, std::nullopt, target});
-            }));
+            const DeviceCopy copy(source, source_offset, nbytes, destination, destination_offset, destination_bridge);
+            return plan_dict(p.locked([&](TransferPlanner& t) { return t.plan(copy.from, copy.to); }));
           },
           "source"_a, "source_offset"_a, "nbytes"_a, "destination"_a, "destination_offset"_a = 0, nb::kw_only(),
           "destination_bridge"_a = nb::none(), "The route copy() would take, as plan_upload.")

@@ -63,55 +63,46 @@ struct End {
   }
 };
 
-End resolve(const TransferSource& source, Bridge& own) {
-  End end;
-  std::visit(
-      [&](const auto& s) {
-        using T = std::decay_t<decltype(s)>;
-        if constexpr (std::is_same_v<T, HostSource>) {
-          end.kind = End::Kind::Host;
-          end.host_in = s.bytes;
-          end.bytes = s.bytes.size();
-        } else if constexpr (std::is_same_v<T, RingSpan>) {
-          end.kind = End::Kind::Ring;
-          end.ring = s.range;
-          end.bytes = s.range.len;
-        } else if constexpr (std::is_same_v<T, RegionSpan>) {
-          end.kind = End::Kind::Region;
-          end.region = s.range;
-          end.bytes = s.range.len;
-        } else {
-          end.kind = End::Kind::Device;
-          end.bridge = s.bridge != nullptr ? s.bridge : &own;
-          end.handle = s.handle;
-          end.offset = s.offset;
-          end.bytes = s.bytes;
-        }
-      },
-      source);
-  return end;
+// Each endpoint the caller can give, as an End.
+void fill(End& end, const HostSource& s, Bridge&) {
+  end.kind = End::Kind::Host;
+  end.host_in = s.bytes;
+  end.bytes = s.bytes.size();
+}
+void fill(End& end, const HostDestination& d, Bridge&) {
+  end.kind = End::Kind::Host;
+  end.host_out = d.bytes;
+  end.bytes = d.bytes.size();
+}
+void fill(End& end, const RingSpan& s, Bridge&) {
+  end.kind = End::Kind::Ring;
+  end.ring = s.range;
+  end.bytes = s.range.len;
+}
+void fill(End& end, const RegionSpan& s, Bridge&) {
+  end.kind = End::Kind::Region;
+  end.region = s.range;
+  end.bytes = s.range.len;
+}
+void fill(End& end, const DeviceSpan& s, Bridge& own) {
+  end.kind = End::Kind::Device;
+  end.bridge = s.bridge != nullptr ? s.bridge : &own;
+  end.handle = s.handle;
+  end.offset = s.offset;
+  end.bytes = s.bytes;
+}
+void fill(End& end, const NewAllocation& d, Bridge& own) {
+  end.kind = End::Kind::New;
+  end.bridge = &own;
+  end.spec = d.spec;
+  end.extent = d.extent;
+  end.element_size = spec_element_size(d.spec);
 }
 
-End resolve(const TransferDestination& destination, Bridge& own) {
+template <class Endpoint>
+End resolve_end(const Endpoint& endpoint, Bridge& own) {
   End end;
-  std::visit(
-      [&](const auto& d) {
-        using T = std::decay_t<decltype(d)>;
-        if constexpr (std::is_same_v<T, HostDestination>) {
-          end.kind = End::Kind::Host;
-          end.host_out = d.bytes;
-          end.bytes = d.bytes.size();
-        } else if constexpr (std::is_same_v<T, NewAllocation>) {
-          end.kind = End::Kind::New;
-          end.bridge = &own;
-          end.spec = d.spec;
-          end.extent = d.extent;
-          end.element_size = spec_element_size(d.spec);
-        } else {
-          end = resolve(TransferSource{d}, own);
-        }
-      },
-      destination);
+  std::visit([&](const auto& e) { fill(end, e, own); }, endpoint);
   return end;
 }
 
@@ -130,7 +121,7 @@ struct Resolved {
 };
 
 Resolved resolve(const TransferSource& source, const TransferDestination& destination, Bridge& own) {
-  Resolved r{resolve(source, own), resolve(destination, own), 0, {}};
+  Resolved r{resolve_end(source, own), resolve_end(destination, own), 0, {}};
   const bool source_device = r.source.device();
   const bool destination_device = r.destination.device();
   r.verb = source_device ? (destination_device ? "copy" : "download") : "upload";
@@ -323,20 +314,6 @@ class RegistrationGuard {
   bool kept_ = false;
 };
 
-// A range of a (possibly other) bridge's ring this call reserved.
-class RangeGuard {
- public:
-  RangeGuard(Bridge& bridge, HostRange range) noexcept : bridge_(bridge), range_(range) {}
-  RangeGuard(const RangeGuard&) = delete;
-  RangeGuard& operator=(const RangeGuard&) = delete;
-  ~RangeGuard() { detail::try_release(bridge_, range_); }
-  HostRange get() const noexcept { return range_; }
-
- private:
-  Bridge& bridge_;
-  HostRange range_;
-};
-
 }  // namespace
 
 TransferPlanner::TransferPlanner(Bridge& bridge, TransferOptions options)
@@ -500,7 +477,7 @@ TransferResult TransferPlanner::run(const TransferSource& source, const Transfer
         const std::uint64_t len = std::min(chunk, r.bytes - done);
         const std::uint64_t end = done + len;
         try {
-          RangeGuard landing(to, to.reserve(len));
+          detail::ReservedRange landing(to, to.reserve(len));
           detail::RingChunkJob job;
           job.direction = CopyDirection::DeviceToHost;
           job.handle = r.source.handle;

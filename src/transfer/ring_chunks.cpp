@@ -100,25 +100,6 @@ struct Transfer : RingChunkJob {
               error.fatal());
 }
 
-// A range this call reserved that no copy uses yet: released unless handed
-// on to the window (which then owns it).
-class ReservedRange {
- public:
-  ReservedRange(Bridge& bridge, HostRange range) noexcept : bridge_(bridge), range_(range) {}
-  ReservedRange(const ReservedRange&) = delete;
-  ReservedRange& operator=(const ReservedRange&) = delete;
-  ~ReservedRange() {
-    if (owned_) try_release(bridge_, range_);
-  }
-  HostRange get() const noexcept { return range_; }
-  void hand_over() noexcept { owned_ = false; }
-
- private:
-  Bridge& bridge_;
-  HostRange range_;
-  bool owned_ = true;
-};
-
 struct InFlightChunk {
   Chunk chunk;
   HostRange range;

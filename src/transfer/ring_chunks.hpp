@@ -46,6 +46,25 @@ bool try_release(Bridge& bridge, HostRange range) noexcept;
 // Releases the stranded ranges no copy uses any more; returns how many.
 std::size_t release_unused(Bridge& bridge, std::vector<HostRange>& stranded) noexcept;
 
+// A range this call reserved that no copy uses yet: released unless handed
+// on to the window (which then owns it).
+class ReservedRange {
+ public:
+  ReservedRange(Bridge& bridge, HostRange range) noexcept : bridge_(bridge), range_(range) {}
+  ReservedRange(const ReservedRange&) = delete;
+  ReservedRange& operator=(const ReservedRange&) = delete;
+  ~ReservedRange() {
+    if (owned_) try_release(bridge_, range_);
+  }
+  HostRange get() const noexcept { return range_; }
+  void hand_over() noexcept { owned_ = false; }
+
+ private:
+  Bridge& bridge_;
+  HostRange range_;
+  bool owned_ = true;
+};
+
 // The default chunk for a ring and an in-flight budget (TransferOptions::chunk_bytes).
 std::uint64_t default_chunk_bytes(std::uint64_t ring_capacity, std::uint64_t inflight_budget);
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "backend_drivers.hpp"
+#include "staging_test_support.hpp"
 #include "devbridge/backends/fake.hpp"
 #include "devbridge/bridge.hpp"
 #include "devbridge/stager.hpp"
@@ -35,21 +36,6 @@ constexpr std::uint64_t kDefaultChunk = kRing / 4;  // the Stager's default for 
 
 ObjectSpec bytes_spec(std::uint64_t extent) { return ObjectSpec{extent, 1, DType::UInt8, ShapeKind::Vector}; }
 
-// Runs `statement`, expects devbridge::Error of `kind` whose message contains `text`.
-::testing::AssertionResult throws_kind(ErrorKind kind, const std::function<void()>& statement,
-                                       std::string_view text = {}) {
-  try {
-    statement();
-  } catch (const Error& e) {
-    if (e.kind() != kind)
-      return ::testing::AssertionFailure() << "expected " << kind_name(kind) << ", got " << e.what();
-    if (std::string_view(e.what()).find(text) == std::string_view::npos)
-      return ::testing::AssertionFailure() << "the message does not contain \"" << text << "\": " << e.what();
-    return ::testing::AssertionSuccess();
-  }
-  return ::testing::AssertionFailure() << "expected " << kind_name(kind) << ", nothing was thrown";
-}
-#define EXPECT_KIND(kind, statement, ...) EXPECT_TRUE(throws_kind((kind), [&] { statement; } __VA_OPT__(, ) __VA_ARGS__))
 
 ::testing::AssertionResult same_bytes(std::span<const std::byte> actual, std::span<const std::byte> expected) {
   if (actual.size() != expected.size())

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend_drivers.hpp"
+#include "staging_test_support.hpp"
 #include "devbridge/backends/fake.hpp"
 #include "devbridge/bridge.hpp"
 #include "devbridge/transfer.hpp"
@@ -35,20 +36,6 @@ std::uint64_t extent_for(std::uint64_t bytes) {
 }
 NewAllocation fresh(std::uint64_t bytes) { return NewAllocation{bytes_spec(extent_for(bytes)), extent_for(bytes)}; }
 
-::testing::AssertionResult throws_kind(ErrorKind kind, const std::function<void()>& statement,
-                                       std::string_view text = {}) {
-  try {
-    statement();
-  } catch (const Error& e) {
-    if (e.kind() != kind)
-      return ::testing::AssertionFailure() << "expected " << kind_name(kind) << ", got " << e.what();
-    if (std::string_view(e.what()).find(text) == std::string_view::npos)
-      return ::testing::AssertionFailure() << "the message does not contain \"" << text << "\": " << e.what();
-    return ::testing::AssertionSuccess();
-  }
-  return ::testing::AssertionFailure() << "expected " << kind_name(kind) << ", nothing was thrown";
-}
-#define EXPECT_KIND(kind, statement, ...) EXPECT_TRUE(throws_kind((kind), [&] { statement; } __VA_OPT__(, ) __VA_ARGS__))
 
 // Host bytes at an address aligned for adoption (a vector's data is not).
 class AlignedBytes {
