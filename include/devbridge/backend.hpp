@@ -51,7 +51,17 @@ struct BackendInfo {
   int device_ordinal = 0;
   std::uint64_t total_memory = 0;  // bytes, 0 where unknown
   std::uint64_t free_memory = 0;   // bytes at describe time, 0 where unknown
-  std::vector<DType> dtypes;       // dtypes the backend can hold and view
+  // Dtypes the device holds: stores, moves, checkpoints and views as bytes.
+  // Every backend holds every dtype (a buffer holds any bytes); only the
+  // fake's `dtypes` option narrows it, for tests.
+  std::vector<DType> dtypes;
+  // Dtypes kernels on the device compute in (launch_axpy's float32, a
+  // consumer's kernels): OpenCL without cl_khr_fp16 holds float16 but does
+  // not compute in it. Empty: every dtype it holds. A call that computes
+  // (launch_axpy) is refused (UnsupportedDType) for a dtype not listed here;
+  // consumers read it as Python's backend_info()["compute_dtypes"].
+  std::vector<DType> compute_dtypes;
+  const std::vector<DType>& computed_dtypes() const noexcept { return compute_dtypes.empty() ? dtypes : compute_dtypes; }
   bool host_memory_page_locked = false;
   // Device memory is host memory the CPU reads and writes at a view's
   // address (the host backend): staging may copy through a view, once,

@@ -46,7 +46,10 @@ nb::dict backend_info_dict(const BackendInfo& info) {
   d["free_memory"] = info.free_memory;
   nb::list dtypes;
   for (DType dtype : info.dtypes) dtypes.append(std::string(dtype_info(dtype).name));
-  d["dtypes"] = dtypes;
+  d["dtypes"] = dtypes;  // held: stored, moved, checkpointed
+  nb::list compute_dtypes;
+  for (DType dtype : info.computed_dtypes()) compute_dtypes.append(std::string(dtype_info(dtype).name));
+  d["compute_dtypes"] = compute_dtypes;
   nb::list capabilities;
   for (const std::string& capability : info.capabilities) capabilities.append(capability);
   d["capabilities"] = capabilities;

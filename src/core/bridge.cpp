@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bitset>
 #include <bit>
 #include <atomic>
 #include <condition_variable>
@@ -250,6 +251,8 @@ class BridgeCore {
                                                        options.writes_under_view_timeout.count()));
     const auto info = backend_->describe();
     for (DType dtype : info.dtypes) element_sizes_[static_cast<std::uint8_t>(dtype)] = dtype_size(dtype);
+    // Holding is not computing (docs/DECISIONS.md): launch_axpy asks the second.
+    for (DType dtype : info.computed_dtypes()) computed_.set(static_cast<std::uint8_t>(dtype));
     device_text_ = fmt::format("{} device {} ({})", info.name, info.device_id.empty() ? "0" : info.device_id,
                                info.device_name);
     device_string_ = tinygrad_device(info.device_kind, info.device_ordinal);
@@ -1724,6 +1727,8 @@ class BridgeCore {
   // ---- views ----
   // Fills `view` in place: it is the lease's own storage (no copy on a hot path).
   // Inlined into Bridge::view, its only caller: one call per view, not two.
+    if (__builtin_expect(!computed_.test(static_cast<std::uint8_t>(DType::Float32)), 0))
+      fail_not_computed(DType::Float32, "axpy");
   [[gnu::always_inline]] void view(const DeviceHandle& h, const ViewSpec& spec, ViewWait wait_mode, TensorView& view) {
     SpinLockHold lock(lock_);
     enter(lock);
@@ -1788,6 +1793,18 @@ class BridgeCore {
   void shape_view(const DeviceHandle& h, const ViewSpec& spec, const AllocationSlot& slot, TensorView& view) const {
     if (__builtin_expect(!rank_fits(slot.spec.shape, spec.shape.size()), 0))
       fail_view(h, slot, "rank {} does not fit the object's shape kind ({})", spec.shape.size(),
+  // A call that computes in a dtype the device holds but does not compute
+  // in: names the dtype, the device, and what it does compute in.
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_not_computed(DType dtype, std::string_view what) const {
+    std::string computed;
+    for (const auto& info : all_dtypes())
+      if (computed_.test(static_cast<std::uint8_t>(info.dtype)))
+        computed += fmt::format("{}{}", computed.empty() ? "" : ", ", info.name);
+    fail(ErrorKind::UnsupportedDType,
+         "{} computes in {}: the bridge's {} holds {} but does not compute in it (it computes in: {})", what,
+         dtype_info(dtype).name, device_text_, dtype_info(dtype).name, computed.empty() ? "none" : computed);
+  }
+
                 shape_kind_text(slot.spec.shape));
     const std::int64_t elem = dtype_size(spec.dtype);
     if (spec.byte_offset & (elem - 1))
@@ -2202,6 +2219,7 @@ ViewLease& ViewLease::operator=(ViewLease&& other) noexcept {
 ViewLease::~ViewLease() { reset(); }
 
 void ViewLease::reset() noexcept {
+  std::bitset<256> computed_;  // dtypes the device computes in (BackendInfo::computed_dtypes)
   if (auto* core = std::exchange(core_, nullptr))
     core->end_view(view_.handle);
   else if (auto* handed_on = std::exchange(handed_on_core_, nullptr)) [[unlikely]]

@@ -28,6 +28,7 @@
 #include "conformance_support.hpp"
 #include "devbridge/bridge.hpp"
 #include "devbridge/consumer_names.hpp"
+#include "forwarding_backend.hpp"
 
 namespace devbridge::conformance {
 namespace {
@@ -557,6 +558,68 @@ TEST_P(BackendConformance, EveryAdvertisedDTypeRoundTripsAndViews) {
     b.free_device(h);
   }
   EXPECT_EQ(backend_live_allocations(), 0u);
+}
+
+// Storage is not compute (CONTRACT.md, Version 3): every backend holds every
+// dtype, and an untyped allocation takes a view of each bit-exact; what the
+// device computes in is a subset of what it holds.
+TEST_P(BackendConformance, EveryBackendHoldsEveryDTypeAndComputesInASubset) {
+  auto& b = make_bridge();
+  const auto info = b.backend_info();
+  for (const auto& d : all_dtypes()) {
+    SCOPED_TRACE(std::string(d.name));
+    EXPECT_EQ(std::ranges::count(info.dtypes, d.dtype), 1);
+  }
+  for (const DType dtype : info.computed_dtypes()) EXPECT_EQ(std::ranges::count(info.dtypes, dtype), 1);
+  // One untyped allocation, viewed as every dtype after a bit-exact round trip.
+  constexpr std::uint64_t kBytes = 4096;
+  const auto h = b.alloc_device(ObjectSpec{kBytes, 64, std::nullopt, ShapeKind::Tensor}, kBytes);
+  const Bytes data = random_.bytes(kBytes);
+  write_device(h, 0, data, CopyMode::Async);
+  EXPECT_TRUE(bytes_equal(read_device(h, 0, kBytes), data, "untyped round trip"));
+  for (const auto& d : all_dtypes()) {
+    SCOPED_TRACE(std::string(d.name));
+    auto lease = b.view(h, view_spec(d.dtype, Dims{static_cast<std::int64_t>(kBytes / d.size)}));
+    EXPECT_EQ(lease->dtype, d.dtype);
+  }
+  b.free_device(h);
+}
+
+// A device that holds float32 but does not compute in it: axpy is refused
+// with UnsupportedDType naming the compute list, and nothing else changes.
+class ComputesNoFloat32 final : public testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  BackendInfo describe() override {
+    BackendInfo info = ForwardingBackend::describe();
+    info.compute_dtypes.clear();
+    for (const auto& d : all_dtypes())
+      if (d.dtype != DType::Float32) info.compute_dtypes.push_back(d.dtype);
+    return info;
+  }
+};
+
+TEST_P(BackendConformance, ComputeIsRefusedInADTypeTheDeviceOnlyHolds) {
+  Bridge b(std::make_unique<ComputesNoFloat32>(std::shared_ptr<Backend>(driver().make())),
+           BridgeOptions{.ring_bytes = 1 << 20});
+  constexpr std::uint64_t kBytes = 1024;
+  const ObjectSpec spec{kBytes, 64, DType::Float32, ShapeKind::Vector};
+  const auto x = b.alloc_device(spec, kBytes);  // held: allocates, copies and views
+  const auto y = b.alloc_device(spec, kBytes);
+  const auto range = b.reserve(kBytes);
+  b.host_to_device(range, DeviceRange{x, 0, kBytes}, CopyMode::Sync);
+  { auto lease = b.view(x, view_spec(DType::Float32, Dims{256})); }
+  try {
+    b.launch_axpy(DeviceRange{x, 0, kBytes}, DeviceRange{y, 0, kBytes}, 2.0f, 1.0f);
+    ADD_FAILURE() << "axpy in float32 ran on a device that does not compute in it";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::UnsupportedDType);
+    EXPECT_NE(std::string_view(e.what()).find("holds float32 but does not compute in it"), std::string_view::npos)
+        << e.what();
+  }
+  b.release_host(range);
+  b.free_device(x);
+  b.free_device(y);
 }
 
 TEST_P(BackendConformance, QuarterGigabyteCopiesArriveExactly) {

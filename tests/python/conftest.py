@@ -45,8 +45,8 @@ def require_backend(name: str) -> None:
 
 
 def require_dtype(b: devbridge.Bridge, dtype: str) -> None:
-    """Skips unless `b`'s device holds `dtype` (PoCL on a CPU has no cl_khr_fp16: OpenCL there holds no
-    float16, and refuses it with UnsupportedDType, which test_devices.py checks)."""
+    """Skips unless `b`'s device holds `dtype` (every device holds every dtype; only the fake's `dtypes`
+    option narrows it, which test_devices.py checks)."""
     if dtype not in b.backend_info()["dtypes"]:
         pytest.skip(f"{b.backend}'s device does not hold {dtype}")
 

@@ -53,13 +53,20 @@ std::string memory_line(const BackendInfo& info) {
   return fmt::format("{} free of {}", format_bytes(info.free_memory), format_bytes(info.total_memory));
 }
 
-std::string dtype_list(const BackendInfo& info) {
+std::string dtype_list(const std::vector<DType>& dtypes) {
   std::string names;
-  for (DType dtype : info.dtypes) {
+  for (DType dtype : dtypes) {
     if (!names.empty()) names += ' ';
     names += dtype_info(dtype).name;
   }
   return names.empty() ? "none" : names;
+}
+
+// What the device computes in, where it differs from what it holds (OpenCL
+// without cl_khr_fp16 holds float16 but computes in no half).
+std::string computed_list(const BackendInfo& info) {
+  const auto& computed = info.computed_dtypes();
+  return computed == info.dtypes ? "every dtype it holds" : dtype_list(computed);
 }
 
 }  // namespace
@@ -99,7 +106,8 @@ std::string format_info(const InfoReport& report) {
     if (!info.capabilities.empty()) out += fmt::format("  capabilities   {}\n", fmt::join(info.capabilities, ", "));
     out += fmt::format("  device string  {}\n", tinygrad_device(info.device_kind, info.device_ordinal));
     out += fmt::format("  memory         {}\n", memory_line(info));
-    out += fmt::format("  dtypes         {}\n", dtype_list(info));
+    out += fmt::format("  holds          {}\n", dtype_list(info.dtypes));
+    out += fmt::format("  computes in    {}\n", computed_list(info));
     out += fmt::format("  page-locked    {}\n", info.host_memory_page_locked ? "yes" : "no");
     out += fmt::format("  registration   {}\n", info.cheap_registration
                                                    ? "cheap (a large import copies straight from the buffer)"
@@ -116,8 +124,8 @@ std::string format_info(const InfoReport& report) {
     if (e.devices.size() > 1) {
       out += "  devices\n";
       for (const BackendInfo& device : e.devices)
-        out += fmt::format("    --device {:<6} {}, {}, dtypes: {}\n", device.device_id, device.device_name,
-                           memory_line(device), dtype_list(device));
+        out += fmt::format("    --device {:<6} {}, {}, holds: {}; computes in: {}\n", device.device_id,
+                           device.device_name, memory_line(device), dtype_list(device.dtypes), computed_list(device));
     }
   }
   return out;

@@ -295,15 +295,18 @@ class OpenCLBackend final : public Backend {
     info.pci_bus_id = pci_bus_id();
     info.total_memory = total_memory_;
     info.free_memory = 0;  // OpenCL has no query for it
-    // Buffers hold any bytes, but a kernel (tinygrad's, or ours) can compute
-    // in half or double only with the extension; without it such a view
-    // could be made and never used, so the device does not hold the dtype.
+    // Buffers hold any bytes: every dtype is stored, moved and checkpointed.
+    // OpenCL C computes in half and double only with their extensions, and in
+    // bfloat16 and the float8s not at all: those are held, never computed in.
     const auto extensions = " " + device_text(cl_, choice_.device, CL_DEVICE_EXTENSIONS) + " ";
     const auto has = [&](std::string_view name) { return extensions.find(fmt::format(" {} ", name)) != std::string::npos; };
     for (const auto& d : all_dtypes()) {
-      if ((d.dtype == DType::Float16 && !has("cl_khr_fp16")) || (d.dtype == DType::Float64 && !has("cl_khr_fp64")))
-        continue;
       info.dtypes.push_back(d.dtype);
+      const bool computes = d.dtype == DType::Float16   ? has("cl_khr_fp16")
+                            : d.dtype == DType::Float64 ? has("cl_khr_fp64")
+                                                        : d.dtype != DType::BFloat16 && d.dtype != DType::Fp8E4M3 &&
+                                                              d.dtype != DType::Fp8E5M2;
+      if (computes) info.compute_dtypes.push_back(d.dtype);
     }
     const auto type = device_value<cl_device_type>(cl_, choice_.device, CL_DEVICE_TYPE);
     info.capabilities.push_back((type & CL_DEVICE_TYPE_GPU)           ? "gpu"
