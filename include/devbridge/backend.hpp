@@ -74,6 +74,11 @@ struct BackendInfo {
   // with CL_DEVICE_HOST_UNIFIED_MEMORY). False where registering pins every
   // page (cuMemHostRegister costs about what the ring's extra copy does).
   bool cheap_registration = false;
+  // The caching pool's default cap (BridgeOptions::pool_cap_bytes unset):
+  // the bytes of wholly free segments it keeps for reuse. Bounded where the
+  // memory is the host's own (the host backend: 512 MiB), so an idle bridge
+  // does not sit on the machine's RAM; unbounded on a device.
+  std::uint64_t pool_cap_bytes = ~std::uint64_t{0};
   std::string notes;               // e.g. why the ring is not page-locked
 };
 

@@ -70,10 +70,16 @@ struct BridgeOptions {
   // it (stats().abandoned_fences, an error in the log).
   std::chrono::nanoseconds close_fence_timeout = std::chrono::seconds(10);
   CachingPool caching_pool = CachingPool::BackendDefault;
-  // The most bytes the pool keeps cached; a block freed beyond it goes back
-  // to the backend. Cached blocks are released (and the allocation retried)
-  // when the backend runs out of memory, whatever the cap.
-  std::uint64_t pool_cap_bytes = std::numeric_limits<std::uint64_t>::max();
+  // The most bytes the pool keeps in wholly free segments (idle memory
+  // empty_cache() would give back); a segment freed beyond it goes back to
+  // the backend. Free spans inside a segment that still holds a live
+  // allocation cannot go back (the backend frees whole allocations only)
+  // and are not bounded by it (MemoryStats::cached_bytes counts them,
+  // free_segment_bytes does not). Unset: the backend's default
+  // (BackendInfo::pool_cap_bytes: 512 MiB on host, unbounded elsewhere).
+  // Cached blocks are released (and the allocation retried) when the backend
+  // runs out of memory, whatever the cap.
+  std::optional<std::uint64_t> pool_cap_bytes = std::nullopt;
 };
 
 // Device memory as the bridge sees it (PyTorch's memory_stats, RMM's
@@ -94,6 +100,10 @@ struct MemoryStats {
   bool pool_splits = false;
   // Free bytes in the pool, in how many free spans.
   std::uint64_t cached_bytes = 0, cached_blocks = 0;
+  // Of cached_bytes, those in wholly free segments: what empty_cache() gives
+  // back and pool_cap_bytes bounds. The rest is free space inside segments
+  // that still hold a live allocation, reused but not given back.
+  std::uint64_t free_segment_bytes = 0;
   std::uint64_t cache_hits = 0, cache_misses = 0;
   // Allocations that failed for want of memory and were retried after
   // draining completions, reaping fences and releasing the cache; and those
@@ -277,8 +287,13 @@ class Bridge {
 
   // ---- host ring ----
   // A range of `bytes`, aligned to `alignment` (a power of two, at most 4096),
-  // never spanning the ring's end. Backpressure when there is no room.
-  HostRange reserve(std::uint64_t bytes, std::uint64_t alignment = 64);
+  // never spanning the ring's end. Backpressure when there is no room after
+  // `timeout` (0, the default: at once; nanoseconds::max() or anything too
+  // large to add to now: until there is room). A release wakes the wait;
+  // close() ends it with Closed. The ring frees in order (FIFO): room comes
+  // back only when the oldest reservation is released.
+  HostRange reserve(std::uint64_t bytes, std::uint64_t alignment = 64,
+                    std::chrono::nanoseconds timeout = std::chrono::nanoseconds::zero());
   // Ends a reservation (exactly as reserve returned it). Refused with
   // AllocationStillInUse while an async copy using it is in flight.
   void release_host(HostRange range);

@@ -343,7 +343,8 @@ def _reserve(self: HostRing, *args: Any, **kwargs: Any) -> HostRange:
         for domain in list(_shared):
             _reap_shared(domain, raise_failures=False)
         try:
-            return _ring_reserve(self, *args, **kwargs)
+            # At once: a wait for room would not see these ranges go back.
+            return _ring_reserve(self, *args, **{**kwargs, "timeout": 0})
         except Backpressure:
             for queue in list(_shared.values()):
                 if queue.bridge is not None:

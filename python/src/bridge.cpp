@@ -113,6 +113,7 @@ nb::dict memory_stats_dict(const MemoryStats& s) {
   d["backend_frees"] = s.backend_frees;
   d["cached_bytes"] = s.cached_bytes;
   d["cached_blocks"] = s.cached_blocks;
+  d["free_segment_bytes"] = s.free_segment_bytes;
   d["cache_hits"] = s.cache_hits;
   d["cache_misses"] = s.cache_misses;
   d["oom_retries"] = s.oom_retries;

@@ -71,13 +71,19 @@ void bind_ring(nb::module_& m) {
   nb::class_<PyHostRing>(m, "HostRing", "The bridge's host ring: reserve ranges, fill or read them, release them.")
       .def(
           "reserve",
-          [](PyHostRing& ring, nb::handle nbytes, nb::handle alignment) {
+          [](PyHostRing& ring, nb::handle nbytes, nb::handle alignment, nb::handle timeout) {
             const auto n = args::integer<std::uint64_t>(nbytes, "nbytes");
             const auto a = args::integer<std::uint64_t>(alignment, "alignment");
-            return ring.state->open().reserve(n, a);
+            const auto wait = args::seconds(timeout, "timeout");
+            Bridge& bridge = ring.state->open();
+            if (wait.count() == 0) return bridge.reserve(n, a);
+            nb::gil_scoped_release no_gil;  // other threads release the room waited for
+            return bridge.reserve(n, a, wait);
           },
-          "nbytes"_a, "alignment"_a = 64,
-          "Reserves `nbytes` aligned to `alignment` (power of two, <= 4096); Backpressure when full.")
+          "nbytes"_a, "alignment"_a = 64, nb::kw_only(), "timeout"_a = 0.0,
+          "Reserves `nbytes` aligned to `alignment` (power of two, <= 4096). Backpressure when full after "
+          "`timeout` seconds (0: at once; math.inf: until there is room); a release wakes the wait, close() ends "
+          "it with Closed. The ring frees in order: room comes back when the oldest range is released.")
       .def(
           "buffer",
           [](PyHostRing& ring, HostRange range) {

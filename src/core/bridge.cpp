@@ -265,7 +265,7 @@ class BridgeCore {
     close_fence_timeout_ = options.close_fence_timeout;
     if (options.caching_pool == CachingPool::On ||
         (options.caching_pool == CachingPool::BackendDefault && backend_->caches_allocations()))
-      pool_.emplace(options.pool_cap_bytes, backend_->part_alignment());
+      pool_.emplace(options.pool_cap_bytes.value_or(info.pool_cap_bytes), backend_->part_alignment());
     // Last: nothing after it may throw, or the ring would leak.
     ring_ = HostRing(backend_->allocate_host(options.ring_bytes));
   }
@@ -988,6 +988,7 @@ class BridgeCore {
     m.backend_frees = backend_frees_;
     m.cached_bytes = pool_ ? pool_->cached_bytes() : 0;
     m.cached_blocks = pool_ ? pool_->cached_blocks() : 0;
+    m.free_segment_bytes = pool_ ? pool_->free_segment_bytes() : 0;
     m.segments = pool_ ? pool_->segments() : 0;
     m.free_segments = pool_ ? pool_->free_segments() : 0;
     m.pool_splits = pool_ && pool_->splits();
@@ -1096,15 +1097,42 @@ class BridgeCore {
   }
 
   // ---- ring ----
-  HostRange reserve(std::uint64_t bytes, std::uint64_t alignment) {
+  HostRange reserve(std::uint64_t bytes, std::uint64_t alignment, std::chrono::nanoseconds timeout) {
+    check_timeout(timeout, "reserve timeout");
     SpinLockHold lock(lock_);
     enter(lock);
-    return ring_.reserve(bytes, alignment);
+    if (__builtin_expect(timeout.count() == 0, 1)) return ring_.reserve(bytes, alignment);
+    return reserve_waiting(lock, bytes, alignment, timeout);
+  }
+  // Room comes back only when a reservation is released (release_host
+  // notifies): no completion or fence frees ring bytes, so the wait sleeps
+  // on the condition variable rather than polling the backend. close()
+  // notifies too, and enter() then refuses with Closed.
+  [[gnu::noinline, gnu::cold]] HostRange reserve_waiting(SpinLockHold& lock, std::uint64_t bytes,
+                                                         std::uint64_t alignment, std::chrono::nanoseconds timeout) {
+    const auto deadline = checked::deadline_after(timeout);
+    for (;;) {
+      try {
+        return ring_.reserve(bytes, alignment);
+      } catch (const Error& e) {
+        // Out of room: wait while time is left. Anything else (a size past
+        // the ring, a bad alignment) never fits: refused at once.
+        if (e.kind() != ErrorKind::Backpressure || checked::Clock::now() >= deadline) throw;
+      }
+      ++waiters_;
+      if (deadline == checked::Clock::time_point::max())
+        cv_.wait(lock);
+      else
+        (void)cv_.wait_until(lock, deadline);
+      --waiters_;
+      enter(lock);
+    }
   }
   void release_host(HostRange range) {
     SpinLockHold lock(lock_);
     check_not_closed();
     ring_.release(range);
+    notify();  // a reserve may be waiting for the room
   }
   std::span<std::byte> host_bytes(HostRange range) {
     SpinLockHold lock(lock_);
@@ -2288,7 +2316,9 @@ void Bridge::release(DeviceHandle handle) { core_->release(handle); }
 std::uint64_t Bridge::extent(DeviceHandle handle) const { return core_->spec_of(handle).second; }
 ObjectSpec Bridge::spec(DeviceHandle handle) const { return core_->spec_of(handle).first; }
 
-HostRange Bridge::reserve(std::uint64_t bytes, std::uint64_t alignment) { return core_->reserve(bytes, alignment); }
+HostRange Bridge::reserve(std::uint64_t bytes, std::uint64_t alignment, std::chrono::nanoseconds timeout) {
+  return core_->reserve(bytes, alignment, timeout);
+}
 void Bridge::release_host(HostRange range) { core_->release_host(range); }
 std::span<std::byte> Bridge::host_bytes(HostRange range) const { return core_->host_bytes(range); }
 HostLease Bridge::lease_host(HostRange range) {

@@ -127,7 +127,10 @@ DeviceAllocation DevicePool::carve(Backend& backend, std::uint64_t id, Segment& 
 void DevicePool::mark_used(std::uint64_t id, Segment& s, std::map<std::uint64_t, Span>::iterator span) {
   remove_free(s, FreeKey{span->second.bytes, id, span->first});
   span->second.free = false;
-  if (s.used_bytes == 0) --free_segments_;
+  if (s.used_bytes == 0) {
+    --free_segments_;
+    free_segment_bytes_ -= s.block.bytes;
+  }
   s.used_bytes += span->second.bytes;
   free_bytes_ -= span->second.bytes;
 }
@@ -180,6 +183,7 @@ DeviceAllocation DevicePool::take_from_new(Backend& backend, const DeviceAllocat
   reserved_bytes_ += block.bytes;
   free_bytes_ += block.bytes;
   ++free_segments_;
+  free_segment_bytes_ += block.bytes;
   return carve(backend, id, s, 0, class_bytes);
 }
 
@@ -225,12 +229,14 @@ std::optional<DeviceAllocation> DevicePool::give_back(Backend& backend, const De
   add_free(s, FreeKey{span->second.bytes, where.segment, span->first});
   if (s.used_bytes != 0) return std::nullopt;
   ++free_segments_;
-  if (free_bytes_ <= cap_bytes_) return std::nullopt;
+  free_segment_bytes_ += s.block.bytes;
+  if (free_segment_bytes_ <= cap_bytes_) return std::nullopt;
   // Past the cap: a whole free segment goes back.
   remove_free(s, FreeKey{s.block.bytes, where.segment, 0});
   reserved_bytes_ -= s.block.bytes;
   free_bytes_ -= s.block.bytes;
   --free_segments_;
+  free_segment_bytes_ -= s.block.bytes;
   const DeviceAllocation whole = s.block;
   segments_.erase(where.segment);
   return whole;
@@ -266,6 +272,7 @@ std::vector<DeviceAllocation> DevicePool::release_free_segments() noexcept {
     reserved_bytes_ -= s.block.bytes;
     free_bytes_ -= s.block.bytes;
     --free_segments_;
+    free_segment_bytes_ -= s.block.bytes;
     all.push_back(s.block);
     it = segments_.erase(it);
   }

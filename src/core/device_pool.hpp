@@ -75,7 +75,9 @@ class DevicePool {
                                  std::uint64_t class_bytes);
   // A part no allocation uses any more. Returns what the backend must free:
   // the part's segment, when it is whole again and keeping it would pass
-  // the cap (or the part itself, were it not the pool's).
+  // the cap (or the part itself, were it not the pool's). The cap bounds
+  // the bytes of wholly free segments: free spans of a segment that still
+  // holds a live part cannot go back (the backend frees whole allocations).
   // `alignment`: what the allocation's spec asked for (a whole block is
   // reused for requests asking no more).
   std::optional<DeviceAllocation> give_back(Backend& backend, const DeviceAllocation& part, std::uint64_t alignment);
@@ -87,6 +89,9 @@ class DevicePool {
   // free ones (cached), in how many free spans.
   std::uint64_t reserved_bytes() const noexcept { return reserved_bytes_; }
   std::uint64_t cached_bytes() const noexcept { return free_bytes_; }
+  // Of those, the bytes of wholly free segments (what the cap bounds and
+  // release_free_segments gives back).
+  std::uint64_t free_segment_bytes() const noexcept { return splits() ? free_segment_bytes_ : free_bytes_; }
   std::uint64_t cached_blocks() const noexcept {
     return splits() ? free_small_.size() + free_large_.size() : free_segments_;
   }
@@ -155,6 +160,7 @@ class DevicePool {
   std::uint64_t reserved_bytes_ = 0;
   std::uint64_t free_bytes_ = 0;
   std::uint64_t free_segments_ = 0;
+  std::uint64_t free_segment_bytes_ = 0;  // split segments only (whole blocks: free_bytes_)
 };
 
 }  // namespace devbridge::detail

@@ -278,7 +278,7 @@ TEST(Stream, TheReportSaysHowDeviceMemoryWent) {
   CliRun run;
   const nlohmann::json report = stream_json({"--backend", "host", "--bytes", "1MiB", "--chunk", "64KiB"}, run);
   ASSERT_EQ(run.exit_code, 0) << describe(run);
-  EXPECT_EQ(report["memory"]["pool_enabled"], false);
+  EXPECT_EQ(report["memory"]["pool_enabled"], true);  // the host backend's default
   EXPECT_GT(report["memory"]["peak_allocated_bytes"].get<std::uint64_t>(), 0u);
   EXPECT_GT(report["memory"]["backend_allocations"].get<std::uint64_t>(), 0u);
 }
@@ -488,8 +488,8 @@ TEST(Info, JsonMatchesTheListing) {
       EXPECT_EQ(backend["info"]["vendor"], "cpu");
       EXPECT_EQ(backend["info"]["device_string"], "CPU");
       EXPECT_THAT(backend["info"]["dtypes"].get<std::vector<std::string>>(), ::testing::Contains("float32"));
-      // The pool's policy: off by default on host memory, which can be split when it is on.
-      EXPECT_EQ(backend["memory"]["caching_pool_default"], false) << backend.dump();
+      // The pool's policy: on by default on host memory (it keeps freed blocks warm), split.
+      EXPECT_EQ(backend["memory"]["caching_pool_default"], true) << backend.dump();
       EXPECT_EQ(backend["memory"]["pool_splits"], true) << backend.dump();
     }
     if (backend["name"] == "opencl" && backend["available"] == true) {

@@ -4,8 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <map>
+#include <optional>
+#include <thread>
 
 #ifdef DEVBRIDGE_HAVE_RAPIDCHECK
 #include <rapidcheck.h>
@@ -136,6 +140,74 @@ TEST_F(HostRingTest, FullRingIsBackpressureAndFreesUpOnRelease) {
   const HostRange again = bridge->reserve(kSmallRing, 1);
   EXPECT_EQ(again.offset, 0u);
   bridge->release_host(again);
+}
+
+// reserve with a timeout waits for room: a release wakes it (a missed wake
+// would hang here, the wait has no end), the time running out is
+// Backpressure with the ring's message, close() ends it with Closed.
+TEST_F(HostRingTest, AWaitingReserveIsWokenByARelease) {
+  const HostRange whole = bridge->reserve(kSmallRing, 1);
+  std::atomic<bool> started{false};
+  std::optional<HostRange> got;
+  std::thread waiter([&] {
+    started = true;
+    got = bridge->reserve(kSmallRing / 2, 64, std::chrono::nanoseconds::max());
+  });
+  while (!started) std::this_thread::yield();
+  bridge->release_host(whole);
+  waiter.join();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->len, kSmallRing / 2);
+  bridge->release_host(*got);
+}
+
+TEST_F(HostRingTest, AWaitingReserveRunsOutOfTimeAsBackpressure) {
+  const HostRange first = bridge->reserve(kSmallRing / 2, 1);
+  const HostRange second = bridge->reserve(kSmallRing / 2, 1);
+  bridge->release_host(second);  // the ring frees in order: no room until the oldest goes
+  const std::string message = EXPECT_DEVBRIDGE_ERROR(
+      ErrorKind::Backpressure, bridge->reserve(kSmallRing, 1, std::chrono::milliseconds(1)));
+  EXPECT_NE(message.find("host ring full"), std::string::npos) << message;
+  bridge->release_host(first);
+  bridge->release_host(bridge->reserve(kSmallRing, 1, std::chrono::milliseconds(1)));
+  // What can never fit is refused at once, not waited for.
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidRange, bridge->reserve(kSmallRing + 1, 1, std::chrono::hours(1)));
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidRange, bridge->reserve(1, 1, std::chrono::nanoseconds(-1)));
+}
+
+TEST_F(HostRingTest, CloseEndsAWaitingReserveWithClosed) {
+  (void)bridge->reserve(kSmallRing, 1);
+  std::atomic<bool> started{false};
+  std::optional<ErrorKind> refused;
+  std::thread waiter([&] {
+    started = true;
+    try {
+      (void)bridge->reserve(1, 1, std::chrono::nanoseconds::max());
+    } catch (const Error& e) {
+      refused = e.kind();
+    }
+  });
+  while (!started) std::this_thread::yield();
+  bridge->close();
+  waiter.join();
+  EXPECT_EQ(refused, ErrorKind::Closed);
+}
+
+// docs/BACKENDS.md: the fake's memory_bytes bounds its device allocations;
+// the ring is host memory, as on a real device, and is not counted (a ring
+// larger than the whole memory is refused all the same).
+TEST_F(HostRingTest, TheFakesMemoryBytesBoundsDeviceAllocationsNotTheRing) {
+  BridgeOptions options = default_options();
+  options.ring_bytes = kSmallRing;
+  options.caching_pool = CachingPool::Off;
+  rebuild(options, 8192);
+  EXPECT_EQ(fake->describe().free_memory, 8192u) << "the ring takes none of it";
+  const DeviceHandle all = bridge->alloc_device(bytes_spec(), 8192);
+  EXPECT_EQ(fake->describe().free_memory, 0u);
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationFailed, bridge->alloc_device(bytes_spec(), 64));
+  bridge->free_device(all);
+  options.ring_bytes = 8192 + 4096;
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationFailed, Bridge(std::make_unique<FakeBackend>(8192), options));
 }
 
 TEST_F(HostRingTest, ReleaseRefusedWhileAnAsyncCopyUsesTheRange) {

@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include "devbridge/backends/host.hpp"
 #include "support.hpp"
 
 namespace devbridge::testing {
@@ -311,6 +312,126 @@ TEST_F(SplitPoolTest, FragmentationCountsFreeSpansTooSmallForTheLargestRequest) 
   EXPECT_EQ(bridge->memory_stats().fragmentation_bytes, 12u << 20);
   bridge->free_device(quarters[3]);
   EXPECT_EQ(bridge->memory_stats().fragmentation_bytes, 0u);
+}
+
+// ---- the host backend: its freed memory is pool memory, every byte counted ----
+
+// What memory_stats says the bridge holds is what the host backend holds: no
+// cache of the backend's own beside the pool (it once kept 512 MiB of warm
+// blocks that no stat showed, empty_cache() kept and close() left behind).
+struct HostPoolTest : ::testing::Test {
+  void make(BridgeOptions options = {.ring_bytes = 1 << 20}) {
+    bridge = std::make_unique<Bridge>(host::make_host_backend(), options);
+  }
+  std::uint64_t held() { return host::live_bytes(bridge->backend()); }
+  void expect_every_byte_counted(const char* when) {
+    const auto stats = bridge->memory_stats();
+    EXPECT_EQ(stats.reserved_bytes, held()) << when;
+    EXPECT_EQ(stats.reserved_bytes, stats.allocated_bytes + stats.cached_bytes) << when;
+  }
+  std::unique_ptr<Bridge> bridge;
+};
+
+TEST_F(HostPoolTest, ThePoolIsOnByDefaultWithTheBackendsCap) {
+  make();
+  const auto stats = bridge->memory_stats();
+  EXPECT_TRUE(stats.pool_enabled);
+  EXPECT_TRUE(stats.pool_splits);
+  EXPECT_EQ(stats.pool_cap_bytes, 512u << 20);
+  EXPECT_EQ(bridge->backend().describe().pool_cap_bytes, 512u << 20);
+  make({.ring_bytes = 1 << 20, .pool_cap_bytes = 1234});
+  EXPECT_EQ(bridge->memory_stats().pool_cap_bytes, 1234u) << "the caller's cap wins";
+}
+
+TEST_F(HostPoolTest, MemoryStatsAccountForEveryByteTheBackendHolds) {
+  make();
+  const ObjectSpec big{64 << 20, 64, DType::UInt8, ShapeKind::Vector};
+  expect_every_byte_counted("a fresh bridge");
+  const auto large = bridge->alloc_device(big, 24 << 20);
+  const auto small = bridge->alloc_device(kBytes4K, 4096);
+  const auto other = bridge->alloc_device(big, 5 << 20);
+  expect_every_byte_counted("three live allocations");
+  EXPECT_GE(held(), (29u << 20) + 4096);
+  bridge->free_device(large);
+  expect_every_byte_counted("one freed into the pool");
+  EXPECT_EQ(bridge->memory_stats().free_segment_bytes, 24u << 20);
+  // A freed large block is warm for the next one of its size: no new memory.
+  const auto before = held();
+  const auto again = bridge->alloc_device(big, 24 << 20);
+  EXPECT_EQ(held(), before);
+  EXPECT_EQ(bridge->memory_stats().cache_hits, 1u);
+  bridge->free_device(again);
+  bridge->free_device(other);
+  expect_every_byte_counted("two freed");
+  bridge->empty_cache();
+  expect_every_byte_counted("after empty_cache");
+  EXPECT_EQ(bridge->memory_stats().free_segment_bytes, 0u);
+  EXPECT_EQ(held(), bridge->memory_stats().reserved_bytes);
+  EXPECT_LT(held(), 4u << 20) << "only the small tensor's segment is left";
+  bridge->free_device(small);
+  bridge->empty_cache();
+  EXPECT_EQ(held(), 0u);
+  expect_every_byte_counted("empty");
+}
+
+TEST_F(HostPoolTest, TheCapBoundsTheWhollyFreeSegmentsKept) {
+  make({.ring_bytes = 1 << 20, .pool_cap_bytes = 8u << 20});
+  const ObjectSpec big{64 << 20, 64, DType::UInt8, ShapeKind::Vector};
+  const auto a = bridge->alloc_device(big, 6 << 20);
+  const auto b = bridge->alloc_device(big, 5 << 20);
+  bridge->free_device(a);  // 6 MiB idle: within the cap
+  bridge->free_device(b);  // 11 MiB would not be: this segment goes back
+  EXPECT_EQ(bridge->memory_stats().free_segment_bytes, 6u << 20);
+  EXPECT_EQ(held(), 6u << 20);
+  expect_every_byte_counted("capped");
+}
+
+TEST_F(HostPoolTest, RestartShowsWhatAViewHoldsAndCloseKeepsNothingOnceItEnds) {
+  make();
+  const ObjectSpec big{64 << 20, 64, DType::UInt8, ShapeKind::Vector};
+  const auto h = bridge->alloc_device(big, 16 << 20);
+  auto lease = bridge->view(h, ViewSpec{DType::UInt8, Dims{16 << 20}, std::nullopt, 0});
+  bridge->restart(2);
+  auto stats = bridge->memory_stats();
+  EXPECT_EQ(stats.reserved_bytes, 16u << 20) << "the orphan a view holds is the pool's, and shown";
+  EXPECT_EQ(held(), 16u << 20);
+  lease.reset();
+  expect_every_byte_counted("the orphan went to the pool");
+  EXPECT_EQ(bridge->memory_stats().cached_bytes, 16u << 20);
+  bridge->empty_cache();
+  EXPECT_EQ(held(), 0u);
+
+  const auto h2 = bridge->alloc_device(big, 16 << 20);
+  auto lease2 = bridge->view(h2, ViewSpec{DType::UInt8, Dims{16 << 20}, std::nullopt, 0});
+  bridge->close();
+  EXPECT_EQ(held(), 16u << 20);
+  lease2.reset();  // the last orphan after close: straight back to the system
+  EXPECT_EQ(held(), 0u);
+}
+
+// cap 1 MiB: a 3 MiB tensor and a 4 KiB one, the 3 MiB freed. The 4 KiB
+// tensor's 2 MiB segment is free but for it: reused, never given back, and
+// not what the cap bounds; the stats say which free bytes empty_cache() can
+// return.
+TEST_F(SplitPoolTest, FreeSpaceBesideALiveTensorIsCachedButNotIdle) {
+  make(CachingPool::On, 1ull << 30, 1 << 20);
+  const ObjectSpec large{64 << 20, 64, DType::UInt8, ShapeKind::Vector};
+  const auto big = bridge->alloc_device(large, 3 << 20);
+  const auto small = bridge->alloc_device(kBytes4K, 4096);
+  bridge->free_device(big);
+  auto stats = bridge->memory_stats();
+  EXPECT_EQ(stats.free_segment_bytes, 0u) << "3 MiB is past the 1 MiB cap: given back";
+  EXPECT_EQ(stats.cached_bytes, (2u << 20) - 4096);
+  bridge->empty_cache();
+  stats = bridge->memory_stats();
+  EXPECT_EQ(stats.cached_bytes, (2u << 20) - 4096) << "inside the live tensor's segment";
+  EXPECT_EQ(stats.free_segment_bytes, 0u);
+  EXPECT_EQ(stats.reserved_bytes, 2u << 20);
+  bridge->free_device(small);
+  stats = bridge->memory_stats();
+  EXPECT_EQ(stats.free_segment_bytes, 0u) << "2 MiB wholly free is past the cap too";
+  EXPECT_EQ(stats.reserved_bytes, 0u);
+  EXPECT_EQ(fake->live_allocations(), 0u);
 }
 
 }  // namespace

@@ -38,6 +38,9 @@ std::unique_ptr<Backend> make_host_backend(const BackendOptions& options);
 // Device allocations made and not yet freed. Tests use it to prove that a
 // restart or close leaks nothing.
 std::uint64_t live_allocations(const Backend& backend);
+// Bytes of those allocations (as asked): what the host backend holds for
+// device memory, the bridge's pool included (MemoryStats::reserved_bytes).
+std::uint64_t live_bytes(const Backend& backend);
 // Host (ring) blocks allocated and not yet freed.
 std::uint64_t live_host_blocks(const Backend& backend);
 

@@ -12,12 +12,10 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <mutex>
 #include <new>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include <fmt/format.h>
@@ -49,15 +47,14 @@ constexpr std::uint64_t kMinAlignment = 64;
 // numpy array does.
 constexpr std::uint64_t kHugePage = 2u << 20;
 constexpr std::uint64_t kHugePageFrom = 4u << 20;
-// Freed blocks of kHugePageFrom and up are kept warm for the next allocation
-// of the same size and alignment: a fresh block costs its page faults (256
-// MiB: 45 ms even in huge pages, twice what copying into it costs), a reused
-// one nothing, and a worker allocates the same shapes step after step.
-// Bounded: at most kWarmBlocks blocks and kWarmBytes in all, the oldest
-// freed first; an allocation the C library refuses drops them and retries.
-// (A first step toward a real pool: exact sizes only, no size classes.)
-constexpr std::size_t kWarmBlocks = 4;
-constexpr std::uint64_t kWarmBytes = 512u << 20;
+// Freed blocks are kept warm by the bridge's caching pool, not here (the
+// backend asks for it: caches_allocations): a fresh block costs its page
+// faults (256 MiB: 45 ms even in huge pages, twice what copying into it
+// costs), a reused one nothing, and a worker allocates the same shapes step
+// after step. The pool's default cap bounds what it keeps idle, as this
+// backend's own warm cache of 4 blocks once did, and the pool's memory shows
+// in memory_stats, goes back with empty_cache() and goes at close.
+constexpr std::uint64_t kPoolCapBytes = 512u << 20;
 
 // A hint: where the kernel cannot (THP off, no memory to compact), the memory
 // simply stays in small pages.
@@ -103,7 +100,6 @@ class HostBackend final : public Backend {
   ~HostBackend() override {
     engine_.stop();
     release_leftovers();
-    drop_warm();
   }
 
   BackendInfo describe() override {
@@ -116,6 +112,7 @@ class HostBackend final : public Backend {
     info.device_id = "0";
     info.host_addressable = true;
     info.cheap_registration = true;
+    info.pool_cap_bytes = kPoolCapBytes;
     const auto memory = detail::read_memory_info();
     info.total_memory = memory.total;
     info.free_memory = memory.available;
@@ -154,21 +151,18 @@ class HostBackend final : public Backend {
                   fmt::format("host backend: allocate of {} bytes (alignment {}): too large for the address space",
                               bytes, effective_alignment));
     }
-    void* memory = bytes >= kHugePageFrom ? take_warm(bytes, effective_alignment) : nullptr;
-    if (memory == nullptr) {
-      int rc = posix_memalign(&memory, effective_alignment, bytes);
-      if (rc != 0 && drop_warm()) rc = posix_memalign(&memory, effective_alignment, bytes);
-      if (rc != 0) {
-        throw Error(ErrorKind::AllocationFailed,
-                    fmt::format("host backend: posix_memalign of {} bytes (alignment {}) failed: {}; {}", bytes,
-                                effective_alignment, describe_errno(rc), available_memory_text()));
-      }
-      if (bytes >= kHugePageFrom) advise_huge_pages(memory, bytes);
+    void* memory = nullptr;
+    if (const int rc = posix_memalign(&memory, effective_alignment, bytes); rc != 0) {
+      throw Error(ErrorKind::AllocationFailed,
+                  fmt::format("host backend: posix_memalign of {} bytes (alignment {}) failed: {}; {}", bytes,
+                              effective_alignment, describe_errno(rc), available_memory_text()));
     }
+    if (bytes >= kHugePageFrom) advise_huge_pages(memory, bytes);
     const auto address = reinterpret_cast<std::uintptr_t>(memory);
     try {
       std::lock_guard lock(memory_mutex_);
-      allocations_.insert(address);
+      allocations_.emplace(address, bytes);
+      live_bytes_ += bytes;
     } catch (const std::bad_alloc&) {
       std::free(memory);
       throw Error(ErrorKind::AllocationFailed,
@@ -178,56 +172,18 @@ class HostBackend final : public Backend {
   }
 
   void free(const DeviceAllocation& allocation) noexcept override {
-    std::vector<WarmBlock> evicted;
     {
       std::lock_guard lock(memory_mutex_);
-      if (allocations_.erase(allocation.token) == 0) {
+      const auto it = allocations_.find(allocation.token);
+      if (it == allocations_.end()) {
         devbridge::detail::log().error("host backend: free of 0x{:x} ({} bytes), which is not a live allocation; ignored",
                       allocation.address, allocation.bytes);
         return;
       }
-      if (allocation.bytes >= kHugePageFrom && allocation.bytes <= kWarmBytes) {
-        try {
-          warm_.push_back({reinterpret_cast<void*>(allocation.token), allocation.bytes});
-          warm_bytes_ += allocation.bytes;
-          while (warm_.size() > kWarmBlocks || warm_bytes_ > kWarmBytes) {
-            evicted.push_back(warm_.front());
-            warm_bytes_ -= warm_.front().bytes;
-            warm_.pop_front();
-          }
-        } catch (const std::bad_alloc&) {
-          evicted.push_back({reinterpret_cast<void*>(allocation.token), allocation.bytes});
-        }
-      } else {
-        evicted.push_back({reinterpret_cast<void*>(allocation.token), allocation.bytes});
-      }
+      live_bytes_ -= it->second;
+      allocations_.erase(it);
     }
-    for (const auto& block : evicted) std::free(block.memory);
-  }
-
-  // A warm block of exactly `bytes` whose address has `alignment`, or null.
-  void* take_warm(std::uint64_t bytes, std::uint64_t alignment) noexcept {
-    std::lock_guard lock(memory_mutex_);
-    for (auto it = warm_.rbegin(); it != warm_.rend(); ++it) {
-      if (it->bytes != bytes || reinterpret_cast<std::uintptr_t>(it->memory) % alignment != 0) continue;
-      void* memory = it->memory;
-      warm_bytes_ -= bytes;
-      warm_.erase(std::next(it).base());
-      return memory;
-    }
-    return nullptr;
-  }
-
-  // Frees every warm block; false when there was none.
-  bool drop_warm() noexcept {
-    std::deque<WarmBlock> dropped;
-    {
-      std::lock_guard lock(memory_mutex_);
-      dropped.swap(warm_);
-      warm_bytes_ = 0;
-    }
-    for (const auto& block : dropped) std::free(block.memory);
-    return !dropped.empty();
+    std::free(reinterpret_cast<void*>(allocation.token));
   }
 
   HostBlock allocate_host(std::uint64_t bytes) override {
@@ -385,12 +341,19 @@ class HostBackend final : public Backend {
     return allocations_.size();
   }
 
+  std::uint64_t live_bytes() const {
+    std::lock_guard lock(memory_mutex_);
+    return live_bytes_;
+  }
+
   std::uint64_t live_host_blocks() const {
     std::lock_guard lock(memory_mutex_);
     return host_blocks_.size();
   }
 
   void hold_copies(bool hold) override { engine_.set_held(hold); }
+  // Freed memory is kept by the bridge's pool (kPoolCapBytes above).
+  bool caches_allocations() const override { return true; }
   // Host memory is addressed linearly: a part is an address inside a block.
   std::uint64_t part_alignment() const override { return 512; }
 
@@ -419,8 +382,9 @@ class HostBackend final : public Backend {
       devbridge::detail::log().warn("host backend destroyed with {} live allocations and {} host blocks; freeing them",
                    allocations_.size(), host_blocks_.size());
     }
-    for (const auto address : allocations_) std::free(reinterpret_cast<void*>(address));
+    for (const auto& [address, bytes] : allocations_) std::free(reinterpret_cast<void*>(address));
     allocations_.clear();
+    live_bytes_ = 0;
     for (const auto& [data, block] : host_blocks_) unmap(data, block);
     host_blocks_.clear();
   }
@@ -430,13 +394,8 @@ class HostBackend final : public Backend {
   const std::uint64_t inline_async_max_bytes_;
 
   mutable std::mutex memory_mutex_;
-  std::unordered_set<std::uintptr_t> allocations_;  // device allocations by address
-  struct WarmBlock {
-    void* memory;
-    std::uint64_t bytes;
-  };
-  std::deque<WarmBlock> warm_;  // freed large blocks kept for reuse, oldest first (kWarmBlocks)
-  std::uint64_t warm_bytes_ = 0;
+  std::unordered_map<std::uintptr_t, std::uint64_t> allocations_;  // device allocations: bytes by address
+  std::uint64_t live_bytes_ = 0;  // their sum
   std::unordered_map<std::byte*, RingBlock> host_blocks_;
   std::string ring_note_;  // mlock outcome of the latest host block
 
@@ -471,6 +430,8 @@ std::unique_ptr<Backend> make_host_backend(const BackendOptions& options) {
 std::uint64_t live_allocations(const Backend& backend) {
   return as_host(backend, "host::live_allocations").live_allocations();
 }
+
+std::uint64_t live_bytes(const Backend& backend) { return as_host(backend, "host::live_bytes").live_bytes(); }
 
 std::uint64_t live_host_blocks(const Backend& backend) {
   return as_host(backend, "host::live_host_blocks").live_host_blocks();
