@@ -58,8 +58,9 @@ struct BackendInfo {
   // Dtypes kernels on the device compute in (launch_axpy's float32, a
   // consumer's kernels): OpenCL without cl_khr_fp16 holds float16 but does
   // not compute in it. Empty: every dtype it holds. A call that computes
-  // (launch_axpy) is refused (UnsupportedDType) for a dtype not listed here;
-  // consumers read it as Python's backend_info()["compute_dtypes"].
+  // (launch_axpy), or hands a typed view to a consumer that computes in it
+  // (Python's to_tinygrad, through Bridge::require_compute), is refused
+  // (UnsupportedDType) for a dtype not listed here.
   std::vector<DType> compute_dtypes;
   const std::vector<DType>& computed_dtypes() const noexcept { return compute_dtypes.empty() ? dtypes : compute_dtypes; }
   bool host_memory_page_locked = false;

@@ -265,6 +265,10 @@ class Bridge {
   Generation generation() const;
   // Describes the device; takes no bridge lock.
   BackendInfo backend_info() const;
+  // UnsupportedDType unless the device computes in `dtype`
+  // (BackendInfo::computed_dtypes): for a layer that hands a typed view to a
+  // consumer that computes in it (to_tinygrad). `what` names that call.
+  void require_compute(DType dtype, std::string_view what) const;
   BridgeStats stats() const;
   MemoryStats memory_stats() const;
   // Peaks start again from the current figures.

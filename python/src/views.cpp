@@ -269,6 +269,8 @@ void bind_views(nb::module_& m) {
             // the hand-off runs right after large copies, with cold caches,
             // where every attribute access costs microseconds.
             v.check_usable("to_tinygrad");
+            // tinygrad computes in what it is handed: a dtype the device only holds is refused here.
+            v.state->open().require_compute(v.meta.dtype, "to_tinygrad");
             if (!v.meta.contiguous())
               throw Error(ErrorKind::Unsupported,
                           "to_tinygrad: tinygrad's Tensor.from_blob takes only row-major contiguous memory; this view has "

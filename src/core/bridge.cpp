@@ -1709,6 +1709,11 @@ class BridgeCore {
     steps_.erase(it);
   }
 
+  // Read-only after construction: no lock.
+  void require_compute(DType dtype, std::string_view what) const {
+    if (__builtin_expect(!computed_.test(static_cast<std::uint8_t>(dtype)), 0)) fail_not_computed(dtype, what);
+  }
+
   void launch_axpy(const DeviceRange& x, const DeviceRange& y, float a, float b) {
     SpinLockHold lock(lock_);
     enter(lock);
@@ -1755,8 +1760,7 @@ class BridgeCore {
   // ---- views ----
   // Fills `view` in place: it is the lease's own storage (no copy on a hot path).
   // Inlined into Bridge::view, its only caller: one call per view, not two.
-    if (__builtin_expect(!computed_.test(static_cast<std::uint8_t>(DType::Float32)), 0))
-      fail_not_computed(DType::Float32, "axpy");
+    require_compute(DType::Float32, "axpy");
   [[gnu::always_inline]] void view(const DeviceHandle& h, const ViewSpec& spec, ViewWait wait_mode, TensorView& view) {
     SpinLockHold lock(lock_);
     enter(lock);
@@ -2303,6 +2307,7 @@ Bridge::~Bridge() = default;
 std::uint64_t Bridge::domain() const noexcept { return core_->domain(); }
 Generation Bridge::generation() const { return core_->generation(); }
 BackendInfo Bridge::backend_info() const { return core_->backend().describe(); }
+void Bridge::require_compute(DType dtype, std::string_view what) const { core_->require_compute(dtype, what); }
 BridgeStats Bridge::stats() const { return core_->stats(); }
 MemoryStats Bridge::memory_stats() const { return core_->memory_stats(); }
 void Bridge::reset_peak_memory() { core_->reset_peak_memory(); }

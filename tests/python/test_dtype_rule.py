@@ -61,3 +61,18 @@ def test_a_dtype_not_held_is_still_refused_where_it_enters():
         assert b.backend_info()["compute_dtypes"] == ["uint8", "float32"]
     finally:
         b.close()
+
+
+def test_a_typed_view_goes_to_tinygrad_only_in_a_dtype_the_device_computes_in():
+    require_backend("opencl")
+    pytest.importorskip("tinygrad")
+    with devbridge.Bridge(backend="opencl", ring_bytes=1 << 20) as b:
+        if "float16" in b.backend_info()["compute_dtypes"]:
+            pytest.skip("this OpenCL device has cl_khr_fp16")
+        x = b.upload(half_bits(np.random.default_rng(3), 256), wait=True)
+        with x.view() as v:  # a view is bytes: it is made
+            assert v.dtype == "float16"
+            with pytest.raises(devbridge.UnsupportedDType, match="holds float16 but does not compute in it"):
+                v.to_tinygrad()
+        assert b.stats()["live_views"] == 0
+        x.free()
