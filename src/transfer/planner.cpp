@@ -361,11 +361,13 @@ TransferResult TransferPlanner::run(const TransferSource& source, const Transfer
 
   if (plan.route == Route::AdoptInPlace) {
     RegistrationGuard registration(bridge_, bridge_.register_host_read_only(r.source.host_in));
-    result.handle = bridge_.adopt_host(RegionRange{registration.region(), 0, r.bytes}, r.destination.spec);
+    AllocationGuard adopted(bridge_, bridge_.adopt_host(RegionRange{registration.region(), 0, r.bytes},
+                                                        r.destination.spec));
+    report_once();  // may throw: the guards free the allocation, then unregister
+    result.handle = adopted.keep();
     // The region lives as long as the allocation: the bridge refuses to
     // unregister it before, and gives it back with its generation.
     result.adopted_region = registration.keep();
-    report_once();
     return result;
   }
 

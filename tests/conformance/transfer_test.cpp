@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -219,6 +220,12 @@ TEST_P(TransferConformance, TransferAdoptsInPlaceWhereTheDeviceCan) {
   EXPECT_KIND(ErrorKind::InvalidRange, TransferPlanner(b).upload_into(*adopted.handle, 0, std::span(data).first(64)));
   b.free_device(*adopted.handle);
   b.unregister_host(*adopted.adopted_region);
+  expect_nothing_left(b);
+  // A progress callback that throws once the buffer is adopted: nothing adopted, nothing registered.
+  TransferPlanner throwing(b, {.progress = [](std::uint64_t, std::uint64_t) { throw std::runtime_error("stop"); },
+                               .adopt = true,
+                               .route = Route::AdoptInPlace});
+  EXPECT_THROW(throwing.run(HostSource{source}, NewAllocation{spec, source.size()}), std::runtime_error);
   expect_nothing_left(b);
 }
 
