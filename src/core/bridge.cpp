@@ -1732,6 +1732,7 @@ class BridgeCore {
              r->offset, r->len, describe(r->handle));
     if (x.len != y.len)
       fail(ErrorKind::InvalidRange, "axpy ranges differ in length: {} vs {} bytes", x.len, y.len);
+    require_compute(DType::Float32, "axpy");
     if (ys.copies)
       fail(ErrorKind::AllocationStillInUse, "axpy would write {} while it has {} cop{} in flight", describe(y.handle),
            ys.copies, ys.copies == 1 ? "y" : "ies");
@@ -1760,7 +1761,6 @@ class BridgeCore {
   // ---- views ----
   // Fills `view` in place: it is the lease's own storage (no copy on a hot path).
   // Inlined into Bridge::view, its only caller: one call per view, not two.
-    require_compute(DType::Float32, "axpy");
   [[gnu::always_inline]] void view(const DeviceHandle& h, const ViewSpec& spec, ViewWait wait_mode, TensorView& view) {
     SpinLockHold lock(lock_);
     enter(lock);
@@ -1797,6 +1797,18 @@ class BridgeCore {
     fail_unsupported_dtype(dtype, "a view");
   }
 
+  // A call that computes in a dtype the device holds but does not compute
+  // in: names the dtype, the device, and what it does compute in.
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_not_computed(DType dtype, std::string_view what) const {
+    std::string computed;
+    for (const auto& info : all_dtypes())
+      if (computed_.test(static_cast<std::uint8_t>(info.dtype)))
+        computed += fmt::format("{}{}", computed.empty() ? "" : ", ", info.name);
+    fail(ErrorKind::UnsupportedDType,
+         "{} computes in {}: the bridge's {} holds {} but does not compute in it (it computes in: {})", what,
+         dtype_info(dtype).name, device_text_, dtype_info(dtype).name, computed.empty() ? "none" : computed);
+  }
+
   // Names the dtype, the device, and what it does hold.
   [[noreturn, gnu::cold, gnu::noinline]] void fail_unsupported_dtype(DType dtype, std::string_view what) const {
     std::string held;
@@ -1825,18 +1837,6 @@ class BridgeCore {
   void shape_view(const DeviceHandle& h, const ViewSpec& spec, const AllocationSlot& slot, TensorView& view) const {
     if (__builtin_expect(!rank_fits(slot.spec.shape, spec.shape.size()), 0))
       fail_view(h, slot, "rank {} does not fit the object's shape kind ({})", spec.shape.size(),
-  // A call that computes in a dtype the device holds but does not compute
-  // in: names the dtype, the device, and what it does compute in.
-  [[noreturn, gnu::cold, gnu::noinline]] void fail_not_computed(DType dtype, std::string_view what) const {
-    std::string computed;
-    for (const auto& info : all_dtypes())
-      if (computed_.test(static_cast<std::uint8_t>(info.dtype)))
-        computed += fmt::format("{}{}", computed.empty() ? "" : ", ", info.name);
-    fail(ErrorKind::UnsupportedDType,
-         "{} computes in {}: the bridge's {} holds {} but does not compute in it (it computes in: {})", what,
-         dtype_info(dtype).name, device_text_, dtype_info(dtype).name, computed.empty() ? "none" : computed);
-  }
-
                 shape_kind_text(slot.spec.shape));
     const std::int64_t elem = dtype_size(spec.dtype);
     if (spec.byte_offset & (elem - 1))
@@ -2223,6 +2223,7 @@ class BridgeCore {
   // Indexed by DType's value (all 256, so no bound check): its size where the
   // device holds it, else 0. Read before the lock: set once, at construction.
   std::array<std::uint8_t, 256> element_sizes_{};
+  std::bitset<256> computed_;  // dtypes the device computes in (BackendInfo::computed_dtypes)
   int dlpack_device_ = 0;
   int device_ordinal_ = 0;
 };
@@ -2251,7 +2252,6 @@ ViewLease& ViewLease::operator=(ViewLease&& other) noexcept {
 ViewLease::~ViewLease() { reset(); }
 
 void ViewLease::reset() noexcept {
-  std::bitset<256> computed_;  // dtypes the device computes in (BackendInfo::computed_dtypes)
   if (auto* core = std::exchange(core_, nullptr))
     core->end_view(view_.handle);
   else if (auto* handed_on = std::exchange(handed_on_core_, nullptr)) [[unlikely]]
