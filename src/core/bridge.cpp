@@ -19,11 +19,13 @@
 
 #include <fmt/format.h>
 #include "core/describe.hpp"
+#include "core/copy_timeline.hpp"
 #include "core/device_pool.hpp"
 #include "core/drop_queue.hpp"
 #include "core/fail.hpp"
 #include "core/host_ring.hpp"
 #include "core/log.hpp"
+#include "core/slot_table.hpp"
 #include "core/spin_lock.hpp"
 #include "devbridge/checked.hpp"
 #include "devbridge/consumer_names.hpp"
@@ -31,15 +33,6 @@
 namespace devbridge {
 
 namespace {
-
-// Handle and event ids: the low half is a slot index, the high half the
-// slot's use count. A slot whose count would wrap is retired, never reused,
-// so an id is never handed out twice inside a domain.
-constexpr std::uint64_t make_id(std::uint32_t slot, std::uint32_t version) {
-  return (std::uint64_t{version} << 32) | slot;
-}
-constexpr std::uint32_t id_slot(std::uint64_t id) { return static_cast<std::uint32_t>(id); }
-constexpr std::uint32_t id_version(std::uint64_t id) { return static_cast<std::uint32_t>(id >> 32); }
 
 using detail::describe;
 
@@ -50,79 +43,6 @@ std::string shape_kind_text(ShapeKind kind) {
 }
 
 std::atomic<std::uint64_t> g_next_domain{1};
-
-// Small free-list table of versioned slots, shared by allocations and copies.
-// The free list is threaded through next_free_ (one entry per slot, grown
-// with the slots), so taking and returning a slot never checks a capacity or
-// calls out of line: they are most of an allocation, a free or an async copy.
-template <class Slot>
-class SlotTable {
- public:
-  // Returns a free slot index, its version already bumped for the new use.
-  // The caller writes every other field (Slot::start), so a slot is written
-  // once per use rather than cleared and then filled.
-  [[gnu::always_inline]] std::uint32_t acquire() {
-    if (__builtin_expect(free_head_ == kNone, 0)) grow();
-    const std::uint32_t index = free_head_;
-    free_head_ = next_free_[index];
-    ++slots_[index].version;
-    ++live_;
-    return index;
-  }
-  // Only `in_use` must be cleared: the next acquire's caller writes the rest.
-  [[gnu::always_inline]] void retire(std::uint32_t index) {
-    auto& slot = slots_[index];
-    slot.in_use = false;
-    --live_;
-    if (slot.version != std::numeric_limits<std::uint32_t>::max()) {
-      next_free_[index] = free_head_;
-      free_head_ = index;
-    }
-  }
-  // Gives back a slot whose id was never handed out (its use failed before
-  // the caller saw it): the version goes back too, so that id stays unknown.
-  void unissue(std::uint32_t index) {
-    --slots_[index].version;
-    retire(index);
-  }
-  Slot* find(std::uint64_t id) noexcept {
-    const auto index = id_slot(id);
-    if (index >= size_) return nullptr;
-    auto& slot = slots_[index];
-    return (slot.in_use && slot.version == id_version(id)) ? &slot : nullptr;
-  }
-  Slot& operator[](std::uint32_t index) noexcept { return slots_[index]; }
-  const Slot* at(std::uint32_t index) const noexcept { return index < slots_.size() ? &slots_[index] : nullptr; }
-  std::size_t live() const noexcept { return live_; }
-  template <class F>
-  void for_each_in_use(F&& f) {
-    for (std::uint32_t i = 0; i < slots_.size(); ++i)
-      if (slots_[i].in_use) f(i, slots_[i]);
-  }
-
- private:
-  static constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
-
-  // A new slot at the end, on the free list.
-  [[gnu::noinline]] void grow() {
-    if (slots_.size() >= kNone)
-      throw Error(ErrorKind::AllocationFailed, "bridge slot table exhausted (2^32 - 1 live records)");
-    next_free_.push_back(free_head_);
-    try {
-      slots_.emplace_back();
-    } catch (...) {
-      next_free_.pop_back();  // the two stay the same length
-      throw;
-    }
-    free_head_ = size_++;
-  }
-
-  std::vector<Slot> slots_;
-  std::vector<std::uint32_t> next_free_;
-  std::uint32_t free_head_ = kNone;
-  std::uint32_t size_ = 0;  // slots_.size(), without the division by sizeof(Slot)
-  std::size_t live_ = 0;
-};
 
 struct AllocationSlot {
   std::uint32_t version = 0;
@@ -166,31 +86,6 @@ struct AllocationSlot {
   }
 };
 
-// An async copy in flight. A slot holds only pending copies: a completed or
-// failed copy's slot is retired at once (a failure is remembered, bounded, in
-// BridgeCore::failures_).
-struct CopySlot {
-  std::uint32_t version = 0;
-  bool in_use = false;
-  CopyDirection direction = CopyDirection::HostToDevice;
-  std::uint32_t allocation = 0;
-  detail::HostRing::Key host_key = 0;  // a ring reservation's, or a registered region's (BridgeCore::kRegionPin)
-  std::uint64_t bytes = 0;
-  // The newest version of this slot whose failure was forgotten (evicted from
-  // the failure log). A retired event at or below it may have failed, so it
-  // never reads as Completed. Kept across uses of the slot: start() leaves it.
-  std::uint32_t forgotten_failure_version = 0;
-  // Every field but the version and the watermark, for a new use of the slot.
-  [[gnu::always_inline]] void start(CopyDirection new_direction, std::uint32_t new_allocation,
-                                    detail::HostRing::Key new_host_key, std::uint64_t new_bytes) {
-    in_use = true;
-    direction = new_direction;
-    allocation = new_allocation;
-    host_key = new_host_key;
-    bytes = new_bytes;
-  }
-};
-
 // Host memory of the caller's, registered as a staging source. Registering
 // and unregistering call the backend without the lock (cuMemHostRegister can
 // take milliseconds): meanwhile the slot is in use but not Live, so it
@@ -208,17 +103,6 @@ struct RegionSlot {
   std::uint32_t adoptions = 0;  // allocations adopted from it (adopt_host), orphans too
   bool read_only = false;    // uploads only (register_host_read_only)
 };
-
-// A failed async copy, remembered after its slot was retired.
-struct FailedCopy {
-  ErrorKind kind;
-  bool observed;  // read back by wait or copy_status
-  std::string message;
-};
-
-// Sync copies need no record: their event is done when the call returns. Their
-// ids have this bit set, so they never collide with async ones.
-constexpr std::uint64_t kSyncEventBit = 1ull << 63;
 
 ErrorKind copy_failure_kind(CopyDirection direction) {
   return direction == CopyDirection::HostToDevice ? ErrorKind::DeviceCopyFailed : ErrorKind::OutputCopyFailed;
@@ -238,7 +122,11 @@ namespace detail {
 class BridgeCore {
  public:
   BridgeCore(std::unique_ptr<Backend> backend, const BridgeOptions& options)
-      : backend_(std::move(backend)), domain_(g_next_domain.fetch_add(1)), generation_(options.generation) {
+      : backend_(std::move(backend)),
+        domain_(g_next_domain.fetch_add(1)),
+        generation_(options.generation),
+        copies_(domain_, options.inflight_budget_bytes ? options.inflight_budget_bytes : options.ring_bytes,
+                options.failed_record_limit) {
     if (!backend_) throw Error(ErrorKind::Unavailable, "bridge constructed without a backend");
     if (options.ring_bytes == 0) throw Error(ErrorKind::InvalidExtent, "ring_bytes must be non-zero");
     if (options.failed_record_limit == 0)
@@ -258,8 +146,6 @@ class BridgeCore {
     device_string_ = tinygrad_device(info.device_kind, info.device_ordinal);
     dlpack_device_ = static_cast<int>(dlpack_device(info.device_kind));
     device_ordinal_ = info.device_ordinal;
-    inflight_budget_ = options.inflight_budget_bytes ? options.inflight_budget_bytes : options.ring_bytes;
-    failure_limit_ = options.failed_record_limit;
     writes_under_view_ = options.writes_under_view;
     writes_under_view_timeout_ = options.writes_under_view_timeout;
     close_fence_timeout_ = options.close_fence_timeout;
@@ -1295,16 +1181,16 @@ class BridgeCore {
         wait_out_views_or_fail(lock, device, views_deadline);
         continue;  // the lock was dropped: check everything again
       }
-      if (mode == CopyMode::Sync || bytes <= inflight_budget_ - inflight_bytes_) return {slot, host_key};
-      if (bytes > inflight_budget_)
-        fail(ErrorKind::Backpressure,
-             "a copy of {} bytes exceeds the whole in-flight budget of {} bytes", bytes, inflight_budget_);
+      if (mode == CopyMode::Sync || copies_.has_room(bytes)) return {slot, host_key};
+      if (bytes > copies_.inflight_budget())
+        fail(ErrorKind::Backpressure, "a copy of {} bytes exceeds the whole in-flight budget of {} bytes", bytes,
+             copies_.inflight_budget());
       if (!room_deadline) room_deadline = checked::deadline_after(admission.wait_for_room);
       const bool room = admission.wait_for_room.count() > 0 &&
-                        wait_until(lock, *room_deadline, [&] { return bytes <= inflight_budget_ - inflight_bytes_; });
+                        wait_until(lock, *room_deadline, [&] { return copies_.has_room(bytes); });
       if (!room)
-        fail(ErrorKind::Backpressure, "{} bytes in flight of a {}-byte budget; no room for {} more", inflight_bytes_,
-             inflight_budget_, bytes);
+        fail(ErrorKind::Backpressure, "{} bytes in flight of a {}-byte budget; no room for {} more",
+             copies_.inflight_bytes(), copies_.inflight_budget(), bytes);
     }
   }
 
@@ -1320,10 +1206,7 @@ class BridgeCore {
     validate_device_range(device, *slot);
     const std::uint64_t bytes = copy_bytes<kPitched>(host, device, *slot, layout);
     auto host_key = locate_host(host, direction);
-    // inflight_bytes_ never exceeds the budget, so the room left cannot wrap.
-    if (__builtin_expect(guarded_write(*slot, direction) ||
-                             (mode == CopyMode::Async && bytes > inflight_budget_ - inflight_bytes_),
-                         0))
+    if (__builtin_expect(guarded_write(*slot, direction) || (mode == CopyMode::Async && !copies_.has_room(bytes)), 0))
     {
       const auto admitted = admit(lock, direction, host, device, bytes, mode, admission);
       slot = admitted.slot;
@@ -1332,25 +1215,21 @@ class BridgeCore {
 
     const auto alloc_index = id_slot(device.handle.id);
     if (mode == CopyMode::Async) {
-      const auto copy_index = copies_.acquire();  // before pin: it may throw
-      auto& record = copies_[copy_index];
-      record.start(direction, alloc_index, host_key, bytes);
+      const auto id = copies_.begin_async(direction, alloc_index, host_key, bytes);  // before pin: it may throw
       pin(*slot, direction, host_key);
-      const CopyEvent event{domain_, generation_, make_id(copy_index, record.version)};
+      const CopyEvent event{domain_, generation_, id};
       // Submission is an enqueue: it stays under the lock, so a completion
       // can never be drained before its record exists.
-      inflight_bytes_ += bytes;
       try {
         backend_->submit_copy(
             {direction, mode, event, host_data(host, host_key), slot->device, device.offset, bytes, layout});
       } catch (...) {
         // Never submitted, never handed out: the event stays unknown.
-        inflight_bytes_ -= bytes;
         unpin(alloc_index, direction, host_key);
-        copies_.unissue(copy_index);
+        copies_.cancel_async(id);
         rethrow_as_copy_error(direction);
       }
-      ++copies_submitted_;
+      copies_.submitted();
       return event;
     }
 
@@ -1358,15 +1237,13 @@ class BridgeCore {
     // Its event is numbered only once it succeeded: a failed sync copy's
     // event is never handed out, so no id of it can read as Completed.
     pin(*slot, direction, host_key);
-    const CopyEvent unnumbered{domain_, generation_, kSyncEventBit};
+    const CopyEvent unnumbered{domain_, generation_, CopyTimeline::kSyncEventBit};
     const CopyRequest request{direction, mode,          unnumbered, host_data(host, host_key),
                               slot->device, device.offset, bytes,      layout};
     auto failure = run_unlocked(lock, [&] { backend_->submit_copy(request); });
     unpin(alloc_index, direction, host_key);
     if (failure) throw copy_error(direction, *failure);
-    ++copies_submitted_;
-    ++copies_completed_;
-    return CopyEvent{domain_, generation_, kSyncEventBit | ++sync_copies_issued_};
+    return CopyEvent{domain_, generation_, copies_.complete_sync()};
   }
 
   // ---- device to device, between bridges ----
@@ -1400,10 +1277,7 @@ class BridgeCore {
     auto& slot = allocations_[side.index];
     --slot.copies;
     if (direction == CopyDirection::HostToDevice) --slot.uploads;
-    if (copied) {
-      ++copies_submitted_;
-      ++copies_completed_;
-    }
+    if (copied) copies_.count_direct();
     maybe_finish_release(side.index);
     --calls_in_progress_;
     notify();
@@ -1490,7 +1364,7 @@ class BridgeCore {
   Error copy_error(CopyDirection direction, const Error& e) {
     Error mapped(directed_kind(direction, e.kind()), e.message(), e.fatal());
     if (mapped.fatal()) mark_broken(mapped);
-    ++copies_failed_;
+    copies_.count_failed();
     return mapped;
   }
 
@@ -1524,110 +1398,35 @@ class BridgeCore {
 
   void apply(const Completion& c) {
     CopySlot* record = nullptr;
-    if (c.event.domain == domain_ && c.event.generation == generation_ && !(c.event.id & kSyncEventBit))
-      record = copies_.find(c.event.id);
+    if (c.event.domain == domain_ && c.event.generation == generation_) record = copies_.pending(c.event.id);
     if (!record) {
       // Never applied to another copy: ids carry domain, generation and version.
-      ++stale_completions_;
+      const auto stale = copies_.count_stale();
       log().warn("devbridge: ignored a completion for {} ({}): bridge is domain {} generation {}; "
-                   "{} stale completions so far",
-                   describe(c.event), c.ok ? "ok" : "failed", domain_, generation_, stale_completions_);
+                 "{} stale completions so far",
+                 describe(c.event), c.ok ? "ok" : "failed", domain_, generation_, stale);
       return;
     }
-    inflight_bytes_ -= record->bytes;
     unpin(record->allocation, record->direction, record->host_key);
-    const auto index = id_slot(c.event.id);
-    copies_.retire(index);
-    if (c.ok) {
-      ++copies_completed_;
-      return;
-    }
+    if (c.ok) return copies_.complete(c.event.id);
     // The failure is remembered so the event reads back as Failed; the host
     // range is unpinned and stays the caller's, to retry.
-    ++copies_failed_;
     const ErrorKind kind = directed_kind(record->direction, c.error);
     std::string message = c.message.empty() ? "the backend reported the copy failed" : c.message;
     if (c.fatal) mark_broken(Error(kind, message, true));
-    remember_failure(c.event.id, kind, std::move(message));
-  }
-
-  // The failure log is bounded: memory does not grow with the number of
-  // copies that ever failed. The oldest failure is forgotten first; its
-  // slot's watermark keeps its event from ever reading as Completed.
-  void remember_failure(std::uint64_t id, ErrorKind kind, std::string message) {
-    while (failures_.size() >= failure_limit_) forget_oldest_failure();
-    failure_order_.push_back(id);
-    failures_.emplace(id, FailedCopy{kind, false, std::move(message)});
-    ++unobserved_failures_;
-  }
-
-  void forget_oldest_failure() {
-    const auto id = failure_order_.front();
-    failure_order_.pop_front();
-    auto it = failures_.find(id);
-    if (!it->second.observed) {
-      --unobserved_failures_;
-      ++failures_evicted_;
-    }
-    // Logged at the 1st, 2nd, 4th, 8th... eviction: a storm of failures
-    // must not become a storm of log lines.
-    if (!it->second.observed && std::has_single_bit(failures_evicted_)) {
-      log().warn("devbridge: forgot the unobserved failure of {} ({}: {}): more than {} failed copies are "
-                 "remembered; {} forgotten unobserved so far",
-                 describe(CopyEvent{domain_, generation_, id}), kind_name(it->second.kind), it->second.message,
-                 failure_limit_, failures_evicted_);
-    }
-    auto& slot = copies_[id_slot(id)];
-    slot.forgotten_failure_version = std::max(slot.forgotten_failure_version, id_version(id));
-    failures_.erase(it);
+    copies_.record_failure(c.event.id, generation_, kind, std::move(message));
   }
 
   // The event's state, validating it first; `failure` gets its remembered failure.
   CopyState state_locked(const CopyEvent& e, FailedCopy** failure = nullptr) {
     check_tag(e);
-    if (e.id & kSyncEventBit) {
-      const auto sequence = e.id & ~kSyncEventBit;
-      if (sequence == 0 || sequence > sync_copies_issued_) fail_never_issued(e);
-      return CopyState::Completed;  // a sync copy that failed threw instead of returning its event
-    }
-    const auto* slot = copies_.at(id_slot(e.id));
-    const auto version = id_version(e.id);
-    // The table starts afresh each generation: an id from an older one is unknown.
-    if (!slot || version == 0 || version > slot->version) fail_never_issued(e);
-    if (version == slot->version && slot->in_use) return CopyState::Pending;
-    // Issued (acquire bumped the version) and since retired: it completed or failed.
-    if (__builtin_expect(!failures_.empty(), 0)) {
-      if (auto it = failures_.find(e.id); it != failures_.end()) {
-        if (failure) *failure = &it->second;
-        return CopyState::Failed;
-      }
-    }
-    if (__builtin_expect(version <= slot->forgotten_failure_version, 0)) fail_forgotten(e);
-    return CopyState::Completed;
-  }
-
-  [[noreturn, gnu::cold]] void fail_never_issued(const CopyEvent& e) {
-    fail(ErrorKind::UnknownDeviceHandle, "{} was never issued by this bridge in generation {}", describe(e),
-         generation_);
-  }
-
-  [[noreturn, gnu::cold]] void fail_forgotten(const CopyEvent& e) {
-    fail(ErrorKind::UnknownDeviceHandle,
-         "the outcome of {} is no longer known: a failure of a copy in its slot was forgotten (more than {} failed "
-         "copies were remembered), so it may have failed",
-         describe(e), failure_limit_);
+    return copies_.state(e, failure);
   }
 
   // As state_locked; reading a failure here counts as observing it.
   CopyStatus status_locked(const CopyEvent& e) {
-    FailedCopy* failure = nullptr;
-    const auto state = state_locked(e, &failure);
-    if (state != CopyState::Failed) return CopyStatus{state, std::nullopt, {}};
-    if (!failure->observed) {
-      failure->observed = true;
-      --unobserved_failures_;
-    }
-    return CopyStatus{state, failure->kind, failure->message};
+    check_tag(e);
+    return copies_.observe(e);
   }
 
   CopyStatus copy_status(const CopyEvent& e) {
@@ -2022,11 +1821,7 @@ class BridgeCore {
     reap_fences();
     // Copy ids start afresh in the new generation: an event is known only
     // if it was issued in the generation it names.
-    copies_ = SlotTable<CopySlot>();
-    failures_.clear();
-    failure_order_.clear();
-    unobserved_failures_ = 0;
-    sync_copies_issued_ = 0;
+    copies_.restart();
     allocations_.for_each_in_use([&](std::uint32_t index, AllocationSlot& slot) {
       const auto id = make_id(index, slot.version);
       // Steps and launches are over (steps_ is cleared below, calls in
@@ -2047,7 +1842,6 @@ class BridgeCore {
     // Registered regions belong to the old generation too: their handles
     // are refused from now on, and the backend unpins them.
     unregister_all_regions();
-    inflight_bytes_ = 0;
     // The cache goes back too: a restart or close leaves the backend holding
     // only what views and fences still keep.
     give_back_cache(lock);
@@ -2103,16 +1897,7 @@ class BridgeCore {
     s.closed = closed();
     s.live_allocations = allocations_.live();
     s.allocated_bytes = allocated_bytes_;
-    s.copies_submitted = copies_submitted_;
-    s.copies_completed = copies_completed_;
-    s.copies_failed = copies_failed_;
-    s.copies_in_flight = copies_.live();
-    s.copy_records = copies_.live() + unobserved_failures_;
-    s.failed_records = failures_.size();
-    s.failed_records_evicted = failures_evicted_;
-    s.inflight_bytes = inflight_bytes_;
-    s.inflight_budget_bytes = inflight_budget_;
-    s.stale_completions = stale_completions_;
+    copies_.fill(s);
     allocations_.for_each_in_use([&](std::uint32_t, AllocationSlot& a) {
       s.live_views += a.views;
       if (a.adopted_region) {
@@ -2147,8 +1932,8 @@ class BridgeCore {
   const std::uint64_t domain_;
   Generation generation_;
   HostRing ring_;
+  CopyTimeline copies_;
   SlotTable<AllocationSlot> allocations_;
-  SlotTable<CopySlot> copies_;
   SlotTable<RegionSlot> regions_;
   std::uint64_t region_bytes_ = 0;
   std::unordered_map<StepId, std::vector<std::uint32_t>> steps_;
@@ -2173,13 +1958,6 @@ class BridgeCore {
   std::uint64_t largest_request_ = 0;
   std::uint64_t abandoned_fences_ = 0;
   std::chrono::nanoseconds close_fence_timeout_{std::chrono::seconds(10)};
-  // Failed copies, by event id, remembered so their events read as Failed;
-  // at most failure_limit_ of them, oldest first in failure_order_.
-  std::unordered_map<std::uint64_t, FailedCopy> failures_;
-  std::deque<std::uint64_t> failure_order_;
-  std::uint64_t unobserved_failures_ = 0;
-  std::uint64_t failures_evicted_ = 0;
-  std::uint32_t failure_limit_ = 1024;
   WritesUnderView writes_under_view_ = WritesUnderView::Refuse;
   std::unordered_map<std::uint64_t, std::array<std::uint32_t, 2>> handed_on_;  // see hand_back
   std::chrono::nanoseconds writes_under_view_timeout_ = std::chrono::nanoseconds::max();
@@ -2189,12 +1967,7 @@ class BridgeCore {
   HostBlock leased_ring_;
   bool released_at_close_ = false;  // close() quiesced and freed: a later close() has nothing to do
   std::vector<Completion> drained_;
-  std::uint64_t sync_copies_issued_ = 0;
-  std::uint64_t inflight_budget_ = 0;
-  std::uint64_t inflight_bytes_ = 0;
   std::uint64_t allocated_bytes_ = 0;
-  std::uint64_t copies_submitted_ = 0, copies_completed_ = 0, copies_failed_ = 0;
-  std::uint64_t stale_completions_ = 0;
   std::uint64_t restarts_ = 0;
   std::uint64_t outstanding_leases_ = 0;
   std::uint32_t calls_in_progress_ = 0;
