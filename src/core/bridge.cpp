@@ -25,6 +25,7 @@
 #include "core/fail.hpp"
 #include "core/host_ring.hpp"
 #include "core/log.hpp"
+#include "core/region_registry.hpp"
 #include "core/slot_table.hpp"
 #include "core/spin_lock.hpp"
 #include "devbridge/checked.hpp"
@@ -86,24 +87,6 @@ struct AllocationSlot {
   }
 };
 
-// Host memory of the caller's, registered as a staging source. Registering
-// and unregistering call the backend without the lock (cuMemHostRegister can
-// take milliseconds): meanwhile the slot is in use but not Live, so it
-// counts for overlap checks and no copy can use it. Retained: of an older
-// generation (or a closed bridge), kept registered because an allocation
-// adopted from it is an orphan a view still reads; it goes with the last.
-struct RegionSlot {
-  enum class Phase : std::uint8_t { Registering, Live, Unregistering, Retained };
-  std::uint32_t version = 0;
-  bool in_use = false;
-  Phase phase = Phase::Registering;
-  Generation generation = 0;  // registered in; a Retained slot outlives it
-  HostBlock block;
-  std::uint32_t copies = 0;  // in flight, sync ones too
-  std::uint32_t adoptions = 0;  // allocations adopted from it (adopt_host), orphans too
-  bool read_only = false;    // uploads only (register_host_read_only)
-};
-
 ErrorKind copy_failure_kind(CopyDirection direction) {
   return direction == CopyDirection::HostToDevice ? ErrorKind::DeviceCopyFailed : ErrorKind::OutputCopyFailed;
 }
@@ -126,7 +109,8 @@ class BridgeCore {
         domain_(g_next_domain.fetch_add(1)),
         generation_(options.generation),
         copies_(domain_, options.inflight_budget_bytes ? options.inflight_budget_bytes : options.ring_bytes,
-                options.failed_record_limit) {
+                options.failed_record_limit),
+        regions_(domain_) {
     if (!backend_) throw Error(ErrorKind::Unavailable, "bridge constructed without a backend");
     if (options.ring_bytes == 0) throw Error(ErrorKind::InvalidExtent, "ring_bytes must be non-zero");
     if (options.failed_record_limit == 0)
@@ -439,25 +423,16 @@ class BridgeCore {
   }
 
   // ---- registered host memory ----
-  [[noreturn, gnu::cold, gnu::noinline]] static void fail_unknown(const HostRegion& r) {
-    fail(ErrorKind::UnknownDeviceHandle, "{} is unknown or already unregistered", describe(r));
-  }
-
-  // The slot of a live region of this generation.
+  // The live region of this generation `r` names.
   std::uint32_t region_index(const HostRegion& r) {
     check_tag(r);
-    auto* slot = regions_.find(r.id);
-    if (!slot || slot->phase != RegionSlot::Phase::Live) fail_unknown(r);
-    return id_slot(r.id);
+    return regions_.live_index(r);
   }
 
-  // The slot of the live region a non-empty range lies in.
+  // The live region a non-empty range lies in.
   std::uint32_t region_range_index(const RegionRange& range) {
-    const auto index = region_index(range.region);
-    const auto bytes = regions_[index].block.bytes;
-    if (range.len == 0 || !checked::range_within(range.offset, range.len, bytes))
-      fail(ErrorKind::InvalidRange, "{} is outside the region's {} bytes (or empty)", describe(range), bytes);
-    return index;
+    check_tag(range.region);
+    return regions_.range_index(range);
   }
 
   HostRegion register_host(std::span<std::byte> bytes, bool read_only) {
@@ -465,63 +440,32 @@ class BridgeCore {
     const auto begin = reinterpret_cast<std::uintptr_t>(bytes.data());
     if (!bytes.data() || !checked::add(begin, bytes.size()))
       fail(ErrorKind::InvalidRange, "host memory at {:#x} of {} bytes is not an address range", begin, bytes.size());
-    const auto overlaps = [&](const std::byte* data, std::uint64_t len) {
-      const auto other = reinterpret_cast<std::uintptr_t>(data);
-      return len != 0 && begin < other + len && other < begin + bytes.size();
-    };
     SpinLockHold lock(lock_);
     enter(lock);
-    if (overlaps(ring_.block().data, ring_.block().bytes))
+    if (RegionRegistry::overlaps(begin, bytes.size(), ring_.block()))
       fail(ErrorKind::InvalidRange, "host memory [{:#x}, +{}) overlaps the bridge's own ring; stage through it instead",
            begin, bytes.size());
-    regions_.for_each_in_use([&](std::uint32_t index, RegionSlot& other) {
-      if (overlaps(other.block.data, other.block.bytes))
-        fail(ErrorKind::InvalidRange, "host memory [{:#x}, +{}) overlaps {} [{:#x}, +{}); unregister it first", begin,
-             bytes.size(), describe(HostRegion{domain_, generation_, make_id(index, other.version)}),
-             reinterpret_cast<std::uintptr_t>(other.block.data), other.block.bytes);
-    });
-    const auto index = regions_.acquire();
-    auto& slot = regions_[index];
-    slot.in_use = true;
-    slot.phase = RegionSlot::Phase::Registering;
-    slot.generation = generation_;
-    slot.block = HostBlock{bytes.data(), bytes.size(), false, 0};
-    slot.copies = 0;
-    slot.read_only = read_only;
+    const auto index = regions_.begin_register(bytes, read_only, generation_);
     HostBlock registered;
     auto failure = run_unlocked(lock, [&] {
       registered = read_only ? backend_->register_host_read_only(bytes.data(), bytes.size())
                              : backend_->register_host(bytes.data(), bytes.size());
     });
     if (failure) {
-      regions_.unissue(index);
+      regions_.cancel_register(index);
       if (failure->fatal()) mark_broken(*failure);
       throw *failure;
     }
-    auto& live = regions_[index];
-    live.block = registered;
-    live.phase = RegionSlot::Phase::Live;
-    region_bytes_ += registered.bytes;
-    return HostRegion{domain_, generation_, make_id(index, live.version)};
+    return regions_.finish_register(index, registered);
   }
 
   void unregister_host(const HostRegion& r) {
     SpinLockHold lock(lock_);
     enter(lock);
-    const auto index = region_index(r);
-    auto& slot = regions_[index];
-    if (slot.copies != 0)
-      fail(ErrorKind::AllocationStillInUse, "{} is used by {} copies in flight; wait for them before unregistering",
-           describe(r), slot.copies);
-    if (slot.adoptions != 0)
-      fail(ErrorKind::AllocationStillInUse,
-           "{} holds {} allocation{} adopted from it (adopt_host); free or release {} before unregistering",
-           describe(r), slot.adoptions, slot.adoptions == 1 ? "" : "s", slot.adoptions == 1 ? "it" : "them");
-    slot.phase = RegionSlot::Phase::Unregistering;
-    const HostBlock block = slot.block;
+    check_tag(r);
+    const HostBlock block = regions_.begin_unregister(r);
     run_unlocked(lock, [&] { backend_->unregister_host(block); });
-    region_bytes_ -= block.bytes;
-    regions_.retire(index);
+    regions_.finish_unregister(id_slot(r.id));
   }
 
   std::span<std::byte> region_bytes(const HostRegion& r) {
@@ -529,21 +473,6 @@ class BridgeCore {
     enter(lock);
     const auto& block = regions_[region_index(r)].block;
     return {block.data, block.bytes};
-  }
-
-  // Restart and close, with the device idle: every region goes back, but
-  // one an orphaned adoption lies in (a view still reads it), which is
-  // retained until that orphan goes (end_adoption).
-  void unregister_all_regions() noexcept {
-    regions_.for_each_in_use([&](std::uint32_t index, RegionSlot& slot) {
-      if (slot.adoptions != 0) {
-        slot.phase = RegionSlot::Phase::Retained;
-        return;
-      }
-      backend_->unregister_host(slot.block);
-      region_bytes_ -= slot.block.bytes;
-      regions_.retire(index);
-    });
   }
 
   // ---- host memory adopted in place ----
@@ -573,21 +502,13 @@ class BridgeCore {
     auto& slot = allocations_[slot_index];
     slot.start(spec, static_cast<std::uint8_t>(elem), view_dtype, range.len, device);
     slot.adopted_region = index + 1;
-    ++region.adoptions;
+    regions_.add_adoption(index);
     return DeviceHandle{domain_, generation_, make_id(slot_index, slot.version)};
   }
 
   bool region_retained(const HostRegion& r) noexcept {
     std::lock_guard guard(lock_);
-    if (r.domain != domain_) return false;
-    const auto* slot = regions_.find(r.id);
-    // The id alone matches a retained slot under a generation it never had.
-    if (!slot || slot->generation != r.generation) return false;
-    // Of the current generation and not yet released by a close that
-    // succeeded (a failed quiesce unregisters nothing): held until
-    // unregistered. Otherwise only while retained for an adoption.
-    if (r.generation == generation_ && !released_at_close_) return slot->phase != RegionSlot::Phase::Unregistering;
-    return slot->phase == RegionSlot::Phase::Retained;
+    return regions_.registered(r, generation_, released_at_close_);
   }
 
   // Out of line: free_device and release inline their free path, and only
@@ -603,12 +524,7 @@ class BridgeCore {
   // goes too if it was retained only for it.
   void end_adoption(const DeviceAllocation& device, std::uint32_t region) noexcept {
     backend_->release_adopted(device);
-    auto& slot = regions_[region];
-    if (--slot.adoptions == 0 && slot.phase == RegionSlot::Phase::Retained) {
-      backend_->unregister_host(slot.block);
-      region_bytes_ -= slot.block.bytes;
-      regions_.retire(region);
-    }
+    regions_.end_adoption(region, [&](const HostBlock& block) { backend_->unregister_host(block); });
   }
 
   // ---- allocation ----
@@ -1841,7 +1757,7 @@ class BridgeCore {
     ring_.unpin_all();
     // Registered regions belong to the old generation too: their handles
     // are refused from now on, and the backend unpins them.
-    unregister_all_regions();
+    regions_.unregister_all([&](const HostBlock& block) { backend_->unregister_host(block); });
     // The cache goes back too: a restart or close leaves the backend holding
     // only what views and fences still keep.
     give_back_cache(lock);
@@ -1909,8 +1825,7 @@ class BridgeCore {
     for (const auto& [key, orphan] : orphans_) s.live_views += orphan.views;
     s.active_steps = steps_.size();
     s.restarts = restarts_;
-    s.host_regions = regions_.live();
-    s.host_region_bytes = region_bytes_;
+    regions_.fill(s);
     s.ring_capacity = ring_.capacity();
     s.ring_used = ring_.used();
     s.ring_reservations = ring_.reservations();
@@ -1934,8 +1849,7 @@ class BridgeCore {
   HostRing ring_;
   CopyTimeline copies_;
   SlotTable<AllocationSlot> allocations_;
-  SlotTable<RegionSlot> regions_;
-  std::uint64_t region_bytes_ = 0;
+  RegionRegistry regions_;
   std::unordered_map<StepId, std::vector<std::uint32_t>> steps_;
   // Allocations a restart or close took from their generation while views
   // still leased them; freed in the backend when the last lease ends.
