@@ -1515,22 +1515,26 @@ class BridgeCore {
   // A call that computes in a dtype the device holds but does not compute
   // in: names the dtype, the device, and what it does compute in.
   [[noreturn, gnu::cold, gnu::noinline]] void fail_not_computed(DType dtype, std::string_view what) const {
-    std::string computed;
-    for (const auto& info : all_dtypes())
-      if (computed_.test(static_cast<std::uint8_t>(info.dtype)))
-        computed += fmt::format("{}{}", computed.empty() ? "" : ", ", info.name);
     fail(ErrorKind::UnsupportedDType,
          "{} computes in {}: the bridge's {} holds {} but does not compute in it (it computes in: {})", what,
-         dtype_info(dtype).name, device_text_, dtype_info(dtype).name, computed.empty() ? "none" : computed);
+         dtype_info(dtype).name, device_text_, dtype_info(dtype).name,
+         dtype_names([&](DType d) { return computed_.test(static_cast<std::uint8_t>(d)); }));
+  }
+
+  // The names of the dtypes `picked` selects, for messages ("none" for none).
+  template <class Picked>
+  static std::string dtype_names(Picked picked) {
+    std::string names;
+    for (const auto& info : all_dtypes())
+      if (picked(info.dtype)) names += fmt::format("{}{}", names.empty() ? "" : ", ", info.name);
+    return names.empty() ? "none" : names;
   }
 
   // Names the dtype, the device, and what it does hold.
   [[noreturn, gnu::cold, gnu::noinline]] void fail_unsupported_dtype(DType dtype, std::string_view what) const {
-    std::string held;
-    for (const auto& info : all_dtypes())
-      if (element_sizes_[static_cast<std::uint8_t>(info.dtype)] != 0) held += fmt::format("{}{}", held.empty() ? "" : ", ", info.name);
     fail(ErrorKind::UnsupportedDType, "{} of dtype {}: the bridge's {} does not hold {} (it holds: {})", what,
-         dtype_info(dtype).name, device_text_, dtype_info(dtype).name, held.empty() ? "none" : held);
+         dtype_info(dtype).name, device_text_, dtype_info(dtype).name,
+         dtype_names([&](DType d) { return element_sizes_[static_cast<std::uint8_t>(d)] != 0; }));
   }
 
   template <class... Args>
