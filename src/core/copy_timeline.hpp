@@ -120,7 +120,7 @@ class CopyTimeline {
   // ---- reading an event ----
   // The event's state; `failure` gets its remembered failure. The caller
   // checked its domain and generation.
-  [[gnu::always_inline]] CopyState state(const CopyEvent& e, FailedCopy** failure = nullptr) const {
+  [[gnu::always_inline]] CopyState state(const CopyEvent& e, FailedCopy** failure = nullptr) {
     if (e.id & kSyncEventBit) {
       const auto sequence = e.id & ~kSyncEventBit;
       if (sequence == 0 || sequence > sync_issued_) fail_never_issued(e);
@@ -134,7 +134,7 @@ class CopyTimeline {
     // Issued (acquire bumped the version) and since retired: it completed or failed.
     if (__builtin_expect(!failures_.empty(), 0)) {
       if (auto it = failures_.find(e.id); it != failures_.end()) {
-        if (failure) *failure = const_cast<FailedCopy*>(&it->second);
+        if (failure) *failure = &it->second;
         return CopyState::Failed;
       }
     }
