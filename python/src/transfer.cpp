@@ -112,6 +112,19 @@ struct DeviceCopy {
   }
 };
 
+// download() and plan_download()'s arguments: the allocation's bytes from
+// `offset` and the writable buffer (its export held for the call).
+struct Download {
+  DeviceSpan from;  // first: the offset is checked before the buffer is exported
+  HeldBuffer held;
+  HostDestination to;
+
+  Download(DeviceHandle handle, nb::handle offset, nb::handle out)
+      : from{handle, args::integer<std::uint64_t>(offset, "offset")},
+        held(out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE, "out"),
+        to{writable_bytes_of(held)} {}
+};
+
 }  // namespace
 
 void bind_transfer(nb::module_& m) {
@@ -196,23 +209,15 @@ void bind_transfer(nb::module_& m) {
       .def(
           "plan_download",
           [](PyTransferPlanner& p, DeviceHandle handle, nb::handle offset, nb::handle out) {
-            const auto device_offset = args::integer<std::uint64_t>(offset, "offset");
-            HeldBuffer held(out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE, "out");
-            const auto bytes = writable_bytes_of(held);
-            return plan_dict(p.locked([&](TransferPlanner& t) {
-              return t.plan(DeviceSpan{handle, device_offset}, HostDestination{bytes});
-            }));
+            const Download download(handle, offset, out);
+            return plan_dict(p.locked([&](TransferPlanner& t) { return t.plan(download.from, download.to); }));
           },
           "handle"_a, "offset"_a, "out"_a, "The route download(handle, offset, out) would take, as plan_upload.")
       .def(
           "download",
           [](PyTransferPlanner& p, DeviceHandle handle, nb::handle offset, nb::handle out) {
-            const auto device_offset = args::integer<std::uint64_t>(offset, "offset");
-            HeldBuffer held(out, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE, "out");
-            const auto bytes = writable_bytes_of(held);
-            p.locked([&](TransferPlanner& t) {
-              p.last_route = t.run(DeviceSpan{handle, device_offset}, HostDestination{bytes}).route;
-            });
+            const Download download(handle, offset, out);
+            p.locked([&](TransferPlanner& t) { p.last_route = t.run(download.from, download.to).route; });
           },
           "handle"_a, "offset"_a, "out"_a, "len(out) bytes of the allocation from offset into out (writable).")
       .def(
