@@ -254,65 +254,33 @@ TransferPlan choose(const Resolved& r, const TransferOptions& options, const Bac
 }
 
 // An allocation the transfer made: freed unless it succeeds.
-class AllocationGuard {
- public:
-  AllocationGuard(Bridge& bridge, DeviceHandle handle) noexcept : bridge_(bridge), handle_(handle) {}
-  AllocationGuard(const AllocationGuard&) = delete;
-  AllocationGuard& operator=(const AllocationGuard&) = delete;
-  ~AllocationGuard() {
-    if (kept_) return;
+void free_allocation(Bridge& bridge, DeviceHandle handle) noexcept {
+  try {
+    bridge.free_device(handle);
+  } catch (const Error& e) {
+    // Closed, Broken or restarted: close() or restart() frees it.
+    if (e.kind() != ErrorKind::AllocationStillInUse) return;
     try {
-      bridge_.free_device(handle_);
-    } catch (const Error& e) {
-      // Closed, Broken or restarted: close() or restart() frees it.
-      if (e.kind() != ErrorKind::AllocationStillInUse) return;
-      try {
-        bridge_.release(handle_);  // a copy may still use it: freed when the last one ends
-      } catch (const Error&) {
-      }
+      bridge.release(handle);  // a copy may still use it: freed when the last one ends
+    } catch (const Error&) {
     }
   }
-  DeviceHandle handle() const noexcept { return handle_; }
-  DeviceHandle keep() noexcept {
-    kept_ = true;
-    return handle_;
-  }
-
- private:
-  Bridge& bridge_;
-  DeviceHandle handle_;
-  bool kept_ = false;
-};
+}
+using AllocationGuard = detail::Taken<DeviceHandle, free_allocation>;
 
 // A registration of the caller's buffer for one call: unregistered at the
 // end unless handed on (an adopted allocation keeps its region).
-class RegistrationGuard {
- public:
-  RegistrationGuard(Bridge& bridge, HostRegion region) noexcept : bridge_(bridge), region_(region) {}
-  RegistrationGuard(const RegistrationGuard&) = delete;
-  RegistrationGuard& operator=(const RegistrationGuard&) = delete;
-  ~RegistrationGuard() {
-    if (kept_) return;
-    try {
-      bridge_.unregister_host(region_);
-    } catch (const Error& e) {
-      // Closed or restarted: the region went with it. Still in use: only a
-      // Broken bridge's copy could hold it; it is never copied from again.
-      if (e.kind() == ErrorKind::AllocationStillInUse)
-        detail::log().warn("transfer: {} left registered: {}", describe(region_), e.message());
-    }
+void unregister_region(Bridge& bridge, HostRegion region) noexcept {
+  try {
+    bridge.unregister_host(region);
+  } catch (const Error& e) {
+    // Closed or restarted: the region went with it. Still in use: only a
+    // Broken bridge's copy could hold it; it is never copied from again.
+    if (e.kind() == ErrorKind::AllocationStillInUse)
+      detail::log().warn("transfer: {} left registered: {}", describe(region), e.message());
   }
-  HostRegion region() const noexcept { return region_; }
-  HostRegion keep() noexcept {
-    kept_ = true;
-    return region_;
-  }
-
- private:
-  Bridge& bridge_;
-  HostRegion region_;
-  bool kept_ = false;
-};
+}
+using RegistrationGuard = detail::Taken<HostRegion, unregister_region>;
 
 }  // namespace
 
@@ -361,7 +329,7 @@ TransferResult TransferPlanner::run(const TransferSource& source, const Transfer
 
   if (plan.route == Route::AdoptInPlace) {
     RegistrationGuard registration(bridge_, bridge_.register_host_read_only(r.source.host_in));
-    AllocationGuard adopted(bridge_, bridge_.adopt_host(RegionRange{registration.region(), 0, r.bytes},
+    AllocationGuard adopted(bridge_, bridge_.adopt_host(RegionRange{registration.get(), 0, r.bytes},
                                                         r.destination.spec));
     report_once();  // may throw: the guards free the allocation, then unregister
     result.handle = adopted.keep();
@@ -374,7 +342,7 @@ TransferResult TransferPlanner::run(const TransferSource& source, const Transfer
   std::optional<AllocationGuard> allocation;
   if (r.destination.kind == End::Kind::New) {
     allocation.emplace(bridge_, bridge_.alloc_device(r.destination.spec, r.destination.extent));
-    r.destination.handle = allocation->handle();
+    r.destination.handle = allocation->get();
   }
   const DeviceRange source_range{r.source.handle, r.source.offset, r.bytes};
   const DeviceRange destination_range{r.destination.handle, r.destination.offset, r.bytes};
@@ -416,7 +384,7 @@ TransferResult TransferPlanner::run(const TransferSource& source, const Transfer
         break;
       }
       try {
-        const RegionRange host{registration->region(), 0, r.bytes};
+        const RegionRange host{registration->get(), 0, r.bytes};
         if (r.upload())
           bridge_.host_to_device(host, destination_range, CopyMode::Sync);
         else

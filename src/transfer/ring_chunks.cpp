@@ -130,7 +130,7 @@ class ChunkWindow {
     // Room to strand every chunk in flight, so the destructor never allocates.
     stranded_.reserve(stranded_.size() + chunks_.size() + 1);
     chunks_.push_back({chunk, range.get(), event});
-    range.hand_over();
+    range.keep();
   }
 
  private:

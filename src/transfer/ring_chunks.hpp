@@ -46,24 +46,34 @@ bool try_release(Bridge& bridge, HostRange range) noexcept;
 // Releases the stranded ranges no copy uses any more; returns how many.
 std::size_t release_unused(Bridge& bridge, std::vector<HostRange>& stranded) noexcept;
 
-// A range this call reserved that no copy uses yet: released unless handed
-// on to the window (which then owns it).
-class ReservedRange {
+// Something a call took from `bridge` (a ring range, a registration, an
+// allocation): given back by `GiveBack` when the guard ends, unless kept.
+template <class T, void (*GiveBack)(Bridge&, T) noexcept>
+class Taken {
  public:
-  ReservedRange(Bridge& bridge, HostRange range) noexcept : bridge_(bridge), range_(range) {}
-  ReservedRange(const ReservedRange&) = delete;
-  ReservedRange& operator=(const ReservedRange&) = delete;
-  ~ReservedRange() {
-    if (owned_) try_release(bridge_, range_);
+  Taken(Bridge& bridge, T value) noexcept : bridge_(bridge), value_(value) {}
+  Taken(const Taken&) = delete;
+  Taken& operator=(const Taken&) = delete;
+  ~Taken() {
+    if (!kept_) GiveBack(bridge_, value_);
   }
-  HostRange get() const noexcept { return range_; }
-  void hand_over() noexcept { owned_ = false; }
+  T get() const noexcept { return value_; }
+  // Hands it on (to the window, to the caller): no longer given back here.
+  T keep() noexcept {
+    kept_ = true;
+    return value_;
+  }
 
  private:
   Bridge& bridge_;
-  HostRange range_;
-  bool owned_ = true;
+  T value_;
+  bool kept_ = false;
 };
+
+inline void give_back_range(Bridge& bridge, HostRange range) noexcept { try_release(bridge, range); }
+// A range this call reserved that no copy uses yet: released unless handed
+// on to the window (which then owns it).
+using ReservedRange = Taken<HostRange, give_back_range>;
 
 // The default chunk for a ring and an in-flight budget (TransferOptions::chunk_bytes).
 std::uint64_t default_chunk_bytes(std::uint64_t ring_capacity, std::uint64_t inflight_budget);
