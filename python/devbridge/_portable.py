@@ -36,7 +36,7 @@ from typing import Any, BinaryIO, Callable, Iterator, Mapping, NamedTuple
 
 import numpy as np
 
-from ._devbridge import Bridge, DeviceHandle, ObjectSpec, _checkpoint_open, dtype_info, dtypes
+from ._devbridge import Bridge, DeviceHandle, ObjectSpec, _checkpoint_open, _safetensors_name, dtype_info
 from ._errors import BridgeError
 from ._staging import (
     _CLEANUP_WAIT_S,
@@ -64,27 +64,6 @@ from ._staging import (
 )
 
 _U64_MAX = (1 << 64) - 1
-
-# devbridge dtype -> safetensors dtype. Every dtype devbridge knows must be here (checked at import).
-_SAFETENSORS_NAMES = {
-    "bool": "BOOL",
-    "int8": "I8",
-    "int16": "I16",
-    "int32": "I32",
-    "int64": "I64",
-    "uint8": "U8",
-    "uint16": "U16",
-    "uint32": "U32",
-    "uint64": "U64",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "float32": "F32",
-    "float64": "F64",
-    "float8_e4m3fn": "F8_E4M3",
-    "float8_e5m2": "F8_E5M2",
-}
-if set(_SAFETENSORS_NAMES) != set(dtypes()):
-    raise ImportError(f"devbridge._portable: no safetensors name for {sorted(set(dtypes()) - set(_SAFETENSORS_NAMES))}")
 
 FORMAT = "devbridge-checkpoint"
 FORMAT_VERSION = "1"
@@ -463,7 +442,7 @@ def import_tensor(bridge: Bridge, source: Any, spec: ObjectSpec | None = None, *
         dims, name = _checked_shape(shape), _checked_dtype(dtype)
         nbytes = math.prod(dims) * dtype_info(name)["itemsize"]
         allocation = _allocation(dims, name, spec, alignment, "import_tensor")
-        fill = _file_reader(readinto, None)
+        fill = _file_reader(readinto)
         with _context(f"import_tensor from {source!r}"), _staging_queue(bridge) as queue:
             return _upload(bridge, queue, dims, name, *allocation, wait,
                            lambda handle: _stage_chunks(bridge, queue, handle, nbytes, fill))
@@ -513,21 +492,21 @@ def _allocation(dims: tuple[int, ...], name: str, spec: ObjectSpec | None, align
     return spec, extent
 
 
-def _file_reader(readinto: Callable[[Any], int | None], digest: Any) -> Callable[[int, np.ndarray], None]:
-    """A ``fill(offset, chunk)`` reading the next ``chunk.size`` bytes of a file into the ring (and into
-    ``digest``, when given); a file that ends first is a ``CheckpointError``."""
-    def fill(offset: int, chunk: np.ndarray) -> None:
-        view = memoryview(chunk).cast("B")
-        done = 0
-        while done < view.nbytes:
-            n = readinto(view[done:])
-            if not n:
-                raise CheckpointError(f"the file ends {view.nbytes - done} bytes early "
-                                      f"(at byte {offset + done} of the tensor)")
-            done += n
-        if digest is not None:
-            digest.update(view)
-    return fill
+def _read_exactly(readinto: Callable[[Any], int | None], view: memoryview, offset: int) -> None:
+    """Fills ``view`` from a file; a file that ends first is a ``CheckpointError`` naming where, as byte
+    ``offset`` of the tensor the view starts at."""
+    done = 0
+    while done < view.nbytes:
+        n = readinto(view[done:])
+        if not n:
+            raise CheckpointError(f"the file ends {view.nbytes - done} bytes early "
+                                  f"(at byte {offset + done} of the tensor)")
+        done += n
+
+
+def _file_reader(readinto: Callable[[Any], int | None]) -> Callable[[int, np.ndarray], None]:
+    """A ``fill(offset, chunk)`` reading the next ``chunk.size`` bytes of a file into the ring."""
+    return lambda offset, chunk: _read_exactly(readinto, memoryview(chunk).cast("B"), offset)
 
 
 # -------------------------------------------------------------------------------------------- transfer
@@ -704,7 +683,7 @@ def checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], *,
     header: dict[str, Any] = {"__metadata__": meta}
     begin = 0
     for name, source in sources:
-        header[name] = {"dtype": _SAFETENSORS_NAMES[source.dtype], "shape": list(source.shape),
+        header[name] = {"dtype": _safetensors_name(source.dtype), "shape": list(source.shape),
                         "data_offsets": [begin, begin + source.nbytes]}
         begin += source.nbytes
 
@@ -889,7 +868,6 @@ class _Entry(NamedTuple):
 class _Header(NamedTuple):
     metadata: dict[str, str]
     entries: list[_Entry]  # in file order
-    data_start: int
 
 
 def _open_checkpoint(path: str) -> tuple[BinaryIO, _Header]:
@@ -899,7 +877,7 @@ def _open_checkpoint(path: str) -> tuple[BinaryIO, _Header]:
     positioned at the data section) and the header; ``CheckpointError`` names the file when refused."""
     file, metadata, tensors, data_start = _checkpoint_open(os.fsencode(path), repr(path))
     file.seek(data_start)
-    return file, _Header(metadata, [_Entry(*t) for t in tensors], data_start)
+    return file, _Header(metadata, [_Entry(*t) for t in tensors])
 
 
 def checkpoint_info(path: Any) -> dict[str, Any]:
@@ -954,8 +932,10 @@ def restore(bridge: Bridge, path: Any, *, alignment: int = 256, verify: bool = T
     file, header = _open_checkpoint(path)
     with file:
         held = _held_dtypes(bridge)
+        specs = []  # each tensor's (spec, extent), kept for the uploads
         for entry in header.entries:  # spec_for_array's own checks (alignment, sizes) before any allocation
             spec, extent = spec_for_array(entry.shape, entry.dtype, alignment)
+            specs.append((spec, extent))
             if entry.dtype not in held:  # before anything is allocated or read: the bridge's own refusal
                 with _context(f"restore {path!r}: tensor {entry.name!r} is {entry.dtype} (nothing was restored)"):
                     bridge.free(bridge.alloc(spec, extent))  # UnsupportedDType, checked before any allocation
@@ -965,9 +945,8 @@ def restore(bridge: Bridge, path: Any, *, alignment: int = 256, verify: bool = T
             with _staging_queue(bridge) as queue:
                 reader = _RestoreReader(bridge, queue, file.readinto, hasher)
                 try:
-                    for entry in header.entries:
+                    for entry, (spec, extent) in zip(header.entries, specs):
                         with _context(f"restore {path!r}: tensor {entry.name!r}"):
-                            spec, extent = spec_for_array(entry.shape, entry.dtype, alignment)
                             fill = (functools.partial(reader.read_into_memory, name=entry.dtype, shape=entry.shape)
                                     if bridge.host_addressable else reader.stage)
                             restored[entry.name] = _upload(
@@ -1067,13 +1046,7 @@ class _RestoreReader:
         return []
 
     def _read(self, view: memoryview, offset: int) -> None:
-        done = 0
-        while done < view.nbytes:
-            got = self._readinto(view[done:])
-            if not got:
-                raise CheckpointError(f"the file ends {view.nbytes - done} bytes early "
-                                      f"(at byte {offset + done} of the tensor)")
-            done += got
+        _read_exactly(self._readinto, view, offset)
 
     def _settle_oldest(self) -> bool:
         """Makes room: the oldest range's hash finishes and its range goes back once its copy is done

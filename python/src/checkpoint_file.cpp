@@ -62,6 +62,17 @@ void bind_checkpoint_file(nb::module_& m) {
   m.def("_checkpoint_open", &checkpoint_open, "path"_a, "where"_a,
         "Opens a checkpoint (path as bytes; where names it in errors) and checks its header: (io.FileIO, "
         "metadata, [(name, dtype, shape, begin, end)] in file order, data_start). CheckpointError when refused.");
+  // The writer names dtypes as the reader reads them: one table, the C++ reader's.
+  m.def(
+      "_safetensors_name",
+      [](nb::handle dtype) {
+        const DType parsed = parse_dtype(dtype);
+        const std::string_view name = checkpoint::safetensors_name(parsed);
+        if (name.empty()) throw nb::value_error(("no safetensors name for " + std::string(dtype_info(parsed).name)).c_str());
+        return std::string(name);
+      },
+      "dtype"_a,
+      "The safetensors name of a devbridge dtype (\"bfloat16\" -> \"BF16\").");
 }
 
 }  // namespace devbridge::python

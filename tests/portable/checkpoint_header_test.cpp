@@ -38,6 +38,18 @@ std::string refusal(const std::string& header, std::size_t data = 4) {
 
 #define EXPECT_REFUSED(header, words) EXPECT_NE(refusal(header).find(words), std::string::npos) << refusal(header)
 
+// The writer (Python's checkpoint) names dtypes through this table too: every
+// dtype has a name, and it reads back as the same dtype.
+TEST(CheckpointHeader, EveryDTypeHasASafetensorsNameThatReadsBack) {
+  for (const auto& info : all_dtypes()) {
+    const auto name = safetensors_name(info.dtype);
+    ASSERT_FALSE(name.empty()) << info.name;
+    DType back{};
+    ASSERT_TRUE(from_safetensors_name(name, back)) << name;
+    EXPECT_EQ(back, info.dtype) << name;
+  }
+}
+
 TEST(CheckpointHeader, AGoodHeaderParses) {
   const Header h = parse_checkpoint(file_of(R"({"__metadata__":{"k":"v"},"b":{"dtype":"U8","shape":[2],)"
                                             R"("data_offsets":[4,6]},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",

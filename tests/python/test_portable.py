@@ -392,7 +392,7 @@ def test_every_dtype_survives_the_safetensors_packages_raw_reader_and_writer(bri
     b.checkpoint(path, {"x": b.upload(a, dtype=dtype, wait=True)})
     [(name, info)] = safetensors.deserialize(path.read_bytes())
     assert name == "x" and info["shape"] == [7, 9] and bytes(info["data"]) == a.tobytes()
-    assert info["dtype"] == devbridge._portable._SAFETENSORS_NAMES[dtype]
+    assert info["dtype"] == devbridge._devbridge._safetensors_name(dtype)
 
     theirs = tmp_path / "theirs.safetensors"
     spec = safetensors.TensorSpec(dtype=dtype, shape=[7, 9], data_ptr=a.ctypes.data, data_len=a.nbytes)
