@@ -331,12 +331,15 @@ def test_a_dead_sender_fails_the_receiver_clearly(workers):
 def test_a_dead_receiver_neither_takes_the_sender_down_nor_leaks(workers):
     a, _ = workers
     receiver = start("host", max_restarts=0)
+    pid = get(receiver.identity.remote())["pid"]
     get(a.put.remote("d", np.arange(100_000, dtype=np.int32)))
     # Segments earlier receivers still map (a tensor adopted in place lives in its segment) stay draining.
     draining = stats_of(a)["draining"]
     ref = a.share.remote("d")
     assert stats_of(a)["live"] == 1
     ray.kill(receiver, no_restart=True)
+    # ray.kill only asks: a call sent before the process is gone could still run on it.
+    assert eventually(lambda: not os.path.exists(f"/proc/{pid}") or rt._start_time(pid) is None)
     with pytest.raises(ray.exceptions.RayActorError):
         get(receiver.accept.remote("d", ref))
     # Ray kills both ends of a failed transfer unless the transport can abort; this one can (nothing waits).
