@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from . import _devbridge as _ext
 from ._devbridge import (
-    Bridge,
     CopyEvent,
     CopyLayout,
     DeviceHandle,
@@ -61,6 +60,7 @@ from ._errors import (
 )
 from ._tinygrad import synchronize as tinygrad_synchronize
 from ._tinygrad import DeviceMismatchWarning
+from ._bridge import Bridge
 from ._staging import DeviceTensor, ReleaseQueue, adopt, download, spec_for_array, upload
 from ._prefetch import Prefetcher
 from ._portable import (

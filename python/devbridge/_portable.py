@@ -1075,55 +1075,5 @@ class _RestoreReader:
                 self._queue.add(r, event, ring=self._ring, report=False)
 
 
-# ------------------------------------------------------------------------------- attached to the classes
-
-
-def _bridge_export(self: Bridge, x: Any, dtype: Any = None, shape: Any = None, strides: Any = None,
-                   offset: int = 0, *, out: Any = None) -> PortableTensor:
-    return export(self, x, dtype, shape, strides, offset, out=out)
-
-
-def _bridge_export_to(self: Bridge, x: Any, file: BinaryIO, dtype: Any = None, shape: Any = None,
-                      strides: Any = None, offset: int = 0) -> int:
-    return export_to(self, x, file, dtype, shape, strides, offset)
-
-
-def _bridge_import_tensor(self: Bridge, source: Any, spec: ObjectSpec | None = None, *, dtype: Any = None,
-                          shape: Any = None, alignment: int = 256, wait: bool = True) -> DeviceTensor:
-    return import_tensor(self, source, spec, dtype=dtype, shape=shape, alignment=alignment, wait=wait)
-
-
-def _bridge_transfer(self: Bridge, x: Any, dst_bridge: Bridge, **kwargs: Any) -> DeviceTensor:
-    return transfer(self, x, dst_bridge, **kwargs)
-
-
-def _bridge_checkpoint(self: Bridge, path: Any, tensors: Mapping[str, Any], *,
-                       metadata: Mapping[str, str] | None = None, checksum: str = _DEFAULT_CHECKSUM) -> dict[str, str]:
-    return checkpoint(self, path, tensors, metadata=metadata, checksum=checksum)
-
-
-def _bridge_restore(self: Bridge, path: Any, *, alignment: int = 256, verify: bool = True) -> dict[str, DeviceTensor]:
-    return restore(self, path, alignment=alignment, verify=verify)
-
-
-_bridge_export.__doc__ = export.__doc__
-_bridge_export_to.__doc__ = export_to.__doc__
-_bridge_import_tensor.__doc__ = import_tensor.__doc__
-_bridge_transfer.__doc__ = transfer.__doc__
-_bridge_checkpoint.__doc__ = checkpoint.__doc__
-_bridge_restore.__doc__ = restore.__doc__
-
-
-def _install() -> None:
-    Bridge.export = _bridge_export
-    Bridge.export_to = _bridge_export_to
-    Bridge.import_tensor = _bridge_import_tensor
-    Bridge.transfer = _bridge_transfer
-    Bridge.checkpoint = _bridge_checkpoint
-    Bridge.restore = _bridge_restore
-
-
-_install()
-
 __all__ = ["CheckpointError", "PortableTensor", "checkpoint", "checkpoint_info", "export", "export_to",
            "import_tensor", "restore", "transfer"]

@@ -1131,31 +1131,7 @@ def _download_chunks(bridge: Bridge, queue: ReleaseQueue, handle: DeviceHandle, 
 # ------------------------------------------------------------------------------- attached to the classes
 
 
-def _bridge_upload(self: Bridge, array: Any, *, dtype: Any = None, alignment: int = 256,
-                   wait: bool = False) -> DeviceTensor:
-    return upload(self, array, dtype=dtype, alignment=alignment, wait=wait)
-
-
-def _bridge_download(self: Bridge, x: Any, out: np.ndarray | None = None, *, dtype: Any = None,
-                     shape: Any = None) -> np.ndarray:
-    return download(self, x, out, dtype=dtype, shape=shape)
-
-
-_bridge_upload.__doc__ = upload.__doc__
-_bridge_download.__doc__ = download.__doc__
-
-
-def _bridge_adopt(self: Bridge, array: Any, *, dtype: Any = None) -> DeviceTensor:
-    return adopt(self, array, dtype=dtype)
-
-
-_bridge_adopt.__doc__ = adopt.__doc__
-
-
 def _install() -> None:
-    Bridge.adopt = _bridge_adopt
-    Bridge.upload = _bridge_upload
-    Bridge.download = _bridge_download
     Bridge.release_when_safe = _bridge_release_when_safe
     HostRing.release_when_safe = _ring_release_when_safe
     HostRing.reserve = _reserve

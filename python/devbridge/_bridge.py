@@ -1,0 +1,87 @@
+"""``devbridge.Bridge``: the extension's ``Bridge`` with the pure-Python layers' calls as its methods.
+
+The bound class (python/src/bridge.cpp) has the contract's calls (alloc, copies, views, restart...).
+The one-call staging (``upload``, ``download``, ``adopt``), portable tensors (``export``, ``export_to``,
+``import_tensor``, ``transfer``) and checkpoints (``checkpoint``, ``restore``) are module functions
+taking the bridge first; each method here is the same call spelled ``bridge.name(...)``, defined in
+this one class instead of being attached to the extension's class when a module is imported.
+"""
+
+from __future__ import annotations
+
+from typing import Any, BinaryIO, Callable, Mapping
+
+import numpy as np
+
+from . import _devbridge, _portable, _staging
+from ._devbridge import ObjectSpec
+from ._portable import PortableTensor
+from ._staging import DeviceTensor
+
+
+def _documented_as(function: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The method's docstring is its module function's: one text for both spellings of the call."""
+
+    def document(method: Callable[..., Any]) -> Callable[..., Any]:
+        method.__doc__ = function.__doc__
+        return method
+
+    return document
+
+
+class Bridge(_devbridge.Bridge):
+    __doc__ = _devbridge.Bridge.__doc__  # the constructor's arguments are the extension's
+
+    # As the extension's class: no instance attributes, no weak references (state lives in C++).
+    __slots__ = ()
+
+    # ------------------------------------------------------------------------------ staging (_staging)
+
+    @_documented_as(_staging.upload)
+    def upload(self, array: Any, *, dtype: Any = None, alignment: int = 256, wait: bool = False) -> DeviceTensor:
+        return _staging.upload(self, array, dtype=dtype, alignment=alignment, wait=wait)
+
+    @_documented_as(_staging.download)
+    def download(self, x: Any, out: np.ndarray | None = None, *, dtype: Any = None,
+                 shape: Any = None) -> np.ndarray:
+        return _staging.download(self, x, out, dtype=dtype, shape=shape)
+
+    @_documented_as(_staging.adopt)
+    def adopt(self, array: Any, *, dtype: Any = None) -> DeviceTensor:
+        return _staging.adopt(self, array, dtype=dtype)
+
+    # ------------------------------------------------------------------- portable tensors (_portable)
+
+    @_documented_as(_portable.export)
+    def export(self, x: Any, dtype: Any = None, shape: Any = None, strides: Any = None, offset: int = 0,
+               *, out: Any = None) -> PortableTensor:
+        return _portable.export(self, x, dtype, shape, strides, offset, out=out)
+
+    @_documented_as(_portable.export_to)
+    def export_to(self, x: Any, file: BinaryIO, dtype: Any = None, shape: Any = None, strides: Any = None,
+                  offset: int = 0) -> int:
+        return _portable.export_to(self, x, file, dtype, shape, strides, offset)
+
+    @_documented_as(_portable.import_tensor)
+    def import_tensor(self, source: Any, spec: ObjectSpec | None = None, *, dtype: Any = None,
+                      shape: Any = None, alignment: int = 256, wait: bool = True) -> DeviceTensor:
+        return _portable.import_tensor(self, source, spec, dtype=dtype, shape=shape, alignment=alignment,
+                                       wait=wait)
+
+    @_documented_as(_portable.transfer)
+    def transfer(self, x: Any, dst_bridge: _devbridge.Bridge, **kwargs: Any) -> DeviceTensor:
+        return _portable.transfer(self, x, dst_bridge, **kwargs)
+
+    # ------------------------------------------------------------------------------------ checkpoints
+
+    @_documented_as(_portable.checkpoint)
+    def checkpoint(self, path: Any, tensors: Mapping[str, Any], *, metadata: Mapping[str, str] | None = None,
+                   checksum: str = _portable._DEFAULT_CHECKSUM) -> dict[str, str]:
+        return _portable.checkpoint(self, path, tensors, metadata=metadata, checksum=checksum)
+
+    @_documented_as(_portable.restore)
+    def restore(self, path: Any, *, alignment: int = 256, verify: bool = True) -> dict[str, DeviceTensor]:
+        return _portable.restore(self, path, alignment=alignment, verify=verify)
+
+
+__all__ = ["Bridge"]
