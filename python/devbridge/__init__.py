@@ -63,17 +63,8 @@ from ._tinygrad import DeviceMismatchWarning
 from ._bridge import Bridge
 from ._staging import DeviceTensor, ReleaseQueue, adopt, download, spec_for_array, upload
 from ._prefetch import Prefetcher
-from ._portable import (
-    CheckpointError,
-    PortableTensor,
-    checkpoint,
-    checkpoint_info,
-    export,
-    export_to,
-    import_tensor,
-    restore,
-    transfer,
-)
+from ._portable import PortableTensor, export, export_to, import_tensor, transfer
+from ._checkpoint import CheckpointError, checkpoint, checkpoint_info, restore
 
 __version__ = "0.1.0"
 

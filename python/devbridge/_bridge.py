@@ -2,7 +2,7 @@
 
 The bound class (python/src/bridge.cpp) has the contract's calls (alloc, copies, views, restart...).
 The one-call staging (``upload``, ``download``, ``adopt``), portable tensors (``export``, ``export_to``,
-``import_tensor``, ``transfer``) and checkpoints (``checkpoint``, ``restore``) are module functions
+``import_tensor``, ``transfer``) and checkpoint files (``checkpoint``, ``restore``) are module functions
 taking the bridge first; each method here is the same call spelled ``bridge.name(...)``, defined in
 this one class instead of being attached to the extension's class when a module is imported.
 """
@@ -13,7 +13,7 @@ from typing import Any, BinaryIO, Callable, Mapping
 
 import numpy as np
 
-from . import _devbridge, _portable, _staging
+from . import _checkpoint, _devbridge, _portable, _staging
 from ._devbridge import ObjectSpec
 from ._portable import PortableTensor
 from ._staging import DeviceTensor
@@ -72,16 +72,16 @@ class Bridge(_devbridge.Bridge):
     def transfer(self, x: Any, dst_bridge: _devbridge.Bridge, **kwargs: Any) -> DeviceTensor:
         return _portable.transfer(self, x, dst_bridge, **kwargs)
 
-    # ------------------------------------------------------------------------------------ checkpoints
+    # -------------------------------------------------------------------------- checkpoints (_checkpoint)
 
-    @_documented_as(_portable.checkpoint)
+    @_documented_as(_checkpoint.checkpoint)
     def checkpoint(self, path: Any, tensors: Mapping[str, Any], *, metadata: Mapping[str, str] | None = None,
-                   checksum: str = _portable._DEFAULT_CHECKSUM) -> dict[str, str]:
-        return _portable.checkpoint(self, path, tensors, metadata=metadata, checksum=checksum)
+                   checksum: str = _checkpoint._DEFAULT_CHECKSUM) -> dict[str, str]:
+        return _checkpoint.checkpoint(self, path, tensors, metadata=metadata, checksum=checksum)
 
-    @_documented_as(_portable.restore)
+    @_documented_as(_checkpoint.restore)
     def restore(self, path: Any, *, alignment: int = 256, verify: bool = True) -> dict[str, DeviceTensor]:
-        return _portable.restore(self, path, alignment=alignment, verify=verify)
+        return _checkpoint.restore(self, path, alignment=alignment, verify=verify)
 
 
 __all__ = ["Bridge"]

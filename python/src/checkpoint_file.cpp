@@ -1,6 +1,6 @@
 // devbridge._devbridge._checkpoint_open: the checkpoint header reader
 // (include/devbridge/checkpoint_file.hpp, the one `devbridge checkpoint
-// inspect` uses) for checkpoint_info and restore (python/devbridge/_portable.py).
+// inspect` uses) for checkpoint_info and restore (python/devbridge/_checkpoint.py).
 //
 // It hands back the descriptor the header was read through, as an
 // io.FileIO, so restore reads the data from the file it checked: a second

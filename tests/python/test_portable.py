@@ -701,7 +701,7 @@ def test_copy_to_peer_validates_both_sides_and_says_when_there_is_no_path(bridge
 def test_replacing_a_checkpoint_frees_the_old_file_after_the_call(bridges, rng, tmp_path):
     """The replaced file keeps a second name through the rename (so the rename frees nothing inline); that
     name goes on a thread of its own, and nothing but the new file is left."""
-    from devbridge import _portable
+    from devbridge import _checkpoint
 
     b = bridges("host")
     path = tmp_path / "state.safetensors"
@@ -709,5 +709,5 @@ def test_replacing_a_checkpoint_frees_the_old_file_after_the_call(bridges, rng, 
     b.checkpoint(path, {"x": b.upload(first, wait=True)})
     b.checkpoint(path, {"x": b.upload(second, wait=True)})
     assert np.array_equal(safetensors.numpy.load_file(str(path))["x"], second)
-    _portable._UNLINKER.submit(lambda: None).result()  # the unlinker's queue has run
+    _checkpoint._UNLINKER.submit(lambda: None).result()  # the unlinker's queue has run
     assert [p.name for p in tmp_path.iterdir()] == ["state.safetensors"]

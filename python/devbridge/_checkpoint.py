@@ -1,0 +1,548 @@
+"""Checkpoint files: safetensors checkpoint/restore of a bridge's tensors.
+
+Pure Python over the staging layer (``_staging``) and the portable tensors' device
+reads (``_portable``: a tensor resolved to what it names, streamed out through the
+ring). See docs/PORTABLE.md.
+
+* ``checkpoint(bridge, path, {name: tensor})`` writes a safetensors file
+  atomically, with the generation and a checksum of the data in its metadata;
+  ``restore(bridge, path)`` -> ``{name: DeviceTensor}`` verifies it while it
+  streams, and frees everything when the file is bad.
+* ``checkpoint_info(path)``: the header, after the checks ``restore`` makes first.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import hashlib
+import json
+import os
+import stat
+import tempfile
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, BinaryIO, Callable, Mapping, NamedTuple
+
+import numpy as np
+
+from ._devbridge import Bridge, DeviceHandle, _checkpoint_open, dtype_info, _safetensors_name
+from ._errors import BridgeError
+from ._portable import (
+    _MEMORY_CHUNK_BYTES,
+    CheckpointError,
+    _Source,
+    _context,
+    _read_exactly,
+    _resolve,
+    _stream,
+    _write_all,
+)
+from ._staging import (
+    _CLEANUP_WAIT_S,
+    DeviceTensor,
+    _chunk_bytes,
+    _chunk_error,
+    _cleanup,
+    _host_bytes,
+    _room,
+    spec_for_array,
+    _staging_queue,
+    _upload,
+)
+
+FORMAT = "devbridge-checkpoint"
+FORMAT_VERSION = "1"
+# Restore: ring ranges read from the file and not yet hashed (each also has its upload in flight).
+_RESTORE_WINDOW = 4
+# Checksums a checkpoint may record: algorithm -> hex digits. checkpoint writes crc32 by default (see
+# docs/PORTABLE.md, "Checksums"); restore and `devbridge checkpoint inspect` verify both.
+_CHECKSUM_DIGITS = {"sha256": 64, "crc32": 8}
+_DEFAULT_CHECKSUM = "crc32"
+
+
+def _checked_path(path: Any) -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, not {type(path).__name__}")
+    path = os.fspath(path)
+    if not isinstance(path, str):
+        raise TypeError(f"path must name a str path, not {type(path).__name__}")
+    if not path:
+        raise ValueError("path is empty")
+    return path
+
+
+class _Crc32:
+    """zlib's CRC-32 (the IEEE polynomial, as gzip and PNG) behind hashlib's interface."""
+
+    name = "crc32"
+
+    def __init__(self) -> None:
+        self._value = 0
+
+    def update(self, data: Any) -> None:
+        self._value = zlib.crc32(data, self._value)
+
+    def hexdigest(self) -> str:
+        return f"{self._value:08x}"
+
+
+def _new_digest(algorithm: str) -> Any:
+    return hashlib.sha256() if algorithm == "sha256" else _Crc32()
+
+
+class _Hasher:
+    """Feeds a digest, in order, on a thread of its own, so the checksum overlaps the device copies and the
+    file I/O (hashlib and zlib release the GIL for large buffers, and so do os.write and readinto).
+    ``submit(view)`` returns a Future; the caller keeps the bytes unchanged until it is done."""
+
+    def __init__(self, algorithm: str) -> None:
+        self.algorithm = algorithm
+        self.digest = _new_digest(algorithm)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="devbridge-checksum")
+
+    def submit(self, view: memoryview) -> Future:
+        return self._pool.submit(self.digest.update, view)
+
+    def checksum(self) -> str:
+        """``"<algorithm>:<hex>"`` of everything submitted (waits for it)."""
+        self._pool.shutdown(wait=True)
+        return f"{self.algorithm}:{self.digest.hexdigest()}"
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+def checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], *,
+               metadata: Mapping[str, str] | None = None, checksum: str = _DEFAULT_CHECKSUM) -> dict[str, str]:
+    """Writes ``{name: DeviceTensor | DeviceHandle}`` of ``bridge`` to ``path`` as a safetensors file.
+
+    The file loads with the ``safetensors`` package (and numpy/torch loaders).
+    Its ``__metadata__`` holds the format and its version, the bridge's
+    generation, a checksum of the data section (``checksum``: ``"crc32"``,
+    the default, or ``"sha256"``; restore verifies either), each tensor's
+    devbridge dtype (``dtypes``, JSON) and ``metadata``'s own entries. The
+    tensors stream from the ring to the file chunk by chunk (the checkpoint is
+    never held in memory), hashed on a thread of their own while they are
+    written, into a temporary file beside ``path`` that is fsynced, renamed
+    over ``path`` and its directory fsynced: a crash leaves the old file or
+    the new one, never a mix. Returns the metadata written.
+    """
+    path = _checked_path(path)
+    if not isinstance(checksum, str):
+        raise TypeError(f"checksum must be a str, not {type(checksum).__name__}")
+    if checksum not in _CHECKSUM_DIGITS:
+        raise ValueError(f"checksum {checksum!r} is not one of {', '.join(sorted(_CHECKSUM_DIGITS))}")
+    if not isinstance(tensors, Mapping):
+        raise TypeError(f"tensors must be a mapping of names to DeviceTensors or DeviceHandles, "
+                        f"not {type(tensors).__name__}")
+    sources: list[tuple[str, _Source]] = []
+    for name, x in tensors.items():
+        if not isinstance(name, str):
+            raise TypeError(f"checkpoint {path!r}: tensor names must be str, not {type(name).__name__}")
+        if not name or name == "__metadata__":
+            raise ValueError(f"checkpoint {path!r}: {name!r} cannot name a tensor")
+        _check_utf8(name, f"checkpoint {path!r}: tensor name {name!r}")
+        with _context(f"checkpoint {path!r}: tensor {name!r}"):
+            sources.append((name, _resolve(bridge, x)))
+    # The package's own order: widest dtype first, so every tensor starts aligned to its itemsize.
+    sources.sort(key=lambda entry: (-dtype_info(entry[1].dtype)["itemsize"], entry[0]))
+    meta = _checkpoint_metadata(bridge, metadata, {name: s.dtype for name, s in sources},
+                                f"{checksum}:" + "0" * _CHECKSUM_DIGITS[checksum])
+    header: dict[str, Any] = {"__metadata__": meta}
+    begin = 0
+    for name, source in sources:
+        header[name] = {"dtype": _safetensors_name(source.dtype), "shape": list(source.shape),
+                        "data_offsets": [begin, begin + source.nbytes]}
+        begin += source.nbytes
+
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with open(fd, "wb", buffering=0) as file:
+            hasher = _Hasher(checksum)
+            try:
+                encoded = _encode_header(header)
+                with contextlib.suppress(OSError):  # the file's blocks at once, not a write at a time; a hint
+                    os.posix_fallocate(file.fileno(), 0, len(encoded) + begin)
+                _write_all(file.write, encoded)  # the checksum is a placeholder of the final length
+
+                writeback = _Writeback(file.fileno(), len(encoded))
+
+                def sink(offset: int, chunk: np.ndarray) -> None:
+                    # The chunk is a ring range that goes back when this returns: it is hashed (on the
+                    # hasher's thread) while it is written here, and both are done before the return.
+                    view = memoryview(chunk).cast("B")
+                    hashed = hasher.submit(view)
+                    try:
+                        _write_all(file.write, view)
+                    finally:
+                        hashed.result()
+                    writeback.wrote(view.nbytes)
+
+                for name, source in sources:
+                    with _context(f"checkpoint {path!r}: tensor {name!r}"):
+                        _stream(source, sink)
+                meta["checksum"] = hasher.checksum()
+                file.seek(0)
+                _write_all(file.write, _encode_header(header))
+            finally:
+                hasher.close()
+            os.fchmod(file.fileno(), _mode_for(path))
+            os.fsync(file.fileno())
+        replaced = _keep_old_blocks(path, temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    _fsync_directory(directory)
+    if replaced is not None:
+        _free_later(replaced)
+    return dict(meta)
+
+
+def _keep_old_blocks(path: str, temporary: str) -> str | None:
+    """A second name for the file ``path`` is about to replace, so the rename does not free its blocks
+    inline (tens of milliseconds for a large checkpoint): they are freed after the call returns. None
+    when there is no old file, or the file system has no hard links (the rename then frees them)."""
+    kept = temporary[:-len(".tmp")] + ".old"
+    try:
+        os.link(path, kept)
+    except OSError:
+        return None
+    return kept
+
+
+def _free_later(kept: str) -> None:
+    """Unlinks the replaced checkpoint's last name on a thread of its own (joined when the interpreter
+    exits, so nothing is left behind but by a crash, and then only a ``.<name>.*.old`` beside it)."""
+    global _UNLINKER
+    if _UNLINKER is None:
+        _UNLINKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="devbridge-unlink")
+    _UNLINKER.submit(_unlink_quietly, kept)
+
+
+def _unlink_quietly(name: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(name)
+
+
+_UNLINKER: ThreadPoolExecutor | None = None
+
+
+def _checkpoint_metadata(bridge: Bridge, extra: Mapping[str, str] | None, dtypes_by_name: dict[str, str],
+                         checksum: str) -> dict[str, str]:
+    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "generation": str(bridge.generation),
+            "checksum": checksum, "dtypes": json.dumps(dtypes_by_name, sort_keys=True)}
+    if extra is not None:
+        if not isinstance(extra, Mapping):
+            raise TypeError(f"metadata must be a mapping of str to str, not {type(extra).__name__}")
+        for key, value in extra.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise TypeError(f"metadata entries must be str to str, not {type(key).__name__} to "
+                                f"{type(value).__name__}")
+            if key in meta:
+                raise ValueError(f"metadata key {key!r} is devbridge's own")
+            _check_utf8(key, f"metadata key {key!r}")
+            _check_utf8(value, f"metadata {key!r}'s value {value!r}")
+            meta[key] = value
+    return meta
+
+
+def _check_utf8(text: str, what: str) -> None:
+    """A str with a lone surrogate (``"\\ud800"``) has no UTF-8: json.dumps would still write it (as an
+    escape), and every reader, safetensors' and restore's, would refuse the file. Refused before anything
+    is written."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} is not valid UTF-8 (it holds a lone surrogate); a safetensors header is "
+                         "UTF-8") from None
+
+
+def _encode_header(header: dict[str, Any]) -> bytes:
+    """8-byte little-endian length, then the JSON header padded with spaces so the data starts 8-aligned
+    (as the safetensors package writes it)."""
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text
+
+
+def _mode_for(path: str) -> int:
+    """The permissions the renamed file should have: the old file's, or 0o666 less the umask."""
+    with contextlib.suppress(OSError):
+        return stat.S_IMODE(os.stat(path).st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+class _Writeback:
+    """Starts the disk on what a checkpoint has written so far, every ``_WRITEBACK_BYTES``, without
+    waiting (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``): the final fsync then waits for the
+    tail only, instead of the whole file after the last write. Elsewhere, or if the call is refused,
+    nothing (the fsync does it all)."""
+
+    def __init__(self, fd: int, start: int) -> None:
+        self._fd, self._flushed, self._written = fd, 0, start
+
+    def wrote(self, nbytes: int) -> None:
+        self._written += nbytes
+        if self._written - self._flushed < _WRITEBACK_BYTES or _sync_file_range is None:
+            return
+        if _sync_file_range(self._fd, self._flushed, self._written - self._flushed, _SYNC_FILE_RANGE_WRITE) == 0:
+            self._flushed = self._written
+
+
+_WRITEBACK_BYTES = 32 << 20
+_SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h
+
+
+def _libc_sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    try:
+        import ctypes
+
+        call = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    call.restype = ctypes.c_int
+    return call
+
+
+_sync_file_range = _libc_sync_file_range()
+
+
+def _fsync_directory(directory: str) -> None:
+    """Makes the rename durable: the directory entry, not only the file, must reach the disk."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return  # a platform that cannot open directories (Windows) has no such fsync
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _Entry(NamedTuple):
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+class _Header(NamedTuple):
+    metadata: dict[str, str]
+    entries: list[_Entry]  # in file order
+
+
+def _open_checkpoint(path: str) -> tuple[BinaryIO, _Header]:
+    """Opens ``path`` and checks its header against the file before anything is allocated: the C++
+    reader ``devbridge checkpoint inspect`` uses (include/devbridge/checkpoint_file.hpp), so both refuse
+    the same files with the same reasons. Returns the file the header was read through (unbuffered,
+    positioned at the data section) and the header; ``CheckpointError`` names the file when refused."""
+    file, metadata, tensors, data_start = _checkpoint_open(os.fsencode(path), repr(path))
+    file.seek(data_start)
+    return file, _Header(metadata, [_Entry(*t) for t in tensors])
+
+
+def checkpoint_info(path: Any) -> dict[str, Any]:
+    """A checkpoint's header without restoring it: ``{"metadata": {...}, "tensors": {name: {"dtype",
+    "shape", "nbytes"}}}`` (devbridge dtype names), after the same checks ``restore`` makes first."""
+    path = _checked_path(path)
+    file, header = _open_checkpoint(path)
+    file.close()
+    return {"metadata": dict(header.metadata),
+            "tensors": {e.name: {"dtype": e.dtype, "shape": e.shape, "nbytes": e.end - e.begin}
+                        for e in header.entries}}
+
+
+# The dtypes each bridge's device holds, by bridge domain (process-unique, never reused). They are fixed
+# when the bridge is made; backend_info() asks the backend afresh (the host reads /proc/meminfo), so restore
+# reads them once per bridge. A Bridge takes no attribute and no weak reference: past the bound, the oldest
+# entries are forgotten (and read again if asked).
+_HELD_DTYPES: collections.OrderedDict[int, frozenset[str]] = collections.OrderedDict()
+_HELD_DTYPES_BOUND = 64
+
+
+def _held_dtypes(bridge: Bridge) -> frozenset[str]:
+    domain = bridge.domain
+    held = _HELD_DTYPES.get(domain)
+    if held is None:
+        held = _HELD_DTYPES[domain] = frozenset(bridge.backend_info()["dtypes"])
+        while len(_HELD_DTYPES) > _HELD_DTYPES_BOUND:
+            _HELD_DTYPES.popitem(last=False)
+    return held
+
+
+def restore(bridge: Bridge, path: Any, *, alignment: int = 256, verify: bool = True) -> dict[str, DeviceTensor]:
+    """Restores a safetensors checkpoint into ``bridge``'s current generation: ``{name: DeviceTensor}``.
+
+    Any safetensors file works (a devbridge checkpoint, or one the
+    ``safetensors`` package wrote), on any backend and in any generation. The
+    header is checked against the file before anything is allocated: a file
+    that is not safetensors, is truncated, or holds a dtype devbridge lacks or
+    an empty tensor raises ``CheckpointError`` naming the file, the tensor
+    and why. The data streams from the file through the ring chunk by chunk;
+    a devbridge checkpoint's sha256 is computed on the way and, with
+    ``verify`` (the default), compared at the end. When the checksum differs,
+    or an allocation or copy fails (the error names the tensor), every tensor
+    restored so far is freed before the error is raised.
+    """
+    if not isinstance(bridge, Bridge):
+        raise TypeError(f"bridge must be a devbridge.Bridge, not {type(bridge).__name__}")
+    if not isinstance(verify, bool):
+        raise TypeError(f"verify must be a bool, not {type(verify).__name__}")
+    path = _checked_path(path)
+    restored: dict[str, DeviceTensor] = {}
+    file, header = _open_checkpoint(path)
+    with file:
+        held = _held_dtypes(bridge)
+        specs = []  # each tensor's (spec, extent), kept for the uploads
+        for entry in header.entries:  # spec_for_array's own checks (alignment, sizes) before any allocation
+            spec, extent = spec_for_array(entry.shape, entry.dtype, alignment)
+            specs.append((spec, extent))
+            if entry.dtype not in held:  # before anything is allocated or read: the bridge's own refusal
+                with _context(f"restore {path!r}: tensor {entry.name!r} is {entry.dtype} (nothing was restored)"):
+                    bridge.free(bridge.alloc(spec, extent))  # UnsupportedDType, checked before any allocation
+        expected = header.metadata.get("checksum") if verify else None
+        hasher = _Hasher(expected.partition(":")[0]) if expected else None
+        try:
+            with _staging_queue(bridge) as queue:
+                reader = _RestoreReader(bridge, queue, file.readinto, hasher)
+                try:
+                    for entry, (spec, extent) in zip(header.entries, specs):
+                        with _context(f"restore {path!r}: tensor {entry.name!r}"):
+                            fill = (functools.partial(reader.read_into_memory, name=entry.dtype, shape=entry.shape)
+                                    if bridge.host_addressable else reader.stage)
+                            restored[entry.name] = _upload(
+                                bridge, queue, entry.shape, entry.dtype, spec, extent, False,
+                                lambda handle: fill(handle, nbytes=entry.end - entry.begin))
+                finally:
+                    reader.drain()
+            for name, tensor in restored.items():
+                with _context(f"restore {path!r}: tensor {name!r}"):
+                    tensor.wait()
+            if hasher is not None and (actual := hasher.checksum()) != expected:
+                raise CheckpointError(f"{path!r} is corrupt: the data's checksum is {actual}, "
+                                      f"the file records {expected}; nothing was restored")
+        except BaseException:
+            if hasher is not None:
+                hasher.close()
+            for tensor in restored.values():  # their copies first, so the frees happen now, not deferred
+                with contextlib.suppress(BridgeError):
+                    tensor.wait(timeout=_CLEANUP_WAIT_S)
+                tensor.free()
+            raise
+    return restored
+
+
+class _RestoreReader:
+    """Streams a checkpoint's data section from the file into device allocations through the ring, with
+    the checksum on the hasher's thread: chunk k is hashed while chunk k+1 is read into the ring and chunk
+    k copies to the device. A ring range goes back (through the release queue, once its copy is done) only
+    after the hash has read it. The ranges of one tensor may still be hashing while the next tensor is
+    read; ``drain()`` settles them all (call it once, also after a failure)."""
+
+    def __init__(self, bridge: Bridge, queue: Any, readinto: Callable[[Any], int | None],
+                 hasher: _Hasher | None) -> None:
+        self._bridge = bridge
+        self._queue = queue
+        self._ring = bridge.ring
+        self._readinto = readinto
+        self._hasher = hasher
+        self._pending: collections.deque[tuple[Any, Any, Future | None]] = collections.deque()
+
+    def stage(self, handle: DeviceHandle, nbytes: int) -> list:
+        """Fills ``handle`` from offset 0 with the file's next ``nbytes``: ``(event, offset, length)`` per
+        chunk, as ``_stage_chunks`` returns them."""
+        bridge, ring = self._bridge, self._ring
+        chunk = _chunk_bytes(bridge, nbytes)
+        events: list = []
+        index = offset = n = 0
+        try:
+            while offset < nbytes:
+                n = min(chunk, nbytes - offset)
+                r = _room(bridge, self._queue, lambda: ring.reserve(n), self._settle_oldest)
+                try:
+                    view = memoryview(ring.ndarray(r, "uint8")).cast("B")
+                    self._read(view, offset)
+                    event = _room(bridge, self._queue, lambda: bridge.host_to_device(r, handle, offset),
+                                  self._settle_oldest)
+                except BaseException:
+                    ring.release(r)
+                    raise
+                hashed = self._hasher.submit(view) if self._hasher is not None else None
+                self._pending.append((r, event, hashed))
+                events.append((event, offset, n))
+                index += 1
+                offset += n
+                while len(self._pending) > _RESTORE_WINDOW:
+                    self._settle_oldest()
+            return events
+        except BaseException as error:
+            self.drain()
+            _cleanup(bridge, self._queue, [e for e, _, _ in events])
+            if isinstance(error, BridgeError):
+                raise _chunk_error(error, "upload", index, offset, n, nbytes) from error
+            raise
+
+    def read_into_memory(self, handle: DeviceHandle, name: str, shape: tuple[int, ...], nbytes: int) -> list:
+        """``stage`` for host-addressable device memory (``bridge.host_addressable``): the file is read
+        straight into the allocation, a chunk at a time, at the address of a view of it (no ring, so no
+        copy events); each chunk is hashed on the hasher's thread while the next is read, and every hash is
+        done before the view goes."""
+        if nbytes == 0:
+            return []
+        with self._bridge.view(handle, name, shape) as view:
+            memory = memoryview(_host_bytes(view.ptr, nbytes)).cast("B")
+            hashed: Future | None = None
+            try:
+                for offset in range(0, nbytes, _MEMORY_CHUNK_BYTES):
+                    piece = memory[offset:offset + _MEMORY_CHUNK_BYTES]
+                    self._read(piece, offset)
+                    if self._hasher is not None:
+                        if hashed is not None:
+                            hashed.result()
+                        hashed = self._hasher.submit(piece)
+            finally:
+                if hashed is not None:
+                    hashed.result()
+                memory.release()
+        return []
+
+    def _read(self, view: memoryview, offset: int) -> None:
+        _read_exactly(self._readinto, view, offset)
+
+    def _settle_oldest(self) -> bool:
+        """Makes room: the oldest range's hash finishes and its range goes back once its copy is done
+        (waited for here). False when nothing is pending."""
+        if not self._pending:
+            return False
+        r, event, hashed = self._pending.popleft()
+        try:
+            if hashed is not None:
+                hashed.result()
+        finally:
+            self._queue.add(r, event, ring=self._ring, report=False)
+        with contextlib.suppress(BridgeError):  # a failed copy is reported by its tensor's wait
+            self._bridge.wait(event)
+        self._queue.reap(raise_failures=False)
+        return True
+
+    def drain(self) -> None:
+        """Every pending range's hash finishes and the range goes to the release queue (not waited for)."""
+        while self._pending:
+            r, event, hashed = self._pending.popleft()
+            try:
+                if hashed is not None:
+                    hashed.exception()  # waits; a failure shows in the digest's comparison
+            finally:
+                self._queue.add(r, event, ring=self._ring, report=False)
+
+
+__all__ = ["CheckpointError", "checkpoint", "checkpoint_info", "restore"]
