@@ -44,7 +44,7 @@ void reclaim(benchmark::State& state, Case which) {
   Bridge bridge(host::make_host_backend(), BridgeOptions{.ring_bytes = 1 << 20});
   Backend& backend = bridge.backend();
   const auto x = bridge.alloc_device(kFloats, kBytes);
-  const std::uint64_t base = backend.live_allocations();  // x and nothing else
+  const std::uint64_t base = backend.test_controls()->live_allocations();  // x and nothing else
   auto& trips = g_trips[which];
   for (auto _ : state) {
     const auto y = bridge.alloc_device(kFloats, kBytes);
@@ -60,7 +60,7 @@ void reclaim(benchmark::State& state, Case which) {
     }
     const auto start = Clock::now();
     bridge.release(y);
-    while (backend.live_allocations() != base) (void)bridge.stats();
+    while (backend.test_controls()->live_allocations() != base) (void)bridge.stats();
     const double ns = ns_since(start);
     trips.push_back(ns);
     state.SetIterationTime(ns * 1e-9);

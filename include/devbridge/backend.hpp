@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "devbridge/error.hpp"
+#include "devbridge/test_controls.hpp"
 #include "devbridge/types.hpp"
 
 namespace devbridge {
@@ -333,16 +334,12 @@ class Backend {
         (void)len;
     return false;
   }
-  // Test control: device allocations made and not yet freed (a restart or
-  // close must bring it to 0).
-  virtual std::uint64_t live_allocations() const { unsupported("live-allocation count"); }
-  // Test control: while held, asynchronous copies and launches submitted
-  // from now on stay pending (their fences do not pass); quiesce() lifts the
-  // hold.
-  virtual void hold_copies(bool hold) {
-    (void)hold;
-    unsupported("way to hold copies");
-  }
+
+  // ---- tests ----
+  // What tests observe and steer behind the seam (leak counts, holding
+  // copies, the fake's scripting): devbridge/test_controls.hpp. Null for a
+  // backend without any. Production paths never call it.
+  virtual TestControls* test_controls() noexcept { return nullptr; }
 
  private:
   [[noreturn]] static void unsupported(std::string_view what) {

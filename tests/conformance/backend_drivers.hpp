@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <ostream>
 #include <span>
 #include <string>
@@ -47,16 +49,11 @@ struct BackendDriver {
   std::function<std::string()> unavailable_reason;
   // A backend whose async copies complete on their own (the fake is switched
   // to auto-complete here, so every test can simply wait).
+  // What the suite counts and holds comes from the backend's test controls
+  // (Backend::test_controls): live_allocations, the backend's own count of
+  // device allocations (without controls, tests fall back to the bridge's
+  // count), and hold_copies (without it, tests that need it are skipped).
   std::function<std::unique_ptr<Backend>()> make;
-  // Device allocations the backend itself still holds (not the bridge's
-  // bookkeeping). Null when the backend cannot count them; tests then fall
-  // back to the bridge's count and say so.
-  std::function<std::uint64_t(const Backend&)> live_allocations;
-  // Stops async copies from completing (true) and lets them go again (false),
-  // so a test can observe the pending side of each rule deterministically.
-  // Quiesce (restart, close) must still end held work. Null when the backend
-  // cannot hold copies; tests that need it are skipped.
-  std::function<void(Backend&, bool)> hold_copies;
   // Device addresses are host memory the test may read directly.
   bool host_addressable = false;
   // A blockable queue standing in for a consumer's; null when the backend's
@@ -93,9 +90,24 @@ class DriverTest : public ::testing::TestWithParam<BackendDriver> {
   }
   Bridge& bridge() { return *bridge_; }
 
-  bool can_hold() const { return static_cast<bool>(driver().hold_copies); }
+  // Whether the backend can hold copies: its controls say, asked once per
+  // backend (a test asks before it makes its bridge).
+  bool can_hold() const {
+    static std::map<std::string_view, bool> known;
+    static std::mutex mutex;
+    std::lock_guard lock(mutex);
+    auto [it, fresh] = known.try_emplace(driver().name, false);
+    if (fresh) {
+      auto backend = driver().make();
+      const TestControls* controls = backend->test_controls();
+      it->second = controls != nullptr && controls->can_hold_copies();
+    }
+    return it->second;
+  }
+  // Stops async copies from completing (true) and lets them go again
+  // (false); quiesce (restart, close) must still end held work.
   void hold(bool on) {
-    driver().hold_copies(bridge_->backend(), on);
+    bridge_->backend().test_controls()->hold_copies(on);
     held_ = on;
   }
 
@@ -103,8 +115,8 @@ class DriverTest : public ::testing::TestWithParam<BackendDriver> {
   // own count where it has one), not counting segments the bridge's caching
   // pool keeps wholly free for reuse (on by default for CUDA and OpenCL).
   std::uint64_t backend_live_allocations() {
-    if (driver().live_allocations)
-      return driver().live_allocations(bridge_->backend()) - bridge_->memory_stats().free_segments;
+    if (const TestControls* controls = bridge_->backend().test_controls())
+      return controls->live_allocations() - bridge_->memory_stats().free_segments;
     return bridge_->stats().live_allocations;
   }
 

@@ -106,22 +106,25 @@ class BoundaryTest : public ::testing::TestWithParam<BackendDriver> {
   }
   Bridge& bridge() { return *bridge_; }
 
+  bool can_hold() const {
+    const TestControls* controls = backend_->test_controls();
+    return controls != nullptr && controls->can_hold_copies();
+  }
   void hold(bool on) {
-    ASSERT_TRUE(driver().hold_copies) << driver().name << " cannot hold copies";
-    driver().hold_copies(*backend_, on);
+    ASSERT_TRUE(can_hold()) << driver().name << " cannot hold copies";
+    backend_->test_controls()->hold_copies(on);
     held_ = on;
   }
 
   // Device allocations the backend itself holds.
   std::uint64_t live_allocations() const {
-    if (driver().live_allocations) return driver().live_allocations(*backend_);
+    if (const TestControls* controls = backend_->test_controls()) return controls->live_allocations();
     return bridge_ ? bridge_->stats().live_allocations : 0;
   }
   // Host blocks the backend holds, where it can count them.
   std::optional<std::uint64_t> live_host_blocks() const {
-    if (const auto* fake = dynamic_cast<const fake::FakeBackend*>(backend_.get())) return fake->live_host_blocks();
-    if (driver().name == "host") return host::live_host_blocks(*backend_);
-    return std::nullopt;
+    const TestControls* controls = backend_->test_controls();
+    return controls != nullptr ? controls->live_host_blocks() : std::nullopt;
   }
 
   // The bridge works after whatever was refused: a fresh allocation takes a
@@ -546,7 +549,7 @@ TEST_P(BoundaryTest, ViewOffsetsShapesAndStrides) {
 // CONTRACT.md, "Bounded records, hostile input": a huge or infinite timeout
 // waits until done; a negative one is a usage error (InvalidRange here).
 TEST_P(BoundaryTest, WaitTimeouts) {
-  if (!driver().hold_copies) GTEST_SKIP() << driver().name << " cannot hold copies";
+  if (!can_hold()) GTEST_SKIP() << driver().name << " cannot hold copies";
   auto& b = make_bridge();
   const auto h = b.alloc_device(spec_of(4096, 64), 4096);
   const auto r = b.reserve(4096);
@@ -594,7 +597,7 @@ TEST_P(BoundaryTest, WaitTimeouts) {
 }
 
 TEST_P(BoundaryTest, WaitForRoomTimeouts) {
-  if (!driver().hold_copies) GTEST_SKIP() << driver().name << " cannot hold copies";
+  if (!can_hold()) GTEST_SKIP() << driver().name << " cannot hold copies";
   constexpr std::uint64_t kBudget = 4096;
   auto& b = make_bridge(kRing, kBudget);
   const auto h = b.alloc_device(spec_of(2 * kBudget, 64), 2 * kBudget);

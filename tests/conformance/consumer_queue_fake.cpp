@@ -23,7 +23,7 @@ class FakeConsumerQueue final : public TestConsumerQueue {
 }  // namespace
 
 std::unique_ptr<TestConsumerQueue> make_fake_consumer_queue(Backend& backend) {
-  return std::make_unique<FakeConsumerQueue>(dynamic_cast<fake::FakeBackend&>(backend));
+  return std::make_unique<FakeConsumerQueue>(*backend.test_controls()->fake());
 }
 
 }  // namespace devbridge::conformance

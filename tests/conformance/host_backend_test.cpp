@@ -108,9 +108,9 @@ TEST(HostBackend, AllocationsAreAlignedWritableMemory) {
     std::memset(at(a), 0x3c, a.bytes);  // real memory: writable end to end
     allocations.push_back(a);
   }
-  EXPECT_EQ(host::live_allocations(*backend), allocations.size());
+  EXPECT_EQ(backend->test_controls()->live_allocations(), allocations.size());
   for (const auto& a : allocations) backend->free(a);
-  EXPECT_EQ(host::live_allocations(*backend), 0u);
+  EXPECT_EQ(backend->test_controls()->live_allocations(), 0u);
 }
 
 // The backend keeps no cache of its own (the bridge's pool keeps freed
@@ -125,13 +125,13 @@ TEST(HostBackend, AFreedBlockGoesBackAtOnceAndLiveBytesCountWhatIsLive) {
   EXPECT_EQ(first.address % (2u << 20), 0u);  // huge-page aligned from 4 MiB up
   std::memset(at(first), 0x5a, kBlock);
   const auto small = backend->allocate(4096, 64);
-  EXPECT_EQ(host::live_bytes(*backend), kBlock + 4096);
+  EXPECT_EQ(*backend->test_controls()->live_bytes(), kBlock + 4096);
   backend->free(first);
-  EXPECT_EQ(backend->live_allocations(), 1u);
-  EXPECT_EQ(host::live_bytes(*backend), 4096u) << "nothing of the freed block is held";
+  EXPECT_EQ(backend->test_controls()->live_allocations(), 1u);
+  EXPECT_EQ(*backend->test_controls()->live_bytes(), 4096u) << "nothing of the freed block is held";
   backend->free(small);
-  EXPECT_EQ(host::live_bytes(*backend), 0u);
-  EXPECT_EQ(backend->live_allocations(), 0u);
+  EXPECT_EQ(*backend->test_controls()->live_bytes(), 0u);
+  EXPECT_EQ(backend->test_controls()->live_allocations(), 0u);
 }
 
 TEST(HostBackend, AllocationFailureNamesBytesAskedAndFree) {
@@ -150,7 +150,7 @@ TEST(HostBackend, AllocationFailureNamesBytesAskedAndFree) {
     EXPECT_NE(message.find("available"), std::string::npos) << message;
     EXPECT_NE(message.find("ENOMEM"), std::string::npos) << message;
   }
-  EXPECT_EQ(host::live_allocations(*backend), 0u);
+  EXPECT_EQ(backend->test_controls()->live_allocations(), 0u);
   try {
     backend->allocate(64, 3);
     FAIL() << "alignment 3 accepted";
@@ -165,9 +165,9 @@ TEST(HostBackend, HostBlocksArePageAlignedAndCounted) {
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(block.data) % static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE)), 0u);
   EXPECT_EQ(block.bytes, 10000u);
   std::memset(block.data, 0x77, block.bytes);
-  EXPECT_EQ(host::live_host_blocks(*backend), 1u);
+  EXPECT_EQ(*backend->test_controls()->live_host_blocks(), 1u);
   backend->free_host(block);
-  EXPECT_EQ(host::live_host_blocks(*backend), 0u);
+  EXPECT_EQ(*backend->test_controls()->live_host_blocks(), 0u);
 }
 
 // Where mlock is refused the ring still works; describe() says why. The child
@@ -209,7 +209,7 @@ TEST(HostBackend, HeldCopiesStayQueuedUntilQuiesce) {
   std::memcpy(block.data, data.data(), data.size());
   std::memset(at(device), 0, 4096);
 
-  host::hold_copies(*backend, true);
+  backend->test_controls()->hold_copies(true);
   backend->submit_copy(copy(CopyDirection::HostToDevice, CopyMode::Async, 1, block.data, device, 0, 4096));
   std::vector<Completion> out;
   // Nothing can complete while held, so this wait can only time out.
@@ -242,14 +242,14 @@ TEST(HostBackend, EngineOrdersByDirectionAndByBytes) {
   std::byte* out = block.data + kChunk * kChunks;
   std::memset(out, 0x5a, kChunk * kChunks);
 
-  host::hold_copies(*backend, true);  // everything queued before anything runs
+  backend->test_controls()->hold_copies(true);  // everything queued before anything runs
   for (int i = 0; i < kChunks; ++i) {
     backend->submit_copy(copy(CopyDirection::HostToDevice, CopyMode::Async, 100 + i, block.data + i * kChunk, device,
                               i * kChunk, kChunk));
     backend->submit_copy(copy(CopyDirection::DeviceToHost, CopyMode::Async, 200 + i, out + i * kChunk, device,
                               i * kChunk, kChunk));
   }
-  host::hold_copies(*backend, false);
+  backend->test_controls()->hold_copies(false);
   const auto completions = drain(*backend, 2 * kChunks);
   std::vector<std::uint64_t> uploads, downloads;
   for (const auto& c : completions) {
@@ -424,11 +424,11 @@ TEST(HostBackend, HeldLaunchAfterAHeldUploadIntoXSeesTheUploadedBytes) {
   std::memcpy(block.data, values.data(), kBytes);
   std::memset(at(x), 0, kBytes);
 
-  host::hold_copies(*backend, true);
+  backend->test_controls()->hold_copies(true);
   backend->submit_copy(copy(CopyDirection::HostToDevice, CopyMode::Async, 1, block.data, x, 0, kBytes));
   const Fence fence = backend->launch_axpy(AxpyLaunch{x, 0, y, 0, kCount, -2.0f, 1.0f});
   ASSERT_TRUE(fence.pending());
-  host::hold_copies(*backend, false);
+  backend->test_controls()->hold_copies(false);
   ASSERT_TRUE(backend->wait_fence(fence, kForever));
   EXPECT_EQ(wrong_axpy(at(y), values, -2.0f, 1.0f), 0u);
   drain(*backend, 1);
@@ -448,14 +448,14 @@ TEST(HostBackend, HeldLaunchFencePendsUntilTheHoldIsLifted) {
   std::memcpy(at(x), values.data(), kCount * sizeof(float));
   std::memset(at(y), 0, kCount * sizeof(float));
 
-  host::hold_copies(*backend, true);
+  backend->test_controls()->hold_copies(true);
   const Fence fence = backend->launch_axpy(AxpyLaunch{x, 0, y, 0, kCount, 2.0f, 1.0f});
   ASSERT_TRUE(fence.pending());
   EXPECT_FALSE(backend->fence_passed(fence));
   EXPECT_FALSE(backend->wait_fence(fence, std::chrono::milliseconds(5)));
   EXPECT_EQ(std::to_integer<int>(*at(y)), 0) << "a held launch wrote y";
 
-  host::hold_copies(*backend, false);
+  backend->test_controls()->hold_copies(false);
   ASSERT_TRUE(backend->wait_fence(fence, kForever));
   EXPECT_TRUE(backend->fence_passed(fence));
   EXPECT_EQ(wrong_axpy(at(y), values, 2.0f, 1.0f), 0u);
@@ -474,7 +474,7 @@ TEST(HostBackend, QuiescePassesEveryFenceOnItsOwnQueues) {
   const auto values = random_floats(kCount, 13);
   std::memcpy(block.data, values.data(), kBytes);
 
-  host::hold_copies(*backend, true);
+  backend->test_controls()->hold_copies(true);
   backend->submit_copy(copy(CopyDirection::HostToDevice, CopyMode::Async, 1, block.data, x, 0, kBytes));
   const Fence launched = backend->launch_axpy(AxpyLaunch{x, 0, y, 0, kCount, 0.5f, -1.0f});
   backend->submit_copy(copy(CopyDirection::DeviceToHost, CopyMode::Async, 2, block.data + kBytes, y, 0, kBytes));
@@ -541,10 +541,10 @@ TEST(HostBackend, InPlaceLaunchWaitsForADownloadOfItsBytes) {
   const auto values = random_floats(kCount, 16);
   std::memcpy(at(x), values.data(), kBytes);
 
-  host::hold_copies(*backend, true);
+  backend->test_controls()->hold_copies(true);
   backend->submit_copy(copy(CopyDirection::DeviceToHost, CopyMode::Async, 1, block.data, x, 0, kBytes));
   const Fence fence = backend->launch_axpy(AxpyLaunch{x, 0, x, 0, kCount, 4.0f, 0.0f});
-  host::hold_copies(*backend, false);
+  backend->test_controls()->hold_copies(false);
   ASSERT_TRUE(backend->wait_fence(fence, kForever));
   drain(*backend, 1);
   EXPECT_EQ(std::memcmp(block.data, values.data(), kBytes), 0) << "the launch overwrote x under a download";
@@ -567,7 +567,7 @@ TEST(HostBackend, RecordFenceOnEachOwnQueueCoversWhatWasQueuedThere) {
   const auto block = backend->allocate_host(2 * kBytes);
   std::memset(at(x), 0, kBytes);
 
-  host::hold_copies(*backend, true);
+  backend->test_controls()->hold_copies(true);
   backend->submit_copy(copy(CopyDirection::HostToDevice, CopyMode::Async, 1, block.data, up_target, 0, kBytes));
   backend->submit_copy(
       copy(CopyDirection::DeviceToHost, CopyMode::Async, 2, block.data + kBytes, down_source, 0, kBytes));
@@ -583,7 +583,7 @@ TEST(HostBackend, RecordFenceOnEachOwnQueueCoversWhatWasQueuedThere) {
   EXPECT_NE(down.token, compute.token);
   EXPECT_EQ(compute.token, launched.token) << "nothing queued on Compute after the launch";
 
-  host::hold_copies(*backend, false);
+  backend->test_controls()->hold_copies(false);
   for (const Fence fence : {up, down, compute}) EXPECT_TRUE(backend->wait_fence(fence, kForever));
   drain(*backend, 2);
   for (const Fence fence : {up, down, compute, launched}) backend->release_fence(fence);
@@ -609,7 +609,7 @@ TEST(HostBackend, WaitFenceTimesOutThenPassesOnceReleased) {
   constexpr std::uint64_t kCount = 256;
   const auto x = backend->allocate(kCount * sizeof(float), 64);
   std::memset(at(x), 0, kCount * sizeof(float));
-  host::hold_copies(*backend, true);
+  backend->test_controls()->hold_copies(true);
   const Fence fence = backend->launch_axpy(AxpyLaunch{x, 0, x, 0, kCount, 1.0f, 1.0f});
   ASSERT_TRUE(fence.pending());
   EXPECT_FALSE(backend->wait_fence(fence, std::chrono::nanoseconds::zero()));
@@ -622,7 +622,7 @@ TEST(HostBackend, WaitFenceTimesOutThenPassesOnceReleased) {
   // (a timeout too large to add to the clock means "until done").
   std::thread releaser([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    host::hold_copies(*backend, false);
+    backend->test_controls()->hold_copies(false);
   });
   EXPECT_TRUE(backend->wait_fence(fence, kForever));
   releaser.join();
@@ -741,7 +741,7 @@ TEST(HostBackend, DestructionDropsQueuedCopiesAndFreesLeftovers) {
   auto backend = host::make_host_backend();
   const auto device = backend->allocate(1 << 20, 64);
   const auto block = backend->allocate_host(1 << 20);
-  host::hold_copies(*backend, true);
+  backend->test_controls()->hold_copies(true);
   backend->submit_copy(copy(CopyDirection::HostToDevice, CopyMode::Async, 1, block.data, device, 0, 1 << 20));
   const auto x = backend->allocate(1 << 20, 64);
   const Fence fence = backend->launch_axpy(AxpyLaunch{x, 0, device, 0, (1 << 20) / sizeof(float), 1.0f, 0.0f});
@@ -750,14 +750,16 @@ TEST(HostBackend, DestructionDropsQueuedCopiesAndFreesLeftovers) {
   SUCCEED();
 }
 
-TEST(HostBackend, ObservationHooksRefuseOtherBackends) {
-  fake::FakeBackend fake;
-  try {
-    host::live_allocations(fake);
-    FAIL() << "live_allocations accepted the fake backend";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::Unsupported);
-  }
+TEST(HostBackend, TestControlsSayWhatTheyCount) {
+  auto backend = host::make_host_backend();
+  TestControls* controls = backend->test_controls();
+  ASSERT_NE(controls, nullptr);
+  EXPECT_EQ(controls->live_allocations(), 0u);
+  EXPECT_EQ(controls->live_bytes(), std::optional<std::uint64_t>(0));
+  EXPECT_EQ(controls->live_host_blocks(), std::optional<std::uint64_t>(0));
+  EXPECT_FALSE(controls->live_fences().has_value()) << "the host backend counts no fences";
+  EXPECT_TRUE(controls->can_hold_copies());
+  EXPECT_EQ(controls->fake(), nullptr) << "only the fake has the fake's controls";
 }
 
 }  // namespace

@@ -28,7 +28,7 @@ class PoolConformance : public DriverTest {
   }
   // The device address behind a handle (a view's data; an OpenCL buffer's handle).
   std::uint64_t address_of(DeviceHandle h) { return bridge().view(h, kFirstFloats)->data; }
-  std::uint64_t backend_count() { return driver().live_allocations(bridge().backend()); }
+  std::uint64_t backend_count() { return bridge().backend().test_controls()->live_allocations(); }
 };
 
 TEST_P(PoolConformance, AFreedBlockServesTheNextRequestOfItsClass) {

@@ -56,7 +56,7 @@ class AlignedBytes {
 class TransferConformance : public DriverTest {
  protected:
   bool is_fake() const { return driver().name == "fake"; }
-  fake::FakeBackend& fake_of(Bridge& b) { return dynamic_cast<fake::FakeBackend&>(b.backend()); }
+  fake::FakeBackend& fake_of(Bridge& b) { return *b.backend().test_controls()->fake(); }
 
   // Registering is cheap here: above registration_from_bytes the planner registers instead of staging.
   bool cheap(Bridge& b) {

@@ -50,7 +50,7 @@ TEST(Devices, OptionsABackendDoesNotTakeAreRefusedNamingWhatItTakes) {
 
 TEST(Devices, ABridgeRefusesAnAllocationOfADTypeItsDeviceDoesNotHold) {
   auto backend = narrow_fake();
-  auto* fake = dynamic_cast<fake::FakeBackend*>(backend.get());
+  fake::FakeBackend* fake = backend->test_controls()->fake();
   Bridge bridge(std::move(backend), BridgeOptions{});
   const auto refused =
       expect_error(ErrorKind::UnsupportedDType, [&] { bridge.alloc_device(ObjectSpec{1024, 4, DType::Float64}, 1024); });
@@ -98,12 +98,18 @@ TEST(Capabilities, ABackendWithoutOneAnswersUnsupported) {
   EXPECT_THAT(expect_error(ErrorKind::Unsupported, [&] { host->native_context(); }), HasSubstr("no native context"));
   EXPECT_THAT(expect_error(ErrorKind::Unsupported, [&] { host->order_consumer_queue(1); }),
               HasSubstr("no consumer queues"));
-  EXPECT_EQ(host->live_allocations(), 0u);
-  host->hold_copies(true);
-  host->hold_copies(false);
+  // Test controls: one accessor; what a backend does not keep is empty.
+  ASSERT_NE(host->test_controls(), nullptr);
+  EXPECT_EQ(host->test_controls()->live_allocations(), 0u);
+  EXPECT_TRUE(host->test_controls()->can_hold_copies());
+  host->test_controls()->hold_copies(true);
+  host->test_controls()->hold_copies(false);
+  EXPECT_FALSE(host->test_controls()->live_fences().has_value());
+  EXPECT_EQ(host->test_controls()->fake(), nullptr);
   auto fake = make_backend("fake");
-  EXPECT_EQ(fake->live_allocations(), 0u);
-  EXPECT_THAT(expect_error(ErrorKind::Unsupported, [&] { fake->hold_copies(true); }), HasSubstr("no way to hold copies"));
+  ASSERT_NE(fake->test_controls(), nullptr);
+  EXPECT_EQ(fake->test_controls()->live_allocations(), 0u);
+  EXPECT_EQ(fake->test_controls()->fake(), fake.get());
 }
 
 }  // namespace

@@ -323,7 +323,7 @@ struct HostPoolTest : ::testing::Test {
   void make(BridgeOptions options = {.ring_bytes = 1 << 20}) {
     bridge = std::make_unique<Bridge>(host::make_host_backend(), options);
   }
-  std::uint64_t held() { return host::live_bytes(bridge->backend()); }
+  std::uint64_t held() { return *bridge->backend().test_controls()->live_bytes(); }
   void expect_every_byte_counted(const char* when) {
     const auto stats = bridge->memory_stats();
     EXPECT_EQ(stats.reserved_bytes, held()) << when;

@@ -109,9 +109,9 @@ TEST_F(CudaDeviceTest, AllocationsHonourTheAlignmentAsked) {
     const DeviceAllocation allocation = backend_->allocate(1000 * 4, alignment);
     EXPECT_EQ(allocation.address % std::max<std::uint64_t>(alignment, 256), 0u) << alignment;
     EXPECT_EQ(allocation.bytes, 4000u);
-    EXPECT_EQ(live_allocations(*backend_), 1u);
+    EXPECT_EQ(backend_->test_controls()->live_allocations(), 1u);
     backend_->free(allocation);
-    EXPECT_EQ(live_allocations(*backend_), 0u);
+    EXPECT_EQ(backend_->test_controls()->live_allocations(), 0u);
   }
 }
 
@@ -128,7 +128,7 @@ TEST_F(CudaDeviceTest, OutOfMemoryIsAllocationFailedWithBytesAskedAndFree) {
     EXPECT_NE(message.find(std::to_string(too_much)), std::string::npos) << message;
     EXPECT_NE(message.find("bytes free of"), std::string::npos) << message;
   }
-  EXPECT_EQ(live_allocations(*backend_), 0u);
+  EXPECT_EQ(backend_->test_controls()->live_allocations(), 0u);
   // The device is fine afterwards.
   AllocationHolder ok{*backend_, backend_->allocate(1 << 20, 256)};
   EXPECT_NE(ok.allocation.address, 0u);
@@ -226,7 +226,7 @@ TEST_F(CudaDeviceTest, HeldCopiesStayPendingUntilReleased) {
   HostBlockHolder host{*backend_, backend_->allocate_host(1 << 20)};
   AllocationHolder device{*backend_, backend_->allocate(1 << 20, 256)};
   fill_random(host.block.data, 1 << 20, 11);
-  hold_copies(*backend_, true);
+  backend_->test_controls()->hold_copies(true);
   backend_->submit_copy(request(CopyDirection::HostToDevice, CopyMode::Async, 1, host.block.data,
                                 device.allocation, 0, 1 << 19));
   backend_->submit_copy(request(CopyDirection::DeviceToHost, CopyMode::Async, 2, host.block.data + (1 << 19),
@@ -235,13 +235,13 @@ TEST_F(CudaDeviceTest, HeldCopiesStayPendingUntilReleased) {
   std::vector<Completion> drained;
   backend_->drain_completions(drained);
   EXPECT_TRUE(drained.empty());
-  hold_copies(*backend_, false);
+  backend_->test_controls()->hold_copies(false);
   const auto seen = collect({1, 2});
   EXPECT_EQ(std::memcmp(host.block.data, host.block.data + (1 << 19), 1 << 19), 0)
       << "the download did not wait for the upload of the same bytes";
 
   // quiesce() lifts a hold too.
-  hold_copies(*backend_, true);
+  backend_->test_controls()->hold_copies(true);
   backend_->submit_copy(request(CopyDirection::HostToDevice, CopyMode::Async, 3, host.block.data,
                                 device.allocation, 0, 4096));
   backend_->quiesce();
@@ -437,9 +437,9 @@ TEST_F(CudaDeviceTest, BridgeRoundTripWithComputeViewsAndRestart) {
   // Work in flight across a restart: the backend ends with nothing allocated.
   const HostRange again = bridge.reserve(kBytes);
   (void)bridge.host_to_device(again, DeviceRange{x, 0, kBytes}, CopyMode::Async);
-  EXPECT_EQ(live_allocations(bridge.backend()), 2u);
+  EXPECT_EQ(bridge.backend().test_controls()->live_allocations(), 2u);
   bridge.restart(2);
-  EXPECT_EQ(live_allocations(bridge.backend()), 0u);
+  EXPECT_EQ(bridge.backend().test_controls()->live_allocations(), 0u);
   EXPECT_EQ(bridge.stats().live_allocations, 0u);
 }
 

@@ -103,7 +103,7 @@ class CudaFenceTest : public ::testing::Test {
     backend_ = make_cuda_backend();
   }
   void TearDown() override {
-    if (backend_) backend_->hold_copies(false);
+    if (backend_) backend_->test_controls()->hold_copies(false);
   }
 
   CopyRequest copy(CopyDirection direction, std::uint64_t id, std::byte* host, const DeviceAllocation& device,
@@ -132,7 +132,7 @@ TEST_F(CudaFenceTest, ZeroFenceHasPassedAndAnEmptyLaunchGetsIt) {
 TEST_F(CudaFenceTest, LaunchFencePendsWhileHeldAndPassesOnceReleased) {
   constexpr std::uint64_t kCount = 4096;
   AllocationHolder x{*backend_, backend_->allocate(kCount * sizeof(float), 256)};
-  backend_->hold_copies(true);
+  backend_->test_controls()->hold_copies(true);
   FenceHolder launched{*backend_, backend_->launch_axpy(AxpyLaunch{x.allocation, 0, x.allocation, 0, kCount, 2.0f, 1.0f})};
   ASSERT_TRUE(launched.fence.pending());
   FenceHolder compute{*backend_, backend_->record_fence(QueueRef{Queue::Compute})};
@@ -142,7 +142,7 @@ TEST_F(CudaFenceTest, LaunchFencePendsWhileHeldAndPassesOnceReleased) {
   const auto start = std::chrono::steady_clock::now();
   EXPECT_FALSE(backend_->wait_fence(launched.fence, 30ms));
   EXPECT_GE(std::chrono::steady_clock::now() - start, 30ms);
-  backend_->hold_copies(false);
+  backend_->test_controls()->hold_copies(false);
   EXPECT_TRUE(backend_->wait_fence(launched.fence, 30s));
   EXPECT_TRUE(backend_->wait_fence(compute.fence, 30s));
   EXPECT_TRUE(backend_->fence_passed(launched.fence));
@@ -150,13 +150,13 @@ TEST_F(CudaFenceTest, LaunchFencePendsWhileHeldAndPassesOnceReleased) {
 
 TEST_F(CudaFenceTest, WaitWithoutTimeoutReturnsWhenTheFencePasses) {
   AllocationHolder x{*backend_, backend_->allocate(4096, 256)};
-  backend_->hold_copies(true);
+  backend_->test_controls()->hold_copies(true);
   FenceHolder launched{*backend_, backend_->launch_axpy(AxpyLaunch{x.allocation, 0, x.allocation, 0, 1024, 1.0f, 0.0f})};
   auto waiter = std::async(std::launch::async, [&] {
     return backend_->wait_fence(launched.fence, std::chrono::nanoseconds::max());
   });
   EXPECT_EQ(waiter.wait_for(50ms), std::future_status::timeout) << "an unbounded wait returned while held";
-  backend_->hold_copies(false);
+  backend_->test_controls()->hold_copies(false);
   ASSERT_EQ(waiter.wait_for(30s), std::future_status::ready);
   EXPECT_TRUE(waiter.get());
 }
@@ -164,14 +164,14 @@ TEST_F(CudaFenceTest, WaitWithoutTimeoutReturnsWhenTheFencePasses) {
 TEST_F(CudaFenceTest, CopyStreamFencesFollowTheirCopies) {
   HostBlockHolder host{*backend_, backend_->allocate_host(1 << 16)};
   AllocationHolder device{*backend_, backend_->allocate(1 << 16, 256)};
-  backend_->hold_copies(true);
+  backend_->test_controls()->hold_copies(true);
   backend_->submit_copy(copy(CopyDirection::HostToDevice, 1, host.block.data, device.allocation, 1 << 15));
   backend_->submit_copy(copy(CopyDirection::DeviceToHost, 2, host.block.data + (1 << 15), device.allocation, 1 << 15));
   FenceHolder up{*backend_, backend_->record_fence(QueueRef{Queue::CopyUp})};
   FenceHolder down{*backend_, backend_->record_fence(QueueRef{Queue::CopyDown})};
   EXPECT_FALSE(backend_->fence_passed(up.fence));
   EXPECT_FALSE(backend_->fence_passed(down.fence));
-  backend_->hold_copies(false);
+  backend_->test_controls()->hold_copies(false);
   EXPECT_TRUE(backend_->wait_fence(up.fence, 30s));
   EXPECT_TRUE(backend_->wait_fence(down.fence, 30s));
   // A fence passes only after the copies before it: both are complete now.
@@ -183,7 +183,7 @@ TEST_F(CudaFenceTest, CopyStreamFencesFollowTheirCopies) {
 TEST_F(CudaFenceTest, QuiesceLeavesEveryFenceOnItsOwnStreamsPassed) {
   HostBlockHolder host{*backend_, backend_->allocate_host(1 << 16)};
   AllocationHolder device{*backend_, backend_->allocate(1 << 16, 256)};
-  backend_->hold_copies(true);
+  backend_->test_controls()->hold_copies(true);
   backend_->submit_copy(copy(CopyDirection::HostToDevice, 1, host.block.data, device.allocation, 1 << 15));
   FenceHolder launched{*backend_,
                        backend_->launch_axpy(AxpyLaunch{device.allocation, 0, device.allocation, 0, 1024, 1.0f, 0.0f})};
@@ -327,7 +327,7 @@ TEST_F(CudaFenceTest, FencesInAFaultedContextCountAsPassed) {
     ConsumerStream consumer(own.context);
     consumer.block();
     FenceHolder consumer_fence{*backend, backend->record_fence(QueueRef{Queue::Consumer, consumer.handle()})};
-    backend->hold_copies(true);
+    backend->test_controls()->hold_copies(true);
     FenceHolder good{*backend,
                      backend->launch_axpy(AxpyLaunch{device.allocation, 0, device.allocation, 0, 1024, 1.0f, 0.0f})};
     // A forged allocation: the bridge never hands such a thing to a backend.
@@ -336,7 +336,7 @@ TEST_F(CudaFenceTest, FencesInAFaultedContextCountAsPassed) {
     FenceHolder after{*backend, backend->record_fence(QueueRef{Queue::Compute})};
     EXPECT_FALSE(backend->fence_passed(bad.fence));
     EXPECT_FALSE(backend->fence_passed(after.fence));
-    backend->hold_copies(false);
+    backend->test_controls()->hold_copies(false);
     EXPECT_TRUE(backend->wait_fence(bad.fence, 30s));
     EXPECT_TRUE(backend->fence_passed(good.fence));
     EXPECT_TRUE(backend->fence_passed(after.fence));
@@ -361,7 +361,7 @@ TEST_F(CudaFenceTest, HoldOnlyHoldsWorkSubmittedAfterIt) {
   AllocationHolder x{*backend_, backend_->allocate(4096, 256)};
   FenceHolder before{*backend_, backend_->launch_axpy(AxpyLaunch{x.allocation, 0, x.allocation, 0, 1024, 1.0f, 0.0f})};
   ASSERT_TRUE(backend_->wait_fence(before.fence, 30s));
-  backend_->hold_copies(true);
+  backend_->test_controls()->hold_copies(true);
   EXPECT_TRUE(backend_->fence_passed(before.fence));
   FenceHolder held{*backend_, backend_->launch_axpy(AxpyLaunch{x.allocation, 0, x.allocation, 0, 1024, 1.0f, 0.0f})};
   EXPECT_FALSE(backend_->wait_fence(held.fence, 20ms));

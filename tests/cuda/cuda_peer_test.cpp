@@ -124,7 +124,7 @@ void expect_no_leaks(Bridge& bridge, std::initializer_list<DeviceHandle> handles
   bridge.empty_cache();
   EXPECT_EQ(bridge.stats().live_allocations, 0u) << what;
   if (is_cuda_backend(bridge.backend())) {
-    EXPECT_EQ(live_allocations(bridge.backend()), 0u) << what;
+    EXPECT_EQ(bridge.backend().test_controls()->live_allocations(), 0u) << what;
   }
 }
 
@@ -252,14 +252,14 @@ TEST_F(CudaPeerTest, OrderedAfterAPendingUploadIntoTheSource) {
   const HostRange staging = a->reserve(kBytes);
   std::memcpy(a->host_bytes(staging).data(), data.data(), kBytes);
 
-  a->backend().hold_copies(true);
+  a->backend().test_controls()->hold_copies(true);
   const CopyEvent up = a->host_to_device(staging, DeviceRange{source, 0, kBytes}, CopyMode::Async);
   {
     CopyInBackground copy(*a, DeviceRange{source, 5, 4001}, *b, DeviceRange{destination, 9, 4001});
     std::this_thread::sleep_for(200ms);
     EXPECT_FALSE(copy.done()) << "the copy returned while the upload into its source was pending";
     EXPECT_EQ(a->copy_status(up).state, CopyState::Pending);
-    a->backend().hold_copies(false);
+    a->backend().test_controls()->hold_copies(false);
     EXPECT_TRUE(copy.finish());
   }
   EXPECT_EQ(a->wait(up, 30s).state, CopyState::Completed);
@@ -283,13 +283,13 @@ TEST_F(CudaPeerTest, OrderedAfterAPendingDownloadFromTheDestination) {
   const HostRange out = b->reserve(kBytes);
   std::memset(b->host_bytes(out).data(), 0, kBytes);
 
-  b->backend().hold_copies(true);
+  b->backend().test_controls()->hold_copies(true);
   const CopyEvent down = b->device_to_host(DeviceRange{destination, 0, kBytes}, out, CopyMode::Async);
   {
     CopyInBackground copy(*a, DeviceRange{source, 0, kBytes}, *b, DeviceRange{destination, 0, kBytes});
     std::this_thread::sleep_for(200ms);
     EXPECT_FALSE(copy.done()) << "the copy returned while a download from its destination was pending";
-    b->backend().hold_copies(false);
+    b->backend().test_controls()->hold_copies(false);
     EXPECT_TRUE(copy.finish());
   }
   ASSERT_EQ(b->wait(down, 30s).state, CopyState::Completed);
@@ -317,13 +317,13 @@ TEST_F(CudaPeerTest, OrderedAfterAPendingLaunchOnTheSource) {
   poison(*a, y);
   poison(*b, destination);
 
-  a->backend().hold_copies(true);
+  a->backend().test_controls()->hold_copies(true);
   a->launch_axpy(DeviceRange{x, 0, kBytes}, DeviceRange{y, 0, kBytes}, 2.0f, 1.0f);
   {
     CopyInBackground copy(*a, DeviceRange{y, 0, kBytes}, *b, DeviceRange{destination, 0, kBytes});
     std::this_thread::sleep_for(200ms);
     EXPECT_FALSE(copy.done()) << "the copy returned while the launch writing its source was pending";
-    a->backend().hold_copies(false);
+    a->backend().test_controls()->hold_copies(false);
     EXPECT_TRUE(copy.finish());
   }
   const auto landed = read(*b, destination);
@@ -504,7 +504,7 @@ TEST_F(CudaPeerTest, FatalCopyFailureBreaksBothBridges) {
   for (Bridge* bridge : {a.get(), b.get()}) {
     bridge->restart(2);
     EXPECT_FALSE(bridge->stats().broken);
-    EXPECT_EQ(live_allocations(bridge->backend()), 0u);
+    EXPECT_EQ(bridge->backend().test_controls()->live_allocations(), 0u);
   }
   const DeviceHandle again = alloc(*a);
   const DeviceHandle into = alloc(*b);

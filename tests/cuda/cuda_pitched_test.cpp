@@ -318,12 +318,12 @@ TEST_F(CudaPitchedTest, OrderingCoversTheWholeSpanOfAPitchedCopy) {
   for (int round = 0; round < 3; ++round) {
     fill_random(rows, span, 40 + round);
     std::memset(in, 0, kWidth);
-    hold_copies(*backend_, true);  // both submitted before either runs
+    backend_->test_controls()->hold_copies(true);  // both submitted before either runs
     backend_->submit_copy(
         pitched(CopyDirection::HostToDevice, CopyMode::Async, 1, rows, device.allocation, 0, layout));
     backend_->submit_copy(request(CopyDirection::DeviceToHost, CopyMode::Async, 2, in, device.allocation, last_row,
                                   kWidth));
-    hold_copies(*backend_, false);
+    backend_->test_controls()->hold_copies(false);
     for (const auto& [id, completion] : collect({1, 2})) EXPECT_TRUE(completion.ok) << completion.message;
     ASSERT_EQ(std::memcmp(in, rows + last_row, kWidth), 0)
         << "the download of the last row did not wait for the pitched upload (round " << round << ")";
@@ -336,12 +336,12 @@ TEST_F(CudaPitchedTest, OrderingCoversTheWholeSpanOfAPitchedCopy) {
     fill_random(rows, span, 50 + round);
     run(request(CopyDirection::HostToDevice, CopyMode::Sync, 3, rows, device.allocation, 0, span));
     std::memset(out, 0, span);
-    hold_copies(*backend_, true);
+    backend_->test_controls()->hold_copies(true);
     backend_->submit_copy(
         pitched(CopyDirection::DeviceToHost, CopyMode::Async, 4, out, device.allocation, 0, layout));
     backend_->submit_copy(request(CopyDirection::HostToDevice, CopyMode::Async, 5, out + last_row,
                                   scratch.allocation, 0, kWidth));
-    hold_copies(*backend_, false);
+    backend_->test_controls()->hold_copies(false);
     for (const auto& [id, completion] : collect({4, 5})) EXPECT_TRUE(completion.ok) << completion.message;
     run(request(CopyDirection::DeviceToHost, CopyMode::Sync, 6, in, scratch.allocation, 0, kWidth));
     ASSERT_EQ(std::memcmp(in, rows + last_row, kWidth), 0)
@@ -356,7 +356,7 @@ TEST_F(CudaPitchedTest, HeldPitchedCopyStaysPendingUntilQuiesce) {
   HostBlockHolder host{*backend_, backend_->allocate_host(2 * 4096)};
   AllocationHolder device{*backend_, backend_->allocate(4096, 256)};
   fill_random(host.block.data, 4096, 8);
-  hold_copies(*backend_, true);
+  backend_->test_controls()->hold_copies(true);
   backend_->submit_copy(
       pitched(CopyDirection::HostToDevice, CopyMode::Async, 31, host.block.data, device.allocation, 0, layout));
   EXPECT_FALSE(backend_->wait_for_completions(20ms)) << "a held pitched copy completed";

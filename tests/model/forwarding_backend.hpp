@@ -66,8 +66,7 @@ class ForwardingBackend : public Backend {
   }
   std::uintptr_t native_context() override { return target_->native_context(); }
   void order_consumer_queue(std::uintptr_t queue) override { target_->order_consumer_queue(queue); }
-  std::uint64_t live_allocations() const override { return target_->live_allocations(); }
-  void hold_copies(bool hold) override { target_->hold_copies(hold); }
+  TestControls* test_controls() noexcept override { return target_->test_controls(); }
 
  private:
   Backend* target_;

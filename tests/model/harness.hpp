@@ -12,7 +12,7 @@
 // Single-threaded and never blocking for long: on the fake backend nothing
 // completes unless an operation completes it, so the harness never waits
 // without a timeout for a pending copy. On the host backend the copy engine is
-// held (host::hold_copies) so pending copies stay pending until the harness
+// held (the host backend's test controls, hold_copies) so pending copies stay pending until the harness
 // settles them (lifts the hold and waits, bounded, for each); faults are only
 // injected on the fake.
 //
@@ -264,7 +264,7 @@ class Harness {
         if (c.call == fake::Call::AllocateHost) ring_block_ = reinterpret_cast<std::byte*>(c.address);
       fake_->clear_calls();
     } else {
-      host::hold_copies(*host_raw_, true);
+      host_raw_->test_controls()->hold_copies(true);
     }
     check_stats();
   }
@@ -460,10 +460,10 @@ class Harness {
   }
 
   std::uint64_t backend_live_allocations() const {
-    return fake_ ? fake_->live_allocations() : host::live_allocations(*host_raw_);
+    return fake_ ? fake_->live_allocations() : host_raw_->test_controls()->live_allocations();
   }
   std::uint64_t backend_live_host_blocks() const {
-    return fake_ ? fake_->live_host_blocks() : host::live_host_blocks(*host_raw_);
+    return fake_ ? fake_->live_host_blocks() : *host_raw_->test_controls()->live_host_blocks();
   }
 
   [[noreturn]] void fail(const std::string& what) const {
@@ -929,7 +929,7 @@ class Harness {
   void settle(std::vector<std::size_t> also = {}) {
     if (m.fake() || (m.backend_pending.empty() && also.empty() && m.drops.empty())) return;
     if (m.closed || m.broken) return;
-    host::hold_copies(*host_raw_, false);
+    host_raw_->test_controls()->hold_copies(false);
     std::vector<std::size_t> pending = std::move(also);
     for (const auto& c : m.backend_pending) pending.push_back(c.event);
     for (const auto& c : m.backend_pending) m.backend_finish(c, true, m.ready);
@@ -961,7 +961,7 @@ class Harness {
       m.reap();
     }
     host_launches_.clear();
-    host::hold_copies(*host_raw_, true);
+    host_raw_->test_controls()->hold_copies(true);
   }
 
   // ---- operations ----
@@ -1383,7 +1383,7 @@ class Harness {
       }
       m.backend_pending.clear();
       m.drain();
-      host::hold_copies(*host_raw_, false);
+      host_raw_->test_controls()->hold_copies(false);
     }
     // A sync copy on the host backend waits for the held copies it conflicts with.
     Event ev;
@@ -2068,7 +2068,7 @@ class Harness {
     m.evicted_in_generation = false;
     ++m.restarts;
     host_launches_.clear();
-    if (!m.fake()) host::hold_copies(*host_raw_, true);
+    if (!m.fake()) host_raw_->test_controls()->hold_copies(true);
     check_stats();
   }
 

@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "backends/opencl/opencl_api.hpp"
-#include "backends/opencl/opencl_controls.hpp"
 #include "devbridge/backends.hpp"
 #include "devbridge/backends/opencl.hpp"
 #include "devbridge/bridge.hpp"
@@ -88,8 +87,8 @@ class OpenCLRect : public ::testing::Test {
     std::vector<Completion> drained;
     backend_->drain_completions(drained);
     backend_->free_host(ring_);
-    EXPECT_EQ(live_allocations(*backend_), 0u);
-    EXPECT_EQ(detail::live_registrations(*backend_), 0u);
+    EXPECT_EQ(backend_->test_controls()->live_allocations(), 0u);
+    EXPECT_EQ(*backend_->test_controls()->live_registrations(), 0u);
   }
 
   // The ring's halves: what a test copies from or into, and a scratch area
@@ -213,7 +212,7 @@ TEST_F(OpenCLRect, AHeldPitchedCopyPendsAndCompletesInQueueOrder) {
   std::byte* back = host() + 4096;
   std::memset(back, static_cast<int>(kHostSentinel), host_span(s) + kGuard);
 
-  hold_copies(*backend_, true);
+  backend_->test_controls()->hold_copies(true);
   backend_->submit_copy(request(CopyDirection::HostToDevice, CopyMode::Async, 21, host(), buffer, s));
   backend_->submit_copy(request(CopyDirection::DeviceToHost, CopyMode::Async, 22, back, buffer, s));
   std::vector<Completion> drained;
@@ -222,7 +221,7 @@ TEST_F(OpenCLRect, AHeldPitchedCopyPendsAndCompletesInQueueOrder) {
   EXPECT_TRUE(drained.empty()) << "a held pitched copy completed";
   EXPECT_EQ(back[0], kHostSentinel) << "the held download ran";
 
-  hold_copies(*backend_, false);
+  backend_->test_controls()->hold_copies(false);
   const auto start = std::chrono::steady_clock::now();
   while (drained.size() < 2) {
     backend_->wait_for_completions(std::chrono::milliseconds(100));
@@ -325,8 +324,8 @@ TEST_F(OpenCLRect, RegisteredMemoryIsABufferOverItAndCopiesFromItRoundTrip) {
   EXPECT_EQ(mem_info<void*>(buffer, CL_MEM_HOST_PTR), static_cast<void*>(data));
   EXPECT_EQ(mem_info<std::size_t>(buffer, CL_MEM_SIZE), kBytes);
   EXPECT_EQ(mem_info<cl_uint>(buffer, CL_MEM_REFERENCE_COUNT), 1u) << "unregister would not free it";
-  EXPECT_EQ(detail::live_registrations(*backend_), 1u);
-  EXPECT_EQ(live_allocations(*backend_), 0u) << "a registration counted as a device buffer";
+  EXPECT_EQ(*backend_->test_controls()->live_registrations(), 1u);
+  EXPECT_EQ(backend_->test_controls()->live_allocations(), 0u) << "a registration counted as a device buffer";
   EXPECT_EQ(std::memcmp(data, before.data(), kBytes), 0) << "registering changed the memory";
 
   // Copies name addresses inside the block, 1-D and pitched, both ways.
@@ -348,7 +347,7 @@ TEST_F(OpenCLRect, RegisteredMemoryIsABufferOverItAndCopiesFromItRoundTrip) {
   backend_->free(device);
   const std::vector<std::byte> last(data, data + kBytes);
   backend_->unregister_host(block);
-  EXPECT_EQ(detail::live_registrations(*backend_), 0u);
+  EXPECT_EQ(*backend_->test_controls()->live_registrations(), 0u);
   EXPECT_EQ(std::memcmp(data, last.data(), kBytes), 0) << "releasing the buffer wrote into the caller's memory";
 }
 
@@ -357,15 +356,15 @@ TEST_F(OpenCLRect, RegistrationsComeAndGoIndependently) {
   const HostBlock first = backend_->register_host(a.data(), a.size());
   const HostBlock second = backend_->register_host(b.data(), b.size());
   EXPECT_NE(first.token, second.token);
-  EXPECT_EQ(detail::live_registrations(*backend_), 2u);
+  EXPECT_EQ(*backend_->test_controls()->live_registrations(), 2u);
   backend_->unregister_host(first);
-  EXPECT_EQ(detail::live_registrations(*backend_), 1u);
+  EXPECT_EQ(*backend_->test_controls()->live_registrations(), 1u);
   EXPECT_EQ(mem_info<std::size_t>(reinterpret_cast<cl_mem>(second.token), CL_MEM_SIZE), b.size());
   backend_->unregister_host(second);
-  EXPECT_EQ(detail::live_registrations(*backend_), 0u);
+  EXPECT_EQ(*backend_->test_controls()->live_registrations(), 0u);
   // A block the backend never registered (no buffer) is nothing to release.
   backend_->unregister_host(HostBlock{a.data(), a.size(), false, 0});
-  EXPECT_EQ(detail::live_registrations(*backend_), 0u);
+  EXPECT_EQ(*backend_->test_controls()->live_registrations(), 0u);
 }
 
 TEST_F(OpenCLRect, ARegistrationNoBufferCanHoldIsInvalidExtentNamingIt) {
@@ -380,7 +379,7 @@ TEST_F(OpenCLRect, ARegistrationNoBufferCanHoldIsInvalidExtentNamingIt) {
   EXPECT_EQ(huge.kind(), ErrorKind::InvalidExtent);
   EXPECT_THAT(huge.what(), HasSubstr(std::to_string(kHuge)));
   EXPECT_THAT(huge.what(), HasSubstr("CL_DEVICE_MAX_MEM_ALLOC_SIZE"));
-  EXPECT_EQ(detail::live_registrations(*backend_), 0u);
+  EXPECT_EQ(*backend_->test_controls()->live_registrations(), 0u);
 }
 
 // The driver's own refusal names the call, the code, the address and size.
@@ -390,7 +389,7 @@ TEST_F(OpenCLRect, ADriversRefusalNamesTheAddressAndSize) {
   EXPECT_FALSE(refused.fatal());
   EXPECT_THAT(refused.what(), HasSubstr("clCreateBuffer(CL_MEM_USE_HOST_PTR): CL_INVALID_HOST_PTR"));
   EXPECT_THAT(refused.what(), HasSubstr("4096 bytes of host memory at"));
-  EXPECT_EQ(detail::live_registrations(*backend_), 0u);
+  EXPECT_EQ(*backend_->test_controls()->live_registrations(), 0u);
 }
 
 // ---- through the bridge ----
@@ -482,15 +481,15 @@ TEST_F(OpenCLBridgeRect, PitchedCopiesFromAndIntoTheRing) {
     }
   }
   b.empty_cache();  // the caching pool keeps freed buffers
-  EXPECT_EQ(live_allocations(b.backend()), 0u);
+  EXPECT_EQ(b.backend().test_controls()->live_allocations(), 0u);
 }
 
 TEST_F(OpenCLBridgeRect, PitchedCopiesFromAndIntoARegisteredRegion) {
   Bridge& b = *bridge_;
   std::vector<std::byte> memory(2 * (3 * 4099 + 64) + 3);
   const HostRegion region = b.register_host(std::span(memory).subspan(3));  // not aligned
-  EXPECT_EQ(detail::live_registrations(b.backend()), 1u);
-  EXPECT_EQ(live_allocations(b.backend()), 0u);
+  EXPECT_EQ(*b.backend().test_controls()->live_registrations(), 1u);
+  EXPECT_EQ(b.backend().test_controls()->live_allocations(), 0u);
   const std::span<std::byte> bytes = b.region_bytes(region);
   for (const CopyMode mode : {CopyMode::Sync, CopyMode::Async}) {
     for (const Shape& s : kShapes) {
@@ -507,19 +506,20 @@ TEST_F(OpenCLBridgeRect, PitchedCopiesFromAndIntoARegisteredRegion) {
     }
   }
   b.unregister_host(region);
-  EXPECT_EQ(detail::live_registrations(b.backend()), 0u);
+  EXPECT_EQ(*b.backend().test_controls()->live_registrations(), 0u);
 
   // Regions still registered at a restart go back with the generation.
   const HostRegion again = b.register_host(memory);
-  EXPECT_EQ(detail::live_registrations(b.backend()), 1u);
+  EXPECT_EQ(*b.backend().test_controls()->live_registrations(), 1u);
   b.restart(b.generation() + 1);
-  EXPECT_EQ(detail::live_registrations(b.backend()), 0u);
+  EXPECT_EQ(*b.backend().test_controls()->live_registrations(), 0u);
   EXPECT_EQ(error_of([&] { b.region_bytes(again); }).kind(), ErrorKind::OldGenerationHandle);
 }
 
-TEST(OpenCLRegistrationControls, RefuseABackendThatIsNotOpenCL) {
-  auto backend = make_backend("fake");
-  EXPECT_EQ(error_of([&] { detail::live_registrations(*backend); }).kind(), ErrorKind::Unsupported);
+TEST(OpenCLRegistrationControls, ABackendThatDoesNotCountThemSaysSo) {
+  auto backend = make_backend("host");
+  ASSERT_NE(backend->test_controls(), nullptr);
+  EXPECT_FALSE(backend->test_controls()->live_registrations().has_value());
 }
 
 }  // namespace

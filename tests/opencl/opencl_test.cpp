@@ -225,7 +225,7 @@ TEST_F(OpenCLDevice, ABufferOverTheDevicesLimitIsRefusedBeforeTheDriverSeesIt) {
   EXPECT_EQ(error.kind(), ErrorKind::AllocationFailed);
   EXPECT_THAT(error.what(), HasSubstr("CL_DEVICE_MAX_MEM_ALLOC_SIZE"));
   EXPECT_THAT(error.what(), HasSubstr(std::to_string(std::uint64_t{1} << 62)));
-  EXPECT_EQ(live_allocations(backend), 0u);
+  EXPECT_EQ(backend.test_controls()->live_allocations(), 0u);
 }
 
 // Issue 10, defect 2: a ring within a page of 2^64 wrapped `bytes + page`
@@ -278,7 +278,7 @@ TEST_F(OpenCLDevice, RangesOutsideABufferAreInvalidRange) {
   EXPECT_TRUE(drained.empty()) << "a refused copy must not be reported";
   backend->free(buffer);
   backend->free_host(ring);
-  EXPECT_EQ(live_allocations(*backend), 0u);
+  EXPECT_EQ(backend->test_controls()->live_allocations(), 0u);
 }
 
 // A timeout too large to add to the clock waits; it does not return at once.
@@ -286,12 +286,12 @@ TEST_F(OpenCLDevice, AHugeWaitTimeoutWaitsForTheCopy) {
   auto backend = make_opencl_backend();
   const HostBlock ring = backend->allocate_host(4096);
   const DeviceAllocation buffer = backend->allocate(4096, 64);
-  hold_copies(*backend, true);
+  backend->test_controls()->hold_copies(true);
   backend->submit_copy(CopyRequest{CopyDirection::HostToDevice, CopyMode::Async, CopyEvent{1, 1, 7}, ring.data,
                                    buffer, 0, 4096, CopyLayout{}});
   std::thread releaser([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    hold_copies(*backend, false);
+    backend->test_controls()->hold_copies(false);
   });
   std::vector<Completion> drained;
   const auto start = std::chrono::steady_clock::now();
@@ -315,7 +315,7 @@ TEST_F(OpenCLDevice, AViewNamesTheBufferByHandleWithTheOffsetApart) {
   EXPECT_EQ(lease->byte_offset, 64u);
   EXPECT_EQ(lease->device, "CL");
   EXPECT_EQ(lease->dlpack_device_type, static_cast<int>(DLPackDevice::OpenCL));
-  EXPECT_EQ(live_allocations(bridge.backend()), 1u);
+  EXPECT_EQ(bridge.backend().test_controls()->live_allocations(), 1u);
 }
 
 TEST_F(OpenCLDevice, TheRegistryOffersItByNameAndAutoOnlyForAGpu) {
@@ -431,8 +431,8 @@ class OpenCLFences : public OpenCLDevice {
     backend_->free(x_);
     backend_->free(y_);
     backend_->free_host(ring_);
-    EXPECT_EQ(live_allocations(*backend_), 0u);
-    EXPECT_EQ(live_fences(*backend_), 0u) << "a fence was never given back";
+    EXPECT_EQ(backend_->test_controls()->live_allocations(), 0u);
+    EXPECT_EQ(*backend_->test_controls()->live_fences(), 0u) << "a fence was never given back";
   }
 
   void copy(CopyDirection direction, const DeviceAllocation& buffer, std::uint64_t ring_offset,
@@ -455,10 +455,10 @@ class OpenCLFences : public OpenCLDevice {
 };
 
 TEST_F(OpenCLFences, ALaunchsFencePendsWhileHeldAndPassesOnceLifted) {
-  hold_copies(*backend_, true);
+  backend_->test_controls()->hold_copies(true);
   const Fence fence = launch();
   ASSERT_TRUE(fence.pending());
-  EXPECT_EQ(live_fences(*backend_), 1u);
+  EXPECT_EQ(*backend_->test_controls()->live_fences(), 1u);
   EXPECT_FALSE(backend_->fence_passed(fence));
   EXPECT_FALSE(backend_->wait_fence(fence, std::chrono::nanoseconds::zero()));
   const auto start = std::chrono::steady_clock::now();
@@ -469,23 +469,23 @@ TEST_F(OpenCLFences, ALaunchsFencePendsWhileHeldAndPassesOnceLifted) {
   // A timeout too large to add to the clock waits until the fence passes.
   std::thread lifter([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    hold_copies(*backend_, false);
+    backend_->test_controls()->hold_copies(false);
   });
   EXPECT_TRUE(backend_->wait_fence(fence, std::chrono::nanoseconds::max()));
   lifter.join();
   EXPECT_TRUE(backend_->fence_passed(fence));
   backend_->release_fence(fence);
-  EXPECT_EQ(live_fences(*backend_), 0u);
+  EXPECT_EQ(*backend_->test_controls()->live_fences(), 0u);
   expect_y_computed();
 }
 
 TEST_F(OpenCLFences, AnEmptyLaunchHasAlreadyPassed) {
   EXPECT_FALSE(backend_->launch_axpy(AxpyLaunch{x_, 0, y_, 0, 0, 2.0f, 1.0f}).pending());
-  EXPECT_EQ(live_fences(*backend_), 0u);
+  EXPECT_EQ(*backend_->test_controls()->live_fences(), 0u);
 }
 
 TEST_F(OpenCLFences, QuiesceLeavesEveryFenceOnItsOwnQueuesPassed) {
-  hold_copies(*backend_, true);
+  backend_->test_controls()->hold_copies(true);
   copy(CopyDirection::HostToDevice, x_, 0, CopyMode::Async, 2);
   std::vector<Fence> fences{launch()};
   for (const Queue queue : {Queue::CopyUp, Queue::CopyDown, Queue::Compute})
@@ -503,13 +503,13 @@ TEST_F(OpenCLFences, QuiesceLeavesEveryFenceOnItsOwnQueuesPassed) {
 }
 
 TEST_F(OpenCLFences, AFenceOnTheBridgesQueuesWaitsForEverythingBeforeIt) {
-  hold_copies(*backend_, true);
+  backend_->test_controls()->hold_copies(true);
   copy(CopyDirection::DeviceToHost, x_, 0, CopyMode::Async, 2);
   // Copies up and down and the compute role share one in-order queue: a
   // fence on any of them waits for the held download.
   const Fence fence = backend_->record_fence(QueueRef{Queue::CopyUp});
   EXPECT_FALSE(backend_->wait_fence(fence, std::chrono::milliseconds(20)));
-  hold_copies(*backend_, false);
+  backend_->test_controls()->hold_copies(false);
   EXPECT_TRUE(backend_->wait_fence(fence, std::chrono::seconds(30)));
   std::vector<Completion> drained;
   while (drained.empty()) {
@@ -549,14 +549,14 @@ TEST_F(OpenCLFences, AQueueOfAnotherContextIsRefusedNamingTheMismatch) {
   EXPECT_EQ(none.kind(), ErrorKind::Unsupported);
   EXPECT_THAT(none.what(), HasSubstr("no default queue"));
   EXPECT_EQ(error_of([&] { backend_->order_consumer_queue(0); }).kind(), ErrorKind::Unsupported);
-  EXPECT_EQ(live_fences(*backend_), 0u) << "a refused fence left an event behind";
+  EXPECT_EQ(*backend_->test_controls()->live_fences(), 0u) << "a refused fence left an event behind";
 }
 
 // DLPack's `stream`: the consumer's queue waits on the device for the
 // bridge's held work; a read it enqueues then sees the kernel's output.
 TEST_F(OpenCLFences, OrderingAConsumersQueueMakesItWaitForTheBridgesWork) {
   ConsumerQueue consumer(context());
-  hold_copies(*backend_, true);
+  backend_->test_controls()->hold_copies(true);
   const Fence launched = launch();
   backend_->order_consumer_queue(consumer.handle());
   std::vector<float> seen(kCount, -1.0f);
@@ -573,7 +573,7 @@ TEST_F(OpenCLFences, OrderingAConsumersQueueMakesItWaitForTheBridgesWork) {
   EXPECT_GT(status, CL_COMPLETE) << "the consumer read before the bridge's held launch ran";
   EXPECT_FALSE(backend_->fence_passed(after));
 
-  hold_copies(*backend_, false);
+  backend_->test_controls()->hold_copies(false);
   EXPECT_TRUE(backend_->wait_fence(after, std::chrono::seconds(30)));
   ASSERT_EQ(cl().clWaitForEvents(1, &read), CL_SUCCESS);
   cl().clReleaseEvent(read);
@@ -581,7 +581,7 @@ TEST_F(OpenCLFences, OrderingAConsumersQueueMakesItWaitForTheBridgesWork) {
   EXPECT_TRUE(backend_->fence_passed(launched));
   backend_->release_fence(launched);
   backend_->release_fence(after);
-  EXPECT_EQ(live_fences(*backend_), 0u) << "ordering left its marker behind";
+  EXPECT_EQ(*backend_->test_controls()->live_fences(), 0u) << "ordering left its marker behind";
 }
 
 // The backend holds exactly one reference to a fence's event and gives it
@@ -590,7 +590,7 @@ TEST_F(OpenCLFences, ReleasingAFenceGivesBackItsOneEventReference) {
   ConsumerQueue consumer(context());
   const std::vector<Fence> fences{launch(), backend_->record_fence(QueueRef{Queue::Compute}),
                                   backend_->record_fence(consumer.ref())};
-  EXPECT_EQ(live_fences(*backend_), fences.size());
+  EXPECT_EQ(*backend_->test_controls()->live_fences(), fences.size());
   backend_->quiesce();
   cl().clFinish(consumer.get());
   for (const Fence fence : fences) {
@@ -602,7 +602,7 @@ TEST_F(OpenCLFences, ReleasingAFenceGivesBackItsOneEventReference) {
     EXPECT_EQ(reference_count(event), before - 1);
     cl().clReleaseEvent(event);
   }
-  EXPECT_EQ(live_fences(*backend_), 0u);
+  EXPECT_EQ(*backend_->test_controls()->live_fences(), 0u);
 }
 
 // A command that ended abnormally runs no more: whatever its fence holds may go.
@@ -636,29 +636,32 @@ TEST_F(OpenCLDevice, ABridgeFreesMemoryUnderAHeldLaunchOnlyAfterTheKernel) {
   const ObjectSpec spec{4096, 64, DType::Float32, ShapeKind::Vector};
   const DeviceHandle x = bridge.alloc_device(spec, 4096);
   const DeviceHandle y = bridge.alloc_device(spec, 4096);
-  hold_copies(backend, true);
+  backend.test_controls()->hold_copies(true);
   bridge.launch_axpy(DeviceRange{x, 0, 4096}, DeviceRange{y, 0, 4096}, 2.0f, 1.0f);
   bridge.release(x);
   bridge.release(y);
   bridge.poll();
-  EXPECT_EQ(live_allocations(backend), 2u) << "memory freed under a held kernel";
-  EXPECT_GE(live_fences(backend), 1u) << "the launch's fence is not held";
-  hold_copies(backend, false);
+  EXPECT_EQ(backend.test_controls()->live_allocations(), 2u) << "memory freed under a held kernel";
+  EXPECT_GE(*backend.test_controls()->live_fences(), 1u) << "the launch's fence is not held";
+  backend.test_controls()->hold_copies(false);
   const auto start = std::chrono::steady_clock::now();
-  while (live_allocations(backend) != 0) {
+  while (backend.test_controls()->live_allocations() != 0) {
     ASSERT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30)) << "never freed";
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     bridge.poll();
   }
-  EXPECT_EQ(live_fences(backend), 0u) << "a passed fence was not given back";
+  EXPECT_EQ(*backend.test_controls()->live_fences(), 0u) << "a passed fence was not given back";
 }
 
-TEST(OpenCLControls, RefuseABackendThatIsNotOpenCL) {
+TEST(OpenCLControls, AnotherBackendAnswersOnlyWhatItCounts) {
   auto backend = make_backend("fake");
   EXPECT_FALSE(is_opencl_backend(*backend));
-  EXPECT_EQ(error_of([&] { live_allocations(*backend); }).kind(), ErrorKind::Unsupported);
-  EXPECT_EQ(error_of([&] { hold_copies(*backend, true); }).kind(), ErrorKind::Unsupported);
-  EXPECT_EQ(error_of([&] { live_fences(*backend); }).kind(), ErrorKind::Unsupported);
+  ASSERT_NE(backend->test_controls(), nullptr);
+  EXPECT_NE(backend->test_controls()->fake(), nullptr);
+  auto host = make_backend("host");
+  ASSERT_NE(host->test_controls(), nullptr);
+  EXPECT_FALSE(host->test_controls()->live_fences().has_value()) << "the host backend counts no fences";
+  EXPECT_FALSE(host->test_controls()->live_registrations().has_value());
 }
 
 }  // namespace

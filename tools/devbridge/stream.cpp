@@ -570,7 +570,8 @@ class StreamPipeline {
 std::unique_ptr<Backend> open_backend(StreamPlan& plan) {
   std::unique_ptr<Backend> backend =
       plan.opened_backend ? std::move(plan.opened_backend) : make_backend(plan.backend, plan.backend_options);
-  if (auto* fake_backend = dynamic_cast<fake::FakeBackend*>(backend.get())) {
+  TestControls* controls = backend->test_controls();
+  if (auto* fake_backend = controls != nullptr ? controls->fake() : nullptr) {
     // The fake device completes copies only when told; the stream has no one
     // to tell it, so it completes them as they are submitted.
     fake_backend->set_auto_complete(true);

@@ -61,20 +61,14 @@ bool is_cuda_backend(const Backend& backend) noexcept;
 // backend that is not CUDA.
 void* context_of(const Backend& backend);
 
-// Device allocations the backend currently holds (made and not yet freed);
-// the conformance suite checks it returns to zero after a restart. Throws
-// Unsupported for a backend that is not CUDA.
-std::uint64_t live_allocations(const Backend& backend);
-
-// For tests: while held, asynchronous copies and launches submitted to the
-// backend do not run (a host function blocks both copy streams and the
-// compute stream), so a test can observe the "pending" side of every rule
-// deterministically: copies do not complete and fences on the backend's own
-// streams do not pass. quiesce() (and so Bridge::restart and close) lifts the
-// hold and finishes the work. A sync copy that must order after held work
-// waits until the hold is lifted. Throws Unsupported for a backend that is
-// not CUDA.
-void hold_copies(Backend& backend, bool hold);
+// Test controls (Backend::test_controls, devbridge/test_controls.hpp):
+// live_allocations, live_registrations, and hold_copies: while held,
+// asynchronous copies and launches submitted to the backend do not run (a
+// host function blocks both copy streams and the compute stream), so copies
+// do not complete and fences on the backend's own streams do not pass.
+// quiesce() (and so Bridge::restart and close) lifts the hold and finishes
+// the work. A sync copy that must order after held work waits until the
+// hold is lifted.
 
 // Makes `stream` (a CUstream of the backend's context; 1 and 2 name the
 // legacy and per-thread default streams, exactly as DLPack's `stream`

@@ -83,7 +83,7 @@ class FakeBackend final : public Backend {
   void report_completion(CopyEvent event, bool ok = true);
   std::vector<RecordedCall> calls() const;
   void clear_calls();
-  std::uint64_t live_allocations() const override;
+  std::uint64_t live_allocations() const;
   std::uint64_t live_host_blocks() const;
   // Host memory registered and not yet unregistered (a leak check).
   std::uint64_t live_registrations() const;
@@ -109,6 +109,14 @@ class FakeBackend final : public Backend {
   std::vector<Fence> pending_fences() const;
   // Fences handed out and not yet released by the bridge (a leak check).
   std::uint64_t live_fences() const;
+
+  // The same controls behind the seam's one accessor (test_controls()), for
+  // code that holds a Backend: live_allocations, live_host_blocks,
+  // live_registrations, live_fences, fake() (this backend), and hold_copies,
+  // which here turns auto-completion off and holds launches while held, and
+  // on release turns auto-completion on and completes every pending copy
+  // (the conformance suite's auto-completing fake).
+  TestControls* test_controls() noexcept override;
 
   // ---- Backend ----
   BackendInfo describe() override;

@@ -32,23 +32,13 @@ std::unique_ptr<Backend> make_host_backend(const Options& options = {});
 // inline_async_max_bytes (as Options).
 std::unique_ptr<Backend> make_host_backend(const BackendOptions& options);
 
-// ---- observation and test controls ----
-// Each throws Error(Unsupported) when `backend` is not a host backend.
-
-// Device allocations made and not yet freed. Tests use it to prove that a
-// restart or close leaks nothing.
-std::uint64_t live_allocations(const Backend& backend);
-// Bytes of those allocations (as asked): what the host backend holds for
-// device memory, the bridge's pool included (MemoryStats::reserved_bytes).
-std::uint64_t live_bytes(const Backend& backend);
-// Host (ring) blocks allocated and not yet freed.
-std::uint64_t live_host_blocks(const Backend& backend);
-
-// While held, the engine starts no new asynchronous copy or launch; queued
-// work stays in flight and launches' fences pending, so a test can observe
-// the "pending" side of every rule deterministically. quiesce() (and so
-// Bridge::restart/close) lifts the hold and finishes the work. A sync copy
-// that must order after held work waits until the hold is lifted.
-void hold_copies(Backend& backend, bool hold);
+// Test controls (Backend::test_controls, devbridge/test_controls.hpp):
+// live_allocations; live_bytes, the bytes of those allocations as asked (what
+// the host backend holds for device memory, the bridge's pool included);
+// live_host_blocks; and hold_copies: while held, the engine starts no new
+// asynchronous copy or launch; queued work stays in flight and launches'
+// fences pending. quiesce() (and so Bridge::restart/close) lifts the hold
+// and finishes the work. A sync copy that must order after held work waits
+// until the hold is lifted.
 
 }  // namespace devbridge::host

@@ -44,21 +44,16 @@ std::unique_ptr<Backend> make_opencl_backend(const BackendOptions& options);
 // Every device's id ("<platform>:<device>"), for list_devices.
 std::vector<std::string> device_ids();
 
-// ---- observation and test controls ----
-// Each throws Error(Unsupported) when `backend` is not an OpenCL backend.
-
 bool is_opencl_backend(const Backend& backend) noexcept;
-// Device buffers made and not yet freed; a restart or close must bring it to 0.
-std::uint64_t live_allocations(const Backend& backend);
-// While held, asynchronous copies and launches submitted from now on wait on
-// the device for a user event (their fences stay pending), so a test can
-// observe the "pending" side of every rule. The queue is in order: later
-// commands (sync copies, markers) wait too. quiesce() (and so Bridge::restart
-// and close) lifts the hold.
-void hold_copies(Backend& backend, bool hold);
-// Fences handed out (launch_axpy, record_fence) and not yet given back with
-// release_fence; each holds a cl_event, so anything left after the bridge
-// closed is a leak.
-std::uint64_t live_fences(const Backend& backend);
+
+// Test controls (Backend::test_controls, devbridge/test_controls.hpp):
+// live_allocations (device buffers only); live_registrations (host memory
+// under a CL_MEM_USE_HOST_PTR buffer, kept apart: a registration is the
+// caller's memory); live_fences (fences handed out and not yet released: each
+// holds a cl_event, so anything left after the bridge closed is a leak); and
+// hold_copies: while held, asynchronous copies and launches submitted from
+// now on wait on the device for a user event (their fences stay pending). The
+// queue is in order: later commands (sync copies, markers) wait too.
+// quiesce() (and so Bridge::restart and close) lifts the hold.
 
 }  // namespace devbridge::opencl

@@ -293,12 +293,6 @@ void* context_of(const Backend& backend) {
   return as_cuda(backend).context();
 }
 
-std::uint64_t live_allocations(const Backend& backend) {
-  return as_cuda(backend).live_allocations();
-}
-
-void hold_copies(Backend& backend, bool hold) { as_cuda(backend).hold(hold); }
-
 void order_stream_after_submitted_work(Backend& backend, std::uintptr_t stream) {
   as_cuda(backend).order_stream(reinterpret_cast<CUstream>(stream));
 }

@@ -20,6 +20,7 @@
 #include <deque>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -175,7 +176,7 @@ struct CopyStream {
   std::atomic<std::uint64_t> waited_launches{0};
 };
 
-class CudaBackend final : public Backend {
+class CudaBackend final : public Backend, private TestControls {
  public:
   CudaBackend(const Driver& driver, const Options& options);
 
@@ -248,7 +249,12 @@ class CudaBackend final : public Backend {
 
   CUcontext context() const noexcept { return context_; }
   std::uint64_t live_allocations() const noexcept override { return live_allocations_.load(std::memory_order_relaxed); }
+  std::optional<std::uint64_t> live_registrations() const override {
+    return live_registrations_.load(std::memory_order_relaxed);
+  }
+  bool can_hold_copies() const noexcept override { return true; }
   void hold_copies(bool on) override { hold(on); }
+  TestControls* test_controls() noexcept override { return this; }
   std::uintptr_t native_context() override { return reinterpret_cast<std::uintptr_t>(context()); }
   void order_consumer_queue(std::uintptr_t queue) override { order_stream(reinterpret_cast<CUstream>(queue)); }
 

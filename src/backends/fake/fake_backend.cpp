@@ -94,6 +94,7 @@ FakeBackend::FakeBackend(std::uint64_t memory_bytes, std::vector<DType> dtypes) 
   if (dtypes.empty())
     for (const auto& d : all_dtypes()) dtypes.push_back(d.dtype);
   state_->dtypes = std::move(dtypes);
+  state_->controls.emplace(*this);
 }
 
 FakeBackend::~FakeBackend() {
@@ -115,6 +116,8 @@ void FakeBackend::inject(Call call, Failure failure, int nth) {
   std::lock_guard lock(state_->mutex);
   state_->injections.push_back({call, failure, nth});
 }
+
+TestControls* FakeBackend::test_controls() noexcept { return &*state_->controls; }
 
 std::vector<RecordedCall> FakeBackend::calls() const {
   std::lock_guard lock(state_->mutex);

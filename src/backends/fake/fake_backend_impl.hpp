@@ -117,6 +117,26 @@ using impl::kMinDeviceAlignment;
 using impl::kPartAlignment;
 using impl::SharedBytes;
 
+// The fake's TestControls: its own controls, behind the seam's accessor.
+class FakeControls final : public TestControls {
+ public:
+  explicit FakeControls(FakeBackend& fake) noexcept : fake_(fake) {}
+  std::uint64_t live_allocations() const override { return fake_.live_allocations(); }
+  std::optional<std::uint64_t> live_host_blocks() const override { return fake_.live_host_blocks(); }
+  std::optional<std::uint64_t> live_registrations() const override { return fake_.live_registrations(); }
+  std::optional<std::uint64_t> live_fences() const override { return fake_.live_fences(); }
+  bool can_hold_copies() const noexcept override { return true; }
+  void hold_copies(bool hold) override {
+    fake_.set_auto_complete(!hold);
+    fake_.hold_launches(hold);
+    if (!hold) fake_.complete_all();
+  }
+  FakeBackend* fake() noexcept override { return &fake_; }
+
+ private:
+  FakeBackend& fake_;
+};
+
 struct FakeBackend::State {
   struct Allocation {
     SharedBytes memory;
@@ -165,6 +185,7 @@ struct FakeBackend::State {
   std::vector<RecordedCall> calls;
   bool auto_complete = false;
   bool parts = true;  // part_alignment() offers parts
+  std::optional<FakeControls> controls;  // test_controls(); set by the constructor
 
   struct FenceRecord {
     QueueRef where;

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -89,7 +90,7 @@ std::string available_memory_text() {
 
 using checked::range_within;
 
-class HostBackend final : public Backend {
+class HostBackend final : public Backend, private TestControls {
  public:
   explicit HostBackend(const Options& options)
       : cpu_name_(detail::cpu_model_name()),
@@ -341,17 +342,19 @@ class HostBackend final : public Backend {
     return allocations_.size();
   }
 
-  std::uint64_t live_bytes() const {
+  std::optional<std::uint64_t> live_bytes() const override {
     std::lock_guard lock(memory_mutex_);
     return live_bytes_;
   }
 
-  std::uint64_t live_host_blocks() const {
+  std::optional<std::uint64_t> live_host_blocks() const override {
     std::lock_guard lock(memory_mutex_);
     return host_blocks_.size();
   }
 
+  bool can_hold_copies() const noexcept override { return true; }
   void hold_copies(bool hold) override { engine_.set_held(hold); }
+  TestControls* test_controls() noexcept override { return this; }
   // Freed memory is kept by the bridge's pool (kPoolCapBytes above).
   bool caches_allocations() const override { return true; }
   // Host memory is addressed linearly: a part is an address inside a block.
@@ -402,15 +405,6 @@ class HostBackend final : public Backend {
   detail::CopyEngine engine_;
 };
 
-HostBackend& as_host(Backend& backend, const char* what) {
-  auto* host = dynamic_cast<HostBackend*>(&backend);
-  if (host == nullptr) throw Error(ErrorKind::Unsupported, std::string(what) + ": the backend is not the host backend");
-  return *host;
-}
-
-const HostBackend& as_host(const Backend& backend, const char* what) {
-  return as_host(const_cast<Backend&>(backend), what);
-}
 
 }  // namespace
 
@@ -426,17 +420,5 @@ std::unique_ptr<Backend> make_host_backend(const BackendOptions& options) {
   reader.finish();
   return make_host_backend(typed);
 }
-
-std::uint64_t live_allocations(const Backend& backend) {
-  return as_host(backend, "host::live_allocations").live_allocations();
-}
-
-std::uint64_t live_bytes(const Backend& backend) { return as_host(backend, "host::live_bytes").live_bytes(); }
-
-std::uint64_t live_host_blocks(const Backend& backend) {
-  return as_host(backend, "host::live_host_blocks").live_host_blocks();
-}
-
-void hold_copies(Backend& backend, bool hold) { as_host(backend, "host::hold_copies").hold_copies(hold); }
 
 }  // namespace devbridge::host

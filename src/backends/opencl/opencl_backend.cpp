@@ -32,7 +32,6 @@
 // cl_mem handle and its byte_offset stays separate, as DLPack's kDLOpenCL
 // asks.
 #include "backends/opencl/opencl_backend_impl.hpp"
-#include "backends/opencl/opencl_controls.hpp"
 
 namespace devbridge::opencl {
 namespace detail {
@@ -220,14 +219,8 @@ Owned<cl_command_queue> OpenCLBackend::make_queue() {
   return queue;
 }
 
-OpenCLBackend& as_opencl(Backend& backend) {
-  if (auto* opencl = dynamic_cast<OpenCLBackend*>(&backend)) return *opencl;
-  throw Error(ErrorKind::Unsupported, "not an OpenCL backend");
-}
-
 }  // namespace detail
 
-using detail::as_opencl;
 using detail::choose_device;
 using detail::describe_device;
 using detail::DeviceChoice;
@@ -274,23 +267,6 @@ std::vector<std::string> device_ids() {
 
 bool is_opencl_backend(const Backend& backend) noexcept {
   return dynamic_cast<const OpenCLBackend*>(&backend) != nullptr;
-}
-
-std::uint64_t live_allocations(const Backend& backend) {
-  if (const auto* opencl = dynamic_cast<const OpenCLBackend*>(&backend)) return opencl->live_allocations();
-  throw Error(ErrorKind::Unsupported, "not an OpenCL backend");
-}
-
-void hold_copies(Backend& backend, bool hold) { as_opencl(backend).hold_copies(hold); }
-
-std::uint64_t live_fences(const Backend& backend) {
-  if (const auto* opencl = dynamic_cast<const OpenCLBackend*>(&backend)) return opencl->live_fences();
-  throw Error(ErrorKind::Unsupported, "not an OpenCL backend");
-}
-
-std::uint64_t detail::live_registrations(const Backend& backend) {
-  if (const auto* opencl = dynamic_cast<const OpenCLBackend*>(&backend)) return opencl->live_registrations();
-  throw Error(ErrorKind::Unsupported, "not an OpenCL backend");
 }
 
 }  // namespace devbridge::opencl

@@ -21,6 +21,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -109,7 +110,7 @@ struct PendingCopy {
   cl_event done = nullptr;  // owned: one reference, released when reported
 };
 
-class OpenCLBackend final : public Backend {
+class OpenCLBackend final : public Backend, private TestControls {
  public:
   explicit OpenCLBackend(const DeviceChoice& choice);
 
@@ -189,10 +190,12 @@ class OpenCLBackend final : public Backend {
 
   // ---- observation and test controls ----
   std::uint64_t live_allocations() const noexcept override { return live_allocations_.load(std::memory_order_relaxed); }
-  std::uint64_t live_fences() const noexcept { return live_fences_.load(std::memory_order_relaxed); }
-  std::uint64_t live_registrations() const noexcept { return live_registrations_.load(std::memory_order_relaxed); }
+  std::optional<std::uint64_t> live_fences() const noexcept override { return live_fences_.load(std::memory_order_relaxed); }
+  std::optional<std::uint64_t> live_registrations() const noexcept override { return live_registrations_.load(std::memory_order_relaxed); }
 
+  bool can_hold_copies() const noexcept override { return true; }
   void hold_copies(bool hold) override;
+  TestControls* test_controls() noexcept override { return this; }
 
  private:
   static void CL_CALLBACK on_command_finished(cl_event event, cl_int /*status*/, void* user);
