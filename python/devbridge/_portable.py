@@ -28,20 +28,17 @@ import numpy as np
 
 from ._devbridge import Bridge, DeviceHandle, ObjectSpec, dtype_info
 from ._errors import BridgeError
+from ._intake import _bits_dtype, _dtype_name, _intake, _numpy_dtype
 from ._staging import (
     _REGISTRATION_FROM,
     DeviceTensor,
-    _bits_dtype,
     _checked_shape,
     _chunk_bytes,
     _chunk_error,
     _cleanup,
     _download_chunks,
-    _dtype_name,
     _handle_dtype,
     _host_bytes,
-    _intake,
-    _numpy_dtype,
     spec_for_array,
     _stage_chunk,
     _stage_chunks,

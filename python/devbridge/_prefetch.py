@@ -44,11 +44,10 @@ import numpy as np
 
 from ._devbridge import Bridge, DeviceHandle, ObjectSpec
 from ._errors import AllocationStillInUse, BridgeError
+from ._intake import _dtype_name, _intake
 from ._staging import (
     DeviceTensor,
-    _intake,
     _cleanup,
-    _dtype_name,
     _free_or_release,
     _reap_shared,
     _stage_into,

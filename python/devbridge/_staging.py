@@ -21,7 +21,6 @@ import atexit
 import collections
 import contextlib
 import ctypes
-import functools
 import math
 import operator
 import os
@@ -32,9 +31,10 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from ._devbridge import Bridge, CopyEvent, DeviceHandle, HostRange, HostRing, ObjectSpec, dtype_info, dtypes
+from ._devbridge import Bridge, CopyEvent, DeviceHandle, HostRange, HostRing, ObjectSpec, dtype_info
 from ._errors import (AllocationStillInUse, Backpressure, BridgeError, Closed, InvalidAlignment, InvalidRange,
                       InvalidTensorView, InvalidViewDType)
+from ._intake import _bits_dtype, _dtype_name, _intake, _numpy_dtype
 
 _U64_MAX = (1 << 64) - 1
 _I64_MAX = (1 << 63) - 1
@@ -42,69 +42,6 @@ _CHUNK_ALIGN = 4096
 # How long cleanup after a failure waits for this call's own copies still in flight before leaving
 # their ranges to the bridge's release queue (released when safe) and the allocation to a deferred free.
 _CLEANUP_WAIT_S = 30.0
-
-
-# ---------------------------------------------------------------------------------------------- dtypes
-
-
-# A numpy dtype may carry devbridge's name of the data in its metadata: bits of a dtype numpy lacks
-# (bfloat16, float8 from a DLPack producer) or bytes relabelled with ``dtype=``. Such an array says what it
-# holds to every later step (``_dtype_name(array.dtype)``) without a parallel list of names.
-_LABEL = "devbridge_dtype"
-
-
-def _dtype_name(dtype: Any) -> str:
-    """devbridge's name for a dtype given as a name, a numpy dtype or a tinygrad DType."""
-    if isinstance(dtype, str):
-        return dtype_info(dtype)["name"]
-    if isinstance(dtype, np.dtype) or (isinstance(dtype, type) and issubclass(dtype, np.generic)):
-        dtype = np.dtype(dtype)
-        if dtype.metadata and _LABEL in dtype.metadata:
-            return dtype.metadata[_LABEL]
-        return dtype_info(dtype.name)["name"]
-    return dtype_info(dtype)["name"]  # a tinygrad DType or anything the module accepts
-
-
-@functools.lru_cache(maxsize=None)
-def _ml_dtypes() -> Any:
-    """The ml_dtypes module when it is installed (imported here if nobody has yet), else None."""
-    try:
-        import ml_dtypes
-    except ImportError:
-        return None
-    return ml_dtypes
-
-
-def _bits_dtype(name: str) -> np.dtype | None:
-    """The unsigned integers holding a dtype numpy itself lacks (bfloat16, float8); None for one it has."""
-    try:
-        if np.dtype(name).isbuiltin == 1:  # ml_dtypes registers its types as user dtypes (2)
-            return None
-    except TypeError:
-        pass
-    return np.dtype(f"uint{dtype_info(name)['itemsize'] * 8}")
-
-
-def _numpy_dtype(name: str) -> np.dtype:
-    """The numpy dtype arrays of devbridge dtype ``name`` come back as.
-
-    One numpy lacks (bfloat16, float8) is ml_dtypes' type when ml_dtypes is installed (importable: jax
-    users have it), else its unsigned bits: what comes back depends on what is installed, never on which
-    package happened to be imported first.
-    """
-    bits = _bits_dtype(name)
-    if bits is None:
-        return np.dtype(name)
-    ml_dtypes = _ml_dtypes()
-    own = getattr(ml_dtypes, name, None) if ml_dtypes is not None else None
-    return bits if own is None else np.dtype(own)
-
-
-@functools.lru_cache(maxsize=None)
-def _labelled(name: str) -> np.dtype:
-    """A numpy dtype whose ``_dtype_name`` is ``name``: numpy's own when it has it, else labelled bits."""
-    bits = _bits_dtype(name)
-    return np.dtype(name) if bits is None else np.dtype(bits, metadata={_LABEL: name})
 
 
 # ------------------------------------------------------------------------------------------------ spec
@@ -403,156 +340,6 @@ def _cleanup(bridge: Bridge, queue: ReleaseQueue, events: Iterable[CopyEvent]) -
         queue.reap(raise_failures=False)
     except BridgeError:
         pass
-
-
-# ---------------------------------------------------------------------------------------------- intake
-#
-# Every entry that takes an array (upload, adopt, the Prefetcher, import_tensor, PortableTensor.from_array,
-# a devbridge.ray put) reads it through _intake: numpy, any DLPack producer in host memory (torch, jax,
-# cupy's host arrays...; bfloat16 and float8 included) or any buffer-protocol object, without a copy. The
-# one rule for byte order: devbridge's bytes are little-endian (PortableTensor, safetensors, every device
-# it drives), so a big-endian array is converted to them (a copy, the values kept) by every entry that copies
-# anyway; adopt, which promises no copy, refuses it.
-
-_DLPACK_CPU = 1
-_DLPACK_DEVICES = {2: "CUDA", 3: "CUDA host", 4: "OpenCL", 7: "Vulkan", 8: "Metal", 9: "VPI", 10: "ROCm",
-                   11: "ROCm host", 13: "CUDA managed", 14: "oneAPI"}
-
-
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
-                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
-
-
-_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_pointer.restype = ctypes.c_void_p
-_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-
-
-@functools.lru_cache(maxsize=None)
-def _dlpack_dtypes() -> dict[tuple[int, int], str]:
-    """(DLPack type code, bits) -> devbridge dtype, from the module's own table."""
-    return {(dtype_info(n)["dlpack_code"], dtype_info(n)["dlpack_bits"]): n for n in dtypes()}
-
-
-class _DLPackMemory:
-    """The memory of an unversioned DLPack capsule as an array interface for numpy. It holds the capsule,
-    whose destructor (the producer's) lets the producer's memory go once the array is gone."""
-
-    __slots__ = ("__array_interface__", "_capsule")
-
-    def __init__(self, capsule: Any, interface: dict[str, Any]) -> None:
-        self._capsule = capsule
-        self.__array_interface__ = interface
-
-
-def _from_capsule(array: Any, what: str) -> np.ndarray:
-    """A DLPack producer's CPU tensor whose dtype numpy lacks (bfloat16, float8), read without a copy from
-    its capsule as numpy would: the bits, labelled with devbridge's dtype."""
-    kind = type(array).__name__
-    try:
-        capsule = array.__dlpack__()  # no max_version: the unversioned capsule every producer gives
-    except Exception as error:  # the producer's own refusal (a tensor requiring grad, an unsupported dtype...)
-        raise TypeError(f"{what}: the {kind} refused its DLPack export: {type(error).__name__}: {error}") from error
-    try:
-        tensor = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
-    except ValueError as error:  # not the unversioned capsule __dlpack__() must give without max_version
-        raise TypeError(f"{what}: the {kind}'s __dlpack__() gave no unversioned DLPack capsule ({error})") from error
-    code, bits, lanes = tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes
-    name = _dlpack_dtypes().get((code, bits)) if lanes == 1 else None
-    if name is None:
-        raise TypeError(f"{what}: the {kind} holds DLPack dtype (code {code}, bits {bits}, lanes {lanes}), "
-                        f"which devbridge does not hold")
-    dtype = _labelled(name)
-    shape = tuple(tensor.shape[i] for i in range(tensor.ndim))
-    if math.prod(shape) == 0:
-        return np.empty(shape, dtype)
-    strides = None if not tensor.strides else tuple(tensor.strides[i] * dtype.itemsize for i in range(tensor.ndim))
-    interface = {"version": 3, "shape": shape, "typestr": dtype.str, "strides": strides,
-                 "data": (tensor.data + tensor.byte_offset, True)}
-    return np.asarray(_DLPackMemory(capsule, interface)).view(dtype)
-
-
-def _from_dlpack(array: Any, what: str) -> np.ndarray:
-    kind = type(array).__name__
-    try:
-        device_type, device_id = (int(v) for v in array.__dlpack_device__())
-    except Exception as error:
-        raise TypeError(f"{what}: the {kind} has __dlpack__ but no usable __dlpack_device__ ({error})") from error
-    if device_type != _DLPACK_CPU:
-        where = _DLPACK_DEVICES.get(device_type, "not host memory")
-        raise ValueError(f"{what}: the {kind} lives on DLPack device ({device_type}, {device_id}) ({where}), not "
-                         "the CPU: devbridge takes arrays in host memory; copy it there first (torch: .cpu(), "
-                         "jax: jax.device_put(x, jax.devices('cpu')[0]))")
-    try:
-        return np.from_dlpack(array)
-    except (BufferError, RuntimeError, TypeError, ValueError):
-        return _from_capsule(array, what)  # a dtype numpy lacks (or the producer's refusal, said by it)
-
-
-def _to_numpy(array: Any, what: str) -> np.ndarray:
-    """``array`` as a numpy array over its own memory: numpy, a CPU DLPack producer, a buffer."""
-    if isinstance(array, np.ndarray):
-        return array
-    if hasattr(type(array), "__dlpack__"):
-        return _from_dlpack(array, what)
-    kind = type(array).__name__
-    try:
-        view = memoryview(array)
-    except TypeError as error:
-        raise TypeError(f"{what} takes an array (numpy, a DLPack producer in host memory such as a torch or jax "
-                        f"CPU tensor, or a buffer such as bytes or array.array), not {kind}") from error
-    except BufferError as error:
-        raise TypeError(f"{what}: the {kind} refused its buffer: {error}") from error
-    if not view.c_contiguous:
-        raise ValueError(f"{what}: the {kind} buffer is not C-contiguous; copy it first")
-    return np.asarray(view)
-
-
-def _intake(array: Any, what: str, dtype: Any = None, *, copy: bool = True, any_layout: bool = False) -> np.ndarray:
-    """The one reading of an array an entry is given: a C-contiguous numpy array of little-endian items
-    whose ``_dtype_name(a.dtype)`` is the data's devbridge dtype (``dtype`` relabels bytes of the same item
-    size), over the caller's memory where that allows.
-
-    ``copy``: the entry copies the data anyway, so a big-endian array is converted (else ``ValueError``
-    naming its dtype). ``any_layout``: anything ``numpy.asarray`` takes, a strided array copied into
-    row-major order (else a non-contiguous array is ``ValueError``). ``what`` names the entry in errors."""
-    try:
-        a = _to_numpy(array, what)
-    except TypeError:
-        if not any_layout:
-            raise
-        a = np.asarray(array)
-    if not a.flags.c_contiguous:
-        if not any_layout:
-            raise ValueError(f"{what}: the array (shape {a.shape}, strides {a.strides}) is not C-contiguous, so "
-                             "it is not one run of bytes; pass numpy.ascontiguousarray(array)")
-        a = np.ascontiguousarray(a)
-    if a.dtype.byteorder == ">":
-        if not copy:
-            raise ValueError(f"{what}: the array is big-endian ({a.dtype.str}) and devbridge's bytes are "
-                             "little-endian; this call copies nothing, so pass array.astype(array.dtype."
-                             "newbyteorder('<')) or use a call that copies")
-        a = a.astype(a.dtype.newbyteorder("<"))
-    if dtype is not None:
-        name = _dtype_name(dtype)
-        if dtype_info(name)["itemsize"] != a.itemsize:
-            raise ValueError(f"{what}: dtype {name} has items of {dtype_info(name)['itemsize']} bytes, the "
-                             f"array's {a.dtype} {a.itemsize}: dtype relabels the bytes, it does not convert them "
-                             "(use array.astype)")
-        a = a.view(_labelled(name))
-    else:
-        _dtype_name(a.dtype)  # ValueError now for a dtype devbridge does not hold
-    return a
 
 
 def _free_or_release(bridge: Bridge, handle: DeviceHandle) -> None:

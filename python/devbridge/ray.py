@@ -52,8 +52,8 @@ except ImportError as _error:  # pragma: no cover - exercised only without the e
     raise ImportError("devbridge.ray needs Ray: pip install 'devbridge[ray]' (or pip install ray)") from _error
 
 import devbridge
-from ._staging import (DeviceTensor, _copy_through_view, _dtype_name, _intake, _numpy_dtype, _staging_queue,
-                       _upload_through_view)
+from ._intake import _dtype_name, _intake, _numpy_dtype
+from ._staging import DeviceTensor, _copy_through_view, _staging_queue, _upload_through_view
 from ._portable import PortableTensor
 
 __all__ = ["DeviceWorker", "TensorRef", "init_local", "non_loopback_addresses", "start_worker", "wait_until_ready",

@@ -75,7 +75,8 @@ except ImportError as _error:  # pragma: no cover - exercised only without Ray, 
 import devbridge
 from ._errors import InvalidTensorView, InvalidViewDType
 from ._portable import PortableTensor
-from ._staging import DeviceTensor, _copy_through_view, _numpy_dtype, download
+from ._intake import _numpy_dtype
+from ._staging import DeviceTensor, _copy_through_view, download
 from .ray import DEFAULT_MAX_RESTARTS, TensorRef, _DeviceWorker
 from .ray import start_worker as _start_worker
 

@@ -1,6 +1,6 @@
 """Every entry that takes an array, and what download gives back.
 
-One intake (``_staging._intake``) reads what upload, adopt, the Prefetcher, import_tensor,
+One intake (``_intake._intake``) reads what upload, adopt, the Prefetcher, import_tensor,
 PortableTensor.from_array and a devbridge.ray put are given: numpy, any DLPack producer in host memory
 (jax, torch, devbridge's own tensors; bfloat16 and float8 included, which numpy's from_dlpack refuses) or
 a buffer. A big-endian array is converted to devbridge's little-endian bytes where the entry copies anyway,
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import devbridge
-from devbridge import _staging
+from devbridge import _intake
 from conftest import collect, make_bridge, random_array, require_backend
 
 RING = 1 << 20
@@ -49,9 +49,9 @@ def hb():
 def without_ml_dtypes(monkeypatch):
     """As if ml_dtypes were not installed: its import fails (whether or not it was imported already)."""
     monkeypatch.setitem(sys.modules, "ml_dtypes", None)
-    _staging._ml_dtypes.cache_clear()
+    _intake._ml_dtypes.cache_clear()
     yield
-    _staging._ml_dtypes.cache_clear()
+    _intake._ml_dtypes.cache_clear()
 
 
 def raw_bits(rng, dtype: str, n: int) -> np.ndarray:
@@ -107,9 +107,9 @@ def test_adopt_refuses_a_big_endian_array_naming_its_dtype(hb):
 def test_a_ray_put_reads_through_the_same_intake():
     # The worker's put (devbridge.ray) takes anything numpy.asarray takes: the intake with any layout.
     a = np.arange(12, dtype=">i4").reshape(3, 4).T
-    got = _staging._intake(a, "put", any_layout=True)
+    got = _intake._intake(a, "put", any_layout=True)
     assert got.flags.c_contiguous and got.dtype == np.dtype("<i4") and np.array_equal(got, a)
-    assert np.array_equal(_staging._intake([[1, 2], [3, 4]], "put", any_layout=True), [[1, 2], [3, 4]])
+    assert np.array_equal(_intake._intake([[1, 2], [3, 4]], "put", any_layout=True), [[1, 2], [3, 4]])
 
 
 # ------------------------------------------------------------------------------------------ 2. DLPack
@@ -122,7 +122,7 @@ JAX_DTYPES = ["float32", "bfloat16", "float8_e4m3fn", "float8_e5m2", "int8", "bo
 def test_a_jax_array_uploads_bit_exact(ib, rng, dtype):
     jnp = pytest.importorskip("jax.numpy")
     raw = raw_bits(rng, dtype, 300)
-    x = jnp.asarray(raw.view(_staging._numpy_dtype(dtype)).reshape(3, 100))
+    x = jnp.asarray(raw.view(_intake._numpy_dtype(dtype)).reshape(3, 100))
     assert str(x.dtype) == dtype
     with ib.upload(x, wait=True) as t:
         assert t.dtype == dtype and t.shape == (3, 100)
@@ -132,7 +132,7 @@ def test_a_jax_array_uploads_bit_exact(ib, rng, dtype):
 def test_jax_batches_go_through_the_prefetcher_bit_exact(ib, rng):
     jnp = pytest.importorskip("jax.numpy")
     raws = [raw_bits(rng, "bfloat16", 64) for _ in range(3)]
-    batches = [(jnp.asarray(r.view(_staging._numpy_dtype("bfloat16"))), jnp.arange(4, dtype=jnp.int32))
+    batches = [(jnp.asarray(r.view(_intake._numpy_dtype("bfloat16"))), jnp.arange(4, dtype=jnp.int32))
                for r in raws]
     with devbridge.Prefetcher(ib, batches, to="device") as it:
         for raw, (x, y) in zip(raws, it):
@@ -144,15 +144,15 @@ def test_the_intake_reads_a_dlpack_producer_in_place(hb):
     jax = pytest.importorskip("jax")
     jnp = jax.numpy
     for x in (jnp.arange(16, dtype=jnp.float32), jnp.arange(16, dtype=jnp.bfloat16)):
-        a = _staging._intake(x, "upload")
+        a = _intake._intake(x, "upload")
         assert a.ctypes.data == x.unsafe_buffer_pointer()  # no copy, whichever route numpy allows
-        assert _staging._dtype_name(a.dtype) == str(x.dtype)
+        assert _intake._dtype_name(a.dtype) == str(x.dtype)
 
 
 def test_a_bfloat16_jax_array_is_adopted_in_place_and_outlives_its_producer(hb, rng):
     jnp = pytest.importorskip("jax.numpy")
     raw = raw_bits(rng, "bfloat16", 512)
-    x = jnp.asarray(raw.view(_staging._numpy_dtype("bfloat16")))
+    x = jnp.asarray(raw.view(_intake._numpy_dtype("bfloat16")))
     t = hb.adopt(x)
     with t.view() as view:
         assert view.ptr == x.unsafe_buffer_pointer()
@@ -165,7 +165,7 @@ def test_a_bfloat16_jax_array_is_adopted_in_place_and_outlives_its_producer(hb, 
 def test_import_tensor_and_from_array_take_dlpack_producers(ib, rng):
     jnp = pytest.importorskip("jax.numpy")
     raw = raw_bits(rng, "float8_e5m2", 40)
-    x = jnp.asarray(raw.view(_staging._numpy_dtype("float8_e5m2")).reshape(5, 8))
+    x = jnp.asarray(raw.view(_intake._numpy_dtype("float8_e5m2")).reshape(5, 8))
     with ib.import_tensor(x) as t:
         assert t.dtype == "float8_e5m2" and t.shape == (5, 8) and bytes_of(t.numpy()) == raw.tobytes()
     p = devbridge.PortableTensor.from_array(x)

@@ -76,7 +76,7 @@ def bits(rng, dtype: str, shape) -> np.ndarray:
         return rng.integers(0, 2, size=shape, dtype=np.uint8).view(np.bool_)
     size = devbridge.dtype_info(dtype)["itemsize"]
     raw = rng.integers(0, 256, size=int(np.prod(shape)) * size, dtype=np.uint8)
-    return raw.view(devbridge._staging._numpy_dtype(dtype)).reshape(shape)
+    return raw.view(devbridge._intake._numpy_dtype(dtype)).reshape(shape)
 
 
 def matrix_shape(dtype: str) -> tuple[int, int]:
@@ -172,7 +172,7 @@ def test_portable_tensor_of_dtypes_numpy_lacks_reads_their_bits():
     bits16 = np.array([0x3F80, 0x4000], dtype=np.uint16)  # bfloat16 1.0, 2.0
     t = devbridge.PortableTensor((2,), "bfloat16", bits16)
     # ml_dtypes' types where it is installed, else the bits (test_intake.py checks both)
-    numpy_dtype = devbridge._staging._numpy_dtype
+    numpy_dtype = devbridge._intake._numpy_dtype
     assert np.asarray(t).dtype == numpy_dtype("bfloat16") and np.array_equal(np.asarray(t).view(np.uint16), bits16)
     assert devbridge.PortableTensor((2,), "float8_e5m2", b"\x3c\x40").numpy().dtype == numpy_dtype("float8_e5m2")
 

@@ -120,7 +120,7 @@ def test_dtype_relabels_the_bytes(sb, rng):
     with sb.upload(bits, dtype="bfloat16", wait=True) as t:
         assert t.dtype == "bfloat16" and sb.spec(t.handle).dtype == "bfloat16"
         back = sb.download(t)  # bfloat16: ml_dtypes' type where installed, else its bits (test_intake.py)
-        assert back.dtype == devbridge._staging._numpy_dtype("bfloat16") and np.array_equal(back.view(np.uint16), bits)
+        assert back.dtype == devbridge._intake._numpy_dtype("bfloat16") and np.array_equal(back.view(np.uint16), bits)
 
 
 def test_chunked_upload_and_download_larger_than_the_ring(sb, rng):
