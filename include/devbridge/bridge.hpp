@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -185,6 +186,8 @@ struct BridgeStats {
   std::uint64_t ring_capacity = 0;
   std::uint64_t ring_used = 0;
   std::uint64_t ring_reservations = 0;
+  // Ranges handed to release_host_after still waiting for their copies.
+  std::uint64_t ring_releases_pending = 0;
 };
 
 class Bridge;
@@ -301,6 +304,22 @@ class Bridge {
   // Ends a reservation (exactly as reserve returned it). Refused with
   // AllocationStillInUse while an async copy using it is in flight.
   void release_host(HostRange range);
+  // Ends a reservation (exactly as reserve returned it) once `event` says
+  // its host bytes may be released: an upload's safe_to_release_host, a
+  // download's host_bytes_valid, or the copy failed. Nothing to poll: the
+  // bridge checks whenever it applies completions (wait, poll,
+  // copy_status, ...) and before reserve looks for room, so a reserve
+  // waiting for room is woken by it. An event already settled releases at
+  // once. The event's failure, if any, stays to be observed (wait,
+  // copy_status). A range another copy still pins waits for that copy too.
+  // Refused, changing nothing: ForeignDomain / OldGenerationHandle /
+  // UnknownDeviceHandle for the event; InvalidRange for a range that is not
+  // a live reservation, or one already waiting here. Allowed on a Broken
+  // bridge. A restart releases every waiting range once the device is idle
+  // (no copy touches them any more); close() drops them with the ring.
+  // Releasing a waiting range by hand (release_host) is allowed; the wait
+  // then forgets it.
+  void release_host_after(HostRange range, CopyEvent event);
   // The bytes of a reserved range (validated). Valid until close(); a
   // consumer that may outlive the bridge takes a lease_host instead.
   std::span<std::byte> host_bytes(HostRange range) const;
@@ -332,10 +351,20 @@ class Bridge {
   // caller keeps it alive and unmoved until unregister_host, restart or
   // close. Refused (InvalidRange) when it overlaps a region already
   // registered, (InvalidExtent) when empty.
-  HostRegion register_host(std::span<std::byte> bytes);
+  // `on_release`, when given, is called once the bridge has let go of the
+  // memory for good (unregistered it with the backend: unregister_host, a
+  // restart or close that succeeded, or the end of the last adopted
+  // allocation that kept the region retained past them): from then on the
+  // caller may free or move it (IREE's import_buffer release callback). It
+  // runs on whichever thread makes the bridge let go, under the bridge's
+  // lock: it must be quick, must not throw, and must not call into the
+  // bridge (record the fact, act on it later). Never called when the
+  // registration itself fails, nor after a failed quiesce.
+  using RegionRelease = std::function<void()>;
+  HostRegion register_host(std::span<std::byte> bytes, RegionRelease on_release = {});
   // For uploads only (an immutable buffer: Ray's object store, a read-only
   // mmap): a copy into it (device_to_host) is refused with InvalidRange.
-  HostRegion register_host_read_only(std::span<const std::byte> bytes);
+  HostRegion register_host_read_only(std::span<const std::byte> bytes, RegionRelease on_release = {});
   // AllocationStillInUse while a copy uses the region; changes nothing then.
   void unregister_host(HostRegion region);
   // The registered bytes (validated).
@@ -343,7 +372,8 @@ class Bridge {
   // True while the bridge still holds the region's memory: registered in
   // this generation, or kept past a restart or close because an allocation
   // adopted from it is still read through a view. Whoever keeps the memory
-  // alive for the bridge (the Python bindings) lets go once it is false.
+  // alive for the bridge lets go once it is false (or, pushed instead of
+  // polled, when register_host's on_release is called).
   bool region_retained(HostRegion region) const noexcept;
   // The bytes of a read-only region used in place as a device allocation,
   // with no copy, where the device addresses host memory (the host backend,

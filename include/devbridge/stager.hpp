@@ -38,7 +38,8 @@ struct StagerOptions {
   // budget bound it too (on Backpressure the Stager finishes its oldest chunk).
   std::uint32_t max_chunks_in_flight = 4;
   // After a failure, how long cleanup waits in all for this call's copies
-  // still in flight before leaving their ranges stranded (stranded_ranges()).
+  // still in flight before handing their ranges to the bridge, which releases
+  // each once its copy ends (Bridge::release_host_after; stranded_ranges()).
   // Negative is refused with InvalidRange; nanoseconds::max() waits until
   // they end (or the bridge closes).
   std::chrono::nanoseconds cleanup_timeout = std::chrono::seconds(30);
@@ -54,8 +55,8 @@ class Stager {
   // ring or the in-flight budget, max_chunks_in_flight 0, a negative
   // cleanup_timeout), Closed when the bridge is closed already.
   explicit Stager(Bridge& bridge, StagerOptions options = {});
-  // Tries once more to release stranded ranges; leaves the rest to the
-  // bridge's close(), which frees the whole ring.
+  // Holds no ranges: those a failed call could not release wait in the
+  // bridge (Bridge::release_host_after).
   ~Stager();
   Stager(const Stager&) = delete;
   Stager& operator=(const Stager&) = delete;
@@ -86,17 +87,16 @@ class Stager {
   // "upload chunk 3 (bytes 49152..65536 of 1048576, device offset 49152 of
   // handle {...}): DeviceCopyFailed: ...". Cleanup never releases a ring
   // range a copy may still read or write: it waits up to cleanup_timeout,
-  // then leaves the ranges still in use stranded.
+  // then hands the ranges still in use to the bridge (release_host_after).
 
   // The chunk size in use (options.chunk_bytes or its default; a call into
   // an allocation of wider elements rounds it down to a whole element).
   std::uint64_t chunk_bytes() const noexcept { return planner_.chunk_bytes(); }
-  // Ring ranges left reserved because a copy could still use them when a
-  // failed call cleaned up (or the bridge was Broken). Every later call, and
-  // the destructor, releases those whose copies have ended.
-  std::size_t stranded_ranges() const noexcept { return planner_.stranded_ranges(); }
-  // Releases the stranded ranges no copy uses any more; returns how many
-  // are left.
+  // Ring ranges still waiting in the bridge for their copies to end
+  // (TransferPlanner::stranded_ranges: the bridge's count, every caller's).
+  std::size_t stranded_ranges() const { return planner_.stranded_ranges(); }
+  // Applies the bridge's completions, releasing the waiting ranges whose
+  // copies ended; returns how many still wait.
   std::size_t release_stranded() { return planner_.release_stranded(); }
 
  private:

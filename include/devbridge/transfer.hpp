@@ -107,7 +107,8 @@ struct TransferOptions {
   // in-flight budget bound it too (on Backpressure the oldest chunk finishes).
   std::uint32_t max_chunks_in_flight = 4;
   // After a failure, how long cleanup waits in all for this call's copies
-  // still in flight before leaving their ranges stranded (stranded_ranges()).
+  // still in flight before handing their ranges to the bridge, which releases
+  // each once its copy ends (Bridge::release_host_after; stranded_ranges()).
   // Negative is refused with InvalidRange; nanoseconds::max() waits until
   // they end (or the bridge closes).
   std::chrono::nanoseconds cleanup_timeout = std::chrono::seconds(30);
@@ -153,8 +154,8 @@ class TransferPlanner {
   // ring or the in-flight budget, max_chunks_in_flight 0, a negative
   // cleanup_timeout), Closed when the bridge is closed already.
   explicit TransferPlanner(Bridge& bridge, TransferOptions options = {});
-  // Tries once more to release stranded ranges; leaves the rest to the
-  // bridge's close(), which frees the whole ring.
+  // Holds no ranges: those a failed call could not release wait in the
+  // bridge (Bridge::release_host_after).
   ~TransferPlanner();
   TransferPlanner(const TransferPlanner&) = delete;
   TransferPlanner& operator=(const TransferPlanner&) = delete;
@@ -183,18 +184,20 @@ class TransferPlanner {
   // The chunk size in use (options.chunk_bytes or its default; a transfer
   // into an allocation of wider elements rounds it down to a whole element).
   std::uint64_t chunk_bytes() const noexcept { return chunk_bytes_; }
-  // Ring ranges left reserved because a copy could still use them when a
-  // failed call cleaned up (or the bridge was Broken). Every later call, and
-  // the destructor, releases those whose copies have ended.
-  std::size_t stranded_ranges() const noexcept { return stranded_.size(); }
-  // Releases the stranded ranges no copy uses any more; returns how many are left.
+  // Ring ranges still waiting in the bridge for their copies to end
+  // (Bridge::release_host_after: BridgeStats::ring_releases_pending, which
+  // counts every caller's, not only this planner's): a failed call hands
+  // over the ranges its copies may still use. The bridge releases each once
+  // its copy ends (noticed by any call that applies completions, or reserve).
+  std::size_t stranded_ranges() const;
+  // Applies the bridge's completions (Bridge::poll), releasing the waiting
+  // ranges whose copies ended; returns how many still wait.
   std::size_t release_stranded();
 
  private:
   Bridge& bridge_;
   TransferOptions options_;
   std::uint64_t chunk_bytes_ = 0;
-  std::vector<HostRange> stranded_;
 };
 
 }  // namespace devbridge

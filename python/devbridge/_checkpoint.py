@@ -46,9 +46,9 @@ from ._staging import (
     _chunk_error,
     _cleanup,
     _host_bytes,
+    _release_after,
     _room,
     spec_for_array,
-    _staging_queue,
     _upload,
 )
 
@@ -412,18 +412,17 @@ def restore(bridge: Bridge, path: Any, *, alignment: int = 256, verify: bool = T
         expected = header.metadata.get("checksum") if verify else None
         hasher = _Hasher(expected.partition(":")[0]) if expected else None
         try:
-            with _staging_queue(bridge) as queue:
-                reader = _RestoreReader(bridge, queue, file.readinto, hasher)
-                try:
-                    for entry, (spec, extent) in zip(header.entries, specs):
-                        with _context(f"restore {path!r}: tensor {entry.name!r}"):
-                            fill = (functools.partial(reader.read_into_memory, name=entry.dtype, shape=entry.shape)
-                                    if bridge.host_addressable else reader.stage)
-                            restored[entry.name] = _upload(
-                                bridge, queue, entry.shape, entry.dtype, spec, extent, False,
-                                lambda handle: fill(handle, nbytes=entry.end - entry.begin))
-                finally:
-                    reader.drain()
+            reader = _RestoreReader(bridge, file.readinto, hasher)
+            try:
+                for entry, (spec, extent) in zip(header.entries, specs):
+                    with _context(f"restore {path!r}: tensor {entry.name!r}"):
+                        fill = (functools.partial(reader.read_into_memory, name=entry.dtype, shape=entry.shape)
+                                if bridge.host_addressable else reader.stage)
+                        restored[entry.name] = _upload(
+                            bridge, entry.shape, entry.dtype, spec, extent, False,
+                            lambda handle: fill(handle, nbytes=entry.end - entry.begin))
+            finally:
+                reader.drain()
             for name, tensor in restored.items():
                 with _context(f"restore {path!r}: tensor {name!r}"):
                     tensor.wait()
@@ -444,14 +443,12 @@ def restore(bridge: Bridge, path: Any, *, alignment: int = 256, verify: bool = T
 class _RestoreReader:
     """Streams a checkpoint's data section from the file into device allocations through the ring, with
     the checksum on the hasher's thread: chunk k is hashed while chunk k+1 is read into the ring and chunk
-    k copies to the device. A ring range goes back (through the release queue, once its copy is done) only
-    after the hash has read it. The ranges of one tensor may still be hashing while the next tensor is
-    read; ``drain()`` settles them all (call it once, also after a failure)."""
+    k copies to the device. A ring range is handed to the bridge (``release_host_after``: back once its
+    copy is done) only after the hash has read it. The ranges of one tensor may still be hashing while the
+    next tensor is read; ``drain()`` settles them all (call it once, also after a failure)."""
 
-    def __init__(self, bridge: Bridge, queue: Any, readinto: Callable[[Any], int | None],
-                 hasher: _Hasher | None) -> None:
+    def __init__(self, bridge: Bridge, readinto: Callable[[Any], int | None], hasher: _Hasher | None) -> None:
         self._bridge = bridge
-        self._queue = queue
         self._ring = bridge.ring
         self._readinto = readinto
         self._hasher = hasher
@@ -467,12 +464,11 @@ class _RestoreReader:
         try:
             while offset < nbytes:
                 n = min(chunk, nbytes - offset)
-                r = _room(bridge, self._queue, lambda: ring.reserve(n), self._settle_oldest)
+                r = _room(bridge, lambda: ring.reserve(n), self._settle_oldest)
                 try:
                     view = memoryview(ring.ndarray(r, "uint8")).cast("B")
                     self._read(view, offset)
-                    event = _room(bridge, self._queue, lambda: bridge.host_to_device(r, handle, offset),
-                                  self._settle_oldest)
+                    event = _room(bridge, lambda: bridge.host_to_device(r, handle, offset), self._settle_oldest)
                 except BaseException:
                     ring.release(r)
                     raise
@@ -486,7 +482,7 @@ class _RestoreReader:
             return events
         except BaseException as error:
             self.drain()
-            _cleanup(bridge, self._queue, [e for e, _, _ in events])
+            _cleanup(bridge, [e for e, _, _ in events])
             if isinstance(error, BridgeError):
                 raise _chunk_error(error, "upload", index, offset, n, nbytes) from error
             raise
@@ -528,21 +524,21 @@ class _RestoreReader:
             if hashed is not None:
                 hashed.result()
         finally:
-            self._queue.add(r, event, ring=self._ring, report=False)
+            _release_after(self._bridge, r, event)
         with contextlib.suppress(BridgeError):  # a failed copy is reported by its tensor's wait
-            self._bridge.wait(event)
-        self._queue.reap(raise_failures=False)
+            self._bridge.wait(event)  # applies the completion: the bridge releases the range
         return True
 
     def drain(self) -> None:
-        """Every pending range's hash finishes and the range goes to the release queue (not waited for)."""
+        """Every pending range's hash finishes and the range goes to the bridge (``release_host_after``; not
+        waited for)."""
         while self._pending:
             r, event, hashed = self._pending.popleft()
             try:
                 if hashed is not None:
                     hashed.exception()  # waits; a failure shows in the digest's comparison
             finally:
-                self._queue.add(r, event, ring=self._ring, report=False)
+                _release_after(self._bridge, r, event)
 
 
 __all__ = ["CheckpointError", "checkpoint", "checkpoint_info", "restore"]

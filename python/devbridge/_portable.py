@@ -44,7 +44,6 @@ from ._staging import (
     _stage_chunks,
     _stage_from_registration,
     _stage_into,
-    _staging_queue,
     _upload,
 )
 
@@ -266,17 +265,16 @@ def _stream(source: _Source, sink: Callable[[int, np.ndarray], Any]) -> None:
     if bridge.host_addressable:
         _stream_from_memory(source, sink)
         return
-    with _staging_queue(bridge) as queue:
-        if source.strides is None:
-            _download_chunks(bridge, queue, source.handle, source.nbytes, sink, device_offset=source.byte_offset)
-            return
-        itemsize = dtype_info(source.dtype)["itemsize"]
-        reach = [(d - 1) * s for d, s in zip(source.shape, source.strides)]
-        low = sum(r for r in reach if r < 0)  # elements before byte_offset a negative stride reaches
-        span = np.empty((sum(r for r in reach if r > 0) - low + 1) * itemsize, np.uint8)
-        _download_chunks(bridge, queue, source.handle, span.size,
-                         lambda offset, chunk: np.copyto(span[offset:offset + chunk.size], chunk),
-                         device_offset=source.byte_offset + low * itemsize)
+    if source.strides is None:
+        _download_chunks(bridge, source.handle, source.nbytes, sink, device_offset=source.byte_offset)
+        return
+    itemsize = dtype_info(source.dtype)["itemsize"]
+    reach = [(d - 1) * s for d, s in zip(source.shape, source.strides)]
+    low = sum(r for r in reach if r < 0)  # elements before byte_offset a negative stride reaches
+    span = np.empty((sum(r for r in reach if r > 0) - low + 1) * itemsize, np.uint8)
+    _download_chunks(bridge, source.handle, span.size,
+                     lambda offset, chunk: np.copyto(span[offset:offset + chunk.size], chunk),
+                     device_offset=source.byte_offset + low * itemsize)
     elements = span.view(_numpy_dtype(source.dtype))[-low:]
     logical = np.lib.stride_tricks.as_strided(elements, source.shape, [s * itemsize for s in source.strides],
                                               writeable=False)
@@ -422,16 +420,15 @@ def import_tensor(bridge: Bridge, source: Any, spec: ObjectSpec | None = None, *
         nbytes = math.prod(dims) * dtype_info(name)["itemsize"]
         allocation = _allocation(dims, name, spec, alignment, "import_tensor")
         fill = _file_reader(readinto)
-        with _context(f"import_tensor from {source!r}"), _staging_queue(bridge) as queue:
-            return _upload(bridge, queue, dims, name, *allocation, wait,
-                           lambda handle: _stage_chunks(bridge, queue, handle, nbytes, fill))
+        with _context(f"import_tensor from {source!r}"):
+            return _upload(bridge, dims, name, *allocation, wait,
+                           lambda handle: _stage_chunks(bridge, handle, nbytes, fill))
     tensor = _as_portable(source, dtype, shape)
     allocation = _allocation(tensor.shape, tensor.dtype, spec, alignment, "import_tensor")
     stage = (_stage_from_registration if wait and bridge.cheap_registration and tensor.nbytes >= _REGISTRATION_FROM
              else _stage_into)
-    with _staging_queue(bridge) as queue:
-        return _upload(bridge, queue, tensor.shape, tensor.dtype, *allocation, wait,
-                       lambda handle: stage(bridge, queue, tensor._bytes, handle))
+    return _upload(bridge, tensor.shape, tensor.dtype, *allocation, wait,
+                   lambda handle: stage(bridge, tensor._bytes, handle))
 
 
 def _as_portable(source: Any, dtype: Any, shape: Any) -> PortableTensor:
@@ -510,17 +507,16 @@ def transfer(src_bridge: Bridge, x: Any, dst_bridge: Bridge, *, dtype: Any = Non
         raise TypeError(f"dst_bridge must be a devbridge.Bridge, not {type(dst_bridge).__name__}")
     source = _resolve(src_bridge, x, dtype, shape, strides, offset)
     spec, extent = spec_for_array(source.shape, source.dtype, alignment)
-    with _context(f"transfer of {source.handle!r} (bridge {src_bridge.domain} -> {dst_bridge.domain})"), \
-            _staging_queue(dst_bridge) as queue:
-        return _upload(dst_bridge, queue, source.shape, source.dtype, spec, extent, wait,
-                       lambda handle: _direct_or_pipe(source, dst_bridge, queue, handle))
+    with _context(f"transfer of {source.handle!r} (bridge {src_bridge.domain} -> {dst_bridge.domain})"):
+        return _upload(dst_bridge, source.shape, source.dtype, spec, extent, wait,
+                       lambda handle: _direct_or_pipe(source, dst_bridge, handle))
 
 
-def _direct_or_pipe(source: _Source, dst: Bridge, queue: Any, handle: DeviceHandle) -> list:
+def _direct_or_pipe(source: _Source, dst: Bridge, handle: DeviceHandle) -> list:
     """Device to device where the backends can (``_direct``), else staged through both rings (``_pipe``)."""
     if _direct(source, dst, handle):
         return []
-    return _pipe(source, dst, queue, handle)
+    return _pipe(source, dst, handle)
 
 
 def _direct(source: _Source, dst: Bridge, handle: DeviceHandle) -> bool:
@@ -531,7 +527,7 @@ def _direct(source: _Source, dst: Bridge, handle: DeviceHandle) -> bool:
     return source.bridge.copy_to_peer(source.handle, dst, handle, source.nbytes, offset=source.byte_offset)
 
 
-def _pipe(source: _Source, dst: Bridge, queue: Any, handle: DeviceHandle) -> list:
+def _pipe(source: _Source, dst: Bridge, handle: DeviceHandle) -> list:
     """Streams ``source`` into ``handle`` of ``dst``: each chunk the source's ring hands over is copied
     into ``dst``'s ring and uploaded asynchronously while the source downloads its next chunks; into
     host-addressable memory (``dst.host_addressable``) it is copied straight into the allocation, through
@@ -554,7 +550,7 @@ def _pipe(source: _Source, dst: Bridge, queue: Any, handle: DeviceHandle) -> lis
                 with contextlib.suppress(BridgeError):  # a failure is reported by the tensor's wait
                     dst.wait(in_flight.popleft())
             try:
-                event = _stage_chunk(dst, queue, handle, at, piece.size, lambda view: np.copyto(view, piece))
+                event = _stage_chunk(dst, handle, at, piece.size, lambda view: np.copyto(view, piece))
             except BridgeError as error:
                 raise _chunk_error(error, "upload", len(events), at, piece.size, total) from error
             events.append((event, at, piece.size))
@@ -563,7 +559,7 @@ def _pipe(source: _Source, dst: Bridge, queue: Any, handle: DeviceHandle) -> lis
     try:
         _stream(source, upload)
     except BaseException:
-        _cleanup(dst, queue, [e for e, _, _ in events])
+        _cleanup(dst, [e for e, _, _ in events])
         raise
     return events
 

@@ -5,8 +5,8 @@
 
 See the "Prefetcher" section of docs/PYTHON.md. Pure Python over the staging
 layer (``_staging``): each batch is staged through the ring in chunks
-(``_stage_into``), its ranges go back once their copies complete (the bridge's
-shared release queue), and only the batch handed out is waited for.
+(``_stage_into``), its ranges go back once their copies complete (the bridge
+releases them itself: ``release_host_after``), and only the batch handed out is waited for.
 
 Design, in short:
 
@@ -45,15 +45,7 @@ import numpy as np
 from ._devbridge import Bridge, DeviceHandle, ObjectSpec
 from ._errors import AllocationStillInUse, BridgeError
 from ._intake import _dtype_name, _intake
-from ._staging import (
-    DeviceTensor,
-    _cleanup,
-    _free_or_release,
-    _reap_shared,
-    _stage_into,
-    _staging_queue,
-    spec_for_array,
-)
+from ._staging import DeviceTensor, _cleanup, _free_or_release, _stage_into, spec_for_array
 
 _TARGETS = ("tinygrad", "device")
 # Backoff while the consumer (another thread, or garbage awaiting collection) still holds every slot.
@@ -348,16 +340,13 @@ class Prefetcher:
             in_flight = [event for loaded in self._loaded if loaded.slot is not None
                          for tensor in loaded.slot.tensors for event, _, _ in tensor._events]
             if in_flight and not bridge.closed:
-                with _staging_queue(bridge) as queue:
-                    _cleanup(bridge, queue, in_flight)  # freeing under a copy would only defer the free
+                _cleanup(bridge, in_flight)  # freeing under a copy would only defer the free
             for slot in self._slots:
                 slot.release(bridge)
             self._slots.clear()
             self._retired.clear()  # released when retired: the bridge frees each once its holder lets go
             self._loaded.clear()
             self._pulled = None
-            if not bridge.closed:
-                _reap_shared(bridge.domain, raise_failures=False)
         finally:
             close_source = getattr(self._source, "close", None)
             self._source = iter(())
@@ -504,16 +493,15 @@ class Prefetcher:
                 for spec, extent in plan:
                     slot.handles.append(bridge.alloc(spec, extent))
                     slot.plan.append((spec, extent))
-            with _staging_queue(bridge) as queue:
-                try:
-                    for position, (array, handle) in enumerate(zip(batch.arrays, slot.handles)):
-                        events = _stage_into(bridge, queue, array, handle)
-                        tensors.append(_BatchTensor(bridge, handle, array.shape, _dtype_name(array.dtype), events))
-                except BaseException:
-                    # The arrays staged before the failing one: their copies end before the slot is reused
-                    # or freed, and their ranges go back.
-                    _cleanup(bridge, queue, [event for t in tensors for event, _, _ in t._events])
-                    raise
+            try:
+                for position, (array, handle) in enumerate(zip(batch.arrays, slot.handles)):
+                    events = _stage_into(bridge, array, handle)
+                    tensors.append(_BatchTensor(bridge, handle, array.shape, _dtype_name(array.dtype), events))
+            except BaseException:
+                # The arrays staged before the failing one: their copies end before the slot is reused
+                # or freed, and their ranges go back.
+                _cleanup(bridge, [event for t in tensors for event, _, _ in t._events])
+                raise
         except AllocationStillInUse as error:
             if position == 0 and slot.holders:
                 # A view the weak references cannot see (a DLPack array, a TensorView from a DeviceTensor)

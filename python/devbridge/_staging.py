@@ -7,19 +7,17 @@ section of docs/PYTHON.md.
   the extent rounded up to the alignment (also ``ObjectSpec.for_array``).
 * ``upload(bridge, array, ...)`` / ``bridge.upload(array, ...)`` -> ``DeviceTensor``:
   stages a C-contiguous array through the ring in chunks (so an array larger
-  than the ring works), handing each chunk's range back when its copy has
-  completed.
+  than the ring works), handing each chunk's range to the bridge
+  (``bridge.release_host_after``), which releases it once its copy completes.
 * ``download(bridge, x, out=None, ...)`` / ``bridge.download(...)`` -> ``numpy.ndarray``.
-* ``ReleaseQueue(bridge)``: ranges that go back to the ring once their copy's
-  event has completed (or failed); ``bridge.release_when_safe(range, event)``
-  and ``bridge.ring.release_when_safe(range, event)`` use one per bridge.
+* ``ReleaseQueue(bridge)``: a thin layer over ``bridge.release_host_after``
+  (the core's one release-after-completion mechanism; ``release_when_safe`` is
+  the same bound call) that remembers the events, to raise a failure once.
 """
 
 from __future__ import annotations
 
-import atexit
 import collections
-import contextlib
 import ctypes
 import math
 import operator
@@ -27,11 +25,11 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from ._devbridge import Bridge, CopyEvent, DeviceHandle, HostRange, HostRing, ObjectSpec, dtype_info
+from ._devbridge import Bridge, CopyEvent, DeviceHandle, HostRange, ObjectSpec, dtype_info
 from ._errors import (AllocationStillInUse, Backpressure, BridgeError, Closed, InvalidAlignment, InvalidRange,
                       InvalidTensorView, InvalidViewDType)
 from ._intake import _bits_dtype, _dtype_name, _intake, _numpy_dtype
@@ -40,7 +38,8 @@ _U64_MAX = (1 << 64) - 1
 _I64_MAX = (1 << 63) - 1
 _CHUNK_ALIGN = 4096
 # How long cleanup after a failure waits for this call's own copies still in flight before leaving
-# their ranges to the bridge's release queue (released when safe) and the allocation to a deferred free.
+# their ranges to the bridge (release_host_after: released once their copies end) and the allocation to a
+# deferred free.
 _CLEANUP_WAIT_S = 30.0
 
 
@@ -92,116 +91,85 @@ def spec_for_array(shape: Any, dtype: Any, alignment: int = 256) -> tuple[Object
 # ----------------------------------------------------------------------------------------- ReleaseQueue
 
 
-class _Entry:
-    __slots__ = ("ring", "range", "event", "report")
-
-    def __init__(self, ring: HostRing, range: HostRange, event: CopyEvent, report: bool) -> None:
-        self.ring, self.range, self.event, self.report = ring, range, event, report
-
-
 class ReleaseQueue:
-    """Host ranges that go back to the ring once the copy reading (or writing) them is done.
+    """Host ranges handed to the bridge (``bridge.release_host_after``), with their copies' failures to report.
 
-    ``add(range, event)`` hands a range over; ``reap()`` releases every range
-    whose event has completed or failed (a failed copy's range goes back too,
-    and the failure is raised once, by that ``reap()``); ``drain(timeout=None)``
-    waits for all of them. As a context manager it drains on exit (and, when
-    leaving on an exception, releases what it can without raising over it).
+    The bridge itself returns each range to the ring once its copy has
+    completed or failed: nothing here has to run for that. The queue only
+    remembers the events, so that ``reap()`` can raise a failed copy's error
+    (once) and ``drain(timeout=None)`` can wait for all of them. As a context
+    manager it drains on exit (and, when leaving on an exception, reaps
+    without raising over it).
     """
 
-    def __init__(self, bridge: Bridge | None) -> None:
+    def __init__(self, bridge: Bridge) -> None:
+        if bridge is None:
+            raise TypeError("ReleaseQueue needs the bridge whose ring the ranges are in")
         self.bridge = bridge
-        self._entries: collections.deque[_Entry] = collections.deque()
+        self._events: collections.deque[tuple[CopyEvent, bool]] = collections.deque()
         self._failures: list[BridgeError] = []
-        self._users = 0  # staging calls using it as the bridge's shared queue (kept registered meanwhile)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        """Ranges whose copies have not ended yet (as far as the bridge has applied completions)."""
+        return sum(1 for event, _ in self._events if self._status(event) == "pending")
 
     def __repr__(self) -> str:
-        return f"ReleaseQueue({len(self._entries)} pending)"
+        return f"ReleaseQueue({len(self)} pending)"
 
-    def add(self, range: HostRange, event: CopyEvent, *, ring: HostRing | None = None, report: bool = True) -> None:
-        """Releases ``range`` once ``event`` completes. ``report=False``: a failure is not raised by reap()."""
+    def add(self, range: HostRange, event: CopyEvent, *, report: bool = True) -> None:
+        """Hands ``range`` to the bridge, released once ``event`` completes or fails. ``report=False``: a failure
+        is not raised by reap()."""
         if not isinstance(range, HostRange):
             raise TypeError(f"range must be a HostRange, not {type(range).__name__}")
         if not isinstance(event, CopyEvent):
             raise TypeError(f"event must be a CopyEvent, not {type(event).__name__}")
-        if ring is None:
-            if self.bridge is None:
-                raise ValueError("a ReleaseQueue without a bridge needs the ring of each range")
-            ring = self.bridge.ring
-        self._entries.append(_Entry(ring, range, event, report))
+        self.bridge.release_host_after(range, event)
+        self._events.append((event, report))
 
-    # One entry: True when its range is back (or can never be released: the bridge closed or restarted).
-    def _settle(self, entry: _Entry) -> bool:
-        bridge = self.bridge
-        if bridge is not None:
-            try:
-                status = bridge.copy_status(entry.event)
-            except BridgeError:  # Closed, OldGenerationHandle: the range is no longer the ring's to pin
-                status = "gone"
-            if status == "pending":
-                return False
-            if status == "failed" and entry.report:
-                try:
-                    bridge.wait(entry.event)
-                except BridgeError as error:
-                    self._failures.append(error)
+    def _status(self, event: CopyEvent) -> str:
         try:
-            entry.ring.release(entry.range)
-        except AllocationStillInUse:
-            return False  # no bridge to ask: the copy still pins it
-        except BridgeError:
-            pass  # closed bridge, or a range already released by its owner
-        return True
+            return self.bridge.copy_status(event)
+        except BridgeError:  # Closed, OldGenerationHandle: over, its range no longer the ring's
+            return "gone"
 
     def reap(self, *, raise_failures: bool = True) -> int:
-        """Releases every range whose copy is done; returns how many. Raises the first new failure once."""
-        released = 0
-        if self._entries:
-            keep: collections.deque[_Entry] = collections.deque()
-            for entry in self._entries:
-                if self._settle(entry):
-                    released += 1
-                else:
-                    keep.append(entry)
-            self._entries = keep
-        if raise_failures and self._failures:
-            error = self._failures.pop(0)
-            raise error
-        return released
-
-    def wait_oldest(self, timeout: float | None = None) -> bool:
-        """Waits for the oldest entry's copy (errors swallowed), then reaps without raising; False if none."""
-        if not self._entries:
-            return False
-        if self.bridge is not None:
+        """Forgets every event whose copy ended (its range is back); returns how many. Raises the first new
+        failure once."""
+        settled = 0
+        if self._events:
             try:
-                self.bridge.wait(self._entries[0].event, timeout=timeout)
+                self.bridge.poll()  # applies completions (and with them the bridge's releases)
             except BridgeError:
-                pass
-        self.reap(raise_failures=False)
-        return True
+                pass  # closed or broken: the statuses below say what is over
+            keep: collections.deque[tuple[CopyEvent, bool]] = collections.deque()
+            for event, report in self._events:
+                status = self._status(event)
+                if status == "pending":
+                    keep.append((event, report))
+                    continue
+                settled += 1
+                if status == "failed" and report:
+                    try:
+                        self.bridge.wait(event)
+                    except BridgeError as error:
+                        self._failures.append(error)
+            self._events = keep
+        if raise_failures and self._failures:
+            raise self._failures.pop(0)
+        return settled
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Waits until every range is back (True) or ``timeout`` seconds pass (False); raises a failure once."""
+        """Waits until every copy has ended (True) or ``timeout`` seconds pass (False); raises a failure once."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._entries:
+        for event, _ in list(self._events):
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if self.bridge is not None:
-                try:
-                    self.bridge.wait(self._entries[0].event, timeout=left)
-                except BridgeError:
-                    pass
-            before = len(self._entries)
-            self.reap(raise_failures=False)
-            if len(self._entries) == before and deadline is not None and time.monotonic() >= deadline:
-                break
-            if len(self._entries) == before and self.bridge is None:
-                time.sleep(0.001)
+            try:
+                if self.bridge.wait(event, timeout=left) == "pending":
+                    break
+            except BridgeError:
+                pass  # reaped below
         self.reap()
-        return not self._entries
+        return not self._events
 
     def __enter__(self) -> ReleaseQueue:
         return self
@@ -211,86 +179,6 @@ class ReleaseQueue:
             self.drain()
         else:
             self.reap(raise_failures=False)
-
-
-# One shared queue per bridge (keyed by its domain), holding the bridge only while it has entries.
-_shared: dict[int, ReleaseQueue] = {}
-# Ranges still pending at exit are the process's to drop: no reference cycle through the bound classes
-# (which hold this module's functions) may outlive the interpreter's teardown.
-atexit.register(_shared.clear)
-
-
-def _shared_queue(bridge: Bridge) -> ReleaseQueue:
-    queue = _shared.get(bridge.domain)
-    if queue is None:
-        queue = _shared[bridge.domain] = ReleaseQueue(bridge)
-    elif queue.bridge is None:
-        queue.bridge = bridge
-    return queue
-
-
-def _reap_shared(domain: int, *, raise_failures: bool = True) -> None:
-    queue = _shared.get(domain)
-    if queue is None:
-        return
-    try:
-        queue.reap(raise_failures=raise_failures)
-    finally:
-        _forget_if_idle(domain, queue)
-
-
-def _forget_if_idle(domain: int, queue: ReleaseQueue) -> None:
-    if not queue._entries and not queue._failures and not queue._users and _shared.get(domain) is queue:
-        del _shared[domain]
-
-
-def _bridge_release_when_safe(self: Bridge, range: HostRange, event: CopyEvent) -> None:
-    """Returns ``range`` to the ring once ``event`` completes (or fails): nothing for the caller to poll.
-
-    Pending ranges are reaped by every later staging call on this bridge
-    (``upload``, ``download``, ``release_when_safe``, ``ring.reserve``). A
-    failed copy's range goes back too, and its error is raised once, by the
-    next of those calls on this bridge."""
-    _shared_queue(self).add(range, event)
-    _reap_shared(self.domain)
-
-
-def _ring_release_when_safe(self: HostRing, range: HostRange, event: CopyEvent) -> None:
-    """``bridge.release_when_safe`` from the ring (the event names its bridge).
-
-    A bridge that has staged nothing yet is not known to the ring; then the
-    range is released as soon as the ring no longer pins it, which is once the
-    bridge has applied the copy's completion (any wait, poll, copy_status or
-    staging call on it)."""
-    if not isinstance(event, CopyEvent):
-        raise TypeError(f"event must be a CopyEvent, not {type(event).__name__}")
-    queue = _shared.get(event.domain)
-    if queue is None:
-        queue = _shared[event.domain] = ReleaseQueue(None)
-    queue.add(range, event, ring=self)
-    _reap_shared(event.domain)
-
-
-_ring_reserve = HostRing.reserve
-
-
-def _reserve(self: HostRing, *args: Any, **kwargs: Any) -> HostRange:
-    # Ranges handed to release_when_safe go back before a reservation looks for room.
-    if _shared:
-        for domain in list(_shared):
-            _reap_shared(domain, raise_failures=False)
-        try:
-            # At once: a wait for room would not see these ranges go back.
-            return _ring_reserve(self, *args, **{**kwargs, "timeout": 0})
-        except Backpressure:
-            for queue in list(_shared.values()):
-                if queue.bridge is not None:
-                    queue.bridge.poll()
-                    queue.reap(raise_failures=False)
-    return _ring_reserve(self, *args, **kwargs)
-
-
-_reserve.__doc__ = _ring_reserve.__doc__
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -304,22 +192,44 @@ def _chunk_bytes(bridge: Bridge, nbytes: int) -> int:
     return min(nbytes, cap)
 
 
-def _room(bridge: Bridge, queue: ReleaseQueue, attempt, free_own=None) -> Any:
+def _room(bridge: Bridge, attempt, free_own=None) -> Any:
     """Runs ``attempt`` (a reserve or a copy), making room on Backpressure: first by ``free_own()``
     (the caller finishing one of its own copies; it returns False when it has none), then by
-    waiting for queued copies."""
+    waiting for the bridge to release a range handed to ``release_host_after`` (an earlier call's
+    copies); with neither, the room is held by others and Backpressure stands."""
     while True:
         try:
             return attempt()
         except Backpressure:
             if free_own is not None and free_own():
                 continue
-            queue.reap(raise_failures=False)
-            try:
-                return attempt()
-            except Backpressure:
-                if not queue.wait_oldest():
-                    raise
+            if not _wait_for_a_release(bridge):
+                raise
+
+
+def _wait_for_a_release(bridge: Bridge) -> bool:
+    """Waits until the bridge has released one of the ranges waiting for their copies
+    (``release_host_after``); False at once when none waits."""
+    waiting = bridge.stats()["ring_releases_pending"]
+    while waiting:
+        bridge.poll()  # applies completions: the ranges whose copies ended go back
+        now = bridge.stats()["ring_releases_pending"]
+        if now < waiting:
+            return True
+        time.sleep(0.0002)
+    return False
+
+
+def _release_after(bridge: Bridge, r: HostRange, event: CopyEvent) -> None:
+    """``bridge.release_host_after`` on a cleanup path: a bridge closed or restarted meanwhile no longer holds
+    the range (a restart released it), so its refusal is nothing to report over the error being raised."""
+    try:
+        bridge.release_host_after(r, event)
+    except BridgeError:
+        try:
+            bridge.ring.release(r)
+        except BridgeError:
+            pass
 
 
 def _chunk_error(error: BridgeError, what: str, index: int, offset: int, n: int, total: int) -> BridgeError:
@@ -328,18 +238,15 @@ def _chunk_error(error: BridgeError, what: str, index: int, offset: int, n: int,
     return new
 
 
-def _cleanup(bridge: Bridge, queue: ReleaseQueue, events: Iterable[CopyEvent]) -> None:
-    """After a failure: waits (bounded) for this call's copies still in flight, then reaps their ranges."""
+def _cleanup(bridge: Bridge, events: Iterable[CopyEvent]) -> None:
+    """After a failure: waits (bounded) for this call's copies still in flight. Their ranges were handed to
+    ``bridge.release_host_after``: the bridge releases each as its copy ends, within this wait or later."""
     deadline = time.monotonic() + _CLEANUP_WAIT_S
     for event in events:
         try:
             bridge.wait(event, timeout=max(0.0, deadline - time.monotonic()))
         except BridgeError:
             pass
-    try:
-        queue.reap(raise_failures=False)
-    except BridgeError:
-        pass
 
 
 def _free_or_release(bridge: Bridge, handle: DeviceHandle) -> None:
@@ -421,7 +328,6 @@ class DeviceTensor:
                 self._raise_failure(index, event, offset, n)
             if status == "pending":
                 pending.append((event, offset, n))
-        _reap_shared(self.bridge.domain, raise_failures=False)
         return not pending
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -436,10 +342,8 @@ class DeviceTensor:
             try:
                 status = self.bridge.wait(event, timeout=left)
             except BridgeError as error:
-                _reap_shared(self.bridge.domain, raise_failures=False)
                 raise _chunk_error(error, "upload", index, offset, n, self.nbytes) from error
             done = done and status == "completed"
-        _reap_shared(self.bridge.domain, raise_failures=False)
         return done
 
     def view(self, *, wait: bool = True):
@@ -488,7 +392,6 @@ class DeviceTensor:
         if self._region is not None:
             self._region.drop()
             self._region = None
-        _reap_shared(self.bridge.domain, raise_failures=False)
 
     def __enter__(self) -> DeviceTensor:
         return self
@@ -594,12 +497,9 @@ def upload(bridge: Bridge, array: Any, *, dtype: Any = None, alignment: int = 25
     a = _intake(array, "upload", dtype)
     name = _dtype_name(a.dtype)
     spec, extent = spec_for_array(a.shape, name, alignment)
-    _reap_shared(bridge.domain)
-    with _staging_queue(bridge) as queue:
-        if bridge.host_addressable and a.nbytes:  # one copy, through a view: no ring, no events to wait for
-            return _upload_through_view(bridge, queue, a.shape, name, spec, extent, a, wait)
-        return _upload(bridge, queue, a.shape, name, spec, extent, wait,
-                       lambda handle: _stage_into(bridge, queue, a, handle))
+    if bridge.host_addressable and a.nbytes:  # one copy, through a view: no ring, no events to wait for
+        return _upload_through_view(bridge, a.shape, name, spec, extent, a, wait)
+    return _upload(bridge, a.shape, name, spec, extent, wait, lambda handle: _stage_into(bridge, a, handle))
 
 
 def _host_bytes(address: int, nbytes: int) -> np.ndarray:
@@ -656,27 +556,15 @@ def _copy_through_view(bridge: Bridge, handle: DeviceHandle, name: str, shape: t
     return []
 
 
-def _upload_through_view(bridge: Bridge, queue: ReleaseQueue, shape: tuple[int, ...], name: str, spec: ObjectSpec,
-                         extent: int, data: np.ndarray, wait: bool, *, parallel: bool = False) -> DeviceTensor:
+def _upload_through_view(bridge: Bridge, shape: tuple[int, ...], name: str, spec: ObjectSpec, extent: int,
+                         data: np.ndarray, wait: bool, *, parallel: bool = False) -> DeviceTensor:
     """``_upload`` for host-addressable device memory: ``data`` (C-contiguous, the bytes of ``shape`` elements
     of ``name``) is copied into the new allocation through a view (``_copy_through_view``), no ring."""
-    return _upload(bridge, queue, shape, name, spec, extent, wait,
+    return _upload(bridge, shape, name, spec, extent, wait,
                    lambda handle: _copy_through_view(bridge, handle, name, shape, data, True, parallel=parallel))
 
 
-@contextlib.contextmanager
-def _staging_queue(bridge: Bridge) -> Iterator[ReleaseQueue]:
-    """The bridge's shared release queue, kept registered while a staging call uses it."""
-    queue = _shared_queue(bridge)
-    queue._users += 1
-    try:
-        yield queue
-    finally:
-        queue._users -= 1
-        _forget_if_idle(bridge.domain, queue)
-
-
-def _upload(bridge: Bridge, queue: ReleaseQueue, shape: tuple[int, ...], name: str, spec: ObjectSpec, extent: int,
+def _upload(bridge: Bridge, shape: tuple[int, ...], name: str, spec: ObjectSpec, extent: int,
             wait: bool, stage: Callable[[DeviceHandle], list[tuple[CopyEvent, int, int]]]) -> DeviceTensor:
     """Allocates ``extent`` bytes of ``spec`` and fills them with ``stage(handle)`` (which returns the chunks'
     ``(event, offset, length)``, as ``_stage_chunks`` does): a ``DeviceTensor`` of ``shape`` and dtype ``name``.
@@ -688,11 +576,9 @@ def _upload(bridge: Bridge, queue: ReleaseQueue, shape: tuple[int, ...], name: s
         tensor = DeviceTensor(bridge, handle, shape, name, events)
         if wait:
             tensor.wait()
-        else:
-            _reap_shared(bridge.domain, raise_failures=False)
         return tensor
     except BaseException:
-        _cleanup(bridge, queue, [e for e, _, _ in events])  # a failed wait: its other copies may be in flight
+        _cleanup(bridge, [e for e, _, _ in events])  # a failed wait: its other copies may be in flight
         _free_or_release(bridge, handle)
         raise
 
@@ -701,7 +587,7 @@ def _upload(bridge: Bridge, queue: ReleaseQueue, shape: tuple[int, ...], name: s
 _REGISTRATION_FROM = 1 << 20
 
 
-def _stage_from_registration(bridge: Bridge, queue: ReleaseQueue, a: np.ndarray,
+def _stage_from_registration(bridge: Bridge, a: np.ndarray,
                              handle: DeviceHandle) -> list[tuple[CopyEvent, int, int]]:
     """Fills ``handle`` from the flat bytes ``a`` with one copy, straight from ``a`` registered read-only for
     the call (where ``bridge.cheap_registration``; the ring would take two copies); through the ring when
@@ -709,29 +595,28 @@ def _stage_from_registration(bridge: Bridge, queue: ReleaseQueue, a: np.ndarray,
     try:
         region = bridge.register_host(a, writable=False)
     except InvalidRange:
-        return _stage_into(bridge, queue, a, handle)
+        return _stage_into(bridge, a, handle)
     with region:
         bridge.host_to_device(region, handle, mode="sync")
     return []
 
 
-def _stage_into(bridge: Bridge, queue: ReleaseQueue, a: np.ndarray,
-                handle: DeviceHandle) -> list[tuple[CopyEvent, int, int]]:
+def _stage_into(bridge: Bridge, a: np.ndarray, handle: DeviceHandle) -> list[tuple[CopyEvent, int, int]]:
     """Copies the bytes of the C-contiguous array ``a`` into ``handle`` (from offset 0): ``_stage_chunks``."""
     src = a.reshape(-1).view(np.uint8)
-    return _stage_chunks(bridge, queue, handle, src.size,
+    return _stage_chunks(bridge, handle, src.size,
                          lambda offset, chunk: np.copyto(chunk, src[offset:offset + chunk.size]))
 
 
-def _stage_chunks(bridge: Bridge, queue: ReleaseQueue, handle: DeviceHandle, nbytes: int,
+def _stage_chunks(bridge: Bridge, handle: DeviceHandle, nbytes: int,
                   fill: Callable[[int, np.ndarray], Any]) -> list[tuple[CopyEvent, int, int]]:
     """Copies ``nbytes`` into ``handle`` (from offset 0) through the ring, one chunk at a time.
 
     ``fill(offset, chunk)`` writes the source's bytes ``[offset, offset + chunk.size)`` into ``chunk``, a
     uint8 array over a reserved ring range (a numpy array, a file's ``readinto``...), in order.
-    Returns ``(event, offset, length)`` per chunk; each chunk's range goes back to the ring (through
-    ``queue``) once its copy completes. On failure the copies already submitted are waited for (bounded),
-    their ranges go back, and the error names the chunk; the allocation stays the caller's."""
+    Returns ``(event, offset, length)`` per chunk; each chunk's range goes back to the ring (the bridge's
+    ``release_host_after``) once its copy completes. On failure the copies already submitted are waited for
+    (bounded), their ranges go back, and the error names the chunk; the allocation stays the caller's."""
     chunk = _chunk_bytes(bridge, nbytes)
     events: list[tuple[CopyEvent, int, int]] = []
     index = offset = 0
@@ -739,32 +624,32 @@ def _stage_chunks(bridge: Bridge, queue: ReleaseQueue, handle: DeviceHandle, nby
     try:
         while offset < nbytes:
             n = min(chunk, nbytes - offset)
-            event = _stage_chunk(bridge, queue, handle, offset, n, lambda view: fill(offset, view))
+            event = _stage_chunk(bridge, handle, offset, n, lambda view: fill(offset, view))
             events.append((event, offset, n))
             index += 1
             offset += n
         return events
     except BaseException as error:
-        _cleanup(bridge, queue, [e for e, _, _ in events])
+        _cleanup(bridge, [e for e, _, _ in events])
         if isinstance(error, BridgeError):
             raise _chunk_error(error, "upload", index, offset, n, nbytes) from error
         raise
 
 
-def _stage_chunk(bridge: Bridge, queue: ReleaseQueue, handle: DeviceHandle, device_offset: int, n: int,
+def _stage_chunk(bridge: Bridge, handle: DeviceHandle, device_offset: int, n: int,
                  fill: Callable[[np.ndarray], Any]) -> CopyEvent:
     """One chunk of an upload: reserves ``n`` ring bytes (making room on Backpressure), lets ``fill(chunk)``
     write them and submits their async copy to ``device_offset`` of ``handle``. The range goes back to the
-    ring through ``queue`` once the copy is done, or at once when filling or submitting fails."""
+    ring once the copy is done (``bridge.release_host_after``), or at once when filling or submitting fails."""
     ring = bridge.ring
-    r = _room(bridge, queue, lambda: ring.reserve(n))
+    r = _room(bridge, lambda: ring.reserve(n))
     try:
         fill(ring.ndarray(r, "uint8"))
-        event = _room(bridge, queue, lambda: bridge.host_to_device(r, handle, device_offset))
+        event = _room(bridge, lambda: bridge.host_to_device(r, handle, device_offset))
     except BaseException:
         ring.release(r)
         raise
-    queue.add(r, event, ring=ring, report=False)
+    bridge.release_host_after(r, event)
     return event
 
 
@@ -830,10 +715,7 @@ def download(bridge: Bridge, x: Any, out: np.ndarray | None = None, *, dtype: An
             return out
         except (InvalidViewDType, InvalidTensorView):
             pass  # a relabelling dtype or shape no view of the allocation takes: the ring copies bytes as asked
-    _reap_shared(bridge.domain)
-    with _staging_queue(bridge) as queue:
-        _download(bridge, queue, handle, dst, nbytes)
-    _reap_shared(bridge.domain, raise_failures=False)
+    _download(bridge, handle, dst, nbytes)
     return out
 
 
@@ -851,12 +733,12 @@ def _whole(nbytes: int, name: str, what: str) -> tuple[int]:
     return (nbytes // itemsize,)
 
 
-def _download(bridge: Bridge, queue: ReleaseQueue, handle: DeviceHandle, dst: np.ndarray, nbytes: int) -> None:
-    _download_chunks(bridge, queue, handle, nbytes,
+def _download(bridge: Bridge, handle: DeviceHandle, dst: np.ndarray, nbytes: int) -> None:
+    _download_chunks(bridge, handle, nbytes,
                      lambda offset, chunk: np.copyto(dst[offset:offset + chunk.size], chunk))
 
 
-def _download_chunks(bridge: Bridge, queue: ReleaseQueue, handle: DeviceHandle, nbytes: int,
+def _download_chunks(bridge: Bridge, handle: DeviceHandle, nbytes: int,
                      sink: Callable[[int, np.ndarray], Any], *, device_offset: int = 0) -> None:
     """Copies bytes ``[device_offset, device_offset + nbytes)`` of ``handle`` out through the ring, a few
     chunks in flight at a time.
@@ -886,7 +768,7 @@ def _download_chunks(bridge: Bridge, queue: ReleaseQueue, handle: DeviceHandle, 
         return True
 
     def make_room(attempt):
-        return _room(bridge, queue, attempt, finish_own)
+        return _room(bridge, attempt, finish_own)
 
     index = offset = 0
     n = 0
@@ -908,8 +790,8 @@ def _download_chunks(bridge: Bridge, queue: ReleaseQueue, handle: DeviceHandle, 
             finish_oldest()
     except BaseException as error:
         for _, _, _, r, event in pending:
-            queue.add(r, event, ring=ring, report=False)
-        _cleanup(bridge, queue, [e for _, _, _, _, e in pending])
+            _release_after(bridge, r, event)
+        _cleanup(bridge, [e for _, _, _, _, e in pending])
         if isinstance(error, BridgeError) and "chunk" not in error.message:
             raise _chunk_error(error, "download", index, offset, n, nbytes) from error
         raise
@@ -919,9 +801,6 @@ def _download_chunks(bridge: Bridge, queue: ReleaseQueue, handle: DeviceHandle, 
 
 
 def _install() -> None:
-    Bridge.release_when_safe = _bridge_release_when_safe
-    HostRing.release_when_safe = _ring_release_when_safe
-    HostRing.reserve = _reserve
     ObjectSpec.for_array = staticmethod(spec_for_array)
 
 

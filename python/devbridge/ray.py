@@ -53,7 +53,7 @@ except ImportError as _error:  # pragma: no cover - exercised only without the e
 
 import devbridge
 from ._intake import _dtype_name, _intake, _numpy_dtype
-from ._staging import DeviceTensor, _copy_through_view, _staging_queue, _upload_through_view
+from ._staging import DeviceTensor, _copy_through_view, _upload_through_view
 from ._portable import PortableTensor
 
 __all__ = ["DeviceWorker", "TensorRef", "init_local", "non_loopback_addresses", "start_worker", "wait_until_ready",
@@ -345,8 +345,7 @@ class _DeviceWorker:
                 and not entry.tensor.read_only and shape and self.bridge.stats()["live_views"] == 0):
             _copy_through_view(self.bridge, entry.tensor.handle, name, shape, src, True, parallel=True)
             return entry.tensor
-        with _staging_queue(self.bridge) as queue:
-            return _upload_through_view(self.bridge, queue, shape, name, spec, extent, src, False, parallel=True)
+        return _upload_through_view(self.bridge, shape, name, spec, extent, src, False, parallel=True)
 
     def _portable(self, tensor: DeviceTensor) -> PortableTensor:
         """The tensor's bytes as a PortableTensor: over device memory itself where numpy can read it (the

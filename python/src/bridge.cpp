@@ -94,8 +94,20 @@ nb::dict stats_dict(const BridgeStats& s) {
   d["ring_capacity"] = s.ring_capacity;
   d["ring_used"] = s.ring_used;
   d["ring_reservations"] = s.ring_reservations;
+  d["ring_releases_pending"] = s.ring_releases_pending;
   return d;
 }
+
+// Bridge.release_host_after and its alias release_when_safe: one C++ call (bind_bridge's release_host_after).
+constexpr const char* kReleaseHostAfterDoc =
+    "Returns `range` (exactly as ring.reserve gave it) to the ring once `event` says its host bytes may be\n"
+    "released (an upload's safe_to_release_host, a download's host_bytes_valid, or the copy failed): nothing\n"
+    "for the caller to poll. The bridge checks whenever it applies completions (wait, poll, copy_status, ...)\n"
+    "and before ring.reserve looks for room, so a reserve waiting for room is woken by it; an event already\n"
+    "settled releases at once. A failure stays the event's to observe (wait raises it). Refused, changing\n"
+    "nothing: ForeignDomain / OldGenerationHandle / UnknownDeviceHandle for the event, InvalidRange for a\n"
+    "range that is not a live reservation or already waits here. A restart releases the waiting ranges once\n"
+    "the device is idle; close() drops them with the ring. stats()['ring_releases_pending'] counts them.";
 
 nb::dict memory_stats_dict(const MemoryStats& s) {
   nb::dict d;
@@ -198,6 +210,9 @@ CopyEvent submit_copy(PyBridge& b, CopyDirection direction, nb::handle range, De
 }  // namespace
 
 void bind_bridge(nb::module_& m) {
+  const auto release_host_after = [](PyBridge& b, HostRange range, CopyEvent event) {
+    b.state->open().release_host_after(range, event);
+  };
   nb::class_<PyBridge>(m, "Bridge",
                        "One bridge per (worker, device): a host ring, device allocations, copies and views.\n"
                        "Bridge(backend=\"host\", generation=1, ring_bytes=64 << 20, inflight_bytes=None,\n"
@@ -465,6 +480,9 @@ void bind_bridge(nb::module_& m) {
       .def(
           "safe_to_release_host", [](PyBridge& b, CopyEvent e) { return b.state->open().safe_to_release_host(e); },
           "event"_a)
+      .def("release_host_after", release_host_after, "range"_a, "event"_a, kReleaseHostAfterDoc)
+      .def("release_when_safe", release_host_after, "range"_a, "event"_a,
+           "release_host_after under its older name (the same call).")
       .def(
           "host_bytes_valid", [](PyBridge& b, CopyEvent e) { return b.state->open().host_bytes_valid(e); }, "event"_a)
       // ---- compute ----

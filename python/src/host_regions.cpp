@@ -13,6 +13,7 @@
 // unregistered yet: its registration stays in the BridgeState and is retried
 // at the next register_host / unregister, and at restart and close.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -45,8 +46,14 @@ struct HostRegistration {
   // copy used the region (then the state retries the unregister).
   bool owned = true;
   // Kept past a restart or close that unregistered everything else: an
-  // allocation adopted from it lives on under a view (Bridge.region_retained).
+  // allocation adopted from it lives on under a view.
   bool retained = false;
+  // Set by the bridge's release callback (register_host's on_release) once
+  // it has let go of the memory for good: from any thread, under the
+  // bridge's lock, so it only records the fact; the export is ended later,
+  // with the GIL (reap_dropped, and after a restart or close).
+  std::shared_ptr<std::atomic<bool>> let_go = std::make_shared<std::atomic<bool>>(false);
+  bool bridge_let_go() const noexcept { return let_go->load(std::memory_order_acquire); }
   std::uintptr_t address = 0;
   std::uint64_t nbytes = 0;
   std::string object_type;  // for messages once the export is gone
@@ -118,10 +125,9 @@ Unregistered try_unregister(BridgeState& state, const HostRegistration& reg) noe
 }
 
 // The C++ bridge holds the region's memory no longer: retained past a
-// restart or close only until the last adopted allocation in it went.
-bool retention_ended(const BridgeState& state, const HostRegistration& reg) {
-  return reg.retained && !state.bridge->region_retained(reg.region);
-}
+// restart or close only until the last adopted allocation in it went (its
+// release callback said so).
+bool retention_ended(const BridgeState&, const HostRegistration& reg) { return reg.retained && reg.bridge_let_go(); }
 
 // Lets go of regions whose HostRegion was dropped while a copy used them,
 // now that those copies may have ended, and of retained regions whose
@@ -340,9 +346,9 @@ BridgeState::~BridgeState() {
 // Whether the bridge let go of `reg` at a restart or close (`gone`: its
 // generation ended): true, unless it is retained for an adoption, which is
 // marked so for reap_dropped.
-static bool outlived(const BridgeState& state, HostRegistration& reg, bool gone) {
+static bool outlived(const BridgeState&, HostRegistration& reg, bool gone) {
   if (!gone) return false;
-  reg.retained = state.bridge->region_retained(reg.region);
+  reg.retained = !reg.bridge_let_go();  // the release callback ran (or has yet to: retained)
   return !reg.retained;
 }
 
@@ -433,8 +439,10 @@ nb::object register_host(const std::shared_ptr<BridgeState>& state, nb::handle o
     // Pinning can take a while (page-locking every page); the export is held
     // meanwhile, so the bytes cannot move.
     const std::span<std::byte> bytes(static_cast<std::byte*>(view.buf), static_cast<std::size_t>(view.len));
+    Bridge::RegionRelease on_release = [let_go = reg->let_go] { let_go->store(true, std::memory_order_release); };
     nb::gil_scoped_release no_gil;
-    reg->region = writable ? bridge.register_host(bytes) : bridge.register_host_read_only(bytes);
+    reg->region = writable ? bridge.register_host(bytes, std::move(on_release))
+                           : bridge.register_host_read_only(bytes, std::move(on_release));
   }
   reg->buffer = buffer->take();
   reg->held = true;

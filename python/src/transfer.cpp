@@ -249,7 +249,9 @@ void bind_transfer(nb::module_& m) {
                    "The route the last upload, upload_into, download or copy took.")
       .def_prop_ro("chunk_bytes", [](const PyTransferPlanner& p) { return p.planner->chunk_bytes(); })
       .def_prop_ro("stranded_ranges", [](const PyTransferPlanner& p) { return p.planner->stranded_ranges(); },
-                   "Ring ranges a failed call left reserved because a copy could still use them.");
+                   "Ring ranges the bridge still holds for release_host_after (stats()['ring_releases_pending'],\n"
+                   "every caller's): a failed call hands over the ranges its copies may still use, and the bridge\n"
+                   "releases each once its copy ends.");
 }
 
 }  // namespace devbridge::python

@@ -26,6 +26,7 @@
 #include "core/host_ring.hpp"
 #include "core/log.hpp"
 #include "core/region_registry.hpp"
+#include "core/release_after.hpp"
 #include "core/slot_table.hpp"
 #include "core/spin_lock.hpp"
 #include "devbridge/checked.hpp"
@@ -435,7 +436,7 @@ class BridgeCore {
     return regions_.range_index(range);
   }
 
-  HostRegion register_host(std::span<std::byte> bytes, bool read_only) {
+  HostRegion register_host(std::span<std::byte> bytes, bool read_only, Bridge::RegionRelease on_release) {
     if (bytes.empty()) fail(ErrorKind::InvalidExtent, "registering host memory of 0 bytes");
     const auto begin = reinterpret_cast<std::uintptr_t>(bytes.data());
     if (!bytes.data() || !checked::add(begin, bytes.size()))
@@ -445,7 +446,7 @@ class BridgeCore {
     if (RegionRegistry::overlaps(begin, bytes.size(), ring_.block()))
       fail(ErrorKind::InvalidRange, "host memory [{:#x}, +{}) overlaps the bridge's own ring; stage through it instead",
            begin, bytes.size());
-    const auto index = regions_.begin_register(bytes, read_only, generation_);
+    const auto index = regions_.begin_register(bytes, read_only, generation_, std::move(on_release));
     HostBlock registered;
     auto failure = run_unlocked(lock, [&] {
       registered = read_only ? backend_->register_host_read_only(bytes.data(), bytes.size())
@@ -903,6 +904,8 @@ class BridgeCore {
     check_timeout(timeout, "reserve timeout");
     SpinLockHold lock(lock_);
     enter(lock);
+    // Ranges handed to release_host_after whose copies are done go back first.
+    if (__builtin_expect(!release_after_.empty(), 0)) drain_locked();
     if (__builtin_expect(timeout.count() == 0, 1)) return ring_.reserve(bytes, alignment);
     return reserve_waiting(lock, bytes, alignment, timeout);
   }
@@ -921,6 +924,12 @@ class BridgeCore {
         // the ring, a bad alignment) never fits: refused at once.
         if (e.kind() != ErrorKind::Backpressure || checked::Clock::now() >= deadline) throw;
       }
+      if (!release_after_.empty()) {
+        // Ranges wait for their copies (release_host_after): room comes back
+        // with a completion, so this wait drains them as wait() does.
+        wait_for_completion_slice(lock, deadline);
+        continue;
+      }
       ++waiters_;
       if (deadline == checked::Clock::time_point::max())
         cv_.wait(lock);
@@ -929,6 +938,49 @@ class BridgeCore {
       --waiters_;
       enter(lock);
     }
+  }
+  // One slice of a wait for completions, then applies them (and so releases
+  // the settled ranges of release_host_after).
+  void wait_for_completion_slice(SpinLockHold& lock, checked::Clock::time_point deadline) {
+    constexpr auto kSlice = std::chrono::milliseconds(2);
+    const auto now = checked::Clock::now();
+    lock.unlock();
+    backend_->wait_for_completions(std::min<std::chrono::nanoseconds>(deadline - now, kSlice));
+    lock.lock();
+    enter(lock);
+    drain_locked();
+  }
+  void release_host_after(HostRange range, const CopyEvent& event) {
+    SpinLockHold lock(lock_);
+    // Not enter(): a Broken bridge takes ranges too (its restart releases them).
+    block_while(lock, [&] { return restarting() && !closed(); });
+    check_not_closed();
+    check_tag(event);
+    bool done = copies_.state(event) != CopyState::Pending;  // UnknownDeviceHandle for an event never issued
+    const auto key = ring_.exact(range, "release_host_after");
+    if (release_after_.holds(key))
+      fail(ErrorKind::InvalidRange, "host range [offset {}, len {}] is already waiting in release_host_after",
+           range.offset, range.len);
+    if (!done && !broken()) {
+      drain_locked();  // its completion may be waiting in the backend
+      done = settled(event);
+    }
+    if (done && ring_.release(key, range) == HostRing::KeyRelease::Released) {
+      notify();
+      return;
+    }
+    release_after_.add({range, key, event});
+    notify();  // a reserve sleeping for room now waits on completions instead
+  }
+  bool settled(const CopyEvent& event) noexcept {
+    try {
+      return copies_.state(event) != CopyState::Pending;
+    } catch (...) {
+      return true;  // a forgotten failure: long settled
+    }
+  }
+  void release_settled() noexcept {
+    if (release_after_.release_settled(ring_, [&](const CopyEvent& e) { return settled(e); }) != 0) notify();
   }
   void release_host(HostRange range) {
     SpinLockHold lock(lock_);
@@ -1309,6 +1361,7 @@ class BridgeCore {
     drained_.clear();
     backend_->drain_completions(drained_);
     for (const auto& completion : drained_) apply(completion);
+    if (__builtin_expect(!release_after_.empty(), 0)) release_settled();
     return drained_.size();
   }
 
@@ -1759,6 +1812,8 @@ class BridgeCore {
     steps_.clear();
     handed_on_.clear();
     ring_.unpin_all();
+    // The device is idle: ranges waiting for their copies go back now.
+    release_after_.release_all(ring_);
     // Registered regions belong to the old generation too: their handles
     // are refused from now on, and the backend unpins them.
     regions_.unregister_all([&](const HostBlock& block) { backend_->unregister_host(block); });
@@ -1833,6 +1888,7 @@ class BridgeCore {
     s.ring_capacity = ring_.capacity();
     s.ring_used = ring_.used();
     s.ring_reservations = ring_.reservations();
+    s.ring_releases_pending = release_after_.size();
     return s;
   }
 
@@ -1851,6 +1907,7 @@ class BridgeCore {
   const std::uint64_t domain_;
   Generation generation_;
   HostRing ring_;
+  ReleaseAfter release_after_;  // ranges handed to release_host_after
   CopyTimeline copies_;
   SlotTable<AllocationSlot> allocations_;
   RegionRegistry regions_;
@@ -2016,6 +2073,7 @@ HostRange Bridge::reserve(std::uint64_t bytes, std::uint64_t alignment, std::chr
   return core_->reserve(bytes, alignment, timeout);
 }
 void Bridge::release_host(HostRange range) { core_->release_host(range); }
+void Bridge::release_host_after(HostRange range, CopyEvent event) { core_->release_host_after(range, event); }
 std::span<std::byte> Bridge::host_bytes(HostRange range) const { return core_->host_bytes(range); }
 HostLease Bridge::lease_host(HostRange range) {
   HostLease lease;
@@ -2043,10 +2101,12 @@ CopyEvent Bridge::device_to_host(DeviceRange device, HostRange host, const CopyL
 bool Bridge::copy_to_peer(DeviceRange source, Bridge& destination, DeviceRange destination_range) {
   return core_->copy_to_peer(source, *destination.core_, destination_range);
 }
-HostRegion Bridge::register_host(std::span<std::byte> bytes) { return core_->register_host(bytes, false); }
-HostRegion Bridge::register_host_read_only(std::span<const std::byte> bytes) {
+HostRegion Bridge::register_host(std::span<std::byte> bytes, RegionRelease on_release) {
+  return core_->register_host(bytes, false, std::move(on_release));
+}
+HostRegion Bridge::register_host_read_only(std::span<const std::byte> bytes, RegionRelease on_release) {
   // Never written through: a download into a read-only region is refused.
-  return core_->register_host({const_cast<std::byte*>(bytes.data()), bytes.size()}, true);
+  return core_->register_host({const_cast<std::byte*>(bytes.data()), bytes.size()}, true, std::move(on_release));
 }
 void Bridge::unregister_host(HostRegion region) { core_->unregister_host(region); }
 std::span<std::byte> Bridge::region_bytes(HostRegion region) const { return core_->region_bytes(region); }

@@ -111,6 +111,28 @@ void HostRing::release(HostRange range) {
   advance_tail();
 }
 
+HostRing::Key HostRing::exact(HostRange range, const char* what) const {
+  const auto key = locate(range);
+  const auto* reservation = key != kNoKey ? &reservations_[key - front_key_] : nullptr;
+  if (!reservation || reservation->offset != range.offset || reservation->len != range.len)
+    fail(ErrorKind::InvalidRange,
+         "host range [offset {}, len {}] is not a live reservation ({} takes exactly the range reserve returned)",
+         range.offset, range.len, what);
+  return key;
+}
+
+HostRing::KeyRelease HostRing::release(Key key, HostRange range) noexcept {
+  if (key < front_key_ || key >= next_key_) return KeyRelease::Gone;
+  auto& reservation = reservations_[key - front_key_];
+  if (reservation.released || reservation.offset != range.offset || reservation.len != range.len)
+    return KeyRelease::Gone;
+  if (reservation.pins > 0) return KeyRelease::Pinned;
+  reservation.released = true;
+  --live_;
+  advance_tail();
+  return KeyRelease::Released;
+}
+
 // The tail advances over the released prefix only.
 void HostRing::advance_tail() noexcept {
   while (!reservations_.empty() && reservations_.front().released) {

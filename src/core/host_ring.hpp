@@ -37,6 +37,15 @@ class HostRing {
   HostRange reserve(std::uint64_t bytes, std::uint64_t alignment);
   // Ends the reservation that `range` names exactly.
   void release(HostRange range);
+  // The key of the live reservation `range` names exactly (as reserve
+  // returned it), or InvalidRange naming the range and `what` asked for it.
+  Key exact(HostRange range, const char* what) const;
+  // Ends the reservation `key` names, if it is still live and still `range`:
+  // Released; Pinned while a copy uses it (nothing changes); Gone when it
+  // was released already (keys are never reused, so a range reserved again
+  // since has another key and is never released here).
+  enum class KeyRelease : std::uint8_t { Released, Pinned, Gone };
+  KeyRelease release(Key key, HostRange range) noexcept;
 
   // Validates that `range` lies inside one live reservation and returns that
   // reservation's key (for pin/unpin). Throws InvalidRange naming the range.

@@ -6,7 +6,8 @@
 
 namespace devbridge::detail {
 
-std::uint32_t RegionRegistry::begin_register(std::span<std::byte> bytes, bool read_only, Generation generation) {
+std::uint32_t RegionRegistry::begin_register(std::span<std::byte> bytes, bool read_only, Generation generation,
+                                             std::function<void()> on_release) {
   const auto begin = reinterpret_cast<std::uintptr_t>(bytes.data());
   regions_.for_each_in_use([&](std::uint32_t index, Region& other) {
     if (overlaps(begin, bytes.size(), other.block))
@@ -23,6 +24,7 @@ std::uint32_t RegionRegistry::begin_register(std::span<std::byte> bytes, bool re
   region.copies = 0;
   region.adoptions = 0;
   region.read_only = read_only;
+  region.on_release = std::move(on_release);
   return index;
 }
 
@@ -58,7 +60,16 @@ HostBlock RegionRegistry::begin_unregister(const HostRegion& r) {
 
 void RegionRegistry::finish_unregister(std::uint32_t index) noexcept {
   bytes_ -= regions_[index].block.bytes;
+  auto on_release = std::move(regions_[index].on_release);
+  regions_[index].on_release = nullptr;
   regions_.retire(index);
+  if (on_release) {
+    try {
+      on_release();
+    } catch (...) {
+      // The owner's callback must not throw; nothing to undo here.
+    }
+  }
 }
 
 bool RegionRegistry::registered(const HostRegion& r, Generation current, bool released_at_close) const noexcept {

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "core/slot_table.hpp"
@@ -35,6 +36,8 @@ class RegionRegistry {
     std::uint32_t copies = 0;     // in flight, sync ones too
     std::uint32_t adoptions = 0;  // allocations adopted from it, orphans too
     bool read_only = false;       // uploads only (register_host_read_only)
+    // Called once when the region is unregistered for good (finish_unregister).
+    std::function<void()> on_release;
   };
 
   explicit RegionRegistry(std::uint64_t domain) : domain_(domain) {}
@@ -42,8 +45,12 @@ class RegionRegistry {
   // A record for `bytes`, Registering, once they overlap no region; the
   // caller registers them with the backend, then finish_register or
   // cancel_register.
-  std::uint32_t begin_register(std::span<std::byte> bytes, bool read_only, Generation generation);
-  void cancel_register(std::uint32_t index) noexcept { regions_.unissue(index); }
+  std::uint32_t begin_register(std::span<std::byte> bytes, bool read_only, Generation generation,
+                               std::function<void()> on_release = {});
+  void cancel_register(std::uint32_t index) noexcept {
+    regions_[index].on_release = nullptr;  // never registered: nothing to tell
+    regions_.unissue(index);
+  }
   HostRegion finish_register(std::uint32_t index, const HostBlock& registered) noexcept;
 
   // The live region `r` names (its tag checked by the caller), or UnknownDeviceHandle.
@@ -58,7 +65,8 @@ class RegionRegistry {
 
   // Unregistering `r`: refused (AllocationStillInUse) while copies or
   // adoptions use it; otherwise Unregistering, and the block to hand back to
-  // the backend, after which finish_unregister.
+  // the backend, after which finish_unregister (which calls the region's
+  // on_release: the bridge has let go of its memory).
   HostBlock begin_unregister(const HostRegion& r);
   void finish_unregister(std::uint32_t index) noexcept;
 

@@ -306,11 +306,17 @@ TransferPlanner::TransferPlanner(Bridge& bridge, TransferOptions options)
          ring, budget);
 }
 
-TransferPlanner::~TransferPlanner() { detail::release_unused(bridge_, stranded_); }
+TransferPlanner::~TransferPlanner() = default;
+
+std::size_t TransferPlanner::stranded_ranges() const { return bridge_.stats().ring_releases_pending; }
 
 std::size_t TransferPlanner::release_stranded() {
-  detail::release_unused(bridge_, stranded_);
-  return stranded_.size();
+  try {
+    bridge_.poll();  // applies completions, and with them the bridge's pending releases
+  } catch (const Error&) {
+    // Closed or Broken: the ranges wait for close() or a restart.
+  }
+  return stranded_ranges();
 }
 
 TransferPlan TransferPlanner::plan(const TransferSource& source, const TransferDestination& destination) const {
@@ -322,7 +328,6 @@ TransferResult TransferPlanner::run(const TransferSource& source, const Transfer
   Resolved r = resolve(source, destination, bridge_);
   const TransferPlan plan = choose(r, options_, bridge_.backend_info(), chunk_bytes_);
   TransferResult result{plan.route, r.bytes, std::nullopt, std::nullopt};
-  detail::release_unused(bridge_, stranded_);
   auto report_once = [&] {
     if (options_.progress) options_.progress(r.bytes, r.bytes);
   };
@@ -359,7 +364,7 @@ TransferResult TransferPlanner::run(const TransferSource& source, const Transfer
     job.destination = r.destination.host_out;
     const detail::RingChunkSettings settings{options_.max_chunks_in_flight, options_.cleanup_timeout,
                                              &options_.progress};
-    detail::run_ring_chunks(bridge_, settings, stranded_, job);
+    detail::run_ring_chunks(bridge_, settings, job);
   };
 
   switch (plan.route) {
@@ -439,8 +444,6 @@ TransferResult TransferPlanner::run(const TransferSource& source, const Transfer
         chunk = std::min(chunk, detail::default_chunk_bytes(stats.ring_capacity, stats.inflight_budget_bytes));
       }
       chunk = std::max(chunk - chunk % element, element);
-      std::vector<HostRange> foreign_stranded;
-      std::vector<HostRange>& from_stranded = &from == &bridge_ ? stranded_ : foreign_stranded;
       const detail::RingChunkSettings settings{1, options_.cleanup_timeout, nullptr};
       std::uint64_t index = 0;
       for (std::uint64_t done = 0; done < r.bytes; ++index) {
@@ -455,21 +458,18 @@ TransferResult TransferPlanner::run(const TransferSource& source, const Transfer
           job.total = len;
           job.chunk_bytes = len;
           job.destination = to.host_bytes(landing.get());
-          detail::run_ring_chunks(from, settings, from_stranded, job);
+          detail::run_ring_chunks(from, settings, job);
           const DeviceRange up{r.destination.handle,
                                checked::add_or_throw(r.destination.offset, done, ErrorKind::InvalidRange,
                                                      "destination offset"),
                                len};
           to.host_to_device(landing.get(), up, CopyMode::Sync);
         } catch (const Error& e) {
-          detail::release_unused(from, foreign_stranded);
           rethrow_naming(e, fmt::format("staged chunk {} (bytes {}..{} of the {})", index, done, end, r.describe_it()));
         }
         done = end;
         if (options_.progress) options_.progress(done, r.bytes);
       }
-      if (detail::release_unused(from, foreign_stranded), !foreign_stranded.empty())
-        detail::log().warn("transfer: {} ring range(s) of the source bridge left reserved", foreign_stranded.size());
       break;
     }
   }

@@ -67,11 +67,6 @@ bool try_release(Bridge& bridge, HostRange range) noexcept {
   }
 }
 
-// Releases the stranded ranges no copy uses any more; returns how many.
-std::size_t release_unused(Bridge& bridge, std::vector<HostRange>& stranded) noexcept {
-  return std::erase_if(stranded, [&](HostRange range) { return try_release(bridge, range); });
-}
-
 
 namespace {
 
@@ -109,12 +104,14 @@ struct InFlightChunk {
 // This call's chunks whose copies were submitted and are not finished yet,
 // oldest first. When the call ends early, the destructor waits (up to the
 // cleanup timeout) for their copies, then releases each range the bridge
-// no longer pins and strands the rest: a range whose copy may still run is
-// never released, since the ring would hand it out again under the device.
+// no longer pins and hands the rest to the bridge (release_host_after),
+// which releases each once its copy is done: a range whose copy may still
+// run is never released, since the ring would hand it out again under the
+// device.
 class ChunkWindow {
  public:
-  ChunkWindow(Bridge& bridge, std::vector<HostRange>& stranded, std::chrono::nanoseconds cleanup_timeout) noexcept
-      : bridge_(bridge), stranded_(stranded), cleanup_timeout_(cleanup_timeout) {}
+  ChunkWindow(Bridge& bridge, std::chrono::nanoseconds cleanup_timeout) noexcept
+      : bridge_(bridge), cleanup_timeout_(cleanup_timeout) {}
   ChunkWindow(const ChunkWindow&) = delete;
   ChunkWindow& operator=(const ChunkWindow&) = delete;
   ~ChunkWindow() {
@@ -127,8 +124,6 @@ class ChunkWindow {
   void pop_oldest() noexcept { chunks_.pop_front(); }
   // Takes over `range` once its copy is submitted.
   void push(const Chunk& chunk, ReservedRange& range, CopyEvent event) {
-    // Room to strand every chunk in flight, so the destructor never allocates.
-    stranded_.reserve(stranded_.size() + chunks_.size() + 1);
     chunks_.push_back({chunk, range.get(), event});
     range.keep();
   }
@@ -146,21 +141,27 @@ class ChunkWindow {
         // Closed, Broken, restarted: try_release below asks the bridge whether the range is still pinned.
       }
     }
-    std::size_t left_behind = 0;
+    std::size_t handed_on = 0, left_behind = 0;
     for (const auto& in_flight : chunks_) {
       if (try_release(bridge_, in_flight.range)) continue;
-      stranded_.push_back(in_flight.range);  // capacity reserved by push()
-      ++left_behind;
+      try {
+        bridge_.release_host_after(in_flight.range, in_flight.event);
+        ++handed_on;
+      } catch (...) {
+        ++left_behind;  // the bridge is gone or restarted since: its ring no longer holds the range
+      }
     }
-    if (left_behind != 0)
+    if (handed_on != 0)
       detail::log().warn(
-          "transfer: {} ring range(s) left reserved after a failed transfer: their copies had not ended within the "
-          "cleanup timeout of {} ns (or the bridge is broken); later calls of the planner release them once they end",
-          left_behind, cleanup_timeout_.count());
+          "transfer: {} ring range(s) still used by copies that had not ended within the cleanup timeout of {} ns "
+          "(or the bridge is broken) after a failed transfer: the bridge releases each once its copy ends",
+          handed_on, cleanup_timeout_.count());
+    if (left_behind != 0)
+      detail::log().warn("transfer: {} ring range(s) left reserved after a failed transfer (the bridge refused them)",
+                         left_behind);
   }
 
   Bridge& bridge_;
-  std::vector<HostRange>& stranded_;
   std::chrono::nanoseconds cleanup_timeout_;
   std::deque<InFlightChunk> chunks_;
 };
@@ -170,12 +171,8 @@ class ChunkWindow {
 // anything throws.
 class Pipeline {
  public:
-  Pipeline(Bridge& bridge, const RingChunkSettings& options, std::vector<HostRange>& stranded, const Transfer& transfer)
-      : bridge_(bridge),
-        options_(options),
-        stranded_(stranded),
-        transfer_(transfer),
-        window_(bridge, stranded, options.cleanup_timeout) {}
+  Pipeline(Bridge& bridge, const RingChunkSettings& options, const Transfer& transfer)
+      : bridge_(bridge), options_(options), transfer_(transfer), window_(bridge, options.cleanup_timeout) {}
 
   void run() {
     Chunk chunk;
@@ -211,8 +208,9 @@ class Pipeline {
 
   // Runs `attempt` (a reserve or a copy). On Backpressure (the ring or the
   // in-flight budget is full) it makes room from this call's own chunks,
-  // oldest first, or from stranded ranges whose copies have ended, and tries
-  // again; with neither, the room is held by others and Backpressure stands.
+  // oldest first, and tries again (ranges of earlier failed calls go back
+  // inside reserve, release_host_after); with none of its own, the room is
+  // held by others and Backpressure stands.
   template <class Attempt>
   std::invoke_result_t<Attempt&> with_room(const Chunk& chunk, Attempt attempt) {
     for (;;) {
@@ -220,7 +218,7 @@ class Pipeline {
         return attempt();
       } catch (const Error& e) {
         if (e.kind() != ErrorKind::Backpressure) rethrow_for_chunk(e, transfer_, chunk);
-        if (window_.empty() && release_unused(bridge_, stranded_) == 0) rethrow_for_chunk(e, transfer_, chunk);
+        if (window_.empty()) rethrow_for_chunk(e, transfer_, chunk);
       }
       if (!window_.empty()) finish_oldest(true);
     }
@@ -256,7 +254,6 @@ class Pipeline {
 
   Bridge& bridge_;
   const RingChunkSettings& options_;
-  std::vector<HostRange>& stranded_;
   const Transfer& transfer_;
   ChunkWindow window_;
   std::uint64_t done_ = 0;
@@ -264,10 +261,9 @@ class Pipeline {
 
 }  // namespace
 
-void run_ring_chunks(Bridge& bridge, const RingChunkSettings& settings, std::vector<HostRange>& stranded,
-                     const RingChunkJob& job) {
+void run_ring_chunks(Bridge& bridge, const RingChunkSettings& settings, const RingChunkJob& job) {
   const Transfer transfer{job};
-  Pipeline(bridge, settings, stranded, transfer).run();
+  Pipeline(bridge, settings, transfer).run();
 }
 
 }  // namespace devbridge::detail

@@ -36,15 +36,13 @@ struct RingChunkSettings {
 };
 
 // Runs `job` through `bridge`'s ring. Ranges a failed call could not give
-// back (a copy may still use them) are appended to `stranded`.
-void run_ring_chunks(Bridge& bridge, const RingChunkSettings& settings, std::vector<HostRange>& stranded,
-                     const RingChunkJob& job);
+// back at once (a copy may still use them) are handed to the bridge
+// (Bridge::release_host_after), which releases each once its copy is done.
+void run_ring_chunks(Bridge& bridge, const RingChunkSettings& settings, const RingChunkJob& job);
 
 // Gives `range` back to the ring; false while it must stay reserved (a copy
 // may still use it, or the bridge is Broken).
 bool try_release(Bridge& bridge, HostRange range) noexcept;
-// Releases the stranded ranges no copy uses any more; returns how many.
-std::size_t release_unused(Bridge& bridge, std::vector<HostRange>& stranded) noexcept;
 
 // Something a call took from `bridge` (a ring range, a registration, an
 // allocation): given back by `GiveBack` when the guard ends, unless kept.

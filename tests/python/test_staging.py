@@ -1,4 +1,4 @@
-"""The staging layer: spec_for_array, upload/download, DeviceTensor, ReleaseQueue, release_when_safe.
+"""The staging layer: spec_for_array, upload/download, DeviceTensor, ReleaseQueue, release_host_after.
 
 Runs on fake (auto-completing unless a test drives completions), host, and OpenCL where it is available
 (CUDA with DEVBRIDGE_TEST_BACKEND=cuda). Every bridge has a 1 MiB ring, so multi-MiB arrays are chunked.
@@ -351,46 +351,104 @@ def test_release_queue_drains_and_is_a_context_manager(fake):
     fake.free(h)
 
 
-def test_bridge_release_when_safe_needs_no_polling(fake):
+def test_bridge_release_host_after_needs_no_polling(fake):
     h = fake.alloc(devbridge.ObjectSpec(1 << 20, 64, "uint8"), 1 << 20)
-    ranges = []
     for _ in range(2):
         r, e = _staged_copy(fake, h, RING // 2)
-        fake.release_when_safe(r, e)
-        ranges.append(r)
+        fake.release_host_after(r, e)
+    assert fake.stats()["ring_releases_pending"] == 2
     with pytest.raises(devbridge.Backpressure):
         fake.ring.reserve(RING // 2)  # both copies still read their ranges
     fake.fake.complete_all()
-    r = fake.ring.reserve(RING // 2)  # the reservation reaped them: no poll, no release by the caller
+    r = fake.ring.reserve(RING // 2)  # the bridge released them before looking for room: no poll, no release
     fake.ring.release(r)
-    assert quiet(fake) == (0, 0, 0)
-    # A failed copy's range goes back too; its error surfaces once, at the next release_when_safe.
+    assert quiet(fake) == (0, 0, 0) and fake.stats()["ring_releases_pending"] == 0
+    # A failed copy's range goes back too; its error stays the event's, raised by whoever waits for it.
     fake.fake.inject("copy_h2d", "copy_failed_at_completion")
     r, e = _staged_copy(fake, h)
-    fake.release_when_safe(r, e)
+    fake.release_host_after(r, e)
     fake.fake.complete_all()
-    r2, e2 = _staged_copy(fake, h)
     with pytest.raises(devbridge.DeviceCopyFailed):
-        fake.release_when_safe(r2, e2)
-    fake.fake.complete_all()
-    fake.fake.complete_all()
-    fake.ring.release(fake.ring.reserve(16))  # reaps r2
+        fake.wait(e)  # applies the completion: the range is back
     assert quiet(fake) == (0, 0, 0)
-    # From the ring (the event names the bridge): with no pending release_when_safe of its own the bridge
-    # is not known to the ring, so the range goes back once the bridge has applied the completion.
-    fake.ring.release_when_safe(*_staged_copy(fake, h))
+    # An event already settled releases at once.
+    r, e = _staged_copy(fake, h)
     fake.fake.complete_all()
-    fake.poll()
-    fake.ring.release(fake.ring.reserve(16))  # reaps
+    fake.wait(e)
+    fake.release_host_after(r, e)
     assert quiet(fake) == (0, 0, 0)
     fake.free(h)
 
 
-def test_ring_release_when_safe_on_a_bridge_that_staged_nothing(sb):
+def test_release_when_safe_is_release_host_after_bound_in_the_extension(fake):
+    # One mechanism, in the core: nothing attached to the extension's classes at import.
+    ext = devbridge._devbridge
+    assert "release_when_safe" in ext.Bridge.__dict__ and "release_host_after" in ext.Bridge.__dict__
+    assert "reserve" in ext.HostRing.__dict__ and not callable(getattr(ext.HostRing.reserve, "__code__", None))
+    assert not hasattr(fake.ring, "release_when_safe")
+    h = fake.alloc(devbridge.ObjectSpec(1 << 20, 64, "uint8"), 8192)
+    r, e = _staged_copy(fake, h)
+    fake.release_when_safe(r, e)
+    assert fake.stats()["ring_releases_pending"] == 1
+    fake.fake.complete_all()
+    fake.poll()
+    assert quiet(fake) == (0, 0, 0) and fake.stats()["ring_releases_pending"] == 0
+    fake.free(h)
+
+
+def test_release_host_after_refuses_wrong_events_and_ranges(fake):
+    other = make_bridge("fake", ring_bytes=RING)
+    try:
+        h = fake.alloc(devbridge.ObjectSpec(1 << 20, 64, "uint8"), 8192)
+        r, e = _staged_copy(fake, h)
+        h2 = other.alloc(devbridge.ObjectSpec(1 << 20, 64, "uint8"), 8192)
+        r2, e2 = _staged_copy(other, h2)
+        with pytest.raises(devbridge.ForeignDomain):
+            fake.release_host_after(r, e2)
+        with pytest.raises(devbridge.InvalidRange, match="release_host_after"):
+            fake.release_host_after(devbridge.HostRange(r.offset, r.len // 2), e)
+        with pytest.raises(TypeError):
+            fake.release_host_after("range", e)
+        fake.release_host_after(r, e)
+        with pytest.raises(devbridge.InvalidRange, match="already waiting"):
+            fake.release_host_after(r, e)
+        # A restart releases the waiting ranges once the device is idle; the old event is refused then.
+        fake.restart(fake.generation + 1)
+        assert quiet(fake) == (0, 0, 0) and fake.stats()["ring_releases_pending"] == 0
+        r = fake.ring.reserve(64)
+        with pytest.raises(devbridge.OldGenerationHandle):
+            fake.release_host_after(r, e)
+        fake.ring.release(r)
+        other.fake.complete_all()
+        other.wait(e2)
+        other.ring.release(r2)
+    finally:
+        other.close()
+
+
+def test_waiting_reserve_is_woken_by_a_pending_release(fake):
+    import threading
+
+    h = fake.alloc(devbridge.ObjectSpec(1 << 20, 64, "uint8"), 1 << 20)
+    r, e = _staged_copy(fake, h, RING)
+    fake.release_host_after(r, e)
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(fake.ring.reserve(RING // 2, timeout=10.0)))
+    waiter.start()
+    waiter.join(0.05)
+    assert waiter.is_alive()  # the copy still reads the whole ring
+    fake.fake.complete_all()  # nobody polls: the waiting reserve applies the completion itself
+    waiter.join(10.0)
+    assert not waiter.is_alive() and len(got) == 1
+    fake.ring.release(got[0])
+    assert quiet(fake) == (0, 0, 0)
+    fake.free(h)
+
+
+def test_release_host_after_on_any_backend(sb):
     h = sb.alloc(devbridge.ObjectSpec(1 << 20, 64, "uint8"), 4096)
     r, e = _staged_copy(sb, h)
-    sb.ring.release_when_safe(r, e)
-    sb.wait(e)  # the bridge applies the completion; the next reservation hands the range back
-    sb.ring.release(sb.ring.reserve(64))
+    sb.release_host_after(r, e)
+    sb.wait(e)  # the bridge applies the completion and releases the range with it
     assert quiet(sb) == (0, 0, 0)
     sb.free(h)
