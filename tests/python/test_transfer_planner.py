@@ -170,6 +170,24 @@ def test_a_failed_copy_keeps_its_kind_and_leaves_nothing(fake_bridge, rng):
         nothing_left(b)
 
 
+def test_ranges_a_failed_call_leaves_in_flight_go_back_through_the_bridge(fake_bridge, rng):
+    # The planner holds no ranges: those its copies still use when a call fails are handed to the bridge
+    # (release_host_after), which releases them once the copies end; stranded_ranges reports its count.
+    b = fake_bridge
+    data = rng.integers(0, 256, size=1 << 20, dtype=np.uint8)
+    planner = TransferPlanner(b, route="ring_chunks", cleanup_timeout=0.01)
+    b.fake.inject("copy_h2d", "copy_failed_at_submit", 2)  # chunk 0 stays in flight: nothing completes it
+    with pytest.raises(devbridge.DeviceCopyFailed, match="upload chunk 1"):
+        planner.upload(data, spec_for(data.nbytes), extent_for(data.nbytes))
+    stats = b.stats()
+    assert planner.stranded_ranges == stats["ring_releases_pending"] == 1
+    assert stats["ring_reservations"] == 1 and stats["copies_in_flight"] == 1
+    b.fake.complete_all()
+    b.poll()  # applying the completion releases the range (and the deferred allocation)
+    assert planner.stranded_ranges == 0
+    nothing_left(b)
+
+
 def test_progress_is_called_with_the_gil_and_may_raise(planner_bridge, rng):
     b = planner_bridge
     seen = []
