@@ -18,6 +18,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include "core/allocation_table.hpp"
 #include "core/describe.hpp"
 #include "core/copy_timeline.hpp"
 #include "core/device_pool.hpp"
@@ -29,6 +30,7 @@
 #include "core/release_after.hpp"
 #include "core/slot_table.hpp"
 #include "core/spin_lock.hpp"
+#include "core/view_leases.hpp"
 #include "devbridge/checked.hpp"
 #include "devbridge/consumer_names.hpp"
 
@@ -38,55 +40,7 @@ namespace {
 
 using detail::describe;
 
-// "tensor, any rank", "matrix, rank 2": a kind with the ranks it allows.
-std::string shape_kind_text(ShapeKind kind) {
-  if (kind == ShapeKind::Tensor) return "tensor, any rank";
-  return fmt::format("{}, rank {}", shape_kind_name(kind), static_cast<int>(kind));
-}
-
 std::atomic<std::uint64_t> g_next_domain{1};
-
-struct AllocationSlot {
-  std::uint32_t version = 0;
-  bool in_use = false;
-  bool released = false;  // deferred free: unusable, freed when the last use ends
-  // In what was padding: spec_element_size(spec),
-  // read by every copy, and the dtype a view must have (any when untyped:
-  // one compare on the view path for the usual, typed case).
-  std::uint8_t element_size = 1;
-  DType view_dtype = DType::UInt8;
-  ObjectSpec spec;
-  std::uint64_t extent = 0;
-  DeviceAllocation device;
-  std::uint32_t copies = 0;   // in-flight copies of either direction, sync ones too
-  std::uint32_t uploads = 0;  // of those, copies into the allocation
-  // Active compute steps, launches in progress, and uses that end at a fence
-  // not yet passed (the drop queue; counted here, not in a field of their
-  // own, to keep the slot small; messages count them in the queue).
-  std::uint32_t steps = 0;
-  std::uint32_t views = 0;    // live view leases
-  // Adopted host memory (Bridge::adopt_host): 1 + the slot of the region it
-  // lies in, 0 for the backend's own memory. Adopted memory is read-only
-  // and goes back to the region, never to the backend's free or the pool.
-  std::uint32_t adopted_region = 0;
-  bool read_only() const noexcept { return adopted_region != 0; }
-  bool used() const noexcept { return copies || steps || views; }
-  // Every field but the version, for a new use of the slot.
-  // (The caller derives element size and view dtype from the spec while it
-  // validates, before any store here could alias the spec.)
-  [[gnu::always_inline]] void start(const ObjectSpec& new_spec, std::uint8_t new_element_size, DType new_view_dtype,
-                                    std::uint64_t new_extent, const DeviceAllocation& memory) {
-    in_use = true;
-    released = false;
-    spec = new_spec;
-    element_size = new_element_size;
-    view_dtype = new_view_dtype;
-    extent = new_extent;
-    device = memory;
-    copies = uploads = steps = views = 0;
-    adopted_region = 0;
-  }
-};
 
 ErrorKind copy_failure_kind(CopyDirection direction) {
   return direction == CopyDirection::HostToDevice ? ErrorKind::DeviceCopyFailed : ErrorKind::OutputCopyFailed;
@@ -129,8 +83,7 @@ class BridgeCore {
     device_text_ = fmt::format("{} device {} ({})", info.name, info.device_id.empty() ? "0" : info.device_id,
                                info.device_name);
     device_string_ = tinygrad_device(info.device_kind, info.device_ordinal);
-    dlpack_device_ = static_cast<int>(dlpack_device(info.device_kind));
-    device_ordinal_ = info.device_ordinal;
+    placement_ = ViewPlacement{device_string_, static_cast<int>(dlpack_device(info.device_kind)), info.device_ordinal};
     writes_under_view_ = options.writes_under_view;
     writes_under_view_timeout_ = options.writes_under_view_timeout;
     close_fence_timeout_ = options.close_fence_timeout;
@@ -213,10 +166,8 @@ class BridgeCore {
 
   // An orphan goes when nothing uses it; an abandoned one is forgotten, not
   // freed.
-  template <class OrphanIt>
-  void maybe_free_orphan(OrphanIt orphan) noexcept {
-    auto& o = orphan->second;
-    if (o.views != 0 || o.fences != 0) return;
+  void maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan& o) noexcept {
+    if (o.used()) return;
     if (o.adopted_region) {
       if (!o.abandoned) end_adoption(o.device, o.adopted_region - 1);
     } else if (!o.abandoned) {
@@ -224,7 +175,7 @@ class BridgeCore {
       // After close, nothing allocates again: what the orphan left cached goes too.
       if (closed() && !restarting()) free_cache_now();
     }
-    orphans_.erase(orphan);
+    allocations_.erase_orphan(key);
   }
 
   // ---- the drop queue ----
@@ -251,9 +202,10 @@ class BridgeCore {
       }
       // The allocation left its generation (restart, close) while the fence
       // held it: an orphan now.
-      if (auto orphan = orphans_.find(OrphanKey{entry.generation, id}); orphan != orphans_.end()) {
-        --orphan->second.fences;
-        maybe_free_orphan(orphan);
+      const AllocationTable::OrphanKey key{entry.generation, id};
+      if (auto* orphan = allocations_.find_orphan(key)) {
+        --orphan->fences;
+        maybe_free_orphan(key, *orphan);
       }
     }
   }
@@ -266,8 +218,7 @@ class BridgeCore {
           continue;
         }
       }
-      if (auto orphan = orphans_.find(OrphanKey{entry.generation, id}); orphan != orphans_.end())
-        ++orphan->second.fences;
+      if (auto* orphan = allocations_.find_orphan({entry.generation, id})) ++orphan->fences;
     }
     drops_.add(std::move(entry));
     set_state(kFencesPending, true);
@@ -331,11 +282,12 @@ class BridgeCore {
     ++abandoned_fences_;
     std::uint64_t bytes = 0;
     for (const auto id : entry.allocation_ids) {
-      if (auto orphan = orphans_.find(OrphanKey{entry.generation, id}); orphan != orphans_.end()) {
-        orphan->second.abandoned = true;
-        bytes += orphan->second.device.bytes;
-        --orphan->second.fences;
-        maybe_free_orphan(orphan);
+      const AllocationTable::OrphanKey key{entry.generation, id};
+      if (auto* orphan = allocations_.find_orphan(key)) {
+        orphan->abandoned = true;
+        bytes += orphan->device.bytes;
+        --orphan->fences;
+        maybe_free_orphan(key, *orphan);
       }
     }
     log().error("devbridge: {}, but a fence on {} had not passed after {} ns: the {} bytes it holds stay "
@@ -371,28 +323,9 @@ class BridgeCore {
          tagged.generation, generation_);
   }
 
-  [[noreturn, gnu::cold, gnu::noinline]] static void fail_unknown(const DeviceHandle& h) {
-    fail(ErrorKind::UnknownDeviceHandle, "{} is unknown, already freed or released", describe(h));
-  }
-
   [[gnu::always_inline]] AllocationSlot& allocation(const DeviceHandle& h) {
     check_tag(h);
-    auto* slot = allocations_.find(h.id);
-    if (__builtin_expect(!slot || slot->released, 0)) fail_unknown(h);
-    return *slot;
-  }
-
-  // Inlined: every copy runs it, from several instantiations of copy().
-  [[gnu::always_inline]] void validate_device_range(const DeviceRange& range, const AllocationSlot& slot) const {
-    const auto elem = slot.element_size;
-    if (range.len == 0 || range.offset > slot.extent || range.len > slot.extent - range.offset)
-      fail(ErrorKind::InvalidRange,
-           "device range [offset {}, len {}] of {} is outside its extent of {} bytes (or empty)", range.offset,
-           range.len, describe(range.handle), slot.extent);
-    if ((range.offset | range.len) & (elem - 1))
-      fail(ErrorKind::InvalidRange,
-           "device range [offset {}, len {}] of {} is not aligned to its {} elements ({} bytes)", range.offset,
-           range.len, describe(range.handle), spec_dtype_name(slot.spec), elem);
+    return allocations_.live(h);
   }
 
   // Frees a released allocation once nothing uses it any more.
@@ -407,7 +340,6 @@ class BridgeCore {
     auto& slot = allocations_[index];
     if (slot.adopted_region) return end_adopted_slot(index);
     const DeviceAllocation device = slot.device;
-    allocated_bytes_ -= device.bytes;
     allocations_.retire(index);
     if (const auto whole = keep_or_free_later(device, slot.spec.alignment)) backend_->free(*whole);
   }
@@ -500,11 +432,9 @@ class BridgeCore {
       allocations_.unissue(slot_index);
       throw;
     }
-    auto& slot = allocations_[slot_index];
-    slot.start(spec, static_cast<std::uint8_t>(elem), view_dtype, range.len, device);
-    slot.adopted_region = index + 1;
+    const auto id = allocations_.start_adopted(slot_index, spec, elem, view_dtype, range.len, device, index);
     regions_.add_adoption(index);
-    return DeviceHandle{domain_, generation_, make_id(slot_index, slot.version)};
+    return DeviceHandle{domain_, generation_, id};
   }
 
   bool region_retained(const HostRegion& r) noexcept {
@@ -588,24 +518,21 @@ class BridgeCore {
     {
       SpinLockHold lock(lock_);
       enter(lock);
-      largest_request_ = std::max(largest_request_, extent);
-      if (const auto part = call_backend([&] { return pool_->take(*backend_, class_bytes, spec.alignment); })) {
-        ++cache_hits_;
-        return add_allocation(lock, spec, elem, view_dtype, extent, *part);
-      }
-      ++cache_misses_;
+      allocations_.note_pool_request(extent);
+      const auto part = call_backend([&] { return pool_->take(*backend_, class_bytes, spec.alignment); });
+      allocations_.count_cache_lookup(part.has_value());
+      if (part) return add_allocation(lock, spec, elem, view_dtype, extent, *part);
     }
     // The pool's shape never changes after construction: read unlocked.
     const DeviceAllocation segment =
         allocate(pool_->segment_bytes(class_bytes), extent, pool_->segment_alignment(spec.alignment));
     SpinLockHold lock(lock_);
     enter_or_free(lock, segment);
-    ++backend_allocations_;
-    total_reserved_bytes_ += segment.bytes;
+    allocations_.count_segment(segment.bytes);
     // If the part cannot be made, the segment stays cached for the next request.
     const DeviceAllocation part =
         call_backend([&] { return pool_->take_from_new(*backend_, segment, spec.alignment, class_bytes); });
-    peak_reserved_bytes_ = std::max(peak_reserved_bytes_, reserved_bytes());
+    allocations_.note_reserved(*pool_);
     return add_allocation(lock, spec, elem, view_dtype, extent, part);
   }
 
@@ -634,18 +561,10 @@ class BridgeCore {
       if (whole) backend_->free(*whole);
       throw;
     }
-    auto& slot = allocations_[index];
-    slot.start(spec, static_cast<std::uint8_t>(elem), view_dtype, extent, device);
-    allocated_bytes_ += device.bytes;
-    total_allocated_bytes_ += device.bytes;
-    ++total_allocations_;
-    peak_allocated_bytes_ = std::max(peak_allocated_bytes_, allocated_bytes_);
-    return DeviceHandle{domain_, generation_, make_id(index, slot.version)};
+    return DeviceHandle{domain_, generation_, allocations_.start(index, spec, elem, view_dtype, extent, device)};
   }
 
   // ---- memory: the pool and the backend ----
-  std::uint64_t reserved_bytes() const noexcept { return pool_ ? pool_->reserved_bytes() : allocated_bytes_; }
-
   // The backend refused `asked` bytes (the request's `extent`, or its size
   // class): a fatal error breaks the bridge; out of memory, the exact size is
   // tried (a size class may be past a per-buffer limit), then the bridge
@@ -667,7 +586,7 @@ class BridgeCore {
       if (e.kind() != ErrorKind::AllocationFailed) throw;
       {
         SpinLockHold lock(lock_);
-        ++oom_failures_;
+        allocations_.count_oom_failure();
       }
       fail(ErrorKind::AllocationFailed,
            "{}; retried once after releasing every cached block: the bridge held {} bytes in live allocations and {} "
@@ -704,14 +623,14 @@ class BridgeCore {
   Held reclaim_for_retry() {
     SpinLockHold lock(lock_);
     enter(lock);
-    ++oom_retries_;
+    allocations_.count_oom_retry();
     try {
       drain_locked();  // a completion may end the last use of a released allocation
     } catch (const std::exception& e) {
       log().warn("devbridge: draining completions before retrying an allocation failed: {}", e.what());
     }
     if (!drops_.empty()) reap_fences();
-    const Held held{allocated_bytes_, pool_ ? pool_->cached_bytes() : 0, pool_ ? pool_->largest_block() : 0};
+    const Held held{allocations_.allocated_bytes(), pool_ ? pool_->cached_bytes() : 0, pool_ ? pool_->largest_block() : 0};
     give_back_cache(lock);
     return held;
   }
@@ -730,7 +649,7 @@ class BridgeCore {
   std::vector<DeviceAllocation> take_free_segments() noexcept {
     if (!pool_ || pool_->free_segments() == 0) return {};
     auto segments = pool_->release_free_segments();
-    backend_frees_ += segments.size();
+    allocations_.count_backend_frees(segments.size());
     return segments;
   }
 
@@ -751,7 +670,7 @@ class BridgeCore {
         return std::nullopt;
       }
     }
-    if (whole) ++backend_frees_;
+    if (whole) allocations_.count_backend_frees(1);
     return whole;
   }
 
@@ -769,38 +688,13 @@ class BridgeCore {
 
   void reset_peak_memory() {
     std::lock_guard guard(lock_);
-    peak_allocated_bytes_ = allocated_bytes_;
-    peak_reserved_bytes_ = reserved_bytes();
+    allocations_.reset_peaks(pool_ ? &*pool_ : nullptr);
   }
 
   MemoryStats memory_stats() {
     std::lock_guard guard(lock_);
     MemoryStats m;
-    m.pool_enabled = pool_.has_value();
-    m.pool_cap_bytes = pool_ ? pool_->cap_bytes() : 0;
-    m.allocated_bytes = allocated_bytes_;
-    m.peak_allocated_bytes = peak_allocated_bytes_;
-    m.total_allocated_bytes = total_allocated_bytes_;
-    m.reserved_bytes = reserved_bytes();
-    m.peak_reserved_bytes = pool_ ? std::max(peak_reserved_bytes_, m.reserved_bytes) : peak_allocated_bytes_;
-    m.total_reserved_bytes = pool_ ? total_reserved_bytes_ : total_allocated_bytes_;
-    m.allocations = allocations_.live();
-    m.total_allocations = total_allocations_;
-    // Without the pool every allocation is the backend's.
-    m.backend_allocations = pool_ ? backend_allocations_ : total_allocations_;
-    m.backend_frees = backend_frees_;
-    m.cached_bytes = pool_ ? pool_->cached_bytes() : 0;
-    m.cached_blocks = pool_ ? pool_->cached_blocks() : 0;
-    m.free_segment_bytes = pool_ ? pool_->free_segment_bytes() : 0;
-    m.segments = pool_ ? pool_->segments() : 0;
-    m.free_segments = pool_ ? pool_->free_segments() : 0;
-    m.pool_splits = pool_ && pool_->splits();
-    m.cache_hits = cache_hits_;
-    m.cache_misses = cache_misses_;
-    m.oom_retries = oom_retries_;
-    m.oom_failures = oom_failures_;
-    m.largest_request_bytes = largest_request_;
-    m.fragmentation_bytes = pool_ ? pool_->bytes_below(DevicePool::size_class(largest_request_)) : 0;
+    allocations_.fill(m, pool_ ? &*pool_ : nullptr);
     return m;
   }
 
@@ -816,28 +710,8 @@ class BridgeCore {
     return text;
   }
 
-  // "1 live view held by a tinygrad tensor (...)", "3 live views: 1 held by
-  // ..., 2 held by the caller (...)": who holds them, and what ends each.
   std::string views_text(const DeviceHandle& h, const AllocationSlot& slot) const {
-    std::string text = fmt::format("{} live view{}", slot.views, slot.views == 1 ? "" : "s");
-    if (slot.views == 0) return text;
-    const auto handed = handed_on_.find(h.id);
-    const std::uint32_t dlpack = handed == handed_on_.end() ? 0 : handed->second[0];
-    const std::uint32_t tinygrad = handed == handed_on_.end() ? 0 : handed->second[1];
-    const std::uint32_t caller = slot.views - std::min(slot.views, dlpack + tinygrad);
-    const std::pair<std::uint32_t, std::string_view> holders[] = {
-        {tinygrad, "held by a tinygrad tensor (a lazy graph or .grad may still read it; opt.zero_grad() or del "
-                   "releases it)"},
-        {dlpack, "held by a DLPack consumer (a numpy, jax, torch or cupy array; del releases it)"},
-        {caller, "held by the caller (closing the view, or the end of its with-block, releases it)"},
-    };
-    const auto kinds = std::ranges::count_if(holders, [](const auto& holder) { return holder.first != 0; });
-    for (const auto& [n, who] : holders) {
-      if (n == 0) continue;
-      if (kinds == 1) text += fmt::format(" {}", who);
-      else text += fmt::format("{}{} {}", text.find(':') == std::string::npos ? ": " : ", ", n, who);
-    }
-    return text;
+    return holders_.views_text(h.id, slot.views);
   }
 
   [[noreturn, gnu::cold, gnu::noinline]] void fail_write_under_view(const DeviceRange& range,
@@ -879,10 +753,9 @@ class BridgeCore {
     auto& slot = allocations_[index];
     if (__builtin_expect(slot.adopted_region != 0, 0)) return end_adopted_slot(index);  // nothing the driver frees
     const DeviceAllocation device = slot.device;
-    allocated_bytes_ -= device.bytes;
     allocations_.retire(index);
     if (__builtin_expect(!pool_, 1)) {  // the common case: straight back to the backend
-      ++backend_frees_;
+      allocations_.count_backend_frees(1);
       lock.unlock();
       backend_->free(device);
       return;
@@ -1536,7 +1409,7 @@ class BridgeCore {
     if (__builtin_expect(spec.dtype != slot->view_dtype, 0) &&
         (slot->spec.dtype || element_sizes_[static_cast<std::uint8_t>(spec.dtype)] == 0))
       fail_view_dtype(h, spec.dtype, *slot);
-    shape_view(h, spec, *slot, view);
+    shape_view(h, spec, *slot, placement_, view);
     if (slot->uploads) {
       if (wait_mode == ViewWait::Refuse)
         fail(ErrorKind::AllocationStillInUse,
@@ -1590,71 +1463,6 @@ class BridgeCore {
          dtype_names([&](DType d) { return element_sizes_[static_cast<std::uint8_t>(d)] != 0; }));
   }
 
-  template <class... Args>
-  [[noreturn, gnu::cold, gnu::noinline]] static void fail_view(const DeviceHandle& h, const AllocationSlot& slot,
-                                                               fmt::format_string<Args...> why, Args&&... args) {
-    fail(ErrorKind::InvalidTensorView, "view of {} ({} bytes): {}", describe(h), slot.extent,
-         fmt::format(why, std::forward<Args>(args)...));
-  }
-
-  // The rank an object's shape kind allows: scalar 0, vector 1, matrix 2,
-  // tensor any (the contract's "rank/shape kind").
-  // The kinds below Tensor are numbered by their rank: one compare.
-  static_assert(static_cast<int>(ShapeKind::Scalar) == 0 && static_cast<int>(ShapeKind::Vector) == 1 &&
-                static_cast<int>(ShapeKind::Matrix) == 2);
-  static bool rank_fits(ShapeKind kind, int rank) noexcept {
-    return kind == ShapeKind::Tensor || rank == static_cast<int>(kind);
-  }
-
-  void shape_view(const DeviceHandle& h, const ViewSpec& spec, const AllocationSlot& slot, TensorView& view) const {
-    if (__builtin_expect(!rank_fits(slot.spec.shape, spec.shape.size()), 0))
-      fail_view(h, slot, "rank {} does not fit the object's shape kind ({})", spec.shape.size(),
-                shape_kind_text(slot.spec.shape));
-    const std::int64_t elem = dtype_size(spec.dtype);
-    if (spec.byte_offset & (elem - 1))
-      fail_view(h, slot, "byte offset {} is not a multiple of {}", spec.byte_offset, elem);
-    // Lowest and highest element reached, relative to byte_offset, without overflow.
-    std::int64_t lowest = 0, highest = 0;
-    if (!spec.strides) {
-      // Row-major (the usual view): it reaches elements [0, count).
-      const std::int64_t count = view.strides.assign_contiguous_strides(spec.shape);
-      for (int i = 0; i < spec.shape.size(); ++i)
-        if (spec.shape[i] <= 0) fail_view(h, slot, "dimension {} has size {}", i, spec.shape[i]);
-      highest = count - 1;
-    } else {
-      view.strides = *spec.strides;
-      const Dims& strides = view.strides;
-      if (strides.size() != spec.shape.size())
-        fail_view(h, slot, "{} strides for {} dimensions", strides.size(), spec.shape.size());
-      for (int i = 0; i < spec.shape.size(); ++i) {
-        const auto n = spec.shape[i];
-        if (n <= 0) fail_view(h, slot, "dimension {} has size {}", i, n);
-        std::int64_t reach;
-        if (__builtin_mul_overflow(n - 1, strides[i], &reach)) fail_view(h, slot, "strides overflow");
-        if ((reach > 0 ? __builtin_add_overflow(highest, reach, &highest)
-                       : __builtin_add_overflow(lowest, reach, &lowest)))
-          fail_view(h, slot, "strides overflow");
-      }
-    }
-    std::int64_t first_byte, end_element, end_byte;
-    const auto offset = static_cast<std::int64_t>(std::min<std::uint64_t>(spec.byte_offset, INT64_MAX / 2));
-    if (__builtin_mul_overflow(lowest, elem, &first_byte) || __builtin_add_overflow(first_byte, offset, &first_byte) ||
-        __builtin_add_overflow(highest, 1, &end_element) || __builtin_mul_overflow(end_element, elem, &end_byte) ||
-        __builtin_add_overflow(end_byte, offset, &end_byte))
-      fail_view(h, slot, "extent overflow");
-    if (first_byte < 0 || static_cast<std::uint64_t>(end_byte) > slot.extent)
-      fail_view(h, slot, "shape and strides reach bytes [{}, {}) outside the extent", first_byte, end_byte);
-    view.data = slot.device.address;
-    view.device = device_string_;
-    view.dlpack_device_type = dlpack_device_;
-    view.device_ordinal = device_ordinal_;
-    view.dtype = spec.dtype;
-    view.shape = spec.shape;
-    view.byte_offset = spec.byte_offset;
-    view.handle = h;
-    view.read_only = slot.read_only();
-  }
-
   // Ends one lease. A lease of the current generation on an open bridge is the
   // common case and stays small; the rest (orphans, and leases of a bridge
   // whose close has not freed its memory yet) are out of line.
@@ -1679,22 +1487,9 @@ class BridgeCore {
   [[gnu::noinline, gnu::cold]] void end_handed_on_view(const DeviceHandle& h, ViewHolder holder) noexcept {
     {
       std::lock_guard guard(lock_);
-      if (h.generation == generation_) hand_back(h, holder);
+      if (h.generation == generation_) holders_.hand_back(h.id, holder);
     }
     end_view(h);
-  }
-
-  // Views handed on (ViewHolder other than Caller), by allocation id, so a
-  // message can say who holds them; kept out of the slot, off the hot path.
-  // Only the current generation's: an orphan's holder is never reported.
-  static constexpr std::size_t holder_index(ViewHolder holder) { return holder == ViewHolder::DLPackConsumer ? 0 : 1; }
-
-  [[gnu::cold]] void hand_back(const DeviceHandle& h, ViewHolder holder) noexcept {
-    auto it = handed_on_.find(h.id);
-    if (it == handed_on_.end()) return;
-    auto& count = it->second[holder_index(holder)];
-    if (count) --count;
-    if (it->second[0] == 0 && it->second[1] == 0) handed_on_.erase(it);
   }
 
   // Holds a lease's allocation until a fence recorded now on the consumer's
@@ -1712,13 +1507,7 @@ class BridgeCore {
     if (from == to || h.generation != generation_) return;  // an orphan's holder is never reported
     auto* slot = allocations_.find(h.id);
     if (!slot || slot->views == 0) return;
-    if (from != ViewHolder::Caller) hand_back(h, from);
-    if (to == ViewHolder::Caller) return;
-    try {
-      ++handed_on_[h.id][holder_index(to)];
-    } catch (const std::bad_alloc&) {
-      // Only a message loses its detail: the view is then counted as the caller's.
-    }
+    holders_.hand_over(h.id, from, to);
   }
 
   // Keeps the backend call (and the registers it needs) out of end_view.
@@ -1735,9 +1524,10 @@ class BridgeCore {
     {
       std::lock_guard guard(lock_, std::adopt_lock);
       if (!drops_.empty()) reap_fences();
-      if (auto orphan = orphans_.find(OrphanKey{h.generation, h.id}); orphan != orphans_.end()) {
-        --orphan->second.views;
-        maybe_free_orphan(orphan);
+      const AllocationTable::OrphanKey key{h.generation, h.id};
+      if (auto* orphan = allocations_.find_orphan(key)) {
+        --orphan->views;
+        maybe_free_orphan(key, *orphan);
       } else if (h.generation == generation_) {
         // Closed, but its quiesce failed: the allocation is still in the
         // table, and a retried close must see this lease gone.
@@ -1804,13 +1594,10 @@ class BridgeCore {
       // A live view may still be read (numpy, tinygrad), a consumer's queue
       // may still run over it: its memory stays until the last lease ends
       // and its fences pass, though the handle is refused from now on.
-      orphans_.emplace(OrphanKey{generation_, id},
-                       Orphan{slot.device, slot.views, fenced, false, slot.spec.alignment, slot.adopted_region});
-      if (!slot.adopted_region) allocated_bytes_ -= slot.device.bytes;
-      allocations_.retire(index);
+      allocations_.orphan(index, generation_, fenced);
     });
     steps_.clear();
-    handed_on_.clear();
+    holders_.clear();
     ring_.unpin_all();
     // The device is idle: ranges waiting for their copies go back now.
     release_after_.release_all(ring_);
@@ -1870,18 +1657,8 @@ class BridgeCore {
     s.domain = domain_;
     s.broken = broken();
     s.closed = closed();
-    s.live_allocations = allocations_.live();
-    s.allocated_bytes = allocated_bytes_;
+    allocations_.fill(s);
     copies_.fill(s);
-    allocations_.for_each_in_use([&](std::uint32_t, AllocationSlot& a) {
-      s.live_views += a.views;
-      if (a.adopted_region) {
-        ++s.adopted_allocations;
-        s.adopted_bytes += a.device.bytes;
-      }
-    });
-    s.orphaned_allocations = orphans_.size();
-    for (const auto& [key, orphan] : orphans_) s.live_views += orphan.views;
     s.active_steps = steps_.size();
     s.restarts = restarts_;
     regions_.fill(s);
@@ -1909,32 +1686,15 @@ class BridgeCore {
   HostRing ring_;
   ReleaseAfter release_after_;  // ranges handed to release_host_after
   CopyTimeline copies_;
-  SlotTable<AllocationSlot> allocations_;
+  AllocationTable allocations_;
   RegionRegistry regions_;
   std::unordered_map<StepId, std::vector<std::uint32_t>> steps_;
-  // Allocations a restart or close took from their generation while views
-  // still leased them; freed in the backend when the last lease ends.
-  struct Orphan {
-    DeviceAllocation device;
-    std::uint32_t views = 0;
-    std::uint32_t fences = 0;
-    bool abandoned = false;  // its fence never passed by close: never freed
-    std::uint64_t alignment = 0;  // its spec's, for the pool
-    std::uint32_t adopted_region = 0;  // as AllocationSlot's
-  };
-  using OrphanKey = std::pair<Generation, std::uint64_t>;
-  std::map<OrphanKey, Orphan> orphans_;
   DropQueue drops_;
   std::optional<DevicePool> pool_;  // engaged when the caching pool is on; never changes after construction
-  std::uint64_t peak_allocated_bytes_ = 0, total_allocated_bytes_ = 0;
-  std::uint64_t peak_reserved_bytes_ = 0, total_reserved_bytes_ = 0;
-  std::uint64_t total_allocations_ = 0, backend_allocations_ = 0, backend_frees_ = 0;
-  std::uint64_t cache_hits_ = 0, cache_misses_ = 0, oom_retries_ = 0, oom_failures_ = 0;
-  std::uint64_t largest_request_ = 0;
   std::uint64_t abandoned_fences_ = 0;
   std::chrono::nanoseconds close_fence_timeout_{std::chrono::seconds(10)};
   WritesUnderView writes_under_view_ = WritesUnderView::Refuse;
-  std::unordered_map<std::uint64_t, std::array<std::uint32_t, 2>> handed_on_;  // see hand_back
+  ViewHolders holders_;  // who holds the views handed on
   std::chrono::nanoseconds writes_under_view_timeout_ = std::chrono::nanoseconds::max();
   // Host leases (lease_host) keep the ring block past close(); the block a
   // close could not free yet waits here for the last one.
@@ -1942,7 +1702,6 @@ class BridgeCore {
   HostBlock leased_ring_;
   bool released_at_close_ = false;  // close() quiesced and freed: a later close() has nothing to do
   std::vector<Completion> drained_;
-  std::uint64_t allocated_bytes_ = 0;
   std::uint64_t restarts_ = 0;
   std::uint64_t outstanding_leases_ = 0;
   std::uint32_t calls_in_progress_ = 0;
@@ -1972,8 +1731,7 @@ class BridgeCore {
   // device holds it, else 0. Read before the lock: set once, at construction.
   std::array<std::uint8_t, 256> element_sizes_{};
   std::bitset<256> computed_;  // dtypes the device computes in (BackendInfo::computed_dtypes)
-  int dlpack_device_ = 0;
-  int device_ordinal_ = 0;
+  ViewPlacement placement_;  // read before the lock: set once, at construction
 };
 
 }  // namespace detail

@@ -69,6 +69,11 @@ class SlotTable {
     for (std::uint32_t i = 0; i < slots_.size(); ++i)
       if (slots_[i].in_use) f(i, slots_[i]);
   }
+  template <class F>
+  void for_each_in_use(F&& f) const {
+    for (std::uint32_t i = 0; i < slots_.size(); ++i)
+      if (slots_[i].in_use) f(i, slots_[i]);
+  }
 
  private:
   static constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
