@@ -1,0 +1,860 @@
+// The bridge's core: the state machine behind Bridge. One lock guards all
+// bookkeeping; backend work that can block (sync copies, compute, quiesce)
+// runs outside it, with the allocation and ring range pinned so nothing is
+// freed underneath. The core orchestrates its components (allocation table,
+// copy timeline, region registry, host ring, caching pool, drop queue, view
+// holders) under that lock.
+//
+// Its hot paths (entry, lookup, copies, views, frees) are defined here so
+// that Bridge's forwarding functions inline them; the rest is defined by
+// area: bridge.cpp (the drop queue, copies, compute, views), bridge_memory.cpp
+// (the pool and the backend), bridge_regions.cpp (registered and adopted host
+// memory), peer_copy.cpp (device to device between bridges),
+// bridge_lifecycle.cpp (construction, restart, close, statistics) and
+// bridge_api.cpp (Bridge, ViewLease and HostLease over it).
+#pragma once
+
+#include "devbridge/bridge.hpp"
+
+#include <algorithm>
+#include <array>
+#include <bitset>
+#include <bit>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <fmt/format.h>
+#include "core/allocation_table.hpp"
+#include "core/describe.hpp"
+#include "core/copy_timeline.hpp"
+#include "core/device_pool.hpp"
+#include "core/drop_queue.hpp"
+#include "core/fail.hpp"
+#include "core/host_ring.hpp"
+#include "core/log.hpp"
+#include "core/region_registry.hpp"
+#include "core/release_after.hpp"
+#include "core/slot_table.hpp"
+#include "core/spin_lock.hpp"
+#include "core/view_leases.hpp"
+#include "devbridge/checked.hpp"
+#include "devbridge/consumer_names.hpp"
+
+namespace devbridge::detail {
+
+inline ErrorKind copy_failure_kind(CopyDirection direction) {
+  return direction == CopyDirection::HostToDevice ? ErrorKind::DeviceCopyFailed : ErrorKind::OutputCopyFailed;
+}
+
+// Backends may report a copy failure generically; the contract names it by
+// direction. Other kinds pass through.
+inline ErrorKind directed_kind(CopyDirection direction, ErrorKind kind) {
+  const bool copy_kind = kind == ErrorKind::DeviceCopyFailed || kind == ErrorKind::OutputCopyFailed;
+  return copy_kind ? copy_failure_kind(direction) : kind;
+}
+
+class BridgeCore {
+ public:
+  BridgeCore(std::unique_ptr<Backend> backend, const BridgeOptions& options);
+
+  // The last lease of a closed bridge ends here: fences a lease left behind
+  // (ViewLease::end_after) are waited for, bounded, before the backend goes.
+  ~BridgeCore();
+
+  // ---- lifetime of the core itself ----
+  void detach_owner() noexcept;
+
+  // ---- state checks ----
+  void check_usable() const {
+    if (closed()) throw Error(ErrorKind::Closed, "the bridge is closed");
+    if (broken())
+      fail(ErrorKind::Broken, "the bridge is broken ({}); restart it to recover", broken_reason_);
+  }
+
+  // Entry of every call that touches state: waits out a restart in progress.
+  // The holder is not passed on: a noinline callee taking it would keep its
+  // held flag in memory on every call. The wait leaves the lock held.
+  void enter(SpinLockHold&) {
+    if (__builtin_expect(state_ != 0, 0)) enter_slow();
+  }
+  [[gnu::noinline]] void enter_slow();
+
+  // Sleeps on the condition variable while `busy()` holds; notify() wakes
+  // sleepers only when there are some, so the hot paths never pay for it.
+  template <class Lock, class Busy>
+  void block_while(Lock& lock, Busy busy) {
+    while (busy()) {
+      ++waiters_;
+      cv_.wait(lock);
+      --waiters_;
+    }
+  }
+
+  void notify() {
+    if (waiters_) cv_.notify_all();
+  }
+
+  void mark_broken(const Error& error);
+
+  // An orphan goes when nothing uses it; an abandoned one is forgotten, not
+  // freed.
+  void maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan& o) noexcept;
+
+  // ---- the drop queue ----
+  // Ends every fenced use whose fence passed; frees what that leaves unused.
+  // Any call that enters the bridge runs it while fences are pending.
+  void reap_fences() noexcept;
+  void end_fenced_uses(const DropQueue::Entry& entry) noexcept;
+  void add_fenced_uses(DropQueue::Entry&& entry) noexcept;
+
+  // Holds the entry's allocations until a fence recorded now on its
+  // consumer's queue passes. Throws, changing nothing, when the backend
+  // cannot record one.
+  void hold_until_consumer_fence(DropQueue::Entry&& held);
+
+  // Waits, outside the lock and for at most close_fence_timeout, for the
+  // fences still pending (close, or the core's end); memory whose fence
+  // does not pass in time is abandoned, never freed: the device may still
+  // read it.
+  template <class Lock>
+  void settle_fences(Lock& lock, const char* when) noexcept;
+  void abandon(const DropQueue::Entry& entry, const char* when) noexcept;
+  static std::string queue_text(const QueueRef& where);
+
+  // ---- handles ----
+  // A handle or copy event of this bridge's domain and current generation.
+  template <class Tagged>
+  [[gnu::always_inline]] void check_tag(const Tagged& tagged) const {
+    if (__builtin_expect(tagged.domain != domain_ || tagged.generation != generation_, 0)) fail_tag(tagged);
+  }
+  template <class Tagged>
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_tag(const Tagged& tagged) const {
+    if (tagged.domain != domain_)
+      fail(ErrorKind::ForeignDomain, "{} belongs to domain {}, this bridge is domain {}", describe(tagged),
+           tagged.domain, domain_);
+    if (tagged.generation < generation_)
+      fail(ErrorKind::OldGenerationHandle, "{} is from generation {}, the bridge is at generation {}", describe(tagged),
+           tagged.generation, generation_);
+    fail(ErrorKind::UnknownDeviceHandle, "{} names generation {}, newer than the bridge's {}", describe(tagged),
+         tagged.generation, generation_);
+  }
+
+  [[gnu::always_inline]] AllocationSlot& allocation(const DeviceHandle& h) {
+    check_tag(h);
+    return allocations_.live(h);
+  }
+
+  // Frees a released allocation once nothing uses it any more.
+  [[gnu::always_inline]] void maybe_finish_release(std::uint32_t index) {
+    auto& slot = allocations_[index];
+    if (__builtin_expect(slot.released, 0) && slot.in_use && !slot.used()) free_slot(index);
+  }
+
+  // Out of line: every path that ends a use (a copy's unpin above all) tests
+  // for a release, and only a released allocation's last use frees.
+  [[gnu::noinline]] void free_slot(std::uint32_t index);
+
+  // A backend call made under the lock; a fatal failure breaks the bridge.
+  template <class Call>
+  [[gnu::always_inline]] decltype(auto) call_backend(Call call) {
+    try {
+      return call();
+    } catch (const Error& e) {
+      if (e.fatal()) mark_broken(e);
+      throw;
+    }
+  }
+
+  // ---- registered host memory ----
+  // The live region of this generation `r` names.
+  std::uint32_t region_index(const HostRegion& r);
+
+  // The live region a non-empty range lies in.
+  std::uint32_t region_range_index(const RegionRange& range);
+  HostRegion register_host(std::span<std::byte> bytes, bool read_only, Bridge::RegionRelease on_release);
+  void unregister_host(const HostRegion& r);
+  std::span<std::byte> region_bytes(const HostRegion& r);
+
+  // ---- host memory adopted in place ----
+  DeviceHandle adopt_host(const RegionRange& range, const ObjectSpec& spec);
+  bool region_retained(const HostRegion& r) noexcept;
+
+  // Out of line: free_device and release inline their free path, and only
+  // adopted memory comes here.
+  [[gnu::noinline, gnu::cold]] void end_adopted_slot(std::uint32_t index) noexcept;
+
+  // The last use of an adopted allocation ended: back to its region, which
+  // goes too if it was retained only for it.
+  void end_adoption(const DeviceAllocation& device, std::uint32_t region) noexcept;
+
+  // ---- allocation ----
+
+  // The element size and view dtype of an allocation of `extent` bytes of
+  // `spec`, once both are valid. Needs no state: runs before the lock.
+  [[gnu::always_inline]] std::pair<std::uint32_t, DType> checked_allocation(const ObjectSpec& spec,
+                                                                            std::uint64_t extent) const {
+    if (!is_power_of_two(spec.alignment))
+      fail(ErrorKind::InvalidAlignment, "alignment {} is not a non-zero power of two", spec.alignment);
+    // 0 for a dtype the device does not hold (or no dtype at all): the
+    // extent check below then fails, and its cold path tells which.
+    const std::uint32_t elem = spec.dtype ? element_sizes_[static_cast<std::uint8_t>(*spec.dtype)] : 1;
+    const DType view_dtype = spec.dtype.value_or(DType::UInt8);
+    if (extent == 0 || extent > spec.max_extent || (extent & (spec.alignment - 1)) || (extent & (elem - 1))) {
+      if (elem == 0 && dtype_size(*spec.dtype) != 0) fail_unsupported_dtype(*spec.dtype, "an allocation");
+      fail(ErrorKind::InvalidExtent,
+           "extent {} must be non-zero, at most max_extent {}, and a multiple of the alignment {} "
+           "and of the {} size {}",
+           extent, spec.max_extent, spec.alignment, spec_dtype_name(spec), elem);
+    }
+    return {elem, view_dtype};
+  }
+
+  DeviceHandle alloc_device(const ObjectSpec& spec, std::uint64_t extent) {
+    const auto [elem, view_dtype] = checked_allocation(spec, extent);
+    if (pool_) return alloc_through_pool(spec, elem, view_dtype, extent);
+    if (__builtin_expect(state_seen_.load(std::memory_order_relaxed) & (kClosed | kBroken), 0)) {
+      // Refused before the driver is asked (a racing close costs an
+      // allocation freed again below).
+      SpinLockHold lock(lock_);
+      enter(lock);
+    }
+    // The driver's allocation runs without the lock: it can take
+    // milliseconds and synchronize the device (cuMemAlloc), and no other
+    // caller should spin meanwhile. A restart in progress is waited out by
+    // enter() afterwards, and the memory joins the new generation.
+    const DeviceAllocation device = allocate(extent, extent, spec.alignment);
+    SpinLockHold lock(lock_);
+    enter_or_free(lock, device);
+    return add_allocation(lock, spec, elem, view_dtype, extent, device);
+  }
+
+  // The backend's allocation of `asked` bytes for a request of `extent`
+  // (returned in place: no copy on alloc_device's path).
+  [[gnu::always_inline]] DeviceAllocation allocate(std::uint64_t asked, std::uint64_t extent,
+                                                   std::uint64_t alignment) {
+    try {
+      return backend_->allocate(asked, alignment);
+    } catch (const Error& e) {
+      return allocate_after_refusal(e, asked, extent, alignment);
+    }
+  }
+
+  // alloc_device with the caching pool on: a part of a free span that fits
+  // the request's size class, else of a new segment from the backend.
+  [[gnu::noinline]] DeviceHandle alloc_through_pool(const ObjectSpec& spec, std::uint32_t elem, DType view_dtype,
+                                                    std::uint64_t extent);
+
+  // enter(), giving the memory back to the backend if the bridge refuses.
+  void enter_or_free(SpinLockHold& lock, const DeviceAllocation& device) {
+    try {
+      enter(lock);
+    } catch (...) {
+      lock.unlock();
+      backend_->free(device);
+      throw;
+    }
+  }
+
+  // A new slot for memory the caller got (from the pool or the backend);
+  // on failure the memory goes back where it came from... or to the backend,
+  // which is where all memory ends up.
+  DeviceHandle add_allocation(SpinLockHold& lock, const ObjectSpec& spec, std::uint32_t elem, DType view_dtype,
+                              std::uint64_t extent, const DeviceAllocation& device) {
+    std::uint32_t index;
+    try {
+      index = allocations_.acquire();
+    } catch (...) {
+      const auto whole = keep_or_free_later(device, spec.alignment);
+      lock.unlock();
+      if (whole) backend_->free(*whole);
+      throw;
+    }
+    return DeviceHandle{domain_, generation_, allocations_.start(index, spec, elem, view_dtype, extent, device)};
+  }
+
+  // ---- memory: the pool and the backend ----
+  // The backend refused `asked` bytes (the request's `extent`, or its size
+  // class): a fatal error breaks the bridge; out of memory, the exact size is
+  // tried (a size class may be past a per-buffer limit), then the bridge
+  // reclaims what it can (completions that end last uses, passed fences, the
+  // whole cache) and retries once, and the final error says what it held.
+  [[gnu::noinline, gnu::cold]] DeviceAllocation allocate_after_refusal(const Error& refusal, std::uint64_t asked,
+                                                                       std::uint64_t extent, std::uint64_t alignment);
+
+  // The allocation, or nothing when the backend is out of memory.
+  std::optional<DeviceAllocation> try_allocate(std::uint64_t bytes, std::uint64_t alignment);
+  DeviceAllocation allocate_or_break(std::uint64_t bytes, std::uint64_t alignment);
+
+  struct Held {
+    std::uint64_t in_use = 0, cached = 0, largest = 0;
+  };
+  Held reclaim_for_retry();
+
+  // Every cached block back to the backend; the frees run without the lock.
+  void give_back_cache(SpinLockHold& lock);
+
+  // Every wholly free segment, out of the pool and counted as freed; the
+  // caller frees them in the backend.
+  std::vector<DeviceAllocation> take_free_segments() noexcept;
+
+  // Memory no allocation uses any more: cached, or freed in the backend.
+  // Under the lock; returns what the backend must still free (the memory,
+  // or the pool's segment it was part of), which the caller frees now or
+  // after unlocking.
+  std::optional<DeviceAllocation> keep_or_free_later(const DeviceAllocation& device, std::uint64_t alignment) noexcept;
+
+  // Under the lock, from inside a noexcept path: every whole free segment
+  // back to the backend.
+  void free_cache_now() noexcept;
+  void empty_cache();
+  void reset_peak_memory();
+  MemoryStats memory_stats();
+  std::string uses(const DeviceHandle& h, const AllocationSlot& slot) const;
+  std::string views_text(const DeviceHandle& h, const AllocationSlot& slot) const;
+
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_write_under_view(const DeviceRange& range,
+                                                                   const AllocationSlot& slot) const;
+
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_in_use(const DeviceHandle& h, const AllocationSlot& slot) const;
+
+  [[gnu::always_inline]] void free_device(const DeviceHandle& h) {
+    SpinLockHold lock(lock_);
+    enter(lock);
+    auto& slot = allocation(h);
+    if (__builtin_expect(slot.used(), 0)) fail_in_use(h, slot);
+    free_slot_then_unlock(lock, id_slot(h.id));
+  }
+
+  void release(const DeviceHandle& h) {
+    SpinLockHold lock(lock_);
+    enter(lock);
+    auto& slot = allocation(h);
+    slot.released = true;
+    if (!slot.used()) free_slot_then_unlock(lock, id_slot(h.id));
+  }
+
+  // The backend's free runs after the lock is dropped: a driver free may
+  // synchronize the device (cuMemFree does), and no other caller should spin
+  // meanwhile. The slot is retired first, so nothing reaches the memory any
+  // more. (Frees that the end of a last use triggers inside another call —
+  // a completion, a lease ending — still run under the lock.)
+  [[gnu::always_inline]] void free_slot_then_unlock(SpinLockHold& lock, std::uint32_t index) {
+    auto& slot = allocations_[index];
+    if (__builtin_expect(slot.adopted_region != 0, 0)) return end_adopted_slot(index);  // nothing the driver frees
+    const DeviceAllocation device = slot.device;
+    allocations_.retire(index);
+    if (__builtin_expect(!pool_, 1)) {  // the common case: straight back to the backend
+      allocations_.count_backend_frees(1);
+      lock.unlock();
+      backend_->free(device);
+      return;
+    }
+    const auto whole = keep_or_free_later(device, slot.spec.alignment);
+    lock.unlock();
+    if (whole) backend_->free(*whole);
+  }
+
+  std::pair<ObjectSpec, std::uint64_t> spec_of(const DeviceHandle& h);
+
+  // ---- ring ----
+  HostRange reserve(std::uint64_t bytes, std::uint64_t alignment, std::chrono::nanoseconds timeout) {
+    check_timeout(timeout, "reserve timeout");
+    SpinLockHold lock(lock_);
+    enter(lock);
+    // Ranges handed to release_host_after whose copies are done go back first.
+    if (__builtin_expect(!release_after_.empty(), 0)) drain_locked();
+    if (__builtin_expect(timeout.count() == 0, 1)) return ring_.reserve(bytes, alignment);
+    return reserve_waiting(lock, bytes, alignment, timeout);
+  }
+  // Room comes back only when a reservation is released (release_host
+  // notifies): no completion or fence frees ring bytes, so the wait sleeps
+  // on the condition variable rather than polling the backend. close()
+  // notifies too, and enter() then refuses with Closed.
+  [[gnu::noinline, gnu::cold]] HostRange reserve_waiting(SpinLockHold& lock, std::uint64_t bytes,
+                                                         std::uint64_t alignment, std::chrono::nanoseconds timeout);
+  // One slice of a wait for completions, then applies them (and so releases
+  // the settled ranges of release_host_after).
+  void wait_for_completion_slice(SpinLockHold& lock, checked::Clock::time_point deadline);
+  void release_host_after(HostRange range, const CopyEvent& event);
+  bool settled(const CopyEvent& event) noexcept;
+  void release_settled() noexcept;
+  void release_host(HostRange range);
+  std::span<std::byte> host_bytes(HostRange range);
+  void check_not_closed() const {
+    if (closed()) throw Error(ErrorKind::Closed, "the bridge is closed");
+  }
+  std::span<std::byte> lease_host(HostRange range);
+  // Ends a host lease; the ring block a close left behind goes with the last.
+  void end_host_lease() noexcept;
+  std::uint64_t ring_capacity() const noexcept { return ring_.capacity(); }
+  std::uint64_t ring_free_bytes();
+
+  // ---- copies ----
+  // Waits (draining completions itself, so no other thread need poll) until
+  // `ready()` holds or the deadline passes. Called with the lock held.
+  template <class Ready>
+  bool wait_until(SpinLockHold& lock, std::chrono::steady_clock::time_point deadline, Ready ready) {
+    constexpr auto kSlice = std::chrono::milliseconds(2);
+    for (;;) {
+      drain_locked();
+      if (ready()) return true;
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) return false;
+      lock.unlock();
+      backend_->wait_for_completions(std::min<std::chrono::nanoseconds>(deadline - now, kSlice));
+      lock.lock();
+      enter(lock);
+    }
+  }
+
+  // An upload into an allocation a view still reads, which the policy
+  // guards, or into a read-only one (refused): the slow path sorts them out.
+  bool guarded_write(const AllocationSlot& slot, CopyDirection direction) const noexcept {
+    return (slot.views | slot.adopted_region) != 0 && direction == CopyDirection::HostToDevice &&
+           (slot.adopted_region != 0 || writes_under_view_ != WritesUnderView::Allow);
+  }
+
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_read_only(const DeviceRange& range, std::string_view what) const;
+
+  // A write into `range` while views still read it: waits for them to end
+  // where the options say so (writes_under_view "wait", until `deadline`,
+  // set on the first call) and returns with the lock dropped and taken
+  // again, so the caller checks everything again; otherwise, or once the
+  // wait times out, refuses (AllocationStillInUse).
+  void wait_out_views_or_fail(SpinLockHold& lock, const DeviceRange& range,
+                              std::optional<checked::Clock::time_point>& deadline);
+
+  // Where a copy's host bytes are: a ring reservation's key, or a
+  // registered region's slot with kRegionPin set (ring keys never reach it).
+  static constexpr HostRing::Key kRegionPin = 1ull << 63;
+
+  // The ring reservation holding `host` (validated), and its bytes.
+  HostRing::Key locate_host(const HostRange& host, CopyDirection) const { return ring_.find(host); }
+  std::byte* host_data(const HostRange& host, HostRing::Key) const noexcept { return ring_.data(host); }
+  // The registered region holding `host` (validated), and its bytes.
+  HostRing::Key locate_host(const RegionRange& host, CopyDirection direction) {
+    const auto index = region_range_index(host);
+    const auto& slot = regions_[index];
+    if (slot.read_only && direction == CopyDirection::DeviceToHost)
+      fail(ErrorKind::InvalidRange, "a download into {}: the region was registered read-only (uploads only)",
+           describe(host));
+    return kRegionPin | index;
+  }
+  std::byte* host_data(const RegionRange& host, HostRing::Key key) noexcept {
+    return regions_[static_cast<std::uint32_t>(key)].block.data + host.offset;
+  }
+
+  // Bytes a copy moves; for a pitched one, after checking that its rows fit
+  // both ranges and the allocation's element alignment.
+  template <bool kPitched, class Host>
+  std::uint64_t copy_bytes(const Host& host, const DeviceRange& device, const AllocationSlot& slot,
+                           const CopyLayout& layout) const {
+    if constexpr (!kPitched) {
+      if (host.len != device.len)
+        fail(ErrorKind::InvalidRange, "{} and device range of {} bytes differ in length", describe(host), device.len);
+      return host.len;
+    } else {
+      if (!layout.pitched() || layout.row_bytes == 0)
+        fail(ErrorKind::InvalidRange, "a pitched copy of {} rows of {} bytes moves nothing", layout.rows,
+             layout.row_bytes);
+      const auto host_span = layout_host_span(layout);
+      const auto device_span = layout_device_span(layout);
+      if (host_span > host.len)
+        fail(ErrorKind::InvalidRange, "{} rows of {} bytes at a host pitch of {} reach {} bytes, past {}", layout.rows,
+             layout.row_bytes, layout.host_pitch, host_span, describe(host));
+      if (device_span > device.len)
+        fail(ErrorKind::InvalidRange,
+             "{} rows of {} bytes at a device pitch of {} reach {} bytes, past the device range [offset {}, len {}] "
+             "of {}",
+             layout.rows, layout.row_bytes, layout.device_pitch, device_span, device.offset, device.len,
+             describe(device.handle));
+      if ((layout.row_bytes | layout.device_pitch) & (slot.element_size - 1))
+        fail(ErrorKind::InvalidRange, "rows of {} bytes at a device pitch of {} split the {} elements ({} bytes) of {}",
+             layout.row_bytes, layout.device_pitch, spec_dtype_name(slot.spec), slot.element_size,
+             describe(device.handle));
+      return layout_bytes_moved(layout);
+    }
+  }
+
+  // The slow half of a copy's admission: a write under live views, or no
+  // room in the in-flight budget. Waits as the options and the admission
+  // allow, then revalidates everything (the lock was dropped meanwhile).
+  // Returns the allocation's slot and the host pin, since waiting may have
+  // moved both, or throws; the caller's validation up to here is checked
+  // again.
+  // (Returned by value: locals of copy() whose address escaped would live in
+  // memory on its fast path too.)
+  struct Admitted {
+    AllocationSlot* slot;
+    HostRing::Key host_key;
+  };
+  template <class Host>
+  [[gnu::noinline, gnu::cold]] Admitted admit(SpinLockHold& lock, CopyDirection direction, const Host& host,
+                                              const DeviceRange& device, std::uint64_t bytes, CopyMode mode,
+                                              const Admission& admission) {
+    std::optional<checked::Clock::time_point> room_deadline, views_deadline;
+    for (;;) {
+      auto* slot = &allocation(device.handle);
+      validate_device_range(device, *slot);
+      const auto host_key = locate_host(host, direction);
+      if (direction == CopyDirection::HostToDevice && slot->read_only()) fail_read_only(device, "an upload into");
+      if (guarded_write(*slot, direction)) {
+        wait_out_views_or_fail(lock, device, views_deadline);
+        continue;  // the lock was dropped: check everything again
+      }
+      if (mode == CopyMode::Sync || copies_.has_room(bytes)) return {slot, host_key};
+      if (bytes > copies_.inflight_budget())
+        fail(ErrorKind::Backpressure, "a copy of {} bytes exceeds the whole in-flight budget of {} bytes", bytes,
+             copies_.inflight_budget());
+      if (!room_deadline) room_deadline = checked::deadline_after(admission.wait_for_room);
+      const bool room = admission.wait_for_room.count() > 0 &&
+                        wait_until(lock, *room_deadline, [&] { return copies_.has_room(bytes); });
+      if (!room)
+        fail(ErrorKind::Backpressure, "{} bytes in flight of a {}-byte budget; no room for {} more",
+             copies_.inflight_bytes(), copies_.inflight_budget(), bytes);
+    }
+  }
+
+  // Every copy: between the ring or a registered region (Host) and an
+  // allocation, of one contiguous run or (kPitched) of rows.
+  template <bool kPitched = false, class Host>
+  CopyEvent copy(CopyDirection direction, const Host& host, DeviceRange device, CopyMode mode, Admission admission,
+                 const CopyLayout& layout = {}) {
+    check_timeout(admission.wait_for_room, "wait_for_room");
+    SpinLockHold lock(lock_);
+    enter(lock);
+    auto* slot = &allocation(device.handle);
+    validate_device_range(device, *slot);
+    const std::uint64_t bytes = copy_bytes<kPitched>(host, device, *slot, layout);
+    auto host_key = locate_host(host, direction);
+    if (__builtin_expect(guarded_write(*slot, direction) || (mode == CopyMode::Async && !copies_.has_room(bytes)), 0))
+    {
+      const auto admitted = admit(lock, direction, host, device, bytes, mode, admission);
+      slot = admitted.slot;
+      host_key = admitted.host_key;
+    }
+
+    const auto alloc_index = id_slot(device.handle.id);
+    if (mode == CopyMode::Async) {
+      const auto id = copies_.begin_async(direction, alloc_index, host_key, bytes);  // before pin: it may throw
+      pin(*slot, direction, host_key);
+      const CopyEvent event{domain_, generation_, id};
+      // Submission is an enqueue: it stays under the lock, so a completion
+      // can never be drained before its record exists.
+      try {
+        backend_->submit_copy(
+            {direction, mode, event, host_data(host, host_key), slot->device, device.offset, bytes, layout});
+      } catch (...) {
+        // Never submitted, never handed out: the event stays unknown.
+        unpin(alloc_index, direction, host_key);
+        copies_.cancel_async(id);
+        rethrow_as_copy_error(direction);
+      }
+      copies_.submitted();
+      return event;
+    }
+
+    // Sync: the copy itself runs unlocked; pins keep memory and range alive.
+    // Its event is numbered only once it succeeded: a failed sync copy's
+    // event is never handed out, so no id of it can read as Completed.
+    pin(*slot, direction, host_key);
+    const CopyEvent unnumbered{domain_, generation_, CopyTimeline::kSyncEventBit};
+    const CopyRequest request{direction, mode,          unnumbered, host_data(host, host_key),
+                              slot->device, device.offset, bytes,      layout};
+    auto failure = run_unlocked(lock, [&] { backend_->submit_copy(request); });
+    unpin(alloc_index, direction, host_key);
+    if (failure) throw copy_error(direction, *failure);
+    return CopyEvent{domain_, generation_, copies_.complete_sync()};
+  }
+
+  // ---- device to device, between bridges ----
+  // One side of a peer copy, validated and held: counted as a copy of the
+  // allocation (free_device refuses, release defers) and as a call in
+  // progress (a restart or close waits for it). Each bridge's lock is taken
+  // on its own, never both at once.
+  struct PeerSide {
+    DeviceAllocation device;
+    std::uint32_t index;
+  };
+  PeerSide hold_for_peer_copy(const DeviceRange& range, CopyDirection direction);
+  void end_peer_copy(const PeerSide& side, CopyDirection direction, bool copied) noexcept;
+  bool copy_to_peer(const DeviceRange& source, BridgeCore& destination, const DeviceRange& destination_range);
+
+  // Runs blocking backend work without the lock. The caller has pinned what
+  // the work uses; restart and close wait for calls_in_progress_ to drain.
+  // Returns the backend's error, if any, with the lock held again.
+  template <class Work>
+  std::optional<Error> run_unlocked(SpinLockHold& lock, Work work) {
+    ++calls_in_progress_;
+    lock.unlock();
+    std::optional<Error> failure;
+    // Whatever the backend throws, the lock is taken back and the call
+    // counted out: a restart waiting for calls_in_progress_ must not hang.
+    try {
+      work();
+    } catch (const Error& e) {
+      failure.emplace(e);
+    } catch (const std::bad_alloc&) {
+      failure.emplace(ErrorKind::AllocationFailed, "the backend ran out of host memory");
+    } catch (const std::exception& e) {
+      failure.emplace(ErrorKind::Unavailable, fmt::format("the backend threw: {}", e.what()));
+    } catch (...) {
+      failure.emplace(ErrorKind::Unavailable, "the backend threw an unknown exception");
+    }
+    lock.lock();
+    --calls_in_progress_;
+    notify();
+    return failure;
+  }
+
+  // Inside a catch: an Error becomes the direction's copy error; anything
+  // else goes on as it is.
+  [[noreturn]] void rethrow_as_copy_error(CopyDirection direction);
+  Error copy_error(CopyDirection direction, const Error& e);
+
+  [[gnu::always_inline]] void pin(AllocationSlot& slot, CopyDirection direction, HostRing::Key host_key) {
+    ++slot.copies;
+    if (direction == CopyDirection::HostToDevice) ++slot.uploads;
+    if (__builtin_expect(host_key & kRegionPin, 0))
+      ++regions_[static_cast<std::uint32_t>(host_key)].copies;
+    else
+      ring_.pin(host_key);
+  }
+
+  // The copy no longer touches the allocation or the host range.
+  [[gnu::always_inline]] void unpin(std::uint32_t allocation, CopyDirection direction, HostRing::Key host_key) {
+    auto& slot = allocations_[allocation];
+    --slot.copies;
+    if (direction == CopyDirection::HostToDevice) --slot.uploads;
+    if (__builtin_expect(host_key & kRegionPin, 0))
+      --regions_[static_cast<std::uint32_t>(host_key)].copies;
+    else
+      ring_.unpin(host_key);
+    maybe_finish_release(allocation);
+  }
+
+  std::size_t drain_locked() {
+    drained_.clear();
+    backend_->drain_completions(drained_);
+    for (const auto& completion : drained_) apply(completion);
+    if (__builtin_expect(!release_after_.empty(), 0)) release_settled();
+    return drained_.size();
+  }
+
+  void apply(const Completion& c) {
+    CopySlot* record = nullptr;
+    if (c.event.domain == domain_ && c.event.generation == generation_) record = copies_.pending(c.event.id);
+    if (!record) {
+      // Never applied to another copy: ids carry domain, generation and version.
+      const auto stale = copies_.count_stale();
+      log().warn("devbridge: ignored a completion for {} ({}): bridge is domain {} generation {}; "
+                 "{} stale completions so far",
+                 describe(c.event), c.ok ? "ok" : "failed", domain_, generation_, stale);
+      return;
+    }
+    unpin(record->allocation, record->direction, record->host_key);
+    if (c.ok) return copies_.complete(c.event.id);
+    // The failure is remembered so the event reads back as Failed; the host
+    // range is unpinned and stays the caller's, to retry.
+    const ErrorKind kind = directed_kind(record->direction, c.error);
+    std::string message = c.message.empty() ? "the backend reported the copy failed" : c.message;
+    if (c.fatal) mark_broken(Error(kind, message, true));
+    copies_.record_failure(c.event.id, generation_, kind, std::move(message));
+  }
+
+  // The event's state, validating it first; `failure` gets its remembered failure.
+  CopyState state_locked(const CopyEvent& e, FailedCopy** failure = nullptr) {
+    check_tag(e);
+    return copies_.state(e, failure);
+  }
+
+  // As state_locked; reading a failure here counts as observing it.
+  CopyStatus status_locked(const CopyEvent& e) {
+    check_tag(e);
+    return copies_.observe(e);
+  }
+
+  CopyStatus copy_status(const CopyEvent& e);
+  bool is_completed(const CopyEvent& e);
+  static void check_timeout(std::chrono::nanoseconds timeout, const char* what);
+  CopyStatus wait(const CopyEvent& e, std::optional<std::chrono::nanoseconds> timeout);
+  std::size_t poll();
+
+  // ---- compute ----
+  void begin_step(StepId step, std::span<const DeviceHandle> handles);
+  void end_step(StepId step, std::optional<ConsumerQueue> after);
+
+  // Read-only after construction: no lock.
+  void require_compute(DType dtype, std::string_view what) const {
+    if (__builtin_expect(!computed_.test(static_cast<std::uint8_t>(dtype)), 0)) fail_not_computed(dtype, what);
+  }
+
+  void launch_axpy(const DeviceRange& x, const DeviceRange& y, float a, float b);
+
+  // ---- views ----
+  // Fills `view` in place: it is the lease's own storage (no copy on a hot path).
+  // Inlined into Bridge::view, its only caller: one call per view, not two.
+  [[gnu::always_inline]] void view(const DeviceHandle& h, const ViewSpec& spec, ViewWait wait_mode, TensorView& view) {
+    SpinLockHold lock(lock_);
+    enter(lock);
+    auto* slot = &allocation(h);
+    if (__builtin_expect(spec.dtype != slot->view_dtype, 0) &&
+        (slot->spec.dtype || element_sizes_[static_cast<std::uint8_t>(spec.dtype)] == 0))
+      fail_view_dtype(h, spec.dtype, *slot);
+    shape_view(h, spec, *slot, placement_, view);
+    if (slot->uploads) {
+      if (wait_mode == ViewWait::Refuse)
+        fail(ErrorKind::AllocationStillInUse,
+             "{} has {} cop{} into it in flight; wait for them or ask the view to wait", describe(h), slot->uploads,
+             slot->uploads == 1 ? "y" : "ies");
+      wait_until(lock, std::chrono::steady_clock::time_point::max(), [&] {
+        slot = &allocation(h);
+        return slot->uploads == 0;
+      });
+    }
+    call_backend([&] { backend_->validate_view(slot->device, view); });
+    ++slot->views;
+    ++outstanding_leases_;
+  }
+
+  // A view of a typed allocation has its dtype; one of an untyped allocation
+  // any dtype its device holds.
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_view_dtype(const DeviceHandle& h, DType dtype,
+                                                              const AllocationSlot& slot) const;
+
+  // A call that computes in a dtype the device holds but does not compute
+  // in: names the dtype, the device, and what it does compute in.
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_not_computed(DType dtype, std::string_view what) const;
+
+  // The names of the dtypes `picked` selects, for messages ("none" for none).
+  template <class Picked>
+  static std::string dtype_names(Picked picked) {
+    std::string names;
+    for (const auto& info : all_dtypes())
+      if (picked(info.dtype)) names += fmt::format("{}{}", names.empty() ? "" : ", ", info.name);
+    return names.empty() ? "none" : names;
+  }
+
+  // Names the dtype, the device, and what it does hold.
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_unsupported_dtype(DType dtype, std::string_view what) const;
+
+  // Ends one lease. A lease of the current generation on an open bridge is the
+  // common case and stays small; the rest (orphans, and leases of a bridge
+  // whose close has not freed its memory yet) are out of line.
+  void end_view(const DeviceHandle& h) noexcept {
+    lock_.lock();
+    --outstanding_leases_;
+    if (__builtin_expect(h.generation != generation_ || closed(), 0)) return end_orphaned_view(h);
+    const auto index = id_slot(h.id);
+    auto& slot = allocations_[index];
+    // Not in the table though the generation is current: a restart has made
+    // it an orphan and dropped the lock (giving back the cache) before it
+    // advanced the generation. The orphan's count must see this end.
+    if (__builtin_expect(!slot.in_use || slot.version != id_version(h.id) || slot.views == 0, 0))
+      return end_orphaned_view(h);
+    --slot.views;
+    if (__builtin_expect(slot.released, 0)) finish_release_out_of_line(index);
+    lock_.unlock();
+  }
+
+  // A lease handed on (ViewLease::set_holder) ends: its holder's count first,
+  // then as any lease. Kept apart so end_view, the hot path, never sees holders.
+  [[gnu::noinline, gnu::cold]] void end_handed_on_view(const DeviceHandle& h, ViewHolder holder) noexcept;
+
+  // Holds a lease's allocation until a fence recorded now on the consumer's
+  // queue passes: the consumer may still read the view there (PyTorch's
+  // record_stream). No enter(): a lease ends on a restarted or closed bridge
+  // too. Throws, changing nothing, when the fence cannot be recorded.
+  void hold_view_until_fence(const DeviceHandle& h, ConsumerQueue queue);
+
+  // A live lease of the current generation changes hands (ViewLease::set_holder).
+  void set_view_holder(const DeviceHandle& h, ViewHolder from, ViewHolder to) noexcept;
+
+  // Keeps the backend call (and the registers it needs) out of end_view.
+  [[gnu::noinline, gnu::cold]] void finish_release_out_of_line(std::uint32_t index) noexcept;
+
+  // A lease from before a restart or close, or one a restart in progress has
+  // already orphaned: its allocation is an orphan (see quiesce_and_free_all),
+  // freed with its last lease. Called with the lock
+  // held; releases it. The core deletes itself after its owner's last lease.
+  [[gnu::noinline, gnu::cold]] void end_orphaned_view(const DeviceHandle& h) noexcept;
+
+  // ---- restart / close ----
+  // Stops new work, waits for calls running outside the lock, quiesces the
+  // backend and frees everything the old generation held. If the quiesce
+  // fails, the device may still be copying into allocations and ring ranges:
+  // nothing is freed or unpinned, the bridge is Broken, and the error says so.
+  void quiesce_and_free_all(SpinLockHold& lock, const char* what);
+  void restart(Generation generation);
+  void close();
+  BridgeStats stats();
+  Generation generation();
+
+  Backend& backend() noexcept { return *backend_; }
+  std::uint64_t domain() const noexcept { return domain_; }
+
+ private:
+  mutable SpinLock lock_;
+  std::condition_variable_any cv_;
+  std::unique_ptr<Backend> backend_;
+  const std::uint64_t domain_;
+  Generation generation_;
+  HostRing ring_;
+  ReleaseAfter release_after_;  // ranges handed to release_host_after
+  CopyTimeline copies_;
+  AllocationTable allocations_;
+  RegionRegistry regions_;
+  std::unordered_map<StepId, std::vector<std::uint32_t>> steps_;
+  DropQueue drops_;
+  std::optional<DevicePool> pool_;  // engaged when the caching pool is on; never changes after construction
+  std::uint64_t abandoned_fences_ = 0;
+  std::chrono::nanoseconds close_fence_timeout_{std::chrono::seconds(10)};
+  WritesUnderView writes_under_view_ = WritesUnderView::Refuse;
+  ViewHolders holders_;  // who holds the views handed on
+  std::chrono::nanoseconds writes_under_view_timeout_ = std::chrono::nanoseconds::max();
+  // Host leases (lease_host) keep the ring block past close(); the block a
+  // close could not free yet waits here for the last one.
+  std::uint64_t host_leases_ = 0;
+  HostBlock leased_ring_;
+  bool released_at_close_ = false;  // close() quiesced and freed: a later close() has nothing to do
+  std::vector<Completion> drained_;
+  std::uint64_t restarts_ = 0;
+  std::uint64_t outstanding_leases_ = 0;
+  std::uint32_t calls_in_progress_ = 0;
+  std::uint32_t waiters_ = 0;
+  // Why calls cannot go ahead as usual: bits of one byte, so that every entry
+  // (enter) tests them with one compare.
+  // kFencesPending sends every entry to the slow path while the drop queue
+  // holds fences, so that any call reclaims what passed.
+  enum StateBit : std::uint8_t { kRestarting = 1, kClosed = 2, kBroken = 4, kFencesPending = 8 };
+  std::uint8_t state_ = 0;
+  bool restarting() const noexcept { return state_ & kRestarting; }
+  bool closed() const noexcept { return state_ & kClosed; }
+  bool broken() const noexcept { return state_ & kBroken; }
+  bool fences_pending() const noexcept { return state_ & kFencesPending; }
+  void set_state(StateBit bit, bool on) noexcept {
+    state_ = on ? static_cast<std::uint8_t>(state_ | bit) : static_cast<std::uint8_t>(state_ & ~bit);
+    state_seen_.store(state_, std::memory_order_relaxed);
+  }
+  // state_ as last set, for a look without the lock (alloc_device's early
+  // refusal); only a hint, the locked enter() decides.
+  std::atomic<std::uint8_t> state_seen_{0};
+  bool owner_alive_ = true;
+  std::string broken_reason_;
+  std::string device_string_;  // views point at it: it never changes after construction
+  std::string device_text_;    // "opencl device 0:0 (pthread-...)", for errors
+  // Indexed by DType's value (all 256, so no bound check): its size where the
+  // device holds it, else 0. Read before the lock: set once, at construction.
+  std::array<std::uint8_t, 256> element_sizes_{};
+  std::bitset<256> computed_;  // dtypes the device computes in (BackendInfo::computed_dtypes)
+  ViewPlacement placement_;  // read before the lock: set once, at construction
+};
+
+}  // namespace devbridge::detail

@@ -1,0 +1,166 @@
+// The bridge core's memory: allocation through the caching pool or the backend,
+// retrying once out of memory, and the memory statistics (bridge_core.hpp).
+#include "core/bridge_core.hpp"
+
+namespace devbridge::detail {
+
+void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan& o) noexcept {
+  if (o.used()) return;
+  if (o.adopted_region) {
+    if (!o.abandoned) end_adoption(o.device, o.adopted_region - 1);
+  } else if (!o.abandoned) {
+    if (const auto whole = keep_or_free_later(o.device, o.alignment)) backend_->free(*whole);
+    // After close, nothing allocates again: what the orphan left cached goes too.
+    if (closed() && !restarting()) free_cache_now();
+  }
+  allocations_.erase_orphan(key);
+}
+
+[[gnu::noinline]] void BridgeCore::free_slot(std::uint32_t index) {
+  auto& slot = allocations_[index];
+  if (slot.adopted_region) return end_adopted_slot(index);
+  const DeviceAllocation device = slot.device;
+  allocations_.retire(index);
+  if (const auto whole = keep_or_free_later(device, slot.spec.alignment)) backend_->free(*whole);
+}
+
+[[gnu::noinline]] DeviceHandle BridgeCore::alloc_through_pool(const ObjectSpec& spec, std::uint32_t elem, DType view_dtype,
+                                                  std::uint64_t extent) {
+  const std::uint64_t class_bytes = DevicePool::size_class(extent);
+  {
+    SpinLockHold lock(lock_);
+    enter(lock);
+    allocations_.note_pool_request(extent);
+    const auto part = call_backend([&] { return pool_->take(*backend_, class_bytes, spec.alignment); });
+    allocations_.count_cache_lookup(part.has_value());
+    if (part) return add_allocation(lock, spec, elem, view_dtype, extent, *part);
+  }
+  // The pool's shape never changes after construction: read unlocked.
+  const DeviceAllocation segment =
+      allocate(pool_->segment_bytes(class_bytes), extent, pool_->segment_alignment(spec.alignment));
+  SpinLockHold lock(lock_);
+  enter_or_free(lock, segment);
+  allocations_.count_segment(segment.bytes);
+  // If the part cannot be made, the segment stays cached for the next request.
+  const DeviceAllocation part =
+      call_backend([&] { return pool_->take_from_new(*backend_, segment, spec.alignment, class_bytes); });
+  allocations_.note_reserved(*pool_);
+  return add_allocation(lock, spec, elem, view_dtype, extent, part);
+}
+
+[[gnu::noinline, gnu::cold]] DeviceAllocation BridgeCore::allocate_after_refusal(const Error& refusal, std::uint64_t asked,
+                                                                     std::uint64_t extent, std::uint64_t alignment) {
+  if (refusal.fatal()) {
+    SpinLockHold lock(lock_);
+    mark_broken(refusal);
+  }
+  if (refusal.kind() != ErrorKind::AllocationFailed || refusal.fatal()) throw refusal;
+  if (asked != extent)
+    if (auto device = try_allocate(extent, alignment)) return *device;
+  const auto held = reclaim_for_retry();
+  try {
+    return allocate_or_break(extent, alignment);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::AllocationFailed) throw;
+    {
+      SpinLockHold lock(lock_);
+      allocations_.count_oom_failure();
+    }
+    fail(ErrorKind::AllocationFailed,
+         "{}; retried once after releasing every cached block: the bridge held {} bytes in live allocations and {} "
+         "cached (the largest cached block {} bytes) for a request of {} bytes",
+         e.message(), held.in_use, held.cached, held.largest, extent);
+  }
+}
+
+std::optional<DeviceAllocation> BridgeCore::try_allocate(std::uint64_t bytes, std::uint64_t alignment) {
+  try {
+    return allocate_or_break(bytes, alignment);
+  } catch (const Error& e) {
+    if (e.kind() == ErrorKind::AllocationFailed && !e.fatal()) return std::nullopt;
+    throw;
+  }
+}
+
+DeviceAllocation BridgeCore::allocate_or_break(std::uint64_t bytes, std::uint64_t alignment) {
+  try {
+    return backend_->allocate(bytes, alignment);
+  } catch (const Error& e) {
+    if (e.fatal()) {
+      SpinLockHold lock(lock_);
+      mark_broken(e);
+    }
+    throw;
+  }
+}
+
+BridgeCore::Held BridgeCore::reclaim_for_retry() {
+  SpinLockHold lock(lock_);
+  enter(lock);
+  allocations_.count_oom_retry();
+  try {
+    drain_locked();  // a completion may end the last use of a released allocation
+  } catch (const std::exception& e) {
+    log().warn("devbridge: draining completions before retrying an allocation failed: {}", e.what());
+  }
+  if (!drops_.empty()) reap_fences();
+  const Held held{allocations_.allocated_bytes(), pool_ ? pool_->cached_bytes() : 0, pool_ ? pool_->largest_block() : 0};
+  give_back_cache(lock);
+  return held;
+}
+
+void BridgeCore::give_back_cache(SpinLockHold& lock) {
+  const auto segments = take_free_segments();
+  if (segments.empty()) return;
+  lock.unlock();
+  for (const auto& segment : segments) backend_->free(segment);
+  lock.lock();
+}
+
+std::vector<DeviceAllocation> BridgeCore::take_free_segments() noexcept {
+  if (!pool_ || pool_->free_segments() == 0) return {};
+  auto segments = pool_->release_free_segments();
+  allocations_.count_backend_frees(segments.size());
+  return segments;
+}
+
+std::optional<DeviceAllocation> BridgeCore::keep_or_free_later(const DeviceAllocation& device, std::uint64_t alignment) noexcept {
+  std::optional<DeviceAllocation> whole = device;
+  if (pool_) {
+    try {
+      whole = pool_->give_back(*backend_, device, alignment);
+    } catch (const std::exception& e) {
+      // The pool could not take it back: the memory stays allocated (never
+      // freed under a part still handed out), lost to reuse.
+      log().error("devbridge: the caching pool could not take back {} bytes at {:#x}: {}", device.bytes,
+                  device.address, e.what());
+      return std::nullopt;
+    }
+  }
+  if (whole) allocations_.count_backend_frees(1);
+  return whole;
+}
+
+void BridgeCore::free_cache_now() noexcept {
+  for (const auto& segment : take_free_segments()) backend_->free(segment);
+}
+
+void BridgeCore::empty_cache() {
+  SpinLockHold lock(lock_);
+  enter(lock);
+  give_back_cache(lock);
+}
+
+void BridgeCore::reset_peak_memory() {
+  std::lock_guard guard(lock_);
+  allocations_.reset_peaks(pool_ ? &*pool_ : nullptr);
+}
+
+MemoryStats BridgeCore::memory_stats() {
+  std::lock_guard guard(lock_);
+  MemoryStats m;
+  allocations_.fill(m, pool_ ? &*pool_ : nullptr);
+  return m;
+}
+
+}  // namespace devbridge::detail

@@ -1,0 +1,102 @@
+// The bridge core's registered host memory and host memory adopted in place
+// (bridge_core.hpp): the backend calls around the region registry.
+#include "core/bridge_core.hpp"
+
+namespace devbridge::detail {
+
+std::uint32_t BridgeCore::region_index(const HostRegion& r) {
+  check_tag(r);
+  return regions_.live_index(r);
+}
+
+std::uint32_t BridgeCore::region_range_index(const RegionRange& range) {
+  check_tag(range.region);
+  return regions_.range_index(range);
+}
+
+HostRegion BridgeCore::register_host(std::span<std::byte> bytes, bool read_only, Bridge::RegionRelease on_release) {
+  if (bytes.empty()) fail(ErrorKind::InvalidExtent, "registering host memory of 0 bytes");
+  const auto begin = reinterpret_cast<std::uintptr_t>(bytes.data());
+  if (!bytes.data() || !checked::add(begin, bytes.size()))
+    fail(ErrorKind::InvalidRange, "host memory at {:#x} of {} bytes is not an address range", begin, bytes.size());
+  SpinLockHold lock(lock_);
+  enter(lock);
+  if (RegionRegistry::overlaps(begin, bytes.size(), ring_.block()))
+    fail(ErrorKind::InvalidRange, "host memory [{:#x}, +{}) overlaps the bridge's own ring; stage through it instead",
+         begin, bytes.size());
+  const auto index = regions_.begin_register(bytes, read_only, generation_, std::move(on_release));
+  HostBlock registered;
+  auto failure = run_unlocked(lock, [&] {
+    registered = read_only ? backend_->register_host_read_only(bytes.data(), bytes.size())
+                           : backend_->register_host(bytes.data(), bytes.size());
+  });
+  if (failure) {
+    regions_.cancel_register(index);
+    if (failure->fatal()) mark_broken(*failure);
+    throw *failure;
+  }
+  return regions_.finish_register(index, registered);
+}
+
+void BridgeCore::unregister_host(const HostRegion& r) {
+  SpinLockHold lock(lock_);
+  enter(lock);
+  check_tag(r);
+  const HostBlock block = regions_.begin_unregister(r);
+  run_unlocked(lock, [&] { backend_->unregister_host(block); });
+  regions_.finish_unregister(id_slot(r.id));
+}
+
+std::span<std::byte> BridgeCore::region_bytes(const HostRegion& r) {
+  SpinLockHold lock(lock_);
+  enter(lock);
+  const auto& block = regions_[region_index(r)].block;
+  return {block.data, block.bytes};
+}
+
+DeviceHandle BridgeCore::adopt_host(const RegionRange& range, const ObjectSpec& spec) {
+  const auto [elem, view_dtype] = checked_allocation(spec, range.len);
+  SpinLockHold lock(lock_);
+  enter(lock);
+  const auto index = region_range_index(range);
+  auto& region = regions_[index];
+  if (!region.read_only)
+    fail(ErrorKind::InvalidRange,
+         "adopting {}: only a region registered read-only (register_host_read_only) can be adopted; a writable one "
+         "could be a copy's source and destination at once",
+         describe(range));
+  const auto address = reinterpret_cast<std::uintptr_t>(region.block.data) + range.offset;
+  if (address & (spec.alignment - 1))
+    fail(ErrorKind::InvalidAlignment, "adopting {}: its first byte at {:#x} is not aligned to the spec's {} bytes",
+         describe(range), address, spec.alignment);
+  const auto slot_index = allocations_.acquire();  // before the backend: it may throw
+  DeviceAllocation device;
+  try {
+    device = call_backend([&] { return backend_->adopt_host(region.block, range.offset, range.len); });
+  } catch (...) {
+    allocations_.unissue(slot_index);
+    throw;
+  }
+  const auto id = allocations_.start_adopted(slot_index, spec, elem, view_dtype, range.len, device, index);
+  regions_.add_adoption(index);
+  return DeviceHandle{domain_, generation_, id};
+}
+
+bool BridgeCore::region_retained(const HostRegion& r) noexcept {
+  std::lock_guard guard(lock_);
+  return regions_.registered(r, generation_, released_at_close_);
+}
+
+[[gnu::noinline, gnu::cold]] void BridgeCore::end_adopted_slot(std::uint32_t index) noexcept {
+  const DeviceAllocation device = allocations_[index].device;
+  const std::uint32_t region = allocations_[index].adopted_region - 1;
+  allocations_.retire(index);
+  end_adoption(device, region);
+}
+
+void BridgeCore::end_adoption(const DeviceAllocation& device, std::uint32_t region) noexcept {
+  backend_->release_adopted(device);
+  regions_.end_adoption(region, [&](const HostBlock& block) { backend_->unregister_host(block); });
+}
+
+}  // namespace devbridge::detail
