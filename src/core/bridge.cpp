@@ -231,6 +231,39 @@ void BridgeCore::wait_out_views_or_fail(SpinLockHold& lock, const DeviceRange& r
   fail_write_under_view(range, allocation(range.handle));
 }
 
+template <class Host>
+[[gnu::noinline, gnu::cold]] BridgeCore::Admitted BridgeCore::admit(SpinLockHold& lock, CopyDirection direction,
+                                                                    const Host& host, const DeviceRange& device,
+                                                                    std::uint64_t bytes, CopyMode mode,
+                                                                    const Admission& admission) {
+  std::optional<checked::Clock::time_point> room_deadline, views_deadline;
+  for (;;) {
+    auto* slot = &allocation(device.handle);
+    validate_device_range(device, *slot);
+    const auto host_key = locate_host(host, direction);
+    if (direction == CopyDirection::HostToDevice && slot->read_only()) fail_read_only(device, "an upload into");
+    if (guarded_write(*slot, direction)) {
+      wait_out_views_or_fail(lock, device, views_deadline);
+      continue;  // the lock was dropped: check everything again
+    }
+    if (mode == CopyMode::Sync || copies_.has_room(bytes)) return {slot, host_key};
+    if (bytes > copies_.inflight_budget())
+      fail(ErrorKind::Backpressure, "a copy of {} bytes exceeds the whole in-flight budget of {} bytes", bytes,
+           copies_.inflight_budget());
+    if (!room_deadline) room_deadline = checked::deadline_after(admission.wait_for_room);
+    const bool room = admission.wait_for_room.count() > 0 &&
+                      wait_until(lock, *room_deadline, [&] { return copies_.has_room(bytes); });
+    if (!room)
+      fail(ErrorKind::Backpressure, "{} bytes in flight of a {}-byte budget; no room for {} more",
+           copies_.inflight_bytes(), copies_.inflight_budget(), bytes);
+  }
+}
+
+template BridgeCore::Admitted BridgeCore::admit(SpinLockHold&, CopyDirection, const HostRange&, const DeviceRange&,
+                                                std::uint64_t, CopyMode, const Admission&);
+template BridgeCore::Admitted BridgeCore::admit(SpinLockHold&, CopyDirection, const RegionRange&, const DeviceRange&,
+                                                std::uint64_t, CopyMode, const Admission&);
+
 [[noreturn]] void BridgeCore::rethrow_as_copy_error(CopyDirection direction) {
   try {
     throw;
@@ -376,23 +409,10 @@ void BridgeCore::launch_axpy(const DeviceRange& x, const DeviceRange& y, float a
   if (dtype_size(dtype) == 0)
     fail(ErrorKind::InvalidViewDType, "view of {}: dtype value {} is not a dtype", describe(h),
          static_cast<int>(dtype));
-  fail_unsupported_dtype(dtype, "a view");
+  dtypes_.fail_not_held(dtype, "a view");
 }
 
-[[noreturn, gnu::cold, gnu::noinline]] void BridgeCore::fail_not_computed(DType dtype, std::string_view what) const {
-  fail(ErrorKind::UnsupportedDType,
-       "{} computes in {}: the bridge's {} holds {} but does not compute in it (it computes in: {})", what,
-       dtype_info(dtype).name, device_text_, dtype_info(dtype).name,
-       dtype_names([&](DType d) { return computed_.test(static_cast<std::uint8_t>(d)); }));
-}
-
-[[noreturn, gnu::cold, gnu::noinline]] void BridgeCore::fail_unsupported_dtype(DType dtype, std::string_view what) const {
-  fail(ErrorKind::UnsupportedDType, "{} of dtype {}: the bridge's {} does not hold {} (it holds: {})", what,
-       dtype_info(dtype).name, device_text_, dtype_info(dtype).name,
-       dtype_names([&](DType d) { return element_sizes_[static_cast<std::uint8_t>(d)] != 0; }));
-}
-
-[[gnu::noinline, gnu::cold]] void BridgeCore::end_handed_on_view(const DeviceHandle& h, ViewHolder holder) noexcept {
+void BridgeCore::end_handed_on_view(const DeviceHandle& h, ViewHolder holder) noexcept {
   {
     std::lock_guard guard(lock_);
     if (h.generation == generation_) holders_.hand_back(h.id, holder);

@@ -33,6 +33,7 @@
 #include <fmt/format.h>
 #include "core/allocation_table.hpp"
 #include "core/describe.hpp"
+#include "core/device_dtypes.hpp"
 #include "core/copy_timeline.hpp"
 #include "core/device_pool.hpp"
 #include "core/drop_queue.hpp"
@@ -204,10 +205,10 @@ class BridgeCore {
       fail(ErrorKind::InvalidAlignment, "alignment {} is not a non-zero power of two", spec.alignment);
     // 0 for a dtype the device does not hold (or no dtype at all): the
     // extent check below then fails, and its cold path tells which.
-    const std::uint32_t elem = spec.dtype ? element_sizes_[static_cast<std::uint8_t>(*spec.dtype)] : 1;
+    const std::uint32_t elem = spec.dtype ? dtypes_.element_size(*spec.dtype) : 1;
     const DType view_dtype = spec.dtype.value_or(DType::UInt8);
     if (extent == 0 || extent > spec.max_extent || (extent & (spec.alignment - 1)) || (extent & (elem - 1))) {
-      if (elem == 0 && dtype_size(*spec.dtype) != 0) fail_unsupported_dtype(*spec.dtype, "an allocation");
+      if (elem == 0 && dtype_size(*spec.dtype) != 0) dtypes_.fail_not_held(*spec.dtype, "an allocation");
       fail(ErrorKind::InvalidExtent,
            "extent {} must be non-zero, at most max_extent {}, and a multiple of the alignment {} "
            "and of the {} size {}",
@@ -495,32 +496,11 @@ class BridgeCore {
     AllocationSlot* slot;
     HostRing::Key host_key;
   };
+  // Defined, for HostRange and RegionRange, in bridge.cpp.
   template <class Host>
   [[gnu::noinline, gnu::cold]] Admitted admit(SpinLockHold& lock, CopyDirection direction, const Host& host,
                                               const DeviceRange& device, std::uint64_t bytes, CopyMode mode,
-                                              const Admission& admission) {
-    std::optional<checked::Clock::time_point> room_deadline, views_deadline;
-    for (;;) {
-      auto* slot = &allocation(device.handle);
-      validate_device_range(device, *slot);
-      const auto host_key = locate_host(host, direction);
-      if (direction == CopyDirection::HostToDevice && slot->read_only()) fail_read_only(device, "an upload into");
-      if (guarded_write(*slot, direction)) {
-        wait_out_views_or_fail(lock, device, views_deadline);
-        continue;  // the lock was dropped: check everything again
-      }
-      if (mode == CopyMode::Sync || copies_.has_room(bytes)) return {slot, host_key};
-      if (bytes > copies_.inflight_budget())
-        fail(ErrorKind::Backpressure, "a copy of {} bytes exceeds the whole in-flight budget of {} bytes", bytes,
-             copies_.inflight_budget());
-      if (!room_deadline) room_deadline = checked::deadline_after(admission.wait_for_room);
-      const bool room = admission.wait_for_room.count() > 0 &&
-                        wait_until(lock, *room_deadline, [&] { return copies_.has_room(bytes); });
-      if (!room)
-        fail(ErrorKind::Backpressure, "{} bytes in flight of a {}-byte budget; no room for {} more",
-             copies_.inflight_bytes(), copies_.inflight_budget(), bytes);
-    }
-  }
+                                              const Admission& admission);
 
   // Every copy: between the ring or a registered region (Host) and an
   // allocation, of one contiguous run or (kPitched) of rows.
@@ -692,9 +672,7 @@ class BridgeCore {
   void end_step(StepId step, std::optional<ConsumerQueue> after);
 
   // Read-only after construction: no lock.
-  void require_compute(DType dtype, std::string_view what) const {
-    if (__builtin_expect(!computed_.test(static_cast<std::uint8_t>(dtype)), 0)) fail_not_computed(dtype, what);
-  }
+  void require_compute(DType dtype, std::string_view what) const { dtypes_.require_compute(dtype, what); }
 
   void launch_axpy(const DeviceRange& x, const DeviceRange& y, float a, float b);
 
@@ -706,7 +684,7 @@ class BridgeCore {
     enter(lock);
     auto* slot = &allocation(h);
     if (__builtin_expect(spec.dtype != slot->view_dtype, 0) &&
-        (slot->spec.dtype || element_sizes_[static_cast<std::uint8_t>(spec.dtype)] == 0))
+        (slot->spec.dtype || dtypes_.element_size(spec.dtype) == 0))
       fail_view_dtype(h, spec.dtype, *slot);
     shape_view(h, spec, *slot, placement_, view);
     if (slot->uploads) {
@@ -728,22 +706,6 @@ class BridgeCore {
   // any dtype its device holds.
   [[noreturn, gnu::cold, gnu::noinline]] void fail_view_dtype(const DeviceHandle& h, DType dtype,
                                                               const AllocationSlot& slot) const;
-
-  // A call that computes in a dtype the device holds but does not compute
-  // in: names the dtype, the device, and what it does compute in.
-  [[noreturn, gnu::cold, gnu::noinline]] void fail_not_computed(DType dtype, std::string_view what) const;
-
-  // The names of the dtypes `picked` selects, for messages ("none" for none).
-  template <class Picked>
-  static std::string dtype_names(Picked picked) {
-    std::string names;
-    for (const auto& info : all_dtypes())
-      if (picked(info.dtype)) names += fmt::format("{}{}", names.empty() ? "" : ", ", info.name);
-    return names.empty() ? "none" : names;
-  }
-
-  // Names the dtype, the device, and what it does hold.
-  [[noreturn, gnu::cold, gnu::noinline]] void fail_unsupported_dtype(DType dtype, std::string_view what) const;
 
   // Ends one lease. A lease of the current generation on an open bridge is the
   // common case and stays small; the rest (orphans, and leases of a bridge
@@ -849,11 +811,7 @@ class BridgeCore {
   bool owner_alive_ = true;
   std::string broken_reason_;
   std::string device_string_;  // views point at it: it never changes after construction
-  std::string device_text_;    // "opencl device 0:0 (pthread-...)", for errors
-  // Indexed by DType's value (all 256, so no bound check): its size where the
-  // device holds it, else 0. Read before the lock: set once, at construction.
-  std::array<std::uint8_t, 256> element_sizes_{};
-  std::bitset<256> computed_;  // dtypes the device computes in (BackendInfo::computed_dtypes)
+  DeviceDtypes dtypes_;  // read before the lock: set once, at construction
   ViewPlacement placement_;  // read before the lock: set once, at construction
 };
 

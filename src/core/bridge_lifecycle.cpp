@@ -28,11 +28,7 @@ BridgeCore::BridgeCore(std::unique_ptr<Backend> backend, const BridgeOptions& op
     throw Error(ErrorKind::InvalidRange, fmt::format("writes_under_view_timeout of {} ns is negative",
                                                      options.writes_under_view_timeout.count()));
   const auto info = backend_->describe();
-  for (DType dtype : info.dtypes) element_sizes_[static_cast<std::uint8_t>(dtype)] = dtype_size(dtype);
-  // Holding is not computing (docs/DECISIONS.md): launch_axpy asks the second.
-  for (DType dtype : info.computed_dtypes()) computed_.set(static_cast<std::uint8_t>(dtype));
-  device_text_ = fmt::format("{} device {} ({})", info.name, info.device_id.empty() ? "0" : info.device_id,
-                             info.device_name);
+  dtypes_ = DeviceDtypes(info);
   device_string_ = tinygrad_device(info.device_kind, info.device_ordinal);
   placement_ = ViewPlacement{device_string_, static_cast<int>(dlpack_device(info.device_kind)), info.device_ordinal};
   writes_under_view_ = options.writes_under_view;
