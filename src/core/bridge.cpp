@@ -90,7 +90,8 @@ std::string BridgeCore::views_text(const DeviceHandle& h, const AllocationSlot& 
        views_text(range.handle, slot), slot.views == 1 ? "it" : "them");
 }
 
-[[noreturn, gnu::cold, gnu::noinline]] void BridgeCore::fail_in_use(const DeviceHandle& h, const AllocationSlot& slot) const {
+[[noreturn, gnu::cold, gnu::noinline]] void BridgeCore::fail_in_use(const DeviceHandle& h,
+                                                                    const AllocationSlot& slot) const {
   fail(ErrorKind::AllocationStillInUse, "{} is still used: {}", describe(h), uses(h, slot));
 }
 
@@ -215,7 +216,8 @@ std::uint64_t BridgeCore::ring_free_bytes() {
   return ring_.free_bytes();
 }
 
-[[noreturn, gnu::cold, gnu::noinline]] void BridgeCore::fail_read_only(const DeviceRange& range, std::string_view what) const {
+[[noreturn, gnu::cold, gnu::noinline]] void BridgeCore::fail_read_only(const DeviceRange& range,
+                                                                       std::string_view what) const {
   fail(ErrorKind::InvalidRange,
        "{} [offset {}, len {}] of {}: it is read-only host memory adopted in place (adopt_host); allocate a "
        "tensor of its own to write into",

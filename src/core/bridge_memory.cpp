@@ -24,8 +24,8 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
   if (const auto whole = keep_or_free_later(device, slot.spec.alignment)) backend_->free(*whole);
 }
 
-[[gnu::noinline]] DeviceHandle BridgeCore::alloc_through_pool(const ObjectSpec& spec, std::uint32_t elem, DType view_dtype,
-                                                  std::uint64_t extent) {
+[[gnu::noinline]] DeviceHandle BridgeCore::alloc_through_pool(const ObjectSpec& spec, std::uint32_t elem,
+                                                              DType view_dtype, std::uint64_t extent) {
   const std::uint64_t class_bytes = DevicePool::size_class(extent);
   {
     SpinLockHold lock(lock_);
@@ -48,8 +48,10 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
   return add_allocation(lock, spec, elem, view_dtype, extent, part);
 }
 
-[[gnu::noinline, gnu::cold]] DeviceAllocation BridgeCore::allocate_after_refusal(const Error& refusal, std::uint64_t asked,
-                                                                     std::uint64_t extent, std::uint64_t alignment) {
+[[gnu::noinline, gnu::cold]] DeviceAllocation BridgeCore::allocate_after_refusal(const Error& refusal,
+                                                                                 std::uint64_t asked,
+                                                                                 std::uint64_t extent,
+                                                                                 std::uint64_t alignment) {
   if (refusal.fatal()) {
     SpinLockHold lock(lock_);
     mark_broken(refusal);
@@ -104,7 +106,8 @@ BridgeCore::Held BridgeCore::reclaim_for_retry() {
     log().warn("devbridge: draining completions before retrying an allocation failed: {}", e.what());
   }
   if (!drops_.empty()) reap_fences();
-  const Held held{allocations_.allocated_bytes(), pool_ ? pool_->cached_bytes() : 0, pool_ ? pool_->largest_block() : 0};
+  const Held held{allocations_.allocated_bytes(), pool_ ? pool_->cached_bytes() : 0,
+                  pool_ ? pool_->largest_block() : 0};
   give_back_cache(lock);
   return held;
 }
@@ -124,7 +127,8 @@ std::vector<DeviceAllocation> BridgeCore::take_free_segments() noexcept {
   return segments;
 }
 
-std::optional<DeviceAllocation> BridgeCore::keep_or_free_later(const DeviceAllocation& device, std::uint64_t alignment) noexcept {
+std::optional<DeviceAllocation> BridgeCore::keep_or_free_later(const DeviceAllocation& device,
+                                                               std::uint64_t alignment) noexcept {
   std::optional<DeviceAllocation> whole = device;
   if (pool_) {
     try {
