@@ -256,7 +256,7 @@ void bind_bridge(nb::module_& m) {
             {
               nb::gil_scoped_release no_gil;
               std::unique_ptr<Backend> made = make_backend(backend, device_options);
-              state->fake = dynamic_cast<fake::FakeBackend*>(made.get());
+              state->fake = made->test_controls() != nullptr ? made->test_controls()->fake() : nullptr;
               state->bridge = std::make_unique<Bridge>(std::move(made), options);
               const BackendInfo info = state->bridge->backend_info();
               state->backend_name = info.name;  // what "auto" chose

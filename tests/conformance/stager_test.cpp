@@ -56,7 +56,7 @@ ObjectSpec bytes_spec(std::uint64_t extent) { return ObjectSpec{extent, 1, DType
 class StagerConformance : public DriverTest {
  protected:
   bool is_fake() const { return driver().name == "fake"; }
-  fake::FakeBackend& fake_backend() { return dynamic_cast<fake::FakeBackend&>(bridge_->backend()); }
+  fake::FakeBackend& fake_backend() { return *bridge_->backend().test_controls()->fake(); }
 
   Bridge& make_bridge(std::uint64_t ring_bytes = kRing, std::uint64_t inflight_budget = 0) {
     return DriverTest::make_bridge(ring_bytes, inflight_budget);
