@@ -374,10 +374,11 @@ class BridgeCore {
     if (__builtin_expect(timeout.count() == 0, 1)) return ring_.reserve(bytes, alignment);
     return reserve_waiting(lock, bytes, alignment, timeout);
   }
-  // Room comes back only when a reservation is released (release_host
-  // notifies): no completion or fence frees ring bytes, so the wait sleeps
-  // on the condition variable rather than polling the backend. close()
-  // notifies too, and enter() then refuses with Closed.
+  // Room comes back when a reservation is released: by release_host (which
+  // notifies, so the wait sleeps on the condition variable), or by a
+  // completion when ranges wait in release_host_after (then the wait drains
+  // completions in short slices instead). close() notifies too, and enter()
+  // then refuses with Closed.
   [[gnu::noinline, gnu::cold]] HostRange reserve_waiting(SpinLockHold& lock, std::uint64_t bytes,
                                                          std::uint64_t alignment, std::chrono::nanoseconds timeout);
   // One slice of a wait for completions, then applies them (and so releases
