@@ -91,6 +91,38 @@ struct Orphan {
          range.offset, range.len, describe(range.handle), spec_dtype_name(slot.spec), elem);
 }
 
+// Bytes a copy moves; for a pitched one, after checking that its rows fit
+// both ranges and the allocation's element alignment.
+template <bool kPitched, class Host>
+std::uint64_t checked_copy_bytes(const Host& host, const DeviceRange& device, const AllocationSlot& slot,
+                                 const CopyLayout& layout) {
+  if constexpr (!kPitched) {
+    if (host.len != device.len)
+      fail(ErrorKind::InvalidRange, "{} and device range of {} bytes differ in length", describe(host), device.len);
+    return host.len;
+  } else {
+    if (!layout.pitched() || layout.row_bytes == 0)
+      fail(ErrorKind::InvalidRange, "a pitched copy of {} rows of {} bytes moves nothing", layout.rows,
+           layout.row_bytes);
+    const auto host_span = layout_host_span(layout);
+    const auto device_span = layout_device_span(layout);
+    if (host_span > host.len)
+      fail(ErrorKind::InvalidRange, "{} rows of {} bytes at a host pitch of {} reach {} bytes, past {}", layout.rows,
+           layout.row_bytes, layout.host_pitch, host_span, describe(host));
+    if (device_span > device.len)
+      fail(ErrorKind::InvalidRange,
+           "{} rows of {} bytes at a device pitch of {} reach {} bytes, past the device range [offset {}, len {}] "
+           "of {}",
+           layout.rows, layout.row_bytes, layout.device_pitch, device_span, device.offset, device.len,
+           describe(device.handle));
+    if ((layout.row_bytes | layout.device_pitch) & (slot.element_size - 1))
+      fail(ErrorKind::InvalidRange, "rows of {} bytes at a device pitch of {} split the {} elements ({} bytes) of {}",
+           layout.row_bytes, layout.device_pitch, spec_dtype_name(slot.spec), slot.element_size,
+           describe(device.handle));
+    return layout_bytes_moved(layout);
+  }
+}
+
 class AllocationTable {
  public:
   using OrphanKey = std::pair<Generation, std::uint64_t>;  // the generation it left, and its id there

@@ -10,7 +10,7 @@ void BridgeCore::reap_fences() noexcept {
         if (e.fatal()) mark_broken(e);
         log().error("devbridge: testing a fence failed (the memory it holds stays allocated): {}", e.what());
       });
-  set_state(kFencesPending, !drops_.empty());
+  gate_.set(BridgeGate::kFencesPending, !drops_.empty());
 }
 
 void BridgeCore::end_fenced_uses(const DropQueue::Entry& entry) noexcept {
@@ -43,7 +43,7 @@ void BridgeCore::add_fenced_uses(DropQueue::Entry&& entry) noexcept {
     if (auto* orphan = allocations_.find_orphan({entry.generation, id})) ++orphan->fences;
   }
   drops_.add(std::move(entry));
-  set_state(kFencesPending, true);
+  gate_.set(BridgeGate::kFencesPending, true);
 }
 
 void BridgeCore::hold_until_consumer_fence(DropQueue::Entry&& held) {
@@ -119,12 +119,7 @@ std::pair<ObjectSpec, std::uint64_t> BridgeCore::spec_of(const DeviceHandle& h) 
       wait_for_completion_slice(lock, deadline);
       continue;
     }
-    ++waiters_;
-    if (deadline == checked::Clock::time_point::max())
-      cv_.wait(lock);
-    else
-      (void)cv_.wait_until(lock, deadline);
-    --waiters_;
+    gate_.sleep(lock, deadline == checked::Clock::time_point::max() ? std::nullopt : std::optional(deadline));
     enter(lock);
   }
 }
@@ -142,24 +137,24 @@ void BridgeCore::wait_for_completion_slice(SpinLockHold& lock, checked::Clock::t
 void BridgeCore::release_host_after(HostRange range, const CopyEvent& event) {
   SpinLockHold lock(lock_);
   // Not enter(): a Broken bridge takes ranges too (its restart releases them).
-  block_while(lock, [&] { return restarting() && !closed(); });
-  check_not_closed();
+  gate_.block_while(lock, [&] { return gate_.restarting() && !gate_.closed(); });
+  gate_.check_not_closed();
   check_tag(event);
   bool done = copies_.state(event) != CopyState::Pending;  // UnknownDeviceHandle for an event never issued
   const auto key = ring_.exact(range, "release_host_after");
   if (release_after_.holds(key))
     fail(ErrorKind::InvalidRange, "host range [offset {}, len {}] is already waiting in release_host_after",
          range.offset, range.len);
-  if (!done && !broken()) {
+  if (!done && !gate_.broken()) {
     drain_locked();  // its completion may be waiting in the backend
     done = settled(event);
   }
   if (done && ring_.release(key, range) == HostRing::KeyRelease::Released) {
-    notify();
+    gate_.notify();
     return;
   }
   release_after_.add({range, key, event});
-  notify();  // a reserve sleeping for room now waits on completions instead
+  gate_.notify();  // a reserve sleeping for room now waits on completions instead
 }
 
 bool BridgeCore::settled(const CopyEvent& event) noexcept {
@@ -171,26 +166,26 @@ bool BridgeCore::settled(const CopyEvent& event) noexcept {
 }
 
 void BridgeCore::release_settled() noexcept {
-  if (release_after_.release_settled(ring_, [&](const CopyEvent& e) { return settled(e); }) != 0) notify();
+  if (release_after_.release_settled(ring_, [&](const CopyEvent& e) { return settled(e); }) != 0) gate_.notify();
 }
 
 void BridgeCore::release_host(HostRange range) {
   SpinLockHold lock(lock_);
-  check_not_closed();
+  gate_.check_not_closed();
   ring_.release(range);
-  notify();  // a reserve may be waiting for the room
+  gate_.notify();  // a reserve may be waiting for the room
 }
 
 std::span<std::byte> BridgeCore::host_bytes(HostRange range) {
   SpinLockHold lock(lock_);
-  check_not_closed();
+  gate_.check_not_closed();
   ring_.find(range);
   return {ring_.data(range), range.len};
 }
 
 std::span<std::byte> BridgeCore::lease_host(HostRange range) {
   SpinLockHold lock(lock_);
-  check_not_closed();
+  gate_.check_not_closed();
   ring_.find(range);
   ++host_leases_;
   ++outstanding_leases_;
@@ -389,7 +384,7 @@ void BridgeCore::launch_axpy(const DeviceRange& x, const DeviceRange& y, float a
   drops_.reserve_one();
   ++xs.steps;
   ++ys.steps;
-  auto failure = run_unlocked(lock, [&] { held.fence = backend_->launch_axpy(launch); });
+  auto failure = gate_.run_unlocked(lock, [&] { held.fence = backend_->launch_axpy(launch); });
   // A restart waits for calls in progress: x and y are still this generation's.
   for (auto index : {xi, yi}) --allocations_[index].steps;
   if (!failure && held.fence.pending())

@@ -32,6 +32,7 @@
 
 #include <fmt/format.h>
 #include "core/allocation_table.hpp"
+#include "core/bridge_gate.hpp"
 #include "core/describe.hpp"
 #include "core/device_dtypes.hpp"
 #include "core/copy_timeline.hpp"
@@ -43,6 +44,7 @@
 #include "core/region_registry.hpp"
 #include "core/release_after.hpp"
 #include "core/slot_table.hpp"
+#include "core/tags.hpp"
 #include "core/spin_lock.hpp"
 #include "core/view_leases.hpp"
 #include "devbridge/checked.hpp"
@@ -72,35 +74,13 @@ class BridgeCore {
   // ---- lifetime of the core itself ----
   void detach_owner() noexcept;
 
-  // ---- state checks ----
-  void check_usable() const {
-    if (closed()) throw Error(ErrorKind::Closed, "the bridge is closed");
-    if (broken())
-      fail(ErrorKind::Broken, "the bridge is broken ({}); restart it to recover", broken_reason_);
-  }
-
   // Entry of every call that touches state: waits out a restart in progress.
   // The holder is not passed on: a noinline callee taking it would keep its
   // held flag in memory on every call. The wait leaves the lock held.
   void enter(SpinLockHold&) {
-    if (__builtin_expect(state_ != 0, 0)) enter_slow();
+    if (__builtin_expect(!gate_.open(), 0)) enter_slow();
   }
   [[gnu::noinline]] void enter_slow();
-
-  // Sleeps on the condition variable while `busy()` holds; notify() wakes
-  // sleepers only when there are some, so the hot paths never pay for it.
-  template <class Lock, class Busy>
-  void block_while(Lock& lock, Busy busy) {
-    while (busy()) {
-      ++waiters_;
-      cv_.wait(lock);
-      --waiters_;
-    }
-  }
-
-  void notify() {
-    if (waiters_) cv_.notify_all();
-  }
 
   void mark_broken(const Error& error);
 
@@ -133,18 +113,8 @@ class BridgeCore {
   // A handle or copy event of this bridge's domain and current generation.
   template <class Tagged>
   [[gnu::always_inline]] void check_tag(const Tagged& tagged) const {
-    if (__builtin_expect(tagged.domain != domain_ || tagged.generation != generation_, 0)) fail_tag(tagged);
-  }
-  template <class Tagged>
-  [[noreturn, gnu::cold, gnu::noinline]] void fail_tag(const Tagged& tagged) const {
-    if (tagged.domain != domain_)
-      fail(ErrorKind::ForeignDomain, "{} belongs to domain {}, this bridge is domain {}", describe(tagged),
-           tagged.domain, domain_);
-    if (tagged.generation < generation_)
-      fail(ErrorKind::OldGenerationHandle, "{} is from generation {}, the bridge is at generation {}", describe(tagged),
-           tagged.generation, generation_);
-    fail(ErrorKind::UnknownDeviceHandle, "{} names generation {}, newer than the bridge's {}", describe(tagged),
-         tagged.generation, generation_);
+    if (__builtin_expect(tagged.domain != domain_ || tagged.generation != generation_, 0))
+      fail_tag(tagged, domain_, generation_);
   }
 
   [[gnu::always_inline]] AllocationSlot& allocation(const DeviceHandle& h) {
@@ -197,30 +167,10 @@ class BridgeCore {
 
   // ---- allocation ----
 
-  // The element size and view dtype of an allocation of `extent` bytes of
-  // `spec`, once both are valid. Needs no state: runs before the lock.
-  [[gnu::always_inline]] std::pair<std::uint32_t, DType> checked_allocation(const ObjectSpec& spec,
-                                                                            std::uint64_t extent) const {
-    if (!is_power_of_two(spec.alignment))
-      fail(ErrorKind::InvalidAlignment, "alignment {} is not a non-zero power of two", spec.alignment);
-    // 0 for a dtype the device does not hold (or no dtype at all): the
-    // extent check below then fails, and its cold path tells which.
-    const std::uint32_t elem = spec.dtype ? dtypes_.element_size(*spec.dtype) : 1;
-    const DType view_dtype = spec.dtype.value_or(DType::UInt8);
-    if (extent == 0 || extent > spec.max_extent || (extent & (spec.alignment - 1)) || (extent & (elem - 1))) {
-      if (elem == 0 && dtype_size(*spec.dtype) != 0) dtypes_.fail_not_held(*spec.dtype, "an allocation");
-      fail(ErrorKind::InvalidExtent,
-           "extent {} must be non-zero, at most max_extent {}, and a multiple of the alignment {} "
-           "and of the {} size {}",
-           extent, spec.max_extent, spec.alignment, spec_dtype_name(spec), elem);
-    }
-    return {elem, view_dtype};
-  }
-
   DeviceHandle alloc_device(const ObjectSpec& spec, std::uint64_t extent) {
-    const auto [elem, view_dtype] = checked_allocation(spec, extent);
+    const auto [elem, view_dtype] = dtypes_.checked_allocation(spec, extent);
     if (pool_) return alloc_through_pool(spec, elem, view_dtype, extent);
-    if (__builtin_expect(state_seen_.load(std::memory_order_relaxed) & (kClosed | kBroken), 0)) {
+    if (__builtin_expect(gate_.seen_closed_or_broken(), 0)) {
       // Refused before the driver is asked (a racing close costs an
       // allocation freed again below).
       SpinLockHold lock(lock_);
@@ -389,9 +339,6 @@ class BridgeCore {
   void release_settled() noexcept;
   void release_host(HostRange range);
   std::span<std::byte> host_bytes(HostRange range);
-  void check_not_closed() const {
-    if (closed()) throw Error(ErrorKind::Closed, "the bridge is closed");
-  }
   std::span<std::byte> lease_host(HostRange range);
   // Ends a host lease; the ring block a close left behind goes with the last.
   void end_host_lease() noexcept;
@@ -453,38 +400,6 @@ class BridgeCore {
     return regions_[static_cast<std::uint32_t>(key)].block.data + host.offset;
   }
 
-  // Bytes a copy moves; for a pitched one, after checking that its rows fit
-  // both ranges and the allocation's element alignment.
-  template <bool kPitched, class Host>
-  std::uint64_t copy_bytes(const Host& host, const DeviceRange& device, const AllocationSlot& slot,
-                           const CopyLayout& layout) const {
-    if constexpr (!kPitched) {
-      if (host.len != device.len)
-        fail(ErrorKind::InvalidRange, "{} and device range of {} bytes differ in length", describe(host), device.len);
-      return host.len;
-    } else {
-      if (!layout.pitched() || layout.row_bytes == 0)
-        fail(ErrorKind::InvalidRange, "a pitched copy of {} rows of {} bytes moves nothing", layout.rows,
-             layout.row_bytes);
-      const auto host_span = layout_host_span(layout);
-      const auto device_span = layout_device_span(layout);
-      if (host_span > host.len)
-        fail(ErrorKind::InvalidRange, "{} rows of {} bytes at a host pitch of {} reach {} bytes, past {}", layout.rows,
-             layout.row_bytes, layout.host_pitch, host_span, describe(host));
-      if (device_span > device.len)
-        fail(ErrorKind::InvalidRange,
-             "{} rows of {} bytes at a device pitch of {} reach {} bytes, past the device range [offset {}, len {}] "
-             "of {}",
-             layout.rows, layout.row_bytes, layout.device_pitch, device_span, device.offset, device.len,
-             describe(device.handle));
-      if ((layout.row_bytes | layout.device_pitch) & (slot.element_size - 1))
-        fail(ErrorKind::InvalidRange, "rows of {} bytes at a device pitch of {} split the {} elements ({} bytes) of {}",
-             layout.row_bytes, layout.device_pitch, spec_dtype_name(slot.spec), slot.element_size,
-             describe(device.handle));
-      return layout_bytes_moved(layout);
-    }
-  }
-
   // The slow half of a copy's admission: a write under live views, or no
   // room in the in-flight budget. Waits as the options and the admission
   // allow, then revalidates everything (the lock was dropped meanwhile).
@@ -513,7 +428,7 @@ class BridgeCore {
     enter(lock);
     auto* slot = &allocation(device.handle);
     validate_device_range(device, *slot);
-    const std::uint64_t bytes = copy_bytes<kPitched>(host, device, *slot, layout);
+    const std::uint64_t bytes = checked_copy_bytes<kPitched>(host, device, *slot, layout);
     auto host_key = locate_host(host, direction);
     if (__builtin_expect(guarded_write(*slot, direction) || (mode == CopyMode::Async && !copies_.has_room(bytes)), 0))
     {
@@ -549,7 +464,7 @@ class BridgeCore {
     const CopyEvent unnumbered{domain_, generation_, CopyTimeline::kSyncEventBit};
     const CopyRequest request{direction, mode,          unnumbered, host_data(host, host_key),
                               slot->device, device.offset, bytes,      layout};
-    auto failure = run_unlocked(lock, [&] { backend_->submit_copy(request); });
+    auto failure = gate_.run_unlocked(lock, [&] { backend_->submit_copy(request); });
     unpin(alloc_index, direction, host_key);
     if (failure) throw copy_error(direction, *failure);
     return CopyEvent{domain_, generation_, copies_.complete_sync()};
@@ -567,33 +482,6 @@ class BridgeCore {
   PeerSide hold_for_peer_copy(const DeviceRange& range, CopyDirection direction);
   void end_peer_copy(const PeerSide& side, CopyDirection direction, bool copied) noexcept;
   bool copy_to_peer(const DeviceRange& source, BridgeCore& destination, const DeviceRange& destination_range);
-
-  // Runs blocking backend work without the lock. The caller has pinned what
-  // the work uses; restart and close wait for calls_in_progress_ to drain.
-  // Returns the backend's error, if any, with the lock held again.
-  template <class Work>
-  std::optional<Error> run_unlocked(SpinLockHold& lock, Work work) {
-    ++calls_in_progress_;
-    lock.unlock();
-    std::optional<Error> failure;
-    // Whatever the backend throws, the lock is taken back and the call
-    // counted out: a restart waiting for calls_in_progress_ must not hang.
-    try {
-      work();
-    } catch (const Error& e) {
-      failure.emplace(e);
-    } catch (const std::bad_alloc&) {
-      failure.emplace(ErrorKind::AllocationFailed, "the backend ran out of host memory");
-    } catch (const std::exception& e) {
-      failure.emplace(ErrorKind::Unavailable, fmt::format("the backend threw: {}", e.what()));
-    } catch (...) {
-      failure.emplace(ErrorKind::Unavailable, "the backend threw an unknown exception");
-    }
-    lock.lock();
-    --calls_in_progress_;
-    notify();
-    return failure;
-  }
 
   // Inside a catch: an Error becomes the direction's copy error; anything
   // else goes on as it is.
@@ -630,16 +518,8 @@ class BridgeCore {
   }
 
   void apply(const Completion& c) {
-    CopySlot* record = nullptr;
-    if (c.event.domain == domain_ && c.event.generation == generation_) record = copies_.pending(c.event.id);
-    if (!record) {
-      // Never applied to another copy: ids carry domain, generation and version.
-      const auto stale = copies_.count_stale();
-      log().warn("devbridge: ignored a completion for {} ({}): bridge is domain {} generation {}; "
-                 "{} stale completions so far",
-                 describe(c.event), c.ok ? "ok" : "failed", domain_, generation_, stale);
-      return;
-    }
+    CopySlot* record = copies_.settling(c, domain_, generation_);
+    if (!record) return;
     unpin(record->allocation, record->direction, record->host_key);
     if (c.ok) return copies_.complete(c.event.id);
     // The failure is remembered so the event reads back as Failed; the host
@@ -714,7 +594,7 @@ class BridgeCore {
   void end_view(const DeviceHandle& h) noexcept {
     lock_.lock();
     --outstanding_leases_;
-    if (__builtin_expect(h.generation != generation_ || closed(), 0)) return end_orphaned_view(h);
+    if (__builtin_expect(h.generation != generation_ || gate_.closed(), 0)) return end_orphaned_view(h);
     const auto index = id_slot(h.id);
     auto& slot = allocations_[index];
     // Not in the table though the generation is current: a restart has made
@@ -765,7 +645,7 @@ class BridgeCore {
 
  private:
   mutable SpinLock lock_;
-  std::condition_variable_any cv_;
+  BridgeGate gate_;  // restarting, closed, broken; calls outside the lock; sleepers
   std::unique_ptr<Backend> backend_;
   const std::uint64_t domain_;
   Generation generation_;
@@ -790,27 +670,7 @@ class BridgeCore {
   std::vector<Completion> drained_;
   std::uint64_t restarts_ = 0;
   std::uint64_t outstanding_leases_ = 0;
-  std::uint32_t calls_in_progress_ = 0;
-  std::uint32_t waiters_ = 0;
-  // Why calls cannot go ahead as usual: bits of one byte, so that every entry
-  // (enter) tests them with one compare.
-  // kFencesPending sends every entry to the slow path while the drop queue
-  // holds fences, so that any call reclaims what passed.
-  enum StateBit : std::uint8_t { kRestarting = 1, kClosed = 2, kBroken = 4, kFencesPending = 8 };
-  std::uint8_t state_ = 0;
-  bool restarting() const noexcept { return state_ & kRestarting; }
-  bool closed() const noexcept { return state_ & kClosed; }
-  bool broken() const noexcept { return state_ & kBroken; }
-  bool fences_pending() const noexcept { return state_ & kFencesPending; }
-  void set_state(StateBit bit, bool on) noexcept {
-    state_ = on ? static_cast<std::uint8_t>(state_ | bit) : static_cast<std::uint8_t>(state_ & ~bit);
-    state_seen_.store(state_, std::memory_order_relaxed);
-  }
-  // state_ as last set, for a look without the lock (alloc_device's early
-  // refusal); only a hint, the locked enter() decides.
-  std::atomic<std::uint8_t> state_seen_{0};
   bool owner_alive_ = true;
-  std::string broken_reason_;
   std::string device_string_;  // views point at it: it never changes after construction
   DeviceDtypes dtypes_;  // read before the lock: set once, at construction
   ViewPlacement placement_;  // read before the lock: set once, at construction

@@ -58,7 +58,7 @@ void BridgeCore::detach_owner() noexcept {
     std::lock_guard guard(lock_);
     // Closed even if close() failed half way: leases ending from now on
     // take end_orphaned_view, the one that may delete the core.
-    set_state(kClosed, true);
+    gate_.set(BridgeGate::kClosed, true);
     owner_alive_ = false;
     last = outstanding_leases_ == 0;
   }
@@ -67,17 +67,14 @@ void BridgeCore::detach_owner() noexcept {
 
 [[gnu::noinline]] void BridgeCore::enter_slow() {
   // A close refuses at once, even while it is still quiescing.
-  block_while(lock_, [&] { return restarting() && !closed(); });
-  if (fences_pending() && !restarting() && !closed()) reap_fences();
-  check_usable();
+  gate_.block_while(lock_, [&] { return gate_.restarting() && !gate_.closed(); });
+  if (gate_.fences_pending() && !gate_.restarting() && !gate_.closed()) reap_fences();
+  gate_.check_usable();
 }
 
 void BridgeCore::mark_broken(const Error& error) {
-  if (!broken()) {
-    set_state(kBroken, true);
-    broken_reason_ = std::string(error.what());
-    log().error("devbridge: bridge (domain {}) is broken: {}", domain_, broken_reason_);
-  }
+  if (gate_.break_for(error.what()))
+    log().error("devbridge: bridge (domain {}) is broken: {}", domain_, gate_.broken_reason());
 }
 
 template <class Lock>
@@ -85,7 +82,7 @@ void BridgeCore::settle_fences(Lock& lock, const char* when) noexcept {
   reap_fences();
   if (drops_.empty()) return;
   auto pending = drops_.take_all();
-  set_state(kFencesPending, false);
+  gate_.set(BridgeGate::kFencesPending, false);
   const auto deadline = checked::deadline_after(close_fence_timeout_);
   lock.unlock();
   std::vector<bool> passed(pending.size(), false);
@@ -137,8 +134,8 @@ std::string BridgeCore::queue_text(const QueueRef& where) {
 }
 
 void BridgeCore::quiesce_and_free_all(SpinLockHold& lock, const char* what) {
-  set_state(kRestarting, true);
-  block_while(lock, [&] { return calls_in_progress_ != 0; });
+  gate_.set(BridgeGate::kRestarting, true);
+  gate_.block_while(lock, [&] { return gate_.calls_running(); });
   lock.unlock();
   std::optional<Error> failure;
   try {
@@ -156,13 +153,13 @@ void BridgeCore::quiesce_and_free_all(SpinLockHold& lock, const char* what) {
                                   what, failure->what(), what),
                       true);
     mark_broken(error);
-    set_state(kRestarting, false);
-    notify();
+    gate_.set(BridgeGate::kRestarting, false);
+    gate_.notify();
     throw error;
   }
   // The device is idle now: a failure to read its last completions loses
   // only their statistics, so it is logged and the old state freed anyway.
-  if (!broken()) {
+  if (!gate_.broken()) {
     try {
       drain_locked();
     } catch (const std::exception& e) {
@@ -202,28 +199,27 @@ void BridgeCore::quiesce_and_free_all(SpinLockHold& lock, const char* what) {
 
 void BridgeCore::restart(Generation generation) {
   SpinLockHold lock(lock_);
-  block_while(lock, [&] { return restarting(); });
-  check_not_closed();
+  gate_.block_while(lock, [&] { return gate_.restarting(); });
+  gate_.check_not_closed();
   if (generation <= generation_)
     fail(ErrorKind::OldGenerationHandle, "restart to generation {} refused: it must be greater than the current {}",
          generation, generation_);
   quiesce_and_free_all(lock, "restart");
   generation_ = generation;
-  set_state(kBroken, false);
-  broken_reason_.clear();
+  gate_.mend();
   ++restarts_;
-  set_state(kRestarting, false);
-  notify();
+  gate_.set(BridgeGate::kRestarting, false);
+  gate_.notify();
 }
 
 void BridgeCore::close() {
   SpinLockHold lock(lock_);
-  block_while(lock, [&] { return restarting(); });
-  if (closed() && released_at_close_) return;
+  gate_.block_while(lock, [&] { return gate_.restarting(); });
+  if (gate_.closed() && released_at_close_) return;
   // Closed first: every call blocked in the bridge (a wait, a waiting view,
   // a wait for room) and every later one fails with Closed from now on.
-  set_state(kClosed, true);
-  notify();
+  gate_.set(BridgeGate::kClosed, true);
+  gate_.notify();
   quiesce_and_free_all(lock, "close");
   settle_fences(lock, "the bridge closed");
   // What the settled fences freed went to the pool: nothing allocates any more.
@@ -234,20 +230,20 @@ void BridgeCore::close() {
     leased_ring_ = ring_.block();  // the last host lease frees it
   ring_ = HostRing();
   released_at_close_ = true;
-  set_state(kRestarting, false);
-  notify();
+  gate_.set(BridgeGate::kRestarting, false);
+  gate_.notify();
 }
 
 BridgeStats BridgeCore::stats() {
   std::lock_guard guard(lock_);
-  if (fences_pending() && !restarting() && !closed()) reap_fences();
+  if (gate_.fences_pending() && !gate_.restarting() && !gate_.closed()) reap_fences();
   BridgeStats s;
   s.pending_fences = drops_.size();
   s.abandoned_fences = abandoned_fences_;
   s.generation = generation_;
   s.domain = domain_;
-  s.broken = broken();
-  s.closed = closed();
+  s.broken = gate_.broken();
+  s.closed = gate_.closed();
   allocations_.fill(s);
   copies_.fill(s);
   s.active_steps = steps_.size();

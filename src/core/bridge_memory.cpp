@@ -11,7 +11,7 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
   } else if (!o.abandoned) {
     if (const auto whole = keep_or_free_later(o.device, o.alignment)) backend_->free(*whole);
     // After close, nothing allocates again: what the orphan left cached goes too.
-    if (closed() && !restarting()) free_cache_now();
+    if (gate_.closed() && !gate_.restarting()) free_cache_now();
   }
   allocations_.erase_orphan(key);
 }

@@ -26,7 +26,7 @@ HostRegion BridgeCore::register_host(std::span<std::byte> bytes, bool read_only,
          begin, bytes.size());
   const auto index = regions_.begin_register(bytes, read_only, generation_, std::move(on_release));
   HostBlock registered;
-  auto failure = run_unlocked(lock, [&] {
+  auto failure = gate_.run_unlocked(lock, [&] {
     registered = read_only ? backend_->register_host_read_only(bytes.data(), bytes.size())
                            : backend_->register_host(bytes.data(), bytes.size());
   });
@@ -43,7 +43,7 @@ void BridgeCore::unregister_host(const HostRegion& r) {
   enter(lock);
   check_tag(r);
   const HostBlock block = regions_.begin_unregister(r);
-  run_unlocked(lock, [&] { backend_->unregister_host(block); });
+  gate_.run_unlocked(lock, [&] { backend_->unregister_host(block); });
   regions_.finish_unregister(id_slot(r.id));
 }
 
@@ -55,7 +55,7 @@ std::span<std::byte> BridgeCore::region_bytes(const HostRegion& r) {
 }
 
 DeviceHandle BridgeCore::adopt_host(const RegionRange& range, const ObjectSpec& spec) {
-  const auto [elem, view_dtype] = checked_allocation(spec, range.len);
+  const auto [elem, view_dtype] = dtypes_.checked_allocation(spec, range.len);
   SpinLockHold lock(lock_);
   enter(lock);
   const auto index = region_range_index(range);

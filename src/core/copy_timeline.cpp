@@ -88,4 +88,11 @@ void CopyTimeline::fail_forgotten(const CopyEvent& e) const {
                   describe(e), failure_limit_);
 }
 
+void CopyTimeline::ignore_stale(const Completion& c, std::uint64_t domain, Generation generation) {
+  ++stale_;
+  log().warn("devbridge: ignored a completion for {} ({}): bridge is domain {} generation {}; "
+             "{} stale completions so far",
+             describe(c.event), c.ok ? "ok" : "failed", domain, generation, stale_);
+}
+
 }  // namespace devbridge::detail

@@ -114,8 +114,16 @@ class CopyTimeline {
     ++completed_;
   }
   void record_failure(std::uint64_t id, Generation generation, ErrorKind kind, std::string message);
-  // A completion for no record of this generation (counted and logged by the caller).
-  std::uint64_t count_stale() noexcept { return ++stale_; }
+  // The pending record a completion settles; null for a stale one (another
+  // domain or generation, an id never issued or settled already), which is
+  // counted and logged and never applied to another copy: ids carry domain,
+  // generation and version.
+  [[gnu::always_inline]] CopySlot* settling(const Completion& c, std::uint64_t domain, Generation generation) {
+    CopySlot* record = c.event.domain == domain && c.event.generation == generation ? pending(c.event.id) : nullptr;
+    if (__builtin_expect(!record, 0)) ignore_stale(c, domain, generation);
+    return record;
+  }
+  [[gnu::cold, gnu::noinline]] void ignore_stale(const Completion& c, std::uint64_t domain, Generation generation);
 
   // ---- reading an event ----
   // The event's state; `failure` gets its remembered failure. The caller

@@ -11,7 +11,9 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 
+#include "core/fail.hpp"
 #include "devbridge/backend.hpp"
 
 namespace devbridge::detail {
@@ -36,6 +38,26 @@ class DeviceDtypes {
   // `what` (an allocation, a view) of a dtype the device does not hold:
   // names the dtype, the device, and what it does hold.
   [[noreturn, gnu::cold, gnu::noinline]] void fail_not_held(DType dtype, std::string_view what) const;
+
+  // The element size and view dtype of an allocation of `extent` bytes of
+  // `spec`, once both are valid. Read-only: runs before the bridge's lock.
+  [[gnu::always_inline]] std::pair<std::uint32_t, DType> checked_allocation(const ObjectSpec& spec,
+                                                                            std::uint64_t extent) const {
+    if (!is_power_of_two(spec.alignment))
+      fail(ErrorKind::InvalidAlignment, "alignment {} is not a non-zero power of two", spec.alignment);
+    // 0 for a dtype the device does not hold (or no dtype at all): the
+    // extent check below then fails, and its cold path tells which.
+    const std::uint32_t elem = spec.dtype ? element_size(*spec.dtype) : 1;
+    const DType view_dtype = spec.dtype.value_or(DType::UInt8);
+    if (extent == 0 || extent > spec.max_extent || (extent & (spec.alignment - 1)) || (extent & (elem - 1))) {
+      if (elem == 0 && dtype_size(*spec.dtype) != 0) fail_not_held(*spec.dtype, "an allocation");
+      fail(ErrorKind::InvalidExtent,
+           "extent {} must be non-zero, at most max_extent {}, and a multiple of the alignment {} "
+           "and of the {} size {}",
+           extent, spec.max_extent, spec.alignment, spec_dtype_name(spec), elem);
+    }
+    return {elem, view_dtype};
+  }
 
  private:
   // Indexed by DType's value (all 256, so no bound check).

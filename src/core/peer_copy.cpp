@@ -17,7 +17,7 @@ BridgeCore::PeerSide BridgeCore::hold_for_peer_copy(const DeviceRange& range, Co
   }
   ++slot->copies;
   if (direction == CopyDirection::HostToDevice) ++slot->uploads;
-  ++calls_in_progress_;
+  gate_.call_started();
   return {slot->device, id_slot(range.handle.id)};
 }
 
@@ -28,8 +28,7 @@ void BridgeCore::end_peer_copy(const PeerSide& side, CopyDirection direction, bo
   if (direction == CopyDirection::HostToDevice) --slot.uploads;
   if (copied) copies_.count_direct();
   maybe_finish_release(side.index);
-  --calls_in_progress_;
-  notify();
+  gate_.call_ended();
 }
 
 bool BridgeCore::copy_to_peer(const DeviceRange& source, BridgeCore& destination, const DeviceRange& destination_range) {

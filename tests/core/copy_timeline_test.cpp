@@ -105,5 +105,26 @@ TEST(CopyTimeline, RestartForgetsEveryIdAndTheBudgetInFlight) {
   EXPECT_EQ(stats_of(timeline).copies_submitted, 1u);  // counters span generations
 }
 
+TEST(CopyTimeline, ACompletionSettlesItsOwnCopyOnlyAndStaleOnesAreCounted) {
+  CopyTimeline timeline(kDomain, 100, 4);
+  const auto id = timeline.begin_async(CopyDirection::DeviceToHost, 1, 2, 10);
+  timeline.submitted();
+  auto completion = [&](std::uint64_t domain, Generation generation, std::uint64_t of) {
+    Completion c;
+    c.event = CopyEvent{domain, generation, of};
+    return c;
+  };
+  EXPECT_EQ(timeline.settling(completion(kDomain + 1, kGeneration, id), kDomain, kGeneration), nullptr);
+  EXPECT_EQ(timeline.settling(completion(kDomain, kGeneration + 1, id), kDomain, kGeneration), nullptr);
+  EXPECT_EQ(timeline.settling(completion(kDomain, kGeneration, id + 1), kDomain, kGeneration), nullptr);
+  EXPECT_EQ(timeline.settling(completion(kDomain, kGeneration, id | CopyTimeline::kSyncEventBit), kDomain,
+                              kGeneration),
+            nullptr);
+  EXPECT_EQ(stats_of(timeline).stale_completions, 4u);
+  EXPECT_EQ(timeline.state(event(id)), CopyState::Pending) << "a stale completion settles nothing";
+  EXPECT_EQ(timeline.settling(completion(kDomain, kGeneration, id), kDomain, kGeneration), timeline.pending(id));
+  EXPECT_EQ(stats_of(timeline).stale_completions, 4u);
+}
+
 }  // namespace
 }  // namespace devbridge::detail

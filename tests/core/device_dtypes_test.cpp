@@ -57,5 +57,21 @@ TEST(DeviceDtypes, NotHeldRefusalNamesWhatTheDeviceHolds) {
                        "it holds: none"));
 }
 
+TEST(DeviceDtypes, AnAllocationRequestIsCheckedBeforeAnythingIsAsked) {
+  const DeviceDtypes dtypes(info_holding({DType::Float32, DType::UInt8}, {}));
+  const ObjectSpec floats{1024, 16, DType::Float32};
+  EXPECT_EQ(dtypes.checked_allocation(floats, 64), (std::pair<std::uint32_t, DType>{4, DType::Float32}));
+  const ObjectSpec bytes{1024, 16, std::nullopt};
+  EXPECT_EQ(dtypes.checked_allocation(bytes, 48), (std::pair<std::uint32_t, DType>{1, DType::UInt8}))
+      << "untyped: byte elements, uint8 views";
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidAlignment, dtypes.checked_allocation(ObjectSpec{1024, 12, DType::Float32}, 48));
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidAlignment, dtypes.checked_allocation(ObjectSpec{1024, 0, DType::Float32}, 48));
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidExtent, dtypes.checked_allocation(floats, 0));
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidExtent, dtypes.checked_allocation(floats, 1040));  // past max_extent
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidExtent, dtypes.checked_allocation(floats, 40));  // not a multiple of 16
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::UnsupportedDType,
+                         dtypes.checked_allocation(ObjectSpec{1024, 16, DType::Float64}, 64));
+}
+
 }  // namespace
 }  // namespace devbridge::detail
