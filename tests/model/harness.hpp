@@ -208,12 +208,16 @@ class Harness {
   // model; sets constructed() false when the bridge (rightly) refused.
   explicit Harness(const Config& config) {
     m.config = config;
-    m.arena_bytes.resize(kArenaBytes);
-    for (std::uint64_t i = 0; i < kArenaBytes; ++i) {
-      const auto v = static_cast<std::uint8_t>(i * 7 + i / 251);
-      arena()[i] = static_cast<std::byte>(v);
-      m.arena_bytes[i] = v;
-    }
+    // The pattern is made once: a fuzzer builds a harness per input, and a
+    // byte loop under coverage instrumentation cost a tenth of each run.
+    static const std::vector<std::uint8_t> pattern = [] {
+      std::vector<std::uint8_t> bytes(kArenaBytes);
+      for (std::uint64_t i = 0; i < kArenaBytes; ++i) bytes[i] = static_cast<std::uint8_t>(i * 7 + i / 251);
+      return bytes;
+    }();
+    static const std::vector<Byte> modelled(pattern.begin(), pattern.end());
+    m.arena_bytes = modelled;
+    std::memcpy(arena(), pattern.data(), kArenaBytes);
     if (config.backend == BackendKind::Fake) {
       fake_ = std::make_shared<fake::FakeBackend>(config.fake_memory);
     } else {
