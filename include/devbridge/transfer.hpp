@@ -136,6 +136,15 @@ struct TransferPlan {
   std::uint64_t chunk_bytes = 0;  // RingChunks / StagedThroughRings: bytes per chunk
 };
 
+// A chunk copy submit() left in flight: its ring range is the bridge's
+// (Bridge::release_host_after), released once the copy ends.
+struct PendingCopy {
+  CopyEvent event;
+  std::uint64_t index = 0;   // the chunk's number, from 0
+  std::uint64_t offset = 0;  // its first byte, counted from the start of the transfer
+  std::uint64_t bytes = 0;
+};
+
 struct TransferResult {
   Route route = Route::Nothing;  // the route taken (PeerCopy may end as StagedThroughRings)
   std::uint64_t bytes = 0;
@@ -146,6 +155,10 @@ struct TransferResult {
   // allocation lives; the caller unregisters it (Bridge::unregister_host)
   // once the allocation is freed, or a restart or close() gives it back.
   std::optional<HostRegion> adopted_region;
+  // submit() only: the chunk copies still in flight, oldest first. The
+  // destination holds the bytes once every event has completed
+  // (Bridge::wait); a failed one keeps its error for the caller to report.
+  std::vector<PendingCopy> pending;
 };
 
 class TransferPlanner {
@@ -173,6 +186,17 @@ class TransferPlanner {
   // freed (a deferred release() if a copy may still use it); a destination
   // may hold the chunks that completed before the failure.
   TransferResult run(const TransferSource& source, const TransferDestination& destination);
+  // As run(), but an upload by RingChunks returns once every chunk is staged
+  // and its copy submitted, without waiting for the copies: each range goes
+  // to the bridge at once (Bridge::release_host_after), and result.pending
+  // holds the copies still in flight, for the caller to wait on before the
+  // destination is read (the source buffer is no longer needed). Every other
+  // route is synchronous and leaves result.pending empty. The in-flight
+  // window (max_chunks_in_flight) does not apply: where the ring or the
+  // budget is full, submit() waits for ranges the bridge releases as their
+  // copies end. On failure it waits (up to cleanup_timeout) for the copies it
+  // submitted, frees a NewAllocation and names the chunk as run() does.
+  TransferResult submit(const TransferSource& source, const TransferDestination& destination);
 
   // The everyday three.
   DeviceHandle upload(std::span<const std::byte> bytes, const ObjectSpec& spec, std::uint64_t extent);
@@ -195,6 +219,9 @@ class TransferPlanner {
   std::size_t release_stranded();
 
  private:
+  TransferResult execute(const TransferSource& source, const TransferDestination& destination,
+                         std::vector<PendingCopy>* pending);
+
   Bridge& bridge_;
   TransferOptions options_;
   std::uint64_t chunk_bytes_ = 0;

@@ -196,6 +196,37 @@ void bind_transfer(nb::module_& m) {
           "buffer"_a, "spec"_a, "extent"_a = nb::none(),
           "A new allocation of spec and extent (default: the buffer's size) holding the buffer's bytes at 0.")
       .def(
+          "submit_upload",
+          [](PyTransferPlanner& p, nb::handle buffer, nb::handle spec, nb::handle extent, nb::handle into,
+             nb::handle offset) {
+            HeldBuffer held(buffer, PyBUF_C_CONTIGUOUS, "buffer");
+            const auto bytes = bytes_of(held);
+            TransferDestination destination = HostDestination{};
+            if (!into.is_none()) {
+              destination = DeviceSpan{nb::cast<DeviceHandle>(into), args::integer<std::uint64_t>(offset, "offset")};
+            } else {
+              if (spec.is_none()) args::raise(PyExc_TypeError, "submit_upload: give spec= (a new allocation) or into=");
+              destination = NewAllocation{nb::cast<ObjectSpec>(spec),
+                                          extent.is_none() ? bytes.size()
+                                                           : args::integer<std::uint64_t>(extent, "extent")};
+            }
+            TransferResult result = p.locked([&](TransferPlanner& t) {
+              TransferResult r = t.submit(HostSource{bytes}, destination);
+              p.last_route = r.route;
+              return r;
+            });
+            nb::list pending;
+            for (const PendingCopy& copy : result.pending)
+              pending.append(nb::make_tuple(copy.event, copy.offset, copy.bytes));
+            return nb::make_tuple(result.handle ? nb::cast(*result.handle) : nb::none(), pending);
+          },
+          "buffer"_a, "spec"_a = nb::none(), "extent"_a = nb::none(), nb::kw_only(), "into"_a = nb::none(),
+          "offset"_a = 0,
+          "As upload (spec=) or upload_into (into=, offset=), without waiting for ring-chunk copies: returns\n"
+          "(handle or None, [(event, offset, nbytes), ...]), the chunk copies still in flight (offsets from the\n"
+          "buffer's start), their ring ranges already handed to the bridge (release_host_after). The buffer is\n"
+          "not needed once it returns. On failure nothing is left allocated and the error names the chunk.")
+      .def(
           "upload_into",
           [](PyTransferPlanner& p, DeviceHandle handle, nb::handle offset, nb::handle buffer) {
             const auto device_offset = args::integer<std::uint64_t>(offset, "offset");

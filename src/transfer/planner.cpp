@@ -325,9 +325,21 @@ TransferPlan TransferPlanner::plan(const TransferSource& source, const TransferD
 }
 
 TransferResult TransferPlanner::run(const TransferSource& source, const TransferDestination& destination) {
+  return execute(source, destination, nullptr);
+}
+
+TransferResult TransferPlanner::submit(const TransferSource& source, const TransferDestination& destination) {
+  std::vector<PendingCopy> pending;
+  TransferResult result = execute(source, destination, &pending);
+  result.pending = std::move(pending);
+  return result;
+}
+
+TransferResult TransferPlanner::execute(const TransferSource& source, const TransferDestination& destination,
+                                        std::vector<PendingCopy>* pending) {
   Resolved r = resolve(source, destination, bridge_);
   const TransferPlan plan = choose(r, options_, bridge_.backend_info(), chunk_bytes_);
-  TransferResult result{plan.route, r.bytes, std::nullopt, std::nullopt};
+  TransferResult result{plan.route, r.bytes, std::nullopt, std::nullopt, {}};
   auto report_once = [&] {
     if (options_.progress) options_.progress(r.bytes, r.bytes);
   };
@@ -363,7 +375,7 @@ TransferResult TransferPlanner::run(const TransferSource& source, const Transfer
     job.source = r.source.host_in;
     job.destination = r.destination.host_out;
     const detail::RingChunkSettings settings{options_.max_chunks_in_flight, options_.cleanup_timeout,
-                                             &options_.progress};
+                                             &options_.progress, r.upload() ? pending : nullptr};
     detail::run_ring_chunks(bridge_, settings, job);
   };
 

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <utility>
 
@@ -67,6 +68,17 @@ bool try_release(Bridge& bridge, HostRange range) noexcept {
   }
 }
 
+bool wait_for_a_release(Bridge& bridge) {
+  std::uint64_t waiting = bridge.stats().ring_releases_pending;
+  while (waiting != 0) {
+    bridge.poll();  // applies completions: the ranges whose copies ended go back
+    const std::uint64_t now = bridge.stats().ring_releases_pending;
+    if (now < waiting) return true;
+    waiting = now;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  return false;
+}
 
 namespace {
 
@@ -175,6 +187,17 @@ class Pipeline {
       : bridge_(bridge), options_(options), transfer_(transfer), window_(bridge, options.cleanup_timeout) {}
 
   void run() {
+    if (options_.submitted == nullptr) return run_chunks();
+    try {
+      run_chunks();
+    } catch (...) {
+      wait_for_submitted();
+      throw;
+    }
+  }
+
+ private:
+  void run_chunks() {
     Chunk chunk;
     for (std::uint64_t offset = 0; offset < transfer_.total; ++chunk.index) {
       chunk.offset = offset;
@@ -187,9 +210,26 @@ class Pipeline {
       offset = chunk.end;
     }
     while (!window_.empty()) finish_oldest(true);
+    if (options_.submitted != nullptr && options_.progress != nullptr && *options_.progress)
+      (*options_.progress)(transfer_.total, transfer_.total);
   }
 
- private:
+  // submit() after a failure: the copies it submitted end (or the cleanup
+  // timeout passes) before the caller frees the allocation they write.
+  void wait_for_submitted() noexcept {
+    const auto deadline = checked::deadline_after(options_.cleanup_timeout);
+    for (const PendingCopy& copy : *options_.submitted) {
+      try {
+        std::optional<std::chrono::nanoseconds> left;
+        if (deadline != checked::Clock::time_point::max())
+          left = std::max(std::chrono::nanoseconds::zero(), std::chrono::nanoseconds(deadline - checked::Clock::now()));
+        bridge_.wait(copy.event, left);
+      } catch (...) {
+        // Failed, closed, broken: the bridge releases the range regardless.
+      }
+    }
+  }
+
   void submit(const Chunk& chunk) {
     ReservedRange range(bridge_, with_room(chunk, [&] { return bridge_.reserve(chunk.len); }));
     const DeviceRange device{transfer_.handle, transfer_.device_offset_of(chunk), chunk.len};
@@ -203,7 +243,17 @@ class Pipeline {
       return transfer_.upload() ? bridge_.host_to_device(range.get(), device, CopyMode::Async)
                                 : bridge_.device_to_host(device, range.get(), CopyMode::Async);
     });
-    window_.push(chunk, range, event);
+    if (options_.submitted == nullptr) {
+      window_.push(chunk, range, event);
+      return;
+    }
+    try {
+      bridge_.release_host_after(range.get(), event);
+    } catch (const Error& e) {
+      rethrow_for_chunk(e, transfer_, chunk);
+    }
+    range.keep();
+    options_.submitted->push_back({event, chunk.index, chunk.offset, chunk.len});
   }
 
   // Runs `attempt` (a reserve or a copy). On Backpressure (the ring or the
@@ -218,7 +268,10 @@ class Pipeline {
         return attempt();
       } catch (const Error& e) {
         if (e.kind() != ErrorKind::Backpressure) rethrow_for_chunk(e, transfer_, chunk);
-        if (window_.empty()) rethrow_for_chunk(e, transfer_, chunk);
+        // Room held by ranges the bridge releases as their copies end (this
+        // submit()'s, an earlier one's): wait for one. Else, with none of
+        // this call's own chunks to finish, the room is held by others.
+        if (window_.empty() && !wait_for_a_release(bridge_)) rethrow_for_chunk(e, transfer_, chunk);
       }
       if (!window_.empty()) finish_oldest(true);
     }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "devbridge/bridge.hpp"
+#include "devbridge/transfer.hpp"
 #include "devbridge/types.hpp"
 
 namespace devbridge::detail {
@@ -33,12 +34,21 @@ struct RingChunkSettings {
   std::chrono::nanoseconds cleanup_timeout{0};
   // Null: no progress reported.
   const std::function<void(std::uint64_t, std::uint64_t)>* progress = nullptr;
+  // Uploads only (TransferPlanner::submit): non-null, each chunk's range is
+  // handed to the bridge (release_host_after) as soon as its copy is
+  // submitted, its copy recorded here, and nothing is waited for; room the
+  // ring or the budget lacks is waited for as the bridge releases ranges.
+  std::vector<PendingCopy>* submitted = nullptr;
 };
 
 // Runs `job` through `bridge`'s ring. Ranges a failed call could not give
 // back at once (a copy may still use them) are handed to the bridge
 // (Bridge::release_host_after), which releases each once its copy is done.
 void run_ring_chunks(Bridge& bridge, const RingChunkSettings& settings, const RingChunkJob& job);
+
+// Waits until the bridge has released one of the ranges waiting in
+// release_host_after (applying completions); false at once when none waits.
+bool wait_for_a_release(Bridge& bridge);
 
 // Gives `range` back to the ring; false while it must stay reserved (a copy
 // may still use it, or the bridge is Broken).

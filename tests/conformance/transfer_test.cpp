@@ -353,6 +353,60 @@ TEST_P(TransferConformance, TransferReportsProgress) {
   expect_nothing_left(b);
 }
 
+// submit(): a ring-chunk upload returns with its copies in flight, their
+// ranges already the bridge's; the bytes are there once the events complete.
+// Uploads larger than the ring wait for the ranges the bridge releases.
+TEST_P(TransferConformance, TransferSubmitLeavesTheCopiesInFlight) {
+  auto& b = make_bridge(kRing);
+  TransferPlanner planner(b, {.route = Route::RingChunks});
+  for (const std::uint64_t size : sizes()) {
+    SCOPED_TRACE("size " + std::to_string(size));
+    const Bytes data = random_bytes(size);
+    const auto up = planner.submit(HostSource{data}, fresh(size));
+    ASSERT_TRUE(up.handle);
+    std::uint64_t covered = 0;
+    for (const PendingCopy& copy : up.pending) {
+      EXPECT_EQ(copy.offset, covered);
+      covered += copy.bytes;
+      b.wait(copy.event);
+    }
+    EXPECT_LE(covered, size);
+    EXPECT_EQ(b.stats().ring_reservations, 0u) << "the bridge released every range once its copy ended";
+    Bytes back(size);
+    planner.run(DeviceSpan{*up.handle}, HostDestination{back});
+    EXPECT_EQ(back, data);
+    b.free_device(*up.handle);
+  }
+  // Registered copies and downloads are synchronous: nothing pending.
+  TransferPlanner registered(b, {.route = Route::RegisteredCopy});
+  const Bytes data = random_bytes(4097);
+  const auto up = registered.submit(HostSource{data}, fresh(data.size()));
+  EXPECT_TRUE(up.pending.empty());
+  b.free_device(*up.handle);
+  expect_nothing_left(b);
+}
+
+TEST_P(TransferConformance, TransferSubmitNamesTheFailedChunkAndLeavesNothing) {
+  if (!is_fake()) GTEST_SKIP() << "needs the fake's fault injection";
+  auto& b = make_bridge(kRing);
+  TransferPlanner planner(b, {.route = Route::RingChunks});
+  const Bytes data = random_bytes(3 * kRing);
+  fake_of(b).inject(fake::Call::CopyHostToDevice, fake::Failure::CopyFailedAtSubmit, 3);
+  EXPECT_KIND(ErrorKind::DeviceCopyFailed, planner.submit(HostSource{data}, fresh(data.size())),
+              "upload chunk 2 (bytes 32768..49152");
+  b.poll();
+  expect_nothing_left(b);
+  // A copy failing at completion is the caller's to report: its event says so.
+  fake_of(b).inject(fake::Call::CopyHostToDevice, fake::Failure::CopyFailedAtCompletion, 2);
+  const auto up = planner.submit(HostSource{data}, fresh(data.size()));
+  ASSERT_GE(up.pending.size(), 2u);
+  EXPECT_EQ(up.pending[1].index, 1u);
+  EXPECT_EQ(b.wait(up.pending[1].event).state, CopyState::Failed);
+  for (const PendingCopy& copy : up.pending) (void)b.wait(copy.event);
+  b.free_device(*up.handle);
+  expect_nothing_left(b);
+}
+
 std::string driver_name(const ::testing::TestParamInfo<BackendDriver>& info) { return std::string(info.param.name); }
 
 INSTANTIATE_TEST_SUITE_P(Backends, TransferConformance, ::testing::ValuesIn(backend_drivers()), driver_name);
