@@ -9,6 +9,10 @@
 #   scripts/callgrind-slope.sh [BUILD_DIR] [WORKLOAD...]   # default build/release, a b c d e
 #
 # Prints one line per workload: `workload=<name> instructions_per_op=<x>`.
+# An operation is the benchmark's own unit (a: one alloc_device + free_device;
+# c: one copy). Each run makes 2 x N of them (bench's discarded warm-up
+# repetition, then one timed): figures quoted before this script (issue #24's
+# "a 362 -> 436", "e 417 -> 454") divided by N alone, and are twice these.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
