@@ -21,7 +21,9 @@
 //   DirectCopy      one copy from or into the ring range or registered region
 //                   the caller gives.
 //   RingChunks      through the bridge's ring: a bounded window of chunk
-//                   copies in flight, each range released once its copy allows.
+//                   copies in flight, each range released once its copy allows;
+//                   the one route of a StreamSource / StreamDestination (bytes
+//                   made or consumed chunk by chunk: a file, a hash).
 //   PeerCopy        device to device across bridges (Bridge::copy_to_peer);
 //                   where the backends have no direct path, StagedThroughRings.
 //   StagedThroughRings  device to device chunk by chunk: into the source's
@@ -69,6 +71,21 @@ struct HostSource {
 struct HostDestination {
   std::span<std::byte> bytes;
 };
+// Bytes the caller produces chunk by chunk (a file read, a decoder): `fill`
+// writes bytes [offset, offset + chunk.size()) of the source into `chunk`, a
+// ring range, in order. They exist nowhere to register, so they always go by
+// RingChunks. An exception `fill` throws ends the transfer as it is.
+struct StreamSource {
+  std::uint64_t bytes = 0;
+  std::function<void(std::uint64_t offset, std::span<std::byte> chunk)> fill;
+};
+// Bytes the caller consumes chunk by chunk (a file write, a hash): `sink`
+// reads bytes [offset, offset + chunk.size()) of the transfer from `chunk`,
+// a ring range valid only during the call, in order. RingChunks only.
+struct StreamDestination {
+  std::uint64_t bytes = 0;
+  std::function<void(std::uint64_t offset, std::span<const std::byte> chunk)> sink;
+};
 // A range the caller reserved in the planner's bridge's ring.
 struct RingSpan {
   HostRange range;
@@ -92,8 +109,9 @@ struct NewAllocation {
   std::uint64_t extent = 0;
 };
 
-using TransferSource = std::variant<HostSource, RingSpan, RegionSpan, DeviceSpan>;
-using TransferDestination = std::variant<HostDestination, RingSpan, RegionSpan, DeviceSpan, NewAllocation>;
+using TransferSource = std::variant<HostSource, RingSpan, RegionSpan, DeviceSpan, StreamSource>;
+using TransferDestination =
+    std::variant<HostDestination, RingSpan, RegionSpan, DeviceSpan, NewAllocation, StreamDestination>;
 
 struct TransferOptions {
   // ---- ring chunks (the fields, in order, of the Stager's options) ----

@@ -67,6 +67,29 @@ std::span<std::byte> writable_bytes_of(const HeldBuffer& buffer) {
   return {static_cast<std::byte*>(buffer.view().buf), static_cast<std::size_t>(buffer.view().len)};
 }
 
+// An upload's destination: into= an existing allocation at offset=, else a
+// new allocation of spec and extent (default: the buffer's size).
+TransferDestination upload_destination(std::size_t size, nb::handle spec, nb::handle extent, nb::handle into,
+                                       nb::handle offset, const char* what) {
+  if (!into.is_none())
+    return DeviceSpan{nb::cast<DeviceHandle>(into), args::integer<std::uint64_t>(offset, "offset")};
+  if (spec.is_none()) args::raise(PyExc_TypeError, std::string(what) + ": give spec= (a new allocation) or into=");
+  return NewAllocation{nb::cast<ObjectSpec>(spec),
+                       extent.is_none() ? size : args::integer<std::uint64_t>(extent, "extent")};
+}
+
+// A memoryview over `chunk` (a ring range), valid only during the call it is passed to.
+nb::object chunk_view(std::span<const std::byte> chunk, bool writable) {
+  auto* data = const_cast<char*>(reinterpret_cast<const char*>(chunk.data()));
+  PyObject* view = PyMemoryView_FromMemory(data, static_cast<Py_ssize_t>(chunk.size()), writable ? PyBUF_WRITE : PyBUF_READ);
+  if (view == nullptr) throw nb::python_error();
+  return nb::steal(view);
+}
+
+void check_callable(nb::handle f, const char* what) {
+  if (!PyCallable_Check(f.ptr())) args::raise(PyExc_TypeError, std::string(what) + " must be a callable(offset, chunk)");
+}
+
 struct PyTransferPlanner {
   std::shared_ptr<BridgeState> state;  // declared first: outlives the planner over its bridge
   std::unique_ptr<TransferPlanner> planner;
@@ -166,15 +189,8 @@ void bind_transfer(nb::module_& m) {
              nb::handle offset) {
             HeldBuffer held(buffer, PyBUF_C_CONTIGUOUS, "buffer");
             const auto bytes = bytes_of(held);
-            TransferDestination destination = HostDestination{};
-            if (!into.is_none()) {
-              destination = DeviceSpan{nb::cast<DeviceHandle>(into), args::integer<std::uint64_t>(offset, "offset")};
-            } else {
-              if (spec.is_none()) args::raise(PyExc_TypeError, "plan_upload: give spec= (a new allocation) or into=");
-              destination = NewAllocation{nb::cast<ObjectSpec>(spec),
-                                          extent.is_none() ? bytes.size()
-                                                           : args::integer<std::uint64_t>(extent, "extent")};
-            }
+            const TransferDestination destination =
+                upload_destination(bytes.size(), spec, extent, into, offset, "plan_upload");
             return plan_dict(p.locked([&](TransferPlanner& t) { return t.plan(HostSource{bytes}, destination); }));
           },
           "buffer"_a, "spec"_a = nb::none(), "extent"_a = nb::none(), nb::kw_only(), "into"_a = nb::none(),
@@ -201,15 +217,8 @@ void bind_transfer(nb::module_& m) {
              nb::handle offset) {
             HeldBuffer held(buffer, PyBUF_C_CONTIGUOUS, "buffer");
             const auto bytes = bytes_of(held);
-            TransferDestination destination = HostDestination{};
-            if (!into.is_none()) {
-              destination = DeviceSpan{nb::cast<DeviceHandle>(into), args::integer<std::uint64_t>(offset, "offset")};
-            } else {
-              if (spec.is_none()) args::raise(PyExc_TypeError, "submit_upload: give spec= (a new allocation) or into=");
-              destination = NewAllocation{nb::cast<ObjectSpec>(spec),
-                                          extent.is_none() ? bytes.size()
-                                                           : args::integer<std::uint64_t>(extent, "extent")};
-            }
+            const TransferDestination destination =
+                upload_destination(bytes.size(), spec, extent, into, offset, "submit_upload");
             TransferResult result = p.locked([&](TransferPlanner& t) {
               TransferResult r = t.submit(HostSource{bytes}, destination);
               p.last_route = r.route;
@@ -226,6 +235,47 @@ void bind_transfer(nb::module_& m) {
           "(handle or None, [(event, offset, nbytes), ...]), the chunk copies still in flight (offsets from the\n"
           "buffer's start), their ring ranges already handed to the bridge (release_host_after). The buffer is\n"
           "not needed once it returns. On failure nothing is left allocated and the error names the chunk.")
+      .def(
+          "submit_stream",
+          [](PyTransferPlanner& p, nb::object fill, nb::handle nbytes, DeviceHandle into, nb::handle offset) {
+            check_callable(fill, "fill");
+            StreamSource source{args::integer<std::uint64_t>(nbytes, "nbytes"),
+                                [&fill](std::uint64_t at, std::span<std::byte> chunk) {
+                                  nb::gil_scoped_acquire gil;
+                                  fill(at, chunk_view(chunk, true));
+                                }};
+            const DeviceSpan destination{into, args::integer<std::uint64_t>(offset, "offset")};
+            TransferResult result = p.locked([&](TransferPlanner& t) {
+              TransferResult r = t.submit(source, destination);
+              p.last_route = r.route;
+              return r;
+            });
+            nb::list pending;
+            for (const PendingCopy& copy : result.pending)
+              pending.append(nb::make_tuple(copy.event, copy.offset, copy.bytes));
+            return pending;
+          },
+          "fill"_a, "nbytes"_a, nb::kw_only(), "into"_a, "offset"_a = 0,
+          "Uploads nbytes made chunk by chunk into `into` at offset, through the ring: fill(at, chunk) writes\n"
+          "bytes [at, at + len(chunk)) into chunk (a writable memoryview over a ring range, valid only during the\n"
+          "call), in order. Returns the copies still in flight as submit_upload does; an exception fill raises\n"
+          "ends the transfer as it is.")
+      .def(
+          "download_stream",
+          [](PyTransferPlanner& p, DeviceHandle handle, nb::handle offset, nb::handle nbytes, nb::object sink) {
+            check_callable(sink, "sink");
+            const DeviceSpan source{handle, args::integer<std::uint64_t>(offset, "offset")};
+            StreamDestination destination{args::integer<std::uint64_t>(nbytes, "nbytes"),
+                                          [&sink](std::uint64_t at, std::span<const std::byte> chunk) {
+                                            nb::gil_scoped_acquire gil;
+                                            sink(at, chunk_view(chunk, false));
+                                          }};
+            p.locked([&](TransferPlanner& t) { p.last_route = t.run(source, destination).route; });
+          },
+          "handle"_a, "offset"_a, "nbytes"_a, "sink"_a,
+          "nbytes of the allocation from offset, handed to sink(at, chunk) chunk by chunk through the ring, in\n"
+          "order: chunk is a read-only memoryview over a ring range, valid only during the call (copy it, hash\n"
+          "it, write it to a file). An exception sink raises ends the transfer as it is.")
       .def(
           "upload_into",
           [](PyTransferPlanner& p, DeviceHandle handle, nb::handle offset, nb::handle buffer) {

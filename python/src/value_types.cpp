@@ -163,6 +163,16 @@ void bind_value_types(nb::module_& m) {
       .def_prop_ro("dtype", [](const ObjectSpec& s) { return std::string(spec_dtype_name(s)); },
                    "The dtype's name; \"bytes\" for an untyped allocation.")
       .def_prop_ro("shape", [](const ObjectSpec& s) { return std::string(shape_kind_name(s.shape)); })
+      .def_static(
+          "for_array",
+          // The staging layer's spec_for_array (one implementation of its checks), reached at call time:
+          // nothing is attached to this class when devbridge is imported.
+          [](nb::handle shape, nb::handle dtype, nb::handle alignment) {
+            return nb::module_::import_("devbridge._staging").attr("spec_for_array")(shape, dtype, alignment);
+          },
+          "shape"_a, "dtype"_a, "alignment"_a = 256,
+          "(ObjectSpec, extent) for one array of shape and dtype, the extent rounded up to alignment (a power of\n"
+          "two): devbridge.spec_for_array.")
       .def("__repr__", [](const ObjectSpec& s) {
         return "ObjectSpec(max_extent=" + std::to_string(s.max_extent) + ", alignment=" + std::to_string(s.alignment) +
                ", dtype=\"" + std::string(spec_dtype_name(s)) + "\", shape=\"" +

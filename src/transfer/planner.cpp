@@ -40,6 +40,10 @@ struct End {
   enum class Kind : std::uint8_t { Host, Ring, Region, Device, New } kind = Kind::Host;
   std::span<const std::byte> host_in;  // a HostSource
   std::span<std::byte> host_out;       // a HostDestination
+  // A StreamSource / StreamDestination (kind Host): bytes made or consumed chunk by chunk.
+  const std::function<void(std::uint64_t, std::span<std::byte>)>* fill = nullptr;
+  const std::function<void(std::uint64_t, std::span<const std::byte>)>* sink = nullptr;
+  bool streamed() const noexcept { return fill != nullptr || sink != nullptr; }
   HostRange ring;
   RegionRange region;
   Bridge* bridge = nullptr;  // Device and New: never null once resolved
@@ -53,7 +57,8 @@ struct End {
   bool device() const noexcept { return kind == Kind::Device || kind == Kind::New; }
   std::string name() const {
     switch (kind) {
-      case Kind::Host: return fmt::format("the caller's {} host bytes", bytes.value_or(0));
+      case Kind::Host:
+        return fmt::format("the caller's {} {}host bytes", bytes.value_or(0), streamed() ? "streamed " : "");
       case Kind::Ring: return describe(ring);
       case Kind::Region: return describe(region);
       case Kind::Device: return describe(handle);
@@ -73,6 +78,18 @@ void fill(End& end, const HostDestination& d, Bridge&) {
   end.kind = End::Kind::Host;
   end.host_out = d.bytes;
   end.bytes = d.bytes.size();
+}
+void fill(End& end, const StreamSource& s, Bridge&) {
+  if (!s.fill) fail(ErrorKind::InvalidRange, "a StreamSource of {} bytes has no fill function", s.bytes);
+  end.kind = End::Kind::Host;
+  end.fill = &s.fill;
+  end.bytes = s.bytes;
+}
+void fill(End& end, const StreamDestination& d, Bridge&) {
+  if (!d.sink) fail(ErrorKind::InvalidRange, "a StreamDestination of {} bytes has no sink function", d.bytes);
+  end.kind = End::Kind::Host;
+  end.sink = &d.sink;
+  end.bytes = d.bytes;
 }
 void fill(End& end, const RingSpan& s, Bridge&) {
   end.kind = End::Kind::Ring;
@@ -217,6 +234,9 @@ TransferPlan choose(const Resolved& r, const TransferOptions& options, const Bac
     else
       take(Route::StagedThroughRings, forced ? "as TransferOptions::route asks"
                                              : "device to device within one bridge: through its ring, chunk by chunk");
+  } else if ((r.upload() && r.source.streamed()) || (r.download() && r.destination.streamed())) {
+    if (forced && *forced != Route::RingChunks) refuse("streamed bytes move only by ring_chunks");
+    take(Route::RingChunks, "bytes made or consumed chunk by chunk: through the ring");
   } else if (!host_buffer) {
     if (forced && *forced != Route::DirectCopy) refuse("a ring range or registered region moves by one direct_copy");
     take(Route::DirectCopy, "the host bytes are already in the ring or a registered region: one copy");
@@ -374,6 +394,8 @@ TransferResult TransferPlanner::execute(const TransferSource& source, const Tran
     job.chunk_bytes = std::max<std::uint64_t>(chunk_bytes_ - chunk_bytes_ % element, element);
     job.source = r.source.host_in;
     job.destination = r.destination.host_out;
+    job.fill = r.source.fill;
+    job.sink = r.destination.sink;
     const detail::RingChunkSettings settings{options_.max_chunks_in_flight, options_.cleanup_timeout,
                                              &options_.progress, r.upload() ? pending : nullptr};
     detail::run_ring_chunks(bridge_, settings, job);

@@ -107,6 +107,18 @@ struct Transfer : RingChunkJob {
               error.fatal());
 }
 
+// Waits for `event`'s copy until `deadline` (max(): as long as it takes);
+// whatever the bridge answers (failed, closed, broken), the caller goes on.
+void wait_until(Bridge& bridge, CopyEvent event, checked::Clock::time_point deadline) noexcept {
+  try {
+    std::optional<std::chrono::nanoseconds> left;
+    if (deadline != checked::Clock::time_point::max())
+      left = std::max(std::chrono::nanoseconds::zero(), std::chrono::nanoseconds(deadline - checked::Clock::now()));
+    bridge.wait(event, left);
+  } catch (...) {
+  }
+}
+
 struct InFlightChunk {
   Chunk chunk;
   HostRange range;
@@ -142,17 +154,9 @@ class ChunkWindow {
 
  private:
   void clean_up() noexcept {
+    // Closed, Broken, restarted: try_release below asks the bridge whether the range is still pinned.
     const auto deadline = checked::deadline_after(cleanup_timeout_);
-    for (const auto& in_flight : chunks_) {
-      try {
-        std::optional<std::chrono::nanoseconds> left;
-        if (deadline != checked::Clock::time_point::max())
-          left = std::max(std::chrono::nanoseconds::zero(), std::chrono::nanoseconds(deadline - checked::Clock::now()));
-        bridge_.wait(in_flight.event, left);
-      } catch (...) {
-        // Closed, Broken, restarted: try_release below asks the bridge whether the range is still pinned.
-      }
-    }
+    for (const auto& in_flight : chunks_) wait_until(bridge_, in_flight.event, deadline);
     std::size_t handed_on = 0, left_behind = 0;
     for (const auto& in_flight : chunks_) {
       if (try_release(bridge_, in_flight.range)) continue;
@@ -217,25 +221,22 @@ class Pipeline {
   // submit() after a failure: the copies it submitted end (or the cleanup
   // timeout passes) before the caller frees the allocation they write.
   void wait_for_submitted() noexcept {
+    // Failed, closed, broken: the bridge releases the range regardless.
     const auto deadline = checked::deadline_after(options_.cleanup_timeout);
-    for (const PendingCopy& copy : *options_.submitted) {
-      try {
-        std::optional<std::chrono::nanoseconds> left;
-        if (deadline != checked::Clock::time_point::max())
-          left = std::max(std::chrono::nanoseconds::zero(), std::chrono::nanoseconds(deadline - checked::Clock::now()));
-        bridge_.wait(copy.event, left);
-      } catch (...) {
-        // Failed, closed, broken: the bridge releases the range regardless.
-      }
-    }
+    for (const PendingCopy& copy : *options_.submitted) wait_until(bridge_, copy.event, deadline);
   }
 
   void submit(const Chunk& chunk) {
     ReservedRange range(bridge_, with_room(chunk, [&] { return bridge_.reserve(chunk.len); }));
     const DeviceRange device{transfer_.handle, transfer_.device_offset_of(chunk), chunk.len};
     try {
-      if (transfer_.upload())
-        std::ranges::copy(transfer_.source.subspan(chunk.offset, chunk.len), bridge_.host_bytes(range.get()).begin());
+      if (transfer_.upload()) {
+        const std::span<std::byte> ring = bridge_.host_bytes(range.get());
+        if (transfer_.fill != nullptr)
+          (*transfer_.fill)(chunk.offset, ring);
+        else
+          std::ranges::copy(transfer_.source.subspan(chunk.offset, chunk.len), ring.begin());
+      }
     } catch (const Error& e) {
       rethrow_for_chunk(e, transfer_, chunk);
     }
@@ -293,8 +294,13 @@ class Pipeline {
                                       : bridge_.host_bytes_valid(oldest.event))) {
         return false;
       }
-      if (!transfer_.upload())
-        std::ranges::copy(bridge_.host_bytes(oldest.range), transfer_.destination.subspan(oldest.chunk.offset).begin());
+      if (!transfer_.upload()) {
+        const std::span<std::byte> ring = bridge_.host_bytes(oldest.range);
+        if (transfer_.sink != nullptr)
+          (*transfer_.sink)(oldest.chunk.offset, ring);
+        else
+          std::ranges::copy(ring, transfer_.destination.subspan(oldest.chunk.offset).begin());
+      }
       bridge_.release_host(oldest.range);
     } catch (const Error& e) {
       rethrow_for_chunk(e, transfer_, oldest.chunk);

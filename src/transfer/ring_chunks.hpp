@@ -27,6 +27,11 @@ struct RingChunkJob {
   std::uint64_t chunk_bytes = 0;  // whole elements of the allocation
   std::span<const std::byte> source;  // uploads
   std::span<std::byte> destination;   // downloads
+  // Set: a StreamSource's fill writes each upload chunk into the ring
+  // instead of a copy from `source`; a StreamDestination's sink reads each
+  // download chunk from the ring instead of a copy into `destination`.
+  const std::function<void(std::uint64_t, std::span<std::byte>)>* fill = nullptr;
+  const std::function<void(std::uint64_t, std::span<const std::byte>)>* sink = nullptr;
 };
 
 struct RingChunkSettings {

@@ -407,6 +407,42 @@ TEST_P(TransferConformance, TransferSubmitNamesTheFailedChunkAndLeavesNothing) {
   expect_nothing_left(b);
 }
 
+// Streamed ends: bytes made or consumed chunk by chunk, in order, through
+// the ring; an exception from the caller's function ends the transfer as it
+// is and leaves nothing reserved.
+TEST_P(TransferConformance, TransferStreamsChunkByChunk) {
+  auto& b = make_bridge(kRing);
+  TransferPlanner planner(b);
+  const Bytes data = random_bytes(3 * kRing + 123);
+  const DeviceHandle h = b.alloc_device(bytes_spec(extent_for(data.size())), extent_for(data.size()));
+  std::uint64_t expected = 0;
+  const StreamSource source{data.size(), [&](std::uint64_t at, std::span<std::byte> chunk) {
+                              EXPECT_EQ(at, expected);
+                              expected += chunk.size();
+                              std::memcpy(chunk.data(), data.data() + at, chunk.size());
+                            }};
+  EXPECT_EQ(planner.plan(source, DeviceSpan{h}).route, Route::RingChunks);
+  const auto up = planner.submit(source, DeviceSpan{h});
+  for (const PendingCopy& copy : up.pending) b.wait(copy.event);
+  EXPECT_EQ(expected, data.size());
+  Bytes back;
+  const StreamDestination sink{data.size(), [&](std::uint64_t at, std::span<const std::byte> chunk) {
+                                 EXPECT_EQ(at, back.size());
+                                 back.insert(back.end(), chunk.begin(), chunk.end());
+                               }};
+  EXPECT_EQ(planner.run(DeviceSpan{h}, sink).route, Route::RingChunks);
+  EXPECT_EQ(back, data);
+  TransferPlanner registered(b, {.route = Route::RegisteredCopy});
+  EXPECT_KIND(ErrorKind::InvalidRange, registered.plan(DeviceSpan{h}, sink), "only by ring_chunks");
+  const StreamDestination failing{data.size(), [](std::uint64_t at, std::span<const std::byte>) {
+                                    if (at != 0) throw std::runtime_error("the disk is full");
+                                  }};
+  EXPECT_THROW(planner.run(DeviceSpan{h}, failing), std::runtime_error);
+  b.free_device(h);
+  b.poll();
+  expect_nothing_left(b);
+}
+
 std::string driver_name(const ::testing::TestParamInfo<BackendDriver>& info) { return std::string(info.param.name); }
 
 INSTANTIATE_TEST_SUITE_P(Backends, TransferConformance, ::testing::ValuesIn(backend_drivers()), driver_name);
