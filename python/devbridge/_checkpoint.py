@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import hashlib
 import json
+import mmap
 import os
 import stat
 import tempfile
@@ -27,14 +27,12 @@ from typing import Any, BinaryIO, Callable, Mapping, NamedTuple
 
 import numpy as np
 
-from ._devbridge import Bridge, DeviceHandle, _checkpoint_open, dtype_info, _safetensors_name
+from ._devbridge import Bridge, DeviceHandle, TransferPlanner, _checkpoint_open, dtype_info, _safetensors_name
 from ._errors import BridgeError
 from ._portable import (
-    _MEMORY_CHUNK_BYTES,
     CheckpointError,
     _Source,
     _context,
-    _read_exactly,
     _resolve,
     _stream,
     _write_all,
@@ -42,20 +40,16 @@ from ._portable import (
 from ._staging import (
     _CLEANUP_WAIT_S,
     DeviceTensor,
-    _chunk_bytes,
-    _chunk_error,
-    _cleanup,
-    _host_bytes,
-    _release_after,
-    _room,
+    _fill_new,
     spec_for_array,
-    _upload,
 )
 
 FORMAT = "devbridge-checkpoint"
 FORMAT_VERSION = "1"
-# Restore: ring ranges read from the file and not yet hashed (each also has its upload in flight).
+# Restore: mapped pieces submitted to the hasher and not yet hashed.
 _RESTORE_WINDOW = 4
+# Restore by a one-copy route: bytes copied per call, each piece hashed while the next one copies.
+_RESTORE_PIECE_BYTES = 16 << 20
 # Checksums a checkpoint may record: algorithm -> hex digits. checkpoint writes crc32 by default (see
 # docs/PORTABLE.md, "Checksums"); restore and `devbridge checkpoint inspect` verify both.
 _CHECKSUM_DIGITS = {"sha256": 64, "crc32": 8}
@@ -412,17 +406,15 @@ def restore(bridge: Bridge, path: Any, *, alignment: int = 256, verify: bool = T
         expected = header.metadata.get("checksum") if verify else None
         hasher = _Hasher(expected.partition(":")[0]) if expected else None
         try:
-            reader = _RestoreReader(bridge, file.readinto, hasher)
+            reader = _RestoreReader(bridge, file, hasher)
             try:
                 for entry, (spec, extent) in zip(header.entries, specs):
                     with _context(f"restore {path!r}: tensor {entry.name!r}"):
-                        fill = (functools.partial(reader.read_into_memory, name=entry.dtype, shape=entry.shape)
-                                if bridge.host_addressable else reader.stage)
-                        restored[entry.name] = _upload(
+                        restored[entry.name] = _fill_new(
                             bridge, entry.shape, entry.dtype, spec, extent, False,
-                            lambda handle: fill(handle, nbytes=entry.end - entry.begin))
+                            lambda handle: reader.stage(handle, entry.begin, entry.end - entry.begin))
             finally:
-                reader.drain()
+                reader.close()
             for name, tensor in restored.items():
                 with _context(f"restore {path!r}: tensor {name!r}"):
                     tensor.wait()
@@ -441,104 +433,69 @@ def restore(bridge: Bridge, path: Any, *, alignment: int = 256, verify: bool = T
 
 
 class _RestoreReader:
-    """Streams a checkpoint's data section from the file into device allocations through the ring, with
-    the checksum on the hasher's thread: chunk k is hashed while chunk k+1 is read into the ring and chunk
-    k copies to the device. A ring range is handed to the bridge (``release_host_after``: back once its
-    copy is done) only after the hash has read it. The ranges of one tensor may still be hashing while the
-    next tensor is read; ``drain()`` settles them all (call it once, also after a failure)."""
+    """Moves a checkpoint's data section from the file into device allocations by the transfer planner's
+    route, from a read-only map of the file: one copy where registering host memory is cheap (the mapped
+    file registered for the call: page cache to device memory, as a ``read`` into host device memory
+    was), else through the ring in chunks (page cache to ring, then the device's copy). The checksum runs
+    on the hasher's thread over the mapped bytes: over piece k while piece k+1 copies. ``close()`` waits
+    for every hash and unmaps (call it once, also after a failure)."""
 
-    def __init__(self, bridge: Bridge, readinto: Callable[[Any], int | None], hasher: _Hasher | None) -> None:
+    def __init__(self, bridge: Bridge, file: BinaryIO, hasher: _Hasher | None) -> None:
         self._bridge = bridge
-        self._ring = bridge.ring
-        self._readinto = readinto
         self._hasher = hasher
-        self._pending: collections.deque[tuple[Any, Any, Future | None]] = collections.deque()
+        self._hashed: collections.deque[Future] = collections.deque()
+        self._start = file.tell()  # the data section's first byte
+        self._fileno = file.fileno()
+        size = os.fstat(self._fileno).st_size
+        # Empty past the header: no tensor has bytes to map (the header check refused every other case).
+        self._map = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) if size > self._start else None
 
-    def stage(self, handle: DeviceHandle, nbytes: int) -> list:
-        """Fills ``handle`` from offset 0 with the file's next ``nbytes``: ``(event, offset, length)`` per
-        chunk, as ``_stage_chunks`` returns them."""
-        bridge, ring = self._bridge, self._ring
-        chunk = _chunk_bytes(bridge, nbytes)
-        events: list = []
-        index = offset = n = 0
-        try:
-            while offset < nbytes:
-                n = min(chunk, nbytes - offset)
-                r = _room(bridge, lambda: ring.reserve(n), self._settle_oldest)
-                try:
-                    view = memoryview(ring.ndarray(r, "uint8")).cast("B")
-                    self._read(view, offset)
-                    event = _room(bridge, lambda: bridge.host_to_device(r, handle, offset), self._settle_oldest)
-                except BaseException:
-                    ring.release(r)
-                    raise
-                hashed = self._hasher.submit(view) if self._hasher is not None else None
-                self._pending.append((r, event, hashed))
-                events.append((event, offset, n))
-                index += 1
-                offset += n
-                while len(self._pending) > _RESTORE_WINDOW:
-                    self._settle_oldest()
-            return events
-        except BaseException as error:
-            self.drain()
-            _cleanup(bridge, [e for e, _, _ in events])
-            if isinstance(error, BridgeError):
-                raise _chunk_error(error, "upload", index, offset, n, nbytes) from error
-            raise
-
-    def read_into_memory(self, handle: DeviceHandle, name: str, shape: tuple[int, ...], nbytes: int) -> list:
-        """``stage`` for host-addressable device memory (``bridge.host_addressable``): the file is read
-        straight into the allocation, a chunk at a time, at the address of a view of it (no ring, so no
-        copy events); each chunk is hashed on the hasher's thread while the next is read, and every hash is
-        done before the view goes."""
+    def stage(self, handle: DeviceHandle, begin: int, nbytes: int) -> list:
+        """Fills ``handle`` from offset 0 with the data section's bytes ``[begin, begin + nbytes)``: the copies
+        still in flight as ``(event, offset, length)``, as ``DeviceTensor`` keeps them."""
         if nbytes == 0:
             return []
-        with self._bridge.view(handle, name, shape) as view:
-            memory = memoryview(_host_bytes(view.ptr, nbytes)).cast("B")
-            hashed: Future | None = None
+        data = np.frombuffer(self._map, np.uint8, count=nbytes, offset=self._start + begin)
+        planner = TransferPlanner(self._bridge)
+        # A one-copy route returns once its bytes landed: with a checksum, copied a piece at a time, each
+        # hashed while the next copies. Ring chunks return as soon as they are staged: one submission, hashed
+        # after it.
+        piece = nbytes
+        if self._hasher is not None and planner.plan_upload(data, into=handle)["route"] == "registered_copy":
+            piece = _RESTORE_PIECE_BYTES
+        events: list = []
+        for at in range(0, nbytes, piece):
+            self._check_size(begin + at, min(piece, nbytes - at))
+            chunk = data[at:at + piece]
+            _, pending = planner.submit_upload(chunk, into=handle, offset=at)
+            events.extend((event, at + offset, n) for event, offset, n in pending)
+            self._hash(chunk)
+        return events
+
+    def _check_size(self, begin: int, nbytes: int) -> None:
+        """A file that shrank since the header was checked: ``CheckpointError`` before the map is read past
+        its end (which the OS answers with SIGBUS, not an error)."""
+        size = os.fstat(self._fileno).st_size
+        if size < self._start + begin + nbytes:
+            raise CheckpointError(f"the file ends {self._start + begin + nbytes - size} bytes early "
+                                  f"(it shrank while being restored)")
+
+    def _hash(self, chunk: np.ndarray) -> None:
+        if self._hasher is None:
+            return
+        while len(self._hashed) >= _RESTORE_WINDOW:
+            self._hashed.popleft().result()
+        self._hashed.append(self._hasher.submit(memoryview(chunk)))
+
+    def close(self) -> None:
+        """Every hash finishes (a failure shows in the digest's comparison); the map goes."""
+        while self._hashed:
+            self._hashed.popleft().exception()
+        if self._map is not None:
             try:
-                for offset in range(0, nbytes, _MEMORY_CHUNK_BYTES):
-                    piece = memory[offset:offset + _MEMORY_CHUNK_BYTES]
-                    self._read(piece, offset)
-                    if self._hasher is not None:
-                        if hashed is not None:
-                            hashed.result()
-                        hashed = self._hasher.submit(piece)
-            finally:
-                if hashed is not None:
-                    hashed.result()
-                memory.release()
-        return []
-
-    def _read(self, view: memoryview, offset: int) -> None:
-        _read_exactly(self._readinto, view, offset)
-
-    def _settle_oldest(self) -> bool:
-        """Makes room: the oldest range's hash finishes and its range goes back once its copy is done
-        (waited for here). False when nothing is pending."""
-        if not self._pending:
-            return False
-        r, event, hashed = self._pending.popleft()
-        try:
-            if hashed is not None:
-                hashed.result()
-        finally:
-            _release_after(self._bridge, r, event)
-        with contextlib.suppress(BridgeError):  # a failed copy is reported by its tensor's wait
-            self._bridge.wait(event)  # applies the completion: the bridge releases the range
-        return True
-
-    def drain(self) -> None:
-        """Every pending range's hash finishes and the range goes to the bridge (``release_host_after``; not
-        waited for)."""
-        while self._pending:
-            r, event, hashed = self._pending.popleft()
-            try:
-                if hashed is not None:
-                    hashed.exception()  # waits; a failure shows in the digest's comparison
-            finally:
-                _release_after(self._bridge, r, event)
+                self._map.close()
+            except BufferError:  # an array over it is still alive (an error's traceback): unmapped with it
+                pass
 
 
 __all__ = ["CheckpointError", "checkpoint", "checkpoint_info", "restore"]

@@ -18,7 +18,6 @@ here (``_resolve``, ``_stream``).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import math
 import operator
@@ -26,31 +25,20 @@ from typing import Any, BinaryIO, Callable, Iterator, NamedTuple
 
 import numpy as np
 
-from ._devbridge import Bridge, DeviceHandle, ObjectSpec, dtype_info
+from ._devbridge import Bridge, DeviceHandle, ObjectSpec, TransferPlanner, dtype_info
 from ._errors import BridgeError
 from ._intake import _bits_dtype, _dtype_name, _intake, _numpy_dtype
 from ._staging import (
-    _REGISTRATION_FROM,
     DeviceTensor,
     _checked_shape,
-    _chunk_bytes,
-    _chunk_error,
-    _cleanup,
-    _download_chunks,
+    _fill_new,
     _handle_dtype,
-    _host_bytes,
     spec_for_array,
-    _stage_chunk,
-    _stage_chunks,
-    _stage_from_registration,
     _stage_into,
     _upload,
 )
 
 _U64_MAX = (1 << 64) - 1
-
-# Uploads of one transfer in flight on the destination at once (the source keeps its own few downloads).
-_TRANSFER_WINDOW = 2
 
 
 # Here, not in _checkpoint: import_tensor from a file raises it too (a file that ends early), and the
@@ -255,64 +243,27 @@ def _row_major_strides(dims: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _stream(source: _Source, sink: Callable[[int, np.ndarray], Any]) -> None:
-    """Hands ``source``'s logical bytes (row-major) to ``sink(offset, chunk)`` in order, through the ring.
+    """Hands ``source``'s logical bytes (row-major) to ``sink(offset, chunk)`` in order, by the transfer planner.
 
-    A row-major source streams chunk by chunk straight from the ring. A strided one is read as the
-    span of bytes its elements cover, gathered into row-major order, and handed over in one piece."""
+    A row-major source streams chunk by chunk straight from the ring (``chunk`` is a read-only uint8 array
+    over a ring range, valid only during the call). A strided one is read as the span of bytes its elements
+    cover (by the planner's route), gathered into row-major order, and handed over in one piece."""
     if source.nbytes == 0:
         return
-    bridge = source.bridge
-    if bridge.host_addressable:
-        _stream_from_memory(source, sink)
-        return
+    planner = TransferPlanner(source.bridge)
     if source.strides is None:
-        _download_chunks(bridge, source.handle, source.nbytes, sink, device_offset=source.byte_offset)
+        planner.download_stream(source.handle, source.byte_offset, source.nbytes,
+                                lambda at, chunk: sink(at, np.frombuffer(chunk, np.uint8)))
         return
     itemsize = dtype_info(source.dtype)["itemsize"]
     reach = [(d - 1) * s for d, s in zip(source.shape, source.strides)]
     low = sum(r for r in reach if r < 0)  # elements before byte_offset a negative stride reaches
     span = np.empty((sum(r for r in reach if r > 0) - low + 1) * itemsize, np.uint8)
-    _download_chunks(bridge, source.handle, span.size,
-                     lambda offset, chunk: np.copyto(span[offset:offset + chunk.size], chunk),
-                     device_offset=source.byte_offset + low * itemsize)
+    planner.download(source.handle, source.byte_offset + low * itemsize, span)
     elements = span.view(_numpy_dtype(source.dtype))[-low:]
     logical = np.lib.stride_tricks.as_strided(elements, source.shape, [s * itemsize for s in source.strides],
                                               writeable=False)
     sink(0, np.ascontiguousarray(logical).reshape(-1).view(np.uint8))
-
-
-_MEMORY_CHUNK_BYTES = 16 << 20
-
-
-def _stream_from_memory(source: _Source, sink: Callable[[int, np.ndarray], Any]) -> None:
-    """``_stream`` for host-addressable device memory (``bridge.host_addressable``): the sink reads the
-    allocation itself, a chunk at a time, at the address of a view of the source (its lease keeps the
-    memory alive, and taking it waits for uploads in flight): no ring, no copy before the sink's own. A
-    strided source is gathered into row-major order a block of leading rows at a time, so nothing the
-    size of the tensor is held."""
-    itemsize = dtype_info(source.dtype)["itemsize"]
-    with source.bridge.view(source.handle, source.dtype, source.shape, source.strides, source.byte_offset) as view:
-        start = view.ptr  # the first element: the allocation plus the offset
-        if source.strides is None:
-            memory = _host_bytes(start, source.nbytes)
-            for offset in range(0, source.nbytes, _MEMORY_CHUNK_BYTES):
-                sink(offset, memory[offset:offset + _MEMORY_CHUNK_BYTES])
-            return
-        reach = [(d - 1) * s for d, s in zip(source.shape, source.strides)]
-        low = sum(r for r in reach if r < 0)
-        span = _host_bytes(start + low * itemsize, (sum(r for r in reach if r > 0) - low + 1) * itemsize)
-        elements = span.view(_numpy_dtype(source.dtype))[-low:]
-        logical = np.lib.stride_tricks.as_strided(elements, source.shape, [s * itemsize for s in source.strides],
-                                                  writeable=False)
-        if not source.shape:
-            sink(0, np.ascontiguousarray(logical).reshape(-1).view(np.uint8))
-            return
-        rows = max(1, _MEMORY_CHUNK_BYTES // max(1, source.nbytes // source.shape[0]))
-        offset = 0
-        for first in range(0, source.shape[0], rows):
-            block = np.ascontiguousarray(logical[first:first + rows]).reshape(-1).view(np.uint8)
-            sink(offset, block)
-            offset += block.size
 
 
 def _with_context(error: BaseException, context: str) -> BaseException:
@@ -419,16 +370,13 @@ def import_tensor(bridge: Bridge, source: Any, spec: ObjectSpec | None = None, *
         dims, name = _checked_shape(shape), _checked_dtype(dtype)
         nbytes = math.prod(dims) * dtype_info(name)["itemsize"]
         allocation = _allocation(dims, name, spec, alignment, "import_tensor")
-        fill = _file_reader(readinto)
         with _context(f"import_tensor from {source!r}"):
-            return _upload(bridge, dims, name, *allocation, wait,
-                           lambda handle: _stage_chunks(bridge, handle, nbytes, fill))
+            return _fill_new(bridge, dims, name, *allocation, wait,
+                             lambda handle: TransferPlanner(bridge).submit_stream(
+                                 lambda at, chunk: _read_exactly(readinto, chunk, at), nbytes, into=handle))
     tensor = _as_portable(source, dtype, shape)
     allocation = _allocation(tensor.shape, tensor.dtype, spec, alignment, "import_tensor")
-    stage = (_stage_from_registration if wait and bridge.cheap_registration and tensor.nbytes >= _REGISTRATION_FROM
-             else _stage_into)
-    return _upload(bridge, tensor.shape, tensor.dtype, *allocation, wait,
-                   lambda handle: stage(bridge, tensor._bytes, handle))
+    return _upload(bridge, tensor.shape, tensor.dtype, *allocation, tensor._bytes, wait)
 
 
 def _as_portable(source: Any, dtype: Any, shape: Any) -> PortableTensor:
@@ -480,11 +428,6 @@ def _read_exactly(readinto: Callable[[Any], int | None], view: memoryview, offse
         done += n
 
 
-def _file_reader(readinto: Callable[[Any], int | None]) -> Callable[[int, np.ndarray], None]:
-    """A ``fill(offset, chunk)`` reading the next ``chunk.size`` bytes of a file into the ring."""
-    return lambda offset, chunk: _read_exactly(readinto, memoryview(chunk).cast("B"), offset)
-
-
 # -------------------------------------------------------------------------------------------- transfer
 
 
@@ -508,59 +451,24 @@ def transfer(src_bridge: Bridge, x: Any, dst_bridge: Bridge, *, dtype: Any = Non
     source = _resolve(src_bridge, x, dtype, shape, strides, offset)
     spec, extent = spec_for_array(source.shape, source.dtype, alignment)
     with _context(f"transfer of {source.handle!r} (bridge {src_bridge.domain} -> {dst_bridge.domain})"):
-        return _upload(dst_bridge, source.shape, source.dtype, spec, extent, wait,
-                       lambda handle: _direct_or_pipe(source, dst_bridge, handle))
+        return _fill_new(dst_bridge, source.shape, source.dtype, spec, extent, wait,
+                         lambda handle: _device_to_device(source, dst_bridge, handle))
 
 
-def _direct_or_pipe(source: _Source, dst: Bridge, handle: DeviceHandle) -> list:
-    """Device to device where the backends can (``_direct``), else staged through both rings (``_pipe``)."""
-    if _direct(source, dst, handle):
+def _device_to_device(source: _Source, dst: Bridge, handle: DeviceHandle) -> list:
+    """Copies ``source`` into ``handle`` of ``dst`` from offset 0. A row-major source goes by the transfer
+    planner (a peer copy where the backends have a direct path, else chunk by chunk through both rings);
+    a strided one is gathered into row-major order through the source's ring and uploaded by the
+    destination's planner. Returns the destination's copies still in flight, as ``DeviceTensor`` keeps them."""
+    if not source.nbytes:
         return []
-    return _pipe(source, dst, handle)
-
-
-def _direct(source: _Source, dst: Bridge, handle: DeviceHandle) -> bool:
-    """The device-to-device path (``Bridge.copy_to_peer``: CUDA within a context or between peers) for a
-    row-major source: True once the bytes have landed, False where the two backends have no such path."""
-    if source.strides is not None or not source.nbytes or source.bridge is dst:
-        return False
-    return source.bridge.copy_to_peer(source.handle, dst, handle, source.nbytes, offset=source.byte_offset)
-
-
-def _pipe(source: _Source, dst: Bridge, handle: DeviceHandle) -> list:
-    """Streams ``source`` into ``handle`` of ``dst``: each chunk the source's ring hands over is copied
-    into ``dst``'s ring and uploaded asynchronously while the source downloads its next chunks; into
-    host-addressable memory (``dst.host_addressable``) it is copied straight into the allocation, through
-    a view held for the whole transfer."""
-    total = source.nbytes
-    if dst.host_addressable and total:
-        with dst.view(handle, source.dtype, source.shape) as view:
-            memory = _host_bytes(view.ptr, total)
-            _stream(source, lambda offset, chunk: np.copyto(memory[offset:offset + chunk.size], chunk))
+    if source.strides is None:
+        TransferPlanner(source.bridge).copy(source.handle, source.byte_offset, source.nbytes, handle, 0,
+                                            destination_bridge=dst)
         return []
-    step = _chunk_bytes(dst, total)
-    events: list = []  # (event, offset, length), as DeviceTensor keeps them
-    in_flight: collections.deque = collections.deque()
-
-    def upload(offset: int, chunk: np.ndarray) -> None:
-        for start in range(0, chunk.size, step):
-            piece = chunk[start:start + step]
-            at = offset + start
-            while len(in_flight) >= _TRANSFER_WINDOW:
-                with contextlib.suppress(BridgeError):  # a failure is reported by the tensor's wait
-                    dst.wait(in_flight.popleft())
-            try:
-                event = _stage_chunk(dst, handle, at, piece.size, lambda view: np.copyto(view, piece))
-            except BridgeError as error:
-                raise _chunk_error(error, "upload", len(events), at, piece.size, total) from error
-            events.append((event, at, piece.size))
-            in_flight.append(event)
-
-    try:
-        _stream(source, upload)
-    except BaseException:
-        _cleanup(dst, [e for e, _, _ in events])
-        raise
+    events: list = []
+    _stream(source, lambda at, chunk: events.extend(
+        (event, at + offset, n) for event, offset, n in _stage_into(dst, chunk, handle, at)))
     return events
 
 

@@ -6,10 +6,13 @@ section of docs/PYTHON.md.
 * ``spec_for_array(shape, dtype, alignment=256)`` -> ``(ObjectSpec, extent)``,
   the extent rounded up to the alignment (also ``ObjectSpec.for_array``).
 * ``upload(bridge, array, ...)`` / ``bridge.upload(array, ...)`` -> ``DeviceTensor``:
-  stages a C-contiguous array through the ring in chunks (so an array larger
-  than the ring works), handing each chunk's range to the bridge
-  (``bridge.release_host_after``), which releases it once its copy completes.
-* ``download(bridge, x, out=None, ...)`` / ``bridge.download(...)`` -> ``numpy.ndarray``.
+  the C++ transfer planner (``TransferPlanner``) moves the bytes by the route
+  the backend makes cheapest: one copy from the array registered for the call
+  where registering is cheap, else through the ring in chunks (so an array
+  larger than the ring works), each chunk's range released by the bridge
+  (``release_host_after``) once its copy completes.
+* ``download(bridge, x, out=None, ...)`` / ``bridge.download(...)`` -> ``numpy.ndarray``,
+  through the planner likewise.
 * ``ReleaseQueue(bridge)``: a thin layer over ``bridge.release_host_after``
   (the core's one release-after-completion mechanism; ``release_when_safe`` is
   the same bound call) that remembers the events, to raise a failure once.
@@ -18,25 +21,19 @@ section of docs/PYTHON.md.
 from __future__ import annotations
 
 import collections
-import ctypes
 import math
 import operator
-import os
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from ._devbridge import Bridge, CopyEvent, DeviceHandle, HostRange, ObjectSpec, dtype_info
-from ._errors import (AllocationStillInUse, Backpressure, BridgeError, Closed, InvalidAlignment, InvalidRange,
-                      InvalidTensorView, InvalidViewDType)
+from ._devbridge import Bridge, CopyEvent, DeviceHandle, HostRange, ObjectSpec, TransferPlanner, dtype_info
+from ._errors import AllocationStillInUse, BridgeError, Closed, InvalidAlignment, InvalidRange
 from ._intake import _bits_dtype, _dtype_name, _intake, _numpy_dtype
 
 _U64_MAX = (1 << 64) - 1
 _I64_MAX = (1 << 63) - 1
-_CHUNK_ALIGN = 4096
 # How long cleanup after a failure waits for this call's own copies still in flight before leaving
 # their ranges to the bridge (release_host_after: released once their copies end) and the allocation to a
 # deferred free.
@@ -182,54 +179,6 @@ class ReleaseQueue:
 
 
 # --------------------------------------------------------------------------------------------- helpers
-
-
-def _chunk_bytes(bridge: Bridge, nbytes: int) -> int:
-    """A chunk: at most a quarter of the ring and half the in-flight budget, a multiple of 4096."""
-    stats = bridge.stats()
-    cap = min(stats["ring_capacity"] // 4, stats["inflight_budget_bytes"] // 2)
-    cap = max(_CHUNK_ALIGN, cap - cap % _CHUNK_ALIGN)
-    return min(nbytes, cap)
-
-
-def _room(bridge: Bridge, attempt, free_own=None) -> Any:
-    """Runs ``attempt`` (a reserve or a copy), making room on Backpressure: first by ``free_own()``
-    (the caller finishing one of its own copies; it returns False when it has none), then by
-    waiting for the bridge to release a range handed to ``release_host_after`` (an earlier call's
-    copies); with neither, the room is held by others and Backpressure stands."""
-    while True:
-        try:
-            return attempt()
-        except Backpressure:
-            if free_own is not None and free_own():
-                continue
-            if not _wait_for_a_release(bridge):
-                raise
-
-
-def _wait_for_a_release(bridge: Bridge) -> bool:
-    """Waits until the bridge has released one of the ranges waiting for their copies
-    (``release_host_after``); False at once when none waits."""
-    waiting = bridge.stats()["ring_releases_pending"]
-    while waiting:
-        bridge.poll()  # applies completions: the ranges whose copies ended go back
-        now = bridge.stats()["ring_releases_pending"]
-        if now < waiting:
-            return True
-        time.sleep(0.0002)
-    return False
-
-
-def _release_after(bridge: Bridge, r: HostRange, event: CopyEvent) -> None:
-    """``bridge.release_host_after`` on a cleanup path: a bridge closed or restarted meanwhile no longer holds
-    the range (a restart released it), so its refusal is nothing to report over the error being raised."""
-    try:
-        bridge.release_host_after(r, event)
-    except BridgeError:
-        try:
-            bridge.ring.release(r)
-        except BridgeError:
-            pass
 
 
 def _chunk_error(error: BridgeError, what: str, index: int, offset: int, n: int, total: int) -> BridgeError:
@@ -497,78 +446,29 @@ def upload(bridge: Bridge, array: Any, *, dtype: Any = None, alignment: int = 25
     a = _intake(array, "upload", dtype)
     name = _dtype_name(a.dtype)
     spec, extent = spec_for_array(a.shape, name, alignment)
-    if bridge.host_addressable and a.nbytes:  # one copy, through a view: no ring, no events to wait for
-        return _upload_through_view(bridge, a.shape, name, spec, extent, a, wait)
-    return _upload(bridge, a.shape, name, spec, extent, wait, lambda handle: _stage_into(bridge, a, handle))
-
-
-def _host_bytes(address: int, nbytes: int) -> np.ndarray:
-    """A uint8 array over ``nbytes`` of host-addressable device memory at ``address``: valid only while the
-    view that gave the address is held."""
-    if nbytes == 0:
-        return np.empty(0, np.uint8)
-    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
-
-
-# A copy through a view asked to run in parallel is split across threads from this size on (numpy
-# releases the GIL while it copies).
-_PARALLEL_COPY_BYTES = 8 << 20
-_copy_pool: ThreadPoolExecutor | None = None
-_copy_pool_lock = threading.Lock()
-
-
-def _copy_bytes(dst: np.ndarray, src: np.ndarray, parallel: bool) -> None:
-    """``dst[:] = src`` for flat uint8 arrays of one size; with ``parallel``, split across a few threads
-    when large."""
-    global _copy_pool
-    n = dst.size
-    threads = min(4, os.cpu_count() or 1) if parallel else 1
-    if n < _PARALLEL_COPY_BYTES or threads < 2:
-        np.copyto(dst, src)
-        return
-    with _copy_pool_lock:
-        if _copy_pool is None:
-            _copy_pool = ThreadPoolExecutor(threads, thread_name_prefix="devbridge-copy")
-    step = -(-n // threads)
-    step = -(-step // _CHUNK_ALIGN) * _CHUNK_ALIGN
-    futures = [_copy_pool.submit(np.copyto, dst[i:i + step], src[i:i + step]) for i in range(step, n, step)]
-    np.copyto(dst[:step], src[:step])
-    for future in futures:
-        future.result()
-
-
-def _copy_through_view(bridge: Bridge, handle: DeviceHandle, name: str, shape: tuple[int, ...], data: np.ndarray,
-                       into_device: bool, *, parallel: bool = False) -> list[tuple[CopyEvent, int, int]]:
-    """Copies ``data`` (C-contiguous, ``data.nbytes`` bytes) into the allocation, or the allocation into
-    ``data``, at the address of a view of it: for a bridge whose device memory is host memory
-    (``bridge.host_addressable``), one copy instead of two through the ring. The view's lease keeps the
-    memory alive for the copy, and taking it waits for copies into the allocation still in flight (an
-    upload by another thread), as any view does. No copy event: it is done when this returns.
-    ``parallel``: a large copy is split across a few threads."""
-    with bridge.view(handle, name, shape) as view:
-        memory = _host_bytes(view.ptr, data.nbytes)  # ptr: where the view starts
-        raw = data.reshape(-1).view(np.uint8)
-        if into_device:
-            _copy_bytes(memory, raw, parallel)
-        else:
-            _copy_bytes(raw, memory, parallel)
-        del memory
-    return []
-
-
-def _upload_through_view(bridge: Bridge, shape: tuple[int, ...], name: str, spec: ObjectSpec, extent: int,
-                         data: np.ndarray, wait: bool, *, parallel: bool = False) -> DeviceTensor:
-    """``_upload`` for host-addressable device memory: ``data`` (C-contiguous, the bytes of ``shape`` elements
-    of ``name``) is copied into the new allocation through a view (``_copy_through_view``), no ring."""
-    return _upload(bridge, shape, name, spec, extent, wait,
-                   lambda handle: _copy_through_view(bridge, handle, name, shape, data, True, parallel=parallel))
+    return _upload(bridge, a.shape, name, spec, extent, a.reshape(-1).view(np.uint8), wait)
 
 
 def _upload(bridge: Bridge, shape: tuple[int, ...], name: str, spec: ObjectSpec, extent: int,
-            wait: bool, stage: Callable[[DeviceHandle], list[tuple[CopyEvent, int, int]]]) -> DeviceTensor:
-    """Allocates ``extent`` bytes of ``spec`` and fills them with ``stage(handle)`` (which returns the chunks'
-    ``(event, offset, length)``, as ``_stage_chunks`` does): a ``DeviceTensor`` of ``shape`` and dtype ``name``.
-    On any failure the allocation is freed (deferred while copies still pin it)."""
+            data: Any, wait: bool) -> DeviceTensor:
+    """A new allocation of ``extent`` bytes of ``spec`` holding ``data`` (a C-contiguous buffer of the bytes of
+    ``shape`` elements of ``name``): a ``DeviceTensor``. The transfer planner chooses the route (a registered
+    copy where registering is cheap, ring chunks elsewhere); without ``wait``, ring-chunk copies may still be
+    in flight (``DeviceTensor.wait``/``ready``). On any failure the allocation is freed and the error names
+    the chunk."""
+    planner = TransferPlanner(bridge)
+    if wait:
+        return DeviceTensor(bridge, planner.upload(data, spec, extent), shape, name)
+    handle, pending = planner.submit_upload(data, spec, extent)
+    return DeviceTensor(bridge, handle, shape, name, pending)
+
+
+def _fill_new(bridge: Bridge, shape: tuple[int, ...], name: str, spec: ObjectSpec, extent: int, wait: bool,
+              stage: Callable[[DeviceHandle], list[tuple[CopyEvent, int, int]]]) -> DeviceTensor:
+    """Allocates ``extent`` bytes of ``spec`` and fills them with ``stage(handle)`` (which returns the copies
+    still in flight as ``(event, offset, length)``): a ``DeviceTensor`` of ``shape`` and dtype ``name``, for
+    sources the planner does not read itself (a file, another bridge's tensor). On any failure the
+    allocation is freed (deferred while copies still pin it)."""
     handle = bridge.alloc(spec, extent)
     events: list[tuple[CopyEvent, int, int]] = []
     try:
@@ -583,74 +483,11 @@ def _upload(bridge: Bridge, shape: tuple[int, ...], name: str, spec: ObjectSpec,
         raise
 
 
-# Below this the ring's second copy costs less than registering and unregistering (a driver call each).
-_REGISTRATION_FROM = 1 << 20
-
-
-def _stage_from_registration(bridge: Bridge, a: np.ndarray,
-                             handle: DeviceHandle) -> list[tuple[CopyEvent, int, int]]:
-    """Fills ``handle`` from the flat bytes ``a`` with one copy, straight from ``a`` registered read-only for
-    the call (where ``bridge.cheap_registration``; the ring would take two copies); through the ring when
-    ``a`` cannot be registered (it overlaps a region already registered). Synchronous: no events."""
-    try:
-        region = bridge.register_host(a, writable=False)
-    except InvalidRange:
-        return _stage_into(bridge, a, handle)
-    with region:
-        bridge.host_to_device(region, handle, mode="sync")
-    return []
-
-
-def _stage_into(bridge: Bridge, a: np.ndarray, handle: DeviceHandle) -> list[tuple[CopyEvent, int, int]]:
-    """Copies the bytes of the C-contiguous array ``a`` into ``handle`` (from offset 0): ``_stage_chunks``."""
-    src = a.reshape(-1).view(np.uint8)
-    return _stage_chunks(bridge, handle, src.size,
-                         lambda offset, chunk: np.copyto(chunk, src[offset:offset + chunk.size]))
-
-
-def _stage_chunks(bridge: Bridge, handle: DeviceHandle, nbytes: int,
-                  fill: Callable[[int, np.ndarray], Any]) -> list[tuple[CopyEvent, int, int]]:
-    """Copies ``nbytes`` into ``handle`` (from offset 0) through the ring, one chunk at a time.
-
-    ``fill(offset, chunk)`` writes the source's bytes ``[offset, offset + chunk.size)`` into ``chunk``, a
-    uint8 array over a reserved ring range (a numpy array, a file's ``readinto``...), in order.
-    Returns ``(event, offset, length)`` per chunk; each chunk's range goes back to the ring (the bridge's
-    ``release_host_after``) once its copy completes. On failure the copies already submitted are waited for
-    (bounded), their ranges go back, and the error names the chunk; the allocation stays the caller's."""
-    chunk = _chunk_bytes(bridge, nbytes)
-    events: list[tuple[CopyEvent, int, int]] = []
-    index = offset = 0
-    n = 0
-    try:
-        while offset < nbytes:
-            n = min(chunk, nbytes - offset)
-            event = _stage_chunk(bridge, handle, offset, n, lambda view: fill(offset, view))
-            events.append((event, offset, n))
-            index += 1
-            offset += n
-        return events
-    except BaseException as error:
-        _cleanup(bridge, [e for e, _, _ in events])
-        if isinstance(error, BridgeError):
-            raise _chunk_error(error, "upload", index, offset, n, nbytes) from error
-        raise
-
-
-def _stage_chunk(bridge: Bridge, handle: DeviceHandle, device_offset: int, n: int,
-                 fill: Callable[[np.ndarray], Any]) -> CopyEvent:
-    """One chunk of an upload: reserves ``n`` ring bytes (making room on Backpressure), lets ``fill(chunk)``
-    write them and submits their async copy to ``device_offset`` of ``handle``. The range goes back to the
-    ring once the copy is done (``bridge.release_host_after``), or at once when filling or submitting fails."""
-    ring = bridge.ring
-    r = _room(bridge, lambda: ring.reserve(n))
-    try:
-        fill(ring.ndarray(r, "uint8"))
-        event = _room(bridge, lambda: bridge.host_to_device(r, handle, device_offset))
-    except BaseException:
-        ring.release(r)
-        raise
-    bridge.release_host_after(r, event)
-    return event
+def _stage_into(bridge: Bridge, a: np.ndarray, handle: DeviceHandle, offset: int = 0) -> list[tuple[CopyEvent, int, int]]:
+    """Copies the bytes of the C-contiguous array ``a`` into ``handle`` from ``offset`` by the planner's route,
+    without waiting for ring-chunk copies: their ``(event, offset, length)`` (offsets from ``a``'s start), as
+    ``DeviceTensor`` keeps them. Each chunk's range goes back to the ring once its copy is done."""
+    return TransferPlanner(bridge).submit_upload(a.reshape(-1).view(np.uint8), into=handle, offset=offset)[1]
 
 
 def download(bridge: Bridge, x: Any, out: np.ndarray | None = None, *, dtype: Any = None,
@@ -708,14 +545,7 @@ def download(bridge: Bridge, x: Any, out: np.ndarray | None = None, *, dtype: An
             raise ValueError("out is read-only")
     if nbytes == 0:
         return out
-    dst = out.reshape(-1).view(np.uint8)
-    if bridge.host_addressable:
-        try:
-            _copy_through_view(bridge, handle, name, dims, out, False)
-            return out
-        except (InvalidViewDType, InvalidTensorView):
-            pass  # a relabelling dtype or shape no view of the allocation takes: the ring copies bytes as asked
-    _download(bridge, handle, dst, nbytes)
+    TransferPlanner(bridge).download(handle, 0, out.reshape(-1).view(np.uint8))
     return out
 
 
@@ -733,77 +563,6 @@ def _whole(nbytes: int, name: str, what: str) -> tuple[int]:
     return (nbytes // itemsize,)
 
 
-def _download(bridge: Bridge, handle: DeviceHandle, dst: np.ndarray, nbytes: int) -> None:
-    _download_chunks(bridge, handle, nbytes,
-                     lambda offset, chunk: np.copyto(dst[offset:offset + chunk.size], chunk))
 
-
-def _download_chunks(bridge: Bridge, handle: DeviceHandle, nbytes: int,
-                     sink: Callable[[int, np.ndarray], Any], *, device_offset: int = 0) -> None:
-    """Copies bytes ``[device_offset, device_offset + nbytes)`` of ``handle`` out through the ring, a few
-    chunks in flight at a time.
-
-    ``sink(offset, chunk)`` receives the bytes ``[offset, offset + chunk.size)`` (counted from
-    ``device_offset``) in order, as a uint8 array over the ring that is valid only during the call (copy
-    it, hash it, write it to a file...). On failure every ring range goes back and the error names the
-    chunk (an error ``sink`` raises is passed on as it is when it names its chunk already)."""
-    ring = bridge.ring
-    chunk = _chunk_bytes(bridge, nbytes)
-    pending: collections.deque[tuple[int, int, int, HostRange, CopyEvent]] = collections.deque()
-
-    def finish_oldest() -> None:
-        index, offset, n, r, event = pending[0]
-        try:
-            bridge.wait(event)
-        except BridgeError as error:
-            raise _chunk_error(error, "download", index, offset, n, nbytes) from error
-        sink(offset, ring.ndarray(r, "uint8"))
-        pending.popleft()
-        ring.release(r)
-
-    def finish_own() -> bool:
-        if not pending:
-            return False
-        finish_oldest()
-        return True
-
-    def make_room(attempt):
-        return _room(bridge, attempt, finish_own)
-
-    index = offset = 0
-    n = 0
-    try:
-        while offset < nbytes:
-            n = min(chunk, nbytes - offset)
-            r = make_room(lambda: ring.reserve(n))
-            try:
-                event = make_room(lambda: bridge.device_to_host(handle, r, device_offset + offset))
-            except BaseException:
-                ring.release(r)
-                raise
-            pending.append((index, offset, n, r, event))
-            index += 1
-            offset += n
-            if len(pending) >= 3:
-                finish_oldest()
-        while pending:
-            finish_oldest()
-    except BaseException as error:
-        for _, _, _, r, event in pending:
-            _release_after(bridge, r, event)
-        _cleanup(bridge, [e for _, _, _, _, e in pending])
-        if isinstance(error, BridgeError) and "chunk" not in error.message:
-            raise _chunk_error(error, "download", index, offset, n, nbytes) from error
-        raise
-
-
-# ------------------------------------------------------------------------------- attached to the classes
-
-
-def _install() -> None:
-    ObjectSpec.for_array = staticmethod(spec_for_array)
-
-
-_install()
 
 __all__ = ["DeviceTensor", "ReleaseQueue", "download", "spec_for_array", "upload"]

@@ -52,8 +52,9 @@ except ImportError as _error:  # pragma: no cover - exercised only without the e
     raise ImportError("devbridge.ray needs Ray: pip install 'devbridge[ray]' (or pip install ray)") from _error
 
 import devbridge
+from ._devbridge import TransferPlanner
 from ._intake import _dtype_name, _intake, _numpy_dtype
-from ._staging import DeviceTensor, _copy_through_view, _upload_through_view
+from ._staging import DeviceTensor
 from ._portable import PortableTensor
 
 __all__ = ["DeviceWorker", "TensorRef", "init_local", "non_loopback_addresses", "start_worker", "wait_until_ready",
@@ -229,14 +230,11 @@ class _DeviceWorker:
         self.bridge = devbridge.Bridge(backend=backend, generation=self.generation, ring_bytes=ring_bytes, **kwargs)
         info = self.bridge.backend_info()
         self._view_device = str(info.get("device_string", ""))
-        # Views of this bridge are host memory numpy can read and write (the host backend; not the fake,
-        # whose copies tests count): bytes go straight between the object store and the allocation, one
-        # copy, no ring in between.
-        self._host_addressable = self.bridge.host_addressable and direct
-        # And another worker's export that arrives in Ray's object store needs no copy at all where the
-        # device shares host memory: the bridge adopts the sealed buffer as the tensor (Bridge.adopt; on
-        # OpenCL the buffer over it).
-        self._adopt = adopt and (self._host_addressable or self.bridge.cheap_registration)
+        # Exports read the allocation in place where numpy can (a view on the CPU; see _portable), and
+        # another worker's export that arrives in Ray's object store is adopted as the tensor, no copy,
+        # where the device takes host memory (Bridge.adopt; Unsupported elsewhere, then copied).
+        self._direct = direct
+        self._adopt = adopt
         self._tinygrad_device = tinygrad_device
         self._checkpoint_path = os.fspath(checkpoint) if checkpoint is not None else None
         self._tensors: dict[str, _Tensor] = {}
@@ -333,26 +331,27 @@ class _DeviceWorker:
                 return self.bridge.adopt(src.view(_numpy_dtype(name)).reshape(shape), dtype=name)
             except devbridge.Unsupported:
                 self._adopt = False  # this device's memory is not host memory after all: copy
-        if not self._host_addressable:
-            # Straight from the (shared-memory) source, no copy of it first: once from a registration of it
-            # where that is cheap, else through the ring in chunks.
-            return self.bridge.import_tensor(source)
-        # One copy, through a view of the allocation (any dtype, bfloat16 and float8 too), split across threads
-        # when large. Over the tensor of that name when it has the same shape and dtype and nothing reads any
-        # allocation (no view, tinygrad tensor or export alive): no new allocation to fault in.
+        # By the transfer planner's route (one copy from a registration of the source where that is cheap,
+        # else through the ring in chunks), straight from the (shared-memory) source. Over the tensor of that
+        # name when it has the same shape and dtype and nothing reads any allocation (no view, tinygrad tensor
+        # or export alive): no new allocation to fault in.
         entry = self._tensors.get(reuse) if reuse is not None else None
         if (entry is not None and entry.tensor.shape == shape and entry.tensor.dtype == name
-                and not entry.tensor.read_only and shape and self.bridge.stats()["live_views"] == 0):
-            _copy_through_view(self.bridge, entry.tensor.handle, name, shape, src, True, parallel=True)
+                and not entry.tensor.read_only and shape and entry.tensor.ready()
+                and self.bridge.stats()["live_views"] == 0):
+            TransferPlanner(self.bridge).upload_into(entry.tensor.handle, 0, src)
             return entry.tensor
-        return _upload_through_view(self.bridge, shape, name, spec, extent, src, False, parallel=True)
+        return self.bridge.import_tensor(source)
 
     def _portable(self, tensor: DeviceTensor) -> PortableTensor:
         """The tensor's bytes as a PortableTensor: over device memory itself where numpy can read it (the
         copy into the object store is then the only one), else read out through the ring."""
-        if self._host_addressable and tensor.shape:
+        if self._direct and tensor.shape:
             try:
                 view = tensor.view()
+                if view.__dlpack_device__()[0] != 1:  # kDLCPU: numpy cannot read it in place
+                    view.close()
+                    return self.bridge.export(tensor)
                 try:
                     a = np.from_dlpack(view)  # holds its own lease until Ray has serialized it
                 finally:

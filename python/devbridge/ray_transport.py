@@ -73,10 +73,9 @@ except ImportError as _error:  # pragma: no cover - exercised only without Ray, 
                       "(ray.experimental.register_tensor_transport): pip install 'devbridge[ray]'") from _error
 
 import devbridge
-from ._errors import InvalidTensorView, InvalidViewDType
 from ._portable import PortableTensor
 from ._intake import _numpy_dtype
-from ._staging import DeviceTensor, _copy_through_view, download
+from ._staging import DeviceTensor, download
 from .ray import DEFAULT_MAX_RESTARTS, TensorRef, _DeviceWorker
 from .ray import start_worker as _start_worker
 
@@ -219,17 +218,10 @@ def _layout(tensors: list[DeviceTensor]) -> tuple[list[int], int]:
 
 
 def _write(tensor: DeviceTensor, out: np.ndarray) -> None:
-    """The tensor's bytes into ``out`` (a C-contiguous array of its shape and numpy dtype over the segment)."""
-    bridge = tensor.bridge
-    if bridge.host_addressable:
-        tensor.wait()
-        try:
-            # The allocation is host memory: one copy at a view's address, split across threads.
-            _copy_through_view(bridge, tensor.handle, tensor.dtype, tensor.shape, out, False, parallel=True)
-            return
-        except (InvalidViewDType, InvalidTensorView):
-            pass
-    download(bridge, tensor, out)
+    """The tensor's bytes into ``out`` (a C-contiguous array of its shape and numpy dtype over the segment), by
+    the transfer planner's route: one copy into the segment registered for the call where registering is
+    cheap (host memory), else through the ring."""
+    download(tensor.bridge, tensor, out)
 
 
 _pool_bytes: int | None = None
