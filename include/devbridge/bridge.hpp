@@ -45,7 +45,7 @@ struct ConsumerQueue {
 // Whether freed device memory is cached for reuse (the caching pool, see
 // MemoryStats) or goes back to the backend at once.
 enum class CachingPool : std::uint8_t {
-  BackendDefault,  // as the backend prefers (Backend::caches_allocations: CUDA and OpenCL do)
+  BackendDefault,  // as the backend prefers (BackendCapabilities::caches_allocations: host, CUDA and OpenCL do)
   On,
   Off,
 };
@@ -77,7 +77,7 @@ struct BridgeOptions {
   // allocation cannot go back (the backend frees whole allocations only)
   // and are not bounded by it (MemoryStats::cached_bytes counts them,
   // free_segment_bytes does not). Unset: the backend's default
-  // (BackendInfo::pool_cap_bytes: 512 MiB on host, unbounded elsewhere).
+  // (BackendCapabilities::pool_cap_bytes: 512 MiB on host, unbounded elsewhere).
   // Cached blocks are released (and the allocation retried) when the backend
   // runs out of memory, whatever the cap.
   std::optional<std::uint64_t> pool_cap_bytes = std::nullopt;
@@ -95,7 +95,7 @@ struct MemoryStats {
   std::uint64_t allocations = 0, total_allocations = 0;  // live, and made since the bridge began
   std::uint64_t backend_allocations = 0, backend_frees = 0;  // calls into the backend
   // The pool's segments: the backend's allocations it holds (split into
-  // parts where the backend can address them, Backend::part_alignment),
+  // parts where the backend can address them, BackendCapabilities::part_alignment),
   // those wholly free, and whether it splits.
   std::uint64_t segments = 0, free_segments = 0;
   bool pool_splits = false;
@@ -396,7 +396,7 @@ class Bridge {
                            Admission admission = {});
 
   // Device to device into another bridge's allocation, where the two
-  // backends have a direct path (Backend::copy_to_peer: CUDA within a
+  // backends have a direct path (Transfers::copy_to_peer: CUDA within a
   // context or between peers); returns false, changing nothing, where they
   // have none (stage through the host instead). Synchronous: both
   // allocations are held until the bytes have landed; a live view of the

@@ -263,6 +263,7 @@ void bind_bridge(nb::module_& m) {
               state->device = info.name + ":" + info.device_id;
               state->host_addressable = info.host_addressable;
               state->cheap_registration = info.cheap_registration;
+              state->native_context = info.native_context;
             }
             new (self) PyBridge{std::move(state)};
           },

@@ -41,8 +41,11 @@ struct BridgeState {
   fake::FakeBackend* fake = nullptr;  // set when the backend is the fake one; owned by `bridge`
   std::string backend_name;
   std::string device;  // "<backend>:<device_id>", the device the bridge binds (storage identity)
-  bool host_addressable = false;  // BackendInfo::host_addressable, read once
-  bool cheap_registration = false;  // BackendInfo::cheap_registration, read once
+  // The backend's capabilities the bindings show or hand on, read once
+  // (BackendCapabilities).
+  bool host_addressable = false;
+  bool cheap_registration = false;
+  std::uint64_t native_context = 0;  // for a consumer's view (_native_context)
   // Set by close() before the C++ bridge closes, so accessors the C++ bridge
   // answers without checking (ring_capacity) refuse as well.
   std::atomic<bool> closed{false};

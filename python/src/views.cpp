@@ -116,15 +116,9 @@ std::optional<std::uintptr_t> parse_dlpack_stream(const PyTensorView& view, nb::
 }
 
 // The driver context the bridge's device addresses are valid in (a CUDA
-// backend's CUcontext), 0 for a backend without one.
-std::uint64_t native_context_of(BridgeState& state) {
-  try {
-    return state.bridge->backend().native_context();
-  } catch (const Error& e) {
-    if (e.kind() == ErrorKind::Unsupported) return 0;
-    throw;
-  }
-}
+// backend's CUcontext), 0 for a backend without one: read once, when the
+// bridge opened (BackendCapabilities::native_context).
+std::uint64_t native_context_of(BridgeState& state) { return state.native_context; }
 
 // Makes a consumer's queue (DLPack numbering for CUDA: 1 legacy default, 2
 // per-thread default, else a CUstream) wait on the device for everything

@@ -35,8 +35,8 @@ BridgeCore::BridgeCore(std::unique_ptr<Backend> backend, const BridgeOptions& op
   writes_under_view_timeout_ = options.writes_under_view_timeout;
   close_fence_timeout_ = options.close_fence_timeout;
   if (options.caching_pool == CachingPool::On ||
-      (options.caching_pool == CachingPool::BackendDefault && backend_->caches_allocations()))
-    pool_.emplace(options.pool_cap_bytes.value_or(info.pool_cap_bytes), backend_->part_alignment());
+      (options.caching_pool == CachingPool::BackendDefault && info.caches_allocations))
+    pool_.emplace(options.pool_cap_bytes.value_or(info.pool_cap_bytes), info.part_alignment);
   // Last: nothing after it may throw, or the ring would leak.
   ring_ = HostRing(backend_->allocate_host(options.ring_bytes));
 }
@@ -191,7 +191,7 @@ void BridgeCore::quiesce_and_free_all(SpinLockHold& lock, const char* what) {
   release_after_.release_all(ring_);
   // Registered regions belong to the old generation too: their handles
   // are refused from now on, and the backend unpins them.
-  regions_.unregister_all([&](const HostBlock& block) { backend_->unregister_host(block); });
+  regions_.unregister_all([&](const HostBlock& block) { backend_->release_import(HostImport{.block = block}); });
   // The cache goes back too: a restart or close leaves the backend holding
   // only what views and fences still keep.
   give_back_cache(lock);

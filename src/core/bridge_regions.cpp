@@ -27,8 +27,8 @@ HostRegion BridgeCore::register_host(std::span<std::byte> bytes, bool read_only,
   const auto index = regions_.begin_register(bytes, read_only, generation_, std::move(on_release));
   HostBlock registered;
   auto failure = gate_.run_unlocked(lock, [&] {
-    registered = read_only ? backend_->register_host_read_only(bytes.data(), bytes.size())
-                           : backend_->register_host(bytes.data(), bytes.size());
+    const ImportUse use = read_only ? ImportUse::StagingReadOnly : ImportUse::Staging;
+    registered = backend_->import_host(ImportRequest{.use = use, .data = bytes.data(), .bytes = bytes.size()}).block;
   });
   if (failure) {
     regions_.cancel_register(index);
@@ -43,7 +43,7 @@ void BridgeCore::unregister_host(const HostRegion& r) {
   enter(lock);
   check_tag(r);
   const HostBlock block = regions_.begin_unregister(r);
-  gate_.run_unlocked(lock, [&] { backend_->unregister_host(block); });
+  gate_.run_unlocked(lock, [&] { backend_->release_import(HostImport{.block = block}); });
   regions_.finish_unregister(id_slot(r.id));
 }
 
@@ -72,7 +72,10 @@ DeviceHandle BridgeCore::adopt_host(const RegionRange& range, const ObjectSpec& 
   const auto slot_index = allocations_.acquire();  // before the backend: it may throw
   DeviceAllocation device;
   try {
-    device = call_backend([&] { return backend_->adopt_host(region.block, range.offset, range.len); });
+    device = call_backend([&] {
+      return backend_->import_host(ImportRequest{
+          .use = ImportUse::Adopt, .bytes = range.len, .region = region.block, .offset = range.offset}).device;
+    });
   } catch (...) {
     allocations_.unissue(slot_index);
     throw;
@@ -95,8 +98,8 @@ bool BridgeCore::region_retained(const HostRegion& r) noexcept {
 }
 
 void BridgeCore::end_adoption(const DeviceAllocation& device, std::uint32_t region) noexcept {
-  backend_->release_adopted(device);
-  regions_.end_adoption(region, [&](const HostBlock& block) { backend_->unregister_host(block); });
+  backend_->release_import(HostImport{.device = device, .adopted = true});
+  regions_.end_adoption(region, [&](const HostBlock& block) { backend_->release_import(HostImport{.block = block}); });
 }
 
 }  // namespace devbridge::detail

@@ -50,7 +50,7 @@ class DevicePool {
   // round-up would not fit in 64 bits).
   static std::uint64_t size_class(std::uint64_t bytes) noexcept;
 
-  // `part_alignment`: Backend::part_alignment(), 0 when the backend cannot
+  // `part_alignment`: BackendCapabilities::part_alignment, 0 when the backend cannot
   // address parts (whole segments only).
   DevicePool(std::uint64_t cap_bytes, std::uint64_t part_alignment) noexcept;
 

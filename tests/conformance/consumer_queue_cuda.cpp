@@ -1,6 +1,6 @@
 // The CUDA row's consumer queue: a non-blocking CUstream of the test's own in
 // the backend's context (as torch or tinygrad would make one from
-// native_context()), blocked by a host function that waits on a gate.
+// describe().native_context), blocked by a host function that waits on a gate.
 //
 // It calls the driver as a consumer would, through the libcuda the process
 // has loaded: the backend dlopen()s $DEVBRIDGE_LIBCUDA (else libcuda.so.1),
@@ -111,7 +111,8 @@ void wait_at_gate(void* data) {
 
 class CudaConsumerQueue final : public TestConsumerQueue {
  public:
-  explicit CudaConsumerQueue(Backend& backend) : context_(reinterpret_cast<CUcontext>(backend.native_context())) {
+  explicit CudaConsumerQueue(Backend& backend)
+      : context_(reinterpret_cast<CUcontext>(backend.describe().native_context)) {
     ContextScope scope(context_);
     check(driver().stream_create(&stream_, kStreamNonBlocking), "cuStreamCreate");
   }

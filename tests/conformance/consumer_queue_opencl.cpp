@@ -1,6 +1,6 @@
 // The OpenCL row's consumer queue: an in-order command queue of the test's
 // own on the bridge's context (as pyopencl or tinygrad would make one from
-// native_context()), blocked by a marker that waits on a user event.
+// describe().native_context), blocked by a marker that waits on a user event.
 //
 // It calls OpenCL through the same run-time loaded ICD loader as the backend
 // (the library links nothing from OpenCL), which is the one a consumer's
@@ -60,7 +60,7 @@ cl_device_id device_of(Backend& backend, cl_context context) {
 class OpenCLConsumerQueue final : public TestConsumerQueue {
  public:
   explicit OpenCLConsumerQueue(Backend& backend) {
-    context_ = reinterpret_cast<cl_context>(backend.native_context());
+    context_ = reinterpret_cast<cl_context>(backend.describe().native_context);
     cl_int result = CL_SUCCESS;
     queue_ = cl().clCreateCommandQueue(context_, device_of(backend, context_), 0, &result);
     check(result, "clCreateCommandQueue");

@@ -119,7 +119,7 @@ TEST(HostBackend, AllocationsAreAlignedWritableMemory) {
 TEST(HostBackend, AFreedBlockGoesBackAtOnceAndLiveBytesCountWhatIsLive) {
   auto backend = host::make_host_backend();
   constexpr std::uint64_t kBlock = 8u << 20;
-  EXPECT_TRUE(backend->caches_allocations()) << "the bridge's pool keeps freed blocks warm";
+  EXPECT_TRUE(backend->describe().caches_allocations) << "the bridge's pool keeps freed blocks warm";
   EXPECT_EQ(backend->describe().pool_cap_bytes, 512u << 20);
   const auto first = backend->allocate(kBlock, 256);
   EXPECT_EQ(first.address % (2u << 20), 0u);  // huge-page aligned from 4 MiB up

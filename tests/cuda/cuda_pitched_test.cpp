@@ -32,6 +32,14 @@ using testing::AllocationHolder;
 using testing::HostBlockHolder;
 using testing::ScopedEnv;
 
+// A staging import through the seam, and its release, as the tests below use them.
+HostBlock register_host(Backend& backend, std::byte* data, std::uint64_t bytes) {
+  return backend.import_host(ImportRequest{.use = ImportUse::Staging, .data = data, .bytes = bytes}).block;
+}
+void unregister_host(Backend& backend, const HostBlock& block) noexcept {
+  backend.release_import(HostImport{.block = block});
+}
+
 constexpr std::byte kDevicePoison{0xA5};
 constexpr std::byte kHostPoison{0x5A};
 
@@ -441,7 +449,7 @@ struct PageableBuffer {
 struct RegistrationHolder {
   Backend& backend;
   HostBlock block;
-  ~RegistrationHolder() { backend.unregister_host(block); }
+  ~RegistrationHolder() { unregister_host(backend, block); }
 };
 
 TEST_F(CudaPitchedTest, RegisteredMemoryCarriesCopiesBothWays) {
@@ -449,7 +457,7 @@ TEST_F(CudaPitchedTest, RegisteredMemoryCarriesCopiesBothWays) {
   PageableBuffer buffer(kBytes);
   fill_random(buffer.data, kBytes, 60);
   {
-    RegistrationHolder registered{*backend_, backend_->register_host(buffer.data, kBytes)};
+    RegistrationHolder registered{*backend_, register_host(*backend_, buffer.data, kBytes)};
     EXPECT_EQ(registered.block.data, buffer.data);
     EXPECT_EQ(registered.block.bytes, kBytes);
     EXPECT_TRUE(registered.block.page_locked);
@@ -471,7 +479,7 @@ TEST_F(CudaPitchedTest, RegisteredMemoryCarriesCopiesBothWays) {
 
 TEST_F(CudaPitchedTest, OverlappingRegistrationIsInvalidRangeNamingTheRange) {
   PageableBuffer buffer(4 * 4096);
-  RegistrationHolder first{*backend_, backend_->register_host(buffer.data, 2 * 4096)};
+  RegistrationHolder first{*backend_, register_host(*backend_, buffer.data, 2 * 4096)};
   struct Attempt {
     std::byte* data;
     std::uint64_t bytes;
@@ -480,7 +488,7 @@ TEST_F(CudaPitchedTest, OverlappingRegistrationIsInvalidRangeNamingTheRange) {
                                 Attempt{buffer.data + 4096, 2 * 4096},      // its second half and beyond
                                 Attempt{buffer.data + 100, 10}}) {          // strictly inside
     try {
-      RegistrationHolder again{*backend_, backend_->register_host(attempt.data, attempt.bytes)};
+      RegistrationHolder again{*backend_, register_host(*backend_, attempt.data, attempt.bytes)};
       ADD_FAILURE() << "registered " << attempt.bytes << " bytes overlapping a registration";
     } catch (const Error& error) {
       EXPECT_EQ(error.kind(), ErrorKind::InvalidRange) << error.what();
@@ -496,22 +504,22 @@ TEST_F(CudaPitchedTest, OverlappingRegistrationIsInvalidRangeNamingTheRange) {
   }
   // The ring is page-locked already.
   HostBlockHolder ring{*backend_, backend_->allocate_host(4096)};
-  EXPECT_THROW(backend_->unregister_host(backend_->register_host(ring.block.data, 4096)), Error);
+  EXPECT_THROW(unregister_host(*backend_, register_host(*backend_, ring.block.data, 4096)), Error);
   // Right beside it is fine.
-  RegistrationHolder beside{*backend_, backend_->register_host(buffer.data + 2 * 4096, 4096)};
+  RegistrationHolder beside{*backend_, register_host(*backend_, buffer.data + 2 * 4096, 4096)};
   expect_live_registrations(2);
 }
 
 TEST_F(CudaPitchedTest, RegistrationRefusesNothingToRegister) {
   PageableBuffer buffer(4096);
   try {
-    (void)backend_->register_host(buffer.data, 0);
+    (void)register_host(*backend_, buffer.data, 0);
     ADD_FAILURE() << "registered 0 bytes";
   } catch (const Error& error) {
     EXPECT_EQ(error.kind(), ErrorKind::InvalidExtent) << error.what();
   }
   try {
-    (void)backend_->register_host(nullptr, 4096);
+    (void)register_host(*backend_, nullptr, 4096);
     ADD_FAILURE() << "registered a null pointer";
   } catch (const Error& error) {
     EXPECT_EQ(error.kind(), ErrorKind::InvalidRange) << error.what();
@@ -521,11 +529,11 @@ TEST_F(CudaPitchedTest, RegistrationRefusesNothingToRegister) {
 // Unregistering what was never registered (or twice) is logged, never thrown.
 TEST_F(CudaPitchedTest, UnregisteringUnknownMemoryIsNotThrown) {
   PageableBuffer buffer(4096);
-  const HostBlock block = backend_->register_host(buffer.data, 4096);
-  backend_->unregister_host(block);
-  EXPECT_NO_THROW(backend_->unregister_host(block));
-  EXPECT_NO_THROW(backend_->unregister_host(HostBlock{buffer.data + 64, 64, true, 0}));
-  EXPECT_NO_THROW(backend_->unregister_host(HostBlock{}));
+  const HostBlock block = register_host(*backend_, buffer.data, 4096);
+  unregister_host(*backend_, block);
+  EXPECT_NO_THROW(unregister_host(*backend_, block));
+  EXPECT_NO_THROW(unregister_host(*backend_, HostBlock{buffer.data + 64, 64, true, 0}));
+  EXPECT_NO_THROW(unregister_host(*backend_, HostBlock{}));
   expect_live_registrations(0);
 }
 

@@ -84,33 +84,26 @@ class RecordingFake final : public testing::ForwardingBackend {
     made_->allocations.erase(allocation.address);
     ForwardingBackend::free(allocation);
   }
-  DeviceAllocation adopt_host(const HostBlock& region, std::uint64_t offset, std::uint64_t bytes) override {
-    const DeviceAllocation a = ForwardingBackend::adopt_host(region, offset, bytes);
-    made_->adoptions.emplace(a.address, a);
-    return a;
+  HostImport import_host(const ImportRequest& request) override {
+    const HostImport imported = ForwardingBackend::import_host(request);
+    if (imported.adopted)
+      made_->adoptions.emplace(imported.device.address, imported.device);
+    else
+      made_->registrations[imported.block.data] = imported.block;
+    return imported;
   }
-  void release_adopted(const DeviceAllocation& adopted) noexcept override {
-    const auto [first, last] = made_->adoptions.equal_range(adopted.address);
-    for (auto it = first; it != last; ++it)
-      if (it->second.token == adopted.token) {
-        made_->adoptions.erase(it);
-        break;
-      }
-    ForwardingBackend::release_adopted(adopted);
-  }
-  HostBlock register_host(std::byte* data, std::uint64_t bytes) override {
-    const HostBlock b = ForwardingBackend::register_host(data, bytes);
-    made_->registrations[b.data] = b;
-    return b;
-  }
-  HostBlock register_host_read_only(const std::byte* data, std::uint64_t bytes) override {
-    const HostBlock b = ForwardingBackend::register_host_read_only(data, bytes);
-    made_->registrations[b.data] = b;
-    return b;
-  }
-  void unregister_host(const HostBlock& block) noexcept override {
-    made_->registrations.erase(block.data);
-    ForwardingBackend::unregister_host(block);
+  void release_import(const HostImport& imported) noexcept override {
+    if (imported.adopted) {
+      const auto [first, last] = made_->adoptions.equal_range(imported.device.address);
+      for (auto it = first; it != last; ++it)
+        if (it->second.token == imported.device.token) {
+          made_->adoptions.erase(it);
+          break;
+        }
+    } else {
+      made_->registrations.erase(imported.block.data);
+    }
+    ForwardingBackend::release_import(imported);
   }
 
  private:
@@ -424,7 +417,7 @@ class Harness {
         if (!a.abandoned || !a.in_backend) continue;
         if (a.adopted()) {
           if (auto it = fake_made_->adoptions.find(a.address); it != fake_made_->adoptions.end()) {
-            fake_->release_adopted(it->second);
+            fake_->release_import(HostImport{.device = it->second, .adopted = true});
             fake_made_->adoptions.erase(it);
           }
         } else if (auto it = fake_made_->allocations.find(a.address); it != fake_made_->allocations.end()) {
@@ -434,7 +427,7 @@ class Harness {
       for (std::size_t i = 0; i < m.regions.size(); ++i)
         if (m.held(i))
           if (auto it = fake_made_->registrations.find(arena() + m.regions[i].begin); it != fake_made_->registrations.end())
-            fake_->unregister_host(it->second);
+            fake_->release_import(HostImport{.block = it->second});
     }
   }
 

@@ -26,6 +26,14 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// A staging import through the seam, and its release, as the tests below use them.
+HostBlock register_host(Backend& backend, std::byte* data, std::uint64_t bytes) {
+  return backend.import_host(ImportRequest{.use = ImportUse::Staging, .data = data, .bytes = bytes}).block;
+}
+void unregister_host(Backend& backend, const HostBlock& block) noexcept {
+  backend.release_import(HostImport{.block = block});
+}
+
 constexpr std::byte kDeviceSentinel{0xEE};
 constexpr std::byte kHostSentinel{0xCC};
 
@@ -314,7 +322,7 @@ TEST_F(OpenCLRect, RegisteredMemoryIsABufferOverItAndCopiesFromItRoundTrip) {
   for (std::uint64_t i = 0; i < kBytes; ++i) data[i] = pattern(i / 97, i % 97, 5);
   const std::vector<std::byte> before(data, data + kBytes);
 
-  const HostBlock block = backend_->register_host(data, kBytes);
+  const HostBlock block = register_host(*backend_, data, kBytes);
   EXPECT_EQ(block.data, data);
   EXPECT_EQ(block.bytes, kBytes);
   EXPECT_FALSE(block.page_locked) << "OpenCL cannot tell whether it pinned the memory";
@@ -346,36 +354,36 @@ TEST_F(OpenCLRect, RegisteredMemoryIsABufferOverItAndCopiesFromItRoundTrip) {
 
   backend_->free(device);
   const std::vector<std::byte> last(data, data + kBytes);
-  backend_->unregister_host(block);
+  unregister_host(*backend_, block);
   EXPECT_EQ(*backend_->test_controls()->live_registrations(), 0u);
   EXPECT_EQ(std::memcmp(data, last.data(), kBytes), 0) << "releasing the buffer wrote into the caller's memory";
 }
 
 TEST_F(OpenCLRect, RegistrationsComeAndGoIndependently) {
   std::vector<std::byte> a(4096), b(10000);
-  const HostBlock first = backend_->register_host(a.data(), a.size());
-  const HostBlock second = backend_->register_host(b.data(), b.size());
+  const HostBlock first = register_host(*backend_, a.data(), a.size());
+  const HostBlock second = register_host(*backend_, b.data(), b.size());
   EXPECT_NE(first.token, second.token);
   EXPECT_EQ(*backend_->test_controls()->live_registrations(), 2u);
-  backend_->unregister_host(first);
+  unregister_host(*backend_, first);
   EXPECT_EQ(*backend_->test_controls()->live_registrations(), 1u);
   EXPECT_EQ(mem_info<std::size_t>(reinterpret_cast<cl_mem>(second.token), CL_MEM_SIZE), b.size());
-  backend_->unregister_host(second);
+  unregister_host(*backend_, second);
   EXPECT_EQ(*backend_->test_controls()->live_registrations(), 0u);
   // A block the backend never registered (no buffer) is nothing to release.
-  backend_->unregister_host(HostBlock{a.data(), a.size(), false, 0});
+  unregister_host(*backend_, HostBlock{a.data(), a.size(), false, 0});
   EXPECT_EQ(*backend_->test_controls()->live_registrations(), 0u);
 }
 
 TEST_F(OpenCLRect, ARegistrationNoBufferCanHoldIsInvalidExtentNamingIt) {
   std::vector<std::byte> memory(16);
-  const Error empty = error_of([&] { backend_->register_host(memory.data(), 0); });
+  const Error empty = error_of([&] { register_host(*backend_, memory.data(), 0); });
   EXPECT_EQ(empty.kind(), ErrorKind::InvalidExtent);
   EXPECT_THAT(empty.what(), HasSubstr("0 bytes"));
 
   // Never touched: refused before the driver sees the pointer.
   constexpr std::uint64_t kHuge = std::uint64_t{1} << 62;
-  const Error huge = error_of([&] { backend_->register_host(memory.data(), kHuge); });
+  const Error huge = error_of([&] { register_host(*backend_, memory.data(), kHuge); });
   EXPECT_EQ(huge.kind(), ErrorKind::InvalidExtent);
   EXPECT_THAT(huge.what(), HasSubstr(std::to_string(kHuge)));
   EXPECT_THAT(huge.what(), HasSubstr("CL_DEVICE_MAX_MEM_ALLOC_SIZE"));
@@ -384,7 +392,7 @@ TEST_F(OpenCLRect, ARegistrationNoBufferCanHoldIsInvalidExtentNamingIt) {
 
 // The driver's own refusal names the call, the code, the address and size.
 TEST_F(OpenCLRect, ADriversRefusalNamesTheAddressAndSize) {
-  const Error refused = error_of([&] { backend_->register_host(nullptr, 4096); });  // CL_INVALID_HOST_PTR
+  const Error refused = error_of([&] { register_host(*backend_, nullptr, 4096); });  // CL_INVALID_HOST_PTR
   EXPECT_EQ(refused.kind(), ErrorKind::AllocationFailed);
   EXPECT_FALSE(refused.fatal());
   EXPECT_THAT(refused.what(), HasSubstr("clCreateBuffer(CL_MEM_USE_HOST_PTR): CL_INVALID_HOST_PTR"));

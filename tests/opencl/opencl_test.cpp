@@ -447,7 +447,7 @@ class OpenCLFences : public OpenCLDevice {
     const auto* y = reinterpret_cast<const float*>(ring_.data + kBytes);
     for (std::uint64_t i = 0; i < kCount; i += 127) ASSERT_EQ(y[i], 2.0f * static_cast<float>(i) + 1.0f) << i;
   }
-  cl_context context() { return reinterpret_cast<cl_context>(backend_->native_context()); }
+  cl_context context() { return reinterpret_cast<cl_context>(backend_->describe().native_context); }
 
   std::unique_ptr<Backend> backend_;
   HostBlock ring_;

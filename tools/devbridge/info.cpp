@@ -26,9 +26,9 @@ InfoReport collect_info() {
       }
       try {
         const auto backend = make_backend(name);
-        entry.memory = MemoryPolicy{backend->caches_allocations(), backend->part_alignment()};
         // Which of several devices the backend binds by default only the backend knows.
         entry.info = entry.devices.size() == 1 ? entry.devices.front() : backend->describe();
+        entry.memory = MemoryPolicy{entry.info->caches_allocations, entry.info->part_alignment};
       } catch (const std::exception& e) {
         if (entry.devices.size() == 1) entry.info = entry.devices.front();
         entry.describe_error = e.what();

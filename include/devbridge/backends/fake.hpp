@@ -25,7 +25,7 @@ enum class Call : std::uint8_t {
   Launch,
   ValidateView,
   Quiesce,
-  RegisterHost,    // Backend::register_host: the caller's memory, made a staging source
+  RegisterHost,    // HostMemory::import_host for staging: the caller's memory, made a staging source
   UnregisterHost,
 };
 inline constexpr int kCallCount = static_cast<int>(Call::UnregisterHost) + 1;
@@ -85,16 +85,17 @@ class FakeBackend final : public Backend {
   void clear_calls();
   std::uint64_t live_allocations() const;
   std::uint64_t live_host_blocks() const;
-  // Host memory registered and not yet unregistered (a leak check).
+  // Host memory imported for staging and not yet released (a leak check).
   std::uint64_t live_registrations() const;
   // Parts of allocations (make_part) not yet released; live_allocations()
   // counts whole allocations only.
   std::uint64_t live_parts() const;
-  // Host memory adopted (adopt_host) and not yet released.
+  // Host memory adopted (import_host, ImportUse::Adopt) and not yet released.
   std::uint64_t live_adoptions() const;
   // When true, async copies complete at submit (as if the device were instant).
   void set_auto_complete(bool on);
-  // Whether the fake offers parts of allocations (part_alignment; on by default).
+  // Whether the fake offers parts of allocations (describe().part_alignment;
+  // on by default).
   void set_parts(bool on);
 
   // Fences. A launch moves its bytes at call time (the fake does not model
@@ -119,39 +120,55 @@ class FakeBackend final : public Backend {
   TestControls* test_controls() noexcept override;
 
   // ---- Backend ----
+  // Capabilities: parts (unless set_parts(false)), adopt, peer copies to
+  // another fake, consumer queues fenced (not ordered); no pool by default.
   BackendInfo describe() override;
+
+  // ---- device memory ----
   DeviceAllocation allocate(std::uint64_t bytes, std::uint64_t alignment) override;
   void free(const DeviceAllocation& allocation) noexcept override;
-  HostBlock allocate_host(std::uint64_t bytes) override;
-  void free_host(const HostBlock& block) noexcept override;
-  HostBlock register_host(std::byte* data, std::uint64_t bytes) override;
-  void unregister_host(const HostBlock& block) noexcept override;
-  void submit_copy(const CopyRequest& request) override;
-  void drain_completions(std::vector<Completion>& out) override;
-  bool wait_for_completions(std::chrono::nanoseconds timeout) override;
-  void quiesce() override;
-  Fence launch_axpy(const AxpyLaunch& launch) override;
-  Fence record_fence(const QueueRef& where) override;
-  bool fence_passed(Fence fence) override;
-  bool wait_fence(Fence fence, std::chrono::nanoseconds timeout) override;
-  void release_fence(Fence fence) noexcept override;
   // Parts are real allocations of their own here (a use after release_part
   // is refused), 512-byte aligned like CUDA's; set_parts(false) makes the
   // fake a device without them (OpenCL's case: the pool keeps whole blocks).
-  std::uint64_t part_alignment() const override;
   DeviceAllocation make_part(const DeviceAllocation& whole, std::uint64_t offset, std::uint64_t bytes) override;
   void release_part(const DeviceAllocation& part) noexcept override;
+  void validate_view(const DeviceAllocation& allocation, const TensorView& view) override;
+
+  // ---- host memory ----
+  HostBlock allocate_host(std::uint64_t bytes) override;
+  void free_host(const HostBlock& block) noexcept override;
+  // A staging import (read-only or not: the fake makes no difference) is
+  // recorded as Call::RegisterHost and its release as UnregisterHost.
   // Adopted host memory is a record aliasing the registered bytes: a use
-  // after release_adopted is caught like a use after free.
-  DeviceAllocation adopt_host(const HostBlock& region, std::uint64_t offset, std::uint64_t bytes) override;
-  void release_adopted(const DeviceAllocation& adopted) noexcept override;
+  // after its release is caught like a use after free.
+  HostImport import_host(const ImportRequest& request) override;
+  void release_import(const HostImport& imported) noexcept override;
+
+  // ---- transfers ----
+  void submit_copy(const CopyRequest& request) override;
+  void drain_completions(std::vector<Completion>& out) override;
+  bool wait_for_completions(std::chrono::nanoseconds timeout) override;
   // Another fake is a peer (the bytes move at once); anything else is not.
   bool copy_to_peer(const DeviceAllocation& source, std::uint64_t source_offset, Backend& destination_backend,
                     const DeviceAllocation& destination, std::uint64_t destination_offset,
                     std::uint64_t len) override;
-  void validate_view(const DeviceAllocation& allocation, const TensorView& view) override;
+
+  // ---- timeline ----
+  Fence record_fence(const QueueRef& where) override;
+  bool fence_passed(Fence fence) override;
+  bool wait_fence(Fence fence, std::chrono::nanoseconds timeout) override;
+  void release_fence(Fence fence) noexcept override;
+  void quiesce() override;
+
+  // ---- compute ----
+  Fence launch_axpy(const AxpyLaunch& launch) override;
 
  private:
+  HostBlock register_host(std::byte* data, std::uint64_t bytes);
+  void unregister_host(const HostBlock& block) noexcept;
+  DeviceAllocation adopt_host(const HostBlock& region, std::uint64_t offset, std::uint64_t bytes);
+  void release_adopted(const DeviceAllocation& adopted) noexcept;
+
   struct State;
   std::unique_ptr<State> state_;
 };

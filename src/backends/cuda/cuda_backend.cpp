@@ -82,6 +82,11 @@ BackendInfo CudaBackend::describe() {
   info.total_memory = total_memory_;
   for (const DTypeInfo& dtype : all_dtypes()) info.dtypes.push_back(dtype.dtype);
   info.host_memory_page_locked = true;
+  info.caches_allocations = true;
+  info.part_alignment = 512;
+  info.peer_copy = true;
+  info.consumer_queues = true;
+  info.native_context = reinterpret_cast<std::uintptr_t>(context_);
   info.notes = notes_;
   try {
     ContextGuard guard(driver_, context_, Operation::Query);

@@ -187,33 +187,34 @@ class CudaBackend final : public Backend, private TestControls {
 
   // ---- Backend -------------------------------------------------------------
 
-  // The bridge caches freed buffers: cuMemAlloc synchronizes the device and cuMemFree waits for it.
-  bool caches_allocations() const override { return true; }
-  // Device memory is addressed linearly (cuMemAlloc aligns to 256 bytes):
-  // the pool may hand out parts of one allocation.
-  std::uint64_t part_alignment() const override { return 512; }
-
+  // Capabilities: the pool on by default (cuMemAlloc synchronizes the device
+  // and cuMemFree waits for it) with 512-byte parts (device memory is
+  // addressed linearly; cuMemAlloc aligns to 256 bytes), the ring
+  // page-locked, consumer streams, peer copies, the context.
   BackendInfo describe() override;
 
+  // ---- device memory ----
   DeviceAllocation allocate(std::uint64_t bytes, std::uint64_t alignment) override;
 
   void free(const DeviceAllocation& allocation) noexcept override;
 
+  // ---- host memory ----
   HostBlock allocate_host(std::uint64_t bytes) override;
 
   void free_host(const HostBlock& block) noexcept override;
 
-  // Registers the caller's memory for DMA. PORTABLE for the same reason as
-  // the ring: it stays page-locked for every context in the process.
-  HostBlock register_host(std::byte* data, std::uint64_t bytes) override;
-  // READ_ONLY: the driver pins pages it may not write (an immutable object
-  // store's mapping), which it refuses without the flag.
-  HostBlock register_host_read_only(const std::byte* data, std::uint64_t bytes) override;
+  // A staging import registers the caller's memory for DMA. PORTABLE for the
+  // same reason as the ring: it stays page-locked for every context in the
+  // process. A read-only one adds READ_ONLY: the driver pins pages it may
+  // not write (an immutable object store's mapping), which it refuses
+  // without the flag. No adoption (BackendCapabilities::adopt is false).
+  HostImport import_host(const ImportRequest& request) override;
 
   HostBlock register_pages(std::byte* data, std::uint64_t bytes, unsigned int flags);
 
-  void unregister_host(const HostBlock& block) noexcept override;
+  void release_import(const HostImport& imported) noexcept override;
 
+  // ---- transfers ----
   void submit_copy(const CopyRequest& request) override;
 
   void drain_completions(std::vector<Completion>& out) override;
@@ -222,6 +223,7 @@ class CudaBackend final : public Backend, private TestControls {
 
   void quiesce() override;
 
+  // ---- compute ----
   // A fence that cannot be recorded after the kernel is handled by finishing
   // the kernel (cuStreamSynchronize on the compute stream) and then throwing
   // the mapped error: the caller never holds memory a kernel it has no fence
@@ -229,6 +231,7 @@ class CudaBackend final : public Backend, private TestControls {
   // queued, so running out of events refuses the launch instead.
   Fence launch_axpy(const AxpyLaunch& launch) override;
 
+  // ---- timeline ----
   Fence record_fence(const QueueRef& where) override;
 
   bool fence_passed(Fence fence) override;
@@ -255,7 +258,6 @@ class CudaBackend final : public Backend, private TestControls {
   bool can_hold_copies() const noexcept override { return true; }
   void hold_copies(bool on) override { hold(on); }
   TestControls* test_controls() noexcept override { return this; }
-  std::uintptr_t native_context() override { return reinterpret_cast<std::uintptr_t>(context()); }
   void order_consumer_queue(std::uintptr_t queue) override { order_stream(reinterpret_cast<CUstream>(queue)); }
 
   // Device to device, into `destination_backend`'s allocation when it is a

@@ -4,13 +4,17 @@
 
 namespace devbridge::cuda::detail {
 
-HostBlock CudaBackend::register_host(std::byte* data, std::uint64_t bytes) {
-  return register_pages(data, bytes, CU_MEMHOSTREGISTER_PORTABLE);
-}
-
-HostBlock CudaBackend::register_host_read_only(const std::byte* data, std::uint64_t bytes) {
-  return register_pages(const_cast<std::byte*>(data), bytes,
-                        CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_READ_ONLY);
+HostImport CudaBackend::import_host(const ImportRequest& request) {
+  switch (request.use) {
+    case ImportUse::Staging:
+      return HostImport{.block = register_pages(request.data, request.bytes, CU_MEMHOSTREGISTER_PORTABLE)};
+    case ImportUse::StagingReadOnly: {
+      constexpr unsigned int kFlags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_READ_ONLY;
+      return HostImport{.block = register_pages(request.data, request.bytes, kFlags)};
+    }
+    case ImportUse::Adopt: break;
+  }
+  return Backend::import_host(request);  // Unsupported: device memory is not host memory here
 }
 
 HostBlock CudaBackend::register_pages(std::byte* data, std::uint64_t bytes, unsigned int flags) {
@@ -32,8 +36,9 @@ HostBlock CudaBackend::register_pages(std::byte* data, std::uint64_t bytes, unsi
   return HostBlock{data, bytes, true, begin};
 }
 
-void CudaBackend::unregister_host(const HostBlock& block) noexcept {
-  if (block.data == nullptr) return;
+void CudaBackend::release_import(const HostImport& imported) noexcept {
+  const HostBlock& block = imported.block;
+  if (imported.adopted || block.data == nullptr) return;
   const auto begin = reinterpret_cast<std::uintptr_t>(block.data);
   try {
     ContextGuard guard(driver_, context_, Operation::Release);

@@ -143,9 +143,12 @@ BackendInfo FakeBackend::describe() {
     std::lock_guard lock(state_->mutex);
     info.total_memory = state_->memory_bytes;
     info.free_memory = state_->memory_bytes - state_->used_bytes;
+    info.part_alignment = state_->parts ? kPartAlignment : 0;
   }
   info.dtypes = state_->dtypes;
-  info.host_memory_page_locked = false;
+  info.adopt = true;
+  info.peer_copy = true;
+  info.consumer_queues = true;
   info.notes = "scripted test device: device memory is host memory, async copies complete when the test says";
   return info;
 }

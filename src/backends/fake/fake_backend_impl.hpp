@@ -184,7 +184,7 @@ struct FakeBackend::State {
   bool late_released = false;                   // a copy was submitted since: deliver them
   std::vector<RecordedCall> calls;
   bool auto_complete = false;
-  bool parts = true;  // part_alignment() offers parts
+  bool parts = true;  // describe() offers parts (part_alignment)
   std::optional<FakeControls> controls;  // test_controls(); set by the constructor
 
   struct FenceRecord {

@@ -1,8 +1,21 @@
-// The fake backend: the caller's host memory, registered (register_host) and
-// adopted in place (adopt_host).
+// The fake backend: the caller's host memory, imported for staging
+// (register_host) and adopted in place (adopt_host).
 #include "backends/fake/fake_backend_impl.hpp"
 
 namespace devbridge::fake {
+
+HostImport FakeBackend::import_host(const ImportRequest& request) {
+  if (request.use == ImportUse::Adopt)
+    return HostImport{.device = adopt_host(request.region, request.offset, request.bytes), .adopted = true};
+  return HostImport{.block = register_host(request.data, request.bytes)};
+}
+
+void FakeBackend::release_import(const HostImport& imported) noexcept {
+  if (imported.adopted)
+    release_adopted(imported.device);
+  else
+    unregister_host(imported.block);
+}
 
 HostBlock FakeBackend::register_host(std::byte* data, std::uint64_t bytes) {
   std::lock_guard lock(state_->mutex);

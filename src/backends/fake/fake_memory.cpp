@@ -137,11 +137,6 @@ void FakeBackend::free_host(const HostBlock& block) noexcept {
   s.host_blocks.erase(it);
 }
 
-std::uint64_t FakeBackend::part_alignment() const {
-  std::lock_guard lock(state_->mutex);
-  return state_->parts ? kPartAlignment : 0;
-}
-
 void FakeBackend::set_parts(bool on) {
   std::lock_guard lock(state_->mutex);
   state_->parts = on;

@@ -111,9 +111,14 @@ class HostBackend final : public Backend, private TestControls {
     info.device_kind = DeviceKind::Cpu;
     info.device_ordinal = 0;
     info.device_id = "0";
+    // Freed memory is kept by the bridge's pool (kPoolCapBytes above); host
+    // memory is addressed linearly: a part is an address inside a block.
+    info.caches_allocations = true;
+    info.part_alignment = 512;
+    info.pool_cap_bytes = kPoolCapBytes;
     info.host_addressable = true;
     info.cheap_registration = true;
-    info.pool_cap_bytes = kPoolCapBytes;
+    info.adopt = true;
     const auto memory = detail::read_memory_info();
     info.total_memory = memory.total;
     info.free_memory = memory.available;
@@ -330,11 +335,14 @@ class HostBackend final : public Backend, private TestControls {
   // A fence is a lane's sequence number: nothing to give back.
   void release_fence(Fence /*fence*/) noexcept override {}
 
+  // Host memory needs nothing to be a staging source: it is used as it is.
   // Device memory is host memory here: an adopted region is used as it is,
   // and nothing is freed when the bridge lets go (token 0 is no allocation
   // of ours, so a free of it by mistake is caught and logged).
-  DeviceAllocation adopt_host(const HostBlock& region, std::uint64_t offset, std::uint64_t bytes) override {
-    return DeviceAllocation{reinterpret_cast<std::uintptr_t>(region.data) + offset, bytes, 0};
+  HostImport import_host(const ImportRequest& request) override {
+    if (request.use != ImportUse::Adopt) return Backend::import_host(request);
+    const auto address = reinterpret_cast<std::uintptr_t>(request.region.data) + request.offset;
+    return HostImport{.device = DeviceAllocation{address, request.bytes, 0}, .adopted = true};
   }
 
   std::uint64_t live_allocations() const override {
@@ -355,10 +363,6 @@ class HostBackend final : public Backend, private TestControls {
   bool can_hold_copies() const noexcept override { return true; }
   void hold_copies(bool hold) override { engine_.set_held(hold); }
   TestControls* test_controls() noexcept override { return this; }
-  // Freed memory is kept by the bridge's pool (kPoolCapBytes above).
-  bool caches_allocations() const override { return true; }
-  // Host memory is addressed linearly: a part is an address inside a block.
-  std::uint64_t part_alignment() const override { return 512; }
 
  private:
   struct RingBlock {

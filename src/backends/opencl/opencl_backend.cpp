@@ -185,10 +185,18 @@ BackendInfo OpenCLBackend::describe() {
   info.capabilities.push_back(device_text(cl_, choice_.device, CL_DEVICE_VERSION));
   for (std::string_view name : {"cl_khr_fp16", "cl_khr_fp64", "cl_khr_pci_bus_info"})
     if (has(name)) info.capabilities.emplace_back(name);
-  info.host_memory_page_locked = false;
+  // The bridge caches freed buffers: clCreateBuffer and clReleaseMemObject
+  // cost a driver round trip each. A buffer has no address of its own to
+  // split (part_alignment 0: the pool keeps whole blocks).
+  info.caches_allocations = true;
   // A CL_MEM_USE_HOST_PTR buffer over memory the device shares is the
   // memory itself: registering costs next to nothing.
   info.cheap_registration = device_value<cl_bool>(cl_, choice_.device, CL_DEVICE_HOST_UNIFIED_MEMORY) == CL_TRUE;
+  info.adopt = true;
+  info.consumer_queues = true;
+  // A consumer (pyopencl, tinygrad) needs the context to make a queue that
+  // may wait on our events and read our buffers.
+  info.native_context = reinterpret_cast<std::uintptr_t>(context_.get());
   info.notes = fmt::format(
       "platform {} ({}), device {}:{}; buffers at most {} bytes each; one in-order queue; the ring is a mapped "
       "CL_MEM_ALLOC_HOST_PTR buffer (OpenCL does not say whether it is page-locked)",

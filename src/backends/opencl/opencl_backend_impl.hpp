@@ -116,9 +116,6 @@ class OpenCLBackend final : public Backend, private TestControls {
 
   ~OpenCLBackend() override;
 
-  // The bridge caches freed buffers: clCreateBuffer and clReleaseMemObject cost a driver round trip each.
-  bool caches_allocations() const override { return true; }
-
   BackendInfo describe() override;
 
   // "0000:3b:00.0" from cl_khr_pci_bus_info, where the driver has it.
@@ -131,37 +128,38 @@ class OpenCLBackend final : public Backend, private TestControls {
 
   void free(const DeviceAllocation& allocation) noexcept override;
 
+  // ---- host memory ----
   HostBlock allocate_host(std::uint64_t bytes) override;
 
   void free_host(const HostBlock& block) noexcept override;
 
-  // A buffer over the caller's memory: CL_MEM_USE_HOST_PTR is how OpenCL
-  // lets a driver pin memory it did not allocate (it may also just remember
-  // the pointer; OpenCL does not say, so page_locked stays false). Copies
-  // keep naming host addresses inside the block, never this buffer: it
-  // exists so the driver knows the pages; only an adoption of a read-only
-  // region (adopt_host) runs commands on it, which read it.
-  HostBlock register_host(std::byte* data, std::uint64_t bytes) override;
-  HostBlock register_host_read_only(const std::byte* data, std::uint64_t bytes) override;
+  // A staging import is a buffer over the caller's memory:
+  // CL_MEM_USE_HOST_PTR is how OpenCL lets a driver pin memory it did not
+  // allocate (it may also just remember the pointer; OpenCL does not say,
+  // so page_locked stays false), CL_MEM_READ_ONLY for a read-only one.
+  // Copies keep naming host addresses inside the block, never this buffer:
+  // it exists so the driver knows the pages; only an adoption of a
+  // read-only region runs commands on it, which read it.
+  //
+  // An adoption is a read-only region's CL_MEM_USE_HOST_PTR buffer used as
+  // an allocation: on a device that shares host memory (PoCL, an integrated
+  // GPU) it is the memory itself; elsewhere the driver may keep a copy on
+  // the device, which stays right because nothing ever writes the memory.
+  // The whole region is its buffer, retained; a range of it a sub-buffer,
+  // which OpenCL lets start only at multiples of
+  // CL_DEVICE_MEM_BASE_ADDR_ALIGN.
+  HostImport import_host(const ImportRequest& request) override;
+
+  // The bridge releases a staging import only once no copy or adoption
+  // uses the memory, and no command ever wrote the buffer: the driver has
+  // nothing to write back into the caller's memory (and keeps the buffer
+  // itself until commands that read it finish).
+  void release_import(const HostImport& imported) noexcept override;
 
   HostBlock register_pages(std::byte* data, std::uint64_t bytes, cl_mem_flags access);
+  DeviceAllocation adopt_host(const HostBlock& region, std::uint64_t offset, std::uint64_t bytes);
 
-  // The bridge unregisters only once no copy or adoption uses the memory,
-  // and no command ever wrote the buffer: the driver has nothing to write
-  // back into the caller's memory (and keeps the buffer itself until
-  // commands that read it finish).
-  void unregister_host(const HostBlock& block) noexcept override;
-
-  // A read-only region's CL_MEM_USE_HOST_PTR buffer used as an allocation:
-  // on a device that shares host memory (PoCL, an integrated GPU) it is the
-  // memory itself; elsewhere the driver may keep a copy on the device, which
-  // stays right because nothing ever writes the memory. The whole region is
-  // its buffer, retained; a range of it a sub-buffer, which OpenCL lets
-  // start only at multiples of CL_DEVICE_MEM_BASE_ADDR_ALIGN.
-  DeviceAllocation adopt_host(const HostBlock& region, std::uint64_t offset, std::uint64_t bytes) override;
-
-  void release_adopted(const DeviceAllocation& adopted) noexcept override;
-
+  // ---- transfers ----
   void submit_copy(const CopyRequest& request) override;
 
   void drain_completions(std::vector<Completion>& out) override;
@@ -170,9 +168,10 @@ class OpenCLBackend final : public Backend, private TestControls {
 
   void quiesce() override;
 
+  // ---- compute ----
   Fence launch_axpy(const AxpyLaunch& launch) override;
 
-  // ---- fences ----
+  // ---- timeline ----
   Fence record_fence(const QueueRef& where) override;
 
   bool fence_passed(Fence fence) override;
@@ -180,11 +179,6 @@ class OpenCLBackend final : public Backend, private TestControls {
   bool wait_fence(Fence fence, std::chrono::nanoseconds timeout) override;
 
   void release_fence(Fence fence) noexcept override;
-
-  // ---- capabilities ----
-  // A consumer (pyopencl, tinygrad) needs the context to make a queue that
-  // may wait on our events and read our buffers.
-  std::uintptr_t native_context() override { return reinterpret_cast<std::uintptr_t>(context_.get()); }
 
   void order_consumer_queue(std::uintptr_t handle) override;
 

@@ -121,7 +121,7 @@ cl_command_queue OpenCLBackend::consumer_queue(std::uintptr_t handle, std::strin
   if (context != context_.get())
     throw Error(ErrorKind::ForeignDomain,
                 fmt::format("opencl: cannot {} consumer queue {:#x}: it belongs to OpenCL context {}, not to this "
-                            "bridge's context {} (make the queue on native_context())",
+                            "bridge's context {} (make the queue on describe().native_context)",
                             doing, handle, static_cast<const void*>(context),
                             static_cast<const void*>(context_.get())));
   return queue;

@@ -5,12 +5,15 @@
 
 namespace devbridge::opencl::detail {
 
-HostBlock OpenCLBackend::register_host(std::byte* data, std::uint64_t bytes) {
-  return register_pages(data, bytes, CL_MEM_READ_WRITE);
-}
-
-HostBlock OpenCLBackend::register_host_read_only(const std::byte* data, std::uint64_t bytes) {
-  return register_pages(const_cast<std::byte*>(data), bytes, CL_MEM_READ_ONLY);
+HostImport OpenCLBackend::import_host(const ImportRequest& request) {
+  switch (request.use) {
+    case ImportUse::Staging:
+      return HostImport{.block = register_pages(request.data, request.bytes, CL_MEM_READ_WRITE)};
+    case ImportUse::StagingReadOnly:
+      return HostImport{.block = register_pages(request.data, request.bytes, CL_MEM_READ_ONLY)};
+    case ImportUse::Adopt: break;
+  }
+  return HostImport{.device = adopt_host(request.region, request.offset, request.bytes), .adopted = true};
 }
 
 HostBlock OpenCLBackend::register_pages(std::byte* data, std::uint64_t bytes, cl_mem_flags access) {
@@ -48,7 +51,13 @@ HostBlock OpenCLBackend::register_pages(std::byte* data, std::uint64_t bytes, cl
   return HostBlock{data, bytes, false, reinterpret_cast<std::uintptr_t>(buffer)};
 }
 
-void OpenCLBackend::unregister_host(const HostBlock& block) noexcept {
+void OpenCLBackend::release_import(const HostImport& imported) noexcept {
+  if (imported.adopted) {
+    if (const cl_int result = cl_.clReleaseMemObject(as_buffer(imported.device)); result != CL_SUCCESS)
+      log_failure(result, "clReleaseMemObject(adopted host memory)", Operation::Release);
+    return;
+  }
+  const HostBlock& block = imported.block;
   if (block.token == 0) return;
   if (const cl_int result = cl_.clReleaseMemObject(reinterpret_cast<cl_mem>(block.token)); result != CL_SUCCESS)
     log_failure(result, "clReleaseMemObject(registered host memory)", Operation::Release);
@@ -79,11 +88,6 @@ DeviceAllocation OpenCLBackend::adopt_host(const HostBlock& region, std::uint64_
   }
   const auto handle = reinterpret_cast<std::uintptr_t>(buffer);
   return DeviceAllocation{handle, bytes, handle};
-}
-
-void OpenCLBackend::release_adopted(const DeviceAllocation& adopted) noexcept {
-  if (const cl_int result = cl_.clReleaseMemObject(as_buffer(adopted)); result != CL_SUCCESS)
-    log_failure(result, "clReleaseMemObject(adopted host memory)", Operation::Release);
 }
 
 }  // namespace devbridge::opencl::detail
