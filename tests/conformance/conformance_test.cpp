@@ -759,6 +759,31 @@ TEST_P(BackendConformance, RingWrapsAroundManyTimesWithCopiesInFlight) {
 
 std::string driver_name(const ::testing::TestParamInfo<BackendDriver>& info) { return std::string(info.param.name); }
 
+// ---- capabilities ----------------------------------------------------------
+
+// What describe() says the backend can do beyond the hooks every backend has
+// is what it does (adoption is checked where it is used: registered_host_test).
+TEST_P(BackendConformance, CapabilitiesSayWhatTheBackendDoes) {
+  auto& b = make_bridge(1 << 20);
+  const BackendInfo info = b.backend_info();
+  EXPECT_EQ(info.consumer_queues, static_cast<bool>(driver().consumer_queue))
+      << "the conformance row has a consumer queue exactly where describe() says consumer_queues";
+  if (!info.consumer_queues)
+    EXPECT_KIND(ErrorKind::Unsupported, b.backend().record_fence(QueueRef{Queue::Consumer, 1}));
+  EXPECT_EQ(info.part_alignment & (info.part_alignment - 1), 0u) << "part_alignment is 0 or a power of two";
+  EXPECT_NE(info.pool_cap_bytes, 0u) << "a default pool that keeps nothing is caching_pool off";
+
+  // A peer copy to a second bridge of the same backend moves the bytes
+  // exactly where describe() says peer_copy; elsewhere it says no.
+  Bridge other(driver().make(), BridgeOptions{.generation = 1, .ring_bytes = 1 << 20});
+  const ObjectSpec spec{4096, 256, DType::UInt8, ShapeKind::Vector};
+  const DeviceHandle x = b.alloc_device(spec, 4096);
+  const DeviceHandle y = other.alloc_device(spec, 4096);
+  EXPECT_EQ(b.copy_to_peer(DeviceRange{x, 0, 4096}, other, DeviceRange{y, 0, 4096}), info.peer_copy);
+  other.free_device(y);
+  b.free_device(x);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, BackendConformance, ::testing::ValuesIn(backend_drivers()), driver_name);
 
 }  // namespace

@@ -163,15 +163,18 @@ bool views_are_host_addresses(Bridge& b) {
   return info.host_addressable || info.name == "fake";
 }
 
-// The region's bytes as a read-only allocation, or a skip.
+// The region's bytes as a read-only allocation, or a skip; either way as
+// the backend's capabilities say (BackendCapabilities::adopt).
 #define ADOPT_OR_SKIP(handle, b, range, spec)                                                        \
   DeviceHandle handle;                                                                              \
   try {                                                                                             \
     handle = (b).adopt_host((range), (spec));                                                       \
   } catch (const Error& e) {                                                                        \
     if (e.kind() != ErrorKind::Unsupported) throw;                                                  \
+    EXPECT_FALSE((b).backend_info().adopt) << "describe() says it adopts; adopt_host: " << e.what(); \
     GTEST_SKIP() << driver().name << " cannot use host memory in place: " << e.what();              \
-  }
+  }                                                                                                 \
+  EXPECT_TRUE((b).backend_info().adopt) << "adopt_host works, but describe() does not say so"
 
 TEST_P(RegisteredHostConformance, AnAdoptedRegionIsTheAllocationWithNoCopyAndRefusesEveryWrite) {
   auto& b = make_bridge(1 << 20);
