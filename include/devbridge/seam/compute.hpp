@@ -38,9 +38,6 @@ class Compute {
   virtual Fence launch_axpy(const AxpyLaunch& launch) = 0;
 
  protected:
-  Compute() = default;
-  Compute(const Compute&) = default;
-  Compute& operator=(const Compute&) = default;
   ~Compute() = default;  // a backend is deleted through Backend
 };
 

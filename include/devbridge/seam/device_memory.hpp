@@ -55,9 +55,6 @@ class DeviceMemory {
   virtual void validate_view(const DeviceAllocation& /*allocation*/, const TensorView& /*view*/) {}
 
  protected:
-  DeviceMemory() = default;
-  DeviceMemory(const DeviceMemory&) = default;
-  DeviceMemory& operator=(const DeviceMemory&) = default;
   ~DeviceMemory() = default;  // a backend is deleted through Backend
 };
 

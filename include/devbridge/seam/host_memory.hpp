@@ -86,9 +86,6 @@ class HostMemory {
   virtual void release_import(const HostImport& /*imported*/) noexcept {}
 
  protected:
-  HostMemory() = default;
-  HostMemory(const HostMemory&) = default;
-  HostMemory& operator=(const HostMemory&) = default;
   ~HostMemory() = default;  // a backend is deleted through Backend
 };
 

@@ -82,9 +82,6 @@ class Timeline {
   virtual void quiesce() = 0;
 
  protected:
-  Timeline() = default;
-  Timeline(const Timeline&) = default;
-  Timeline& operator=(const Timeline&) = default;
   ~Timeline() = default;  // a backend is deleted through Backend
 };
 

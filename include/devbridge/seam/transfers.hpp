@@ -95,9 +95,6 @@ class Transfers {
   }
 
  protected:
-  Transfers() = default;
-  Transfers(const Transfers&) = default;
-  Transfers& operator=(const Transfers&) = default;
   ~Transfers() = default;  // a backend is deleted through Backend
 };
 
