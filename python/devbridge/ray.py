@@ -390,8 +390,8 @@ class _DeviceWorker:
         """Stores a PortableTensor (typically another worker's ``export``, passed as its ObjectRef) as
         ``name``; any backend to any backend, bit-exact. A ``TensorRef`` is refused: hand over the export.
 
-        Where the device shares host memory (host; OpenCL with ``cheap_registration``) the object-store
-        buffer is adopted: it becomes the tensor, read-only, with no copy, and stays pinned in the store until
+        Where the device takes host memory in place (``Bridge.adopt``: host; OpenCL over host memory) the
+        object-store buffer is adopted: it becomes the tensor, read-only, with no copy, and stays pinned in the store until
         the tensor is replaced or deleted (hand-offs are replaced step by step). ``adopt=False`` at start copies."""
         if isinstance(value, TensorRef):
             raise self._refuse(devbridge.ForeignDomain(
