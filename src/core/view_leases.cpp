@@ -72,6 +72,20 @@ bool rank_fits(ShapeKind kind, int rank) noexcept {
   return kind == ShapeKind::Tensor || rank == static_cast<int>(kind);
 }
 
+// Everything a view says once its shape is checked.
+[[gnu::always_inline]] inline void fill_view(const DeviceHandle& h, const ViewSpec& spec, const AllocationSlot& slot,
+                                             const ViewPlacement& placement, TensorView& view) {
+  view.data = slot.device.address;
+  view.device = placement.device;
+  view.dlpack_device_type = placement.dlpack_device_type;
+  view.device_ordinal = placement.device_ordinal;
+  view.dtype = spec.dtype;
+  view.shape = spec.shape;
+  view.byte_offset = spec.byte_offset;
+  view.handle = h;
+  view.read_only = slot.read_only();
+}
+
 }  // namespace
 
 void shape_view(const DeviceHandle& h, const ViewSpec& spec, const AllocationSlot& slot,
@@ -82,14 +96,22 @@ void shape_view(const DeviceHandle& h, const ViewSpec& spec, const AllocationSlo
   const std::int64_t elem = dtype_size(spec.dtype);
   if (spec.byte_offset & (elem - 1))
     fail_view(h, slot, "byte offset {} is not a multiple of {}", spec.byte_offset, elem);
+  const auto offset = static_cast<std::int64_t>(std::min<std::uint64_t>(spec.byte_offset, INT64_MAX / 2));
   // Lowest and highest element reached, relative to byte_offset, without overflow.
   std::int64_t lowest = 0, highest = 0;
   if (!spec.strides) {
-    // Row-major (the usual view): it reaches elements [0, count).
+    // Row-major (the usual view): it reaches elements [0, count), so bytes
+    // [offset, offset + count * elem), and only the end can overflow (the
+    // general checks below, specialized: the view path's most arithmetic).
     const std::int64_t count = view.strides.assign_contiguous_strides(spec.shape);
     for (int i = 0; i < spec.shape.size(); ++i)
       if (spec.shape[i] <= 0) fail_view(h, slot, "dimension {} has size {}", i, spec.shape[i]);
-    highest = count - 1;
+    std::int64_t end_byte;
+    if (__builtin_mul_overflow(count, elem, &end_byte) || __builtin_add_overflow(end_byte, offset, &end_byte))
+      fail_view(h, slot, "extent overflow");
+    if (static_cast<std::uint64_t>(end_byte) > slot.extent)
+      fail_view(h, slot, "shape and strides reach bytes [{}, {}) outside the extent", offset, end_byte);
+    return fill_view(h, spec, slot, placement, view);
   } else {
     view.strides = *spec.strides;
     const Dims& strides = view.strides;
@@ -106,22 +128,13 @@ void shape_view(const DeviceHandle& h, const ViewSpec& spec, const AllocationSlo
     }
   }
   std::int64_t first_byte, end_element, end_byte;
-  const auto offset = static_cast<std::int64_t>(std::min<std::uint64_t>(spec.byte_offset, INT64_MAX / 2));
   if (__builtin_mul_overflow(lowest, elem, &first_byte) || __builtin_add_overflow(first_byte, offset, &first_byte) ||
       __builtin_add_overflow(highest, 1, &end_element) || __builtin_mul_overflow(end_element, elem, &end_byte) ||
       __builtin_add_overflow(end_byte, offset, &end_byte))
     fail_view(h, slot, "extent overflow");
   if (first_byte < 0 || static_cast<std::uint64_t>(end_byte) > slot.extent)
     fail_view(h, slot, "shape and strides reach bytes [{}, {}) outside the extent", first_byte, end_byte);
-  view.data = slot.device.address;
-  view.device = placement.device;
-  view.dlpack_device_type = placement.dlpack_device_type;
-  view.device_ordinal = placement.device_ordinal;
-  view.dtype = spec.dtype;
-  view.shape = spec.shape;
-  view.byte_offset = spec.byte_offset;
-  view.handle = h;
-  view.read_only = slot.read_only();
+  fill_view(h, spec, slot, placement, view);
 }
 
 }  // namespace devbridge::detail
