@@ -320,6 +320,12 @@ class Bridge {
   // Releasing a waiting range by hand (release_host) is allowed; the wait
   // then forgets it.
   void release_host_after(HostRange range, CopyEvent event);
+  // Waits until one of the ranges waiting in release_host_after goes back to
+  // the ring (applying completions as wait() does): true. False at once when
+  // none waits, or once `timeout` passed first (max: as long as it takes).
+  // For a caller refused room (Backpressure) that should wait only while
+  // room is on its way back, not for reservations others hold.
+  bool wait_for_release_after(std::chrono::nanoseconds timeout = std::chrono::nanoseconds::max());
   // The bytes of a reserved range (validated). Valid until close(); a
   // consumer that may outlive the bridge takes a lease_host instead.
   std::span<std::byte> host_bytes(HostRange range) const;

@@ -381,8 +381,10 @@ def restore(bridge: Bridge, path: Any, *, alignment: int = 256, verify: bool = T
     header is checked against the file before anything is allocated: a file
     that is not safetensors, is truncated, or holds a dtype devbridge lacks or
     an empty tensor raises ``CheckpointError`` naming the file, the tensor
-    and why. The data streams from the file through the ring chunk by chunk;
-    a devbridge checkpoint's sha256 is computed on the way and, with
+    and why. The data moves from a read-only map of the file by the transfer
+    planner's route (one copy from a registration of the mapped pages where
+    registering is cheap, else through the ring in chunks); a devbridge
+    checkpoint's sha256 is computed on the way and, with
     ``verify`` (the default), compared at the end. When the checksum differs,
     or an allocation or copy fails (the error names the tensor), every tensor
     restored so far is freed before the error is raised.

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
@@ -109,6 +110,33 @@ struct PyTransferPlanner {
   }
 };
 
+// An upload's buffer, held for the call, and where its bytes go (upload_destination).
+struct HeldUpload {
+  HeldBuffer held;
+  std::span<const std::byte> bytes;
+  TransferDestination destination;
+
+  HeldUpload(nb::handle buffer, nb::handle spec, nb::handle extent, nb::handle into, nb::handle offset,
+             const char* what)
+      : held(buffer, PyBUF_C_CONTIGUOUS, "buffer"),
+        bytes(bytes_of(held)),
+        destination(upload_destination(bytes.size(), spec, extent, into, offset, what)) {}
+};
+
+// TransferPlanner::submit, one call at a time: the result, and its copies
+// still in flight as a list of (event, offset, nbytes).
+std::pair<TransferResult, nb::list> submitted(PyTransferPlanner& p, const TransferSource& source,
+                                              const TransferDestination& destination) {
+  TransferResult result = p.locked([&](TransferPlanner& t) {
+    TransferResult r = t.submit(source, destination);
+    p.last_route = r.route;
+    return r;
+  });
+  nb::list pending;
+  for (const PendingCopy& copy : result.pending) pending.append(nb::make_tuple(copy.event, copy.offset, copy.bytes));
+  return {std::move(result), std::move(pending)};
+}
+
 std::shared_ptr<BridgeState> state_of(nb::handle bridge, const char* what) {
   // Every devbridge.Bridge hands out its ring; its state is the bridge's.
   if (!nb::hasattr(bridge, "ring") || !nb::isinstance<PyHostRing>(bridge.attr("ring")))
@@ -187,11 +215,9 @@ void bind_transfer(nb::module_& m) {
           "plan_upload",
           [](PyTransferPlanner& p, nb::handle buffer, nb::handle spec, nb::handle extent, nb::handle into,
              nb::handle offset) {
-            HeldBuffer held(buffer, PyBUF_C_CONTIGUOUS, "buffer");
-            const auto bytes = bytes_of(held);
-            const TransferDestination destination =
-                upload_destination(bytes.size(), spec, extent, into, offset, "plan_upload");
-            return plan_dict(p.locked([&](TransferPlanner& t) { return t.plan(HostSource{bytes}, destination); }));
+            const HeldUpload upload(buffer, spec, extent, into, offset, "plan_upload");
+            return plan_dict(
+                p.locked([&](TransferPlanner& t) { return t.plan(HostSource{upload.bytes}, upload.destination); }));
           },
           "buffer"_a, "spec"_a = nb::none(), "extent"_a = nb::none(), nb::kw_only(), "into"_a = nb::none(),
           "offset"_a = 0,
@@ -215,18 +241,8 @@ void bind_transfer(nb::module_& m) {
           "submit_upload",
           [](PyTransferPlanner& p, nb::handle buffer, nb::handle spec, nb::handle extent, nb::handle into,
              nb::handle offset) {
-            HeldBuffer held(buffer, PyBUF_C_CONTIGUOUS, "buffer");
-            const auto bytes = bytes_of(held);
-            const TransferDestination destination =
-                upload_destination(bytes.size(), spec, extent, into, offset, "submit_upload");
-            TransferResult result = p.locked([&](TransferPlanner& t) {
-              TransferResult r = t.submit(HostSource{bytes}, destination);
-              p.last_route = r.route;
-              return r;
-            });
-            nb::list pending;
-            for (const PendingCopy& copy : result.pending)
-              pending.append(nb::make_tuple(copy.event, copy.offset, copy.bytes));
+            const HeldUpload upload(buffer, spec, extent, into, offset, "submit_upload");
+            auto [result, pending] = submitted(p, HostSource{upload.bytes}, upload.destination);
             return nb::make_tuple(result.handle ? nb::cast(*result.handle) : nb::none(), pending);
           },
           "buffer"_a, "spec"_a = nb::none(), "extent"_a = nb::none(), nb::kw_only(), "into"_a = nb::none(),
@@ -245,15 +261,7 @@ void bind_transfer(nb::module_& m) {
                                   fill(at, chunk_view(chunk, true));
                                 }};
             const DeviceSpan destination{into, args::integer<std::uint64_t>(offset, "offset")};
-            TransferResult result = p.locked([&](TransferPlanner& t) {
-              TransferResult r = t.submit(source, destination);
-              p.last_route = r.route;
-              return r;
-            });
-            nb::list pending;
-            for (const PendingCopy& copy : result.pending)
-              pending.append(nb::make_tuple(copy.event, copy.offset, copy.bytes));
-            return pending;
+            return submitted(p, source, destination).second;
           },
           "fill"_a, "nbytes"_a, nb::kw_only(), "into"_a, "offset"_a = 0,
           "Uploads nbytes made chunk by chunk into `into` at offset, through the ring: fill(at, chunk) writes\n"

@@ -157,6 +157,20 @@ void BridgeCore::release_host_after(HostRange range, const CopyEvent& event) {
   gate_.notify();  // a reserve sleeping for room now waits on completions instead
 }
 
+bool BridgeCore::wait_for_release_after(std::chrono::nanoseconds timeout) {
+  check_timeout(timeout, "wait_for_release_after timeout");
+  SpinLockHold lock(lock_);
+  enter(lock);
+  const std::size_t waiting = release_after_.size();
+  if (waiting == 0) return false;
+  const auto deadline = checked::deadline_after(timeout);
+  for (drain_locked(); release_after_.size() >= waiting;) {
+    if (checked::Clock::now() >= deadline) return false;
+    wait_for_completion_slice(lock, deadline);
+  }
+  return true;
+}
+
 bool BridgeCore::settled(const CopyEvent& event) noexcept {
   try {
     return copies_.state(event) != CopyState::Pending;

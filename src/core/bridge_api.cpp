@@ -99,6 +99,7 @@ HostRange Bridge::reserve(std::uint64_t bytes, std::uint64_t alignment, std::chr
 }
 void Bridge::release_host(HostRange range) { core_->release_host(range); }
 void Bridge::release_host_after(HostRange range, CopyEvent event) { core_->release_host_after(range, event); }
+bool Bridge::wait_for_release_after(std::chrono::nanoseconds timeout) { return core_->wait_for_release_after(timeout); }
 std::span<std::byte> Bridge::host_bytes(HostRange range) const { return core_->host_bytes(range); }
 HostLease Bridge::lease_host(HostRange range) {
   HostLease lease;

@@ -335,6 +335,7 @@ class BridgeCore {
   // the settled ranges of release_host_after).
   void wait_for_completion_slice(SpinLockHold& lock, checked::Clock::time_point deadline);
   void release_host_after(HostRange range, const CopyEvent& event);
+  bool wait_for_release_after(std::chrono::nanoseconds timeout);
   bool settled(const CopyEvent& event) noexcept;
   void release_settled() noexcept;
   void release_host(HostRange range);

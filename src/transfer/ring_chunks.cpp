@@ -6,7 +6,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <type_traits>
 #include <utility>
 
@@ -66,18 +65,6 @@ bool try_release(Bridge& bridge, HostRange range) noexcept {
   } catch (...) {
     return false;
   }
-}
-
-bool wait_for_a_release(Bridge& bridge) {
-  std::uint64_t waiting = bridge.stats().ring_releases_pending;
-  while (waiting != 0) {
-    bridge.poll();  // applies completions: the ranges whose copies ended go back
-    const std::uint64_t now = bridge.stats().ring_releases_pending;
-    if (now < waiting) return true;
-    waiting = now;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  return false;
 }
 
 namespace {
@@ -272,7 +259,7 @@ class Pipeline {
         // Room held by ranges the bridge releases as their copies end (this
         // submit()'s, an earlier one's): wait for one. Else, with none of
         // this call's own chunks to finish, the room is held by others.
-        if (window_.empty() && !wait_for_a_release(bridge_)) rethrow_for_chunk(e, transfer_, chunk);
+        if (window_.empty() && !bridge_.wait_for_release_after()) rethrow_for_chunk(e, transfer_, chunk);
       }
       if (!window_.empty()) finish_oldest(true);
     }

@@ -51,10 +51,6 @@ struct RingChunkSettings {
 // (Bridge::release_host_after), which releases each once its copy is done.
 void run_ring_chunks(Bridge& bridge, const RingChunkSettings& settings, const RingChunkJob& job);
 
-// Waits until the bridge has released one of the ranges waiting in
-// release_host_after (applying completions); false at once when none waits.
-bool wait_for_a_release(Bridge& bridge);
-
 // Gives `range` back to the ring; false while it must stay reserved (a copy
 // may still use it, or the bridge is Broken).
 bool try_release(Bridge& bridge, HostRange range) noexcept;

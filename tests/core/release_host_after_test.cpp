@@ -206,5 +206,22 @@ TEST_F(ReleaseHostAfterTest, RangeReleasedByHandIsForgottenNotReleasedTwice) {
   bridge->release_host(again);
 }
 
+TEST_F(ReleaseHostAfterTest, WaitForReleaseAfterReturnsOnceAWaitingRangeGoesBack) {
+  EXPECT_FALSE(bridge->wait_for_release_after()) << "nothing waits: false at once, even with no timeout";
+  const HostRange range = filled_range(kSmallRing, 12);
+  const CopyEvent event = bridge->host_to_device(range, DeviceRange{handle, 0, kSmallRing}, CopyMode::Async);
+  bridge->release_host_after(range, event);
+  EXPECT_FALSE(bridge->wait_for_release_after(5ms)) << "the copy has not ended: the timeout passes";
+  EXPECT_EQ(pending(), 1u);
+  auto waiter = std::async(std::launch::async, [&] { return bridge->wait_for_release_after(); });
+  EXPECT_EQ(waiter.wait_for(20ms), std::future_status::timeout);
+  fake->complete(event);
+  ASSERT_EQ(waiter.wait_for(5s), std::future_status::ready);
+  EXPECT_TRUE(waiter.get());
+  EXPECT_EQ(pending(), 0u);
+  EXPECT_EQ(reservations(), 0u);
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidRange, bridge->wait_for_release_after(-1ns));
+}
+
 }  // namespace
 }  // namespace devbridge::testing
