@@ -21,7 +21,7 @@ HostRange HostRing::reserve(std::uint64_t bytes, std::uint64_t alignment) {
   const std::uint64_t cap = capacity();
   if (bytes == 0 || bytes > cap)
     fail(ErrorKind::InvalidRange, "ring reservation of {} bytes: must be in [1, {}] (the ring's capacity)", bytes, cap);
-  if (reservations_.empty()) {
+  if (empty()) {
     // An empty ring starts the next reservation at offset 0 of a fresh lap,
     // so a drained ring never fragments. No position is live, so positions
     // start over.
@@ -48,7 +48,8 @@ HostRange HostRing::reserve(std::uint64_t bytes, std::uint64_t alignment) {
   const std::uint64_t end_from_tail = *from_tail + bytes;
   if (!checked::add(tail_, end_from_tail)) rebase();
   const Position begin = tail_ + *from_tail;
-  reservations_.push_back(Reservation{begin, offset, bytes});
+  make_room();
+  at_key(next_key_) = Reservation{begin, offset, bytes};
   ++next_key_;
   ++live_;
   head_ = tail_ + end_from_tail;
@@ -58,7 +59,7 @@ HostRange HostRing::reserve(std::uint64_t bytes, std::uint64_t alignment) {
 
 HostRing::Key HostRing::locate(HostRange range) const noexcept {
   const std::uint64_t cap = capacity();
-  if (range.len == 0 || !checked::range_within(range.offset, range.len, cap) || reservations_.empty())
+  if (range.len == 0 || !checked::range_within(range.offset, range.len, cap) || empty())
     return kNoKey;
   // Every live byte lies in [tail, head), at most cap past the tail: map the
   // offset into that window.
@@ -69,13 +70,17 @@ HostRing::Key HostRing::locate(HostRange range) const noexcept {
   const auto holds = [&](const Reservation& r) {
     return at >= r.begin && !r.released && checked::range_within(at - r.begin, range.len, r.len);
   };
-  // The newest reservation is the likeliest: its key is known without the
-  // deque iterator arithmetic a search needs (most of a lookup's cost).
-  if (const auto& newest = reservations_.back(); at >= newest.begin)
+  // The newest reservation is the likeliest, and needs no search.
+  if (const auto& newest = at_key(next_key_ - 1); at >= newest.begin)
     return holds(newest) ? next_key_ - 1 : kNoKey;
-  const auto it = std::prev(std::upper_bound(reservations_.begin(), std::prev(reservations_.end()), at,
-                                             [](Position p, const Reservation& r) { return p < r.begin; }));
-  return holds(*it) ? front_key_ + static_cast<Key>(it - reservations_.begin()) : kNoKey;
+  // The last older reservation beginning at or before `at`: the oldest does
+  // (at >= tail_, its begin), the newest does not.
+  Key low = front_key_, high = next_key_ - 1;
+  while (high - low > 1) {
+    const Key middle = low + (high - low) / 2;
+    (at_key(middle).begin <= at ? low : high) = middle;
+  }
+  return holds(at_key(low)) ? low : kNoKey;
 }
 
 HostRing::Key HostRing::find(HostRange range) const {
@@ -87,18 +92,16 @@ HostRing::Key HostRing::find(HostRange range) const {
 }
 
 void HostRing::unpin(Key key) noexcept {
-  // next_key_ - front_key_ is the deque's size, without its iterator arithmetic.
-  const auto index = key - front_key_;
-  if (index < next_key_ - front_key_ && reservations_[index].pins > 0) --reservations_[index].pins;
+  if (key - front_key_ < next_key_ - front_key_ && at_key(key).pins > 0) --at_key(key).pins;
 }
 
 void HostRing::unpin_all() noexcept {
-  for (auto& r : reservations_) r.pins = 0;
+  for (Key key = front_key_; key != next_key_; ++key) at_key(key).pins = 0;
 }
 
 void HostRing::release(HostRange range) {
   const auto key = locate(range);
-  auto* reservation = key != kNoKey ? &reservations_[key - front_key_] : nullptr;
+  auto* reservation = key != kNoKey ? &at_key(key) : nullptr;
   if (!reservation || reservation->offset != range.offset || reservation->len != range.len)
     fail(ErrorKind::InvalidRange,
          "host range [offset {}, len {}] is not a live reservation (release takes exactly the range reserve returned)",
@@ -113,7 +116,7 @@ void HostRing::release(HostRange range) {
 
 HostRing::Key HostRing::exact(HostRange range, const char* what) const {
   const auto key = locate(range);
-  const auto* reservation = key != kNoKey ? &reservations_[key - front_key_] : nullptr;
+  const auto* reservation = key != kNoKey ? &at_key(key) : nullptr;
   if (!reservation || reservation->offset != range.offset || reservation->len != range.len)
     fail(ErrorKind::InvalidRange,
          "host range [offset {}, len {}] is not a live reservation ({} takes exactly the range reserve returned)",
@@ -123,7 +126,7 @@ HostRing::Key HostRing::exact(HostRange range, const char* what) const {
 
 HostRing::KeyRelease HostRing::release(Key key, HostRange range) noexcept {
   if (key < front_key_ || key >= next_key_) return KeyRelease::Gone;
-  auto& reservation = reservations_[key - front_key_];
+  auto& reservation = at_key(key);
   if (reservation.released || reservation.offset != range.offset || reservation.len != range.len)
     return KeyRelease::Gone;
   if (reservation.pins > 0) return KeyRelease::Pinned;
@@ -133,18 +136,25 @@ HostRing::KeyRelease HostRing::release(Key key, HostRange range) noexcept {
   return KeyRelease::Released;
 }
 
+void HostRing::make_room() {
+  if (next_key_ - front_key_ < slots_.size()) return;
+  // Twice the slots; each live key moves to its slot under the new mask.
+  std::vector<Reservation> wider(slots_.empty() ? 8 : 2 * slots_.size());
+  const Key wider_mask = wider.size() - 1;
+  for (Key key = front_key_; key != next_key_; ++key) wider[key & wider_mask] = at_key(key);
+  slots_ = std::move(wider);
+  mask_ = wider_mask;
+}
+
 // The tail advances over the released prefix only.
 void HostRing::advance_tail() noexcept {
-  while (!reservations_.empty() && reservations_.front().released) {
-    reservations_.pop_front();
-    ++front_key_;
-  }
-  if (reservations_.empty()) {
+  while (!empty() && at_key(front_key_).released) ++front_key_;
+  if (empty()) {
     tail_ = head_;
     tail_offset_ = head_offset_;
   } else {
-    tail_ = reservations_.front().begin;
-    tail_offset_ = reservations_.front().offset;
+    tail_ = at_key(front_key_).begin;
+    tail_offset_ = at_key(front_key_).offset;
   }
 }
 
@@ -152,7 +162,7 @@ void HostRing::advance_tail() noexcept {
 // the same amount changes nothing. Reached only after ~2^64 - capacity bytes
 // have passed through without the ring ever emptying.
 void HostRing::rebase() noexcept {
-  for (auto& r : reservations_) r.begin -= tail_;
+  for (Key key = front_key_; key != next_key_; ++key) at_key(key).begin -= tail_;
   head_ -= tail_;
   tail_ = 0;
 }

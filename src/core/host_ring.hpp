@@ -4,8 +4,8 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <optional>
+#include <vector>
 
 #include "devbridge/backend.hpp"
 #include "devbridge/types.hpp"
@@ -51,7 +51,7 @@ class HostRing {
   // reservation's key (for pin/unpin). Throws InvalidRange naming the range.
   Key find(HostRange range) const;
   // A pinned reservation cannot be released, so its key stays valid.
-  void pin(Key key) noexcept { reservations_[key - front_key_].pins++; }
+  void pin(Key key) noexcept { at_key(key).pins++; }
   void unpin(Key key) noexcept;
   void unpin_all() noexcept;
 
@@ -75,10 +75,21 @@ class HostRing {
   // Shifts every position down by tail_ (offsets unchanged).
   void rebase() noexcept;
 
+  // Reservations live in a power-of-two table indexed by key & mask: a
+  // key's slot is one AND away (a deque's indexing and back() cost most of
+  // a sync copy's ring lookup), and keys [front_key_, next_key_) never
+  // outnumber the slots. Doubles when full; ordered by begin, as keys are.
+  Reservation& at_key(Key key) noexcept { return slots_[key & mask_]; }
+  const Reservation& at_key(Key key) const noexcept { return slots_[key & mask_]; }
+  bool empty() const noexcept { return front_key_ == next_key_; }
+  // Room for one more key (may throw, before anything changes).
+  void make_room();
+
   HostBlock block_;
-  std::deque<Reservation> reservations_;  // ordered by begin; front has key front_key_
-  Key front_key_ = 0;
-  Key next_key_ = 0;  // front_key_ + reservations_.size(): the next reservation's key
+  std::vector<Reservation> slots_;
+  Key mask_ = 0;
+  Key front_key_ = 0;  // the oldest reservation not yet past the tail
+  Key next_key_ = 0;   // the next reservation's key
   std::size_t live_ = 0;
   Position head_ = 0;  // end of the newest reservation
   Position tail_ = 0;  // begin of the oldest reservation still owned
