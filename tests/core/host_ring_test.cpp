@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <optional>
 #include <thread>
@@ -15,6 +16,7 @@
 #include <rapidcheck.h>
 #endif
 
+#include "core/host_ring.hpp"
 #include "support.hpp"
 
 namespace devbridge::testing {
@@ -292,5 +294,59 @@ TEST(HostRingProperty, ReservationsStayDisjointAndIntact) {
 }
 #endif
 
+}  // namespace
+}  // namespace devbridge::testing
+
+// The ring's own bookkeeping, without a bridge: more reservations than its
+// first table holds (it doubles, with the oldest keys past the first slots),
+// every sub-range found in the reservation that holds it whatever its place
+// (the newest, or a search among the older ones), released ones and the
+// bytes past the head refused, pins kept across growth.
+namespace devbridge::testing {
+namespace {
+using detail::HostRing;
+
+TEST(HostRingKeys, FindsEveryRangeInItsReservationAcrossGrowthAndLaps) {
+  constexpr std::uint64_t kCapacity = 64 * 64;
+  std::vector<std::byte> memory(kCapacity);
+  HostRing ring(HostBlock{memory.data(), kCapacity});
+  std::deque<std::pair<HostRange, HostRing::Key>> live;
+  for (int lap = 0; lap < 5; ++lap) {
+    // Fill to 40 of the 64 places (the table grows past 8, 16, 32), keys
+    // starting wherever the previous lap left them.
+    while (live.size() < 40) {
+      const HostRange range = ring.reserve(64, 64);
+      live.emplace_back(range, ring.find(range));
+    }
+    for (std::size_t i = 0; i < live.size(); ++i) {
+      const auto [range, key] = live[i];
+      EXPECT_EQ(ring.find(HostRange{range.offset + 8, 16}), key) << "reservation " << i << " of lap " << lap;
+      EXPECT_EQ(ring.find(HostRange{range.offset + 63, 1}), key);
+      EXPECT_THROW(ring.find(HostRange{range.offset + 60, 8}), Error);  // into the next one
+      ring.pin(key);
+    }
+    // Released from the middle: refused there, the others still found.
+    auto pinned = live[live.size() / 2];
+    ring.unpin(pinned.second);
+    ring.release(pinned.first);
+    EXPECT_THROW(ring.find(pinned.first), Error);
+    EXPECT_EQ(ring.find(live.front().first), live.front().second);
+    EXPECT_EQ(ring.find(live.back().first), live.back().second);
+    live.erase(live.begin() + static_cast<std::ptrdiff_t>(live.size() / 2));
+    // Past the head: nothing reserved there.
+    const auto head = (live.back().first.offset + 64) % kCapacity;
+    EXPECT_THROW(ring.find(HostRange{head, 64}), Error);
+    // The oldest 30 go (their pins first: a pinned range is refused).
+    EXPECT_THROW(ring.release(live.front().first), Error);
+    for (int i = 0; i < 30; ++i) {
+      ring.unpin(live.front().second);
+      ring.release(live.front().first);
+      live.pop_front();
+    }
+    for (const auto& [range, key] : live) EXPECT_EQ(ring.find(range), key);
+    for (const auto& [range, key] : live) ring.unpin(key);
+  }
+  EXPECT_EQ(ring.reservations(), live.size());
+}
 }  // namespace
 }  // namespace devbridge::testing
