@@ -21,6 +21,7 @@
 #include "devbridge/bridge.hpp"
 #include "devbridge/consumer_names.hpp"
 #include "devbridge/error.hpp"
+#include "devbridge/transfer.hpp"
 #include "pattern.hpp"
 #include "progress.hpp"
 #include "sizes.hpp"
@@ -177,16 +178,18 @@ struct StreamAborted {};
 // took anything: the stream ends with what is already in flight.
 struct StreamStopped {};
 
-// How often the producer looks at the stop flag while it waits for room.
+// How often a waiting stage looks at the stop flag; how soon a planner call
+// refused for room is tried again.
 constexpr auto kStopPoll = std::chrono::milliseconds(50);
+constexpr auto kRoomPoll = std::chrono::milliseconds(1);
 
-// One chunk's journey, handed from stage to stage.
+// One chunk, handed from the producer to the upload watcher and the downloader.
 struct ChunkTicket {
   std::uint64_t index = 0;
   std::uint64_t first_element = 0;
   std::uint64_t len = 0;  // bytes
-  HostRange host;         // input range (upload stage) or output range (download stages)
-  CopyEvent event;
+  std::uint64_t slot = 0;
+  std::vector<PendingCopy> uploads;
   Clock::time_point submitted{};
 };
 
@@ -208,12 +211,42 @@ class BusyClock {
   Clock::time_point last_done_{};
 };
 
+// One planner chunk per stream chunk, so the report's one upload and one
+// download copy per chunk still hold; the ring and the chunk were sized
+// together by plan_stream.
+TransferOptions planner_options(const StreamPlan& plan) {
+  TransferOptions options;
+  options.chunk_bytes = plan.chunk_bytes;
+  options.max_chunks_in_flight = 1;
+  options.cleanup_timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
+      std::chrono::duration<double>(plan.stall_timeout_seconds));
+  return options;
+}
+
+// The stream over the transfer planner. The producer (the calling thread)
+// uploads each chunk with submit(), whose StreamSource writes the pattern
+// straight into the ring range and which leaves the copy in flight, then
+// runs the compute step on the device. A watcher waits for each upload; a
+// downloader brings each result back with run() into a StreamDestination
+// whose sink checks every element while the bytes are still in the ring.
+// Up to `slots` chunks are in flight at once; their uploads overlap one
+// another, the compute and the download of an earlier chunk.
 class StreamPipeline {
  public:
   StreamPipeline(Bridge& bridge, const StreamPlan& plan, Progress& progress, const std::atomic<int>* stop)
-      : bridge_(bridge), plan_(plan), progress_(progress), stop_(stop), ring_capacity_(bridge.ring_capacity()) {}
+      : bridge_(bridge),
+        plan_(plan),
+        progress_(progress),
+        stop_(stop),
+        uploader_(bridge, planner_options(plan)),
+        downloader_(bridge, planner_options(plan)) {}
 
   void allocate_slots() {
+    // Where the ring starts, so a range the planner hands over can be placed
+    // in it (ring_wraps). The probe takes no copy.
+    const HostRange probe = bridge_.reserve(1);
+    ring_start_ = bridge_.host_bytes(probe).data() - probe.offset;
+    bridge_.release_host(probe);
     const ObjectSpec spec{plan_.slot_bytes, kReservationAlignment, DType::Float32, ShapeKind::Vector};
     for (std::uint64_t s = 0; s < plan_.slots; ++s) {
       inputs_.push_back(bridge_.alloc_device(spec, plan_.slot_bytes));
@@ -230,12 +263,14 @@ class StreamPipeline {
     outputs_.clear();
   }
 
+  // Ranges of uploads whose completions the bridge has not applied yet.
+  void release_stranded() { uploader_.release_stranded(); }
+
   void run(StreamReport& report) {
     progress_.start(plan_.bytes);
     const auto started = Clock::now();
     std::thread upload_stage([&] { guarded([&] { watch_uploads(); }); });
-    std::thread download_stage([&] { guarded([&] { watch_downloads(); }); });
-    std::thread verify_stage([&] { guarded([&] { verify_results_stage(); }); });
+    std::thread download_stage([&] { guarded([&] { download_and_verify(); }); });
     guarded([&] {
       try {
         produce();
@@ -248,14 +283,13 @@ class StreamPipeline {
     downloads_.close();
     upload_stage.join();
     download_stage.join();
-    verify_stage.join();
     const auto finished = Clock::now();
     progress_.finish();
 
     report.seconds = std::chrono::duration<double>(finished - started).count();
+    report.ring_wraps = ring_wraps_.load();
     report.upload_busy_seconds = upload_busy_.seconds();
     report.download_busy_seconds = download_busy_.seconds();
-    report.ring_wraps = ring_wraps_;
     if (stopped_by_ != 0) {
       report.interrupted = true;
       report.signal = stopped_by_;
@@ -273,8 +307,6 @@ class StreamPipeline {
     try {
       body();
     } catch (const StreamAborted&) {
-    } catch (const devbridge::Error& e) {
-      fail(e.what());
     } catch (const std::exception& e) {
       fail(e.what());
     }
@@ -290,7 +322,6 @@ class StreamPipeline {
     changed_.notify_all();
     uploads_.abandon();
     downloads_.abandon();
-    verifies_.abandon();
   }
 
   bool aborted() {
@@ -308,7 +339,7 @@ class StreamPipeline {
   void produce() {
     for (std::uint64_t i = 0; i < plan_.chunks; ++i) {
       if (stop_signal() != 0) throw StreamStopped{};
-      std::string_view stage = "reserve input";
+      std::string_view stage = "host_to_device";
       try {
         produce_chunk(i, stage);
       } catch (const devbridge::Error& e) {
@@ -317,58 +348,41 @@ class StreamPipeline {
     }
   }
 
-  // Counts a real wrap-around: the reservation did not fit between the end
-  // of the previous one (aligned up) and the ring's end, so it went on at
-  // offset 0. A drained ring also starts over at offset 0, but that is not a
-  // wrap and is not counted. The producer is the ring's only user.
-  void note_reservation(const HostRange& range) {
-    const std::uint64_t room = ring_capacity_ > previous_end_ ? ring_capacity_ - previous_end_ : 0;
-    const std::uint64_t pad = (kReservationAlignment - previous_end_ % kReservationAlignment) % kReservationAlignment;
-    const bool fits_after_previous = pad <= room && range.len <= room - pad;
-    if (previous_end_ != 0 && !fits_after_previous && range.offset < previous_end_) ++ring_wraps_;
-    previous_end_ = range.offset + range.len;
-  }
-
   // `stage` names the step under way, for the error message.
   void produce_chunk(std::uint64_t i, std::string_view& stage) {
     wait_for_free_slot(i);
-    const std::uint64_t slot = i % plan_.slots;
+    ChunkTicket ticket;
+    ticket.index = i;
+    ticket.slot = i % plan_.slots;
     const std::uint64_t offset = i * plan_.chunk_bytes;
-    const std::uint64_t len = std::min(plan_.chunk_bytes, plan_.bytes - offset);
-    const std::uint64_t first_element = offset / sizeof(float);
+    ticket.len = std::min(plan_.chunk_bytes, plan_.bytes - offset);
+    ticket.first_element = offset / sizeof(float);
 
-    const HostRange input = reserve_with_room(len, /*stoppable=*/true);
-    note_reservation(input);
-    fill_pattern(as_floats(input), first_element);
-
-    const DeviceRange x{inputs_[slot], 0, len};
-    const DeviceRange y{outputs_[slot], 0, len};
-    stage = "host_to_device";
-    ChunkTicket upload{i, first_element, len, input, {}, Clock::now()};
-    upload.event = with_admission([&](Admission a) { return bridge_.host_to_device(input, x, CopyMode::Async, a); });
-    uploads_.push(upload);
+    const StreamSource pattern{ticket.len, [&](std::uint64_t at, std::span<std::byte> chunk) {
+                                 note_range(chunk.data());
+                                 fill_pattern(as_floats(chunk), ticket.first_element + at / sizeof(float));
+                               }};
+    const DeviceSpan x{inputs_[ticket.slot], 0, ticket.len};
+    ticket.submitted = Clock::now();
+    ticket.uploads = with_room(/*stoppable=*/true, [&] { return uploader_.submit(pattern, x); }).pending;
+    uploads_.push(ticket);
 
     stage = "begin_step";
-    const DeviceHandle step_handles[] = {inputs_[slot], outputs_[slot]};
+    const DeviceHandle step_handles[] = {inputs_[ticket.slot], outputs_[ticket.slot]};
     bridge_.begin_step(step_id(i), step_handles);
     stage = "launch_axpy";
-    bridge_.launch_axpy(x, y, kAxpyA, kAxpyB);
-
-    stage = "reserve output";
-    const HostRange output = reserve_with_room(len, /*stoppable=*/false);
-    note_reservation(output);
-    stage = "device_to_host";
-    ChunkTicket download{i, first_element, len, output, {}, Clock::now()};
-    download.event =
-        with_admission([&](Admission a) { return bridge_.device_to_host(y, output, CopyMode::Async, a); });
-    downloads_.push(download);
+    bridge_.launch_axpy(DeviceRange{inputs_[ticket.slot], 0, ticket.len},
+                        DeviceRange{outputs_[ticket.slot], 0, ticket.len}, kAxpyA, kAxpyB);
+    downloads_.push(std::move(ticket));
   }
 
   static StepId step_id(std::uint64_t chunk) { return chunk + 1; }
 
-  std::span<float> as_floats(HostRange range) {
-    const std::span<std::byte> bytes = bridge_.host_bytes(range);
+  static std::span<float> as_floats(std::span<std::byte> bytes) {
     return {reinterpret_cast<float*>(bytes.data()), bytes.size() / sizeof(float)};
+  }
+  static std::span<const float> as_floats(std::span<const std::byte> bytes) {
+    return {reinterpret_cast<const float*>(bytes.data()), bytes.size() / sizeof(float)};
   }
 
   // Chunk i reuses slot i % slots, so it waits until chunk i - slots retired.
@@ -380,104 +394,81 @@ class StreamPipeline {
     if (aborted_) throw StreamAborted{};
   }
 
-  // A ring reservation, waiting for the other stages to release ranges when
-  // the ring is full. Every range out (the current chunk's input included) is
-  // released by a watcher or the verifier in time; with none out, no release
-  // can ever make room. `stoppable`: the chunk holds nothing yet, so a stop
-  // asked for while it waits ends the stream here.
-  HostRange reserve_with_room(std::uint64_t len, bool stoppable) {
+  // A planner call, tried again while the ring or the in-flight budget is
+  // full of ranges the other stage holds (the planner waits by itself only
+  // for ranges on their way back through the bridge). A refused call took
+  // nothing, so trying it again is safe. Gives up after the stall timeout.
+  // `stoppable`: a stop asked for while it waits ends the stream here.
+  template <typename Call>
+  TransferResult with_room(bool stoppable, Call&& call) {
+    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                             std::chrono::duration<double>(plan_.stall_timeout_seconds));
     for (;;) {
-      std::uint64_t releases_seen = 0;
-      {
-        std::lock_guard lock(mutex_);
-        if (aborted_) throw StreamAborted{};
-        if (stoppable && stop_signal() != 0) throw StreamStopped{};
-        releases_seen = ring_releases_;
-      }
       try {
-        const HostRange range = bridge_.reserve(len, kReservationAlignment);
-        std::lock_guard lock(mutex_);
-        ++outstanding_reservations_;
-        return range;
+        return call();
       } catch (const devbridge::Error& e) {
-        if (e.kind() != ErrorKind::Backpressure) throw;
+        if (e.kind() != ErrorKind::Backpressure || Clock::now() >= deadline) throw;
       }
       std::unique_lock lock(mutex_);
-      if (ring_releases_ == releases_seen && outstanding_reservations_ == 0) {
-        throw std::runtime_error(fmt::format(
-            "the ring ({} bytes, {} free) has no room for a {}-byte reservation and the stream holds nothing "
-            "else that could be released",
-            bridge_.ring_capacity(), bridge_.ring_free_bytes(), len));
-      }
-      while (!changed_.wait_for(lock, kStopPoll, [&] { return aborted_ || ring_releases_ != releases_seen; })) {
-        if (stoppable && stop_signal() != 0) throw StreamStopped{};
-      }
+      changed_.wait_for(lock, kRoomPoll);
       if (aborted_) throw StreamAborted{};
+      if (stoppable && stop_signal() != 0) throw StreamStopped{};
     }
   }
 
-  // Async copies beyond the bridge's in-flight budget are refused; wait for
-  // room in short steps so a failure elsewhere is noticed.
-  template <typename Submit>
-  CopyEvent with_admission(Submit&& submit) {
-    for (;;) {
-      try {
-        return submit(Admission{std::chrono::milliseconds(50)});
-      } catch (const devbridge::Error& e) {
-        if (e.kind() != ErrorKind::Backpressure) throw;
-      }
-      if (aborted()) throw StreamAborted{};
-    }
+  // The planner makes the reservations, so the stream sees a range only as
+  // its bytes are written: an upload's just after its reservation, a
+  // download's only once its copy landed, too late to tell (the producer may
+  // have reserved since), so only uploads are counted. One at the ring's
+  // start while the ring holds others began a new lap, a wrap; a drained ring
+  // starts over there without wrapping.
+  void note_range(const std::byte* data) {
+    if (data == ring_start_ && bridge_.stats().ring_reservations > 1) ++ring_wraps_;
   }
 
-  void released_ring_range() {
-    {
-      std::lock_guard lock(mutex_);
-      --outstanding_reservations_;
-      ++ring_releases_;
-    }
-    changed_.notify_all();
-  }
-
-  // ---- completion watchers ----
+  // ---- the upload watcher ----
 
   // Blocks until the copy completes or fails. Gives up when another stage
   // failed, or when nothing completes for the stall timeout (a lost
   // completion would otherwise hang the worker forever).
-  CopyStatus wait_for(const ChunkTicket& ticket, std::string_view what) {
+  CopyStatus wait_for(const ChunkTicket& ticket, const PendingCopy& copy, std::string_view what) {
     const auto deadline =
         Clock::now() + std::chrono::duration_cast<Clock::duration>(
                            std::chrono::duration<double>(plan_.stall_timeout_seconds));
     for (;;) {
-      CopyStatus status = bridge_.wait(ticket.event, std::chrono::milliseconds(20));
+      CopyStatus status = bridge_.wait(copy.event, std::chrono::milliseconds(20));
       if (status.state != CopyState::Pending) return status;
       if (aborted()) throw StreamAborted{};
       if (Clock::now() >= deadline) {
         throw std::runtime_error(fmt::format(
             "chunk {}: {} (event {}) still pending after {} s; its completion never arrived", ticket.index, what,
-            ticket.event.id, plan_.stall_timeout_seconds));
+            copy.event.id, plan_.stall_timeout_seconds));
       }
     }
   }
 
   static std::string copy_failure(const ChunkTicket& ticket, std::string_view what, const CopyStatus& status) {
     const std::string_view kind = status.error ? kind_name(*status.error) : std::string_view("unknown error");
-    return fmt::format("chunk {} (bytes {}..{}): {} failed: {}: {}", ticket.index,
-                       ticket.first_element * sizeof(float), ticket.first_element * sizeof(float) + ticket.len - 1,
-                       what, kind, status.message);
+    return fmt::format("chunk {} ({}): {} failed: {}: {}", ticket.index, byte_span(ticket), what, kind,
+                       status.message);
   }
 
+  static std::string byte_span(const ChunkTicket& ticket) {
+    const std::uint64_t first = ticket.first_element * sizeof(float);
+    return fmt::format("bytes {}..{}", first, first + ticket.len - 1);
+  }
+
+  // The bridge releases each upload's range itself once its copy ends; this
+  // only hears the verdict (and times the copies) so a failure is reported
+  // as the upload's, not as a wrong result downstream.
   void watch_uploads() {
     while (std::optional<ChunkTicket> ticket = uploads_.pop()) {
-      const CopyStatus status = wait_for(*ticket, "host_to_device");
-      upload_busy_.completed(ticket->submitted, Clock::now());
-      if (status.state == CopyState::Failed) throw std::runtime_error(copy_failure(*ticket, "host_to_device", status));
-      if (!bridge_.safe_to_release_host(ticket->event)) {
-        throw std::runtime_error(fmt::format(
-            "chunk {}: host_to_device completed but safe_to_release_host is false", ticket->index));
+      for (const PendingCopy& copy : ticket->uploads) {
+        const CopyStatus status = wait_for(*ticket, copy, "host_to_device");
+        if (status.state == CopyState::Failed)
+          throw std::runtime_error(copy_failure(*ticket, "host_to_device", status));
       }
-      bridge_.release_host(ticket->host);
-      released_ring_range();
+      upload_busy_.completed(ticket->submitted, Clock::now());
       {
         std::lock_guard lock(mutex_);
         ++uploads_confirmed_;
@@ -486,44 +477,24 @@ class StreamPipeline {
     }
   }
 
-  void watch_downloads() {
+  // ---- the downloader ----
+
+  void download_and_verify() {
     while (std::optional<ChunkTicket> ticket = downloads_.pop()) {
-      const CopyStatus status = wait_for(*ticket, "device_to_host");
-      download_busy_.completed(ticket->submitted, Clock::now());
-      if (status.state == CopyState::Failed) throw std::runtime_error(copy_failure(*ticket, "device_to_host", status));
-      verifies_.push(*ticket);
-    }
-    verifies_.close();
-  }
-
-  // ---- consumer ----
-
-  void verify_results_stage() {
-    while (std::optional<ChunkTicket> ticket = verifies_.pop()) {
-      // A result computed from a failed upload is garbage; wait for the
-      // upload's verdict so a failure is reported as what it is.
-      {
-        std::unique_lock lock(mutex_);
-        changed_.wait(lock, [&] { return aborted_ || uploads_confirmed_ > ticket->index; });
-        if (aborted_) throw StreamAborted{};
-      }
-      if (!bridge_.host_bytes_valid(ticket->event)) {
+      Clock::time_point landed{};
+      const StreamDestination check{ticket->len, [&](std::uint64_t at, std::span<const std::byte> chunk) {
+                                      if (landed == Clock::time_point{}) landed = Clock::now();
+                                      verify_chunk(*ticket, at, chunk);
+                                    }};
+      const DeviceSpan y{outputs_[ticket->slot], 0, ticket->len};
+      const auto started = Clock::now();
+      try {
+        with_room(/*stoppable=*/false, [&] { return downloader_.run(y, check); });
+      } catch (const devbridge::Error& e) {
         throw std::runtime_error(
-            fmt::format("chunk {}: device_to_host completed but host_bytes_valid is false", ticket->index));
+            fmt::format("chunk {} ({}): device_to_host failed: {}", ticket->index, byte_span(*ticket), e.what()));
       }
-      const std::span<float> results = as_floats(ticket->host);
-      if (plan_.corrupt_element && *plan_.corrupt_element >= ticket->first_element &&
-          *plan_.corrupt_element < ticket->first_element + results.size()) {
-        results[*plan_.corrupt_element - ticket->first_element] += 0.5f;
-      }
-      if (const std::optional<Mismatch> wrong = verify_results(results, ticket->first_element)) {
-        throw std::runtime_error(fmt::format(
-            "chunk {}: element {} (global element {}): expected {} got {} ({} of {} elements in the chunk wrong)",
-            ticket->index, wrong->element, ticket->first_element + wrong->element, wrong->expected, wrong->got,
-            wrong->wrong_elements, results.size()));
-      }
-      bridge_.release_host(ticket->host);
-      released_ring_range();
+      download_busy_.completed(started, landed);
       bridge_.end_step(step_id(ticket->index));
       std::uint64_t verified_bytes = 0;
       {
@@ -536,17 +507,48 @@ class StreamPipeline {
     }
   }
 
+  // The sink of a chunk's download: `bytes` are bytes [at, at + size) of the
+  // chunk, still in the ring.
+  void verify_chunk(const ChunkTicket& ticket, std::uint64_t at, std::span<const std::byte> bytes) {
+    // A result computed from a failed upload is garbage; wait for the
+    // upload's verdict so a failure is reported as what it is.
+    {
+      std::unique_lock lock(mutex_);
+      changed_.wait(lock, [&] { return aborted_ || uploads_confirmed_ > ticket.index; });
+      if (aborted_) throw StreamAborted{};
+    }
+    const std::uint64_t first_element = ticket.first_element + at / sizeof(float);
+    std::span<const float> results = as_floats(bytes);
+    std::vector<float> corrupted;  // --corrupt-element damages a copy: the ring range is read-only here
+    if (plan_.corrupt_element && *plan_.corrupt_element >= first_element &&
+        *plan_.corrupt_element < first_element + results.size()) {
+      corrupted.assign(results.begin(), results.end());
+      corrupted[*plan_.corrupt_element - first_element] += 0.5f;
+      results = corrupted;
+    }
+    if (const std::optional<Mismatch> wrong = verify_results(results, first_element)) {
+      const std::uint64_t element = at / sizeof(float) + wrong->element;
+      throw std::runtime_error(fmt::format(
+          "chunk {}: element {} (global element {}): expected {} got {} ({} of {} elements in the chunk wrong)",
+          ticket.index, element, ticket.first_element + element, wrong->expected, wrong->got, wrong->wrong_elements,
+          ticket.len / sizeof(float)));
+    }
+  }
+
   Bridge& bridge_;
   const StreamPlan& plan_;
   Progress& progress_;
   const std::atomic<int>* stop_;
-  const std::uint64_t ring_capacity_;
+  // One planner per thread that moves bytes (a planner is not thread-safe).
+  TransferPlanner uploader_;    // producer only
+  TransferPlanner downloader_;  // downloader only
   std::vector<DeviceHandle> inputs_;
   std::vector<DeviceHandle> outputs_;
+  const std::byte* ring_start_ = nullptr;
+  std::atomic<std::uint64_t> ring_wraps_{0};
 
   StageQueue<ChunkTicket> uploads_;
   StageQueue<ChunkTicket> downloads_;
-  StageQueue<ChunkTicket> verifies_;
 
   // Guards the counters below and the error list; `changed_` signals any change.
   std::mutex mutex_;
@@ -556,14 +558,10 @@ class StreamPipeline {
   std::uint64_t retired_chunks_ = 0;
   std::uint64_t verified_bytes_ = 0;
   std::uint64_t uploads_confirmed_ = 0;  // chunks whose upload completed, in order
-  std::uint64_t ring_releases_ = 0;
-  std::uint64_t outstanding_reservations_ = 0;
 
-  std::uint64_t ring_wraps_ = 0;     // producer only
-  std::uint64_t previous_end_ = 0;   // producer only: offset + len of its last reservation
-  int stopped_by_ = 0;               // producer only: the signal that stopped it
-  BusyClock upload_busy_;         // upload watcher only
-  BusyClock download_busy_;       // download watcher only
+  int stopped_by_ = 0;       // producer only: the signal that stopped it
+  BusyClock upload_busy_;    // upload watcher only
+  BusyClock download_busy_;  // downloader only
 };
 
 // The backend plan_stream opened, else a new one.
@@ -739,6 +737,7 @@ StreamReport run_stream(StreamPlan& plan, Progress& progress, const std::atomic<
       throw;
     }
     pipeline.run(report);
+    pipeline.release_stranded();
 
     const BridgeStats stats = bridge.stats();
     report.copies_submitted = stats.copies_submitted;

@@ -1,9 +1,9 @@
-// `devbridge stream`: the streaming worker. A producer fills host-ring
-// reservations with a known pattern, the bridge uploads each chunk
-// asynchronously into one of `inflight` device buffers, the backend runs
-// y = 2x + 1 over it inside a compute step, the result comes back
-// asynchronously into an output reservation, and a consumer checks every
-// element before it releases the ring ranges.
+// `devbridge stream`: the streaming worker, on the transfer planner
+// (devbridge/transfer.hpp) so that it measures and checks the path every
+// other transfer takes. Each chunk is uploaded by the planner's submit() from
+// a source that writes a known pattern into the ring, into one of `inflight`
+// device buffers; the backend runs y = 2x + 1 over it inside a compute step;
+// the planner brings the result back into a sink that checks every element.
 #pragma once
 
 #include <atomic>
@@ -78,11 +78,13 @@ struct StreamReport {
   std::uint64_t chunks = 0;
   std::uint64_t chunks_verified = 0;
   std::uint64_t inflight = 0;        // as asked
-  std::uint64_t device_buffers = 0;  // input/output pairs: the in-flight depth the ring allows
+  // Input/output pairs: the chunks in flight at once, as the ring allows.
+  // Their uploads overlap; downloads go one chunk at a time.
+  std::uint64_t device_buffers = 0;
   std::uint64_t ring_bytes = 0;
-  // Times a reservation did not fit between the previous one and the ring's
-  // end and continued at offset 0. A ring that drained completely starts over
-  // at offset 0 without wrapping; that is not counted.
+  // Times a reservation went on at the ring's offset 0 while the ring held
+  // others (a new lap). A ring that drained completely starts over at offset
+  // 0 without wrapping; that is not counted.
   std::uint64_t ring_wraps = 0;
   double seconds = 0.0;          // first fill to last verified chunk
   double upload_busy_seconds = 0.0;
