@@ -188,6 +188,10 @@ struct BridgeStats {
   std::uint64_t ring_reservations = 0;
   // Ranges handed to release_host_after still waiting for their copies.
   std::uint64_t ring_releases_pending = 0;
+  // Reservations that went on at offset 0 because the rest of the ring's lap
+  // could not hold them while it still held others (not a drained ring
+  // starting over): how often the ring wrapped around under load.
+  std::uint64_t ring_wraps = 0;
 };
 
 class Bridge;

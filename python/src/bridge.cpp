@@ -95,6 +95,7 @@ nb::dict stats_dict(const BridgeStats& s) {
   d["ring_used"] = s.ring_used;
   d["ring_reservations"] = s.ring_reservations;
   d["ring_releases_pending"] = s.ring_releases_pending;
+  d["ring_wraps"] = s.ring_wraps;
   return d;
 }
 

@@ -253,6 +253,7 @@ BridgeStats BridgeCore::stats() {
   s.ring_used = ring_.used();
   s.ring_reservations = ring_.reservations();
   s.ring_releases_pending = release_after_.size();
+  s.ring_wraps = ring_.wraps();
   return s;
 }
 

@@ -21,7 +21,8 @@ HostRange HostRing::reserve(std::uint64_t bytes, std::uint64_t alignment) {
   const std::uint64_t cap = capacity();
   if (bytes == 0 || bytes > cap)
     fail(ErrorKind::InvalidRange, "ring reservation of {} bytes: must be in [1, {}] (the ring's capacity)", bytes, cap);
-  if (empty()) {
+  const bool drained = empty();
+  if (drained) {
     // An empty ring starts the next reservation at offset 0 of a fresh lap,
     // so a drained ring never fragments. No position is live, so positions
     // start over.
@@ -50,6 +51,7 @@ HostRange HostRing::reserve(std::uint64_t bytes, std::uint64_t alignment) {
   const Position begin = tail_ + *from_tail;
   make_room();
   at_key(next_key_) = Reservation{begin, offset, bytes};
+  if (!drained && (offset < head_offset_ || head_offset_ == 0)) ++wraps_;
   ++next_key_;
   ++live_;
   head_ = tail_ + end_from_tail;

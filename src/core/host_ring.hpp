@@ -33,6 +33,10 @@ class HostRing {
   std::uint64_t used() const noexcept { return head_ - tail_; }
   std::uint64_t free_bytes() const noexcept { return capacity() - used(); }
   std::size_t reservations() const noexcept { return live_; }
+  // Reservations that started a new lap while the ring still held others
+  // (the rest of the lap too short, or used up exactly); a drained ring
+  // starting over at offset 0 is not one.
+  std::uint64_t wraps() const noexcept { return wraps_; }
 
   HostRange reserve(std::uint64_t bytes, std::uint64_t alignment);
   // Ends the reservation that `range` names exactly.
@@ -95,6 +99,7 @@ class HostRing {
   Position tail_ = 0;  // begin of the oldest reservation still owned
   std::uint64_t head_offset_ = 0;  // block offset of head_ (where the next reservation would start)
   std::uint64_t tail_offset_ = 0;  // block offset of tail_
+  std::uint64_t wraps_ = 0;
 };
 
 }  // namespace devbridge::detail

@@ -75,6 +75,32 @@ TEST_F(HostRingTest, ReservationNeverSpansTheEnd) {
   EXPECT_EQ(bridge->ring_free_bytes(), kSmallRing);
 }
 
+// stats().ring_wraps: the CLI's stream reports it, and the planner makes
+// the stream's reservations, so only the ring can count them.
+TEST_F(HostRingTest, CountsWrapsButNotADrainedRingStartingOver) {
+  EXPECT_EQ(bridge->stats().ring_wraps, 0u);
+  const HostRange a = bridge->reserve(3000, 1);
+  const HostRange b = bridge->reserve(500, 1);
+  bridge->release_host(a);
+  const HostRange c = bridge->reserve(2000, 1);  // does not fit after b: the next lap, a wrap
+  EXPECT_EQ(c.offset, 0u);
+  EXPECT_EQ(bridge->stats().ring_wraps, 1u);
+  bridge->release_host(b);
+  bridge->release_host(c);
+  // Drained: the next reservation starts over at 0 without wrapping.
+  const HostRange d = bridge->reserve(1000, 1);
+  EXPECT_EQ(d.offset, 0u);
+  EXPECT_EQ(bridge->stats().ring_wraps, 1u);
+  // Up to the ring's end exactly, then on at 0 while d is still held: a wrap.
+  const HostRange e = bridge->reserve(kSmallRing - 1000, 1);
+  bridge->release_host(d);
+  const HostRange f = bridge->reserve(500, 1);
+  EXPECT_EQ(f.offset, 0u);
+  EXPECT_EQ(bridge->stats().ring_wraps, 2u);
+  bridge->release_host(e);
+  bridge->release_host(f);
+}
+
 TEST_F(HostRingTest, TailAdvancesOnlyOverTheReleasedPrefix) {
   const HostRange a = bridge->reserve(1024, 1);
   const HostRange b = bridge->reserve(1024, 1);

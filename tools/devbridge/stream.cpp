@@ -242,11 +242,6 @@ class StreamPipeline {
         downloader_(bridge, planner_options(plan)) {}
 
   void allocate_slots() {
-    // Where the ring starts, so a range the planner hands over can be placed
-    // in it (ring_wraps). The probe takes no copy.
-    const HostRange probe = bridge_.reserve(1);
-    ring_start_ = bridge_.host_bytes(probe).data() - probe.offset;
-    bridge_.release_host(probe);
     const ObjectSpec spec{plan_.slot_bytes, kReservationAlignment, DType::Float32, ShapeKind::Vector};
     for (std::uint64_t s = 0; s < plan_.slots; ++s) {
       inputs_.push_back(bridge_.alloc_device(spec, plan_.slot_bytes));
@@ -287,7 +282,7 @@ class StreamPipeline {
     progress_.finish();
 
     report.seconds = std::chrono::duration<double>(finished - started).count();
-    report.ring_wraps = ring_wraps_.load();
+    report.ring_wraps = bridge_.stats().ring_wraps;  // the ring counts its laps itself
     report.upload_busy_seconds = upload_busy_.seconds();
     report.download_busy_seconds = download_busy_.seconds();
     if (stopped_by_ != 0) {
@@ -359,7 +354,6 @@ class StreamPipeline {
     ticket.first_element = offset / sizeof(float);
 
     const StreamSource pattern{ticket.len, [&](std::uint64_t at, std::span<std::byte> chunk) {
-                                 note_range(chunk.data());
                                  fill_pattern(as_floats(chunk), ticket.first_element + at / sizeof(float));
                                }};
     const DeviceSpan x{inputs_[ticket.slot], 0, ticket.len};
@@ -414,16 +408,6 @@ class StreamPipeline {
       if (aborted_) throw StreamAborted{};
       if (stoppable && stop_signal() != 0) throw StreamStopped{};
     }
-  }
-
-  // The planner makes the reservations, so the stream sees a range only as
-  // its bytes are written: an upload's just after its reservation, a
-  // download's only once its copy landed, too late to tell (the producer may
-  // have reserved since), so only uploads are counted. One at the ring's
-  // start while the ring holds others began a new lap, a wrap; a drained ring
-  // starts over there without wrapping.
-  void note_range(const std::byte* data) {
-    if (data == ring_start_ && bridge_.stats().ring_reservations > 1) ++ring_wraps_;
   }
 
   // ---- the upload watcher ----
@@ -544,8 +528,6 @@ class StreamPipeline {
   TransferPlanner downloader_;  // downloader only
   std::vector<DeviceHandle> inputs_;
   std::vector<DeviceHandle> outputs_;
-  const std::byte* ring_start_ = nullptr;
-  std::atomic<std::uint64_t> ring_wraps_{0};
 
   StageQueue<ChunkTicket> uploads_;
   StageQueue<ChunkTicket> downloads_;
