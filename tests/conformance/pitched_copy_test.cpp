@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,12 @@ constexpr Shape kShapes[] = {{5, 3, 7, 11}, {3, 4095, 4099, 4097}, {1, 7, 7, 9},
 class PitchedCopyConformance : public BackendConformance {
  protected:
   static CopyLayout layout_of(const Shape& s) { return CopyLayout{s.rows, s.row_bytes, s.host_pitch, s.device_pitch}; }
+  static HostCopy h2d(HostSide host, DeviceRange device, std::optional<CopyLayout> layout, CopyMode mode) {
+    return HostCopy{CopyDirection::HostToDevice, host, device, layout, mode};
+  }
+  static HostCopy d2h(DeviceRange device, HostSide host, std::optional<CopyLayout> layout, CopyMode mode) {
+    return HostCopy{CopyDirection::DeviceToHost, host, device, layout, mode};
+  }
   static std::uint64_t span(std::uint64_t rows, std::uint64_t row_bytes, std::uint64_t pitch) {
     return (rows - 1) * pitch + row_bytes;
   }
@@ -53,7 +60,7 @@ TEST_P(PitchedCopyConformance, RowsLandAtTheirPitchAndThePaddingIsUntouched) {
       // Up: the host range holds rows at host_pitch, padding poisoned.
       const Bytes source = random_.bytes_not(host_span, kDevicePoison);
       const auto up = reserve_with(source);
-      const auto up_event = b.host_to_device(up, DeviceRange{h, kDeviceOffset, device_span}, layout, mode);
+      const auto up_event = b.copy(h2d(up, DeviceRange{h, kDeviceOffset, device_span}, layout, mode));
       if (mode == CopyMode::Async) {
         EXPECT_EQ(b.wait(up_event).state, CopyState::Completed);
       }
@@ -64,7 +71,7 @@ TEST_P(PitchedCopyConformance, RowsLandAtTheirPitchAndThePaddingIsUntouched) {
 
       // Down: back into a poisoned host range at host_pitch.
       const auto down = reserve_poisoned(host_span);
-      const auto down_event = b.device_to_host(DeviceRange{h, kDeviceOffset, device_span}, down, layout, mode);
+      const auto down_event = b.copy(d2h(DeviceRange{h, kDeviceOffset, device_span}, down, layout, mode));
       if (mode == CopyMode::Async) {
         EXPECT_EQ(b.wait(down_event).state, CopyState::Completed);
       }
@@ -85,19 +92,19 @@ TEST_P(PitchedCopyConformance, ALayoutThatDoesNotFitIsRefusedBeforeTheBackendSee
   const auto host = b.reserve(4096);
   const DeviceRange device{h, 0, 4096};
   // Rows overlapping on either side, reaching past either range, or moving nothing.
-  EXPECT_KIND(ErrorKind::InvalidRange, b.host_to_device(host, device, CopyLayout{4, 100, 99, 100}, CopyMode::Sync));
-  EXPECT_KIND(ErrorKind::InvalidRange, b.host_to_device(host, device, CopyLayout{4, 100, 100, 50}, CopyMode::Sync));
-  EXPECT_KIND(ErrorKind::InvalidRange, b.host_to_device(host, device, CopyLayout{5, 100, 1000, 100}, CopyMode::Sync));
-  EXPECT_KIND(ErrorKind::InvalidRange, b.device_to_host(device, host, CopyLayout{5, 100, 100, 1000}, CopyMode::Sync));
-  EXPECT_KIND(ErrorKind::InvalidRange, b.host_to_device(host, device, CopyLayout{0, 100, 100, 100}, CopyMode::Sync));
-  EXPECT_KIND(ErrorKind::InvalidRange, b.host_to_device(host, device, CopyLayout{3, 0, 100, 100}, CopyMode::Sync));
+  EXPECT_KIND(ErrorKind::InvalidRange, b.copy(h2d(host, device, CopyLayout{4, 100, 99, 100}, CopyMode::Sync)));
+  EXPECT_KIND(ErrorKind::InvalidRange, b.copy(h2d(host, device, CopyLayout{4, 100, 100, 50}, CopyMode::Sync)));
+  EXPECT_KIND(ErrorKind::InvalidRange, b.copy(h2d(host, device, CopyLayout{5, 100, 1000, 100}, CopyMode::Sync)));
+  EXPECT_KIND(ErrorKind::InvalidRange, b.copy(d2h(device, host, CopyLayout{5, 100, 100, 1000}, CopyMode::Sync)));
+  EXPECT_KIND(ErrorKind::InvalidRange, b.copy(h2d(host, device, CopyLayout{0, 100, 100, 100}, CopyMode::Sync)));
+  EXPECT_KIND(ErrorKind::InvalidRange, b.copy(h2d(host, device, CopyLayout{3, 0, 100, 100}, CopyMode::Sync)));
   // Pitches whose span wraps 2^64.
   EXPECT_KIND(ErrorKind::InvalidRange,
-              b.host_to_device(host, device, CopyLayout{1ull << 40, 8, 1ull << 40, 8}, CopyMode::Async));
+              b.copy(h2d(host, device, CopyLayout{1ull << 40, 8, 1ull << 40, 8}, CopyMode::Async)));
   // A typed allocation's rows may not split its elements.
   const auto floats = b.alloc_device(ObjectSpec{4096, 64, DType::Float32, ShapeKind::Matrix}, 4096);
   EXPECT_KIND(ErrorKind::InvalidRange,
-              b.host_to_device(host, DeviceRange{floats, 0, 4096}, CopyLayout{2, 6, 8, 8}, CopyMode::Sync));
+              b.copy(h2d(host, DeviceRange{floats, 0, 4096}, CopyLayout{2, 6, 8, 8}, CopyMode::Sync)));
   EXPECT_EQ(b.stats().copies_submitted, 0u);
   b.release_host(host);
   b.free_device(h);
@@ -117,7 +124,7 @@ TEST_P(PitchedCopyConformance, ALayoutFromAStridedArrayMatchesItsRows) {
   const auto host = b.reserve(matrix.size() * 4);
   std::memcpy(b.host_bytes(host).data(), matrix.data(), matrix.size() * 4);
   const std::uint64_t window = (1 * 6 + 1) * 4;
-  b.host_to_device(HostRange{host.offset + window, host.len - window}, DeviceRange{h, 0, 7 * 20}, layout, CopyMode::Sync);
+  b.copy(h2d(HostRange{host.offset + window, host.len - window}, DeviceRange{h, 0, 7 * 20}, layout, CopyMode::Sync));
   const Bytes device = read_device(h, 0, 7 * 20);
   std::vector<float> got(35);
   std::memcpy(got.data(), device.data(), device.size());
