@@ -51,9 +51,7 @@ void copy(Setup& s, CopyDirection direction, bool pitched) {
   const DeviceRange device{s.tensor, 0, kTensorBytes};
   if (pitched) {
     const CopyLayout layout{kRows, kRowBytes, kHostPitch, kRowBytes};
-    const auto event = direction == CopyDirection::HostToDevice
-                           ? s.bridge.host_to_device(s.matrix, device, layout, CopyMode::Async)
-                           : s.bridge.device_to_host(device, s.matrix, layout, CopyMode::Async);
+    const auto event = s.bridge.copy(HostCopy{direction, s.matrix, device, layout, CopyMode::Async});
     s.bridge.wait(event);
     return;
   }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <chrono>
+#include <concepts>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -15,6 +16,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <variant>
 
 #include "devbridge/backend.hpp"
 #include "devbridge/types.hpp"
@@ -131,6 +133,30 @@ struct CopyStatus {
 struct Admission {
   std::chrono::nanoseconds wait_for_room{0};
 };
+
+// Where a copy's host bytes are: a range of the ring, or of a registered
+// region (Bridge::register_host).
+using HostSide = std::variant<HostRange, RegionRange>;
+
+// One copy between host memory and an allocation, as Bridge::copy takes it.
+// `layout`, when given, makes it a pitched 2-D copy (types.hpp, CopyLayout):
+// layout.rows rows of layout.row_bytes, one copy and one event. The layout's
+// host span must lie in `host`, its device span in `device` (a range
+// covering every row); the bytes between rows are never touched. Without a
+// layout, `host` and `device` are one contiguous run each, of equal length.
+struct HostCopy {
+  CopyDirection direction = CopyDirection::HostToDevice;
+  HostSide host;
+  DeviceRange device;
+  std::optional<CopyLayout> layout;
+  CopyMode mode = CopyMode::Sync;
+  Admission admission{};
+};
+
+// The host side of the everyday copies: a ring range or a region range,
+// nothing that merely converts to one (each is its own instantiation).
+template <class H>
+concept HostRangeType = std::same_as<H, HostRange> || std::same_as<H, RegionRange>;
 
 // Who holds a view's lease, for messages that say how to end it (set by the
 // layer that hands the view on: the Python bindings name DLPack consumers
@@ -340,18 +366,21 @@ class Bridge {
   std::uint64_t ring_free_bytes() const;
 
   // ---- copies ----
-  // Into an allocation a live view still reads: as options.writes_under_view says.
-  CopyEvent host_to_device(HostRange host, DeviceRange device, CopyMode mode, Admission admission = {});
-  CopyEvent device_to_host(DeviceRange device, HostRange host, CopyMode mode, Admission admission = {});
-  // Pitched 2-D copies (types.hpp, CopyLayout): layout.rows rows of
-  // layout.row_bytes, one copy and one event. The layout's host span must lie
-  // in `host`, its device span in `device` (a range covering every row); the
-  // bytes between rows are never touched. Refused with InvalidRange naming
-  // why when the layout does not fit or its rows would overlap.
-  CopyEvent host_to_device(HostRange host, DeviceRange device, const CopyLayout& layout, CopyMode mode,
-                           Admission admission = {});
-  CopyEvent device_to_host(DeviceRange device, HostRange host, const CopyLayout& layout, CopyMode mode,
-                           Admission admission = {});
+  // Every copy between host memory (the ring or a registered region) and an
+  // allocation. Refused with InvalidRange naming the range at fault when the
+  // ranges differ in length (no layout), when the layout does not fit them,
+  // its rows would overlap or split the allocation's elements, or it has no
+  // rows (pass no layout for a plain copy). A download into a region
+  // registered read-only is refused (InvalidRange). Into an allocation a live
+  // view still reads: as options.writes_under_view says.
+  CopyEvent copy(const HostCopy& request);
+  // The everyday copies, of one contiguous run: copy() without a layout.
+  // Kept apart from copy() because they are the hot path: no variant to
+  // dispatch on, each host type its own function.
+  template <HostRangeType H>
+  CopyEvent host_to_device(H host, DeviceRange device, CopyMode mode, Admission admission = {});
+  template <HostRangeType H>
+  CopyEvent device_to_host(DeviceRange device, H host, CopyMode mode, Admission admission = {});
 
   // ---- registered host memory ----
   // Registers the caller's memory (a numpy array, an mmap) as a staging
@@ -398,12 +427,6 @@ class Bridge {
   // refused (AllocationStillInUse), and a restart or close that leaves it
   // under a live view keeps the region until the view ends.
   DeviceHandle adopt_host(RegionRange range, const ObjectSpec& spec);
-  CopyEvent host_to_device(RegionRange host, DeviceRange device, CopyMode mode, Admission admission = {});
-  CopyEvent device_to_host(DeviceRange device, RegionRange host, CopyMode mode, Admission admission = {});
-  CopyEvent host_to_device(RegionRange host, DeviceRange device, const CopyLayout& layout, CopyMode mode,
-                           Admission admission = {});
-  CopyEvent device_to_host(DeviceRange device, RegionRange host, const CopyLayout& layout, CopyMode mode,
-                           Admission admission = {});
 
   // Device to device into another bridge's allocation, where the two
   // backends have a direct path (Transfers::copy_to_peer: CUDA within a

@@ -132,7 +132,7 @@ std::string layout_repr(const CopyLayout& layout);
 // registered region (RegionRange), as host_to_device / device_to_host take
 // it; TypeError for anything else.
 struct CopyHost {
-  std::variant<HostRange, RegionRange> range;
+  HostSide range;
   std::uint64_t len() const {
     return std::visit([](const auto& r) { return r.len; }, range);
   }

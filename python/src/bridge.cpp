@@ -196,16 +196,9 @@ CopyEvent submit_copy(PyBridge& b, CopyDirection direction, nb::handle range, De
     device_len = layout_device_span(*layout);
   }
   const DeviceRange device{h, offset, device_len};
+  const HostCopy request{direction, host.range, device, layout, m, admission};
   nb::gil_scoped_release no_gil;
-  return std::visit(
-      [&](const auto& r) {
-        if (layout)
-          return direction == CopyDirection::HostToDevice ? bridge.host_to_device(r, device, *layout, m, admission)
-                                                          : bridge.device_to_host(device, r, *layout, m, admission);
-        return direction == CopyDirection::HostToDevice ? bridge.host_to_device(r, device, m, admission)
-                                                        : bridge.device_to_host(device, r, m, admission);
-      },
-      host.range);
+  return bridge.copy(request);
 }
 
 }  // namespace

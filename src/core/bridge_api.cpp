@@ -110,19 +110,28 @@ HostLease Bridge::lease_host(HostRange range) {
 std::uint64_t Bridge::ring_capacity() const noexcept { return core_->ring_capacity(); }
 std::uint64_t Bridge::ring_free_bytes() const { return core_->ring_free_bytes(); }
 
-CopyEvent Bridge::host_to_device(HostRange host, DeviceRange device, CopyMode mode, Admission admission) {
+template <HostRangeType H>
+CopyEvent Bridge::host_to_device(H host, DeviceRange device, CopyMode mode, Admission admission) {
   return core_->copy(CopyDirection::HostToDevice, host, device, mode, admission);
 }
-CopyEvent Bridge::device_to_host(DeviceRange device, HostRange host, CopyMode mode, Admission admission) {
+template <HostRangeType H>
+CopyEvent Bridge::device_to_host(DeviceRange device, H host, CopyMode mode, Admission admission) {
   return core_->copy(CopyDirection::DeviceToHost, host, device, mode, admission);
 }
-CopyEvent Bridge::host_to_device(HostRange host, DeviceRange device, const CopyLayout& layout, CopyMode mode,
-                                 Admission admission) {
-  return core_->copy<true>(CopyDirection::HostToDevice, host, device, mode, admission, layout);
-}
-CopyEvent Bridge::device_to_host(DeviceRange device, HostRange host, const CopyLayout& layout, CopyMode mode,
-                                 Admission admission) {
-  return core_->copy<true>(CopyDirection::DeviceToHost, host, device, mode, admission, layout);
+template CopyEvent Bridge::host_to_device(HostRange, DeviceRange, CopyMode, Admission);
+template CopyEvent Bridge::host_to_device(RegionRange, DeviceRange, CopyMode, Admission);
+template CopyEvent Bridge::device_to_host(DeviceRange, HostRange, CopyMode, Admission);
+template CopyEvent Bridge::device_to_host(DeviceRange, RegionRange, CopyMode, Admission);
+
+CopyEvent Bridge::copy(const HostCopy& request) {
+  return std::visit(
+      [&](const auto& host) {
+        if (request.layout)
+          return core_->copy<true>(request.direction, host, request.device, request.mode, request.admission,
+                                   *request.layout);
+        return core_->copy(request.direction, host, request.device, request.mode, request.admission);
+      },
+      request.host);
 }
 bool Bridge::copy_to_peer(DeviceRange source, Bridge& destination, DeviceRange destination_range) {
   return core_->copy_to_peer(source, *destination.core_, destination_range);
@@ -138,20 +147,6 @@ void Bridge::unregister_host(HostRegion region) { core_->unregister_host(region)
 std::span<std::byte> Bridge::region_bytes(HostRegion region) const { return core_->region_bytes(region); }
 bool Bridge::region_retained(HostRegion region) const noexcept { return core_->region_retained(region); }
 DeviceHandle Bridge::adopt_host(RegionRange range, const ObjectSpec& spec) { return core_->adopt_host(range, spec); }
-CopyEvent Bridge::host_to_device(RegionRange host, DeviceRange device, CopyMode mode, Admission admission) {
-  return core_->copy(CopyDirection::HostToDevice, host, device, mode, admission);
-}
-CopyEvent Bridge::device_to_host(DeviceRange device, RegionRange host, CopyMode mode, Admission admission) {
-  return core_->copy(CopyDirection::DeviceToHost, host, device, mode, admission);
-}
-CopyEvent Bridge::host_to_device(RegionRange host, DeviceRange device, const CopyLayout& layout, CopyMode mode,
-                                 Admission admission) {
-  return core_->copy<true>(CopyDirection::HostToDevice, host, device, mode, admission, layout);
-}
-CopyEvent Bridge::device_to_host(DeviceRange device, RegionRange host, const CopyLayout& layout, CopyMode mode,
-                                 Admission admission) {
-  return core_->copy<true>(CopyDirection::DeviceToHost, host, device, mode, admission, layout);
-}
 CopyStatus Bridge::copy_status(CopyEvent event) { return core_->copy_status(event); }
 bool Bridge::safe_to_release_host(CopyEvent event) { return core_->is_completed(event); }
 bool Bridge::host_bytes_valid(CopyEvent event) { return core_->is_completed(event); }

@@ -61,7 +61,7 @@ TEST_P(RegisteredHostConformance, CopiesToAndFromRegisteredMemoryMoveExactlyThei
   }
   // A pitched copy from registered memory too.
   const CopyLayout layout{3, 1000, 4096, 1000};
-  b.host_to_device(RegionRange{region, 0, kBytes}, DeviceRange{h, 0, 3000}, layout, CopyMode::Sync);
+  b.copy(HostCopy{CopyDirection::HostToDevice, RegionRange{region, 0, kBytes}, DeviceRange{h, 0, 3000}, layout, CopyMode::Sync});
   const Bytes device = read_device(h, 0, 3000);
   for (int r = 0; r < 3; ++r)
     EXPECT_TRUE(bytes_equal(slice(device, r * 1000, 1000), slice(data, r * 4096, 1000), "pitched row"));
@@ -144,8 +144,8 @@ TEST_P(RegisteredHostConformance, AReadOnlyRegionTakesUploadsAndRefusesDownloads
   EXPECT_TRUE(bytes_equal(read_device(h, 0, 8192), data, "device after an upload from a read-only region"));
   EXPECT_KIND(ErrorKind::InvalidRange,
               b.device_to_host(DeviceRange{h, 0, 64}, RegionRange{region, 0, 64}, CopyMode::Sync));
-  EXPECT_KIND(ErrorKind::InvalidRange, b.device_to_host(DeviceRange{h, 0, 64}, RegionRange{region, 0, 64},
-                                                        CopyLayout{1, 64, 64, 64}, CopyMode::Async));
+  EXPECT_KIND(ErrorKind::InvalidRange, b.copy(HostCopy{CopyDirection::DeviceToHost, RegionRange{region, 0, 64},
+                                                       DeviceRange{h, 0, 64}, CopyLayout{1, 64, 64, 64}, CopyMode::Async}));
   EXPECT_TRUE(bytes_equal(memory, data, "the read-only region after refused downloads"));
   b.unregister_host(region);
   b.free_device(h);
@@ -208,8 +208,8 @@ TEST_P(RegisteredHostConformance, AnAdoptedRegionIsTheAllocationWithNoCopyAndRef
   write_device(other, 0, slice(data, 0, 2 * 4096));
   EXPECT_KIND(ErrorKind::InvalidRange, write_device(h, 0, Bytes(64, std::byte{1})));
   EXPECT_KIND(ErrorKind::InvalidRange, write_device(h, 0, Bytes(64, std::byte{1}), CopyMode::Async));
-  EXPECT_KIND(ErrorKind::InvalidRange, b.host_to_device(RegionRange{region, 0, 128}, DeviceRange{h, 0, 128},
-                                                        CopyLayout{2, 64, 64, 64}, CopyMode::Sync));
+  EXPECT_KIND(ErrorKind::InvalidRange, b.copy(HostCopy{CopyDirection::HostToDevice, RegionRange{region, 0, 128},
+                                                       DeviceRange{h, 0, 128}, CopyLayout{2, 64, 64, 64}, CopyMode::Sync}));
   EXPECT_KIND(ErrorKind::InvalidRange, b.launch_axpy(DeviceRange{other, 0, 256}, DeviceRange{h, 0, 256}, 2.0f, 1.0f));
   EXPECT_TRUE(bytes_equal(memory, data, "the region after refused writes"));
   // It reads like any allocation: a launch's input, a download's source.

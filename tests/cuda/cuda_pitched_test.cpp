@@ -558,7 +558,8 @@ TEST_F(CudaPitchedTest, BridgePitchedCopiesThroughTheRingAndARegisteredRegion) {
   (void)bridge.host_to_device(staging, DeviceRange{handle, 0, extent}, CopyMode::Sync);
   const HostRange rows = bridge.reserve(host_span);
   fill_random(bridge.host_bytes(rows).data(), host_span, 70);
-  const CopyEvent up = bridge.host_to_device(rows, DeviceRange{handle, 0, device_span}, layout, CopyMode::Async);
+  const CopyEvent up =
+      bridge.copy(HostCopy{CopyDirection::HostToDevice, rows, DeviceRange{handle, 0, device_span}, layout, CopyMode::Async});
   EXPECT_EQ(bridge.wait(up, 30s).state, CopyState::Completed);
   (void)bridge.device_to_host(DeviceRange{handle, 0, extent}, staging, CopyMode::Sync);
   expect_rows(bridge.host_bytes(staging).data(), extent, 0, kDevicePitch, bridge.host_bytes(rows).data(),
@@ -569,14 +570,15 @@ TEST_F(CudaPitchedTest, BridgePitchedCopiesThroughTheRingAndARegisteredRegion) {
   std::memset(buffer.data, static_cast<int>(kHostPoison), buffer.size);
   const HostRegion region = bridge.register_host(std::span<std::byte>(buffer.data, buffer.size));
   expect_live_registrations(1);
-  (void)bridge.device_to_host(DeviceRange{handle, 0, device_span}, RegionRange{region, 50, host_span}, layout,
-                              CopyMode::Sync);
+  (void)bridge.copy(HostCopy{CopyDirection::DeviceToHost, RegionRange{region, 50, host_span},
+                             DeviceRange{handle, 0, device_span}, layout, CopyMode::Sync});
   expect_rows(buffer.data, buffer.size, 50, kHostPitch, bridge.host_bytes(rows).data(), kHostPitch, layout,
               kHostPoison, "bridge download into a region");
 
   // A layout that reaches past the device range is refused.
   try {
-    (void)bridge.host_to_device(rows, DeviceRange{handle, 0, device_span - 1}, layout, CopyMode::Sync);
+    (void)bridge.copy(HostCopy{CopyDirection::HostToDevice, rows, DeviceRange{handle, 0, device_span - 1}, layout,
+                               CopyMode::Sync});
     ADD_FAILURE() << "a layout past its device range was accepted";
   } catch (const Error& error) {
     EXPECT_EQ(error.kind(), ErrorKind::InvalidRange) << error.what();

@@ -521,8 +521,6 @@ class Harness {
     return g_text(r.region) + " [" + std::to_string(r.offset) + ",+" + std::to_string(r.len) + ")";
   }
 
-  // A copy's host side: a ring range, or a registered region's.
-  using HostSide = std::variant<HostRange, RegionRange>;
   static std::string host_text(const HostSide& host) {
     return std::visit([](const auto& r) {
       if constexpr (std::is_same_v<std::decay_t<decltype(r)>, HostRange>) return r_text(r);
@@ -1356,13 +1354,15 @@ class Harness {
     }
     auto run_copy = [&](CopyEvent& got) {
       return attempt([&] {
+        // Pitched through the one entry point, plain through the everyday
+        // wrappers callers use (the conformance tests hold the two equal).
+        if (layout) {
+          got = bridge_->copy(HostCopy{dir, host, d, layout, mode, {room}});
+          return;
+        }
         std::visit([&](const auto& r) {
-          if (layout)
-            got = dir == CopyDirection::HostToDevice ? bridge_->host_to_device(r, d, *layout, mode, {room})
-                                                     : bridge_->device_to_host(d, r, *layout, mode, {room});
-          else
-            got = dir == CopyDirection::HostToDevice ? bridge_->host_to_device(r, d, mode, {room})
-                                                     : bridge_->device_to_host(d, r, mode, {room});
+          got = dir == CopyDirection::HostToDevice ? bridge_->host_to_device(r, d, mode, {room})
+                                                   : bridge_->device_to_host(d, r, mode, {room});
         }, host);
       });
     };

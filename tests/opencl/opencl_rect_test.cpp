@@ -481,8 +481,12 @@ TEST_F(OpenCLBridgeRect, PitchedCopiesFromAndIntoTheRing) {
       fill_rows(b.host_bytes(src), s);
       round_trip(
           s, mode, b.host_bytes(src),
-          [&](DeviceRange rows, const CopyLayout& layout, CopyMode m) { return b.host_to_device(src, rows, layout, m); },
-          [&](DeviceRange rows, const CopyLayout& layout, CopyMode m) { return b.device_to_host(rows, dst, layout, m); },
+          [&](DeviceRange rows, const CopyLayout& layout, CopyMode m) {
+            return b.copy(HostCopy{CopyDirection::HostToDevice, src, rows, layout, m});
+          },
+          [&](DeviceRange rows, const CopyLayout& layout, CopyMode m) {
+            return b.copy(HostCopy{CopyDirection::DeviceToHost, dst, rows, layout, m});
+          },
           b.host_bytes(dst));
       b.release_host(src);
       b.release_host(dst);
@@ -508,8 +512,12 @@ TEST_F(OpenCLBridgeRect, PitchedCopiesFromAndIntoARegisteredRegion) {
       fill_rows(bytes.subspan(0, span), s);
       round_trip(
           s, mode, bytes.subspan(0, span),
-          [&](DeviceRange rows, const CopyLayout& layout, CopyMode m) { return b.host_to_device(src, rows, layout, m); },
-          [&](DeviceRange rows, const CopyLayout& layout, CopyMode m) { return b.device_to_host(rows, dst, layout, m); },
+          [&](DeviceRange rows, const CopyLayout& layout, CopyMode m) {
+            return b.copy(HostCopy{CopyDirection::HostToDevice, src, rows, layout, m});
+          },
+          [&](DeviceRange rows, const CopyLayout& layout, CopyMode m) {
+            return b.copy(HostCopy{CopyDirection::DeviceToHost, dst, rows, layout, m});
+          },
           bytes.subspan(dst.offset, span));
     }
   }
