@@ -660,8 +660,8 @@ StreamPlan plan_stream(const StreamArgs& args) {
   }
 
   // More chunks than the ring has room for can never be in flight (each
-  // holds at least its output reservation until it is verified), so more
-  // device buffers than that would only cost device memory.
+  // chunk's upload holds a ring range until its copy ends), so more device
+  // buffers than that would only cost device memory.
   plan.slots = std::min({plan.inflight, plan.chunks, plan.ring_bytes / plan.slot_bytes});
 
   const double stall = [&] {
