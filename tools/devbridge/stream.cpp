@@ -214,12 +214,16 @@ class BusyClock {
 // One planner chunk per stream chunk, so the report's one upload and one
 // download copy per chunk still hold; the ring and the chunk were sized
 // together by plan_stream.
+// --stall-timeout (1..86400 s, checked by plan_stream) as a duration.
+std::chrono::nanoseconds stall_timeout(const StreamPlan& plan) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(plan.stall_timeout_seconds));
+}
+
 TransferOptions planner_options(const StreamPlan& plan) {
   TransferOptions options;
   options.chunk_bytes = plan.chunk_bytes;
   options.max_chunks_in_flight = 1;
-  options.cleanup_timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
-      std::chrono::duration<double>(plan.stall_timeout_seconds));
+  options.cleanup_timeout = stall_timeout(plan);
   return options;
 }
 
@@ -395,8 +399,7 @@ class StreamPipeline {
   // `stoppable`: a stop asked for while it waits ends the stream here.
   template <typename Call>
   TransferResult with_room(bool stoppable, Call&& call) {
-    const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                             std::chrono::duration<double>(plan_.stall_timeout_seconds));
+    const auto deadline = Clock::now() + stall_timeout(plan_);
     for (;;) {
       try {
         return call();
@@ -416,9 +419,7 @@ class StreamPipeline {
   // failed, or when nothing completes for the stall timeout (a lost
   // completion would otherwise hang the worker forever).
   CopyStatus wait_for(const ChunkTicket& ticket, const PendingCopy& copy, std::string_view what) {
-    const auto deadline =
-        Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                           std::chrono::duration<double>(plan_.stall_timeout_seconds));
+    const auto deadline = Clock::now() + stall_timeout(plan_);
     for (;;) {
       CopyStatus status = bridge_.wait(copy.event, std::chrono::milliseconds(20));
       if (status.state != CopyState::Pending) return status;
