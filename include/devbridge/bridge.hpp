@@ -127,6 +127,9 @@ struct CopyStatus {
   std::string message;
 };
 
+// What Bridge::reserve aligns a range to unless asked otherwise: a cache line.
+inline constexpr std::uint64_t kRingAlignment = 64;
+
 // How long an async copy may wait for in-flight budget; zero fails fast with
 // Backpressure, nanoseconds::max() (or anything too large to add to now)
 // waits until there is room.
@@ -276,6 +279,8 @@ class ViewLease {
 
  private:
   friend class Bridge;
+  // Bridge::view's, defined beside it (inline: it is that hot path's body).
+  inline ViewLease(detail::BridgeCore* core, const DeviceHandle& handle, const ViewSpec& spec, ViewWait wait);
   // The core outlives its Bridge while leases remain (it counts them under its
   // own lock), so a lease never dangles and costs no atomic reference count.
   // A lease held by the caller keeps it in core_; one handed on (set_holder)
@@ -329,7 +334,7 @@ class Bridge {
   // large to add to now: until there is room). A release wakes the wait;
   // close() ends it with Closed. The ring frees in order (FIFO): room comes
   // back only when the oldest reservation is released.
-  HostRange reserve(std::uint64_t bytes, std::uint64_t alignment = 64,
+  HostRange reserve(std::uint64_t bytes, std::uint64_t alignment = kRingAlignment,
                     std::chrono::nanoseconds timeout = std::chrono::nanoseconds::zero());
   // Ends a reservation (exactly as reserve returned it). Refused with
   // AllocationStillInUse while an async copy using it is in flight.

@@ -423,6 +423,12 @@ void BridgeCore::launch_axpy(const DeviceRange& x, const DeviceRange& y, float a
   dtypes_.fail_not_held(dtype, "a view");
 }
 
+[[noreturn, gnu::cold, gnu::noinline]] void BridgeCore::fail_view_during_upload(const DeviceHandle& h,
+                                                                               const AllocationSlot& slot) const {
+  fail(ErrorKind::AllocationStillInUse, "{} has {} cop{} into it in flight; wait for them or ask the view to wait",
+       describe(h), slot.uploads, slot.uploads == 1 ? "y" : "ies");
+}
+
 void BridgeCore::end_handed_on_view(const DeviceHandle& h, ViewHolder holder) noexcept {
   {
     std::lock_guard guard(lock_);

@@ -5,6 +5,12 @@ namespace devbridge {
 
 // ---- ViewLease ----
 
+// The view is built in place (core->view returns it as a prvalue); a refusal
+// throws before the lease exists, so nothing ends it.
+[[gnu::always_inline]] inline ViewLease::ViewLease(detail::BridgeCore* core, const DeviceHandle& handle, const ViewSpec& spec,
+                            ViewWait wait)
+    : core_(core), view_(core->view(handle, spec, wait)) {}
+
 ViewLease::ViewLease(ViewLease&& other) noexcept
     : core_(std::exchange(other.core_, nullptr)),
       handed_on_core_(std::exchange(other.handed_on_core_, nullptr)),
@@ -161,10 +167,7 @@ void Bridge::end_step(StepId step, ConsumerQueue after) { core_->end_step(step, 
 void Bridge::launch_axpy(DeviceRange x, DeviceRange y, float a, float b) { core_->launch_axpy(x, y, a, b); }
 
 ViewLease Bridge::view(DeviceHandle handle, const ViewSpec& spec, ViewWait wait) {
-  ViewLease lease;
-  core_->view(handle, spec, wait, lease.view_);
-  lease.core_ = core_.get();
-  return lease;
+  return ViewLease(core_.get(), handle, spec, wait);
 }
 
 void Bridge::restart(Generation generation) { core_->restart(generation); }

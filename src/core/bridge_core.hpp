@@ -559,21 +559,19 @@ class BridgeCore {
   void launch_axpy(const DeviceRange& x, const DeviceRange& y, float a, float b);
 
   // ---- views ----
-  // Fills `view` in place: it is the lease's own storage (no copy on a hot path).
-  // Inlined into Bridge::view, its only caller: one call per view, not two.
-  [[gnu::always_inline]] void view(const DeviceHandle& h, const ViewSpec& spec, ViewWait wait_mode, TensorView& view) {
+  // Returned in place: the view is built in the lease's own storage (no copy
+  // and no zero-fill on a hot path). Inlined into the lease's constructor,
+  // its only caller: one call per view, not two.
+  [[gnu::always_inline]] TensorView view(const DeviceHandle& h, const ViewSpec& spec, ViewWait wait_mode) {
     SpinLockHold lock(lock_);
     enter(lock);
     auto* slot = &allocation(h);
     if (__builtin_expect(spec.dtype != slot->view_dtype, 0) &&
         (slot->spec.dtype || dtypes_.element_size(spec.dtype) == 0))
       fail_view_dtype(h, spec.dtype, *slot);
-    shape_view(h, spec, *slot, placement_, view);
-    if (slot->uploads) {
-      if (wait_mode == ViewWait::Refuse)
-        fail(ErrorKind::AllocationStillInUse,
-             "{} has {} cop{} into it in flight; wait for them or ask the view to wait", describe(h), slot->uploads,
-             slot->uploads == 1 ? "y" : "ies");
+    TensorView view = shape_view(h, spec, *slot, placement_);
+    if (__builtin_expect(slot->uploads != 0, 0)) {
+      if (wait_mode == ViewWait::Refuse) fail_view_during_upload(h, *slot);
       wait_until(lock, std::chrono::steady_clock::time_point::max(), [&] {
         slot = &allocation(h);
         return slot->uploads == 0;
@@ -582,7 +580,11 @@ class BridgeCore {
     call_backend([&] { backend_->validate_view(slot->device, view); });
     ++slot->views;
     ++outstanding_leases_;
+    return view;
   }
+
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_view_during_upload(const DeviceHandle& h,
+                                                                      const AllocationSlot& slot) const;
 
   // A view of a typed allocation has its dtype; one of an untyped allocation
   // any dtype its device holds.

@@ -63,33 +63,10 @@ template <class... Args>
        fmt::format(why, std::forward<Args>(args)...));
 }
 
-// The rank an object's shape kind allows: scalar 0, vector 1, matrix 2,
-// tensor any (the contract's "rank/shape kind").
-// The kinds below Tensor are numbered by their rank: one compare.
-static_assert(static_cast<int>(ShapeKind::Scalar) == 0 && static_cast<int>(ShapeKind::Vector) == 1 &&
-              static_cast<int>(ShapeKind::Matrix) == 2);
-bool rank_fits(ShapeKind kind, int rank) noexcept {
-  return kind == ShapeKind::Tensor || rank == static_cast<int>(kind);
-}
-
-// Everything a view says once its shape is checked.
-[[gnu::always_inline]] inline void fill_view(const DeviceHandle& h, const ViewSpec& spec, const AllocationSlot& slot,
-                                             const ViewPlacement& placement, TensorView& view) {
-  view.data = slot.device.address;
-  view.device = placement.device;
-  view.dlpack_device_type = placement.dlpack_device_type;
-  view.device_ordinal = placement.device_ordinal;
-  view.dtype = spec.dtype;
-  view.shape = spec.shape;
-  view.byte_offset = spec.byte_offset;
-  view.handle = h;
-  view.read_only = slot.read_only();
-}
 
 }  // namespace
 
-void shape_view(const DeviceHandle& h, const ViewSpec& spec, const AllocationSlot& slot,
-                const ViewPlacement& placement, TensorView& view) {
+void check_view(const DeviceHandle& h, const ViewSpec& spec, const AllocationSlot& slot, Dims& strides) {
   if (__builtin_expect(!rank_fits(slot.spec.shape, spec.shape.size()), 0))
     fail_view(h, slot, "rank {} does not fit the object's shape kind ({})", spec.shape.size(),
               shape_kind_text(slot.spec.shape));
@@ -103,7 +80,7 @@ void shape_view(const DeviceHandle& h, const ViewSpec& spec, const AllocationSlo
     // Row-major (the usual view): it reaches elements [0, count), so bytes
     // [offset, offset + count * elem), and only the end can overflow (the
     // general checks below, specialized: the view path's most arithmetic).
-    const std::int64_t count = view.strides.assign_contiguous_strides(spec.shape);
+    const std::int64_t count = strides.assign_contiguous_strides(spec.shape);
     for (int i = 0; i < spec.shape.size(); ++i)
       if (spec.shape[i] <= 0) fail_view(h, slot, "dimension {} has size {}", i, spec.shape[i]);
     std::int64_t end_byte;
@@ -111,10 +88,9 @@ void shape_view(const DeviceHandle& h, const ViewSpec& spec, const AllocationSlo
       fail_view(h, slot, "extent overflow");
     if (static_cast<std::uint64_t>(end_byte) > slot.extent)
       fail_view(h, slot, "shape and strides reach bytes [{}, {}) outside the extent", offset, end_byte);
-    return fill_view(h, spec, slot, placement, view);
+    return;
   } else {
-    view.strides = *spec.strides;
-    const Dims& strides = view.strides;
+    strides = *spec.strides;
     if (strides.size() != spec.shape.size())
       fail_view(h, slot, "{} strides for {} dimensions", strides.size(), spec.shape.size());
     for (int i = 0; i < spec.shape.size(); ++i) {
@@ -134,7 +110,6 @@ void shape_view(const DeviceHandle& h, const ViewSpec& spec, const AllocationSlo
     fail_view(h, slot, "extent overflow");
   if (first_byte < 0 || static_cast<std::uint64_t>(end_byte) > slot.extent)
     fail_view(h, slot, "shape and strides reach bytes [{}, {}) outside the extent", first_byte, end_byte);
-  fill_view(h, spec, slot, placement, view);
 }
 
 }  // namespace devbridge::detail
