@@ -76,6 +76,14 @@ using Clock = std::chrono::steady_clock;
   return now + timeout;
 }
 
+// What is left of `deadline` (max() as deadline_after makes it: forever,
+// nanoseconds::max()), zero once it has passed.
+[[nodiscard]] inline std::chrono::nanoseconds time_left(Clock::time_point deadline,
+                                                        Clock::time_point now = Clock::now()) noexcept {
+  if (deadline == Clock::time_point::max()) return std::chrono::nanoseconds::max();
+  return std::max(std::chrono::nanoseconds::zero(), std::chrono::nanoseconds(deadline - now));
+}
+
 // Seconds (as Python and the CLI give them) to nanoseconds: infinity and
 // anything past ~292 years saturate to nanoseconds::max() ("until done").
 // Negative or NaN is refused with InvalidRange naming `what`; the bindings

@@ -145,6 +145,18 @@ struct TransferOptions {
   // Take this route instead of choosing one (tests, benchmarks, the Stager);
   // refused with InvalidRange, naming why, where the endpoints do not allow it.
   std::optional<Route> route = std::nullopt;
+
+  // ---- room held by others ----
+  // When the ring or the in-flight budget is full and none of this call's
+  // own chunks is left to finish (another caller of the bridge holds the
+  // room: a second planner, a consumer's reservations), how long the call
+  // waits for room to come back before Backpressure; each time it is short
+  // of room, so a long transfer behind a busy neighbour fails only when the
+  // neighbour stalls. The bridge wakes the wait as ranges are released and
+  // copies end. 0 (the default): refuse at once. Negative is refused with
+  // InvalidRange; nanoseconds::max() waits until there is room (or the
+  // bridge closes).
+  std::chrono::nanoseconds wait_for_room{0};
 };
 
 struct TransferPlan {

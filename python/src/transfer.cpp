@@ -187,11 +187,13 @@ void bind_transfer(nb::module_& m) {
       .def(
           "__init__",
           [](PyTransferPlanner* self, nb::handle bridge, nb::handle chunk_bytes, nb::handle max_chunks_in_flight,
-             nb::handle cleanup_timeout, nb::handle registration_from_bytes, nb::handle route, nb::object progress) {
+             nb::handle cleanup_timeout, nb::handle registration_from_bytes, nb::handle route, nb::object progress,
+             nb::handle wait_for_room) {
             TransferOptions options;
             options.chunk_bytes = args::integer<std::uint64_t>(chunk_bytes, "chunk_bytes");
             options.max_chunks_in_flight = args::integer<std::uint32_t>(max_chunks_in_flight, "max_chunks_in_flight");
             options.cleanup_timeout = args::seconds(cleanup_timeout, "cleanup_timeout");
+            options.wait_for_room = args::seconds(wait_for_room, "wait_for_room");
             options.registration_from_bytes =
                 args::integer<std::uint64_t>(registration_from_bytes, "registration_from_bytes");
             options.route = parse_route(route);
@@ -209,8 +211,10 @@ void bind_transfer(nb::module_& m) {
           },
           "bridge"_a, nb::kw_only(), "chunk_bytes"_a = 0, "max_chunks_in_flight"_a = 4, "cleanup_timeout"_a = 30.0,
           "registration_from_bytes"_a = std::uint64_t{1} << 20, "route"_a = nb::none(), "progress"_a = nb::none(),
+          "wait_for_room"_a = 0.0,
           "chunk_bytes: bytes per ring chunk (0: a quarter of the ring); route: force one route by name (tests);\n"
-          "progress: called as progress(done, total) as bytes land.")
+          "progress: called as progress(done, total) as bytes land; wait_for_room: seconds a call waits for ring\n"
+          "or in-flight room another caller holds before Backpressure (0: refuse at once; math.inf: until room).")
       .def(
           "plan_upload",
           [](PyTransferPlanner& p, nb::handle buffer, nb::handle spec, nb::handle extent, nb::handle into,

@@ -315,6 +315,8 @@ TransferPlanner::TransferPlanner(Bridge& bridge, TransferOptions options)
     fail(ErrorKind::InvalidRange, "max_chunks_in_flight is 0: at least one chunk copy must be in flight");
   if (options_.cleanup_timeout < std::chrono::nanoseconds::zero())
     fail(ErrorKind::InvalidRange, "cleanup_timeout of {} ns is negative", options_.cleanup_timeout.count());
+  if (options_.wait_for_room < std::chrono::nanoseconds::zero())
+    fail(ErrorKind::InvalidRange, "wait_for_room of {} ns is negative", options_.wait_for_room.count());
   if (options_.chunk_bytes > ring)
     fail(ErrorKind::InvalidRange, "chunk_bytes of {} does not fit the ring of {} bytes", options_.chunk_bytes, ring);
   if (options_.chunk_bytes > budget)
@@ -396,8 +398,11 @@ TransferResult TransferPlanner::execute(const TransferSource& source, const Tran
     job.destination = r.destination.host_out;
     job.fill = r.source.fill;
     job.sink = r.destination.sink;
-    const detail::RingChunkSettings settings{options_.max_chunks_in_flight, options_.cleanup_timeout,
-                                             &options_.progress, r.upload() ? pending : nullptr};
+    const detail::RingChunkSettings settings{.max_chunks_in_flight = options_.max_chunks_in_flight,
+                                             .cleanup_timeout = options_.cleanup_timeout,
+                                             .wait_for_room = options_.wait_for_room,
+                                             .progress = &options_.progress,
+                                             .submitted = r.upload() ? pending : nullptr};
     detail::run_ring_chunks(bridge_, settings, job);
   };
 
@@ -478,13 +483,15 @@ TransferResult TransferPlanner::execute(const TransferSource& source, const Tran
         chunk = std::min(chunk, detail::default_chunk_bytes(stats.ring_capacity, stats.inflight_budget_bytes));
       }
       chunk = std::max(chunk - chunk % element, element);
-      const detail::RingChunkSettings settings{1, options_.cleanup_timeout, nullptr};
+      const detail::RingChunkSettings settings{.max_chunks_in_flight = 1,
+                                               .cleanup_timeout = options_.cleanup_timeout,
+                                               .wait_for_room = options_.wait_for_room};
       std::uint64_t index = 0;
       for (std::uint64_t done = 0; done < r.bytes; ++index) {
         const std::uint64_t len = std::min(chunk, r.bytes - done);
         const std::uint64_t end = done + len;
         try {
-          detail::ReservedRange landing(to, to.reserve(len));
+          detail::ReservedRange landing(to, to.reserve(len, kRingAlignment, options_.wait_for_room));
           detail::RingChunkJob job;
           job.direction = CopyDirection::DeviceToHost;
           job.handle = r.source.handle;

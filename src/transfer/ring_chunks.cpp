@@ -99,8 +99,7 @@ struct Transfer : RingChunkJob {
 void wait_until(Bridge& bridge, CopyEvent event, checked::Clock::time_point deadline) noexcept {
   try {
     std::optional<std::chrono::nanoseconds> left;
-    if (deadline != checked::Clock::time_point::max())
-      left = std::max(std::chrono::nanoseconds::zero(), std::chrono::nanoseconds(deadline - checked::Clock::now()));
+    if (deadline != checked::Clock::time_point::max()) left = checked::time_left(deadline);
     bridge.wait(event, left);
   } catch (...) {
   }
@@ -214,7 +213,9 @@ class Pipeline {
   }
 
   void submit(const Chunk& chunk) {
-    ReservedRange range(bridge_, with_room(chunk, [&] { return bridge_.reserve(chunk.len); }));
+    ReservedRange range(bridge_, with_room(chunk, [&](std::chrono::nanoseconds wait) {
+                          return bridge_.reserve(chunk.len, kRingAlignment, wait);
+                        }));
     const DeviceRange device{transfer_.handle, transfer_.device_offset_of(chunk), chunk.len};
     try {
       if (transfer_.upload()) {
@@ -227,9 +228,9 @@ class Pipeline {
     } catch (const Error& e) {
       rethrow_for_chunk(e, transfer_, chunk);
     }
-    const CopyEvent event = with_room(chunk, [&] {
-      return transfer_.upload() ? bridge_.host_to_device(range.get(), device, CopyMode::Async)
-                                : bridge_.device_to_host(device, range.get(), CopyMode::Async);
+    const CopyEvent event = with_room(chunk, [&](std::chrono::nanoseconds wait) {
+      return transfer_.upload() ? bridge_.host_to_device(range.get(), device, CopyMode::Async, Admission{wait})
+                                : bridge_.device_to_host(device, range.get(), CopyMode::Async, Admission{wait});
     });
     if (options_.submitted == nullptr) {
       window_.push(chunk, range, event);
@@ -244,26 +245,34 @@ class Pipeline {
     options_.submitted->push_back({event, chunk.index, chunk.offset, chunk.len});
   }
 
-  // Runs `attempt` (a reserve or a copy). On Backpressure (the ring or the
-  // in-flight budget is full) it makes room from this call's own chunks,
-  // oldest first, and tries again (ranges of earlier failed calls go back
-  // inside reserve, release_host_after); with none of its own, the room is
-  // held by others and Backpressure stands.
+  // Runs `attempt` (a reserve or a copy, given how long it may wait for
+  // room). On Backpressure (the ring or the in-flight budget is full) it
+  // makes room from this call's own chunks, oldest first, and tries again
+  // (ranges of earlier failed calls go back inside reserve,
+  // release_host_after). With none of its own, the room is held by others:
+  // the attempt is made once more, waiting up to wait_for_room (the bridge
+  // wakes it as room comes back), and then Backpressure stands.
   template <class Attempt>
-  std::invoke_result_t<Attempt&> with_room(const Chunk& chunk, Attempt attempt) {
+  std::invoke_result_t<Attempt&, std::chrono::nanoseconds> with_room(const Chunk& chunk, Attempt attempt) {
+    auto wait = std::chrono::nanoseconds::zero();
     for (;;) {
       try {
-        return attempt();
+        return attempt(wait);
       } catch (const Error& e) {
         if (e.kind() != ErrorKind::Backpressure) rethrow_for_chunk(e, transfer_, chunk);
         // Room held by ranges the bridge releases as their copies end (this
-        // submit()'s, an earlier one's): wait for one. Else, with none of
-        // this call's own chunks to finish, the room is held by others.
-        if (window_.empty() && !bridge_.wait_for_release_after()) rethrow_for_chunk(e, transfer_, chunk);
+        // submit()'s, an earlier one's): wait for one.
+        if (window_.empty() && !bridge_.wait_for_release_after()) {
+          if (wait != std::chrono::nanoseconds::zero() || options_.wait_for_room == std::chrono::nanoseconds::zero())
+            rethrow_for_chunk(e, transfer_, chunk);
+          wait = options_.wait_for_room;
+          continue;
+        }
       }
       if (!window_.empty()) finish_oldest(true);
     }
   }
+
 
   // Finishes the oldest chunk: waits for its copy (without `block`, returns
   // false if it has not completed yet), copies a download's bytes out of the

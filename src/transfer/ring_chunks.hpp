@@ -37,6 +37,8 @@ struct RingChunkJob {
 struct RingChunkSettings {
   std::uint32_t max_chunks_in_flight = 4;
   std::chrono::nanoseconds cleanup_timeout{0};
+  // How long each wait for room that others hold lasts (TransferOptions).
+  std::chrono::nanoseconds wait_for_room{0};
   // Null: no progress reported.
   const std::function<void(std::uint64_t, std::uint64_t)>* progress = nullptr;
   // Uploads only (TransferPlanner::submit): non-null, each chunk's range is

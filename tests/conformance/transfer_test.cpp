@@ -7,12 +7,15 @@
 // or allocated. The ring-chunk pipeline itself is stager_test.cpp's.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend_drivers.hpp"
@@ -440,6 +443,75 @@ TEST_P(TransferConformance, TransferStreamsChunkByChunk) {
   EXPECT_THROW(planner.run(DeviceSpan{h}, failing), std::runtime_error);
   b.free_device(h);
   b.poll();
+  expect_nothing_left(b);
+}
+
+// Room another caller of the bridge holds (here, a reservation of the whole
+// ring): refused at once by default, after the wait with wait_for_room,
+// and taken as soon as it comes back while the call waits; negative waits
+// are refused.
+TEST_P(TransferConformance, TransferWaitsForRingRoomAnotherCallerHolds) {
+  using namespace std::chrono_literals;
+  auto& b = make_bridge(kRing);
+  EXPECT_KIND(ErrorKind::InvalidRange, TransferPlanner(b, {.wait_for_room = -1ns}), "wait_for_room");
+  const Bytes data = random_bytes(2 * kRing + 5);
+  const DeviceHandle h = b.alloc_device(bytes_spec(extent_for(data.size())), extent_for(data.size()));
+  const HostRange held = b.reserve(kRing);
+  TransferPlanner at_once(b, {.route = Route::RingChunks});
+  EXPECT_KIND(ErrorKind::Backpressure, at_once.run(HostSource{data}, DeviceSpan{h}), "upload chunk 0");
+  TransferPlanner briefly(b, {.route = Route::RingChunks, .wait_for_room = 5ms});
+  EXPECT_KIND(ErrorKind::Backpressure, briefly.run(HostSource{data}, DeviceSpan{h}), "upload chunk 0");
+  TransferPlanner patient(b, {.route = Route::RingChunks, .wait_for_room = std::chrono::nanoseconds::max()});
+  std::thread neighbour([&] {
+    std::this_thread::sleep_for(20ms);
+    b.release_host(held);
+  });
+  EXPECT_NO_THROW(patient.run(HostSource{data}, DeviceSpan{h}));
+  neighbour.join();
+  Bytes back(data.size());
+  patient.run(DeviceSpan{h}, HostDestination{back});
+  EXPECT_EQ(back, data);
+  b.free_device(h);
+  expect_nothing_left(b);
+}
+
+// The same for the in-flight budget: another caller's copy holds all of it
+// (the fake keeps it in flight), and the planner's chunk copy waits for it
+// to end (Admission) instead of failing.
+TEST_P(TransferConformance, TransferWaitsForBudgetAnotherCallersCopyHolds) {
+  using namespace std::chrono_literals;
+  if (!is_fake()) GTEST_SKIP() << "needs the fake's held copies";
+  constexpr std::uint64_t kChunk = 4096;
+  auto& b = make_bridge(kRing, kChunk);
+  auto& fake = fake_of(b);
+  const DeviceHandle theirs = b.alloc_device(bytes_spec(kChunk), kChunk);
+  const Bytes data = random_bytes(3 * kChunk);
+  const DeviceHandle h = b.alloc_device(bytes_spec(data.size()), data.size());
+  hold(true);
+  const HostRange range = b.reserve(kChunk);
+  const CopyEvent their_copy = b.host_to_device(range, DeviceRange{theirs, 0, kChunk}, CopyMode::Async);
+  TransferPlanner at_once(b, {.chunk_bytes = kChunk, .route = Route::RingChunks});
+  EXPECT_KIND(ErrorKind::Backpressure, at_once.run(HostSource{data}, DeviceSpan{h}), "upload chunk 0");
+  std::atomic<bool> done{false};
+  std::thread completer([&] {
+    std::this_thread::sleep_for(20ms);  // the planner is waiting by now, or soon
+    while (!done) {
+      for (const CopyEvent& e : fake.pending()) fake.complete(e);
+      std::this_thread::sleep_for(100us);
+    }
+  });
+  TransferPlanner patient(b, {.chunk_bytes = kChunk, .route = Route::RingChunks, .wait_for_room = 10s});
+  EXPECT_NO_THROW(patient.run(HostSource{data}, DeviceSpan{h}));
+  done = true;
+  completer.join();
+  hold(false);
+  EXPECT_EQ(b.wait(their_copy).state, CopyState::Completed);
+  b.release_host(range);
+  Bytes back(data.size());
+  patient.run(DeviceSpan{h}, HostDestination{back});
+  EXPECT_EQ(back, data);
+  b.free_device(h);
+  b.free_device(theirs);
   expect_nothing_left(b);
 }
 

@@ -240,3 +240,29 @@ def test_a_closed_bridge_is_refused(fake_bridge):
         planner.upload(b"abc", spec_for(3))
     with pytest.raises(devbridge.Closed):
         TransferPlanner(b)
+
+
+def test_a_call_waits_for_room_another_caller_holds(planner_bridge, rng):
+    # Another caller holds the whole ring: by default the planner refuses at once (Backpressure); with
+    # wait_for_room it waits, the GIL released, and goes on as soon as the room comes back.
+    b = planner_bridge
+    data = rng.integers(0, 256, size=2 * RING + 5, dtype=np.uint8)
+    for bad, error in ((-1.0, ValueError), ("soon", TypeError), (float("nan"), ValueError)):
+        with pytest.raises(error, match="wait_for_room"):
+            TransferPlanner(b, wait_for_room=bad)
+    held = b.ring.reserve(RING)
+    with pytest.raises(devbridge.Backpressure, match="upload chunk 0"):
+        TransferPlanner(b, route="ring_chunks").upload(data, spec_for(data.nbytes), extent_for(data.nbytes))
+    with pytest.raises(devbridge.Backpressure, match="upload chunk 0"):
+        TransferPlanner(b, route="ring_chunks", wait_for_room=0.005).upload(
+            data, spec_for(data.nbytes), extent_for(data.nbytes))
+    neighbour = threading.Timer(0.02, lambda: b.ring.release(held))
+    neighbour.start()
+    planner = TransferPlanner(b, route="ring_chunks", wait_for_room=float("inf"))
+    handle = planner.upload(data, spec_for(data.nbytes), extent_for(data.nbytes))
+    neighbour.join()
+    back = np.zeros_like(data)
+    planner.download(handle, 0, back)
+    assert np.array_equal(back, data)
+    b.free(handle)
+    nothing_left(b)

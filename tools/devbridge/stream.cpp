@@ -181,7 +181,6 @@ struct StreamStopped {};
 // How often a waiting stage looks at the stop flag; how soon a planner call
 // refused for room is tried again.
 constexpr auto kStopPoll = std::chrono::milliseconds(50);
-constexpr auto kRoomPoll = std::chrono::milliseconds(1);
 
 // One chunk, handed from the producer to the upload watcher and the downloader.
 struct ChunkTicket {
@@ -224,6 +223,9 @@ TransferOptions planner_options(const StreamPlan& plan) {
   options.chunk_bytes = plan.chunk_bytes;
   options.max_chunks_in_flight = 1;
   options.cleanup_timeout = stall_timeout(plan);
+  // The two stages share the ring and the in-flight budget: one waits for
+  // room the other holds, and gives up only when the other stalls.
+  options.wait_for_room = stall_timeout(plan);
   return options;
 }
 
@@ -362,7 +364,7 @@ class StreamPipeline {
                                }};
     const DeviceSpan x{inputs_[ticket.slot], 0, ticket.len};
     ticket.submitted = Clock::now();
-    ticket.uploads = with_room(/*stoppable=*/true, [&] { return uploader_.submit(pattern, x); }).pending;
+    ticket.uploads = uploader_.submit(pattern, x).pending;
     uploads_.push(ticket);
 
     stage = "begin_step";
@@ -390,27 +392,6 @@ class StreamPipeline {
       if (stop_signal() != 0) throw StreamStopped{};
     }
     if (aborted_) throw StreamAborted{};
-  }
-
-  // A planner call, tried again while the ring or the in-flight budget is
-  // full of ranges the other stage holds (the planner waits by itself only
-  // for ranges on their way back through the bridge). A refused call took
-  // nothing, so trying it again is safe. Gives up after the stall timeout.
-  // `stoppable`: a stop asked for while it waits ends the stream here.
-  template <typename Call>
-  TransferResult with_room(bool stoppable, Call&& call) {
-    const auto deadline = Clock::now() + stall_timeout(plan_);
-    for (;;) {
-      try {
-        return call();
-      } catch (const devbridge::Error& e) {
-        if (e.kind() != ErrorKind::Backpressure || Clock::now() >= deadline) throw;
-      }
-      std::unique_lock lock(mutex_);
-      changed_.wait_for(lock, kRoomPoll);
-      if (aborted_) throw StreamAborted{};
-      if (stoppable && stop_signal() != 0) throw StreamStopped{};
-    }
   }
 
   // ---- the upload watcher ----
@@ -474,7 +455,7 @@ class StreamPipeline {
       const DeviceSpan y{outputs_[ticket->slot], 0, ticket->len};
       const auto started = Clock::now();
       try {
-        with_room(/*stoppable=*/false, [&] { return downloader_.run(y, check); });
+        downloader_.run(y, check);
       } catch (const devbridge::Error& e) {
         throw std::runtime_error(
             fmt::format("chunk {} ({}): device_to_host failed: {}", ticket->index, byte_span(*ticket), e.what()));
