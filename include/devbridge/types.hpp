@@ -58,6 +58,7 @@ struct DTypeInfo {
   std::uint8_t dlpack_bits;
 };
 
+// A value that is no dtype gets an entry named "not a dtype", of size 0.
 const DTypeInfo& dtype_info(DType dtype) noexcept;
 constexpr std::uint32_t dtype_size(DType dtype) noexcept {
   switch (dtype) {

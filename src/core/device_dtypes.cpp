@@ -33,6 +33,16 @@ void DeviceDtypes::fail_not_computed(DType dtype, std::string_view what) const {
        dtype_names([&](DType d) { return computes(d); }));
 }
 
+void DeviceDtypes::fail_allocation(const ObjectSpec& spec, std::uint64_t extent) const {
+  if (!is_power_of_two(spec.alignment))
+    fail(ErrorKind::InvalidAlignment, "alignment {} is not a non-zero power of two", spec.alignment);
+  const std::uint32_t elem = element_of(spec).first;
+  if (elem == 0 && dtype_size(*spec.dtype) != 0) fail_not_held(*spec.dtype, "an allocation");
+  fail(ErrorKind::InvalidExtent,
+       "extent {} must be non-zero, at most max_extent {}, and a multiple of the alignment {} and of the {} size {}",
+       extent, spec.max_extent, spec.alignment, spec_dtype_name(spec), elem);
+}
+
 void DeviceDtypes::fail_not_held(DType dtype, std::string_view what) const {
   fail(ErrorKind::UnsupportedDType, "{} of dtype {}: the bridge's {} does not hold {} (it holds: {})", what,
        dtype_info(dtype).name, device_text_, dtype_info(dtype).name,

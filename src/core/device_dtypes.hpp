@@ -39,25 +39,29 @@ class DeviceDtypes {
   // names the dtype, the device, and what it does hold.
   [[noreturn, gnu::cold, gnu::noinline]] void fail_not_held(DType dtype, std::string_view what) const;
 
-  // The element size and view dtype of an allocation of `extent` bytes of
-  // `spec`, once both are valid. Read-only: runs before the bridge's lock.
+  // The element size and view dtype of an allocation of `spec`: byte
+  // elements and uint8 views when untyped; the element size is 0 for a
+  // dtype the device does not hold (checked_allocation refuses those).
+  [[gnu::always_inline]] std::pair<std::uint32_t, DType> element_of(const ObjectSpec& spec) const noexcept {
+    if (!spec.dtype) return {1, DType::UInt8};
+    return {element_size(*spec.dtype), *spec.dtype};
+  }
+
+  // element_of(spec), once an allocation of `extent` bytes of it is valid:
+  // its alignment a power of two, its dtype one the device holds, the
+  // extent non-zero, within max_extent and whole elements and alignments.
+  // One predicate (64-bit masks: an element size of 0, not held, leaves
+  // every bit set, so no extent passes as a multiple of it); the cold path
+  // says which rule failed. Read-only: runs before the bridge's lock.
   [[gnu::always_inline]] std::pair<std::uint32_t, DType> checked_allocation(const ObjectSpec& spec,
                                                                             std::uint64_t extent) const {
-    if (!is_power_of_two(spec.alignment))
-      fail(ErrorKind::InvalidAlignment, "alignment {} is not a non-zero power of two", spec.alignment);
-    // 0 for a dtype the device does not hold (or no dtype at all): the
-    // extent check below then fails, and its cold path tells which.
-    const std::uint32_t elem = spec.dtype ? element_size(*spec.dtype) : 1;
-    const DType view_dtype = spec.dtype.value_or(DType::UInt8);
-    if (extent == 0 || extent > spec.max_extent || (extent & (spec.alignment - 1)) || (extent & (elem - 1))) {
-      if (elem == 0 && dtype_size(*spec.dtype) != 0) fail_not_held(*spec.dtype, "an allocation");
-      fail(ErrorKind::InvalidExtent,
-           "extent {} must be non-zero, at most max_extent {}, and a multiple of the alignment {} "
-           "and of the {} size {}",
-           extent, spec.max_extent, spec.alignment, spec_dtype_name(spec), elem);
-    }
-    return {elem, view_dtype};
+    const auto element = element_of(spec);
+    if (!is_power_of_two(spec.alignment) || extent == 0 || extent > spec.max_extent ||
+        (extent & ((spec.alignment - 1) | (std::uint64_t{element.first} - 1))))
+      fail_allocation(spec, extent);
+    return element;
   }
+  [[noreturn, gnu::cold, gnu::noinline]] void fail_allocation(const ObjectSpec& spec, std::uint64_t extent) const;
 
  private:
   // Indexed by DType's value (all 256, so no bound check).

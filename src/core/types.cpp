@@ -47,7 +47,13 @@ constexpr bool sizes_agree() {
 static_assert(sizes_agree());
 }  // namespace
 
-const DTypeInfo& dtype_info(DType dtype) noexcept { return kDTypes[static_cast<std::size_t>(dtype)]; }
+const DTypeInfo& dtype_info(DType dtype) noexcept {
+  // A value that is no dtype (a cast in C++, a hostile value through the C
+  // ABI) must still be nameable in the refusal that says so.
+  static constexpr DTypeInfo kNotADType{static_cast<DType>(0xFF), "not a dtype", "not a dtype", 0, DLPackTypeCode{}, 0};
+  const auto index = static_cast<std::size_t>(dtype);
+  return index < kDTypes.size() ? kDTypes[index] : kNotADType;
+}
 
 std::span<const DTypeInfo> all_dtypes() noexcept { return kDTypes; }
 

@@ -71,6 +71,15 @@ TEST(DeviceDtypes, AnAllocationRequestIsCheckedBeforeAnythingIsAsked) {
   EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidExtent, dtypes.checked_allocation(floats, 40));  // not a multiple of 16
   EXPECT_DEVBRIDGE_ERROR(ErrorKind::UnsupportedDType,
                          dtypes.checked_allocation(ObjectSpec{1024, 16, DType::Float64}, 64));
+  // Extents whose low 32 bits are zero are no multiple of a size of 0: a
+  // dtype the device does not hold is refused at every extent.
+  for (const std::uint64_t extent : {std::uint64_t{1} << 32, std::uint64_t{1} << 40, std::uint64_t{1} << 63})
+    EXPECT_DEVBRIDGE_ERROR(ErrorKind::UnsupportedDType,
+                           dtypes.checked_allocation(ObjectSpec{UINT64_MAX, 16, DType::Float64}, extent));
+  // A value that is no dtype is named as such (it was read past the dtype table).
+  const auto message = EXPECT_DEVBRIDGE_ERROR(
+      ErrorKind::InvalidExtent, dtypes.checked_allocation(ObjectSpec{UINT64_MAX, 16, static_cast<DType>(250)}, 64));
+  EXPECT_TRUE(contains(message, "not a dtype size 0")) << message;
 }
 
 }  // namespace
