@@ -80,8 +80,10 @@ class Bridge(_devbridge.Bridge):
         return _checkpoint.checkpoint(self, path, tensors, metadata=metadata, checksum=checksum)
 
     @_documented_as(_checkpoint.restore)
-    def restore(self, path: Any, *, alignment: int = 256, verify: bool = True) -> dict[str, DeviceTensor]:
-        return _checkpoint.restore(self, path, alignment=alignment, verify=verify)
+    def restore(self, path: Any, *, names: Any = None, prefix: str | None = None, rows: Any = None,
+                alignment: int = 256, verify: bool = True) -> dict[str, DeviceTensor]:
+        return _checkpoint.restore(self, path, names=names, prefix=prefix, rows=rows, alignment=alignment,
+                                   verify=verify)
 
 
 __all__ = ["Bridge"]

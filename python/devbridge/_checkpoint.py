@@ -373,65 +373,261 @@ def _held_dtypes(bridge: Bridge) -> frozenset[str]:
     return held
 
 
-def restore(bridge: Bridge, path: Any, *, alignment: int = 256, verify: bool = True) -> dict[str, DeviceTensor]:
+def restore(bridge: Bridge, path: Any, *, names: Any = None, prefix: str | None = None,
+            rows: Mapping[str, slice] | None = None, alignment: int = 256,
+            verify: bool = True) -> dict[str, DeviceTensor]:
     """Restores a safetensors checkpoint into ``bridge``'s current generation: ``{name: DeviceTensor}``.
 
     Any safetensors file works (a devbridge checkpoint, or one the
-    ``safetensors`` package wrote), on any backend and in any generation. The
-    header is checked against the file before anything is allocated: a file
+    ``safetensors`` package wrote), on any backend and in any generation; so
+    does a sharded checkpoint as the ecosystem writes it: ``path`` names its
+    index (``model.safetensors.index.json``, whose ``weight_map`` says which
+    file beside it holds each tensor), and the shards are read in parallel.
+    The header is checked against the file before anything is allocated: a file
     that is not safetensors, is truncated, or holds a dtype devbridge lacks or
     an empty tensor raises ``CheckpointError`` naming the file, the tensor
     and why. The data moves from a read-only map of the file by the transfer
     planner's route (one copy from a registration of the mapped pages where
     registering is cheap, else through the ring in chunks); a devbridge
-    checkpoint's sha256 is computed on the way and, with
+    checkpoint's checksum is computed on the way and, with
     ``verify`` (the default), compared at the end. When the checksum differs,
     or an allocation or copy fails (the error names the tensor), every tensor
     restored so far is freed before the error is raised.
+
+    Partial loads read only the bytes asked for: ``names`` (an iterable of
+    tensor names, each of which must be there, or a callable ``name -> bool``)
+    and ``prefix`` (names that start with it) choose tensors, both applying
+    when both are given; ``rows`` maps a name to a ``slice`` of its first
+    dimension (step 1), restored as a tensor of just those rows (as
+    safetensors' ``get_slice``). A checksum covers the whole data section, so
+    a partial load of a file that records one needs ``verify=False``
+    (``ValueError`` otherwise: nothing would be verified).
     """
     if not isinstance(bridge, Bridge):
         raise TypeError(f"bridge must be a devbridge.Bridge, not {type(bridge).__name__}")
     if not isinstance(verify, bool):
         raise TypeError(f"verify must be a bool, not {type(verify).__name__}")
     path = _checked_path(path)
-    restored: dict[str, DeviceTensor] = {}
+    selection = _Selection(names, prefix, rows)
+    if path.endswith(".json"):
+        return _restore_sharded(bridge, path, selection, alignment, verify)
     file, header = _open_checkpoint(path)
     with file:
-        held = _held_dtypes(bridge)
-        specs = []  # each tensor's (spec, extent), kept for the uploads
-        for entry in header.entries:  # spec_for_array's own checks (alignment, sizes) before any allocation
-            spec, extent = spec_for_array(entry.shape, entry.dtype, alignment)
-            specs.append((spec, extent))
-            if entry.dtype not in held:  # before anything is allocated or read: the bridge's own refusal
-                with _context(f"restore {path!r}: tensor {entry.name!r} is {entry.dtype} (nothing was restored)"):
-                    bridge.free(bridge.alloc(spec, extent))  # UnsupportedDType, checked before any allocation
-        expected = header.metadata.get("checksum") if verify else None
-        hasher = _Hasher(expected.partition(":")[0]) if expected else None
-        try:
-            reader = _RestoreReader(bridge, file, hasher)
+        selection.require_all(header.entries, path)
+        return _restore_file(bridge, path, file, header, selection, selection.partial, alignment, verify)
+
+
+class _Selection:
+    """What a partial restore asks for: which tensors (``names``, ``prefix``) and which rows of each
+    (``rows``), checked for type and shape before any file is opened."""
+
+    def __init__(self, names: Any, prefix: str | None, rows: Mapping[str, slice] | None) -> None:
+        self.exact: frozenset[str] | None = None
+        self.predicate: Callable[[str], bool] | None = None
+        if isinstance(names, (str, bytes)):
+            raise TypeError("names must be an iterable of tensor names or a callable, not one string "
+                            "(prefix= selects by the start of a name)")
+        if callable(names):
+            self.predicate = names
+        elif names is not None:
             try:
-                for entry, (spec, extent) in zip(header.entries, specs):
-                    with _context(f"restore {path!r}: tensor {entry.name!r}"):
-                        restored[entry.name] = _fill_new(
-                            bridge, entry.shape, entry.dtype, spec, extent, False,
-                            lambda handle: reader.stage(handle, entry.begin, entry.end - entry.begin))
-            finally:
-                reader.close()
-            for name, tensor in restored.items():
-                with _context(f"restore {path!r}: tensor {name!r}"):
-                    tensor.wait()
-            if hasher is not None and (actual := hasher.checksum()) != expected:
-                raise CheckpointError(f"{path!r} is corrupt: the data's checksum is {actual}, "
-                                      f"the file records {expected}; nothing was restored")
-        except BaseException:
-            if hasher is not None:
-                hasher.close()
-            for tensor in restored.values():  # their copies first, so the frees happen now, not deferred
-                with contextlib.suppress(BridgeError):
-                    tensor.wait(timeout=_CLEANUP_WAIT_S)
-                tensor.free()
-            raise
+                self.exact = frozenset(names)
+            except TypeError:
+                raise TypeError(f"names must be an iterable of str or a callable, "
+                                f"not {type(names).__name__}") from None
+            if not all(isinstance(n, str) for n in self.exact):
+                raise TypeError("names must hold only str tensor names")
+        if prefix is not None and not isinstance(prefix, str):
+            raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
+        self.prefix = prefix
+        self.rows: dict[str, tuple[int | None, int | None]] = {}
+        if rows is not None:
+            if not isinstance(rows, Mapping):
+                raise TypeError(f"rows must map tensor names to slices, not {type(rows).__name__}")
+            for name, row_slice in rows.items():
+                if not isinstance(name, str) or not isinstance(row_slice, slice):
+                    raise TypeError(f"rows must map str names to slices, not {name!r}: {row_slice!r}")
+                for bound in (row_slice.start, row_slice.stop):
+                    if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int)):
+                        raise TypeError(f"rows[{name!r}]: slice bounds must be int or None, not {bound!r}")
+                if row_slice.step not in (None, 1):
+                    raise ValueError(f"rows[{name!r}]: only contiguous row slices (step 1) can be read in place, "
+                                     f"not step {row_slice.step!r}")
+                self.rows[name] = (row_slice.start, row_slice.stop)
+
+    def within(self, names: frozenset[str]) -> _Selection:
+        """This selection narrowed to ``names`` (which it chose): one shard's part of a sharded restore."""
+        narrowed = _Selection(names, None, None)
+        narrowed.rows = {n: r for n, r in self.rows.items() if n in names}
+        return narrowed
+
+    @property
+    def partial(self) -> bool:
+        return self.exact is not None or self.predicate is not None or self.prefix is not None or bool(self.rows)
+
+    def wants(self, name: str) -> bool:
+        if self.exact is not None and name not in self.exact:
+            return False
+        if self.prefix is not None and not name.startswith(self.prefix):
+            return False
+        return self.predicate is None or bool(self.predicate(name))
+
+    def require_all(self, available: Any, where: str) -> None:
+        """Every name asked for by name (``names`` as a collection, ``rows``) is in ``available`` (entries
+        or names) and chosen: ``CheckpointError`` naming the missing ones before anything is allocated."""
+        have = {getattr(e, "name", e) for e in available}
+        asked = set(self.exact or ()) | set(self.rows)
+        missing = sorted(asked - have)
+        if missing:
+            raise CheckpointError(f"{where!r} holds no tensor named {', '.join(map(repr, missing[:5]))}"
+                                  f"{' and more' if len(missing) > 5 else ''}; nothing was restored")
+        unchosen = sorted(n for n in self.rows if not self.wants(n))
+        if unchosen:
+            raise ValueError(f"rows= names tensors that names=/prefix= leave out: {', '.join(map(repr, unchosen))}")
+
+    def cut(self, entry: _Entry, where: str) -> _Entry:
+        """``entry``, or just its rows when ``rows`` names it: the same bytes, narrowed to the rows asked for."""
+        if entry.name not in self.rows:
+            return entry
+        if not entry.shape:
+            raise ValueError(f"rows[{entry.name!r}]: {where!r} holds it as a scalar (shape ()), which has no rows")
+        start, stop = self.rows[entry.name]
+        first, last, _ = slice(start, stop).indices(entry.shape[0])
+        if last <= first:
+            raise ValueError(f"rows[{entry.name!r}] = {start}:{stop} selects no row of its {entry.shape[0]}")
+        row_bytes = (entry.end - entry.begin) // entry.shape[0]
+        return entry._replace(shape=(last - first, *entry.shape[1:]), begin=entry.begin + first * row_bytes,
+                              end=entry.begin + last * row_bytes)
+
+
+def _restore_file(bridge: Bridge, path: str, file: BinaryIO, header: _Header, selection: _Selection,
+                  partial: bool, alignment: int, verify: bool) -> dict[str, DeviceTensor]:
+    """``restore`` of one file whose header is checked: the tensors ``selection`` chooses, in file order
+    (``partial``: not every byte of the data section, so its checksum cannot be verified)."""
+    restored: dict[str, DeviceTensor] = {}
+    held = _held_dtypes(bridge)
+    chosen = [selection.cut(e, path) for e in header.entries if selection.wants(e.name)]
+    specs = []  # each tensor's (spec, extent), kept for the uploads
+    for entry in chosen:  # spec_for_array's own checks (alignment, sizes) before any allocation
+        spec, extent = spec_for_array(entry.shape, entry.dtype, alignment)
+        specs.append((spec, extent))
+        if entry.dtype not in held:  # before anything is allocated or read: the bridge's own refusal
+            with _context(f"restore {path!r}: tensor {entry.name!r} is {entry.dtype} (nothing was restored)"):
+                bridge.free(bridge.alloc(spec, extent))  # UnsupportedDType, checked before any allocation
+    expected = header.metadata.get("checksum") if verify else None
+    if expected and partial:
+        raise ValueError(f"{path!r} records a checksum of its whole data section, which a partial restore "
+                         f"(names=, prefix=, rows=) does not read: pass verify=False to restore part of it")
+    hasher = _Hasher(expected.partition(":")[0]) if expected else None
+    try:
+        reader = _RestoreReader(bridge, file, hasher)
+        try:
+            for entry, (spec, extent) in zip(chosen, specs):
+                with _context(f"restore {path!r}: tensor {entry.name!r}"):
+                    restored[entry.name] = _fill_new(
+                        bridge, entry.shape, entry.dtype, spec, extent, False,
+                        lambda handle: reader.stage(handle, entry.begin, entry.end - entry.begin))
+        finally:
+            reader.close()
+        for name, tensor in restored.items():
+            with _context(f"restore {path!r}: tensor {name!r}"):
+                tensor.wait()
+        if hasher is not None and (actual := hasher.checksum()) != expected:
+            raise CheckpointError(f"{path!r} is corrupt: the data's checksum is {actual}, "
+                                  f"the file records {expected}; nothing was restored")
+    except BaseException:
+        if hasher is not None:
+            hasher.close()
+        _free_all(restored)
+        raise
     return restored
+
+
+def _free_all(tensors: Mapping[str, DeviceTensor]) -> None:
+    for tensor in tensors.values():  # their copies first, so the frees happen now, not deferred
+        with contextlib.suppress(BridgeError):
+            tensor.wait(timeout=_CLEANUP_WAIT_S)
+        tensor.free()
+
+
+# Shards read at once by a sharded restore.
+_SHARD_READERS = 4
+
+
+def _restore_sharded(bridge: Bridge, index_path: str, selection: _Selection, alignment: int,
+                     verify: bool) -> dict[str, DeviceTensor]:
+    """``restore`` of a sharded checkpoint: every shard's header is checked against the index (each tensor the
+    index maps to a shard is in it) before anything is allocated; then the shards are restored in parallel,
+    each tensor from the shard the index names. A failure in any shard frees what every shard restored."""
+    weight_map = _read_index(index_path)
+    selection.require_all(weight_map, index_path)
+    directory = os.path.dirname(os.path.abspath(index_path))
+    by_shard: dict[str, list[str]] = {}
+    for name, shard in weight_map.items():
+        if selection.wants(name):
+            by_shard.setdefault(shard, []).append(name)
+    opened: list[tuple[str, BinaryIO, _Header]] = []  # (shard, its file, its header)
+    try:
+        for shard in sorted(by_shard):
+            try:
+                file, header = _open_checkpoint(os.path.join(directory, shard))
+            except FileNotFoundError:
+                raise CheckpointError(f"{index_path!r} maps {by_shard[shard][0]!r} to {shard!r}, which is not there; "
+                                      f"nothing was restored") from None
+            opened.append((shard, file, header))
+            held_here = {e.name for e in header.entries}
+            absent = sorted(set(by_shard[shard]) - held_here)
+            if absent:
+                raise CheckpointError(f"{index_path!r} maps {absent[0]!r} to {shard!r}, which holds no such tensor; "
+                                      f"nothing was restored")
+        results: dict[str, dict[str, DeviceTensor]] = {}
+        failures: list[BaseException] = []
+        _held_dtypes(bridge)  # cached here, read (not filled) by the shard threads
+
+        def restore_shard(shard: str, file: BinaryIO, header: _Header) -> None:
+            wanted = frozenset(by_shard[shard])
+            partial = selection.partial or len(wanted) != len(header.entries)
+            try:
+                results[shard] = _restore_file(bridge, os.path.join(directory, shard), file, header,
+                                               selection.within(wanted), partial, alignment, verify)
+            except BaseException as e:  # noqa: BLE001 - raised below, once every shard has stopped
+                failures.append(e)
+
+        with ThreadPoolExecutor(min(_SHARD_READERS, max(1, len(opened))),
+                                thread_name_prefix="devbridge-shard") as pool:
+            for shard, file, header in opened:
+                pool.submit(restore_shard, shard, file, header)
+        if failures:
+            for tensors in results.values():
+                _free_all(tensors)
+            raise failures[0]
+        restored: dict[str, DeviceTensor] = {}
+        for shard, _, _ in opened:
+            restored.update(results[shard])
+        return restored
+    finally:
+        for _, file, _ in opened:
+            file.close()
+
+
+def _read_index(index_path: str) -> dict[str, str]:
+    """A sharded checkpoint's ``weight_map`` (tensor name -> shard file beside the index), checked: a JSON
+    object whose ``weight_map`` maps str names to plain relative file names (no absolute path, no ``..``)."""
+    try:
+        with open(index_path, "rb") as f:
+            index = json.loads(f.read())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{index_path!r} is not a readable JSON index of a sharded checkpoint: {e}") from None
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{index_path!r} has no weight_map (tensor name -> shard file): "
+                              f"not the index of a sharded checkpoint")
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard:
+            raise CheckpointError(f"{index_path!r} maps {name!r} to {shard!r}, not a file name")
+        if os.path.isabs(shard) or ".." in shard.replace("\\", "/").split("/"):
+            raise CheckpointError(f"{index_path!r} maps {name!r} to {shard!r}: shards must lie beside the index")
+    return weight_map
 
 
 class _RestoreReader:

@@ -1,0 +1,200 @@
+"""Sharded and partial restores (issue #26, item 3), against files the ``safetensors`` package writes.
+
+A sharded checkpoint as the ecosystem writes it (``model.safetensors.index.json`` with a ``weight_map``
+beside its shards) restores bit-exact, its shards read in parallel; ``names=``/``prefix=`` choose tensors
+and ``rows=`` a contiguous run of a tensor's rows, reading only those bytes; every refusal comes before
+anything is allocated and names what is wrong, and a failure leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import safetensors.numpy
+
+import devbridge
+from conftest import collect, make_bridge, require_backend
+
+RING = 1 << 20
+
+
+@pytest.fixture(params=["fake", "host", "opencl", "cuda"])
+def pb(request):
+    require_backend(request.param)
+    b = make_bridge(request.param, ring_bytes=RING)
+    if request.param == "fake":
+        b.fake.set_auto_complete(True)
+    yield b
+    collect()
+    b.close()
+
+
+def model_arrays(rng) -> dict[str, np.ndarray]:
+    """A small model: matrices larger than the ring, small vectors, a scalar, three dtypes."""
+    return {
+        "embed.weight": rng.standard_normal((700, 513)).astype(np.float32),  # ~1.4 MB: past the ring
+        "layers.0.attn.weight": rng.standard_normal((64, 96)).astype(np.float16),
+        "layers.0.attn.bias": rng.standard_normal(96).astype(np.float32),
+        "layers.1.attn.weight": rng.standard_normal((64, 96)).astype(np.float16),
+        "layers.1.mlp.weight": rng.integers(-9, 9, size=(33, 17)).astype(np.int64),
+        "step": np.array(7, dtype=np.int64),
+    }
+
+
+def write_sharded(tmp_path, arrays: dict[str, np.ndarray], shards: int = 3) -> str:
+    """Shards as ``transformers``' save_pretrained names them, and their index."""
+    names = list(arrays)
+    weight_map = {}
+    for i in range(shards):
+        part = names[i::shards]
+        shard = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        safetensors.numpy.save_file({n: arrays[n] for n in part}, str(tmp_path / shard))
+        weight_map.update({n: shard for n in part})
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"metadata": {"total_size": sum(a.nbytes for a in arrays.values())},
+                                 "weight_map": weight_map}))
+    return str(index)
+
+
+def nothing_left(b: devbridge.Bridge) -> None:
+    collect()
+    s = b.stats()
+    assert (s["live_allocations"], s["ring_reservations"], s["copies_in_flight"]) == (0, 0, 0)
+
+
+def assert_restored(restored: dict, expected: dict[str, np.ndarray]) -> None:
+    assert sorted(restored) == sorted(expected)
+    for name, array in expected.items():
+        back = restored[name].numpy()
+        assert back.dtype == array.dtype and back.shape == array.shape, name
+        assert back.tobytes() == array.tobytes(), name
+
+
+def free(restored: dict) -> None:
+    for tensor in restored.values():
+        tensor.free()
+
+
+def test_a_sharded_checkpoint_restores_bit_exact(pb, rng, tmp_path):
+    arrays = model_arrays(rng)
+    index = write_sharded(tmp_path, arrays)
+    restored = pb.restore(index)
+    assert_restored(restored, arrays)
+    free(restored)
+    nothing_left(pb)
+
+
+def test_names_and_prefix_restore_only_those_tensors(pb, rng, tmp_path):
+    arrays = model_arrays(rng)
+    single = tmp_path / "model.safetensors"
+    safetensors.numpy.save_file(arrays, str(single))
+    index = write_sharded(tmp_path, arrays)
+    for path in (str(single), index):
+        restored = pb.restore(path, names=["step", "layers.1.mlp.weight"])
+        assert_restored(restored, {n: arrays[n] for n in ("step", "layers.1.mlp.weight")})
+        free(restored)
+        restored = pb.restore(path, prefix="layers.0.")
+        assert_restored(restored, {n: a for n, a in arrays.items() if n.startswith("layers.0.")})
+        free(restored)
+        restored = pb.restore(path, names=lambda n: n.endswith(".weight"), prefix="layers.")
+        assert_restored(restored, {n: a for n, a in arrays.items() if n.startswith("layers.") and n.endswith(".weight")})
+        free(restored)
+        assert pb.restore(path, prefix="no.such.") == {}
+    nothing_left(pb)
+
+
+def test_rows_restore_a_slice_of_the_first_dimension(pb, rng, tmp_path):
+    arrays = model_arrays(rng)
+    single = tmp_path / "model.safetensors"
+    safetensors.numpy.save_file(arrays, str(single))
+    index = write_sharded(tmp_path, arrays)
+    cases = {"embed.weight": slice(123, 611), "layers.1.mlp.weight": slice(-5, None),
+             "layers.0.attn.bias": slice(None, 1)}
+    for path in (str(single), index):
+        restored = pb.restore(path, names=list(cases), rows=cases)
+        assert_restored(restored, {n: arrays[n][s] for n, s in cases.items()})
+        free(restored)
+        # rows alone: every tensor, those named cut to their rows
+        restored = pb.restore(path, rows={"embed.weight": slice(0, 2)})
+        assert_restored(restored, {n: (a[0:2] if n == "embed.weight" else a) for n, a in arrays.items()})
+        free(restored)
+    nothing_left(pb)
+
+
+def test_a_partial_restore_of_a_checksummed_checkpoint_needs_verify_false(pb, rng, tmp_path):
+    arrays = model_arrays(rng)
+    path = str(tmp_path / "ours.safetensors")
+    tensors = {n: pb.upload(a) for n, a in arrays.items()}
+    pb.checkpoint(path, tensors)
+    free(tensors)
+    with pytest.raises(ValueError, match="verify=False"):
+        pb.restore(path, prefix="layers.")
+    nothing_left(pb)
+    restored = pb.restore(path, prefix="layers.", rows={"layers.0.attn.weight": slice(1, 3)}, verify=False)
+    expected = {n: a for n, a in arrays.items() if n.startswith("layers.")}
+    expected["layers.0.attn.weight"] = arrays["layers.0.attn.weight"][1:3]
+    assert_restored(restored, expected)
+    free(restored)
+    whole = pb.restore(path)  # verified, as before
+    assert_restored(whole, arrays)
+    free(whole)
+    nothing_left(pb)
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"names": "step"}, TypeError, "not one string"),
+    ({"names": 5}, TypeError, "iterable of str"),
+    ({"names": ["step", 3]}, TypeError, "only str"),
+    ({"prefix": b"layers"}, TypeError, "prefix must be a str"),
+    ({"rows": [("step", slice(0, 1))]}, TypeError, "rows must map"),
+    ({"rows": {"embed.weight": 3}}, TypeError, "rows must map"),
+    ({"rows": {"embed.weight": slice(0, 4, 2)}}, ValueError, "step 1"),
+    ({"rows": {"embed.weight": slice(0.5, 4)}}, TypeError, "int or None"),
+    ({"rows": {"embed.weight": slice(9, 4)}}, ValueError, "selects no row"),
+    ({"rows": {"embed.weight": slice(700, None)}}, ValueError, "selects no row"),
+    ({"rows": {"step": slice(0, 1)}}, ValueError, "scalar"),
+    ({"names": ["step", "nope"]}, devbridge.CheckpointError, "'nope'"),
+    ({"rows": {"nope": slice(0, 1)}}, devbridge.CheckpointError, "'nope'"),
+    ({"prefix": "layers.", "rows": {"embed.weight": slice(0, 1)}}, ValueError, "leave out"),
+])
+def test_bad_selections_are_refused_before_anything_is_allocated(pb, rng, tmp_path, kwargs, error, match):
+    arrays = model_arrays(rng)
+    single = tmp_path / "model.safetensors"
+    safetensors.numpy.save_file(arrays, str(single))
+    index = write_sharded(tmp_path, arrays)
+    for path in (str(single), index):
+        with pytest.raises(error, match=match):
+            pb.restore(path, **kwargs)
+        nothing_left(pb)
+
+
+def test_a_bad_index_or_shard_is_named_and_restores_nothing(pb, rng, tmp_path):
+    arrays = model_arrays(rng)
+    index = write_sharded(tmp_path, arrays)
+    good = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    cases = {
+        "not json": b"{weight_map",
+        "no weight_map": json.dumps({"metadata": {}}).encode(),
+        "a list": json.dumps([1, 2]).encode(),
+        "a shard outside": json.dumps({"weight_map": {**good["weight_map"], "step": "../elsewhere.safetensors"}}).encode(),
+        "an absolute shard": json.dumps({"weight_map": {**good["weight_map"], "step": "/etc/passwd"}}).encode(),
+        "a missing shard": json.dumps({"weight_map": {**good["weight_map"], "step": "gone.safetensors"}}).encode(),
+        "a shard without the tensor": json.dumps(
+            {"weight_map": {**good["weight_map"], "step": good["weight_map"]["embed.weight"]}}).encode(),
+    }
+    if good["weight_map"]["step"] == good["weight_map"]["embed.weight"]:
+        del cases["a shard without the tensor"]
+    for what, text in cases.items():
+        bad = tmp_path / f"bad-{len(text)}.index.json"
+        bad.write_bytes(text)
+        with pytest.raises(devbridge.CheckpointError) as refused:
+            pb.restore(str(bad))
+        assert "bad-" in str(refused.value), what
+        nothing_left(pb)
+    # A shard that fails while others restore: everything restored is freed.
+    (tmp_path / good["weight_map"]["embed.weight"]).write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    with pytest.raises(devbridge.CheckpointError):
+        pb.restore(index)
+    nothing_left(pb)
