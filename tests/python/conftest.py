@@ -154,3 +154,15 @@ def collect() -> None:
     """Runs the garbage collector until tinygrad's weak references settle."""
     for _ in range(3):
         gc.collect()
+
+
+def auto_bridge(backend: str, **options):
+    """For fixtures (``yield from``): a bridge on ``backend`` (the test skipped where it cannot run) whose
+    fake, if it is one, completes copies as they are submitted; closed after the test, garbage collected first."""
+    require_backend(backend)
+    b = make_bridge(backend, **options)
+    if backend == "fake":
+        b.fake.set_auto_complete(True)
+    yield b
+    collect()
+    b.close()

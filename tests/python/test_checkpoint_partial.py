@@ -15,20 +15,14 @@ import pytest
 import safetensors.numpy
 
 import devbridge
-from conftest import collect, make_bridge, require_backend
+from conftest import auto_bridge, collect
 
 RING = 1 << 20
 
 
 @pytest.fixture(params=["fake", "host", "opencl", "cuda"])
 def pb(request):
-    require_backend(request.param)
-    b = make_bridge(request.param, ring_bytes=RING)
-    if request.param == "fake":
-        b.fake.set_auto_complete(True)
-    yield b
-    collect()
-    b.close()
+    yield from auto_bridge(request.param, ring_bytes=RING)
 
 
 def model_arrays(rng) -> dict[str, np.ndarray]:

@@ -21,20 +21,14 @@ import pytest
 
 import devbridge
 from devbridge import _intake
-from conftest import collect, make_bridge, random_array, require_backend
+from conftest import auto_bridge, collect, make_bridge, random_array
 
 RING = 1 << 20
 
 
 @pytest.fixture(params=["fake", "host"])
 def ib(request):
-    require_backend(request.param)
-    b = make_bridge(request.param, ring_bytes=RING)
-    if request.param == "fake":
-        b.fake.set_auto_complete(True)
-    yield b
-    collect()
-    b.close()
+    yield from auto_bridge(request.param, ring_bytes=RING)
 
 
 @pytest.fixture
