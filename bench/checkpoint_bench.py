@@ -10,14 +10,19 @@
   restore     bridge.restore(path): file -> ring -> device, the checksum
               verified (crc32, and sha256 in its own row; for reference also
               verify=False); against safetensors.numpy.load_file (file -> numpy
-              arrays).
+              arrays) and against a raw sequential read of the same file into
+              one buffer (the storage's own rate), warm and cold (the file
+              dropped from the page cache with posix_fadvise(DONTNEED) before
+              each sample of both).
   transfer    devbridge.transfer(host bridge, x, OpenCL bridge) and back:
               against the slower of the source's download and the destination's
               upload (bridge.download / bridge.upload of the same bytes), the
               best a staged copy through both rings can reach.
 
-Files go to --dir (default: the temp directory), so the page cache is warm for
-the reads: these are memory-bandwidth figures, not the disk's. Each figure is
+Each file is written three ways, --tensors (default 8,300,3000) tensors of
+the same --mib: per-tensor cost, not bytes, sets the speed of many small
+tensors. Files go to --dir (default: the temp directory); the warm rows are
+memory-bandwidth figures, the cold ones the disk's. Each figure is
 the median of --repeat samples (GB/s, 1 GB = 1e9 bytes); a ratio above 1 means
 devbridge is faster. The samples of a row and of its baseline are interleaved
 (ours, theirs, ours, ...), so a machine that slows down mid-run (another
@@ -42,16 +47,52 @@ import safetensors.numpy
 import devbridge
 
 
-def arrays_of(total_bytes: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """A model-like mix: a few large float32 matrices, some float16, small int64 counters."""
+def arrays_of(total_bytes: int, count: int = 8, seed: int = 0) -> dict[str, np.ndarray]:
+    """A model-like mix. 8: a few large float32 matrices, some float16, small int64 counters. More: layers
+    as a transformer has them, each a large float32 weight, a float16 projection and small float32/int64
+    vectors (norms, biases, counters), the bytes mostly in the weights."""
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
-    big = total_bytes // 8  # 6 float32 matrices of an eighth each, then float16
-    for i in range(6):
-        out[f"layer{i}.weight"] = rng.standard_normal(big // 4, dtype=np.float32).reshape(-1, 1024)
-    out["embed.weight"] = rng.standard_normal(big // 2).astype(np.float16).reshape(-1, 512)
-    out["optimizer.step"] = np.arange(16, dtype=np.int64)
+    if count <= 8:
+        big = total_bytes // 8  # 6 float32 matrices of an eighth each, then float16
+        for i in range(6):
+            out[f"layer{i}.weight"] = rng.standard_normal(big // 4, dtype=np.float32).reshape(-1, 1024)
+        out["embed.weight"] = rng.standard_normal(big // 2).astype(np.float16).reshape(-1, 512)
+        out["optimizer.step"] = np.arange(16, dtype=np.int64)
+        return out
+    layers = count // 4
+    per_layer = total_bytes // layers
+    for i in range(layers):
+        weight = max(1024, per_layer * 3 // 4 // 4 // 256 * 256)  # float32 elements, whole rows of 256
+        out[f"layers.{i}.mlp.weight"] = rng.standard_normal(weight, dtype=np.float32).reshape(-1, 256)
+        proj = max(256, per_layer // 4 // 2 // 256 * 256)
+        out[f"layers.{i}.attn.proj"] = rng.standard_normal(proj).astype(np.float16).reshape(-1, 256)
+        out[f"layers.{i}.norm.weight"] = rng.standard_normal(256, dtype=np.float32)
+        out[f"layers.{i}.step"] = np.arange(4, dtype=np.int64)
     return out
+
+
+def read_raw(path: str, into: bytearray) -> None:
+    """The file's bytes into one buffer, 16 MiB per read: the storage's own sequential rate."""
+    view = memoryview(into)
+    with open(path, "rb", buffering=0) as f:
+        done = 0
+        while done < len(view):
+            n = f.readinto(view[done:done + (16 << 20)])
+            if not n:
+                break
+            done += n
+
+
+def drop_from_page_cache(*paths: str) -> None:
+    """Cold reads: the files' clean pages out of the page cache (their writes were fsynced)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def median_seconds(run: Callable[[], object], repeat: int, before: Callable[[], object] | None = None) -> float:
@@ -93,60 +134,81 @@ def free_all(tensors: dict[str, devbridge.DeviceTensor]) -> None:
         t.free()
 
 
+def file_rows(host: devbridge.Bridge, arrays: dict[str, np.ndarray], workdir: str, repeat: int,
+              every_checksum: bool) -> list[tuple[str, float, str, float]]:
+    """Checkpoint and restore rows for one set of arrays (``every_checksum``: sha256 and verify=False too)."""
+    nbytes = sum(a.nbytes for a in arrays.values())
+    gb = nbytes / 1e9
+    label = f"{len(arrays)} tensors"
+    rows: list[tuple[str, float, str, float]] = []
+    ours, theirs = os.path.join(workdir, "ours.safetensors"), os.path.join(workdir, "theirs.safetensors")
+    strong = os.path.join(workdir, "ours-sha256.safetensors")
+    tensors = {name: host.upload(a, wait=True) for name, a in arrays.items()}
+    host.checkpoint(ours, tensors)  # one each first: the files exist, so every sample replaces one
+    host.checkpoint(strong, tensors, checksum="sha256")
+    safetensors.numpy.save_file(arrays, theirs)
+
+    writes = [(lambda: host.checkpoint(ours, tensors), None),
+              (lambda: safetensors.numpy.save_file(arrays, theirs), None),
+              (lambda: save_and_fsync(arrays, theirs), None)]
+    if every_checksum:
+        writes.append((lambda: host.checkpoint(strong, tensors, checksum="sha256"), None))
+    write, plain_write, durable_write, *write_sha = interleaved_medians(writes, repeat)
+    rows.append((f"checkpoint ({label}, crc32)", gb / write, "save_file", gb / plain_write))
+    rows.append((f"checkpoint ({label}, crc32)", gb / write, "save_file + fsync", gb / durable_write))
+    if every_checksum:
+        rows.append((f"checkpoint ({label}, sha256)", gb / write_sha[0], "save_file", gb / plain_write))
+
+    restored: dict[str, devbridge.DeviceTensor] = {}
+
+    def restore(path: str, **kwargs: object) -> Callable[[], None]:
+        return lambda: restored.update(host.restore(path, **kwargs))
+
+    def clear() -> None:
+        free_all(restored)
+        restored.clear()
+
+    def clear_cold() -> None:
+        clear()
+        drop_from_page_cache(ours, theirs)
+
+    raw = bytearray(os.path.getsize(ours))
+    reads = [(restore(ours), clear), (lambda: safetensors.numpy.load_file(theirs), clear),
+             (lambda: read_raw(ours, raw), clear), (restore(ours), clear_cold), (lambda: read_raw(ours, raw), clear_cold)]
+    if every_checksum:
+        reads += [(restore(strong), clear), (restore(ours, verify=False), clear)]
+    read, plain_read, raw_warm, read_cold, raw_cold, *others = interleaved_medians(reads, repeat)
+    clear()
+    rows.append((f"restore ({label}, crc32)", gb / read, "load_file", gb / plain_read))
+    rows.append((f"restore ({label}, crc32)", gb / read, "raw read, warm", gb / raw_warm))
+    rows.append((f"restore ({label}, crc32), cold", gb / read_cold, "raw read, cold", gb / raw_cold))
+    if every_checksum:
+        rows.append((f"restore ({label}, sha256)", gb / others[0], "load_file", gb / plain_read))
+        rows.append((f"restore ({label}, verify=False)", gb / others[1], "load_file", gb / plain_read))
+    for path in (ours, strong):
+        check = host.restore(path)
+        assert all(np.array_equal(host.download(check[n]), a) for n, a in arrays.items()), "restore differs"
+        free_all(check)
+    free_all(tensors)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mib", type=int, default=256, help="total checkpoint size (MiB)")
+    parser.add_argument("--tensors", default="8,300,3000", help="tensor counts, one file each (comma-separated)")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--ring-mib", type=int, default=64, help="each bridge's ring (MiB)")
     parser.add_argument("--dir", default=tempfile.gettempdir())
     args = parser.parse_args()
+    counts = [int(c) for c in args.tensors.split(",") if c]
 
-    arrays = arrays_of(args.mib << 20)
-    nbytes = sum(a.nbytes for a in arrays.values())
-    gb = nbytes / 1e9
     rows: list[tuple[str, float, str, float]] = []
     with tempfile.TemporaryDirectory(dir=args.dir) as workdir, \
             devbridge.Bridge(backend="host", ring_bytes=args.ring_mib << 20) as host:
-        ours, theirs = os.path.join(workdir, "ours.safetensors"), os.path.join(workdir, "theirs.safetensors")
-        strong = os.path.join(workdir, "ours-sha256.safetensors")
-        tensors = {name: host.upload(a, wait=True) for name, a in arrays.items()}
-        host.checkpoint(ours, tensors)  # one each first: the files exist, so every sample replaces one
-        host.checkpoint(strong, tensors, checksum="sha256")
-        safetensors.numpy.save_file(arrays, theirs)
-
-        write, write_sha, plain_write, durable_write = interleaved_medians([
-            (lambda: host.checkpoint(ours, tensors), None),
-            (lambda: host.checkpoint(strong, tensors, checksum="sha256"), None),
-            (lambda: safetensors.numpy.save_file(arrays, theirs), None),
-            (lambda: save_and_fsync(arrays, theirs), None),
-        ], args.repeat)
-        rows.append(("checkpoint (host, crc32)", gb / write, "save_file", gb / plain_write))
-        rows.append(("checkpoint (host, crc32)", gb / write, "save_file + fsync", gb / durable_write))
-        rows.append(("checkpoint (host, sha256)", gb / write_sha, "save_file", gb / plain_write))
-
-        restored: dict[str, devbridge.DeviceTensor] = {}
-
-        def restore(path: str, **kwargs: object) -> Callable[[], None]:
-            return lambda: restored.update(host.restore(path, **kwargs))
-
-        def clear() -> None:
-            free_all(restored)
-            restored.clear()
-
-        read, read_sha, unverified, plain_read = interleaved_medians([
-            (restore(ours), clear),
-            (restore(strong), clear),
-            (restore(ours, verify=False), clear),
-            (lambda: safetensors.numpy.load_file(theirs), clear),
-        ], args.repeat)
-        clear()
-        rows.append(("restore (host, crc32)", gb / read, "load_file", gb / plain_read))
-        rows.append(("restore (host, sha256)", gb / read_sha, "load_file", gb / plain_read))
-        rows.append(("restore (host, verify=False)", gb / unverified, "load_file", gb / plain_read))
-        for path in (ours, strong):
-            check = host.restore(path)
-            assert all(np.array_equal(host.download(check[n]), a) for n, a in arrays.items()), "restore differs"
-            free_all(check)
+        for i, count in enumerate(counts):
+            rows += file_rows(host, arrays_of(args.mib << 20, count), workdir, args.repeat, every_checksum=i == 0)
+        arrays = arrays_of(args.mib << 20)
 
         available = {b["name"]: b["available"] for b in devbridge.list_backends()}
         if available.get("opencl"):
@@ -177,13 +239,12 @@ def main() -> None:
                 x.free()
         else:
             print("OpenCL unavailable here: no transfer figures")
-        free_all(tensors)
 
-    print(f"{nbytes / 2**20:.0f} MiB in {len(arrays)} tensors, ring {args.ring_mib} MiB, median of {args.repeat}, "
+    print(f"about {args.mib} MiB per file, tensors {args.tensors}, ring {args.ring_mib} MiB, median of {args.repeat}, "
           f"{os.cpu_count()} CPUs")
-    print(f"{'devbridge':<30}{'GB/s':>8}   {'against':<24}{'GB/s':>8}   {'ratio':>6}")
+    print(f"{'devbridge':<40}{'GB/s':>8}   {'against':<24}{'GB/s':>8}   {'ratio':>6}")
     for ours_label, ours_rate, their_label, their_rate in rows:
-        print(f"{ours_label:<30}{ours_rate:>8.2f}   {their_label:<24}{their_rate:>8.2f}   "
+        print(f"{ours_label:<40}{ours_rate:>8.2f}   {their_label:<24}{their_rate:>8.2f}   "
               f"{ours_rate / their_rate:>6.2f}")
 
 

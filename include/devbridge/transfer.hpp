@@ -255,6 +255,10 @@ class TransferPlanner {
   Bridge& bridge_;
   TransferOptions options_;
   std::uint64_t chunk_bytes_ = 0;
+  // What the route depends on, asked of the backend once: describe() can
+  // cost tens of microseconds (the host reads /proc/meminfo), which a
+  // restore of thousands of small tensors would pay twice per tensor.
+  BackendCapabilities capabilities_;
 };
 
 }  // namespace devbridge

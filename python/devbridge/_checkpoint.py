@@ -50,6 +50,8 @@ FORMAT_VERSION = "1"
 _RESTORE_WINDOW = 4
 # Restore by a one-copy route: bytes copied per call, each piece hashed while the next one copies.
 _RESTORE_PIECE_BYTES = 16 << 20
+# Restore: the least of the data section handed to the hasher at once (small tensors are hashed together).
+_HASH_SPAN_BYTES = 4 << 20
 # Checksums a checkpoint may record: algorithm -> hex digits. checkpoint writes crc32 by default (see
 # docs/PORTABLE.md, "Checksums"); restore and `devbridge checkpoint inspect` verify both.
 _CHECKSUM_DIGITS = {"sha256": 64, "crc32": 8}
@@ -635,18 +637,23 @@ class _RestoreReader:
     route, from a read-only map of the file: one copy where registering host memory is cheap (the mapped
     file registered for the call: page cache to device memory, as a ``read`` into host device memory
     was), else through the ring in chunks (page cache to ring, then the device's copy). The checksum runs
-    on the hasher's thread over the mapped bytes: over piece k while piece k+1 copies. ``close()`` waits
-    for every hash and unmaps (call it once, also after a failure)."""
+    on the hasher's thread over the mapped bytes, in spans of at least ``_HASH_SPAN_BYTES`` (many small
+    tensors together): over span k while the next ones copy. Tensors are staged in file order and cover
+    the data section (the header check refuses gaps), so the spans are the data section in order.
+    ``close()`` hashes the rest, waits for every hash and unmaps (call it once, also after a failure)."""
 
     def __init__(self, bridge: Bridge, file: BinaryIO, hasher: _Hasher | None) -> None:
         self._bridge = bridge
         self._hasher = hasher
         self._hashed: collections.deque[Future] = collections.deque()
+        self._hashed_to = 0  # data-section offsets: handed to the hasher up to here
+        self._staged_to = 0  # and staged up to here
         self._start = file.tell()  # the data section's first byte
         self._fileno = file.fileno()
         size = os.fstat(self._fileno).st_size
         # Empty past the header: no tensor has bytes to map (the header check refused every other case).
         self._map = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) if size > self._start else None
+        self._planner = TransferPlanner(bridge)  # one for every tensor: it asks the backend once
 
     def stage(self, handle: DeviceHandle, begin: int, nbytes: int) -> list:
         """Fills ``handle`` from offset 0 with the data section's bytes ``[begin, begin + nbytes)``: the copies
@@ -654,7 +661,7 @@ class _RestoreReader:
         if nbytes == 0:
             return []
         data = np.frombuffer(self._map, np.uint8, count=nbytes, offset=self._start + begin)
-        planner = TransferPlanner(self._bridge)
+        planner = self._planner
         # A one-copy route returns once its bytes landed: with a checksum, copied a piece at a time, each
         # hashed while the next copies. Ring chunks return as soon as they are staged: one submission, hashed
         # after it.
@@ -667,7 +674,8 @@ class _RestoreReader:
             chunk = data[at:at + piece]
             _, pending = planner.submit_upload(chunk, into=handle, offset=at)
             events.extend((event, at + offset, n) for event, offset, n in pending)
-            self._hash(chunk)
+            self._staged_to = begin + at + len(chunk)
+            self._hash_staged(_HASH_SPAN_BYTES)
         return events
 
     def _check_size(self, begin: int, nbytes: int) -> None:
@@ -678,15 +686,20 @@ class _RestoreReader:
             raise CheckpointError(f"the file ends {self._start + begin + nbytes - size} bytes early "
                                   f"(it shrank while being restored)")
 
-    def _hash(self, chunk: np.ndarray) -> None:
-        if self._hasher is None:
+    def _hash_staged(self, at_least: int) -> None:
+        """The bytes staged since the last span go to the hasher once there are ``at_least`` of them."""
+        if self._hasher is None or self._staged_to - self._hashed_to < max(at_least, 1):
             return
         while len(self._hashed) >= _RESTORE_WINDOW:
             self._hashed.popleft().result()
-        self._hashed.append(self._hasher.submit(memoryview(chunk)))
+        span = memoryview(self._map)[self._start + self._hashed_to:self._start + self._staged_to]
+        self._hashed.append(self._hasher.submit(span))
+        self._hashed_to = self._staged_to
 
     def close(self) -> None:
-        """Every hash finishes (a failure shows in the digest's comparison); the map goes."""
+        """The last span is hashed and every hash finishes (a failure shows in the digest's comparison);
+        the map goes."""
+        self._hash_staged(0)
         while self._hashed:
             self._hashed.popleft().exception()
         if self._map is not None:

@@ -203,7 +203,7 @@ std::string adopt_refusal(const Resolved& r, const TransferOptions& options, boo
 }
 
 // The route for `r` and why, or InvalidRange where options.route is not possible.
-TransferPlan choose(const Resolved& r, const TransferOptions& options, const BackendInfo& info,
+TransferPlan choose(const Resolved& r, const TransferOptions& options, const BackendCapabilities& info,
                     std::uint64_t chunk_bytes) {
   TransferPlan plan;
   plan.bytes = r.bytes;
@@ -323,6 +323,7 @@ TransferPlanner::TransferPlanner(Bridge& bridge, TransferOptions options)
     fail(ErrorKind::InvalidRange, "chunk_bytes of {} exceeds the in-flight budget of {} bytes", options_.chunk_bytes,
          budget);
   chunk_bytes_ = options_.chunk_bytes != 0 ? options_.chunk_bytes : detail::default_chunk_bytes(ring, budget);
+  capabilities_ = bridge_.backend_info();
   if (chunk_bytes_ == 0)
     fail(ErrorKind::InvalidRange, "a ring of {} bytes with an in-flight budget of {} bytes leaves no room for a chunk",
          ring, budget);
@@ -343,7 +344,7 @@ std::size_t TransferPlanner::release_stranded() {
 
 TransferPlan TransferPlanner::plan(const TransferSource& source, const TransferDestination& destination) const {
   const Resolved r = resolve(source, destination, bridge_);
-  return choose(r, options_, bridge_.backend_info(), chunk_bytes_);
+  return choose(r, options_, capabilities_, chunk_bytes_);
 }
 
 TransferResult TransferPlanner::run(const TransferSource& source, const TransferDestination& destination) {
@@ -360,7 +361,7 @@ TransferResult TransferPlanner::submit(const TransferSource& source, const Trans
 TransferResult TransferPlanner::execute(const TransferSource& source, const TransferDestination& destination,
                                         std::vector<PendingCopy>* pending) {
   Resolved r = resolve(source, destination, bridge_);
-  const TransferPlan plan = choose(r, options_, bridge_.backend_info(), chunk_bytes_);
+  const TransferPlan plan = choose(r, options_, capabilities_, chunk_bytes_);
   TransferResult result{plan.route, r.bytes, std::nullopt, std::nullopt, {}};
   auto report_once = [&] {
     if (options_.progress) options_.progress(r.bytes, r.bytes);
