@@ -166,10 +166,8 @@ def checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], *,
 
                 writeback = _Writeback(file.fileno(), len(encoded))
 
-                def sink(offset: int, chunk: np.ndarray) -> None:
-                    # The chunk is a ring range that goes back when this returns: it is hashed (on the
-                    # hasher's thread) while it is written here, and both are done before the return.
-                    view = memoryview(chunk).cast("B")
+                def write_and_hash(view: memoryview) -> None:
+                    # Hashed (on the hasher's thread) while it is written here; both done before the return.
                     hashed = hasher.submit(view)
                     try:
                         _write_all(file.write, view)
@@ -177,9 +175,21 @@ def checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], *,
                         hashed.result()
                     writeback.wrote(view.nbytes)
 
+                batch = _SmallChunks(write_and_hash)
+
+                def sink(offset: int, chunk: np.ndarray) -> None:
+                    # The chunk is a ring range that goes back when this returns: a large one is written
+                    # and hashed from the ring, a small one copied out to go with the next ones.
+                    batch.add(memoryview(chunk).cast("B"))
+
+                planners: dict[int, TransferPlanner] = {}  # by bridge domain: each asks its backend once
                 for name, source in sources:
                     with _context(f"checkpoint {path!r}: tensor {name!r}"):
-                        _stream(source, sink)
+                        planner = planners.get(source.bridge.domain)
+                        if planner is None:
+                            planner = planners[source.bridge.domain] = TransferPlanner(source.bridge)
+                        _stream(source, sink, planner)
+                batch.flush()
                 meta["checksum"] = hasher.checksum()
                 file.seek(0)
                 _write_all(file.write, _encode_header(header))
@@ -273,6 +283,37 @@ def _mode_for(path: str) -> int:
     umask = os.umask(0)
     os.umask(umask)
     return 0o666 & ~umask
+
+
+class _SmallChunks:
+    """A checkpoint's chunks on their way to ``write(view)`` (which writes and hashes one piece, in order):
+    those under ``_SMALL_CHUNK_BYTES`` are copied into one buffer and go together, so thousands of small
+    tensors cost a write and a hash per few MiB instead of a system call and a thread hand-off each."""
+
+    def __init__(self, write: Callable[[memoryview], None]) -> None:
+        self._write = write
+        self._buffer = bytearray(_BATCH_BYTES)
+        self._used = 0
+
+    def add(self, view: memoryview) -> None:
+        if view.nbytes >= _SMALL_CHUNK_BYTES:
+            self.flush()
+            self._write(view)
+            return
+        if self._used + view.nbytes > len(self._buffer):
+            self.flush()
+        self._buffer[self._used:self._used + view.nbytes] = view
+        self._used += view.nbytes
+
+    def flush(self) -> None:
+        if self._used:
+            used, self._used = self._used, 0
+            self._write(memoryview(self._buffer)[:used])
+
+
+# Checkpoint: chunks smaller than this are batched (_SmallChunks) into buffers of _BATCH_BYTES.
+_SMALL_CHUNK_BYTES = 1 << 20
+_BATCH_BYTES = 4 << 20
 
 
 class _Writeback:

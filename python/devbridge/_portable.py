@@ -242,15 +242,16 @@ def _row_major_strides(dims: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _stream(source: _Source, sink: Callable[[int, np.ndarray], Any]) -> None:
-    """Hands ``source``'s logical bytes (row-major) to ``sink(offset, chunk)`` in order, by the transfer planner.
+def _stream(source: _Source, sink: Callable[[int, np.ndarray], Any], planner: TransferPlanner | None = None) -> None:
+    """Hands ``source``'s logical bytes (row-major) to ``sink(offset, chunk)`` in order, by the transfer planner
+    (``planner``, one of ``source.bridge``'s, when the caller streams many sources).
 
     A row-major source streams chunk by chunk straight from the ring (``chunk`` is a read-only uint8 array
     over a ring range, valid only during the call). A strided one is read as the span of bytes its elements
     cover (by the planner's route), gathered into row-major order, and handed over in one piece."""
     if source.nbytes == 0:
         return
-    planner = TransferPlanner(source.bridge)
+    planner = planner or TransferPlanner(source.bridge)
     if source.strides is None:
         planner.download_stream(source.handle, source.byte_offset, source.nbytes,
                                 lambda at, chunk: sink(at, np.frombuffer(chunk, np.uint8)))
