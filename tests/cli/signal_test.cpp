@@ -112,11 +112,16 @@ TEST(StreamSignals, ASecondSignalEndsItAtOnceLeavingNoFile) {
   const std::filesystem::path dir = fresh_dir("second-signal");
   // The first upload's completion is lost, so the drain the first signal
   // starts waits (up to the stall timeout) however fast the machine is: the
-  // second signal surely lands during it.
+  // second signal surely lands during it. The first signal must come once
+  // that upload is in flight, not while the bridge is still being made (the
+  // report file appears before it; under ThreadSanitizer opening the bridge
+  // took over 300 ms, the stream stopped before its first chunk and wrote a
+  // report): the stream stalls on the lost completion for 60 s, so waiting
+  // longer costs nothing but the wait.
   CliProcess child({"stream", "--backend", "fake", "--bytes", "1MiB", "--chunk", "64KiB", "--inflight", "1",
                     "--fake-inject", "copy_h2d:lost_completion:1", "--stall-timeout", "60", "--json",
                     (dir / "report.json").string()});
-  wait_until_running(dir, 1, std::chrono::milliseconds(300));
+  wait_until_running(dir, 1, std::chrono::milliseconds(1500));
   child.send(SIGINT);
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   child.send(SIGINT);
