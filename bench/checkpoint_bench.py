@@ -13,7 +13,11 @@
               arrays) and against a raw sequential read of the same file into
               one buffer (the storage's own rate), warm and cold (the file
               dropped from the page cache with posix_fadvise(DONTNEED) before
-              each sample of both).
+              each sample of both); and onto OpenCL against onto host (the
+              same file, when an OpenCL device is there).
+  peak        a restore of --peak-gib GiB (default 2) in a process of its
+              own (restore_peak.py): its peak resident memory beyond the
+              restored tensors, against ring + in-flight budget + 64 MiB.
   transfer    devbridge.transfer(host bridge, x, OpenCL bridge) and back:
               against the slower of the source's download and the destination's
               upload (bridge.download / bridge.upload of the same bytes), the
@@ -35,8 +39,11 @@ this reports.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from typing import Callable
@@ -135,8 +142,9 @@ def free_all(tensors: dict[str, devbridge.DeviceTensor]) -> None:
 
 
 def file_rows(host: devbridge.Bridge, arrays: dict[str, np.ndarray], workdir: str, repeat: int,
-              every_checksum: bool) -> list[tuple[str, float, str, float]]:
-    """Checkpoint and restore rows for one set of arrays (``every_checksum``: sha256 and verify=False too)."""
+              every_checksum: bool, opencl: devbridge.Bridge | None) -> list[tuple[str, float, str, float]]:
+    """Checkpoint and restore rows for one set of arrays (``every_checksum``: sha256 and verify=False too;
+    ``opencl``: the same restore onto it, against the host's)."""
     nbytes = sum(a.nbytes for a in arrays.values())
     gb = nbytes / 1e9
     label = f"{len(arrays)} tensors"
@@ -161,8 +169,8 @@ def file_rows(host: devbridge.Bridge, arrays: dict[str, np.ndarray], workdir: st
 
     restored: dict[str, devbridge.DeviceTensor] = {}
 
-    def restore(path: str, **kwargs: object) -> Callable[[], None]:
-        return lambda: restored.update(host.restore(path, **kwargs))
+    def restore(path: str, onto: devbridge.Bridge = host, **kwargs: object) -> Callable[[], None]:
+        return lambda: restored.update(onto.restore(path, **kwargs))
 
     def clear() -> None:
         free_all(restored)
@@ -175,9 +183,13 @@ def file_rows(host: devbridge.Bridge, arrays: dict[str, np.ndarray], workdir: st
     raw = bytearray(os.path.getsize(ours))
     reads = [(restore(ours), clear), (lambda: safetensors.numpy.load_file(theirs), clear),
              (lambda: read_raw(ours, raw), clear), (restore(ours), clear_cold), (lambda: read_raw(ours, raw), clear_cold)]
+    if opencl is not None:
+        reads.append((restore(ours, opencl), clear))
     if every_checksum:
         reads += [(restore(strong), clear), (restore(ours, verify=False), clear)]
     read, plain_read, raw_warm, read_cold, raw_cold, *others = interleaved_medians(reads, repeat)
+    if opencl is not None:
+        rows.append((f"restore ({label}, crc32) onto OpenCL", gb / others.pop(0), "restore onto host", gb / read))
     clear()
     rows.append((f"restore ({label}, crc32)", gb / read, "load_file", gb / plain_read))
     rows.append((f"restore ({label}, crc32)", gb / read, "raw read, warm", gb / raw_warm))
@@ -200,43 +212,49 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--ring-mib", type=int, default=64, help="each bridge's ring (MiB)")
     parser.add_argument("--dir", default=tempfile.gettempdir())
+    parser.add_argument("--peak-gib", type=float, default=2.0,
+                        help="restore a file this large in a process of its own and report its peak memory "
+                             "beyond the tensors (0: skip)")
     args = parser.parse_args()
     counts = [int(c) for c in args.tensors.split(",") if c]
 
     rows: list[tuple[str, float, str, float]] = []
+    available = {b["name"]: b["available"] for b in devbridge.list_backends()}
     with tempfile.TemporaryDirectory(dir=args.dir) as workdir, \
-            devbridge.Bridge(backend="host", ring_bytes=args.ring_mib << 20) as host:
+            devbridge.Bridge(backend="host", ring_bytes=args.ring_mib << 20) as host, \
+            (devbridge.Bridge(backend="opencl", ring_bytes=args.ring_mib << 20) if available.get("opencl")
+             else contextlib.nullcontext()) as cl:
         for i, count in enumerate(counts):
-            rows += file_rows(host, arrays_of(args.mib << 20, count), workdir, args.repeat, every_checksum=i == 0)
+            rows += file_rows(host, arrays_of(args.mib << 20, count), workdir, args.repeat, every_checksum=i == 0,
+                              opencl=cl)
         arrays = arrays_of(args.mib << 20)
+        peak = peak_row(workdir, args.peak_gib, args.ring_mib << 20) if args.peak_gib > 0 else None
 
-        available = {b["name"]: b["available"] for b in devbridge.list_backends()}
-        if available.get("opencl"):
-            with devbridge.Bridge(backend="opencl", ring_bytes=args.ring_mib << 20) as cl:
-                a = arrays["layer0.weight"]
-                part = a.nbytes / 1e9
-                x = host.upload(a, wait=True)
-                moved: list[devbridge.DeviceTensor] = []
+        if cl is not None:
+            a = arrays["layer0.weight"]
+            part = a.nbytes / 1e9
+            x = host.upload(a, wait=True)
+            moved: list[devbridge.DeviceTensor] = []
 
-                def drop_moved() -> None:
-                    while moved:
-                        moved.pop().free()
+            def drop_moved() -> None:
+                while moved:
+                    moved.pop().free()
 
-                out = np.empty_like(a)
-                for src, dst, label in ((host, cl, "host -> OpenCL"), (cl, host, "OpenCL -> host")):
-                    start_tensor = x if src is host else cl.upload(a, wait=True)
-                    t = median_seconds(lambda: moved.append(devbridge.transfer(src, start_tensor, dst)),
-                                       args.repeat, before=drop_moved)
-                    drop_moved()
-                    down = median_seconds(lambda: src.download(start_tensor, out), args.repeat)
-                    up = median_seconds(lambda: moved.append(dst.upload(a, wait=True)), args.repeat,
-                                        before=drop_moved)
-                    drop_moved()
-                    slower = min(part / down, part / up)
-                    rows.append((f"transfer {label}", part / t, "min(download, upload)", slower))
-                    if start_tensor is not x:
-                        start_tensor.free()
-                x.free()
+            out = np.empty_like(a)
+            for src, dst, label in ((host, cl, "host -> OpenCL"), (cl, host, "OpenCL -> host")):
+                start_tensor = x if src is host else cl.upload(a, wait=True)
+                t = median_seconds(lambda: moved.append(devbridge.transfer(src, start_tensor, dst)),
+                                   args.repeat, before=drop_moved)
+                drop_moved()
+                down = median_seconds(lambda: src.download(start_tensor, out), args.repeat)
+                up = median_seconds(lambda: moved.append(dst.upload(a, wait=True)), args.repeat,
+                                    before=drop_moved)
+                drop_moved()
+                slower = min(part / down, part / up)
+                rows.append((f"transfer {label}", part / t, "min(download, upload)", slower))
+                if start_tensor is not x:
+                    start_tensor.free()
+            x.free()
         else:
             print("OpenCL unavailable here: no transfer figures")
 
@@ -246,6 +264,27 @@ def main() -> None:
     for ours_label, ours_rate, their_label, their_rate in rows:
         print(f"{ours_label:<40}{ours_rate:>8.2f}   {their_label:<24}{their_rate:>8.2f}   "
               f"{ours_rate / their_rate:>6.2f}")
+    if peak is not None:
+        print(peak)
+
+
+def peak_row(workdir: str, gib: float, ring: int) -> str:
+    """A restore of ``gib`` GiB (8 tensors) in a process of its own (restore_peak.py): its peak resident
+    memory beyond the tensors, against the bound the issue sets (ring + in-flight budget + 64 MiB)."""
+    path = os.path.join(workdir, "peak.safetensors")
+    per_tensor = int(gib * (1 << 30)) // 8 // 4
+    rng = np.random.default_rng(1)
+    safetensors.numpy.save_file({f"w{i}": rng.standard_normal(per_tensor, dtype=np.float32) for i in range(8)},
+                                path)
+    child = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "restore_peak.py"), path,
+                            str(ring)], capture_output=True, text=True, check=True)
+    os.unlink(path)
+    peak, tensors = map(int, child.stdout.split())
+    with devbridge.Bridge(backend="host", ring_bytes=ring) as probe:
+        budget = probe.stats()["inflight_budget_bytes"]
+    return (f"restore of {tensors / (1 << 30):.2f} GiB (8 tensors, host, ring {ring >> 20} MiB): peak memory beyond "
+            f"the tensors {(peak - tensors) / (1 << 20):.0f} MiB; bound ring + in-flight budget + 64 MiB = "
+            f"{(ring + budget + (64 << 20)) / (1 << 20):.0f} MiB")
 
 
 if __name__ == "__main__":

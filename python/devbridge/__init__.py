@@ -64,7 +64,7 @@ from ._bridge import Bridge
 from ._staging import DeviceTensor, ReleaseQueue, adopt, download, spec_for_array, upload
 from ._prefetch import Prefetcher
 from ._portable import PortableTensor, export, export_to, import_tensor, transfer
-from ._checkpoint import CheckpointError, checkpoint, checkpoint_info, restore
+from ._checkpoint import CheckpointError, PendingRestore, checkpoint, checkpoint_info, restore
 
 __version__ = "0.1.0"
 
@@ -108,6 +108,7 @@ __all__ = [
     "export",
     "export_to",
     "import_tensor",
+    "PendingRestore",
     "restore",
     "transfer",
     "DeviceMismatchWarning",

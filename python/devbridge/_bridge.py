@@ -81,9 +81,10 @@ class Bridge(_devbridge.Bridge):
 
     @_documented_as(_checkpoint.restore)
     def restore(self, path: Any, *, names: Any = None, prefix: str | None = None, rows: Any = None,
-                alignment: int = 256, verify: bool = True) -> dict[str, DeviceTensor]:
+                alignment: int = 256, verify: bool = True,
+                wait: bool = True) -> dict[str, DeviceTensor] | _checkpoint.PendingRestore:
         return _checkpoint.restore(self, path, names=names, prefix=prefix, rows=rows, alignment=alignment,
-                                   verify=verify)
+                                   verify=verify, wait=wait)
 
 
 __all__ = ["Bridge"]

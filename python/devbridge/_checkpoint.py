@@ -17,13 +17,16 @@ import collections
 import contextlib
 import hashlib
 import json
-import mmap
 import os
 import stat
 import tempfile
-import zlib
+import threading
+import time
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, BinaryIO, Callable, Mapping, NamedTuple
+from concurrent.futures import wait as futures_wait
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, BinaryIO, Callable, NamedTuple
 
 import numpy as np
 
@@ -40,18 +43,19 @@ from ._portable import (
 from ._staging import (
     _CLEANUP_WAIT_S,
     DeviceTensor,
-    _fill_new,
     spec_for_array,
 )
 
 FORMAT = "devbridge-checkpoint"
 FORMAT_VERSION = "1"
-# Restore: mapped pieces submitted to the hasher and not yet hashed.
-_RESTORE_WINDOW = 4
-# Restore by a one-copy route: bytes copied per call, each piece hashed while the next one copies.
-_RESTORE_PIECE_BYTES = 16 << 20
-# Restore: the least of the data section handed to the hasher at once (small tensors are hashed together).
-_HASH_SPAN_BYTES = 4 << 20
+# Restore: a ring chunk this large or larger is read (and crc32-hashed) in parts, one per thread.
+_PARALLEL_READ_BYTES = 4 << 20
+_READ_THREADS = 2
+# Restore: how far ahead of its reads the kernel is asked to read the file (posix_fadvise WILLNEED).
+_READ_AHEAD_BYTES = 256 << 20
+# Restore: how long a chunk waits for ring room another caller holds (another restore, a stream) before
+# Backpressure: room that long held is a stall, not a queue.
+_RING_ROOM_WAIT_S = 60.0
 # Checksums a checkpoint may record: algorithm -> hex digits. checkpoint writes crc32 by default (see
 # docs/PORTABLE.md, "Checksums"); restore and `devbridge checkpoint inspect` verify both.
 _CHECKSUM_DIGITS = {"sha256": 64, "crc32": 8}
@@ -69,8 +73,16 @@ def _checked_path(path: Any) -> str:
     return path
 
 
+try:  # ISA-L's CRC-32: the same checksum as zlib's, 5x faster here, and able to join pieces hashed apart
+    from isal.isal_zlib import crc32 as _crc32
+    from isal.isal_zlib import crc32_combine as _crc32_combine
+except ImportError:  # a dependency; where its wheel is missing, zlib hashes the data in one piece at a time
+    from zlib import crc32 as _crc32
+    _crc32_combine = None
+
+
 class _Crc32:
-    """zlib's CRC-32 (the IEEE polynomial, as gzip and PNG) behind hashlib's interface."""
+    """CRC-32 (zlib's: the IEEE polynomial, as gzip and PNG) behind hashlib's interface, plus ``combine``."""
 
     name = "crc32"
 
@@ -78,7 +90,11 @@ class _Crc32:
         self._value = 0
 
     def update(self, data: Any) -> None:
-        self._value = zlib.crc32(data, self._value)
+        self._value = _crc32(data, self._value)
+
+    def combine(self, crc: int, length: int) -> None:
+        """As ``update`` of ``length`` bytes whose own CRC-32 is ``crc`` (hashed elsewhere, in parallel)."""
+        self._value = _crc32_combine(self._value, crc, length)
 
     def hexdigest(self) -> str:
         return f"{self._value:08x}"
@@ -418,7 +434,7 @@ def _held_dtypes(bridge: Bridge) -> frozenset[str]:
 
 def restore(bridge: Bridge, path: Any, *, names: Any = None, prefix: str | None = None,
             rows: Mapping[str, slice] | None = None, alignment: int = 256,
-            verify: bool = True) -> dict[str, DeviceTensor]:
+            verify: bool = True, wait: bool = True) -> dict[str, DeviceTensor] | PendingRestore:
     """Restores a safetensors checkpoint into ``bridge``'s current generation: ``{name: DeviceTensor}``.
 
     Any safetensors file works (a devbridge checkpoint, or one the
@@ -429,13 +445,22 @@ def restore(bridge: Bridge, path: Any, *, names: Any = None, prefix: str | None 
     The header is checked against the file before anything is allocated: a file
     that is not safetensors, is truncated, or holds a dtype devbridge lacks or
     an empty tensor raises ``CheckpointError`` naming the file, the tensor
-    and why. The data moves from a read-only map of the file by the transfer
-    planner's route (one copy from a registration of the mapped pages where
-    registering is cheap, else through the ring in chunks); a devbridge
-    checkpoint's checksum is computed on the way and, with
-    ``verify`` (the default), compared at the end. When the checksum differs,
-    or an allocation or copy fails (the error names the tensor), every tensor
-    restored so far is freed before the error is raised.
+    and why. Every tensor is allocated, then the data streams from the file
+    through the ring: read with ``pread`` straight into the ring's chunks
+    (large chunks in parallel parts), each chunk's device copy in flight while
+    the next is read, so host memory beyond the tensors stays within the ring
+    whatever the file's size. A devbridge checkpoint's checksum is computed
+    as the bytes are read and, with ``verify`` (the default), compared at the
+    end. When the checksum differs, the file ends early, or an allocation or
+    copy fails (the error names the tensor), every tensor is freed before the
+    error is raised.
+
+    ``wait=False`` returns a ``PendingRestore`` at once: the same mapping,
+    filled by a reader thread in file order; each tensor's ``ready()`` /
+    ``wait()`` say when its own bytes are on the device (compute can start on
+    the first layers while the rest is read), and ``PendingRestore.wait()``
+    gives the verdict on the whole file (its checksum), freeing every tensor
+    and raising the error if it failed.
 
     Partial loads read only the bytes asked for: ``names`` (an iterable of
     tensor names, each of which must be there, or a callable ``name -> bool``)
@@ -448,16 +473,19 @@ def restore(bridge: Bridge, path: Any, *, names: Any = None, prefix: str | None 
     """
     if not isinstance(bridge, Bridge):
         raise TypeError(f"bridge must be a devbridge.Bridge, not {type(bridge).__name__}")
-    if not isinstance(verify, bool):
-        raise TypeError(f"verify must be a bool, not {type(verify).__name__}")
+    for flag, value in (("verify", verify), ("wait", wait)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{flag} must be a bool, not {type(value).__name__}")
     path = _checked_path(path)
     selection = _Selection(names, prefix, rows)
     if path.endswith(".json"):
-        return _restore_sharded(bridge, path, selection, alignment, verify)
-    file, header = _open_checkpoint(path)
-    with file:
-        selection.require_all(header.entries, path)
-        return _restore_file(bridge, path, file, header, selection, selection.partial, alignment, verify)
+        pending = _restore_sharded(bridge, path, selection, alignment, verify)
+    else:
+        file, header = _open_checkpoint(path)
+        with file:
+            selection.require_all(header.entries, path)
+            pending = _restore_file(bridge, path, file, header, selection, selection.partial, alignment, verify)
+    return pending if not wait else pending.tensors()
 
 
 class _Selection:
@@ -544,13 +572,14 @@ class _Selection:
 
 
 def _restore_file(bridge: Bridge, path: str, file: BinaryIO, header: _Header, selection: _Selection,
-                  partial: bool, alignment: int, verify: bool) -> dict[str, DeviceTensor]:
+                  partial: bool, alignment: int, verify: bool) -> PendingRestore:
     """``restore`` of one file whose header is checked: the tensors ``selection`` chooses, in file order
-    (``partial``: not every byte of the data section, so its checksum cannot be verified)."""
-    restored: dict[str, DeviceTensor] = {}
+    (``partial``: not every byte of the data section, so its checksum cannot be verified), allocated here
+    and filled on a reader thread (``PendingRestore``). ``file`` stays the caller's: the reader reads a
+    duplicate of its descriptor."""
     held = _held_dtypes(bridge)
     chosen = [selection.cut(e, path) for e in header.entries if selection.wants(e.name)]
-    specs = []  # each tensor's (spec, extent), kept for the uploads
+    specs = []  # each tensor's (spec, extent), kept for the allocations
     for entry in chosen:  # spec_for_array's own checks (alignment, sizes) before any allocation
         spec, extent = spec_for_array(entry.shape, entry.dtype, alignment)
         specs.append((spec, extent))
@@ -561,44 +590,141 @@ def _restore_file(bridge: Bridge, path: str, file: BinaryIO, header: _Header, se
     if expected and partial:
         raise ValueError(f"{path!r} records a checksum of its whole data section, which a partial restore "
                          f"(names=, prefix=, rows=) does not read: pass verify=False to restore part of it")
-    hasher = _Hasher(expected.partition(":")[0]) if expected else None
+    tensors: dict[str, DeviceTensor] = {}
+    landings: list[tuple[_Entry, DeviceHandle, Future]] = []
     try:
-        reader = _RestoreReader(bridge, file, hasher)
-        try:
-            for entry, (spec, extent) in zip(chosen, specs):
-                with _context(f"restore {path!r}: tensor {entry.name!r}"):
-                    restored[entry.name] = _fill_new(
-                        bridge, entry.shape, entry.dtype, spec, extent, False,
-                        lambda handle: reader.stage(handle, entry.begin, entry.end - entry.begin))
-        finally:
-            reader.close()
-        for name, tensor in restored.items():
-            with _context(f"restore {path!r}: tensor {name!r}"):
-                tensor.wait()
-        if hasher is not None and (actual := hasher.checksum()) != expected:
-            raise CheckpointError(f"{path!r} is corrupt: the data's checksum is {actual}, "
-                                  f"the file records {expected}; nothing was restored")
+        for entry, (spec, extent) in zip(chosen, specs):
+            with _context(f"restore {path!r}: tensor {entry.name!r}"):
+                handle = bridge.alloc(spec, extent)
+            landed: Future = Future()
+            tensors[entry.name] = DeviceTensor(bridge, handle, entry.shape, entry.dtype, landing=landed)
+            landings.append((entry, handle, landed))
+        stop = threading.Event()
+        reader = _RestoreReader(bridge, path, file, expected, stop)
     except BaseException:
-        if hasher is not None:
-            hasher.close()
-        _free_all(restored)
+        for _, _, landed in landings:
+            landed.set_result([])  # nothing was read into them
+        _free_all(tensors)
         raise
-    return restored
+    return PendingRestore(path, tensors, _READERS.submit(reader.run, landings), stop)
+
+
+class PendingRestore(Mapping[str, DeviceTensor]):
+    """What ``restore(..., wait=False)`` returns: ``{name: DeviceTensor}`` at once, filled from the file by a
+    reader thread in file order.
+
+    Each tensor's ``ready()`` is True once its own bytes are on the device,
+    so compute can start on the first tensors while the rest of the file is
+    read; its ``wait()`` waits for them (and raises the restore's error if
+    the reader failed before reaching it). ``wait()`` here waits for the whole
+    file and the verdict of its checksum: the bytes are verified only once it
+    returns True. When the restore fails (a checksum that differs, a file that
+    ends early, a copy that fails), ``wait()`` frees every tensor and raises
+    the error, naming the file and the tensor; ``abandon()`` stops the reader
+    and frees every tensor.
+    """
+
+    def __init__(self, path: str, tensors: dict[str, DeviceTensor], reading: Future | list[PendingRestore],
+                 stop: threading.Event | None = None) -> None:
+        self._path = path
+        self._tensors = tensors
+        self._parts = reading if isinstance(reading, list) else []  # a sharded restore: one per file
+        self._reading = None if isinstance(reading, list) else reading
+        self._stop = stop
+        self._failure: BaseException | None = None
+
+    def __getitem__(self, name: str) -> DeviceTensor:
+        return self._tensors[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._tensors)
+
+    def __len__(self) -> int:
+        return len(self._tensors)
+
+    def __repr__(self) -> str:
+        return f"PendingRestore({self._path!r}, {len(self._tensors)} tensors, {'read' if self.done() else 'reading'})"
+
+    def done(self) -> bool:
+        """True once every file has been read to its end and its checksum compared, or the reading failed."""
+        return all(part.done() for part in self._parts) and (self._reading is None or self._reading.done())
+
+    def ready(self) -> bool:
+        """True once every tensor is on the device and verified (never blocks); raises as ``wait``."""
+        return self.done() and self.wait(0)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Waits for the whole restore: True once every tensor is on the device and the checksum matched,
+        False if ``timeout`` seconds passed first. On a failure every tensor is freed and the error raised."""
+        if self._failure is not None:
+            raise self._failure
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+        try:
+            failures = []
+            for part in self._parts:  # every file's reader stops before anything is freed
+                try:
+                    if not part.wait(left()):
+                        return False
+                except BaseException as error:  # noqa: BLE001 - raised below
+                    failures.append(error)
+            if failures:
+                raise failures[0]
+            if self._reading is None:
+                return True  # its files' own waits saw their tensors
+            try:
+                self._reading.result(left())
+            except FutureTimeout:
+                return False
+            for name, tensor in self._tensors.items():
+                with _context(f"restore {self._path!r}: tensor {name!r}"):
+                    if not (tensor.freed or tensor.wait(left())):
+                        return False
+            return True
+        except BaseException as error:
+            self._failure = error
+            self.abandon()
+            raise
+
+    def abandon(self) -> None:
+        """Stops the reading before its next chunk, waits for it to stop, and frees every tensor (the bridge
+        defers a free while a copy still fills the allocation). Idempotent."""
+        for part in self._parts:
+            part.abandon()
+        if self._stop is not None:
+            self._stop.set()
+        if self._reading is not None:
+            with contextlib.suppress(BaseException):
+                self._reading.result(_CLEANUP_WAIT_S)
+        _free_all(self._tensors)
+
+    def tensors(self) -> dict[str, DeviceTensor]:
+        """``{name: DeviceTensor}``, once ``wait()`` has seen the whole restore through (raising its error)."""
+        self.wait()
+        return dict(self._tensors)
 
 
 def _free_all(tensors: Mapping[str, DeviceTensor]) -> None:
     for tensor in tensors.values():  # their copies first, so the frees happen now, not deferred
-        with contextlib.suppress(BridgeError):
+        if tensor.freed:
+            continue
+        with contextlib.suppress(Exception):  # the failure is being raised already
             tensor.wait(timeout=_CLEANUP_WAIT_S)
         tensor.free()
 
 
-# Shards read at once by a sharded restore.
-_SHARD_READERS = 4
+# Files read at once (the shards of a sharded checkpoint, restores that do not wait), each on a reader
+# thread whose large chunks are read in _READ_THREADS parts.
+_FILE_READERS = 4
+_READERS = ThreadPoolExecutor(_FILE_READERS, thread_name_prefix="devbridge-restore")
+_PART_READERS = ThreadPoolExecutor(_FILE_READERS * (_READ_THREADS - 1), thread_name_prefix="devbridge-read")
 
 
 def _restore_sharded(bridge: Bridge, index_path: str, selection: _Selection, alignment: int,
-                     verify: bool) -> dict[str, DeviceTensor]:
+                     verify: bool) -> PendingRestore:
     """``restore`` of a sharded checkpoint: every shard's header is checked against the index (each tensor the
     index maps to a shard is in it) before anything is allocated; then the shards are restored in parallel,
     each tensor from the shard the index names. A failure in any shard frees what every shard restored."""
@@ -623,31 +749,19 @@ def _restore_sharded(bridge: Bridge, index_path: str, selection: _Selection, ali
             if absent:
                 raise CheckpointError(f"{index_path!r} maps {absent[0]!r} to {shard!r}, which holds no such tensor; "
                                       f"nothing was restored")
-        results: dict[str, dict[str, DeviceTensor]] = {}
-        failures: list[BaseException] = []
-        _held_dtypes(bridge)  # cached here, read (not filled) by the shard threads
-
-        def restore_shard(shard: str, file: BinaryIO, header: _Header) -> None:
-            wanted = frozenset(by_shard[shard])
-            partial = selection.partial or len(wanted) != len(header.entries)
-            try:
-                results[shard] = _restore_file(bridge, os.path.join(directory, shard), file, header,
-                                               selection.within(wanted), partial, alignment, verify)
-            except BaseException as e:  # noqa: BLE001 - raised below, once every shard has stopped
-                failures.append(e)
-
-        with ThreadPoolExecutor(min(_SHARD_READERS, max(1, len(opened))),
-                                thread_name_prefix="devbridge-shard") as pool:
-            for shard, file, header in opened:
-                pool.submit(restore_shard, shard, file, header)
-        if failures:
-            for tensors in results.values():
-                _free_all(tensors)
-            raise failures[0]
-        restored: dict[str, DeviceTensor] = {}
-        for shard, _, _ in opened:
-            restored.update(results[shard])
-        return restored
+        _held_dtypes(bridge)
+        parts: list[PendingRestore] = []
+        try:
+            for shard, file, header in opened:  # each allocates its tensors, then reads on a reader thread
+                wanted = frozenset(by_shard[shard])
+                partial = selection.partial or len(wanted) != len(header.entries)
+                parts.append(_restore_file(bridge, os.path.join(directory, shard), file, header,
+                                           selection.within(wanted), partial, alignment, verify))
+        except BaseException:
+            for part in parts:
+                part.abandon()
+            raise
+        return PendingRestore(index_path, {name: t for part in parts for name, t in part.items()}, parts)
     finally:
         for _, file, _ in opened:
             file.close()
@@ -674,80 +788,107 @@ def _read_index(index_path: str) -> dict[str, str]:
 
 
 class _RestoreReader:
-    """Moves a checkpoint's data section from the file into device allocations by the transfer planner's
-    route, from a read-only map of the file: one copy where registering host memory is cheap (the mapped
-    file registered for the call: page cache to device memory, as a ``read`` into host device memory
-    was), else through the ring in chunks (page cache to ring, then the device's copy). The checksum runs
-    on the hasher's thread over the mapped bytes, in spans of at least ``_HASH_SPAN_BYTES`` (many small
-    tensors together): over span k while the next ones copy. Tensors are staged in file order and cover
-    the data section (the header check refuses gaps), so the spans are the data section in order.
-    ``close()`` hashes the rest, waits for every hash and unmaps (call it once, also after a failure)."""
+    """Reads a checkpoint's data section into its tensors, in file order, on a reader thread: each tensor
+    streams through the transfer planner's ring chunks, ``pread`` straight from the file into a chunk (no
+    map of the file, no staging buffer: host memory beyond the tensors stays within the ring), the chunk's
+    device copy in flight while the next is read. A chunk of ``_PARALLEL_READ_BYTES`` or more is read in
+    parts on ``_READ_THREADS`` threads, each part hashed by the thread that read it (crc32 parts are
+    combined; sha256 hashes the chunk in order once it is read). The checksum is compared at the end."""
 
-    def __init__(self, bridge: Bridge, file: BinaryIO, hasher: _Hasher | None) -> None:
+    def __init__(self, bridge: Bridge, path: str, file: BinaryIO, expected: str | None,
+                 stop: threading.Event) -> None:
         self._bridge = bridge
-        self._hasher = hasher
-        self._hashed: collections.deque[Future] = collections.deque()
-        self._hashed_to = 0  # data-section offsets: handed to the hasher up to here
-        self._staged_to = 0  # and staged up to here
+        self._stop = stop  # set by PendingRestore.abandon: the next chunk raises
+        self._path = path
         self._start = file.tell()  # the data section's first byte
-        self._fileno = file.fileno()
-        size = os.fstat(self._fileno).st_size
-        # Empty past the header: no tensor has bytes to map (the header check refused every other case).
-        self._map = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) if size > self._start else None
-        self._planner = TransferPlanner(bridge)  # one for every tensor: it asks the backend once
+        self._expected = expected
+        self._algorithm = expected.partition(":")[0] if expected else None
+        self._digest = _new_digest(self._algorithm) if self._algorithm else None
+        self._fd = os.dup(file.fileno())  # the caller closes its file once restore returns
+        self._advised_to = 0  # file offsets: read ahead up to here
 
-    def stage(self, handle: DeviceHandle, begin: int, nbytes: int) -> list:
-        """Fills ``handle`` from offset 0 with the data section's bytes ``[begin, begin + nbytes)``: the copies
-        still in flight as ``(event, offset, length)``, as ``DeviceTensor`` keeps them."""
-        if nbytes == 0:
-            return []
-        data = np.frombuffer(self._map, np.uint8, count=nbytes, offset=self._start + begin)
-        planner = self._planner
-        # A one-copy route returns once its bytes landed: with a checksum, copied a piece at a time, each
-        # hashed while the next copies. Ring chunks return as soon as they are staged: one submission, hashed
-        # after it.
-        piece = nbytes
-        if self._hasher is not None and planner.plan_upload(data, into=handle)["route"] == "registered_copy":
-            piece = _RESTORE_PIECE_BYTES
-        events: list = []
-        for at in range(0, nbytes, piece):
-            self._check_size(begin + at, min(piece, nbytes - at))
-            chunk = data[at:at + piece]
-            _, pending = planner.submit_upload(chunk, into=handle, offset=at)
-            events.extend((event, at + offset, n) for event, offset, n in pending)
-            self._staged_to = begin + at + len(chunk)
-            self._hash_staged(_HASH_SPAN_BYTES)
-        return events
+    def run(self, landings: list[tuple[_Entry, DeviceHandle, Future]]) -> None:
+        """Fills each tensor (its ``landing`` gets the copies still in flight), then compares the checksum.
+        A failure is set on every landing not yet reached and raised (``PendingRestore.wait`` frees)."""
+        try:
+            planner = TransferPlanner(self._bridge, wait_for_room=_RING_ROOM_WAIT_S)
+            for entry, handle, landed in landings:
+                with _context(f"restore {self._path!r}: tensor {entry.name!r}"):
+                    events = planner.submit_stream(lambda at, chunk, begin=entry.begin: self._read(begin + at, chunk),
+                                                   entry.end - entry.begin, into=handle)
+                landed.set_result(events)
+            if self._digest is not None:
+                actual = f"{self._algorithm}:{self._digest.hexdigest()}"
+                if actual != self._expected:
+                    raise CheckpointError(f"{self._path!r} is corrupt: the data's checksum is {actual}, "
+                                          f"the file records {self._expected}; nothing was restored")
+        except BaseException as error:
+            for _, _, landed in landings:  # a tensor not reached fails with the restore
+                if not landed.done():
+                    landed.set_exception(error)
+            raise
+        finally:
+            os.close(self._fd)
 
-    def _check_size(self, begin: int, nbytes: int) -> None:
-        """A file that shrank since the header was checked: ``CheckpointError`` before the map is read past
-        its end (which the OS answers with SIGBUS, not an error)."""
-        size = os.fstat(self._fileno).st_size
-        if size < self._start + begin + nbytes:
-            raise CheckpointError(f"the file ends {self._start + begin + nbytes - size} bytes early "
-                                  f"(it shrank while being restored)")
-
-    def _hash_staged(self, at_least: int) -> None:
-        """The bytes staged since the last span go to the hasher once there are ``at_least`` of them."""
-        if self._hasher is None or self._staged_to - self._hashed_to < max(at_least, 1):
+    def _read(self, begin: int, chunk: memoryview) -> None:
+        """Bytes ``[begin, begin + len(chunk))`` of the data section into ``chunk``, hashed in order."""
+        if self._stop.is_set():
+            raise CheckpointError(f"the restore of {self._path!r} was abandoned")
+        at = self._start + begin
+        self._read_ahead(at + chunk.nbytes)
+        if chunk.nbytes < _PARALLEL_READ_BYTES:
+            _pread_exactly(self._fd, chunk, at, begin)
+            if self._digest is not None:
+                self._digest.update(chunk)
             return
-        while len(self._hashed) >= _RESTORE_WINDOW:
-            self._hashed.popleft().result()
-        span = memoryview(self._map)[self._start + self._hashed_to:self._start + self._staged_to]
-        self._hashed.append(self._hasher.submit(span))
-        self._hashed_to = self._staged_to
+        parts = _split(chunk.nbytes, _READ_THREADS)
+        crc_parts = self._algorithm == "crc32" and _crc32_combine is not None
+        reads = [_PART_READERS.submit(self._read_part, chunk[first:last], at + first, begin + first, crc_parts)
+                 for first, last in parts[1:]]
+        try:  # the first part on this thread
+            results = [self._read_part(chunk[:parts[0][1]], at, begin, crc_parts)]
+        finally:
+            futures_wait(reads)  # every part has stopped writing into the chunk before a failure gives it back
+        results += [read.result() for read in reads]
+        if self._digest is None:
+            return
+        if crc_parts:
+            for (first, last), crc in zip(parts, results):
+                self._digest.combine(crc, last - first)
+        else:
+            self._digest.update(chunk)
 
-    def close(self) -> None:
-        """The last span is hashed and every hash finishes (a failure shows in the digest's comparison);
-        the map goes."""
-        self._hash_staged(0)
-        while self._hashed:
-            self._hashed.popleft().exception()
-        if self._map is not None:
-            try:
-                self._map.close()
-            except BufferError:  # an array over it is still alive (an error's traceback): unmapped with it
-                pass
+    def _read_ahead(self, end: int) -> None:
+        """Asks the kernel to start reading the next ``_READ_AHEAD_BYTES`` from ``end`` on: the disk works
+        while this chunk is hashed and copied (a cold file otherwise idles it between reads)."""
+        if end + _READ_AHEAD_BYTES // 2 <= self._advised_to:
+            return
+        start = max(end, self._advised_to)
+        self._advised_to = end + _READ_AHEAD_BYTES
+        with contextlib.suppress(OSError):  # a hint
+            os.posix_fadvise(self._fd, start, self._advised_to - start, os.POSIX_FADV_WILLNEED)
+
+    def _read_part(self, view: memoryview, at: int, begin: int, crc: bool) -> int | None:
+        _pread_exactly(self._fd, view, at, begin)
+        return _crc32(view) if crc else None
 
 
-__all__ = ["CheckpointError", "checkpoint", "checkpoint_info", "restore"]
+def _split(nbytes: int, parts: int) -> list[tuple[int, int]]:
+    """``[0, nbytes)`` as ``parts`` ranges of nearly equal length, each a multiple of 4 KiB but the last."""
+    step = ((nbytes + parts - 1) // parts + 4095) // 4096 * 4096
+    return [(first, min(first + step, nbytes)) for first in range(0, nbytes, step)]
+
+
+def _pread_exactly(fd: int, view: memoryview, at: int, begin: int) -> None:
+    """Fills ``view`` from byte ``at`` of the file; a file that ends first (it shrank since its header was
+    checked) is a ``CheckpointError`` naming where, as byte ``begin`` of the data section."""
+    done = 0
+    while done < view.nbytes:
+        n = os.preadv(fd, [view[done:]], at + done)
+        if not n:
+            raise CheckpointError(f"the file ends {view.nbytes - done} bytes early, at byte {begin + done} of its "
+                                  f"data section (it shrank while being restored)")
+        done += n
+
+
+__all__ = ["CheckpointError", "PendingRestore", "checkpoint", "checkpoint_info", "restore"]

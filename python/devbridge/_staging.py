@@ -24,6 +24,8 @@ import collections
 import math
 import operator
 import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -222,12 +224,15 @@ class DeviceTensor:
     """
 
     def __init__(self, bridge: Bridge, handle: DeviceHandle, shape: tuple[int, ...], dtype: str,
-                 events: list[tuple[CopyEvent, int, int]] | None = None) -> None:
+                 events: list[tuple[CopyEvent, int, int]] | None = None, *, landing: Future | None = None) -> None:
         self.bridge = bridge
         self.handle = handle
         self.shape = tuple(shape)
         self.dtype = _dtype_name(dtype)
         self._events = list(events or [])  # (event, chunk offset, chunk length)
+        # A tensor another thread is still filling (restore(wait=False)): resolves to the copies it submitted,
+        # or to the error that stopped it before this tensor's bytes were submitted.
+        self._landing = landing
         self._freed = False
         self._region = None  # adopt(): the _AdoptedRegion the tensor lies in, let go once the tensor is freed
 
@@ -267,9 +272,24 @@ class DeviceTensor:
         except BridgeError as error:
             raise _chunk_error(error, "upload", index, offset, n, self.nbytes) from error
 
+    def _landed(self, timeout: float | None) -> bool:
+        """Whether the thread filling the tensor has submitted all of its copies (waiting up to ``timeout``
+        seconds); raises the error that stopped it first."""
+        if self._landing is None:
+            return True
+        try:
+            events = self._landing.result(timeout)
+        except FutureTimeout:
+            return False
+        self._events.extend(events)
+        self._landing = None
+        return True
+
     def ready(self) -> bool:
         """True once every copy of the upload has completed; raises the failure of one that failed."""
         self._check()
+        if self._landing is not None and not (self._landing.done() and self._landed(0)):
+            return False
         pending = []
         for index, (event, offset, n) in enumerate(self._events):
             status = self.bridge.copy_status(event)
@@ -285,6 +305,8 @@ class DeviceTensor:
         A failed copy raises its error (``DeviceCopyFailed``) naming the chunk."""
         self._check()
         deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._landed(timeout):
+            return False
         done = True
         for index, (event, offset, n) in enumerate(self._events):
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -349,7 +371,8 @@ class DeviceTensor:
         self.free()
 
     def __repr__(self) -> str:
-        state = "freed" if self._freed else ("pending" if self._events and not self._all_done() else "ready")
+        landing = self._landing is not None and not self._landing.done()
+        state = "freed" if self._freed else ("pending" if landing or self._events and not self._all_done() else "ready")
         return f"DeviceTensor(shape={self.shape}, dtype={self.dtype!r}, handle={self.handle!r}, {state})"
 
     def _all_done(self) -> bool:

@@ -1,0 +1,211 @@
+"""Restore as a stream (issue #26, item 1): the file is read with pread straight into the ring's chunks,
+nothing of it mapped, large chunks read and hashed in parts; with ``wait=False`` the tensors come back at
+once and each is usable as soon as its own bytes have landed, before the rest of the file is read.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import devbridge
+import devbridge._checkpoint as checkpoint_module
+from conftest import auto_bridge, collect
+from test_checkpoint_partial import assert_restored, free, model_arrays, nothing_left, write_sharded
+
+# 32 MiB: chunks of 8 MiB, past the size read in parts.
+RING = 32 << 20
+
+
+@pytest.fixture(params=["fake", "host", "opencl", "cuda"])
+def pb(request):
+    yield from auto_bridge(request.param, ring_bytes=RING)
+
+
+def layers(rng, count: int = 6, big: int = 3 << 20) -> dict[str, np.ndarray]:
+    """float32 tensors named in file order (checkpoint orders a dtype's tensors by name); the last one large."""
+    arrays = {f"layer{i:02d}": rng.standard_normal(1000 + 37 * i).astype(np.float32) for i in range(count - 1)}
+    arrays[f"layer{count - 1:02d}"] = rng.standard_normal(big).astype(np.float32)
+    return arrays
+
+
+def write(b: devbridge.Bridge, path, arrays: dict[str, np.ndarray], checksum: str = "crc32") -> None:
+    tensors = {name: b.upload(a, wait=True) for name, a in arrays.items()}
+    b.checkpoint(path, tensors, checksum=checksum)
+    free(tensors)
+
+
+class HeldRead:
+    """os.preadv, except that the read reaching byte ``last`` of the file waits until ``release()``."""
+
+    def __init__(self, monkeypatch, last: int) -> None:
+        self.reached = threading.Event()
+        self._gate = threading.Event()
+        self._last = last
+        preadv = os.preadv
+
+        def held(fd, buffers, offset, *args):
+            if offset + sum(memoryview(b).nbytes for b in buffers) > self._last:
+                self.reached.set()
+                assert self._gate.wait(30), "the test never released the read"
+            return preadv(fd, buffers, offset, *args)
+
+        monkeypatch.setattr(checkpoint_module.os, "preadv", held)
+
+    def release(self) -> None:
+        self._gate.set()
+
+
+def until(predicate, seconds: float = 30.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+def test_with_wait_false_the_first_tensor_is_ready_before_the_last_byte_is_read(pb, rng, tmp_path, monkeypatch):
+    arrays = layers(rng)
+    path = tmp_path / "model.safetensors"
+    write(pb, path, arrays)
+    read = HeldRead(monkeypatch, os.path.getsize(path) - 1)
+    pending = pb.restore(path, wait=False)
+    try:
+        assert isinstance(pending, devbridge.PendingRestore) and sorted(pending) == sorted(arrays)
+        first, last = pending["layer00"], pending["layer05"]
+        assert until(first.ready), "the first tensor never became ready"
+        assert read.reached.is_set() or not pending.done()
+        assert until(read.reached.is_set)
+        # The reader waits at the file's last byte: the first tensors are usable, the last one is not.
+        assert not pending.done() and not last.ready() and not pending.ready()
+        assert not last.wait(timeout=0.01) and not pending.wait(timeout=0.01)
+        assert first.numpy().tobytes() == arrays["layer00"].tobytes()
+        assert "pending" in repr(last) and "reading" in repr(pending)
+    finally:
+        read.release()
+    assert pending.wait() and pending.ready() and pending.done()
+    assert_restored(pending, arrays)
+    free(pending)
+    nothing_left(pb)
+
+
+def test_a_pending_restore_that_fails_frees_every_tensor_and_names_the_file(pb, rng, tmp_path):
+    arrays = layers(rng)
+    path = tmp_path / "model.safetensors"
+    write(pb, path, arrays)
+    with open(path, "r+b") as f:  # one bit of the last tensor's data: the checksum differs
+        f.seek(-5, os.SEEK_END)
+        byte = f.read(1)[0]
+        f.seek(-5, os.SEEK_END)
+        f.write(bytes([byte ^ 0x10]))
+    pending = pb.restore(path, wait=False)
+    with pytest.raises(devbridge.CheckpointError, match="model.safetensors.* is corrupt: the data's checksum"):
+        pending.wait()
+    assert all(t.freed for t in pending.values())
+    with pytest.raises(devbridge.CheckpointError):  # the verdict stays
+        pending.ready()
+    nothing_left(pb)
+    with pytest.raises(devbridge.CheckpointError, match="is corrupt"):  # wait=True: the same, at once
+        pb.restore(path)
+    nothing_left(pb)
+
+
+def test_a_file_that_shrinks_while_pending_fails_the_tensors_not_yet_read(pb, rng, tmp_path, monkeypatch):
+    arrays = layers(rng)
+    path = tmp_path / "model.safetensors"
+    write(pb, path, arrays)
+    size = os.path.getsize(path)
+    read = HeldRead(monkeypatch, size - 1)
+    pending = pb.restore(path, wait=False)
+    assert until(read.reached.is_set)
+    os.truncate(path, size - 4096)
+    read.release()
+    with pytest.raises(devbridge.CheckpointError, match=r"tensor 'layer05'.*ends .* early"):
+        pending["layer05"].wait()
+    with pytest.raises(devbridge.CheckpointError, match="ends .* early"):
+        pending.wait()
+    nothing_left(pb)
+
+
+def test_abandon_stops_the_reader_and_frees_every_tensor(pb, rng, tmp_path, monkeypatch):
+    arrays = layers(rng)
+    path = tmp_path / "model.safetensors"
+    write(pb, path, arrays)
+    read = HeldRead(monkeypatch, os.path.getsize(path) - 1)
+    pending = pb.restore(path, wait=False)
+    assert until(read.reached.is_set)
+    threading.Timer(0.1, read.release).start()  # abandon waits for the reader's read in progress
+    pending.abandon()
+    assert all(t.freed for t in pending.values())
+    nothing_left(pb)
+
+
+@pytest.mark.parametrize("checksum", ["crc32", "sha256", "crc32 without crc32_combine"])
+def test_chunks_read_in_parts_are_verified_and_a_flipped_bit_in_any_part_is_found(pb, rng, tmp_path, monkeypatch,
+                                                                                   checksum):
+    if checksum.endswith("crc32_combine"):
+        monkeypatch.setattr(checkpoint_module, "_crc32_combine", None)
+    arrays = {"weights": rng.standard_normal(5 << 20).astype(np.float32)}  # 20 MiB: chunks of 8 MiB, in parts
+    path = tmp_path / "big.safetensors"
+    write(pb, path, arrays, checksum.split()[0])
+    restored = pb.restore(path)
+    assert_restored(restored, arrays)
+    free(restored)
+    data_start = os.path.getsize(path) - arrays["weights"].nbytes
+    for at in (6 << 20, (8 << 20) + 12345, (20 << 20) - 1):  # the second part of chunk 0, of chunk 1, the end
+        with open(path, "r+b") as f:
+            f.seek(data_start + at)
+            byte = f.read(1)[0]
+            f.seek(data_start + at)
+            f.write(bytes([byte ^ 1]))
+        with pytest.raises(devbridge.CheckpointError, match="is corrupt"):
+            pb.restore(path)
+        with open(path, "r+b") as f:
+            f.seek(data_start + at)
+            f.write(bytes([byte]))
+    nothing_left(pb)
+
+
+def test_a_sharded_restore_can_be_pending_too(pb, rng, tmp_path):
+    arrays = model_arrays(rng)
+    index = write_sharded(tmp_path, arrays)
+    pending = pb.restore(index, wait=False)
+    assert isinstance(pending, devbridge.PendingRestore)
+    assert pending.wait()
+    assert_restored(pending, arrays)
+    free(pending)
+    nothing_left(pb)
+
+
+def test_wait_must_be_a_bool(pb, tmp_path):
+    with pytest.raises(TypeError, match="wait must be a bool"):
+        pb.restore(tmp_path / "x.safetensors", wait=1)
+
+
+PEAK = os.path.join(os.path.dirname(__file__), "..", "..", "bench", "restore_peak.py")
+
+
+def test_a_restore_holds_no_more_host_memory_than_its_tensors_and_the_ring(tmp_path):
+    """Memory beyond the restored tensors stays within the ring plus 64 MiB, whatever the file's size:
+    no staging buffer the size of the file, no map of the file (whose pages would count as resident)."""
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    file_mib, ring = 256, 16 << 20
+    rng = np.random.default_rng(0)
+    arrays = {f"w{i}": rng.standard_normal((file_mib << 20) // 32).astype(np.float32) for i in range(8)}
+    path = tmp_path / "big.safetensors"
+    safetensors_numpy.save_file(arrays, str(path))
+    del arrays
+    collect()
+    child = subprocess.run([sys.executable, PEAK, str(path), str(ring)], capture_output=True, text=True,
+                           timeout=300)
+    assert child.returncode == 0, child.stderr
+    peak, tensors = map(int, child.stdout.split())
+    assert tensors == file_mib << 20
+    assert peak - tensors <= ring + (64 << 20), f"{(peak - tensors) >> 20} MiB held beyond the tensors"
