@@ -15,6 +15,11 @@
               dropped from the page cache with posix_fadvise(DONTNEED) before
               each sample of both); and onto OpenCL against onto host (the
               same file, when an OpenCL device is there).
+  slow        restore of a 300-tensor file (64 MiB) from storage that streams
+              it at --slow-mib-per-s (default 300 MiB/s) from the first read
+              (os.preadv returns once the stream reaches the bytes asked for,
+              as with the kernel reading ahead) against a raw read of the
+              same storage: whether copies and hashing hide behind the reads.
   peak        a restore of --peak-gib GiB (default 2) in a process of its
               own (restore_peak.py): its peak resident memory beyond the
               restored tensors, against ring + in-flight budget + 64 MiB.
@@ -45,6 +50,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Callable
 
@@ -205,6 +211,65 @@ def file_rows(host: devbridge.Bridge, arrays: dict[str, np.ndarray], workdir: st
     return rows
 
 
+class ThrottledStorage:
+    """Storage that streams a file at ``rate`` bytes/s from its first read on, as a network disk or slow SSD
+    does with the kernel reading ahead: os.preadv (what restore reads with) of bytes [a, b) returns once the
+    stream has reached b. A raw read through it takes the storage's own time; restore matches it only if
+    its device copies and hashing keep pace and hide behind the reads, never stalling the stream."""
+
+    def __init__(self, rate: float) -> None:
+        self._rate = rate
+        self._preadv = os.preadv
+        self._started: dict[int, float] = {}  # by file (inode): when its stream began
+
+    def preadv(self, fd: int, buffers: list, offset: int, *args: int) -> int:
+        n = self._preadv(fd, buffers, offset, *args)
+        started = self._started.setdefault(os.fstat(fd).st_ino, time.monotonic())
+        time.sleep(max(0.0, started + (offset + n) / self._rate - time.monotonic()))
+        return n
+
+    def restart(self) -> None:
+        """Every file streams from its beginning again (before each sample)."""
+        self._started.clear()
+
+    def __enter__(self) -> ThrottledStorage:
+        os.preadv = self.preadv
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.preadv = self._preadv
+
+
+def throttled_rows(host: devbridge.Bridge, workdir: str, mib_per_s: int, repeat: int) -> list[tuple[str, float, str, float]]:
+    """Restore of the 300-tensor file from storage throttled to ``mib_per_s`` against a raw read through the
+    same throttle: the overlap of reads with copies and hashing, where storage is the bound."""
+    path = os.path.join(workdir, "ours.safetensors")
+    host.checkpoint(path, {n: host.upload(a, wait=True) for n, a in arrays_of(64 << 20, 300).items()})
+    gb = os.path.getsize(path) / 1e9
+    restored: dict[str, devbridge.DeviceTensor] = {}
+
+    def raw() -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            buffer = memoryview(bytearray(16 << 20))
+            at = 0
+            while n := os.preadv(fd, [buffer], at):
+                at += n
+        finally:
+            os.close(fd)
+
+    with ThrottledStorage(mib_per_s * (1 << 20)) as storage:
+        def clear() -> None:
+            free_all(restored)
+            restored.clear()
+            storage.restart()
+
+        ours, theirs = interleaved_medians([(lambda: restored.update(host.restore(path)), clear), (raw, clear)],
+                                           repeat)
+    free_all(restored)
+    return [(f"restore (300 tensors), storage {mib_per_s} MiB/s", gb / ours, "raw read, same storage", gb / theirs)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mib", type=int, default=256, help="total checkpoint size (MiB)")
@@ -215,6 +280,8 @@ def main() -> None:
     parser.add_argument("--peak-gib", type=float, default=2.0,
                         help="restore a file this large in a process of its own and report its peak memory "
                              "beyond the tensors (0: skip)")
+    parser.add_argument("--slow-mib-per-s", type=int, default=300,
+                        help="restore from storage throttled to this rate, against a raw read of it (0: skip)")
     args = parser.parse_args()
     counts = [int(c) for c in args.tensors.split(",") if c]
 
@@ -228,6 +295,8 @@ def main() -> None:
             rows += file_rows(host, arrays_of(args.mib << 20, count), workdir, args.repeat, every_checksum=i == 0,
                               opencl=cl)
         arrays = arrays_of(args.mib << 20)
+        if args.slow_mib_per_s > 0:
+            rows += throttled_rows(host, workdir, args.slow_mib_per_s, args.repeat)
         peak = peak_row(workdir, args.peak_gib, args.ring_mib << 20) if args.peak_gib > 0 else None
 
         if cl is not None:

@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import json
 import os
+import queue
 import stat
 import tempfile
 import threading
@@ -590,23 +591,27 @@ def _restore_file(bridge: Bridge, path: str, file: BinaryIO, header: _Header, se
     if expected and partial:
         raise ValueError(f"{path!r} records a checksum of its whole data section, which a partial restore "
                          f"(names=, prefix=, rows=) does not read: pass verify=False to restore part of it")
+    # The reader starts on the first tensor while the rest are allocated: each goes to it once allocated.
+    stop = threading.Event()
+    handed: queue.SimpleQueue[tuple[_Entry, DeviceHandle, Future] | None] = queue.SimpleQueue()
+    reading = _READERS.submit(_RestoreReader(bridge, path, file, expected, stop).run, handed)
     tensors: dict[str, DeviceTensor] = {}
-    landings: list[tuple[_Entry, DeviceHandle, Future]] = []
     try:
         for entry, (spec, extent) in zip(chosen, specs):
             with _context(f"restore {path!r}: tensor {entry.name!r}"):
                 handle = bridge.alloc(spec, extent)
             landed: Future = Future()
             tensors[entry.name] = DeviceTensor(bridge, handle, entry.shape, entry.dtype, landing=landed)
-            landings.append((entry, handle, landed))
-        stop = threading.Event()
-        reader = _RestoreReader(bridge, path, file, expected, stop)
+            handed.put((entry, handle, landed))
     except BaseException:
-        for _, _, landed in landings:
-            landed.set_result([])  # nothing was read into them
+        stop.set()  # the reader stops before its next chunk, and fails the tensors it had not filled
+        handed.put(None)
+        with contextlib.suppress(BaseException):
+            reading.result()
         _free_all(tensors)
         raise
-    return PendingRestore(path, tensors, _READERS.submit(reader.run, landings), stop)
+    handed.put(None)
+    return PendingRestore(path, tensors, reading, stop)
 
 
 class PendingRestore(Mapping[str, DeviceTensor]):
@@ -807,23 +812,32 @@ class _RestoreReader:
         self._fd = os.dup(file.fileno())  # the caller closes its file once restore returns
         self._advised_to = 0  # file offsets: read ahead up to here
 
-    def run(self, landings: list[tuple[_Entry, DeviceHandle, Future]]) -> None:
-        """Fills each tensor (its ``landing`` gets the copies still in flight), then compares the checksum.
-        A failure is set on every landing not yet reached and raised (``PendingRestore.wait`` frees)."""
+    def run(self, handed: queue.SimpleQueue) -> None:
+        """Fills each tensor ``handed`` to it as ``(entry, handle, landing)`` until ``None`` (its landing gets
+        the copies still in flight), then compares the checksum. A failure is set on the landing of every
+        tensor not filled yet, those still to be handed included, and raised (``PendingRestore.wait``
+        frees them)."""
+        landings: list[Future] = []
+        handing = True
         try:
             planner = TransferPlanner(self._bridge, wait_for_room=_RING_ROOM_WAIT_S)
-            for entry, handle, landed in landings:
+            while (item := handed.get()) is not None:
+                entry, handle, landed = item
+                landings.append(landed)
                 with _context(f"restore {self._path!r}: tensor {entry.name!r}"):
                     events = planner.submit_stream(lambda at, chunk, begin=entry.begin: self._read(begin + at, chunk),
                                                    entry.end - entry.begin, into=handle)
                 landed.set_result(events)
-            if self._digest is not None:
+            handing = False
+            if self._digest is not None and not self._stop.is_set():
                 actual = f"{self._algorithm}:{self._digest.hexdigest()}"
                 if actual != self._expected:
                     raise CheckpointError(f"{self._path!r} is corrupt: the data's checksum is {actual}, "
                                           f"the file records {self._expected}; nothing was restored")
         except BaseException as error:
-            for _, _, landed in landings:  # a tensor not reached fails with the restore
+            while handing and (item := handed.get()) is not None:  # the allocating thread ends with None
+                landings.append(item[2])
+            for landed in landings:
                 if not landed.done():
                     landed.set_exception(error)
             raise

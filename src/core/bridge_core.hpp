@@ -514,7 +514,9 @@ class BridgeCore {
     drained_.clear();
     backend_->drain_completions(drained_);
     for (const auto& completion : drained_) apply(completion);
-    if (__builtin_expect(!release_after_.empty(), 0)) release_settled();
+    // Events settle and ranges unpin only in apply(): with nothing applied,
+    // no waiting range can have become releasable since the last scan.
+    if (__builtin_expect(!release_after_.empty(), 0) && !drained_.empty()) release_settled();
     return drained_.size();
   }
 
