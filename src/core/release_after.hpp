@@ -1,8 +1,9 @@
 // Ring ranges handed to Bridge::release_host_after: each goes back to the
 // ring once its copy event has settled (completed or failed) and no copy
 // pins the range any more. The one release-after-completion mechanism of the
-// core: the bridge runs it whenever it applies completions and before a
-// reservation looks for room.
+// core: the bridge runs it whenever a drain applies completions (a
+// reservation drains before it looks for room); only a completion settles an
+// event or unpins a range, so a drain that applied none skips the scan.
 //
 // Each entry keeps the reservation's key (HostRing::Key, never reused), so a
 // range released by hand meanwhile, and perhaps reserved again, is dropped
