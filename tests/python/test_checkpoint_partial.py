@@ -71,13 +71,16 @@ def free(restored: dict) -> None:
         tensor.free()
 
 
+def restored_then_freed(b: devbridge.Bridge, restored: dict, expected: dict[str, np.ndarray]) -> None:
+    """``restored`` holds exactly ``expected``; freed, nothing of it is left on ``b``."""
+    assert_restored(restored, expected)
+    free(restored)
+    nothing_left(b)
+
+
 def test_a_sharded_checkpoint_restores_bit_exact(pb, rng, tmp_path):
     arrays = model_arrays(rng)
-    index = write_sharded(tmp_path, arrays)
-    restored = pb.restore(index)
-    assert_restored(restored, arrays)
-    free(restored)
-    nothing_left(pb)
+    restored_then_freed(pb, pb.restore(write_sharded(tmp_path, arrays)), arrays)
 
 
 def test_names_and_prefix_restore_only_those_tensors(pb, rng, tmp_path):

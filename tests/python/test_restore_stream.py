@@ -17,7 +17,7 @@ import pytest
 import devbridge
 import devbridge._checkpoint as checkpoint_module
 from conftest import auto_bridge, collect
-from test_checkpoint_partial import assert_restored, free, model_arrays, nothing_left, write_sharded
+from test_checkpoint_partial import free, model_arrays, nothing_left, restored_then_freed, write_sharded
 
 # 32 MiB: chunks of 8 MiB, past the size read in parts.
 RING = 32 << 20
@@ -39,6 +39,14 @@ def write(b: devbridge.Bridge, path, arrays: dict[str, np.ndarray], checksum: st
     tensors = {name: b.upload(a, wait=True) for name, a in arrays.items()}
     b.checkpoint(path, tensors, checksum=checksum)
     free(tensors)
+
+
+def written(b: devbridge.Bridge, rng, tmp_path) -> tuple[dict[str, np.ndarray], str]:
+    """The layers, checkpointed by ``b``: the arrays and the file's path."""
+    arrays = layers(rng)
+    path = str(tmp_path / "model.safetensors")
+    write(b, path, arrays)
+    return arrays, path
 
 
 class HeldRead:
@@ -72,9 +80,7 @@ def until(predicate, seconds: float = 30.0) -> bool:
 
 
 def test_with_wait_false_the_first_tensor_is_ready_before_the_last_byte_is_read(pb, rng, tmp_path, monkeypatch):
-    arrays = layers(rng)
-    path = tmp_path / "model.safetensors"
-    write(pb, path, arrays)
+    arrays, path = written(pb, rng, tmp_path)
     read = HeldRead(monkeypatch, os.path.getsize(path) - 1)
     pending = pb.restore(path, wait=False)
     try:
@@ -91,15 +97,11 @@ def test_with_wait_false_the_first_tensor_is_ready_before_the_last_byte_is_read(
     finally:
         read.release()
     assert pending.wait() and pending.ready() and pending.done()
-    assert_restored(pending, arrays)
-    free(pending)
-    nothing_left(pb)
+    restored_then_freed(pb, pending, arrays)
 
 
 def test_a_pending_restore_that_fails_frees_every_tensor_and_names_the_file(pb, rng, tmp_path):
-    arrays = layers(rng)
-    path = tmp_path / "model.safetensors"
-    write(pb, path, arrays)
+    arrays, path = written(pb, rng, tmp_path)
     with open(path, "r+b") as f:  # one bit of the last tensor's data: the checksum differs
         f.seek(-5, os.SEEK_END)
         byte = f.read(1)[0]
@@ -118,9 +120,7 @@ def test_a_pending_restore_that_fails_frees_every_tensor_and_names_the_file(pb, 
 
 
 def test_a_file_that_shrinks_while_pending_fails_the_tensors_not_yet_read(pb, rng, tmp_path, monkeypatch):
-    arrays = layers(rng)
-    path = tmp_path / "model.safetensors"
-    write(pb, path, arrays)
+    arrays, path = written(pb, rng, tmp_path)
     size = os.path.getsize(path)
     read = HeldRead(monkeypatch, size - 1)
     pending = pb.restore(path, wait=False)
@@ -135,9 +135,7 @@ def test_a_file_that_shrinks_while_pending_fails_the_tensors_not_yet_read(pb, rn
 
 
 def test_abandon_stops_the_reader_and_frees_every_tensor(pb, rng, tmp_path, monkeypatch):
-    arrays = layers(rng)
-    path = tmp_path / "model.safetensors"
-    write(pb, path, arrays)
+    arrays, path = written(pb, rng, tmp_path)
     read = HeldRead(monkeypatch, os.path.getsize(path) - 1)
     pending = pb.restore(path, wait=False)
     assert until(read.reached.is_set)
@@ -155,9 +153,7 @@ def test_chunks_read_in_parts_are_verified_and_a_flipped_bit_in_any_part_is_foun
     arrays = {"weights": rng.standard_normal(5 << 20).astype(np.float32)}  # 20 MiB: chunks of 8 MiB, in parts
     path = tmp_path / "big.safetensors"
     write(pb, path, arrays, checksum.split()[0])
-    restored = pb.restore(path)
-    assert_restored(restored, arrays)
-    free(restored)
+    restored_then_freed(pb, pb.restore(path), arrays)
     data_start = os.path.getsize(path) - arrays["weights"].nbytes
     for at in (6 << 20, (8 << 20) + 12345, (20 << 20) - 1):  # the second part of chunk 0, of chunk 1, the end
         with open(path, "r+b") as f:
@@ -179,9 +175,7 @@ def test_a_sharded_restore_can_be_pending_too(pb, rng, tmp_path):
     pending = pb.restore(index, wait=False)
     assert isinstance(pending, devbridge.PendingRestore)
     assert pending.wait()
-    assert_restored(pending, arrays)
-    free(pending)
-    nothing_left(pb)
+    restored_then_freed(pb, pending, arrays)
 
 
 def test_wait_must_be_a_bool(pb, tmp_path):
