@@ -31,13 +31,14 @@ from typing import Any, BinaryIO, Callable, NamedTuple
 
 import numpy as np
 
-from ._devbridge import Bridge, DeviceHandle, TransferPlanner, _checkpoint_open, dtype_info, _safetensors_name
+from ._devbridge import Bridge, DeviceHandle, ObjectSpec, TransferPlanner, _checkpoint_open, dtype_info, _safetensors_name
 from ._errors import BridgeError
 from ._portable import (
     CheckpointError,
     _Source,
     _context,
     _resolve,
+    _with_context,
     _stream,
     _write_all,
 )
@@ -581,8 +582,12 @@ def _restore_file(bridge: Bridge, path: str, file: BinaryIO, header: _Header, se
     held = _held_dtypes(bridge)
     chosen = [selection.cut(e, path) for e in header.entries if selection.wants(e.name)]
     specs = []  # each tensor's (spec, extent), kept for the allocations
+    by_shape: dict[tuple[tuple[int, ...], str], tuple[ObjectSpec, int]] = {}  # a model's layers share shapes
     for entry in chosen:  # spec_for_array's own checks (alignment, sizes) before any allocation
-        spec, extent = spec_for_array(entry.shape, entry.dtype, alignment)
+        key = (entry.shape, entry.dtype)
+        if key not in by_shape:
+            by_shape[key] = spec_for_array(entry.shape, entry.dtype, alignment)
+        spec, extent = by_shape[key]
         specs.append((spec, extent))
         if entry.dtype not in held:  # before anything is allocated or read: the bridge's own refusal
             with _context(f"restore {path!r}: tensor {entry.name!r} is {entry.dtype} (nothing was restored)"):
@@ -598,8 +603,10 @@ def _restore_file(bridge: Bridge, path: str, file: BinaryIO, header: _Header, se
     tensors: dict[str, DeviceTensor] = {}
     try:
         for entry, (spec, extent) in zip(chosen, specs):
-            with _context(f"restore {path!r}: tensor {entry.name!r}"):
+            try:
                 handle = bridge.alloc(spec, extent)
+            except BridgeError as error:
+                raise _with_context(error, f"restore {path!r}: tensor {entry.name!r}") from error
             landed: Future = Future()
             tensors[entry.name] = DeviceTensor(bridge, handle, entry.shape, entry.dtype, landing=landed)
             handed.put((entry, handle, landed))
@@ -685,9 +692,11 @@ class PendingRestore(Mapping[str, DeviceTensor]):
             except FutureTimeout:
                 return False
             for name, tensor in self._tensors.items():
-                with _context(f"restore {self._path!r}: tensor {name!r}"):
+                try:
                     if not (tensor.freed or tensor.wait(left())):
                         return False
+                except BridgeError as error:  # a copy that failed: named by its tensor
+                    raise _with_context(error, f"restore {self._path!r}: tensor {name!r}") from error
             return True
         except BaseException as error:
             self._failure = error
@@ -824,9 +833,11 @@ class _RestoreReader:
             while (item := handed.get()) is not None:
                 entry, handle, landed = item
                 landings.append(landed)
-                with _context(f"restore {self._path!r}: tensor {entry.name!r}"):
+                try:
                     events = planner.submit_stream(lambda at, chunk, begin=entry.begin: self._read(begin + at, chunk),
                                                    entry.end - entry.begin, into=handle)
+                except (BridgeError, CheckpointError) as error:  # both rebuilt with the name in front
+                    raise _with_context(error, f"restore {self._path!r}: tensor {entry.name!r}") from error
                 landed.set_result(events)
             handing = False
             if self._digest is not None and not self._stop.is_set():
