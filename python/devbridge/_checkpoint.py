@@ -733,8 +733,20 @@ def _free_all(tensors: Mapping[str, DeviceTensor]) -> None:
 # Files read at once (the shards of a sharded checkpoint, restores that do not wait), each on a reader
 # thread whose large chunks are read in _READ_THREADS parts.
 _FILE_READERS = 4
-_READERS = ThreadPoolExecutor(_FILE_READERS, thread_name_prefix="devbridge-restore")
-_PART_READERS = ThreadPoolExecutor(_FILE_READERS * (_READ_THREADS - 1), thread_name_prefix="devbridge-read")
+_READERS: ThreadPoolExecutor
+_PART_READERS: ThreadPoolExecutor
+
+
+def _start_reader_pools() -> None:
+    """The reader threads' pools, at import and again in a forked child: a child inherits a pool whose
+    threads did not come with it, and a restore there would wait for them forever."""
+    global _READERS, _PART_READERS
+    _READERS = ThreadPoolExecutor(_FILE_READERS, thread_name_prefix="devbridge-restore")
+    _PART_READERS = ThreadPoolExecutor(_FILE_READERS * (_READ_THREADS - 1), thread_name_prefix="devbridge-read")
+
+
+_start_reader_pools()
+os.register_at_fork(after_in_child=_start_reader_pools)
 
 
 def _restore_sharded(bridge: Bridge, index_path: str, selection: _Selection, alignment: int,

@@ -203,3 +203,36 @@ def test_a_restore_holds_no_more_host_memory_than_its_tensors_and_the_ring(tmp_p
     peak, tensors = map(int, child.stdout.split())
     assert tensors == file_mib << 20
     assert peak - tensors <= ring + (64 << 20), f"{(peak - tensors) >> 20} MiB held beyond the tensors"
+
+
+_FORKED_CHILD = """
+import os, sys
+import devbridge
+path = sys.argv[1]
+b = devbridge.Bridge(backend="host", ring_bytes=32 << 20)
+for t in b.restore(path).values():  # the reader pools' threads start in this process
+    t.free()
+pid = os.fork()
+if pid == 0:  # a child inherits the pools without their threads: its restore must not wait for them
+    try:
+        child = devbridge.Bridge(backend="host", ring_bytes=32 << 20)
+        restored = child.restore(path)
+        os._exit(0 if sorted(restored) == sorted(devbridge.checkpoint_info(path)["tensors"]) else 3)
+    except BaseException:
+        os._exit(4)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_process_forked_after_a_restore_restores_too(tmp_path):
+    """A forked child (a DataLoader worker, multiprocessing's fork) gets reader pools of its own."""
+    host = devbridge.Bridge(backend="host", ring_bytes=RING)
+    try:
+        arrays = layers(np.random.default_rng(7), big=1 << 20)
+        path = str(tmp_path / "model.safetensors")
+        write(host, path, arrays)
+    finally:
+        host.close()
+    child = subprocess.run([sys.executable, "-c", _FORKED_CHILD, path], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
