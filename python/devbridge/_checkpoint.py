@@ -37,6 +37,7 @@ from ._portable import (
     CheckpointError,
     _Source,
     _context,
+    _read_exactly,
     _resolve,
     _with_context,
     _stream,
@@ -618,7 +619,7 @@ def _restore_file(bridge: Bridge, path: str, file: BinaryIO, header: _Header, se
         _free_all(tensors)
         raise
     handed.put(None)
-    return PendingRestore(path, tensors, reading, stop)
+    return PendingRestore(path, tensors, reading=reading, stop=stop)
 
 
 class PendingRestore(Mapping[str, DeviceTensor]):
@@ -636,12 +637,12 @@ class PendingRestore(Mapping[str, DeviceTensor]):
     and frees every tensor.
     """
 
-    def __init__(self, path: str, tensors: dict[str, DeviceTensor], reading: Future | list[PendingRestore],
-                 stop: threading.Event | None = None) -> None:
+    def __init__(self, path: str, tensors: dict[str, DeviceTensor], *, reading: Future | None = None,
+                 stop: threading.Event | None = None, parts: list[PendingRestore] | None = None) -> None:
         self._path = path
         self._tensors = tensors
-        self._parts = reading if isinstance(reading, list) else []  # a sharded restore: one per file
-        self._reading = None if isinstance(reading, list) else reading
+        self._parts = parts or []  # a sharded restore: one per file
+        self._reading = reading  # one file: its reader
         self._stop = stop
         self._failure: BaseException | None = None
 
@@ -775,7 +776,6 @@ def _restore_sharded(bridge: Bridge, index_path: str, selection: _Selection, ali
             if absent:
                 raise CheckpointError(f"{index_path!r} maps {absent[0]!r} to {shard!r}, which holds no such tensor; "
                                       f"nothing was restored")
-        _held_dtypes(bridge)
         parts: list[PendingRestore] = []
         try:
             for shard, file, header in opened:  # each allocates its tensors, then reads on a reader thread
@@ -787,7 +787,7 @@ def _restore_sharded(bridge: Bridge, index_path: str, selection: _Selection, ali
             for part in parts:
                 part.abandon()
             raise
-        return PendingRestore(index_path, {name: t for part in parts for name, t in part.items()}, parts)
+        return PendingRestore(index_path, {name: t for part in parts for name, t in part.items()}, parts=parts)
     finally:
         for _, file, _ in opened:
             file.close()
@@ -846,7 +846,7 @@ class _RestoreReader:
                 entry, handle, landed = item
                 landings.append(landed)
                 try:
-                    events = planner.submit_stream(lambda at, chunk, begin=entry.begin: self._read(begin + at, chunk),
+                    events = planner.submit_stream(lambda at, chunk, begin=entry.begin: self._read(begin, at, chunk),
                                                    entry.end - entry.begin, into=handle)
                 except (BridgeError, CheckpointError) as error:  # both rebuilt with the name in front
                     raise _with_context(error, f"restore {self._path!r}: tensor {entry.name!r}") from error
@@ -867,23 +867,24 @@ class _RestoreReader:
         finally:
             os.close(self._fd)
 
-    def _read(self, begin: int, chunk: memoryview) -> None:
-        """Bytes ``[begin, begin + len(chunk))`` of the data section into ``chunk``, hashed in order."""
+    def _read(self, tensor: int, offset: int, chunk: memoryview) -> None:
+        """Bytes ``[offset, offset + len(chunk))`` of the tensor starting at byte ``tensor`` of the data section
+        into ``chunk``, hashed in order."""
         if self._stop.is_set():
             raise CheckpointError(f"the restore of {self._path!r} was abandoned")
-        at = self._start + begin
+        at = self._start + tensor + offset  # in the file
         self._read_ahead(at + chunk.nbytes)
         if chunk.nbytes < _PARALLEL_READ_BYTES:
-            _pread_exactly(self._fd, chunk, at, begin)
+            _pread_exactly(self._fd, chunk, at, offset)
             if self._digest is not None:
                 self._digest.update(chunk)
             return
         parts = _split(chunk.nbytes, _READ_THREADS)
         crc_parts = self._algorithm == "crc32" and _crc32_combine is not None
-        reads = [_PART_READERS.submit(self._read_part, chunk[first:last], at + first, begin + first, crc_parts)
+        reads = [_PART_READERS.submit(self._read_part, chunk[first:last], at + first, offset + first, crc_parts)
                  for first, last in parts[1:]]
         try:  # the first part on this thread
-            results = [self._read_part(chunk[:parts[0][1]], at, begin, crc_parts)]
+            results = [self._read_part(chunk[:parts[0][1]], at, offset, crc_parts)]
         finally:
             futures_wait(reads)  # every part has stopped writing into the chunk before a failure gives it back
         results += [read.result() for read in reads]
@@ -905,8 +906,8 @@ class _RestoreReader:
         with contextlib.suppress(OSError):  # a hint
             os.posix_fadvise(self._fd, start, self._advised_to - start, os.POSIX_FADV_WILLNEED)
 
-    def _read_part(self, view: memoryview, at: int, begin: int, crc: bool) -> int | None:
-        _pread_exactly(self._fd, view, at, begin)
+    def _read_part(self, view: memoryview, at: int, offset: int, crc: bool) -> int | None:
+        _pread_exactly(self._fd, view, at, offset)
         return _crc32(view) if crc else None
 
 
@@ -916,16 +917,18 @@ def _split(nbytes: int, parts: int) -> list[tuple[int, int]]:
     return [(first, min(first + step, nbytes)) for first in range(0, nbytes, step)]
 
 
-def _pread_exactly(fd: int, view: memoryview, at: int, begin: int) -> None:
-    """Fills ``view`` from byte ``at`` of the file; a file that ends first (it shrank since its header was
-    checked) is a ``CheckpointError`` naming where, as byte ``begin`` of the data section."""
-    done = 0
-    while done < view.nbytes:
-        n = os.preadv(fd, [view[done:]], at + done)
-        if not n:
-            raise CheckpointError(f"the file ends {view.nbytes - done} bytes early, at byte {begin + done} of its "
-                                  f"data section (it shrank while being restored)")
-        done += n
+def _pread_exactly(fd: int, view: memoryview, at: int, offset: int) -> None:
+    """Fills ``view`` from byte ``at`` of the file, which holds byte ``offset`` of the tensor: a file that ends
+    first (it shrank since its header was checked) is ``_read_exactly``'s ``CheckpointError`` naming where."""
+    position = at
+
+    def readinto(part: memoryview) -> int:
+        nonlocal position
+        n = os.preadv(fd, [part], position)
+        position += n
+        return n
+
+    _read_exactly(readinto, view, offset)
 
 
 __all__ = ["CheckpointError", "PendingRestore", "checkpoint", "checkpoint_info", "restore"]
