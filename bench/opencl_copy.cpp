@@ -30,6 +30,7 @@
 namespace {
 
 using namespace devbridge;
+using namespace devbridge::opencl::abi;  // OpenCL's names, as cl.h would give them
 using Clock = std::chrono::steady_clock;
 
 constexpr std::uint64_t kKiB = 1024;

@@ -18,6 +18,8 @@
 namespace devbridge::conformance {
 namespace {
 
+using namespace opencl::abi;  // OpenCL's names, as cl.h would give them
+
 const opencl::detail::Api& cl() { return opencl::detail::api(); }
 
 void check(cl_int result, const char* call) {

@@ -25,6 +25,7 @@ namespace devbridge::opencl {
 namespace {
 
 using ::testing::HasSubstr;
+using namespace abi;  // OpenCL's names, as cl.h would give them
 
 // A staging import through the seam, and its release, as the tests below use them.
 HostBlock register_host(Backend& backend, std::byte* data, std::uint64_t bytes) {

@@ -34,6 +34,7 @@ using detail::error_name;
 using detail::make_error;
 using detail::Operation;
 using ::testing::HasSubstr;
+using namespace abi;  // OpenCL's names, as cl.h would give them
 
 // ---- the cl_int table ----
 

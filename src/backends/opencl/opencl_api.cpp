@@ -11,7 +11,7 @@ Api* open_api() {
   void* library = backends::open_library_for_good(loaded->path, loaded->load_error);
   if (library == nullptr) return loaded;
   std::string missing;
-#define DEVBRIDGE_OPENCL_LOAD_ENTRY(symbol) \
+#define DEVBRIDGE_OPENCL_LOAD_ENTRY(symbol, result, parameters) \
   loaded->symbol = reinterpret_cast<decltype(loaded->symbol)>(backends::find_symbol(library, #symbol, missing));
   DEVBRIDGE_OPENCL_ENTRY_POINTS(DEVBRIDGE_OPENCL_LOAD_ENTRY)
 #undef DEVBRIDGE_OPENCL_LOAD_ENTRY

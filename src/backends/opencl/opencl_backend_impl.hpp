@@ -30,8 +30,7 @@
 #include <vector>
 
 #include "backends/backend_options.hpp"
-#include "backends/opencl/opencl_api.hpp"  // before cl_ext.h: it sets the OpenCL version
-#include <CL/cl_ext.h>
+#include "backends/opencl/opencl_api.hpp"
 #include "backends/opencl/opencl_errors.hpp"
 #include "devbridge/backends/opencl.hpp"
 #include "devbridge/checked.hpp"
@@ -41,7 +40,7 @@ namespace devbridge::opencl::detail {
 // ---- OpenCL objects, released exactly once ----
 template <class Handle>
 struct Releaser {
-  cl_int(CL_API_CALL* release)(Handle) = nullptr;
+  cl_int (*release)(Handle) = nullptr;
   void operator()(Handle handle) const noexcept {
     if (handle != nullptr && release != nullptr) release(handle);
   }
@@ -192,7 +191,7 @@ class OpenCLBackend final : public Backend, private TestControls {
   TestControls* test_controls() noexcept override { return this; }
 
  private:
-  static void CL_CALLBACK on_command_finished(cl_event event, cl_int /*status*/, void* user);
+  static void on_command_finished(cl_event event, cl_int /*status*/, void* user);
 
   // The hold's user event with one reference of ours (null when nothing is
   // held): lifting the hold between this and the enqueue that waits on it

@@ -171,7 +171,7 @@ void OpenCLBackend::hold_copies(bool hold) {
   cl_.clFlush(queue_.get());
 }
 
-void CL_CALLBACK OpenCLBackend::on_command_finished(cl_event event, cl_int /*status*/, void* user) {
+void OpenCLBackend::on_command_finished(cl_event event, cl_int /*status*/, void* user) {
   auto* self = static_cast<OpenCLBackend*>(user);
   self->cl_.clReleaseEvent(event);  // the reference submit_copy took for this callback
   // Under signal_mutex_ so that quiesce, once it sees no callback
