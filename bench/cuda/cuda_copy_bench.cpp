@@ -37,6 +37,12 @@
 namespace {
 
 using namespace devbridge;
+using devbridge::cuda::detail::CU_STREAM_NON_BLOCKING;
+using devbridge::cuda::detail::CUcontext;
+using devbridge::cuda::detail::CUDA_SUCCESS;
+using devbridge::cuda::detail::CUdeviceptr;
+using devbridge::cuda::detail::CUresult;
+using devbridge::cuda::detail::CUstream;
 using Clock = std::chrono::steady_clock;
 constexpr std::uint64_t kMiB = 1ull << 20;
 

@@ -30,6 +30,9 @@ using testing::AllocationHolder;
 using testing::FenceHolder;
 using testing::HostBlockHolder;
 using testing::OwnContext;
+using detail::CUcontext;
+using detail::CUDA_SUCCESS;
+using detail::CUdeviceptr;
 
 void fill_random(std::byte* data, std::size_t bytes, std::uint64_t seed) {
   std::mt19937_64 generator(seed);

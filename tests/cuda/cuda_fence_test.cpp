@@ -30,6 +30,11 @@ using testing::emulator_hook;
 using testing::FenceHolder;
 using testing::HostBlockHolder;
 using testing::OwnContext;
+using detail::CU_STREAM_NON_BLOCKING;
+using detail::CUcontext;
+using detail::CUDA_ERROR_INVALID_VALUE;
+using detail::CUDA_SUCCESS;
+using detail::CUstream;
 
 using Counter = unsigned long long (*)();
 using FailRecord = void (*)(long long, int);
@@ -82,7 +87,7 @@ class ConsumerStream {
   }
 
  private:
-  static void CUDA_CB wait(void* data) {
+  static void wait(void* data) {
     auto* self = static_cast<ConsumerStream*>(data);
     std::unique_lock lock(self->mutex_);
     self->opened_.wait(lock, [&] { return self->open_; });

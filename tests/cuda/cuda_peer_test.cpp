@@ -40,6 +40,10 @@ namespace {
 using namespace std::chrono_literals;
 using testing::AllocationHolder;
 using testing::OwnContext;
+using detail::CUcontext;
+using detail::CUDA_ERROR_ILLEGAL_ADDRESS;
+using detail::CUDA_ERROR_INVALID_VALUE;
+using detail::CUDA_SUCCESS;
 
 constexpr std::byte kPoison{0xA5};
 constexpr std::uint64_t kBytes = 8192;

@@ -31,6 +31,8 @@ using namespace std::chrono_literals;
 using testing::AllocationHolder;
 using testing::HostBlockHolder;
 using testing::ScopedEnv;
+using detail::CUDA_ERROR_INVALID_VALUE;
+using detail::CUDA_SUCCESS;
 
 // A staging import through the seam, and its release, as the tests below use them.
 HostBlock register_host(Backend& backend, std::byte* data, std::uint64_t bytes) {

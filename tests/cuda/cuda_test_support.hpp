@@ -8,6 +8,7 @@
 #include <string>
 
 #include "backends/cuda/cuda_driver.hpp"
+#include "cuda_test_entry_points.hpp"
 #include "devbridge/backend.hpp"
 
 namespace devbridge::cuda::testing {
@@ -85,29 +86,26 @@ Function emulator_hook(const char* name) {
   return library == nullptr ? nullptr : reinterpret_cast<Function>(dlsym(library, name));
 }
 
-// cuCtxCreate_v2 (flags, device): exported by every driver; cuda.h 13 only
-// declares the newer form. A context of the test's own, so a test may fault
-// it without harming the primary context the others share.
+// A context of the test's own (cuCtxCreate_v2), so a test may fault it
+// without harming the primary context the others share.
 struct OwnContext {
-  using Create = CUresult (*)(CUcontext*, unsigned int, CUdevice);
-  using Destroy = CUresult (*)(CUcontext);
-  CUcontext context = nullptr;
-  Destroy destroy = nullptr;
+  detail::CUcontext context = nullptr;
+  PFN_cuCtxDestroy_v2 destroy = nullptr;
 
   OwnContext() {
     const cuda::detail::Driver& driver = cuda::detail::driver();
     void* library = dlopen(driver.path.c_str(), RTLD_NOW | RTLD_NOLOAD);
     if (library == nullptr) return;
-    auto create = reinterpret_cast<Create>(dlsym(library, "cuCtxCreate_v2"));
-    destroy = reinterpret_cast<Destroy>(dlsym(library, "cuCtxDestroy_v2"));
-    CUdevice device = 0;
-    if (create == nullptr || destroy == nullptr || driver.cuDeviceGet(&device, 0) != CUDA_SUCCESS) return;
-    if (create(&context, 0, device) != CUDA_SUCCESS) {
+    auto create = reinterpret_cast<PFN_cuCtxCreate_v2>(dlsym(library, "cuCtxCreate_v2"));
+    destroy = reinterpret_cast<PFN_cuCtxDestroy_v2>(dlsym(library, "cuCtxDestroy_v2"));
+    detail::CUdevice device = 0;
+    if (create == nullptr || destroy == nullptr || driver.cuDeviceGet(&device, 0) != detail::CUDA_SUCCESS) return;
+    if (create(&context, 0, device) != detail::CUDA_SUCCESS) {
       context = nullptr;
       return;
     }
     // cuCtxCreate makes the new context current; hand the thread back clean.
-    CUcontext popped = nullptr;
+    detail::CUcontext popped = nullptr;
     driver.cuCtxPopCurrent_v2(&popped);
   }
   ~OwnContext() {

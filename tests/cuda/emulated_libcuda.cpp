@@ -34,9 +34,11 @@
 // of their own: work on them runs on the caller, so a wait there blocks the
 // caller and a record there completes at once.
 //
-// Signatures come from cuda.h, whose macros also give the versioned symbol
-// names (cuMemAlloc -> cuMemAlloc_v2), so the compiler checks the ABI.
-#include <cuda.h>
+// Every driver entry point is exported under the versioned symbol the
+// backend loads (cuMemAlloc_v2, ...) and checked at the end of this file to
+// have exactly the type the backend loads it as (cuda_driver_api.hpp).
+#include "backends/cuda/cuda_driver_api.hpp"
+#include "cuda_test_entry_points.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -53,9 +55,12 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #define EXPORT extern "C" __attribute__((visibility("default")))
+
+using namespace devbridge::cuda::detail;
 
 namespace {
 
@@ -277,8 +282,7 @@ bool is_primary(const Context* context) {
 }
 
 bool is_default_stream(CUstream stream) {
-  const auto value = reinterpret_cast<std::uintptr_t>(stream);
-  return value == 0 || value == 1 || value == 2;
+  return stream == nullptr || stream == legacy_default_stream() || stream == per_thread_default_stream();
 }
 
 const char* name_of(CUresult result) {
@@ -323,44 +327,44 @@ int max_ptx_for(int version) {
 
 // ---- initialisation, errors, devices ----------------------------------------
 
-EXPORT CUresult CUDAAPI cuInit(unsigned int flags) {
+EXPORT CUresult cuInit(unsigned int flags) {
   if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
   initialised = true;
   return CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuDriverGetVersion(int* version) {
+EXPORT CUresult cuDriverGetVersion(int* version) {
   if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *version = driver_version();
   return CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuGetErrorName(CUresult error, const char** name) {
+EXPORT CUresult cuGetErrorName(CUresult error, const char** name) {
   if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *name = name_of(error);
   return *name == nullptr ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuGetErrorString(CUresult error, const char** text) {
+EXPORT CUresult cuGetErrorString(CUresult error, const char** text) {
   if (text == nullptr) return CUDA_ERROR_INVALID_VALUE;
   *text = name_of(error) == nullptr ? nullptr : "emulated driver error";
   return *text == nullptr ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuDeviceGetCount(int* count) {
+EXPORT CUresult cuDeviceGetCount(int* count) {
   if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
   *count = device_count();
   return CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuDeviceGet(CUdevice* device, int ordinal) {
+EXPORT CUresult cuDeviceGet(CUdevice* device, int ordinal) {
   if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
   if (!is_device(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
   *device = ordinal;
   return CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuDeviceGetName(char* name, int length, CUdevice device) {
+EXPORT CUresult cuDeviceGetName(char* name, int length, CUdevice device) {
   if (!is_device(device)) return CUDA_ERROR_INVALID_DEVICE;
   if (device == 0)
     std::snprintf(name, static_cast<std::size_t>(length), "devbridge emulated GPU");
@@ -369,7 +373,7 @@ EXPORT CUresult CUDAAPI cuDeviceGetName(char* name, int length, CUdevice device)
   return CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevice device) {
+EXPORT CUresult cuDeviceGetAttribute(int* value, CUdevice_attribute attribute, CUdevice device) {
   if (!is_device(device)) return CUDA_ERROR_INVALID_DEVICE;
   switch (attribute) {
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *value = compute_capability() / 10; break;
@@ -381,7 +385,7 @@ EXPORT CUresult CUDAAPI cuDeviceGetAttribute(int* value, CUdevice_attribute attr
   return CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuDeviceTotalMem(size_t* bytes, CUdevice device) {
+EXPORT CUresult cuDeviceTotalMem_v2(size_t* bytes, CUdevice device) {
   if (!is_device(device)) return CUDA_ERROR_INVALID_DEVICE;
   *bytes = total_memory();
   return CUDA_SUCCESS;
@@ -389,7 +393,7 @@ EXPORT CUresult CUDAAPI cuDeviceTotalMem(size_t* bytes, CUdevice device) {
 
 // ---- contexts -----------------------------------------------------------------
 
-EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* context, CUdevice device) {
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext* context, CUdevice device) {
   if (!is_device(device)) return CUDA_ERROR_INVALID_DEVICE;
   std::lock_guard lock(primary_mutex);
   Context*& primary = primaries[device];
@@ -402,7 +406,7 @@ EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* context, CUdevice de
   return CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice device) {
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
   if (!is_device(device)) return CUDA_ERROR_INVALID_DEVICE;
   std::lock_guard lock(primary_mutex);
   if (primary_references[device] <= 0) return CUDA_ERROR_INVALID_CONTEXT;
@@ -410,32 +414,32 @@ EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice device) {
   return CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuCtxPushCurrent(CUcontext context) {
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext context) {
   if (context == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   context_stack.push_back(reinterpret_cast<Context*>(context));
   return CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuCtxPopCurrent(CUcontext* context) {
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext* context) {
   if (context_stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
   if (context != nullptr) *context = reinterpret_cast<CUcontext>(context_stack.back());
   context_stack.pop_back();
   return CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuCtxGetCurrent(CUcontext* context) {
+EXPORT CUresult cuCtxGetCurrent(CUcontext* context) {
   *context = reinterpret_cast<CUcontext>(current());
   return CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuCtxGetDevice(CUdevice* device) {
+EXPORT CUresult cuCtxGetDevice(CUdevice* device) {
   if (current() == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
   *device = current()->device;
   return CUDA_SUCCESS;
 }
 
 // The pre-12 form, which tests use to make a context of their own.
-EXPORT CUresult CUDAAPI cuCtxCreate_v2(CUcontext* context, unsigned int, CUdevice device) {
+EXPORT CUresult cuCtxCreate_v2(CUcontext* context, unsigned int, CUdevice device) {
   if (!is_device(device)) return CUDA_ERROR_INVALID_DEVICE;
   auto* created = new Context();
   created->device = device;
@@ -444,7 +448,7 @@ EXPORT CUresult CUDAAPI cuCtxCreate_v2(CUcontext* context, unsigned int, CUdevic
   return CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuCtxDestroy_v2(CUcontext context) {
+EXPORT CUresult cuCtxDestroy_v2(CUcontext context) {
   auto* doomed = reinterpret_cast<Context*>(context);
   if (doomed == nullptr || is_primary(doomed)) return CUDA_ERROR_INVALID_CONTEXT;
   std::erase(context_stack, doomed);
@@ -460,7 +464,7 @@ EXPORT CUresult CUDAAPI cuCtxDestroy_v2(CUcontext context) {
 
 // ---- memory -------------------------------------------------------------------
 
-EXPORT CUresult CUDAAPI cuMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+EXPORT CUresult cuMemGetInfo_v2(size_t* free_bytes, size_t* total_bytes) {
   if (int error = require_context()) return static_cast<CUresult>(error);
   std::lock_guard lock(memory().mutex);
   *total_bytes = total_memory();
@@ -468,7 +472,7 @@ EXPORT CUresult CUDAAPI cuMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   return CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuMemAlloc(CUdeviceptr* pointer, size_t bytes) {
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* pointer, size_t bytes) {
   if (int error = require_context()) return static_cast<CUresult>(error);
   if (bytes == 0) return CUDA_ERROR_INVALID_VALUE;
   {
@@ -486,7 +490,7 @@ EXPORT CUresult CUDAAPI cuMemAlloc(CUdeviceptr* pointer, size_t bytes) {
   return CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuMemFree(CUdeviceptr pointer) {
+EXPORT CUresult cuMemFree_v2(CUdeviceptr pointer) {
   if (int error = require_context()) return static_cast<CUresult>(error);
   std::lock_guard lock(memory().mutex);
   auto it = memory().device.find(static_cast<std::uintptr_t>(pointer));
@@ -499,7 +503,7 @@ EXPORT CUresult CUDAAPI cuMemFree(CUdeviceptr pointer) {
   return CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuMemHostAlloc(void** pointer, size_t bytes, unsigned int flags) {
+EXPORT CUresult cuMemHostAlloc(void** pointer, size_t bytes, unsigned int flags) {
   if (int error = require_context()) return static_cast<CUresult>(error);
   if (bytes == 0 || (flags & ~0x7u) != 0) return CUDA_ERROR_INVALID_VALUE;
   // As the real driver: a size that does not fit once rounded to pages is
@@ -513,7 +517,7 @@ EXPORT CUresult CUDAAPI cuMemHostAlloc(void** pointer, size_t bytes, unsigned in
   return CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuMemFreeHost(void* pointer) {
+EXPORT CUresult cuMemFreeHost(void* pointer) {
   if (int error = require_context()) return static_cast<CUresult>(error);
   std::lock_guard lock(memory().mutex);
   if (memory().host.erase(reinterpret_cast<std::uintptr_t>(pointer)) == 0) return CUDA_ERROR_INVALID_VALUE;
@@ -525,7 +529,7 @@ EXPORT CUresult CUDAAPI cuMemFreeHost(void* pointer) {
 // memory already page-locked (another registration, a cuMemHostAlloc block)
 // is CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, and only the base address a
 // registration was made with unregisters it.
-EXPORT CUresult CUDAAPI cuMemHostRegister(void* pointer, size_t bytes, unsigned int flags) {
+EXPORT CUresult cuMemHostRegister_v2(void* pointer, size_t bytes, unsigned int flags) {
   if (int error = require_context()) return static_cast<CUresult>(error);
   const auto address = reinterpret_cast<std::uintptr_t>(pointer);
   if (pointer == nullptr || bytes == 0 || (flags & ~0xfu) != 0 || address > UINTPTR_MAX - bytes)
@@ -537,7 +541,7 @@ EXPORT CUresult CUDAAPI cuMemHostRegister(void* pointer, size_t bytes, unsigned 
   return CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuMemHostUnregister(void* pointer) {
+EXPORT CUresult cuMemHostUnregister(void* pointer) {
   if (int error = require_context()) return static_cast<CUresult>(error);
   std::lock_guard lock(memory().mutex);
   if (memory().registered.erase(reinterpret_cast<std::uintptr_t>(pointer)) == 0)
@@ -547,25 +551,25 @@ EXPORT CUresult CUDAAPI cuMemHostUnregister(void* pointer) {
 
 // ---- streams and events ---------------------------------------------------------
 
-EXPORT CUresult CUDAAPI cuStreamCreate(CUstream* stream, unsigned int flags) {
+EXPORT CUresult cuStreamCreate(CUstream* stream, unsigned int flags) {
   if (int error = require_context()) return static_cast<CUresult>(error);
   if (flags != CU_STREAM_NON_BLOCKING && flags != CU_STREAM_DEFAULT) return CUDA_ERROR_INVALID_VALUE;
   *stream = reinterpret_cast<CUstream>(new Stream(current()));
   return CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuStreamDestroy(CUstream stream) {
+EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
   if (stream == nullptr || is_default_stream(stream)) return CUDA_ERROR_INVALID_HANDLE;
   delete reinterpret_cast<Stream*>(stream);  // finishes (or, faulted, drops) its work first
   return CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream stream) {
+EXPORT CUresult cuStreamSynchronize(CUstream stream) {
   if (is_default_stream(stream)) return static_cast<CUresult>(require_context());
   return static_cast<CUresult>(reinterpret_cast<Stream*>(stream)->synchronize());
 }
 
-EXPORT CUresult CUDAAPI cuEventCreate(CUevent* handle, unsigned int flags) {
+EXPORT CUresult cuEventCreate(CUevent* handle, unsigned int flags) {
   if (int error = require_context()) return static_cast<CUresult>(error);
   if ((flags & ~0xfu) != 0) return CUDA_ERROR_INVALID_VALUE;
   auto event = std::make_shared<Event>();
@@ -577,14 +581,14 @@ EXPORT CUresult CUDAAPI cuEventCreate(CUevent* handle, unsigned int flags) {
   return CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuEventDestroy(CUevent handle) {
+EXPORT CUresult cuEventDestroy_v2(CUevent handle) {
   std::lock_guard lock(events_mutex);
   if (events().erase(reinterpret_cast<Event*>(handle)) != 1) return CUDA_ERROR_INVALID_HANDLE;
   ++events_destroyed;
   return CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuEventRecord(CUevent handle, CUstream stream) {
+EXPORT CUresult cuEventRecord(CUevent handle, CUstream stream) {
   if (int error = require_context()) return static_cast<CUresult>(error);
   if (CUresult injected = injected_record_failure()) return injected;
   auto event = find_event(handle);
@@ -615,7 +619,7 @@ EXPORT CUresult CUDAAPI cuEventRecord(CUevent handle, CUstream stream) {
   return CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuEventQuery(CUevent handle) {
+EXPORT CUresult cuEventQuery(CUevent handle) {
   auto event = find_event(handle);
   if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (int sticky = event->context->sticky.load()) return static_cast<CUresult>(sticky);
@@ -623,7 +627,7 @@ EXPORT CUresult CUDAAPI cuEventQuery(CUevent handle) {
   return event->completed >= event->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
-EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent handle) {
+EXPORT CUresult cuEventSynchronize(CUevent handle) {
   auto event = find_event(handle);
   if (event == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   std::uint64_t target = 0;
@@ -634,7 +638,7 @@ EXPORT CUresult CUDAAPI cuEventSynchronize(CUevent handle) {
   return static_cast<CUresult>(wait_event(*event, target, nullptr));
 }
 
-EXPORT CUresult CUDAAPI cuStreamWaitEvent(CUstream stream, CUevent handle, unsigned int flags) {
+EXPORT CUresult cuStreamWaitEvent(CUstream stream, CUevent handle, unsigned int flags) {
   if (int error = require_context()) return static_cast<CUresult>(error);
   auto event = find_event(handle);
   if (event == nullptr || flags != 0) return CUDA_ERROR_INVALID_HANDLE;
@@ -730,13 +734,13 @@ bool copy_side(CUmemorytype type, const void* host, CUdeviceptr device, std::siz
 
 }  // namespace
 
-EXPORT CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr destination, const void* source, size_t bytes,
+EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr destination, const void* source, size_t bytes,
                                           CUstream stream) {
   return enqueue_copy(reinterpret_cast<void*>(destination), source, bytes, stream,
                       static_cast<std::uintptr_t>(destination));
 }
 
-EXPORT CUresult CUDAAPI cuMemcpyDtoHAsync(void* destination, CUdeviceptr source, size_t bytes, CUstream stream) {
+EXPORT CUresult cuMemcpyDtoHAsync_v2(void* destination, CUdeviceptr source, size_t bytes, CUstream stream) {
   return enqueue_copy(destination, reinterpret_cast<const void*>(source), bytes, stream,
                       static_cast<std::uintptr_t>(source));
 }
@@ -768,7 +772,7 @@ CUresult enqueue_device_copy(CUdeviceptr destination, const Context* destination
 // Within the current context: memory of another context (another device's,
 // or a second context's on the same device) is refused, as it is not mapped
 // here; that takes cuMemcpyPeerAsync.
-EXPORT CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr destination, CUdeviceptr source, size_t bytes,
+EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr destination, CUdeviceptr source, size_t bytes,
                                           CUstream stream) {
   return enqueue_device_copy(destination, current(), source, current(), bytes, stream);
 }
@@ -776,7 +780,7 @@ EXPORT CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr destination, CUdeviceptr s
 // Between contexts, each side in the context it names; the stream is the
 // current context's. No peer access needs enabling (the driver stages
 // through the host where the devices cannot reach each other).
-EXPORT CUresult CUDAAPI cuMemcpyPeerAsync(CUdeviceptr destination, CUcontext destination_context, CUdeviceptr source,
+EXPORT CUresult cuMemcpyPeerAsync(CUdeviceptr destination, CUcontext destination_context, CUdeviceptr source,
                                           CUcontext source_context, size_t bytes, CUstream stream) {
   if (destination_context == nullptr || source_context == nullptr) {
     if (int error = require_context()) return static_cast<CUresult>(error);
@@ -793,7 +797,7 @@ EXPORT CUresult CUDAAPI cuMemcpyPeerAsync(CUdeviceptr destination, CUcontext des
 // copies (so a hold, the per-operation delay and a faulted context apply
 // alike). The bytes between rows are never touched, on either side. Device
 // sides must lie inside one allocation, rows and padding alike.
-EXPORT CUresult CUDAAPI cuMemcpy2DAsync(const CUDA_MEMCPY2D* copy, CUstream stream) {
+EXPORT CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D* copy, CUstream stream) {
   if (copy == nullptr) return CUDA_ERROR_INVALID_VALUE;
   CUresult result = CUDA_SUCCESS;
   Stream* target = copy_stream(stream, result);
@@ -822,7 +826,7 @@ EXPORT CUresult CUDAAPI cuMemcpy2DAsync(const CUDA_MEMCPY2D* copy, CUstream stre
 
 // ---- modules and kernels ----------------------------------------------------------
 
-EXPORT CUresult CUDAAPI cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int option_count,
+EXPORT CUresult cuModuleLoadDataEx(CUmodule* module, const void* image, unsigned int option_count,
                                            CUjit_option* options, void** values) {
   if (int error = require_context()) return static_cast<CUresult>(error);
   std::string ptx(static_cast<const char*>(image));
@@ -850,12 +854,12 @@ EXPORT CUresult CUDAAPI cuModuleLoadDataEx(CUmodule* module, const void* image, 
   return CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuModuleUnload(CUmodule module) {
+EXPORT CUresult cuModuleUnload(CUmodule module) {
   delete reinterpret_cast<Module*>(module);
   return CUDA_SUCCESS;
 }
 
-EXPORT CUresult CUDAAPI cuModuleGetFunction(CUfunction* function, CUmodule module, const char* name) {
+EXPORT CUresult cuModuleGetFunction(CUfunction* function, CUmodule module, const char* name) {
   auto* loaded = reinterpret_cast<Module*>(module);
   if (loaded == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (loaded->ptx.find(".entry " + std::string(name) + "(") == std::string::npos) return CUDA_ERROR_NOT_FOUND;
@@ -865,7 +869,7 @@ EXPORT CUresult CUDAAPI cuModuleGetFunction(CUfunction* function, CUmodule modul
 }
 
 // Runs the one kernel the backend has: devbridge_axpy_f32(x, y, count, a, b).
-EXPORT CUresult CUDAAPI cuLaunchKernel(CUfunction function, unsigned int grid_x, unsigned int grid_y,
+EXPORT CUresult cuLaunchKernel(CUfunction function, unsigned int grid_x, unsigned int grid_y,
                                        unsigned int grid_z, unsigned int block_x, unsigned int block_y,
                                        unsigned int block_z, unsigned int shared_bytes, CUstream stream,
                                        void** parameters, void** extra) {
@@ -902,7 +906,7 @@ EXPORT CUresult CUDAAPI cuLaunchKernel(CUfunction function, unsigned int grid_x,
 }
 
 // Runs a host function in stream order (the backend's test-only hold).
-EXPORT CUresult CUDAAPI cuLaunchHostFunc(CUstream stream, CUhostFn function, void* data) {
+EXPORT CUresult cuLaunchHostFunc(CUstream stream, CUhostFn function, void* data) {
   if (int error = require_context()) return static_cast<CUresult>(error);
   if (is_default_stream(stream) || function == nullptr) return CUDA_ERROR_INVALID_VALUE;
   auto* target = reinterpret_cast<Stream*>(stream);
@@ -949,3 +953,15 @@ EXPORT unsigned long long devbridge_emulated_cuda_host_registrations() {
   std::lock_guard lock(memory().mutex);
   return memory().registered.size();
 }
+
+// ---- the exported types -------------------------------------------------------
+
+// Exactly the types the backend (and the tests) load these symbols as: a
+// drifting signature here would otherwise only show as corrupt arguments.
+#define DEVBRIDGE_EMULATED_EXPORTS_AS_LOADED(symbol)                \
+  static_assert(std::is_same_v<decltype(&::symbol), PFN_##symbol>, \
+                #symbol " is not exported with the type the backend loads it as");
+DEVBRIDGE_CUDA_DRIVER_ENTRY_POINTS(DEVBRIDGE_EMULATED_EXPORTS_AS_LOADED)
+#undef DEVBRIDGE_EMULATED_EXPORTS_AS_LOADED
+static_assert(std::is_same_v<decltype(&::cuCtxCreate_v2), devbridge::cuda::testing::PFN_cuCtxCreate_v2>);
+static_assert(std::is_same_v<decltype(&::cuCtxDestroy_v2), devbridge::cuda::testing::PFN_cuCtxDestroy_v2>);

@@ -231,7 +231,10 @@ const CudaBackend& as_cuda(const Backend& backend) {
 }  // namespace detail
 
 using detail::as_cuda;
+using detail::CUDA_SUCCESS;
 using detail::CudaBackend;
+using detail::CUresult;
+using detail::CUstream;
 using detail::Driver;
 
 Probe probe() {

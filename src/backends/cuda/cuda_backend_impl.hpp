@@ -330,7 +330,7 @@ class CudaBackend final : public Backend, private TestControls {
 
   static void open(Gate& gate);
 
-  static void CUDA_CB wait_at_gate(void* data);
+  static void wait_at_gate(void* data);
 
   // A fence's event until it is handed to the bridge: every way out of a
   // failed record gives it back to the pool.

@@ -2,17 +2,11 @@
 //
 // The library is never linked against libcuda: it dlopen()s libcuda.so.1 (or
 // the file named by DEVBRIDGE_LIBCUDA) and looks up exactly the entry points
-// below. cuda.h supplies only their types. Versioned entry points are looked
-// up by their versioned symbol (cuMemAlloc_v2, ...), which is what cuda.h's
-// macros make a linked program call; the un-suffixed symbols are the old
-// 32-bit-era ABI and must never be used.
+// of DEVBRIDGE_CUDA_DRIVER_ENTRY_POINTS, declared in cuda_driver_api.hpp
+// (no toolkit is needed to build).
 #pragma once
 
-#if defined(CUDA_API_PER_THREAD_DEFAULT_STREAM)
-#error "devbridge's CUDA backend names its streams; build it without per-thread default streams"
-#endif
-
-#include <cuda.h>
+#include "backends/cuda/cuda_driver_api.hpp"
 
 #include <string>
 #include <string_view>
@@ -20,51 +14,6 @@
 #include "backends/cuda/cuda_errors.hpp"
 
 namespace devbridge::cuda::detail {
-
-// X(member, symbol): `member` is declared with the type of cuda.h's
-// declaration of `symbol`, and loaded from the symbol of that name.
-#define DEVBRIDGE_CUDA_DRIVER_ENTRY_POINTS(X) \
-  X(cuInit)                                   \
-  X(cuDriverGetVersion)                       \
-  X(cuGetErrorName)                           \
-  X(cuGetErrorString)                         \
-  X(cuDeviceGetCount)                         \
-  X(cuDeviceGet)                              \
-  X(cuDeviceGetName)                          \
-  X(cuDeviceGetAttribute)                     \
-  X(cuDeviceTotalMem_v2)                      \
-  X(cuDevicePrimaryCtxRetain)                 \
-  X(cuDevicePrimaryCtxRelease_v2)             \
-  X(cuCtxPushCurrent_v2)                      \
-  X(cuCtxPopCurrent_v2)                       \
-  X(cuCtxGetCurrent)                          \
-  X(cuCtxGetDevice)                           \
-  X(cuMemGetInfo_v2)                          \
-  X(cuMemAlloc_v2)                            \
-  X(cuMemFree_v2)                             \
-  X(cuMemHostAlloc)                           \
-  X(cuMemFreeHost)                            \
-  X(cuMemHostRegister_v2)                     \
-  X(cuMemHostUnregister)                      \
-  X(cuMemcpyHtoDAsync_v2)                     \
-  X(cuMemcpyDtoHAsync_v2)                     \
-  X(cuMemcpy2DAsync_v2)                       \
-  X(cuMemcpyDtoDAsync_v2)                     \
-  X(cuMemcpyPeerAsync)                        \
-  X(cuStreamCreate)                           \
-  X(cuStreamDestroy_v2)                       \
-  X(cuStreamSynchronize)                      \
-  X(cuStreamWaitEvent)                        \
-  X(cuEventCreate)                            \
-  X(cuEventDestroy_v2)                        \
-  X(cuEventRecord)                            \
-  X(cuEventQuery)                             \
-  X(cuEventSynchronize)                       \
-  X(cuModuleLoadDataEx)                       \
-  X(cuModuleUnload)                           \
-  X(cuModuleGetFunction)                      \
-  X(cuLaunchKernel)                           \
-  X(cuLaunchHostFunc)
 
 // One loaded copy of the driver library. Never unloaded: other libraries in
 // the process (torch, tinygrad) may share the same handle, and the driver
@@ -75,7 +24,7 @@ struct Driver {
   CUresult init_result = CUDA_ERROR_NOT_INITIALIZED;
   int driver_version = 0;  // cuDriverGetVersion, e.g. 13000
 
-#define DEVBRIDGE_CUDA_DECLARE_ENTRY(symbol) decltype(&::symbol) symbol = nullptr;
+#define DEVBRIDGE_CUDA_DECLARE_ENTRY(symbol) PFN_##symbol symbol = nullptr;
   DEVBRIDGE_CUDA_DRIVER_ENTRY_POINTS(DEVBRIDGE_CUDA_DECLARE_ENTRY)
 #undef DEVBRIDGE_CUDA_DECLARE_ENTRY
 

@@ -94,9 +94,9 @@ CUstream CudaBackend::consumer_stream(std::uintptr_t consumer) {
                   "on how the consumer was built); pass 1 for the legacy default stream, 2 for the per-thread "
                   "one, or a CUstream");
     case 1:
-      return CU_STREAM_LEGACY;
+      return legacy_default_stream();
     case 2:
-      return CU_STREAM_PER_THREAD;
+      return per_thread_default_stream();
     default:
       return reinterpret_cast<CUstream>(consumer);
   }

@@ -7,9 +7,9 @@ namespace devbridge::cuda::detail {
 HostImport CudaBackend::import_host(const ImportRequest& request) {
   switch (request.use) {
     case ImportUse::Staging:
-      return HostImport{.block = register_pages(request.data, request.bytes, CU_MEMHOSTREGISTER_PORTABLE)};
+      return HostImport{.block = register_pages(request.data, request.bytes, kMemHostRegisterPortable)};
     case ImportUse::StagingReadOnly: {
-      constexpr unsigned int kFlags = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_READ_ONLY;
+      constexpr unsigned int kFlags = kMemHostRegisterPortable | kMemHostRegisterReadOnly;
       return HostImport{.block = register_pages(request.data, request.bytes, kFlags)};
     }
     case ImportUse::Adopt: break;

@@ -65,7 +65,7 @@ HostBlock CudaBackend::allocate_host(std::uint64_t bytes) {
   void* data = nullptr;
   // PORTABLE: the ring stays page-locked for every context in the process
   // (tinygrad's, torch's), not only ours.
-  CUresult result = driver_.cuMemHostAlloc(&data, bytes, CU_MEMHOSTALLOC_PORTABLE);
+  CUresult result = driver_.cuMemHostAlloc(&data, bytes, kMemHostAllocPortable);
   if (result != CUDA_SUCCESS)
     throw make_error(driver_, result, "cuMemHostAlloc", Operation::Allocate,
                      "asked " + std::to_string(bytes) + " bytes of page-locked host memory");

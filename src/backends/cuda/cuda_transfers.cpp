@@ -293,7 +293,7 @@ void CudaBackend::open(Gate& gate) {
   gate.opened.notify_all();
 }
 
-void CUDA_CB CudaBackend::wait_at_gate(void* data) {
+void CudaBackend::wait_at_gate(void* data) {
   std::unique_ptr<std::shared_ptr<Gate>> holder(static_cast<std::shared_ptr<Gate>*>(data));
   Gate& gate = **holder;
   std::unique_lock lock(gate.mutex);
