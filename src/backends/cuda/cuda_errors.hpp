@@ -2,7 +2,8 @@
 //
 // Pure functions over the numeric code, kept apart from the driver so the
 // whole table is unit-tested on machines without a GPU. The numbers are the
-// driver ABI's (cuda.h); they never change meaning between driver versions.
+// driver ABI's (cuda_driver_api.hpp); they never change meaning between
+// driver versions.
 #pragma once
 
 #include <string>
