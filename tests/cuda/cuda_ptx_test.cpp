@@ -1,4 +1,4 @@
-// The PTX embedded at build time: present, for the documented targets, with
+// The checked-in PTX embedded at build time: present, for the documented targets, with
 // the kernel the backend looks up, and without fused multiply-adds (results
 // must equal the host backend's bit for bit).
 #include <gtest/gtest.h>
@@ -36,7 +36,7 @@ TEST(CudaPtx, EveryImageHoldsTheKernelForItsTarget) {
 TEST(CudaPtx, HopperImageIsEmbedded) {
   bool found = false;
   for (const PtxImage& image : embedded_ptx()) found = found || image.compute_capability == 90;
-  EXPECT_TRUE(found) << "no compute_90 PTX (DEVBRIDGE_CUDA_PTX_ARCHS changed?)";
+  EXPECT_TRUE(found) << "no compute_90 PTX (scripts/regenerate-ptx.sh's architectures changed?)";
 }
 
 TEST(CudaPtx, SelectionPicksTheNewestImageTheDeviceRuns) {

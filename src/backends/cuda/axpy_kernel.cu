@@ -1,9 +1,11 @@
 // The streaming worker's built-in compute role on CUDA: y[i] = a * x[i] + b.
 //
-// Compiled to PTX at build time (see CMakeLists.txt) and embedded in the
-// library; no CUDA runtime is involved. The multiply and the add are rounded
-// separately (no fused multiply-add), so every element is bit-identical to
-// the host backend's plain loop and the worker can verify results exactly.
+// Compiled to PTX by scripts/regenerate-ptx.sh (rerun it after changing this
+// file); the PTX is checked in (ptx/) and embedded in the library, so the
+// build needs no nvcc, and no CUDA runtime is involved. The multiply and the
+// add are rounded separately (no fused multiply-add), so every element is
+// bit-identical to the host backend's plain loop and the worker can verify
+// results exactly.
 // x and y may be the same buffer, hence no __restrict__.
 
 extern "C" __global__ void devbridge_axpy_f32(const float* x, float* y, unsigned long long count, float a,

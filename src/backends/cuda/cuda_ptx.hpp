@@ -1,5 +1,6 @@
-// The compute role's kernel as PTX text, compiled by nvcc at build time and
-// embedded in the library (generated cuda_axpy_ptx.cpp). The driver JIT-
+// The compute role's kernel as PTX text: checked in (ptx/, written by
+// scripts/regenerate-ptx.sh) and embedded in the library at build time
+// (generated cuda_axpy_ptx.cpp). The driver JIT-
 // compiles the image that matches the device when the backend is created.
 #pragma once
 
