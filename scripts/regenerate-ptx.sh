@@ -25,7 +25,7 @@ kernel=src/backends/cuda/axpy_kernel.cu
 ptx_dir=src/backends/cuda/ptx
 skip_code=77
 
-mode=write
+mode="write"
 case "${1:-}" in
   "") ;;
   --check) mode=check ;;
