@@ -17,9 +17,15 @@ struct BackendAvailability {
   bool built = false;     // compiled into this build
   bool available = false; // can run on this machine now
   std::string reason;     // why not, when it cannot ("CUDA: no driver (libcuda.so.1 not found)")
+  std::string remedy;     // what to install or set so that it can ("install the NVIDIA driver ..."); empty when it runs
 };
 
 std::vector<BackendAvailability> list_backends();
+
+// One line a user can act on: "available", or "unavailable: <reason>; to use
+// it: <remedy>" (also "not built: ..."). What `devbridge info` and Python's
+// devbridge.info() print after the backend's name.
+std::string describe_availability(const BackendAvailability& availability);
 
 // "auto" picks the best available: cuda, then an OpenCL GPU or accelerator,
 // then host (never fake). Unknown or unavailable names, and a device that is

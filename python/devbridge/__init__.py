@@ -68,6 +68,15 @@ from ._checkpoint import CheckpointError, PendingRestore, checkpoint, checkpoint
 
 __version__ = "0.1.0"
 
+
+def info() -> str:
+    """One line per backend of this build: whether it can run here and, when it cannot, why and what to
+    install or set so that it can (what `devbridge info` prints first). ``print(devbridge.info())``."""
+    rows = list_backends()
+    width = max(len(row["name"]) for row in rows)
+    return "\n".join(f"{row['name']:<{width}}  {row['summary']}" for row in rows)
+
+
 if [cls.kind for cls in _ERROR_CLASSES] != list(_ext._error_kinds()):
     raise ImportError(
         "devbridge: the extension's error kinds differ from devbridge._errors "
@@ -91,6 +100,7 @@ __all__ = [
     "devices",
     "dtype_info",
     "dtypes",
+    "info",
     "list_backends",
     "pitched_layout",
     "tinygrad_synchronize",

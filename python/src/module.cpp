@@ -92,11 +92,14 @@ void bind_module_functions(nb::module_& m) {
           d["built"] = b.built;
           d["available"] = b.available;
           d["reason"] = b.reason;
+          d["remedy"] = b.remedy;
+          d["summary"] = describe_availability(b);
           out.append(d);
         }
         return out;
       },
-      "The backends of this build: name, built, available here, and why not.");
+      "The backends of this build: name, built, available here, why not, what to install or set so it runs "
+      "(remedy), and all of that as one line (summary).");
   m.def(
       "devices",
       [](const std::string& backend) {

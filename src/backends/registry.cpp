@@ -29,7 +29,21 @@ struct Entry {
   std::function<bool()> chosen_by_auto = [] { return true; };
 };
 
-BackendAvailability always_available(std::string_view name) { return {std::string(name), true, true, {}}; }
+BackendAvailability always_available(std::string_view name) { return {std::string(name), true, true, {}, {}}; }
+
+// A vendor backend's probe as a row; its reason is prefixed with the vendor.
+template <typename Probe>
+[[maybe_unused]] BackendAvailability probed(std::string_view name, std::string_view vendor, const Probe& probe) {
+  if (probe.available) return {std::string(name), true, true, {}, {}};
+  return {std::string(name), true, false, fmt::format("{}: {}", vendor, probe.reason), probe.remedy};
+}
+
+// A backend this build was configured without: nothing on the machine can
+// change that, only a rebuild (neither needs a vendor SDK at build time).
+[[maybe_unused]] BackendAvailability not_built(std::string_view name, std::string_view option) {
+  return {std::string(name), false, false, fmt::format("this build was configured with -D{}=OFF", option),
+          fmt::format("rebuild with -D{}=ON (the default; no SDK or driver is needed to build it)", option)};
+}
 std::vector<std::string> one_device() { return {"0"}; }
 
 const std::vector<Entry>& entries() {
@@ -40,7 +54,7 @@ const std::vector<Entry>& entries() {
       {"cuda",
        [] {
          const auto probe = cuda::probe();
-         return BackendAvailability{"cuda", true, probe.available, probe.available ? "" : "CUDA: " + probe.reason};
+         return probed("cuda", "CUDA", probe);
        },
        [](const BackendOptions& options) { return cuda::make_cuda_backend(options); }, cuda::device_ids},
 #endif
@@ -48,7 +62,7 @@ const std::vector<Entry>& entries() {
       {"opencl",
        [] {
          const auto probe = opencl::probe();
-         return BackendAvailability{"opencl", true, probe.available, probe.available ? "" : "OpenCL: " + probe.reason};
+         return probed("opencl", "OpenCL", probe);
        },
        [](const BackendOptions& options) { return opencl::make_opencl_backend(options); }, opencl::device_ids,
        [] { return opencl::probe().has_gpu; }},
@@ -66,12 +80,20 @@ std::vector<BackendAvailability> list_backends() {
   std::vector<BackendAvailability> out;
   for (const auto& entry : entries()) out.push_back(entry.probe());
 #ifndef DEVBRIDGE_HAS_CUDA
-  out.push_back({"cuda", false, false, "CUDA: not built (no CUDA toolkit headers at configure time)"});
+  out.push_back(not_built("cuda", "DEVBRIDGE_WITH_CUDA"));
 #endif
 #ifndef DEVBRIDGE_HAS_OPENCL
-  out.push_back({"opencl", false, false, "OpenCL: not built (no CL/cl.h at configure time)"});
+  out.push_back(not_built("opencl", "DEVBRIDGE_WITH_OPENCL"));
 #endif
   return out;
+}
+
+std::string describe_availability(const BackendAvailability& availability) {
+  if (availability.available) return "available";
+  std::string line = availability.built ? "unavailable" : "not built";
+  if (!availability.reason.empty()) line += ": " + availability.reason;
+  if (!availability.remedy.empty()) line += "; to use it: " + availability.remedy;
+  return line;
 }
 
 std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOptions& options) {

@@ -34,6 +34,25 @@ TEST(Devices, EveryAvailableBackendListsDevicesItsDeviceOptionBindsAgain) {
   EXPECT_EQ(expect_error(ErrorKind::Unavailable, [] { list_devices("tpu"); }), "unknown backend 'tpu'");
 }
 
+TEST(Devices, EveryBackendThatCannotRunSaysWhyAndWhatToInstallInOneLine) {
+  for (const auto& backend : list_backends()) {
+    const std::string line = describe_availability(backend);
+    EXPECT_EQ(line.find('\n'), std::string::npos) << line;
+    if (backend.available) {
+      EXPECT_EQ(line, "available");
+      EXPECT_TRUE(backend.remedy.empty()) << backend.name;
+    } else {
+      EXPECT_FALSE(backend.reason.empty()) << backend.name;
+      EXPECT_FALSE(backend.remedy.empty()) << backend.name << ": " << line;
+      EXPECT_THAT(line, HasSubstr(backend.reason));
+      EXPECT_THAT(line, HasSubstr("; to use it: " + backend.remedy));
+    }
+  }
+  EXPECT_EQ(describe_availability({"cuda", false, false, "configured with -DDEVBRIDGE_WITH_CUDA=OFF", "rebuild"}),
+            "not built: configured with -DDEVBRIDGE_WITH_CUDA=OFF; to use it: rebuild");
+  EXPECT_EQ(describe_availability({"opencl", true, false, "OpenCL: no platform", ""}), "unavailable: OpenCL: no platform");
+}
+
 TEST(Devices, OptionsABackendDoesNotTakeAreRefusedNamingWhatItTakes) {
   const auto unknown = expect_error(ErrorKind::Unsupported, [] { make_backend("host", {{"context", "1"}}); });
   EXPECT_THAT(unknown, HasSubstr("backend host has no option 'context'"));

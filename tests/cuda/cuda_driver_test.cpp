@@ -50,6 +50,9 @@ TEST(CudaProbe, MissingDriverIsUnavailableWithTheLoaderReason) {
   EXPECT_EQ(probe.device_count, 0);
   EXPECT_EQ(probe.reason.rfind("no driver (", 0), 0u) << probe.reason;
   EXPECT_NE(probe.reason.find("cannot open shared object file"), std::string::npos) << probe.reason;
+  EXPECT_NE(probe.reason.find(kMissingDriver), std::string::npos) << "names the library it tried: " << probe.reason;
+  EXPECT_EQ(probe.remedy.rfind("install the NVIDIA driver", 0), 0u) << probe.remedy;
+  EXPECT_NE(probe.remedy.find("DEVBRIDGE_LIBCUDA"), std::string::npos) << probe.remedy;
 }
 
 TEST(CudaProbe, FactoryThrowsUnavailableNamingTheReason) {
@@ -73,6 +76,7 @@ TEST(CudaProbe, RegistryListsCudaAsBuiltButUnavailable) {
   EXPECT_TRUE(row->built);
   EXPECT_FALSE(row->available);
   EXPECT_NE(row->reason.find("no driver"), std::string::npos) << row->reason;
+  EXPECT_EQ(row->remedy, cuda::probe().remedy);
 
   try {
     (void)make_backend("cuda");
@@ -103,6 +107,8 @@ TEST(CudaProbe, StubLibraryIsUnavailableBecauseCuInitFails) {
   const Probe probe = cuda::probe();
   EXPECT_FALSE(probe.available);
   EXPECT_EQ(probe.reason, "cuInit failed: CUDA_ERROR_STUB_LIBRARY");
+  EXPECT_NE(probe.remedy.find("the CUDA toolkit's stub"), std::string::npos) << probe.remedy;
+  EXPECT_NE(probe.remedy.find("install the NVIDIA driver"), std::string::npos) << probe.remedy;
   try {
     (void)make_cuda_backend();
     FAIL() << "make_cuda_backend succeeded on the stub library";

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import importlib.util
 import os
+import pathlib
 import secrets
 
 import numpy as np
@@ -87,6 +88,18 @@ def pytest_sessionfinish(session, exitstatus):
     since is freed before the interpreter ends (nanobind reports any instance still alive then as a leak)."""
     gc.unfreeze()
     gc.collect()
+
+
+@pytest.fixture
+def emulated_libcuda() -> pathlib.Path:
+    """The emulated CUDA driver the C++ build makes (tests/cuda/emulated_libcuda.cpp), for DEVBRIDGE_LIBCUDA in a
+    child process; the test is skipped where it is not built."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    for build in ("release", "no-toolkit", "debug", "asan"):
+        candidate = root / "build" / build / "tests" / "cuda" / "libdevbridge_emulated_libcuda.so"
+        if candidate.exists():
+            return candidate
+    pytest.skip("the emulated libcuda is built with the C++ tests (build/<preset>/tests/cuda)")
 
 
 @pytest.fixture

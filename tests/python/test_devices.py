@@ -3,6 +3,10 @@ registry, and UnsupportedDType wherever a dtype enters a bridge (alloc, view, up
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -22,6 +26,58 @@ def test_every_listed_device_binds_again_by_its_id(name):
         assert isinstance(device["capabilities"], list) and isinstance(device["pci_bus_id"], str)
         with devbridge.Bridge(backend=name, device=device["device_id"]) as b:
             assert b.backend_info()["device_id"] == device["device_id"]
+
+
+def test_info_is_one_line_per_backend_and_each_that_cannot_run_says_what_to_install():
+    rows = devbridge.list_backends()
+    lines = devbridge.info().splitlines()
+    assert [line.split()[0] for line in lines] == [row["name"] for row in rows]
+    # Every build has every backend: none needs a vendor SDK to build.
+    assert sorted(row["name"] for row in rows) == sorted(EVERY_BACKEND) and all(row["built"] for row in rows)
+    for row, line in zip(rows, lines):
+        assert line.endswith("  " + row["summary"])
+        if row["available"]:
+            assert row["summary"] == "available" and not row["remedy"]
+        else:
+            assert row["reason"] and row["remedy"] and row["summary"].endswith("; to use it: " + row["remedy"])
+
+
+def info_in_a_child(**env: str) -> dict[str, str]:
+    """devbridge.info() of a fresh process (drivers are loaded once per process), by backend name."""
+    result = subprocess.run([sys.executable, "-c", "import devbridge; print(devbridge.info())"],
+                            env=dict(os.environ, **env), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return dict(line.split(None, 1) for line in result.stdout.splitlines())
+
+
+def test_without_drivers_info_names_the_library_it_tried_and_what_to_install(tmp_path):
+    libcuda, libopencl = tmp_path / "libcuda.so.1", tmp_path / "libOpenCL.so.1"
+    lines = info_in_a_child(DEVBRIDGE_LIBCUDA=str(libcuda), DEVBRIDGE_LIBOPENCL=str(libopencl))
+    assert lines["cuda"].startswith(f"unavailable: CUDA: no driver ({libcuda}: cannot open"), lines["cuda"]
+    assert "to use it: install the NVIDIA driver" in lines["cuda"] and "DEVBRIDGE_LIBCUDA" in lines["cuda"]
+    assert lines["opencl"].startswith(f"unavailable: OpenCL: no OpenCL ICD loader ({libopencl}: cannot open")
+    assert "ocl-icd-libopencl1" in lines["opencl"] and "pocl-opencl-icd" in lines["opencl"]
+    assert lines["host"] == "available" and lines["fake"] == "available"
+
+
+def test_an_icd_loader_that_finds_no_driver_says_which_drivers_to_install(tmp_path):
+    require_backend("opencl")  # the ICD loader is there (ocl-icd reads $OCL_ICD_VENDORS for its drivers)
+    lines = info_in_a_child(OCL_ICD_VENDORS=str(tmp_path))
+    assert lines["opencl"].startswith("unavailable: OpenCL: no OpenCL platform") and str(tmp_path) in lines["opencl"]
+    assert "to use it: install an OpenCL driver" in lines["opencl"] and "pocl-opencl-icd" in lines["opencl"]
+
+
+@pytest.mark.parametrize("emulated, reason, remedy", [
+    ({"DEVBRIDGE_EMULATED_CUDA_DRIVER_VERSION": "11040"},
+     "the driver (CUDA 11.4) is too old for the kernel's PTX on GPU 0: compute_90 needs PTX ISA 7.8 (CUDA 11.8)",
+     "install an NVIDIA driver for CUDA 11.8 or newer"),
+    ({"DEVBRIDGE_EMULATED_CUDA_CC": "61"},
+     "GPU 0 has compute capability 6.1; the kernel's PTX targets 7.5 and newer",
+     "use a GPU of compute capability 7.5 or newer"),
+], ids=["driver-older-than-the-ptx", "gpu-older-than-the-ptx"])
+def test_a_gpu_driver_that_cannot_run_the_kernel_says_what_to_install(emulated_libcuda, emulated, reason, remedy):
+    lines = info_in_a_child(DEVBRIDGE_LIBCUDA=str(emulated_libcuda), **emulated)
+    assert lines["cuda"] == f"unavailable: CUDA: {reason}; to use it: {remedy}"
 
 
 def test_an_unknown_backend_has_no_devices_to_list():

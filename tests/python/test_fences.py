@@ -9,7 +9,6 @@ consumer stream of the test's own is held by a host function until the test lets
 from __future__ import annotations
 
 import os
-import pathlib
 import subprocess
 import sys
 import textwrap
@@ -116,15 +115,6 @@ def test_host_views_have_no_consumer_streams():
         b.free(h)
 
 
-def _emulated_libcuda() -> pathlib.Path | None:
-    root = pathlib.Path(__file__).resolve().parents[2]
-    for build in ("release", "debug", "asan"):
-        candidate = root / "build" / build / "tests" / "cuda" / "libdevbridge_emulated_libcuda.so"
-        if candidate.exists():
-            return candidate
-    return None
-
-
 CHILD = textwrap.dedent(
     r"""
     import ctypes, os, sys, threading, time
@@ -174,10 +164,8 @@ CHILD = textwrap.dedent(
 )
 
 
-def test_a_dlpack_consumers_stream_holds_the_memory_until_it_passes_on_emulated_cuda(tmp_path):
-    library = _emulated_libcuda()
-    if library is None:
-        pytest.skip("the emulated libcuda is built with the C++ tests (build/<preset>/tests/cuda)")
+def test_a_dlpack_consumers_stream_holds_the_memory_until_it_passes_on_emulated_cuda(tmp_path, emulated_libcuda):
+    library = emulated_libcuda
     available = {e["name"]: e for e in devbridge.list_backends()}
     if "cuda" not in available:
         pytest.skip("this build of the module has no CUDA backend")

@@ -710,25 +710,14 @@ def test_regions_of_another_bridge_are_refused(rng):
 # ---- CUDA, emulated ----
 
 
-def _emulated_libcuda() -> pathlib.Path | None:
-    root = HERE.parents[1]
-    for build in ("release", "debug", "asan"):
-        candidate = root / "build" / build / "tests" / "cuda" / "libdevbridge_emulated_libcuda.so"
-        if candidate.exists():
-            return candidate
-    return None
-
-
-def test_the_cuda_cases_pass_on_the_emulated_driver():
+def test_the_cuda_cases_pass_on_the_emulated_driver(request):
     if os.environ.get(EMULATED_CHILD):
         pytest.skip("this is the emulated-CUDA run")
     if REQUESTED_BACKEND == "cuda":
         pytest.skip("DEVBRIDGE_TEST_BACKEND=cuda: the cuda cases of this run use the driver it loads")
     if not any(e["name"] == "cuda" and e["built"] for e in devbridge.list_backends()):
         pytest.skip("this build of the module has no CUDA backend")
-    library = _emulated_libcuda()
-    if library is None:
-        pytest.skip("the emulated libcuda is built with the C++ tests (build/<preset>/tests/cuda)")
+    library = request.getfixturevalue("emulated_libcuda")  # after the skips above: they need no build tree
     env = dict(os.environ, DEVBRIDGE_LIBCUDA=str(library), DEVBRIDGE_EMULATED_CUDA_DELAY_US="0",
                DEVBRIDGE_TEST_BACKEND="cuda", **{EMULATED_CHILD: "1"})
     command = [sys.executable, "-m", "pytest", str(pathlib.Path(__file__)), "-q", "-p", "no:cacheprovider", "-k", "cuda"]

@@ -77,16 +77,7 @@ std::string format_info(const InfoReport& report) {
   for (const BackendEntry& e : report.backends) width = std::max(width, e.availability.name.size());
   for (const BackendEntry& e : report.backends) {
     const BackendAvailability& a = e.availability;
-    std::string state;
-    if (!a.built) {
-      state = "not built";
-    } else if (a.available) {
-      state = "available";
-    } else {
-      state = "unavailable";
-    }
-    out += fmt::format("  {:<{}}  {}", a.name, width, state);
-    if (!a.available && !a.reason.empty()) out += fmt::format(": {}", a.reason);
+    out += fmt::format("  {:<{}}  {}", a.name, width, describe_availability(a));
     if (a.name == report.auto_choice) out += "  (auto)";
     out += '\n';
   }

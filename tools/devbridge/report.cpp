@@ -104,6 +104,7 @@ nlohmann::json info_report_json(const InfoReport& report) {
         {"built", e.availability.built},
         {"available", e.availability.available},
         {"reason", e.availability.reason},
+        {"remedy", e.availability.remedy},
     };
     if (e.memory) {
       entry["memory"] = {

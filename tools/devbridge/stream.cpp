@@ -562,12 +562,7 @@ StreamPlan plan_stream(const StreamArgs& args) {
     if (it == backends.end()) {
       throw UsageError(fmt::format("--backend: unknown backend '{}' (this build has: {})", args.backend, known));
     }
-    if (!it->built) {
-      throw UsageError(fmt::format("--backend: {} is not in this build: {}", it->name, it->reason));
-    }
-    if (!it->available) {
-      throw UsageError(fmt::format("--backend: {} is not available on this machine: {}", it->name, it->reason));
-    }
+    if (!it->available) throw UsageError(fmt::format("--backend: {} is {}", it->name, describe_availability(*it)));
   }
   plan.backend = args.backend;
   for (const std::string& option : args.backend_options) {

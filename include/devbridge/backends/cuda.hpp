@@ -28,6 +28,7 @@ namespace devbridge::cuda {
 struct Probe {
   bool available = false;
   std::string reason;  // e.g. "no driver (libcuda.so.1: cannot open shared object file)"
+  std::string remedy;  // what to install or set, e.g. "install the NVIDIA driver (it provides libcuda.so.1) ..."
   int device_count = 0;
 };
 

@@ -21,6 +21,7 @@ namespace devbridge::opencl {
 struct Probe {
   bool available = false;
   std::string reason;         // why not, when !available
+  std::string remedy;         // what to install or set so that it runs, when !available
   int device_count = 0;       // over every platform
   bool has_gpu = false;       // a GPU or accelerator device: "auto" prefers such a device to the host backend
   std::string chosen_device;  // what make_opencl_backend() would open, e.g. "pocl: cpu-haswell-AMD EPYC"

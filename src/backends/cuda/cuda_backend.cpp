@@ -237,32 +237,6 @@ using detail::CUresult;
 using detail::CUstream;
 using detail::Driver;
 
-Probe probe() {
-  const Driver& driver = detail::driver();
-  Probe result;
-  if (!driver.loaded()) {
-    result.reason = "no driver (" + driver.load_error + ")";
-    return result;
-  }
-  if (driver.init_result != CUDA_SUCCESS) {
-    result.reason = "cuInit failed: " + driver.error_name(driver.init_result);
-    return result;
-  }
-  int count = 0;
-  CUresult counted = driver.cuDeviceGetCount(&count);
-  if (counted != CUDA_SUCCESS) {
-    result.reason = "cuDeviceGetCount failed: " + driver.error_name(counted);
-    return result;
-  }
-  result.device_count = count;
-  if (count <= 0) {
-    result.reason = "no CUDA device";
-    return result;
-  }
-  result.available = true;
-  return result;
-}
-
 std::unique_ptr<Backend> make_cuda_backend(const Options& options) {
   Probe found = probe();
   if (!found.available) throw Error(ErrorKind::Unavailable, "CUDA: " + found.reason);

@@ -14,13 +14,14 @@ std::unique_ptr<Driver> open_driver(const std::string& path) {
   driver->path = path;
   void* library = backends::open_library_for_good(path, driver->load_error);
   if (library == nullptr) return driver;
+  driver->opened = true;
   std::string missing;
 #define DEVBRIDGE_CUDA_LOAD_ENTRY(symbol) \
   driver->symbol = reinterpret_cast<decltype(driver->symbol)>(backends::find_symbol(library, #symbol, missing));
   DEVBRIDGE_CUDA_DRIVER_ENTRY_POINTS(DEVBRIDGE_CUDA_LOAD_ENTRY)
 #undef DEVBRIDGE_CUDA_LOAD_ENTRY
   if (!missing.empty()) {
-    driver->load_error = path + " lacks " + missing + " (driver too old?)";
+    driver->load_error = path + " lacks " + missing + " (a driver older than CUDA 11.0)";
     return driver;
   }
   driver->init_result = driver->cuInit(0);

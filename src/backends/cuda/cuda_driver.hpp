@@ -21,6 +21,7 @@ namespace devbridge::cuda::detail {
 struct Driver {
   std::string path;        // what was dlopen()ed
   std::string load_error;  // empty when every entry point was found
+  bool opened = false;     // the library was there (load_error then names what it lacks)
   CUresult init_result = CUDA_ERROR_NOT_INITIALIZED;
   int driver_version = 0;  // cuDriverGetVersion, e.g. 13000
 

@@ -112,23 +112,35 @@ ResultClass classify(int code, Operation operation) noexcept {
   }
 }
 
+namespace {
+
+// PTX ISA versions by CUDA release, from the PTX ISA release notes.
+struct IsaRow {
+  int driver;
+  int isa;
+};
+constexpr std::array kIsaByDriver{
+    IsaRow{11000, 70}, IsaRow{11010, 71}, IsaRow{11020, 72}, IsaRow{11030, 73}, IsaRow{11040, 74},
+    IsaRow{11050, 75}, IsaRow{11060, 76}, IsaRow{11070, 77}, IsaRow{11080, 78}, IsaRow{12000, 80},
+    IsaRow{12010, 81}, IsaRow{12020, 82}, IsaRow{12030, 83}, IsaRow{12040, 84}, IsaRow{12050, 85},
+    IsaRow{12060, 85}, IsaRow{12070, 86}, IsaRow{12080, 87}, IsaRow{12090, 88}, IsaRow{13000, 90},
+};
+
+}  // namespace
+
 int max_ptx_isa_for_driver(int driver_version) noexcept {
-  // PTX ISA versions by CUDA release, from the PTX ISA release notes.
-  struct Row {
-    int driver;
-    int isa;
-  };
-  constexpr std::array kRows{
-      Row{11000, 70}, Row{11010, 71}, Row{11020, 72}, Row{11030, 73}, Row{11040, 74},
-      Row{11050, 75}, Row{11060, 76}, Row{11070, 77}, Row{11080, 78}, Row{12000, 80},
-      Row{12010, 81}, Row{12020, 82}, Row{12030, 83}, Row{12040, 84}, Row{12050, 85},
-      Row{12060, 85}, Row{12070, 86}, Row{12080, 87}, Row{12090, 88}, Row{13000, 90},
-  };
   int best = 0;
-  for (const Row& row : kRows) {
+  for (const IsaRow& row : kIsaByDriver) {
     if (driver_version >= row.driver) best = row.isa;
   }
   return best;
+}
+
+int oldest_driver_for_ptx_isa(int isa) noexcept {
+  for (const IsaRow& row : kIsaByDriver) {
+    if (row.isa >= isa) return row.driver;
+  }
+  return 0;
 }
 
 }  // namespace devbridge::cuda::detail

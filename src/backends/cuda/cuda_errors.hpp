@@ -35,4 +35,8 @@ ResultClass classify(int code, Operation operation) noexcept;
 // version (cuDriverGetVersion, e.g. 12040) JIT-compiles. 0 for unknown/older.
 int max_ptx_isa_for_driver(int driver_version) noexcept;
 
+// The oldest CUDA version (e.g. 11080) whose driver JIT-compiles PTX ISA
+// `isa` (e.g. 78); 0 when no known driver does.
+int oldest_driver_for_ptx_isa(int isa) noexcept;
+
 }  // namespace devbridge::cuda::detail

@@ -18,6 +18,20 @@ const PtxImage* select_ptx(int device_compute_capability) noexcept {
   return best;
 }
 
+int oldest_ptx_isa_for_target(int compute_capability) noexcept {
+  // From the PTX ISA release notes: the version that introduced each target.
+  struct Row {
+    int target;
+    int isa;
+  };
+  constexpr Row kRows[] = {{75, 63}, {80, 70}, {86, 71}, {87, 74}, {89, 78}, {90, 78}, {100, 86}, {120, 87}};
+  int isa = 0;
+  for (const Row& row : kRows) {
+    if (row.target <= compute_capability) isa = row.isa;
+  }
+  return isa;
+}
+
 namespace {
 
 // Where ".version X.Y" sits: the start of X and the end of Y.

@@ -25,6 +25,10 @@ std::span<const PtxImage> embedded_ptx() noexcept;
 // capability, major*10+minor). Null when the device is older than all of them.
 const PtxImage* select_ptx(int device_compute_capability) noexcept;
 
+// The oldest PTX ISA that can target compute_<compute_capability> (75 ->
+// 63): how far an image's ISA can be lowered for an older driver.
+int oldest_ptx_isa_for_target(int compute_capability) noexcept;
+
 // The PTX ISA version an image declares (".version 9.0" -> 90); 0 if absent.
 int ptx_isa_version(std::string_view ptx) noexcept;
 

@@ -10,6 +10,7 @@ Api* open_api() {
   loaded->path = backends::library_path("DEVBRIDGE_LIBOPENCL", "libOpenCL.so.1");
   void* library = backends::open_library_for_good(loaded->path, loaded->load_error);
   if (library == nullptr) return loaded;
+  loaded->opened = true;
   std::string missing;
 #define DEVBRIDGE_OPENCL_LOAD_ENTRY(symbol, result, parameters) \
   loaded->symbol = reinterpret_cast<decltype(loaded->symbol)>(backends::find_symbol(library, #symbol, missing));

@@ -25,6 +25,7 @@ using namespace abi;
 struct Api {
   std::string path;        // what was dlopen()ed
   std::string load_error;  // empty when every entry point was found
+  bool opened = false;     // the library was there (load_error then names what it lacks)
 
 #define DEVBRIDGE_OPENCL_DECLARE_ENTRY(symbol, result, parameters) PFN_##symbol symbol = nullptr;
   DEVBRIDGE_OPENCL_ENTRY_POINTS(DEVBRIDGE_OPENCL_DECLARE_ENTRY)

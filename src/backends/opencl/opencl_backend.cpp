@@ -40,23 +40,40 @@ namespace {
 struct Devices {
   std::vector<DeviceChoice> all;  // platform by platform, device by device
   std::string unavailable;        // why there are none
+  std::string remedy;             // what to install so that there are
 };
+
+// What a user installs: the ICD loader finds drivers through files in
+// /etc/OpenCL/vendors, which each driver package installs.
+constexpr const char* kInstallADriver =
+    "install an OpenCL driver that registers itself in /etc/OpenCL/vendors (Debian: pocl-opencl-icd for the CPU; "
+    "mesa-opencl-icd, intel-opencl-icd or nvidia-opencl-icd for a GPU)";
 
 Devices enumerate_devices() {
   Devices found;
   const Api& cl = detail::api();
   if (!cl.loaded()) {
     found.unavailable = "no OpenCL ICD loader (" + cl.load_error + ")";
+    found.remedy = cl.opened ? "install an OpenCL 1.2 ICD loader (Debian: ocl-icd-libopencl1), or point "
+                               "DEVBRIDGE_LIBOPENCL at one"
+                             : std::string("install the OpenCL ICD loader (Debian: ocl-icd-libopencl1) or set "
+                                           "DEVBRIDGE_LIBOPENCL to its path, and ") +
+                                   kInstallADriver;
     return found;
   }
   cl_uint platform_count = 0;
   const cl_int listed = cl.clGetPlatformIDs(0, nullptr, &platform_count);
   if (listed == CL_PLATFORM_NOT_FOUND_KHR || (listed == CL_SUCCESS && platform_count == 0)) {
-    found.unavailable = "no OpenCL platform (no driver registered in /etc/OpenCL/vendors; Debian: pocl-opencl-icd)";
+    // ocl-icd reads $OCL_ICD_VENDORS instead of /etc/OpenCL/vendors when it is set.
+    const char* vendors = std::getenv("OCL_ICD_VENDORS");
+    found.unavailable = fmt::format("no OpenCL platform ({} found no driver registered in {})", cl.path,
+                                    vendors != nullptr && *vendors != '\0' ? vendors : "/etc/OpenCL/vendors");
+    found.remedy = kInstallADriver;
     return found;
   }
   if (listed != CL_SUCCESS) {
     found.unavailable = make_error(listed, "clGetPlatformIDs", Operation::Setup).what();
+    found.remedy = std::string("check the OpenCL driver's installation, or ") + kInstallADriver;
     return found;
   }
   std::vector<cl_platform_id> platforms(platform_count);
@@ -72,7 +89,11 @@ Devices enumerate_devices() {
                                        (type & (CL_DEVICE_TYPE_GPU | CL_DEVICE_TYPE_ACCELERATOR)) != 0});
     }
   }
-  if (found.all.empty()) found.unavailable = fmt::format("{} OpenCL platform(s), but no device", platform_count);
+  if (found.all.empty()) {
+    found.unavailable = fmt::format("{} OpenCL platform(s), but no device", platform_count);
+    found.remedy = "check that the registered drivers' devices are present and enabled (a GPU driver without its "
+                   "GPU lists none), or " + std::string(kInstallADriver);
+  }
   return found;
 }
 
@@ -246,6 +267,10 @@ Probe probe() {
     result.chosen_device = describe_device(detail::api(), *choice);
   } else {
     result.reason = why;
+    // With devices present, only $DEVBRIDGE_OPENCL_DEVICE can have missed them.
+    result.remedy = devices().all.empty()
+                        ? devices().remedy
+                        : "unset DEVBRIDGE_OPENCL_DEVICE, or set it to a <platform>:<device> that devbridge info lists";
   }
   return result;
 }
