@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 PRESET ?= release
 BUILD := build/$(PRESET)
 
-.PHONY: setup build test test-core test-sanitizers fuzz bench run run-ray gpu-check install clean
+.PHONY: setup build test test-core test-sanitizers test-no-toolkit fuzz bench run run-ray gpu-check install clean
 
 setup:
 	@bash scripts/setup.sh
@@ -32,6 +32,13 @@ test-sanitizers: setup
 	  cmake --preset $$p >/dev/null && cmake --build --preset $$p -j $(JOBS) --target $(SANITIZED_TESTS) && \
 	  ctest --preset $$p -j $(JOBS) -L 'core|conformance|portable' --repeat until-pass:2 || exit 1; \
 	done
+
+# Every backend built with no vendor SDK reachable (the CUDA toolkit and CL/cl.h
+# hidden in a private mount namespace: root), its CUDA (emulated driver) and
+# OpenCL (PoCL) suites, the wheel in a fresh venv, and the Python suite's CUDA
+# column against that wheel (scripts/test-no-toolkit.sh; CI runs this).
+test-no-toolkit: setup
+	@bash scripts/test-no-toolkit.sh
 
 # The libFuzzer target (bridge over the fake backend against the reference
 # model) for FUZZ_SECONDS, or for exactly FUZZ_RUNS inputs from FUZZ_SEED;
