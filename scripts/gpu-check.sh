@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make gpu-check`: the CUDA backend on a machine with an NVIDIA GPU and no
-# network. Installs nothing; uses what is there (nvcc, cmake, ninja, and
+# network. Installs nothing; uses what is there (cmake, ninja, nvcc only for the PTX check, and
 # python3 with torch / tinygrad / pytest when importable, skipping those parts
 # with a message otherwise). Finishes within GPU_CHECK_BUDGET_S (default 470 s,
 # under 8 minutes) and writes everything into $GPU_CHECK_OUT (default
