@@ -26,41 +26,56 @@ build=build/no-toolkit
 wheel_dir=build/no-toolkit-wheel
 suite_targets=(devbridge_cuda_tests devbridge_emulated_libcuda devbridge_opencl_tests devbridge_conformance_tests)
 
+# Binds an empty folder over every SDK location and drops nvcc from PATH, in
+# this process's own mount namespace; fails unless the compiler then finds
+# neither header and no nvcc is left.
+hide_sdks() {
+  local empty sdk header
+  empty=$(mktemp -d)
+  for sdk in /usr/local/cuda /usr/local/cuda-* /opt/cuda /usr/include/CL; do
+    if [ -e "$sdk" ]; then mount --bind "$empty" "$(realpath "$sdk")"; fi
+  done
+  # nvcc may sit on PATH outside those folders too (e.g. Debian's nvidia-cuda-toolkit).
+  PATH=$(printf '%s' "$PATH" | tr ':' '\n' | while read -r dir; do [ -x "$dir/nvcc" ] || printf '%s:' "$dir"; done)
+  export PATH=${PATH%:}
+  for header in cuda.h CL/cl.h; do
+    if printf '#include <%s>\n' "$header" | c++ -fsyntax-only -x c++ - 2>/dev/null; then
+      echo "test-no-toolkit: $header is still reachable; hide it too" >&2
+      return 1
+    fi
+  done
+  if command -v nvcc >/dev/null; then
+    echo "test-no-toolkit: nvcc is still on PATH ($(command -v nvcc))" >&2
+    return 1
+  fi
+}
+
+# Runs "$@" (a command or a function of this script) with the SDKs hidden.
+without_sdks() {
+  unshare -m --propagation private bash -euo pipefail -c \
+    "$(declare -f hide_sdks build_without_sdks); hide_sdks; \"\$@\"" without_sdks "$@"
+}
+
+build_without_sdks() {  # build wheel_dir suite targets...
+  local build=$1 wheel_dir=$2 backend
+  shift 2
+  cmake --preset no-toolkit >"$build.configure.log" 2>&1 || { cat "$build.configure.log"; return 1; }
+  grep -E "devbridge: (CUDA|OpenCL)" "$build.configure.log"
+  for backend in CUDA OPENCL; do
+    if ! grep -q "^DEVBRIDGE_${backend}_BACKEND:INTERNAL=ON" "$build/CMakeCache.txt"; then
+      echo "test-no-toolkit: the $backend backend was left out of a build without its SDK" >&2
+      return 1
+    fi
+  done
+  cmake --build --preset no-toolkit -j "$(nproc)" --target devbridge "$@"
+  .venv/bin/python -m pip wheel --no-build-isolation --no-deps --disable-pip-version-check -q \
+    -C build-dir=build/no-toolkit-python -w "$wheel_dir" . >build/no-toolkit-wheel.log 2>&1 ||
+    { cat build/no-toolkit-wheel.log; return 1; }
+}
+
 echo "test-no-toolkit: building with the CUDA toolkit and CL/cl.h hidden"
 rm -rf "$wheel_dir"
-unshare -m --propagation private bash -euo pipefail -s "$build" "$wheel_dir" "${suite_targets[@]}" <<'HIDDEN'
-build=$1 wheel_dir=$2
-shift 2
-empty=$(mktemp -d)
-for sdk in /usr/local/cuda /usr/local/cuda-* /opt/cuda /usr/include/CL; do
-  [ -e "$sdk" ] && mount --bind "$empty" "$(realpath "$sdk")"
-done
-# nvcc may sit on PATH outside the hidden folders too (e.g. Debian's nvidia-cuda-toolkit).
-PATH=$(printf '%s' "$PATH" | tr ':' '\n' | while read -r dir; do [ -x "$dir/nvcc" ] || printf '%s:' "$dir"; done)
-export PATH=${PATH%:}
-for header in cuda.h CL/cl.h; do
-  if printf '#include <%s>\n' "$header" | c++ -fsyntax-only -x c++ - 2>/dev/null; then
-    echo "test-no-toolkit: $header is still reachable; hide it too" >&2
-    exit 1
-  fi
-done
-if command -v nvcc >/dev/null; then
-  echo "test-no-toolkit: nvcc is still on PATH ($(command -v nvcc))" >&2
-  exit 1
-fi
-cmake --preset no-toolkit >"$build.configure.log" 2>&1 || { cat "$build.configure.log"; exit 1; }
-grep -E "devbridge: (CUDA|OpenCL)" "$build.configure.log"
-for backend in CUDA OPENCL; do
-  if ! grep -q "^DEVBRIDGE_${backend}_BACKEND:INTERNAL=ON" "$build/CMakeCache.txt"; then
-    echo "test-no-toolkit: the $backend backend was left out of a build without its SDK" >&2
-    exit 1
-  fi
-done
-cmake --build --preset no-toolkit -j "$(nproc)" --target devbridge "$@"
-.venv/bin/python -m pip wheel --no-build-isolation --no-deps --disable-pip-version-check -q \
-  -C build-dir=build/no-toolkit-python -w "$wheel_dir" . >build/no-toolkit-wheel.log 2>&1 ||
-  { cat build/no-toolkit-wheel.log; exit 1; }
-HIDDEN
+without_sdks build_without_sdks "$build" "$wheel_dir" "${suite_targets[@]}"
 
 echo "test-no-toolkit: CUDA (emulated driver) and OpenCL (PoCL) suites against that build"
 ctest --test-dir "$build" -L 'cuda|opencl|conformance' -j "$(nproc)" --output-on-failure --no-tests=error
@@ -74,8 +89,8 @@ fresh=$(mktemp -d)
 trap 'rm -rf "$fresh"' EXIT
 python3 -m venv "$fresh/venv"
 "$fresh/venv/bin/python" -m pip install -q --disable-pip-version-check "$wheel"
-echo "test-no-toolkit: the wheel in a fresh venv ($fresh, no build tree on its path)"
-(cd "$fresh" && DEVBRIDGE_EMULATED_LIBCUDA=$emulated_libcuda "$fresh/venv/bin/python" "$root/scripts/check_wheel.py")
+echo "test-no-toolkit: the wheel in a fresh venv ($fresh, no build tree on its path, the SDKs hidden)"
+(cd "$fresh" && DEVBRIDGE_EMULATED_LIBCUDA=$emulated_libcuda without_sdks "$fresh/venv/bin/python" "$root/scripts/check_wheel.py")
 
 # The whole suite with DEVBRIDGE_TEST_BACKEND=cuda, as on a GPU: its cuda cases must run (an unavailable
 # CUDA backend fails them), the rest run as always.
