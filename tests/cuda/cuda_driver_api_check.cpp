@@ -43,29 +43,20 @@ struct InCudaH<Result(Parameters...)> {
   using type = in_cuda_h<Result>(in_cuda_h<Parameters>...);
 };
 
-#define DEVBRIDGE_MAP_ENUM(name, enumerators) \
-  template <>                                 \
-  struct InCudaH<ours::name> {                \
-    using type = ::name;                      \
+// Each enumeration, handle tag and struct of ours stands for cuda.h's of the same name.
+#define DEVBRIDGE_MAP_TO_CUDA_H(name) \
+  template <>                         \
+  struct InCudaH<ours::name> {        \
+    using type = ::name;              \
   };
-DEVBRIDGE_CUDA_ENUMS(DEVBRIDGE_MAP_ENUM)
-#undef DEVBRIDGE_MAP_ENUM
-
-#define DEVBRIDGE_MAP_HANDLE(handle, tag) \
-  template <>                             \
-  struct InCudaH<ours::tag> {             \
-    using type = ::tag;                   \
-  };
-DEVBRIDGE_CUDA_HANDLES(DEVBRIDGE_MAP_HANDLE)
-#undef DEVBRIDGE_MAP_HANDLE
-
-#define DEVBRIDGE_MAP_STRUCT(name, members) \
-  template <>                               \
-  struct InCudaH<ours::name> {              \
-    using type = ::name;                    \
-  };
-DEVBRIDGE_CUDA_STRUCTS(DEVBRIDGE_MAP_STRUCT)
-#undef DEVBRIDGE_MAP_STRUCT
+#define DEVBRIDGE_MAP_NAMED_FIRST(name, ...) DEVBRIDGE_MAP_TO_CUDA_H(name)
+#define DEVBRIDGE_MAP_HANDLE_TAG(handle, tag) DEVBRIDGE_MAP_TO_CUDA_H(tag)
+DEVBRIDGE_CUDA_ENUMS(DEVBRIDGE_MAP_NAMED_FIRST)
+DEVBRIDGE_CUDA_HANDLES(DEVBRIDGE_MAP_HANDLE_TAG)
+DEVBRIDGE_CUDA_STRUCTS(DEVBRIDGE_MAP_NAMED_FIRST)
+#undef DEVBRIDGE_MAP_HANDLE_TAG
+#undef DEVBRIDGE_MAP_NAMED_FIRST
+#undef DEVBRIDGE_MAP_TO_CUDA_H
 
 // ---- the shape of a signature -------------------------------------------------
 // What the calling convention sees of each parameter and of the result: its
