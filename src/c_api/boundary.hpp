@@ -5,13 +5,16 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <span>
 #include <type_traits>
 
 #include "devbridge/bridge.hpp"
 #include "devbridge/c/devbridge.h"
+#include "devbridge/checked.hpp"
 #include "devbridge/error.hpp"
 
 struct devbridge_bridge {
@@ -55,6 +58,19 @@ T& required(T* pointer, std::string_view what) {
 }
 
 inline devbridge::Bridge& bridge_of(devbridge_bridge* bridge) { return required(bridge, "bridge").bridge; }
+
+// An array the caller gives as a pointer and a count: NULL only when empty,
+// and no more bytes than an address space holds (checked before anything
+// is read or allocated for it).
+template <class T>
+std::span<const T> array_argument(const T* pointer, std::uint64_t count, std::string_view what) {
+  if (count == 0) return {};
+  required(pointer, what);
+  const auto bytes = checked::mul_or_throw(count, sizeof(T), ErrorKind::InvalidRange, what);
+  if (bytes > static_cast<std::uint64_t>(PTRDIFF_MAX))
+    invalid_argument(std::string(what) + ": " + std::to_string(count) + " elements are more than memory holds");
+  return {pointer, static_cast<std::size_t>(count)};
+}
 
 // An option or result struct: present, and at least as large as this ABI
 // version's (a caller built against a newer header may pass a larger one;

@@ -60,14 +60,13 @@ BridgeOptions bridge_options_from_c(const devbridge_open_options& given) {
 
 BackendOptions backend_options_from_c(const devbridge_open_options& given) {
   BackendOptions options;
-  if (given.backend_option_count != 0) {
-    const auto* entries = &required(given.backend_options, "options->backend_options");
-    for (std::uint64_t i = 0; i < given.backend_option_count; ++i) {
-      const std::string which = "options->backend_options[" + std::to_string(i) + "]";
-      auto key = std::string(text(entries[i].key, which + ".key"));
-      if (!options.emplace(key, std::string(text(entries[i].value, which + ".value"))).second)
-        invalid_argument(which + ": option \"" + key + "\" given twice");
-    }
+  const auto entries =
+      array_argument(given.backend_options, given.backend_option_count, "options->backend_options");
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const std::string which = "options->backend_options[" + std::to_string(i) + "]";
+    auto key = std::string(text(entries[i].key, which + ".key"));
+    if (!options.emplace(key, std::string(text(entries[i].value, which + ".value"))).second)
+      invalid_argument(which + ": option \"" + key + "\" given twice");
   }
   if (given.device != nullptr && !options.emplace("device", std::string(given.device)).second)
     invalid_argument("options->device and a backend option \"device\" both name the device; give one");
@@ -414,12 +413,10 @@ devbridge_status devbridge_begin_step(devbridge_bridge* bridge, uint64_t step, c
                                       uint64_t handle_count) {
   return guarded([&] {
     auto& target = bridge_of(bridge);
+    const auto given = array_argument(handles, handle_count, "handles");
     std::vector<DeviceHandle> converted;
-    if (handle_count != 0) {
-      const auto* given = &required(handles, "handles");
-      converted.reserve(handle_count);
-      for (std::uint64_t i = 0; i < handle_count; ++i) converted.push_back(to_cpp(given[i]));
-    }
+    converted.reserve(given.size());
+    for (const auto& handle : given) converted.push_back(to_cpp(handle));
     target.begin_step(step, converted);
   });
 }

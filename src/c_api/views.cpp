@@ -33,8 +33,8 @@ ViewSpec view_spec_from_c(const devbridge_view_spec* spec) {
   const auto rank = static_cast<std::size_t>(given.ndim);
   ViewSpec result;
   result.dtype = dtype_from_c(given.dtype, "spec->dtype");
-  if (rank != 0) result.shape = Dims(std::span(&required(given.shape, "spec->shape"), rank));
-  if (given.strides != nullptr) result.strides = Dims(std::span(given.strides, rank));
+  result.shape = Dims(array_argument(given.shape, rank, "spec->shape"));
+  if (given.strides != nullptr) result.strides = Dims(array_argument(given.strides, rank, "spec->strides"));
   result.byte_offset = given.byte_offset;
   return result;
 }
