@@ -32,8 +32,11 @@ std::optional<std::uint64_t> OptionReader::unsigned_integer(std::string_view key
 }
 
 void OptionReader::single_device() {
+  // A device that is not there is Unavailable on every backend (backends.hpp), as CUDA's and OpenCL's say.
   if (const auto device = text("device", "the one device: 0"); device && *device != "0")
-    refuse("device", *device, "this backend has one device, \"0\"");
+    throw Error(ErrorKind::Unavailable, fmt::format("backend {}: option device='{}': no such device; this backend has "
+                                                    "one device, \"0\"",
+                                                    backend_, *device));
 }
 
 void OptionReader::finish() const {

@@ -57,8 +57,8 @@ TEST(Devices, OptionsABackendDoesNotTakeAreRefusedNamingWhatItTakes) {
   const auto unknown = expect_error(ErrorKind::Unsupported, [] { make_backend("host", {{"context", "1"}}); });
   EXPECT_THAT(unknown, HasSubstr("backend host has no option 'context'"));
   EXPECT_THAT(unknown, HasSubstr("inline_async_max_bytes"));
-  EXPECT_THAT(expect_error(ErrorKind::Unsupported, [] { make_backend("fake", {{"device", "1"}}); }),
-              HasSubstr("option device='1': this backend has one device"));
+  EXPECT_THAT(expect_error(ErrorKind::Unavailable, [] { make_backend("fake", {{"device", "1"}}); }),
+              HasSubstr("option device='1': no such device; this backend has one device"));
   for (const char* bad : {"-1", "", " 5", "18446744073709551616", "12kb", "+3"})
     EXPECT_THAT(expect_error(ErrorKind::Unsupported, [&] { make_backend("fake", {{"memory_bytes", bad}}); }),
                 HasSubstr("not a non-negative integer")) << bad;

@@ -97,7 +97,7 @@ def test_opencl_holds_every_dtype():
     ({"device": True}, TypeError, "not bool"),
     ({"inline_async_max_bytes": b"1"}, TypeError, "not bytes"),
     ({"context": 1}, devbridge.Unsupported, "backend host has no option 'context'"),
-    ({"device": "1"}, devbridge.Unsupported, "this backend has one device"),
+    ({"device": "1"}, devbridge.Unavailable, "no such device; this backend has one device"),
     ({"device": 0, "cuda_ordinal": 0}, ValueError, "give device or cuda_ordinal, not both"),
     ({"inline_async_max_bytes": -1}, devbridge.Unsupported, "not a non-negative integer"),
     ({"inline_async_max_bytes": 2**64}, devbridge.Unsupported, "not a non-negative integer"),
