@@ -178,6 +178,10 @@ static void open_failures(void) {
   CHECK_STATUS(DEVBRIDGE_ERROR_UNAVAILABLE, devbridge_open(&options, &bridge));
   check_message_present();
   options.backend = "fake";
+  options.device = "7"; /* a device the fake does not have */
+  CHECK_STATUS(DEVBRIDGE_ERROR_UNAVAILABLE, devbridge_open(&options, &bridge));
+  CHECK(bridge == NULL);
+  options.device = NULL;
   devbridge_backend_option unknown = {"no_such_option", "1"};
   options.backend_options = &unknown;
   options.backend_option_count = 1;
