@@ -22,6 +22,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# Rust, for the crate over the C ABI (bindings/rust): Debian's toolchain where
+# none is on PATH (a rustup one, when present, is used as it is).
+if ! command -v cargo >/dev/null; then
+  echo "setup: installing Debian's rustc and cargo"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq rustc cargo >/dev/null
+fi
+
 # Python: a project-local virtual environment, so the system interpreter is untouched.
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
