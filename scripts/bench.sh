@@ -8,6 +8,7 @@
 #     alternating, BENCH_ROUNDS times (default 5);
 #  3. one comparison table of medians (bench/compare.py), then workload e set
 #     beside an unsynchronized model of the same view (bench/view_floor.cpp);
+#     workloads a-d through the C ABI beside the C++ API (bench/c_abi_overhead.cpp);
 #  4. the host backend against memcpy, and the 4 KiB round trip; the drop
 #     queue's reclamation latency (release -> memory back, with and without a
 #     pending launch fence); the caching pool against a driver allocation per
@@ -34,6 +35,10 @@ if [ ! -x "$BUILD/bench/bridge_workloads" ] || [ ! -x "$BUILD/bench/view_floor" 
     echo "bench: no build in $BUILD; run 'make bench'" >&2
     exit 1
   fi
+fi
+# The C ABI benchmark exists only where the C library is built (it needs dlpack.h).
+if [ ! -x "$BUILD/bench/c_abi_overhead" ] && [ -e "$BUILD/src/c_api/libdevbridge_c.so" ]; then
+  cmake --build "$BUILD" --target c_abi_overhead -j "$(nproc)" || exit 1
 fi
 mkdir -p "$OUT"
 
@@ -78,6 +83,17 @@ python3 bench/compare.py "${devbridge_outs[@]}" "${reference_outs[@]}" || status
 echo
 echo "== workload e: devbridge's view vs an unsynchronized model vs a reference-like wrap =="
 "$BUILD/bench/view_floor" | tee "$OUT/view_floor.txt" || status=1
+
+# 3c. The C ABI against the C++ API on workloads a-d, both in one process
+# (rounds alternate inside it; the table is its last lines).
+if [ -x "$BUILD/bench/c_abi_overhead" ]; then
+  echo
+  echo "== C ABI vs C++ API: workloads a-d over the host backend =="
+  "$BUILD/bench/c_abi_overhead" | tee "$OUT/c_abi_overhead.txt" || status=1
+else
+  echo
+  echo "bench: no $BUILD/bench/c_abi_overhead (the C library is not built: dlpack/dlpack.h missing); skipping the C ABI comparison"
+fi
 
 # 4. Host backend.
 echo
