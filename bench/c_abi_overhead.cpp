@@ -60,7 +60,8 @@ class CppApi {
   static constexpr auto kSync = CopyMode::Sync;
   static constexpr auto kAsync = CopyMode::Async;
 
-  CppApi() : bridge_(make_backend(kBackend), BridgeOptions{kGeneration, kRingBytes, 0}), host_(bridge_.reserve(kExtent)) {}
+  CppApi()
+      : bridge_(make_backend(kBackend), BridgeOptions{kGeneration, kRingBytes, 0}), host_(bridge_.reserve(kExtent)) {}
 
   Handle alloc() { return bridge_.alloc_device(kSpec, kExtent); }
   void free(Handle h) { bridge_.free_device(h); }

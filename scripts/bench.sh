@@ -36,7 +36,8 @@ if [ ! -x "$BUILD/bench/bridge_workloads" ] || [ ! -x "$BUILD/bench/view_floor" 
     exit 1
   fi
 fi
-# The C ABI benchmark exists only where the C library is built (it needs dlpack.h).
+# The C ABI benchmark exists only where the C library is built
+# (DEVBRIDGE_BUILD_C_API, and dlpack/dlpack.h found).
 if [ ! -x "$BUILD/bench/c_abi_overhead" ] && [ -e "$BUILD/src/c_api/libdevbridge_c.so" ]; then
   cmake --build "$BUILD" --target c_abi_overhead -j "$(nproc)" || exit 1
 fi
@@ -92,7 +93,7 @@ if [ -x "$BUILD/bench/c_abi_overhead" ]; then
   "$BUILD/bench/c_abi_overhead" | tee "$OUT/c_abi_overhead.txt" || status=1
 else
   echo
-  echo "bench: no $BUILD/bench/c_abi_overhead (the C library is not built: dlpack/dlpack.h missing); skipping the C ABI comparison"
+  echo "bench: no $BUILD/bench/c_abi_overhead (no C library: DEVBRIDGE_BUILD_C_API off or dlpack/dlpack.h missing); skipping the C ABI comparison"
 fi
 
 # 4. Host backend.
