@@ -31,5 +31,7 @@ _Static_assert(sizeof(devbridge_stats) == 32 * 8, "stats: size and 31 counters")
 _Static_assert(sizeof(devbridge_memory_stats) == 25 * 8, "memory stats: size and 24 counters");
 _Static_assert(sizeof(devbridge_device_info) == 536, "device info");
 _Static_assert(offsetof(devbridge_device_info, device_kind) == 488, "device info numbers after the text");
+_Static_assert(sizeof(devbridge_portable_view) == 40, "portable view");
+_Static_assert(offsetof(devbridge_portable_view, dims) == 16, "portable view dims after dtype and rank");
 
 int main(void) { return devbridge_abi_version() == DEVBRIDGE_ABI_VERSION ? 0 : 1; }

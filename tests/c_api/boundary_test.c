@@ -45,6 +45,15 @@ static devbridge_host_range out_range;
 static devbridge_region out_region;
 static devbridge_dlpack_tensor* out_tensor;
 static uint8_t* out_bytes;
+static devbridge_portable* out_portable;
+static devbridge_portable_view pv;
+static devbridge_portable_view portable;
+static const int64_t portable_dims[1] = {16};
+static const int64_t negative_dims[1] = {-1};
+static const int64_t nine_dims[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+static const int64_t zero_dims[1] = {0};
+static float portable_bytes[16];
+static const devbridge_portable* no_portable;
 static uint64_t out_u64;
 static int32_t out_i32;
 
@@ -293,6 +302,41 @@ static devbridge_region_range region_range(devbridge_region which, uint64_t offs
   X(memory_stats_short_out, INVALID_RANGE, devbridge_get_memory_stats(A, SHORT(memory))) \
   X(reset_peak_null_bridge, INVALID_RANGE, devbridge_reset_peak_memory(NULL)) \
   X(empty_cache_null_bridge, INVALID_RANGE, devbridge_empty_cache(NULL)) \
+  /* portable tensors */ \
+  X(export_tensor_null_bridge, INVALID_RANGE, devbridge_export_tensor(NULL, live, DEVBRIDGE_DTYPE_FLOAT32, portable_dims, 1, 0, &out_portable)) \
+  X(export_tensor_null_out, INVALID_RANGE, devbridge_export_tensor(A, live, DEVBRIDGE_DTYPE_FLOAT32, portable_dims, 1, 0, NULL)) \
+  X(export_tensor_bad_dtype, UNSUPPORTED_DTYPE, devbridge_export_tensor(A, live, 99, portable_dims, 1, 0, &out_portable)) \
+  X(export_tensor_bytes_dtype, UNSUPPORTED_DTYPE, devbridge_export_tensor(A, live, DEVBRIDGE_DTYPE_BYTES, portable_dims, 1, 0, &out_portable)) \
+  X(export_tensor_null_dims, INVALID_RANGE, devbridge_export_tensor(A, live, DEVBRIDGE_DTYPE_FLOAT32, NULL, 1, 0, &out_portable)) \
+  X(export_tensor_rank_9, INVALID_RANGE, devbridge_export_tensor(A, live, DEVBRIDGE_DTYPE_FLOAT32, nine_dims, 9, 0, &out_portable)) \
+  X(export_tensor_negative_dim, INVALID_RANGE, devbridge_export_tensor(A, live, DEVBRIDGE_DTYPE_FLOAT32, negative_dims, 1, 0, &out_portable)) \
+  X(export_tensor_dims_overflow, INVALID_RANGE, devbridge_export_tensor(A, live, DEVBRIDGE_DTYPE_FLOAT32, huge_shape, 2, 0, &out_portable)) \
+  X(export_tensor_offset_near_2_64, INVALID_RANGE, devbridge_export_tensor(A, live, DEVBRIDGE_DTYPE_FLOAT32, portable_dims, 1, NEAR_2_64, &out_portable)) \
+  X(export_tensor_past_extent, INVALID_RANGE, devbridge_export_tensor(A, live, DEVBRIDGE_DTYPE_FLOAT32, portable_dims, 1, 200, &out_portable)) \
+  X(export_tensor_unknown_handle, UNKNOWN_DEVICE_HANDLE, devbridge_export_tensor(A, unknown, DEVBRIDGE_DTYPE_FLOAT32, portable_dims, 1, 0, &out_portable)) \
+  X(export_tensor_old_handle, OLD_GENERATION_HANDLE, devbridge_export_tensor(A, old_handle, DEVBRIDGE_DTYPE_FLOAT32, portable_dims, 1, 0, &out_portable)) \
+  X(export_tensor_foreign_handle, FOREIGN_DOMAIN, devbridge_export_tensor(A, foreign, DEVBRIDGE_DTYPE_FLOAT32, portable_dims, 1, 0, &out_portable)) \
+  X(export_tensor_closed, CLOSED, devbridge_export_tensor(closed, live, DEVBRIDGE_DTYPE_FLOAT32, portable_dims, 1, 0, &out_portable)) \
+  X(describe_null_tensor, INVALID_RANGE, (pv.size = sizeof pv, devbridge_portable_describe(no_portable, &pv))) \
+  X(import_tensor_null_bridge, INVALID_RANGE, devbridge_import_tensor(NULL, &portable, NULL, &out_handle)) \
+  X(import_tensor_null_tensor, INVALID_RANGE, devbridge_import_tensor(A, NULL, NULL, &out_handle)) \
+  X(import_tensor_null_out, INVALID_RANGE, devbridge_import_tensor(A, &portable, NULL, NULL)) \
+  X(import_tensor_short_tensor, INVALID_RANGE, (pv = portable, devbridge_import_tensor(A, SHORT(pv), NULL, &out_handle))) \
+  X(import_tensor_bad_dtype, UNSUPPORTED_DTYPE, (pv = portable, pv.dtype = 99, devbridge_import_tensor(A, &pv, NULL, &out_handle))) \
+  X(import_tensor_bytes_dtype, UNSUPPORTED_DTYPE, (pv = portable, pv.dtype = DEVBRIDGE_DTYPE_BYTES, devbridge_import_tensor(A, &pv, NULL, &out_handle))) \
+  X(import_tensor_len_short, INVALID_RANGE, (pv = portable, pv.len = 63, devbridge_import_tensor(A, &pv, NULL, &out_handle))) \
+  X(import_tensor_len_near_2_64, INVALID_RANGE, (pv = portable, pv.len = NEAR_2_64, devbridge_import_tensor(A, &pv, NULL, &out_handle))) \
+  X(import_tensor_null_data, INVALID_RANGE, (pv = portable, pv.data = NULL, devbridge_import_tensor(A, &pv, NULL, &out_handle))) \
+  X(import_tensor_null_dims, INVALID_RANGE, (pv = portable, pv.dims = NULL, devbridge_import_tensor(A, &pv, NULL, &out_handle))) \
+  X(import_tensor_rank_9, INVALID_RANGE, (pv = portable, pv.dims = nine_dims, pv.rank = 9, devbridge_import_tensor(A, &pv, NULL, &out_handle))) \
+  X(import_tensor_negative_dim, INVALID_RANGE, (pv = portable, pv.dims = negative_dims, devbridge_import_tensor(A, &pv, NULL, &out_handle))) \
+  X(import_tensor_dims_overflow, INVALID_RANGE, (pv = portable, pv.dims = huge_shape, pv.rank = 2, devbridge_import_tensor(A, &pv, NULL, &out_handle))) \
+  X(import_tensor_empty, INVALID_EXTENT, (pv = portable, pv.dims = zero_dims, pv.len = 0, devbridge_import_tensor(A, &pv, NULL, &out_handle))) \
+  X(import_tensor_short_spec, INVALID_RANGE, (s = spec, devbridge_import_tensor(A, &portable, SHORT(s), &out_handle))) \
+  X(import_tensor_spec_too_small, INVALID_EXTENT, (s = spec, s.max_extent = 32, devbridge_import_tensor(A, &portable, &s, &out_handle))) \
+  X(import_tensor_spec_other_dtype, UNSUPPORTED_DTYPE, (s = spec, s.dtype = DEVBRIDGE_DTYPE_INT8, devbridge_import_tensor(A, &portable, &s, &out_handle))) \
+  X(import_tensor_spec_alignment, INVALID_ALIGNMENT, (s = spec, s.alignment = 48, devbridge_import_tensor(A, &portable, &s, &out_handle))) \
+  X(import_tensor_closed, CLOSED, devbridge_import_tensor(closed, &portable, NULL, &out_handle)) \
   /* test controls */ \
   X(inject_null_bridge, INVALID_RANGE, devbridge_fake_inject(NULL, 0, 0, 1)) \
   X(inject_bad_call, INVALID_RANGE, devbridge_fake_inject(A, 11, 0, 1)) \
@@ -365,6 +409,13 @@ static void build_fixture(void) {
   view_spec.dtype = DEVBRIDGE_DTYPE_FLOAT32;
   view_spec.ndim = 1;
   view_spec.shape = view_shape;
+
+  portable.size = sizeof portable;
+  portable.dtype = DEVBRIDGE_DTYPE_FLOAT32;
+  portable.rank = 1;
+  portable.dims = portable_dims;
+  portable.data = portable_bytes;
+  portable.len = sizeof portable_bytes;
 
   copy_request.size = sizeof copy_request;
   copy_request.direction = DEVBRIDGE_HOST_TO_DEVICE;

@@ -591,6 +591,42 @@ devbridge_status devbridge_test_live_allocations(devbridge_bridge* bridge, uint6
 /* Holds asynchronous copies pending (fake and host). */
 devbridge_status devbridge_test_hold_copies(devbridge_bridge* bridge, int32_t hold);
 
+/* ---- portable tensors (docs/PORTABLE.md) -------------------------------------------- */
+
+/* A tensor outside any bridge: row-major, little-endian bytes with a dtype and
+ * a shape (Python's PortableTensor). A view describes one without owning it:
+ * the caller's own bytes, or those of a library-owned devbridge_portable. */
+typedef struct devbridge_portable_view {
+  uint64_t size;          /* sizeof(devbridge_portable_view) */
+  devbridge_dtype dtype;  /* a DEVBRIDGE_DTYPE_* (not BYTES) */
+  uint32_t rank;          /* at most 8 */
+  const int64_t* dims;    /* rank extents, none negative (NULL when rank is 0) */
+  const void* data;       /* len bytes (NULL only when len is 0) */
+  uint64_t len;           /* product of dims times the dtype's size */
+} devbridge_portable_view;
+
+typedef struct devbridge_portable devbridge_portable; /* opaque, library-owned */
+
+/* Copies `rank` dims of `dtype`, row-major from byte `offset` of `handle`,
+ * out of the bridge into a new portable tensor, through the ring in chunks
+ * (so it may be larger than the ring). INVALID_RANGE when it passes the
+ * allocation's extent; UNSUPPORTED_DTYPE for a dtype the device does not hold. */
+devbridge_status devbridge_export_tensor(devbridge_bridge* bridge, devbridge_handle handle, devbridge_dtype dtype,
+                                         const int64_t* dims, uint32_t rank, uint64_t offset,
+                                         devbridge_portable** out_tensor);
+/* Describes `tensor`; the pointers live until devbridge_portable_free. */
+devbridge_status devbridge_portable_describe(const devbridge_portable* tensor, devbridge_portable_view* out_view);
+/* Frees a portable tensor (NULL is fine). */
+void devbridge_portable_free(devbridge_portable* tensor);
+/* Allocates in the bridge's current generation and copies `tensor` in
+ * through the ring in chunks. `spec` NULL: a tensor spec of the dtype,
+ * alignment 256, max_extent the byte size rounded up to it; a given spec's
+ * dtype must be the tensor's or BYTES (else UNSUPPORTED_DTYPE) and its
+ * max_extent hold the rounded size (else INVALID_EXTENT). An empty tensor is
+ * INVALID_EXTENT (no allocation is empty). On failure nothing stays allocated. */
+devbridge_status devbridge_import_tensor(devbridge_bridge* bridge, const devbridge_portable_view* tensor,
+                                         const devbridge_object_spec* spec, devbridge_handle* out_handle);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
