@@ -105,6 +105,20 @@ DType dtype_from_c(devbridge_dtype dtype, std::string_view what) {
   return static_cast<DType>(dtype);
 }
 
+// The byte size of `dims` of `dtype`, every product checked.
+std::uint64_t tensor_bytes(DType dtype, std::span<const std::int64_t> dims, std::string_view what) {
+  if (dims.size() > static_cast<std::size_t>(kMaxRank))
+    invalid_argument(std::string(what) + ": rank " + std::to_string(dims.size()) + " is more than " +
+                     std::to_string(kMaxRank));
+  std::uint64_t total = dtype_size(dtype);
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    const std::string dim = std::string(what) + "[" + std::to_string(i) + "]";
+    if (dims[i] < 0) invalid_argument(dim + " is " + std::to_string(dims[i]) + ", negative");
+    total = checked::mul_or_throw(total, static_cast<std::uint64_t>(dims[i]), ErrorKind::InvalidRange, dim);
+  }
+  return total;
+}
+
 ObjectSpec object_spec_from_c(const devbridge_object_spec* spec) {
   const auto& given = sized(spec, "spec");
   if (given.shape < DEVBRIDGE_SHAPE_SCALAR || given.shape > DEVBRIDGE_SHAPE_TENSOR)

@@ -126,6 +126,9 @@ constexpr RegionRange to_cpp(devbridge_region_range range) noexcept {
 // A C dtype value: UnsupportedDType when it names none (`what` names the field).
 DType dtype_from_c(devbridge_dtype dtype, std::string_view what);
 ObjectSpec object_spec_from_c(const devbridge_object_spec* spec);
+// The byte size of a row-major tensor of `dims` (at most kMaxRank, none
+// negative) of `dtype`, every product checked: InvalidRange naming `what`.
+std::uint64_t tensor_bytes(DType dtype, std::span<const std::int64_t> dims, std::string_view what);
 
 // Writes a bool to a C int32 out-parameter.
 inline void write_flag(int32_t* out, bool value, std::string_view what) { required(out, what) = value ? 1 : 0; }

@@ -24,20 +24,6 @@ namespace {
 
 constexpr std::uint64_t kDefaultImportAlignment = 256;  // Python's spec_for_array default
 
-// The byte size of `dims` of `dtype`, every product checked.
-std::uint64_t tensor_bytes(DType dtype, std::span<const std::int64_t> dims, std::string_view what) {
-  if (dims.size() > static_cast<std::size_t>(kMaxRank))
-    invalid_argument(std::string(what) + ": rank " + std::to_string(dims.size()) + " is more than " +
-                     std::to_string(kMaxRank));
-  std::uint64_t total = dtype_size(dtype);
-  for (std::size_t i = 0; i < dims.size(); ++i) {
-    const std::string dim = std::string(what) + "[" + std::to_string(i) + "]";
-    if (dims[i] < 0) invalid_argument(dim + " is " + std::to_string(dims[i]) + ", negative");
-    total = checked::mul_or_throw(total, static_cast<std::uint64_t>(dims[i]), ErrorKind::InvalidRange, dim);
-  }
-  return total;
-}
-
 void require_held(Bridge& bridge, DType dtype) {
   const auto held = bridge.backend_info().dtypes;
   if (std::find(held.begin(), held.end(), dtype) == held.end())

@@ -627,6 +627,51 @@ void devbridge_portable_free(devbridge_portable* tensor);
 devbridge_status devbridge_import_tensor(devbridge_bridge* bridge, const devbridge_portable_view* tensor,
                                          const devbridge_object_spec* spec, devbridge_handle* out_handle);
 
+/* ---- checkpoints (docs/PORTABLE.md) ------------------------------------------------ */
+
+/* The format Python's devbridge.checkpoint writes and devbridge.restore reads:
+ * a safetensors file whose __metadata__ holds the format, its version, the
+ * generation, each tensor's dtype and the CRC-32 (zlib's) of the data section.
+ * A file the checkpoint cannot take (corrupt, truncated, a checksum that
+ * differs, a name twice) is INVALID_RANGE; one the system refuses to open,
+ * read or write is UNAVAILABLE; both messages name the file and the tensor. */
+typedef struct devbridge_checkpoint_entry {
+  const char* name;        /* UTF-8, unique, not empty and not "__metadata__" */
+  devbridge_handle handle; /* the tensor's bytes are its first ones */
+  devbridge_dtype dtype;
+  uint32_t rank;           /* at most 8 */
+  const int64_t* dims;
+} devbridge_checkpoint_entry;
+
+/* Writes `count` entries of the bridge to `path`, streamed through the ring
+ * chunk by chunk into a temporary file beside it that is fsynced, renamed
+ * over `path` and its directory fsynced: a crash leaves the old file or the
+ * new one. `generation` is the one recorded (0: the bridge's current one). */
+devbridge_status devbridge_checkpoint(devbridge_bridge* bridge, const char* path,
+                                      const devbridge_checkpoint_entry* entries, uint64_t count,
+                                      uint64_t generation);
+
+typedef struct devbridge_restored_tensor {
+  const char* name;
+  devbridge_handle handle; /* a new allocation of the bridge, the caller's to free */
+  devbridge_dtype dtype;
+  uint32_t rank;
+  const int64_t* dims;
+} devbridge_restored_tensor;
+
+typedef struct devbridge_restored {
+  uint64_t count;
+  const devbridge_restored_tensor* tensors; /* in the file's order */
+  uint64_t generation;                      /* recorded in the file (0: none, not a devbridge file) */
+} devbridge_restored;
+
+/* Restores every tensor of the safetensors file at `path` (devbridge's, with
+ * its checksum verified, or any other) into new allocations of the bridge's
+ * current generation. On failure nothing stays allocated. */
+devbridge_status devbridge_restore(devbridge_bridge* bridge, const char* path, devbridge_restored** out_restored);
+/* Frees the description (NULL is fine); the allocations stay the caller's. */
+void devbridge_restored_free(devbridge_restored* restored);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

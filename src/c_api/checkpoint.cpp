@@ -1,0 +1,366 @@
+// Checkpoint and restore through the C ABI, in the file format of Python's
+// devbridge.checkpoint / devbridge.restore (python/devbridge/_checkpoint.py,
+// docs/PORTABLE.md): a safetensors file whose __metadata__ records the
+// format, the generation, each tensor's devbridge dtype and the CRC-32 of
+// the data section. Reading goes through the library's one header parser
+// (devbridge/checkpoint_file.hpp); the bytes travel through the ring in
+// chunks by the TransferPlanner, so no tensor is ever held whole.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "boundary.hpp"
+#include "devbridge/checkpoint_file.hpp"
+#include "devbridge/transfer.hpp"
+
+using namespace devbridge;
+using namespace devbridge::c_api;
+namespace ckpt = devbridge::checkpoint;
+
+namespace {
+
+constexpr std::string_view kFormatVersion = "1";           // Python's FORMAT_VERSION
+constexpr std::uint64_t kRestoreAlignment = 256;           // Python's restore default
+constexpr std::string_view kChecksumPlaceholder = "crc32:00000000";
+
+// zlib's crc32 takes at most UINT_MAX bytes a call.
+std::uint32_t crc32_update(std::uint32_t crc, std::span<const std::byte> bytes) {
+  auto* data = reinterpret_cast<const Bytef*>(bytes.data());
+  std::size_t left = bytes.size();
+  while (left > 0) {
+    const auto n = static_cast<uInt>(std::min<std::size_t>(left, 1u << 30));
+    crc = static_cast<std::uint32_t>(::crc32(crc, data, n));
+    data += n;
+    left -= n;
+  }
+  return crc;
+}
+
+std::string crc32_text(std::uint32_t crc) {
+  char digits[9];
+  std::snprintf(digits, sizeof digits, "%08x", crc);
+  return "crc32:" + std::string(digits);
+}
+
+[[noreturn]] void system_failure(const std::string& what) {
+  const int error = errno;
+  throw Error(ErrorKind::Unavailable, what + ": " + std::generic_category().message(error));
+}
+
+// Runs `body` for one tensor of `where`, naming the file and the tensor in
+// whatever it throws and keeping the kind (a file the checkpoint refuses is
+// InvalidRange, one the system refuses Unavailable).
+template <class Body>
+void for_tensor(const std::string& where, std::string_view tensor, Body&& body) {
+  const auto prefix = where + ": tensor " + ckpt::quoted(tensor) + ": ";
+  try {
+    body();
+  } catch (const Error& error) {
+    throw Error(error.kind(), prefix + std::string(error.message()), error.fatal());
+  } catch (const ckpt::CheckpointError& error) {
+    throw Error(error.os_error() != 0 ? ErrorKind::Unavailable : ErrorKind::InvalidRange, prefix + error.what());
+  }
+}
+
+// ---- writing ----
+
+struct PlannedTensor {
+  std::string name;
+  DeviceHandle handle;
+  DType dtype;
+  std::vector<std::int64_t> dims;
+  std::uint64_t bytes = 0;
+};
+
+std::vector<PlannedTensor> planned_tensors(Bridge& bridge, std::span<const devbridge_checkpoint_entry> entries,
+                                           const std::string& where) {
+  std::vector<PlannedTensor> tensors;
+  tensors.reserve(entries.size());
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const auto& entry = entries[i];
+    const std::string which = "entries[" + std::to_string(i) + "]";
+    PlannedTensor tensor;
+    tensor.name = std::string(text(entry.name, which + ".name"));
+    if (tensor.name.empty() || tensor.name == "__metadata__" || !ckpt::valid_utf8(tensor.name))
+      invalid_argument(where + ": " + which + ".name " + ckpt::quoted(tensor.name) +
+                       " cannot name a tensor (empty, \"__metadata__\" or not UTF-8)");
+    for_tensor(where, tensor.name, [&] {
+      tensor.dtype = dtype_from_c(entry.dtype, which + ".dtype");
+      const auto dims = array_argument(entry.dims, entry.rank, which + ".dims");
+      tensor.dims.assign(dims.begin(), dims.end());
+      tensor.bytes = tensor_bytes(tensor.dtype, dims, which + ".dims");
+      tensor.handle = to_cpp(entry.handle);
+      const auto extent = bridge.extent(tensor.handle);
+      if (tensor.bytes > extent)
+        throw Error(ErrorKind::InvalidRange, std::to_string(tensor.bytes) + " bytes of " +
+                                                 std::string(dtype_info(tensor.dtype).name) +
+                                                 " pass the allocation's extent of " + std::to_string(extent));
+    });
+    tensors.push_back(std::move(tensor));
+  }
+  // The safetensors package's order: widest dtype first, so every tensor starts aligned to its itemsize.
+  std::sort(tensors.begin(), tensors.end(), [](const PlannedTensor& a, const PlannedTensor& b) {
+    const auto wa = dtype_size(a.dtype), wb = dtype_size(b.dtype);
+    return wa != wb ? wa > wb : a.name < b.name;
+  });
+  for (std::size_t i = 1; i < tensors.size(); ++i)
+    if (tensors[i].name == tensors[i - 1].name)
+      invalid_argument(where + ": tensor " + ckpt::quoted(tensors[i].name) + " is named twice");
+  return tensors;
+}
+
+// The header as Python's json.dumps(header, separators=(",", ":")) writes it
+// (ensure_ascii, insertion order), padded with spaces so the data starts
+// 8-aligned, after its 8-byte little-endian length.
+std::string encoded_header(const std::vector<PlannedTensor>& tensors, std::uint64_t generation,
+                           std::string_view checksum) {
+  // The dtypes entry is json.dumps(dtypes, sort_keys=True): default separators.
+  std::vector<const PlannedTensor*> by_name;
+  for (const auto& tensor : tensors) by_name.push_back(&tensor);
+  std::sort(by_name.begin(), by_name.end(), [](auto* a, auto* b) { return a->name < b->name; });
+  std::string dtypes = "{";
+  for (const auto* tensor : by_name) {
+    if (dtypes.size() > 1) dtypes += ", ";
+    dtypes += nlohmann::json(tensor->name).dump(-1, ' ', true) + ": " +
+              nlohmann::json(std::string(dtype_info(tensor->dtype).name)).dump(-1, ' ', true);
+  }
+  dtypes += "}";
+
+  nlohmann::ordered_json header;
+  header["__metadata__"] = {{"format", std::string(ckpt::kFormat)},
+                            {"format_version", std::string(kFormatVersion)},
+                            {"generation", std::to_string(generation)},
+                            {"checksum", std::string(checksum)},
+                            {"dtypes", dtypes}};
+  std::uint64_t begin = 0;
+  for (const auto& tensor : tensors) {
+    header[tensor.name] = {{"dtype", std::string(ckpt::safetensors_name(tensor.dtype))},
+                           {"shape", tensor.dims},
+                           {"data_offsets", {begin, begin + tensor.bytes}}};
+    begin += tensor.bytes;
+  }
+  std::string text = header.dump(-1, ' ', true);
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string encoded(8, '\0');
+  for (int i = 0; i < 8; ++i) encoded[i] = static_cast<char>((static_cast<std::uint64_t>(text.size()) >> (8 * i)) & 0xff);
+  return encoded + text;
+}
+
+// A temporary file beside the checkpoint, unlinked unless committed.
+class TemporaryFile {
+ public:
+  explicit TemporaryFile(const std::string& path) : where_(ckpt::quoted(path)) {
+    const auto slash = path.rfind('/');
+    directory_ = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+    const auto base = slash == std::string::npos ? path : path.substr(slash + 1);
+    name_ = (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) + "." + base + ".XXXXXX.tmp";
+    fd_ = ::mkstemps(name_.data(), 4);
+    if (fd_ < 0) system_failure("checkpoint " + where_ + ": cannot create a temporary file in " + ckpt::quoted(directory_));
+  }
+  TemporaryFile(const TemporaryFile&) = delete;
+  TemporaryFile& operator=(const TemporaryFile&) = delete;
+  ~TemporaryFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(name_.c_str());
+  }
+
+  void write_at(std::uint64_t offset, std::span<const std::byte> bytes) {
+    while (!bytes.empty()) {
+      const auto n = ::pwrite(fd_, bytes.data(), bytes.size(), static_cast<off_t>(offset));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) system_failure("checkpoint " + where_ + ": writing " + ckpt::quoted(name_));
+      bytes = bytes.subspan(static_cast<std::size_t>(n));
+      offset += static_cast<std::uint64_t>(n);
+    }
+  }
+
+  // fsync, rename over `path`, fsync the directory: the old file or the new one survives a crash.
+  void commit(const std::string& path) {
+    if (::fchmod(fd_, mode_for(path)) != 0) system_failure("checkpoint " + where_ + ": fchmod");
+    if (::fsync(fd_) != 0) system_failure("checkpoint " + where_ + ": fsync");
+    if (::rename(name_.c_str(), path.c_str()) != 0) system_failure("checkpoint " + where_ + ": rename");
+    committed_ = true;
+    const int directory = ::open(directory_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (directory < 0) system_failure("checkpoint " + where_ + ": opening its directory to fsync it");
+    const int synced = ::fsync(directory);
+    ::close(directory);
+    if (synced != 0) system_failure("checkpoint " + where_ + ": fsync of its directory");
+  }
+
+ private:
+  // The old file's permissions, or 0666 less the umask (mkstemp made it 0600).
+  static mode_t mode_for(const std::string& path) {
+    struct stat old {};
+    if (::stat(path.c_str(), &old) == 0) return old.st_mode & 07777;
+    // Read, not set and restored: umask() would race with other threads' file creation.
+    std::ifstream status("/proc/self/status");
+    std::string line;
+    while (std::getline(status, line))
+      if (line.rfind("Umask:", 0) == 0) return 0666 & ~static_cast<mode_t>(std::stoul(line.substr(6), nullptr, 8));
+    return 0644;
+  }
+
+  std::string where_;
+  std::string directory_;
+  std::string name_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+// ---- reading ----
+
+struct Restored : devbridge_restored {
+  std::vector<std::string> names;
+  std::vector<std::vector<std::int64_t>> dims;
+  std::vector<devbridge_restored_tensor> rows;
+};
+
+// The allocations of a restore, freed unless it succeeds.
+class Allocations {
+ public:
+  explicit Allocations(Bridge& bridge) : bridge_(bridge) {}
+  Allocations(const Allocations&) = delete;
+  Allocations& operator=(const Allocations&) = delete;
+  ~Allocations() {
+    for (const auto& handle : handles_) {
+      try {
+        bridge_.release(handle);  // deferred: a copy may still use it
+      } catch (...) {               // a closed bridge has freed it already
+      }
+    }
+  }
+  void add(DeviceHandle handle) { handles_.push_back(handle); }
+  void keep() noexcept { handles_.clear(); }
+
+ private:
+  Bridge& bridge_;
+  std::vector<DeviceHandle> handles_;
+};
+
+std::uint64_t recorded_generation(const ckpt::Header& header) {
+  const std::string* text = header.find_metadata("generation");
+  std::uint64_t generation = 0;
+  if (text == nullptr || std::from_chars(text->data(), text->data() + text->size(), generation).ec != std::errc{})
+    return 0;
+  return generation;
+}
+
+}  // namespace
+
+extern "C" {
+
+devbridge_status devbridge_checkpoint(devbridge_bridge* bridge, const char* path,
+                                      const devbridge_checkpoint_entry* entries, uint64_t count,
+                                      uint64_t generation) {
+  return guarded([&] {
+    auto& source = bridge_of(bridge);
+    const std::string file(text(path, "path"));
+    if (file.empty()) invalid_argument("path is empty");
+    const std::string where = "checkpoint " + ckpt::quoted(file);
+    const auto tensors = planned_tensors(source, array_argument(entries, count, "entries"), where);
+    const auto recorded = generation != 0 ? generation : source.generation();
+
+    TemporaryFile temporary(file);
+    const auto placeholder = encoded_header(tensors, recorded, kChecksumPlaceholder);
+    temporary.write_at(0, std::as_bytes(std::span(placeholder)));
+    std::uint64_t at = placeholder.size();
+    std::uint32_t crc = 0;
+    TransferPlanner planner(source);
+    for (const auto& tensor : tensors) {
+      if (tensor.bytes == 0) continue;
+      for_tensor(where, tensor.name, [&] {
+        planner.run(DeviceSpan{tensor.handle, 0, tensor.bytes},
+                    StreamDestination{tensor.bytes, [&](std::uint64_t, std::span<const std::byte> chunk) {
+                                        temporary.write_at(at, chunk);
+                                        crc = crc32_update(crc, chunk);
+                                        at += chunk.size();
+                                      }});
+      });
+    }
+    // Same length as the placeholder: the data section stays where it is.
+    const auto final_header = encoded_header(tensors, recorded, crc32_text(crc));
+    temporary.write_at(0, std::as_bytes(std::span(final_header)));
+    temporary.commit(file);
+  });
+}
+
+devbridge_status devbridge_restore(devbridge_bridge* bridge, const char* path, devbridge_restored** out_restored) {
+  return guarded([&] {
+    auto& out = required(out_restored, "out_restored");
+    auto& target = bridge_of(bridge);
+    const std::string file(text(path, "path"));
+    const std::string where = "restore " + ckpt::quoted(file);
+    std::optional<ckpt::CheckpointFile> opened;
+    try {
+      opened.emplace(ckpt::CheckpointFile::open(file));
+    } catch (const ckpt::CheckpointError& error) {
+      throw Error(error.os_error() != 0 ? ErrorKind::Unavailable : ErrorKind::InvalidRange,
+                  where + ": " + error.what());
+    }
+    const auto& header = opened->header();
+    if (header.devbridge && header.checksum.rfind("crc32:", 0) != 0)
+      throw Error(ErrorKind::Unsupported, where + ": its checksum is " + header.checksum +
+                                              "; the C ABI verifies crc32 only (Python's restore reads sha256)");
+
+    auto result = std::make_unique<Restored>();
+    Allocations allocations(target);
+    TransferPlanner planner(target);
+    std::uint32_t crc = 0;
+    for (const auto& entry : header.tensors) {
+      for_tensor(where, entry.name, [&] {
+        ObjectSpec spec;
+        spec.alignment = kRestoreAlignment;
+        spec.dtype = entry.dtype;
+        spec.shape = ShapeKind::Tensor;
+        const auto rounded = checked::add_or_throw(entry.nbytes(), kRestoreAlignment - 1, ErrorKind::InvalidExtent,
+                                                   "the tensor's bytes rounded up to the alignment");
+        spec.max_extent = rounded - rounded % kRestoreAlignment;
+        const auto first = header.data_start() + entry.begin;
+        auto moved = planner.run(StreamSource{entry.nbytes(),
+                                              [&](std::uint64_t offset, std::span<std::byte> chunk) {
+                                                opened->read_at(first + offset, chunk.data(), chunk.size());
+                                                crc = crc32_update(crc, chunk);
+                                              }},
+                                 NewAllocation{spec, spec.max_extent});
+        allocations.add(*moved.handle);
+        result->names.push_back(entry.name);
+        result->dims.emplace_back(entry.shape.begin(), entry.shape.end());
+        devbridge_restored_tensor row{};
+        row.handle = to_c(*moved.handle);
+        row.dtype = static_cast<devbridge_dtype>(entry.dtype);
+        row.rank = static_cast<std::uint32_t>(entry.shape.size());
+        result->rows.push_back(row);
+      });
+    }
+    // The tensors tile the data section in file order, so their bytes in order are all of it.
+    if (header.devbridge && crc32_text(crc) != header.checksum)
+      throw Error(ErrorKind::InvalidRange, where + ": the file is corrupt: the data's checksum is " + crc32_text(crc) +
+                                               ", the file records " + header.checksum);
+    for (std::size_t i = 0; i < result->rows.size(); ++i) {
+      result->rows[i].name = result->names[i].c_str();
+      result->rows[i].dims = result->dims[i].empty() ? nullptr : result->dims[i].data();
+    }
+    result->count = result->rows.size();
+    result->tensors = result->rows.empty() ? nullptr : result->rows.data();
+    result->generation = header.devbridge ? recorded_generation(header) : 0;
+    allocations.keep();
+    out = result.release();
+  });
+}
+
+void devbridge_restored_free(devbridge_restored* restored) { delete static_cast<Restored*>(restored); }
+
+}  // extern "C"
