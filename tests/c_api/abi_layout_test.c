@@ -33,5 +33,9 @@ _Static_assert(sizeof(devbridge_device_info) == 536, "device info");
 _Static_assert(offsetof(devbridge_device_info, device_kind) == 488, "device info numbers after the text");
 _Static_assert(sizeof(devbridge_portable_view) == 40, "portable view");
 _Static_assert(offsetof(devbridge_portable_view, dims) == 16, "portable view dims after dtype and rank");
+_Static_assert(sizeof(devbridge_checkpoint_entry) == 48 && offsetof(devbridge_checkpoint_entry, dims) == 40,
+               "checkpoint entry");
+_Static_assert(sizeof(devbridge_restored_tensor) == 48, "restored tensor");
+_Static_assert(sizeof(devbridge_restored) == 24, "restored");
 
 int main(void) { return devbridge_abi_version() == DEVBRIDGE_ABI_VERSION ? 0 : 1; }

@@ -54,6 +54,10 @@ static const int64_t nine_dims[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
 static const int64_t zero_dims[1] = {0};
 static float portable_bytes[16];
 static const devbridge_portable* no_portable;
+static devbridge_checkpoint_entry entry;
+static devbridge_checkpoint_entry e;
+static devbridge_checkpoint_entry two_entries[2];
+static devbridge_restored* out_restored;
 static uint64_t out_u64;
 static int32_t out_i32;
 
@@ -337,6 +341,32 @@ static devbridge_region_range region_range(devbridge_region which, uint64_t offs
   X(import_tensor_spec_other_dtype, UNSUPPORTED_DTYPE, (s = spec, s.dtype = DEVBRIDGE_DTYPE_INT8, devbridge_import_tensor(A, &portable, &s, &out_handle))) \
   X(import_tensor_spec_alignment, INVALID_ALIGNMENT, (s = spec, s.alignment = 48, devbridge_import_tensor(A, &portable, &s, &out_handle))) \
   X(import_tensor_closed, CLOSED, devbridge_import_tensor(closed, &portable, NULL, &out_handle)) \
+  /* checkpoints (each refused before a file is made) */ \
+  X(checkpoint_null_bridge, INVALID_RANGE, devbridge_checkpoint(NULL, "/tmp/devbridge-boundary.safetensors", &entry, 1, 0)) \
+  X(checkpoint_null_path, INVALID_RANGE, devbridge_checkpoint(A, NULL, &entry, 1, 0)) \
+  X(checkpoint_empty_path, INVALID_RANGE, devbridge_checkpoint(A, "", &entry, 1, 0)) \
+  X(checkpoint_null_entries, INVALID_RANGE, devbridge_checkpoint(A, "/tmp/devbridge-boundary.safetensors", NULL, 1, 0)) \
+  X(checkpoint_count_near_2_64, INVALID_RANGE, devbridge_checkpoint(A, "/tmp/devbridge-boundary.safetensors", &entry, NEAR_2_64, 0)) \
+  X(checkpoint_null_name, INVALID_RANGE, (e = entry, e.name = NULL, devbridge_checkpoint(A, "/tmp/devbridge-boundary.safetensors", &e, 1, 0))) \
+  X(checkpoint_empty_name, INVALID_RANGE, (e = entry, e.name = "", devbridge_checkpoint(A, "/tmp/devbridge-boundary.safetensors", &e, 1, 0))) \
+  X(checkpoint_metadata_name, INVALID_RANGE, (e = entry, e.name = "__metadata__", devbridge_checkpoint(A, "/tmp/devbridge-boundary.safetensors", &e, 1, 0))) \
+  X(checkpoint_name_not_utf8, INVALID_RANGE, (e = entry, e.name = "\xff", devbridge_checkpoint(A, "/tmp/devbridge-boundary.safetensors", &e, 1, 0))) \
+  X(checkpoint_name_twice, INVALID_RANGE, devbridge_checkpoint(A, "/tmp/devbridge-boundary.safetensors", two_entries, 2, 0)) \
+  X(checkpoint_bad_dtype, UNSUPPORTED_DTYPE, (e = entry, e.dtype = 99, devbridge_checkpoint(A, "/tmp/devbridge-boundary.safetensors", &e, 1, 0))) \
+  X(checkpoint_null_dims, INVALID_RANGE, (e = entry, e.dims = NULL, devbridge_checkpoint(A, "/tmp/devbridge-boundary.safetensors", &e, 1, 0))) \
+  X(checkpoint_dims_overflow, INVALID_RANGE, (e = entry, e.dims = huge_shape, e.rank = 2, devbridge_checkpoint(A, "/tmp/devbridge-boundary.safetensors", &e, 1, 0))) \
+  X(checkpoint_past_extent, INVALID_RANGE, (e = entry, e.dtype = DEVBRIDGE_DTYPE_FLOAT64, devbridge_checkpoint(A, "/tmp/devbridge-boundary.safetensors", &e, 1, 0))) \
+  X(checkpoint_old_handle, OLD_GENERATION_HANDLE, (e = entry, e.handle = old_handle, devbridge_checkpoint(A, "/tmp/devbridge-boundary.safetensors", &e, 1, 0))) \
+  X(checkpoint_foreign_handle, FOREIGN_DOMAIN, (e = entry, e.handle = foreign, devbridge_checkpoint(A, "/tmp/devbridge-boundary.safetensors", &e, 1, 0))) \
+  X(checkpoint_unknown_handle, UNKNOWN_DEVICE_HANDLE, (e = entry, e.handle = unknown, devbridge_checkpoint(A, "/tmp/devbridge-boundary.safetensors", &e, 1, 0))) \
+  X(checkpoint_no_directory, UNAVAILABLE, devbridge_checkpoint(A, "/nonexistent-devbridge-dir/x.safetensors", &entry, 1, 0)) \
+  X(checkpoint_closed, CLOSED, devbridge_checkpoint(closed, "/tmp/devbridge-boundary.safetensors", &entry, 1, 0)) \
+  X(restore_null_bridge, INVALID_RANGE, devbridge_restore(NULL, "/tmp/devbridge-boundary.safetensors", &out_restored)) \
+  X(restore_null_path, INVALID_RANGE, devbridge_restore(A, NULL, &out_restored)) \
+  X(restore_null_out, INVALID_RANGE, devbridge_restore(A, "/tmp/devbridge-boundary.safetensors", NULL)) \
+  X(restore_missing_file, UNAVAILABLE, devbridge_restore(A, "/nonexistent-devbridge-dir/x.safetensors", &out_restored)) \
+  X(restore_a_directory, INVALID_RANGE, devbridge_restore(A, "/tmp", &out_restored)) \
+  X(restore_not_safetensors, INVALID_RANGE, devbridge_restore(A, "/proc/self/cmdline", &out_restored)) \
   /* test controls */ \
   X(inject_null_bridge, INVALID_RANGE, devbridge_fake_inject(NULL, 0, 0, 1)) \
   X(inject_bad_call, INVALID_RANGE, devbridge_fake_inject(A, 11, 0, 1)) \
@@ -416,6 +446,14 @@ static void build_fixture(void) {
   portable.dims = portable_dims;
   portable.data = portable_bytes;
   portable.len = sizeof portable_bytes;
+
+  entry.name = "x";
+  entry.handle = live;
+  entry.dtype = DEVBRIDGE_DTYPE_FLOAT32;
+  entry.rank = 1;
+  entry.dims = view_shape; /* 64 float32: all 256 bytes of `live` */
+  two_entries[0] = entry;
+  two_entries[1] = entry;
 
   copy_request.size = sizeof copy_request;
   copy_request.direction = DEVBRIDGE_HOST_TO_DEVICE;
