@@ -45,9 +45,19 @@ class _Restored(ctypes.Structure):
                 ("generation", ctypes.c_uint64)]
 
 
+def _sanitized(build: pathlib.Path) -> bool:
+    """A sanitizer build's library aborts the process that loads it without the runtime preloaded."""
+    try:
+        return "-fsanitize" in (build / "CMakeCache.txt").read_text(errors="replace")
+    except OSError:
+        return False
+
+
 def _load() -> ctypes.CDLL | None:
-    """The newest built libdevbridge_c.so that loads here (a sanitizer build does not) and has restore."""
+    """The newest built libdevbridge_c.so that loads here (not a sanitizer build) and has restore."""
     for library in sorted(_ROOT.glob("build/*/src/c_api/libdevbridge_c.so"), key=lambda p: -p.stat().st_mtime):
+        if _sanitized(library.parents[2]):
+            continue
         try:
             lib = ctypes.CDLL(str(library))
         except OSError:
@@ -106,19 +116,22 @@ ARRAYS = {
 }
 
 
-def test_c_written_checkpoint_restores_in_python(c_bridge, tmp_path):
-    path = tmp_path / "from_c.safetensors"
-    keep = []
-    entries = (_CheckpointEntry * len(ARRAYS))()
-    for entry, (name, a) in zip(entries, ARRAYS.items()):
-        dims = _dims(a.shape)
-        view = _PortableView(size=ctypes.sizeof(_PortableView), dtype=_DTYPES[str(a.dtype)], rank=a.ndim, dims=dims,
+def _c_checkpoint(bridge: ctypes.c_void_p, path: pathlib.Path, arrays: dict[str, np.ndarray]) -> None:
+    """Imports each array into the C bridge and checkpoints them all through the C ABI."""
+    entries = (_CheckpointEntry * len(arrays))()
+    dims = [_dims(a.shape) for a in arrays.values()]  # alive until the call returns
+    for entry, shape, (name, a) in zip(entries, dims, arrays.items()):
+        view = _PortableView(size=ctypes.sizeof(_PortableView), dtype=_DTYPES[str(a.dtype)], rank=a.ndim, dims=shape,
                              data=a.ctypes.data, len=a.nbytes)
         handle = _Handle()
-        _ok(_LIB.devbridge_import_tensor(c_bridge, ctypes.byref(view), None, ctypes.byref(handle)))
-        entry.name, entry.handle, entry.dtype, entry.rank, entry.dims = name.encode(), handle, view.dtype, a.ndim, dims
-        keep.append(dims)
-    _ok(_LIB.devbridge_checkpoint(c_bridge, str(path).encode(), entries, len(ARRAYS), 0))
+        _ok(_LIB.devbridge_import_tensor(bridge, ctypes.byref(view), None, ctypes.byref(handle)))
+        entry.name, entry.handle, entry.dtype, entry.rank, entry.dims = name.encode(), handle, view.dtype, a.ndim, shape
+    _ok(_LIB.devbridge_checkpoint(bridge, str(path).encode(), entries, len(arrays), 0))
+
+
+def test_c_written_checkpoint_restores_in_python(c_bridge, tmp_path):
+    path = tmp_path / "from_c.safetensors"
+    _c_checkpoint(c_bridge, path, ARRAYS)
 
     info = devbridge.checkpoint_info(path)
     assert info["metadata"]["generation"] == "5" and info["metadata"]["checksum"].startswith("crc32:")
@@ -166,3 +179,14 @@ def test_python_written_checkpoint_restores_through_c(c_bridge, tmp_path):
             _ok(_LIB.devbridge_free_device(c_bridge, row.handle))
     finally:
         _LIB.devbridge_restored_free(restored)
+
+
+def test_c_and_python_write_the_same_bytes(c_bridge, tmp_path):
+    arrays = dict(ARRAYS, **{"b\u00e9ta\x7f": np.array([1, 2], dtype=np.int8)})  # escaped as json.dumps does
+    _c_checkpoint(c_bridge, tmp_path / "c.safetensors", arrays)
+    with devbridge.Bridge(backend="host", ring_bytes=1 << 20, generation=5) as bridge:
+        tensors = {name: bridge.upload(a, wait=True) for name, a in arrays.items()}
+        bridge.checkpoint(tmp_path / "python.safetensors", tensors)
+        for t in tensors.values():
+            t.free()
+    assert (tmp_path / "c.safetensors").read_bytes() == (tmp_path / "python.safetensors").read_bytes()
