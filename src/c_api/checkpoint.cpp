@@ -61,18 +61,24 @@ std::string crc32_text(std::uint32_t crc) {
   throw Error(ErrorKind::Unavailable, what + ": " + std::generic_category().message(error));
 }
 
-// Runs `body` for one tensor of `where`, naming the file and the tensor in
-// whatever it throws and keeping the kind (a file the checkpoint refuses is
-// InvalidRange, one the system refuses Unavailable).
+// A file the checkpoint refuses is InvalidRange, one the system refuses
+// Unavailable (docs/C_API.md); the parser's message names the file already.
+Error from_checkpoint_error(std::string_view operation, const ckpt::CheckpointError& error) {
+  return Error(error.os_error() != 0 ? ErrorKind::Unavailable : ErrorKind::InvalidRange,
+               std::string(operation) + ": " + error.what());
+}
+
+// Runs `body` for one tensor of `file` (quoted), naming the file and the
+// tensor in whatever it throws and keeping the kind.
 template <class Body>
-void for_tensor(const std::string& where, std::string_view tensor, Body&& body) {
-  const auto prefix = where + ": tensor " + ckpt::quoted(tensor) + ": ";
+void for_tensor(std::string_view operation, const std::string& file, std::string_view tensor, Body&& body) {
+  const auto named = std::string(operation) + " " + file + ": tensor " + ckpt::quoted(tensor);
   try {
     body();
   } catch (const Error& error) {
-    throw Error(error.kind(), prefix + std::string(error.message()), error.fatal());
+    throw Error(error.kind(), named + ": " + std::string(error.message()), error.fatal());
   } catch (const ckpt::CheckpointError& error) {
-    throw Error(error.os_error() != 0 ? ErrorKind::Unavailable : ErrorKind::InvalidRange, prefix + error.what());
+    throw from_checkpoint_error(std::string(operation) + ": tensor " + ckpt::quoted(tensor), error);
   }
 }
 
@@ -87,7 +93,8 @@ struct PlannedTensor {
 };
 
 std::vector<PlannedTensor> planned_tensors(Bridge& bridge, std::span<const devbridge_checkpoint_entry> entries,
-                                           const std::string& where) {
+                                           const std::string& file) {
+  const std::string where = "checkpoint " + ckpt::quoted(file);
   std::vector<PlannedTensor> tensors;
   tensors.reserve(entries.size());
   for (std::size_t i = 0; i < entries.size(); ++i) {
@@ -98,7 +105,7 @@ std::vector<PlannedTensor> planned_tensors(Bridge& bridge, std::span<const devbr
     if (tensor.name.empty() || tensor.name == "__metadata__" || !ckpt::valid_utf8(tensor.name))
       invalid_argument(where + ": " + which + ".name " + ckpt::quoted(tensor.name) +
                        " cannot name a tensor (empty, \"__metadata__\" or not UTF-8)");
-    for_tensor(where, tensor.name, [&] {
+    for_tensor("checkpoint", ckpt::quoted(file), tensor.name, [&] {
       tensor.dtype = dtype_from_c(entry.dtype, which + ".dtype");
       const auto dims = array_argument(entry.dims, entry.rank, which + ".dims");
       tensor.dims.assign(dims.begin(), dims.end());
@@ -270,8 +277,7 @@ devbridge_status devbridge_checkpoint(devbridge_bridge* bridge, const char* path
     auto& source = bridge_of(bridge);
     const std::string file(text(path, "path"));
     if (file.empty()) invalid_argument("path is empty");
-    const std::string where = "checkpoint " + ckpt::quoted(file);
-    const auto tensors = planned_tensors(source, array_argument(entries, count, "entries"), where);
+    const auto tensors = planned_tensors(source, array_argument(entries, count, "entries"), file);
     const auto recorded = generation != 0 ? generation : source.generation();
 
     TemporaryFile temporary(file);
@@ -282,7 +288,7 @@ devbridge_status devbridge_checkpoint(devbridge_bridge* bridge, const char* path
     TransferPlanner planner(source);
     for (const auto& tensor : tensors) {
       if (tensor.bytes == 0) continue;
-      for_tensor(where, tensor.name, [&] {
+      for_tensor("checkpoint", ckpt::quoted(file), tensor.name, [&] {
         planner.run(DeviceSpan{tensor.handle, 0, tensor.bytes},
                     StreamDestination{tensor.bytes, [&](std::uint64_t, std::span<const std::byte> chunk) {
                                         temporary.write_at(at, chunk);
@@ -308,8 +314,7 @@ devbridge_status devbridge_restore(devbridge_bridge* bridge, const char* path, d
     try {
       opened.emplace(ckpt::CheckpointFile::open(file));
     } catch (const ckpt::CheckpointError& error) {
-      throw Error(error.os_error() != 0 ? ErrorKind::Unavailable : ErrorKind::InvalidRange,
-                  where + ": " + error.what());
+      throw from_checkpoint_error("restore", error);
     }
     const auto& header = opened->header();
     if (header.devbridge && header.checksum.rfind("crc32:", 0) != 0)
@@ -321,7 +326,7 @@ devbridge_status devbridge_restore(devbridge_bridge* bridge, const char* path, d
     TransferPlanner planner(target);
     std::uint32_t crc = 0;
     for (const auto& entry : header.tensors) {
-      for_tensor(where, entry.name, [&] {
+      for_tensor("restore", ckpt::quoted(file), entry.name, [&] {
         ObjectSpec spec;
         spec.alignment = kRestoreAlignment;
         spec.dtype = entry.dtype;
