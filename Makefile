@@ -14,11 +14,13 @@ build: setup
 	@cmake --preset $(PRESET) >/dev/null
 	@cmake --build --preset $(PRESET) -j $(JOBS)
 
-# Every test: the C++ suites (ctest), the installed package, then the Python suite.
+# Every test: the C++ suites (ctest, the C ABI's included), the installed package, the Python suite, then the
+# Rust crate over the C ABI.
 test: build
 	@ctest --preset $(PRESET) -j $(JOBS)
 	@BUILD=$(BUILD) bash scripts/check-install.sh
 	@bash scripts/python-tests.sh
+	@bash scripts/rust-tests.sh
 
 # The core, conformance, checkpoint-reader and C ABI suites under AddressSanitizer+UBSan and ThreadSanitizer
 # (the core suite includes the state-machine test against the reference model).

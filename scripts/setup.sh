@@ -8,7 +8,7 @@ apt_packages=(
   cmake ninja-build g++ clang libclang-rt-dev pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev librapidcheck-dev libdlpack-dev
-  libssl-dev
+  libssl-dev zlib1g-dev
   ocl-icd-opencl-dev opencl-headers pocl-opencl-icd
 )
 missing=()

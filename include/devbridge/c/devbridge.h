@@ -383,14 +383,21 @@ typedef struct devbridge_copy_outcome {
 } devbridge_copy_outcome;
 
 /* Blocks until the copy completes or fails, or `timeout_ns` passes (then
- * PENDING). Reading a failure retires the failed record. */
+ * PENDING). A failure read here stays readable (copy_status keeps answering
+ * FAILED) until the bridge's failure log evicts its record
+ * (failed_record_limit). */
 devbridge_status devbridge_wait(devbridge_bridge* bridge, devbridge_event event, int64_t timeout_ns,
                                 devbridge_copy_outcome* out_outcome);
 devbridge_status devbridge_copy_status(devbridge_bridge* bridge, devbridge_event event,
                                        devbridge_copy_outcome* out_outcome);
 /* Applies every completion the backend has; *out_applied (may be NULL) how many. */
 devbridge_status devbridge_poll(devbridge_bridge* bridge, uint64_t* out_applied);
-/* 1 once an upload's host range may be released or reused. */
+/* The three queries answer the same fact, the copy completed, whatever its
+ * direction: the bridge has one notion of completion. They are named for
+ * the question a caller asks of an upload (may the host range go?) and of a
+ * download (are the host bytes there?); an upload asked host_bytes_valid
+ * answers as it would to safe_to_release_host.
+ * 1 once an upload's host range may be released or reused. */
 devbridge_status devbridge_safe_to_release_host(devbridge_bridge* bridge, devbridge_event event, int32_t* out_safe);
 /* 1 once a download's host bytes are valid. */
 devbridge_status devbridge_host_bytes_valid(devbridge_bridge* bridge, devbridge_event event, int32_t* out_valid);
