@@ -55,6 +55,14 @@ static inline devbridge_object_spec float_tensor_spec(uint64_t max_extent) {
   return spec;
 }
 
+/* What the backend holds once the caching pool gives back what it keeps. */
+static inline uint64_t live_allocations(devbridge_bridge* bridge) {
+  uint64_t count = 0;
+  CHECK_OK(devbridge_empty_cache(bridge));
+  CHECK_OK(devbridge_test_live_allocations(bridge, &count));
+  return count;
+}
+
 static inline devbridge_device_range whole(devbridge_handle handle, uint64_t len) {
   devbridge_device_range range = {handle, 0, len};
   return range;

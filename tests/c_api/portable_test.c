@@ -20,14 +20,6 @@ static devbridge_bridge* open_with_ring(const char* backend, const devbridge_bac
   return bridge;
 }
 
-/* What the backend holds once the caching pool gives back what it keeps. */
-static uint64_t live_allocations(devbridge_bridge* bridge) {
-  uint64_t count = 0;
-  CHECK_OK(devbridge_empty_cache(bridge));
-  CHECK_OK(devbridge_test_live_allocations(bridge, &count));
-  return count;
-}
-
 static devbridge_portable_view view_of(devbridge_dtype dtype, const int64_t* dims, uint32_t rank, const void* data,
                                        uint64_t len) {
   devbridge_portable_view view = {0};
