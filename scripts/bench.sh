@@ -8,7 +8,8 @@
 #     alternating, BENCH_ROUNDS times (default 5);
 #  3. one comparison table of medians (bench/compare.py), then workload e set
 #     beside an unsynchronized model of the same view (bench/view_floor.cpp);
-#     workloads a-d through the C ABI beside the C++ API (bench/c_abi_overhead.cpp);
+#     workloads a-d through the C ABI beside the C++ API (bench/c_abi_overhead.cpp),
+#     and the Rust crate's wrapper beside its own C calls (bindings/rust/examples/overhead.rs);
 #  4. the host backend against memcpy, and the 4 KiB round trip; the drop
 #     queue's reclamation latency (release -> memory back, with and without a
 #     pending launch fence); the caching pool against a driver allocation per
@@ -94,6 +95,14 @@ if [ -x "$BUILD/bench/c_abi_overhead" ]; then
 else
   echo
   echo "bench: no $BUILD/bench/c_abi_overhead (no C library: DEVBRIDGE_BUILD_C_API off or dlpack/dlpack.h missing); skipping the C ABI comparison"
+fi
+# 3d. The Rust crate's safe wrapper against its own sys calls, one process.
+if command -v cargo >/dev/null && [ -e "$BUILD/src/c_api/libdevbridge_c.so" ]; then
+  echo
+  echo "== Rust DeviceBridge vs the C ABI called directly (bindings/rust/examples/overhead.rs) =="
+  DEVBRIDGE_C_LIB_DIR=$PWD/$BUILD/src/c_api CARGO_TARGET_DIR=$PWD/build/rust-target \
+    cargo run --offline --release --quiet --example overhead --manifest-path bindings/rust/Cargo.toml |
+    tee "$OUT/rust_overhead.txt" || status=1
 fi
 
 # 4. Host backend.

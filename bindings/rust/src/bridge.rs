@@ -105,6 +105,12 @@ impl DeviceBridge {
         self.raw.as_ptr()
     }
 
+    /// The C bridge, for a `sys` call this crate does not wrap; valid while
+    /// this DeviceBridge lives (never pass it to devbridge_destroy).
+    pub fn as_raw(&self) -> *mut sys::devbridge_bridge {
+        self.raw()
+    }
+
     /// The device this bridge is bound to.
     pub fn backend_info(&self) -> Result<DeviceInfo> {
         let mut info: sys::devbridge_device_info = sys::sized();
