@@ -58,16 +58,19 @@ fn main() {
     let target = bridge.alloc_device(&rust_spec, BYTES).unwrap();
     let mut reservation = bridge.reserve_host(BYTES, 0, None).unwrap();
     let whole = DeviceRange { handle: target, offset: 0, len: BYTES };
+    // The same ring range and allocation for the C side: only the wrapper
+    // differs (other addresses would change memcpy's speed, not the call's).
+    let c_ring = {
+        let range = reservation.range();
+        sys::devbridge_host_range { offset: range.offset, len: range.len }
+    };
+    let c_target = sys::devbridge_device_range {
+        handle: sys::devbridge_handle { domain: target.domain(), generation: target.generation(), id: target.id() },
+        offset: 0,
+        len: BYTES,
+    };
     let mut upload_rust = || {
         bridge.host_to_device(reservation.span(0, BYTES).unwrap(), whole, CopyMode::Sync).unwrap();
-    };
-    // The C side's own allocation and ring range, made through sys alone.
-    let (c_target, c_ring) = unsafe {
-        let mut handle = sys::devbridge_handle { domain: 0, generation: 0, id: 0 };
-        ok(sys::devbridge_alloc_device(raw, &c_spec, BYTES, &mut handle));
-        let mut range = sys::devbridge_host_range { offset: 0, len: 0 };
-        ok(sys::devbridge_reserve_host(raw, BYTES, 0, 0, &mut range));
-        (sys::devbridge_device_range { handle, offset: 0, len: BYTES }, range)
     };
     let mut upload_c = || unsafe {
         let mut event = sys::devbridge_event { domain: 0, generation: 0, id: 0 };
