@@ -124,4 +124,18 @@ bool from_safetensors_name(std::string_view name, DType& dtype) noexcept;
 // past U+10FFFF): what the safetensors package requires of every string.
 bool valid_utf8(std::string_view text) noexcept;
 
+// The checksum every devbridge writer records by default: CRC-32 as zlib
+// (and Python's zlib.crc32) computes it, "crc32:<8 hex digits>". The one
+// implementation, for the CLI's inspect and the C ABI's checkpoint/restore.
+class Crc32 {
+ public:
+  void update(const void* data, std::size_t n) noexcept;
+  std::uint32_t value() const noexcept { return value_; }
+  std::string hexdigest() const;                     // "1a2b3c4d"
+  std::string text() const { return "crc32:" + hexdigest(); }  // as the header records it
+
+ private:
+  std::uint32_t value_ = 0;
+};
+
 }  // namespace devbridge::checkpoint

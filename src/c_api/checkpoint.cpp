@@ -8,7 +8,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -36,25 +35,6 @@ namespace {
 constexpr std::string_view kFormatVersion = "1";           // Python's FORMAT_VERSION
 constexpr std::uint64_t kRestoreAlignment = 256;           // Python's restore default
 constexpr std::string_view kChecksumPlaceholder = "crc32:00000000";
-
-// zlib's crc32 takes at most UINT_MAX bytes a call.
-std::uint32_t crc32_update(std::uint32_t crc, std::span<const std::byte> bytes) {
-  auto* data = reinterpret_cast<const Bytef*>(bytes.data());
-  std::size_t left = bytes.size();
-  while (left > 0) {
-    const auto n = static_cast<uInt>(std::min<std::size_t>(left, 1u << 30));
-    crc = static_cast<std::uint32_t>(::crc32(crc, data, n));
-    data += n;
-    left -= n;
-  }
-  return crc;
-}
-
-std::string crc32_text(std::uint32_t crc) {
-  char digits[9];
-  std::snprintf(digits, sizeof digits, "%08x", crc);
-  return "crc32:" + std::string(digits);
-}
 
 [[noreturn]] void system_failure(const std::string& what) {
   const int error = errno;
@@ -284,7 +264,7 @@ devbridge_status devbridge_checkpoint(devbridge_bridge* bridge, const char* path
     const auto placeholder = encoded_header(tensors, recorded, kChecksumPlaceholder);
     temporary.write_at(0, std::as_bytes(std::span(placeholder)));
     std::uint64_t at = placeholder.size();
-    std::uint32_t crc = 0;
+    ckpt::Crc32 crc;
     TransferPlanner planner(source);
     for (const auto& tensor : tensors) {
       if (tensor.bytes == 0) continue;
@@ -292,13 +272,13 @@ devbridge_status devbridge_checkpoint(devbridge_bridge* bridge, const char* path
         planner.run(DeviceSpan{tensor.handle, 0, tensor.bytes},
                     StreamDestination{tensor.bytes, [&](std::uint64_t, std::span<const std::byte> chunk) {
                                         temporary.write_at(at, chunk);
-                                        crc = crc32_update(crc, chunk);
+                                        crc.update(chunk.data(), chunk.size());
                                         at += chunk.size();
                                       }});
       });
     }
     // Same length as the placeholder: the data section stays where it is.
-    const auto final_header = encoded_header(tensors, recorded, crc32_text(crc));
+    const auto final_header = encoded_header(tensors, recorded, crc.text());
     temporary.write_at(0, std::as_bytes(std::span(final_header)));
     temporary.commit(file);
   });
@@ -324,7 +304,7 @@ devbridge_status devbridge_restore(devbridge_bridge* bridge, const char* path, d
     auto result = std::make_unique<Restored>();
     Allocations allocations(target);
     TransferPlanner planner(target);
-    std::uint32_t crc = 0;
+    ckpt::Crc32 crc;
     for (const auto& entry : header.tensors) {
       for_tensor("restore", ckpt::quoted(file), entry.name, [&] {
         ObjectSpec spec;
@@ -338,7 +318,7 @@ devbridge_status devbridge_restore(devbridge_bridge* bridge, const char* path, d
         auto moved = planner.run(StreamSource{entry.nbytes(),
                                               [&](std::uint64_t offset, std::span<std::byte> chunk) {
                                                 opened->read_at(first + offset, chunk.data(), chunk.size());
-                                                crc = crc32_update(crc, chunk);
+                                                crc.update(chunk.data(), chunk.size());
                                               }},
                                  NewAllocation{spec, spec.max_extent});
         allocations.add(*moved.handle);
@@ -352,8 +332,8 @@ devbridge_status devbridge_restore(devbridge_bridge* bridge, const char* path, d
       });
     }
     // The tensors tile the data section in file order, so their bytes in order are all of it.
-    if (header.devbridge && crc32_text(crc) != header.checksum)
-      throw Error(ErrorKind::InvalidRange, where + ": the file is corrupt: the data's checksum is " + crc32_text(crc) +
+    if (header.devbridge && crc.text() != header.checksum)
+      throw Error(ErrorKind::InvalidRange, where + ": the file is corrupt: the data's checksum is " + crc.text() +
                                                ", the file records " + header.checksum);
     for (std::size_t i = 0; i < result->rows.size(); ++i) {
       result->rows[i].name = result->names[i].c_str();

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <array>
-#include <bit>
 #include <cstring>
 #include <memory>
 #include <string_view>
@@ -35,50 +34,6 @@ std::string hex(const unsigned char* bytes, std::size_t n) {
   }
   return out;
 }
-
-// CRC-32 (the IEEE polynomial, reflected: zlib.crc32), eight bytes at a time.
-class Crc32 {
- public:
-  void update(const unsigned char* data, std::size_t n) {
-    static const Tables tables;
-    std::uint32_t crc = ~value_;
-    while (n >= 8) {
-      std::uint32_t low = 0;
-      std::uint32_t high = 0;
-      std::memcpy(&low, data, 4);
-      std::memcpy(&high, data + 4, 4);
-      if constexpr (std::endian::native == std::endian::big) {
-        low = __builtin_bswap32(low);
-        high = __builtin_bswap32(high);
-      }
-      low ^= crc;
-      crc = tables.t[7][low & 0xff] ^ tables.t[6][(low >> 8) & 0xff] ^ tables.t[5][(low >> 16) & 0xff] ^
-            tables.t[4][low >> 24] ^ tables.t[3][high & 0xff] ^ tables.t[2][(high >> 8) & 0xff] ^
-            tables.t[1][(high >> 16) & 0xff] ^ tables.t[0][high >> 24];
-      data += 8;
-      n -= 8;
-    }
-    while (n-- > 0) crc = tables.t[0][(crc ^ *data++) & 0xff] ^ (crc >> 8);
-    value_ = ~crc;
-  }
-  std::string hexdigest() const { return fmt::format("{:08x}", value_); }
-
- private:
-  struct Tables {
-    std::uint32_t t[8][256];
-    Tables() {
-      for (std::uint32_t i = 0; i < 256; ++i) {
-        std::uint32_t c = i;
-        for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-        t[0][i] = c;
-      }
-      for (std::uint32_t i = 0; i < 256; ++i) {
-        for (int s = 1; s < 8; ++s) t[s][i] = t[0][t[s - 1][i] & 0xff] ^ (t[s - 1][i] >> 8);
-      }
-    }
-  };
-  std::uint32_t value_ = 0;
-};
 
 struct DigestDeleter {
   void operator()(EVP_MD_CTX* context) const { EVP_MD_CTX_free(context); }
@@ -163,7 +118,7 @@ CheckpointReport inspect_checkpoint(const std::string& path) {
     report.computed_checksum =
         report.recorded_checksum.rfind("sha256:", 0) == 0
             ? checksum_of<Sha256>(file, header.data_start(), header.file_bytes, "sha256")
-            : checksum_of<Crc32>(file, header.data_start(), header.file_bytes, "crc32");
+            : checksum_of<checkpoint::Crc32>(file, header.data_start(), header.file_bytes, "crc32");
     if (report.computed_checksum == report.recorded_checksum) {
       report.checksum = ChecksumStatus::Verified;
     } else {
