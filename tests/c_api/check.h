@@ -55,6 +55,19 @@ static inline devbridge_object_spec float_tensor_spec(uint64_t max_extent) {
   return spec;
 }
 
+/* A portable tensor's description over caller-owned bytes. */
+static inline devbridge_portable_view view_of(devbridge_dtype dtype, const int64_t* dims, uint32_t rank, const void* data,
+                                       uint64_t len) {
+  devbridge_portable_view view = {0};
+  view.size = sizeof view;
+  view.dtype = dtype;
+  view.rank = rank;
+  view.dims = dims;
+  view.data = data;
+  view.len = len;
+  return view;
+}
+
 /* What the backend holds once the caching pool gives back what it keeps. */
 static inline uint64_t live_allocations(devbridge_bridge* bridge) {
   uint64_t count = 0;

@@ -26,13 +26,7 @@ static devbridge_bridge* open_with_ring(const char* backend) {
 
 static devbridge_handle import(devbridge_bridge* bridge, devbridge_dtype dtype, const int64_t* dims, uint32_t rank,
                                const void* data, uint64_t len) {
-  devbridge_portable_view view = {0};
-  view.size = sizeof view;
-  view.dtype = dtype;
-  view.rank = rank;
-  view.dims = dims;
-  view.data = data;
-  view.len = len;
+  const devbridge_portable_view view = view_of(dtype, dims, rank, data, len);
   devbridge_handle handle;
   CHECK_OK(devbridge_import_tensor(bridge, &view, NULL, &handle));
   return handle;

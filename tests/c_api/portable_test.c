@@ -20,18 +20,6 @@ static devbridge_bridge* open_with_ring(const char* backend, const devbridge_bac
   return bridge;
 }
 
-static devbridge_portable_view view_of(devbridge_dtype dtype, const int64_t* dims, uint32_t rank, const void* data,
-                                       uint64_t len) {
-  devbridge_portable_view view = {0};
-  view.size = sizeof view;
-  view.dtype = dtype;
-  view.rank = rank;
-  view.dims = dims;
-  view.data = data;
-  view.len = len;
-  return view;
-}
-
 static devbridge_portable_view describe(const devbridge_portable* tensor) {
   devbridge_portable_view view = {0};
   view.size = sizeof view;
