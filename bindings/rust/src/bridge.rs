@@ -101,6 +101,7 @@ impl DeviceBridge {
             .collect()
     }
 
+    #[inline]
     pub(crate) fn raw(&self) -> *mut sys::devbridge_bridge {
         self.raw.as_ptr()
     }
@@ -148,6 +149,7 @@ impl DeviceBridge {
 
     // ---- allocation ----
 
+    #[inline]
     pub fn alloc_device(&self, spec: &ObjectSpec, extent: u64) -> Result<DeviceHandle> {
         let mut handle = sys::devbridge_handle { domain: 0, generation: 0, id: 0 };
         check(unsafe { sys::devbridge_alloc_device(self.raw(), &spec.to_c(), extent, &mut handle) })?;
@@ -156,12 +158,14 @@ impl DeviceBridge {
 
     /// Frees now, or AllocationStillInUse (a copy, step, view or fence uses
     /// it) changing nothing.
+    #[inline]
     pub fn free_device(&self, handle: DeviceHandle) -> Result<()> {
         check(unsafe { sys::devbridge_free_device(self.raw(), handle.0) })
     }
 
     /// Deferred free: the handle is dead at once, the memory goes back once
     /// nothing uses it.
+    #[inline]
     pub fn release_device(&self, handle: DeviceHandle) -> Result<()> {
         check(unsafe { sys::devbridge_release_device(self.raw(), handle.0) })
     }
@@ -202,40 +206,36 @@ impl DeviceBridge {
     /// Copies exactly `host` to exactly `device`. Sync: the host bytes may
     /// be reused when it returns. Async: once the event completes
     /// ([`DeviceBridge::safe_to_release_host`]).
+    #[inline]
     pub fn host_to_device(&self, host: HostSpan<'_, '_>, device: DeviceRange, mode: CopyMode) -> Result<CopyEvent> {
-        self.ring_copy(host, mode, |range, out| unsafe {
-            sys::devbridge_host_to_device(self.raw(), range, device.to_c(), mode.to_c(), out)
-        })
+        let ring = self.ring_side(&host)?;
+        let mut event = sys::devbridge_event { domain: 0, generation: 0, id: 0 };
+        check(unsafe { sys::devbridge_host_to_device(self.raw(), ring, device.to_c(), mode.to_c(), &mut event) })?;
+        Ok(host.submitted(CopyEvent(event), mode))
     }
 
     /// Copies exactly `device` to exactly `host`. Sync: the host bytes are
     /// valid when it returns. Async: once the event completes
     /// ([`DeviceBridge::host_bytes_valid`]).
+    #[inline]
     pub fn device_to_host(&self, device: DeviceRange, host: HostSpan<'_, '_>, mode: CopyMode) -> Result<CopyEvent> {
-        self.ring_copy(host, mode, |range, out| unsafe {
-            sys::devbridge_device_to_host(self.raw(), device.to_c(), range, mode.to_c(), out)
-        })
+        let ring = self.ring_side(&host)?;
+        let mut event = sys::devbridge_event { domain: 0, generation: 0, id: 0 };
+        check(unsafe { sys::devbridge_device_to_host(self.raw(), device.to_c(), ring, mode.to_c(), &mut event) })?;
+        Ok(host.submitted(CopyEvent(event), mode))
     }
 
-    // Both directions: the span must be this bridge's, and an async copy is
-    // remembered by the reservation so its bytes stay out of reach until
-    // the copy is over.
-    fn ring_copy(
-        &self,
-        host: HostSpan<'_, '_>,
-        mode: CopyMode,
-        submit: impl FnOnce(sys::devbridge_host_range, *mut sys::devbridge_event) -> sys::devbridge_status,
-    ) -> Result<CopyEvent> {
+    // A copy's ring side must be one of this bridge's reservations. (The C
+    // call is made in each direction's body, not through a shared closure:
+    // capturing the device range made the compiler copy it through a
+    // temporary it reloaded in other pieces, a store-forwarding stall of
+    // about 7 ns per copy, examples/overhead.rs.)
+    #[inline]
+    fn ring_side(&self, host: &HostSpan<'_, '_>) -> Result<sys::devbridge_host_range> {
         if !ptr::eq(host.reservation.bridge, self) {
             return Err(Error::new(ErrorKind::ForeignDomain, "the host range was reserved on another bridge"));
         }
-        let mut event = sys::devbridge_event { domain: 0, generation: 0, id: 0 };
-        check(submit(host.range.to_c(), &mut event))?;
-        let event = CopyEvent(event);
-        if mode == CopyMode::Async {
-            host.reservation.in_flight.push(event);
-        }
-        Ok(event)
+        Ok(host.range.to_c())
     }
 
     /// Blocks until the copy completes or fails, or `timeout` passes (then
@@ -263,6 +263,7 @@ impl DeviceBridge {
     }
 
     /// Applies every completion the backend has; how many it applied.
+    #[inline]
     pub fn poll(&self) -> Result<u64> {
         let mut applied = 0;
         check(unsafe { sys::devbridge_poll(self.raw(), &mut applied) })?;
@@ -270,17 +271,20 @@ impl DeviceBridge {
     }
 
     /// True once an upload's host range may be released or reused.
+    #[inline]
     pub fn safe_to_release_host(&self, event: CopyEvent) -> Result<bool> {
         flag(|out| unsafe { sys::devbridge_safe_to_release_host(self.raw(), event.0, out) })
     }
 
     /// True once a download's host bytes are valid.
+    #[inline]
     pub fn host_bytes_valid(&self, event: CopyEvent) -> Result<bool> {
         flag(|out| unsafe { sys::devbridge_host_bytes_valid(self.raw(), event.0, out) })
     }
 
     /// True once the copy completed (either direction); false for a failed
     /// one (wait / copy_status say it failed).
+    #[inline]
     pub fn copy_event_complete(&self, event: CopyEvent) -> Result<bool> {
         flag(|out| unsafe { sys::devbridge_copy_event_complete(self.raw(), event.0, out) })
     }
@@ -410,12 +414,14 @@ impl<'b> HostReservation<'b> {
     }
 
     /// All of the reservation, as a copy's host side.
+    #[inline]
     pub fn whole(&mut self) -> HostSpan<'_, 'b> {
         let range = self.range;
         HostSpan { reservation: self, range }
     }
 
     /// Bytes [offset, offset + len) of the reservation, as a copy's host side.
+    #[inline]
     pub fn span(&mut self, offset: u64, len: u64) -> Result<HostSpan<'_, 'b>> {
         // Checked here, not only by the library: a range reaching into
         // another reservation would race with that one's slices.
@@ -527,6 +533,16 @@ pub struct HostSpan<'r, 'b> {
 impl HostSpan<'_, '_> {
     pub fn range(&self) -> HostRange {
         self.range
+    }
+
+    // An async copy is remembered by the reservation, so its bytes stay out
+    // of reach until the copy is over.
+    #[inline]
+    fn submitted(self, event: CopyEvent, mode: CopyMode) -> CopyEvent {
+        if mode == CopyMode::Async {
+            self.reservation.in_flight.push(event);
+        }
+        event
     }
 }
 

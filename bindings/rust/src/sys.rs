@@ -144,6 +144,7 @@ pub trait SizeFirst: Copy {
 }
 
 /// A zeroed struct with `size` set: "0: default" everywhere else.
+#[inline]
 pub fn sized<T: SizeFirst>() -> T {
     // SAFETY: only implemented (by c_structs!) for structs of integers, raw
     // pointers, `Option<fn>` and arrays of those, for which zero is valid.
