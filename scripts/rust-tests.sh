@@ -8,6 +8,7 @@
 #   JOBS                 parallel build jobs (default 2)
 # Extra arguments go to `cargo test` (a test name, -- --nocapture, ...).
 # Skips (exit 0) where cargo is absent or the C library is configured out.
+# Runs the tests twice where a rustup toolchain shadows Debian's: with each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -34,3 +35,11 @@ export CARGO_TARGET_DIR=$PWD/build/rust-target
 
 cd bindings/rust
 cargo test --offline "$@"
+
+# The crate promises rust-version 1.63 (Debian's): where that toolchain is
+# installed and is not the one just used, the same tests run with it too.
+if [ -x /usr/bin/rustc ] && [ -x /usr/bin/cargo ] &&
+   [ "$(/usr/bin/rustc --version)" != "$(rustc --version)" ]; then
+  echo "rust-tests: again with the crate's minimum toolchain, $(/usr/bin/rustc --version)"
+  RUSTC=/usr/bin/rustc CARGO_TARGET_DIR=$CARGO_TARGET_DIR-debian /usr/bin/cargo test --offline "$@"
+fi

@@ -10,6 +10,10 @@ apt_packages=(
   libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev librapidcheck-dev libdlpack-dev
   libssl-dev zlib1g-dev
   ocl-icd-opencl-dev opencl-headers pocl-opencl-icd
+  # The Rust crate over the C ABI (bindings/rust): Debian's toolchain is the
+  # crate's minimum (rust-version 1.63), so scripts/rust-tests.sh runs its
+  # tests with it, and again with a rustup toolchain earlier on PATH.
+  rustc cargo
 )
 missing=()
 for p in "${apt_packages[@]}"; do
@@ -20,15 +24,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
-fi
-
-# Rust, for the crate over the C ABI (bindings/rust): Debian's toolchain where
-# none is on PATH (a rustup one, when present, is used as it is).
-if ! command -v cargo >/dev/null; then
-  echo "setup: installing Debian's rustc and cargo"
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq rustc cargo >/dev/null
 fi
 
 # Python: a project-local virtual environment, so the system interpreter is untouched.
