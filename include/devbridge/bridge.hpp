@@ -10,6 +10,7 @@
 #include <chrono>
 #include <concepts>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -19,6 +20,7 @@
 #include <variant>
 
 #include "devbridge/backend.hpp"
+#include "devbridge/recorder.hpp"
 #include "devbridge/types.hpp"
 
 namespace devbridge {
@@ -313,6 +315,24 @@ class Bridge {
   void reset_peak_memory();
   // Gives every cached block back to the backend.
   void empty_cache();
+
+  // ---- the flight recorder (docs/TRACING.md) ----
+  // Starts recording into a new ring of options.max_events events (a
+  // recording in progress is dropped): InvalidRange for 0 or more than
+  // kMaxRecordedEvents. Off by default, and free when off.
+  void record(const RecordOptions& options);
+  // Stops recording; what was recorded stays for the dumps.
+  void stop_recording();
+  // Whether recording attaches stacks (RecordOptions::stacks): a binding
+  // asks before it enters, to set a TraceStack only when it is used.
+  bool records_stacks() const noexcept;
+  // The recorded events as Chrome/Perfetto trace-event JSON ("Trace format").
+  std::string trace_json() const;
+  // The same, written to `path` atomically (a temporary file, renamed).
+  void dump_trace(const std::filesystem::path& path) const;
+  // Segments and blocks, their state and holders, the events that touched
+  // them, the ring and the statistics ("Memory snapshot format").
+  std::string memory_snapshot_json() const;
 
   // ---- allocation ----
   DeviceHandle alloc_device(const ObjectSpec& spec, std::uint64_t extent);

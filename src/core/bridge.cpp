@@ -14,6 +14,8 @@ void BridgeCore::reap_fences() noexcept {
 }
 
 void BridgeCore::end_fenced_uses(const DropQueue::Entry& entry) noexcept {
+  if (recording_) [[unlikely]]
+    trace_fence(TraceKind::FencePassed, entry);
   for (const auto id : entry.allocation_ids) {
     if (entry.generation == generation_) {
       if (auto* slot = allocations_.find(id)) {
@@ -33,6 +35,8 @@ void BridgeCore::end_fenced_uses(const DropQueue::Entry& entry) noexcept {
 }
 
 void BridgeCore::add_fenced_uses(DropQueue::Entry&& entry) noexcept {
+  if (recording_) [[unlikely]]
+    trace_fence(TraceKind::FenceRecorded, entry);
   for (const auto id : entry.allocation_ids) {
     if (entry.generation == generation_) {
       if (auto* slot = allocations_.find(id)) {
@@ -398,7 +402,26 @@ void BridgeCore::launch_axpy(const DeviceRange& x, const DeviceRange& y, float a
   drops_.reserve_one();
   ++xs.steps;
   ++ys.steps;
+  const std::uint64_t launched_ns = recording_ ? trace_now_ns() : 0;
   auto failure = gate_.run_unlocked(lock, [&] { held.fence = backend_->launch_axpy(launch); });
+  if (recording_ && !failure) [[unlikely]] {
+    // The launch's slice runs from its call to its fence (keyed by the
+    // fence's token: end_fenced_uses ends it), or ends at once without one.
+    const std::uint64_t key = held.fence.pending() ? held.fence.token : (1ull << 63) | ++trace_slices_;
+    auto begin = trace_record(TraceKind::LaunchBegin, generation_, y.handle.id);
+    begin.ts_ns = launched_ns;
+    begin.slice = key;
+    begin.offset = y.offset;
+    begin.bytes = y.len;
+    begin.track = TraceTrack::Compute;
+    trace(begin);
+    if (!held.fence.pending()) {
+      auto end = trace_record(TraceKind::LaunchEnd, generation_, y.handle.id);
+      end.slice = key;
+      end.track = TraceTrack::Compute;
+      trace(end);
+    }
+  }
   // A restart waits for calls in progress: x and y are still this generation's.
   for (auto index : {xi, yi}) --allocations_[index].steps;
   if (!failure && held.fence.pending())
@@ -448,6 +471,8 @@ void BridgeCore::set_view_holder(const DeviceHandle& h, ViewHolder from, ViewHol
   auto* slot = allocations_.find(h.id);
   if (!slot || slot->views == 0) return;
   holders_.hand_over(h.id, from, to);
+  if (recording_) [[unlikely]]
+    trace_view(TraceKind::ViewHandedOn, h, to);
 }
 
 [[gnu::noinline, gnu::cold]] void BridgeCore::finish_release_out_of_line(std::uint32_t index) noexcept {
@@ -458,6 +483,8 @@ void BridgeCore::set_view_holder(const DeviceHandle& h, ViewHolder from, ViewHol
   bool last;
   {
     std::lock_guard guard(lock_, std::adopt_lock);
+    if (recording_) [[unlikely]]
+      trace_view(TraceKind::ViewEnd, h, ViewHolder::Caller);
     if (!drops_.empty()) reap_fences();
     const AllocationTable::OrphanKey key{h.generation, h.id};
     if (auto* orphan = allocations_.find_orphan(key)) {

@@ -91,6 +91,14 @@ BridgeStats Bridge::stats() const { return core_->stats(); }
 MemoryStats Bridge::memory_stats() const { return core_->memory_stats(); }
 void Bridge::reset_peak_memory() { core_->reset_peak_memory(); }
 void Bridge::empty_cache() { core_->empty_cache(); }
+void Bridge::record(const RecordOptions& options) { core_->record(options); }
+void Bridge::stop_recording() { core_->stop_recording(); }
+bool Bridge::records_stacks() const noexcept { return core_->records_stacks(); }
+std::string Bridge::trace_json() const { return detail::trace_json(core_->trace_dump()); }
+void Bridge::dump_trace(const std::filesystem::path& path) const {
+  detail::write_file_atomically(path.string(), trace_json());
+}
+std::string Bridge::memory_snapshot_json() const { return core_->memory_snapshot_json(); }
 
 DeviceHandle Bridge::alloc_device(const ObjectSpec& spec, std::uint64_t extent) {
   return core_->alloc_device(spec, extent);

@@ -39,6 +39,7 @@
 #include "core/device_pool.hpp"
 #include "core/drop_queue.hpp"
 #include "core/fail.hpp"
+#include "core/flight_recorder.hpp"
 #include "core/host_ring.hpp"
 #include "core/log.hpp"
 #include "core/region_registry.hpp"
@@ -49,6 +50,7 @@
 #include "core/view_leases.hpp"
 #include "devbridge/checked.hpp"
 #include "devbridge/consumer_names.hpp"
+#include "devbridge/recorder.hpp"
 
 namespace devbridge::detail {
 
@@ -227,7 +229,10 @@ class BridgeCore {
       if (whole) backend_->free(*whole);
       throw;
     }
-    return DeviceHandle{domain_, generation_, allocations_.start(index, spec, elem, view_dtype, extent, device)};
+    const DeviceHandle handle{domain_, generation_, allocations_.start(index, spec, elem, view_dtype, extent, device)};
+    if (recording_) [[unlikely]]
+      trace_memory(TraceKind::Allocate, generation_, handle.id, extent);
+    return handle;
   }
 
   // ---- memory: the pool and the backend ----
@@ -245,6 +250,7 @@ class BridgeCore {
 
   struct Held {
     std::uint64_t in_use = 0, cached = 0, largest = 0;
+    std::string holders;  // the largest live allocations and what holds each
   };
   Held reclaim_for_retry();
 
@@ -288,6 +294,8 @@ class BridgeCore {
     enter(lock);
     auto& slot = allocation(h);
     slot.released = true;
+    if (recording_) [[unlikely]]
+      trace_memory(TraceKind::Release, h.generation, h.id, slot.extent);
     if (!slot.used()) free_slot_then_unlock(lock, id_slot(h.id));
   }
 
@@ -299,6 +307,8 @@ class BridgeCore {
   [[gnu::always_inline]] void free_slot_then_unlock(SpinLockHold& lock, std::uint32_t index) {
     auto& slot = allocations_[index];
     if (__builtin_expect(slot.adopted_region != 0, 0)) return end_adopted_slot(index);  // nothing the driver frees
+    if (recording_) [[unlikely]]
+      trace_free(index);
     const DeviceAllocation device = slot.device;
     allocations_.retire(index);
     if (__builtin_expect(!pool_, 1)) {  // the common case: straight back to the backend
@@ -455,6 +465,8 @@ class BridgeCore {
         rethrow_as_copy_error(direction);
       }
       copies_.submitted();
+      if (recording_) [[unlikely]]
+        trace_copy_begin(direction, device, id, bytes);
       return event;
     }
 
@@ -462,11 +474,14 @@ class BridgeCore {
     // Its event is numbered only once it succeeded: a failed sync copy's
     // event is never handed out, so no id of it can read as Completed.
     pin(*slot, direction, host_key);
+    const std::uint64_t sync_slice = recording_ ? trace_copy_begin(direction, device, 0, bytes) : 0;
     const CopyEvent unnumbered{domain_, generation_, CopyTimeline::kSyncEventBit};
     const CopyRequest request{direction, mode,          unnumbered, host_data(host, host_key),
                               slot->device, device.offset, bytes,      layout};
     auto failure = gate_.run_unlocked(lock, [&] { backend_->submit_copy(request); });
     unpin(alloc_index, direction, host_key);
+    if (recording_ && sync_slice) [[unlikely]]
+      trace_copy_end(direction, generation_, sync_slice, !failure);
     if (failure) throw copy_error(direction, *failure);
     return CopyEvent{domain_, generation_, copies_.complete_sync()};
   }
@@ -523,14 +538,22 @@ class BridgeCore {
   void apply(const Completion& c) {
     CopySlot* record = copies_.settling(c, domain_, generation_);
     if (!record) return;
-    unpin(record->allocation, record->direction, record->host_key);
-    if (c.ok) return copies_.complete(c.event.id);
+    const CopyDirection direction = record->direction;
+    unpin(record->allocation, direction, record->host_key);
+    if (c.ok) {
+      copies_.complete(c.event.id);
+      if (recording_) [[unlikely]]
+        trace_copy_end(direction, c.event.generation, c.event.id, true);
+      return;
+    }
     // The failure is remembered so the event reads back as Failed; the host
     // range is unpinned and stays the caller's, to retry.
     const ErrorKind kind = directed_kind(record->direction, c.error);
     std::string message = c.message.empty() ? "the backend reported the copy failed" : c.message;
     if (c.fatal) mark_broken(Error(kind, message, true));
     copies_.record_failure(c.event.id, generation_, kind, std::move(message));
+    if (recording_) [[unlikely]]
+      trace_copy_end(direction, c.event.generation, c.event.id, false);
   }
 
   // The event's state, validating it first; `failure` gets its remembered failure.
@@ -582,6 +605,8 @@ class BridgeCore {
     call_backend([&] { backend_->validate_view(slot->device, view); });
     ++slot->views;
     ++outstanding_leases_;
+    if (recording_) [[unlikely]]
+      trace_view(TraceKind::ViewBegin, h, ViewHolder::Caller);
     return view;
   }
 
@@ -608,6 +633,8 @@ class BridgeCore {
     if (__builtin_expect(!slot.in_use || slot.version != id_version(h.id) || slot.views == 0, 0))
       return end_orphaned_view(h);
     --slot.views;
+    if (recording_) [[unlikely]]
+      trace_view(TraceKind::ViewEnd, h, ViewHolder::Caller);
     if (__builtin_expect(slot.released, 0)) finish_release_out_of_line(index);
     lock_.unlock();
   }
@@ -648,6 +675,34 @@ class BridgeCore {
   Backend& backend() noexcept { return *backend_; }
   std::uint64_t domain() const noexcept { return domain_; }
 
+  // ---- the flight recorder (flight_recorder.hpp) ----
+  void record(const RecordOptions& options);
+  void stop_recording() noexcept;
+  bool records_stacks() const noexcept { return records_stacks_.load(std::memory_order_relaxed); }
+  // What is recorded, copied under the lock; formatted without it.
+  TraceDump trace_dump();
+  std::string memory_snapshot_json();
+
+  // Recording sites, out of line: each is reached only past a test of
+  // recording_, so a bridge that does not record pays that one branch.
+  [[gnu::noinline, gnu::cold]] void trace(TraceRecord record) noexcept;
+  [[gnu::noinline, gnu::cold]] void trace_memory(TraceKind kind, Generation generation, std::uint64_t id,
+                                                 std::uint64_t bytes) noexcept;
+  // The allocation in slot `index` is about to be retired: its memory goes back.
+  [[gnu::noinline, gnu::cold]] void trace_free(std::uint32_t index) noexcept;
+  // A copy's begin (`event_id` 0: a sync copy, numbered here); returns the slice's key.
+  [[gnu::noinline, gnu::cold]] std::uint64_t trace_copy_begin(CopyDirection direction, const DeviceRange& device,
+                                                              std::uint64_t event_id, std::uint64_t bytes) noexcept;
+  [[gnu::noinline, gnu::cold]] void trace_copy_end(CopyDirection direction, Generation generation,
+                                                   std::uint64_t slice, bool ok) noexcept;
+  [[gnu::noinline, gnu::cold]] void trace_view(TraceKind kind, const DeviceHandle& h, ViewHolder holder) noexcept;
+  [[gnu::noinline, gnu::cold]] void trace_fence(TraceKind kind, const DropQueue::Entry& entry) noexcept;
+  TraceCounters trace_counters() const noexcept;
+  // The final out-of-memory message's detail: fragmentation and the top
+  // holders by bytes; with the recorder on and oom_dump_dir set, the dump.
+  std::string top_holders_text(std::size_t count);
+  std::string dump_for_oom();
+
  private:
   mutable SpinLock lock_;
   BridgeGate gate_;  // restarting, closed, broken; calls outside the lock; sleepers
@@ -679,6 +734,16 @@ class BridgeCore {
   std::string device_string_;  // views point at it: it never changes after construction
   DeviceDtypes dtypes_;  // read before the lock: set once, at construction
   ViewPlacement placement_;  // read before the lock: set once, at construction
+  // The flight recorder: recording_ is null unless it records (the one test
+  // every recording site makes); recorder_ keeps what was recorded after
+  // stop_recording, for the dump.
+  FlightRecorder* recording_ = nullptr;
+  std::unique_ptr<FlightRecorder> recorder_;
+  std::atomic<bool> records_stacks_{false};  // read by bindings before they enter
+  std::uint64_t trace_slices_ = 0;            // keys of slices without an event id of their own
+  std::uint64_t oom_dumps_ = 0;
+  std::string backend_name_;  // BackendInfo's name and device id, for the dumps
+  std::string device_id_;
 };
 
 }  // namespace devbridge::detail

@@ -28,6 +28,8 @@ BridgeCore::BridgeCore(std::unique_ptr<Backend> backend, const BridgeOptions& op
     throw Error(ErrorKind::InvalidRange, fmt::format("writes_under_view_timeout of {} ns is negative",
                                                      options.writes_under_view_timeout.count()));
   const auto info = backend_->describe();
+  backend_name_ = info.name;
+  device_id_ = info.device_id;
   dtypes_ = DeviceDtypes(info);
   device_string_ = tinygrad_device(info.device_kind, info.device_ordinal);
   placement_ = ViewPlacement{device_string_, static_cast<int>(dlpack_device(info.device_kind)), info.device_ordinal};
@@ -208,6 +210,8 @@ void BridgeCore::restart(Generation generation) {
   generation_ = generation;
   gate_.mend();
   ++restarts_;
+  if (recording_) [[unlikely]]
+    trace_memory(TraceKind::Restart, generation_, 0, 0);
   gate_.set(BridgeGate::kRestarting, false);
   gate_.notify();
 }
@@ -230,6 +234,8 @@ void BridgeCore::close() {
     leased_ring_ = ring_.block();  // the last host lease frees it
   ring_ = HostRing();
   released_at_close_ = true;
+  if (recording_) [[unlikely]]
+    trace_memory(TraceKind::Close, generation_, 0, 0);
   gate_.set(BridgeGate::kRestarting, false);
   gate_.notify();
 }

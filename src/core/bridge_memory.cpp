@@ -9,6 +9,8 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
   if (o.adopted_region) {
     if (!o.abandoned) end_adoption(o.device, o.adopted_region - 1);
   } else if (!o.abandoned) {
+    if (recording_) [[unlikely]]
+      trace_memory(TraceKind::Free, key.first, key.second, o.device.bytes);
     if (const auto whole = keep_or_free_later(o.device, o.alignment)) backend_->free(*whole);
     // After close, nothing allocates again: what the orphan left cached goes too.
     if (gate_.closed() && !gate_.restarting()) free_cache_now();
@@ -19,6 +21,8 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
 [[gnu::noinline]] void BridgeCore::free_slot(std::uint32_t index) {
   auto& slot = allocations_[index];
   if (slot.adopted_region) return end_adopted_slot(index);
+  if (recording_) [[unlikely]]
+    trace_free(index);
   const DeviceAllocation device = slot.device;
   allocations_.retire(index);
   if (const auto whole = keep_or_free_later(device, slot.spec.alignment)) backend_->free(*whole);
@@ -31,8 +35,13 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
     SpinLockHold lock(lock_);
     enter(lock);
     allocations_.note_pool_request(extent);
+    const auto splits = pool_->splits_made();
     const auto part = call_backend([&] { return pool_->take(*backend_, class_bytes, spec.alignment); });
     allocations_.count_cache_lookup(part.has_value());
+    if (recording_) [[unlikely]] {
+      trace_memory(part ? TraceKind::PoolHit : TraceKind::PoolMiss, generation_, 0, class_bytes);
+      if (pool_->splits_made() != splits) trace_memory(TraceKind::PoolSplit, generation_, 0, class_bytes);
+    }
     if (part) return add_allocation(lock, spec, elem, view_dtype, extent, *part);
   }
   // The pool's shape never changes after construction: read unlocked.
@@ -42,9 +51,12 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
   enter_or_free(lock, segment);
   allocations_.count_segment(segment.bytes);
   // If the part cannot be made, the segment stays cached for the next request.
+  const auto splits = pool_->splits_made();
   const DeviceAllocation part =
       call_backend([&] { return pool_->take_from_new(*backend_, segment, spec.alignment, class_bytes); });
   allocations_.note_reserved(*pool_);
+  if (recording_ && pool_->splits_made() != splits) [[unlikely]]
+    trace_memory(TraceKind::PoolSplit, generation_, 0, class_bytes);
   return add_allocation(lock, spec, elem, view_dtype, extent, part);
 }
 
@@ -68,10 +80,24 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
       SpinLockHold lock(lock_);
       allocations_.count_oom_failure();
     }
+    // Fragmentation: how much of the cache no request as large as the
+    // largest free block could use (0 when nothing was cached).
+    const double fragmentation =
+        held.cached == 0 ? 0.0 : 100.0 * (1.0 - static_cast<double>(held.largest) / static_cast<double>(held.cached));
+    std::string dumped;
+    {
+      SpinLockHold lock(lock_);
+      if (recording_ && !recording_->options().oom_dump_dir.empty()) {
+        lock.unlock();
+        dumped = dump_for_oom();
+      }
+    }
     fail(ErrorKind::AllocationFailed,
          "{}; retried once after releasing every cached block: the bridge held {} bytes in live allocations and {} "
-         "cached (the largest cached block {} bytes) for a request of {} bytes",
-         e.message(), held.in_use, held.cached, held.largest, extent);
+         "cached (the largest cached block {} bytes; fragmentation {:.1f}% = 1 - {} / {}) for a request of {} "
+         "bytes; the largest holders: {}{}",
+         e.message(), held.in_use, held.cached, held.largest, fragmentation, held.largest, held.cached, extent,
+         held.holders.empty() ? "none (no live allocation)" : held.holders, dumped);
   }
 }
 
@@ -106,8 +132,14 @@ BridgeCore::Held BridgeCore::reclaim_for_retry() {
     log().warn("devbridge: draining completions before retrying an allocation failed: {}", e.what());
   }
   if (!drops_.empty()) reap_fences();
-  const Held held{allocations_.allocated_bytes(), pool_ ? pool_->cached_bytes() : 0,
-                  pool_ ? pool_->largest_block() : 0};
+  if (recording_) [[unlikely]]
+    trace_memory(TraceKind::OomRetry, generation_, 0, 0);
+  Held held{allocations_.allocated_bytes(), pool_ ? pool_->cached_bytes() : 0, pool_ ? pool_->largest_block() : 0, {}};
+  try {
+    held.holders = top_holders_text(5);
+  } catch (...) {
+    // Only the message loses its detail.
+  }
   give_back_cache(lock);
   return held;
 }
@@ -124,6 +156,11 @@ std::vector<DeviceAllocation> BridgeCore::take_free_segments() noexcept {
   if (!pool_ || pool_->free_segments() == 0) return {};
   auto segments = pool_->release_free_segments();
   allocations_.count_backend_frees(segments.size());
+  if (recording_) [[unlikely]] {
+    std::uint64_t bytes = 0;
+    for (const auto& segment : segments) bytes += segment.bytes;
+    trace_memory(TraceKind::PoolGiveBack, generation_, 0, bytes);
+  }
   return segments;
 }
 
@@ -132,7 +169,12 @@ std::optional<DeviceAllocation> BridgeCore::keep_or_free_later(const DeviceAlloc
   std::optional<DeviceAllocation> whole = device;
   if (pool_) {
     try {
+      const auto coalesces = pool_->coalesces();
       whole = pool_->give_back(*backend_, device, alignment);
+      if (recording_) [[unlikely]] {
+        if (pool_->coalesces() != coalesces) trace_memory(TraceKind::PoolCoalesce, generation_, 0, device.bytes);
+        if (whole) trace_memory(TraceKind::PoolGiveBack, generation_, 0, whole->bytes);
+      }
     } catch (const std::exception& e) {
       // The pool could not take it back: the memory stays allocated (never
       // freed under a part still handed out), lost to reuse.

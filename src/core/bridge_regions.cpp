@@ -35,7 +35,10 @@ HostRegion BridgeCore::register_host(std::span<std::byte> bytes, bool read_only,
     if (failure->fatal()) mark_broken(*failure);
     throw *failure;
   }
-  return regions_.finish_register(index, registered);
+  const HostRegion region = regions_.finish_register(index, registered);
+  if (recording_) [[unlikely]]
+    trace_memory(TraceKind::Register, region.generation, region.id, bytes.size());
+  return region;
 }
 
 void BridgeCore::unregister_host(const HostRegion& r) {
@@ -82,6 +85,8 @@ DeviceHandle BridgeCore::adopt_host(const RegionRange& range, const ObjectSpec& 
   }
   const auto id = allocations_.start_adopted(slot_index, spec, elem, view_dtype, range.len, device, index);
   regions_.add_adoption(index);
+  if (recording_) [[unlikely]]
+    trace_memory(TraceKind::Adopt, generation_, id, range.len);
   return DeviceHandle{domain_, generation_, id};
 }
 

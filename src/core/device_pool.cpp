@@ -114,6 +114,7 @@ DeviceAllocation DevicePool::carve(Backend& backend, std::uint64_t id, Segment& 
       }
       remove_free(s, FreeKey{span->second.bytes, id, offset});
       span->second.bytes = part_bytes;
+      ++splits_made_;
     }
   } catch (...) {
     remove_part(part.address);
@@ -217,6 +218,7 @@ std::optional<DeviceAllocation> DevicePool::give_back(Backend& backend, const De
     remove_free(s, FreeKey{next->second.bytes, where.segment, next->first});
     span->second.bytes += next->second.bytes;
     remove_span(s, next);
+    ++coalesces_;
   }
   if (span != s.spans.begin()) {
     if (auto previous = std::prev(span); previous->second.free) {
@@ -224,6 +226,7 @@ std::optional<DeviceAllocation> DevicePool::give_back(Backend& backend, const De
       previous->second.bytes += span->second.bytes;
       remove_span(s, span);
       span = previous;
+      ++coalesces_;
     }
   }
   add_free(s, FreeKey{span->second.bytes, where.segment, span->first});

@@ -101,6 +101,21 @@ class DevicePool {
   // Free bytes in spans too small for a request of `bytes`.
   std::uint64_t bytes_below(std::uint64_t bytes) const noexcept;
   std::uint64_t cap_bytes() const noexcept { return cap_bytes_; }
+  // How many times a span was split for a part, and two free spans merged,
+  // since the pool was made: the flight recorder reports the changes.
+  std::uint64_t splits_made() const noexcept { return splits_made_; }
+  std::uint64_t coalesces() const noexcept { return coalesces_; }
+
+  // Every block the pool knows, for the memory snapshot: f(segment, offset,
+  // bytes, free) for each span of a split segment, and for each whole free
+  // block (a live whole block is an allocation's; the pool keeps no record).
+  template <class F>
+  void for_each_block(F&& f) const {
+    for (const auto& [bytes, list] : whole_free_)
+      for (const auto& block : list) f(block.block, 0, block.block.bytes, true);
+    for (const auto& [id, segment] : segments_)
+      for (const auto& [offset, span] : segment.spans) f(segment.block, offset, span.bytes, span.free);
+  }
 
  private:
   struct Span {
@@ -161,6 +176,8 @@ class DevicePool {
   std::uint64_t free_bytes_ = 0;
   std::uint64_t free_segments_ = 0;
   std::uint64_t free_segment_bytes_ = 0;  // split segments only (whole blocks: free_bytes_)
+  std::uint64_t splits_made_ = 0;
+  std::uint64_t coalesces_ = 0;
 };
 
 }  // namespace devbridge::detail

@@ -1,0 +1,274 @@
+// The bridge core's flight recorder: starting and stopping it, the recording
+// sites the core calls (each past one test of recording_), the dumps, and
+// the out-of-memory message's holders (bridge_core.hpp, flight_recorder.hpp).
+#include <filesystem>
+#include <iterator>
+
+#include "core/bridge_core.hpp"
+
+namespace devbridge::detail {
+
+void BridgeCore::record(const RecordOptions& options) {
+  FlightRecorder::check_max_events(options.max_events);
+  // The ring is allocated before the lock: a large one takes a while.
+  auto recorder = std::make_unique<FlightRecorder>(options);
+  std::unique_ptr<FlightRecorder> previous;
+  {
+    SpinLockHold lock(lock_);
+    gate_.check_not_closed();
+    previous = std::exchange(recorder_, std::move(recorder));
+    recording_ = recorder_.get();
+    records_stacks_.store(options.stacks, std::memory_order_relaxed);
+  }
+  // The previous recording goes after the lock is dropped (freeing a large ring takes a while).
+}
+
+void BridgeCore::stop_recording() noexcept {
+  std::lock_guard guard(lock_);
+  recording_ = nullptr;
+  records_stacks_.store(false, std::memory_order_relaxed);
+}
+
+TraceCounters BridgeCore::trace_counters() const noexcept {
+  const std::uint64_t allocated = allocations_.allocated_bytes();
+  return TraceCounters{allocated, pool_ ? pool_->reserved_bytes() : allocated, pool_ ? pool_->cached_bytes() : 0,
+                       ring_.used(), copies_.inflight_bytes()};
+}
+
+void BridgeCore::trace(TraceRecord record) noexcept {
+  if (!recording_) return;
+  if (record.has_counters) record.counters = trace_counters();
+  recording_->record(record);
+}
+
+void BridgeCore::trace_memory(TraceKind kind, Generation generation, std::uint64_t id, std::uint64_t bytes) noexcept {
+  auto record = trace_record(kind, generation, id);
+  record.bytes = bytes;
+  record.has_counters = true;
+  trace(record);
+}
+
+void BridgeCore::trace_free(std::uint32_t index) noexcept {
+  if (!recording_) return;
+  const auto& slot = allocations_[index];
+  auto record = trace_record(TraceKind::Free, generation_, make_id(index, slot.version));
+  record.slice = slot.released ? 1u : 0u;  // Free's marker: the end of a deferred release
+  record.bytes = slot.extent;
+  record.has_counters = true;
+  // Recorded before the slot retires (its fields go then): the counters
+  // say what they will be after it.
+  record.counters = trace_counters();
+  record.counters.allocated -= std::min(record.counters.allocated, slot.device.bytes);
+  if (!pool_) record.counters.reserved = record.counters.allocated;
+  recording_->record(record);
+}
+
+std::uint64_t BridgeCore::trace_copy_begin(CopyDirection direction, const DeviceRange& device,
+                                           std::uint64_t event_id, std::uint64_t bytes) noexcept {
+  // A sync copy has no event id until it succeeded: its slice gets a key of
+  // its own, with the top bit set (no event id has it).
+  const std::uint64_t key = event_id != 0 ? event_id : (1ull << 63) | ++trace_slices_;
+  auto record = trace_record(TraceKind::CopyBegin, generation_, device.handle.id);
+  record.slice = key;
+  record.offset = device.offset;
+  record.bytes = bytes;
+  record.track = direction == CopyDirection::HostToDevice ? TraceTrack::CopyUp : TraceTrack::CopyDown;
+  record.has_counters = event_id != 0;  // an async copy adds to the bytes in flight
+  trace(record);
+  return key;
+}
+
+void BridgeCore::trace_copy_end(CopyDirection direction, Generation generation, std::uint64_t slice,
+                                bool ok) noexcept {
+  auto record = trace_record(ok ? TraceKind::CopyCompleted : TraceKind::CopyFailed, generation);
+  record.slice = slice;
+  record.track = direction == CopyDirection::HostToDevice ? TraceTrack::CopyUp : TraceTrack::CopyDown;
+  record.has_counters = (slice >> 63) == 0;  // an async copy's bytes leave the budget
+  trace(record);
+}
+
+void BridgeCore::trace_view(TraceKind kind, const DeviceHandle& h, ViewHolder holder) noexcept {
+  // Views of one allocation are told apart by nothing: their slices are
+  // keyed by its id, and an end closes any one of them.
+  auto record = trace_record(kind, h.generation, h.id);
+  record.slice = h.id;
+  record.track = kind == TraceKind::ViewHandedOn ? TraceTrack::Calls : TraceTrack::Views;
+  record.holder = static_cast<std::uint8_t>(holder);
+  trace(record);
+}
+
+void BridgeCore::trace_fence(TraceKind kind, const DropQueue::Entry& entry) noexcept {
+  std::uint64_t bytes = 0;
+  for (const auto id : entry.allocation_ids)
+    if (const auto* slot = entry.generation == generation_ ? allocations_.find(id) : nullptr) bytes += slot->extent;
+  auto record = trace_record(kind, entry.generation, entry.allocation_ids.empty() ? 0 : entry.allocation_ids.front());
+  record.bytes = bytes;
+  record.consumer = entry.where.queue == Queue::Consumer ? entry.where.consumer : 0;
+  record.queue = static_cast<std::uint8_t>(entry.where.queue);
+  trace(record);
+  // A launch's slice ends at its fence (bridge.cpp, launch_axpy).
+  if (kind == TraceKind::FencePassed && entry.where.queue == Queue::Compute) {
+    auto end = trace_record(TraceKind::LaunchEnd, entry.generation);
+    end.slice = entry.fence.token;
+    end.track = TraceTrack::Compute;
+    trace(end);
+  }
+}
+
+TraceDump BridgeCore::trace_dump() {
+  TraceDump dump;
+  dump.backend = backend_name_;
+  dump.device = device_id_;
+  dump.domain = domain_;
+  SpinLockHold lock(lock_);
+  if (recorder_) recorder_->copy_to(dump);
+  dump.dump_ns = trace_now_ns();
+  if (!recorder_) dump.start_ns = dump.dump_ns;
+  return dump;
+}
+
+std::string BridgeCore::dump_for_oom() {
+  std::string directory;
+  std::uint64_t number;
+  {
+    SpinLockHold lock(lock_);
+    if (!recorder_) return {};
+    directory = recorder_->options().oom_dump_dir;
+    number = ++oom_dumps_;
+  }
+  const auto path =
+      (std::filesystem::path(directory) / fmt::format("devbridge-oom-{}-{}.trace.json", domain_, number)).string();
+  try {
+    write_file_atomically(path, trace_json(trace_dump()));
+  } catch (const std::exception& e) {
+    return fmt::format("; the trace could not be dumped to {}: {}", path, e.what());
+  }
+  return fmt::format("; the flight recorder's trace is in {}", path);
+}
+
+std::string BridgeCore::top_holders_text(std::size_t count) {
+  struct Entry {
+    std::uint64_t bytes;
+    std::uint32_t index;
+  };
+  std::vector<Entry> live;
+  allocations_.for_each_in_use([&](std::uint32_t index, AllocationSlot& slot) {
+    if (!slot.adopted_region) live.push_back({slot.device.bytes, index});
+  });
+  const auto shown = std::min(count, live.size());
+  std::partial_sort(live.begin(), live.begin() + static_cast<std::ptrdiff_t>(shown), live.end(),
+                    [](const Entry& a, const Entry& b) { return a.bytes > b.bytes; });
+  std::string text;
+  for (std::size_t i = 0; i < shown; ++i) {
+    const auto& slot = allocations_[live[i].index];
+    const DeviceHandle h{domain_, generation_, make_id(live[i].index, slot.version)};
+    if (!text.empty()) text += "; ";
+    fmt::format_to(std::back_inserter(text), "{} of {} bytes, {}", describe(h), slot.device.bytes,
+                   slot.used() ? "held by " + uses(h, slot)
+                               : std::string(slot.released ? "released, not yet freed" : "not freed by the caller"));
+  }
+  if (live.size() > shown) fmt::format_to(std::back_inserter(text), "; and {} smaller", live.size() - shown);
+  return text;
+}
+
+std::string BridgeCore::memory_snapshot_json() {
+  SpinLockHold lock(lock_);
+  std::string text;
+  auto out = std::back_inserter(text);
+  MemoryStats m;
+  allocations_.fill(m, pool_ ? &*pool_ : nullptr);
+  fmt::format_to(out,
+                 "{{\"format\":\"devbridge-memory-snapshot\",\"version\":1,\"backend\":\"{}\",\"device\":\"{}\","
+                 "\"domain\":{},\"generation\":{},",
+                 json_escaped(backend_name_), json_escaped(device_id_), domain_, generation_);
+  fmt::format_to(out,
+                 "\"stats\":{{\"allocated_bytes\":{},\"peak_allocated_bytes\":{},\"total_allocated_bytes\":{},"
+                 "\"reserved_bytes\":{},\"peak_reserved_bytes\":{},\"cached_bytes\":{},\"cached_blocks\":{},"
+                 "\"free_segment_bytes\":{},\"segments\":{},\"free_segments\":{},\"allocations\":{},"
+                 "\"cache_hits\":{},\"cache_misses\":{},\"oom_retries\":{},\"oom_failures\":{},"
+                 "\"fragmentation_bytes\":{},\"pool_enabled\":{},\"pool_splits\":{}}},",
+                 m.allocated_bytes, m.peak_allocated_bytes, m.total_allocated_bytes, m.reserved_bytes,
+                 m.peak_reserved_bytes, m.cached_bytes, m.cached_blocks, m.free_segment_bytes, m.segments,
+                 m.free_segments, m.allocations, m.cache_hits, m.cache_misses, m.oom_retries, m.oom_failures,
+                 m.fragmentation_bytes, m.pool_enabled, m.pool_splits);
+  fmt::format_to(out, "\"ring\":{{\"capacity\":{},\"used\":{},\"reservations\":{},\"releases_pending\":{}}},",
+                 ring_.capacity(), ring_.used(), ring_.reservations(), release_after_.size());
+  const bool recording = recording_ != nullptr;
+  fmt::format_to(out, "\"recording\":{{\"on\":{},\"recorded_events\":{},\"dropped_events\":{}}},", recording,
+                 recorder_ ? recorder_->recorded() : 0, recorder_ ? recorder_->dropped() : 0);
+
+  // The recorded events of each allocation of this generation, by id.
+  std::unordered_map<std::uint64_t, std::vector<std::uint64_t>> events;
+  if (recorder_)
+    for (std::size_t i = 0; i < recorder_->size(); ++i) {
+      const auto& r = recorder_->at(i);
+      if (r.id != 0 && r.generation == generation_ && r.kind != TraceKind::Register)
+        events[r.id].push_back(recorder_->sequence(i));
+    }
+  // The live allocations by address, so a pool block finds its owner.
+  std::unordered_map<std::uint64_t, std::uint32_t> by_address;
+  allocations_.for_each_in_use(
+      [&](std::uint32_t index, AllocationSlot& slot) { by_address.emplace(slot.device.address, index); });
+
+  auto write_block = [&](std::uint64_t offset, std::uint64_t bytes, const char* state, const std::uint32_t* index) {
+    fmt::format_to(out, "{{\"offset\":{},\"bytes\":{},\"state\":\"{}\"", offset, bytes, state);
+    if (index) {
+      const auto& slot = allocations_[*index];
+      const std::uint64_t id = make_id(*index, slot.version);
+      const DeviceHandle h{domain_, generation_, id};
+      const std::uint32_t fenced = drops_.uses_of(generation_, id);
+      fmt::format_to(out,
+                     ",\"handle\":\"{}:{}:{}\",\"requested\":{},\"released\":{},\"holders\":{{\"views\":{},"
+                     "\"view_holders\":\"{}\",\"steps\":{},\"fences\":{},\"copies\":{},\"uploads\":{}}},\"events\":[",
+                     domain_, generation_, id, slot.extent, slot.released, slot.views, json_escaped(views_text(h, slot)),
+                     slot.steps - std::min(slot.steps, fenced), fenced, slot.copies, slot.uploads);
+      if (auto it = events.find(id); it != events.end())
+        for (std::size_t i = 0; i < it->second.size(); ++i) fmt::format_to(out, "{}{}", i ? "," : "", it->second[i]);
+      fmt::format_to(out, "]");
+    }
+    fmt::format_to(out, "}}");
+  };
+
+  fmt::format_to(out, "\"segments\":[");
+  bool first_segment = true;
+  std::unordered_map<std::uint64_t, bool> in_pool;  // live allocations the pool's segments hold
+  if (pool_) {
+    // A split segment's spans come in offset order, one segment after another.
+    std::uint64_t open_segment = ~0ull;
+    pool_->for_each_block([&](const DeviceAllocation& segment, std::uint64_t offset, std::uint64_t bytes, bool free) {
+      if (segment.address != open_segment || offset == 0) {
+        if (open_segment != ~0ull) fmt::format_to(out, "]}}");
+        fmt::format_to(out, "{}{{\"address\":{},\"bytes\":{},\"pool\":true,\"blocks\":[", first_segment ? "" : ",",
+                       segment.address, segment.bytes);
+        first_segment = false;
+        open_segment = segment.address;
+      } else {
+        fmt::format_to(out, ",");
+      }
+      const auto owner = free ? by_address.end() : by_address.find(segment.address + offset);
+      const bool whole = bytes == segment.bytes;
+      if (owner != by_address.end()) in_pool[owner->second] = true;
+      write_block(offset, bytes,
+                  free                         ? "cached"
+                  : owner == by_address.end() ? "orphan"
+                  : whole                      ? "allocated"
+                                               : "split part",
+                  owner == by_address.end() ? nullptr : &owner->second);
+    });
+    if (open_segment != ~0ull) fmt::format_to(out, "]}}");
+  }
+  // Allocations that are segments of their own: no pool, a pool of whole
+  // blocks (which keeps no record of live ones), adopted host memory.
+  allocations_.for_each_in_use([&](std::uint32_t index, AllocationSlot& slot) {
+    if (in_pool.contains(index)) return;
+    fmt::format_to(out, "{}{{\"address\":{},\"bytes\":{},\"pool\":false,\"blocks\":[", first_segment ? "" : ",",
+                   slot.device.address, slot.device.bytes);
+    first_segment = false;
+    write_block(0, slot.device.bytes, slot.adopted_region ? "adopted" : "allocated", &index);
+    fmt::format_to(out, "]}}");
+  });
+  fmt::format_to(out, "]}}\n");
+  return text;
+}
+
+}  // namespace devbridge::detail

@@ -1,0 +1,383 @@
+// The flight recorder's ring and its trace dump (flight_recorder.hpp).
+#include "core/flight_recorder.hpp"
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include "core/fail.hpp"
+#include "devbridge/bridge.hpp"
+
+namespace devbridge {
+
+namespace {
+thread_local const std::string* t_trace_stack = nullptr;
+}  // namespace
+
+TraceStack::TraceStack(std::string text) : text_(std::move(text)), previous_(t_trace_stack) {
+  t_trace_stack = &text_;
+}
+TraceStack::~TraceStack() { t_trace_stack = previous_; }
+const std::string* TraceStack::current() noexcept { return t_trace_stack; }
+
+}  // namespace devbridge
+
+namespace devbridge::detail {
+
+std::uint16_t trace_thread() noexcept {
+  static std::atomic<std::uint16_t> next{1};
+  thread_local const std::uint16_t mine = next.fetch_add(1, std::memory_order_relaxed);
+  return mine;
+}
+
+std::uint64_t trace_now_ns() noexcept {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+          .count());
+}
+
+void FlightRecorder::check_max_events(std::size_t max_events) {
+  if (max_events == 0 || max_events > kMaxRecordedEvents)
+    fail(ErrorKind::InvalidRange, "record: max_events of {} is outside [1, {}] (the ring holds that many events)",
+         max_events, kMaxRecordedEvents);
+}
+
+FlightRecorder::FlightRecorder(const RecordOptions& options) : options_(options), start_ns_(trace_now_ns()) {
+  check_max_events(options.max_events);
+  // Reserved up front, so record() never allocates; a large ring's pages are
+  // touched only as it fills.
+  ring_.reserve(options.max_events);
+}
+
+std::uint32_t FlightRecorder::intern(const std::string& text) noexcept {
+  try {
+    const auto [it, added] = stack_ids_.try_emplace(text, static_cast<std::uint32_t>(stacks_.size() + 1));
+    if (added) {
+      try {
+        stacks_.push_back(text);
+      } catch (...) {
+        stack_ids_.erase(it);
+        return 0;
+      }
+    }
+    return it->second;
+  } catch (...) {
+    return 0;  // only the stack is lost
+  }
+}
+
+void FlightRecorder::record(TraceRecord record) noexcept {
+  if (record.ts_ns == 0) record.ts_ns = trace_now_ns();
+  record.thread = trace_thread();
+  if (options_.stacks) [[unlikely]]
+    if (const auto* text = TraceStack::current()) record.stack = intern(*text);
+  ++recorded_;
+  if (ring_.size() < options_.max_events) {
+    ring_.push_back(record);  // within the reserved capacity
+    return;
+  }
+  ring_[head_] = record;
+  head_ = head_ + 1 == ring_.size() ? 0 : head_ + 1;
+}
+
+void FlightRecorder::copy_to(TraceDump& dump) const {
+  dump.max_events = options_.max_events;
+  dump.recorded = recorded_;
+  dump.dropped = dropped();
+  dump.start_ns = start_ns_;
+  dump.records.clear();
+  dump.records.reserve(ring_.size());
+  dump.records.insert(dump.records.end(), ring_.begin() + static_cast<std::ptrdiff_t>(head_), ring_.end());
+  dump.records.insert(dump.records.end(), ring_.begin(), ring_.begin() + static_cast<std::ptrdiff_t>(head_));
+  dump.stacks = stacks_;
+}
+
+// ---- the dump ----
+
+namespace {
+
+using Out = std::back_insert_iterator<std::string>;
+
+struct KindInfo {
+  const char* name;
+  const char* category;
+};
+
+// Instants' names and categories, by TraceKind (the slices' are their tracks').
+constexpr std::array<KindInfo, 16> kInstants{{
+    {"allocate", "memory"},
+    {"free", "memory"},
+    {"release", "memory"},
+    {"pool hit", "memory"},
+    {"pool miss", "memory"},
+    {"pool split", "memory"},
+    {"pool coalesce", "memory"},
+    {"pool give back", "memory"},
+    {"register", "lifecycle"},
+    {"adopt", "lifecycle"},
+    {"restart", "lifecycle"},
+    {"close", "lifecycle"},
+    {"oom retry", "memory"},
+    {"fence recorded", "fence"},
+    {"fence passed", "fence"},
+    {"view handed on", "lifecycle"},
+}};
+static_assert(static_cast<std::size_t>(TraceKind::CopyBegin) == kInstants.size());
+
+constexpr std::array<const char*, 7> kTrackNames{"", "calls", "copy up", "copy down", "compute", "peer", "views"};
+
+const char* holder_name(std::uint8_t holder) {
+  switch (static_cast<ViewHolder>(holder)) {
+    case ViewHolder::DLPackConsumer: return "a DLPack consumer";
+    case ViewHolder::TinygradTensor: return "a tinygrad tensor";
+    case ViewHolder::Caller: break;
+  }
+  return "the caller";
+}
+
+// Each slice track holds one kind of slice: copies on the copy and peer
+// tracks, launches on compute, leases on views.
+const char* slice_name(std::uint8_t track) {
+  switch (static_cast<TraceTrack>(track)) {
+    case TraceTrack::Compute: return "axpy";
+    case TraceTrack::Views: return "view";
+    default: return kTrackNames[track];
+  }
+}
+const char* slice_category(std::uint8_t track) {
+  switch (static_cast<TraceTrack>(track)) {
+    case TraceTrack::Compute: return "compute";
+    case TraceTrack::Views: return "view";
+    default: return "copy";
+  }
+}
+
+bool is_begin(TraceKind k) {
+  return k == TraceKind::CopyBegin || k == TraceKind::LaunchBegin || k == TraceKind::ViewBegin;
+}
+bool is_end(TraceKind k) {
+  return k == TraceKind::CopyCompleted || k == TraceKind::CopyFailed || k == TraceKind::LaunchEnd ||
+         k == TraceKind::ViewEnd;
+}
+
+void write_escaped(Out out, std::string_view text) {
+  for (const char c : text) {
+    switch (c) {
+      case '"': fmt::format_to(out, "\\\""); break;
+      case '\\': fmt::format_to(out, "\\\\"); break;
+      case '\n': fmt::format_to(out, "\\n"); break;
+      case '\t': fmt::format_to(out, "\\t"); break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20)
+          fmt::format_to(out, "\\u{:04x}", static_cast<unsigned>(c));
+        else
+          *out++ = c;
+    }
+  }
+}
+
+// Microseconds since recording started, as the trace-event format wants.
+double micros(const TraceDump& dump, std::uint64_t ns) {
+  return ns <= dump.start_ns ? 0.0 : static_cast<double>(ns - dump.start_ns) / 1000.0;
+}
+
+// Slices open at the same time on one track each get a lane: lane 0 is the
+// track's own tid, lane k (k >= 1) tid 100 * track + k, "<track> #<k+1>".
+struct Lanes {
+  std::array<std::vector<bool>, kTrackNames.size()> busy;  // by track, by lane
+  struct Key {
+    std::uint8_t track;
+    Generation generation;
+    std::uint64_t slice;
+    friend auto operator<=>(const Key&, const Key&) = default;
+  };
+  std::map<Key, std::vector<std::size_t>> open;  // a key may be open more than once (views of one allocation)
+
+  static std::uint64_t tid(std::uint8_t track, std::size_t lane) { return lane == 0 ? track : 100u * track + lane; }
+
+  std::size_t begin(const Key& key) {
+    auto& lanes = busy[key.track];
+    auto free = std::find(lanes.begin(), lanes.end(), false);
+    const auto lane = static_cast<std::size_t>(free - lanes.begin());
+    if (free == lanes.end())
+      lanes.push_back(true);
+    else
+      *free = true;
+    open[key].push_back(lane);
+    return lane;
+  }
+  // The lane of the slice `key` ends, or nothing when its begin was dropped.
+  std::optional<std::size_t> end(const Key& key) {
+    auto it = open.find(key);
+    if (it == open.end()) return std::nullopt;
+    const auto lane = it->second.back();
+    it->second.pop_back();
+    if (it->second.empty()) open.erase(it);
+    busy[key.track][lane] = false;
+    return lane;
+  }
+};
+
+void write_handle(Out out, const TraceDump& dump, Generation generation, std::uint64_t id) {
+  fmt::format_to(out, "\"{}:{}:{}\"", dump.domain, generation, id);
+}
+
+void write_common_args(Out out, const TraceDump& dump, const TraceRecord& r) {
+  fmt::format_to(out, ",\"thread\":{}", r.thread);
+  if (r.stack != 0 && r.stack <= dump.stacks.size()) {
+    fmt::format_to(out, ",\"stack\":\"");
+    write_escaped(out, dump.stacks[r.stack - 1]);
+    *out++ = '"';
+  }
+}
+
+}  // namespace
+
+std::string trace_json(const TraceDump& dump) {
+  std::string text;
+  text.reserve(512 + dump.records.size() * 260);
+  Out out(text);
+
+  // Timestamps must be monotone; records are taken under one lock, so they
+  // almost are (a launch's begin is stamped before its call, kept after).
+  std::vector<std::uint32_t> order(dump.records.size());
+  for (std::uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::uint32_t a, std::uint32_t b) { return dump.records[a].ts_ns < dump.records[b].ts_ns; });
+
+  fmt::format_to(out, "{{\"displayTimeUnit\":\"ns\",\"otherData\":{{\"format\":\"devbridge-trace\",\"version\":1,"
+                      "\"backend\":\"");
+  write_escaped(out, dump.backend);
+  fmt::format_to(out, "\",\"device\":\"");
+  write_escaped(out, dump.device);
+  fmt::format_to(out, "\",\"domain\":{},\"max_events\":{},\"recorded_events\":{},\"dropped_events\":{}}},", dump.domain,
+                 dump.max_events, dump.recorded, dump.dropped);
+  fmt::format_to(out, "\"traceEvents\":[\n{{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":1,\"args\":{{\"name\":\"devbridge ");
+  write_escaped(out, dump.backend);
+  *out++ = ' ';
+  write_escaped(out, dump.device);
+  fmt::format_to(out, "\"}}}}");
+  for (std::size_t track = 1; track < kTrackNames.size(); ++track)
+    fmt::format_to(out, ",\n{{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":1,\"tid\":{},\"args\":{{\"name\":\"{}\"}}}}",
+                   track, kTrackNames[track]);
+
+  Lanes lanes;
+  const std::uint64_t first_sequence = dump.recorded - dump.records.size();
+  double last_ts = 0;
+  for (const auto index : order) {
+    const auto& r = dump.records[index];
+    const double ts = micros(dump, r.ts_ns);
+    last_ts = std::max(last_ts, ts);
+    const auto track = static_cast<std::uint8_t>(r.track);
+    const Lanes::Key key{track, r.generation, r.slice};
+    if (is_begin(r.kind)) {
+      const auto lane = lanes.begin(key);
+      fmt::format_to(out, ",\n{{\"ph\":\"B\",\"name\":\"{}\",\"cat\":\"{}\",\"pid\":1,\"tid\":{},\"ts\":{:.3f},\"args\":{{",
+                     slice_name(track), slice_category(track), Lanes::tid(track, lane), ts);
+      if (r.kind == TraceKind::CopyBegin) {
+        fmt::format_to(out, "\"event\":");
+        if (r.slice & (1ull << 63))
+          fmt::format_to(out, "\"sync\"");
+        else
+          write_handle(out, dump, r.generation, r.slice);
+        fmt::format_to(out, ",");
+      }
+      fmt::format_to(out, "\"handle\":");
+      write_handle(out, dump, r.generation, r.id);
+      fmt::format_to(out, ",\"bytes\":{},\"offset\":{},\"generation\":{},\"seq\":{}", r.bytes, r.offset, r.generation,
+                     first_sequence + index);
+      if (r.kind == TraceKind::ViewBegin) fmt::format_to(out, ",\"holder\":\"{}\"", holder_name(r.holder));
+      write_common_args(out, dump, r);
+      fmt::format_to(out, "}}}}");
+    } else if (is_end(r.kind)) {
+      const auto lane = lanes.end(key);
+      if (!lane) continue;  // its begin was overwritten in the ring
+      const char* status = r.kind == TraceKind::CopyFailed ? "failed" : r.kind == TraceKind::ViewEnd ? "ended" : "completed";
+      fmt::format_to(out,
+                     ",\n{{\"ph\":\"E\",\"name\":\"{}\",\"cat\":\"{}\",\"pid\":1,\"tid\":{},\"ts\":{:.3f},\"args\":{{"
+                     "\"status\":\"{}\",\"seq\":{}}}}}",
+                     slice_name(track), slice_category(track), Lanes::tid(track, *lane), ts, status,
+                     first_sequence + index);
+    } else {
+      const auto& info = kInstants[static_cast<std::size_t>(r.kind)];
+      fmt::format_to(out,
+                     ",\n{{\"ph\":\"i\",\"s\":\"t\",\"name\":\"{}\",\"cat\":\"{}\",\"pid\":1,\"tid\":1,\"ts\":{:.3f},"
+                     "\"args\":{{",
+                     info.name, info.category, ts);
+      if (r.id != 0) {
+        fmt::format_to(out, "\"handle\":");
+        write_handle(out, dump, r.generation, r.id);
+        fmt::format_to(out, ",");
+      }
+      fmt::format_to(out, "\"bytes\":{},\"generation\":{},\"seq\":{}", r.bytes, r.generation, first_sequence + index);
+      if (r.kind == TraceKind::Free && r.slice != 0) fmt::format_to(out, ",\"deferred\":true");
+      if (r.kind == TraceKind::FenceRecorded || r.kind == TraceKind::FencePassed) {
+        static constexpr const char* kQueues[] = {"copy up", "copy down", "compute", "consumer"};
+        fmt::format_to(out, ",\"queue\":\"{}\"", kQueues[std::min<std::uint8_t>(r.queue, 3)]);
+        if (r.consumer != 0) fmt::format_to(out, ",\"consumer\":{}", r.consumer);
+      }
+      if (r.kind == TraceKind::ViewHandedOn) fmt::format_to(out, ",\"holder\":\"{}\"", holder_name(r.holder));
+      write_common_args(out, dump, r);
+      fmt::format_to(out, "}}}}");
+    }
+    if (r.has_counters)
+      fmt::format_to(out,
+                     ",\n{{\"ph\":\"C\",\"name\":\"memory\",\"pid\":1,\"ts\":{:.3f},\"args\":{{\"allocated\":{},"
+                     "\"reserved\":{},\"cached\":{},\"ring_used\":{},\"in_flight\":{}}}}}",
+                     ts, r.counters.allocated, r.counters.reserved, r.counters.cached, r.counters.ring_used,
+                     r.counters.in_flight);
+  }
+
+  // Slices still open end now, marked so; then the extra lanes get names.
+  const double end_ts = std::max(last_ts, micros(dump, dump.dump_ns));
+  for (const auto& [key, open_lanes] : lanes.open)
+    for (const auto lane : open_lanes)
+      fmt::format_to(out,
+                     ",\n{{\"ph\":\"E\",\"name\":\"{}\",\"cat\":\"{}\",\"pid\":1,\"tid\":{},\"ts\":{:.3f},"
+                     "\"args\":{{\"status\":\"open\"}}}}",
+                     slice_name(key.track), slice_category(key.track), Lanes::tid(key.track, lane), end_ts);
+  for (std::size_t track = 1; track < kTrackNames.size(); ++track)
+    for (std::size_t lane = 1; lane < lanes.busy[track].size(); ++lane)
+      fmt::format_to(out,
+                     ",\n{{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":1,\"tid\":{},\"args\":{{\"name\":\"{} #{}\"}}}}",
+                     Lanes::tid(static_cast<std::uint8_t>(track), lane), kTrackNames[track], lane + 1);
+  fmt::format_to(out, "\n]}}\n");
+  return text;
+}
+
+std::string json_escaped(std::string_view text) {
+  std::string escaped;
+  write_escaped(std::back_inserter(escaped), text);
+  return escaped;
+}
+
+void write_file_atomically(const std::string& path, std::string_view text) {
+  const std::string temporary = fmt::format("{}.tmp.{}", path, ::getpid());
+  {
+    std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
+    if (!file) fail(ErrorKind::Unavailable, "cannot write {}: opening {} failed", path, temporary);
+    file.write(text.data(), static_cast<std::streamsize>(text.size()));
+    file.flush();
+    if (!file) {
+      std::remove(temporary.c_str());
+      fail(ErrorKind::Unavailable, "cannot write {}: writing {} failed", path, temporary);
+    }
+  }
+  std::error_code error;
+  std::filesystem::rename(temporary, path, error);
+  if (error) {
+    std::remove(temporary.c_str());
+    fail(ErrorKind::Unavailable, "cannot write {}: renaming {} failed: {}", path, temporary, error.message());
+  }
+}
+
+}  // namespace devbridge::detail

@@ -1,0 +1,248 @@
+// The flight recorder on its own (the ring, the dump's pairing of slices),
+// and through a bridge on the fake backend: the out-of-memory message's
+// fragmentation figure and holders, the dump on out-of-memory, stacks, the
+// memory snapshot.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "../conformance/trace_checks.hpp"
+#include "core/describe.hpp"
+#include "core/flight_recorder.hpp"
+#include "support.hpp"
+
+namespace devbridge::testing {
+namespace {
+
+using detail::FlightRecorder;
+using detail::TraceKind;
+using detail::TraceRecord;
+using detail::TraceTrack;
+using nlohmann::json;
+
+TraceRecord marked(std::uint64_t marker) {
+  auto record = detail::trace_record(TraceKind::Allocate, 1, marker);
+  record.bytes = marker;
+  return record;
+}
+
+TEST(FlightRecorder, TheRingKeepsTheNewestEventsAndCountsTheDropped) {
+  FlightRecorder recorder(RecordOptions{.max_events = 4});
+  for (std::uint64_t i = 1; i <= 10; ++i) recorder.record(marked(i));
+  EXPECT_EQ(recorder.size(), 4u);
+  EXPECT_EQ(recorder.recorded(), 10u);
+  EXPECT_EQ(recorder.dropped(), 6u);
+  for (std::size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(recorder.at(i).bytes, 7 + i) << "oldest first";
+    EXPECT_EQ(recorder.sequence(i), 6 + i);
+  }
+  detail::TraceDump dump;
+  recorder.copy_to(dump);
+  ASSERT_EQ(dump.records.size(), 4u);
+  EXPECT_EQ(dump.records.front().bytes, 7u);
+  EXPECT_EQ(dump.records.back().bytes, 10u);
+  EXPECT_EQ(dump.dropped, 6u);
+}
+
+TEST(FlightRecorder, RecordsAreStampedInOrderWithTheirThread) {
+  FlightRecorder recorder(RecordOptions{.max_events = 8});
+  for (std::uint64_t i = 1; i <= 3; ++i) recorder.record(marked(i));
+  EXPECT_LE(recorder.at(0).ts_ns, recorder.at(1).ts_ns);
+  EXPECT_LE(recorder.at(1).ts_ns, recorder.at(2).ts_ns);
+  EXPECT_EQ(recorder.at(0).thread, detail::trace_thread());
+  EXPECT_NE(recorder.at(0).thread, 0u);
+}
+
+TEST(FlightRecorder, MaxEventsOutsideItsRangeIsRefusedNamingTheValue) {
+  auto message = EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidRange, FlightRecorder::check_max_events(0));
+  EXPECT_NE(message.find("max_events of 0"), std::string::npos) << message;
+  message = EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidRange, FlightRecorder::check_max_events(kMaxRecordedEvents + 1));
+  EXPECT_NE(message.find(std::to_string(kMaxRecordedEvents + 1)), std::string::npos) << message;
+}
+
+TEST(FlightRecorder, StacksAreInternedAndOnlyWhenAsked) {
+  FlightRecorder with(RecordOptions{.max_events = 8, .stacks = true});
+  FlightRecorder without(RecordOptions{.max_events = 8});
+  {
+    TraceStack stack("test.py:3 f");
+    with.record(marked(1));
+    with.record(marked(2));
+    without.record(marked(1));
+  }
+  with.record(marked(3));
+  EXPECT_EQ(with.at(0).stack, 1u);
+  EXPECT_EQ(with.at(1).stack, 1u) << "one text, one number";
+  EXPECT_EQ(with.at(2).stack, 0u) << "no stack outside the scope";
+  EXPECT_EQ(without.at(0).stack, 0u);
+  detail::TraceDump dump;
+  with.copy_to(dump);
+  ASSERT_EQ(dump.stacks.size(), 1u);
+  const auto trace = json::parse(detail::trace_json(dump));
+  EXPECT_EQ(trace["traceEvents"][7]["args"]["stack"], "test.py:3 f");
+}
+
+TraceRecord slice(TraceKind kind, TraceTrack track, std::uint64_t key, std::uint64_t ts) {
+  auto record = detail::trace_record(kind, 1, key);
+  record.slice = key;
+  record.track = track;
+  record.ts_ns = ts;
+  return record;
+}
+
+TEST(FlightRecorder, OverlappingSlicesGetLanesAndEveryBeginHasItsEnd) {
+  detail::TraceDump dump;
+  dump.backend = "fake";
+  dump.device = "0";
+  dump.domain = 3;
+  dump.start_ns = 1000;
+  dump.dump_ns = 9000;
+  dump.records = {
+      slice(TraceKind::CopyCompleted, TraceTrack::CopyUp, 9, 1500),  // its begin was dropped: left out
+      slice(TraceKind::CopyBegin, TraceTrack::CopyUp, 1, 2000),
+      slice(TraceKind::CopyBegin, TraceTrack::CopyUp, 2, 3000),      // overlaps the first: a lane of its own
+      slice(TraceKind::CopyCompleted, TraceTrack::CopyUp, 1, 4000),
+      slice(TraceKind::CopyFailed, TraceTrack::CopyUp, 2, 5000),
+      slice(TraceKind::ViewBegin, TraceTrack::Views, 7, 6000),       // still open at the dump
+  };
+  dump.records[1].has_counters = true;
+  dump.records[1].counters = {100, 200, 50, 64, 32};
+  dump.recorded = dump.records.size();
+  const auto trace = json::parse(detail::trace_json(dump));
+  expect_valid_trace(trace);
+  std::vector<std::pair<std::string, std::uint64_t>> slices;
+  bool lane_named = false;
+  for (const auto& event : trace["traceEvents"]) {
+    if (event["ph"] == "B" || event["ph"] == "E") slices.emplace_back(event["ph"], event["tid"]);
+    if (event["ph"] == "M" && event["name"] == "thread_name" && event["tid"] == 201) {
+      lane_named = event["args"]["name"] == "copy up #2";
+    }
+    if (event["ph"] == "C") EXPECT_EQ(event["args"]["reserved"], 200);
+  }
+  const std::vector<std::pair<std::string, std::uint64_t>> expected{
+      {"B", 2}, {"B", 201}, {"E", 2}, {"E", 201}, {"B", 6}, {"E", 6}};
+  EXPECT_EQ(slices, expected);
+  EXPECT_TRUE(lane_named);
+  const auto& events = trace["traceEvents"];
+  const auto open_end = std::find_if(events.begin(), events.end(), [](const json& e) {
+    return e["ph"] == "E" && e["args"]["status"] == "open";
+  });
+  ASSERT_NE(open_end, events.end());
+  EXPECT_DOUBLE_EQ((*open_end)["ts"].get<double>(), 8.0) << "ends at the dump, in microseconds";
+  EXPECT_EQ(trace["otherData"]["backend"], "fake");
+}
+
+// ---- through a bridge on the fake ----
+
+const ObjectSpec kBytes{1 << 20, 64, DType::UInt8, ShapeKind::Vector};
+
+struct RecordedBridge : ::testing::Test {
+  void make(std::uint64_t memory) {
+    fake = std::make_shared<FakeBackend>(memory);
+    fake->set_auto_complete(true);
+    fake->set_parts(false);  // whole blocks: each cached block is a segment of its own
+    bridge = std::make_unique<Bridge>(std::make_unique<ForwardingBackend>(fake),
+                                      BridgeOptions{.ring_bytes = 4096, .caching_pool = CachingPool::On});
+  }
+  std::shared_ptr<FakeBackend> fake;
+  std::unique_ptr<Bridge> bridge;
+};
+
+// Live 8 KiB under a view; 2 KiB and 4 KiB cached; a request of 12 KiB of a
+// 16 KiB device cannot be met even after the cache goes back.
+std::string fragmented_out_of_memory(Bridge& bridge, DeviceHandle& held, std::optional<ViewLease>& view) {
+  const auto small = bridge.alloc_device(kBytes, 2048);
+  const auto medium = bridge.alloc_device(kBytes, 4096);
+  held = bridge.alloc_device(kBytes, 8192);
+  bridge.free_device(small);
+  bridge.free_device(medium);
+  view.emplace(bridge.view(held, ViewSpec{DType::UInt8, Dims{8192}, std::nullopt, 0}));
+  return EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationFailed, bridge.alloc_device(kBytes, 12288));
+}
+
+TEST_F(RecordedBridge, OutOfMemoryNamesTheFragmentationAndTheHolders) {
+  make(16384);
+  DeviceHandle held;
+  std::optional<ViewLease> view;
+  const auto message = fragmented_out_of_memory(*bridge, held, view);
+  EXPECT_NE(message.find("fragmentation 33.3% = 1 - 4096 / 6144"), std::string::npos) << message;
+  EXPECT_NE(message.find("the largest holders: " + detail::describe(held) + " of 8192 bytes"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("1 live view held by the caller"), std::string::npos) << message;
+  EXPECT_EQ(message.find("flight recorder"), std::string::npos) << "no dump without the recorder";
+  view.reset();
+  bridge->free_device(held);
+}
+
+TEST_F(RecordedBridge, OutOfMemoryDumpsTheTraceWhereAskedAndNamesTheFile) {
+  make(16384);
+  const auto directory = std::filesystem::temp_directory_path() /
+                         ("devbridge-oom-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(directory);
+  bridge->record(RecordOptions{.max_events = 1000, .oom_dump_dir = directory.string()});
+  DeviceHandle held;
+  std::optional<ViewLease> view;
+  const auto message = fragmented_out_of_memory(*bridge, held, view);
+  const auto at = message.find("the flight recorder's trace is in ");
+  ASSERT_NE(at, std::string::npos) << message;
+  const std::filesystem::path path = message.substr(at + std::string("the flight recorder's trace is in ").size());
+  EXPECT_EQ(path.parent_path(), directory);
+  std::ifstream file(path);
+  ASSERT_TRUE(file) << path;
+  const auto trace = json::parse(file);
+  expect_valid_trace(trace);
+  const auto names = event_names(trace, {"oom retry", "view"});
+  EXPECT_EQ(names, (std::vector<std::string>{"view B", "oom retry", "view E"}))
+      << "the view still open at the dump";
+  view.reset();
+  bridge->free_device(held);
+  std::filesystem::remove_all(directory);
+}
+
+TEST_F(RecordedBridge, TheSnapshotShowsBlocksTheirHoldersAndTheirEvents) {
+  make(1 << 30);
+  bridge->record(RecordOptions{.max_events = 100});
+  const auto kept = bridge->alloc_device(kBytes, 4096);
+  bridge->free_device(bridge->alloc_device(kBytes, 2048));
+  auto view = bridge->view(kept, ViewSpec{DType::UInt8, Dims{16}, std::nullopt, 0});
+  const auto snapshot = json::parse(bridge->memory_snapshot_json());
+  EXPECT_EQ(snapshot["format"], "devbridge-memory-snapshot");
+  EXPECT_EQ(snapshot["stats"]["allocated_bytes"], 4096);
+  EXPECT_EQ(snapshot["stats"]["cached_bytes"], 2048);
+  std::map<std::string, json> blocks;
+  for (const auto& segment : snapshot["segments"])
+    for (const auto& block : segment["blocks"]) blocks[block["state"]] = block;
+  ASSERT_TRUE(blocks.contains("allocated")) << snapshot.dump(1);
+  ASSERT_TRUE(blocks.contains("cached")) << snapshot.dump(1);
+  const auto& live = blocks["allocated"];
+  EXPECT_EQ(live["handle"], fmt::format("{}:{}:{}", kept.domain, kept.generation, kept.id));
+  EXPECT_EQ(live["holders"]["views"], 1);
+  EXPECT_FALSE(live["events"].empty()) << "its allocate and its view";
+  EXPECT_EQ(blocks["cached"]["bytes"], 2048);
+}
+
+TEST_F(RecordedBridge, EachEventOfACallCarriesTheStackItsBindingSet) {
+  make(1 << 30);
+  bridge->record(RecordOptions{.max_events = 100, .stacks = true});
+  EXPECT_TRUE(bridge->records_stacks());
+  {
+    TraceStack stack("model.py:12 step\ntrain.py:40 main");
+    bridge->free_device(bridge->alloc_device(kBytes, 4096));
+  }
+  bridge->stop_recording();
+  EXPECT_FALSE(bridge->records_stacks());
+  const auto trace = json::parse(bridge->trace_json());
+  int with_stack = 0;
+  for (const auto& event : trace["traceEvents"])
+    if (event["ph"] == "i") {
+      EXPECT_EQ(event["args"]["stack"], "model.py:12 step\ntrain.py:40 main") << event.dump();
+      ++with_stack;
+    }
+  EXPECT_GE(with_stack, 2) << "allocate and free at least";
+}
+
+}  // namespace
+}  // namespace devbridge::testing
