@@ -1,0 +1,184 @@
+// The flight recorder on every backend: a known sequence of calls gives the
+// expected events in order, in a trace that validates (every slice ends on
+// its track, counters never negative, time never goes back); the ring stays
+// bounded; restart and close are recorded; nothing is recorded when off.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "backend_drivers.hpp"
+#include "conformance_support.hpp"
+#include "devbridge/bridge.hpp"
+#include "trace_checks.hpp"
+
+namespace devbridge::conformance {
+namespace {
+
+using nlohmann::json;
+using testing::event_names;
+using testing::expect_valid_trace;
+
+const ObjectSpec kFloats{1 << 20, 64, DType::Float32, ShapeKind::Vector};
+constexpr std::uint64_t kBytes = 4096;
+
+std::string handle_text(const DeviceHandle& h) {
+  return std::to_string(h.domain) + ":" + std::to_string(h.generation) + ":" + std::to_string(h.id);
+}
+
+// The message of the devbridge::Error `statement` throws, expected of `kind`.
+template <class Statement>
+std::string error_message(ErrorKind kind, Statement statement) {
+  try {
+    statement();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), kind) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "nothing was thrown";
+  return {};
+}
+
+class RecorderConformance : public BackendConformance {};
+
+TEST_P(RecorderConformance, AKnownSequenceGivesItsEventsInOrder) {
+  auto& b = make_bridge();
+  b.record(RecordOptions{.max_events = 10000});
+  const auto handle = b.alloc_device(kFloats, kBytes);
+  const auto range = b.reserve(kBytes);
+  const auto event = b.host_to_device(range, DeviceRange{handle, 0, kBytes}, CopyMode::Async);
+  ASSERT_EQ(b.wait(event).state, CopyState::Completed);
+  b.release_host(range);
+  { auto view = b.view(handle, ViewSpec{DType::Float32, Dims{16}, std::nullopt, 0}); }
+  b.free_device(handle);
+  b.restart(2);
+  b.close();
+
+  const auto trace = json::parse(b.trace_json());
+  expect_valid_trace(trace);
+  EXPECT_EQ(trace["otherData"]["backend"], b.backend_info().name);
+  EXPECT_EQ(trace["otherData"]["dropped_events"], 0);
+  const auto names = event_names(trace, {"allocate", "copy up", "view", "free", "restart", "close"});
+  EXPECT_EQ(names, (std::vector<std::string>{"allocate", "copy up B", "copy up E", "view B", "view E", "free",
+                                             "restart", "close"}));
+  // The copy's slice names its event and handle; the allocation's end is a
+  // "free" of the same handle (what replay reads).
+  std::set<std::string> allocated, freed;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "B" && e["name"] == "copy up") {
+      EXPECT_EQ(e["args"]["event"], handle_text(DeviceHandle{event.domain, event.generation, event.id}));
+      EXPECT_EQ(e["args"]["handle"], handle_text(handle));
+      EXPECT_EQ(e["args"]["bytes"], kBytes);
+      EXPECT_EQ(e["tid"], 2);
+    }
+    if (e["ph"] == "E" && e["name"] == "copy up") EXPECT_EQ(e["args"]["status"], "completed");
+    if (e["ph"] == "i" && e["cat"] == "memory" && e["name"] == "allocate") allocated.insert(e["args"]["handle"]);
+    if (e["ph"] == "i" && e["cat"] == "memory" && e["name"] == "free") freed.insert(e["args"]["handle"]);
+  }
+  EXPECT_EQ(allocated, std::set<std::string>{handle_text(handle)});
+  EXPECT_EQ(freed, allocated);
+}
+
+TEST_P(RecorderConformance, CopiesAndLaunchesAreSlicesOnTheirTracks) {
+  auto& b = make_bridge();
+  b.record(RecordOptions{});
+  const auto x = b.alloc_device(kFloats, kBytes);
+  const auto y = b.alloc_device(kFloats, kBytes);
+  const auto range = b.reserve(2 * kBytes);
+  // Two uploads in flight at once: the second may overlap the first on its track.
+  const auto first = b.host_to_device(HostRange{range.offset, kBytes}, DeviceRange{x, 0, kBytes}, CopyMode::Async);
+  const auto second =
+      b.host_to_device(HostRange{range.offset + kBytes, kBytes}, DeviceRange{y, 0, kBytes}, CopyMode::Async);
+  ASSERT_EQ(b.wait(first).state, CopyState::Completed);
+  ASSERT_EQ(b.wait(second).state, CopyState::Completed);
+  b.launch_axpy(DeviceRange{x, 0, kBytes}, DeviceRange{y, 0, kBytes}, 2.0f, 1.0f);
+  b.device_to_host(DeviceRange{y, 0, kBytes}, HostRange{range.offset, kBytes}, CopyMode::Sync);
+  b.release(x);
+  b.release(y);
+  b.release_host(range);
+  b.poll();
+  const auto trace = json::parse(b.trace_json());
+  expect_valid_trace(trace);
+  const auto names = event_names(trace, {"axpy", "copy down"});
+  // The launch's slice ends when the bridge sees its fence pass: before the
+  // download on a backend that runs kernels at once, after it elsewhere.
+  auto sorted = names;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(sorted, (std::vector<std::string>{"axpy B", "axpy E", "copy down B", "copy down E"}));
+  EXPECT_EQ(names.front(), "axpy B");
+  std::size_t frees = 0;
+  for (const auto& e : trace["traceEvents"]) frees += e["ph"] == "i" && e["name"] == "free";
+  EXPECT_EQ(frees, 2u) << "both released allocations retired";
+}
+
+TEST_P(RecorderConformance, TheRingStaysBounded) {
+  auto& b = make_bridge();
+  b.record(RecordOptions{.max_events = 16});
+  for (int i = 0; i < 100; ++i) b.free_device(b.alloc_device(kFloats, kBytes));
+  const auto trace = json::parse(b.trace_json());
+  expect_valid_trace(trace);
+  const auto recorded = trace["otherData"]["recorded_events"].get<std::uint64_t>();
+  EXPECT_GE(recorded, 200u);
+  EXPECT_EQ(trace["otherData"]["dropped_events"].get<std::uint64_t>(), recorded - 16);
+  std::size_t kept = 0;
+  for (const auto& e : trace["traceEvents"]) kept += e["ph"] == "i" || e["ph"] == "B" || e["ph"] == "E";
+  EXPECT_LE(kept, 16u);
+}
+
+TEST_P(RecorderConformance, NothingIsRecordedWhenOff) {
+  auto& b = make_bridge();
+  b.free_device(b.alloc_device(kFloats, kBytes));
+  auto trace = json::parse(b.trace_json());
+  EXPECT_EQ(trace["otherData"]["recorded_events"], 0);
+  b.record(RecordOptions{.max_events = 100});
+  b.free_device(b.alloc_device(kFloats, kBytes));
+  b.stop_recording();
+  const auto recorded = json::parse(b.trace_json())["otherData"]["recorded_events"].get<std::uint64_t>();
+  EXPECT_GE(recorded, 2u);
+  b.free_device(b.alloc_device(kFloats, kBytes));
+  b.restart(2);
+  trace = json::parse(b.trace_json());
+  EXPECT_EQ(trace["otherData"]["recorded_events"], recorded) << "stopped: kept, not added to";
+  expect_valid_trace(trace);
+}
+
+TEST_P(RecorderConformance, MaxEventsIsChecked) {
+  auto& b = make_bridge();
+  auto message = error_message(ErrorKind::InvalidRange, [&] { b.record(RecordOptions{.max_events = 0}); });
+  EXPECT_NE(message.find("max_events of 0"), std::string::npos) << message;
+  message = error_message(ErrorKind::InvalidRange, [&] {
+    b.record(RecordOptions{.max_events = std::size_t{1} << 40});
+  });
+  EXPECT_NE(message.find(std::to_string(std::size_t{1} << 40)), std::string::npos) << message;
+}
+
+TEST_P(RecorderConformance, DumpTraceWritesTheSameJsonAtomically) {
+  auto& b = make_bridge();
+  b.record(RecordOptions{});
+  const auto handle = b.alloc_device(kFloats, kBytes);
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("devbridge-recorder-" + std::string(driver().name) + "-" + std::to_string(::getpid()) + ".json");
+  b.dump_trace(path);
+  std::ifstream file(path);
+  const auto trace = json::parse(file);
+  expect_valid_trace(trace);
+  EXPECT_EQ(event_names(trace, {"allocate"}), std::vector<std::string>{"allocate"});
+  for (const auto& entry : std::filesystem::directory_iterator(path.parent_path()))
+    EXPECT_EQ(entry.path().string().find(path.string() + ".tmp"), std::string::npos) << "no temporary left";
+  std::filesystem::remove(path);
+  const auto snapshot = json::parse(b.memory_snapshot_json());
+  EXPECT_EQ(snapshot["stats"]["allocations"], 1);
+  b.free_device(handle);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, RecorderConformance, ::testing::ValuesIn(backend_drivers()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace devbridge::conformance
