@@ -34,7 +34,7 @@ fn timeout_ns(timeout: Option<Duration>) -> i64 {
     timeout.map_or(sys::DEVBRIDGE_WAIT_FOREVER, |t| i64::try_from(t.as_nanos()).unwrap_or(i64::MAX))
 }
 
-fn c_text(text: &str, what: &str) -> Result<CString> {
+pub(crate) fn c_text(text: &str, what: &str) -> Result<CString> {
     CString::new(text).map_err(|_| Error::new(ErrorKind::InvalidRange, format!("{} contains a NUL byte", what)))
 }
 

@@ -33,7 +33,7 @@ pub struct PortableActivation {
     pub bytes: Vec<u8>,
 }
 
-fn c_dims(shape: &[u64]) -> Result<Vec<i64>> {
+pub(crate) fn c_dims(shape: &[u64]) -> Result<Vec<i64>> {
     shape
         .iter()
         .map(|&dim| {
@@ -43,7 +43,7 @@ fn c_dims(shape: &[u64]) -> Result<Vec<i64>> {
         .collect()
 }
 
-fn c_rank(dims: &[i64]) -> Result<u32> {
+pub(crate) fn c_rank(dims: &[i64]) -> Result<u32> {
     u32::try_from(dims.len()).map_err(|_| Error::new(ErrorKind::InvalidTensorView, "rank past u32"))
 }
 

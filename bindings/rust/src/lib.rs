@@ -7,12 +7,14 @@
 pub mod sys;
 
 mod bridge;
+mod checkpoint;
 mod error;
 mod executor;
 mod types;
 mod view;
 
 pub use bridge::{BridgeStats, DeviceBridge, HostReservation, HostSpan, MemoryStats};
+pub use checkpoint::{CheckpointEntry, Restored, RestoredTensor};
 pub use error::{Error, ErrorKind, Result};
 pub use executor::{ActivationHandle, BoundDevice, PortableActivation, Vendor};
 pub use types::{
