@@ -307,20 +307,28 @@ class BridgeCore {
   [[gnu::always_inline]] void free_slot_then_unlock(SpinLockHold& lock, std::uint32_t index) {
     auto& slot = allocations_[index];
     if (__builtin_expect(slot.adopted_region != 0, 0)) return end_adopted_slot(index);  // nothing the driver frees
-    if (recording_) [[unlikely]]
-      trace_free(index);
-    const DeviceAllocation device = slot.device;
-    allocations_.retire(index);
     if (__builtin_expect(!pool_, 1)) {  // the common case: straight back to the backend
+      // Recorded once the slot is retired (it keeps its fields until it is
+      // used again), where only `device`, on the stack, is live across the
+      // call: before the retire, the call kept the slot in a callee-saved
+      // register on every free, recording or not.
+      const DeviceAllocation device = slot.device;
+      allocations_.retire(index);
       allocations_.count_backend_frees(1);
+      if (recording_) [[unlikely]]
+        trace_free(index);
       lock.unlock();
       backend_->free(device);
       return;
     }
-    const auto whole = keep_or_free_later(device, slot.spec.alignment);
+    const auto whole = give_back_to_pool(index);
     lock.unlock();
     if (whole) backend_->free(*whole);
   }
+  // Under the lock; what the backend must still free (see keep_or_free_later).
+  // Out of line and not handed the lock, which would then live in memory on
+  // the common path too.
+  [[gnu::noinline]] std::optional<DeviceAllocation> give_back_to_pool(std::uint32_t index);
 
   std::pair<ObjectSpec, std::uint64_t> spec_of(const DeviceHandle& h);
 
@@ -528,6 +536,11 @@ class BridgeCore {
   std::size_t drain_locked() {
     drained_.clear();
     backend_->drain_completions(drained_);
+    // Once per drain, before they apply, out of line: a recorder call inside
+    // apply() kept it from being inlined into this loop (+10 instructions a
+    // completion, recording or not).
+    if (recording_ && !drained_.empty()) [[unlikely]]
+      trace_completions();
     for (const auto& completion : drained_) apply(completion);
     // Events settle and ranges unpin only in apply(): with nothing applied,
     // no waiting range can have become releasable since the last scan.
@@ -538,22 +551,14 @@ class BridgeCore {
   void apply(const Completion& c) {
     CopySlot* record = copies_.settling(c, domain_, generation_);
     if (!record) return;
-    const CopyDirection direction = record->direction;
-    unpin(record->allocation, direction, record->host_key);
-    if (c.ok) {
-      copies_.complete(c.event.id);
-      if (recording_) [[unlikely]]
-        trace_copy_end(direction, c.event.generation, c.event.id, true);
-      return;
-    }
+    unpin(record->allocation, record->direction, record->host_key);
+    if (c.ok) return copies_.complete(c.event.id);
     // The failure is remembered so the event reads back as Failed; the host
     // range is unpinned and stays the caller's, to retry.
     const ErrorKind kind = directed_kind(record->direction, c.error);
     std::string message = c.message.empty() ? "the backend reported the copy failed" : c.message;
     if (c.fatal) mark_broken(Error(kind, message, true));
     copies_.record_failure(c.event.id, generation_, kind, std::move(message));
-    if (recording_) [[unlikely]]
-      trace_copy_end(direction, c.event.generation, c.event.id, false);
   }
 
   // The event's state, validating it first; `failure` gets its remembered failure.
@@ -633,9 +638,14 @@ class BridgeCore {
     if (__builtin_expect(!slot.in_use || slot.version != id_version(h.id) || slot.views == 0, 0))
       return end_orphaned_view(h);
     --slot.views;
-    if (recording_) [[unlikely]]
-      trace_view(TraceKind::ViewEnd, h, ViewHolder::Caller);
-    if (__builtin_expect(slot.released, 0)) finish_release_out_of_line(index);
+    // One out-of-line path for both rare cases: a recorder call in here kept
+    // the slot and index in callee-saved registers on every lease's end.
+    if (__builtin_expect(slot.released || recording_ != nullptr, 0)) return end_view_out_of_line(h, index);
+    lock_.unlock();
+  }
+  [[gnu::noinline, gnu::cold]] void end_view_out_of_line(const DeviceHandle& h, std::uint32_t index) noexcept {
+    if (recording_) trace_view(TraceKind::ViewEnd, h, ViewHolder::Caller);
+    if (allocations_[index].released) finish_release_out_of_line(index);
     lock_.unlock();
   }
 
@@ -688,13 +698,16 @@ class BridgeCore {
   [[gnu::noinline, gnu::cold]] void trace(TraceRecord record) noexcept;
   [[gnu::noinline, gnu::cold]] void trace_memory(TraceKind kind, Generation generation, std::uint64_t id,
                                                  std::uint64_t bytes) noexcept;
-  // The allocation in slot `index` is about to be retired: its memory goes back.
+  // The allocation in slot `index` was just retired (its fields stay until
+  // the slot is used again): its memory goes back.
   [[gnu::noinline, gnu::cold]] void trace_free(std::uint32_t index) noexcept;
   // A copy's begin (`event_id` 0: a sync copy, numbered here); returns the slice's key.
   [[gnu::noinline, gnu::cold]] std::uint64_t trace_copy_begin(CopyDirection direction, const DeviceRange& device,
                                                               std::uint64_t event_id, std::uint64_t bytes) noexcept;
   [[gnu::noinline, gnu::cold]] void trace_copy_end(CopyDirection direction, Generation generation,
                                                    std::uint64_t slice, bool ok) noexcept;
+  // The ends of the async copies drained_ holds that are about to apply.
+  [[gnu::noinline, gnu::cold]] void trace_completions() noexcept;
   [[gnu::noinline, gnu::cold]] void trace_view(TraceKind kind, const DeviceHandle& h, ViewHolder holder) noexcept;
   [[gnu::noinline, gnu::cold]] void trace_fence(TraceKind kind, const DropQueue::Entry& entry) noexcept;
   TraceCounters trace_counters() const noexcept;
@@ -738,6 +751,7 @@ class BridgeCore {
   // every recording site makes); recorder_ keeps what was recorded after
   // stop_recording, for the dump.
   FlightRecorder* recording_ = nullptr;
+
   std::unique_ptr<FlightRecorder> recorder_;
   std::atomic<bool> records_stacks_{false};  // read by bindings before they enter
   std::uint64_t trace_slices_ = 0;            // keys of slices without an event id of their own

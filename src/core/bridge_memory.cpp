@@ -21,11 +21,20 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
 [[gnu::noinline]] void BridgeCore::free_slot(std::uint32_t index) {
   auto& slot = allocations_[index];
   if (slot.adopted_region) return end_adopted_slot(index);
-  if (recording_) [[unlikely]]
-    trace_free(index);
   const DeviceAllocation device = slot.device;
   allocations_.retire(index);
+  if (recording_) [[unlikely]]
+    trace_free(index);
   if (const auto whole = keep_or_free_later(device, slot.spec.alignment)) backend_->free(*whole);
+}
+
+[[gnu::noinline]] std::optional<DeviceAllocation> BridgeCore::give_back_to_pool(std::uint32_t index) {
+  auto& slot = allocations_[index];
+  const DeviceAllocation device = slot.device;
+  allocations_.retire(index);
+  if (recording_) [[unlikely]]
+    trace_free(index);
+  return keep_or_free_later(device, slot.spec.alignment);
 }
 
 [[gnu::noinline]] DeviceHandle BridgeCore::alloc_through_pool(const ObjectSpec& spec, std::uint32_t elem,

@@ -18,7 +18,7 @@ void BridgeCore::record(const RecordOptions& options) {
     gate_.check_not_closed();
     previous = std::exchange(recorder_, std::move(recorder));
     recording_ = recorder_.get();
-    records_stacks_.store(options.stacks, std::memory_order_relaxed);
+      records_stacks_.store(options.stacks, std::memory_order_relaxed);
   }
   // The previous recording goes after the lock is dropped (freeing a large ring takes a while).
 }
@@ -55,11 +55,8 @@ void BridgeCore::trace_free(std::uint32_t index) noexcept {
   record.slice = slot.released ? 1u : 0u;  // Free's marker: the end of a deferred release
   record.bytes = slot.extent;
   record.has_counters = true;
-  // Recorded before the slot retires (its fields go then): the counters
-  // say what they will be after it.
+  // Recorded just after the slot retired: the counters already say so.
   record.counters = trace_counters();
-  record.counters.allocated -= std::min(record.counters.allocated, slot.device.bytes);
-  if (!pool_) record.counters.reserved = record.counters.allocated;
   recording_->record(record);
 }
 
@@ -85,6 +82,25 @@ void BridgeCore::trace_copy_end(CopyDirection direction, Generation generation, 
   record.track = direction == CopyDirection::HostToDevice ? TraceTrack::CopyUp : TraceTrack::CopyDown;
   record.has_counters = (slice >> 63) == 0;  // an async copy's bytes leave the budget
   trace(record);
+}
+
+void BridgeCore::trace_completions() noexcept {
+  // Recorded before they apply: each end's counters say what the bytes in
+  // flight will be once it and those before it have.
+  std::uint64_t ended = 0;
+  for (const auto& c : drained_) {
+    if (c.event.domain != domain_ || c.event.generation != generation_) continue;  // stale: never applied
+    const CopySlot* copy = copies_.pending(c.event.id);
+    if (!copy) continue;
+    ended += copy->bytes;
+    auto record = trace_record(c.ok ? TraceKind::CopyCompleted : TraceKind::CopyFailed, c.event.generation);
+    record.slice = c.event.id;
+    record.track = copy->direction == CopyDirection::HostToDevice ? TraceTrack::CopyUp : TraceTrack::CopyDown;
+    record.has_counters = true;
+    record.counters = trace_counters();
+    record.counters.in_flight -= std::min(record.counters.in_flight, ended);
+    recording_->record(record);
+  }
 }
 
 void BridgeCore::trace_view(TraceKind kind, const DeviceHandle& h, ViewHolder holder) noexcept {
