@@ -79,7 +79,12 @@ struct Fixture {
 
   Fixture()
       : bridge(std::make_unique<bench::NullBackend>(), BridgeOptions{kGeneration, kRingBytes, 0}),
-        host(bridge.reserve(kExtent)) {}
+        host(bridge.reserve(kExtent)) {
+    // BENCH_RECORD=<max_events>: the flight recorder on, for what it costs
+    // when on (docs/TRACING.md); 0 (the default) leaves it off.
+    static const std::uint64_t record_events = bench::env_u64("BENCH_RECORD", 0);
+    if (record_events != 0) bridge.record(RecordOptions{.max_events = record_events});
+  }
 
   DeviceRange dev(DeviceHandle h) const { return DeviceRange{h, 0, kExtent}; }
 };
