@@ -402,14 +402,14 @@ void BridgeCore::launch_axpy(const DeviceRange& x, const DeviceRange& y, float a
   drops_.reserve_one();
   ++xs.steps;
   ++ys.steps;
-  const std::uint64_t launched_ns = recording_ ? trace_now_ns() : 0;
+  const std::uint64_t launched = recording_ ? trace_now() : 0;
   auto failure = gate_.run_unlocked(lock, [&] { held.fence = backend_->launch_axpy(launch); });
   if (recording_ && !failure) [[unlikely]] {
     // The launch's slice runs from its call to its fence (keyed by the
     // fence's token: end_fenced_uses ends it), or ends at once without one.
     const std::uint64_t key = held.fence.pending() ? held.fence.token : (1ull << 63) | ++trace_slices_;
     auto begin = trace_record(TraceKind::LaunchBegin, generation_, y.handle.id);
-    begin.ts_ns = launched_ns;
+    begin.ts_ns = launched;
     begin.slice = key;
     begin.offset = y.offset;
     begin.bytes = y.len;

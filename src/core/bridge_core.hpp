@@ -710,7 +710,13 @@ class BridgeCore {
   [[gnu::noinline, gnu::cold]] void trace_completions() noexcept;
   [[gnu::noinline, gnu::cold]] void trace_view(TraceKind kind, const DeviceHandle& h, ViewHolder holder) noexcept;
   [[gnu::noinline, gnu::cold]] void trace_fence(TraceKind kind, const DropQueue::Entry& entry) noexcept;
-  TraceCounters trace_counters() const noexcept;
+  // Inline: out of line, its 40-byte result came back through memory and
+  // was block-copied into the record.
+  TraceCounters trace_counters() const noexcept {
+    const std::uint64_t allocated = allocations_.allocated_bytes();
+    return TraceCounters{allocated, pool_ ? pool_->reserved_bytes() : allocated, pool_ ? pool_->cached_bytes() : 0,
+                         ring_.used(), copies_.inflight_bytes()};
+  }
   // The final out-of-memory message's detail: fragmentation and the top
   // holders by bytes; with the recorder on and oom_dump_dir set, the dump.
   std::string top_holders_text(std::size_t count);

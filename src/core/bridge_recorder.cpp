@@ -29,12 +29,6 @@ void BridgeCore::stop_recording() noexcept {
   records_stacks_.store(false, std::memory_order_relaxed);
 }
 
-TraceCounters BridgeCore::trace_counters() const noexcept {
-  const std::uint64_t allocated = allocations_.allocated_bytes();
-  return TraceCounters{allocated, pool_ ? pool_->reserved_bytes() : allocated, pool_ ? pool_->cached_bytes() : 0,
-                       ring_.used(), copies_.inflight_bytes()};
-}
-
 void BridgeCore::trace(TraceRecord record) noexcept {
   if (!recording_) return;
   if (record.has_counters) record.counters = trace_counters();
@@ -42,46 +36,48 @@ void BridgeCore::trace(TraceRecord record) noexcept {
 }
 
 void BridgeCore::trace_memory(TraceKind kind, Generation generation, std::uint64_t id, std::uint64_t bytes) noexcept {
-  auto record = trace_record(kind, generation, id);
+  if (!recording_) return;
+  auto& record = recording_->append(kind, generation, id);
   record.bytes = bytes;
   record.has_counters = true;
-  trace(record);
+  record.counters = trace_counters();
 }
 
 void BridgeCore::trace_free(std::uint32_t index) noexcept {
   if (!recording_) return;
   const auto& slot = allocations_[index];
-  auto record = trace_record(TraceKind::Free, generation_, make_id(index, slot.version));
+  auto& record = recording_->append(TraceKind::Free, generation_, make_id(index, slot.version));
   record.slice = slot.released ? 1u : 0u;  // Free's marker: the end of a deferred release
   record.bytes = slot.extent;
   record.has_counters = true;
   // Recorded just after the slot retired: the counters already say so.
   record.counters = trace_counters();
-  recording_->record(record);
 }
 
 std::uint64_t BridgeCore::trace_copy_begin(CopyDirection direction, const DeviceRange& device,
                                            std::uint64_t event_id, std::uint64_t bytes) noexcept {
   // A sync copy has no event id until it succeeded: its slice gets a key of
   // its own, with the top bit set (no event id has it).
+  if (!recording_) return 0;
   const std::uint64_t key = event_id != 0 ? event_id : (1ull << 63) | ++trace_slices_;
-  auto record = trace_record(TraceKind::CopyBegin, generation_, device.handle.id);
+  auto& record = recording_->append(TraceKind::CopyBegin, generation_, device.handle.id);
   record.slice = key;
   record.offset = device.offset;
   record.bytes = bytes;
   record.track = direction == CopyDirection::HostToDevice ? TraceTrack::CopyUp : TraceTrack::CopyDown;
   record.has_counters = event_id != 0;  // an async copy adds to the bytes in flight
-  trace(record);
+  if (record.has_counters) record.counters = trace_counters();
   return key;
 }
 
 void BridgeCore::trace_copy_end(CopyDirection direction, Generation generation, std::uint64_t slice,
                                 bool ok) noexcept {
-  auto record = trace_record(ok ? TraceKind::CopyCompleted : TraceKind::CopyFailed, generation);
+  if (!recording_) return;
+  auto& record = recording_->append(ok ? TraceKind::CopyCompleted : TraceKind::CopyFailed, generation);
   record.slice = slice;
   record.track = direction == CopyDirection::HostToDevice ? TraceTrack::CopyUp : TraceTrack::CopyDown;
   record.has_counters = (slice >> 63) == 0;  // an async copy's bytes leave the budget
-  trace(record);
+  if (record.has_counters) record.counters = trace_counters();
 }
 
 void BridgeCore::trace_completions() noexcept {
@@ -93,24 +89,23 @@ void BridgeCore::trace_completions() noexcept {
     const CopySlot* copy = copies_.pending(c.event.id);
     if (!copy) continue;
     ended += copy->bytes;
-    auto record = trace_record(c.ok ? TraceKind::CopyCompleted : TraceKind::CopyFailed, c.event.generation);
+    auto& record = recording_->append(c.ok ? TraceKind::CopyCompleted : TraceKind::CopyFailed, c.event.generation);
     record.slice = c.event.id;
     record.track = copy->direction == CopyDirection::HostToDevice ? TraceTrack::CopyUp : TraceTrack::CopyDown;
     record.has_counters = true;
     record.counters = trace_counters();
     record.counters.in_flight -= std::min(record.counters.in_flight, ended);
-    recording_->record(record);
   }
 }
 
 void BridgeCore::trace_view(TraceKind kind, const DeviceHandle& h, ViewHolder holder) noexcept {
   // Views of one allocation are told apart by nothing: their slices are
   // keyed by its id, and an end closes any one of them.
-  auto record = trace_record(kind, h.generation, h.id);
+  if (!recording_) return;
+  auto& record = recording_->append(kind, h.generation, h.id);
   record.slice = h.id;
   record.track = kind == TraceKind::ViewHandedOn ? TraceTrack::Calls : TraceTrack::Views;
   record.holder = static_cast<std::uint8_t>(holder);
-  trace(record);
 }
 
 void BridgeCore::trace_fence(TraceKind kind, const DropQueue::Entry& entry) noexcept {

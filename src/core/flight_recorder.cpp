@@ -6,10 +6,15 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <type_traits>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -33,16 +38,53 @@ const std::string* TraceStack::current() noexcept { return t_trace_stack; }
 
 namespace devbridge::detail {
 
-std::uint16_t trace_thread() noexcept {
+std::uint16_t first_trace_thread() noexcept {
   static std::atomic<std::uint16_t> next{1};
-  thread_local const std::uint16_t mine = next.fetch_add(1, std::memory_order_relaxed);
-  return mine;
+  trace_thread_number = next.fetch_add(1, std::memory_order_relaxed);
+  return trace_thread_number;
 }
 
-std::uint64_t trace_now_ns() noexcept {
-  return static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-          .count());
+bool trace_ticks_are_tsc() noexcept {
+#if defined(__x86_64__)
+  // CPUID 0x80000007, EDX bit 8: the TSC runs at a constant rate in every
+  // power state (Linux's constant_tsc + nonstop_tsc).
+  static const bool invariant = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid(0x80000000u, &eax, &ebx, &ecx, &edx) || eax < 0x80000007u) return false;
+    __get_cpuid(0x80000007u, &eax, &ebx, &ecx, &edx);
+    return (edx & (1u << 8)) != 0;
+  }();
+  return invariant;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
+double measured_ns_per_tick() noexcept {
+  if (!trace_ticks_are_tsc()) return 1.0;
+  static const double rate = [] {
+    const std::uint64_t ns0 = trace_now_ns(), ticks0 = trace_now();
+    std::uint64_t ns1 = ns0, ticks1 = ticks0;
+    while (ns1 - ns0 < 2'000'000) {
+      ns1 = trace_now_ns();
+      ticks1 = trace_now();
+    }
+    return ticks1 > ticks0 ? static_cast<double>(ns1 - ns0) / static_cast<double>(ticks1 - ticks0) : 1.0;
+  }();
+  return rate;
+}
+
+}  // namespace
+
+TraceClock::TraceClock() noexcept
+    : start_ticks_(trace_now()), start_ns_(trace_now_ns()), ns_per_tick_(measured_ns_per_tick()) {}
+
+std::uint64_t TraceClock::to_ns(std::uint64_t ticks) const noexcept {
+  if (!trace_ticks_are_tsc()) return ticks;
+  const double since = static_cast<double>(static_cast<std::int64_t>(ticks - start_ticks_)) * ns_per_tick_;
+  return since <= -static_cast<double>(start_ns_) ? 0 : start_ns_ + static_cast<std::int64_t>(since);
 }
 
 void FlightRecorder::check_max_events(std::size_t max_events) {
@@ -75,18 +117,37 @@ std::uint32_t FlightRecorder::intern(const std::string& text) noexcept {
   }
 }
 
-void FlightRecorder::record(TraceRecord record) noexcept {
-  if (record.ts_ns == 0) record.ts_ns = trace_now_ns();
-  record.thread = trace_thread();
-  if (options_.stacks) [[unlikely]]
-    if (const auto* text = TraceStack::current()) record.stack = intern(*text);
-  ++recorded_;
-  if (ring_.size() < options_.max_events) {
-    ring_.push_back(record);  // within the reserved capacity
-    return;
+TraceRecord& FlightRecorder::append(TraceKind kind, Generation generation, std::uint64_t id) noexcept {
+  static_assert(std::is_trivially_copyable_v<TraceRecord>, "records are reset with memset");
+  TraceRecord* next;
+  // recorded_ counts what the ring holds until it is full: no size() (a
+  // division by the record's size) on every record.
+  if (recorded_ < options_.max_events) {
+    next = &ring_.emplace_back();  // within the reserved capacity
+  } else {
+    next = &ring_[head_];
+    head_ = head_ + 1 == options_.max_events ? 0 : head_ + 1;
+    std::memset(static_cast<void*>(next), 0, sizeof *next);
+    next->track = TraceTrack::Calls;
   }
-  ring_[head_] = record;
-  head_ = head_ + 1 == ring_.size() ? 0 : head_ + 1;
+  ++recorded_;
+  next->ts_ns = trace_now();
+  next->thread = trace_thread();
+  next->kind = kind;
+  next->generation = generation;
+  next->id = id;
+  if (options_.stacks) [[unlikely]]
+    if (const auto* text = TraceStack::current()) next->stack = intern(*text);
+  return *next;
+}
+
+void FlightRecorder::record(const TraceRecord& record) noexcept {
+  TraceRecord& kept = append(record.kind, record.generation, record.id);
+  const auto stamped = kept;
+  kept = record;
+  if (record.ts_ns == 0) kept.ts_ns = stamped.ts_ns;
+  kept.thread = stamped.thread;
+  kept.stack = stamped.stack;
 }
 
 void FlightRecorder::copy_to(TraceDump& dump) const {
@@ -98,6 +159,7 @@ void FlightRecorder::copy_to(TraceDump& dump) const {
   dump.records.reserve(ring_.size());
   dump.records.insert(dump.records.end(), ring_.begin() + static_cast<std::ptrdiff_t>(head_), ring_.end());
   dump.records.insert(dump.records.end(), ring_.begin(), ring_.begin() + static_cast<std::ptrdiff_t>(head_));
+  for (auto& record : dump.records) record.ts_ns = clock_.to_ns(record.ts_ns);
   dump.stacks = stacks_;
 }
 
