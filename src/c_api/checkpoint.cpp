@@ -20,6 +20,7 @@
 #include <optional>
 #include <string>
 #include <system_error>
+#include <unordered_set>
 #include <vector>
 
 #include "boundary.hpp"
@@ -246,6 +247,38 @@ std::uint64_t recorded_generation(const ckpt::Header& header) {
   return generation;
 }
 
+// Which tensors a restore takes (devbridge_restore_options; Python's
+// restore names=, prefix=, verify=).
+struct Selection {
+  std::unordered_set<std::string> names;  // empty: no name filter
+  std::string prefix;
+  bool verify = true;
+
+  // The header's entries chosen, in file order; a name asked for that the
+  // file lacks is refused.
+  std::vector<const ckpt::TensorEntry*> chosen(const ckpt::Header& header, const std::string& where) const {
+    std::unordered_set<std::string_view> present;
+    for (const auto& entry : header.tensors) present.insert(entry.name);
+    for (const auto& name : names)
+      if (!present.contains(name)) invalid_argument(where + ": the file has no tensor named " + ckpt::quoted(name));
+    std::vector<const ckpt::TensorEntry*> picked;
+    for (const auto& entry : header.tensors)
+      if ((names.empty() || names.contains(entry.name)) && entry.name.starts_with(prefix)) picked.push_back(&entry);
+    return picked;
+  }
+};
+
+Selection selection_from_c(const devbridge_restore_options& given) {
+  const auto& options = sized(&given, "options");
+  require_reserved_zero(options.reserved, "options->reserved");
+  Selection selection;
+  for (const char* name : array_argument(options.names, options.name_count, "options->names"))
+    selection.names.emplace(text(name, "options->names[i]"));
+  if (options.prefix) selection.prefix = text(options.prefix, "options->prefix");
+  selection.verify = options.skip_checksum == 0;
+  return selection;
+}
+
 }  // namespace
 
 extern "C" {
@@ -285,10 +318,17 @@ devbridge_status devbridge_checkpoint(devbridge_bridge* bridge, const char* path
 }
 
 devbridge_status devbridge_restore(devbridge_bridge* bridge, const char* path, devbridge_restored** out_restored) {
+  return devbridge_restore_selected(bridge, path, nullptr, out_restored);
+}
+
+devbridge_status devbridge_restore_selected(devbridge_bridge* bridge, const char* path,
+                                            const devbridge_restore_options* options,
+                                            devbridge_restored** out_restored) {
   return guarded([&] {
     auto& out = required(out_restored, "out_restored");
     auto& target = bridge_of(bridge);
     const std::string file(text(path, "path"));
+    const Selection selection = options ? selection_from_c(*options) : Selection{};
     const std::string where = "restore " + ckpt::quoted(file);
     std::optional<ckpt::CheckpointFile> opened;
     try {
@@ -297,42 +337,50 @@ devbridge_status devbridge_restore(devbridge_bridge* bridge, const char* path, d
       throw from_checkpoint_error("restore", error);
     }
     const auto& header = opened->header();
-    if (header.devbridge && header.checksum.rfind("crc32:", 0) != 0)
+    const auto chosen = selection.chosen(header, where);
+    const bool partial = chosen.size() != header.tensors.size();
+    const bool check = header.devbridge && selection.verify;
+    if (check && partial)
+      invalid_argument(where + ": the file records a checksum of its whole data section, which a restore of " +
+                       std::to_string(chosen.size()) + " of its " + std::to_string(header.tensors.size()) +
+                       " tensors cannot check; set options->skip_checksum");
+    if (check && header.checksum.rfind("crc32:", 0) != 0)
       throw Error(ErrorKind::Unsupported, where + ": its checksum is " + header.checksum +
-                                              "; the C ABI verifies crc32 only (Python's restore reads sha256)");
+                                              "; the C ABI checks crc32 only (Python's restore reads sha256; "
+                                              "options->skip_checksum restores without checking)");
 
     auto result = std::make_unique<Restored>();
     Allocations allocations(target);
     TransferPlanner planner(target);
     ckpt::Crc32 crc;
-    for (const auto& entry : header.tensors) {
-      for_tensor("restore", ckpt::quoted(file), entry.name, [&] {
+    for (const auto* entry : chosen) {
+      for_tensor("restore", ckpt::quoted(file), entry->name, [&] {
         ObjectSpec spec;
         spec.alignment = kRestoreAlignment;
-        spec.dtype = entry.dtype;
+        spec.dtype = entry->dtype;
         spec.shape = ShapeKind::Tensor;
-        const auto rounded = checked::add_or_throw(entry.nbytes(), kRestoreAlignment - 1, ErrorKind::InvalidExtent,
+        const auto rounded = checked::add_or_throw(entry->nbytes(), kRestoreAlignment - 1, ErrorKind::InvalidExtent,
                                                    "the tensor's bytes rounded up to the alignment");
         spec.max_extent = rounded - rounded % kRestoreAlignment;
-        const auto first = header.data_start() + entry.begin;
-        auto moved = planner.run(StreamSource{entry.nbytes(),
+        const auto first = header.data_start() + entry->begin;
+        auto moved = planner.run(StreamSource{entry->nbytes(),
                                               [&](std::uint64_t offset, std::span<std::byte> chunk) {
                                                 opened->read_at(first + offset, chunk.data(), chunk.size());
-                                                crc.update(chunk.data(), chunk.size());
+                                                if (check) crc.update(chunk.data(), chunk.size());
                                               }},
                                  NewAllocation{spec, spec.max_extent});
         allocations.add(*moved.handle);
-        result->names.push_back(entry.name);
-        result->dims.emplace_back(entry.shape.begin(), entry.shape.end());
+        result->names.push_back(entry->name);
+        result->dims.emplace_back(entry->shape.begin(), entry->shape.end());
         devbridge_restored_tensor row{};
         row.handle = to_c(*moved.handle);
-        row.dtype = static_cast<devbridge_dtype>(entry.dtype);
-        row.rank = static_cast<std::uint32_t>(entry.shape.size());
+        row.dtype = static_cast<devbridge_dtype>(entry->dtype);
+        row.rank = static_cast<std::uint32_t>(entry->shape.size());
         result->rows.push_back(row);
       });
     }
     // The tensors tile the data section in file order, so their bytes in order are all of it.
-    if (header.devbridge && crc.text() != header.checksum)
+    if (check && crc.text() != header.checksum)
       throw Error(ErrorKind::InvalidRange, where + ": the file is corrupt: the data's checksum is " + crc.text() +
                                                ", the file records " + header.checksum);
     for (std::size_t i = 0; i < result->rows.size(); ++i) {

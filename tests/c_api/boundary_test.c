@@ -3,7 +3,9 @@
  * old generation, structs whose `size` is too small, reserved fields and
  * enumerations out of range. Every row names the exact kind it must get,
  * and every failure must leave a message. */
+#define _POSIX_C_SOURCE 200809L /* getpid */
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 
@@ -58,6 +60,11 @@ static devbridge_checkpoint_entry entry;
 static devbridge_checkpoint_entry e;
 static devbridge_checkpoint_entry two_entries[2];
 static devbridge_restored* out_restored;
+static devbridge_restore_options restore_options;
+static devbridge_restore_options ro;
+static const char* const no_such_names[1] = {"no-such-tensor"};
+static const char* const null_names[1] = {NULL};
+static char fixture_file[64]; /* a checkpoint of `entry` (one tensor, "x"), written by build_fixture */
 static uint64_t out_u64;
 static int32_t out_i32;
 
@@ -367,6 +374,18 @@ static devbridge_region_range region_range(devbridge_region which, uint64_t offs
   X(restore_missing_file, UNAVAILABLE, devbridge_restore(A, "/nonexistent-devbridge-dir/x.safetensors", &out_restored)) \
   X(restore_a_directory, INVALID_RANGE, devbridge_restore(A, "/tmp", &out_restored)) \
   X(restore_not_safetensors, INVALID_RANGE, devbridge_restore(A, "/proc/self/cmdline", &out_restored)) \
+  X(restore_selected_null_bridge, INVALID_RANGE, devbridge_restore_selected(NULL, fixture_file, &restore_options, &out_restored)) \
+  X(restore_selected_null_path, INVALID_RANGE, devbridge_restore_selected(A, NULL, &restore_options, &out_restored)) \
+  X(restore_selected_null_out, INVALID_RANGE, devbridge_restore_selected(A, fixture_file, &restore_options, NULL)) \
+  X(restore_selected_short_options, INVALID_RANGE, (ro = restore_options, devbridge_restore_selected(A, fixture_file, SHORT(ro), &out_restored))) \
+  X(restore_selected_reserved_set, INVALID_RANGE, (ro = restore_options, ro.reserved = 1, devbridge_restore_selected(A, fixture_file, &ro, &out_restored))) \
+  X(restore_selected_null_names, INVALID_RANGE, (ro = restore_options, ro.name_count = 1, devbridge_restore_selected(A, fixture_file, &ro, &out_restored))) \
+  X(restore_selected_null_name, INVALID_RANGE, (ro = restore_options, ro.names = null_names, ro.name_count = 1, ro.skip_checksum = 1, devbridge_restore_selected(A, fixture_file, &ro, &out_restored))) \
+  X(restore_selected_huge_count, INVALID_RANGE, (ro = restore_options, ro.names = no_such_names, ro.name_count = NEAR_2_64, devbridge_restore_selected(A, fixture_file, &ro, &out_restored))) \
+  X(restore_selected_missing_name, INVALID_RANGE, (ro = restore_options, ro.names = no_such_names, ro.name_count = 1, ro.skip_checksum = 1, devbridge_restore_selected(A, fixture_file, &ro, &out_restored))) \
+  X(restore_selected_partial_checked, INVALID_RANGE, (ro = restore_options, ro.prefix = "no-such-prefix", devbridge_restore_selected(A, fixture_file, &ro, &out_restored))) \
+  X(restore_selected_missing_file, UNAVAILABLE, devbridge_restore_selected(A, "/nonexistent-devbridge-dir/x.safetensors", &restore_options, &out_restored)) \
+  X(restore_selected_closed, CLOSED, devbridge_restore_selected(closed, fixture_file, &restore_options, &out_restored)) \
   /* test controls */ \
   X(inject_null_bridge, INVALID_RANGE, devbridge_fake_inject(NULL, 0, 0, 1)) \
   X(inject_bad_call, INVALID_RANGE, devbridge_fake_inject(A, 11, 0, 1)) \
@@ -461,6 +480,10 @@ static void build_fixture(void) {
   copy_request.host_kind = DEVBRIDGE_HOST_RING;
   copy_request.ring = ring;
   copy_request.device = range_of(live, 0, 256);
+
+  restore_options.size = sizeof restore_options;
+  snprintf(fixture_file, sizeof fixture_file, "/tmp/devbridge-boundary-%d.safetensors", (int)getpid());
+  CHECK_OK(devbridge_checkpoint(A, fixture_file, &entry, 1, 0));
 }
 
 /* The rows changed nothing: the fixture's state reads as it was built. */
@@ -503,6 +526,7 @@ int main(void) {
     return 1;
   }
   check_fixture_unchanged();
+  remove(fixture_file);
   devbridge_destroy(A);
   devbridge_destroy(B);
   devbridge_destroy(H);

@@ -133,6 +133,42 @@ int main(int argc, char** argv) {
   devbridge_restored_free(restored);
   devbridge_restored_free(NULL);
 
+  /* A subset, reading only its bytes: by name, by prefix, both; a checked
+   * subset of a file with a checksum is refused (nothing to check it by). */
+  devbridge_restore_options options = {0};
+  options.size = sizeof options;
+  options.prefix = "sc";
+  CHECK_STATUS(DEVBRIDGE_ERROR_INVALID_RANGE, devbridge_restore_selected(host, path, &options, &restored));
+  CHECK(strstr(devbridge_last_error_message(), "skip_checksum") != NULL);
+  CHECK(live_allocations(host) == 0);
+  options.skip_checksum = 1;
+  CHECK_OK(devbridge_restore_selected(host, path, &options, &restored));
+  CHECK(restored->count == 1 && strcmp(restored->tensors[0].name, "scale") == 0);
+  CHECK(same_bytes(host, &restored->tensors[0], &half, 2));
+  CHECK_OK(devbridge_free_device(host, restored->tensors[0].handle));
+  devbridge_restored_free(restored);
+  const char* const wanted[2] = {"layer.weight", "b\xc3\xa9ta"};
+  options.prefix = NULL;
+  options.names = wanted;
+  options.name_count = 2;
+  CHECK_OK(devbridge_restore_selected(host, path, &options, &restored));
+  CHECK(restored->count == 2 && strcmp(restored->tensors[0].name, wanted[0]) == 0);  /* in the file's order */
+  CHECK(same_bytes(host, find(restored, "layer.weight"), big, kBig) && same_bytes(host, find(restored, wanted[1]), small, 6));
+  for (uint64_t i = 0; i < restored->count; ++i) CHECK_OK(devbridge_free_device(host, restored->tensors[i].handle));
+  devbridge_restored_free(restored);
+  options.prefix = "scale"; /* both filters apply: none passes both */
+  CHECK_OK(devbridge_restore_selected(host, path, &options, &restored));
+  CHECK(restored->count == 0 && restored->tensors == NULL);
+  devbridge_restored_free(restored);
+  /* Every tensor chosen, checked: as devbridge_restore. */
+  devbridge_restore_options everything = {0};
+  everything.size = sizeof everything;
+  CHECK_OK(devbridge_restore_selected(host, path, &everything, &restored));
+  CHECK(restored->count == 3);
+  for (uint64_t i = 0; i < restored->count; ++i) CHECK_OK(devbridge_free_device(host, restored->tensors[i].handle));
+  devbridge_restored_free(restored);
+  CHECK(live_allocations(host) == 0);
+
   /* argv[1]: keep a copy for the Python cross-check to read. */
   if (argc > 1) CHECK_OK(devbridge_checkpoint(fake, argv[1], entries, 3, 0));
 

@@ -38,6 +38,18 @@ pub struct Restored {
     pub generation: u64,
 }
 
+/// Which tensors [`DeviceBridge::restore_selected`] restores; the default
+/// is every one, checksum checked.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RestoreSelection {
+    /// Only these (each must be in the file); empty: no name filter.
+    pub names: Vec<String>,
+    /// Only names that start with it; both filters apply when both are set.
+    pub prefix: Option<String>,
+    /// Restore without checking a devbridge file's checksum (a subset must).
+    pub skip_checksum: bool,
+}
+
 fn c_path(path: &Path) -> Result<std::ffi::CString> {
     let text = path
         .to_str()
@@ -81,9 +93,25 @@ impl DeviceBridge {
     /// checksum verified, or any other) in new allocations of this bridge's
     /// current generation. On failure nothing stays allocated.
     pub fn restore(&self, path: &Path) -> Result<Restored> {
+        self.restore_selected(path, &RestoreSelection::default())
+    }
+
+    /// The tensors `selection` chooses, reading only their bytes (Python's
+    /// `restore(names=, prefix=, verify=)`). A name the file lacks is
+    /// `InvalidRange`; so is a subset of a devbridge file that records a
+    /// checksum unless `skip_checksum` (the checksum covers every byte).
+    pub fn restore_selected(&self, path: &Path, selection: &RestoreSelection) -> Result<Restored> {
         let path = c_path(path)?;
+        let names = selection.names.iter().map(|n| c_text(n, "tensor name")).collect::<Result<Vec<_>>>()?;
+        let name_pointers: Vec<*const std::os::raw::c_char> = names.iter().map(|n| n.as_ptr()).collect();
+        let prefix = selection.prefix.as_deref().map(|p| c_text(p, "prefix")).transpose()?;
+        let mut options: sys::devbridge_restore_options = sys::sized();
+        options.names = if name_pointers.is_empty() { std::ptr::null() } else { name_pointers.as_ptr() };
+        options.name_count = name_pointers.len() as u64;
+        options.prefix = prefix.as_ref().map_or(std::ptr::null(), |p| p.as_ptr());
+        options.skip_checksum = selection.skip_checksum as i32;
         let mut restored = std::ptr::null_mut();
-        check(unsafe { sys::devbridge_restore(self.raw(), path.as_ptr(), &mut restored) })?;
+        check(unsafe { sys::devbridge_restore_selected(self.raw(), path.as_ptr(), &options, &mut restored) })?;
         // Owned from here: the description is freed on every path below;
         // the allocations are the caller's once this returns.
         struct Description(*mut sys::devbridge_restored);

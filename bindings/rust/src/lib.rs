@@ -14,7 +14,7 @@ mod types;
 mod view;
 
 pub use bridge::{BridgeStats, DeviceBridge, HostReservation, HostSpan, MemoryStats};
-pub use checkpoint::{CheckpointEntry, Restored, RestoredTensor};
+pub use checkpoint::{CheckpointEntry, RestoreSelection, Restored, RestoredTensor};
 pub use error::{Error, ErrorKind, Result};
 pub use executor::{ActivationHandle, BoundDevice, PortableActivation, Vendor};
 pub use types::{

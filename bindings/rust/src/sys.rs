@@ -37,7 +37,7 @@ macro_rules! c_consts {
 
 c_consts! {
     DEVBRIDGE_ABI_VERSION_MAJOR: u32 = 1;
-    DEVBRIDGE_ABI_VERSION_MINOR: u32 = 0;
+    DEVBRIDGE_ABI_VERSION_MINOR: u32 = 1;
     DEVBRIDGE_ABI_VERSION: u32 = (DEVBRIDGE_ABI_VERSION_MAJOR << 16) | DEVBRIDGE_ABI_VERSION_MINOR;
 
     DEVBRIDGE_OK: devbridge_status = 0;
@@ -478,6 +478,15 @@ c_structs! {
         pub tensors: *const devbridge_restored_tensor,
         pub generation: u64,
     }
+    #[size_first]
+    pub struct devbridge_restore_options {
+        pub size: u64,
+        pub names: *const *const c_char,
+        pub name_count: u64,
+        pub prefix: *const c_char,
+        pub skip_checksum: i32,
+        pub reserved: i32,
+    }
 }
 
 extern "C" {
@@ -684,6 +693,12 @@ extern "C" {
     pub fn devbridge_restore(
         bridge: *mut devbridge_bridge,
         path: *const c_char,
+        out_restored: *mut *mut devbridge_restored,
+    ) -> devbridge_status;
+    pub fn devbridge_restore_selected(
+        bridge: *mut devbridge_bridge,
+        path: *const c_char,
+        options: *const devbridge_restore_options,
         out_restored: *mut *mut devbridge_restored,
     ) -> devbridge_status;
     pub fn devbridge_restored_free(restored: *mut devbridge_restored);

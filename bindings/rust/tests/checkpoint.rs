@@ -104,3 +104,42 @@ fn a_name_with_a_nul_byte_or_a_foreign_handle_is_refused_before_writing() {
     assert!(!path.exists(), "a refused checkpoint writes no file");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn a_subset_restores_only_what_it_names_and_a_checked_subset_is_refused() {
+    let dir = scratch("subset");
+    let path = dir.join("model.safetensors");
+    let bridge = DeviceBridge::open("host", None, &OpenOptions::default()).unwrap();
+    let mut entries = Vec::new();
+    let mut bytes = Vec::new();
+    for (i, name) in ["layers.0.w", "layers.1.w", "head"].iter().enumerate() {
+        let (handle, data) = upload(&bridge, Dtype::Float32, &[32], i as u8);
+        entries.push(CheckpointEntry { name: name.to_string(), handle, dtype: Dtype::Float32, shape: vec![32] });
+        bytes.push(data);
+    }
+    bridge.checkpoint(&path, &entries, None).unwrap();
+    let allocated = bridge.memory_stats().unwrap().allocated_bytes;
+
+    let checked = RestoreSelection { prefix: Some("layers.".into()), ..RestoreSelection::default() };
+    let error = bridge.restore_selected(&path, &checked).unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::InvalidRange);
+    assert!(error.message().contains("skip_checksum"), "{}", error.message());
+    assert_eq!(bridge.memory_stats().unwrap().allocated_bytes, allocated);
+
+    let layers = bridge.restore_selected(&path, &RestoreSelection { skip_checksum: true, ..checked }).unwrap();
+    let mut names: Vec<&str> = layers.tensors.iter().map(|t| t.name.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["layers.0.w", "layers.1.w"]);
+    for tensor in &layers.tensors {
+        let i = entries.iter().position(|e| e.name == tensor.name).unwrap();
+        assert_eq!(bridge.export_activation(tensor.handle, tensor.dtype, &tensor.shape).unwrap().bytes, bytes[i]);
+        bridge.free_device(tensor.handle).unwrap();
+    }
+
+    let missing = RestoreSelection { names: vec!["nope".into()], skip_checksum: true, ..RestoreSelection::default() };
+    let error = bridge.restore_selected(&path, &missing).unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::InvalidRange);
+    assert!(error.message().contains("nope"), "{}", error.message());
+    assert_eq!(bridge.memory_stats().unwrap().allocated_bytes, allocated);
+    std::fs::remove_dir_all(dir).unwrap();
+}

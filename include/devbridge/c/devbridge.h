@@ -46,7 +46,7 @@ extern "C" {
  * fields are added. A caller built against major M runs against a library
  * whose devbridge_abi_version() >> 16 is M and whose minor is at least its own. */
 #define DEVBRIDGE_ABI_VERSION_MAJOR 1
-#define DEVBRIDGE_ABI_VERSION_MINOR 0
+#define DEVBRIDGE_ABI_VERSION_MINOR 1
 #define DEVBRIDGE_ABI_VERSION ((DEVBRIDGE_ABI_VERSION_MAJOR << 16) | DEVBRIDGE_ABI_VERSION_MINOR)
 
 uint32_t devbridge_abi_version(void);
@@ -676,6 +676,26 @@ typedef struct devbridge_restored {
  * its checksum verified, or any other) into new allocations of the bridge's
  * current generation. On failure nothing stays allocated. */
 devbridge_status devbridge_restore(devbridge_bridge* bridge, const char* path, devbridge_restored** out_restored);
+
+/* Which tensors devbridge_restore_selected restores, as Python's restore
+ * (names=, prefix=, verify=). Zero-initialize it, set size, then what applies. */
+typedef struct devbridge_restore_options {
+  uint64_t size;             /* sizeof(devbridge_restore_options) */
+  const char* const* names;  /* name_count tensor names, each of which must be in the file (else INVALID_RANGE) */
+  uint64_t name_count;       /* 0: no name filter */
+  const char* prefix;        /* NULL or "": no prefix filter; both filters apply when both are given */
+  int32_t skip_checksum;     /* 0: a devbridge file's CRC-32 is checked, so every tensor must be chosen (the
+                              * checksum covers the whole data section: a partial restore of a file that
+                              * records one is INVALID_RANGE); nonzero: not checked */
+  int32_t reserved;          /* must be 0 */
+} devbridge_restore_options;
+
+/* devbridge_restore of the tensors `options` chooses, reading only their
+ * bytes, in the file's order; NULL options: every tensor, checked (as
+ * devbridge_restore). Choosing none is fine (an empty result). */
+devbridge_status devbridge_restore_selected(devbridge_bridge* bridge, const char* path,
+                                            const devbridge_restore_options* options,
+                                            devbridge_restored** out_restored);
 /* Frees the description (NULL is fine); the allocations stay the caller's. */
 void devbridge_restored_free(devbridge_restored* restored);
 
