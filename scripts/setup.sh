@@ -14,6 +14,8 @@ apt_packages=(
   # crate's minimum (rust-version 1.63), so scripts/rust-tests.sh runs its
   # tests with it, and again with a rustup toolchain earlier on PATH.
   rustc cargo
+  # Headless Chromium opens the flight recorder's page in tests/trace (ctest label trace).
+  chromium
 )
 missing=()
 for p in "${apt_packages[@]}"; do

@@ -83,6 +83,9 @@ struct TraceRecord {
   bool has_counters = false;
 };
 
+// docs/TRACING.md gives the ring's size from this.
+static_assert(sizeof(TraceRecord) == 112);
+
 // A record of `kind`; the caller sets what else applies.
 inline TraceRecord trace_record(TraceKind kind, Generation generation, std::uint64_t id = 0) noexcept {
   TraceRecord record;

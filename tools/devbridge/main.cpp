@@ -19,6 +19,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -38,6 +39,7 @@
 #include "report.hpp"
 #include "sizes.hpp"
 #include "stream.hpp"
+#include "trace.hpp"
 
 #ifndef DEVBRIDGE_VERSION
 #define DEVBRIDGE_VERSION "unknown"
@@ -270,6 +272,9 @@ int run_stream_command(const devbridge::cli::StreamArgs& args, const std::option
   const devbridge::cli::StreamReport report = devbridge::cli::run_stream(plan, progress, &g_stop_signal);
 
   for (const std::string& error : report.errors) fmt::print(stderr, "devbridge stream: {}\n", one_line(error));
+  if (!report.trace_file.empty())
+    fmt::print(stderr, "devbridge stream: the flight recorder's trace is in {} (devbridge trace view {} -o PAGE)\n",
+               report.trace_file, report.trace_file);
   if (!quiet) print_stream_summary(json.to_stdout() ? stderr : stdout, plan, report);
   std::fflush(stdout);
   const bool written = json.write(devbridge::cli::stream_report_json(report));
@@ -295,6 +300,29 @@ int run_checkpoint_inspect_command(const std::string& path, const std::optional<
   if (!report.ok()) fmt::print(stderr, "devbridge checkpoint inspect: {}\n", one_line(report.error));
   const bool written = json.write(devbridge::cli::checkpoint_report_json(report));
   return report.ok() && written ? kExitOk : kExitFailure;
+}
+
+int run_trace_view_command(const std::string& path, const std::string& page_path) {
+  const std::string page = devbridge::cli::trace_page(devbridge::cli::load_trace(path));
+  std::ofstream out(page_path, std::ios::binary | std::ios::trunc);
+  out << page;
+  out.close();
+  if (!out) {
+    fmt::print(stderr, "devbridge trace view: cannot write {}\n", page_path);
+    return kExitFailure;
+  }
+  fmt::print("{}: {} bytes, open it in a browser\n", page_path, page.size());
+  return kExitOk;
+}
+
+int run_trace_replay_command(const std::string& path, const std::string& device_memory,
+                             const std::optional<std::string>& json_path) {
+  const std::uint64_t memory = devbridge::cli::parse_size("--device-memory", device_memory);
+  JsonSink json(json_path);
+  const auto report = devbridge::cli::replay_trace(devbridge::cli::load_trace(path), path, memory);
+  if (!json.to_stdout()) fmt::print("{}", devbridge::cli::format_replay(report));
+  std::fflush(stdout);
+  return json.write(devbridge::cli::replay_report_json(report)) ? kExitOk : kExitFailure;
 }
 
 // "--backend" help: every backend the registry knows, and which run here.
@@ -380,11 +408,40 @@ int main(int argc, char** argv) {
   CLI::Option* checkpoint_json_option = checkpoint_inspect->add_option(
       "--json", checkpoint_json, "Write the listing as JSON to this file ('-' for stdout)");
 
+  std::string trace_file;
+  std::string trace_page_path;
+  std::string trace_device_memory = "16GiB";
+  std::string trace_json;
+  CLI::App* trace = app.add_subcommand("trace", "Look at a flight recorder trace (docs/TRACING.md)");
+  trace->require_subcommand(1);
+  CLI::App* trace_view = trace->add_subcommand(
+      "view", "Write a self-contained HTML page of a trace: memory over time and the copy/compute timeline");
+  trace_view->add_option("file", trace_file, "The trace (what Bridge::dump_trace or stream --trace wrote)")->required();
+  trace_view->add_option("-o,--output", trace_page_path, "The page to write")->required();
+  CLI::App* trace_replay = trace->add_subcommand(
+      "replay", "Replay a trace's allocations against the caching pool's policies on the fake backend");
+  trace_replay->add_option("file", trace_file, "The trace")->required();
+  trace_replay->add_option("--device-memory", trace_device_memory, "The fake device's memory (e.g. 80GiB)")
+      ->capture_default_str();
+  CLI::Option* trace_json_option =
+      trace_replay->add_option("--json", trace_json, "Write the results as JSON to this file ('-' for stdout)");
+  stream->add_option("--trace", stream_args.trace,
+                     "Record with the flight recorder and write its trace here at the end (docs/TRACING.md)");
+
   // CLI11 reports a mistyped command as "A subcommand is required"; say what was wrong.
   if (argc > 1 && argv[1][0] != '-' && std::string_view(argv[1]) != "stream" &&
-      std::string_view(argv[1]) != "info" && std::string_view(argv[1]) != "checkpoint") {
-    fmt::print(stderr, "devbridge: unknown command '{}' (commands: stream, info, checkpoint; see devbridge --help)\n",
+      std::string_view(argv[1]) != "info" && std::string_view(argv[1]) != "checkpoint" &&
+      std::string_view(argv[1]) != "trace") {
+    fmt::print(stderr,
+               "devbridge: unknown command '{}' (commands: stream, info, checkpoint, trace; see devbridge --help)\n",
                argv[1]);
+    return kExitUsage;
+  }
+  if (argc > 2 && std::string_view(argv[1]) == "trace" && argv[2][0] != '-' &&
+      std::string_view(argv[2]) != "view" && std::string_view(argv[2]) != "replay") {
+    fmt::print(stderr,
+               "devbridge: unknown command 'trace {}' (trace commands: view, replay; see devbridge trace --help)\n",
+               argv[2]);
     return kExitUsage;
   }
   if (argc > 2 && std::string_view(argv[1]) == "checkpoint" && argv[2][0] != '-' &&
@@ -420,10 +477,16 @@ int main(int argc, char** argv) {
     if (checkpoint_inspect->parsed()) {
       return run_checkpoint_inspect_command(checkpoint_file, given(checkpoint_json_option, checkpoint_json));
     }
+    if (trace_view->parsed()) return run_trace_view_command(trace_file, trace_page_path);
+    if (trace_replay->parsed())
+      return run_trace_replay_command(trace_file, trace_device_memory, given(trace_json_option, trace_json));
     return kExitUsage;  // unreachable: require_subcommand(1)
   } catch (const UsageError& e) {
     fmt::print(stderr, "devbridge: {}\n", one_line(e.what()));
     return kExitUsage;
+  } catch (const devbridge::cli::TraceFileError& e) {
+    fmt::print(stderr, "devbridge trace: {}\n", one_line(e.what()));
+    return kExitFailure;
   } catch (const devbridge::Error& e) {
     fmt::print(stderr, "devbridge: {}\n", one_line(e.what()));
     return kExitFailure;

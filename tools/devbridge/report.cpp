@@ -67,6 +67,7 @@ nlohmann::json stream_report_json(const StreamReport& r) {
       {"interrupted", r.interrupted},
       {"signal", r.interrupted ? nlohmann::json(signal_name(r.signal)) : nlohmann::json(nullptr)},
       {"errors", r.errors},
+      {"trace", r.trace_file.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.trace_file)},
   };
 }
 

@@ -665,6 +665,10 @@ StreamPlan plan_stream(const StreamArgs& args) {
     }
     plan.corrupt_element = element;
   }
+  if (args.trace) {
+    if (args.trace->empty()) throw UsageError("--trace: give the file to write the trace to");
+    plan.trace_path = *args.trace;
+  }
   return plan;
 }
 
@@ -682,6 +686,26 @@ StreamReport run_stream(StreamPlan& plan, Progress& progress, const std::atomic<
     BridgeOptions options;
     options.ring_bytes = plan.ring_bytes;
     Bridge bridge(open_backend(plan), options);
+    // Dumped when the stream ends, however it ends (before the bridge goes).
+    struct DumpTraceAtEnd {
+      Bridge& bridge;
+      StreamPlan& plan;
+      StreamReport& report;
+      ~DumpTraceAtEnd() {
+        if (!plan.trace_path) return;
+        try {
+          bridge.dump_trace(*plan.trace_path);
+          report.trace_file = *plan.trace_path;
+        } catch (const std::exception& e) {
+          report.errors.push_back(fmt::format("--trace: {}", e.what()));
+        }
+      }
+    } dump_trace_at_end{bridge, plan, report};
+    if (plan.trace_path) {
+      RecordOptions recording;
+      recording.max_events = kStreamTraceEvents;
+      bridge.record(recording);
+    }
     const BackendInfo info = bridge.backend_info();
     report.backend = info.name;
     report.device_id = info.device_id;

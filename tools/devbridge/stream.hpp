@@ -33,6 +33,7 @@ struct StreamArgs {
   // Test hooks; nullopt when not given (an empty text was given, and is refused).
   std::optional<std::string> fake_inject;      // "CALL:FAILURE[:N]", fake backend only
   std::optional<std::string> corrupt_element;  // a global element index to damage after download
+  std::optional<std::string> trace;  // --trace FILE: record with the flight recorder, dump the trace there
 };
 
 // A validated plan; every field has been checked against the others.
@@ -55,6 +56,7 @@ struct StreamPlan {
   };
   std::optional<Injection> fake_injection;
   std::optional<std::uint64_t> corrupt_element;
+  std::optional<std::string> trace_path;  // the flight recorder's trace goes here at the end, failed or not
   // The backend plan_stream opened to check --device/--backend-option, for
   // run_stream to run on (so the device is opened once); null when there was
   // nothing to check, and run_stream opens it.
@@ -103,7 +105,12 @@ struct StreamReport {
   bool interrupted = false;
   int signal = 0;  // the signal that stopped it, when interrupted
   std::vector<std::string> errors;
+  std::string trace_file;  // where the trace was written (--trace), empty when none was
 };
+
+// The flight recorder's ring for --trace: a stream records about eight events
+// a chunk, so this holds the whole of a 128 GiB stream in 4 MiB chunks.
+inline constexpr std::size_t kStreamTraceEvents = 1u << 18;
 
 // Runs the plan, on the plan's opened backend when it has one (it takes it).
 // Runtime failures (devbridge::Error, a wrong element, a lost

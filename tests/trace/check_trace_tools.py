@@ -1,0 +1,212 @@
+"""The flight recorder's tools as a user runs them (ctest label "trace"):
+`devbridge stream --trace`, `devbridge trace view` in headless Chromium, and
+`devbridge trace replay`. Python's standard library only, so it runs with any
+python3.
+
+    check_trace_tools.py CLI CASE WORKDIR
+
+CASE: stream_trace (a real trace validates as trace-event JSON), view (the page
+opens in Chromium with no error and draws the memory plot), replay (exact and
+deterministic), refusals (files that are not traces).
+"""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import zlib
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SKIP = 77  # ctest's SKIP_RETURN_CODE for these tests
+
+
+def run(cli, *args, expect=0):
+    done = subprocess.run([cli, *args], capture_output=True, text=True, timeout=300)
+    if done.returncode != expect:
+        sys.exit(f"{' '.join(args)}: exit {done.returncode}, expected {expect}\n{done.stdout}\n{done.stderr}")
+    return done
+
+
+def stream_trace(cli, work):
+    path = os.path.join(work, "stream.trace.json")
+    done = run(cli, "stream", "--backend", "host", "--bytes", "16MiB", "--chunk", "1MiB", "--inflight", "4",
+               "--trace", path, "--json", os.path.join(work, "report.json"), "-q")
+    assert path in done.stderr, done.stderr
+    with open(os.path.join(work, "report.json")) as f:
+        assert json.load(f)["trace"] == path
+    with open(path) as f:
+        trace = json.load(f)
+    validate(trace)
+    names = {e["name"] for e in trace["traceEvents"]}
+    assert {"allocate", "free", "copy up", "copy down", "axpy", "memory"} <= names, names
+    return path
+
+
+def validate(trace):
+    """The trace-event format as Chrome and Perfetto read it, and what devbridge promises on top."""
+    assert trace["otherData"]["format"] == "devbridge-trace"
+    assert trace["displayTimeUnit"] == "ns"
+    events = trace["traceEvents"]
+    last = 0.0
+    open_slices = {}
+    for e in events:
+        assert e["ph"] in ("M", "B", "E", "i", "C"), e
+        assert e["pid"] == 1, e
+        if e["ph"] == "M":
+            continue
+        assert e["ts"] >= last, f"ts goes back at {e}"
+        last = e["ts"]
+        if e["ph"] == "B":
+            open_slices.setdefault(e["tid"], []).append(e)
+        elif e["ph"] == "E":
+            assert open_slices.get(e["tid"]), f"an end with no begin on track {e['tid']}: {e}"
+            begun = open_slices[e["tid"]].pop()
+            assert begun["name"] == e["name"], (begun, e)
+        elif e["ph"] == "C":
+            assert all(v >= 0 for v in e["args"].values()), e
+    assert not any(open_slices.values()), f"slices without an end: {open_slices}"
+
+
+def png_pixels(path):
+    """(width, height, rows of RGB tuples) of an 8-bit RGB or RGBA PNG."""
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    at, idat, header = 8, b"", None
+    while at < len(data):
+        length, kind = struct.unpack(">I4s", data[at:at + 8])
+        body = data[at + 8:at + 8 + length]
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        at += 12 + length
+    width, height, depth, colour = header[:4]
+    assert depth == 8 and colour in (2, 6), header
+    channels = 3 if colour == 2 else 4
+    raw = zlib.decompress(idat)
+    stride = width * channels
+    rows, previous = [], bytearray(stride)
+    for y in range(height):
+        kind = raw[y * (stride + 1)]
+        line = bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for x in range(stride):
+            left = line[x - channels] if x >= channels else 0
+            up = previous[x]
+            corner = previous[x - channels] if x >= channels else 0
+            if kind == 1:
+                line[x] = (line[x] + left) & 255
+            elif kind == 2:
+                line[x] = (line[x] + up) & 255
+            elif kind == 3:
+                line[x] = (line[x] + (left + up) // 2) & 255
+            elif kind == 4:
+                p = left + up - corner
+                pa, pb, pc = abs(p - left), abs(p - up), abs(p - corner)
+                line[x] = (line[x] + (left if pa <= pb and pa <= pc else up if pb <= pc else corner)) & 255
+        rows.append([tuple(line[x:x + 3]) for x in range(0, stride, channels)])
+        previous = line
+    return width, height, rows
+
+
+def chromium():
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def view(cli, work):
+    browser = chromium()
+    if browser is None:
+        print("trace view: no chromium here (scripts/setup.sh installs Debian's); skipped")
+        sys.exit(SKIP)
+    trace = stream_trace(cli, work)
+    page = os.path.join(work, "page.html")
+    run(cli, "trace", "view", trace, "-o", page)
+    with open(page) as f:
+        text = f.read()
+    assert "http://" not in text.replace("http://www.w3.org", "") and "https://" not in text, "the page fetches"
+    flags = ["--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+             f"--user-data-dir={os.path.join(work, 'profile')}"]
+    dom = subprocess.run([browser, *flags, "--enable-logging=stderr", "--v=0", "--dump-dom", "file://" + page],
+                         capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr
+    assert 'data-error=' not in dom.stdout, dom.stdout[-2000:]
+    drawn = dom.stdout.split('data-drawn="', 1)[1].split('"', 1)[0]
+    points = int(drawn.split(",")[0].split(":")[1])
+    slices = int(drawn.split(",")[1].split(":")[1])
+    assert points > 10 and slices > 10, drawn
+    console_errors = [line for line in dom.stderr.splitlines()
+                      if "CONSOLE" in line and ("Uncaught" in line or "Error" in line)]
+    assert not console_errors, console_errors
+    shot = os.path.join(work, "page.png")
+    subprocess.run([browser, *flags, "--window-size=1160,760", f"--screenshot={shot}", "file://" + page],
+                   capture_output=True, timeout=120, check=True)
+    width, height, rows = png_pixels(shot)
+    # The memory plot (its canvas's area of the page): the reserved line's red
+    # and the allocated line's blue are drawn there.
+    plot = [px for row in rows[110:420] for px in row[20:1120]]
+    reserved = sum(1 for px in plot if px == (0xd6, 0x27, 0x28))
+    in_flight = sum(1 for px in plot if px == (0xff, 0x7f, 0x0e))
+    assert reserved > 200 and in_flight > 200, f"the memory plot is not drawn: {reserved} red, {in_flight} orange pixels"
+    print(f"trace view: {drawn}, {reserved} reserved and {in_flight} in-flight pixels in the plot")
+
+
+def replay(cli, work):
+    # Run beside the fixture, so the report's first line is the same anywhere.
+    os.chdir(os.path.join(HERE, "data"))
+    outputs = [run(cli, "trace", "replay", "pool_reuse.trace.json", "--device-memory", "3MiB").stdout
+               for _ in range(2)]
+    assert outputs[0] == outputs[1], "replay is not deterministic"
+    expected = (
+        "pool_reuse.trace.json: 4 allocations and 5 frees, replayed on a fake device of 3.00 MiB\n"
+        "policy                  peak reserved  peak allocated  backend allocs  cache hits  out of memory\n"
+        "no caching pool              3.00 MiB        3.00 MiB               4           0             no\n"
+        "caching pool                 3.00 MiB        3.00 MiB               2           2             no\n"
+        "caching pool, cap 0          3.00 MiB        3.00 MiB               2           2             no\n"
+        "skipped: event 18: free of 1:1:9, not allocated in the replay\n")
+    assert outputs[0] == expected, outputs[0]
+    # A device too small for the 3 MiB tensor: every policy runs out, named.
+    small = json.loads(run(cli, "trace", "replay", "pool_reuse.trace.json", "--device-memory", "2MiB",
+                           "--json", "-").stdout)
+    for policy in small["policies"]:
+        assert policy["out_of_memory"] == 1 and "event 16" in policy["first_out_of_memory"], policy
+    # A real trace replays too, with the pool the stream ran with.
+    trace = stream_trace(cli, work)
+    real = json.loads(run(cli, "trace", "replay", trace, "--json", "-").stdout)
+    assert real["allocations"] > 0 and real["allocations"] == real["frees"], real
+    assert all(p["out_of_memory"] == 0 and p["peak_allocated_bytes"] > 0 for p in real["policies"]), real
+
+
+def refusals(cli, work):
+    def refused(name, text, words):
+        path = os.path.join(work, name)
+        with open(path, "w") as f:
+            f.write(text)
+        for command in (["trace", "replay", path], ["trace", "view", path, "-o", os.path.join(work, "x.html")]):
+            done = run(cli, *command, expect=1)
+            assert path in done.stderr and words in done.stderr, done.stderr
+    refused("not-json.json", "{not json", "is not JSON")
+    refused("other.json", json.dumps({"traceEvents": []}), "is not a devbridge trace")
+    refused("newer.json", json.dumps({"otherData": {"format": "devbridge-trace", "version": 99},
+                                      "traceEvents": []}), "version 99")
+    refused("no-events.json", json.dumps({"otherData": {"format": "devbridge-trace", "version": 1}}),
+            "no traceEvents")
+    done = run(cli, "trace", "replay", os.path.join(work, "absent.json"), expect=1)
+    assert "cannot be opened" in done.stderr, done.stderr
+    done = run(cli, "trace", "frobnicate", expect=2)
+    assert "trace commands: view, replay" in done.stderr, done.stderr
+
+
+def main():
+    cli, case, work = sys.argv[1:4]
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    {"stream_trace": stream_trace, "view": view, "replay": replay, "refusals": refusals}[case](cli, work)
+    print(f"trace {case}: ok")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,215 @@
+#include "trace.hpp"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string_view>
+
+#include "devbridge/backends.hpp"
+#include "devbridge/bridge.hpp"
+#include "devbridge/error.hpp"
+#include "sizes.hpp"
+#include "trace_page_html.hpp"  // generated from trace_page.html (CMakeLists.txt)
+
+namespace devbridge::cli {
+
+namespace {
+
+constexpr std::string_view kFormat = "devbridge-trace";
+constexpr int kNewestVersion = 1;
+constexpr std::string_view kDataPlaceholder = "__DEVBRIDGE_TRACE_DATA__";
+
+[[noreturn]] void refuse(const std::string& path, const std::string& why) {
+  throw TraceFileError(fmt::format("{}: {}", path, why));
+}
+
+}  // namespace
+
+nlohmann::json load_trace(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) refuse(path, "cannot be opened");
+  nlohmann::json trace;
+  try {
+    trace = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    refuse(path, fmt::format("is not JSON ({})", e.what()));
+  }
+  const auto other = trace.is_object() ? trace.find("otherData") : trace.end();
+  if (!trace.is_object() || other == trace.end() || !other->is_object() || !other->contains("format") ||
+      (*other)["format"] != kFormat)
+    refuse(path, fmt::format("is not a devbridge trace (no otherData.format \"{}\"; devbridge record / dump_trace "
+                             "writes one)",
+                             kFormat));
+  const auto& version = (*other)["version"];
+  if (!version.is_number_integer() || version.get<std::int64_t>() < 1)
+    refuse(path, "has no valid otherData.version");
+  if (version.get<std::int64_t>() > kNewestVersion)
+    refuse(path, fmt::format("is a version {} trace; this devbridge reads version {} and older",
+                             version.get<std::int64_t>(), kNewestVersion));
+  if (!trace.contains("traceEvents") || !trace["traceEvents"].is_array()) refuse(path, "has no traceEvents array");
+  return trace;
+}
+
+std::string trace_page(const nlohmann::json& trace) {
+  // Inside a <script> element only "</" can end it early; in JSON it can
+  // appear only inside a string, where "<\/" means the same.
+  std::string data = trace.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::string safe;
+  safe.reserve(data.size());
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    safe += data[i];
+    if (data[i] == '<' && i + 1 < data.size() && data[i + 1] == '/') safe += '\\';
+  }
+  std::string page(kTracePageTemplate);
+  const auto at = page.find(kDataPlaceholder);
+  page.replace(at, kDataPlaceholder.size(), safe);
+  return page;
+}
+
+// ---- replay ----
+
+namespace {
+
+struct MemoryOp {
+  std::size_t index;  // in traceEvents
+  bool allocate;
+  std::string handle;
+  std::uint64_t bytes;
+};
+
+std::vector<MemoryOp> memory_ops(const nlohmann::json& trace, std::vector<std::string>& skipped) {
+  std::vector<MemoryOp> ops;
+  const auto& events = trace["traceEvents"];
+  for (std::size_t i = 0; i < events.size(); ++i) {
+    const auto& e = events[i];
+    if (!e.is_object() || e.value("ph", "") != "i" || e.value("cat", "") != "memory") continue;
+    const std::string name = e.value("name", "");
+    if (name != "allocate" && name != "free") continue;
+    const auto args = e.find("args");
+    if (args == e.end() || !args->is_object() || !args->contains("handle") || !(*args)["handle"].is_string()) {
+      skipped.push_back(fmt::format("event {}: {} without a handle", i, name));
+      continue;
+    }
+    MemoryOp op{i, name == "allocate", (*args)["handle"].get<std::string>(), 0};
+    if (op.allocate) {
+      const auto bytes = args->find("bytes");
+      if (bytes == args->end() || !bytes->is_number_unsigned() || bytes->get<std::uint64_t>() == 0) {
+        skipped.push_back(fmt::format("event {}: allocate of {} without a size in bytes", i, op.handle));
+        continue;
+      }
+      op.bytes = bytes->get<std::uint64_t>();
+    }
+    ops.push_back(std::move(op));
+  }
+  return ops;
+}
+
+struct Policy {
+  std::string name;
+  CachingPool pool;
+  std::optional<std::uint64_t> cap;
+};
+
+ReplayResult replay_one(const std::vector<MemoryOp>& ops, const Policy& policy, std::uint64_t device_memory,
+                        std::vector<std::string>* skipped) {
+  BridgeOptions options;
+  options.ring_bytes = 1u << 16;
+  options.caching_pool = policy.pool;
+  options.pool_cap_bytes = policy.cap;
+  Bridge bridge(make_backend("fake", {{"memory_bytes", std::to_string(device_memory)}}), options);
+  ReplayResult result;
+  result.policy = policy.name;
+  std::map<std::string, DeviceHandle, std::less<>> live;
+  std::set<std::string, std::less<>> out_of_memory;  // their frees are not news
+  for (const auto& op : ops) {
+    if (op.allocate) {
+      if (live.contains(op.handle)) {
+        if (skipped) skipped->push_back(fmt::format("event {}: allocate of {}, which is live", op.index, op.handle));
+        continue;
+      }
+      try {
+        // A trace does not record alignments; 256 is what restore and most tensors use.
+        const ObjectSpec spec{op.bytes, 256, std::nullopt, ShapeKind::Vector};
+        live.emplace(op.handle, bridge.alloc_device(spec, op.bytes));
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::AllocationFailed) {
+          if (skipped) skipped->push_back(fmt::format("event {}: allocate of {} bytes refused: {}", op.index, op.bytes,
+                                                      e.what()));
+          continue;
+        }
+        out_of_memory.insert(op.handle);
+        if (result.out_of_memory++ == 0)
+          result.first_out_of_memory = fmt::format("event {} ({} of {})", op.index, format_bytes(op.bytes), op.handle);
+      }
+    } else {
+      const auto found = live.find(op.handle);
+      if (found == live.end()) {
+        // Its allocate was dropped from the recorder's ring (or failed above).
+        if (out_of_memory.erase(op.handle) != 0) continue;
+        if (skipped) skipped->push_back(fmt::format("event {}: free of {}, not allocated in the replay", op.index,
+                                                    op.handle));
+        continue;
+      }
+      bridge.free_device(found->second);
+      live.erase(found);
+    }
+  }
+  const MemoryStats stats = bridge.memory_stats();
+  result.peak_reserved = stats.peak_reserved_bytes;
+  result.peak_allocated = stats.peak_allocated_bytes;
+  result.backend_allocations = stats.backend_allocations;
+  result.cache_hits = stats.cache_hits;
+  return result;
+}
+
+}  // namespace
+
+ReplayReport replay_trace(const nlohmann::json& trace, const std::string& path, std::uint64_t device_memory) {
+  ReplayReport report;
+  report.path = path;
+  report.device_memory = device_memory;
+  const auto ops = memory_ops(trace, report.skipped);
+  for (const auto& op : ops) ++(op.allocate ? report.allocations : report.frees);
+  const Policy policies[] = {
+      {"no caching pool", CachingPool::Off, std::nullopt},
+      {"caching pool", CachingPool::On, std::nullopt},
+      {"caching pool, cap 0", CachingPool::On, 0},
+  };
+  for (const auto& policy : policies)
+    report.results.push_back(replay_one(ops, policy, device_memory, &policy == policies ? &report.skipped : nullptr));
+  return report;
+}
+
+std::string format_replay(const ReplayReport& report) {
+  std::string out = fmt::format("{}: {} allocations and {} frees, replayed on a fake device of {}\n", report.path,
+                                report.allocations, report.frees, format_bytes(report.device_memory));
+  out += fmt::format("{:<22} {:>14} {:>15} {:>15} {:>11} {:>14}\n", "policy", "peak reserved", "peak allocated",
+                     "backend allocs", "cache hits", "out of memory");
+  for (const auto& r : report.results)
+    out += fmt::format("{:<22} {:>14} {:>15} {:>15} {:>11} {:>14}\n", r.policy, format_bytes(r.peak_reserved),
+                       format_bytes(r.peak_allocated), r.backend_allocations, r.cache_hits,
+                       r.out_of_memory == 0 ? std::string("no")
+                                            : fmt::format("{}, first {}", r.out_of_memory, r.first_out_of_memory));
+  for (const auto& s : report.skipped) out += "skipped: " + s + "\n";
+  return out;
+}
+
+nlohmann::json replay_report_json(const ReplayReport& report) {
+  nlohmann::json policies = nlohmann::json::array();
+  for (const auto& r : report.results)
+    policies.push_back({{"policy", r.policy},
+                        {"peak_reserved_bytes", r.peak_reserved},
+                        {"peak_allocated_bytes", r.peak_allocated},
+                        {"backend_allocations", r.backend_allocations},
+                        {"cache_hits", r.cache_hits},
+                        {"out_of_memory", r.out_of_memory},
+                        {"first_out_of_memory", r.first_out_of_memory}});
+  return {{"path", report.path},       {"allocations", report.allocations}, {"frees", report.frees},
+          {"device_memory", report.device_memory}, {"skipped", report.skipped},       {"policies", policies}};
+}
+
+}  // namespace devbridge::cli
