@@ -51,6 +51,7 @@
 
 #include "forwarding_backend.hpp"
 #include "bridge_model.hpp"
+#include "trace_validity.hpp"
 #include "devbridge/backends/fake.hpp"
 #include "devbridge/backends/host.hpp"
 #include "devbridge/bridge.hpp"
@@ -155,6 +156,9 @@ enum class OpKind : std::uint8_t {
   RegionPitchedCopy,  // as PitchedCopy with a region's range
   AdoptHost,          // adopt_host of a region's range, mostly a live read-only one's
   RegionBytes,        // region_bytes: write (p2 & 1, writable regions only) or compare; then region_retained
+  // The flight recorder (appended): start it with a ring of 1-64 events (so it
+  // wraps), stop it, or dump the trace and the memory snapshot and check them.
+  Record,
   Count
 };
 
@@ -167,7 +171,7 @@ inline const char* op_name(OpKind k) {
                                 "report_completion", "lease_host", "end_host_lease", "hold_launches",
                                 "end_view_after", "end_step_after", "block_queue", "signal_fence",
                                 "pitched_copy", "register_host", "unregister_host", "region_copy",
-                                "region_pitched_copy", "adopt_host", "region_bytes"};
+                                "region_pitched_copy", "adopt_host", "region_bytes", "record"};
   static_assert(std::size(names) == static_cast<std::size_t>(OpKind::Count));
   const auto i = static_cast<unsigned>(k);
   return i < static_cast<unsigned>(OpKind::Count) ? names[i] : "?";
@@ -355,6 +359,7 @@ class Harness {
       case OpKind::RegionPitchedCopy: return do_pitched_copy(op, true);
       case OpKind::AdoptHost: return do_adopt(op);
       case OpKind::RegionBytes: return do_region_bytes(op);
+      case OpKind::Record: return do_record(op);
       case OpKind::Count: return;
     }
   }
@@ -2073,6 +2078,35 @@ class Harness {
     host_launches_.clear();
     if (!m.fake()) host_raw_->test_controls()->hold_copies(true);
     check_stats();
+  }
+
+  void do_record(const Op& op) {
+    switch (op.p[0] % 3) {
+      case 0: {
+        RecordOptions options;
+        options.max_events = 1 + op.p[1] % 64;
+        const Expect x = m.closed ? Expect::error(ErrorKind::Closed) : Expect::success();
+        expect_kind([&] { return "record(" + std::to_string(options.max_events) + ")"; }, x,
+                    attempt([&] { bridge_->record(options); }));
+        return;
+      }
+      case 1:
+        bridge_->stop_recording();
+        return;
+      default: {
+        std::string trace, snapshot;
+        if (const auto error = attempt([&] {
+              trace = bridge_->trace_json();
+              snapshot = bridge_->memory_snapshot_json();
+            }))
+          return fail("a dump threw " + kind_text(error->kind()));
+        const auto parsed = nlohmann::json::parse(trace, nullptr, false);
+        if (parsed.is_discarded()) return fail("trace_json() is not JSON");
+        if (const auto problem = testing::trace_problem(parsed); !problem.empty()) return fail("trace: " + problem);
+        if (nlohmann::json::parse(snapshot, nullptr, false).is_discarded()) fail("memory_snapshot_json() is not JSON");
+        return;
+      }
+    }
   }
 
   void do_close() {
