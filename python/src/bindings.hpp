@@ -144,6 +144,14 @@ void unregister_host(const std::shared_ptr<BridgeState>& state, nanobind::handle
 // Bridge.adopt_host: a RegionRange or a whole HostRegion (TypeError else).
 DeviceHandle adopt_host(const std::shared_ptr<BridgeState>& state, nanobind::handle range, const ObjectSpec& spec);
 
+// recorder.cpp: the flight recorder's entry points (Bridge.record,
+// dump_trace, trace, memory_snapshot), and the Python stack a call attaches
+// to what it records when recording with stacks (BridgeState::open).
+void record(BridgeState& state, nanobind::handle max_events, nanobind::handle stacks, nanobind::handle oom_dump_dir);
+void dump_trace(BridgeState& state, nanobind::handle path);
+nanobind::object trace(BridgeState& state);
+nanobind::object memory_snapshot(BridgeState& state);
+
 // ---- one per class or area, in the order module.cpp calls them ----
 void bind_errors(nanobind::module_& m);             // errors.cpp
 void bind_module_functions(nanobind::module_& m);   // module.cpp

@@ -524,6 +524,30 @@ void bind_bridge(nb::module_& m) {
           "wait"_a = true,
           "A TensorView over the allocation (strides in elements, offset in bytes). wait=True waits for copies into\n"
           "the allocation to complete first; wait=False refuses (AllocationStillInUse) while one is in flight.")
+      // ---- the flight recorder (recorder.cpp, docs/TRACING.md) ----
+      .def(
+          "record",
+          [](PyBridge& b, nb::handle max_events, nb::handle stacks, nb::handle oom_dump_dir) {
+            record(*b.state, max_events, stacks, oom_dump_dir);
+          },
+          "max_events"_a.none() = 100000, "stacks"_a.none() = false, "oom_dump_dir"_a.none() = nb::none(),
+          "Starts recording what the bridge does into a ring of the newest max_events events (1 to 2**24; a\n"
+          "recording in progress is dropped). stacks=True attaches each call's Python stack to its events.\n"
+          "oom_dump_dir: where an allocation that fails for good dumps the trace (the error names the file).")
+      .def(
+          "stop_recording", [](PyBridge& b) { b.state->bridge->stop_recording(); },
+          "Stops recording; what was recorded stays for dump_trace and trace.")
+      .def(
+          "dump_trace", [](PyBridge& b, nb::handle path) { dump_trace(*b.state, path); }, "path"_a,
+          "Writes the recorded events to path (str or os.PathLike) as Chrome/Perfetto trace-event JSON,\n"
+          "atomically (docs/TRACING.md, \"Trace format\").")
+      .def(
+          "trace", [](PyBridge& b) { return trace(*b.state); },
+          "The recorded events as a dict, the JSON dump_trace writes.")
+      .def(
+          "memory_snapshot", [](PyBridge& b) { return memory_snapshot(*b.state); },
+          "Segments and blocks with their state, holders and recorded events, the ring and memory_stats(),\n"
+          "as a dict (docs/TRACING.md, \"Memory snapshot format\").")
       .def("__repr__", [](const PyBridge& b) {
         return "Bridge(backend=\"" + b.state->backend_name + "\", domain=" + std::to_string(b.state->bridge->domain()) +
                (b.state->closed.load() ? ", closed)" : ")");

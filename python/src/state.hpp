@@ -36,6 +36,9 @@ namespace devbridge::python {
 // buffer export and the C++ region. Defined in host_regions.cpp.
 struct HostRegistration;
 
+// Sets this thread's TraceStack to the interpreter's current stack (recorder.cpp).
+void annotate_call_stack() noexcept;
+
 struct BridgeState {
   std::unique_ptr<Bridge> bridge;
   fake::FakeBackend* fake = nullptr;  // set when the backend is the fake one; owned by `bridge`
@@ -57,8 +60,13 @@ struct BridgeState {
 
   // The bridge, unless close() was called. The C++ bridge refuses on its own
   // too (a call that passed this check while close() ran gets Closed there).
+  // Every call into the bridge comes here first, with the GIL: when the
+  // bridge records stacks, the caller's Python stack is attached to what
+  // the call records (recorder.cpp).
   Bridge& open() const {
     if (closed.load(std::memory_order_acquire)) throw Error(ErrorKind::Closed, "the bridge is closed");
+    if (bridge->records_stacks()) [[unlikely]]
+      annotate_call_stack();
     return *bridge;
   }
 

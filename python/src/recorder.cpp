@@ -1,0 +1,128 @@
+// The flight recorder's Python entry points (Bridge.record, stop_recording,
+// dump_trace, trace, memory_snapshot; docs/TRACING.md), and the Python stack
+// each call attaches to the events it records when recording with stacks.
+#include <Python.h>
+#include <frameobject.h>
+
+#include <optional>
+#include <string>
+
+#include <nanobind/nanobind.h>
+
+#include "arguments.hpp"
+#include "bindings.hpp"
+#include "devbridge/recorder.hpp"
+
+namespace nb = nanobind;
+
+namespace devbridge::python {
+namespace {
+
+constexpr int kStackFrames = 8;  // innermost first: enough to find the caller's line
+
+// A path argument: str or os.PathLike (TypeError otherwise).
+std::string path_text(nb::handle value, const char* what) {
+  PyObject* path = PyOS_FSPath(value.ptr());
+  if (path == nullptr) {
+    PyErr_Clear();
+    args::raise(PyExc_TypeError,
+                std::string(what) + " must be a str or os.PathLike, not " + nb::type_name(value.type()).c_str());
+  }
+  nb::object owned = nb::steal(path);
+  if (!PyUnicode_Check(path))
+    args::raise(PyExc_TypeError, std::string(what) + " must be a str path (bytes paths are not taken)");
+  return nb::cast<std::string>(owned);
+}
+
+// The interpreter's current stack, "file:line function" a line, innermost first.
+std::string python_stack() {
+  std::string text;
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(frame);
+  for (int depth = 0; frame != nullptr && depth < kStackFrames; ++depth) {
+    PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
+    const int line = PyFrame_GetLineNumber(frame);
+    nb::object filename = nb::steal(PyObject_GetAttrString(reinterpret_cast<PyObject*>(code), "co_filename"));
+    nb::object name = nb::steal(PyObject_GetAttrString(reinterpret_cast<PyObject*>(code), "co_name"));
+    Py_DECREF(code);
+    if (!filename.is_valid() || !name.is_valid()) {
+      PyErr_Clear();
+      break;
+    }
+    if (!text.empty()) text += '\n';
+    text += nb::str(filename).c_str();
+    text += ':' + std::to_string(line) + ' ';
+    text += nb::str(name).c_str();
+    PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
+    Py_DECREF(frame);
+    frame = back;
+  }
+  Py_XDECREF(frame);
+  return text;
+}
+
+// The stack of the last call that entered a recording bridge on this thread:
+// replaced by each such call (BridgeState::open), so the events a call
+// records, under the bridge's lock and without the GIL, carry its stack.
+thread_local std::optional<TraceStack> t_call_stack;
+
+}  // namespace
+
+void annotate_call_stack() noexcept {
+  if (!PyGILState_Check()) return;  // only with the interpreter's lock: never from inside the bridge
+  try {
+    t_call_stack.reset();
+    t_call_stack.emplace(python_stack());
+  } catch (...) {
+    PyErr_Clear();  // the events go without a stack
+  }
+}
+
+void record(BridgeState& state, nb::handle max_events_object, nb::handle stacks, nb::handle oom_dump_dir) {
+  const auto max_events = args::integer<std::uint64_t>(max_events_object, "max_events");
+  if (max_events == 0 || max_events > kMaxRecordedEvents)
+    args::raise(PyExc_ValueError, "max_events of " + std::to_string(max_events) + " is outside [1, " +
+                                      std::to_string(kMaxRecordedEvents) + "] (the ring holds that many events)");
+  RecordOptions options;
+  options.max_events = static_cast<std::size_t>(max_events);
+  options.stacks = args::flag(stacks, "stacks");
+  if (!oom_dump_dir.is_none()) options.oom_dump_dir = path_text(oom_dump_dir, "oom_dump_dir");
+  Bridge& bridge = state.open();
+  nb::gil_scoped_release no_gil;  // a large ring takes a while to allocate
+  bridge.record(options);
+}
+
+void dump_trace(BridgeState& state, nb::handle path) {
+  const std::string text = path_text(path, "path");
+  const Bridge& bridge = *state.bridge;  // a closed bridge's trace is still there to dump
+  nb::gil_scoped_release no_gil;
+  bridge.dump_trace(text);
+}
+
+namespace {
+nb::object parse_json(std::string&& text) {
+  nb::object loads = nb::module_::import_("json").attr("loads");
+  return loads(nb::str(text.data(), text.size()));
+}
+}  // namespace
+
+nb::object trace(BridgeState& state) {
+  std::string text;
+  {
+    nb::gil_scoped_release no_gil;
+    text = state.bridge->trace_json();
+  }
+  return parse_json(std::move(text));
+}
+
+nb::object memory_snapshot(BridgeState& state) {
+  Bridge& bridge = state.open();
+  std::string text;
+  {
+    nb::gil_scoped_release no_gil;
+    text = bridge.memory_snapshot_json();
+  }
+  return parse_json(std::move(text));
+}
+
+}  // namespace devbridge::python
