@@ -31,7 +31,7 @@ status=0
 if [ ! -x "$BUILD/bench/bridge_workloads" ] || [ ! -x "$BUILD/bench/view_floor" ]; then
   # `make bench` builds everything first; rebuild only the benchmarks if run alone.
   if [ -f "$BUILD/build.ninja" ] || [ -f "$BUILD/Makefile" ]; then
-    cmake --build "$BUILD" --target bridge_workloads view_floor host_copy reclaim pool_alloc pitched_copy -j "$(nproc)" || exit 1
+    cmake --build "$BUILD" --target bridge_workloads view_floor host_copy reclaim pool_alloc pitched_copy trace_dump -j "$(nproc)" || exit 1
   else
     echo "bench: no build in $BUILD; run 'make bench'" >&2
     exit 1
@@ -129,6 +129,13 @@ if [ -x "$BUILD/bench/pitched_copy" ]; then
   echo
   echo "== pitched 2-D copy vs a row loop of 1-D copies =="
   "$BUILD/bench/pitched_copy" | tee "$OUT/pitched_copy.txt" || status=1
+fi
+
+# 4a'''. The flight recorder: the time to dump 10^6 recorded events as trace-event JSON.
+if [ -x "$BUILD/bench/trace_dump" ]; then
+  echo
+  echo "== flight recorder: trace_json of 10^6 events =="
+  "$BUILD/bench/trace_dump" | tee "$OUT/trace_dump.txt" || status=1
 fi
 
 # 4b. OpenCL backend against raw OpenCL (when built; it skips without a device).
