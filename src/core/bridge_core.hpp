@@ -502,6 +502,8 @@ class BridgeCore {
   struct PeerSide {
     DeviceAllocation device;
     std::uint32_t index;
+    // For the peer track, when recording: when the copy began, and its range.
+    std::uint64_t begin_ns = 0, offset = 0, bytes = 0;
   };
   PeerSide hold_for_peer_copy(const DeviceRange& range, CopyDirection direction);
   void end_peer_copy(const PeerSide& side, CopyDirection direction, bool copied) noexcept;

@@ -91,8 +91,12 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
     }
     // Fragmentation: how much of the cache no request as large as the
     // largest free block could use (0 when nothing was cached).
-    const double fragmentation =
-        held.cached == 0 ? 0.0 : 100.0 * (1.0 - static_cast<double>(held.largest) / static_cast<double>(held.cached));
+    const std::string fragmentation =
+        held.cached == 0
+            ? std::string("fragmentation 0%: nothing was cached")
+            : fmt::format("fragmentation {:.1f}% = 1 - {} / {}",
+                          100.0 * (1.0 - static_cast<double>(held.largest) / static_cast<double>(held.cached)),
+                          held.largest, held.cached);
     std::string dumped;
     {
       SpinLockHold lock(lock_);
@@ -103,9 +107,8 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
     }
     fail(ErrorKind::AllocationFailed,
          "{}; retried once after releasing every cached block: the bridge held {} bytes in live allocations and {} "
-         "cached (the largest cached block {} bytes; fragmentation {:.1f}% = 1 - {} / {}) for a request of {} "
-         "bytes; the largest holders: {}{}",
-         e.message(), held.in_use, held.cached, held.largest, fragmentation, held.largest, held.cached, extent,
+         "cached (the largest cached block {} bytes; {}) for a request of {} bytes; the largest holders: {}{}",
+         e.message(), held.in_use, held.cached, held.largest, fragmentation, extent,
          held.holders.empty() ? "none (no live allocation)" : held.holders, dumped);
   }
 }

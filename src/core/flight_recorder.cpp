@@ -347,8 +347,8 @@ std::string trace_json(const TraceDump& dump) {
                      slice_name(track), slice_category(track), Lanes::tid(track, lane), ts);
       if (r.kind == TraceKind::CopyBegin) {
         fmt::format_to(out, "\"event\":");
-        if (r.slice & (1ull << 63))
-          fmt::format_to(out, "\"sync\"");
+        if (r.slice & (1ull << 63))  // no copy event: a sync copy, or a side of a peer copy
+          fmt::format_to(out, "\"{}\"", r.track == TraceTrack::Peer ? "peer" : "sync");
         else
           write_handle(out, dump, r.generation, r.slice);
         fmt::format_to(out, ",");

@@ -169,6 +169,7 @@ TEST_F(RecordedBridge, OutOfMemoryNamesTheFragmentationAndTheHolders) {
   std::optional<ViewLease> view;
   const auto message = fragmented_out_of_memory(*bridge, held, view);
   EXPECT_NE(message.find("fragmentation 33.3% = 1 - 4096 / 6144"), std::string::npos) << message;
+  EXPECT_NE(message.find("6144 cached (the largest cached block 4096 bytes"), std::string::npos) << message;
   EXPECT_NE(message.find("the largest holders: " + detail::describe(held) + " of 8192 bytes"), std::string::npos)
       << message;
   EXPECT_NE(message.find("1 live view held by the caller"), std::string::npos) << message;
@@ -242,6 +243,36 @@ TEST_F(RecordedBridge, EachEventOfACallCarriesTheStackItsBindingSet) {
       ++with_stack;
     }
   EXPECT_GE(with_stack, 2) << "allocate and free at least";
+}
+
+}  // namespace
+}  // namespace devbridge::testing
+
+namespace devbridge::testing {
+namespace {
+
+TEST(RecordedPeerCopy, EachBridgeShowsItsSideOnItsPeerTrack) {
+  auto fake_a = std::make_shared<FakeBackend>(), fake_b = std::make_shared<FakeBackend>();
+  Bridge a{std::make_unique<ForwardingBackend>(fake_a), BridgeOptions{.ring_bytes = 1 << 16}};
+  Bridge b{std::make_unique<ForwardingBackend>(fake_b), BridgeOptions{.ring_bytes = 1 << 16}};
+  a.record(RecordOptions{});
+  b.record(RecordOptions{});
+  const auto x = a.alloc_device(kBytes, 8192);
+  const auto y = b.alloc_device(kBytes, 8192);
+  ASSERT_TRUE(a.copy_to_peer(DeviceRange{x, 64, 4096}, b, DeviceRange{y, 128, 4096}));
+  for (auto* bridge : {&a, &b}) {
+    const auto trace = json::parse(bridge->trace_json());
+    expect_valid_trace(trace);
+    EXPECT_EQ(event_names(trace, {"peer"}), (std::vector<std::string>{"peer B", "peer E"}));
+    for (const auto& event : trace["traceEvents"])
+      if (event["ph"] == "B") {
+        EXPECT_EQ(event["tid"], 5);
+        EXPECT_EQ(event["args"]["bytes"], 4096);
+        EXPECT_EQ(event["args"]["offset"], bridge == &a ? 64 : 128);
+      }
+  }
+  a.free_device(x);
+  b.free_device(y);
 }
 
 }  // namespace
