@@ -7,7 +7,9 @@ python3.
 
 CASE: stream_trace (a real trace validates as trace-event JSON), view (the page
 opens in Chromium with no error and draws the memory plot), replay (exact and
-deterministic), refusals (files that are not traces).
+deterministic), refusals (files that are not traces), large (a synthetic trace
+of 10^5 events from make_large_trace.py: the page stays the trace's size, draws
+every slice, and replay is deterministic).
 """
 import json
 import os
@@ -200,11 +202,47 @@ def refusals(cli, work):
     assert "trace commands: view, replay" in done.stderr, done.stderr
 
 
+def large(cli, work):
+    sys.path.insert(0, HERE)
+    import make_large_trace
+    path = os.path.join(work, "large.trace.json")
+    trace = make_large_trace.synthetic_trace(100000)
+    with open(path, "w") as f:
+        json.dump(trace, f, separators=(",", ":"))
+    validate(trace)
+    page = os.path.join(work, "large.html")
+    run(cli, "trace", "view", path, "-o", page)
+    # The page is the trace once plus the template: nothing per event is added.
+    overhead = os.path.getsize(page) - os.path.getsize(path)
+    assert 0 < overhead < 64 * 1024, f"the page adds {overhead} bytes to the trace"
+    outputs = [run(cli, "trace", "replay", path, "--json", "-").stdout for _ in range(2)]
+    assert outputs[0] == outputs[1], "replay is not deterministic"
+    report = json.loads(outputs[0])
+    memory = [e for e in trace["traceEvents"] if e.get("cat") == "memory"]
+    assert report["allocations"] == sum(e["name"] == "allocate" for e in memory), report
+    assert report["frees"] == sum(e["name"] == "free" for e in memory) and not report["skipped"], report
+    browser = chromium()
+    if browser is None:
+        print("trace large: no chromium here (scripts/setup.sh installs Debian's); skipped")
+        sys.exit(SKIP)
+    dom = subprocess.run([browser, "--headless=new", "--no-sandbox", "--disable-gpu",
+                          f"--user-data-dir={os.path.join(work, 'profile')}", "--enable-logging=stderr", "--v=0",
+                          "--dump-dom", "file://" + page], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr
+    assert "data-error=" not in dom.stdout, dom.stdout[-2000:]
+    drawn = dom.stdout.split('data-drawn="', 1)[1].split('"', 1)[0]
+    slices = sum(e["ph"] == "B" for e in trace["traceEvents"])
+    assert drawn.startswith("memory:") and drawn.endswith(f",slices:{slices}"), drawn
+    assert int(drawn.split(",")[0].split(":")[1]) > 0, drawn
+    print(f"trace large: {len(trace['traceEvents'])} events, {drawn}")
+
+
 def main():
     cli, case, work = sys.argv[1:4]
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
-    {"stream_trace": stream_trace, "view": view, "replay": replay, "refusals": refusals}[case](cli, work)
+    {"stream_trace": stream_trace, "view": view, "replay": replay, "refusals": refusals,
+     "large": large}[case](cli, work)
     print(f"trace {case}: ok")
 
 
