@@ -170,6 +170,15 @@ def replay(cli, work):
         "caching pool, cap 0          3.00 MiB        3.00 MiB               2           2             no\n"
         "skipped: event 18: free of 1:1:9, not allocated in the replay\n")
     assert outputs[0] == expected, outputs[0]
+    # --pool-cap adds a capped pool per size; the policy column widens to fit.
+    capped = run(cli, "trace", "replay", "pool_reuse.trace.json", "--device-memory", "3MiB",
+                 "--pool-cap", "1MiB", "--pool-cap", "512KiB").stdout.splitlines()
+    assert capped[1].startswith("policy" + " " * 24 + "peak reserved"), capped[1]
+    assert capped[5:7] == [
+        "caching pool, cap 1.00 MiB         3.00 MiB        3.00 MiB               2           2             no",
+        "caching pool, cap 512.00 KiB       3.00 MiB        3.00 MiB               2           2             no"], capped
+    done = run(cli, "trace", "replay", "pool_reuse.trace.json", "--pool-cap", "lots", expect=2)
+    assert "--pool-cap: 'lots' is not a size" in done.stderr, done.stderr
     # A device too small for the 3 MiB tensor: every policy runs out, named.
     small = json.loads(run(cli, "trace", "replay", "pool_reuse.trace.json", "--device-memory", "2MiB",
                            "--json", "-").stdout)
@@ -215,9 +224,14 @@ def large(cli, work):
     # The page is the trace once plus the template: nothing per event is added.
     overhead = os.path.getsize(page) - os.path.getsize(path)
     assert 0 < overhead < 64 * 1024, f"the page adds {overhead} bytes to the trace"
-    outputs = [run(cli, "trace", "replay", path, "--json", "-").stdout for _ in range(2)]
+    outputs = [run(cli, "trace", "replay", path, "--pool-cap", "4MiB", "--json", "-").stdout for _ in range(2)]
     assert outputs[0] == outputs[1], "replay is not deterministic"
     report = json.loads(outputs[0])
+    by_policy = {p["policy"]: p for p in report["policies"]}
+    # Each policy keeps less than the one before it, so it goes to the backend more often.
+    allocs = [by_policy[name]["backend_allocations"] for name in
+              ("caching pool", "caching pool, cap 4.00 MiB", "caching pool, cap 0", "no caching pool")]
+    assert allocs == sorted(allocs) and len(set(allocs)) == 4, by_policy
     memory = [e for e in trace["traceEvents"] if e.get("cat") == "memory"]
     assert report["allocations"] == sum(e["name"] == "allocate" for e in memory), report
     assert report["frees"] == sum(e["name"] == "free" for e in memory) and not report["skipped"], report

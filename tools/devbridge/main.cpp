@@ -316,10 +316,12 @@ int run_trace_view_command(const std::string& path, const std::string& page_path
 }
 
 int run_trace_replay_command(const std::string& path, const std::string& device_memory,
-                             const std::optional<std::string>& json_path) {
+                             const std::vector<std::string>& pool_caps, const std::optional<std::string>& json_path) {
   const std::uint64_t memory = devbridge::cli::parse_size("--device-memory", device_memory);
+  std::vector<std::uint64_t> caps;
+  for (const auto& cap : pool_caps) caps.push_back(devbridge::cli::parse_size("--pool-cap", cap));
   JsonSink json(json_path);
-  const auto report = devbridge::cli::replay_trace(devbridge::cli::load_trace(path), path, memory);
+  const auto report = devbridge::cli::replay_trace(devbridge::cli::load_trace(path), path, memory, caps);
   if (!json.to_stdout()) fmt::print("{}", devbridge::cli::format_replay(report));
   std::fflush(stdout);
   return json.write(devbridge::cli::replay_report_json(report)) ? kExitOk : kExitFailure;
@@ -423,6 +425,9 @@ int main(int argc, char** argv) {
   trace_replay->add_option("file", trace_file, "The trace")->required();
   trace_replay->add_option("--device-memory", trace_device_memory, "The fake device's memory (e.g. 80GiB)")
       ->capture_default_str();
+  std::vector<std::string> trace_pool_caps;
+  trace_replay->add_option("--pool-cap", trace_pool_caps,
+                           "Also replay with the caching pool capped at this size (may be given again)");
   CLI::Option* trace_json_option =
       trace_replay->add_option("--json", trace_json, "Write the results as JSON to this file ('-' for stdout)");
   stream->add_option("--trace", stream_args.trace,
@@ -479,7 +484,8 @@ int main(int argc, char** argv) {
     }
     if (trace_view->parsed()) return run_trace_view_command(trace_file, trace_page_path);
     if (trace_replay->parsed())
-      return run_trace_replay_command(trace_file, trace_device_memory, given(trace_json_option, trace_json));
+      return run_trace_replay_command(trace_file, trace_device_memory, trace_pool_caps,
+                                      given(trace_json_option, trace_json));
     return kExitUsage;  // unreachable: require_subcommand(1)
   } catch (const UsageError& e) {
     fmt::print(stderr, "devbridge: {}\n", one_line(e.what()));

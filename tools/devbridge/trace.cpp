@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -168,29 +169,37 @@ ReplayResult replay_one(const std::vector<MemoryOp>& ops, const Policy& policy, 
 
 }  // namespace
 
-ReplayReport replay_trace(const nlohmann::json& trace, const std::string& path, std::uint64_t device_memory) {
+ReplayReport replay_trace(const nlohmann::json& trace, const std::string& path, std::uint64_t device_memory,
+                          const std::vector<std::uint64_t>& pool_caps) {
   ReplayReport report;
   report.path = path;
   report.device_memory = device_memory;
   const auto ops = memory_ops(trace, report.skipped);
   for (const auto& op : ops) ++(op.allocate ? report.allocations : report.frees);
-  const Policy policies[] = {
+  std::vector<Policy> policies = {
       {"no caching pool", CachingPool::Off, std::nullopt},
       {"caching pool", CachingPool::On, std::nullopt},
       {"caching pool, cap 0", CachingPool::On, 0},
   };
+  for (const std::uint64_t cap : pool_caps)
+    policies.push_back({"caching pool, cap " + format_bytes(cap), CachingPool::On, cap});
+  // Every policy meets the same events, so the first one alone says which it skipped.
   for (const auto& policy : policies)
-    report.results.push_back(replay_one(ops, policy, device_memory, &policy == policies ? &report.skipped : nullptr));
+    report.results.push_back(
+        replay_one(ops, policy, device_memory, &policy == &policies.front() ? &report.skipped : nullptr));
   return report;
 }
 
 std::string format_replay(const ReplayReport& report) {
   std::string out = fmt::format("{}: {} allocations and {} frees, replayed on a fake device of {}\n", report.path,
                                 report.allocations, report.frees, format_bytes(report.device_memory));
-  out += fmt::format("{:<22} {:>14} {:>15} {:>15} {:>11} {:>14}\n", "policy", "peak reserved", "peak allocated",
-                     "backend allocs", "cache hits", "out of memory");
+  std::size_t policy_width = 22;  // the policy column fits the longest name (a --pool-cap one)
+  for (const auto& r : report.results) policy_width = std::max(policy_width, r.policy.size());
+  out += fmt::format("{:<{}} {:>14} {:>15} {:>15} {:>11} {:>14}\n", "policy", policy_width, "peak reserved",
+                     "peak allocated", "backend allocs", "cache hits", "out of memory");
   for (const auto& r : report.results)
-    out += fmt::format("{:<22} {:>14} {:>15} {:>15} {:>11} {:>14}\n", r.policy, format_bytes(r.peak_reserved),
+    out += fmt::format("{:<{}} {:>14} {:>15} {:>15} {:>11} {:>14}\n", r.policy, policy_width,
+                       format_bytes(r.peak_reserved),
                        format_bytes(r.peak_allocated), r.backend_allocations, r.cache_hits,
                        r.out_of_memory == 0 ? std::string("no")
                                             : fmt::format("{}, first {}", r.out_of_memory, r.first_out_of_memory));

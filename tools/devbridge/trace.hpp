@@ -48,9 +48,11 @@ struct ReplayReport {
 };
 
 // The trace's "allocate" and "free" instants in order, against each policy
-// on a fake device of `device_memory` bytes. Deterministic: the same trace
-// gives the same report.
-ReplayReport replay_trace(const nlohmann::json& trace, const std::string& path, std::uint64_t device_memory);
+// on a fake device of `device_memory` bytes: no caching pool, the pool with
+// the backend's default cap, capped at 0, then capped at each of `pool_caps`.
+// Deterministic: the same trace gives the same report.
+ReplayReport replay_trace(const nlohmann::json& trace, const std::string& path, std::uint64_t device_memory,
+                          const std::vector<std::uint64_t>& pool_caps = {});
 
 std::string format_replay(const ReplayReport& report);
 nlohmann::json replay_report_json(const ReplayReport& report);
