@@ -179,6 +179,16 @@ def replay(cli, work):
         "caching pool, cap 512.00 KiB       3.00 MiB        3.00 MiB               2           2             no"], capped
     done = run(cli, "trace", "replay", "pool_reuse.trace.json", "--pool-cap", "lots", expect=2)
     assert "--pool-cap: 'lots' is not a size" in done.stderr, done.stderr
+    # Absurd sizes, a live handle allocated again, a double free: each named by
+    # its event, in the trace's order, and nothing crashes.
+    absurd = run(cli, "trace", "replay", "absurd_sizes.trace.json").stdout.splitlines()
+    assert absurd[2].endswith("1, first event 3 (8192.00 PiB of 1:1:4)"), absurd[2]
+    assert [line.split(":", 2)[1] for line in absurd[5:]] == [" event 0", " event 1", " event 2", " event 6",
+                                                              " event 8"], absurd
+    assert absurd[5].startswith("skipped: event 0: allocate of 1:1:1 (18446744073709551615 bytes) refused: "
+                                "InvalidExtent"), absurd[5]
+    assert absurd[8:] == ["skipped: event 6: allocate of 1:1:5, which is live",
+                          "skipped: event 8: free of 1:1:5, not allocated in the replay"], absurd
     # A device too small for the 3 MiB tensor: every policy runs out, named.
     small = json.loads(run(cli, "trace", "replay", "pool_reuse.trace.json", "--device-memory", "2MiB",
                            "--json", "-").stdout)

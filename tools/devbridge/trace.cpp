@@ -82,7 +82,13 @@ struct MemoryOp {
   std::uint64_t bytes;
 };
 
-std::vector<MemoryOp> memory_ops(const nlohmann::json& trace, std::vector<std::string>& skipped) {
+// An event replay could not apply: its index in traceEvents and why.
+struct SkippedEvent {
+  std::size_t index;
+  std::string why;
+};
+
+std::vector<MemoryOp> memory_ops(const nlohmann::json& trace, std::vector<SkippedEvent>& skipped) {
   std::vector<MemoryOp> ops;
   const auto& events = trace["traceEvents"];
   for (std::size_t i = 0; i < events.size(); ++i) {
@@ -92,14 +98,14 @@ std::vector<MemoryOp> memory_ops(const nlohmann::json& trace, std::vector<std::s
     if (name != "allocate" && name != "free") continue;
     const auto args = e.find("args");
     if (args == e.end() || !args->is_object() || !args->contains("handle") || !(*args)["handle"].is_string()) {
-      skipped.push_back(fmt::format("event {}: {} without a handle", i, name));
+      skipped.push_back({i, fmt::format("{} without a handle", name)});
       continue;
     }
     MemoryOp op{i, name == "allocate", (*args)["handle"].get<std::string>(), 0};
     if (op.allocate) {
       const auto bytes = args->find("bytes");
       if (bytes == args->end() || !bytes->is_number_unsigned() || bytes->get<std::uint64_t>() == 0) {
-        skipped.push_back(fmt::format("event {}: allocate of {} without a size in bytes", i, op.handle));
+        skipped.push_back({i, fmt::format("allocate of {} without a size in bytes", op.handle)});
         continue;
       }
       op.bytes = bytes->get<std::uint64_t>();
@@ -116,7 +122,7 @@ struct Policy {
 };
 
 ReplayResult replay_one(const std::vector<MemoryOp>& ops, const Policy& policy, std::uint64_t device_memory,
-                        std::vector<std::string>* skipped) {
+                        std::vector<SkippedEvent>* skipped) {
   BridgeOptions options;
   options.ring_bytes = 1u << 16;
   options.caching_pool = policy.pool;
@@ -129,7 +135,7 @@ ReplayResult replay_one(const std::vector<MemoryOp>& ops, const Policy& policy, 
   for (const auto& op : ops) {
     if (op.allocate) {
       if (live.contains(op.handle)) {
-        if (skipped) skipped->push_back(fmt::format("event {}: allocate of {}, which is live", op.index, op.handle));
+        if (skipped) skipped->push_back({op.index, fmt::format("allocate of {}, which is live", op.handle)});
         continue;
       }
       try {
@@ -138,8 +144,9 @@ ReplayResult replay_one(const std::vector<MemoryOp>& ops, const Policy& policy, 
         live.emplace(op.handle, bridge.alloc_device(spec, op.bytes));
       } catch (const Error& e) {
         if (e.kind() != ErrorKind::AllocationFailed) {
-          if (skipped) skipped->push_back(fmt::format("event {}: allocate of {} bytes refused: {}", op.index, op.bytes,
-                                                      e.what()));
+          if (skipped)
+            skipped->push_back({op.index, fmt::format("allocate of {} ({} bytes) refused: {}", op.handle, op.bytes,
+                                                      e.what())});
           continue;
         }
         out_of_memory.insert(op.handle);
@@ -151,8 +158,7 @@ ReplayResult replay_one(const std::vector<MemoryOp>& ops, const Policy& policy, 
       if (found == live.end()) {
         // Its allocate was dropped from the recorder's ring (or failed above).
         if (out_of_memory.erase(op.handle) != 0) continue;
-        if (skipped) skipped->push_back(fmt::format("event {}: free of {}, not allocated in the replay", op.index,
-                                                    op.handle));
+        if (skipped) skipped->push_back({op.index, fmt::format("free of {}, not allocated in the replay", op.handle)});
         continue;
       }
       bridge.free_device(found->second);
@@ -174,7 +180,8 @@ ReplayReport replay_trace(const nlohmann::json& trace, const std::string& path, 
   ReplayReport report;
   report.path = path;
   report.device_memory = device_memory;
-  const auto ops = memory_ops(trace, report.skipped);
+  std::vector<SkippedEvent> skipped;
+  const auto ops = memory_ops(trace, skipped);
   for (const auto& op : ops) ++(op.allocate ? report.allocations : report.frees);
   std::vector<Policy> policies = {
       {"no caching pool", CachingPool::Off, std::nullopt},
@@ -186,7 +193,10 @@ ReplayReport replay_trace(const nlohmann::json& trace, const std::string& path, 
   // Every policy meets the same events, so the first one alone says which it skipped.
   for (const auto& policy : policies)
     report.results.push_back(
-        replay_one(ops, policy, device_memory, &policy == &policies.front() ? &report.skipped : nullptr));
+        replay_one(ops, policy, device_memory, &policy == &policies.front() ? &skipped : nullptr));
+  // Those the reading skipped and those the replay skipped, in the trace's order.
+  std::stable_sort(skipped.begin(), skipped.end(), [](const auto& a, const auto& b) { return a.index < b.index; });
+  for (const auto& s : skipped) report.skipped.push_back(fmt::format("event {}: {}", s.index, s.why));
   return report;
 }
 
