@@ -154,6 +154,26 @@ def view(cli, work):
     in_flight = sum(1 for px in plot if px == (0xff, 0x7f, 0x0e))
     assert reserved > 200 and in_flight > 200, f"the memory plot is not drawn: {reserved} red, {in_flight} orange pixels"
     print(f"trace view: {drawn}, {reserved} reserved and {in_flight} in-flight pixels in the plot")
+    # A stack (any text a binding attaches) that would end the page's data
+    # <script> early, or with "<!--" keep it from ending, stays data: the page
+    # still draws and runs nothing of it.
+    with open(os.path.join(HERE, "data", "pool_reuse.trace.json")) as f:
+        hostile = json.load(f)
+    attack = "</script><script>document.body.dataset.error='injected'</script><!--"
+    for e in hostile["traceEvents"]:
+        if e.get("ph") == "i":
+            e.setdefault("args", {})["stack"] = attack
+    hostile_path = os.path.join(work, "hostile.trace.json")
+    with open(hostile_path, "w") as f:
+        json.dump(hostile, f)
+    hostile_page = os.path.join(work, "hostile.html")
+    run(cli, "trace", "view", hostile_path, "-o", hostile_page)
+    with open(hostile_page) as f:
+        data = f.read().split('type="application/json">', 1)[1].split("</script>", 1)[0]
+    assert "<" not in data and "'injected'" in data, "the data script holds a '<'"
+    dom = subprocess.run([browser, *flags, "--dump-dom", "file://" + hostile_page],
+                         capture_output=True, text=True, timeout=120)
+    assert "data-error=" not in dom.stdout and 'data-drawn="memory:' in dom.stdout, dom.stdout[-2000:]
 
 
 def replay(cli, work):

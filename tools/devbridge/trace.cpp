@@ -56,14 +56,18 @@ nlohmann::json load_trace(const std::string& path) {
 }
 
 std::string trace_page(const nlohmann::json& trace) {
-  // Inside a <script> element only "</" can end it early; in JSON it can
-  // appear only inside a string, where "<\/" means the same.
-  std::string data = trace.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  // Inside a <script> element "</script" ends it early, and "<!--" followed
+  // by "<script" makes a later "</script" not end it. In JSON a '<' appears
+  // only inside a string, where "\u003c" means the same, so every one is
+  // written that way and the data cannot change where the element ends.
+  const std::string data = trace.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   std::string safe;
   safe.reserve(data.size());
-  for (std::size_t i = 0; i < data.size(); ++i) {
-    safe += data[i];
-    if (data[i] == '<' && i + 1 < data.size() && data[i + 1] == '/') safe += '\\';
+  for (const char c : data) {
+    if (c == '<')
+      safe += "\\u003c";
+    else
+      safe += c;
   }
   std::string page(kTracePageTemplate);
   const auto at = page.find(kDataPlaceholder);
