@@ -40,6 +40,8 @@
 #include "sizes.hpp"
 #include "stream.hpp"
 #include "trace.hpp"
+#include "trace_replay.hpp"
+#include "trace_view.hpp"
 
 #ifndef DEVBRIDGE_VERSION
 #define DEVBRIDGE_VERSION "unknown"

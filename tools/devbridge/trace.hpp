@@ -1,15 +1,10 @@
-// `devbridge trace view TRACE -o PAGE` and `devbridge trace replay TRACE`:
-// what the flight recorder's dumps (docs/TRACING.md, "Trace format") are for
-// once written. `view` turns a trace into one self-contained HTML page
-// (memory over time and the copy/compute timeline, no network); `replay`
-// runs the trace's allocations and frees again against the caching pool's
-// policies, on the fake backend, and says what each would have held.
+// Reading a flight recorder trace (docs/TRACING.md, "Trace format") for
+// `devbridge trace view` (trace_view.hpp) and `devbridge trace replay`
+// (trace_replay.hpp): the one check that a file is a trace this build reads.
 #pragma once
 
-#include <cstdint>
 #include <stdexcept>
 #include <string>
-#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -25,36 +20,5 @@ class TraceFileError : public std::runtime_error {
 // Reads and checks `path`: JSON, "otherData.format" "devbridge-trace",
 // a version this build reads, "traceEvents" an array.
 nlohmann::json load_trace(const std::string& path);
-
-// The page for `trace` (as load_trace returns it): the template
-// (trace_page.html) with the trace embedded.
-std::string trace_page(const nlohmann::json& trace);
-
-// One policy's replay.
-struct ReplayResult {
-  std::string policy;
-  std::uint64_t peak_reserved = 0, peak_allocated = 0;
-  std::uint64_t backend_allocations = 0, cache_hits = 0;
-  std::uint64_t out_of_memory = 0;  // allocations the device could not hold
-  std::string first_out_of_memory;  // the first of them: its event and size
-};
-
-struct ReplayReport {
-  std::string path;
-  std::uint64_t allocations = 0, frees = 0;
-  std::uint64_t device_memory = 0;
-  std::vector<std::string> skipped;  // events replay could not apply, each naming its index
-  std::vector<ReplayResult> results;
-};
-
-// The trace's "allocate" and "free" instants in order, against each policy
-// on a fake device of `device_memory` bytes: no caching pool, the pool with
-// the backend's default cap, capped at 0, then capped at each of `pool_caps`.
-// Deterministic: the same trace gives the same report.
-ReplayReport replay_trace(const nlohmann::json& trace, const std::string& path, std::uint64_t device_memory,
-                          const std::vector<std::uint64_t>& pool_caps = {});
-
-std::string format_replay(const ReplayReport& report);
-nlohmann::json replay_report_json(const ReplayReport& report);
 
 }  // namespace devbridge::cli
