@@ -19,8 +19,13 @@ struct RecordOptions {
   std::string oom_dump_dir;
 };
 
-// 2^24 events of 96 bytes: 1.5 GiB, past any ring a user means to keep.
+// 2^24 events of 112 bytes: 1.75 GiB, past any ring a user means to keep.
 inline constexpr std::size_t kMaxRecordedEvents = std::size_t{1} << 24;
+
+// Why `max_events` cannot be a ring's size (outside [1, kMaxRecordedEvents]),
+// or empty when it can: the one wording for Bridge::record's InvalidRange and
+// the Python module's ValueError.
+std::string max_events_refusal(std::size_t max_events);
 
 // The stack text of the call a binding is about to make on this thread
 // ("file:line function" lines), attached to the events the bridge records

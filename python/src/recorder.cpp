@@ -80,9 +80,7 @@ void annotate_call_stack() noexcept {
 
 void record(BridgeState& state, nb::handle max_events_object, nb::handle stacks, nb::handle oom_dump_dir) {
   const auto max_events = args::integer<std::uint64_t>(max_events_object, "max_events");
-  if (max_events == 0 || max_events > kMaxRecordedEvents)
-    args::raise(PyExc_ValueError, "max_events of " + std::to_string(max_events) + " is outside [1, " +
-                                      std::to_string(kMaxRecordedEvents) + "] (the ring holds that many events)");
+  if (auto refusal = max_events_refusal(max_events); !refusal.empty()) args::raise(PyExc_ValueError, refusal);
   RecordOptions options;
   options.max_events = static_cast<std::size_t>(max_events);
   options.stacks = args::flag(stacks, "stacks");

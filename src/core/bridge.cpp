@@ -407,7 +407,7 @@ void BridgeCore::launch_axpy(const DeviceRange& x, const DeviceRange& y, float a
   if (recording_ && !failure) [[unlikely]] {
     // The launch's slice runs from its call to its fence (keyed by the
     // fence's token: end_fenced_uses ends it), or ends at once without one.
-    const std::uint64_t key = held.fence.pending() ? held.fence.token : (1ull << 63) | ++trace_slices_;
+    const std::uint64_t key = held.fence.pending() ? held.fence.token : FlightRecorder::own_slice_key();
     auto begin = trace_record(TraceKind::LaunchBegin, generation_, y.handle.id);
     begin.ts_ns = launched;
     begin.slice = key;

@@ -488,7 +488,7 @@ class BridgeCore {
                               slot->device, device.offset, bytes,      layout};
     auto failure = gate_.run_unlocked(lock, [&] { backend_->submit_copy(request); });
     unpin(alloc_index, direction, host_key);
-    if (recording_ && sync_slice) [[unlikely]]
+    if (sync_slice) [[unlikely]]  // trace_copy_end checks the recorder is still on
       trace_copy_end(direction, generation_, sync_slice, !failure);
     if (failure) throw copy_error(direction, *failure);
     return CopyEvent{domain_, generation_, copies_.complete_sync()};
@@ -762,7 +762,6 @@ class BridgeCore {
 
   std::unique_ptr<FlightRecorder> recorder_;
   std::atomic<bool> records_stacks_{false};  // read by bindings before they enter
-  std::uint64_t trace_slices_ = 0;            // keys of slices without an event id of their own
   std::uint64_t oom_dumps_ = 0;
   std::string backend_name_;  // BackendInfo's name and device id, for the dumps
   std::string device_id_;

@@ -3,6 +3,7 @@
 // the out-of-memory message's holders (bridge_core.hpp, flight_recorder.hpp).
 #include <filesystem>
 #include <iterator>
+#include <unordered_set>
 
 #include "core/bridge_core.hpp"
 
@@ -18,7 +19,7 @@ void BridgeCore::record(const RecordOptions& options) {
     gate_.check_not_closed();
     previous = std::exchange(recorder_, std::move(recorder));
     recording_ = recorder_.get();
-      records_stacks_.store(options.stacks, std::memory_order_relaxed);
+    records_stacks_.store(options.stacks, std::memory_order_relaxed);
   }
   // The previous recording goes after the lock is dropped (freeing a large ring takes a while).
 }
@@ -59,7 +60,7 @@ std::uint64_t BridgeCore::trace_copy_begin(CopyDirection direction, const Device
   // A sync copy has no event id until it succeeded: its slice gets a key of
   // its own, with the top bit set (no event id has it).
   if (!recording_) return 0;
-  const std::uint64_t key = event_id != 0 ? event_id : (1ull << 63) | ++trace_slices_;
+  const std::uint64_t key = event_id != 0 ? event_id : FlightRecorder::own_slice_key();
   auto& record = recording_->append(TraceKind::CopyBegin, generation_, device.handle.id);
   record.slice = key;
   record.offset = device.offset;
@@ -242,7 +243,7 @@ std::string BridgeCore::memory_snapshot_json() {
 
   fmt::format_to(out, "\"segments\":[");
   bool first_segment = true;
-  std::unordered_map<std::uint64_t, bool> in_pool;  // live allocations the pool's segments hold
+  std::unordered_set<std::uint32_t> in_pool;  // live allocations the pool's segments hold
   if (pool_) {
     // A split segment's spans come in offset order, one segment after another.
     std::uint64_t open_segment = ~0ull;
@@ -258,7 +259,7 @@ std::string BridgeCore::memory_snapshot_json() {
       }
       const auto owner = free ? by_address.end() : by_address.find(segment.address + offset);
       const bool whole = bytes == segment.bytes;
-      if (owner != by_address.end()) in_pool[owner->second] = true;
+      if (owner != by_address.end()) in_pool.insert(owner->second);
       write_block(offset, bytes,
                   free                         ? "cached"
                   : owner == by_address.end() ? "orphan"

@@ -28,6 +28,12 @@ namespace {
 thread_local const std::string* t_trace_stack = nullptr;
 }  // namespace
 
+std::string max_events_refusal(std::size_t max_events) {
+  if (max_events != 0 && max_events <= kMaxRecordedEvents) return {};
+  return fmt::format("max_events of {} is outside [1, {}] (the ring holds that many events)", max_events,
+                     kMaxRecordedEvents);
+}
+
 TraceStack::TraceStack(std::string text) : text_(std::move(text)), previous_(t_trace_stack) {
   t_trace_stack = &text_;
 }
@@ -87,13 +93,17 @@ std::uint64_t TraceClock::to_ns(std::uint64_t ticks) const noexcept {
   return since <= -static_cast<double>(start_ns_) ? 0 : start_ns_ + static_cast<std::int64_t>(since);
 }
 
-void FlightRecorder::check_max_events(std::size_t max_events) {
-  if (max_events == 0 || max_events > kMaxRecordedEvents)
-    fail(ErrorKind::InvalidRange, "record: max_events of {} is outside [1, {}] (the ring holds that many events)",
-         max_events, kMaxRecordedEvents);
+std::uint64_t FlightRecorder::own_slice_key() noexcept {
+  static std::atomic<std::uint64_t> issued{0};
+  return (1ull << 63) | (issued.fetch_add(1, std::memory_order_relaxed) + 1);
 }
 
-FlightRecorder::FlightRecorder(const RecordOptions& options) : options_(options), start_ns_(trace_now_ns()) {
+void FlightRecorder::check_max_events(std::size_t max_events) {
+  if (auto refusal = max_events_refusal(max_events); !refusal.empty())
+    fail(ErrorKind::InvalidRange, "record: {}", refusal);
+}
+
+FlightRecorder::FlightRecorder(const RecordOptions& options) : options_(options) {
   check_max_events(options.max_events);
   // Reserved up front, so record() never allocates; a large ring's pages are
   // touched only as it fills.
@@ -143,18 +153,20 @@ TraceRecord& FlightRecorder::append(TraceKind kind, Generation generation, std::
 
 void FlightRecorder::record(const TraceRecord& record) noexcept {
   TraceRecord& kept = append(record.kind, record.generation, record.id);
-  const auto stamped = kept;
+  const auto ts = record.ts_ns != 0 ? record.ts_ns : kept.ts_ns;
+  const auto thread = kept.thread;
+  const auto stack = kept.stack;
   kept = record;
-  if (record.ts_ns == 0) kept.ts_ns = stamped.ts_ns;
-  kept.thread = stamped.thread;
-  kept.stack = stamped.stack;
+  kept.ts_ns = ts;
+  kept.thread = thread;
+  kept.stack = stack;
 }
 
 void FlightRecorder::copy_to(TraceDump& dump) const {
   dump.max_events = options_.max_events;
   dump.recorded = recorded_;
   dump.dropped = dropped();
-  dump.start_ns = start_ns_;
+  dump.start_ns = clock_.start_ns();
   dump.records.clear();
   dump.records.reserve(ring_.size());
   dump.records.insert(dump.records.end(), ring_.begin() + static_cast<std::ptrdiff_t>(head_), ring_.end());

@@ -130,6 +130,8 @@ class TraceClock {
  public:
   TraceClock() noexcept;
   std::uint64_t to_ns(std::uint64_t ticks) const noexcept;
+  // The steady clock when recording started.
+  std::uint64_t start_ns() const noexcept { return start_ns_; }
 
  private:
   std::uint64_t start_ticks_, start_ns_;
@@ -154,6 +156,12 @@ class FlightRecorder {
   explicit FlightRecorder(const RecordOptions& options);
 
   const RecordOptions& options() const noexcept { return options_; }
+
+  // A key for a slice with no event id of its own to pair its begin and end
+  // by (a sync or peer copy, a launch without a fence): the top bit set,
+  // which no event id has. Unique in the process, not only in this ring: a
+  // sync copy begun under one recording may end under the next.
+  static std::uint64_t own_slice_key() noexcept;
   std::uint64_t recorded() const noexcept { return recorded_; }
   std::uint64_t dropped() const noexcept { return recorded_ - ring_.size(); }
   std::size_t size() const noexcept { return ring_.size(); }
@@ -187,7 +195,6 @@ class FlightRecorder {
   std::size_t head_ = 0;           // the oldest record once the ring is full
   std::uint64_t recorded_ = 0;
   TraceClock clock_;
-  std::uint64_t start_ns_;
   std::unordered_map<std::string, std::uint32_t> stack_ids_;
   std::vector<std::string> stacks_;
 };

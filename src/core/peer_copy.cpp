@@ -33,7 +33,7 @@ void BridgeCore::end_peer_copy(const PeerSide& side, CopyDirection direction, bo
   if (recording_ && copied && side.begin_ns) [[unlikely]] {
     auto begin = trace_record(TraceKind::CopyBegin, generation_, make_id(side.index, slot.version));
     begin.ts_ns = side.begin_ns;
-    begin.slice = (1ull << 63) | ++trace_slices_;  // a key no copy event has
+    begin.slice = FlightRecorder::own_slice_key();
     begin.offset = side.offset;
     begin.bytes = side.bytes;
     begin.track = TraceTrack::Peer;
