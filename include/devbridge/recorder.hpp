@@ -19,7 +19,8 @@ struct RecordOptions {
   std::string oom_dump_dir;
 };
 
-// 2^24 events of 112 bytes: 1.75 GiB, past any ring a user means to keep.
+// 2^24 events of 104 bytes (a record and its counters): 1.6 GiB, past any
+// ring a user means to keep.
 inline constexpr std::size_t kMaxRecordedEvents = std::size_t{1} << 24;
 
 // Why `max_events` cannot be a ring's size (outside [1, kMaxRecordedEvents]),

@@ -307,23 +307,27 @@ class BridgeCore {
   [[gnu::always_inline]] void free_slot_then_unlock(SpinLockHold& lock, std::uint32_t index) {
     auto& slot = allocations_[index];
     if (__builtin_expect(slot.adopted_region != 0, 0)) return end_adopted_slot(index);  // nothing the driver frees
-    if (__builtin_expect(!pool_, 1)) {  // the common case: straight back to the backend
-      // Recorded once the slot is retired (it keeps its fields until it is
-      // used again), where only `device`, on the stack, is live across the
-      // call: before the retire, the call kept the slot in a callee-saved
-      // register on every free, recording or not.
-      const DeviceAllocation device = slot.device;
-      allocations_.retire(index);
-      allocations_.count_backend_frees(1);
-      if (recording_) [[unlikely]]
-        trace_free(index);
-      lock.unlock();
-      backend_->free(device);
-      return;
-    }
+    if (__builtin_expect(!frees_off_common_path_, 1))
+      return free_to_backend_then_unlock<false>(lock, index);  // the common case
+    if (!pool_) return free_to_backend_then_unlock<true>(lock, index);
     const auto whole = give_back_to_pool(index);
     lock.unlock();
     if (whole) backend_->free(*whole);
+  }
+  template <bool kRecorded>
+  [[gnu::always_inline]] void free_to_backend_then_unlock(SpinLockHold& lock, std::uint32_t index) {
+    // Recorded once the slot is retired (it keeps its fields until it is
+    // used again), where only `device`, on the stack, is live across the
+    // call: before the retire, the call kept the slot in a callee-saved
+    // register on every free, recording or not.
+    const DeviceAllocation device = allocations_[index].device;
+    allocations_.retire(index);
+    allocations_.count_backend_frees(1);
+    if constexpr (kRecorded)
+      if (recording_) [[unlikely]]
+        trace_free(index);
+    lock.unlock();
+    backend_->free(device);
   }
   // Under the lock; what the backend must still free (see keep_or_free_later).
   // Out of line and not handed the lock, which would then live in memory on
@@ -759,6 +763,10 @@ class BridgeCore {
   // every recording site makes); recorder_ keeps what was recorded after
   // stop_recording, for the dump.
   FlightRecorder* recording_ = nullptr;
+  // Whether a free leaves the common path (straight back to the backend,
+  // unrecorded): the caching pool is on, or the recorder. The common path
+  // tests this one flag, not both. Under the lock.
+  bool frees_off_common_path_ = false;
 
   std::unique_ptr<FlightRecorder> recorder_;
   std::atomic<bool> records_stacks_{false};  // read by bindings before they enter

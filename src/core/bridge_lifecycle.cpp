@@ -39,6 +39,7 @@ BridgeCore::BridgeCore(std::unique_ptr<Backend> backend, const BridgeOptions& op
   if (options.caching_pool == CachingPool::On ||
       (options.caching_pool == CachingPool::BackendDefault && info.caches_allocations))
     pool_.emplace(options.pool_cap_bytes.value_or(info.pool_cap_bytes), info.part_alignment);
+  frees_off_common_path_ = pool_.has_value();
   // Last: nothing after it may throw, or the ring would leak.
   ring_ = HostRing(backend_->allocate_host(options.ring_bytes));
 }

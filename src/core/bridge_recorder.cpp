@@ -19,6 +19,7 @@ void BridgeCore::record(const RecordOptions& options) {
     gate_.check_not_closed();
     previous = std::exchange(recorder_, std::move(recorder));
     recording_ = recorder_.get();
+    frees_off_common_path_ = true;
     records_stacks_.store(options.stacks, std::memory_order_relaxed);
   }
   // The previous recording goes after the lock is dropped (freeing a large ring takes a while).
@@ -27,6 +28,7 @@ void BridgeCore::record(const RecordOptions& options) {
 void BridgeCore::stop_recording() noexcept {
   std::lock_guard guard(lock_);
   recording_ = nullptr;
+  frees_off_common_path_ = pool_.has_value();
   records_stacks_.store(false, std::memory_order_relaxed);
 }
 
@@ -38,21 +40,16 @@ void BridgeCore::trace(TraceRecord record) noexcept {
 
 void BridgeCore::trace_memory(TraceKind kind, Generation generation, std::uint64_t id, std::uint64_t bytes) noexcept {
   if (!recording_) return;
-  auto& record = recording_->append(kind, generation, id);
-  record.bytes = bytes;
-  record.has_counters = true;
-  record.counters = trace_counters();
+  recording_->append(kind, generation, id, trace_counters()).bytes = bytes;
 }
 
 void BridgeCore::trace_free(std::uint32_t index) noexcept {
   if (!recording_) return;
   const auto& slot = allocations_[index];
-  auto& record = recording_->append(TraceKind::Free, generation_, make_id(index, slot.version));
+  // Recorded just after the slot retired: the counters already say so.
+  auto& record = recording_->append(TraceKind::Free, generation_, make_id(index, slot.version), trace_counters());
   record.slice = slot.released ? 1u : 0u;  // Free's marker: the end of a deferred release
   record.bytes = slot.extent;
-  record.has_counters = true;
-  // Recorded just after the slot retired: the counters already say so.
-  record.counters = trace_counters();
 }
 
 std::uint64_t BridgeCore::trace_copy_begin(CopyDirection direction, const DeviceRange& device,
@@ -67,7 +64,7 @@ std::uint64_t BridgeCore::trace_copy_begin(CopyDirection direction, const Device
   record.bytes = bytes;
   record.track = direction == CopyDirection::HostToDevice ? TraceTrack::CopyUp : TraceTrack::CopyDown;
   record.has_counters = event_id != 0;  // an async copy adds to the bytes in flight
-  if (record.has_counters) record.counters = trace_counters();
+  if (record.has_counters) recording_->counters_of(record) = trace_counters();
   return key;
 }
 
@@ -78,7 +75,7 @@ void BridgeCore::trace_copy_end(CopyDirection direction, Generation generation, 
   record.slice = slice;
   record.track = direction == CopyDirection::HostToDevice ? TraceTrack::CopyUp : TraceTrack::CopyDown;
   record.has_counters = (slice >> 63) == 0;  // an async copy's bytes leave the budget
-  if (record.has_counters) record.counters = trace_counters();
+  if (record.has_counters) recording_->counters_of(record) = trace_counters();
 }
 
 void BridgeCore::trace_completions() noexcept {
@@ -94,8 +91,9 @@ void BridgeCore::trace_completions() noexcept {
     record.slice = c.event.id;
     record.track = copy->direction == CopyDirection::HostToDevice ? TraceTrack::CopyUp : TraceTrack::CopyDown;
     record.has_counters = true;
-    record.counters = trace_counters();
-    record.counters.in_flight -= std::min(record.counters.in_flight, ended);
+    auto& counters = recording_->counters_of(record);
+    counters = trace_counters();
+    counters.in_flight -= std::min(counters.in_flight, ended);
   }
 }
 
@@ -213,7 +211,7 @@ std::string BridgeCore::memory_snapshot_json() {
   std::unordered_map<std::uint64_t, std::vector<std::uint64_t>> events;
   if (recorder_)
     for (std::size_t i = 0; i < recorder_->size(); ++i) {
-      const auto& r = recorder_->at(i);
+      const auto r = recorder_->at(i);
       if (r.id != 0 && r.generation == generation_ && r.kind != TraceKind::Register)
         events[r.id].push_back(recorder_->sequence(i));
     }

@@ -103,19 +103,20 @@ void FlightRecorder::check_max_events(std::size_t max_events) {
     fail(ErrorKind::InvalidRange, "record: {}", refusal);
 }
 
-FlightRecorder::FlightRecorder(const RecordOptions& options) : options_(options) {
-  check_max_events(options.max_events);
-  // Reserved up front, so record() never allocates; a large ring's pages are
-  // touched only as it fills.
-  ring_.reserve(options.max_events);
-}
+FlightRecorder::FlightRecorder(const RecordOptions& options)
+    : options_(options),
+      ticks_are_tsc_(trace_ticks_are_tsc()),
+      plain_(ticks_are_tsc_ && !options.stacks),
+      capacity_((check_max_events(options.max_events), options.max_events)),
+      slots_(std::make_unique_for_overwrite<TraceSlot[]>(capacity_)),
+      counters_(std::make_unique_for_overwrite<TraceCounters[]>(capacity_)) {}
 
 std::uint32_t FlightRecorder::intern(const std::string& text) noexcept {
   try {
-    const auto [it, added] = stack_ids_.try_emplace(text, static_cast<std::uint32_t>(stacks_.size() + 1));
+    const auto [it, added] = stack_ids_.try_emplace(text, static_cast<std::uint32_t>(stacks_text_.size() + 1));
     if (added) {
       try {
-        stacks_.push_back(text);
+        stacks_text_.push_back(text);
       } catch (...) {
         stack_ids_.erase(it);
         return 0;
@@ -127,39 +128,49 @@ std::uint32_t FlightRecorder::intern(const std::string& text) noexcept {
   }
 }
 
-TraceRecord& FlightRecorder::append(TraceKind kind, Generation generation, std::uint64_t id) noexcept {
-  static_assert(std::is_trivially_copyable_v<TraceRecord>, "records are reset with memset");
-  TraceRecord* next;
-  // recorded_ counts what the ring holds until it is full: no size() (a
-  // division by the record's size) on every record.
-  if (recorded_ < options_.max_events) {
-    next = &ring_.emplace_back();  // within the reserved capacity
-  } else {
-    next = &ring_[head_];
-    head_ = head_ + 1 == options_.max_events ? 0 : head_ + 1;
-    std::memset(static_cast<void*>(next), 0, sizeof *next);
-    next->track = TraceTrack::Calls;
-  }
-  ++recorded_;
-  next->ts_ns = trace_now();
-  next->thread = trace_thread();
-  next->kind = kind;
-  next->generation = generation;
-  next->id = id;
-  if (options_.stacks) [[unlikely]]
-    if (const auto* text = TraceStack::current()) next->stack = intern(*text);
-  return *next;
+void FlightRecorder::stamp_slowly(TraceSlot& slot) noexcept {
+  slot.ticks = trace_now();
+  const auto* text = options_.stacks ? TraceStack::current() : nullptr;
+  slot.stack = text ? intern(*text) : 0;
 }
 
+namespace {
+bool is_fence(TraceKind kind) { return kind == TraceKind::FenceRecorded || kind == TraceKind::FencePassed; }
+}  // namespace
+
 void FlightRecorder::record(const TraceRecord& record) noexcept {
-  TraceRecord& kept = append(record.kind, record.generation, record.id);
-  const auto ts = record.ts_ns != 0 ? record.ts_ns : kept.ts_ns;
-  const auto thread = kept.thread;
-  const auto stack = kept.stack;
-  kept = record;
-  kept.ts_ns = ts;
-  kept.thread = thread;
-  kept.stack = stack;
+  TraceSlot& slot = append(record.kind, record.generation, record.id);
+  if (record.ts_ns != 0) slot.ticks = record.ts_ns;
+  slot.slice = is_fence(record.kind) ? record.consumer : record.slice;
+  slot.offset = record.offset;
+  slot.bytes = record.bytes;
+  slot.track = record.track;
+  slot.holder = record.holder;
+  slot.queue = record.queue;
+  slot.has_counters = record.has_counters;
+  if (record.has_counters) counters_of(slot) = record.counters;
+}
+
+TraceRecord FlightRecorder::at(std::size_t i) const noexcept {
+  std::size_t index = oldest() + i;
+  if (index >= capacity_) index -= capacity_;
+  const TraceSlot& slot = slots_[index];
+  TraceRecord record;
+  record.ts_ns = slot.ticks;
+  record.id = slot.id;
+  (is_fence(slot.kind) ? record.consumer : record.slice) = slot.slice;
+  record.offset = slot.offset;
+  record.bytes = slot.bytes;
+  record.generation = slot.generation;
+  if (slot.has_counters) record.counters = counters_[index];
+  record.stack = slot.stack;
+  record.thread = slot.thread;
+  record.kind = slot.kind;
+  record.track = slot.track;
+  record.holder = slot.holder;
+  record.queue = slot.queue;
+  record.has_counters = slot.has_counters;
+  return record;
 }
 
 void FlightRecorder::copy_to(TraceDump& dump) const {
@@ -168,11 +179,12 @@ void FlightRecorder::copy_to(TraceDump& dump) const {
   dump.dropped = dropped();
   dump.start_ns = clock_.start_ns();
   dump.records.clear();
-  dump.records.reserve(ring_.size());
-  dump.records.insert(dump.records.end(), ring_.begin() + static_cast<std::ptrdiff_t>(head_), ring_.end());
-  dump.records.insert(dump.records.end(), ring_.begin(), ring_.begin() + static_cast<std::ptrdiff_t>(head_));
-  for (auto& record : dump.records) record.ts_ns = clock_.to_ns(record.ts_ns);
-  dump.stacks = stacks_;
+  dump.records.reserve(size());
+  for (std::size_t i = 0; i < size(); ++i) {
+    dump.records.push_back(at(i));
+    dump.records.back().ts_ns = clock_.to_ns(dump.records.back().ts_ns);
+  }
+  dump.stacks = stacks_text_;
 }
 
 // ---- the dump ----

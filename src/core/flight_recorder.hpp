@@ -19,8 +19,10 @@
 #include <time.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -60,11 +62,14 @@ enum class TraceKind : std::uint8_t {
 // Tracks (the dump's thread ids).
 enum class TraceTrack : std::uint8_t { Calls = 1, CopyUp = 2, CopyDown = 3, Compute = 4, Peer = 5, Views = 6 };
 
+// Trivial (a record's are zeroed by TraceRecord): the ring of them is
+// allocated without touching its pages.
 struct TraceCounters {
-  std::uint64_t allocated = 0, reserved = 0, cached = 0, ring_used = 0, in_flight = 0;
+  std::uint64_t allocated, reserved, cached, ring_used, in_flight;
 };
 
-// One event. POD: the ring is a vector of these, overwritten in place.
+// One event as the dump, the snapshot and the tests read it. The ring keeps
+// it split (TraceSlot and, for events that change memory, TraceCounters).
 struct TraceRecord {
   std::uint64_t ts_ns = 0;       // trace_now() ticks in the ring; steady-clock ns in a TraceDump
   std::uint64_t id = 0;          // the allocation's (or region's) id, 0 if none
@@ -72,7 +77,7 @@ struct TraceRecord {
   std::uint64_t offset = 0;
   std::uint64_t bytes = 0;
   Generation generation = 0;     // of the handle, else the bridge's
-  TraceCounters counters;        // when has_counters
+  TraceCounters counters{};      // when has_counters
   std::uint64_t consumer = 0;    // a consumer's queue handle, for fences on one
   std::uint32_t stack = 0;       // interned stack text, 0 for none
   std::uint16_t thread = 0;
@@ -83,8 +88,31 @@ struct TraceRecord {
   bool has_counters = false;
 };
 
-// docs/TRACING.md gives the ring's size from this.
-static_assert(sizeof(TraceRecord) == 112);
+// A record as the ring keeps it: one cache line, written field by field at
+// the recording site (no zeroing first, no copy). A fence's consumer rides in
+// `slice`, which an instant does not use. The counters of an event that
+// changes memory go in a ring of their own beside it, at the same index, so
+// the events that change none (most copies, views, fences) write 64 bytes
+// rather than 112.
+struct TraceSlot {
+  std::uint64_t ticks;
+  std::uint64_t id;
+  std::uint64_t slice;  // or the consumer, for a fence
+  std::uint64_t offset;
+  std::uint64_t bytes;
+  Generation generation;
+  std::uint32_t stack;
+  std::uint16_t thread;
+  TraceKind kind;
+  TraceTrack track;
+  std::uint8_t holder;
+  std::uint8_t queue;
+  bool has_counters;
+};
+static_assert(sizeof(TraceSlot) <= 64 && std::is_trivial_v<TraceSlot> && std::is_trivial_v<TraceCounters>);
+
+// docs/TRACING.md gives the ring's size from these.
+static_assert(sizeof(TraceSlot) + sizeof(TraceCounters) == 104);
 
 // A record of `kind`; the caller sets what else applies.
 inline TraceRecord trace_record(TraceKind kind, Generation generation, std::uint64_t id = 0) noexcept {
@@ -116,13 +144,14 @@ inline std::uint64_t trace_now_ns() noexcept {
 // VM, against a few for the counter); TraceClock turns ticks into
 // nanoseconds when a dump is taken.
 bool trace_ticks_are_tsc() noexcept;
-inline std::uint64_t trace_now() noexcept {
+inline std::uint64_t trace_tsc() noexcept {
 #if defined(__x86_64__)
-  if (trace_ticks_are_tsc()) [[likely]]
-    return __builtin_ia32_rdtsc();
+  return __builtin_ia32_rdtsc();
+#else
+  return 0;  // never read: trace_ticks_are_tsc() is false
 #endif
-  return trace_now_ns();
 }
+inline std::uint64_t trace_now() noexcept { return trace_ticks_are_tsc() ? trace_tsc() : trace_now_ns(); }
 
 // Ticks to steady-clock nanoseconds: a start pair (ticks, ns) and the rate,
 // measured once per process (over about 2 ms) where the ticks are the TSC.
@@ -163,40 +192,94 @@ class FlightRecorder {
   // sync copy begun under one recording may end under the next.
   static std::uint64_t own_slice_key() noexcept;
   std::uint64_t recorded() const noexcept { return recorded_; }
-  std::uint64_t dropped() const noexcept { return recorded_ - ring_.size(); }
-  std::size_t size() const noexcept { return ring_.size(); }
+  std::uint64_t dropped() const noexcept { return recorded_ - size(); }
+  std::size_t size() const noexcept { return recorded_ < capacity_ ? recorded_ : capacity_; }
 
   // The next record, kept in the ring (overwriting the oldest when full):
   // stamped (time, thread, stack) and empty but for its kind, generation and
-  // id, for the caller to fill in where it lies. The recording sites write
-  // their records this way, with no copy (a record built on the stack and
-  // copied in twice was most of what recording cost). Never throws: the
-  // ring's memory grows only up to max_events, and a stack that cannot be
-  // interned is left out.
-  TraceRecord& append(TraceKind kind, Generation generation, std::uint64_t id = 0) noexcept;
+  // id, for the caller to fill in where it lies. Inline, and writing each
+  // field once (the site's own stores to the same fields replace these): a
+  // call, a zeroing of the record and a copy of it were most of what
+  // recording cost. Never throws: the ring's memory is allocated up front,
+  // and a stack that cannot be interned is left out.
+  [[gnu::always_inline]] TraceSlot& append(TraceKind kind, Generation generation, std::uint64_t id = 0) noexcept {
+    return append_at(next_slot(), kind, generation, id);
+  }
+  // The same, for an event that changes memory: with the counters after it.
+  [[gnu::always_inline]] TraceSlot& append(TraceKind kind, Generation generation, std::uint64_t id,
+                                           const TraceCounters& counters) noexcept {
+    const std::size_t index = next_slot();
+    counters_[index] = counters;
+    TraceSlot& slot = append_at(index, kind, generation, id);
+    slot.has_counters = true;
+    return slot;
+  }
+  // Where the memory counters of `slot` (one append returned) go; the caller
+  // sets has_counters.
+  TraceCounters& counters_of(const TraceSlot& slot) noexcept { return counters_[&slot - slots_.get()]; }
 
   // Keeps a record built elsewhere, stamped as append does (its own time
   // when it has one).
   void record(const TraceRecord& record) noexcept;
 
   // The i-th kept record, oldest first, and its sequence number (counted
-  // from the start of recording: what the snapshot names).
-  const TraceRecord& at(std::size_t i) const noexcept { return ring_[(head_ + i) % ring_.size()]; }
+  // from the start of recording: what the snapshot names). Its time is in
+  // ticks, as the ring keeps it.
+  TraceRecord at(std::size_t i) const noexcept;
   std::uint64_t sequence(std::size_t i) const noexcept { return dropped() + i; }
 
   // A copy of what is kept, for a dump made after the lock is dropped.
   void copy_to(TraceDump& dump) const;
 
  private:
+  std::size_t next_slot() noexcept {
+    const std::size_t index = next_;
+    next_ = index + 1 == capacity_ ? 0 : index + 1;
+    ++recorded_;
+    return index;
+  }
+  [[gnu::always_inline]] TraceSlot& append_at(std::size_t index, TraceKind kind, Generation generation,
+                                              std::uint64_t id) noexcept {
+    TraceSlot& slot = slots_[index];
+    // The calls first: the fields after them are stored once, with what the
+    // caller stores into the same fields next.
+    if (plain_) [[likely]] {
+      slot.ticks = trace_tsc();
+      slot.stack = 0;
+    } else {
+      stamp_slowly(slot);
+    }
+    slot.thread = trace_thread();
+    slot.id = id;
+    slot.slice = 0;
+    slot.offset = 0;
+    slot.bytes = 0;
+    slot.generation = generation;
+    slot.kind = kind;
+    slot.track = TraceTrack::Calls;
+    slot.holder = 0;
+    slot.queue = 0;
+    slot.has_counters = false;
+    return slot;
+  }
+  // The time by the steady clock, where the ticks are not the TSC; the stack.
+  [[gnu::noinline]] void stamp_slowly(TraceSlot& slot) noexcept;
+  // The oldest kept record's index in the ring.
+  std::size_t oldest() const noexcept { return recorded_ > capacity_ ? next_ : 0; }
   std::uint32_t intern(const std::string& text) noexcept;
 
   RecordOptions options_;
-  std::vector<TraceRecord> ring_;  // grows to max_events, then wraps at head_
-  std::size_t head_ = 0;           // the oldest record once the ring is full
+  const bool ticks_are_tsc_;
+  const bool plain_;  // ticks from the TSC and no stacks: a record stamps inline
+  const std::size_t capacity_;
+  // Allocated whole, untouched: a large ring's pages are touched only as it fills.
+  std::unique_ptr<TraceSlot[]> slots_;
+  std::unique_ptr<TraceCounters[]> counters_;
+  std::size_t next_ = 0;  // where the next record goes: once the ring is full, the oldest
   std::uint64_t recorded_ = 0;
   TraceClock clock_;
   std::unordered_map<std::string, std::uint32_t> stack_ids_;
-  std::vector<std::string> stacks_;
+  std::vector<std::string> stacks_text_;
 };
 
 // The dump: Chrome/Perfetto trace-event JSON (docs/TRACING.md, "Trace
