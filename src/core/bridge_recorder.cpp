@@ -112,6 +112,7 @@ void BridgeCore::trace_fence(TraceKind kind, const DropQueue::Entry& entry) noex
   for (const auto id : entry.allocation_ids)
     if (const auto* slot = entry.generation == generation_ ? allocations_.find(id) : nullptr) bytes += slot->extent;
   auto record = trace_record(kind, entry.generation, entry.allocation_ids.empty() ? 0 : entry.allocation_ids.front());
+  record.slice = entry.fence.token;  // pairs the fence's slice on its queue's track
   record.bytes = bytes;
   record.consumer = entry.where.queue == Queue::Consumer ? entry.where.consumer : 0;
   record.queue = static_cast<std::uint8_t>(entry.where.queue);

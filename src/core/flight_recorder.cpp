@@ -141,8 +141,8 @@ bool is_fence(TraceKind kind) { return kind == TraceKind::FenceRecorded || kind 
 void FlightRecorder::record(const TraceRecord& record) noexcept {
   TraceSlot& slot = append(record.kind, record.generation, record.id);
   if (record.ts_ns != 0) slot.ticks = record.ts_ns;
-  slot.slice = is_fence(record.kind) ? record.consumer : record.slice;
-  slot.offset = record.offset;
+  slot.slice = record.slice;
+  slot.offset = is_fence(record.kind) ? record.consumer : record.offset;
   slot.bytes = record.bytes;
   slot.track = record.track;
   slot.holder = record.holder;
@@ -158,8 +158,8 @@ TraceRecord FlightRecorder::at(std::size_t i) const noexcept {
   TraceRecord record;
   record.ts_ns = slot.ticks;
   record.id = slot.id;
-  (is_fence(slot.kind) ? record.consumer : record.slice) = slot.slice;
-  record.offset = slot.offset;
+  record.slice = slot.slice;
+  (is_fence(slot.kind) ? record.consumer : record.offset) = slot.offset;
   record.bytes = slot.bytes;
   record.generation = slot.generation;
   if (slot.has_counters) record.counters = counters_[index];
@@ -213,7 +213,7 @@ constexpr std::array<KindInfo, 16> kInstants{{
     {"restart", "lifecycle"},
     {"close", "lifecycle"},
     {"oom retry", "memory"},
-    {"fence recorded", "fence"},
+    {"fence recorded", "fence"},  // a fence is written as a slice ("fence"): these two are not instants
     {"fence passed", "fence"},
     {"view handed on", "lifecycle"},
 }};
@@ -230,16 +230,19 @@ const char* holder_name(std::uint8_t holder) {
   return "the caller";
 }
 
-// Each slice track holds one kind of slice: copies on the copy and peer
-// tracks, launches on compute, leases on views.
-const char* slice_name(std::uint8_t track) {
+// A slice's name and category: a fence's wherever it runs; otherwise each
+// track holds one kind (copies on the copy and peer tracks, launches on
+// compute, leases on views).
+const char* slice_name(std::uint64_t track, bool fence) {
+  if (fence) return "fence";
   switch (static_cast<TraceTrack>(track)) {
     case TraceTrack::Compute: return "axpy";
     case TraceTrack::Views: return "view";
     default: return kTrackNames[track];
   }
 }
-const char* slice_category(std::uint8_t track) {
+const char* slice_category(std::uint64_t track, bool fence) {
+  if (fence) return "fence";
   switch (static_cast<TraceTrack>(track)) {
     case TraceTrack::Compute: return "compute";
     case TraceTrack::Views: return "view";
@@ -248,12 +251,16 @@ const char* slice_category(std::uint8_t track) {
 }
 
 bool is_begin(TraceKind k) {
-  return k == TraceKind::CopyBegin || k == TraceKind::LaunchBegin || k == TraceKind::ViewBegin;
+  return k == TraceKind::CopyBegin || k == TraceKind::LaunchBegin || k == TraceKind::ViewBegin ||
+         k == TraceKind::FenceRecorded;
 }
 bool is_end(TraceKind k) {
   return k == TraceKind::CopyCompleted || k == TraceKind::CopyFailed || k == TraceKind::LaunchEnd ||
-         k == TraceKind::ViewEnd;
+         k == TraceKind::ViewEnd || k == TraceKind::FencePassed;
 }
+
+constexpr const char* kQueueNames[] = {"copy up", "copy down", "compute", "consumer"};
+const char* queue_name(std::uint8_t queue) { return kQueueNames[std::min<std::uint8_t>(queue, 3)]; }
 
 void write_escaped(Out out, std::string_view text) {
   for (const char c : text) {
@@ -278,17 +285,22 @@ double micros(const TraceDump& dump, std::uint64_t ns) {
 
 // Slices open at the same time on one track each get a lane: lane 0 is the
 // track's own tid, lane k (k >= 1) tid 100 * track + k, "<track> #<k+1>".
+// A fence runs on its queue's track: the copy and compute queues' own, and
+// a track per consumer queue (tid kConsumerTracks + k for the k-th seen).
+constexpr std::uint64_t kConsumerTracks = 10000;
 struct Lanes {
-  std::array<std::vector<bool>, kTrackNames.size()> busy;  // by track, by lane
+  std::map<std::uint64_t, std::vector<bool>> busy;  // by track, by lane
   struct Key {
-    std::uint8_t track;
+    std::uint64_t track;
+    bool fence;  // a fence and a launch on the compute track may share a key (the launch ends at its fence)
     Generation generation;
     std::uint64_t slice;
     friend auto operator<=>(const Key&, const Key&) = default;
   };
   std::map<Key, std::vector<std::size_t>> open;  // a key may be open more than once (views of one allocation)
+  std::map<std::uint64_t, std::uint64_t> consumer_tracks;  // by the consumer queue's handle
 
-  static std::uint64_t tid(std::uint8_t track, std::size_t lane) { return lane == 0 ? track : 100u * track + lane; }
+  static std::uint64_t tid(std::uint64_t track, std::size_t lane) { return lane == 0 ? track : 100u * track + lane; }
 
   std::size_t begin(const Key& key) {
     auto& lanes = busy[key.track];
@@ -357,18 +369,42 @@ std::string trace_json(const TraceDump& dump) {
                    track, kTrackNames[track]);
 
   Lanes lanes;
+  std::map<std::uint64_t, std::uint64_t> consumers;  // a consumer queue's track, by its handle
+  // A fence's track: its queue's (a consumer queue's named when first seen).
+  auto fence_track = [&](const TraceRecord& r) -> std::uint64_t {
+    switch (static_cast<Queue>(r.queue)) {
+      case Queue::CopyUp: return static_cast<std::uint64_t>(TraceTrack::CopyUp);
+      case Queue::CopyDown: return static_cast<std::uint64_t>(TraceTrack::CopyDown);
+      case Queue::Compute: return static_cast<std::uint64_t>(TraceTrack::Compute);
+      case Queue::Consumer: break;
+    }
+    const auto [it, added] = consumers.try_emplace(r.consumer, kConsumerTracks + consumers.size());
+    if (added)
+      fmt::format_to(out,
+                     ",\n{{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":1,\"tid\":{},\"args\":{{\"name\":"
+                     "\"consumer {}\"}}}}",
+                     it->second, r.consumer);
+    return it->second;
+  };
+  auto track_name = [&](std::uint64_t track) -> std::string {
+    if (track < kTrackNames.size()) return kTrackNames[track];
+    for (const auto& [consumer, consumer_track] : consumers)
+      if (consumer_track == track) return fmt::format("consumer {}", consumer);
+    return "?";
+  };
   const std::uint64_t first_sequence = dump.recorded - dump.records.size();
   double last_ts = 0;
   for (const auto index : order) {
     const auto& r = dump.records[index];
     const double ts = micros(dump, r.ts_ns);
     last_ts = std::max(last_ts, ts);
-    const auto track = static_cast<std::uint8_t>(r.track);
-    const Lanes::Key key{track, r.generation, r.slice};
+    const bool fence = is_fence(r.kind);
+    const std::uint64_t track = fence ? fence_track(r) : static_cast<std::uint64_t>(r.track);
+    const Lanes::Key key{track, fence, r.generation, r.slice};
     if (is_begin(r.kind)) {
       const auto lane = lanes.begin(key);
       fmt::format_to(out, ",\n{{\"ph\":\"B\",\"name\":\"{}\",\"cat\":\"{}\",\"pid\":1,\"tid\":{},\"ts\":{:.3f},\"args\":{{",
-                     slice_name(track), slice_category(track), Lanes::tid(track, lane), ts);
+                     slice_name(track, fence), slice_category(track, fence), Lanes::tid(track, lane), ts);
       if (r.kind == TraceKind::CopyBegin) {
         fmt::format_to(out, "\"event\":");
         if (r.slice & (1ull << 63))  // no copy event: a sync copy, or a side of a peer copy
@@ -382,16 +418,23 @@ std::string trace_json(const TraceDump& dump) {
       fmt::format_to(out, ",\"bytes\":{},\"offset\":{},\"generation\":{},\"seq\":{}", r.bytes, r.offset, r.generation,
                      first_sequence + index);
       if (r.kind == TraceKind::ViewBegin) fmt::format_to(out, ",\"holder\":\"{}\"", holder_name(r.holder));
+      if (fence) {
+        fmt::format_to(out, ",\"queue\":\"{}\"", queue_name(r.queue));
+        if (r.consumer != 0) fmt::format_to(out, ",\"consumer\":{}", r.consumer);
+      }
       write_common_args(out, dump, r);
       fmt::format_to(out, "}}}}");
     } else if (is_end(r.kind)) {
       const auto lane = lanes.end(key);
       if (!lane) continue;  // its begin was overwritten in the ring
-      const char* status = r.kind == TraceKind::CopyFailed ? "failed" : r.kind == TraceKind::ViewEnd ? "ended" : "completed";
+      const char* status = r.kind == TraceKind::CopyFailed ? "failed"
+                           : r.kind == TraceKind::ViewEnd   ? "ended"
+                           : fence                          ? "passed"
+                                                            : "completed";
       fmt::format_to(out,
                      ",\n{{\"ph\":\"E\",\"name\":\"{}\",\"cat\":\"{}\",\"pid\":1,\"tid\":{},\"ts\":{:.3f},\"args\":{{"
                      "\"status\":\"{}\",\"seq\":{}}}}}",
-                     slice_name(track), slice_category(track), Lanes::tid(track, *lane), ts, status,
+                     slice_name(track, fence), slice_category(track, fence), Lanes::tid(track, *lane), ts, status,
                      first_sequence + index);
     } else {
       const auto& info = kInstants[static_cast<std::size_t>(r.kind)];
@@ -406,11 +449,6 @@ std::string trace_json(const TraceDump& dump) {
       }
       fmt::format_to(out, "\"bytes\":{},\"generation\":{},\"seq\":{}", r.bytes, r.generation, first_sequence + index);
       if (r.kind == TraceKind::Free && r.slice != 0) fmt::format_to(out, ",\"deferred\":true");
-      if (r.kind == TraceKind::FenceRecorded || r.kind == TraceKind::FencePassed) {
-        static constexpr const char* kQueues[] = {"copy up", "copy down", "compute", "consumer"};
-        fmt::format_to(out, ",\"queue\":\"{}\"", kQueues[std::min<std::uint8_t>(r.queue, 3)]);
-        if (r.consumer != 0) fmt::format_to(out, ",\"consumer\":{}", r.consumer);
-      }
       if (r.kind == TraceKind::ViewHandedOn) fmt::format_to(out, ",\"holder\":\"{}\"", holder_name(r.holder));
       write_common_args(out, dump, r);
       fmt::format_to(out, "}}}}");
@@ -430,12 +468,13 @@ std::string trace_json(const TraceDump& dump) {
       fmt::format_to(out,
                      ",\n{{\"ph\":\"E\",\"name\":\"{}\",\"cat\":\"{}\",\"pid\":1,\"tid\":{},\"ts\":{:.3f},"
                      "\"args\":{{\"status\":\"open\"}}}}",
-                     slice_name(key.track), slice_category(key.track), Lanes::tid(key.track, lane), end_ts);
-  for (std::size_t track = 1; track < kTrackNames.size(); ++track)
-    for (std::size_t lane = 1; lane < lanes.busy[track].size(); ++lane)
+                     slice_name(key.track, key.fence), slice_category(key.track, key.fence),
+                     Lanes::tid(key.track, lane), end_ts);
+  for (const auto& [track, busy] : lanes.busy)
+    for (std::size_t lane = 1; lane < busy.size(); ++lane)
       fmt::format_to(out,
                      ",\n{{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":1,\"tid\":{},\"args\":{{\"name\":\"{} #{}\"}}}}",
-                     Lanes::tid(static_cast<std::uint8_t>(track), lane), kTrackNames[track], lane + 1);
+                     Lanes::tid(track, lane), track_name(track), lane + 1);
   fmt::format_to(out, "\n]}}\n");
   return text;
 }

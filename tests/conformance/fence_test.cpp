@@ -12,12 +12,16 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "backend_drivers.hpp"
 #include "devbridge/bridge.hpp"
+#include "trace_checks.hpp"
 
 namespace devbridge::conformance {
 namespace {
@@ -191,6 +195,55 @@ TEST_P(FenceConformance, CloseWaitsForAConsumersFenceThenFreesEverything) {
   EXPECT_EQ(backend_live_allocations(), 0u);
   EXPECT_EQ(b.memory_stats().reserved_bytes, 0u) << "what the fence held went to the pool and stayed there";
   EXPECT_EQ(b.stats().abandoned_fences, 0u);
+}
+
+// The flight recorder shows a fence as a slice on its queue's track, from
+// when the use was queued to when the bridge saw the fence pass: a held
+// launch's on the compute track, a consumer's on a track of that queue.
+TEST_P(FenceConformance, TheRecorderShowsEachFenceAsASliceOnItsQueuesTrack) {
+  if (!can_hold() && !driver().consumer_queue) GTEST_SKIP() << driver().name << " has no fence that stays pending";
+  auto& b = make_bridge(1 << 20);
+  b.record(RecordOptions{.max_events = 1000});
+  const auto x = b.alloc_device(kFloats, kBytes);
+  const auto y = b.alloc_device(kFloats, kBytes);
+  if (can_hold()) hold(true);
+  b.launch_axpy(DeviceRange{x, 0, kBytes}, DeviceRange{y, 0, kBytes}, 2.0f, 1.0f);
+  b.release(x);
+  b.release(y);
+  auto queue = consumer_queue();
+  if (queue) {
+    const auto z = b.alloc_device(kFloats, kBytes);
+    auto lease = b.view(z, ViewSpec{DType::Float32, Dims{1024}, std::nullopt, 0});
+    queue->block();
+    lease.end_after(ConsumerQueue{queue->handle()});
+    b.release(z);
+    queue->unblock();
+  }
+  if (can_hold()) hold(false);
+  ASSERT_TRUE(backend_holds(0));
+
+  const auto trace = nlohmann::json::parse(b.trace_json());
+  testing::expect_valid_trace(trace);
+  std::map<std::uint64_t, std::string> track_names;
+  for (const auto& e : trace["traceEvents"])
+    if (e["ph"] == "M" && e["name"] == "thread_name") track_names[e["tid"]] = e["args"]["name"];
+  std::map<std::string, std::vector<std::string>> fences;  // "B <queue>" / "E <status>", by track name
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["name"] != "fence") continue;
+    ASSERT_TRUE(e["ph"] == "B" || e["ph"] == "E") << e.dump() << ": a fence is a slice";
+    EXPECT_EQ(e["cat"], "fence");
+    // A lane of the track counts as the track ("compute #2": the launch's own slice is open beside it).
+    const auto& lane = track_names[e["tid"]];
+    const auto track = lane.substr(0, lane.find(" #"));
+    fences[track].push_back(e["ph"] == "B" ? "B " + e["args"]["queue"].get<std::string>()
+                                           : "E " + e["args"]["status"].get<std::string>());
+    // What the fence holds: x and y for the launch, z for the consumer.
+    if (e["ph"] == "B") EXPECT_EQ(e["args"]["bytes"], track == "compute" ? 2 * kBytes : kBytes) << e.dump();
+  }
+  std::map<std::string, std::vector<std::string>> expected;
+  if (can_hold()) expected["compute"] = {"B compute", "E passed"};
+  if (queue) expected["consumer " + std::to_string(queue->handle())] = {"B consumer", "E passed"};
+  EXPECT_EQ(fences, expected) << trace.dump(1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, FenceConformance, ::testing::ValuesIn(backend_drivers()),
