@@ -402,24 +402,21 @@ void BridgeCore::launch_axpy(const DeviceRange& x, const DeviceRange& y, float a
   drops_.reserve_one();
   ++xs.steps;
   ++ys.steps;
-  const std::uint64_t launched = recording_ ? trace_now() : 0;
+  const std::uint64_t launched = recording_ ? recording_->ticks() : 0;
   auto failure = gate_.run_unlocked(lock, [&] { held.fence = backend_->launch_axpy(launch); });
   if (recording_ && !failure) [[unlikely]] {
     // The launch's slice runs from its call to its fence (keyed by the
     // fence's token: end_fenced_uses ends it), or ends at once without one.
-    const std::uint64_t key = held.fence.pending() ? held.fence.token : FlightRecorder::own_slice_key();
-    auto begin = trace_record(TraceKind::LaunchBegin, generation_, y.handle.id);
-    begin.ts_ns = launched;
-    begin.slice = key;
-    begin.offset = y.offset;
-    begin.bytes = y.len;
-    begin.track = TraceTrack::Compute;
-    trace(begin);
-    if (!held.fence.pending()) {
-      auto end = trace_record(TraceKind::LaunchEnd, generation_, y.handle.id);
-      end.slice = key;
-      end.track = TraceTrack::Compute;
-      trace(end);
+    if (held.fence.pending()) {
+      auto begin = trace_record(TraceKind::LaunchBegin, generation_, y.handle.id);
+      begin.ts_ns = launched;
+      begin.slice = held.fence.token;
+      begin.offset = y.offset;
+      begin.bytes = y.len;
+      begin.track = TraceTrack::Compute;
+      trace(begin);
+    } else {
+      trace_whole_slice(TraceTrack::Compute, y, launched, true);
     }
   }
   // A restart waits for calls in progress: x and y are still this generation's.

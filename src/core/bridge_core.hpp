@@ -486,14 +486,15 @@ class BridgeCore {
     // Its event is numbered only once it succeeded: a failed sync copy's
     // event is never handed out, so no id of it can read as Completed.
     pin(*slot, direction, host_key);
-    const std::uint64_t sync_slice = recording_ ? trace_copy_begin(direction, device, 0, bytes) : 0;
+    const std::uint64_t began = recording_ ? recording_ticks() : 0;
     const CopyEvent unnumbered{domain_, generation_, CopyTimeline::kSyncEventBit};
     const CopyRequest request{direction, mode,          unnumbered, host_data(host, host_key),
                               slot->device, device.offset, bytes,      layout};
     auto failure = gate_.run_unlocked(lock, [&] { backend_->submit_copy(request); });
     unpin(alloc_index, direction, host_key);
-    if (sync_slice) [[unlikely]]  // trace_copy_end checks the recorder is still on
-      trace_copy_end(direction, generation_, sync_slice, !failure);
+    if (began) [[unlikely]]  // trace_whole_slice checks the recorder is still on
+      trace_whole_slice(direction == CopyDirection::HostToDevice ? TraceTrack::CopyUp : TraceTrack::CopyDown, device,
+                        began, !failure);
     if (failure) throw copy_error(direction, *failure);
     return CopyEvent{domain_, generation_, copies_.complete_sync()};
   }
@@ -506,8 +507,10 @@ class BridgeCore {
   struct PeerSide {
     DeviceAllocation device;
     std::uint32_t index;
-    // For the peer track, when recording: when the copy began, and its range.
-    std::uint64_t begin_ns = 0, offset = 0, bytes = 0;
+    // For the peer track, when recording: when the copy began (the
+    // recorder's ticks), and its range.
+    std::uint64_t began = 0;
+    DeviceRange range;
   };
   PeerSide hold_for_peer_copy(const DeviceRange& range, CopyDirection direction);
   void end_peer_copy(const PeerSide& side, CopyDirection direction, bool copied) noexcept;
@@ -707,11 +710,15 @@ class BridgeCore {
   // The allocation in slot `index` was just retired (its fields stay until
   // the slot is used again): its memory goes back.
   [[gnu::noinline, gnu::cold]] void trace_free(std::uint32_t index) noexcept;
-  // A copy's begin (`event_id` 0: a sync copy, numbered here); returns the slice's key.
-  [[gnu::noinline, gnu::cold]] std::uint64_t trace_copy_begin(CopyDirection direction, const DeviceRange& device,
-                                                              std::uint64_t event_id, std::uint64_t bytes) noexcept;
-  [[gnu::noinline, gnu::cold]] void trace_copy_end(CopyDirection direction, Generation generation,
-                                                   std::uint64_t slice, bool ok) noexcept;
+  // Now, in the recorder's ticks (out of line: the hot paths only test recording_).
+  [[gnu::noinline, gnu::cold]] std::uint64_t recording_ticks() const noexcept { return recording_->ticks(); }
+  // An async copy's begin: its slice ends when its completion applies.
+  [[gnu::noinline, gnu::cold]] void trace_copy_begin(CopyDirection direction, const DeviceRange& device,
+                                                     std::uint64_t event_id, std::uint64_t bytes) noexcept;
+  // A slice that began at `began` (the recorder's ticks) and ends now, in
+  // one record: a sync copy, a peer copy's side, a launch without a fence.
+  [[gnu::noinline, gnu::cold]] void trace_whole_slice(TraceTrack track, const DeviceRange& range, std::uint64_t began,
+                                                      bool ok) noexcept;
   // The ends of the async copies drained_ holds that are about to apply.
   [[gnu::noinline, gnu::cold]] void trace_completions() noexcept;
   [[gnu::noinline, gnu::cold]] void trace_view(TraceKind kind, const DeviceHandle& h, ViewHolder holder) noexcept;

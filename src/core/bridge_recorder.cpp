@@ -52,30 +52,25 @@ void BridgeCore::trace_free(std::uint32_t index) noexcept {
   record.bytes = slot.extent;
 }
 
-std::uint64_t BridgeCore::trace_copy_begin(CopyDirection direction, const DeviceRange& device,
-                                           std::uint64_t event_id, std::uint64_t bytes) noexcept {
-  // A sync copy has no event id until it succeeded: its slice gets a key of
-  // its own, with the top bit set (no event id has it).
-  if (!recording_) return 0;
-  const std::uint64_t key = event_id != 0 ? event_id : FlightRecorder::own_slice_key();
-  auto& record = recording_->append(TraceKind::CopyBegin, generation_, device.handle.id);
-  record.slice = key;
+void BridgeCore::trace_copy_begin(CopyDirection direction, const DeviceRange& device, std::uint64_t event_id,
+                                  std::uint64_t bytes) noexcept {
+  if (!recording_) return;
+  // An async copy adds to the bytes in flight.
+  auto& record = recording_->append(TraceKind::CopyBegin, generation_, device.handle.id, trace_counters());
+  record.slice = event_id;
   record.offset = device.offset;
   record.bytes = bytes;
   record.track = direction == CopyDirection::HostToDevice ? TraceTrack::CopyUp : TraceTrack::CopyDown;
-  record.has_counters = event_id != 0;  // an async copy adds to the bytes in flight
-  if (record.has_counters) recording_->counters_of(record) = trace_counters();
-  return key;
 }
 
-void BridgeCore::trace_copy_end(CopyDirection direction, Generation generation, std::uint64_t slice,
-                                bool ok) noexcept {
+void BridgeCore::trace_whole_slice(TraceTrack track, const DeviceRange& range, std::uint64_t began, bool ok) noexcept {
   if (!recording_) return;
-  auto& record = recording_->append(ok ? TraceKind::CopyCompleted : TraceKind::CopyFailed, generation);
-  record.slice = slice;
-  record.track = direction == CopyDirection::HostToDevice ? TraceTrack::CopyUp : TraceTrack::CopyDown;
-  record.has_counters = (slice >> 63) == 0;  // an async copy's bytes leave the budget
-  if (record.has_counters) recording_->counters_of(record) = trace_counters();
+  auto& record = recording_->append(ok ? TraceKind::WholeSlice : TraceKind::WholeSliceFailed, generation_,
+                                    range.handle.id);
+  record.slice = began != 0 ? began : record.ticks;  // 0: recording began during the call
+  record.offset = range.offset;
+  record.bytes = range.len;
+  record.track = track;
 }
 
 void BridgeCore::trace_completions() noexcept {

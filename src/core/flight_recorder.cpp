@@ -93,11 +93,6 @@ std::uint64_t TraceClock::to_ns(std::uint64_t ticks) const noexcept {
   return since <= -static_cast<double>(start_ns_) ? 0 : start_ns_ + static_cast<std::int64_t>(since);
 }
 
-std::uint64_t FlightRecorder::own_slice_key() noexcept {
-  static std::atomic<std::uint64_t> issued{0};
-  return (1ull << 63) | (issued.fetch_add(1, std::memory_order_relaxed) + 1);
-}
-
 void FlightRecorder::check_max_events(std::size_t max_events) {
   if (auto refusal = max_events_refusal(max_events); !refusal.empty())
     fail(ErrorKind::InvalidRange, "record: {}", refusal);
@@ -136,12 +131,13 @@ void FlightRecorder::stamp_slowly(TraceSlot& slot) noexcept {
 
 namespace {
 bool is_fence(TraceKind kind) { return kind == TraceKind::FenceRecorded || kind == TraceKind::FencePassed; }
+bool is_whole(TraceKind kind) { return kind == TraceKind::WholeSlice || kind == TraceKind::WholeSliceFailed; }
 }  // namespace
 
 void FlightRecorder::record(const TraceRecord& record) noexcept {
   TraceSlot& slot = append(record.kind, record.generation, record.id);
   if (record.ts_ns != 0) slot.ticks = record.ts_ns;
-  slot.slice = record.slice;
+  slot.slice = !is_whole(record.kind) ? record.slice : record.begin_ns != 0 ? record.begin_ns : slot.ticks;
   slot.offset = is_fence(record.kind) ? record.consumer : record.offset;
   slot.bytes = record.bytes;
   slot.track = record.track;
@@ -158,7 +154,7 @@ TraceRecord FlightRecorder::at(std::size_t i) const noexcept {
   TraceRecord record;
   record.ts_ns = slot.ticks;
   record.id = slot.id;
-  record.slice = slot.slice;
+  (is_whole(slot.kind) ? record.begin_ns : record.slice) = slot.slice;
   (is_fence(slot.kind) ? record.consumer : record.offset) = slot.offset;
   record.bytes = slot.bytes;
   record.generation = slot.generation;
@@ -181,8 +177,9 @@ void FlightRecorder::copy_to(TraceDump& dump) const {
   dump.records.clear();
   dump.records.reserve(size());
   for (std::size_t i = 0; i < size(); ++i) {
-    dump.records.push_back(at(i));
-    dump.records.back().ts_ns = clock_.to_ns(dump.records.back().ts_ns);
+    auto& record = dump.records.emplace_back(at(i));
+    record.ts_ns = clock_.to_ns(record.ts_ns);
+    if (record.begin_ns != 0) record.begin_ns = clock_.to_ns(record.begin_ns);
   }
   dump.stacks = stacks_text_;
 }
@@ -345,12 +342,23 @@ std::string trace_json(const TraceDump& dump) {
   text.reserve(512 + dump.records.size() * 260);
   Out out(text);
 
-  // Timestamps must be monotone; records are taken under one lock, so they
-  // almost are (a launch's begin is stamped before its call, kept after).
-  std::vector<std::uint32_t> order(dump.records.size());
-  for (std::uint32_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](std::uint32_t a, std::uint32_t b) { return dump.records[a].ts_ns < dump.records[b].ts_ns; });
+  // What is written, in time order: each record at its time, and a whole
+  // slice's begin also at its own. Timestamps must be monotone; records are
+  // taken under one lock, so they almost are (a launch's begin is stamped
+  // before its call, kept after).
+  struct Item {
+    std::uint64_t ts_ns;
+    std::uint32_t index;
+    bool whole_begin;
+  };
+  std::vector<Item> order;
+  order.reserve(dump.records.size() + dump.records.size() / 4);
+  for (std::uint32_t i = 0; i < dump.records.size(); ++i) {
+    const auto& r = dump.records[i];
+    if (is_whole(r.kind)) order.push_back(Item{std::min(r.begin_ns, r.ts_ns), i, true});
+    order.push_back(Item{r.ts_ns, i, false});
+  }
+  std::stable_sort(order.begin(), order.end(), [](const Item& a, const Item& b) { return a.ts_ns < b.ts_ns; });
 
   fmt::format_to(out, "{{\"displayTimeUnit\":\"ns\",\"otherData\":{{\"format\":\"devbridge-trace\",\"version\":1,"
                       "\"backend\":\"");
@@ -394,24 +402,25 @@ std::string trace_json(const TraceDump& dump) {
   };
   const std::uint64_t first_sequence = dump.recorded - dump.records.size();
   double last_ts = 0;
-  for (const auto index : order) {
+  for (const auto [item_ns, index, whole_begin] : order) {
     const auto& r = dump.records[index];
-    const double ts = micros(dump, r.ts_ns);
+    const double ts = micros(dump, item_ns);
     last_ts = std::max(last_ts, ts);
     const bool fence = is_fence(r.kind);
+    const bool whole = is_whole(r.kind);
     const std::uint64_t track = fence ? fence_track(r) : static_cast<std::uint64_t>(r.track);
-    const Lanes::Key key{track, fence, r.generation, r.slice};
-    if (is_begin(r.kind)) {
+    // A whole slice pairs by its sequence number, with the top bit no event id or fence token has.
+    const Lanes::Key key{track, fence, r.generation, whole ? (1ull << 63) | (first_sequence + index) : r.slice};
+    if (whole_begin || is_begin(r.kind)) {
       const auto lane = lanes.begin(key);
       fmt::format_to(out, ",\n{{\"ph\":\"B\",\"name\":\"{}\",\"cat\":\"{}\",\"pid\":1,\"tid\":{},\"ts\":{:.3f},\"args\":{{",
                      slice_name(track, fence), slice_category(track, fence), Lanes::tid(track, lane), ts);
       if (r.kind == TraceKind::CopyBegin) {
         fmt::format_to(out, "\"event\":");
-        if (r.slice & (1ull << 63))  // no copy event: a sync copy, or a side of a peer copy
-          fmt::format_to(out, "\"{}\"", r.track == TraceTrack::Peer ? "peer" : "sync");
-        else
-          write_handle(out, dump, r.generation, r.slice);
+        write_handle(out, dump, r.generation, r.slice);
         fmt::format_to(out, ",");
+      } else if (whole && r.track != TraceTrack::Compute) {  // no copy event: a sync copy, or a side of a peer copy
+        fmt::format_to(out, "\"event\":\"{}\",", r.track == TraceTrack::Peer ? "peer" : "sync");
       }
       fmt::format_to(out, "\"handle\":");
       write_handle(out, dump, r.generation, r.id);
@@ -424,10 +433,11 @@ std::string trace_json(const TraceDump& dump) {
       }
       write_common_args(out, dump, r);
       fmt::format_to(out, "}}}}");
-    } else if (is_end(r.kind)) {
+      if (whole_begin) continue;  // the record's own item ends it
+    } else if (whole || is_end(r.kind)) {
       const auto lane = lanes.end(key);
       if (!lane) continue;  // its begin was overwritten in the ring
-      const char* status = r.kind == TraceKind::CopyFailed ? "failed"
+      const char* status = r.kind == TraceKind::CopyFailed || r.kind == TraceKind::WholeSliceFailed ? "failed"
                            : r.kind == TraceKind::ViewEnd   ? "ended"
                            : fence                          ? "passed"
                                                             : "completed";

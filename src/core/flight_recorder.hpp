@@ -57,6 +57,11 @@ enum class TraceKind : std::uint8_t {
   LaunchEnd,
   ViewBegin,
   ViewEnd,
+  // A slice that began and ended within one call (a sync or peer copy, a
+  // launch without a fence), kept as one record: its begin's time rides
+  // in the record (TraceRecord::begin_ns), so it needs no key to pair by.
+  WholeSlice,
+  WholeSliceFailed,
 };
 
 // Tracks (the dump's thread ids).
@@ -79,6 +84,7 @@ struct TraceRecord {
   Generation generation = 0;     // of the handle, else the bridge's
   TraceCounters counters{};      // when has_counters
   std::uint64_t consumer = 0;    // a consumer's queue handle, for fences on one
+  std::uint64_t begin_ns = 0;    // a whole slice's begin, in the same unit as ts_ns
   std::uint32_t stack = 0;       // interned stack text, 0 for none
   std::uint16_t thread = 0;
   TraceKind kind = TraceKind::Allocate;
@@ -89,16 +95,16 @@ struct TraceRecord {
 };
 
 // A record as the ring keeps it: one cache line, written field by field at
-// the recording site (no zeroing first, no copy). A fence's consumer rides in
-// `slice`, which an instant does not use. The counters of an event that
-// changes memory go in a ring of their own beside it, at the same index, so
-// the events that change none (most copies, views, fences) write 64 bytes
-// rather than 112.
+// the recording site (no zeroing first, no copy). A fence's consumer rides
+// in `offset` and a whole slice's begin in `slice`, fields neither uses.
+// The counters of an event that changes memory go in a ring of their own
+// beside it, at the same index, so the events that change none (most
+// copies, views, fences) write 64 bytes rather than 112.
 struct TraceSlot {
   std::uint64_t ticks;
   std::uint64_t id;
-  std::uint64_t slice;  // or the consumer, for a fence
-  std::uint64_t offset;
+  std::uint64_t slice;   // or a whole slice's begin ticks
+  std::uint64_t offset;  // or a fence's consumer
   std::uint64_t bytes;
   Generation generation;
   std::uint32_t stack;
@@ -186,11 +192,8 @@ class FlightRecorder {
 
   const RecordOptions& options() const noexcept { return options_; }
 
-  // A key for a slice with no event id of its own to pair its begin and end
-  // by (a sync or peer copy, a launch without a fence): the top bit set,
-  // which no event id has. Unique in the process, not only in this ring: a
-  // sync copy begun under one recording may end under the next.
-  static std::uint64_t own_slice_key() noexcept;
+  // Now, in the ticks records are stamped with (a whole slice's begin).
+  std::uint64_t ticks() const noexcept { return ticks_are_tsc_ ? trace_tsc() : trace_now_ns(); }
   std::uint64_t recorded() const noexcept { return recorded_; }
   std::uint64_t dropped() const noexcept { return recorded_ - size(); }
   std::size_t size() const noexcept { return recorded_ < capacity_ ? recorded_ : capacity_; }

@@ -20,8 +20,8 @@ BridgeCore::PeerSide BridgeCore::hold_for_peer_copy(const DeviceRange& range, Co
   gate_.call_started();
   // Each bridge records its side on its peer track once the copy is done
   // (bridges without a direct path copy nothing here): the slice starts now.
-  const std::uint64_t begin_ns = recording_ ? trace_now_ns() : 0;
-  return {slot->device, id_slot(range.handle.id), begin_ns, range.offset, range.len};
+  const std::uint64_t began = recording_ ? recording_->ticks() : 0;
+  return {slot->device, id_slot(range.handle.id), began, range};
 }
 
 void BridgeCore::end_peer_copy(const PeerSide& side, CopyDirection direction, bool copied) noexcept {
@@ -30,19 +30,8 @@ void BridgeCore::end_peer_copy(const PeerSide& side, CopyDirection direction, bo
   --slot.copies;
   if (direction == CopyDirection::HostToDevice) --slot.uploads;
   if (copied) copies_.count_direct();
-  if (recording_ && copied && side.begin_ns) [[unlikely]] {
-    auto begin = trace_record(TraceKind::CopyBegin, generation_, make_id(side.index, slot.version));
-    begin.ts_ns = side.begin_ns;
-    begin.slice = FlightRecorder::own_slice_key();
-    begin.offset = side.offset;
-    begin.bytes = side.bytes;
-    begin.track = TraceTrack::Peer;
-    trace(begin);
-    auto end = trace_record(TraceKind::CopyCompleted, generation_);
-    end.slice = begin.slice;
-    end.track = TraceTrack::Peer;
-    trace(end);
-  }
+  if (copied && side.began) [[unlikely]]
+    trace_whole_slice(TraceTrack::Peer, side.range, side.began, true);
   maybe_finish_release(side.index);
   gate_.call_ended();
 }
