@@ -264,12 +264,24 @@ TEST(RecordedPeerCopy, EachBridgeShowsItsSideOnItsPeerTrack) {
     const auto trace = json::parse(bridge->trace_json());
     expect_valid_trace(trace);
     EXPECT_EQ(event_names(trace, {"peer"}), (std::vector<std::string>{"peer B", "peer E"}));
-    for (const auto& event : trace["traceEvents"])
+    double allocated = -1, began = -1, ended = -1;
+    for (const auto& event : trace["traceEvents"]) {
+      if (event["ph"] == "i" && event["name"] == "allocate") allocated = event["ts"];
       if (event["ph"] == "B") {
         EXPECT_EQ(event["tid"], 5);
         EXPECT_EQ(event["args"]["bytes"], 4096);
         EXPECT_EQ(event["args"]["offset"], bridge == &a ? 64 : 128);
+        began = event["ts"];
       }
+      if (event["ph"] == "E") {
+        EXPECT_EQ(event["args"]["status"], "completed") << "ended by its own record, not left open at the dump";
+        ended = event["ts"];
+      }
+    }
+    // Stamped on the recorder's clock: after the allocation it copies into, and before its end.
+    EXPECT_LE(allocated, began);
+    EXPECT_LE(began, ended);
+    EXPECT_GE(allocated, 0);
   }
   a.free_device(x);
   b.free_device(y);
