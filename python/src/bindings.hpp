@@ -150,7 +150,9 @@ DeviceHandle adopt_host(const std::shared_ptr<BridgeState>& state, nanobind::han
 void record(BridgeState& state, nanobind::handle max_events, nanobind::handle stacks, nanobind::handle oom_dump_dir);
 void dump_trace(BridgeState& state, nanobind::handle path);
 nanobind::object trace(BridgeState& state);
-nanobind::object memory_snapshot(BridgeState& state);
+// layout: "devbridge" (docs/TRACING.md) or "torch" (PyTorch's memory_viz;
+// devbridge/_memory_viz.py); anything else is a TypeError or ValueError.
+nanobind::object memory_snapshot(BridgeState& state, nanobind::handle layout);
 
 // ---- one per class or area, in the order module.cpp calls them ----
 void bind_errors(nanobind::module_& m);             // errors.cpp

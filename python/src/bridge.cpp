@@ -545,9 +545,12 @@ void bind_bridge(nb::module_& m) {
           "trace", [](PyBridge& b) { return trace(*b.state); },
           "The recorded events as a dict, the JSON dump_trace writes.")
       .def(
-          "memory_snapshot", [](PyBridge& b) { return memory_snapshot(*b.state); },
+          "memory_snapshot", [](PyBridge& b, nb::handle layout) { return memory_snapshot(*b.state, layout); },
+          "layout"_a = "devbridge",
           "Segments and blocks with their state, holders and recorded events, the ring and memory_stats(),\n"
-          "as a dict (docs/TRACING.md, \"Memory snapshot format\").")
+          "as a dict (docs/TRACING.md, \"Memory snapshot format\"). layout=\"torch\": the dict PyTorch's\n"
+          "torch.cuda.memory._snapshot() returns (segments, blocks and the recorded allocations and frees as\n"
+          "device_traces), which https://pytorch.org/memory_viz opens pickled.")
       .def("__repr__", [](const PyBridge& b) {
         return "Bridge(backend=\"" + b.state->backend_name + "\", domain=" + std::to_string(b.state->bridge->domain()) +
                (b.state->closed.load() ? ", closed)" : ")");

@@ -113,14 +113,27 @@ nb::object trace(BridgeState& state) {
   return parse_json(std::move(text));
 }
 
-nb::object memory_snapshot(BridgeState& state) {
+nb::object memory_snapshot(BridgeState& state, nb::handle layout) {
+  if (!nb::isinstance<nb::str>(layout))
+    throw nb::type_error(("layout must be \"devbridge\" or \"torch\", not " +
+                          nb::cast<std::string>(nb::str(layout.type().attr("__name__"))))
+                             .c_str());
+  const std::string name = nb::cast<std::string>(layout);
+  const bool torch = name == "torch";
+  if (!torch && name != "devbridge")
+    throw nb::value_error(("layout must be \"devbridge\" or \"torch\", not \"" + name + "\"").c_str());
   Bridge& bridge = state.open();
-  std::string text;
+  std::string snapshot, trace;
   {
     nb::gil_scoped_release no_gil;
-    text = bridge.memory_snapshot_json();
+    // Under one call each; a call between them may change memory, which the
+    // history then shows and the segments not yet.
+    snapshot = bridge.memory_snapshot_json();
+    if (torch) trace = bridge.trace_json();
   }
-  return parse_json(std::move(text));
+  if (!torch) return parse_json(std::move(snapshot));
+  return nb::module_::import_("devbridge._memory_viz")
+      .attr("torch_layout")(parse_json(std::move(snapshot)), parse_json(std::move(trace)));
 }
 
 }  // namespace devbridge::python

@@ -231,7 +231,7 @@ class BridgeCore {
     }
     const DeviceHandle handle{domain_, generation_, allocations_.start(index, spec, elem, view_dtype, extent, device)};
     if (recording_) [[unlikely]]
-      trace_memory(TraceKind::Allocate, generation_, handle.id, extent);
+      trace_memory(TraceKind::Allocate, generation_, handle.id, extent, device.address);
     return handle;
   }
 
@@ -705,8 +705,9 @@ class BridgeCore {
   // Recording sites, out of line: each is reached only past a test of
   // recording_, so a bridge that does not record pays that one branch.
   [[gnu::noinline, gnu::cold]] void trace(TraceRecord record) noexcept;
+  // `address`: the memory's, for an allocation's own events (allocate, free).
   [[gnu::noinline, gnu::cold]] void trace_memory(TraceKind kind, Generation generation, std::uint64_t id,
-                                                 std::uint64_t bytes) noexcept;
+                                                 std::uint64_t bytes, std::uint64_t address = 0) noexcept;
   // The allocation in slot `index` was just retired (its fields stay until
   // the slot is used again): its memory goes back.
   [[gnu::noinline, gnu::cold]] void trace_free(std::uint32_t index) noexcept;

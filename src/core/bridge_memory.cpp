@@ -10,7 +10,7 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
     if (!o.abandoned) end_adoption(o.device, o.adopted_region - 1);
   } else if (!o.abandoned) {
     if (recording_) [[unlikely]]
-      trace_memory(TraceKind::Free, key.first, key.second, o.device.bytes);
+      trace_memory(TraceKind::Free, key.first, key.second, o.device.bytes, o.device.address);
     if (const auto whole = keep_or_free_later(o.device, o.alignment)) backend_->free(*whole);
     // After close, nothing allocates again: what the orphan left cached goes too.
     if (gate_.closed() && !gate_.restarting()) free_cache_now();

@@ -38,9 +38,12 @@ void BridgeCore::trace(TraceRecord record) noexcept {
   recording_->record(record);
 }
 
-void BridgeCore::trace_memory(TraceKind kind, Generation generation, std::uint64_t id, std::uint64_t bytes) noexcept {
+void BridgeCore::trace_memory(TraceKind kind, Generation generation, std::uint64_t id, std::uint64_t bytes,
+                              std::uint64_t address) noexcept {
   if (!recording_) return;
-  recording_->append(kind, generation, id, trace_counters()).bytes = bytes;
+  auto& record = recording_->append(kind, generation, id, trace_counters());
+  record.bytes = bytes;
+  record.offset = address;
 }
 
 void BridgeCore::trace_free(std::uint32_t index) noexcept {
@@ -50,6 +53,7 @@ void BridgeCore::trace_free(std::uint32_t index) noexcept {
   auto& record = recording_->append(TraceKind::Free, generation_, make_id(index, slot.version), trace_counters());
   record.slice = slot.released ? 1u : 0u;  // Free's marker: the end of a deferred release
   record.bytes = slot.extent;
+  record.offset = slot.device.address;
 }
 
 void BridgeCore::trace_copy_begin(CopyDirection direction, const DeviceRange& device, std::uint64_t event_id,

@@ -459,6 +459,8 @@ std::string trace_json(const TraceDump& dump) {
       }
       fmt::format_to(out, "\"bytes\":{},\"generation\":{},\"seq\":{}", r.bytes, r.generation, first_sequence + index);
       if (r.kind == TraceKind::Free && r.slice != 0) fmt::format_to(out, ",\"deferred\":true");
+      if ((r.kind == TraceKind::Allocate || r.kind == TraceKind::Free) && r.offset != 0)
+        fmt::format_to(out, ",\"address\":{}", r.offset);
       if (r.kind == TraceKind::ViewHandedOn) fmt::format_to(out, ",\"holder\":\"{}\"", holder_name(r.holder));
       write_common_args(out, dump, r);
       fmt::format_to(out, "}}}}");

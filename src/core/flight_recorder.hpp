@@ -79,7 +79,7 @@ struct TraceRecord {
   std::uint64_t ts_ns = 0;       // trace_now() ticks in the ring; steady-clock ns in a TraceDump
   std::uint64_t id = 0;          // the allocation's (or region's) id, 0 if none
   std::uint64_t slice = 0;       // pairs a slice's begin and end on its track (a copy's event id, a fence...)
-  std::uint64_t offset = 0;
+  std::uint64_t offset = 0;      // the range's; for an allocate or free, the memory's address
   std::uint64_t bytes = 0;
   Generation generation = 0;     // of the handle, else the bridge's
   TraceCounters counters{};      // when has_counters

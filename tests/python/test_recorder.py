@@ -163,3 +163,55 @@ def test_dump_trace_takes_paths_only(fake_bridge, tmp_path):
         fake_bridge.dump_trace(3)
     fake_bridge.dump_trace(pathlib.Path(tmp_path) / "empty.json")
     assert json.loads((tmp_path / "empty.json").read_text())["otherData"]["recorded_events"] == 0
+
+
+def test_the_torch_layout_is_read_by_pytorchs_memory_viz(tmp_path):
+    """memory_snapshot(layout="torch") is what torch.cuda.memory._snapshot() returns: PyTorch's own summaries of a
+    snapshot (torch.cuda._memory_viz) read it, its segments add up, and its history pairs each alloc with its
+    frees; pickled, it is the file https://pytorch.org/memory_viz opens."""
+    memory_viz = pytest.importorskip("torch.cuda._memory_viz")
+    b = devbridge.Bridge(backend="host", ring_bytes=1 << 20, caching_pool=True)
+    try:
+        b.record(max_events=1000, stacks=True)
+        kept = b.alloc(F32, 4096)
+        freed = b.alloc(F32, 8192)
+        b.free(freed)
+        held = b.alloc(F32, 4096)
+        view = b.view(held, "float32", (16,))
+        b.release(held)  # freed once the view ends: a pending free meanwhile
+        snapshot = b.memory_snapshot(layout="torch")
+        ours = b.memory_snapshot()
+
+        assert sum(s["total_size"] for s in snapshot["segments"]) == ours["stats"]["reserved_bytes"]
+        for segment in snapshot["segments"]:
+            assert sum(block["size"] for block in segment["blocks"]) == segment["total_size"]
+            addresses = [block["address"] for block in segment["blocks"]]
+            assert addresses == sorted(addresses) and addresses[0] == segment["address"]
+        states = sorted(block["state"] for s in snapshot["segments"] for block in s["blocks"])
+        assert states.count("active_allocated") == 1 and states.count("active_pending_free") == 1
+        active = [block for s in snapshot["segments"] for block in s["blocks"] if block["state"] != "inactive"]
+        assert all(block["frames"] and block["frames"][0]["filename"].endswith("test_recorder.py") for block in active)
+        assert {block["requested_size"] for block in active} == {4096}
+
+        history = snapshot["device_traces"][0]
+        actions = [e["action"] for e in history]
+        assert actions == ["alloc", "alloc", "free_requested", "free_completed", "alloc", "free_requested"]
+        assert [(e["addr"], e["size"]) for e in history[1:4]] == [(history[1]["addr"], 8192)] * 3
+        assert history[4]["addr"] == history[1]["addr"], "the pool gave the freed block to the next allocation"
+
+        summary = memory_viz.segsum(snapshot)
+        assert "Segment size mismatch" not in summary
+        assert "segments: " in summary
+        text = memory_viz.trace(snapshot)
+        assert "del " in text and "free completed" in text
+        assert "test_recorder.py" in "".join(memory_viz.memory(snapshot, format_flamegraph=lambda lines: lines))
+        assert memory_viz.trace_plot(snapshot).startswith("\n<!DOCTYPE html>")  # the pickle the page loads
+        view.close()
+    finally:
+        b.close()
+
+
+@pytest.mark.parametrize("layout, error", [(3, TypeError), (None, TypeError), ("pytorch", ValueError)])
+def test_the_snapshot_layout_is_checked(fake_bridge, layout, error):
+    with pytest.raises(error, match="layout"):
+        fake_bridge.memory_snapshot(layout=layout)

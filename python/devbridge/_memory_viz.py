@@ -1,0 +1,118 @@
+"""The memory snapshot in the layout PyTorch's memory viewer reads (``Bridge.memory_snapshot(layout="torch")``).
+
+PyTorch's ``torch.cuda.memory._snapshot()`` returns a dict of ``segments`` (each with its ``blocks``) and
+``device_traces`` (the allocator's history); https://pytorch.org/memory_viz opens it pickled, and
+``torch.cuda._memory_viz`` prints summaries of it. This module rewrites devbridge's own snapshot and trace
+(docs/TRACING.md) into that layout, so the same tools show a devbridge bridge: pool segments and their blocks
+(live, freed but waiting for their uses, cached), and the allocations and frees the flight recorder kept, with
+the Python stacks it recorded as frames.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# devbridge block states -> PyTorch's: a live allocation is "active_allocated"; one released but still used (a
+# deferred free) or an orphan a view or fence holds is "active_pending_free"; free memory in the pool "inactive".
+_BLOCK_STATES = {
+    "allocated": "active_allocated",
+    "split part": "active_allocated",
+    "adopted": "active_allocated",
+    "orphan": "active_pending_free",
+    "cached": "inactive",
+}
+
+# PyTorch's split between its small and large pools (1 MiB); only a label in the viewer.
+_SMALL_SEGMENT = 1 << 20
+
+
+def _frames(stack: str | None) -> list[dict[str, Any]]:
+    """The recorder's stack text ("file:line function", innermost first, a frame a line) as PyTorch's frames."""
+    frames = []
+    for line in (stack or "").splitlines():
+        where, _, name = line.partition(" ")
+        filename, _, number = where.rpartition(":")
+        if not filename or not number.isdigit():
+            filename, number = where, "0"
+        frames.append({"filename": filename, "line": int(number), "name": name})
+    return frames
+
+
+def torch_layout(snapshot: dict[str, Any], trace: dict[str, Any]) -> dict[str, Any]:
+    """``snapshot`` (``memory_snapshot()``) and ``trace`` (``trace()``) as PyTorch's memory snapshot dict."""
+    events_by_seq: dict[int, dict[str, Any]] = {}
+    for event in trace.get("traceEvents", []):
+        if event.get("ph") == "i" and "seq" in event.get("args", {}):
+            events_by_seq[event["args"]["seq"]] = event
+
+    def allocation_frames(block: dict[str, Any]) -> list[dict[str, Any]]:
+        for seq in block.get("events", []):
+            event = events_by_seq.get(seq)
+            if event is not None and event["name"] == "allocate":
+                return _frames(event["args"].get("stack"))
+        return []
+
+    segments = []
+    for segment in snapshot["segments"]:
+        base, total = segment["address"], segment["bytes"]
+        blocks = []
+        covered = 0
+        for block in segment["blocks"]:
+            state = _BLOCK_STATES.get(block["state"], "active_allocated")
+            if state == "active_allocated" and block.get("released"):
+                state = "active_pending_free"
+            live = state != "inactive"
+            blocks.append({
+                "address": base + block["offset"],
+                "size": block["bytes"],
+                "requested_size": min(block.get("requested", block["bytes"]), block["bytes"]) if live else 0,
+                "state": state,
+                "frames": allocation_frames(block) if live else [],
+            })
+            covered = max(covered, block["offset"] + block["bytes"])
+        if covered < total:  # what the backend rounded the last block up to: free as far as the viewer goes
+            blocks.append({"address": base + covered, "size": total - covered, "requested_size": 0,
+                           "state": "inactive", "frames": []})
+        segments.append({
+            "device": 0,
+            "address": base,
+            "total_size": total,
+            "allocated_size": sum(b["size"] for b in blocks if b["state"] == "active_allocated"),
+            "active_size": sum(b["size"] for b in blocks if b["state"] != "inactive"),
+            "requested_size": sum(b["requested_size"] for b in blocks),
+            "stream": 0,
+            "segment_type": "small" if total < _SMALL_SEGMENT else "large",
+            "segment_pool_id": (0, 0),
+            "is_expandable": False,
+            "frames": [],
+            "blocks": blocks,
+        })
+
+    # The history: an allocation is "alloc"; its end "free_requested" when released (or freed) and
+    # "free_completed" when the memory went back. Allocations made before recording have no "alloc".
+    history = []
+    allocations: dict[str, tuple[int, int]] = {}  # handle -> (address, bytes)
+    requested: set[str] = set()
+    for event in trace.get("traceEvents", []):
+        if event.get("ph") != "i" or event.get("cat") != "memory":
+            continue
+        args = event["args"]
+        handle = args.get("handle")
+        time_us = int(event["ts"])
+        frames = _frames(args.get("stack"))
+        if event["name"] == "allocate":
+            allocations[handle] = (args.get("address", 0), args["bytes"])
+            history.append({"action": "alloc", "addr": args.get("address", 0), "size": args["bytes"],
+                            "stream": 0, "time_us": time_us, "frames": frames})
+        elif event["name"] in ("release", "free") and handle is not None:
+            address, size = allocations.get(handle, (args.get("address", 0), args["bytes"]))
+            if handle not in requested:
+                requested.add(handle)
+                history.append({"action": "free_requested", "addr": address, "size": size, "stream": 0,
+                                "time_us": time_us, "frames": frames})
+            if event["name"] == "free":
+                requested.discard(handle)
+                allocations.pop(handle, None)
+                history.append({"action": "free_completed", "addr": address, "size": size, "stream": 0,
+                                "time_us": time_us, "frames": frames})
+    return {"segments": segments, "device_traces": [history]}
