@@ -463,6 +463,22 @@ class Bridge {
   // DeviceCopyFailed.
   bool copy_to_peer(DeviceRange source, Bridge& destination, DeviceRange destination_range);
 
+  // Where device memory is host memory (BackendCapabilities::host_addressable:
+  // the host backend), hands `write` the bytes of each range, in order, to
+  // fill in place: one copy instead of two through the ring (the transfer
+  // planner's WriteInPlace route, e.g. a file read straight into tensors).
+  // Synchronous: every range is validated and held as a copy into its
+  // allocation is (free_device refuses and release defers until the call
+  // ends, a live view is treated as for host_to_device: writes_under_view, a
+  // read-only adoption is refused with InvalidRange), and a restart or close
+  // waits for the call. The bytes are valid only during `write`; what it
+  // throws ends the call as it is (the ranges may hold part of the bytes).
+  // Copies still in flight into the same bytes are not waited for (as two
+  // overlapping uploads, the caller orders them). Unsupported where device
+  // memory is not host memory.
+  void write_in_place(std::span<const DeviceRange> ranges,
+                      const std::function<void(std::span<const std::span<std::byte>>)>& write);
+
   CopyStatus copy_status(CopyEvent event);
   // True once the host range of an H2D copy may be released (or reused).
   bool safe_to_release_host(CopyEvent event);

@@ -20,6 +20,10 @@
 //                   buffer is at least registration_from_bytes.
 //   DirectCopy      one copy from or into the ring range or registered region
 //                   the caller gives.
+//   WriteInPlace    bytes made chunk by chunk (a StreamSource) written
+//                   straight into the destination's memory, no ring: only
+//                   on a device whose memory is host memory
+//                   (BackendInfo::host_addressable; Bridge::write_in_place).
 //   RingChunks      through the bridge's ring: a bounded window of chunk
 //                   copies in flight, each range released once its copy allows;
 //                   the one route of a StreamSource / StreamDestination (bytes
@@ -56,9 +60,10 @@ enum class Route : std::uint8_t {
   RingChunks,
   PeerCopy,
   StagedThroughRings,
+  WriteInPlace,
 };
 // "nothing", "adopt_in_place", "registered_copy", "direct_copy",
-// "ring_chunks", "peer_copy", "staged_through_rings".
+// "ring_chunks", "peer_copy", "staged_through_rings", "write_in_place".
 std::string_view route_name(Route route) noexcept;
 
 // ---- endpoints ----
@@ -73,8 +78,9 @@ struct HostDestination {
 };
 // Bytes the caller produces chunk by chunk (a file read, a decoder): `fill`
 // writes bytes [offset, offset + chunk.size()) of the source into `chunk`, a
-// ring range, in order. They exist nowhere to register, so they always go by
-// RingChunks. An exception `fill` throws ends the transfer as it is.
+// ring range, in order, or, by WriteInPlace where device memory is host
+// memory, the destination's own bytes. They exist nowhere to register. An
+// exception `fill` throws ends the transfer as it is.
 struct StreamSource {
   std::uint64_t bytes = 0;
   std::function<void(std::uint64_t offset, std::span<std::byte> chunk)> fill;
@@ -107,6 +113,16 @@ struct DeviceSpan {
 struct NewAllocation {
   ObjectSpec spec;
   std::uint64_t extent = 0;
+};
+
+// Bytes the caller makes into several allocations at once (submit_scatter):
+// `fill` writes bytes [offset, offset + the pieces' total) of the stream into
+// `pieces`, in order, each piece the next bytes of one destination (a
+// destination may be cut across calls). The pieces are the destinations' own
+// memory by WriteInPlace (one call may fill many small tensors: one read of
+// adjacent file bytes), else one ring chunk per call.
+struct ScatterSource {
+  std::function<void(std::uint64_t offset, std::span<const std::span<std::byte>> pieces)> fill;
 };
 
 using TransferSource = std::variant<HostSource, RingSpan, RegionSpan, DeviceSpan, StreamSource>;
@@ -227,6 +243,15 @@ class TransferPlanner {
   // copies end. On failure it waits (up to cleanup_timeout) for the copies it
   // submitted, frees a NewAllocation and names the chunk as run() does.
   TransferResult submit(const TransferSource& source, const TransferDestination& destination);
+  // submit() of one stream into several allocations, in order: each
+  // destination's `bytes` must be set (its share of the stream). Where every
+  // destination can take WriteInPlace, one Bridge::write_in_place holds them
+  // all and `fill` is called with up to chunk_bytes() of pieces at a time;
+  // otherwise each destination is a submit() of a StreamSource. One result
+  // per destination (route, bytes, its copies in flight, offsets counted
+  // from the destination's own start). On failure every copy it submitted is
+  // waited for (up to cleanup_timeout) and the error names the destination.
+  std::vector<TransferResult> submit_scatter(const ScatterSource& source, std::span<const DeviceSpan> destinations);
 
   // The everyday three.
   DeviceHandle upload(std::span<const std::byte> bytes, const ObjectSpec& spec, std::uint64_t extent);

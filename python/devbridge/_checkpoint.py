@@ -835,37 +835,113 @@ class _RestoreReader:
 
     def run(self, handed: queue.SimpleQueue) -> None:
         """Fills each tensor ``handed`` to it as ``(entry, handle, landing)`` until ``None`` (its landing gets
-        the copies still in flight), then compares the checksum. A failure is set on the landing of every
-        tensor not filled yet, those still to be handed included, and raised (``PendingRestore.wait``
-        frees them)."""
+        the copies still in flight), then compares the checksum. Small tensors next to each other in the file
+        that are already handed go together (``_fill_batch``). A failure is set on the landing of every
+        tensor not filled yet, those still to be handed included, and raised (``PendingRestore.wait`` frees
+        them)."""
         landings: list[Future] = []
         handing = True
+
+        def take(block: bool) -> Any:
+            nonlocal handing
+            item = handed.get() if block else handed.get_nowait()
+            if item is None:
+                handing = False
+            else:
+                landings.append(item[2])
+            return item
+
         try:
             planner = TransferPlanner(self._bridge, wait_for_room=_RING_ROOM_WAIT_S)
-            while (item := handed.get()) is not None:
-                entry, handle, landed = item
-                landings.append(landed)
-                try:
-                    events = planner.submit_stream(lambda at, chunk, begin=entry.begin: self._read(begin, at, chunk),
-                                                   entry.end - entry.begin, into=handle)
-                except (BridgeError, CheckpointError) as error:  # both rebuilt with the name in front
-                    raise _with_context(error, f"restore {self._path!r}: tensor {entry.name!r}") from error
-                landed.set_result(events)
-            handing = False
+            item = take(True)
+            while item is not None:
+                batch = [item]
+                nbytes = item[0].end - item[0].begin
+                item = _NOT_TAKEN
+                while nbytes < _BATCH_READ_BYTES and len(batch) < _BATCH_TENSORS and \
+                        batch[-1][0].end - batch[-1][0].begin < _BATCH_TENSOR_BYTES:
+                    try:
+                        item = take(False)
+                    except queue.Empty:
+                        item = _NOT_TAKEN
+                        break
+                    if item is None or item[0].begin != batch[-1][0].end or \
+                            item[0].end - item[0].begin >= _BATCH_TENSOR_BYTES:
+                        break
+                    batch.append(item)
+                    nbytes += item[0].end - item[0].begin
+                    item = _NOT_TAKEN
+                if len(batch) == 1:
+                    self._fill_one(planner, *batch[0])
+                else:
+                    self._fill_batch(planner, batch)
+                if item is _NOT_TAKEN:
+                    item = take(True)
             if self._digest is not None and not self._stop.is_set():
                 actual = f"{self._algorithm}:{self._digest.hexdigest()}"
                 if actual != self._expected:
                     raise CheckpointError(f"{self._path!r} is corrupt: the data's checksum is {actual}, "
                                           f"the file records {self._expected}; nothing was restored")
         except BaseException as error:
-            while handing and (item := handed.get()) is not None:  # the allocating thread ends with None
-                landings.append(item[2])
+            while handing:  # the allocating thread ends with None
+                take(True)
             for landed in landings:
                 if not landed.done():
                     landed.set_exception(error)
             raise
         finally:
             os.close(self._fd)
+
+    def _fill_one(self, planner: TransferPlanner, entry: _Entry, handle: DeviceHandle, landed: Future) -> None:
+        """One tensor by the planner's stream: straight into its memory where the device's memory is host
+        memory (``write_in_place``), else through the ring in chunks."""
+        try:
+            events = planner.submit_stream(lambda at, chunk, begin=entry.begin: self._read(begin, at, chunk),
+                                           entry.end - entry.begin, into=handle)
+        except (BridgeError, CheckpointError) as error:  # both rebuilt with the name in front
+            raise _with_context(error, f"restore {self._path!r}: tensor {entry.name!r}") from error
+        landed.set_result(events)
+
+    def _fill_batch(self, planner: TransferPlanner, batch: list[tuple[_Entry, DeviceHandle, Future]]) -> None:
+        """Small tensors next to each other in the file as one stream (``submit_scatter``): where the device's
+        memory is host memory, one ``preadv`` straight into all of them and one hash pass, instead of a
+        planner call, a read and a hash each."""
+        first = batch[0][0]
+        try:
+            results = planner.submit_scatter(lambda at, views: self._read_pieces(first.begin, at, views),
+                                             [(handle, 0, entry.end - entry.begin) for entry, handle, _ in batch])
+        except (BridgeError, CheckpointError) as error:
+            names = f"tensor {first.name!r}" + (f" and the {len(batch) - 1} after it" if len(batch) > 1 else "")
+            raise _with_context(error, f"restore {self._path!r}: {names}") from error
+        for (_, _, landed), events in zip(batch, results):
+            landed.set_result(events)
+
+    def _read_pieces(self, tensor: int, offset: int, views: list[memoryview]) -> None:
+        """Bytes from ``offset`` of the run of tensors starting at byte ``tensor`` of the data section into
+        ``views``, in order (one ``preadv``, repeated while the kernel returns less), hashed in order."""
+        if len(views) == 1:
+            self._read(tensor, offset, views[0])
+            return
+        if self._stop.is_set():
+            raise CheckpointError(f"the restore of {self._path!r} was abandoned")
+        at = self._start + tensor + offset  # in the file
+        total = sum(v.nbytes for v in views)
+        self._read_ahead(at + total)
+        left, done = views, 0
+        while left:
+            n = os.preadv(self._fd, left[:_IOV_MAX], at + done)
+            if not n:
+                raise CheckpointError(f"the file ends {total - done} bytes early "
+                                      f"(at byte {offset + done} of the run of tensors read together)")
+            done += n
+            while left and n >= left[0].nbytes:
+                n -= left[0].nbytes
+                left = left[1:]
+            if n:
+                left = [left[0][n:], *left[1:]]
+        if self._digest is not None:
+            for view in views:
+                self._digest.update(view)
 
     def _read(self, tensor: int, offset: int, chunk: memoryview) -> None:
         """Bytes ``[offset, offset + len(chunk))`` of the tensor starting at byte ``tensor`` of the data section
@@ -909,6 +985,16 @@ class _RestoreReader:
     def _read_part(self, view: memoryview, at: int, offset: int, crc: bool) -> int | None:
         _pread_exactly(self._fd, view, at, offset)
         return _crc32(view) if crc else None
+
+
+_NOT_TAKEN = object()  # _RestoreReader.run: no tensor taken ahead of the batch just read
+# Restore: tensors under _BATCH_TENSOR_BYTES, next to each other in the file, go as one stream
+# (submit_scatter: one preadv into them all where device memory is host memory), up to _BATCH_READ_BYTES
+# and _BATCH_TENSORS at a time; a preadv takes at most _IOV_MAX pieces.
+_BATCH_TENSOR_BYTES = 1 << 20
+_BATCH_READ_BYTES = 8 << 20
+_BATCH_TENSORS = 1024
+_IOV_MAX = 1024
 
 
 def _split(nbytes: int, parts: int) -> list[tuple[int, int]]:

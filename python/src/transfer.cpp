@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
@@ -31,7 +32,7 @@ namespace devbridge::python {
 namespace {
 
 constexpr Route kRoutes[] = {Route::Nothing,    Route::AdoptInPlace, Route::RegisteredCopy,    Route::DirectCopy,
-                             Route::RingChunks, Route::PeerCopy,     Route::StagedThroughRings};
+                             Route::RingChunks, Route::PeerCopy,     Route::StagedThroughRings, Route::WriteInPlace};
 
 std::optional<Route> parse_route(nb::handle value) {
   if (value.is_none()) return std::nullopt;
@@ -48,7 +49,7 @@ std::optional<Route> parse_route(nb::handle value) {
     }
   args::raise(PyExc_ValueError, "route \"" + name +
                                     "\" is not one of registered_copy, direct_copy, ring_chunks, peer_copy, "
-                                    "staged_through_rings (or None: the planner chooses)");
+                                    "staged_through_rings, write_in_place (or None: the planner chooses)");
 }
 
 nb::dict plan_dict(const TransferPlan& plan) {
@@ -272,6 +273,44 @@ void bind_transfer(nb::module_& m) {
           "bytes [at, at + len(chunk)) into chunk (a writable memoryview over a ring range, valid only during the\n"
           "call), in order. Returns the copies still in flight as submit_upload does; an exception fill raises\n"
           "ends the transfer as it is.")
+      .def(
+          "submit_scatter",
+          [](PyTransferPlanner& p, nb::object fill, nb::handle targets) {
+            check_callable(fill, "fill");
+            std::vector<DeviceSpan> destinations;
+            for (nb::handle target : nb::iter(targets)) {
+              const nb::tuple t = nb::cast<nb::tuple>(target);
+              if (t.size() != 3) args::raise(PyExc_ValueError, "submit_scatter: each target is (handle, offset, nbytes)");
+              destinations.push_back(DeviceSpan{nb::cast<DeviceHandle>(t[0]), args::integer<std::uint64_t>(t[1], "offset"),
+                                                args::integer<std::uint64_t>(t[2], "nbytes")});
+            }
+            const ScatterSource source{[&fill](std::uint64_t at, std::span<const std::span<std::byte>> pieces) {
+              nb::gil_scoped_acquire gil;
+              nb::list views;
+              for (const auto& piece : pieces) views.append(chunk_view(piece, true));
+              fill(at, views);
+            }};
+            std::vector<TransferResult> results = p.locked([&](TransferPlanner& t) {
+              auto r = t.submit_scatter(source, destinations);
+              if (!r.empty()) p.last_route = r.front().route;
+              return r;
+            });
+            nb::list out;
+            for (const TransferResult& result : results) {
+              nb::list pending;
+              for (const PendingCopy& copy : result.pending)
+                pending.append(nb::make_tuple(copy.event, copy.offset, copy.bytes));
+              out.append(pending);
+            }
+            return out;
+          },
+          "fill"_a, "targets"_a,
+          "One stream of bytes into several allocations, in order: targets is [(handle, offset, nbytes), ...],\n"
+          "each taking the next nbytes of the stream; fill(at, pieces) writes bytes [at, at + their total) into\n"
+          "pieces (writable memoryviews, valid only during the call, each the next bytes of one target). Where\n"
+          "device memory is host memory the pieces are the allocations' own bytes (write_in_place: one call may\n"
+          "cover many small targets), else one ring chunk per call. Returns, per target, its copies still in\n"
+          "flight as submit_upload does (offsets from the target's start).")
       .def(
           "download_stream",
           [](PyTransferPlanner& p, DeviceHandle handle, nb::handle offset, nb::handle nbytes, nb::object sink) {

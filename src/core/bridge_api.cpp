@@ -150,6 +150,10 @@ CopyEvent Bridge::copy(const HostCopy& request) {
 bool Bridge::copy_to_peer(DeviceRange source, Bridge& destination, DeviceRange destination_range) {
   return core_->copy_to_peer(source, *destination.core_, destination_range);
 }
+void Bridge::write_in_place(std::span<const DeviceRange> ranges,
+                            const std::function<void(std::span<const std::span<std::byte>>)>& write) {
+  core_->write_in_place(ranges, write);
+}
 HostRegion Bridge::register_host(std::span<std::byte> bytes, RegionRelease on_release) {
   return core_->register_host(bytes, false, std::move(on_release));
 }

@@ -515,6 +515,11 @@ class BridgeCore {
   PeerSide hold_for_peer_copy(const DeviceRange& range, CopyDirection direction);
   void end_peer_copy(const PeerSide& side, CopyDirection direction, bool copied) noexcept;
   bool copy_to_peer(const DeviceRange& source, BridgeCore& destination, const DeviceRange& destination_range);
+  // Bridge::write_in_place: each range held as a peer copy's destination is
+  // (validated, writes_under_view, read-only refused) while `write` fills
+  // the host bytes of host-addressable device memory.
+  void write_in_place(std::span<const DeviceRange> ranges,
+                      const std::function<void(std::span<const std::span<std::byte>>)>& write);
 
   // Inside a catch: an Error becomes the direction's copy error; anything
   // else goes on as it is.
@@ -765,6 +770,7 @@ class BridgeCore {
   std::uint64_t outstanding_leases_ = 0;
   bool owner_alive_ = true;
   std::string device_string_;  // views point at it: it never changes after construction
+  bool host_addressable_ = false;  // BackendCapabilities::host_addressable, set once, at construction
   DeviceDtypes dtypes_;  // read before the lock: set once, at construction
   ViewPlacement placement_;  // read before the lock: set once, at construction
   // The flight recorder: recording_ is null unless it records (the one test

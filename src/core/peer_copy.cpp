@@ -77,4 +77,38 @@ bool BridgeCore::copy_to_peer(const DeviceRange& source, BridgeCore& destination
   return copied;
 }
 
+void BridgeCore::write_in_place(std::span<const DeviceRange> ranges,
+                                const std::function<void(std::span<const std::span<std::byte>>)>& write) {
+  if (!host_addressable_)
+    fail(ErrorKind::Unsupported,
+         "write_in_place: device memory is not host memory on the {} backend (BackendInfo::host_addressable is "
+         "false); stage the bytes through the ring",
+         backend_name_);
+  // Each range held as a peer copy's destination: validated, a view's
+  // writes_under_view honoured, a read-only adoption refused; counted as a
+  // copy into the allocation (free_device refuses, release defers) and as a
+  // call in progress (a restart or close waits for the write).
+  std::vector<PeerSide> held;
+  held.reserve(ranges.size());
+  std::vector<std::span<std::byte>> bytes;
+  bytes.reserve(ranges.size());
+  auto end_all = [&] {
+    for (const PeerSide& side : held) end_peer_copy(side, CopyDirection::HostToDevice, false);
+  };
+  try {
+    for (const DeviceRange& range : ranges) {
+      held.push_back(hold_for_peer_copy(range, CopyDirection::HostToDevice));
+      // Host memory (host_addressable): the allocation's address is the CPU's.
+      bytes.emplace_back(reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(held.back().device.address)) +
+                             range.offset,
+                         static_cast<std::size_t>(range.len));
+    }
+    write(bytes);
+  } catch (...) {
+    end_all();
+    throw;
+  }
+  end_all();
+}
+
 }  // namespace devbridge::detail

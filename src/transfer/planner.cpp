@@ -26,6 +26,7 @@ std::string_view route_name(Route route) noexcept {
     case Route::RingChunks: return "ring_chunks";
     case Route::PeerCopy: return "peer_copy";
     case Route::StagedThroughRings: return "staged_through_rings";
+    case Route::WriteInPlace: return "write_in_place";
   }
   return "unknown";
 }
@@ -235,8 +236,17 @@ TransferPlan choose(const Resolved& r, const TransferOptions& options, const Bac
       take(Route::StagedThroughRings, forced ? "as TransferOptions::route asks"
                                              : "device to device within one bridge: through its ring, chunk by chunk");
   } else if ((r.upload() && r.source.streamed()) || (r.download() && r.destination.streamed())) {
-    if (forced && *forced != Route::RingChunks) refuse("streamed bytes move only by ring_chunks");
-    take(Route::RingChunks, "bytes made or consumed chunk by chunk: through the ring");
+    const bool in_place = r.upload() && info.host_addressable;
+    if (forced && *forced != Route::RingChunks && !(*forced == Route::WriteInPlace && in_place))
+      refuse(r.upload() ? "streamed bytes move by ring_chunks, or write_in_place where device memory is host memory "
+                          "(BackendInfo::host_addressable)"
+                        : "streamed bytes move out only by ring_chunks");
+    if (forced ? *forced == Route::WriteInPlace : in_place)
+      take(Route::WriteInPlace,
+           "bytes made chunk by chunk, on a device whose memory is host memory: written straight into the "
+           "allocation, no ring (one copy instead of two)");
+    else
+      take(Route::RingChunks, "bytes made or consumed chunk by chunk: through the ring");
   } else if (!host_buffer) {
     if (forced && *forced != Route::DirectCopy) refuse("a ring range or registered region moves by one direct_copy");
     take(Route::DirectCopy, "the host bytes are already in the ring or a registered region: one copy");
@@ -459,6 +469,25 @@ TransferResult TransferPlanner::execute(const TransferSource& source, const Tran
     case Route::RingChunks:
       run_ring_chunks();
       break;
+    case Route::WriteInPlace: {
+      const std::uint64_t element = r.destination.element_size;
+      const std::uint64_t chunk = std::max<std::uint64_t>(chunk_bytes_ - chunk_bytes_ % element, element);
+      const auto& fill_chunk = *r.source.fill;
+      try {
+        bridge_.write_in_place(std::span(&destination_range, 1), [&](std::span<const std::span<std::byte>> pieces) {
+          const std::span<std::byte> all = pieces[0];
+          for (std::uint64_t done = 0; done < r.bytes;) {
+            const std::uint64_t len = std::min(chunk, r.bytes - done);
+            fill_chunk(done, all.subspan(done, len));
+            done += len;
+            if (options_.progress) options_.progress(done, r.bytes);
+          }
+        });
+      } catch (const Error& e) {
+        rethrow_naming(e, r.describe_it() + " (write_in_place)");
+      }
+      break;
+    }
     case Route::PeerCopy:
     case Route::StagedThroughRings: {
       Bridge& from = *r.source.bridge;
@@ -517,6 +546,96 @@ TransferResult TransferPlanner::execute(const TransferSource& source, const Tran
   }
   if (allocation) result.handle = allocation->keep();
   return result;
+}
+
+std::vector<TransferResult> TransferPlanner::submit_scatter(const ScatterSource& source,
+                                                           std::span<const DeviceSpan> destinations) {
+  if (!source.fill) fail(ErrorKind::InvalidRange, "a ScatterSource has no fill function");
+  // Each destination checked as an upload of its share would be; the route
+  // WriteInPlace only where every one takes it.
+  const std::function<void(std::uint64_t, std::span<std::byte>)> unused = [](std::uint64_t, std::span<std::byte>) {};
+  std::vector<std::uint64_t> lengths;
+  lengths.reserve(destinations.size());
+  bool in_place = !destinations.empty();
+  for (std::size_t i = 0; i < destinations.size(); ++i) {
+    if (!destinations[i].bytes)
+      fail(ErrorKind::InvalidRange, "scatter destination {} ({}) has no length: each takes its bytes of the stream", i,
+           describe(destinations[i].handle));
+    const StreamSource share{*destinations[i].bytes, unused};
+    const Resolved r = resolve(share, destinations[i], bridge_);
+    const TransferPlan plan = choose(r, options_, capabilities_, chunk_bytes_);
+    in_place = in_place && (plan.route == Route::WriteInPlace || plan.route == Route::Nothing);
+    lengths.push_back(r.bytes);
+  }
+  std::vector<TransferResult> results(destinations.size());
+  if (in_place) {
+    std::vector<DeviceRange> ranges;
+    for (std::size_t i = 0; i < destinations.size(); ++i) {
+      results[i].route = lengths[i] == 0 ? Route::Nothing : Route::WriteInPlace;
+      results[i].bytes = lengths[i];
+      if (lengths[i] != 0) ranges.push_back(DeviceRange{destinations[i].handle, destinations[i].offset, lengths[i]});
+    }
+    if (ranges.empty()) return results;
+    const std::uint64_t total = std::accumulate(lengths.begin(), lengths.end(), std::uint64_t{0});
+    try {
+      bridge_.write_in_place(ranges, [&](std::span<const std::span<std::byte>> bytes) {
+        // Up to chunk_bytes_ of pieces per fill call, a destination cut where a chunk ends.
+        std::vector<std::span<std::byte>> pieces;
+        std::uint64_t at = 0, gathered = 0;
+        for (std::span<std::byte> rest : bytes) {
+          while (!rest.empty()) {
+            const std::size_t take = static_cast<std::size_t>(std::min<std::uint64_t>(rest.size(), chunk_bytes_ - gathered));
+            pieces.push_back(rest.first(take));
+            rest = rest.subspan(take);
+            gathered += take;
+            if (gathered == chunk_bytes_) {
+              source.fill(at, pieces);
+              at += gathered;
+              gathered = 0;
+              pieces.clear();
+              if (options_.progress) options_.progress(at, total);
+            }
+          }
+        }
+        if (!pieces.empty()) {
+          source.fill(at, pieces);
+          at += gathered;
+          if (options_.progress) options_.progress(at, total);
+        }
+      });
+    } catch (const Error& e) {
+      rethrow_naming(e, fmt::format("scatter of {} bytes into {} allocations from {} (write_in_place)", total,
+                                    destinations.size(), describe(destinations.front().handle)));
+    }
+    return results;
+  }
+  // One submit per destination, its share of the stream through the ring.
+  std::uint64_t base = 0;
+  for (std::size_t i = 0; i < destinations.size(); ++i) {
+    const std::function<void(std::uint64_t, std::span<std::byte>)> share_fill =
+        [&source, base](std::uint64_t offset, std::span<std::byte> chunk) {
+          const std::span<std::byte> one[1] = {chunk};
+          source.fill(base + offset, one);
+        };
+    try {
+      results[i] = submit(StreamSource{lengths[i], share_fill}, destinations[i]);
+    } catch (...) {
+      // The earlier destinations' copies are this call's: none is left in flight.
+      const auto deadline = std::chrono::steady_clock::now() + options_.cleanup_timeout;
+      for (std::size_t j = 0; j < i; ++j)
+        for (const PendingCopy& copy : results[j].pending) {
+          try {
+            const auto left = std::max(deadline - std::chrono::steady_clock::now(),
+                                       std::chrono::steady_clock::duration::zero());
+            bridge_.wait(copy.event, std::chrono::duration_cast<std::chrono::nanoseconds>(left));
+          } catch (const Error&) {
+          }
+        }
+      throw;
+    }
+    base += lengths[i];
+  }
+  return results;
 }
 
 DeviceHandle TransferPlanner::upload(std::span<const std::byte> bytes, const ObjectSpec& spec, std::uint64_t extent) {
