@@ -597,10 +597,12 @@ def _restore_file(bridge: Bridge, path: str, file: BinaryIO, header: _Header, se
     if expected and partial:
         raise ValueError(f"{path!r} records a checksum of its whole data section, which a partial restore "
                          f"(names=, prefix=, rows=) does not read: pass verify=False to restore part of it")
-    # The reader starts on the first tensor while the rest are allocated: each goes to it once allocated.
+    # Every tensor is allocated, then the reader starts: started on the first tensor while the rest were
+    # allocated, its thread and this one took turns at the GIL (each turn up to the interpreter's switch
+    # interval), and 3000 small tensors were read at half the speed; allocated first, it finds them all
+    # handed and reads adjacent ones together (_RestoreReader.run).
     stop = threading.Event()
     handed: queue.SimpleQueue[tuple[_Entry, DeviceHandle, Future] | None] = queue.SimpleQueue()
-    reading = _READERS.submit(_RestoreReader(bridge, path, file, expected, stop).run, handed)
     tensors: dict[str, DeviceTensor] = {}
     try:
         for entry, (spec, extent) in zip(chosen, specs):
@@ -611,14 +613,11 @@ def _restore_file(bridge: Bridge, path: str, file: BinaryIO, header: _Header, se
             landed: Future = Future()
             tensors[entry.name] = DeviceTensor(bridge, handle, entry.shape, entry.dtype, landing=landed)
             handed.put((entry, handle, landed))
-    except BaseException:
-        stop.set()  # the reader stops before its next chunk, and fails the tensors it had not filled
         handed.put(None)
-        with contextlib.suppress(BaseException):
-            reading.result()
-        _free_all(tensors)
+        reading = _READERS.submit(_RestoreReader(bridge, path, file, expected, stop).run, handed)
+    except BaseException:
+        _free_all(tensors)  # nothing was read into them
         raise
-    handed.put(None)
     return PendingRestore(path, tensors, reading=reading, stop=stop)
 
 
@@ -858,15 +857,14 @@ class _RestoreReader:
                 batch = [item]
                 nbytes = item[0].end - item[0].begin
                 item = _NOT_TAKEN
-                while nbytes < _BATCH_READ_BYTES and len(batch) < _BATCH_TENSORS and \
-                        batch[-1][0].end - batch[-1][0].begin < _BATCH_TENSOR_BYTES:
+                while nbytes < _BATCH_READ_BYTES and len(batch) < _BATCH_TENSORS:
                     try:
                         item = take(False)
                     except queue.Empty:
                         item = _NOT_TAKEN
                         break
                     if item is None or item[0].begin != batch[-1][0].end or \
-                            item[0].end - item[0].begin >= _BATCH_TENSOR_BYTES:
+                            nbytes + item[0].end - item[0].begin > _BATCH_READ_BYTES:
                         break
                     batch.append(item)
                     nbytes += item[0].end - item[0].begin
@@ -918,7 +916,8 @@ class _RestoreReader:
 
     def _read_pieces(self, tensor: int, offset: int, views: list[memoryview]) -> None:
         """Bytes from ``offset`` of the run of tensors starting at byte ``tensor`` of the data section into
-        ``views``, in order (one ``preadv``, repeated while the kernel returns less), hashed in order."""
+        ``views``, in order (``preadv``, repeated while the kernel returns less), hashed in order. A run of
+        ``_PARALLEL_READ_BYTES`` or more is read in ``_READ_THREADS`` parts, as ``_read`` reads a chunk."""
         if len(views) == 1:
             self._read(tensor, offset, views[0])
             return
@@ -927,21 +926,50 @@ class _RestoreReader:
         at = self._start + tensor + offset  # in the file
         total = sum(v.nbytes for v in views)
         self._read_ahead(at + total)
-        left, done = views, 0
-        while left:
-            n = os.preadv(self._fd, left[:_IOV_MAX], at + done)
-            if not n:
-                raise CheckpointError(f"the file ends {total - done} bytes early "
-                                      f"(at byte {offset + done} of the run of tensors read together)")
-            done += n
-            while left and n >= left[0].nbytes:
-                n -= left[0].nbytes
-                left = left[1:]
-            if n:
-                left = [left[0][n:], *left[1:]]
-        if self._digest is not None:
+        crc_parts = self._algorithm == "crc32" and _crc32_combine is not None
+        if total < _PARALLEL_READ_BYTES:
+            parts = [(0, total, views)]
+        else:
+            parts = [(first, last, _cut(views, first, last)) for first, last in _split(total, _READ_THREADS)]
+        reads = [_PART_READERS.submit(self._read_run, part, at + first, offset + first, crc_parts)
+                 for first, last, part in parts[1:]]
+        try:  # the first part on this thread
+            results = [self._read_run(parts[0][2], at, offset, crc_parts)]
+        finally:
+            futures_wait(reads)  # every part has stopped writing before a failure gives the tensors back
+        results += [read.result() for read in reads]
+        if self._digest is None:
+            return
+        if crc_parts:
+            for (first, last, _), crc in zip(parts, results):
+                self._digest.combine(crc, last - first)
+        else:
             for view in views:
                 self._digest.update(view)
+
+    def _read_run(self, views: list[memoryview], at: int, offset: int, crc: bool) -> int | None:
+        """``views`` filled from byte ``at`` of the file on, in order, ``_HASH_STEP_BYTES`` at a time, each
+        step hashed right after it is read (still in the CPU's cache); their CRC-32 when ``crc``."""
+        total = sum(v.nbytes for v in views)
+        value = 0
+        for first in range(0, total, _HASH_STEP_BYTES):
+            step = _cut(views, first, min(first + _HASH_STEP_BYTES, total)) if total > _HASH_STEP_BYTES else views
+            left, done = step, first
+            while left:
+                n = os.preadv(self._fd, left[:_IOV_MAX], at + done)
+                if not n:
+                    raise CheckpointError(f"the file ends {total - done} bytes early "
+                                          f"(at byte {offset + done} of the run of tensors read together)")
+                done += n
+                while left and n >= left[0].nbytes:
+                    n -= left[0].nbytes
+                    left = left[1:]
+                if n:
+                    left = [left[0][n:], *left[1:]]
+            if crc:
+                for view in step:
+                    value = _crc32(view, value)
+        return value if crc else None
 
     def _read(self, tensor: int, offset: int, chunk: memoryview) -> None:
         """Bytes ``[offset, offset + len(chunk))`` of the tensor starting at byte ``tensor`` of the data section
@@ -988,13 +1016,26 @@ class _RestoreReader:
 
 
 _NOT_TAKEN = object()  # _RestoreReader.run: no tensor taken ahead of the batch just read
-# Restore: tensors under _BATCH_TENSOR_BYTES, next to each other in the file, go as one stream
-# (submit_scatter: one preadv into them all where device memory is host memory), up to _BATCH_READ_BYTES
-# and _BATCH_TENSORS at a time; a preadv takes at most _IOV_MAX pieces.
-_BATCH_TENSOR_BYTES = 1 << 20
+# Restore: tensors next to each other in the file go as one stream (submit_scatter: a preadv into them all
+# where device memory is host memory, in parts on _READ_THREADS threads past _PARALLEL_READ_BYTES), up to
+# _BATCH_READ_BYTES and _BATCH_TENSORS at a time; a preadv takes at most _IOV_MAX pieces.
 _BATCH_READ_BYTES = 8 << 20
 _BATCH_TENSORS = 1024
 _IOV_MAX = 1024
+# Restore: a run read in one piece is read and hashed this much at a time (the hash reads what the read
+# just wrote while the CPU's cache still holds it).
+_HASH_STEP_BYTES = 1 << 20
+
+
+def _cut(views: list[memoryview], first: int, last: int) -> list[memoryview]:
+    """Bytes ``[first, last)`` of the run ``views`` make, as views."""
+    out, at = [], 0
+    for view in views:
+        end = at + view.nbytes
+        if end > first and at < last:
+            out.append(view[max(first, at) - at:min(last, end) - at])
+        at = end
+    return out
 
 
 def _split(nbytes: int, parts: int) -> list[tuple[int, int]]:
