@@ -424,8 +424,10 @@ TEST_P(TransferConformance, TransferStreamsChunkByChunk) {
                               expected += chunk.size();
                               std::memcpy(chunk.data(), data.data() + at, chunk.size());
                             }};
-  EXPECT_EQ(planner.plan(source, DeviceSpan{h}).route, Route::RingChunks);
+  const bool addressable = b.backend_info().host_addressable;
+  EXPECT_EQ(planner.plan(source, DeviceSpan{h}).route, addressable ? Route::WriteInPlace : Route::RingChunks);
   const auto up = planner.submit(source, DeviceSpan{h});
+  EXPECT_EQ(up.pending.empty(), addressable);
   for (const PendingCopy& copy : up.pending) b.wait(copy.event);
   EXPECT_EQ(expected, data.size());
   Bytes back;
@@ -443,6 +445,114 @@ TEST_P(TransferConformance, TransferStreamsChunkByChunk) {
   EXPECT_THROW(planner.run(DeviceSpan{h}, failing), std::runtime_error);
   b.free_device(h);
   b.poll();
+  expect_nothing_left(b);
+}
+
+// Where device memory is host memory, a stream is written straight into the
+// allocation (WriteInPlace, Bridge::write_in_place): no ring, no copy; the
+// allocation is held while the fill runs; a fill that throws leaves nothing.
+// Elsewhere write_in_place is Unsupported and the stream takes the ring.
+TEST_P(TransferConformance, TransferWritesAStreamInPlaceWhereDeviceMemoryIsHostMemory) {
+  auto& b = make_bridge(kRing);
+  const bool addressable = b.backend_info().host_addressable;
+  const Bytes data = random_bytes(3 * kRing + 123);
+  const auto copies_before = b.stats().copies_submitted;
+  TransferPlanner planner(b);
+  const StreamSource source{data.size(), [&](std::uint64_t at, std::span<std::byte> chunk) {
+                              EXPECT_LE(chunk.size(), planner.chunk_bytes());
+                              std::memcpy(chunk.data(), data.data() + at, chunk.size());
+                            }};
+  const auto made = planner.submit(source, fresh(data.size()));
+  for (const PendingCopy& copy : made.pending) b.wait(copy.event);
+  EXPECT_EQ(made.route, addressable ? Route::WriteInPlace : Route::RingChunks);
+  if (addressable) EXPECT_EQ(b.stats().copies_submitted, copies_before);
+  Bytes back(data.size());
+  planner.download(*made.handle, 0, back);
+  EXPECT_EQ(back, data);
+
+  const DeviceRange range{*made.handle, 0, 4096};
+  if (!addressable) {
+    EXPECT_KIND(ErrorKind::Unsupported, b.write_in_place(std::span(&range, 1), [](auto) {}), "not host memory");
+    TransferPlanner in_place(b, {.route = Route::WriteInPlace});
+    EXPECT_KIND(ErrorKind::InvalidRange, in_place.plan(source, fresh(data.size())), "write_in_place");
+  } else {
+    // Held while the write runs: a free is refused, a release deferred to its end.
+    b.write_in_place(std::span(&range, 1), [&](std::span<const std::span<std::byte>> pieces) {
+      ASSERT_EQ(pieces.size(), 1u);
+      EXPECT_EQ(pieces[0].size(), 4096u);
+      EXPECT_KIND(ErrorKind::AllocationStillInUse, b.free_device(*made.handle), "");
+      std::memset(pieces[0].data(), 0x5a, 4096);
+    });
+    planner.download(*made.handle, 0, back);
+    EXPECT_EQ(back[0], std::byte{0x5a});
+    EXPECT_EQ(back[4095], std::byte{0x5a});
+    EXPECT_EQ(back[4096], data[4096]);
+  }
+  b.free_device(*made.handle);
+
+  // A fill that throws: the new allocation is freed, nothing is left held or reserved.
+  const auto live = b.backend().test_controls() ? b.backend().test_controls()->live_allocations() : 0;
+  const StreamSource failing{data.size(), [](std::uint64_t at, std::span<std::byte>) {
+                               if (at != 0) throw std::runtime_error("the disk went away");
+                             }};
+  EXPECT_THROW(planner.submit(failing, fresh(data.size())), std::runtime_error);
+  b.poll();
+  expect_nothing_left(b);
+  if (b.backend().test_controls()) EXPECT_LE(b.backend().test_controls()->live_allocations(), live);
+}
+
+// One stream into several allocations (submit_scatter): in place at once
+// where device memory is host memory (pieces of up to chunk_bytes per fill),
+// else one submit per allocation through the ring; bit-exact either way.
+TEST_P(TransferConformance, TransferScattersOneStreamIntoSeveralAllocations) {
+  auto& b = make_bridge(kRing);
+  const bool addressable = b.backend_info().host_addressable;
+  const std::vector<std::uint64_t> lengths{1, 4097, kRing, 64, 3 * kRing + 123};
+  std::uint64_t total = 0;
+  for (auto n : lengths) total += n;
+  const Bytes data = random_bytes(total);
+  std::vector<DeviceHandle> handles;
+  std::vector<DeviceSpan> targets;
+  for (auto n : lengths) {
+    handles.push_back(b.alloc_device(bytes_spec(extent_for(n)), extent_for(n)));
+    targets.push_back(DeviceSpan{handles.back(), 0, n});
+  }
+  TransferPlanner planner(b);
+  std::uint64_t expected = 0;
+  const ScatterSource source{[&](std::uint64_t at, std::span<const std::span<std::byte>> pieces) {
+    EXPECT_EQ(at, expected);
+    std::uint64_t n = 0;
+    for (const auto& piece : pieces) {
+      std::memcpy(piece.data(), data.data() + at + n, piece.size());
+      n += piece.size();
+    }
+    EXPECT_LE(n, planner.chunk_bytes());
+    if (!addressable) EXPECT_EQ(pieces.size(), 1u);
+    expected += n;
+  }};
+  const auto results = planner.submit_scatter(source, targets);
+  ASSERT_EQ(results.size(), lengths.size());
+  for (const auto& result : results) {
+    EXPECT_EQ(result.route, addressable ? Route::WriteInPlace : Route::RingChunks);
+    for (const PendingCopy& copy : result.pending) b.wait(copy.event);
+  }
+  EXPECT_EQ(expected, total);
+  std::uint64_t at = 0;
+  for (std::size_t i = 0; i < lengths.size(); ++i) {
+    Bytes back(lengths[i]);
+    planner.download(handles[i], 0, back);
+    EXPECT_TRUE(std::equal(back.begin(), back.end(), data.begin() + static_cast<std::ptrdiff_t>(at))) << i;
+    at += lengths[i];
+  }
+  // A target without a length, and a fill that throws part-way: nothing left held.
+  std::vector<DeviceSpan> unsized{DeviceSpan{handles[0]}};
+  EXPECT_KIND(ErrorKind::InvalidRange, planner.submit_scatter(source, unsized), "no length");
+  const ScatterSource failing{[](std::uint64_t at, std::span<const std::span<std::byte>>) {
+    if (at != 0) throw std::runtime_error("short read");
+  }};
+  EXPECT_THROW(planner.submit_scatter(failing, targets), std::runtime_error);
+  b.poll();
+  for (const DeviceHandle h : handles) b.free_device(h);
   expect_nothing_left(b);
 }
 
