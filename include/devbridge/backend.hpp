@@ -75,10 +75,11 @@ struct BackendCapabilities {
   // The ring's host memory is page-locked (the host backend: once a ring
   // block was allocated and locked).
   bool host_memory_page_locked = false;
-  // Device memory is host memory the CPU reads and writes at a view's
-  // address (the host backend): staging may copy through a view, once,
-  // instead of twice through the ring. Not the fake: its copies are what
-  // tests script and count.
+  // Device memory is host memory the CPU reads and writes at the
+  // allocation's address (the host backend): a stream may be written
+  // straight into an allocation (Bridge::write_in_place, the planner's
+  // WriteInPlace route), once, instead of twice through the ring. Not the
+  // fake: its copies are what tests script and count.
   bool host_addressable = false;
   // One upload of a buffer is cheaper from a registration of it (register,
   // one copy, unregister) than through the ring (two copies): the device
