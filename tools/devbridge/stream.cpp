@@ -226,6 +226,10 @@ TransferOptions planner_options(const StreamPlan& plan) {
   // The two stages share the ring and the in-flight budget: one waits for
   // room the other holds, and gives up only when the other stalls.
   options.wait_for_room = stall_timeout(plan);
+  // The stream is the worker's ring at work: its chunks go through the ring
+  // on every backend (on one whose memory is host memory the planner would
+  // write a stream straight into it, and the report would count no upload).
+  options.route = Route::RingChunks;
   return options;
 }
 
