@@ -513,7 +513,12 @@ class BridgeCore {
     DeviceRange range;
   };
   PeerSide hold_for_peer_copy(const DeviceRange& range, CopyDirection direction);
-  void end_peer_copy(const PeerSide& side, CopyDirection direction, bool copied) noexcept;
+  // How a held range's use ended: nothing moved (a peer copy fell back, or
+  // failed before it began), a direct peer copy (counted and recorded on the
+  // peer track), or write_in_place's fill returned or threw (recorded on the
+  // copy-up track).
+  enum class HeldEnd : std::uint8_t { Untouched, PeerCopied, WrittenInPlace, WriteInPlaceFailed };
+  void end_peer_copy(const PeerSide& side, CopyDirection direction, HeldEnd how) noexcept;
   bool copy_to_peer(const DeviceRange& source, BridgeCore& destination, const DeviceRange& destination_range);
   // Bridge::write_in_place: each range held as a peer copy's destination is
   // (validated, writes_under_view, read-only refused) while `write` fills
@@ -723,8 +728,9 @@ class BridgeCore {
                                                      std::uint64_t event_id, std::uint64_t bytes) noexcept;
   // A slice that began at `began` (the recorder's ticks) and ends now, in
   // one record: a sync copy, a peer copy's side, a launch without a fence.
+  // `in_place`: bytes written into host-addressable memory (write_in_place), not a copy.
   [[gnu::noinline, gnu::cold]] void trace_whole_slice(TraceTrack track, const DeviceRange& range, std::uint64_t began,
-                                                      bool ok) noexcept;
+                                                      bool ok, bool in_place = false) noexcept;
   // The ends of the async copies drained_ holds that are about to apply.
   [[gnu::noinline, gnu::cold]] void trace_completions() noexcept;
   [[gnu::noinline, gnu::cold]] void trace_view(TraceKind kind, const DeviceHandle& h, ViewHolder holder) noexcept;

@@ -67,10 +67,12 @@ void BridgeCore::trace_copy_begin(CopyDirection direction, const DeviceRange& de
   record.track = direction == CopyDirection::HostToDevice ? TraceTrack::CopyUp : TraceTrack::CopyDown;
 }
 
-void BridgeCore::trace_whole_slice(TraceTrack track, const DeviceRange& range, std::uint64_t began, bool ok) noexcept {
+void BridgeCore::trace_whole_slice(TraceTrack track, const DeviceRange& range, std::uint64_t began, bool ok,
+                                   bool in_place) noexcept {
   if (!recording_) return;
-  auto& record = recording_->append(ok ? TraceKind::WholeSlice : TraceKind::WholeSliceFailed, generation_,
-                                    range.handle.id);
+  const TraceKind kind = in_place ? (ok ? TraceKind::InPlaceWrite : TraceKind::InPlaceWriteFailed)
+                                  : (ok ? TraceKind::WholeSlice : TraceKind::WholeSliceFailed);
+  auto& record = recording_->append(kind, generation_, range.handle.id);
   record.slice = began != 0 ? began : record.ticks;  // 0: recording began during the call
   record.offset = range.offset;
   record.bytes = range.len;

@@ -131,7 +131,10 @@ void FlightRecorder::stamp_slowly(TraceSlot& slot) noexcept {
 
 namespace {
 bool is_fence(TraceKind kind) { return kind == TraceKind::FenceRecorded || kind == TraceKind::FencePassed; }
-bool is_whole(TraceKind kind) { return kind == TraceKind::WholeSlice || kind == TraceKind::WholeSliceFailed; }
+bool is_in_place(TraceKind kind) { return kind == TraceKind::InPlaceWrite || kind == TraceKind::InPlaceWriteFailed; }
+bool is_whole(TraceKind kind) {
+  return kind == TraceKind::WholeSlice || kind == TraceKind::WholeSliceFailed || is_in_place(kind);
+}
 }  // namespace
 
 void FlightRecorder::record(const TraceRecord& record) noexcept {
@@ -416,7 +419,9 @@ std::string trace_json(const TraceDump& dump) {
       if (r.kind == TraceKind::CopyBegin)
         fmt::format_to(out, "\"event\":\"{}:{}:{}\",", dump.domain, r.generation, r.slice);
       else if (whole && r.track != TraceTrack::Compute)  // no copy event: a sync copy, or a side of a peer copy
-        text.append(r.track == TraceTrack::Peer ? "\"event\":\"peer\"," : "\"event\":\"sync\",");
+        text.append(r.track == TraceTrack::Peer ? "\"event\":\"peer\","
+                    : is_in_place(r.kind)        ? "\"event\":\"in_place\","
+                                                 : "\"event\":\"sync\",");
       fmt::format_to(out, "\"handle\":\"{}:{}:{}\",\"bytes\":{},\"offset\":{},\"generation\":{},\"seq\":{}",
                      dump.domain, r.generation, r.id, r.bytes, r.offset, r.generation, first_sequence + index);
       if (r.kind == TraceKind::ViewBegin) fmt::format_to(out, ",\"holder\":\"{}\"", holder_name(r.holder));
@@ -430,7 +435,9 @@ std::string trace_json(const TraceDump& dump) {
     } else if (whole || is_end(r.kind)) {
       const auto lane = lanes.end(key);
       if (!lane) continue;  // its begin was overwritten in the ring
-      const char* status = r.kind == TraceKind::CopyFailed || r.kind == TraceKind::WholeSliceFailed ? "failed"
+      const char* status = r.kind == TraceKind::CopyFailed || r.kind == TraceKind::WholeSliceFailed ||
+                                   r.kind == TraceKind::InPlaceWriteFailed
+                               ? "failed"
                            : r.kind == TraceKind::ViewEnd   ? "ended"
                            : fence                          ? "passed"
                                                             : "completed";

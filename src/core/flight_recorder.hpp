@@ -62,6 +62,10 @@ enum class TraceKind : std::uint8_t {
   // in the record (TraceRecord::begin_ns), so it needs no key to pair by.
   WholeSlice,
   WholeSliceFailed,
+  // A whole slice on the copy-up track whose bytes were written straight
+  // into host-addressable device memory (Bridge::write_in_place), no copy.
+  InPlaceWrite,
+  InPlaceWriteFailed,
 };
 
 // Tracks (the dump's thread ids).

@@ -24,14 +24,18 @@ BridgeCore::PeerSide BridgeCore::hold_for_peer_copy(const DeviceRange& range, Co
   return {slot->device, id_slot(range.handle.id), began, range};
 }
 
-void BridgeCore::end_peer_copy(const PeerSide& side, CopyDirection direction, bool copied) noexcept {
+void BridgeCore::end_peer_copy(const PeerSide& side, CopyDirection direction, HeldEnd how) noexcept {
   SpinLockHold lock(lock_);
   auto& slot = allocations_[side.index];
   --slot.copies;
   if (direction == CopyDirection::HostToDevice) --slot.uploads;
-  if (copied) copies_.count_direct();
-  if (copied && side.began) [[unlikely]]
-    trace_whole_slice(TraceTrack::Peer, side.range, side.began, true);
+  if (how == HeldEnd::PeerCopied) copies_.count_direct();
+  if (how != HeldEnd::Untouched && side.began) [[unlikely]] {
+    if (how == HeldEnd::PeerCopied)
+      trace_whole_slice(TraceTrack::Peer, side.range, side.began, true);
+    else
+      trace_whole_slice(TraceTrack::CopyUp, side.range, side.began, how == HeldEnd::WrittenInPlace, true);
+  }
   maybe_finish_release(side.index);
   gate_.call_ended();
 }
@@ -47,7 +51,7 @@ bool BridgeCore::copy_to_peer(const DeviceRange& source, BridgeCore& destination
   try {
     to = destination.hold_for_peer_copy(destination_range, CopyDirection::HostToDevice);
   } catch (...) {
-    end_peer_copy(from, CopyDirection::DeviceToHost, false);
+    end_peer_copy(from, CopyDirection::DeviceToHost, HeldEnd::Untouched);
     throw;
   }
   bool copied = false;
@@ -60,8 +64,9 @@ bool BridgeCore::copy_to_peer(const DeviceRange& source, BridgeCore& destination
   } catch (const std::exception& e) {
     failure.emplace(ErrorKind::DeviceCopyFailed, fmt::format("the backend threw: {}", e.what()));
   }
-  end_peer_copy(from, CopyDirection::DeviceToHost, copied);
-  destination.end_peer_copy(to, CopyDirection::HostToDevice, copied);
+  const HeldEnd how = copied ? HeldEnd::PeerCopied : HeldEnd::Untouched;
+  end_peer_copy(from, CopyDirection::DeviceToHost, how);
+  destination.end_peer_copy(to, CopyDirection::HostToDevice, how);
   if (failure) {
     if (failure->fatal()) {
       // The device state is unknown on both sides: both bridges turn Broken.
@@ -92,8 +97,8 @@ void BridgeCore::write_in_place(std::span<const DeviceRange> ranges,
   held.reserve(ranges.size());
   std::vector<std::span<std::byte>> bytes;
   bytes.reserve(ranges.size());
-  auto end_all = [&] {
-    for (const PeerSide& side : held) end_peer_copy(side, CopyDirection::HostToDevice, false);
+  auto end_all = [&](HeldEnd how) {
+    for (const PeerSide& side : held) end_peer_copy(side, CopyDirection::HostToDevice, how);
   };
   try {
     for (const DeviceRange& range : ranges) {
@@ -103,12 +108,17 @@ void BridgeCore::write_in_place(std::span<const DeviceRange> ranges,
                              range.offset,
                          static_cast<std::size_t>(range.len));
     }
-    write(bytes);
   } catch (...) {
-    end_all();
+    end_all(HeldEnd::Untouched);
     throw;
   }
-  end_all();
+  try {
+    write(bytes);
+  } catch (...) {
+    end_all(HeldEnd::WriteInPlaceFailed);
+    throw;
+  }
+  end_all(HeldEnd::WrittenInPlace);
 }
 
 }  // namespace devbridge::detail

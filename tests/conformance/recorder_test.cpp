@@ -117,6 +117,39 @@ TEST_P(RecorderConformance, CopiesAndLaunchesAreSlicesOnTheirTracks) {
   EXPECT_EQ(frees, 2u) << "both released allocations retired";
 }
 
+// A restore on a backend whose device memory is host memory moves no copy:
+// write_in_place fills the tensors. The trace still shows the bytes landing,
+// as copy-up slices marked in_place (failed when the fill threw).
+TEST_P(RecorderConformance, WritesInPlaceAreSlicesOnTheCopyUpTrack) {
+  auto& b = make_bridge();
+  if (!b.backend_info().host_addressable) GTEST_SKIP() << "device memory is not host memory here";
+  b.record(RecordOptions{});
+  const auto x = b.alloc_device(kFloats, kBytes);
+  const DeviceRange ranges[] = {DeviceRange{x, 0, kBytes / 2}, DeviceRange{x, kBytes / 2, kBytes / 2}};
+  b.write_in_place(ranges, [](std::span<const std::span<std::byte>> pieces) {
+    for (const auto piece : pieces) std::fill(piece.begin(), piece.end(), std::byte{7});
+  });
+  EXPECT_THROW(b.write_in_place(std::span(ranges, 1), [](auto) { throw std::runtime_error("the file ended"); }),
+               std::runtime_error);
+  b.free_device(x);
+
+  const auto trace = json::parse(b.trace_json());
+  expect_valid_trace(trace);
+  std::vector<std::string> seen;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["name"] != "copy up") continue;
+    const int tid = e["tid"];
+    EXPECT_TRUE(tid == 2 || tid / 100 == 2) << e.dump() << ": the copy-up track or one of its lanes";
+    seen.push_back(e["ph"] == "B" ? "B " + e["args"]["event"].get<std::string>() + " " +
+                                        std::to_string(e["args"]["offset"].get<std::uint64_t>())
+                                  : "E " + e["args"]["status"].get<std::string>());
+  }
+  std::sort(seen.begin(), seen.end());
+  const std::string half = std::to_string(kBytes / 2);
+  EXPECT_EQ(seen, (std::vector<std::string>{"B in_place 0", "B in_place 0", "B in_place " + half, "E completed",
+                                            "E completed", "E failed"}));
+}
+
 TEST_P(RecorderConformance, TheRingStaysBounded) {
   auto& b = make_bridge();
   b.record(RecordOptions{.max_events = 16});
