@@ -17,7 +17,7 @@ build: setup
 # Every test: the C++ suites (ctest, the C ABI's included), the installed package, the Python suite, then the
 # Rust crate over the C ABI.
 test: build
-	@ctest --preset $(PRESET) -j $(JOBS)
+	@ctest --preset $(PRESET) -j $(JOBS) --output-on-failure
 	@BUILD=$(BUILD) bash scripts/check-install.sh
 	@bash scripts/python-tests.sh
 	@bash scripts/rust-tests.sh
