@@ -5,12 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
-#include <thread>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -105,11 +103,11 @@ TEST_P(RecorderConformance, CopiesAndLaunchesAreSlicesOnTheirTracks) {
   b.release(y);
   b.release_host(range);
   // The launch's fence passes when the device says so (at once on some
-  // backends, a little later on others): poll until both allocations
-  // retired. Bounded so a lost fence fails the test; not a measurement.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (b.poll(), b.memory_stats().allocations != 0 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // backends, a moment after the download on others, emulated CUDA's): close
+  // waits for it, and the trace is still there to dump. (A loop of poll and
+  // sleep here made LeakSanitizer's exit-time tracer crash on PoCL's threads
+  // in most runs under ASan.)
+  b.close();
   const auto trace = json::parse(b.trace_json());
   expect_valid_trace(trace);
   const auto names = event_names(trace, {"axpy", "copy down"});
