@@ -88,13 +88,12 @@ void BridgeCore::trace_completions() noexcept {
     const CopySlot* copy = copies_.pending(c.event.id);
     if (!copy) continue;
     ended += copy->bytes;
-    auto& record = recording_->append(c.ok ? TraceKind::CopyCompleted : TraceKind::CopyFailed, c.event.generation);
+    auto counters = trace_counters();
+    counters.in_flight -= std::min(counters.in_flight, ended);
+    auto& record =
+        recording_->append(c.ok ? TraceKind::CopyCompleted : TraceKind::CopyFailed, c.event.generation, 0, counters);
     record.slice = c.event.id;
     record.track = copy->direction == CopyDirection::HostToDevice ? TraceTrack::CopyUp : TraceTrack::CopyDown;
-    record.has_counters = true;
-    auto& counters = recording_->counters_of(record);
-    counters = trace_counters();
-    counters.in_flight -= std::min(counters.in_flight, ended);
   }
 }
 

@@ -138,7 +138,8 @@ bool is_whole(TraceKind kind) {
 }  // namespace
 
 void FlightRecorder::record(const TraceRecord& record) noexcept {
-  TraceSlot& slot = append(record.kind, record.generation, record.id);
+  TraceSlot& slot = record.has_counters ? append(record.kind, record.generation, record.id, record.counters)
+                                        : append(record.kind, record.generation, record.id);
   if (record.ts_ns != 0) slot.ticks = record.ts_ns;
   slot.slice = !is_whole(record.kind) ? record.slice : record.begin_ns != 0 ? record.begin_ns : slot.ticks;
   slot.offset = is_fence(record.kind) ? record.consumer : record.offset;
@@ -146,8 +147,6 @@ void FlightRecorder::record(const TraceRecord& record) noexcept {
   slot.track = record.track;
   slot.holder = record.holder;
   slot.queue = record.queue;
-  slot.has_counters = record.has_counters;
-  if (record.has_counters) counters_of(slot) = record.counters;
 }
 
 TraceRecord FlightRecorder::at(std::size_t i) const noexcept {

@@ -221,9 +221,6 @@ class FlightRecorder {
     slot.has_counters = true;
     return slot;
   }
-  // Where the memory counters of `slot` (one append returned) go; the caller
-  // sets has_counters.
-  TraceCounters& counters_of(const TraceSlot& slot) noexcept { return counters_[&slot - slots_.get()]; }
 
   // Keeps a record built elsewhere, stamped as append does (its own time
   // when it has one).
