@@ -296,7 +296,6 @@ struct Lanes {
     friend auto operator<=>(const Key&, const Key&) = default;
   };
   std::map<Key, std::vector<std::size_t>> open;  // a key may be open more than once (views of one allocation)
-  std::map<std::uint64_t, std::uint64_t> consumer_tracks;  // by the consumer queue's handle
 
   static std::uint64_t tid(std::uint64_t track, std::size_t lane) { return lane == 0 ? track : 100u * track + lane; }
 
