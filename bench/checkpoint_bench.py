@@ -215,31 +215,38 @@ def file_rows(host: devbridge.Bridge, arrays: dict[str, np.ndarray], workdir: st
 
 class ThrottledStorage:
     """Storage that streams a file at ``rate`` bytes/s from its first read on, as a network disk or slow SSD
-    does with the kernel reading ahead: os.preadv (what restore reads with) of bytes [a, b) returns once the
-    stream has reached b. A raw read through it takes the storage's own time; restore matches it only if
+    does with the kernel reading ahead: a read of bytes [a, b) returns once the stream has reached b (restore
+    reads in C++, on its own thread: its ``_before_read`` hook waits for that before each read; the raw read
+    goes through os.preadv). A raw read through it takes the storage's own time; restore matches it only if
     its device copies and hashing keep pace and hide behind the reads, never stalling the stream."""
 
     def __init__(self, rate: float) -> None:
         self._rate = rate
         self._preadv = os.preadv
-        self._started: dict[int, float] = {}  # by file (inode): when its stream began
+        self._started: float | None = None  # when the stream began (one file at a time)
+
+    def _wait_for(self, end: int) -> None:
+        if self._started is None:
+            self._started = time.monotonic()
+        time.sleep(max(0.0, self._started + end / self._rate - time.monotonic()))
 
     def preadv(self, fd: int, buffers: list, offset: int, *args: int) -> int:
         n = self._preadv(fd, buffers, offset, *args)
-        started = self._started.setdefault(os.fstat(fd).st_ino, time.monotonic())
-        time.sleep(max(0.0, started + (offset + n) / self._rate - time.monotonic()))
+        self._wait_for(offset + n)
         return n
 
     def restart(self) -> None:
-        """Every file streams from its beginning again (before each sample)."""
-        self._started.clear()
+        """The file streams from its beginning again (before each sample)."""
+        self._started = None
 
     def __enter__(self) -> ThrottledStorage:
         os.preadv = self.preadv
+        devbridge._checkpoint._before_read = lambda offset, nbytes: self._wait_for(offset + nbytes)
         return self
 
     def __exit__(self, *exc: object) -> None:
         os.preadv = self._preadv
+        devbridge._checkpoint._before_read = None
 
 
 def throttled_rows(host: devbridge.Bridge, workdir: str, mib_per_s: int, repeat: int) -> list[tuple[str, float, str, float]]:

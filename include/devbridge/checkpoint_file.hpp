@@ -132,7 +132,11 @@ class Crc32 {
   void update(const void* data, std::size_t n) noexcept;
   std::uint32_t value() const noexcept { return value_; }
   std::string hexdigest() const;                     // "1a2b3c4d"
-  std::string text() const { return "crc32:" + hexdigest(); }  // as the header records it
+  std::string text() const { return text_of(value_); }  // as the header records it
+  // The CRC of bytes A then B, from A's CRC and B's (of `second_bytes` bytes):
+  // parts read on several threads hashed apart, then joined.
+  static std::uint32_t combine(std::uint32_t first, std::uint32_t second, std::uint64_t second_bytes) noexcept;
+  static std::string text_of(std::uint32_t value);  // "crc32:1a2b3c4d"
 
  private:
   std::uint32_t value_ = 0;

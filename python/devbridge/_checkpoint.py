@@ -18,26 +18,23 @@ import contextlib
 import hashlib
 import json
 import os
-import queue
 import stat
 import tempfile
-import threading
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as futures_wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, BinaryIO, Callable, NamedTuple
 
 import numpy as np
 
-from ._devbridge import Bridge, DeviceHandle, ObjectSpec, TransferPlanner, _checkpoint_open, dtype_info, _safetensors_name
+from ._devbridge import (Bridge, ObjectSpec, TransferPlanner, _checkpoint_open, _restore_start, _RestoreStream,
+                         _safetensors_name, dtype_info)
 from ._errors import BridgeError
 from ._portable import (
     CheckpointError,
     _Source,
     _context,
-    _read_exactly,
     _resolve,
     _with_context,
     _stream,
@@ -51,11 +48,6 @@ from ._staging import (
 
 FORMAT = "devbridge-checkpoint"
 FORMAT_VERSION = "1"
-# Restore: a ring chunk this large or larger is read (and crc32-hashed) in parts, one per thread.
-_PARALLEL_READ_BYTES = 4 << 20
-_READ_THREADS = 2
-# Restore: how far ahead of its reads the kernel is asked to read the file (posix_fadvise WILLNEED).
-_READ_AHEAD_BYTES = 256 << 20
 # Restore: how long a chunk waits for ring room another caller holds (another restore, a stream) before
 # Backpressure: room that long held is a stall, not a queue.
 _RING_ROOM_WAIT_S = 60.0
@@ -76,16 +68,14 @@ def _checked_path(path: Any) -> str:
     return path
 
 
-try:  # ISA-L's CRC-32: the same checksum as zlib's, 5x faster here, and able to join pieces hashed apart
+try:  # ISA-L's CRC-32: the same checksum as zlib's, 5x faster here
     from isal.isal_zlib import crc32 as _crc32
-    from isal.isal_zlib import crc32_combine as _crc32_combine
-except ImportError:  # a dependency; where its wheel is missing, zlib hashes the data in one piece at a time
+except ImportError:  # a dependency; where its wheel is missing, zlib's
     from zlib import crc32 as _crc32
-    _crc32_combine = None
 
 
 class _Crc32:
-    """CRC-32 (zlib's: the IEEE polynomial, as gzip and PNG) behind hashlib's interface, plus ``combine``."""
+    """CRC-32 (zlib's: the IEEE polynomial, as gzip and PNG) behind hashlib's interface."""
 
     name = "crc32"
 
@@ -94,10 +84,6 @@ class _Crc32:
 
     def update(self, data: Any) -> None:
         self._value = _crc32(data, self._value)
-
-    def combine(self, crc: int, length: int) -> None:
-        """As ``update`` of ``length`` bytes whose own CRC-32 is ``crc`` (hashed elsewhere, in parallel)."""
-        self._value = _crc32_combine(self._value, crc, length)
 
     def hexdigest(self) -> str:
         return f"{self._value:08x}"
@@ -448,13 +434,15 @@ def restore(bridge: Bridge, path: Any, *, names: Any = None, prefix: str | None 
     The header is checked against the file before anything is allocated: a file
     that is not safetensors, is truncated, or holds a dtype devbridge lacks or
     an empty tensor raises ``CheckpointError`` naming the file, the tensor
-    and why. Every tensor is allocated, then the data streams from the file
-    through the ring: read with ``pread`` straight into the ring's chunks
-    (large chunks in parallel parts), each chunk's device copy in flight while
-    the next is read, so host memory beyond the tensors stays within the ring
-    whatever the file's size. A devbridge checkpoint's checksum is computed
-    as the bytes are read and, with ``verify`` (the default), compared at the
-    end. When the checksum differs, the file ends early, or an allocation or
+    and why. Every tensor is allocated, then a thread of the C++ library's
+    (``checkpoint::RestoreStream``, no GIL) reads the data section in file
+    order, adjacent tensors together: where device memory is host memory one
+    ``preadv`` lands many tensors in their own bytes; elsewhere the bytes go
+    through the ring's chunks, each chunk's device copy in flight while the
+    next is read, so host memory beyond the tensors stays within the ring
+    whatever the file's size. Large reads go in two parts on two threads. A
+    devbridge checkpoint's checksum is computed as the bytes are read and,
+    with ``verify`` (the default), compared at the end. When the checksum differs, the file ends early, or an allocation or
     copy fails (the error names the tensor), every tensor is freed before the
     error is raised.
 
@@ -597,28 +585,40 @@ def _restore_file(bridge: Bridge, path: str, file: BinaryIO, header: _Header, se
     if expected and partial:
         raise ValueError(f"{path!r} records a checksum of its whole data section, which a partial restore "
                          f"(names=, prefix=, rows=) does not read: pass verify=False to restore part of it")
-    # Every tensor is allocated, then the reader starts: started on the first tensor while the rest were
-    # allocated, its thread and this one took turns at the GIL (each turn up to the interpreter's switch
-    # interval), and 3000 small tensors were read at half the speed; allocated first, it finds them all
-    # handed and reads adjacent ones together (_RestoreReader.run).
-    stop = threading.Event()
-    handed: queue.SimpleQueue[tuple[_Entry, DeviceHandle, Future] | None] = queue.SimpleQueue()
-    tensors: dict[str, DeviceTensor] = {}
-    try:
-        for entry, (spec, extent) in zip(chosen, specs):
-            try:
-                handle = bridge.alloc(spec, extent)
-            except BridgeError as error:
-                raise _with_context(error, f"restore {path!r}: tensor {entry.name!r}") from error
-            landed: Future = Future()
-            tensors[entry.name] = DeviceTensor(bridge, handle, entry.shape, entry.dtype, landing=landed)
-            handed.put((entry, handle, landed))
-        handed.put(None)
-        reading = _READERS.submit(_RestoreReader(bridge, path, file, expected, stop).run, handed)
-    except BaseException:
-        _free_all(tensors)  # nothing was read into them
-        raise
-    return PendingRestore(path, tensors, reading=reading, stop=stop)
+    # One C++ call allocates every tensor and starts the reading thread (checkpoint::RestoreStream): the bytes
+    # land while the tensors' Python objects are made here, and no reader takes turns with this thread at the GIL.
+    algorithm = expected.partition(":")[0] if expected else None
+    digest = _new_digest(algorithm) if algorithm == "sha256" else None
+    targets = [(entry.name, entry.begin, entry.end, spec, extent) for entry, (spec, extent) in zip(chosen, specs)]
+    stream = _restore_start(bridge, file.fileno(), file.tell(), targets, expected if algorithm == "crc32" else None,
+                            digest.update if digest is not None else None, _before_read, _RING_ROOM_WAIT_S,
+                            repr(path), path)
+    tensors = {entry.name: DeviceTensor(bridge, handle, entry.shape, entry.dtype, landing=_Landing(stream, i))
+               for i, (entry, handle) in enumerate(zip(chosen, stream.handles))}
+    return PendingRestore(path, tensors, stream=stream, digest=(digest, expected) if digest is not None else None)
+
+
+class _Landing:
+    """Whether tensor ``index`` of a restore's stream has landed (a ``Future``'s ``done``/``result`` for
+    ``DeviceTensor``): its bytes written in place, or its copies submitted, which ``result`` returns."""
+
+    __slots__ = ("_stream", "_index")
+
+    def __init__(self, stream: _RestoreStream, index: int) -> None:
+        self._stream = stream
+        self._index = index
+
+    def done(self) -> bool:
+        return self._stream.done() or self._stream.landed(self._index, 0)
+
+    def result(self, timeout: float | None = None) -> list:
+        if not self._stream.landed(self._index, timeout):
+            raise FutureTimeout()
+        return self._stream.copies(self._index)
+
+
+# Tests and the benchmark's slow storage: called as (file offset, nbytes) on the reading thread before each read.
+_before_read: Callable[[int, int], None] | None = None
 
 
 class PendingRestore(Mapping[str, DeviceTensor]):
@@ -636,13 +636,13 @@ class PendingRestore(Mapping[str, DeviceTensor]):
     and frees every tensor.
     """
 
-    def __init__(self, path: str, tensors: dict[str, DeviceTensor], *, reading: Future | None = None,
-                 stop: threading.Event | None = None, parts: list[PendingRestore] | None = None) -> None:
+    def __init__(self, path: str, tensors: dict[str, DeviceTensor], *, stream: _RestoreStream | None = None,
+                 digest: tuple[Any, str] | None = None, parts: list[PendingRestore] | None = None) -> None:
         self._path = path
         self._tensors = tensors
         self._parts = parts or []  # a sharded restore: one per file
-        self._reading = reading  # one file: its reader
-        self._stop = stop
+        self._stream = stream  # one file: its reading
+        self._digest = digest  # a checksum the stream does not check: (the digest it feeds, the expected text)
         self._failure: BaseException | None = None
 
     def __getitem__(self, name: str) -> DeviceTensor:
@@ -659,7 +659,7 @@ class PendingRestore(Mapping[str, DeviceTensor]):
 
     def done(self) -> bool:
         """True once every file has been read to its end and its checksum compared, or the reading failed."""
-        return all(part.done() for part in self._parts) and (self._reading is None or self._reading.done())
+        return all(part.done() for part in self._parts) and (self._stream is None or self._stream.done())
 
     def ready(self) -> bool:
         """True once every tensor is on the device and verified (never blocks); raises as ``wait``."""
@@ -685,12 +685,16 @@ class PendingRestore(Mapping[str, DeviceTensor]):
                     failures.append(error)
             if failures:
                 raise failures[0]
-            if self._reading is None:
+            if self._stream is None:
                 return True  # its files' own waits saw their tensors
-            try:
-                self._reading.result(left())
-            except FutureTimeout:
+            if not self._stream.finished(left()):
                 return False
+            if self._digest is not None:
+                digest, expected = self._digest
+                actual = f"{expected.partition(':')[0]}:{digest.hexdigest()}"
+                if actual != expected:
+                    raise CheckpointError(f"{self._path!r} is corrupt: the data's checksum is {actual}, "
+                                          f"the file records {expected}; nothing was restored")
             for name, tensor in self._tensors.items():
                 try:
                     if not (tensor.freed or tensor.wait(left())):
@@ -708,11 +712,8 @@ class PendingRestore(Mapping[str, DeviceTensor]):
         defers a free while a copy still fills the allocation). Idempotent."""
         for part in self._parts:
             part.abandon()
-        if self._stop is not None:
-            self._stop.set()
-        if self._reading is not None:
-            with contextlib.suppress(BaseException):
-                self._reading.result(_CLEANUP_WAIT_S)
+        if self._stream is not None:
+            self._stream.stop()
         _free_all(self._tensors)
 
     def tensors(self) -> dict[str, DeviceTensor]:
@@ -728,25 +729,6 @@ def _free_all(tensors: Mapping[str, DeviceTensor]) -> None:
         with contextlib.suppress(Exception):  # the failure is being raised already
             tensor.wait(timeout=_CLEANUP_WAIT_S)
         tensor.free()
-
-
-# Files read at once (the shards of a sharded checkpoint, restores that do not wait), each on a reader
-# thread whose large chunks are read in _READ_THREADS parts.
-_FILE_READERS = 4
-_READERS: ThreadPoolExecutor
-_PART_READERS: ThreadPoolExecutor
-
-
-def _start_reader_pools() -> None:
-    """The reader threads' pools, at import and again in a forked child: a child inherits a pool whose
-    threads did not come with it, and a restore there would wait for them forever."""
-    global _READERS, _PART_READERS
-    _READERS = ThreadPoolExecutor(_FILE_READERS, thread_name_prefix="devbridge-restore")
-    _PART_READERS = ThreadPoolExecutor(_FILE_READERS * (_READ_THREADS - 1), thread_name_prefix="devbridge-read")
-
-
-_start_reader_pools()
-os.register_at_fork(after_in_child=_start_reader_pools)
 
 
 def _restore_sharded(bridge: Bridge, index_path: str, selection: _Selection, alignment: int,
@@ -810,252 +792,6 @@ def _read_index(index_path: str) -> dict[str, str]:
         if os.path.isabs(shard) or ".." in shard.replace("\\", "/").split("/"):
             raise CheckpointError(f"{index_path!r} maps {name!r} to {shard!r}: shards must lie beside the index")
     return weight_map
-
-
-class _RestoreReader:
-    """Reads a checkpoint's data section into its tensors, in file order, on a reader thread: each tensor
-    streams through the transfer planner's ring chunks, ``pread`` straight from the file into a chunk (no
-    map of the file, no staging buffer: host memory beyond the tensors stays within the ring), the chunk's
-    device copy in flight while the next is read. A chunk of ``_PARALLEL_READ_BYTES`` or more is read in
-    parts on ``_READ_THREADS`` threads, each part hashed by the thread that read it (crc32 parts are
-    combined; sha256 hashes the chunk in order once it is read). The checksum is compared at the end."""
-
-    def __init__(self, bridge: Bridge, path: str, file: BinaryIO, expected: str | None,
-                 stop: threading.Event) -> None:
-        self._bridge = bridge
-        self._stop = stop  # set by PendingRestore.abandon: the next chunk raises
-        self._path = path
-        self._start = file.tell()  # the data section's first byte
-        self._expected = expected
-        self._algorithm = expected.partition(":")[0] if expected else None
-        self._digest = _new_digest(self._algorithm) if self._algorithm else None
-        self._fd = os.dup(file.fileno())  # the caller closes its file once restore returns
-        self._advised_to = 0  # file offsets: read ahead up to here
-
-    def run(self, handed: queue.SimpleQueue) -> None:
-        """Fills each tensor ``handed`` to it as ``(entry, handle, landing)`` until ``None`` (its landing gets
-        the copies still in flight), then compares the checksum. Small tensors next to each other in the file
-        that are already handed go together (``_fill_batch``). A failure is set on the landing of every
-        tensor not filled yet, those still to be handed included, and raised (``PendingRestore.wait`` frees
-        them)."""
-        landings: list[Future] = []
-        handing = True
-
-        def take(block: bool) -> Any:
-            nonlocal handing
-            item = handed.get() if block else handed.get_nowait()
-            if item is None:
-                handing = False
-            else:
-                landings.append(item[2])
-            return item
-
-        try:
-            planner = TransferPlanner(self._bridge, wait_for_room=_RING_ROOM_WAIT_S)
-            item = take(True)
-            while item is not None:
-                batch = [item]
-                nbytes = item[0].end - item[0].begin
-                item = _NOT_TAKEN
-                while nbytes < _BATCH_READ_BYTES and len(batch) < _BATCH_TENSORS:
-                    try:
-                        item = take(False)
-                    except queue.Empty:
-                        item = _NOT_TAKEN
-                        break
-                    if item is None or item[0].begin != batch[-1][0].end or \
-                            nbytes + item[0].end - item[0].begin > _BATCH_READ_BYTES:
-                        break
-                    batch.append(item)
-                    nbytes += item[0].end - item[0].begin
-                    item = _NOT_TAKEN
-                if len(batch) == 1:
-                    self._fill_one(planner, *batch[0])
-                else:
-                    self._fill_batch(planner, batch)
-                if item is _NOT_TAKEN:
-                    item = take(True)
-            if self._digest is not None and not self._stop.is_set():
-                actual = f"{self._algorithm}:{self._digest.hexdigest()}"
-                if actual != self._expected:
-                    raise CheckpointError(f"{self._path!r} is corrupt: the data's checksum is {actual}, "
-                                          f"the file records {self._expected}; nothing was restored")
-        except BaseException as error:
-            while handing:  # the allocating thread ends with None
-                take(True)
-            for landed in landings:
-                if not landed.done():
-                    landed.set_exception(error)
-            raise
-        finally:
-            os.close(self._fd)
-
-    def _fill_one(self, planner: TransferPlanner, entry: _Entry, handle: DeviceHandle, landed: Future) -> None:
-        """One tensor by the planner's stream: straight into its memory where the device's memory is host
-        memory (``write_in_place``), else through the ring in chunks."""
-        try:
-            events = planner.submit_stream(lambda at, chunk, begin=entry.begin: self._read(begin, at, chunk),
-                                           entry.end - entry.begin, into=handle)
-        except (BridgeError, CheckpointError) as error:  # both rebuilt with the name in front
-            raise _with_context(error, f"restore {self._path!r}: tensor {entry.name!r}") from error
-        landed.set_result(events)
-
-    def _fill_batch(self, planner: TransferPlanner, batch: list[tuple[_Entry, DeviceHandle, Future]]) -> None:
-        """Small tensors next to each other in the file as one stream (``submit_scatter``): where the device's
-        memory is host memory, one ``preadv`` straight into all of them and one hash pass, instead of a
-        planner call, a read and a hash each."""
-        first = batch[0][0]
-        try:
-            results = planner.submit_scatter(lambda at, views: self._read_pieces(first.begin, at, views),
-                                             [(handle, 0, entry.end - entry.begin) for entry, handle, _ in batch])
-        except (BridgeError, CheckpointError) as error:
-            names = f"tensor {first.name!r}" + (f" and the {len(batch) - 1} after it" if len(batch) > 1 else "")
-            raise _with_context(error, f"restore {self._path!r}: {names}") from error
-        for (_, _, landed), events in zip(batch, results):
-            landed.set_result(events)
-
-    def _read_pieces(self, tensor: int, offset: int, views: list[memoryview]) -> None:
-        """Bytes from ``offset`` of the run of tensors starting at byte ``tensor`` of the data section into
-        ``views``, in order (``preadv``, repeated while the kernel returns less), hashed in order. A run of
-        ``_PARALLEL_READ_BYTES`` or more is read in ``_READ_THREADS`` parts, as ``_read`` reads a chunk."""
-        if len(views) == 1:
-            self._read(tensor, offset, views[0])
-            return
-        if self._stop.is_set():
-            raise CheckpointError(f"the restore of {self._path!r} was abandoned")
-        at = self._start + tensor + offset  # in the file
-        total = sum(v.nbytes for v in views)
-        self._read_ahead(at + total)
-        crc_parts = self._algorithm == "crc32" and _crc32_combine is not None
-        if total < _PARALLEL_READ_BYTES:
-            parts = [(0, total, views)]
-        else:
-            parts = [(first, last, _cut(views, first, last)) for first, last in _split(total, _READ_THREADS)]
-        reads = [_PART_READERS.submit(self._read_run, part, at + first, offset + first, crc_parts)
-                 for first, last, part in parts[1:]]
-        try:  # the first part on this thread
-            results = [self._read_run(parts[0][2], at, offset, crc_parts)]
-        finally:
-            futures_wait(reads)  # every part has stopped writing before a failure gives the tensors back
-        results += [read.result() for read in reads]
-        if self._digest is None:
-            return
-        if crc_parts:
-            for (first, last, _), crc in zip(parts, results):
-                self._digest.combine(crc, last - first)
-        else:
-            for view in views:
-                self._digest.update(view)
-
-    def _read_run(self, views: list[memoryview], at: int, offset: int, crc: bool) -> int | None:
-        """``views`` filled from byte ``at`` of the file on, in order, ``_HASH_STEP_BYTES`` at a time, each
-        step hashed right after it is read (still in the CPU's cache); their CRC-32 when ``crc``."""
-        total = sum(v.nbytes for v in views)
-        value = 0
-        for first in range(0, total, _HASH_STEP_BYTES):
-            step = _cut(views, first, min(first + _HASH_STEP_BYTES, total)) if total > _HASH_STEP_BYTES else views
-            left, done = step, first
-            while left:
-                n = os.preadv(self._fd, left[:_IOV_MAX], at + done)
-                if not n:
-                    raise CheckpointError(f"the file ends {total - done} bytes early "
-                                          f"(at byte {offset + done} of the run of tensors read together)")
-                done += n
-                while left and n >= left[0].nbytes:
-                    n -= left[0].nbytes
-                    left = left[1:]
-                if n:
-                    left = [left[0][n:], *left[1:]]
-            if crc:
-                for view in step:
-                    value = _crc32(view, value)
-        return value if crc else None
-
-    def _read(self, tensor: int, offset: int, chunk: memoryview) -> None:
-        """Bytes ``[offset, offset + len(chunk))`` of the tensor starting at byte ``tensor`` of the data section
-        into ``chunk``, hashed in order."""
-        if self._stop.is_set():
-            raise CheckpointError(f"the restore of {self._path!r} was abandoned")
-        at = self._start + tensor + offset  # in the file
-        self._read_ahead(at + chunk.nbytes)
-        if chunk.nbytes < _PARALLEL_READ_BYTES:
-            _pread_exactly(self._fd, chunk, at, offset)
-            if self._digest is not None:
-                self._digest.update(chunk)
-            return
-        parts = _split(chunk.nbytes, _READ_THREADS)
-        crc_parts = self._algorithm == "crc32" and _crc32_combine is not None
-        reads = [_PART_READERS.submit(self._read_part, chunk[first:last], at + first, offset + first, crc_parts)
-                 for first, last in parts[1:]]
-        try:  # the first part on this thread
-            results = [self._read_part(chunk[:parts[0][1]], at, offset, crc_parts)]
-        finally:
-            futures_wait(reads)  # every part has stopped writing into the chunk before a failure gives it back
-        results += [read.result() for read in reads]
-        if self._digest is None:
-            return
-        if crc_parts:
-            for (first, last), crc in zip(parts, results):
-                self._digest.combine(crc, last - first)
-        else:
-            self._digest.update(chunk)
-
-    def _read_ahead(self, end: int) -> None:
-        """Asks the kernel to start reading the next ``_READ_AHEAD_BYTES`` from ``end`` on: the disk works
-        while this chunk is hashed and copied (a cold file otherwise idles it between reads)."""
-        if end + _READ_AHEAD_BYTES // 2 <= self._advised_to:
-            return
-        start = max(end, self._advised_to)
-        self._advised_to = end + _READ_AHEAD_BYTES
-        with contextlib.suppress(OSError):  # a hint
-            os.posix_fadvise(self._fd, start, self._advised_to - start, os.POSIX_FADV_WILLNEED)
-
-    def _read_part(self, view: memoryview, at: int, offset: int, crc: bool) -> int | None:
-        _pread_exactly(self._fd, view, at, offset)
-        return _crc32(view) if crc else None
-
-
-_NOT_TAKEN = object()  # _RestoreReader.run: no tensor taken ahead of the batch just read
-# Restore: tensors next to each other in the file go as one stream (submit_scatter: a preadv into them all
-# where device memory is host memory, in parts on _READ_THREADS threads past _PARALLEL_READ_BYTES), up to
-# _BATCH_READ_BYTES and _BATCH_TENSORS at a time; a preadv takes at most _IOV_MAX pieces.
-_BATCH_READ_BYTES = 8 << 20
-_BATCH_TENSORS = 1024
-_IOV_MAX = 1024
-# Restore: a run read in one piece is read and hashed this much at a time (the hash reads what the read
-# just wrote while the CPU's cache still holds it).
-_HASH_STEP_BYTES = 1 << 20
-
-
-def _cut(views: list[memoryview], first: int, last: int) -> list[memoryview]:
-    """Bytes ``[first, last)`` of the run ``views`` make, as views."""
-    out, at = [], 0
-    for view in views:
-        end = at + view.nbytes
-        if end > first and at < last:
-            out.append(view[max(first, at) - at:min(last, end) - at])
-        at = end
-    return out
-
-
-def _split(nbytes: int, parts: int) -> list[tuple[int, int]]:
-    """``[0, nbytes)`` as ``parts`` ranges of nearly equal length, each a multiple of 4 KiB but the last."""
-    step = ((nbytes + parts - 1) // parts + 4095) // 4096 * 4096
-    return [(first, min(first + step, nbytes)) for first in range(0, nbytes, step)]
-
-
-def _pread_exactly(fd: int, view: memoryview, at: int, offset: int) -> None:
-    """Fills ``view`` from byte ``at`` of the file, which holds byte ``offset`` of the tensor: a file that ends
-    first (it shrank since its header was checked) is ``_read_exactly``'s ``CheckpointError`` naming where."""
-    position = at
-
-    def readinto(part: memoryview) -> int:
-        nonlocal position
-        n = os.preadv(fd, [part], position)
-        position += n
-        return n
-
-    _read_exactly(readinto, view, offset)
 
 
 __all__ = ["CheckpointError", "PendingRestore", "checkpoint", "checkpoint_info", "restore"]

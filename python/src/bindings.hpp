@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <variant>
 
@@ -45,6 +46,11 @@ std::string handle_repr(const DeviceHandle& h);
 nanobind::dict backend_info_dict(const BackendInfo& info);
 // views.cpp
 nanobind::object tinygrad_helper(const char* name);
+// transfer.cpp
+// A memoryview over `chunk`, valid only during the call it is passed to.
+nanobind::object chunk_view(std::span<const std::byte> chunk, bool writable);
+// The state of `bridge`, a devbridge.Bridge (TypeError naming `what` otherwise).
+std::shared_ptr<BridgeState> state_of(nanobind::handle bridge, const char* what);
 
 // A view and the lease that keeps its allocation alive. The metadata stays
 // readable after close(); the address does not.

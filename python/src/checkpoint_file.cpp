@@ -5,15 +5,22 @@
 // It hands back the descriptor the header was read through, as an
 // io.FileIO, so restore reads the data from the file it checked: a second
 // open by path could find another file renamed into its place.
+#include <chrono>
+#include <cerrno>
 #include <cstring>
 #include <optional>
+#include <stdexcept>
 #include <string>
+
+#include <unistd.h>
 
 #include <Python.h>
 #include <nanobind/nanobind.h>
 
 #include "devbridge/checkpoint_file.hpp"
+#include "devbridge/checkpoint_restore.hpp"
 #include "devbridge/types.hpp"
+#include "arguments.hpp"
 #include "bindings.hpp"
 
 namespace nb = nanobind;
@@ -22,6 +29,21 @@ using namespace nb::literals;
 namespace devbridge::python {
 namespace {
 
+// A refused file as Python raises it: OSError(errno, strerror, filename) (its
+// errno's subclass, as open() raises) when the system refused, else
+// devbridge.CheckpointError (a ValueError, defined in Python: looked up only
+// when a file is refused).
+[[noreturn]] void raise_checkpoint_error(const checkpoint::CheckpointError& error, nb::object filename) {
+  if (error.os_error() != 0) {
+    nb::object os_error = nb::handle(PyExc_OSError)(error.os_error(), std::strerror(error.os_error()), filename);
+    PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(os_error.ptr())), os_error.ptr());
+    throw nb::python_error();
+  }
+  nb::object cls = nb::module_::import_("devbridge._portable").attr("CheckpointError");
+  PyErr_SetString(cls.ptr(), error.what());
+  throw nb::python_error();
+}
+
 nb::tuple checkpoint_open(nb::bytes path, const std::string& where) {
   const std::string file_path(path.c_str(), path.size());
   std::optional<checkpoint::CheckpointFile> file;
@@ -29,17 +51,7 @@ nb::tuple checkpoint_open(nb::bytes path, const std::string& where) {
     nb::gil_scoped_release no_gil;  // a 100 MB header takes a while to read and check
     file.emplace(checkpoint::CheckpointFile::open(file_path, where));
   } catch (const checkpoint::CheckpointError& error) {
-    if (error.os_error() != 0) {  // OSError(errno, strerror, filename) is its errno's subclass, as open() raises
-      nb::object name = nb::steal(PyUnicode_DecodeFSDefaultAndSize(path.c_str(), static_cast<Py_ssize_t>(path.size())));
-      nb::object os_error = nb::handle(PyExc_OSError)(error.os_error(), std::strerror(error.os_error()), name);
-      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(os_error.ptr())), os_error.ptr());
-      throw nb::python_error();
-    }
-    // devbridge.CheckpointError is defined in Python (a ValueError); it is
-    // looked up only when a file is refused.
-    nb::object cls = nb::module_::import_("devbridge._portable").attr("CheckpointError");
-    PyErr_SetString(cls.ptr(), error.what());
-    throw nb::python_error();
+    raise_checkpoint_error(error, nb::steal(PyUnicode_DecodeFSDefaultAndSize(path.c_str(), static_cast<Py_ssize_t>(path.size()))));
   }
   const checkpoint::Header& header = file->header();
   nb::dict metadata;
@@ -56,9 +68,188 @@ nb::tuple checkpoint_open(nb::bytes path, const std::string& where) {
   return nb::make_tuple(fileio, metadata, tensors, header.data_start());
 }
 
+// What a Python callback of the stream raised: the exception is kept (as a
+// Python object) by the stream's owner, and raised again each time the
+// stream's error is asked for. A python_error itself can be raised only once.
+struct CallbackFailed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// A restore's reading (checkpoint::RestoreStream) for Python's restore: the
+// bridge's state held for as long as the stream reads into it.
+struct PyRestoreStream {
+  std::shared_ptr<BridgeState> state;  // declared first: outlives the stream
+  std::unique_ptr<checkpoint::RestoreStream> stream;
+  nb::object filename;  // OSError's filename
+  // The stream's callbacks hold these by handle: they outlive its thread.
+  nb::object digest, before_read;
+  nb::object callback_error;  // what a callback raised (set with the GIL, on the reading thread)
+
+  ~PyRestoreStream() {
+    if (!stream) return;
+    {
+      // The reading thread takes the GIL for the callbacks: stop it without.
+      nb::gil_scoped_release no_gil;
+      stream->stop();
+    }
+    stream.reset();  // with the GIL: a Python error it kept is released here
+  }
+
+  checkpoint::RestoreStream& open() const {
+    if (!stream) throw Error(ErrorKind::Closed, "the restore stream has ended");
+    return *stream;
+  }
+
+  // Runs `work` without the GIL; a CheckpointError raised as Python raises it.
+  template <class Work>
+  auto unlocked(Work work) {
+    auto& s = open();
+    try {
+      nb::gil_scoped_release no_gil;
+      return work(s);
+    } catch (const checkpoint::CheckpointError& error) {
+      raise_checkpoint_error(error, filename);
+    } catch (const CallbackFailed&) {
+      if (!callback_error) throw Error(ErrorKind::Broken, "the restore's callback failed");  // cleared by the collector
+      PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(callback_error.ptr())), callback_error.ptr());
+      throw nb::python_error();
+    }
+  }
+
+  // `call()` on the reading thread, with the GIL; what it raises is kept.
+  template <class Call>
+  void called_back(Call call) {
+    nb::gil_scoped_acquire gil;
+    try {
+      call();
+    } catch (nb::python_error& error) {
+      callback_error = nb::borrow(error.value());
+      throw CallbackFailed(error.what());
+    }
+  }
+};
+
+// The kept exception's traceback holds the frames that waited on the stream,
+// and so the stream: the collector must see that reference to free the cycle.
+int restore_stream_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  Py_VISIT(nb::inst_ptr<PyRestoreStream>(self)->callback_error.ptr());
+  return 0;
+}
+
+int restore_stream_clear(PyObject* self) {
+  nb::inst_ptr<PyRestoreStream>(self)->callback_error.reset();
+  return 0;
+}
+
+PyType_Slot restore_stream_slots[] = {
+    {Py_tp_traverse, reinterpret_cast<void*>(&restore_stream_traverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(&restore_stream_clear)},
+    {0, nullptr},
+};
+
+std::chrono::nanoseconds timeout_of(nb::handle timeout) {
+  return args::optional_seconds(timeout, "timeout").value_or(std::chrono::nanoseconds::max());
+}
+
+void bind_restore_stream(nb::module_& m) {
+  nb::class_<PyRestoreStream>(m, "_RestoreStream",
+                              "A checkpoint's data section read into new allocations on a thread of its own "
+                              "(checkpoint::RestoreStream): restore's reader.",
+                              nb::type_slots(restore_stream_slots))
+      .def_prop_ro("handles", [](PyRestoreStream& self) { return self.open().handles(); })
+      .def(
+          "landed",
+          [](PyRestoreStream& self, nb::handle index, nb::handle timeout) {
+            const auto i = args::integer<std::size_t>(index, "index");
+            if (i >= self.open().handles().size()) throw nb::index_error("no such tensor in this restore");
+            const auto wait = timeout_of(timeout);
+            return self.unlocked([&](checkpoint::RestoreStream& s) { return s.landed(i, wait); });
+          },
+          "index"_a, "timeout"_a.none() = nb::none(),
+          "Waits up to timeout seconds (None: no limit) for tensor `index`'s bytes to be written or their copies "
+          "submitted; raises the error that stopped the reading before it.")
+      .def(
+          "copies",
+          [](PyRestoreStream& self, nb::handle index) {
+            const auto i = args::integer<std::size_t>(index, "index");
+            auto& s = self.open();
+            if (i >= s.handles().size() || !s.landed(i, std::chrono::nanoseconds(0)))
+              throw nb::index_error("tensor not landed yet");
+            nb::list pending;
+            for (const PendingCopy& copy : s.copies(i)) pending.append(nb::make_tuple(copy.event, copy.offset, copy.bytes));
+            return pending;
+          },
+          "index"_a, "A landed tensor's copies still in flight: [(CopyEvent, offset, nbytes)].")
+      .def(
+          "finished",
+          [](PyRestoreStream& self, nb::handle timeout) {
+            const auto wait = timeout_of(timeout);
+            return self.unlocked([&](checkpoint::RestoreStream& s) { return s.finished(wait); });
+          },
+          "timeout"_a.none() = nb::none(), "Waits for the whole file and the checksum's verdict; raises the error.")
+      .def("done", [](PyRestoreStream& self) { return self.open().done(); })
+      .def("stop", [](PyRestoreStream& self) { self.unlocked([](checkpoint::RestoreStream& s) { s.stop(); }); },
+           "Stops the reading before its next read and waits for it (idempotent).");
+
+  m.def(
+      "_restore_start",
+      [](nb::handle bridge, nb::handle fd, nb::handle data_start, nb::list targets, nb::object expected_crc32,
+         nb::object digest, nb::object before_read, nb::handle wait_for_room, const std::string& where,
+         nb::object filename) {
+        auto state = state_of(bridge, "bridge");
+        std::vector<checkpoint::RestoreTarget> chosen;
+        chosen.reserve(targets.size());
+        for (nb::handle item : targets) {
+          const auto t = nb::cast<nb::tuple>(item);
+          if (t.size() != 5) args::raise(PyExc_ValueError, "a restore target is (name, begin, end, spec, extent)");
+          chosen.push_back(checkpoint::RestoreTarget{nb::cast<std::string>(t[0]), args::integer<std::uint64_t>(t[1], "begin"),
+                                                     args::integer<std::uint64_t>(t[2], "end"), nb::cast<ObjectSpec>(t[3]),
+                                                     args::integer<std::uint64_t>(t[4], "extent")});
+        }
+        auto self = std::make_unique<PyRestoreStream>();
+        self->filename = filename;
+        self->digest = digest;
+        self->before_read = before_read;
+        checkpoint::RestoreOptions options;
+        if (!expected_crc32.is_none()) options.expected_crc32 = nb::cast<std::string>(expected_crc32);
+        options.wait_for_room = args::seconds(wait_for_room, "wait_for_room");
+        // The callbacks run on the reading thread, which holds no GIL; each takes it.
+        // The stream is stopped before `self` goes.
+        PyRestoreStream* owner = self.get();
+        if (!digest.is_none())
+          options.digest = [owner](std::span<const std::byte> bytes) {
+            owner->called_back([&] { owner->digest(chunk_view(bytes, false)); });
+          };
+        if (!before_read.is_none())
+          options.before_read = [owner](std::uint64_t at, std::uint64_t n) {
+            owner->called_back([&] { owner->before_read(at, n); });
+          };
+        const auto start = args::integer<std::uint64_t>(data_start, "data_start");
+        Bridge& target = state->open();
+        self->state = std::move(state);
+        const int borrowed_fd = args::integer<int>(fd, "fd");
+        try {
+          nb::gil_scoped_release no_gil;
+          const int owned_fd = ::dup(borrowed_fd);  // the stream's, closed by it: the caller closes its own
+          if (owned_fd < 0) throw checkpoint::CheckpointError("cannot duplicate the file's descriptor", errno);
+          self->stream = checkpoint::RestoreStream::start(target, owned_fd, start, std::move(chosen), std::move(options), where);
+        } catch (const checkpoint::CheckpointError& error) {
+          raise_checkpoint_error(error, filename);
+        }
+        return self.release();
+      },
+      "bridge"_a, "fd"_a, "data_start"_a, "targets"_a, "expected_crc32"_a.none(), "digest"_a.none(), "before_read"_a.none(),
+      "wait_for_room"_a, "where"_a, "filename"_a, nb::rv_policy::take_ownership,
+      "Allocates every target [(name, begin, end, spec, extent)] and starts reading the data section of `fd` (a "
+      "duplicate of it: the caller keeps and closes its own) into them; an allocation that fails frees the others and raises.");
+}
+
 }  // namespace
 
 void bind_checkpoint_file(nb::module_& m) {
+  bind_restore_stream(m);
   m.def("_checkpoint_open", &checkpoint_open, "path"_a, "where"_a,
         "Opens a checkpoint (path as bytes; where names it in errors) and checks its header: (io.FileIO, "
         "metadata, [(name, dtype, shape, begin, end)] in file order, data_start). CheckpointError when refused.");

@@ -29,6 +29,22 @@ using namespace nb::literals;
 
 namespace devbridge::python {
 
+// A memoryview over `chunk` (a ring range), valid only during the call it is passed to.
+nb::object chunk_view(std::span<const std::byte> chunk, bool writable) {
+  auto* data = const_cast<char*>(reinterpret_cast<const char*>(chunk.data()));
+  PyObject* view = PyMemoryView_FromMemory(data, static_cast<Py_ssize_t>(chunk.size()), writable ? PyBUF_WRITE : PyBUF_READ);
+  if (view == nullptr) throw nb::python_error();
+  return nb::steal(view);
+}
+
+std::shared_ptr<BridgeState> state_of(nb::handle bridge, const char* what) {
+  // Every devbridge.Bridge hands out its ring; its state is the bridge's.
+  if (!nb::hasattr(bridge, "ring") || !nb::isinstance<PyHostRing>(bridge.attr("ring")))
+    args::raise(PyExc_TypeError,
+                std::string(what) + " must be a devbridge.Bridge, not " + nb::type_name(bridge.type()).c_str());
+  return nb::cast<PyHostRing&>(bridge.attr("ring")).state;
+}
+
 namespace {
 
 constexpr Route kRoutes[] = {Route::Nothing,    Route::AdoptInPlace, Route::RegisteredCopy,    Route::DirectCopy,
@@ -80,14 +96,6 @@ TransferDestination upload_destination(std::size_t size, nb::handle spec, nb::ha
                        extent.is_none() ? size : args::integer<std::uint64_t>(extent, "extent")};
 }
 
-// A memoryview over `chunk` (a ring range), valid only during the call it is passed to.
-nb::object chunk_view(std::span<const std::byte> chunk, bool writable) {
-  auto* data = const_cast<char*>(reinterpret_cast<const char*>(chunk.data()));
-  PyObject* view = PyMemoryView_FromMemory(data, static_cast<Py_ssize_t>(chunk.size()), writable ? PyBUF_WRITE : PyBUF_READ);
-  if (view == nullptr) throw nb::python_error();
-  return nb::steal(view);
-}
-
 void check_callable(nb::handle f, const char* what) {
   if (!PyCallable_Check(f.ptr())) args::raise(PyExc_TypeError, std::string(what) + " must be a callable(offset, chunk)");
 }
@@ -136,14 +144,6 @@ std::pair<TransferResult, nb::list> submitted(PyTransferPlanner& p, const Transf
   nb::list pending;
   for (const PendingCopy& copy : result.pending) pending.append(nb::make_tuple(copy.event, copy.offset, copy.bytes));
   return {std::move(result), std::move(pending)};
-}
-
-std::shared_ptr<BridgeState> state_of(nb::handle bridge, const char* what) {
-  // Every devbridge.Bridge hands out its ring; its state is the bridge's.
-  if (!nb::hasattr(bridge, "ring") || !nb::isinstance<PyHostRing>(bridge.attr("ring")))
-    args::raise(PyExc_TypeError,
-                std::string(what) + " must be a devbridge.Bridge, not " + nb::type_name(bridge.type()).c_str());
-  return nb::cast<PyHostRing&>(bridge.attr("ring")).state;
 }
 
 // copy() and plan_copy()'s arguments: the two ends, the destination's

@@ -25,6 +25,7 @@
 
 #include "boundary.hpp"
 #include "devbridge/checkpoint_file.hpp"
+#include "devbridge/checkpoint_restore.hpp"
 #include "devbridge/transfer.hpp"
 
 using namespace devbridge;
@@ -349,40 +350,54 @@ devbridge_status devbridge_restore_selected(devbridge_bridge* bridge, const char
                                               "; the C ABI checks crc32 only (Python's restore reads sha256; "
                                               "options->skip_checksum restores without checking)");
 
-    auto result = std::make_unique<Restored>();
-    Allocations allocations(target);
-    TransferPlanner planner(target);
-    ckpt::Crc32 crc;
+    std::vector<ckpt::RestoreTarget> targets;
+    targets.reserve(chosen.size());
     for (const auto* entry : chosen) {
+      ckpt::RestoreTarget t;
+      t.name = entry->name;
+      t.begin = entry->begin;
+      t.end = entry->end;
+      t.spec.alignment = kRestoreAlignment;
+      t.spec.dtype = entry->dtype;
+      t.spec.shape = ShapeKind::Tensor;
       for_tensor("restore", ckpt::quoted(file), entry->name, [&] {
-        ObjectSpec spec;
-        spec.alignment = kRestoreAlignment;
-        spec.dtype = entry->dtype;
-        spec.shape = ShapeKind::Tensor;
         const auto rounded = checked::add_or_throw(entry->nbytes(), kRestoreAlignment - 1, ErrorKind::InvalidExtent,
                                                    "the tensor's bytes rounded up to the alignment");
-        spec.max_extent = rounded - rounded % kRestoreAlignment;
-        const auto first = header.data_start() + entry->begin;
-        auto moved = planner.run(StreamSource{entry->nbytes(),
-                                              [&](std::uint64_t offset, std::span<std::byte> chunk) {
-                                                opened->read_at(first + offset, chunk.data(), chunk.size());
-                                                if (check) crc.update(chunk.data(), chunk.size());
-                                              }},
-                                 NewAllocation{spec, spec.max_extent});
-        allocations.add(*moved.handle);
-        result->names.push_back(entry->name);
-        result->dims.emplace_back(entry->shape.begin(), entry->shape.end());
-        devbridge_restored_tensor row{};
-        row.handle = to_c(*moved.handle);
-        row.dtype = static_cast<devbridge_dtype>(entry->dtype);
-        row.rank = static_cast<std::uint32_t>(entry->shape.size());
-        result->rows.push_back(row);
+        t.spec.max_extent = rounded - rounded % kRestoreAlignment;
       });
+      t.extent = t.spec.max_extent;
+      targets.push_back(std::move(t));
     }
-    // The tensors tile the data section in file order, so their bytes in order are all of it.
-    if (check && crc.text() != header.checksum)
-      throw Error(ErrorKind::InvalidRange, where + ": the file is corrupt: the data's checksum is " + crc.text() +
-                                               ", the file records " + header.checksum);
+    ckpt::RestoreOptions reading;
+    if (check) reading.expected_crc32 = header.checksum;
+    // The stream reads (and owns) the descriptor the header was read through.
+    const auto stream = ckpt::RestoreStream::start(target, opened->release(), header.data_start(), std::move(targets),
+                                                   std::move(reading), ckpt::quoted(file));
+    Allocations allocations(target);
+    for (const auto& handle : stream->handles()) allocations.add(handle);
+    try {
+      stream->finished(std::chrono::nanoseconds::max());
+      for (std::size_t i = 0; i < chosen.size(); ++i)
+        for (const PendingCopy& copy : stream->copies(i)) {
+          const CopyStatus status = target.wait(copy.event);
+          if (status.state == CopyState::Failed)
+            throw Error(status.error.value_or(ErrorKind::DeviceCopyFailed),
+                        where + ": tensor " + ckpt::quoted(chosen[i]->name) + ": " + status.message);
+        }
+    } catch (const ckpt::CheckpointError& error) {  // it names the file and the tensors already
+      throw Error(error.os_error() != 0 ? ErrorKind::Unavailable : ErrorKind::InvalidRange, error.what());
+    }
+    auto result = std::make_unique<Restored>();
+    for (std::size_t i = 0; i < chosen.size(); ++i) {
+      const auto* entry = chosen[i];
+      result->names.push_back(entry->name);
+      result->dims.emplace_back(entry->shape.begin(), entry->shape.end());
+      devbridge_restored_tensor row{};
+      row.handle = to_c(stream->handles()[i]);
+      row.dtype = static_cast<devbridge_dtype>(entry->dtype);
+      row.rank = static_cast<std::uint32_t>(entry->shape.size());
+      result->rows.push_back(row);
+    }
     for (std::size_t i = 0; i < result->rows.size(); ++i) {
       result->rows[i].name = result->names[i].c_str();
       result->rows[i].dims = result->dims[i].empty() ? nullptr : result->dims[i].data();

@@ -1,0 +1,125 @@
+// Restoring a checkpoint's tensors from its file into new allocations: the
+// one reader behind Python's devbridge.restore and the C ABI's
+// devbridge_restore (the header is checked first by CheckpointFile).
+//
+// Every tensor is allocated before the first byte is read (an allocation
+// that fails frees the others: nothing half-made), then a thread of the
+// stream's own reads the data section in file order, tensors next to each
+// other in the file together: one TransferPlanner::submit_scatter a batch,
+// so where device memory is host memory one preadv lands many small tensors
+// in their own bytes, and elsewhere the bytes go through the ring's chunks.
+// A large batch is read in two parts on two threads. The CRC-32 is computed
+// as the bytes are read (parts combined); any other checksum is the
+// caller's, handed the bytes in file order. Tensors become ready in file
+// order, each as soon as its batch is submitted (landed()), so compute can
+// start on the first layers while the rest is read.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "devbridge/bridge.hpp"
+#include "devbridge/transfer.hpp"
+
+namespace devbridge::checkpoint {
+
+// One tensor a restore makes: bytes [begin, end) of the data section into a
+// new allocation of `spec` and `extent` (at least end - begin).
+struct RestoreTarget {
+  std::string name;  // the file's name for it, in errors
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+  ObjectSpec spec;
+  std::uint64_t extent = 0;
+};
+
+struct RestoreOptions {
+  // "crc32:<8 hex>": checked on the fly, the verdict at the end (the
+  // targets must then tile the data section). Empty: nothing checked here.
+  std::string expected_crc32;
+  // Handed every byte read, in file order, on the reading thread (another
+  // checksum, computed by the caller). It may throw: the restore fails.
+  std::function<void(std::span<const std::byte>)> digest;
+  // Called on the reading thread before each read of bytes [offset, offset
+  // + bytes) of the file: tests inject faults and hold reads with it, the
+  // benchmark throttles storage. It may throw: the restore fails.
+  std::function<void(std::uint64_t offset, std::uint64_t bytes)> before_read;
+  // How long a batch waits for ring room other callers hold
+  // (TransferOptions::wait_for_room).
+  std::chrono::nanoseconds wait_for_room = std::chrono::seconds(30);
+};
+
+class RestoreStream {
+ public:
+  // Allocates every target on `bridge` (an allocation that fails frees the
+  // others and throws, naming the tensor), then starts reading `fd` (a
+  // descriptor the stream owns from now on and closes), whose data section
+  // starts at byte `data_start`. `where` names the file in errors ("'m.st'").
+  static std::unique_ptr<RestoreStream> start(Bridge& bridge, int fd, std::uint64_t data_start,
+                                              std::vector<RestoreTarget> targets, RestoreOptions options,
+                                              std::string where);
+  // Stops the reading before its next read and waits for the thread. The
+  // allocations are the caller's (handles()): it frees them.
+  ~RestoreStream();
+  RestoreStream(const RestoreStream&) = delete;
+  RestoreStream& operator=(const RestoreStream&) = delete;
+
+  // The allocations, one per target, in the order given.
+  const std::vector<DeviceHandle>& handles() const noexcept { return handles_; }
+  // Waits up to `timeout` for target `index`'s bytes to be written or their
+  // copies submitted: false when not yet; throws the error that stopped the
+  // reading before it got there.
+  bool landed(std::size_t index, std::chrono::nanoseconds timeout);
+  // Target `index`'s copies still in flight when it landed (offsets from its
+  // start; empty where its bytes were written in place). Only once landed().
+  const std::vector<PendingCopy>& copies(std::size_t index) const;
+  // Waits up to `timeout` for the whole file: true once every target landed
+  // and the CRC-32 matched; throws the error that stopped the reading.
+  bool finished(std::chrono::nanoseconds timeout);
+  // True once the reading ended, by success or failure (never blocks).
+  bool done() const;
+  // Stops the reading before its next read and waits for it to stop
+  // (idempotent): every later landed()/finished() of a target not landed
+  // throws.
+  void stop();
+
+ private:
+  RestoreStream(Bridge& bridge, int fd, std::uint64_t data_start, std::vector<RestoreTarget> targets,
+                RestoreOptions options, std::string where);
+  void run() noexcept;
+  void read_batch(TransferPlanner& planner, std::size_t first, std::size_t last);
+  void fill(std::uint64_t file_offset, std::span<const std::span<std::byte>> pieces);
+  void read_ahead(std::uint64_t end);
+  void landed_through(std::size_t last, std::vector<TransferResult>& results);
+
+  Bridge& bridge_;
+  int fd_;
+  std::uint64_t data_start_;
+  std::vector<RestoreTarget> targets_;
+  RestoreOptions options_;
+  std::string where_;
+  std::vector<DeviceHandle> handles_;
+  std::vector<std::vector<PendingCopy>> copies_;
+  std::uint32_t crc_ = 0;
+  std::uint64_t advised_to_ = 0;  // file offsets: the kernel was asked to read ahead up to here
+
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::size_t landed_ = 0;  // targets [0, landed_) landed
+  bool done_ = false;
+  bool stopping_ = false;
+  std::exception_ptr error_;
+  std::thread reader_;
+};
+
+}  // namespace devbridge::checkpoint

@@ -1,0 +1,309 @@
+#include "devbridge/checkpoint_restore.hpp"
+
+#include <fcntl.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <future>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "devbridge/checkpoint_file.hpp"
+
+namespace devbridge::checkpoint {
+namespace {
+
+// Tensors next to each other in the file go as one batch up to this many
+// bytes and tensors (fewer, larger reads, with less waiting between them).
+// A batch lands as a whole, so a tensor of kAloneBytes or more goes alone:
+// restore(wait=False)'s small tensors land before a large one behind them.
+constexpr std::uint64_t kBatchBytes = 32ull << 20;
+constexpr std::size_t kBatchTensors = 4096;
+constexpr std::uint64_t kAloneBytes = 4ull << 20;
+// A fill of this many bytes or more is read in two parts on two threads.
+constexpr std::uint64_t kParallelBytes = 4ull << 20;
+// A part is read and hashed this much at a time (the hash reads what the
+// read just wrote while the CPU's cache holds it).
+constexpr std::uint64_t kHashStep = 1ull << 20;
+// The kernel is asked to read this far ahead of the bytes read (a cold
+// file's disk works while a batch is hashed and copied).
+constexpr std::uint64_t kReadAhead = 256ull << 20;
+// preadv's limit on pieces per call (IOV_MAX on Linux).
+constexpr std::size_t kMaxPieces = 1024;
+
+// What `body` throws, with "restore <file>: <which>: " in front, kind kept.
+template <class Body>
+auto naming(const std::string& context, Body&& body) {
+  try {
+    return body();
+  } catch (const Error& error) {
+    throw Error(error.kind(), context + ": " + std::string(error.message()), error.fatal());
+  } catch (const CheckpointError& error) {
+    throw CheckpointError(context + ": " + error.what(), error.os_error());
+  }
+}
+
+// Bytes [first, last) of the run `pieces` make, as pieces.
+std::vector<std::span<std::byte>> cut(std::span<const std::span<std::byte>> pieces, std::uint64_t first,
+                                      std::uint64_t last) {
+  std::vector<std::span<std::byte>> out;
+  std::uint64_t at = 0;
+  for (const auto& piece : pieces) {
+    const std::uint64_t end = at + piece.size();
+    if (end > first && at < last) {
+      const auto from = std::max(first, at) - at;
+      out.push_back(piece.subspan(from, std::min(last, end) - at - from));
+    }
+    at = end;
+    if (at >= last) break;
+  }
+  return out;
+}
+
+// Fills `pieces` from byte `at` of `fd` on, in order, kHashStep at a time,
+// each step CRC-32'd right after it is read when `crc`; returns that CRC.
+// `offset` is where `at` lies in the run being restored, for the error.
+std::uint32_t read_run(int fd, std::span<const std::span<std::byte>> pieces, std::uint64_t at, bool crc,
+                       const std::string& where) {
+  std::uint64_t total = 0;
+  for (const auto& piece : pieces) total += piece.size();
+  Crc32 value;
+  std::vector<iovec> iov;
+  for (std::uint64_t first = 0; first < total; first += kHashStep) {
+    const auto step = cut(pieces, first, std::min(first + kHashStep, total));
+    std::size_t next = 0;       // the first piece not read whole
+    std::uint64_t into = 0;     // bytes of it read
+    std::uint64_t done = first;
+    while (next < step.size()) {
+      iov.clear();
+      for (std::size_t i = next; i < step.size() && iov.size() < kMaxPieces; ++i) {
+        const auto skip = i == next ? into : 0;
+        iov.push_back(iovec{step[i].data() + skip, step[i].size() - skip});
+      }
+      const ssize_t got = ::preadv(fd, iov.data(), static_cast<int>(iov.size()), static_cast<off_t>(at + done));
+      if (got < 0) {
+        if (errno == EINTR) continue;
+        const int os_error = errno;
+        throw CheckpointError(fmt::format("reading {} failed at byte {}: {}", where, at + done, std::strerror(os_error)),
+                              os_error);
+      }
+      if (got == 0)
+        throw CheckpointError(fmt::format("{} ends {} bytes early (at byte {} of the file): it shrank since its "
+                                          "header was checked",
+                                          where, total - done, at + done));
+      done += static_cast<std::uint64_t>(got);
+      auto left = static_cast<std::uint64_t>(got);
+      while (next < step.size() && left >= step[next].size() - into) {
+        left -= step[next].size() - into;
+        into = 0;
+        ++next;
+      }
+      into += left;
+    }
+    if (crc)
+      for (const auto& piece : step) value.update(piece.data(), piece.size());
+  }
+  return value.value();
+}
+
+// Now + `timeout`, saturated (a caller's "forever" is nanoseconds::max()).
+std::chrono::steady_clock::time_point deadline_after(std::chrono::nanoseconds timeout) {
+  constexpr std::chrono::nanoseconds kYears = std::chrono::hours(24 * 365 * 100);
+  return std::chrono::steady_clock::now() + std::clamp(timeout, std::chrono::nanoseconds(0), kYears);
+}
+
+}  // namespace
+
+std::unique_ptr<RestoreStream> RestoreStream::start(Bridge& bridge, int fd, std::uint64_t data_start,
+                                                    std::vector<RestoreTarget> targets, RestoreOptions options,
+                                                    std::string where) {
+  std::unique_ptr<RestoreStream> stream(
+      new RestoreStream(bridge, fd, data_start, std::move(targets), std::move(options), std::move(where)));
+  stream->reader_ = std::thread([raw = stream.get()] { raw->run(); });
+  return stream;
+}
+
+RestoreStream::RestoreStream(Bridge& bridge, int fd, std::uint64_t data_start, std::vector<RestoreTarget> targets,
+                             RestoreOptions options, std::string where)
+    : bridge_(bridge),
+      fd_(fd),
+      data_start_(data_start),
+      targets_(std::move(targets)),
+      options_(std::move(options)),
+      where_(std::move(where)),
+      copies_(targets_.size()) {
+  handles_.reserve(targets_.size());
+  try {
+    for (const auto& target : targets_)
+      handles_.push_back(naming(fmt::format("restore {}: tensor {}", where_, checkpoint::quoted(target.name)),
+                                [&] { return bridge_.alloc_device(target.spec, target.extent); }));
+  } catch (...) {
+    for (const auto& handle : handles_) {
+      try {
+        bridge_.free_device(handle);  // nothing was read into them
+      } catch (...) {                 // a closed bridge freed them already
+      }
+    }
+    ::close(fd_);
+    throw;
+  }
+}
+
+RestoreStream::~RestoreStream() {
+  stop();
+  ::close(fd_);
+}
+
+void RestoreStream::stop() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  if (reader_.joinable() && reader_.get_id() != std::this_thread::get_id()) reader_.join();
+}
+
+bool RestoreStream::landed(std::size_t index, std::chrono::nanoseconds timeout) {
+  std::unique_lock lock(mutex_);
+  const auto ready = [&] { return landed_ > index || done_; };
+  if (!ready()) {
+    if (!changed_.wait_until(lock, deadline_after(timeout), ready)) return false;
+  }
+  if (landed_ > index) return true;
+  if (error_) std::rethrow_exception(error_);
+  throw CheckpointError(fmt::format("the restore of {} was abandoned before tensor {} was read", where_,
+                                    checkpoint::quoted(targets_.at(index).name)));
+}
+
+const std::vector<PendingCopy>& RestoreStream::copies(std::size_t index) const { return copies_.at(index); }
+
+bool RestoreStream::finished(std::chrono::nanoseconds timeout) {
+  std::unique_lock lock(mutex_);
+  if (!changed_.wait_until(lock, deadline_after(timeout), [&] { return done_; })) return false;
+  if (error_) std::rethrow_exception(error_);
+  if (landed_ < targets_.size())
+    throw CheckpointError(fmt::format("the restore of {} was abandoned", where_));
+  return true;
+}
+
+bool RestoreStream::done() const {
+  std::lock_guard lock(mutex_);
+  return done_;
+}
+
+void RestoreStream::run() noexcept {
+  std::exception_ptr error;
+  try {
+    TransferOptions transfer;
+    transfer.wait_for_room = options_.wait_for_room;
+    TransferPlanner planner(bridge_, transfer);
+    for (std::size_t first = 0; first < targets_.size();) {
+      std::size_t last = first + 1;  // the batch is [first, last): adjacent in the file, within the bounds
+      std::uint64_t bytes = targets_[first].end - targets_[first].begin;
+      const bool small = bytes < kAloneBytes;
+      const auto joins = [&](const RestoreTarget& next) {
+        const std::uint64_t more = next.end - next.begin;
+        return small && more < kAloneBytes && bytes + more <= kBatchBytes;
+      };
+      while (last < targets_.size() && last - first < kBatchTensors && targets_[last].begin == targets_[last - 1].end &&
+             joins(targets_[last])) {
+        bytes += targets_[last].end - targets_[last].begin;
+        ++last;
+      }
+      read_batch(planner, first, last);
+      first = last;
+    }
+    if (!options_.expected_crc32.empty()) {
+      const std::string actual = Crc32::text_of(crc_);
+      if (actual != options_.expected_crc32)
+        throw CheckpointError(fmt::format("{} is corrupt: the data's checksum is {}, the file records {}; nothing was "
+                                          "restored",
+                                          where_, actual, options_.expected_crc32));
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  std::lock_guard lock(mutex_);
+  error_ = error;
+  done_ = true;
+  changed_.notify_all();
+}
+
+void RestoreStream::read_batch(TransferPlanner& planner, std::size_t first, std::size_t last) {
+  std::vector<DeviceSpan> destinations;
+  destinations.reserve(last - first);
+  for (std::size_t i = first; i < last; ++i)
+    destinations.push_back(DeviceSpan{handles_[i], 0, targets_[i].end - targets_[i].begin});
+  const std::uint64_t start = data_start_ + targets_[first].begin;
+  const std::string context =
+      last - first == 1 ? fmt::format("restore {}: tensor {}", where_, checkpoint::quoted(targets_[first].name))
+                        : fmt::format("restore {}: tensor {} and the {} after it", where_, checkpoint::quoted(targets_[first].name),
+                                      last - first - 1);
+  auto results = naming(context, [&] {
+    const ScatterSource source{[&](std::uint64_t offset, std::span<const std::span<std::byte>> pieces) {
+      fill(start + offset, pieces);
+    }};
+    return planner.submit_scatter(source, destinations);
+  });
+  landed_through(first, results);
+}
+
+void RestoreStream::landed_through(std::size_t first, std::vector<TransferResult>& results) {
+  for (std::size_t i = 0; i < results.size(); ++i) copies_[first + i] = std::move(results[i].pending);
+  std::lock_guard lock(mutex_);
+  landed_ = first + results.size();
+  changed_.notify_all();
+}
+
+void RestoreStream::fill(std::uint64_t at, std::span<const std::span<std::byte>> pieces) {
+  std::uint64_t total = 0;
+  for (const auto& piece : pieces) total += piece.size();
+  {
+    std::lock_guard lock(mutex_);
+    if (stopping_) throw CheckpointError(fmt::format("the restore of {} was abandoned", where_));
+  }
+  if (options_.before_read) options_.before_read(at, total);
+  read_ahead(at + total);
+  const bool crc = !options_.expected_crc32.empty();
+  if (total < kParallelBytes) {
+    const std::uint32_t part = read_run(fd_, pieces, at, crc, where_);
+    if (crc) crc_ = Crc32::combine(crc_, part, total);
+  } else {
+    // Two halves, the second on a thread of its own; each a multiple of 4 KiB but the last.
+    const std::uint64_t half = ((total + 1) / 2 + 4095) / 4096 * 4096;
+    const auto second = cut(pieces, half, total);
+    auto other = std::async(std::launch::async, [&] { return read_run(fd_, second, at + half, crc, where_); });
+    std::uint32_t first_crc = 0;
+    std::exception_ptr failed;
+    try {
+      first_crc = read_run(fd_, cut(pieces, 0, half), at, crc, where_);
+    } catch (...) {
+      failed = std::current_exception();
+    }
+    const auto second_crc = [&]() -> std::uint32_t {
+      try {
+        return other.get();  // it has stopped writing before a failure gives the pieces back
+      } catch (...) {
+        if (!failed) failed = std::current_exception();
+        return 0;
+      }
+    }();
+    if (failed) std::rethrow_exception(failed);
+    if (crc) crc_ = Crc32::combine(Crc32::combine(crc_, first_crc, half), second_crc, total - half);
+  }
+  if (options_.digest)
+    for (const auto& piece : pieces) options_.digest(piece);
+}
+
+void RestoreStream::read_ahead(std::uint64_t end) {
+  if (end + kReadAhead / 2 <= advised_to_) return;
+  const std::uint64_t from = std::max(end, advised_to_);
+  advised_to_ = end + kReadAhead;
+  (void)::posix_fadvise(fd_, static_cast<off_t>(from), static_cast<off_t>(advised_to_ - from),
+                        POSIX_FADV_WILLNEED);  // a hint: its failure changes nothing
+}
+
+}  // namespace devbridge::checkpoint

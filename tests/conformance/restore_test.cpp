@@ -1,0 +1,320 @@
+// A checkpoint's restore (checkpoint::RestoreStream) on every backend: many
+// small tensors and large ones bit-exact, the CRC-32 checked as the bytes
+// are read, tensors landing in file order while later reads wait, and every
+// failure (a flipped bit, a file that shrank, a read that fails, an
+// allocation that fails, a stop) named and leaving the caller's frees to
+// give back everything.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "conformance_support.hpp"
+#include "devbridge/checkpoint_file.hpp"
+#include "devbridge/checkpoint_restore.hpp"
+
+namespace devbridge::conformance {
+namespace {
+
+namespace ckpt = devbridge::checkpoint;
+
+struct Tensor {
+  std::string name;
+  Bytes bytes;
+};
+
+// A devbridge-format file of `tensors` (uint8 vectors) with its CRC-32.
+class CheckpointOnDisk {
+ public:
+  explicit CheckpointOnDisk(std::vector<Tensor> tensors) : tensors_(std::move(tensors)) {
+    path_ = (std::filesystem::temp_directory_path() /
+             ("devbridge-restore-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++) + ".safetensors"))
+                .string();
+    ckpt::Crc32 crc;
+    std::string header = "{";
+    std::uint64_t at = 0;
+    for (const auto& t : tensors_) {
+      header += "\"" + t.name + "\":{\"dtype\":\"U8\",\"shape\":[" + std::to_string(t.bytes.size()) +
+                "],\"data_offsets\":[" + std::to_string(at) + "," + std::to_string(at + t.bytes.size()) + "]},";
+      at += t.bytes.size();
+      crc.update(t.bytes.data(), t.bytes.size());
+    }
+    header += "\"__metadata__\":{\"format\":\"devbridge-checkpoint\",\"checksum\":\"" + crc.text() + "\"}}";
+    std::ofstream out(path_, std::ios::binary);
+    std::uint64_t length = header.size();
+    for (int i = 0; i < 8; ++i) out.put(static_cast<char>((length >> (8 * i)) & 0xff));
+    out << header;
+    for (const auto& t : tensors_) out.write(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size());
+  }
+  ~CheckpointOnDisk() { std::filesystem::remove(path_); }
+
+  const std::string& path() const { return path_; }
+  const std::vector<Tensor>& tensors() const { return tensors_; }
+
+  // Flips one bit of byte `at` of the data section.
+  void flip(std::uint64_t at) const {
+    const auto file = ckpt::CheckpointFile::open(path_);
+    std::fstream io(path_, std::ios::binary | std::ios::in | std::ios::out);
+    io.seekg(static_cast<std::streamoff>(file.header().data_start() + at));
+    char byte = 0;
+    io.get(byte);
+    io.seekp(static_cast<std::streamoff>(file.header().data_start() + at));
+    io.put(static_cast<char>(byte ^ 1));
+  }
+
+ private:
+  static inline std::atomic<int> counter_{0};
+  std::vector<Tensor> tensors_;
+  std::string path_;
+};
+
+class RestoreConformance : public DriverTest {
+ protected:
+  Bytes random_bytes(std::size_t n) {
+    Bytes out(n);
+    for (auto& b : out) b = static_cast<std::byte>(random_());
+    return out;
+  }
+
+  // Many small tensors, two large ones (each read alone, in two parts) between them, small ones after.
+  std::vector<Tensor> model() {
+    std::vector<Tensor> out;
+    for (int i = 0; i < 300; ++i) out.push_back({"small." + std::to_string(i), random_bytes(1 + (i * 7919) % 20000)});
+    out.push_back({"big.a", random_bytes((5 << 20) + 123)});
+    out.push_back({"big.b", random_bytes(9 << 20)});
+    for (int i = 0; i < 40; ++i) out.push_back({"tail." + std::to_string(i), random_bytes(64 + i)});
+    return out;
+  }
+
+  // One target per tensor of the file's header.
+  static std::vector<ckpt::RestoreTarget> targets_of(const ckpt::Header& header) {
+    std::vector<ckpt::RestoreTarget> targets;
+    for (const auto& entry : header.tensors) {
+      const std::uint64_t extent = (entry.nbytes() + 255) / 256 * 256;
+      targets.push_back({entry.name, entry.begin, entry.end, bytes_spec(extent, 256), extent});
+    }
+    return targets;
+  }
+
+  // Starts the restore of `file` into `b`: one target per tensor, every one checked against the CRC.
+  std::unique_ptr<ckpt::RestoreStream> start(Bridge& b, const CheckpointOnDisk& file, ckpt::RestoreOptions options = {},
+                                             bool verify = true) {
+    auto opened = ckpt::CheckpointFile::open(file.path());
+    auto targets = targets_of(opened.header());
+    if (verify) options.expected_crc32 = opened.header().checksum;
+    const auto start = opened.header().data_start();
+    return ckpt::RestoreStream::start(b, opened.release(), start, std::move(targets), std::move(options),
+                                      ckpt::quoted(file.path()));
+  }
+
+  // Every landed tensor's copies waited for, then its bytes compared with the file's.
+  void expect_restored(Bridge& b, ckpt::RestoreStream& stream, const CheckpointOnDisk& file) {
+    TransferPlanner planner(b);
+    for (std::size_t i = 0; i < file.tensors().size(); ++i) {
+      ASSERT_TRUE(stream.landed(i, std::chrono::seconds(0)));
+      for (const PendingCopy& copy : stream.copies(i)) ASSERT_EQ(b.wait(copy.event).state, CopyState::Completed);
+      Bytes back(file.tensors()[i].bytes.size());
+      planner.download(stream.handles()[i], 0, back);
+      ASSERT_TRUE(bytes_equal(back, file.tensors()[i].bytes, file.tensors()[i].name));
+    }
+  }
+
+  // Each landed tensor's copies waited for (failed or not), then every allocation freed.
+  static void free_all(Bridge& b, ckpt::RestoreStream& stream) {
+    for (std::size_t i = 0; i < stream.handles().size(); ++i) {
+      bool landed = false;
+      try {
+        landed = stream.landed(i, std::chrono::seconds(0));
+      } catch (const std::exception&) {  // the reading stopped before it
+      }
+      if (landed)
+        for (const PendingCopy& copy : stream.copies(i)) b.wait(copy.event);
+      b.free_device(stream.handles()[i]);
+    }
+  }
+
+  static void expect_nothing_left(Bridge& b) {
+    const auto stats = b.stats();
+    EXPECT_EQ(stats.live_allocations, 0u);
+    EXPECT_EQ(stats.ring_reservations, 0u);
+    EXPECT_EQ(stats.copies_in_flight, 0u);
+  }
+
+  std::mt19937_64 random_{std::hash<std::string>{}(::testing::UnitTest::GetInstance()->current_test_info()->name())};
+};
+
+TEST_P(RestoreConformance, RestoreReadsManySmallAndLargeTensorsBitExactAndChecksTheCrc) {
+  auto& b = make_bridge(8ull << 20);
+  const CheckpointOnDisk file(model());
+  auto stream = start(b, file);
+  ASSERT_EQ(stream->handles().size(), file.tensors().size());
+  EXPECT_TRUE(stream->finished(std::chrono::seconds(60)));
+  EXPECT_TRUE(stream->done());
+  expect_restored(b, *stream, file);
+  free_all(b, *stream);
+  expect_nothing_left(b);
+}
+
+TEST_P(RestoreConformance, RestoreFindsAFlippedBitAnywhereAndLeavesTheTensorsToTheCallersFree) {
+  auto& b = make_bridge(8ull << 20);
+  const CheckpointOnDisk file(model());
+  std::uint64_t big_a = 0;
+  for (const auto& t : file.tensors()) {
+    if (t.name == "big.a") break;
+    big_a += t.bytes.size();
+  }
+  for (const std::uint64_t at : {std::uint64_t{17}, big_a + (3 << 20), big_a + (5 << 20) + 123 + (9 << 20) + 5}) {
+    file.flip(at);
+    auto stream = start(b, file);
+    try {
+      stream->finished(std::chrono::seconds(60));
+      ADD_FAILURE() << "a flipped bit at byte " << at << " went unseen";
+    } catch (const ckpt::CheckpointError& error) {
+      EXPECT_NE(std::string(error.what()).find("is corrupt: the data's checksum is crc32:"), std::string::npos)
+          << error.what();
+    }
+    free_all(b, *stream);
+    expect_nothing_left(b);
+    file.flip(at);
+  }
+  auto unverified = start(b, file, {}, false);  // the file is whole again
+  EXPECT_TRUE(unverified->finished(std::chrono::seconds(60)));
+  expect_restored(b, *unverified, file);
+  free_all(b, *unverified);
+  expect_nothing_left(b);
+}
+
+TEST_P(RestoreConformance, RestoreOfAFileThatShrankNamesTheTensorsAndTheBytes) {
+  auto& b = make_bridge(8ull << 20);
+  const CheckpointOnDisk file(model());
+  auto stream = [&] {
+    auto opened = ckpt::CheckpointFile::open(file.path());
+    std::filesystem::resize_file(file.path(), std::filesystem::file_size(file.path()) - 1000);
+    auto targets = targets_of(opened.header());
+    const auto data_start = opened.header().data_start();
+    return ckpt::RestoreStream::start(b, opened.release(), data_start, std::move(targets), {}, "'shrunk'");
+  }();
+  try {
+    stream->finished(std::chrono::seconds(60));
+    ADD_FAILURE() << "a file that ends early was read whole";
+  } catch (const ckpt::CheckpointError& error) {
+    const std::string what = error.what();
+    EXPECT_NE(what.find("restore 'shrunk': tensor 'tail."), std::string::npos) << what;
+    EXPECT_NE(what.find("ends "), std::string::npos) << what;
+    EXPECT_NE(what.find(" bytes early"), std::string::npos) << what;
+  }
+  EXPECT_TRUE(stream->landed(0, std::chrono::seconds(0)));  // those before the end landed
+  EXPECT_THROW(stream->landed(file.tensors().size() - 1, std::chrono::seconds(0)), ckpt::CheckpointError);
+  free_all(b, *stream);
+  expect_nothing_left(b);
+}
+
+// Reads are held at big.b: every tensor before it has landed (usable), none after.
+TEST_P(RestoreConformance, RestoreTensorsLandInFileOrderWhileLaterReadsWait) {
+  auto& b = make_bridge(8ull << 20);
+  const CheckpointOnDisk file(model());
+  std::uint64_t big_b = 0;
+  std::size_t big_b_index = 0;
+  for (const auto& t : file.tensors()) {
+    if (t.name == "big.b") break;
+    big_b += t.bytes.size();
+    ++big_b_index;
+  }
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool reached = false, released = false;
+  ckpt::RestoreOptions options;
+  const auto data_start = ckpt::CheckpointFile::open(file.path()).header().data_start();
+  options.before_read = [&](std::uint64_t offset, std::uint64_t) {
+    if (offset < data_start + big_b) return;
+    std::unique_lock lock(mutex);
+    reached = true;
+    changed.notify_all();
+    changed.wait(lock, [&] { return released; });
+  };
+  auto stream = start(b, file, std::move(options));
+  {
+    std::unique_lock lock(mutex);
+    ASSERT_TRUE(changed.wait_for(lock, std::chrono::seconds(60), [&] { return reached; }));
+  }
+  EXPECT_TRUE(stream->landed(big_b_index - 1, std::chrono::seconds(0)));
+  EXPECT_FALSE(stream->landed(big_b_index, std::chrono::milliseconds(20)));
+  EXPECT_FALSE(stream->finished(std::chrono::milliseconds(0)));
+  EXPECT_FALSE(stream->done());
+  {
+    std::lock_guard lock(mutex);
+    released = true;
+  }
+  changed.notify_all();
+  EXPECT_TRUE(stream->finished(std::chrono::seconds(60)));
+  expect_restored(b, *stream, file);
+  free_all(b, *stream);
+  expect_nothing_left(b);
+}
+
+TEST_P(RestoreConformance, RestoreStopsBeforeItsNextReadAndAFailingReadEndsIt) {
+  auto& b = make_bridge(8ull << 20);
+  const CheckpointOnDisk file(model());
+  std::atomic<int> reads{0};
+  std::atomic<bool> go{false};
+  ckpt::RestoreOptions held;
+  held.before_read = [&](std::uint64_t, std::uint64_t) {
+    if (reads++ == 1)
+      while (!go) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  auto stream = start(b, file, std::move(held));
+  while (reads < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::thread stopper([&] { stream->stop(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  go = true;  // the read in progress ends; the next sees the stop
+  stopper.join();
+  EXPECT_TRUE(stream->done());
+  EXPECT_EQ(reads.load(), 2);
+  EXPECT_THROW(stream->finished(std::chrono::seconds(0)), ckpt::CheckpointError);
+  free_all(b, *stream);
+  expect_nothing_left(b);
+
+  ckpt::RestoreOptions failing;
+  failing.before_read = [&](std::uint64_t, std::uint64_t) { throw std::runtime_error("the disk went away"); };
+  auto failed = start(b, file, std::move(failing));
+  EXPECT_THROW(failed->finished(std::chrono::seconds(60)), std::runtime_error);
+  EXPECT_THROW(failed->landed(0, std::chrono::seconds(0)), std::runtime_error);
+  free_all(b, *failed);
+  expect_nothing_left(b);
+}
+
+TEST_P(RestoreConformance, RestoreOfTargetsThatCannotAllFitFreesThoseItMadeAndNamesTheTensor) {
+  auto& b = make_bridge(8ull << 20);
+  const CheckpointOnDisk file(model());
+  auto opened = ckpt::CheckpointFile::open(file.path());
+  auto targets = targets_of(opened.header());
+  targets[200].extent = 1ull << 62;  // more than any device holds
+  targets[200].spec.max_extent = 1ull << 62;
+  const auto data_start = opened.header().data_start();
+  try {
+    ckpt::RestoreStream::start(b, opened.release(), data_start, std::move(targets), {}, "'f'");
+    ADD_FAILURE() << "an allocation of 2^62 bytes succeeded";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("restore 'f': tensor 'small.200'"), std::string::npos) << error.what();
+  }
+  b.poll();
+  expect_nothing_left(b);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, RestoreConformance, ::testing::ValuesIn(backend_drivers()),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace devbridge::conformance
