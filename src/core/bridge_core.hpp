@@ -257,9 +257,9 @@ class BridgeCore {
   // Every cached block back to the backend; the frees run without the lock.
   void give_back_cache(SpinLockHold& lock);
 
-  // Every wholly free segment, out of the pool and counted as freed; the
-  // caller frees them in the backend.
-  std::vector<DeviceAllocation> take_free_segments() noexcept;
+  // Wholly free segments, out of the pool and counted as freed, until at
+  // most `down_to` bytes of them are left; the caller frees them in the backend.
+  std::vector<DeviceAllocation> take_free_segments(std::uint64_t down_to = 0) noexcept;
 
   // Memory no allocation uses any more: cached, or freed in the backend.
   // Under the lock; returns what the backend must still free (the memory,

@@ -40,6 +40,7 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
 [[gnu::noinline]] DeviceHandle BridgeCore::alloc_through_pool(const ObjectSpec& spec, std::uint32_t elem,
                                                               DType view_dtype, std::uint64_t extent) {
   const std::uint64_t class_bytes = DevicePool::size_class(extent);
+  std::vector<DeviceAllocation> surplus;  // free segments past the cap's room for the new one
   {
     SpinLockHold lock(lock_);
     enter(lock);
@@ -52,7 +53,9 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
       if (pool_->splits_made() != splits) trace_memory(TraceKind::PoolSplit, generation_, 0, class_bytes);
     }
     if (part) return add_allocation(lock, spec, elem, view_dtype, extent, *part);
+    surplus = take_free_segments(pool_->keep_for(pool_->segment_bytes(class_bytes)));
   }
+  for (const auto& segment : surplus) backend_->free(segment);
   // The pool's shape never changes after construction: read unlocked.
   const DeviceAllocation segment =
       allocate(pool_->segment_bytes(class_bytes), extent, pool_->segment_alignment(spec.alignment));
@@ -164,9 +167,9 @@ void BridgeCore::give_back_cache(SpinLockHold& lock) {
   lock.lock();
 }
 
-std::vector<DeviceAllocation> BridgeCore::take_free_segments() noexcept {
-  if (!pool_ || pool_->free_segments() == 0) return {};
-  auto segments = pool_->release_free_segments();
+std::vector<DeviceAllocation> BridgeCore::take_free_segments(std::uint64_t down_to) noexcept {
+  if (!pool_ || pool_->free_segment_bytes() <= down_to) return {};
+  auto segments = pool_->release_free_segments(down_to);
   allocations_.count_backend_frees(segments.size());
   if (recording_) [[unlikely]] {
     std::uint64_t bytes = 0;

@@ -194,9 +194,26 @@ std::optional<DeviceAllocation> DevicePool::give_back(Backend& backend, const De
   if (!splits()) {
     // Every allocation of a pooled bridge came from the pool.
     if (part.bytes > cap_bytes_ - free_bytes_) {  // free_bytes_ <= cap_bytes_ here
-      reserved_bytes_ -= part.bytes;
+      // Past the cap: a cached block of another size at least as large goes
+      // back instead (a size this workload stopped asking for), else this one.
+      auto other = whole_free_.lower_bound(part.bytes);
+      if (other != whole_free_.end() && other->first == part.bytes) ++other;
+      if (other == whole_free_.end()) {
+        reserved_bytes_ -= part.bytes;
+        --whole_segments_;
+        return part;
+      }
+      const DeviceAllocation evicted = other->second.front().block;  // the oldest of its size
+      other->second.erase(other->second.begin());
+      if (other->second.empty()) whole_free_.erase(other);
+      free_bytes_ -= evicted.bytes;
+      reserved_bytes_ -= evicted.bytes;
+      --free_segments_;
       --whole_segments_;
-      return part;
+      whole_free_[part.bytes].push_back(WholeBlock{part, alignment});
+      free_bytes_ += part.bytes;
+      ++free_segments_;
+      return evicted;
     }
     whole_free_[part.bytes].push_back(WholeBlock{part, alignment});
     free_bytes_ += part.bytes;
@@ -234,19 +251,31 @@ std::optional<DeviceAllocation> DevicePool::give_back(Backend& backend, const De
   ++free_segments_;
   free_segment_bytes_ += s.block.bytes;
   if (free_segment_bytes_ <= cap_bytes_) return std::nullopt;
-  // Past the cap: a whole free segment goes back.
-  remove_free(s, FreeKey{s.block.bytes, where.segment, 0});
-  reserved_bytes_ -= s.block.bytes;
-  free_bytes_ -= s.block.bytes;
+  // Past the cap: a whole free segment goes back. One of the other kind (small
+  // or large) at least as large, if there is one: memory this workload stopped
+  // asking for (another model's sizes). Giving back this one instead would
+  // keep that memory cached for ever and make every later request of this
+  // size allocate afresh.
+  auto victim = segments_.find(where.segment);
+  for (auto it = segments_.begin(); it != segments_.end(); ++it)
+    if (it->second.used_bytes == 0 && it->second.small != s.small && it->second.block.bytes >= s.block.bytes) {
+      victim = it;
+      break;
+    }
+  auto& v = victim->second;
+  remove_free(v, FreeKey{v.block.bytes, victim->first, 0});
+  reserved_bytes_ -= v.block.bytes;
+  free_bytes_ -= v.block.bytes;
   --free_segments_;
-  free_segment_bytes_ -= s.block.bytes;
-  const DeviceAllocation whole = s.block;
-  segments_.erase(where.segment);
+  free_segment_bytes_ -= v.block.bytes;
+  const DeviceAllocation whole = v.block;
+  segments_.erase(victim);
   return whole;
 }
 
-std::vector<DeviceAllocation> DevicePool::release_free_segments() noexcept {
+std::vector<DeviceAllocation> DevicePool::release_free_segments(std::uint64_t down_to) noexcept {
   std::vector<DeviceAllocation> all;
+  if (free_segment_bytes() <= down_to) return all;
   try {
     all.reserve(free_segments_);
   } catch (...) {
@@ -255,7 +284,7 @@ std::vector<DeviceAllocation> DevicePool::release_free_segments() noexcept {
   }
   for (auto it = whole_free_.begin(); it != whole_free_.end();) {
     auto& list = it->second;
-    while (!list.empty() && all.size() < all.capacity()) {
+    while (!list.empty() && all.size() < all.capacity() && free_segment_bytes() > down_to) {
       all.push_back(list.back().block);
       free_bytes_ -= list.back().block.bytes;
       reserved_bytes_ -= list.back().block.bytes;
@@ -265,7 +294,8 @@ std::vector<DeviceAllocation> DevicePool::release_free_segments() noexcept {
     }
     it = list.empty() ? whole_free_.erase(it) : std::next(it);
   }
-  for (auto it = segments_.begin(); it != segments_.end() && all.size() < all.capacity();) {
+  for (auto it = segments_.begin();
+       it != segments_.end() && all.size() < all.capacity() && free_segment_bytes() > down_to;) {
     auto& s = it->second;
     if (s.used_bytes != 0) {
       ++it;

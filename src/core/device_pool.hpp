@@ -81,9 +81,18 @@ class DevicePool {
   // `alignment`: what the allocation's spec asked for (a whole block is
   // reused for requests asking no more).
   std::optional<DeviceAllocation> give_back(Backend& backend, const DeviceAllocation& part, std::uint64_t alignment);
-  // Every segment whose spans are all free, for the backend to free
-  // (empty_cache, out of memory, restart, close).
-  std::vector<DeviceAllocation> release_free_segments() noexcept;
+  // Segments whose spans are all free, for the backend to free, until at
+  // most `down_to` bytes of them are left: every one (0: empty_cache, out of
+  // memory, restart, close), or those past the room a new segment needs
+  // under the cap (make_room_for).
+  std::vector<DeviceAllocation> release_free_segments(std::uint64_t down_to = 0) noexcept;
+  // The free-segment bytes to keep so that a new segment of `bytes` still
+  // fits under the cap once it is free again. A new segment is made only
+  // when no free span could serve the request, so the wholly free segments
+  // past that are memory this workload no longer asks for (another model's
+  // sizes): they go back first, instead of the new segment when it is freed,
+  // which would make every later request of its size allocate afresh.
+  std::uint64_t keep_for(std::uint64_t bytes) const noexcept { return cap_bytes_ > bytes ? cap_bytes_ - bytes : 0; }
 
   // Bytes the backend holds for the pool (every segment), and of those the
   // free ones (cached), in how many free spans.

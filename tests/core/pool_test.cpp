@@ -105,6 +105,31 @@ TEST_F(PoolTest, TheCapSendsWhatDoesNotFitBackToTheBackend) {
   EXPECT_EQ(fake->live_allocations(), 1u);
 }
 
+// A workload that changes sizes (one model's tensors freed, another's
+// loaded): the cap fills with blocks of the old size. What goes back past it
+// is an old-size block at least as large as the new one just freed (and, when
+// a new block must be made, old blocks past the room it needs under the cap),
+// so the new size is served from the cache from its second round on instead
+// of allocating every time.
+TEST_F(PoolTest, PastTheCapBlocksOfASizeNoLongerAskedForGoBackFirst) {
+  make(CachingPool::On, 1ull << 30, 64 << 10);
+  const auto old_a = bridge->alloc_device(kBytes4K, 32 << 10);
+  const auto old_b = bridge->alloc_device(kBytes4K, 32 << 10);
+  bridge->free_device(old_a);
+  bridge->free_device(old_b);  // 64 KiB of 32 KiB blocks: the cap is full
+  for (int round = 0; round < 3; ++round) {
+    fake->clear_calls();
+    std::vector<DeviceHandle> new_size;
+    for (int i = 0; i < 4; ++i) new_size.push_back(bridge->alloc_device(kBytes4K, 16 << 10));
+    for (const auto h : new_size) bridge->free_device(h);
+    const auto allocated = count(fake->calls(), Call::Allocate);
+    if (round == 0) EXPECT_EQ(allocated, 4u);
+    else EXPECT_EQ(allocated, 0u) << "round " << round << ": " << describe_calls(fake->calls());
+    EXPECT_LE(bridge->memory_stats().free_segment_bytes, 64u << 10);
+  }
+  EXPECT_EQ(fake->live_allocations(), 4u) << "the four 16 KiB blocks, cached";
+}
+
 TEST_F(PoolTest, RestartAndCloseGiveTheCacheBack) {
   make();
   bridge->free_device(bridge->alloc_device(kBytes4K, 4096));
@@ -407,6 +432,29 @@ TEST_F(HostPoolTest, RestartShowsWhatAViewHoldsAndCloseKeepsNothingOnceItEnds) {
   EXPECT_EQ(held(), 16u << 20);
   lease2.reset();  // the last orphan after close: straight back to the system
   EXPECT_EQ(held(), 0u);
+}
+
+// The same with segments: a cap full of small tensors' 2 MiB segments, then
+// large tensors in rounds. The small segments give way (when a large segment
+// is made, and past the cap when one is freed), so the large tensors are
+// served from the cache from the second round on.
+TEST_F(SplitPoolTest, PastTheCapSegmentsOfAKindNoLongerAskedForGoBackFirst) {
+  make(CachingPool::On, 1ull << 30, 8 << 20);
+  const ObjectSpec large{64 << 20, 64, DType::UInt8, ShapeKind::Vector};
+  std::vector<DeviceHandle> small;
+  for (int i = 0; i < 4 * 16; ++i) small.push_back(bridge->alloc_device(kBytes4K, 128 << 10));  // 4 segments
+  for (const auto h : small) bridge->free_device(h);
+  EXPECT_EQ(bridge->memory_stats().free_segment_bytes, 8u << 20) << "the cap is full of small segments";
+  for (int round = 0; round < 3; ++round) {
+    fake->clear_calls();
+    std::vector<DeviceHandle> big;
+    for (int i = 0; i < 3; ++i) big.push_back(bridge->alloc_device(large, 2 << 20));
+    for (const auto h : big) bridge->free_device(h);
+    const auto allocated = count(fake->calls(), Call::Allocate);
+    if (round == 0) EXPECT_EQ(allocated, 3u);
+    else EXPECT_EQ(allocated, 0u) << "round " << round << ": " << describe_calls(fake->calls());
+    EXPECT_LE(bridge->memory_stats().free_segment_bytes, 8u << 20);
+  }
 }
 
 // cap 1 MiB: a 3 MiB tensor and a 4 KiB one, the 3 MiB freed. The 4 KiB
