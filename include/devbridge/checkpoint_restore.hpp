@@ -102,6 +102,27 @@ class RestoreStream {
   void read_ahead(std::uint64_t end);
   void landed_through(std::size_t last, std::vector<TransferResult>& results);
 
+  // The thread that reads the second half of a large read: one for the
+  // stream's life (a thread made per read ran at times on the reader's core,
+  // and a read took half as long again).
+  class Helper {
+   public:
+    ~Helper();
+    // Runs `task` on the helper thread; finish() waits for it and returns what it threw.
+    void start(std::function<void()> task);
+    std::exception_ptr finish();
+
+   private:
+    void serve();
+    std::mutex mutex_;
+    std::condition_variable changed_;
+    std::function<void()> task_;
+    std::exception_ptr failed_;
+    bool busy_ = false;
+    bool quitting_ = false;
+    std::thread thread_;
+  };
+
   Bridge& bridge_;
   int fd_;
   std::uint64_t data_start_;
@@ -119,6 +140,7 @@ class RestoreStream {
   bool done_ = false;
   bool stopping_ = false;
   std::exception_ptr error_;
+  Helper helper_;  // before reader_: the reader, joined first, uses it
   std::thread reader_;
 };
 

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <future>
 #include <utility>
 
 #include <fmt/format.h>
@@ -117,6 +116,57 @@ std::chrono::steady_clock::time_point deadline_after(std::chrono::nanoseconds ti
 }
 
 }  // namespace
+
+// ---- the second reading thread ----
+
+RestoreStream::Helper::~Helper() {
+  {
+    std::lock_guard lock(mutex_);
+    quitting_ = true;
+  }
+  changed_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void RestoreStream::Helper::start(std::function<void()> task) {
+  {
+    std::lock_guard lock(mutex_);
+    task_ = std::move(task);
+    failed_ = nullptr;
+    busy_ = true;
+  }
+  if (!thread_.joinable()) thread_ = std::thread([this] { serve(); });
+  changed_.notify_all();
+}
+
+std::exception_ptr RestoreStream::Helper::finish() {
+  std::unique_lock lock(mutex_);
+  changed_.wait(lock, [&] { return !busy_; });
+  return std::exchange(failed_, nullptr);
+}
+
+void RestoreStream::Helper::serve() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    changed_.wait(lock, [&] { return busy_ || quitting_; });
+    if (busy_) {
+      auto task = std::move(task_);
+      lock.unlock();
+      std::exception_ptr failed;
+      try {
+        task();
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      lock.lock();
+      failed_ = failed;
+      busy_ = false;
+      changed_.notify_all();
+      continue;
+    }
+    return;  // quitting, nothing to do
+  }
+}
 
 std::unique_ptr<RestoreStream> RestoreStream::start(Bridge& bridge, int fd, std::uint64_t data_start,
                                                     std::vector<RestoreTarget> targets, RestoreOptions options,
@@ -275,7 +325,8 @@ void RestoreStream::fill(std::uint64_t at, std::span<const std::span<std::byte>>
     // Two halves, the second on a thread of its own; each a multiple of 4 KiB but the last.
     const std::uint64_t half = ((total + 1) / 2 + 4095) / 4096 * 4096;
     const auto second = cut(pieces, half, total);
-    auto other = std::async(std::launch::async, [&] { return read_run(fd_, second, at + half, crc, where_); });
+    std::uint32_t second_crc = 0;
+    helper_.start([&] { second_crc = read_run(fd_, second, at + half, crc, where_); });
     std::uint32_t first_crc = 0;
     std::exception_ptr failed;
     try {
@@ -283,14 +334,8 @@ void RestoreStream::fill(std::uint64_t at, std::span<const std::span<std::byte>>
     } catch (...) {
       failed = std::current_exception();
     }
-    const auto second_crc = [&]() -> std::uint32_t {
-      try {
-        return other.get();  // it has stopped writing before a failure gives the pieces back
-      } catch (...) {
-        if (!failed) failed = std::current_exception();
-        return 0;
-      }
-    }();
+    // The helper has stopped writing into the pieces before a failure gives them back.
+    if (auto helper_failed = helper_.finish(); helper_failed && !failed) failed = helper_failed;
     if (failed) std::rethrow_exception(failed);
     if (crc) crc_ = Crc32::combine(Crc32::combine(crc_, first_crc, half), second_crc, total - half);
   }
