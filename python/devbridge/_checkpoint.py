@@ -569,7 +569,8 @@ def _restore_file(bridge: Bridge, path: str, file: BinaryIO, header: _Header, se
     and filled on a reader thread (``PendingRestore``). ``file`` stays the caller's: the reader reads a
     duplicate of its descriptor."""
     held = _held_dtypes(bridge)
-    chosen = [selection.cut(e, path) for e in header.entries if selection.wants(e.name)]
+    chosen = [selection.cut(e, path) for e in header.entries if selection.wants(e.name)] if selection.partial \
+        else header.entries
     specs = []  # each tensor's (spec, extent), kept for the allocations
     by_shape: dict[tuple[tuple[int, ...], str], tuple[ObjectSpec, int]] = {}  # a model's layers share shapes
     for entry in chosen:  # spec_for_array's own checks (alignment, sizes) before any allocation
@@ -593,7 +594,8 @@ def _restore_file(bridge: Bridge, path: str, file: BinaryIO, header: _Header, se
     stream = _restore_start(bridge, file.fileno(), file.tell(), targets, expected if algorithm == "crc32" else None,
                             digest.update if digest is not None else None, _before_read, _RING_ROOM_WAIT_S,
                             repr(path), path)
-    tensors = {entry.name: DeviceTensor(bridge, handle, entry.shape, entry.dtype, landing=_Landing(stream, i))
+    made = DeviceTensor._made  # the header's shapes and dtype names are checked: no conversion per tensor
+    tensors = {entry.name: made(bridge, handle, entry.shape, entry.dtype, _Landing(stream, i))
                for i, (entry, handle) in enumerate(zip(chosen, stream.handles))}
     return PendingRestore(path, tensors, stream=stream, digest=(digest, expected) if digest is not None else None)
 

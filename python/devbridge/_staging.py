@@ -225,16 +225,29 @@ class DeviceTensor:
 
     def __init__(self, bridge: Bridge, handle: DeviceHandle, shape: tuple[int, ...], dtype: str,
                  events: list[tuple[CopyEvent, int, int]] | None = None, *, landing: Future | None = None) -> None:
+        self._start(bridge, handle, tuple(shape), _dtype_name(dtype), list(events or []), landing)
+
+    def _start(self, bridge: Bridge, handle: DeviceHandle, shape: tuple[int, ...], dtype: str,
+               events: list[tuple[CopyEvent, int, int]], landing: Any) -> None:
         self.bridge = bridge
         self.handle = handle
-        self.shape = tuple(shape)
-        self.dtype = _dtype_name(dtype)
-        self._events = list(events or [])  # (event, chunk offset, chunk length)
+        self.shape = shape
+        self.dtype = dtype
+        self._events = events  # (event, chunk offset, chunk length)
         # A tensor another thread is still filling (restore(wait=False)): resolves to the copies it submitted,
         # or to the error that stopped it before this tensor's bytes were submitted.
         self._landing = landing
         self._freed = False
         self._region = None  # adopt(): the _AdoptedRegion the tensor lies in, let go once the tensor is freed
+
+    @classmethod
+    def _made(cls, bridge: Bridge, handle: DeviceHandle, shape: tuple[int, ...], dtype: str,
+              landing: Any) -> DeviceTensor:
+        """As the constructor, for a ``shape`` tuple and a devbridge ``dtype`` name already checked (a
+        restore's thousands of tensors, from the checkpoint header): nothing converted or looked up."""
+        tensor = cls.__new__(cls)
+        tensor._start(bridge, handle, shape, dtype, [], landing)
+        return tensor
 
     @property
     def read_only(self) -> bool:

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -56,12 +57,21 @@ nb::tuple checkpoint_open(nb::bytes path, const std::string& where) {
   const checkpoint::Header& header = file->header();
   nb::dict metadata;
   for (const auto& [key, value] : header.metadata) metadata[nb::str(key.data(), key.size())] = nb::str(value.data(), value.size());
+  // A model's thousands of tensors share a few dtypes and shapes: one str per
+  // dtype and one tuple per shape, built once.
+  std::map<DType, nb::str> dtype_names;
+  std::map<std::vector<std::uint64_t>, nb::tuple> shapes;
   nb::list tensors;
   for (const checkpoint::TensorEntry& t : header.tensors) {
-    nb::list shape;
-    for (std::uint64_t dim : t.shape) shape.append(dim);
-    tensors.append(nb::make_tuple(nb::str(t.name.data(), t.name.size()), std::string(dtype_info(t.dtype).name),
-                                  nb::tuple(shape), t.begin, t.end));
+    auto name = dtype_names.find(t.dtype);
+    if (name == dtype_names.end()) name = dtype_names.emplace(t.dtype, nb::str(dtype_info(t.dtype).name.data(), dtype_info(t.dtype).name.size())).first;
+    auto shape = shapes.find(t.shape);
+    if (shape == shapes.end()) {
+      nb::list dims;
+      for (std::uint64_t dim : t.shape) dims.append(dim);
+      shape = shapes.emplace(t.shape, nb::tuple(dims)).first;
+    }
+    tensors.append(nb::make_tuple(nb::str(t.name.data(), t.name.size()), name->second, shape->second, t.begin, t.end));
   }
   nb::object fileio = nb::module_::import_("io").attr("FileIO")(file->fd(), "rb", "closefd"_a = true);
   file->release();  // the FileIO closes it now

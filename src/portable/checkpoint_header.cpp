@@ -199,14 +199,16 @@ std::vector<std::pair<std::string, std::string>> recorded_dtypes(const Header& h
 // Checks one tensor's entry, as restore would allocate it.
 TensorEntry check_entry(RawEntry& raw, const std::vector<std::pair<std::string, std::string>>& recorded,
                         const std::string& where) {
-  const std::string at = fmt::format("{}: tensor {}", where, quoted(raw.name));
-  if (!raw.object) throw CheckpointError(fmt::format("{}: its header entry is not an object", at));
+  // Formatted only for an error: a header of thousands of tensors is checked per restore.
+  const std::string* tensor_name = &raw.name;  // the entry's own once it takes the name
+  const auto at = [&] { return fmt::format("{}: tensor {}", where, quoted(*tensor_name)); };
+  if (!raw.object) throw CheckpointError(fmt::format("{}: its header entry is not an object", at()));
   if (raw.duplicate_field) {
-    throw CheckpointError(fmt::format("{}: its header entry names dtype, shape or data_offsets twice", at));
+    throw CheckpointError(fmt::format("{}: its header entry names dtype, shape or data_offsets twice", at()));
   }
   const DTypeName* known = raw.dtype ? find_dtype(*raw.dtype) : nullptr;
   if (known == nullptr) {
-    throw CheckpointError(fmt::format("{}: dtype {} is not one devbridge holds (it knows {})", at,
+    throw CheckpointError(fmt::format("{}: dtype {} is not one devbridge holds (it knows {})", at(),
                                       raw.dtype_raw.empty() ? "null" : value_text(raw.dtype_raw, raw.dtype),
                                       known_dtypes()));
   }
@@ -214,20 +216,21 @@ TensorEntry check_entry(RawEntry& raw, const std::vector<std::pair<std::string, 
   const auto r = std::lower_bound(recorded.begin(), recorded.end(), raw.name,
                                   [](const auto& entry, const std::string& n) { return entry.first < n; });
   if (r != recorded.end() && r->first == raw.name && r->second != name) {
-    throw CheckpointError(fmt::format("{}: the metadata records dtype {}, the header {}", at, quoted(r->second),
+    throw CheckpointError(fmt::format("{}: the metadata records dtype {}, the header {}", at(), quoted(r->second),
                                       quoted(known->safetensors)));
   }
   const auto text = [](const Integers& v) { return v.raw.empty() ? std::string("null") : value_text(v.raw, v.string); };
   if (!raw.shape.ok) {
-    throw CheckpointError(fmt::format("{}: shape {} is not a list of non-negative integers", at, text(raw.shape)));
+    throw CheckpointError(fmt::format("{}: shape {} is not a list of non-negative integers", at(), text(raw.shape)));
   }
   TensorEntry tensor{std::move(raw.name), known->dtype, known->safetensors, std::move(raw.shape.values), 0, 0};
+  tensor_name = &tensor.name;
   if (tensor.shape.size() > static_cast<std::size_t>(kMaxRank)) {
-    throw CheckpointError(fmt::format("{}: shape {} has {} dimensions, more than devbridge's {}", at,
+    throw CheckpointError(fmt::format("{}: shape {} has {} dimensions, more than devbridge's {}", at(),
                                       shape_text(tensor.shape), tensor.shape.size(), kMaxRank));
   }
   if (!raw.offsets.ok || raw.offsets.values.size() != 2 || raw.offsets.values[0] > raw.offsets.values[1]) {
-    throw CheckpointError(fmt::format("{}: data_offsets {} are not [begin, end] byte offsets", at, text(raw.offsets)));
+    throw CheckpointError(fmt::format("{}: data_offsets {} are not [begin, end] byte offsets", at(), text(raw.offsets)));
   }
   tensor.begin = raw.offsets.values[0];
   tensor.end = raw.offsets.values[1];
@@ -239,16 +242,16 @@ TensorEntry check_entry(RawEntry& raw, const std::vector<std::pair<std::string, 
   // A product past 2^64 can only be 0 bytes when a later dimension is 0.
   if (!nbytes && std::find(tensor.shape.begin(), tensor.shape.end(), 0) != tensor.shape.end()) nbytes = 0;
   if (!nbytes) {
-    throw CheckpointError(fmt::format("{}: shape {} of {} is more than 2^64 bytes (its data_offsets span {})", at,
+    throw CheckpointError(fmt::format("{}: shape {} of {} is more than 2^64 bytes (its data_offsets span {})", at(),
                                       shape_text(tensor.shape), name, span));
   }
   if (*nbytes != span) {
-    throw CheckpointError(fmt::format("{}: shape {} of {} is {} bytes, its data_offsets span {}", at,
+    throw CheckpointError(fmt::format("{}: shape {} of {} is {} bytes, its data_offsets span {}", at(),
                                       shape_text(tensor.shape), name, *nbytes, span));
   }
   if (*nbytes == 0) {
     throw CheckpointError(fmt::format(
-        "{}: shape {} is empty, and a device allocation cannot be (devbridge cannot restore it)", at,
+        "{}: shape {} is empty, and a device allocation cannot be (devbridge cannot restore it)", at(),
         shape_text(tensor.shape)));
   }
   return tensor;

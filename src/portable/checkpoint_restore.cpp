@@ -34,15 +34,16 @@ constexpr std::uint64_t kReadAhead = 256ull << 20;
 // preadv's limit on pieces per call (IOV_MAX on Linux).
 constexpr std::size_t kMaxPieces = 1024;
 
-// What `body` throws, with "restore <file>: <which>: " in front, kind kept.
-template <class Body>
-auto naming(const std::string& context, Body&& body) {
+// What `body` throws, with "restore <file>: <which>: " (`context()`, made
+// only then) in front, kind kept.
+template <class Context, class Body>
+auto naming(Context&& context, Body&& body) {
   try {
     return body();
   } catch (const Error& error) {
-    throw Error(error.kind(), context + ": " + std::string(error.message()), error.fatal());
+    throw Error(error.kind(), context() + ": " + std::string(error.message()), error.fatal());
   } catch (const CheckpointError& error) {
-    throw CheckpointError(context + ": " + error.what(), error.os_error());
+    throw CheckpointError(context() + ": " + error.what(), error.os_error());
   }
 }
 
@@ -189,7 +190,7 @@ RestoreStream::RestoreStream(Bridge& bridge, int fd, std::uint64_t data_start, s
   handles_.reserve(targets_.size());
   try {
     for (const auto& target : targets_)
-      handles_.push_back(naming(fmt::format("restore {}: tensor {}", where_, checkpoint::quoted(target.name)),
+      handles_.push_back(naming([&] { return fmt::format("restore {}: tensor {}", where_, checkpoint::quoted(target.name)); },
                                 [&] { return bridge_.alloc_device(target.spec, target.extent); }));
   } catch (...) {
     for (const auto& handle : handles_) {
@@ -288,10 +289,10 @@ void RestoreStream::read_batch(TransferPlanner& planner, std::size_t first, std:
   for (std::size_t i = first; i < last; ++i)
     destinations.push_back(DeviceSpan{handles_[i], 0, targets_[i].end - targets_[i].begin});
   const std::uint64_t start = data_start_ + targets_[first].begin;
-  const std::string context =
-      last - first == 1 ? fmt::format("restore {}: tensor {}", where_, checkpoint::quoted(targets_[first].name))
-                        : fmt::format("restore {}: tensor {} and the {} after it", where_, checkpoint::quoted(targets_[first].name),
-                                      last - first - 1);
+  const auto context = [&] {
+    const std::string tensor = fmt::format("restore {}: tensor {}", where_, checkpoint::quoted(targets_[first].name));
+    return last - first == 1 ? tensor : fmt::format("{} and the {} after it", tensor, last - first - 1);
+  };
   auto results = naming(context, [&] {
     const ScatterSource source{[&](std::uint64_t offset, std::span<const std::span<std::byte>> pieces) {
       fill(start + offset, pieces);

@@ -84,8 +84,15 @@ class Scanner {
       if (c == '\\') {
         escape(out);
       } else if (c < 0x80) {
-        out += static_cast<char>(c);
-        ++at_;
+        // A run of plain ASCII appended at once (names are mostly that), not a character at a time.
+        std::size_t end = at_ + 1;
+        while (end < text_.size()) {
+          const auto next = static_cast<unsigned char>(text_[end]);
+          if (next == '"' || next == '\\' || next < 0x20 || next >= 0x80) break;
+          ++end;
+        }
+        out.append(text_.substr(at_, end - at_));
+        at_ = end;
       } else {
         const std::size_t n = utf8_sequence(text_.substr(at_));
         if (n == 0) fail("invalid UTF-8");

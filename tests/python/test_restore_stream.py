@@ -222,7 +222,7 @@ sys.exit(os.waitstatus_to_exitcode(status))
 
 
 def test_a_process_forked_after_a_restore_restores_too(tmp_path):
-    """A forked child (a DataLoader worker, multiprocessing's fork) gets reader pools of its own."""
+    """A forked child (a DataLoader worker, multiprocessing's fork) restores with reading threads of its own."""
     host = devbridge.Bridge(backend="host", ring_bytes=RING)
     try:
         arrays = layers(np.random.default_rng(7), big=1 << 20)
