@@ -8,6 +8,7 @@ as they land, partial loads.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import threading
@@ -164,6 +165,18 @@ def test_a_failing_read_inside_a_batch_names_the_tensors_and_frees_everything(pb
         pb.restore(path)
     nothing_left(pb)
     backend_live(pb)
+    # The error raised again from every tensor's wait, and the stream it came from, are collected: the stream
+    # keeps the exception, whose traceback holds the frames that waited on the stream (a cycle through it).
+    pending = pb.restore(path, wait=False)
+    for name in list(pending)[-3:]:
+        with pytest.raises(OSError, match="Input/output error"):
+            pending[name].wait()
+    with pytest.raises(OSError, match="Input/output error"):
+        pending.wait()
+    del pending
+    gc.collect()
+    assert not [o for o in gc.get_objects() if type(o).__name__ == "_RestoreStream"]
+    nothing_left(pb)
 
 
 def test_wait_false_small_tensors_are_ready_before_the_last_byte_is_read(pb, rng, tmp_path, monkeypatch):
