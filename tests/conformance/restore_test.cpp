@@ -132,6 +132,15 @@ class RestoreConformance : public DriverTest {
   }
 
   // Each landed tensor's copies waited for (failed or not), then every allocation freed.
+  // The stream reads to the end and checks out; every tensor bit-exact; then all freed, nothing left.
+  void expect_whole_restore(Bridge& b, ckpt::RestoreStream& stream, const CheckpointOnDisk& file) {
+    EXPECT_TRUE(stream.finished(std::chrono::seconds(60)));
+    EXPECT_TRUE(stream.done());
+    expect_restored(b, stream, file);
+    free_all(b, stream);
+    expect_nothing_left(b);
+  }
+
   static void free_all(Bridge& b, ckpt::RestoreStream& stream) {
     for (std::size_t i = 0; i < stream.handles().size(); ++i) {
       bool landed = false;
@@ -160,11 +169,7 @@ TEST_P(RestoreConformance, RestoreReadsManySmallAndLargeTensorsBitExactAndChecks
   const CheckpointOnDisk file(model());
   auto stream = start(b, file);
   ASSERT_EQ(stream->handles().size(), file.tensors().size());
-  EXPECT_TRUE(stream->finished(std::chrono::seconds(60)));
-  EXPECT_TRUE(stream->done());
-  expect_restored(b, *stream, file);
-  free_all(b, *stream);
-  expect_nothing_left(b);
+  expect_whole_restore(b, *stream, file);
 }
 
 TEST_P(RestoreConformance, RestoreFindsAFlippedBitAnywhereAndLeavesTheTensorsToTheCallersFree) {
@@ -190,10 +195,7 @@ TEST_P(RestoreConformance, RestoreFindsAFlippedBitAnywhereAndLeavesTheTensorsToT
     file.flip(at);
   }
   auto unverified = start(b, file, {}, false);  // the file is whole again
-  EXPECT_TRUE(unverified->finished(std::chrono::seconds(60)));
-  expect_restored(b, *unverified, file);
-  free_all(b, *unverified);
-  expect_nothing_left(b);
+  expect_whole_restore(b, *unverified, file);
 }
 
 TEST_P(RestoreConformance, RestoreOfAFileThatShrankNamesTheTensorsAndTheBytes) {
@@ -258,10 +260,7 @@ TEST_P(RestoreConformance, RestoreTensorsLandInFileOrderWhileLaterReadsWait) {
     released = true;
   }
   changed.notify_all();
-  EXPECT_TRUE(stream->finished(std::chrono::seconds(60)));
-  expect_restored(b, *stream, file);
-  free_all(b, *stream);
-  expect_nothing_left(b);
+  expect_whole_restore(b, *stream, file);
 }
 
 TEST_P(RestoreConformance, RestoreStopsBeforeItsNextReadAndAFailingReadEndsIt) {
