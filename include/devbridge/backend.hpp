@@ -97,6 +97,11 @@ struct BackendCapabilities {
   // the host (CUDA, to a CUDA backend; the fake, to a fake). A backend
   // without it answers false for every peer.
   bool peer_copy = false;
+  // Transfers::write_mapped maps allocations for the CPU to write (OpenCL):
+  // where device memory is not host memory, a stream is still written
+  // straight into the allocations (Bridge::write_in_place, the planner's
+  // WriteInPlace route), one copy instead of two through the ring.
+  bool maps_for_write = false;
 
   // ---- timeline ----
   // Timeline::record_fence takes Queue::Consumer: a consumer's queue can be

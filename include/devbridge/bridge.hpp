@@ -464,9 +464,11 @@ class Bridge {
   bool copy_to_peer(DeviceRange source, Bridge& destination, DeviceRange destination_range);
 
   // Where device memory is host memory (BackendCapabilities::host_addressable:
-  // the host backend), hands `write` the bytes of each range, in order, to
-  // fill in place: one copy instead of two through the ring (the transfer
-  // planner's WriteInPlace route, e.g. a file read straight into tensors).
+  // the host backend) or can be mapped for writing (maps_for_write: OpenCL on
+  // a device that shares host memory, through Transfers::write_mapped), hands
+  // `write` the bytes of each range, in order, to fill in place: one copy
+  // instead of two through the ring (the transfer planner's WriteInPlace
+  // route, e.g. a file read straight into tensors).
   // Synchronous: every range is validated and held as a copy into its
   // allocation is (free_device refuses and release defers until the call
   // ends, a live view is treated as for host_to_device: writes_under_view, a
@@ -474,8 +476,8 @@ class Bridge {
   // waits for the call. The bytes are valid only during `write`; what it
   // throws ends the call as it is (the ranges may hold part of the bytes).
   // Copies still in flight into the same bytes are not waited for (as two
-  // overlapping uploads, the caller orders them). Unsupported where device
-  // memory is not host memory.
+  // overlapping uploads, the caller orders them; a mapped range is ordered
+  // after what the backend's queue already holds). Unsupported elsewhere.
   void write_in_place(std::span<const DeviceRange> ranges,
                       const std::function<void(std::span<const std::span<std::byte>>)>& write);
 

@@ -56,6 +56,7 @@ nb::dict backend_info_dict(const BackendInfo& info) {
   d["host_memory_page_locked"] = info.host_memory_page_locked;
   d["host_addressable"] = info.host_addressable;
   d["cheap_registration"] = info.cheap_registration;
+  d["maps_for_write"] = info.maps_for_write;
   d["notes"] = info.notes;
   return d;
 }

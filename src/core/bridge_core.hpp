@@ -777,6 +777,7 @@ class BridgeCore {
   bool owner_alive_ = true;
   std::string device_string_;  // views point at it: it never changes after construction
   bool host_addressable_ = false;  // BackendCapabilities::host_addressable, set once, at construction
+  bool maps_for_write_ = false;    // BackendCapabilities::maps_for_write, likewise
   DeviceDtypes dtypes_;  // read before the lock: set once, at construction
   ViewPlacement placement_;  // read before the lock: set once, at construction
   // The flight recorder: recording_ is null unless it records (the one test

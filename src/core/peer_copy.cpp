@@ -84,10 +84,10 @@ bool BridgeCore::copy_to_peer(const DeviceRange& source, BridgeCore& destination
 
 void BridgeCore::write_in_place(std::span<const DeviceRange> ranges,
                                 const std::function<void(std::span<const std::span<std::byte>>)>& write) {
-  if (!host_addressable_)
+  if (!host_addressable_ && !maps_for_write_)
     fail(ErrorKind::Unsupported,
-         "write_in_place: device memory is not host memory on the {} backend (BackendInfo::host_addressable is "
-         "false); stage the bytes through the ring",
+         "write_in_place: device memory is not host memory on the {} backend, nor can it be mapped for writing "
+         "(BackendInfo::host_addressable and maps_for_write are false); stage the bytes through the ring",
          backend_name_);
   // Each range held as a peer copy's destination: validated, a view's
   // writes_under_view honoured, a read-only adoption refused; counted as a
@@ -95,25 +95,40 @@ void BridgeCore::write_in_place(std::span<const DeviceRange> ranges,
   // call in progress (a restart or close waits for the write).
   std::vector<PeerSide> held;
   held.reserve(ranges.size());
-  std::vector<std::span<std::byte>> bytes;
-  bytes.reserve(ranges.size());
   auto end_all = [&](HeldEnd how) {
     for (const PeerSide& side : held) end_peer_copy(side, CopyDirection::HostToDevice, how);
   };
   try {
-    for (const DeviceRange& range : ranges) {
-      held.push_back(hold_for_peer_copy(range, CopyDirection::HostToDevice));
-      // Host memory (host_addressable): the allocation's address is the CPU's.
-      bytes.emplace_back(reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(held.back().device.address)) +
-                             range.offset,
-                         static_cast<std::size_t>(range.len));
-    }
+    for (const DeviceRange& range : ranges) held.push_back(hold_for_peer_copy(range, CopyDirection::HostToDevice));
   } catch (...) {
     end_all(HeldEnd::Untouched);
     throw;
   }
   try {
-    write(bytes);
+    if (host_addressable_) {
+      // Host memory: the allocation's address is the CPU's.
+      std::vector<std::span<std::byte>> bytes;
+      bytes.reserve(ranges.size());
+      for (std::size_t i = 0; i < ranges.size(); ++i)
+        bytes.emplace_back(reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(held[i].device.address)) +
+                               ranges[i].offset,
+                           static_cast<std::size_t>(ranges[i].len));
+      write(bytes);
+    } else {
+      std::vector<MappedWrite> mapped;
+      mapped.reserve(ranges.size());
+      for (std::size_t i = 0; i < ranges.size(); ++i)
+        mapped.push_back(MappedWrite{held[i].device, ranges[i].offset, ranges[i].len});
+      try {
+        backend_->write_mapped(mapped, write);
+      } catch (const Error& e) {
+        if (e.fatal()) {  // the device is gone: the bridge turns Broken until a restart
+          SpinLockHold lock(lock_);
+          mark_broken(e);
+        }
+        throw;
+      }
+    }
   } catch (...) {
     end_all(HeldEnd::WriteInPlaceFailed);
     throw;

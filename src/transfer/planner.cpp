@@ -236,15 +236,18 @@ TransferPlan choose(const Resolved& r, const TransferOptions& options, const Bac
       take(Route::StagedThroughRings, forced ? "as TransferOptions::route asks"
                                              : "device to device within one bridge: through its ring, chunk by chunk");
   } else if ((r.upload() && r.source.streamed()) || (r.download() && r.destination.streamed())) {
-    const bool in_place = r.upload() && info.host_addressable;
+    const bool in_place = r.upload() && (info.host_addressable || info.maps_for_write);
     if (forced && *forced != Route::RingChunks && !(*forced == Route::WriteInPlace && in_place))
       refuse(r.upload() ? "streamed bytes move by ring_chunks, or write_in_place where device memory is host memory "
-                          "(BackendInfo::host_addressable)"
+                          "or can be mapped for writing (BackendInfo::host_addressable, maps_for_write)"
                         : "streamed bytes move out only by ring_chunks");
     if (forced ? *forced == Route::WriteInPlace : in_place)
       take(Route::WriteInPlace,
-           "bytes made chunk by chunk, on a device whose memory is host memory: written straight into the "
-           "allocation, no ring (one copy instead of two)");
+           info.host_addressable
+               ? "bytes made chunk by chunk, on a device whose memory is host memory: written straight into the "
+                 "allocation, no ring (one copy instead of two)"
+               : "bytes made chunk by chunk, on a device whose memory can be mapped for writing: written straight "
+                 "into the mapped allocation, no ring (one copy instead of two)");
     else
       take(Route::RingChunks, "bytes made or consumed chunk by chunk: through the ring");
   } else if (!host_buffer) {

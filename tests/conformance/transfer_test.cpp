@@ -61,6 +61,13 @@ class TransferConformance : public DriverTest {
   bool is_fake() const { return driver().name == "fake"; }
   fake::FakeBackend& fake_of(Bridge& b) { return *b.backend().test_controls()->fake(); }
 
+  // A stream is written straight into the allocation here (WriteInPlace): device memory is host memory, or
+  // can be mapped for writing.
+  static bool writes_in_place(Bridge& b) {
+    const auto info = b.backend_info();
+    return info.host_addressable || info.maps_for_write;
+  }
+
   // Registering is cheap here: above registration_from_bytes the planner registers instead of staging.
   bool cheap(Bridge& b) {
     const auto info = b.backend_info();
@@ -424,7 +431,7 @@ TEST_P(TransferConformance, TransferStreamsChunkByChunk) {
                               expected += chunk.size();
                               std::memcpy(chunk.data(), data.data() + at, chunk.size());
                             }};
-  const bool addressable = b.backend_info().host_addressable;
+  const bool addressable = writes_in_place(b);  // host memory, or mapped for writing
   EXPECT_EQ(planner.plan(source, DeviceSpan{h}).route, addressable ? Route::WriteInPlace : Route::RingChunks);
   const auto up = planner.submit(source, DeviceSpan{h});
   EXPECT_EQ(up.pending.empty(), addressable);
@@ -454,7 +461,7 @@ TEST_P(TransferConformance, TransferStreamsChunkByChunk) {
 // Elsewhere write_in_place is Unsupported and the stream takes the ring.
 TEST_P(TransferConformance, TransferWritesAStreamInPlaceWhereDeviceMemoryIsHostMemory) {
   auto& b = make_bridge(kRing);
-  const bool addressable = b.backend_info().host_addressable;
+  const bool addressable = writes_in_place(b);  // host memory, or mapped for writing
   const Bytes data = random_bytes(3 * kRing + 123);
   const auto copies_before = b.stats().copies_submitted;
   TransferPlanner planner(b);
@@ -472,7 +479,7 @@ TEST_P(TransferConformance, TransferWritesAStreamInPlaceWhereDeviceMemoryIsHostM
 
   const DeviceRange range{*made.handle, 0, 4096};
   if (!addressable) {
-    EXPECT_KIND(ErrorKind::Unsupported, b.write_in_place(std::span(&range, 1), [](auto) {}), "not host memory");
+    EXPECT_KIND(ErrorKind::Unsupported, b.write_in_place(std::span(&range, 1), [](auto) {}), "mapped for writing");
     TransferPlanner in_place(b, {.route = Route::WriteInPlace});
     EXPECT_KIND(ErrorKind::InvalidRange, in_place.plan(source, fresh(data.size())), "write_in_place");
   } else {
@@ -506,7 +513,7 @@ TEST_P(TransferConformance, TransferWritesAStreamInPlaceWhereDeviceMemoryIsHostM
 // else one submit per allocation through the ring; bit-exact either way.
 TEST_P(TransferConformance, TransferScattersOneStreamIntoSeveralAllocations) {
   auto& b = make_bridge(kRing);
-  const bool addressable = b.backend_info().host_addressable;
+  const bool addressable = writes_in_place(b);  // host memory, or mapped for writing
   const std::vector<std::uint64_t> lengths{1, 4097, kRing, 64, 3 * kRing + 123};
   std::uint64_t total = 0;
   for (auto n : lengths) total += n;

@@ -16,11 +16,14 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "devbridge/error.hpp"
 #include "devbridge/seam/device_memory.hpp"
+#include "devbridge/seam/unsupported.hpp"
 #include "devbridge/types.hpp"
 
 namespace devbridge {
@@ -60,6 +63,13 @@ inline std::uint64_t request_device_span(const CopyRequest& request) {
   return request.layout.pitched() ? layout_device_span(request.layout) : request.len;
 }
 
+// A range of an allocation the CPU writes through Transfers::write_mapped.
+struct MappedWrite {
+  DeviceAllocation device;
+  std::uint64_t offset = 0;
+  std::uint64_t len = 0;
+};
+
 struct Completion {
   CopyEvent event;
   bool ok = true;
@@ -92,6 +102,20 @@ class Transfers {
                             Backend& /*destination_backend*/, const DeviceAllocation& /*destination*/,
                             std::uint64_t /*destination_offset*/, std::uint64_t /*len*/) {
     return false;
+  }
+  // Maps `ranges` for the CPU to write (their old bytes need not be kept),
+  // calls `write` with their bytes in order, unmaps them, and returns once
+  // the device sees the bytes: a stream written straight into device memory
+  // that is not host memory (OpenCL: clEnqueueMapBuffer; on a device that
+  // shares host memory, PoCL's CPU device, no copy at all). Ordered after
+  // what was already submitted on the backend's queue. Where `write` throws,
+  // the ranges are unmapped (their bytes undefined) and the exception goes
+  // on. The bridge has checked the ranges and holds the allocations for the
+  // call. Only where BackendCapabilities::maps_for_write; Unsupported
+  // elsewhere.
+  virtual void write_mapped(std::span<const MappedWrite> /*ranges*/,
+                            const std::function<void(std::span<const std::span<std::byte>>)>& /*write*/) {
+    seam::unsupported("mapping device memory for writing");
   }
 
  protected:

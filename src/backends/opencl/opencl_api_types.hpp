@@ -269,6 +269,7 @@ DEVBRIDGE_OPENCL_ENTRY_POINTS(DEVBRIDGE_OPENCL_DECLARE_ENTRY_TYPE)
   X(cl_mem_flags, CL_MEM_ALLOC_HOST_PTR, 1 << 4)                      \
   X(cl_map_flags, CL_MAP_READ, 1 << 0)                                \
   X(cl_map_flags, CL_MAP_WRITE, 1 << 1)                               \
+  X(cl_map_flags, CL_MAP_WRITE_INVALIDATE_REGION, 1 << 2)             \
   X(cl_mem_info, CL_MEM_FLAGS, 0x1101)                                \
   X(cl_mem_info, CL_MEM_SIZE, 0x1102)                                 \
   X(cl_mem_info, CL_MEM_HOST_PTR, 0x1103)                             \

@@ -213,6 +213,10 @@ BackendInfo OpenCLBackend::describe() {
   // A CL_MEM_USE_HOST_PTR buffer over memory the device shares is the
   // memory itself: registering costs next to nothing.
   info.cheap_registration = device_value<cl_bool>(cl_, choice_.device, CL_DEVICE_HOST_UNIFIED_MEMORY) == CL_TRUE;
+  // The same: mapping a buffer for writing is the buffer's own memory, so a
+  // stream (a restore) is written into it once. Not on a device with memory
+  // of its own, where a map may stage the whole range in host memory.
+  info.maps_for_write = info.cheap_registration;
   info.adopt = true;
   info.consumer_queues = true;
   // A consumer (pyopencl, tinygrad) needs the context to make a queue that

@@ -160,6 +160,8 @@ class OpenCLBackend final : public Backend, private TestControls {
 
   // ---- transfers ----
   void submit_copy(const CopyRequest& request) override;
+  void write_mapped(std::span<const MappedWrite> ranges,
+                    const std::function<void(std::span<const std::span<std::byte>>)>& write) override;
 
   void drain_completions(std::vector<Completion>& out) override;
 
