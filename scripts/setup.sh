@@ -9,8 +9,9 @@ apt_packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev libspdlog-dev librapidcheck-dev libdlpack-dev
   libssl-dev zlib1g-dev
-  # ISA-L's CRC-32: a restore hashes every byte as fast as the page cache hands them.
-  libisal-dev
+  # ISA-L's CRC-32 (loaded at run time, zlib's where it is missing): a restore hashes every byte as fast as
+  # the page cache hands them.
+  libisal2
   ocl-icd-opencl-dev opencl-headers pocl-opencl-icd
   # The Rust crate over the C ABI (bindings/rust): Debian's toolchain is the
   # crate's minimum (rust-version 1.63), so scripts/rust-tests.sh runs its

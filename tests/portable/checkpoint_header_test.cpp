@@ -11,6 +11,7 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include "devbridge/checkpoint_file.hpp"
 
@@ -189,6 +190,29 @@ TEST_F(CheckpointFileTest, ARegularFileOpensAndItsDataReadsThroughTheSameDescrip
   file.read_at(file.header().data_start(), data, 4);
   EXPECT_EQ(data[3], 4);
   EXPECT_THROW(file.read_at(file.header().data_start() + 2, data, 4), CheckpointError);
+}
+
+// The one CRC-32 (ISA-L's where it loads, zlib's otherwise) is zlib's, in
+// one call, in pieces, and with parts hashed apart and joined.
+TEST(Crc32, IsZlibsInPiecesAndJoined) {
+  std::string data(3 << 20, '\0');
+  std::uint32_t state = 12345;
+  for (auto& c : data) c = static_cast<char>((state = state * 1103515245u + 12345u) >> 24);
+  const auto* bytes = reinterpret_cast<const unsigned char*>(data.data());
+  const auto expected = static_cast<std::uint32_t>(::crc32(0, bytes, static_cast<uInt>(data.size())));
+  Crc32 whole;
+  whole.update(data.data(), data.size());
+  EXPECT_EQ(whole.value(), expected);
+  Crc32 pieces;
+  for (std::size_t at = 0; at < data.size(); at += 4099)
+    pieces.update(data.data() + at, std::min<std::size_t>(4099, data.size() - at));
+  EXPECT_EQ(pieces.value(), expected);
+  const std::size_t half = 1234567;
+  Crc32 first, second;
+  first.update(data.data(), half);
+  second.update(data.data() + half, data.size() - half);
+  EXPECT_EQ(Crc32::combine(first.value(), second.value(), data.size() - half), expected);
+  EXPECT_EQ(Crc32::text_of(expected), whole.text());
 }
 
 }  // namespace
