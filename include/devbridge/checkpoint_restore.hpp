@@ -142,6 +142,7 @@ class RestoreStream {
   std::exception_ptr error_;
   Helper helper_;  // before reader_: the reader, joined first, uses it
   std::thread reader_;
+  std::once_flag joined_;  // stop() joins reader_ once
 };
 
 }  // namespace devbridge::checkpoint

@@ -235,7 +235,12 @@ void RestoreStream::stop() {
     std::lock_guard lock(mutex_);
     stopping_ = true;
   }
-  if (reader_.joinable() && reader_.get_id() != std::this_thread::get_id()) reader_.join();
+  // Once, whoever comes first (two callers at once, an abandon() and the
+  // destructor); the others wait for that join to end.
+  if (reader_.get_id() != std::this_thread::get_id())
+    std::call_once(joined_, [&] {
+      if (reader_.joinable()) reader_.join();
+    });
 }
 
 bool RestoreStream::landed(std::size_t index, std::chrono::nanoseconds timeout) {

@@ -276,9 +276,11 @@ TEST_P(RestoreConformance, RestoreStopsBeforeItsNextReadAndAFailingReadEndsIt) {
   auto stream = start(b, file, std::move(held));
   while (reads < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::thread stopper([&] { stream->stop(); });
+  std::thread second_stopper([&] { stream->stop(); });  // two at once: one joins, the other waits for it
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   go = true;  // the read in progress ends; the next sees the stop
   stopper.join();
+  second_stopper.join();
   EXPECT_TRUE(stream->done());
   EXPECT_EQ(reads.load(), 2);
   EXPECT_THROW(stream->finished(std::chrono::seconds(0)), ckpt::CheckpointError);
