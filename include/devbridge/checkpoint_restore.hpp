@@ -100,7 +100,8 @@ class RestoreStream {
   void read_batch(TransferPlanner& planner, std::size_t first, std::size_t last);
   void fill(std::uint64_t file_offset, std::span<const std::span<std::byte>> pieces);
   void read_ahead(std::uint64_t end);
-  void landed_through(std::size_t last, std::vector<TransferResult>& results);
+  // Batch [first, first + results.size()) landed: its copies kept, waiters woken.
+  void land_batch(std::size_t first, std::vector<TransferResult>& results);
 
   // The thread that reads the second half of a large read: one for the
   // stream's life (a thread made per read ran at times on the reader's core,

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "devbridge/checked.hpp"
 #include "devbridge/checkpoint_file.hpp"
 
 namespace devbridge::checkpoint {
@@ -131,12 +132,6 @@ Read read_run(int fd, std::span<const std::span<std::byte>> pieces, std::uint64_
   return Read{done, value.value()};
 }
 
-// Now + `timeout`, saturated (a caller's "forever" is nanoseconds::max()).
-std::chrono::steady_clock::time_point deadline_after(std::chrono::nanoseconds timeout) {
-  constexpr std::chrono::nanoseconds kYears = std::chrono::hours(24 * 365 * 100);
-  return std::chrono::steady_clock::now() + std::clamp(timeout, std::chrono::nanoseconds(0), kYears);
-}
-
 }  // namespace
 
 // ---- the second reading thread ----
@@ -247,7 +242,7 @@ bool RestoreStream::landed(std::size_t index, std::chrono::nanoseconds timeout) 
   std::unique_lock lock(mutex_);
   const auto ready = [&] { return landed_ > index || done_; };
   if (!ready()) {
-    if (!changed_.wait_until(lock, deadline_after(timeout), ready)) return false;
+    if (!changed_.wait_until(lock, checked::deadline_after(timeout), ready)) return false;
   }
   if (landed_ > index) return true;
   if (error_) std::rethrow_exception(error_);
@@ -259,7 +254,7 @@ const std::vector<PendingCopy>& RestoreStream::copies(std::size_t index) const {
 
 bool RestoreStream::finished(std::chrono::nanoseconds timeout) {
   std::unique_lock lock(mutex_);
-  if (!changed_.wait_until(lock, deadline_after(timeout), [&] { return done_; })) return false;
+  if (!changed_.wait_until(lock, checked::deadline_after(timeout), [&] { return done_; })) return false;
   if (error_) std::rethrow_exception(error_);
   if (landed_ < targets_.size())
     throw CheckpointError(fmt::format("the restore of {} was abandoned", where_));
@@ -325,10 +320,10 @@ void RestoreStream::read_batch(TransferPlanner& planner, std::size_t first, std:
     }};
     return planner.submit_scatter(source, destinations);
   });
-  landed_through(first, results);
+  land_batch(first, results);
 }
 
-void RestoreStream::landed_through(std::size_t first, std::vector<TransferResult>& results) {
+void RestoreStream::land_batch(std::size_t first, std::vector<TransferResult>& results) {
   for (std::size_t i = 0; i < results.size(); ++i) copies_[first + i] = std::move(results[i].pending);
   std::lock_guard lock(mutex_);
   landed_ = first + results.size();

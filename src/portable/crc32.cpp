@@ -47,11 +47,7 @@ std::uint32_t Crc32::combine(std::uint32_t first, std::uint32_t second, std::uin
   return static_cast<std::uint32_t>(::crc32_combine(first, second, static_cast<z_off_t>(second_bytes)));
 }
 
-std::string Crc32::hexdigest() const {
-  char digits[9];
-  std::snprintf(digits, sizeof digits, "%08x", static_cast<unsigned>(value_));
-  return digits;
-}
+std::string Crc32::hexdigest() const { return text_of(value_).substr(6); }  // after "crc32:"
 
 std::string Crc32::text_of(std::uint32_t value) {
   char text[16];
