@@ -480,6 +480,20 @@ class Bridge {
   // after what the backend's queue already holds). Unsupported elsewhere.
   void write_in_place(std::span<const DeviceRange> ranges,
                       const std::function<void(std::span<const std::span<std::byte>>)>& write);
+  // Where device memory is host memory (BackendCapabilities::host_addressable:
+  // the host backend), hands `read` the bytes of each range, in order, to
+  // read in place: no copy into the ring first (the transfer planner's
+  // ReadInPlace route, e.g. tensors written straight to a file).
+  // Synchronous: first waits until no copy into the ranges' allocations is in
+  // flight and, where a launch or step holds one of them, until everything
+  // queued on the compute queue has run (what the ring's download is ordered
+  // after); then every range is validated and held as a copy out of its
+  // allocation is (free_device refuses and release defers until the call
+  // ends; a restart or close waits for it). The bytes are valid only during
+  // `read`, which must not write them; what it throws ends the call.
+  // Unsupported elsewhere.
+  void read_in_place(std::span<const DeviceRange> ranges,
+                     const std::function<void(std::span<const std::span<const std::byte>>)>& read);
 
   CopyStatus copy_status(CopyEvent event);
   // True once the host range of an H2D copy may be released (or reused).

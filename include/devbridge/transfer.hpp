@@ -24,10 +24,15 @@
 //                   straight into the destination's memory, no ring: only
 //                   on a device whose memory is host memory
 //                   (BackendInfo::host_addressable; Bridge::write_in_place).
+//   ReadInPlace     bytes consumed chunk by chunk (a StreamDestination) read
+//                   straight out of the source's memory, no ring: only on a
+//                   device whose memory is host memory
+//                   (BackendInfo::host_addressable; Bridge::read_in_place).
 //   RingChunks      through the bridge's ring: a bounded window of chunk
 //                   copies in flight, each range released once its copy allows;
-//                   the one route of a StreamSource / StreamDestination (bytes
-//                   made or consumed chunk by chunk: a file, a hash).
+//                   the route of a StreamSource / StreamDestination (bytes
+//                   made or consumed chunk by chunk: a file, a hash) where
+//                   neither in-place route can take it.
 //   PeerCopy        device to device across bridges (Bridge::copy_to_peer);
 //                   where the backends have no direct path, StagedThroughRings.
 //   StagedThroughRings  device to device chunk by chunk: into the source's
@@ -61,9 +66,11 @@ enum class Route : std::uint8_t {
   PeerCopy,
   StagedThroughRings,
   WriteInPlace,
+  ReadInPlace,
 };
 // "nothing", "adopt_in_place", "registered_copy", "direct_copy",
-// "ring_chunks", "peer_copy", "staged_through_rings", "write_in_place".
+// "ring_chunks", "peer_copy", "staged_through_rings", "write_in_place",
+// "read_in_place".
 std::string_view route_name(Route route) noexcept;
 
 // ---- endpoints ----
@@ -87,7 +94,9 @@ struct StreamSource {
 };
 // Bytes the caller consumes chunk by chunk (a file write, a hash): `sink`
 // reads bytes [offset, offset + chunk.size()) of the transfer from `chunk`,
-// a ring range valid only during the call, in order. RingChunks only.
+// valid only during the call and never to be written, in order: a ring range,
+// or, by ReadInPlace where device memory is host memory, the source's own
+// bytes.
 struct StreamDestination {
   std::uint64_t bytes = 0;
   std::function<void(std::uint64_t offset, std::span<const std::byte> chunk)> sink;

@@ -48,7 +48,8 @@ std::shared_ptr<BridgeState> state_of(nb::handle bridge, const char* what) {
 namespace {
 
 constexpr Route kRoutes[] = {Route::Nothing,    Route::AdoptInPlace, Route::RegisteredCopy,    Route::DirectCopy,
-                             Route::RingChunks, Route::PeerCopy,     Route::StagedThroughRings, Route::WriteInPlace};
+                             Route::RingChunks, Route::PeerCopy,     Route::StagedThroughRings, Route::WriteInPlace,
+                             Route::ReadInPlace};
 
 std::optional<Route> parse_route(nb::handle value) {
   if (value.is_none()) return std::nullopt;
@@ -65,7 +66,7 @@ std::optional<Route> parse_route(nb::handle value) {
     }
   args::raise(PyExc_ValueError, "route \"" + name +
                                     "\" is not one of registered_copy, direct_copy, ring_chunks, peer_copy, "
-                                    "staged_through_rings, write_in_place (or None: the planner chooses)");
+                                    "staged_through_rings, write_in_place, read_in_place (or None: the planner chooses)");
 }
 
 nb::dict plan_dict(const TransferPlan& plan) {

@@ -154,6 +154,10 @@ void Bridge::write_in_place(std::span<const DeviceRange> ranges,
                             const std::function<void(std::span<const std::span<std::byte>>)>& write) {
   core_->write_in_place(ranges, write);
 }
+void Bridge::read_in_place(std::span<const DeviceRange> ranges,
+                           const std::function<void(std::span<const std::span<const std::byte>>)>& read) {
+  core_->read_in_place(ranges, read);
+}
 HostRegion Bridge::register_host(std::span<std::byte> bytes, RegionRelease on_release) {
   return core_->register_host(bytes, false, std::move(on_release));
 }

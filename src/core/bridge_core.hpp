@@ -9,7 +9,8 @@
 // that Bridge's forwarding functions inline them; the rest is defined by
 // area: bridge.cpp (the drop queue, copies, compute, views), bridge_memory.cpp
 // (the pool and the backend), bridge_regions.cpp (registered and adopted host
-// memory), peer_copy.cpp (device to device between bridges),
+// memory), peer_copy.cpp (device to device between bridges), in_place.cpp
+// (device memory the CPU reaches, written and read without the ring),
 // bridge_lifecycle.cpp (construction, restart, close, statistics) and
 // bridge_api.cpp (Bridge, ViewLease and HostLease over it).
 #pragma once
@@ -515,16 +516,26 @@ class BridgeCore {
   PeerSide hold_for_peer_copy(const DeviceRange& range, CopyDirection direction);
   // How a held range's use ended: nothing moved (a peer copy fell back, or
   // failed before it began), a direct peer copy (counted and recorded on the
-  // peer track), or write_in_place's fill returned or threw (recorded on the
-  // copy-up track).
-  enum class HeldEnd : std::uint8_t { Untouched, PeerCopied, WrittenInPlace, WriteInPlaceFailed };
+  // peer track), or write_in_place's or read_in_place's caller returned or
+  // threw (recorded on the copy-up or copy-down track).
+  enum class HeldEnd : std::uint8_t { Untouched, PeerCopied, InPlace, InPlaceFailed };
   void end_peer_copy(const PeerSide& side, CopyDirection direction, HeldEnd how) noexcept;
   bool copy_to_peer(const DeviceRange& source, BridgeCore& destination, const DeviceRange& destination_range);
   // Bridge::write_in_place: each range held as a peer copy's destination is
   // (validated, writes_under_view, read-only refused) while `write` fills
-  // the host bytes of host-addressable device memory.
+  // the host bytes of host-addressable device memory (in_place.cpp).
   void write_in_place(std::span<const DeviceRange> ranges,
                       const std::function<void(std::span<const std::span<std::byte>>)>& write);
+  // Bridge::read_in_place: each range held as a peer copy's source is, once
+  // the copies into it in flight have landed and the launches queued before
+  // the call have run, while `read` reads its host bytes.
+  void read_in_place(std::span<const DeviceRange> ranges,
+                     const std::function<void(std::span<const std::span<const std::byte>>)>& read);
+  // Waits until no copy into any of the ranges' allocations is in flight;
+  // true when one of them has launches or steps that may still write it.
+  bool settle_writes_before_reading(std::span<const DeviceRange> ranges);
+  // Until everything queued on the backend's compute queue so far has run.
+  void wait_for_launches();
 
   // Inside a catch: an Error becomes the direction's copy error; anything
   // else goes on as it is.

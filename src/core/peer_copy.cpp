@@ -34,7 +34,8 @@ void BridgeCore::end_peer_copy(const PeerSide& side, CopyDirection direction, He
     if (how == HeldEnd::PeerCopied)
       trace_whole_slice(TraceTrack::Peer, side.range, side.began, true);
     else
-      trace_whole_slice(TraceTrack::CopyUp, side.range, side.began, how == HeldEnd::WrittenInPlace, true);
+      trace_whole_slice(direction == CopyDirection::HostToDevice ? TraceTrack::CopyUp : TraceTrack::CopyDown,
+                        side.range, side.began, how == HeldEnd::InPlace, true);
   }
   maybe_finish_release(side.index);
   gate_.call_ended();
@@ -80,60 +81,6 @@ bool BridgeCore::copy_to_peer(const DeviceRange& source, BridgeCore& destination
     throw *failure;
   }
   return copied;
-}
-
-void BridgeCore::write_in_place(std::span<const DeviceRange> ranges,
-                                const std::function<void(std::span<const std::span<std::byte>>)>& write) {
-  if (!host_addressable_ && !maps_for_write_)
-    fail(ErrorKind::Unsupported,
-         "write_in_place: device memory is not host memory on the {} backend, nor can it be mapped for writing "
-         "(BackendInfo::host_addressable and maps_for_write are false); stage the bytes through the ring",
-         backend_name_);
-  // Each range held as a peer copy's destination: validated, a view's
-  // writes_under_view honoured, a read-only adoption refused; counted as a
-  // copy into the allocation (free_device refuses, release defers) and as a
-  // call in progress (a restart or close waits for the write).
-  std::vector<PeerSide> held;
-  held.reserve(ranges.size());
-  auto end_all = [&](HeldEnd how) {
-    for (const PeerSide& side : held) end_peer_copy(side, CopyDirection::HostToDevice, how);
-  };
-  try {
-    for (const DeviceRange& range : ranges) held.push_back(hold_for_peer_copy(range, CopyDirection::HostToDevice));
-  } catch (...) {
-    end_all(HeldEnd::Untouched);
-    throw;
-  }
-  try {
-    if (host_addressable_) {
-      // Host memory: the allocation's address is the CPU's.
-      std::vector<std::span<std::byte>> bytes;
-      bytes.reserve(ranges.size());
-      for (std::size_t i = 0; i < ranges.size(); ++i)
-        bytes.emplace_back(reinterpret_cast<std::byte*>(static_cast<std::uintptr_t>(held[i].device.address)) +
-                               ranges[i].offset,
-                           static_cast<std::size_t>(ranges[i].len));
-      write(bytes);
-    } else {
-      std::vector<MappedWrite> mapped;
-      mapped.reserve(ranges.size());
-      for (std::size_t i = 0; i < ranges.size(); ++i)
-        mapped.push_back(MappedWrite{held[i].device, ranges[i].offset, ranges[i].len});
-      try {
-        backend_->write_mapped(mapped, write);
-      } catch (const Error& e) {
-        if (e.fatal()) {  // the device is gone: the bridge turns Broken until a restart
-          SpinLockHold lock(lock_);
-          mark_broken(e);
-        }
-        throw;
-      }
-    }
-  } catch (...) {
-    end_all(HeldEnd::WriteInPlaceFailed);
-    throw;
-  }
-  end_all(HeldEnd::WrittenInPlace);
 }
 
 }  // namespace devbridge::detail

@@ -27,6 +27,7 @@ std::string_view route_name(Route route) noexcept {
     case Route::PeerCopy: return "peer_copy";
     case Route::StagedThroughRings: return "staged_through_rings";
     case Route::WriteInPlace: return "write_in_place";
+    case Route::ReadInPlace: return "read_in_place";
   }
   return "unknown";
 }
@@ -236,14 +237,18 @@ TransferPlan choose(const Resolved& r, const TransferOptions& options, const Bac
       take(Route::StagedThroughRings, forced ? "as TransferOptions::route asks"
                                              : "device to device within one bridge: through its ring, chunk by chunk");
   } else if ((r.upload() && r.source.streamed()) || (r.download() && r.destination.streamed())) {
-    const bool in_place = r.upload() && (info.host_addressable || info.maps_for_write);
-    if (forced && *forced != Route::RingChunks && !(*forced == Route::WriteInPlace && in_place))
+    const Route in_place_route = r.upload() ? Route::WriteInPlace : Route::ReadInPlace;
+    const bool in_place = r.upload() ? info.host_addressable || info.maps_for_write : info.host_addressable;
+    if (forced && *forced != Route::RingChunks && !(*forced == in_place_route && in_place))
       refuse(r.upload() ? "streamed bytes move by ring_chunks, or write_in_place where device memory is host memory "
                           "or can be mapped for writing (BackendInfo::host_addressable, maps_for_write)"
-                        : "streamed bytes move out only by ring_chunks");
-    if (forced ? *forced == Route::WriteInPlace : in_place)
-      take(Route::WriteInPlace,
-           info.host_addressable
+                        : "streamed bytes move out by ring_chunks, or read_in_place where device memory is host memory "
+                          "(BackendInfo::host_addressable)");
+    if (forced ? *forced == in_place_route : in_place)
+      take(in_place_route,
+           !r.upload() ? "bytes consumed chunk by chunk, on a device whose memory is host memory: read straight out "
+                         "of the allocation, no ring (no copy before the consumer's)"
+           : info.host_addressable
                ? "bytes made chunk by chunk, on a device whose memory is host memory: written straight into the "
                  "allocation, no ring (one copy instead of two)"
                : "bytes made chunk by chunk, on a device whose memory can be mapped for writing: written straight "
@@ -488,6 +493,25 @@ TransferResult TransferPlanner::execute(const TransferSource& source, const Tran
         });
       } catch (const Error& e) {
         rethrow_naming(e, r.describe_it() + " (write_in_place)");
+      }
+      break;
+    }
+    case Route::ReadInPlace: {
+      const std::uint64_t element = r.source.element_size;
+      const std::uint64_t chunk = std::max<std::uint64_t>(chunk_bytes_ - chunk_bytes_ % element, element);
+      const auto& sink_chunk = *r.destination.sink;
+      try {
+        bridge_.read_in_place(std::span(&source_range, 1), [&](std::span<const std::span<const std::byte>> pieces) {
+          const std::span<const std::byte> all = pieces[0];
+          for (std::uint64_t done = 0; done < r.bytes;) {
+            const std::uint64_t len = std::min(chunk, r.bytes - done);
+            sink_chunk(done, all.subspan(done, len));
+            done += len;
+            if (options_.progress) options_.progress(done, r.bytes);
+          }
+        });
+      } catch (const Error& e) {
+        rethrow_naming(e, r.describe_it() + " (read_in_place)");
       }
       break;
     }

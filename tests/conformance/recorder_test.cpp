@@ -155,6 +155,34 @@ TEST_P(RecorderConformance, WritesInPlaceAreSlicesOnTheCopyUpTrack) {
                                             "E completed", "E failed"}));
 }
 
+// A checkpoint on such a backend reads the tensors in place (read_in_place):
+// copy-down slices marked in_place, failed when the reader threw.
+TEST_P(RecorderConformance, ReadsInPlaceAreSlicesOnTheCopyDownTrack) {
+  auto& b = make_bridge();
+  if (!b.backend_info().host_addressable) GTEST_SKIP() << "device memory is not host memory here";
+  b.record(RecordOptions{});
+  const auto x = b.alloc_device(kFloats, kBytes);
+  const DeviceRange ranges[] = {DeviceRange{x, 0, kBytes / 2}, DeviceRange{x, kBytes / 2, kBytes / 2}};
+  b.read_in_place(ranges, [](std::span<const std::span<const std::byte>> pieces) { EXPECT_EQ(pieces.size(), 2u); });
+  EXPECT_THROW(b.read_in_place(std::span(ranges, 1), [](auto) { throw std::runtime_error("the disk is full"); }),
+               std::runtime_error);
+  b.free_device(x);
+
+  const auto trace = json::parse(b.trace_json());
+  expect_valid_trace(trace);
+  std::vector<std::string> seen;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["name"] != "copy down") continue;
+    seen.push_back(e["ph"] == "B" ? "B " + e["args"]["event"].get<std::string>() + " " +
+                                        std::to_string(e["args"]["offset"].get<std::uint64_t>())
+                                  : "E " + e["args"]["status"].get<std::string>());
+  }
+  std::sort(seen.begin(), seen.end());
+  const std::string half = std::to_string(kBytes / 2);
+  EXPECT_EQ(seen, (std::vector<std::string>{"B in_place 0", "B in_place 0", "B in_place " + half, "E completed",
+                                            "E completed", "E failed"}));
+}
+
 TEST_P(RecorderConformance, TheRingStaysBounded) {
   auto& b = make_bridge();
   b.record(RecordOptions{.max_events = 16});

@@ -442,10 +442,11 @@ TEST_P(TransferConformance, TransferStreamsChunkByChunk) {
                                  EXPECT_EQ(at, back.size());
                                  back.insert(back.end(), chunk.begin(), chunk.end());
                                }};
-  EXPECT_EQ(planner.run(DeviceSpan{h}, sink).route, Route::RingChunks);
+  EXPECT_EQ(planner.run(DeviceSpan{h}, sink).route,
+            b.backend_info().host_addressable ? Route::ReadInPlace : Route::RingChunks);
   EXPECT_EQ(back, data);
   TransferPlanner registered(b, {.route = Route::RegisteredCopy});
-  EXPECT_KIND(ErrorKind::InvalidRange, registered.plan(DeviceSpan{h}, sink), "only by ring_chunks");
+  EXPECT_KIND(ErrorKind::InvalidRange, registered.plan(DeviceSpan{h}, sink), "move out by ring_chunks");
   const StreamDestination failing{data.size(), [](std::uint64_t at, std::span<const std::byte>) {
                                     if (at != 0) throw std::runtime_error("the disk is full");
                                   }};
@@ -506,6 +507,98 @@ TEST_P(TransferConformance, TransferWritesAStreamInPlaceWhereDeviceMemoryIsHostM
   b.poll();
   expect_nothing_left(b);
   if (b.backend().test_controls()) EXPECT_LE(b.backend().test_controls()->live_allocations(), live);
+}
+
+// Where device memory is host memory, a stream out is read straight from the
+// allocation (ReadInPlace, Bridge::read_in_place): no ring, no copy; the
+// allocation is held while the sink runs; what was written into it before the
+// call (a copy in flight, a launch) has landed first; a sink that throws
+// leaves nothing. Elsewhere read_in_place is Unsupported and the stream takes
+// the ring.
+TEST_P(TransferConformance, TransferReadsAStreamInPlaceWhereDeviceMemoryIsHostMemory) {
+  auto& b = make_bridge(kRing);
+  const bool addressable = b.backend_info().host_addressable;
+  const Bytes data = random_bytes(3 * kRing + 124);
+  TransferPlanner planner(b);
+  const DeviceHandle h = planner.upload(data, bytes_spec(extent_for(data.size())), extent_for(data.size()));
+  b.poll();
+  const auto copies_before = b.stats().copies_submitted;
+  Bytes back;
+  const StreamDestination sink{data.size(), [&](std::uint64_t at, std::span<const std::byte> chunk) {
+                                 EXPECT_EQ(at, back.size());
+                                 EXPECT_LE(chunk.size(), planner.chunk_bytes());
+                                 back.insert(back.end(), chunk.begin(), chunk.end());
+                               }};
+  EXPECT_EQ(planner.run(DeviceSpan{h}, sink).route, addressable ? Route::ReadInPlace : Route::RingChunks);
+  EXPECT_EQ(back, data);
+  if (addressable) EXPECT_EQ(b.stats().copies_submitted, copies_before);
+
+  const DeviceRange range{h, 4096, 4096};
+  if (!addressable) {
+    EXPECT_KIND(ErrorKind::Unsupported, b.read_in_place(std::span(&range, 1), [](auto) {}), "host memory");
+    TransferPlanner in_place(b, {.route = Route::ReadInPlace});
+    EXPECT_KIND(ErrorKind::InvalidRange, in_place.plan(DeviceSpan{h}, sink), "read_in_place");
+    b.free_device(h);
+    expect_nothing_left(b);
+    return;
+  }
+  // Held while the read runs: a free is refused, a release deferred to its end.
+  b.read_in_place(std::span(&range, 1), [&](std::span<const std::span<const std::byte>> pieces) {
+    ASSERT_EQ(pieces.size(), 1u);
+    ASSERT_EQ(pieces[0].size(), 4096u);
+    EXPECT_EQ(std::memcmp(pieces[0].data(), data.data() + 4096, 4096), 0);
+    EXPECT_KIND(ErrorKind::AllocationStillInUse, b.free_device(h), "");
+  });
+
+  // An upload in flight into the allocation, and a launch writing it, both
+  // queued before the read, have landed when it reads. Where the backend can
+  // hold its copies and launches, they are held until the read is waiting:
+  // a read that did not wait would see the old bytes.
+  auto* controls = b.backend().test_controls();
+  const bool hold = controls && controls->can_hold_copies();
+  constexpr std::uint64_t kCount = 1 << 16;
+  const ObjectSpec floats{kCount * 4, 64, DType::Float32, ShapeKind::Vector};
+  const DeviceHandle x = b.alloc_device(floats, kCount * 4), y = b.alloc_device(floats, kCount * 4);
+  std::vector<float> values(kCount);
+  for (std::size_t i = 0; i < kCount; ++i) values[i] = static_cast<float>(i % 1000);
+  planner.upload_into(x, 0, std::as_bytes(std::span(values)));
+  const Bytes fresh_bytes = random_bytes(kRing / 2);
+  const HostRange staged = b.reserve(fresh_bytes.size());
+  std::memcpy(b.host_bytes(staged).data(), fresh_bytes.data(), fresh_bytes.size());
+  if (hold) controls->hold_copies(true);
+  const auto up = b.host_to_device(staged, DeviceRange{h, 0, fresh_bytes.size()}, CopyMode::Async);
+  b.launch_axpy(DeviceRange{x, 0, kCount * 4}, DeviceRange{y, 0, kCount * 4}, 2.0f, 1.0f);
+  std::atomic<bool> read{false};
+  std::thread reader([&] {
+    const DeviceRange head{h, 0, fresh_bytes.size()};
+    b.read_in_place(std::span(&head, 1), [&](std::span<const std::span<const std::byte>> pieces) {
+      EXPECT_EQ(std::memcmp(pieces[0].data(), fresh_bytes.data(), fresh_bytes.size()), 0);
+    });
+    const DeviceRange out{y, 0, kCount * 4};
+    b.read_in_place(std::span(&out, 1), [&](std::span<const std::span<const std::byte>> pieces) {
+      const auto* got = reinterpret_cast<const float*>(pieces[0].data());
+      EXPECT_EQ(got[0], 1.0f);
+      EXPECT_EQ(got[kCount - 1], 2.0f * values[kCount - 1] + 1.0f);
+    });
+    read = true;
+  });
+  if (hold) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_FALSE(read.load()) << "read_in_place read while a copy into its allocation was held";
+    controls->hold_copies(false);
+  }
+  reader.join();
+  EXPECT_EQ(b.wait(up).state, CopyState::Completed);
+  b.release_host(staged);
+
+  // A sink that throws ends the transfer; nothing is left held or reserved.
+  const StreamDestination failing{data.size(), [](std::uint64_t at, std::span<const std::byte>) {
+                                    if (at != 0) throw std::runtime_error("the disk is full");
+                                  }};
+  EXPECT_THROW(planner.run(DeviceSpan{h}, failing), std::runtime_error);
+  for (const DeviceHandle handle : {h, x, y}) b.free_device(handle);
+  b.poll();
+  expect_nothing_left(b);
 }
 
 // One stream into several allocations (submit_scatter): in place at once

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import devbridge
+import safetensors.numpy
 from devbridge import _devbridge
 
 from conftest import make_bridge, require_backend
@@ -266,3 +267,40 @@ def test_a_call_waits_for_room_another_caller_holds(planner_bridge, rng):
     assert np.array_equal(back, data)
     b.free(handle)
     nothing_left(b)
+
+
+def test_a_stream_out_reads_in_place_where_device_memory_is_host_memory(planner_bridge, rng):
+    """download_stream takes read_in_place on host (the sink gets the allocation's own bytes), the ring
+    elsewhere; either way the sink sees every byte in order and nothing is left held."""
+    b = planner_bridge
+    planner = TransferPlanner(b)
+    data = rng.integers(0, 256, size=3 * RING + 124, dtype=np.uint8)
+    handle = planner.upload(data, spec_for(data.size), extent_for(data.size))
+    seen = bytearray()
+
+    def sink(at, chunk):
+        assert at == len(seen)
+        seen.extend(chunk)
+
+    planner.download_stream(handle, 0, data.size, sink)
+    assert bytes(seen) == data.tobytes()
+    assert planner.last_route == ("read_in_place" if b.backend_info()["host_addressable"] else "ring_chunks")
+    b.free(handle)
+    nothing_left(b)
+
+
+@pytest.mark.parametrize("backend_name", ["host", "opencl"])
+def test_a_checkpoint_right_after_an_upload_and_a_launch_holds_their_bytes(backend_name, rng, tmp_path):
+    """What a checkpoint reads was written by work still queued when it was called (an upload not waited
+    for, a launch): on host the file is written from the tensors' own memory, after that work."""
+    require_backend(backend_name)
+    with devbridge.Bridge(backend=backend_name) as b:
+        x_values = rng.standard_normal(1 << 22, dtype=np.float32)
+        for _ in range(3):
+            x = b.upload(x_values)  # wait=False: the copy may still be in flight
+            y = b.upload(np.zeros_like(x_values), wait=True)
+            b.axpy(x.handle, y.handle, 2.0, 1.0, nbytes=x_values.nbytes)  # y = 2x + 1, maybe still running
+            b.checkpoint(tmp_path / "xy.safetensors", {"x": x, "y": y})
+            back = safetensors.numpy.load_file(tmp_path / "xy.safetensors")
+            assert np.array_equal(back["x"], x_values)
+            assert np.array_equal(back["y"], 2.0 * x_values + 1.0)
