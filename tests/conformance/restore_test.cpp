@@ -5,6 +5,7 @@
 // allocation that fails, a stop) named and leaving the caller's frees to
 // give back everything.
 #include <fcntl.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -38,8 +39,10 @@ struct Tensor {
 // A devbridge-format file of `tensors` (uint8 vectors) with its CRC-32.
 class CheckpointOnDisk {
  public:
-  explicit CheckpointOnDisk(std::vector<Tensor> tensors) : tensors_(std::move(tensors)) {
-    path_ = (std::filesystem::temp_directory_path() /
+  explicit CheckpointOnDisk(std::vector<Tensor> tensors,
+                            const std::filesystem::path& directory = std::filesystem::temp_directory_path())
+      : tensors_(std::move(tensors)) {
+    path_ = (directory /
              ("devbridge-restore-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++) + ".safetensors"))
                 .string();
     ckpt::Crc32 crc;
@@ -82,6 +85,11 @@ class CheckpointOnDisk {
 
 class RestoreConformance : public DriverTest {
  protected:
+  // A ring whose default chunk (a quarter of it) is past the 4 MiB from which
+  // a read goes in two halves, one on the helper thread: with a smaller ring
+  // every read fits a chunk below that, and the split is never taken.
+  static constexpr std::uint64_t kSplittingRing = 32ull << 20;
+
   Bytes random_bytes(std::size_t n) {
     Bytes out(n);
     for (auto& b : out) b = static_cast<std::byte>(random_());
@@ -172,8 +180,43 @@ TEST_P(RestoreConformance, RestoreReadsManySmallAndLargeTensorsBitExactAndChecks
   expect_whole_restore(b, *stream, file);
 }
 
+// The helper thread reads only what the page cache holds (preadv2 with
+// RWF_NOWAIT). A file system that refuses the flag outright (tmpfs says
+// EOPNOTSUPP) leaves every byte to the reading thread: still bit-exact, and a
+// flipped bit in a large tensor's second half still found.
+TEST_P(RestoreConformance, RestoreFromAFileSystemThatRefusesCachedOnlyReadsReadsEverything) {
+  const std::filesystem::path shm = "/dev/shm";
+  std::error_code ignored;
+  if (!std::filesystem::is_directory(shm, ignored)) GTEST_SKIP() << "no /dev/shm (tmpfs) here";
+  {
+    const CheckpointOnDisk probe({{"x", Bytes(4096)}}, shm);
+    const int fd = ::open(probe.path().c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    std::byte buffer[64];
+    iovec iov{buffer, sizeof buffer};
+    const bool refused = ::preadv2(fd, &iov, 1, 0, RWF_NOWAIT) < 0 && errno == EOPNOTSUPP;
+    ::close(fd);
+    if (!refused) GTEST_SKIP() << "/dev/shm takes RWF_NOWAIT on this kernel: the fallback is not reached";
+  }
+  auto& b = make_bridge(kSplittingRing);
+  const CheckpointOnDisk file(model(), shm);
+  auto stream = start(b, file);
+  expect_whole_restore(b, *stream, file);
+
+  std::uint64_t big_a_end = 0;  // big.a is read in two halves
+  for (const auto& t : file.tensors()) {
+    big_a_end += t.bytes.size();
+    if (t.name == "big.a") break;
+  }
+  file.flip(big_a_end - 7);
+  auto damaged = start(b, file);
+  EXPECT_THROW(damaged->finished(std::chrono::seconds(60)), ckpt::CheckpointError);
+  free_all(b, *damaged);
+  expect_nothing_left(b);
+}
+
 TEST_P(RestoreConformance, RestoreFindsAFlippedBitAnywhereAndLeavesTheTensorsToTheCallersFree) {
-  auto& b = make_bridge(8ull << 20);
+  auto& b = make_bridge(kSplittingRing);
   const CheckpointOnDisk file(model());
   std::uint64_t big_a = 0;
   for (const auto& t : file.tensors()) {
