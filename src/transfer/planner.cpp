@@ -425,6 +425,18 @@ TransferResult TransferPlanner::execute(const TransferSource& source, const Tran
     detail::run_ring_chunks(bridge_, settings, job);
   };
 
+  // An allocation's bytes held in place, handed to the caller's fill or sink
+  // a chunk (whole elements) at a time, as the ring route would, with progress.
+  auto in_place_chunks = [&](auto all, std::uint64_t element, const auto& each) {
+    const std::uint64_t chunk = std::max<std::uint64_t>(chunk_bytes_ - chunk_bytes_ % element, element);
+    for (std::uint64_t done = 0; done < r.bytes;) {
+      const std::uint64_t len = std::min(chunk, r.bytes - done);
+      each(done, all.subspan(done, len));
+      done += len;
+      if (options_.progress) options_.progress(done, r.bytes);
+    }
+  };
+
   switch (plan.route) {
     case Route::Nothing:
     case Route::AdoptInPlace:
@@ -477,44 +489,24 @@ TransferResult TransferPlanner::execute(const TransferSource& source, const Tran
     case Route::RingChunks:
       run_ring_chunks();
       break;
-    case Route::WriteInPlace: {
-      const std::uint64_t element = r.destination.element_size;
-      const std::uint64_t chunk = std::max<std::uint64_t>(chunk_bytes_ - chunk_bytes_ % element, element);
-      const auto& fill_chunk = *r.source.fill;
+    case Route::WriteInPlace:
       try {
         bridge_.write_in_place(std::span(&destination_range, 1), [&](std::span<const std::span<std::byte>> pieces) {
-          const std::span<std::byte> all = pieces[0];
-          for (std::uint64_t done = 0; done < r.bytes;) {
-            const std::uint64_t len = std::min(chunk, r.bytes - done);
-            fill_chunk(done, all.subspan(done, len));
-            done += len;
-            if (options_.progress) options_.progress(done, r.bytes);
-          }
+          in_place_chunks(pieces[0], r.destination.element_size, *r.source.fill);
         });
       } catch (const Error& e) {
         rethrow_naming(e, r.describe_it() + " (write_in_place)");
       }
       break;
-    }
-    case Route::ReadInPlace: {
-      const std::uint64_t element = r.source.element_size;
-      const std::uint64_t chunk = std::max<std::uint64_t>(chunk_bytes_ - chunk_bytes_ % element, element);
-      const auto& sink_chunk = *r.destination.sink;
+    case Route::ReadInPlace:
       try {
         bridge_.read_in_place(std::span(&source_range, 1), [&](std::span<const std::span<const std::byte>> pieces) {
-          const std::span<const std::byte> all = pieces[0];
-          for (std::uint64_t done = 0; done < r.bytes;) {
-            const std::uint64_t len = std::min(chunk, r.bytes - done);
-            sink_chunk(done, all.subspan(done, len));
-            done += len;
-            if (options_.progress) options_.progress(done, r.bytes);
-          }
+          in_place_chunks(pieces[0], r.source.element_size, *r.destination.sink);
         });
       } catch (const Error& e) {
         rethrow_naming(e, r.describe_it() + " (read_in_place)");
       }
       break;
-    }
     case Route::PeerCopy:
     case Route::StagedThroughRings: {
       Bridge& from = *r.source.bridge;

@@ -122,6 +122,31 @@ TEST_P(RecorderConformance, CopiesAndLaunchesAreSlicesOnTheirTracks) {
   EXPECT_EQ(frees, 2u) << "both released allocations retired";
 }
 
+// The slices named `track` ("copy up", "copy down") of `b`'s trace, each
+// on that track (tid `track_id`) or one of its lanes, as sorted text: "B
+// <event> <offset>" for a begin, "E <status>" for an end.
+std::vector<std::string> in_place_slices(Bridge& b, const std::string& track, int track_id) {
+  const auto trace = json::parse(b.trace_json());
+  expect_valid_trace(trace);
+  std::vector<std::string> seen;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["name"] != track) continue;
+    const int tid = e["tid"];
+    EXPECT_TRUE(tid == track_id || tid / 100 == track_id) << e.dump() << ": the " << track << " track or a lane";
+    seen.push_back(e["ph"] == "B" ? "B " + e["args"]["event"].get<std::string>() + " " +
+                                        std::to_string(e["args"]["offset"].get<std::uint64_t>())
+                                  : "E " + e["args"]["status"].get<std::string>());
+  }
+  std::sort(seen.begin(), seen.end());
+  return seen;
+}
+
+// Both halves of an allocation in one call, then its first half in a call that threw.
+std::vector<std::string> two_halves_then_one_failed() {
+  const std::string half = std::to_string(kBytes / 2);
+  return {"B in_place 0", "B in_place 0", "B in_place " + half, "E completed", "E completed", "E failed"};
+}
+
 // A restore on a backend whose device memory is host memory moves no copy:
 // write_in_place fills the tensors. The trace still shows the bytes landing,
 // as copy-up slices marked in_place (failed when the fill threw).
@@ -138,21 +163,7 @@ TEST_P(RecorderConformance, WritesInPlaceAreSlicesOnTheCopyUpTrack) {
                std::runtime_error);
   b.free_device(x);
 
-  const auto trace = json::parse(b.trace_json());
-  expect_valid_trace(trace);
-  std::vector<std::string> seen;
-  for (const auto& e : trace["traceEvents"]) {
-    if (e["name"] != "copy up") continue;
-    const int tid = e["tid"];
-    EXPECT_TRUE(tid == 2 || tid / 100 == 2) << e.dump() << ": the copy-up track or one of its lanes";
-    seen.push_back(e["ph"] == "B" ? "B " + e["args"]["event"].get<std::string>() + " " +
-                                        std::to_string(e["args"]["offset"].get<std::uint64_t>())
-                                  : "E " + e["args"]["status"].get<std::string>());
-  }
-  std::sort(seen.begin(), seen.end());
-  const std::string half = std::to_string(kBytes / 2);
-  EXPECT_EQ(seen, (std::vector<std::string>{"B in_place 0", "B in_place 0", "B in_place " + half, "E completed",
-                                            "E completed", "E failed"}));
+  EXPECT_EQ(in_place_slices(b, "copy up", 2), two_halves_then_one_failed());
 }
 
 // A checkpoint on such a backend reads the tensors in place (read_in_place):
@@ -168,19 +179,7 @@ TEST_P(RecorderConformance, ReadsInPlaceAreSlicesOnTheCopyDownTrack) {
                std::runtime_error);
   b.free_device(x);
 
-  const auto trace = json::parse(b.trace_json());
-  expect_valid_trace(trace);
-  std::vector<std::string> seen;
-  for (const auto& e : trace["traceEvents"]) {
-    if (e["name"] != "copy down") continue;
-    seen.push_back(e["ph"] == "B" ? "B " + e["args"]["event"].get<std::string>() + " " +
-                                        std::to_string(e["args"]["offset"].get<std::uint64_t>())
-                                  : "E " + e["args"]["status"].get<std::string>());
-  }
-  std::sort(seen.begin(), seen.end());
-  const std::string half = std::to_string(kBytes / 2);
-  EXPECT_EQ(seen, (std::vector<std::string>{"B in_place 0", "B in_place 0", "B in_place " + half, "E completed",
-                                            "E completed", "E failed"}));
+  EXPECT_EQ(in_place_slices(b, "copy down", 3), two_halves_then_one_failed());
 }
 
 TEST_P(RecorderConformance, TheRingStaysBounded) {
