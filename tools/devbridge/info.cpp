@@ -103,10 +103,10 @@ std::string format_info(const InfoReport& report) {
     out += fmt::format("  registration   {}\n", info.cheap_registration
                                                    ? "cheap (a large import copies straight from the buffer)"
                                                    : "not cheap (imports stage through the ring)");
-    out += fmt::format("  streams        {}\n", info.host_addressable ? "written in place (device memory is host memory)"
-                                             : info.maps_for_write
-                                                 ? "written in place (device memory mapped for writing)"
-                                                 : "through the ring");
+    out += fmt::format("  streams        {}\n",
+                       info.host_addressable ? "written and read in place (device memory is host memory)"
+                       : info.maps_for_write ? "written in place (device memory mapped for writing), read through the ring"
+                                             : "through the ring");
     if (e.memory) {
       out += fmt::format("  caching pool   {}\n",
                          !e.memory->caching_pool ? "off by default (Bridge option caching_pool)"
