@@ -17,6 +17,7 @@ import collections
 import contextlib
 import hashlib
 import json
+import math
 import os
 import stat
 import tempfile
@@ -32,9 +33,11 @@ from ._devbridge import (Bridge, ObjectSpec, TransferPlanner, _checkpoint_open, 
                          _safetensors_name, dtype_info)
 from ._errors import BridgeError
 from ._portable import (
+    _CONTEXTUAL,
     CheckpointError,
     _Source,
     _context,
+    _raise_in_context,
     _resolve,
     _with_context,
     _stream,
@@ -145,18 +148,25 @@ def checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], *,
         if not name or name == "__metadata__":
             raise ValueError(f"checkpoint {path!r}: {name!r} cannot name a tensor")
         _check_utf8(name, f"checkpoint {path!r}: tensor name {name!r}")
-        with _context(f"checkpoint {path!r}: tensor {name!r}"):
+        try:  # the context is formatted only for an error: a checkpoint may have tens of thousands of tensors
             sources.append((name, _resolve(bridge, x)))
+        except _CONTEXTUAL as error:
+            _raise_in_context(error, f"checkpoint {path!r}: tensor {name!r}")
+    itemsizes = {name: dtype_info(name)["itemsize"] for name in {source.dtype for _, source in sources}}
     # The package's own order: widest dtype first, so every tensor starts aligned to its itemsize.
-    sources.sort(key=lambda entry: (-dtype_info(entry[1].dtype)["itemsize"], entry[0]))
-    meta = _checkpoint_metadata(bridge, metadata, {name: s.dtype for name, s in sources},
-                                f"{checksum}:" + "0" * _CHECKSUM_DIGITS[checksum])
+    sources.sort(key=lambda entry: (-itemsizes[entry[1].dtype], entry[0]))
+    placeholder = f"{checksum}:" + "0" * _CHECKSUM_DIGITS[checksum]
+    meta = _checkpoint_metadata(bridge, metadata, {name: s.dtype for name, s in sources}, placeholder)
     header: dict[str, Any] = {"__metadata__": meta}
+    safetensors_names = {name: _safetensors_name(name) for name in itemsizes}
+    sizes: list[int] = []
     begin = 0
     for name, source in sources:
-        header[name] = {"dtype": _safetensors_name(source.dtype), "shape": list(source.shape),
-                        "data_offsets": [begin, begin + source.nbytes]}
-        begin += source.nbytes
+        nbytes = math.prod(source.shape) * itemsizes[source.dtype]
+        header[name] = {"dtype": safetensors_names[source.dtype], "shape": list(source.shape),
+                        "data_offsets": [begin, begin + nbytes]}
+        sizes.append(nbytes)
+        begin += nbytes
 
     directory = os.path.dirname(os.path.abspath(path))
     fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
@@ -182,22 +192,28 @@ def checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], *,
 
                 batch = _SmallChunks(write_and_hash)
 
-                def sink(offset: int, chunk: np.ndarray) -> None:
-                    # The chunk is a ring range that goes back when this returns: a large one is written
-                    # and hashed from the ring, a small one copied out to go with the next ones.
+                def sink(offset: int, chunk: Any) -> None:
+                    # The chunk is a ring range that goes back when this returns, or the tensor's own
+                    # memory: a large one is written and hashed from there, a small one copied out to go
+                    # with the next ones.
                     batch.add(memoryview(chunk).cast("B"))
 
                 planners: dict[int, TransferPlanner] = {}  # by bridge domain: each asks its backend once
-                for name, source in sources:
-                    with _context(f"checkpoint {path!r}: tensor {name!r}"):
+                for (name, source), nbytes in zip(sources, sizes):
+                    try:
                         planner = planners.get(source.bridge.domain)
                         if planner is None:
                             planner = planners[source.bridge.domain] = TransferPlanner(source.bridge)
-                        _stream(source, sink, planner)
+                        if source.strides is None and nbytes:  # row-major: its chunks as they come
+                            planner.download_stream(source.handle, source.byte_offset, nbytes, batch.add_at)
+                        else:
+                            _stream(source, sink, planner)
+                    except _CONTEXTUAL as error:
+                        _raise_in_context(error, f"checkpoint {path!r}: tensor {name!r}")
                 batch.flush()
                 meta["checksum"] = hasher.checksum()
                 file.seek(0)
-                _write_all(file.write, _encode_header(header))
+                _write_all(file.write, _with_checksum(encoded, placeholder, meta["checksum"]))
             finally:
                 hasher.close()
             os.fchmod(file.fileno(), _mode_for(path))
@@ -281,6 +297,19 @@ def _encode_header(header: dict[str, Any]) -> bytes:
     return len(text).to_bytes(8, "little") + text
 
 
+def _with_checksum(encoded: bytes, placeholder: str, checksum: str) -> bytes:
+    """The encoded header with its checksum in place of the placeholder of the same length (encoding a
+    header of tens of thousands of tensors again would cost tens of milliseconds). The metadata comes
+    first and its entries before the checksum are devbridge's own (format, version, generation), so the
+    first ``"checksum":"<placeholder>"`` is the metadata's."""
+    entry = f'"checksum":"{placeholder}"'.encode()
+    at = encoded.index(entry)
+    patched = f'"checksum":"{checksum}"'.encode()
+    if len(patched) != len(entry):
+        raise AssertionError(f"checksum {checksum!r} is not as long as its placeholder {placeholder!r}")
+    return encoded[:at] + patched + encoded[at + len(entry):]
+
+
 def _mode_for(path: str) -> int:
     """The permissions the renamed file should have: the old file's, or 0o666 less the umask."""
     with contextlib.suppress(OSError):
@@ -299,6 +328,10 @@ class _SmallChunks:
         self._write = write
         self._buffer = bytearray(_BATCH_BYTES)
         self._used = 0
+
+    def add_at(self, offset: int, view: memoryview) -> None:
+        """``add``, as a streamed download's sink (``offset`` is the stream's, in order)."""
+        self.add(view)
 
     def add(self, view: memoryview) -> None:
         if view.nbytes >= _SMALL_CHUNK_BYTES:

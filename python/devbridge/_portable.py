@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import math
 import operator
-from typing import Any, BinaryIO, Callable, Iterator, NamedTuple
+from typing import Any, BinaryIO, Callable, Iterator, NamedTuple, NoReturn
 
 import numpy as np
 
@@ -191,6 +191,10 @@ def _resolve(bridge: Bridge, x: Any, dtype: Any = None, shape: Any = None, strid
         if x.bridge is not bridge:
             raise ValueError(f"{x!r} belongs to another bridge (domain {x.bridge.domain}, not {bridge.domain})")
         x.wait()  # raises Closed once freed, and the upload's failure if it failed
+        if dtype is None and shape is None and strides is None and isinstance(offset, int) and offset == 0:
+            # The whole tensor as it was made: row-major, in its allocation, nothing to validate as a view
+            # (a checkpoint of thousands of tensors). The copy reading it is ordered after writes into it.
+            return _Source(bridge, x.handle, x.dtype, x.shape, None, 0)
         handle, name, dims = x.handle, x.dtype, x.shape
     elif isinstance(x, DeviceHandle):
         handle = x
@@ -279,15 +283,24 @@ def _with_context(error: BaseException, context: str) -> BaseException:
     return error
 
 
+# The errors a context (the tensor, the file) is put in front of.
+_CONTEXTUAL = (BridgeError, ValueError, TypeError, OverflowError)
+
+
+def _raise_in_context(error: BaseException, context: str) -> NoReturn:
+    """Raises ``error`` with ``context`` in front of its message (``_with_context``), chained from it."""
+    new = _with_context(error, context)
+    if new is error:
+        raise error
+    raise new from error
+
+
 @contextlib.contextmanager
 def _context(context: str) -> Iterator[None]:
     try:
         yield
-    except (BridgeError, ValueError, TypeError, OverflowError) as error:
-        new = _with_context(error, context)
-        if new is error:
-            raise
-        raise new from error
+    except _CONTEXTUAL as error:
+        _raise_in_context(error, context)
 
 
 # ---------------------------------------------------------------------------------------- export/import

@@ -421,6 +421,32 @@ def test_a_checkpoint_is_laid_out_as_safetensors_expects(bridges, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["layout.safetensors"]  # no temporary left behind
 
 
+def test_a_checkpoint_of_thousands_of_small_tensors_round_trips_and_names_the_one_that_fails(pb, rng, tmp_path):
+    """A mixture-of-experts shape: thousands of tiny tensors of several dtypes, one file, read back bit-exact
+    by the safetensors package and by restore; a tensor that cannot be read (freed) is named, and no file
+    or temporary is left."""
+    b = pb
+    arrays = {f"layers.{i // 64}.experts.{i % 64}.{kind}": bits(rng, dtype, shape)
+              for i in range(1500)
+              for kind, dtype, shape in (("w", "float16", (8, 4)), ("b", "float32", (3,)), ("n", "int64", ()))}
+    tensors = {name: b.upload(array, wait=True) for name, array in arrays.items()}
+    path = tmp_path / "experts.safetensors"
+    b.checkpoint(path, tensors)
+    back = safetensors.numpy.load_file(str(path))
+    assert back.keys() == arrays.keys()
+    # Bits, not values: random float16 bits hold NaNs.
+    assert all(back[name].dtype == array.dtype and back[name].tobytes() == array.tobytes()
+               for name, array in arrays.items())
+    restored = b.restore(path)
+    assert all(b.download(restored[name]).tobytes() == arrays[name].tobytes()
+               for name in ("layers.0.experts.0.w", "layers.23.experts.27.n", "layers.5.experts.9.b"))
+    tensors["layers.11.experts.7.b"].free()
+    old = path.read_bytes()
+    with pytest.raises(devbridge.Closed, match=r"checkpoint .*tensor 'layers\.11\.experts\.7\.b'"):
+        b.checkpoint(path, tensors)
+    assert path.read_bytes() == old and [p.name for p in tmp_path.iterdir()] == ["experts.safetensors"]
+
+
 def test_checkpoint_replaces_a_file_atomically_and_a_failure_keeps_the_old_one(bridges, rng, tmp_path):
     b = bridges("fake")
     path = tmp_path / "state.safetensors"
