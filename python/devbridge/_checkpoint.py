@@ -37,6 +37,7 @@ from ._portable import (
     CheckpointError,
     _Source,
     _context,
+    _gc_paused,
     _raise_in_context,
     _resolve,
     _with_context,
@@ -127,12 +128,18 @@ def checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], *,
     generation, a checksum of the data section (``checksum``: ``"crc32"``,
     the default, or ``"sha256"``; restore verifies either), each tensor's
     devbridge dtype (``dtypes``, JSON) and ``metadata``'s own entries. The
-    tensors stream from the ring to the file chunk by chunk (the checkpoint is
-    never held in memory), hashed on a thread of their own while they are
+    tensors stream to the file chunk by chunk, from the ring or straight from
+    host-addressable device memory (the checkpoint is never held in memory), hashed on a thread of their own while they are
     written, into a temporary file beside ``path`` that is fsynced, renamed
     over ``path`` and its directory fsynced: a crash leaves the old file or
     the new one, never a mix. Returns the metadata written.
     """
+    with _gc_paused():
+        return _write_checkpoint(bridge, path, tensors, metadata, checksum)
+
+
+def _write_checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None,
+                      checksum: str) -> dict[str, str]:
     path = _checked_path(path)
     if not isinstance(checksum, str):
         raise TypeError(f"checksum must be a str, not {type(checksum).__name__}")
@@ -502,14 +509,16 @@ def restore(bridge: Bridge, path: Any, *, names: Any = None, prefix: str | None 
             raise TypeError(f"{flag} must be a bool, not {type(value).__name__}")
     path = _checked_path(path)
     selection = _Selection(names, prefix, rows)
-    if path.endswith(".json"):
-        pending = _restore_sharded(bridge, path, selection, alignment, verify)
-    else:
-        file, header = _open_checkpoint(path)
-        with file:
-            selection.require_all(header.entries, path)
-            pending = _restore_file(bridge, path, file, header, selection, selection.partial, alignment, verify)
-    return pending if not wait else pending.tensors()
+    with _gc_paused():
+        if path.endswith(".json"):
+            pending = _restore_sharded(bridge, path, selection, alignment, verify)
+        else:
+            file, header = _open_checkpoint(path)
+            with file:
+                selection.require_all(header.entries, path)
+                pending = _restore_file(bridge, path, file, header, selection, selection.partial, alignment,
+                                        verify)
+        return pending if not wait else pending.tensors()
 
 
 class _Selection:
