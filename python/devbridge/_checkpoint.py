@@ -129,7 +129,8 @@ def checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], *,
     the default, or ``"sha256"``; restore verifies either), each tensor's
     devbridge dtype (``dtypes``, JSON) and ``metadata``'s own entries. The
     tensors stream to the file chunk by chunk, from the ring or straight from
-    host-addressable device memory (the checkpoint is never held in memory), hashed on a thread of their own while they are
+    host-addressable device memory (the checkpoint is never held in memory),
+    hashed on a thread of their own while they are
     written, into a temporary file beside ``path`` that is fsynced, renamed
     over ``path`` and its directory fsynced: a crash leaves the old file or
     the new one, never a mix. Returns the metadata written.
