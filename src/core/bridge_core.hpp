@@ -146,6 +146,21 @@ class BridgeCore {
     }
   }
 
+  // The same for a backend call made without the lock (one that may wait
+  // long): the lock is taken only to mark the bridge broken.
+  template <class Call>
+  decltype(auto) call_backend_unlocked(Call call) {
+    try {
+      return call();
+    } catch (const Error& e) {
+      if (e.fatal()) {
+        SpinLockHold lock(lock_);
+        mark_broken(e);
+      }
+      throw;
+    }
+  }
+
   // ---- registered host memory ----
   // The live region of this generation `r` names.
   std::uint32_t region_index(const HostRegion& r);

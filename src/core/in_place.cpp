@@ -74,15 +74,7 @@ void BridgeCore::write_in_place(std::span<const DeviceRange> ranges,
     mapped.reserve(ranges.size());
     for (std::size_t i = 0; i < ranges.size(); ++i)
       mapped.push_back(MappedWrite{held.sides()[i].device, ranges[i].offset, ranges[i].len});
-    try {
-      backend_->write_mapped(mapped, write);
-    } catch (const Error& e) {
-      if (e.fatal()) {  // the device is gone: the bridge turns Broken until a restart
-        SpinLockHold lock(lock_);
-        mark_broken(e);
-      }
-      throw;
-    }
+    call_backend_unlocked([&] { backend_->write_mapped(mapped, write); });
   }
   held.ended(HeldEnd::InPlace);
 }
@@ -125,25 +117,13 @@ bool BridgeCore::settle_writes_before_reading(std::span<const DeviceRange> range
 
 void BridgeCore::wait_for_launches() {
   // The seam's fence calls are safe from any thread; made without the lock,
-  // as the wait may be long. A fatal error breaks the bridge.
-  auto broken_if_fatal = [&](const Error& e) {
-    if (!e.fatal()) return;
-    SpinLockHold lock(lock_);
-    mark_broken(e);
-  };
-  Fence fence;
-  try {
-    fence = backend_->record_fence(QueueRef{Queue::Compute});
-  } catch (const Error& e) {
-    broken_if_fatal(e);
-    throw;
-  }
+  // as the wait may be long.
+  const Fence fence = call_backend_unlocked([&] { return backend_->record_fence(QueueRef{Queue::Compute}); });
   if (!fence.pending()) return;
   try {
-    (void)backend_->wait_fence(fence, std::chrono::nanoseconds::max());
-  } catch (const Error& e) {
+    call_backend_unlocked([&] { (void)backend_->wait_fence(fence, std::chrono::nanoseconds::max()); });
+  } catch (...) {
     backend_->release_fence(fence);
-    broken_if_fatal(e);
     throw;
   }
   backend_->release_fence(fence);
