@@ -251,8 +251,9 @@ def _stream(source: _Source, sink: Callable[[int, np.ndarray], Any], planner: Tr
     """Hands ``source``'s logical bytes (row-major) to ``sink(offset, chunk)`` in order, by the transfer planner
     (``planner``, one of ``source.bridge``'s, when the caller streams many sources).
 
-    A row-major source streams chunk by chunk straight from the ring (``chunk`` is a read-only uint8 array
-    over a ring range, valid only during the call). A strided one is read as the span of bytes its elements
+    A row-major source streams chunk by chunk straight from the ring, or on host from the tensor's own
+    memory (``chunk`` is a read-only uint8 array over memory lent for the call only: keeping it, or a view
+    of it, past the call fails the transfer with ``BufferError``). A strided one is read as the span of bytes its elements
     cover (by the planner's route), gathered into row-major order, and handed over in one piece."""
     if source.nbytes == 0:
         return
@@ -358,8 +359,10 @@ def export(bridge: Bridge, x: Any, dtype: Any = None, shape: Any = None, strides
 def export_to(bridge: Bridge, x: Any, file: BinaryIO, dtype: Any = None, shape: Any = None, strides: Any = None,
               offset: int = 0) -> int:
     """``export`` streamed into ``file`` (anything with a binary ``write``): the row-major little-endian
-    bytes go from the ring to ``file`` chunk by chunk, never held whole (a strided view excepted: the
-    span it covers is read into memory first). Returns the number of bytes written."""
+    bytes go from the ring (on host, from the tensor's own memory) to ``file`` chunk by chunk, never held
+    whole (a strided view excepted: the span it covers is read into memory first). ``write`` must copy
+    what it keeps: a file that holds on to the buffer it is handed makes this fail with ``BufferError``
+    rather than keep bytes the bridge reuses. Returns the number of bytes written."""
     write = getattr(file, "write", None)
     if not callable(write):
         raise TypeError(f"file must have a binary write(), not {type(file).__name__}")

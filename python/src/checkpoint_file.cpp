@@ -230,7 +230,11 @@ void bind_restore_stream(nb::module_& m) {
         PyRestoreStream* owner = self.get();
         if (!digest.is_none())
           options.digest = [owner](std::span<const std::byte> bytes) {
-            owner->called_back([&] { owner->digest(chunk_view(bytes, false)); });
+            owner->called_back([&] {
+              LentViews lent(false);
+              owner->digest(lent.lend(bytes));
+              lent.end("digest");
+            });
           };
         if (!before_read.is_none())
           options.before_read = [owner](std::uint64_t at, std::uint64_t n) {

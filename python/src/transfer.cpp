@@ -29,12 +29,86 @@ using namespace nb::literals;
 
 namespace devbridge::python {
 
-// A memoryview over `chunk` (a ring range), valid only during the call it is passed to.
-nb::object chunk_view(std::span<const std::byte> chunk, bool writable) {
-  auto* data = const_cast<char*>(reinterpret_cast<const char*>(chunk.data()));
-  PyObject* view = PyMemoryView_FromMemory(data, static_cast<Py_ssize_t>(chunk.size()), writable ? PyBUF_WRITE : PyBUF_READ);
+namespace {
+
+// The exporter behind a lent memoryview: the bytes, and how many buffers over them are alive.
+struct LentChunk {
+  std::byte* data = nullptr;
+  std::size_t size = 0;
+  bool writable = false;
+  bool lent = true;  // false once the call returned: no new export
+  std::size_t exports = 0;
+};
+
+int lent_chunk_get(PyObject* self, Py_buffer* view, int flags) {
+  LentChunk* chunk = nb::inst_ptr<LentChunk>(self);
+  if (!chunk->lent) {
+    view->obj = nullptr;
+    PyErr_SetString(PyExc_BufferError, "a chunk lent to a callback cannot be viewed after its call returned");
+    return -1;
+  }
+  if (PyBuffer_FillInfo(view, self, chunk->data, static_cast<Py_ssize_t>(chunk->size), chunk->writable ? 0 : 1,
+                        flags) != 0)
+    return -1;
+  ++chunk->exports;
+  return 0;
+}
+
+void lent_chunk_release(PyObject* self, Py_buffer*) { --nb::inst_ptr<LentChunk>(self)->exports; }
+
+PyType_Slot lent_chunk_slots[] = {
+    {Py_bf_getbuffer, reinterpret_cast<void*>(&lent_chunk_get)},
+    {Py_bf_releasebuffer, reinterpret_cast<void*>(&lent_chunk_release)},
+    {0, nullptr},
+};
+
+}  // namespace
+
+nb::object LentViews::lend(std::span<const std::byte> bytes) {
+  Loan loan;
+  loan.chunk = nb::cast(LentChunk{const_cast<std::byte*>(bytes.data()), bytes.size(), writable_});
+  PyObject* view = PyMemoryView_FromObject(loan.chunk.ptr());
   if (view == nullptr) throw nb::python_error();
-  return nb::steal(view);
+  loan.view = nb::steal(view);
+  loans_.push_back(loan);
+  return loan.view;
+}
+
+bool LentViews::close(const Loan& loan) noexcept {
+  // memoryview.release() refuses while something took a buffer from the view itself: that holder keeps
+  // the chunk's export, as a slice or an array over a view of it does.
+  static PyObject* const release = PyUnicode_InternFromString("release");
+  if (PyObject* released = release ? PyObject_CallMethodNoArgs(loan.view.ptr(), release) : nullptr)
+    Py_DECREF(released);
+  else
+    PyErr_Clear();
+  LentChunk* chunk = nb::inst_ptr<LentChunk>(loan.chunk);
+  chunk->lent = false;
+  return chunk->exports == 0;
+}
+
+void LentViews::end(const char* callback, std::optional<std::uint64_t> at) {
+  std::optional<std::size_t> kept;  // the size of the first chunk something still holds
+  for (const Loan& loan : loans_)
+    if (!close(loan) && !kept) kept = nb::inst_ptr<LentChunk>(loan.chunk)->size;
+  loans_.clear();
+  if (!kept) return;
+  const std::string where = at ? " from byte " + std::to_string(*at) + " of the stream" : std::string();
+  PyErr_Format(PyExc_BufferError,
+               "%s kept a buffer over a chunk it was lent (%zu bytes%s) past its call: numpy.frombuffer(chunk), or "
+               "a slice or view of it, is still alive, over memory the bridge reuses next. A chunk is lent for the "
+               "call only: copy what you keep (bytes(chunk), numpy.array(chunk))",
+               callback, *kept, where.c_str());
+  throw nb::python_error();
+}
+
+LentViews::~LentViews() {
+  if (loans_.empty()) return;
+  // Unwinding from the call's own error (held by the exception, or still set): kept as it is.
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);
+  for (const Loan& loan : loans_) close(loan);
+  PyErr_Restore(type, value, traceback);
 }
 
 std::shared_ptr<BridgeState> state_of(nb::handle bridge, const char* what) {
@@ -181,6 +255,10 @@ struct Download {
 }  // namespace
 
 void bind_transfer(nb::module_& m) {
+  nb::class_<LentChunk>(m, "LentChunk", nb::type_slots(lent_chunk_slots),
+                        "Bytes lent to a sink or fill for one call (the memoryview it is handed views one).")
+      .def("__len__", [](const LentChunk& c) { return c.size; });
+
   nb::class_<PyTransferPlanner>(
       m, "TransferPlanner",
       "Moves bytes between Python buffers and device memory by the route the bridge's backend makes cheapest\n"
@@ -264,15 +342,17 @@ void bind_transfer(nb::module_& m) {
             StreamSource source{args::integer<std::uint64_t>(nbytes, "nbytes"),
                                 [&fill](std::uint64_t at, std::span<std::byte> chunk) {
                                   nb::gil_scoped_acquire gil;
-                                  fill(at, chunk_view(chunk, true));
+                                  LentViews lent(true);
+                                  fill(at, lent.lend(chunk));
+                                  lent.end("fill", at);
                                 }};
             const DeviceSpan destination{into, args::integer<std::uint64_t>(offset, "offset")};
             return submitted(p, source, destination).second;
           },
           "fill"_a, "nbytes"_a, nb::kw_only(), "into"_a, "offset"_a = 0,
           "Uploads nbytes made chunk by chunk into `into` at offset, through the ring: fill(at, chunk) writes\n"
-          "bytes [at, at + len(chunk)) into chunk (a writable memoryview over a ring range, valid only during the\n"
-          "call), in order. Returns the copies still in flight as submit_upload does; an exception fill raises\n"
+          "bytes [at, at + len(chunk)) into chunk (a writable memoryview over a ring range, lent for the call only:\n"
+          "released when it returns), in order. Returns the copies still in flight as submit_upload does; an exception fill raises\n"
           "ends the transfer as it is.")
       .def(
           "submit_scatter",
@@ -287,9 +367,11 @@ void bind_transfer(nb::module_& m) {
             }
             const ScatterSource source{[&fill](std::uint64_t at, std::span<const std::span<std::byte>> pieces) {
               nb::gil_scoped_acquire gil;
+              LentViews lent(true);
               nb::list views;
-              for (const auto& piece : pieces) views.append(chunk_view(piece, true));
+              for (const auto& piece : pieces) views.append(lent.lend(piece));
               fill(at, views);
+              lent.end("fill", at);
             }};
             std::vector<TransferResult> results = p.locked([&](TransferPlanner& t) {
               auto r = t.submit_scatter(source, destinations);
@@ -308,7 +390,7 @@ void bind_transfer(nb::module_& m) {
           "fill"_a, "targets"_a,
           "One stream of bytes into several allocations, in order: targets is [(handle, offset, nbytes), ...],\n"
           "each taking the next nbytes of the stream; fill(at, pieces) writes bytes [at, at + their total) into\n"
-          "pieces (writable memoryviews, valid only during the call, each the next bytes of one target). Where\n"
+          "pieces (writable memoryviews, lent for the call only, each the next bytes of one target). Where\n"
           "device memory is host memory the pieces are the allocations' own bytes (write_in_place: one call may\n"
           "cover many small targets), else one ring chunk per call. Returns, per target, its copies still in\n"
           "flight as submit_upload does (offsets from the target's start).")
@@ -320,14 +402,17 @@ void bind_transfer(nb::module_& m) {
             StreamDestination destination{args::integer<std::uint64_t>(nbytes, "nbytes"),
                                           [&sink](std::uint64_t at, std::span<const std::byte> chunk) {
                                             nb::gil_scoped_acquire gil;
-                                            sink(at, chunk_view(chunk, false));
+                                            LentViews lent(false);
+                                            sink(at, lent.lend(chunk));
+                                            lent.end("sink", at);
                                           }};
             p.locked([&](TransferPlanner& t) { p.last_route = t.run(source, destination).route; });
           },
           "handle"_a, "offset"_a, "nbytes"_a, "sink"_a,
           "nbytes of the allocation from offset, handed to sink(at, chunk) chunk by chunk through the ring, in\n"
-          "order: chunk is a read-only memoryview over a ring range, valid only during the call (copy it, hash\n"
-          "it, write it to a file). An exception sink raises ends the transfer as it is.")
+          "order: chunk is a read-only memoryview over a ring range (or, where device memory is host memory, the\n"
+          "allocation's own bytes), lent for the call only: released when it returns (copy it, hash it, write it\n"
+          "to a file; a numpy.frombuffer of it kept past the call fails the transfer with BufferError). An exception sink raises ends the transfer as it is.")
       .def(
           "upload_into",
           [](PyTransferPlanner& p, DeviceHandle handle, nb::handle offset, nb::handle buffer) {

@@ -304,3 +304,126 @@ def test_a_checkpoint_right_after_an_upload_and_a_launch_holds_their_bytes(backe
             back = safetensors.numpy.load_file(tmp_path / "xy.safetensors")
             assert np.array_equal(back["x"], x_values)
             assert np.array_equal(back["y"], 2.0 * x_values + 1.0)
+
+
+def wait_all(b: devbridge.Bridge, events) -> None:
+    for event, _, _ in events:
+        b.wait(event)
+
+
+def test_chunks_lent_to_a_callback_are_released_when_it_returns(planner_bridge, rng):
+    """A sink or fill that keeps its chunk (a ring range, or on host the allocation's own bytes) finds it
+    released after the call, on every route: it can no longer read what the bridge reuses or frees next,
+    nor write into a tensor after the transfer handed it back."""
+    b = planner_bridge
+    planner = TransferPlanner(b)
+    data = rng.integers(0, 256, size=3 * RING + 124, dtype=np.uint8)
+    handle = planner.upload(data, spec_for(data.size), extent_for(data.size))
+    kept, seen = [], bytearray()
+
+    def sink(at, chunk):
+        seen.extend(chunk)
+        kept.append(chunk)
+
+    planner.download_stream(handle, 0, data.size, sink)
+    assert bytes(seen) == data.tobytes() and len(kept) >= 1
+
+    def fill(at, chunk):
+        chunk[:] = data[at:at + len(chunk)].tobytes()
+        kept.append(chunk)
+
+    wait_all(b, planner.submit_stream(fill, data.size, into=handle))
+
+    def fill_pieces(at, pieces):
+        for piece in pieces:
+            piece[:] = b"\1" * len(piece)
+        kept.extend(pieces)
+
+    wait_all(b, planner.submit_scatter(fill_pieces, [(handle, 0, 4096)])[0])
+    for chunk in kept:
+        with pytest.raises(ValueError, match="released"):
+            bytes(chunk)
+    back = np.empty_like(data)
+    planner.download(handle, 0, back)
+    assert back[:4096].tobytes() == b"\1" * 4096 and np.array_equal(back[4096:], data[4096:])
+    b.free(handle)
+    nothing_left(b)
+
+
+KEEPERS = {
+    "frombuffer": lambda chunk: np.frombuffer(chunk, np.uint8),
+    "slice": lambda chunk: chunk[1:],
+    "cast": lambda chunk: memoryview(chunk).cast("B"),
+    "array_of_a_slice": lambda chunk: np.frombuffer(chunk[:8], np.uint8),
+}
+
+
+@pytest.mark.parametrize("keep", sorted(KEEPERS))
+def test_a_callback_that_keeps_a_buffer_over_its_chunk_fails_with_buffer_error(planner_bridge, rng, keep):
+    """A buffer over a chunk (numpy.frombuffer, a slice, a cast) kept past the call cannot be taken back:
+    the transfer fails with BufferError naming the callback and the bytes, rather than leave it over
+    memory the bridge reuses; nothing stays held, and the tensor stays usable."""
+    b = planner_bridge
+    planner = TransferPlanner(b)
+    data = rng.integers(0, 256, size=2 * RING, dtype=np.uint8)
+    handle = planner.upload(data, spec_for(data.size), extent_for(data.size))
+    kept = []
+    keeper = KEEPERS[keep]
+    with pytest.raises(BufferError, match=r"sink kept a buffer over a chunk it was lent \(\d+ bytes from byte 0 "
+                                          r"of the stream\).*copy what you keep"):
+        planner.download_stream(handle, 0, data.size, lambda at, chunk: kept.append(keeper(chunk)))
+    with pytest.raises(BufferError, match="fill kept a buffer"):
+        planner.submit_stream(lambda at, chunk: kept.append(keeper(chunk)), data.size, into=handle)
+    with pytest.raises(BufferError, match="fill kept a buffer"):
+        planner.submit_scatter(lambda at, pieces: kept.extend(keeper(p) for p in pieces), [(handle, 0, 4096)])
+    kept.clear()
+    assert b.stats()["ring_reservations"] == 0
+    planner.upload_into(handle, 0, data)
+    back = np.empty_like(data)
+    planner.download(handle, 0, back)
+    assert np.array_equal(back, data)
+    b.free(handle)
+    nothing_left(b)
+
+
+def test_a_lent_chunk_cannot_be_viewed_again_after_its_call(planner_bridge, rng):
+    """The chunk behind a kept memoryview (its .obj) refuses a new view once the call returned."""
+    b = planner_bridge
+    planner = TransferPlanner(b)
+    data = rng.integers(0, 256, size=RING, dtype=np.uint8)
+    handle = planner.upload(data, spec_for(data.size), extent_for(data.size))
+    owners = []
+    planner.download_stream(handle, 0, data.size, lambda at, chunk: owners.append(chunk.obj))
+    with pytest.raises(BufferError, match="after its call returned"):
+        memoryview(owners[0])
+    b.free(handle)
+    nothing_left(b)
+
+
+def test_export_to_a_file_that_keeps_what_it_is_given_fails_instead_of_writing_reused_bytes(planner_bridge, rng):
+    """A file-like whose write() keeps the buffer it is handed (a deferred writer) would have kept
+    views of ring chunks or of the tensor itself; export_to says so instead. A file that copies works."""
+    b = planner_bridge
+    values = rng.standard_normal(3 * RING // 4, dtype=np.float32)
+    t = b.upload(values, wait=True)
+
+    class KeepingFile:
+        def __init__(self):
+            self.parts = []
+
+        def write(self, data):
+            self.parts.append(data)
+            return len(data)
+
+    with pytest.raises(BufferError, match="kept a buffer over a chunk"):
+        b.export_to(t, KeepingFile())
+
+    class CopyingFile(KeepingFile):
+        def write(self, data):
+            return super().write(bytes(data))
+
+    copying = CopyingFile()
+    assert b.export_to(t, copying) == values.nbytes
+    assert np.array_equal(np.frombuffer(b"".join(copying.parts), np.float32), values)
+    t.free()
+    nothing_left(b)
