@@ -72,10 +72,17 @@ struct BridgeState {
 
   // Python's close(): wakes every blocked caller with Closed, frees what no
   // lease holds. Call without the GIL. Repeating it retries a close whose
-  // quiesce failed.
+  // quiesce failed. A close refused before it began (AllocationStillInUse:
+  // called from inside the bridge's own in-place callback) leaves the
+  // bridge open.
   void close() {
     closed.store(true, std::memory_order_release);
-    bridge->close();
+    try {
+      bridge->close();
+    } catch (const Error& error) {
+      if (error.kind() == ErrorKind::AllocationStillInUse) closed.store(false, std::memory_order_release);
+      throw;
+    }
   }
 
   ~BridgeState();

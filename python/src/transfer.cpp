@@ -14,6 +14,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -182,14 +183,26 @@ struct PyTransferPlanner {
   // A planner is not thread-safe; Python threads may share this object.
   // Taken without the GIL, so a progress callback never waits on it.
   std::mutex mutex;
+  std::atomic<std::thread::id> running_on{};  // the thread inside a call, while one is
   std::atomic<Route> last_route{Route::Nothing};
 
-  // Runs `work(planner)` without the GIL, one call at a time.
+  // Runs `work(planner)` without the GIL, one call at a time. A call from
+  // inside one of this planner's own (a sink, fill or progress callback)
+  // is refused: it would wait for the mutex its own thread holds.
   template <class Work>
   auto locked(Work work) {
     state->open();  // Closed before anything else
+    if (running_on.load(std::memory_order_relaxed) == std::this_thread::get_id())
+      args::raise(PyExc_RuntimeError,
+                  "TransferPlanner: called from inside one of its own transfers (a sink, fill or progress "
+                  "callback); a planner makes one transfer at a time: use another TransferPlanner there");
     nb::gil_scoped_release no_gil;
     std::lock_guard lock(mutex);
+    running_on.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    const struct Done {
+      std::atomic<std::thread::id>& running_on;
+      ~Done() { running_on.store(std::thread::id{}, std::memory_order_relaxed); }
+    } done{running_on};
     return work(*planner);
   }
 };

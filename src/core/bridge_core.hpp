@@ -551,6 +551,15 @@ class BridgeCore {
   bool settle_writes_before_reading(std::span<const DeviceRange> ranges);
   // Until everything queued on the backend's compute queue so far has run.
   void wait_for_launches();
+  // Whether this thread runs one of this bridge's in-place callbacks (the
+  // `write` or `read` above) that holds allocation `index` (any allocation:
+  // nullopt), writing into it when `writes`. A call made from inside one
+  // that would wait for it to return (a restart or close, a read of what it
+  // writes) is refused instead of waiting for its own thread.
+  bool inside_own_in_place_callback(std::optional<std::uint32_t> index = std::nullopt,
+                                    bool writes = false) const noexcept;
+  // AllocationStillInUse for a restart or close (`what`) inside one.
+  void refuse_inside_own_callback(const char* what) const;
 
   // Inside a catch: an Error becomes the direction's copy error; anything
   // else goes on as it is.

@@ -138,6 +138,15 @@ std::string BridgeCore::queue_text(const QueueRef& where) {
   return fmt::format("consumer queue {:#x}", where.consumer);
 }
 
+void BridgeCore::refuse_inside_own_callback(const char* what) const {
+  if (inside_own_in_place_callback())
+    fail(ErrorKind::AllocationStillInUse,
+         "{} called from inside a callback of this bridge's own write_in_place or read_in_place (a sink or fill "
+         "handed the allocations' own bytes), which it would wait for: nothing was changed; {} after that "
+         "callback returns",
+         what, what);
+}
+
 void BridgeCore::quiesce_and_free_all(SpinLockHold& lock, const char* what) {
   gate_.set(BridgeGate::kRestarting, true);
   gate_.block_while(lock, [&] { return gate_.calls_running(); });
@@ -203,6 +212,7 @@ void BridgeCore::quiesce_and_free_all(SpinLockHold& lock, const char* what) {
 }
 
 void BridgeCore::restart(Generation generation) {
+  refuse_inside_own_callback("restart");
   SpinLockHold lock(lock_);
   gate_.block_while(lock, [&] { return gate_.restarting(); });
   gate_.check_not_closed();
@@ -220,6 +230,7 @@ void BridgeCore::restart(Generation generation) {
 }
 
 void BridgeCore::close() {
+  refuse_inside_own_callback("close");
   SpinLockHold lock(lock_);
   gate_.block_while(lock, [&] { return gate_.restarting(); });
   if (gate_.closed() && released_at_close_) return;

@@ -50,7 +50,42 @@ class HeldRanges {
   BridgeCore::HeldEnd how_ = BridgeCore::HeldEnd::Untouched;
 };
 
+// The in-place callbacks this thread runs, innermost first: a chain
+// through the stack frames of the InCallback scopes that run them.
+struct RunningCallback {
+  const BridgeCore* core;
+  CopyDirection direction;
+  std::span<const BridgeCore::PeerSide> held;
+  const RunningCallback* outer;
+};
+thread_local const RunningCallback* running_callbacks = nullptr;
+
+// `held`'s callback marked as running on this thread for the scope.
+class InCallback {
+ public:
+  InCallback(const BridgeCore& core, CopyDirection direction, const HeldRanges& held) noexcept
+      : node_{&core, direction, held.sides(), running_callbacks} {
+    running_callbacks = &node_;
+  }
+  InCallback(const InCallback&) = delete;
+  InCallback& operator=(const InCallback&) = delete;
+  ~InCallback() { running_callbacks = node_.outer; }
+
+ private:
+  RunningCallback node_;
+};
+
 }  // namespace
+
+bool BridgeCore::inside_own_in_place_callback(std::optional<std::uint32_t> index, bool writes) const noexcept {
+  for (const RunningCallback* c = running_callbacks; c != nullptr; c = c->outer) {
+    if (c->core != this || (writes && c->direction != CopyDirection::HostToDevice)) continue;
+    if (!index) return true;
+    for (const PeerSide& side : c->held)
+      if (side.index == *index) return true;
+  }
+  return false;
+}
 
 void BridgeCore::write_in_place(std::span<const DeviceRange> ranges,
                                 const std::function<void(std::span<const std::span<std::byte>>)>& write) {
@@ -68,12 +103,14 @@ void BridgeCore::write_in_place(std::span<const DeviceRange> ranges,
     bytes.reserve(ranges.size());
     for (std::size_t i = 0; i < ranges.size(); ++i)
       bytes.emplace_back(held.address(i), static_cast<std::size_t>(ranges[i].len));
+    const InCallback running(*this, CopyDirection::HostToDevice, held);
     write(bytes);
   } else {
     std::vector<MappedWrite> mapped;
     mapped.reserve(ranges.size());
     for (std::size_t i = 0; i < ranges.size(); ++i)
       mapped.push_back(MappedWrite{held.sides()[i].device, ranges[i].offset, ranges[i].len});
+    const InCallback running(*this, CopyDirection::HostToDevice, held);
     call_backend_unlocked([&] { backend_->write_mapped(mapped, write); });
   }
   held.ended(HeldEnd::InPlace);
@@ -94,7 +131,10 @@ void BridgeCore::read_in_place(std::span<const DeviceRange> ranges,
   for (std::size_t i = 0; i < ranges.size(); ++i)
     bytes.emplace_back(held.address(i), static_cast<std::size_t>(ranges[i].len));
   held.ended(HeldEnd::InPlaceFailed);  // until `read` returns
-  read(bytes);
+  {
+    const InCallback running(*this, CopyDirection::DeviceToHost, held);
+    read(bytes);
+  }
   held.ended(HeldEnd::InPlace);
 }
 
@@ -107,6 +147,11 @@ bool BridgeCore::settle_writes_before_reading(std::span<const DeviceRange> range
     launched = false;
     for (const DeviceRange& range : ranges) {
       const AllocationSlot& slot = allocation(range.handle);
+      if (slot.uploads != 0 && inside_own_in_place_callback(id_slot(range.handle.id), /*writes=*/true))
+        fail(ErrorKind::AllocationStillInUse,
+             "read_in_place of {}: called from inside this thread's own write_in_place into it (a fill handed "
+             "its bytes), which it would wait for; read it after that returns",
+             describe(range.handle));
       if (slot.uploads != 0) return false;
       launched = launched || slot.steps != 0;
     }

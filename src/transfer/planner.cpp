@@ -547,7 +547,9 @@ TransferResult TransferPlanner::execute(const TransferSource& source, const Tran
           job.device_offset = checked::add_or_throw(r.source.offset, done, ErrorKind::InvalidRange, "source offset");
           job.total = len;
           job.chunk_bytes = len;
-          job.destination = to.host_bytes(landing.get());
+          // Leased: a progress callback (the caller's code) may close `to` meanwhile.
+          const HostLease landed = to.lease_host(landing.get());
+          job.destination = landed.bytes();
           detail::run_ring_chunks(from, settings, job);
           const DeviceRange up{r.destination.handle,
                                checked::add_or_throw(r.destination.offset, done, ErrorKind::InvalidRange,

@@ -212,6 +212,11 @@ class Pipeline {
     for (const PendingCopy& copy : *options_.submitted) wait_until(bridge_, copy.event, deadline);
   }
 
+  // A chunk's ring bytes for the caller's fill or sink, leased for the
+  // call: its code may close the bridge, which must not free the ring under
+  // it (host_bytes would be valid only until then).
+  HostLease lent(HostRange range) { return bridge_.lease_host(range); }
+
   void submit(const Chunk& chunk) {
     ReservedRange range(bridge_, with_room(chunk, [&](std::chrono::nanoseconds wait) {
                           return bridge_.reserve(chunk.len, kRingAlignment, wait);
@@ -219,11 +224,10 @@ class Pipeline {
     const DeviceRange device{transfer_.handle, transfer_.device_offset_of(chunk), chunk.len};
     try {
       if (transfer_.upload()) {
-        const std::span<std::byte> ring = bridge_.host_bytes(range.get());
         if (transfer_.fill != nullptr)
-          (*transfer_.fill)(chunk.offset, ring);
+          (*transfer_.fill)(chunk.offset, lent(range.get()).bytes());
         else
-          std::ranges::copy(transfer_.source.subspan(chunk.offset, chunk.len), ring.begin());
+          std::ranges::copy(transfer_.source.subspan(chunk.offset, chunk.len), bridge_.host_bytes(range.get()).begin());
       }
     } catch (const Error& e) {
       rethrow_for_chunk(e, transfer_, chunk);
@@ -291,11 +295,10 @@ class Pipeline {
         return false;
       }
       if (!transfer_.upload()) {
-        const std::span<std::byte> ring = bridge_.host_bytes(oldest.range);
         if (transfer_.sink != nullptr)
-          (*transfer_.sink)(oldest.chunk.offset, ring);
+          (*transfer_.sink)(oldest.chunk.offset, lent(oldest.range).bytes());
         else
-          std::ranges::copy(ring, transfer_.destination.subspan(oldest.chunk.offset).begin());
+          std::ranges::copy(bridge_.host_bytes(oldest.range), transfer_.destination.subspan(oldest.chunk.offset).begin());
       }
       bridge_.release_host(oldest.range);
     } catch (const Error& e) {

@@ -601,6 +601,107 @@ TEST_P(TransferConformance, TransferReadsAStreamInPlaceWhereDeviceMemoryIsHostMe
   expect_nothing_left(b);
 }
 
+// An in-place callback (write_in_place's write, read_in_place's read) runs
+// while its ranges are held, and a restart or close waits for every hold to
+// end; a read in place waits for writes into its allocation. Called from
+// inside the callback on its own thread, each would wait for that thread for
+// good: they are refused instead (AllocationStillInUse, the bridge unchanged),
+// and the callback's caller goes on. A read of another allocation, or of the
+// one a read holds, goes ahead.
+TEST_P(TransferConformance, InPlaceCallbacksRefuseWhatWouldWaitForThemselves) {
+  auto& b = make_bridge(kRing);
+  const Bytes data = random_bytes(8192);
+  TransferPlanner planner(b);
+  const ObjectSpec spec = bytes_spec(8192);
+  const DeviceHandle h = planner.upload(data, spec, 8192), other = planner.upload(data, spec, 8192);
+  const DeviceRange range{h, 0, 4096}, other_range{other, 0, 4096};
+  const Generation generation = b.generation();
+  const auto refused = [&] {
+    EXPECT_KIND(ErrorKind::AllocationStillInUse, b.close(), "close called from inside a callback");
+    EXPECT_KIND(ErrorKind::AllocationStillInUse, b.restart(generation + 1), "restart called from inside");
+  };
+  bool wrote = false, read = false;
+  if (writes_in_place(b)) {
+    b.write_in_place(std::span(&range, 1), [&](std::span<const std::span<std::byte>> pieces) {
+      refused();
+      if (b.backend_info().host_addressable) {
+        EXPECT_KIND(ErrorKind::AllocationStillInUse, b.read_in_place(std::span(&range, 1), [](auto) {}),
+                    "own write_in_place into it");
+        b.read_in_place(std::span(&other_range, 1), [&](std::span<const std::span<const std::byte>> in) {
+          EXPECT_EQ(std::memcmp(in[0].data(), data.data(), 4096), 0);
+        });
+      }
+      std::memset(pieces[0].data(), 0x5a, pieces[0].size());
+      wrote = true;
+    });
+    EXPECT_TRUE(wrote);
+  } else {
+    EXPECT_KIND(ErrorKind::Unsupported, b.write_in_place(std::span(&range, 1), [](auto) {}), "");
+  }
+  if (b.backend_info().host_addressable) {
+    b.read_in_place(std::span(&range, 1), [&](std::span<const std::span<const std::byte>> pieces) {
+      refused();
+      b.read_in_place(std::span(&range, 1), [&](std::span<const std::span<const std::byte>> again) {
+        EXPECT_EQ(again[0].data(), pieces[0].data());
+      });
+      read = true;
+    });
+    EXPECT_TRUE(read);
+  }
+  // Nothing was changed by the refusals: the same generation, the bytes written, every handle live.
+  EXPECT_EQ(b.generation(), generation);
+  Bytes back(4096);
+  planner.download(h, 0, back);
+  EXPECT_EQ(back, wrote ? Bytes(4096, std::byte{0x5a}) : Bytes(data.begin(), data.begin() + 4096));
+  b.free_device(h);
+  b.free_device(other);
+  b.restart(generation + 1);
+  expect_nothing_left(b);
+}
+
+// A fill or sink handed a ring chunk is the caller's code, and may close the
+// bridge: the chunk stays allocated until it returns (a host lease, where
+// host_bytes would be valid only until the close), so it reads and writes
+// the whole chunk after the close without touching freed memory (AddressSanitizer
+// runs this suite); the transfer then fails Closed, and the ring goes back
+// when the call returns.
+TEST_P(TransferConformance, ARingChunksCallbackThatClosesTheBridgeKeepsItsChunk) {
+  const Bytes data = random_bytes(3 * kRing);
+  for (const bool upload : {true, false}) {
+    SCOPED_TRACE(upload ? "fill" : "sink");
+    auto& b = make_bridge(kRing);
+    auto* controls = b.backend().test_controls();
+    TransferPlanner planner(b, {.route = Route::RingChunks});
+    const DeviceHandle h = planner.upload(data, bytes_spec(data.size()), data.size());
+    b.poll();
+    bool closed = false;
+    const auto close_then_touch = [&](std::span<std::byte> chunk) {
+      if (closed) return;
+      b.close();
+      closed = true;
+      EXPECT_EQ(b.stats().ring_reservations, 0u);
+      if (const auto blocks = controls ? controls->live_host_blocks() : std::nullopt)
+        EXPECT_EQ(*blocks, 1u) << "the ring is freed while a callback still holds a chunk of it";
+      std::memset(chunk.data(), 0x33, chunk.size());  // still the chunk's: not freed by the close
+      EXPECT_EQ(chunk.back(), std::byte{0x33});
+    };
+    if (upload) {
+      const StreamSource fill{data.size(), [&](std::uint64_t, std::span<std::byte> chunk) { close_then_touch(chunk); }};
+      EXPECT_KIND(ErrorKind::Closed, planner.run(fill, DeviceSpan{h}), "");
+    } else {
+      const StreamDestination sink{data.size(), [&](std::uint64_t, std::span<const std::byte> chunk) {
+                                     close_then_touch({const_cast<std::byte*>(chunk.data()), chunk.size()});
+                                   }};
+      EXPECT_KIND(ErrorKind::Closed, planner.run(DeviceSpan{h}, sink), "");
+    }
+    EXPECT_TRUE(closed);
+    if (controls) {
+      EXPECT_EQ(controls->live_allocations(), 0u);
+      if (const auto blocks = controls->live_host_blocks()) EXPECT_EQ(*blocks, 0u) << "the ring goes back once the call returns";
+    }
+  }
+}
+
 // One stream into several allocations (submit_scatter): in place at once
 // where device memory is host memory (pieces of up to chunk_bytes per fill),
 // else one submit per allocation through the ring; bit-exact either way.

@@ -427,3 +427,92 @@ def test_export_to_a_file_that_keeps_what_it_is_given_fails_instead_of_writing_r
     assert np.array_equal(np.frombuffer(b"".join(copying.parts), np.float32), values)
     t.free()
     nothing_left(b)
+
+
+def test_a_callback_that_calls_its_own_planner_is_refused_not_left_waiting(planner_bridge, rng):
+    """A sink, fill or progress callback that calls the planner running it would wait forever for the
+    planner's own lock: it is refused with RuntimeError, the transfer ends with that error, and the planner
+    and the tensor stay usable (another planner in the callback works)."""
+    b = planner_bridge
+    calls = []
+    planner = TransferPlanner(b, progress=lambda done, total: calls and calls[0](done))
+    data = rng.integers(0, 256, size=2 * RING, dtype=np.uint8)
+    handle = planner.upload(data, spec_for(data.size), extent_for(data.size))
+    out = np.empty(64, np.uint8)
+    outcome = {}
+
+    def attempts():
+        for name, run in [
+            ("sink", lambda: planner.download_stream(handle, 0, data.size,
+                                                     lambda at, chunk: planner.download(handle, 0, out))),
+            ("fill", lambda: planner.submit_stream(lambda at, chunk: planner.plan_download(handle, 0, out),
+                                                   data.size, into=handle)),
+            ("progress", lambda: (calls.append(lambda done: planner.download(handle, 0, out)),
+                                  planner.download(handle, 0, np.empty_like(data)))),
+        ]:
+            try:
+                run()
+                outcome[name] = "returned"
+            except RuntimeError as error:
+                outcome[name] = str(error)
+            calls.clear()
+
+    worker = threading.Thread(target=attempts, daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "a callback calling its own planner was left waiting"
+    for name in ("sink", "fill", "progress"):
+        assert "called from inside one of its own transfers" in outcome[name], (name, outcome[name])
+    assert b.stats()["ring_reservations"] == 0 and b.stats()["copies_in_flight"] == 0
+    inner = TransferPlanner(b)
+    seen, plans = bytearray(), []
+    planner.download_stream(handle, 0, data.size,
+                            lambda at, chunk: (seen.extend(chunk), plans.append(inner.plan_download(handle, 0, out))))
+    assert bytes(seen) == data.tobytes() and plans and all(plan["route"] for plan in plans)
+    planner.download(handle, 0, out)
+    assert out.tobytes() == data[:64].tobytes()
+    b.free(handle)
+    nothing_left(b)
+
+
+def test_a_callback_that_closes_its_bridge_neither_waits_for_itself_nor_loses_its_chunk(planner_bridge, rng):
+    """A sink that closes the bridge: where it was handed the tensor's own bytes (read_in_place) the close
+    would wait for the sink itself, and is refused (AllocationStillInUse, the bridge left open and usable);
+    where it was handed a ring chunk the close goes ahead, the chunk stays the sink's until it returns, and
+    the transfer ends Closed."""
+    b = planner_bridge
+    planner = TransferPlanner(b)
+    data = rng.integers(0, 256, size=2 * RING, dtype=np.uint8)
+    handle = planner.upload(data, spec_for(data.size), extent_for(data.size))
+    in_place = b.backend_info()["host_addressable"]
+    outcome = {}
+
+    def sink(at, chunk):
+        if outcome:
+            return
+        try:
+            b.close()
+            outcome["close"] = "closed"
+        except devbridge.AllocationStillInUse as error:
+            outcome["close"] = str(error)
+        outcome["chunk intact"] = bytes(chunk) == data[at:at + len(chunk)].tobytes()
+
+    def stream():
+        try:
+            planner.download_stream(handle, 0, data.size, sink)
+            outcome["transfer"] = "returned"
+        except devbridge.Closed:
+            outcome["transfer"] = "Closed"
+
+    worker = threading.Thread(target=stream, daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "a close from inside the sink waited for the sink"
+    assert outcome["chunk intact"]
+    if in_place:
+        assert "close called from inside a callback of this bridge's own" in outcome["close"]
+        assert outcome["transfer"] == "returned"
+        b.free(handle)  # still open
+        nothing_left(b)
+    else:
+        assert outcome == {"close": "closed", "chunk intact": True, "transfer": "Closed"}
