@@ -40,6 +40,15 @@ def nothing_left(b: devbridge.Bridge, allocations: int = 0) -> None:
     assert stats["live_allocations"] == allocations
 
 
+def holds_then_free(b: devbridge.Bridge, planner, handle, data: np.ndarray) -> None:
+    """``handle`` holds ``data``; freed, it leaves nothing behind."""
+    back = np.empty_like(data)
+    planner.download(handle, 0, back)
+    assert np.array_equal(back, data)
+    b.free(handle)
+    nothing_left(b)
+
+
 @pytest.fixture(params=["host", "fake", "opencl"])
 def planner_bridge(request):
     require_backend(request.param)
@@ -262,11 +271,7 @@ def test_a_call_waits_for_room_another_caller_holds(planner_bridge, rng):
     planner = TransferPlanner(b, route="ring_chunks", wait_for_room=float("inf"))
     handle = planner.upload(data, spec_for(data.nbytes), extent_for(data.nbytes))
     neighbour.join()
-    back = np.zeros_like(data)
-    planner.download(handle, 0, back)
-    assert np.array_equal(back, data)
-    b.free(handle)
-    nothing_left(b)
+    holds_then_free(b, planner, handle, data)
 
 
 def test_a_stream_out_reads_in_place_where_device_memory_is_host_memory(planner_bridge, rng):
@@ -379,11 +384,7 @@ def test_a_callback_that_keeps_a_buffer_over_its_chunk_fails_with_buffer_error(p
     kept.clear()
     assert b.stats()["ring_reservations"] == 0
     planner.upload_into(handle, 0, data)
-    back = np.empty_like(data)
-    planner.download(handle, 0, back)
-    assert np.array_equal(back, data)
-    b.free(handle)
-    nothing_left(b)
+    holds_then_free(b, planner, handle, data)
 
 
 def test_a_lent_chunk_cannot_be_viewed_again_after_its_call(planner_bridge, rng):
