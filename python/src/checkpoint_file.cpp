@@ -140,16 +140,22 @@ struct PyRestoreStream {
 };
 
 // The kept exception's traceback holds the frames that waited on the stream,
-// and so the stream: the collector must see that reference to free the cycle.
+// and so the stream; a callback may reach it too: the collector must see
+// those references to free the cycle.
 int restore_stream_traverse(PyObject* self, visitproc visit, void* arg) {
   Py_VISIT(Py_TYPE(self));
   if (!nb::inst_ready(self)) return 0;
-  Py_VISIT(nb::inst_ptr<PyRestoreStream>(self)->callback_error.ptr());
+  const PyRestoreStream& stream = *nb::inst_ptr<PyRestoreStream>(self);
+  Py_VISIT(stream.callback_error.ptr());
+  Py_VISIT(stream.digest.ptr());
+  Py_VISIT(stream.before_read.ptr());
   return 0;
 }
 
+// Only an unreachable stream is cleared; its reader calls no callback any more (stopped before it goes).
 int restore_stream_clear(PyObject* self) {
-  nb::inst_ptr<PyRestoreStream>(self)->callback_error.reset();
+  PyRestoreStream& stream = *nb::inst_ptr<PyRestoreStream>(self);
+  stream.callback_error.reset();
   return 0;
 }
 

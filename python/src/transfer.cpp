@@ -207,6 +207,28 @@ struct PyTransferPlanner {
   }
 };
 
+// The progress callback may reach its planner (a closure over it, an
+// object holding both): the collector must see that reference to free the
+// cycle, and with it the bridge the planner keeps alive.
+int transfer_planner_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  Py_VISIT(nb::inst_ptr<PyTransferPlanner>(self)->progress.ptr());
+  return 0;
+}
+
+// Only an unreachable planner is cleared: no call of it, and so no progress call, can be running.
+int transfer_planner_clear(PyObject* self) {
+  nb::inst_ptr<PyTransferPlanner>(self)->progress = nb::none();
+  return 0;
+}
+
+PyType_Slot transfer_planner_slots[] = {
+    {Py_tp_traverse, reinterpret_cast<void*>(&transfer_planner_traverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(&transfer_planner_clear)},
+    {0, nullptr},
+};
+
 // An upload's buffer, held for the call, and where its bytes go (upload_destination).
 struct HeldUpload {
   HeldBuffer held;
@@ -276,7 +298,8 @@ void bind_transfer(nb::module_& m) {
       m, "TransferPlanner",
       "Moves bytes between Python buffers and device memory by the route the bridge's backend makes cheapest\n"
       "(the C++ TransferPlanner): a registered copy where registering host memory is cheap, ring chunks\n"
-      "elsewhere, a peer copy or both rings between bridges. plan_*() say which route and why.")
+      "elsewhere, a peer copy or both rings between bridges. plan_*() say which route and why.",
+      nb::type_slots(transfer_planner_slots))
       .def(
           "__init__",
           [](PyTransferPlanner* self, nb::handle bridge, nb::handle chunk_bytes, nb::handle max_chunks_in_flight,

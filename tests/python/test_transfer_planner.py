@@ -517,3 +517,24 @@ def test_a_callback_that_closes_its_bridge_neither_waits_for_itself_nor_loses_it
         nothing_left(b)
     else:
         assert outcome == {"close": "closed", "chunk intact": True, "transfer": "Closed"}
+
+
+def test_a_planner_whose_progress_callback_reaches_it_is_collected(planner_bridge):
+    """A progress callback that reaches its planner (a method of an object holding it) makes a cycle
+    through the planner: the collector sees it and frees both, and with them what the planner keeps
+    alive (its bridge's state), instead of leaking them for the life of the process."""
+    import weakref
+
+    class Progress:
+        def __init__(self):
+            self.planner = None
+
+        def __call__(self, done, total):
+            pass
+
+    progress = Progress()
+    progress.planner = TransferPlanner(planner_bridge, progress=progress)
+    gone = weakref.ref(progress)
+    del progress
+    gc.collect()
+    assert gone() is None, "the planner and its progress callback were left alive"
