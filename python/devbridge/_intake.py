@@ -213,8 +213,10 @@ def _intake(array: Any, what: str, dtype: Any = None, *, copy: bool = True, any_
         a = np.asarray(array)
     if not a.flags.c_contiguous:
         if not any_layout:
+            hint = ("tensor.contiguous()" if callable(getattr(array, "contiguous", None))
+                    else "numpy.ascontiguousarray(array)")
             raise ValueError(f"{what}: the array (shape {a.shape}, strides {a.strides}) is not C-contiguous, so "
-                             "it is not one run of bytes; pass numpy.ascontiguousarray(array)")
+                             f"it is not one run of bytes; pass {hint}")
         a = np.ascontiguousarray(a)
     if a.dtype.byteorder == ">":
         if not copy:

@@ -310,3 +310,15 @@ def test_alignments_raise_what_the_argument_table_says(ib, alignment, error):
     with pytest.raises(error):
         devbridge.Prefetcher(ib, [a], to="device", alignment=alignment)
     assert ib.stats()["live_allocations"] == before
+
+
+def test_a_strided_upload_is_refused_with_the_producers_own_remedy(hb):
+    """upload copies no strided array into one run of bytes behind the caller's back; the error says how
+    to make one, in the producer's own terms."""
+    with pytest.raises(ValueError, match=r"not C-contiguous.*pass numpy\.ascontiguousarray\(array\)"):
+        hb.upload(np.arange(12, dtype=np.float32).reshape(3, 4).T)
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ValueError, match=r"not C-contiguous.*pass tensor\.contiguous\(\)"):
+        hb.upload(torch.arange(12, dtype=torch.float32).reshape(3, 4).t())
+    with hb.upload(torch.arange(12, dtype=torch.float32).reshape(3, 4).t().contiguous(), wait=True) as t:
+        assert np.array_equal(t.numpy(), np.arange(12, dtype=np.float32).reshape(3, 4).T)
