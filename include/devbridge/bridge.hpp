@@ -473,7 +473,9 @@ class Bridge {
   // allocation is (free_device refuses and release defers until the call
   // ends, a live view is treated as for host_to_device: writes_under_view, a
   // read-only adoption is refused with InvalidRange), and a restart or close
-  // waits for the call. The bytes are valid only during `write`; what it
+  // waits for the call (made from inside `write` on its thread, one would
+  // wait for itself: AllocationStillInUse, nothing changed; so is a
+  // read_in_place there of what it writes). The bytes are valid only during `write`; what it
   // throws ends the call as it is (the ranges may hold part of the bytes).
   // Copies still in flight into the same bytes are not waited for (as two
   // overlapping uploads, the caller orders them; a mapped range is ordered
@@ -489,8 +491,10 @@ class Bridge {
   // queued on the compute queue has run (what the ring's download is ordered
   // after); then every range is validated and held as a copy out of its
   // allocation is (free_device refuses and release defers until the call
-  // ends; a restart or close waits for it). The bytes are valid only during
-  // `read`, which must not write them; what it throws ends the call.
+  // ends; a restart or close waits for it, and is refused with
+  // AllocationStillInUse when made from inside `read` on its thread). The
+  // bytes are valid only during `read`, which must not write them; what it
+  // throws ends the call.
   // Unsupported elsewhere.
   void read_in_place(std::span<const DeviceRange> ranges,
                      const std::function<void(std::span<const std::span<const std::byte>>)>& read);
