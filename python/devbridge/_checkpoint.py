@@ -108,7 +108,11 @@ class _Hasher:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="devbridge-checksum")
 
     def submit(self, view: memoryview) -> Future:
-        return self._pool.submit(self.digest.update, view)
+        # The pool's work item keeps its arguments until its thread drops it, which can be after result()
+        # returned; a chunk lent to the checkpoint's sink would still be held then (BufferError). The view
+        # rides in a box the task empties: nothing holds it once the update returns.
+        box = [view]
+        return self._pool.submit(lambda: self.digest.update(box.pop()))
 
     def checksum(self) -> str:
         """``"<algorithm>:<hex>"`` of everything submitted (waits for it)."""

@@ -737,3 +737,32 @@ def test_replacing_a_checkpoint_frees_the_old_file_after_the_call(bridges, rng, 
     assert np.array_equal(safetensors.numpy.load_file(str(path))["x"], second)
     _checkpoint._UNLINKER.submit(lambda: None).result()  # the unlinker's queue has run
     assert [p.name for p in tmp_path.iterdir()] == ["state.safetensors"]
+
+
+def test_the_checkpoint_hasher_holds_no_buffer_once_its_hash_is_done(monkeypatch):
+    """Large chunks are hashed on a pool thread while they are written. The pool's work item, and what it
+    was given, lives on until its thread drops it, which can be after the wait for the hash returned. A
+    buffer over a chunk lent to a sink must not be held then (BufferError once the sink returns): the
+    checkpoint hands the hasher the lent memoryview itself today, which is released all the same, but a
+    view derived from it would be held. Here every work item lingers after it ran, as on a busy machine."""
+    import concurrent.futures.thread as pool_thread
+
+    from devbridge import _checkpoint
+
+    run = pool_thread._WorkItem.run
+
+    def run_then_linger(self):
+        run(self)
+        time.sleep(0.05)  # the work item still alive in the pool's thread
+
+    monkeypatch.setattr(pool_thread._WorkItem, "run", run_then_linger)
+    hasher = _checkpoint._Hasher("crc32")
+    try:
+        data = bytearray(b"x" * 4096)
+        view = memoryview(data)
+        hasher.submit(view).result()
+        del view  # the last reference, unless the pool still holds one
+        data.extend(b"y")  # refused (BufferError) while anything still exports the bytearray
+    finally:
+        hasher.close()
+    assert hasher.checksum() == f"crc32:{zlib.crc32(b'x' * 4096):08x}"
