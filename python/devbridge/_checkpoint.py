@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import hashlib
 import json
 import math
@@ -180,15 +181,15 @@ def _write_checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], met
         sizes.append(nbytes)
         begin += nbytes
 
+    encoded = _encode_header(header)
+    total = len(encoded) + begin
     directory = os.path.dirname(os.path.abspath(path))
     fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     try:
         with open(fd, "wb", buffering=0) as file:
             hasher = _Hasher(checksum)
             try:
-                encoded = _encode_header(header)
-                with contextlib.suppress(OSError):  # the file's blocks at once, not a write at a time; a hint
-                    os.posix_fallocate(file.fileno(), 0, len(encoded) + begin)
+                _reserve_blocks(file.fileno(), total)
                 _write_all(file.write, encoded)  # the checksum is a placeholder of the final length
 
                 writeback = _Writeback(file.fileno(), len(encoded))
@@ -232,6 +233,11 @@ def _write_checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], met
             os.fsync(file.fileno())
         replaced = _keep_old_blocks(path, temporary)
         os.replace(temporary, path)
+    except OSError as error:  # the file system's refusal (full, over quota, read-only...), named
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise _os_error_in_context(error, f"checkpoint {path!r} ({total} bytes, written beside it as "
+                                          f"{os.path.basename(temporary)!r})", "the old file is kept") from error
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
@@ -240,6 +246,24 @@ def _write_checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], met
     if replaced is not None:
         _free_later(replaced)
     return dict(meta)
+
+
+def _reserve_blocks(fd: int, nbytes: int) -> None:
+    """The file's blocks at once, not a write at a time. Only a hint, where the file system cannot
+    preallocate; but a file system that has no room says so here, before a byte is written."""
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as error:
+        if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise
+
+
+def _os_error_in_context(error: OSError, context: str, outcome: str) -> OSError:
+    """``error`` as the same kind of OSError (same errno, so the same subclass), its message in
+    ``context``: "[Errno 28] <context>: No space left on device; <outcome>"."""
+    if error.errno is None:
+        return error
+    return OSError(error.errno, f"{context}: {error.strerror or os.strerror(error.errno)}; {outcome}")
 
 
 def _keep_old_blocks(path: str, temporary: str) -> str | None:

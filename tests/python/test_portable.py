@@ -9,10 +9,12 @@ are checked after each refusal.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import itertools
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -766,3 +768,48 @@ def test_the_checkpoint_hasher_holds_no_buffer_once_its_hash_is_done(monkeypatch
     finally:
         hasher.close()
     assert hasher.checksum() == f"crc32:{zlib.crc32(b'x' * 4096):08x}"
+
+
+@pytest.mark.parametrize("refusal", ["ENOSPC at preallocation", "EIO at fsync"])
+def test_a_checkpoint_the_file_system_refuses_names_the_file_and_keeps_the_old_one(bridges, tmp_path, monkeypatch,
+                                                                                  refusal):
+    """A full file system (seen when the file's blocks are reserved, before a byte is written) or a failed
+    write: the OSError keeps its errno (and so its type), names the checkpoint, its size and the temporary
+    file, and says the old file is kept; nothing is left beside it."""
+    from devbridge import _checkpoint
+
+    b = bridges("host")
+    path = tmp_path / "c.safetensors"
+    with b.upload(np.ones(1000, np.float32), wait=True) as old:
+        b.checkpoint(path, {"a": old})
+    code = errno.ENOSPC if refusal.startswith("ENOSPC") else errno.EIO
+
+    def refuse(*args):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(_checkpoint.os, "posix_fallocate" if code == errno.ENOSPC else "fsync", refuse)
+    with b.upload(np.ones(1 << 18, np.float32), wait=True) as new:
+        with pytest.raises(OSError) as caught:
+            b.checkpoint(path, {"a": new})
+    monkeypatch.undo()
+    assert caught.value.errno == code
+    message = str(caught.value)
+    assert f"checkpoint {str(path)!r} (" in message and "bytes, written beside it as '.c.safetensors." in message
+    assert message.endswith(f"{os.strerror(code)}; the old file is kept")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.safetensors"]
+    restored = b.restore(path)
+    assert restored["a"].shape == (1000,)
+    restored["a"].free()
+
+
+def test_a_file_system_that_cannot_preallocate_still_takes_a_checkpoint(bridges, tmp_path, monkeypatch):
+    from devbridge import _checkpoint
+
+    def unsupported(*args):
+        raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+
+    monkeypatch.setattr(_checkpoint.os, "posix_fallocate", unsupported)
+    b = bridges("host")
+    with b.upload(np.arange(100, dtype=np.float32), wait=True) as t:
+        b.checkpoint(tmp_path / "c.safetensors", {"a": t})
+    assert np.array_equal(safetensors.numpy.load_file(tmp_path / "c.safetensors")["a"], np.arange(100, dtype=np.float32))
