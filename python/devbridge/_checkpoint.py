@@ -184,7 +184,13 @@ def _write_checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], met
     encoded = _encode_header(header)
     total = len(encoded) + begin
     directory = os.path.dirname(os.path.abspath(path))
-    fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, f"checkpoint {path!r}: it is a directory; name a file (in it)")
+    try:
+        fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    except OSError as error:  # the directory is missing, read-only, full of names...
+        raise _os_error_in_context(error, f"checkpoint {path!r}: cannot make its temporary file in {directory!r}",
+                                   "nothing was written") from error
     try:
         with open(fd, "wb", buffering=0) as file:
             hasher = _Hasher(checksum)

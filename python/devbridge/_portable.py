@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import io
 import math
 import operator
 from typing import Any, BinaryIO, Callable, Iterator, NamedTuple, NoReturn
@@ -366,6 +367,9 @@ def export_to(bridge: Bridge, x: Any, file: BinaryIO, dtype: Any = None, shape: 
     write = getattr(file, "write", None)
     if not callable(write):
         raise TypeError(f"file must have a binary write(), not {type(file).__name__}")
+    if isinstance(file, io.TextIOBase):
+        raise TypeError(f"export_to writes bytes: open the file in binary mode ('wb'), not text "
+                        f"({getattr(file, 'name', type(file).__name__)!r})")
     source = _resolve(bridge, x, dtype, shape, strides, offset)
     _stream(source, lambda at, chunk: _write_all(write, chunk))
     return source.nbytes
@@ -397,6 +401,9 @@ def import_tensor(bridge: Bridge, source: Any, spec: ObjectSpec | None = None, *
     """
     if not isinstance(bridge, Bridge):
         raise TypeError(f"bridge must be a devbridge.Bridge, not {type(bridge).__name__}")
+    if isinstance(source, io.TextIOBase):
+        raise TypeError(f"import_tensor reads bytes: open the file in binary mode ('rb'), not text "
+                        f"({getattr(source, 'name', type(source).__name__)!r})")
     readinto = None if isinstance(source, (PortableTensor, np.ndarray)) else getattr(source, "readinto", None)
     if callable(readinto):
         if dtype is None or shape is None:

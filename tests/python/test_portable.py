@@ -813,3 +813,24 @@ def test_a_file_system_that_cannot_preallocate_still_takes_a_checkpoint(bridges,
     with b.upload(np.arange(100, dtype=np.float32), wait=True) as t:
         b.checkpoint(tmp_path / "c.safetensors", {"a": t})
     assert np.array_equal(safetensors.numpy.load_file(tmp_path / "c.safetensors")["a"], np.arange(100, dtype=np.float32))
+
+
+def test_files_given_the_wrong_way_are_refused_naming_the_remedy(bridges, tmp_path):
+    """A text-mode file, a directory for a checkpoint's path, a directory that does not exist: each is
+    refused before anything is written, saying what to do, and nothing is left behind."""
+    b = bridges("host")
+    with b.upload(np.arange(10, dtype=np.float32), wait=True) as t:
+        with open(tmp_path / "t.txt", "w") as text:
+            with pytest.raises(TypeError, match=r"export_to writes bytes: open the file in binary mode \('wb'\)"):
+                b.export_to(t, text)
+        with open(tmp_path / "t.txt") as text:
+            with pytest.raises(TypeError, match=r"import_tensor reads bytes: open the file in binary mode \('rb'\)"):
+                b.import_tensor(text, dtype="float32", shape=(2,))
+        (tmp_path / "dir").mkdir()
+        with pytest.raises(IsADirectoryError, match=r"checkpoint '.*dir': it is a directory; name a file"):
+            b.checkpoint(tmp_path / "dir", {"t": t})
+        with pytest.raises(FileNotFoundError, match=r"checkpoint '.*missing/c.safetensors': cannot make its "
+                                                    r"temporary file in '.*missing': No such file or directory; "
+                                                    r"nothing was written"):
+            b.checkpoint(tmp_path / "missing" / "c.safetensors", {"t": t})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "t.txt"] and not any((tmp_path / "dir").iterdir())
