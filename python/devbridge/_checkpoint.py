@@ -239,14 +239,12 @@ def _write_checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], met
             os.fsync(file.fileno())
         replaced = _keep_old_blocks(path, temporary)
         os.replace(temporary, path)
-    except OSError as error:  # the file system's refusal (full, over quota, read-only...), named
+    except BaseException as error:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
-        raise _os_error_in_context(error, f"checkpoint {path!r} ({total} bytes, written beside it as "
-                                          f"{os.path.basename(temporary)!r})", "the old file is kept") from error
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
+        if isinstance(error, OSError):  # the file system's refusal (full, over quota, read-only...), named
+            raise _os_error_in_context(error, f"checkpoint {path!r} ({total} bytes, written beside it as "
+                                              f"{os.path.basename(temporary)!r})", "the old file is kept") from error
         raise
     _fsync_directory(directory)
     if replaced is not None:

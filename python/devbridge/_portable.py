@@ -367,12 +367,16 @@ def export_to(bridge: Bridge, x: Any, file: BinaryIO, dtype: Any = None, shape: 
     write = getattr(file, "write", None)
     if not callable(write):
         raise TypeError(f"file must have a binary write(), not {type(file).__name__}")
-    if isinstance(file, io.TextIOBase):
-        raise TypeError(f"export_to writes bytes: open the file in binary mode ('wb'), not text "
-                        f"({getattr(file, 'name', type(file).__name__)!r})")
+    _refuse_text_mode(file, "export_to writes bytes", "wb")
     source = _resolve(bridge, x, dtype, shape, strides, offset)
     _stream(source, lambda at, chunk: _write_all(write, chunk))
     return source.nbytes
+
+
+def _refuse_text_mode(file: Any, what: str, mode: str) -> None:
+    if isinstance(file, io.TextIOBase):
+        raise TypeError(f"{what}: open the file in binary mode ({mode!r}), not text "
+                        f"({getattr(file, 'name', type(file).__name__)!r})")
 
 
 def _write_all(write: Callable[[Any], Any], chunk: np.ndarray) -> None:
@@ -401,9 +405,7 @@ def import_tensor(bridge: Bridge, source: Any, spec: ObjectSpec | None = None, *
     """
     if not isinstance(bridge, Bridge):
         raise TypeError(f"bridge must be a devbridge.Bridge, not {type(bridge).__name__}")
-    if isinstance(source, io.TextIOBase):
-        raise TypeError(f"import_tensor reads bytes: open the file in binary mode ('rb'), not text "
-                        f"({getattr(source, 'name', type(source).__name__)!r})")
+    _refuse_text_mode(source, "import_tensor reads bytes", "rb")
     readinto = None if isinstance(source, (PortableTensor, np.ndarray)) else getattr(source, "readinto", None)
     if callable(readinto):
         if dtype is None or shape is None:

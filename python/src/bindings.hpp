@@ -24,6 +24,7 @@
 #include "devbridge/backend.hpp"
 #include "devbridge/backends/fake.hpp"
 #include "devbridge/bridge.hpp"
+#include "lent_views.hpp"
 #include "state.hpp"
 
 namespace devbridge::python {
@@ -47,39 +48,6 @@ nanobind::dict backend_info_dict(const BackendInfo& info);
 // views.cpp
 nanobind::object tinygrad_helper(const char* name);
 // transfer.cpp
-// Memoryviews over memory lent to a Python callback for one call (a sink's
-// or fill's chunk: a ring range, or, where device memory is host memory, an
-// allocation's own bytes). Each is a view of a LentChunk (transfer.cpp), a
-// buffer exporter that counts its exports and refuses new ones once the
-// call returned. A callback that kept the memoryview then reads "released
-// memoryview" rather than memory the bridge has reused or freed since; one
-// that kept anything else over the bytes (numpy.frombuffer(chunk), a slice
-// or cast of it), which cannot be taken back, makes a call that returned
-// fail with BufferError. Made, ended and destroyed with the GIL held.
-class LentViews {
- public:
-  explicit LentViews(bool writable) : writable_(writable) {}
-  LentViews(const LentViews&) = delete;
-  LentViews& operator=(const LentViews&) = delete;
-  // Ends what end() did not (the call raised: its error wins over a buffer still held).
-  ~LentViews();
-
-  nanobind::object lend(std::span<const std::byte> chunk);
-  // After the call returned: every loan ended, or BufferError naming
-  // `callback` and the bytes (from byte `at` of its stream, when it has one).
-  void end(const char* callback, std::optional<std::uint64_t> at = std::nullopt);
-
- private:
-  struct Loan {
-    nanobind::object chunk, view;  // the LentChunk, and the memoryview of it the callback was handed
-  };
-  // The loan's memoryview released and its chunk closed to new exports:
-  // whether nothing else still holds a buffer over the bytes.
-  static bool close(const Loan& loan) noexcept;
-
-  bool writable_;
-  std::vector<Loan> loans_;
-};
 // The state of `bridge`, a devbridge.Bridge (TypeError naming `what` otherwise).
 std::shared_ptr<BridgeState> state_of(nanobind::handle bridge, const char* what);
 
@@ -203,5 +171,6 @@ void bind_host_regions(nanobind::module_& m);       // host_regions.cpp
 void bind_bridge(nanobind::module_& m);             // bridge.cpp
 void bind_checkpoint_file(nanobind::module_& m);    // checkpoint_file.cpp
 void bind_transfer(nanobind::module_& m);           // transfer.cpp
+void bind_lent_views(nanobind::module_& m);         // lent_views.cpp
 
 }  // namespace devbridge::python

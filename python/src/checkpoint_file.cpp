@@ -152,10 +152,8 @@ int restore_stream_traverse(PyObject* self, visitproc visit, void* arg) {
   return 0;
 }
 
-// Only an unreachable stream is cleared; its reader calls no callback any more (stopped before it goes).
 int restore_stream_clear(PyObject* self) {
-  PyRestoreStream& stream = *nb::inst_ptr<PyRestoreStream>(self);
-  stream.callback_error.reset();
+  nb::inst_ptr<PyRestoreStream>(self)->callback_error.reset();
   return 0;
 }
 

@@ -137,4 +137,5 @@ NB_MODULE(_devbridge, m) {
   bind_bridge(m);
   bind_checkpoint_file(m);
   bind_transfer(m);
+  bind_lent_views(m);
 }
