@@ -29,7 +29,9 @@ _SMALL_SEGMENT = 1 << 20
 def _frames(stack: str | None) -> list[dict[str, Any]]:
     """The recorder's stack text ("file:line function", innermost first, a frame a line) as PyTorch's frames."""
     frames = []
-    for line in (stack or "").splitlines():
+    for line in (stack or "").split("\n"):  # only "\n" separates frames (a name may hold other line breaks)
+        if not line:
+            continue
         where, _, name = line.partition(" ")
         filename, _, number = where.rpartition(":")
         if not filename or not number.isdigit():
@@ -104,8 +106,10 @@ def torch_layout(snapshot: dict[str, Any], trace: dict[str, Any]) -> dict[str, A
             allocations[handle] = (args.get("address", 0), args["bytes"])
             history.append({"action": "alloc", "addr": args.get("address", 0), "size": args["bytes"],
                             "stream": 0, "time_us": time_us, "frames": frames})
-        elif event["name"] in ("release", "free") and handle is not None:
-            address, size = allocations.get(handle, (args.get("address", 0), args["bytes"]))
+        elif event["name"] in ("release", "free") and handle in allocations:
+            # The end of an allocation made before recording is left out with its start: the viewer would
+            # otherwise count memory below zero.
+            address, size = allocations[handle]
             if handle not in requested:
                 requested.add(handle)
                 history.append({"action": "free_requested", "addr": address, "size": size, "stream": 0,

@@ -31,7 +31,40 @@ std::string path_text(nb::handle value, const char* what) {
   nb::object owned = nb::steal(path);
   if (!PyUnicode_Check(path))
     args::raise(PyExc_TypeError, std::string(what) + " must be a str path (bytes paths are not taken)");
-  return nb::cast<std::string>(owned);
+  // The file system's bytes for the name, as open() would use them: a name
+  // that is not UTF-8 (a surrogate-escaped str from os.listdir) keeps its bytes.
+  nb::object encoded = nb::steal(PyUnicode_EncodeFSDefault(path));
+  if (!encoded.is_valid()) {
+    PyErr_Clear();
+    args::raise(PyExc_ValueError, std::string(what) + " cannot be encoded as a file name");
+  }
+  std::string text(PyBytes_AS_STRING(encoded.ptr()), static_cast<std::size_t>(PyBytes_GET_SIZE(encoded.ptr())));
+  if (text.empty()) args::raise(PyExc_ValueError, std::string(what) + " is empty: give a file name");
+  if (text.find('\0') != std::string::npos) args::raise(PyExc_ValueError, std::string(what) + " holds a NUL character");
+  return text;
+}
+
+// A code object's name or file name as one line of UTF-8: characters UTF-8
+// cannot hold (lone surrogates) and line breaks, which separate the frames,
+// written as escapes.
+std::string frame_text(nb::handle text) {
+  nb::object encoded = nb::steal(PyUnicode_AsEncodedString(text.ptr(), "utf-8", "backslashreplace"));
+  if (!encoded.is_valid()) {
+    PyErr_Clear();
+    return "?";
+  }
+  std::string_view bytes(PyBytes_AS_STRING(encoded.ptr()), static_cast<std::size_t>(PyBytes_GET_SIZE(encoded.ptr())));
+  std::string line;
+  line.reserve(bytes.size());
+  for (const char c : bytes) {
+    if (c == '\n')
+      line += "\\n";
+    else if (c == '\r')
+      line += "\\r";
+    else
+      line += c;
+  }
+  return line;
 }
 
 // The interpreter's current stack, "file:line function" a line, innermost first.
@@ -45,14 +78,15 @@ std::string python_stack() {
     nb::object filename = nb::steal(PyObject_GetAttrString(reinterpret_cast<PyObject*>(code), "co_filename"));
     nb::object name = nb::steal(PyObject_GetAttrString(reinterpret_cast<PyObject*>(code), "co_name"));
     Py_DECREF(code);
-    if (!filename.is_valid() || !name.is_valid()) {
+    if (!filename.is_valid() || !name.is_valid() || !PyUnicode_Check(filename.ptr()) ||
+        !PyUnicode_Check(name.ptr())) {
       PyErr_Clear();
       break;
     }
     if (!text.empty()) text += '\n';
-    text += nb::str(filename).c_str();
+    text += frame_text(filename);
     text += ':' + std::to_string(line) + ' ';
-    text += nb::str(name).c_str();
+    text += frame_text(name);
     PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
     Py_DECREF(frame);
     frame = back;

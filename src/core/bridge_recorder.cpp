@@ -5,12 +5,14 @@
 #include <iterator>
 #include <unordered_set>
 
+#include <unistd.h>
+
 #include "core/bridge_core.hpp"
 
 namespace devbridge::detail {
 
 void BridgeCore::record(const RecordOptions& options) {
-  FlightRecorder::check_max_events(options.max_events);
+  FlightRecorder::check_options(options);
   // The ring is allocated before the lock: a large one takes a while.
   auto recorder = std::make_unique<FlightRecorder>(options);
   std::unique_ptr<FlightRecorder> previous;
@@ -147,8 +149,11 @@ std::string BridgeCore::dump_for_oom() {
     directory = recorder_->options().oom_dump_dir;
     number = ++oom_dumps_;
   }
-  const auto path =
-      (std::filesystem::path(directory) / fmt::format("devbridge-oom-{}-{}.trace.json", domain_, number)).string();
+  // The process in the name: domains are numbered from 1 in every process,
+  // and processes often share one dump directory.
+  const auto path = (std::filesystem::path(directory) /
+                     fmt::format("devbridge-oom-{}-{}-{}.trace.json", ::getpid(), domain_, number))
+                        .string();
   try {
     write_file_atomically(path, trace_json(trace_dump()));
   } catch (const std::exception& e) {

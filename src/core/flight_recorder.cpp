@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -11,10 +12,11 @@
 #include <cpuid.h>
 #endif
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 #include <map>
 #include <type_traits>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -96,6 +98,22 @@ std::uint64_t TraceClock::to_ns(std::uint64_t ticks) const noexcept {
 void FlightRecorder::check_max_events(std::size_t max_events) {
   if (auto refusal = max_events_refusal(max_events); !refusal.empty())
     fail(ErrorKind::InvalidRange, "record: {}", refusal);
+}
+
+void FlightRecorder::check_options(const RecordOptions& options) {
+  check_max_events(options.max_events);
+  const std::string& directory = options.oom_dump_dir;
+  if (directory.empty()) return;
+  struct stat st {};
+  if (::stat(directory.c_str(), &st) != 0) {
+    const int error = errno;
+    fail(ErrorKind::Unavailable, "record: oom_dump_dir {}: {}", directory, std::strerror(error));
+  }
+  if (!S_ISDIR(st.st_mode)) fail(ErrorKind::Unavailable, "record: oom_dump_dir {} is not a directory", directory);
+  if (::access(directory.c_str(), W_OK | X_OK) != 0) {
+    const int error = errno;
+    fail(ErrorKind::Unavailable, "record: oom_dump_dir {}: cannot write in it: {}", directory, std::strerror(error));
+  }
 }
 
 FlightRecorder::FlightRecorder(const RecordOptions& options)
@@ -282,12 +300,19 @@ double micros(const TraceDump& dump, std::uint64_t ns) {
 }
 
 // Slices open at the same time on one track each get a lane: lane 0 is the
-// track's own tid, lane k (k >= 1) tid 100 * track + k, "<track> #<k+1>".
+// track's own tid, each further lane a tid of its own, "<track> #<k+1>".
 // A fence runs on its queue's track: the copy and compute queues' own, and
-// a track per consumer queue (tid kConsumerTracks + k for the k-th seen).
-constexpr std::uint64_t kConsumerTracks = 10000;
+// a track per consumer queue. Consumer queues and further lanes take tids
+// from one count, from kFirstSharedTid up, in the order first seen: no two
+// ever share one, however many there are.
+constexpr std::uint64_t kFirstSharedTid = 10000;
 struct Lanes {
-  std::map<std::uint64_t, std::vector<bool>> busy;  // by track, by lane
+  struct Track {
+    std::vector<bool> busy;           // by lane
+    std::vector<std::uint64_t> tids;  // by lane
+  };
+  std::map<std::uint64_t, Track> tracks;
+  std::uint64_t& next_tid;
   struct Key {
     std::uint64_t track;
     bool fence;  // a fence and a launch on the compute track may share a key (the launch ends at its fence)
@@ -297,28 +322,30 @@ struct Lanes {
   };
   std::map<Key, std::vector<std::size_t>> open;  // a key may be open more than once (views of one allocation)
 
-  static std::uint64_t tid(std::uint64_t track, std::size_t lane) { return lane == 0 ? track : 100u * track + lane; }
-
-  std::size_t begin(const Key& key) {
-    auto& lanes = busy[key.track];
-    auto free = std::find(lanes.begin(), lanes.end(), false);
-    const auto lane = static_cast<std::size_t>(free - lanes.begin());
-    if (free == lanes.end())
-      lanes.push_back(true);
-    else
+  // The tid of the lane a slice `key` begins on.
+  std::uint64_t begin(const Key& key) {
+    auto& track = tracks[key.track];
+    auto free = std::find(track.busy.begin(), track.busy.end(), false);
+    const auto lane = static_cast<std::size_t>(free - track.busy.begin());
+    if (free == track.busy.end()) {
+      track.busy.push_back(true);
+      track.tids.push_back(lane == 0 ? key.track : next_tid++);
+    } else {
       *free = true;
+    }
     open[key].push_back(lane);
-    return lane;
+    return track.tids[lane];
   }
-  // The lane of the slice `key` ends, or nothing when its begin was dropped.
-  std::optional<std::size_t> end(const Key& key) {
+  // The tid of the lane the slice `key` ends on, or nothing when its begin was dropped.
+  std::optional<std::uint64_t> end(const Key& key) {
     auto it = open.find(key);
     if (it == open.end()) return std::nullopt;
     const auto lane = it->second.back();
     it->second.pop_back();
     if (it->second.empty()) open.erase(it);
-    busy[key.track][lane] = false;
-    return lane;
+    auto& track = tracks[key.track];
+    track.busy[lane] = false;
+    return track.tids[lane];
   }
 };
 
@@ -374,7 +401,8 @@ std::string trace_json(const TraceDump& dump) {
     fmt::format_to(out, ",\n{{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":1,\"tid\":{},\"args\":{{\"name\":\"{}\"}}}}",
                    track, kTrackNames[track]);
 
-  Lanes lanes;
+  std::uint64_t next_tid = kFirstSharedTid;
+  Lanes lanes{{}, next_tid, {}};
   std::map<std::uint64_t, std::uint64_t> consumers;  // a consumer queue's track, by its handle
   // A fence's track: its queue's (a consumer queue's named when first seen).
   auto fence_track = [&](const TraceRecord& r) -> std::uint64_t {
@@ -384,12 +412,14 @@ std::string trace_json(const TraceDump& dump) {
       case Queue::Compute: return static_cast<std::uint64_t>(TraceTrack::Compute);
       case Queue::Consumer: break;
     }
-    const auto [it, added] = consumers.try_emplace(r.consumer, kConsumerTracks + consumers.size());
-    if (added)
+    const auto [it, added] = consumers.try_emplace(r.consumer, next_tid);
+    if (added) {
+      ++next_tid;
       fmt::format_to(out,
                      ",\n{{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":1,\"tid\":{},\"args\":{{\"name\":"
                      "\"consumer {}\"}}}}",
                      it->second, r.consumer);
+    }
     return it->second;
   };
   auto track_name = [&](std::uint64_t track) -> std::string {
@@ -410,10 +440,10 @@ std::string trace_json(const TraceDump& dump) {
     // A whole slice pairs by its sequence number, with the top bit no event id or fence token has.
     const Lanes::Key key{track, fence, r.generation, whole ? (1ull << 63) | (first_sequence + index) : r.slice};
     if (whole_begin || is_begin(r.kind)) {
-      const auto lane = lanes.begin(key);
+      const auto tid = lanes.begin(key);
       // As few format calls as there can be: they are most of a dump's time.
       fmt::format_to(out, ",\n{{\"ph\":\"B\",\"name\":\"{}\",\"cat\":\"{}\",\"pid\":1,\"tid\":{},\"ts\":{:.3f},\"args\":{{",
-                     slice_name(track, fence), slice_category(track, fence), Lanes::tid(track, lane), ts);
+                     slice_name(track, fence), slice_category(track, fence), tid, ts);
       if (r.kind == TraceKind::CopyBegin)
         fmt::format_to(out, "\"event\":\"{}:{}:{}\",", dump.domain, r.generation, r.slice);
       else if (whole && r.track != TraceTrack::Compute)  // no copy event: a sync copy, or a side of a peer copy
@@ -431,8 +461,8 @@ std::string trace_json(const TraceDump& dump) {
       text.append("}}");
       if (whole_begin) continue;  // the record's own item ends it
     } else if (whole || is_end(r.kind)) {
-      const auto lane = lanes.end(key);
-      if (!lane) continue;  // its begin was overwritten in the ring
+      const auto tid = lanes.end(key);
+      if (!tid) continue;  // its begin was overwritten in the ring
       const char* status = r.kind == TraceKind::CopyFailed || r.kind == TraceKind::WholeSliceFailed ||
                                    r.kind == TraceKind::InPlaceWriteFailed
                                ? "failed"
@@ -442,7 +472,7 @@ std::string trace_json(const TraceDump& dump) {
       fmt::format_to(out,
                      ",\n{{\"ph\":\"E\",\"name\":\"{}\",\"cat\":\"{}\",\"pid\":1,\"tid\":{},\"ts\":{:.3f},\"args\":{{"
                      "\"status\":\"{}\",\"seq\":{}}}}}",
-                     slice_name(track, fence), slice_category(track, fence), Lanes::tid(track, *lane), ts, status,
+                     slice_name(track, fence), slice_category(track, fence), *tid, ts, status,
                      first_sequence + index);
     } else {
       const auto& info = kInstants[static_cast<std::size_t>(r.kind)];
@@ -480,12 +510,12 @@ std::string trace_json(const TraceDump& dump) {
                      ",\n{{\"ph\":\"E\",\"name\":\"{}\",\"cat\":\"{}\",\"pid\":1,\"tid\":{},\"ts\":{:.3f},"
                      "\"args\":{{\"status\":\"open\"}}}}",
                      slice_name(key.track, key.fence), slice_category(key.track, key.fence),
-                     Lanes::tid(key.track, lane), end_ts);
-  for (const auto& [track, busy] : lanes.busy)
-    for (std::size_t lane = 1; lane < busy.size(); ++lane)
+                     lanes.tracks[key.track].tids[lane], end_ts);
+  for (const auto& [track, lanes_of_track] : lanes.tracks)
+    for (std::size_t lane = 1; lane < lanes_of_track.tids.size(); ++lane)
       fmt::format_to(out,
                      ",\n{{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":1,\"tid\":{},\"args\":{{\"name\":\"{} #{}\"}}}}",
-                     Lanes::tid(track, lane), track_name(track), lane + 1);
+                     lanes_of_track.tids[lane], track_name(track), lane + 1);
   fmt::format_to(out, "\n]}}\n");
   return text;
 }
@@ -497,22 +527,42 @@ std::string json_escaped(std::string_view text) {
 }
 
 void write_file_atomically(const std::string& path, std::string_view text) {
-  const std::string temporary = fmt::format("{}.tmp.{}", path, ::getpid());
-  {
-    std::ofstream file(temporary, std::ios::binary | std::ios::trunc);
-    if (!file) fail(ErrorKind::Unavailable, "cannot write {}: opening {} failed", path, temporary);
-    file.write(text.data(), static_cast<std::streamsize>(text.size()));
-    file.flush();
-    if (!file) {
-      std::remove(temporary.c_str());
-      fail(ErrorKind::Unavailable, "cannot write {}: writing {} failed", path, temporary);
+  // A name of its own (the process and a count: O_EXCL refuses any other
+  // file's), beside the file: two dumps to one path at once each rename a
+  // whole file, and the last one wins. Created as open(2) creates files,
+  // with the caller's umask.
+  static std::atomic<std::uint64_t> dumps{0};
+  std::string temporary;
+  int fd = -1;
+  for (int attempt = 0; fd < 0; ++attempt) {
+    temporary = fmt::format("{}.tmp.{}.{}", path, ::getpid(), dumps.fetch_add(1, std::memory_order_relaxed));
+    fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0 && (errno != EEXIST || attempt == 100)) {
+      const int error = errno;
+      fail(ErrorKind::Unavailable, "cannot write {}: creating {} failed: {}", path, temporary, std::strerror(error));
     }
   }
-  std::error_code error;
-  std::filesystem::rename(temporary, path, error);
-  if (error) {
+  const auto give_up = [&](const char* doing, int error) {
+    ::close(fd);
     std::remove(temporary.c_str());
-    fail(ErrorKind::Unavailable, "cannot write {}: renaming {} failed: {}", path, temporary, error.message());
+    fail(ErrorKind::Unavailable, "cannot write {}: {} {} failed: {}", path, doing, temporary, std::strerror(error));
+  };
+  for (std::size_t written = 0; written < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) give_up("writing", n < 0 ? errno : EIO);
+    written += static_cast<std::size_t>(n);
+  }
+  if (::close(fd) != 0) {
+    const int error = errno;
+    std::remove(temporary.c_str());
+    fail(ErrorKind::Unavailable, "cannot write {}: closing {} failed: {}", path, temporary, std::strerror(error));
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    std::remove(temporary.c_str());
+    fail(ErrorKind::Unavailable, "cannot write {}: renaming {} over it failed: {}", path, temporary,
+         std::strerror(error));
   }
 }
 

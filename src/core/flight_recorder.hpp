@@ -191,6 +191,10 @@ class FlightRecorder {
  public:
   // Refuses 0 and sizes past kMaxRecordedEvents (InvalidRange).
   static void check_max_events(std::size_t max_events);
+  // check_max_events, and an oom_dump_dir that is not a directory this
+  // process can write in (Unavailable): said when recording starts, not at
+  // the first out-of-memory.
+  static void check_options(const RecordOptions& options);
 
   explicit FlightRecorder(const RecordOptions& options);
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <string>
 #include <unistd.h>
@@ -128,11 +129,15 @@ TEST_P(RecorderConformance, CopiesAndLaunchesAreSlicesOnTheirTracks) {
 std::vector<std::string> in_place_slices(Bridge& b, const std::string& track, int track_id) {
   const auto trace = json::parse(b.trace_json());
   expect_valid_trace(trace);
+  std::map<int, std::string> thread_names;
+  for (const auto& e : trace["traceEvents"])
+    if (e["ph"] == "M" && e["name"] == "thread_name") thread_names[e["tid"].get<int>()] = e["args"]["name"];
   std::vector<std::string> seen;
   for (const auto& e : trace["traceEvents"]) {
     if (e["name"] != track) continue;
     const int tid = e["tid"];
-    EXPECT_TRUE(tid == track_id || tid / 100 == track_id) << e.dump() << ": the " << track << " track or a lane";
+    EXPECT_TRUE(tid == track_id || thread_names[tid].rfind(track + " #", 0) == 0)
+        << e.dump() << ": the " << track << " track or a lane of it";
     seen.push_back(e["ph"] == "B" ? "B " + e["args"]["event"].get<std::string>() + " " +
                                         std::to_string(e["args"]["offset"].get<std::uint64_t>())
                                   : "E " + e["args"]["status"].get<std::string>());

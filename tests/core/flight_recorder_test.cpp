@@ -117,13 +117,13 @@ TEST(FlightRecorder, OverlappingSlicesGetLanesAndEveryBeginHasItsEnd) {
   bool lane_named = false;
   for (const auto& event : trace["traceEvents"]) {
     if (event["ph"] == "B" || event["ph"] == "E") slices.emplace_back(event["ph"], event["tid"]);
-    if (event["ph"] == "M" && event["name"] == "thread_name" && event["tid"] == 201) {
+    if (event["ph"] == "M" && event["name"] == "thread_name" && event["tid"] == 10000) {
       lane_named = event["args"]["name"] == "copy up #2";
     }
     if (event["ph"] == "C") EXPECT_EQ(event["args"]["reserved"], 200);
   }
   const std::vector<std::pair<std::string, std::uint64_t>> expected{
-      {"B", 2}, {"B", 201}, {"E", 2}, {"E", 201}, {"B", 6}, {"E", 6}};
+      {"B", 2}, {"B", 10000}, {"E", 2}, {"E", 10000}, {"B", 6}, {"E", 6}};  // lanes from 10000 up
   EXPECT_EQ(slices, expected);
   EXPECT_TRUE(lane_named);
   const auto& events = trace["traceEvents"];
@@ -191,6 +191,8 @@ TEST_F(RecordedBridge, OutOfMemoryDumpsTheTraceWhereAskedAndNamesTheFile) {
   ASSERT_NE(at, std::string::npos) << message;
   const std::filesystem::path path = message.substr(at + std::string("the flight recorder's trace is in ").size());
   EXPECT_EQ(path.parent_path(), directory);
+  EXPECT_EQ(path.filename().string().rfind("devbridge-oom-" + std::to_string(::getpid()) + "-", 0), 0u)
+      << path << ": named by the process too (domains restart at 1 in every process)";
   std::ifstream file(path);
   ASSERT_TRUE(file) << path;
   const auto trace = json::parse(file);
@@ -201,6 +203,25 @@ TEST_F(RecordedBridge, OutOfMemoryDumpsTheTraceWhereAskedAndNamesTheFile) {
   view.reset();
   bridge->free_device(held);
   std::filesystem::remove_all(directory);
+}
+
+TEST_F(RecordedBridge, AnOomDumpDirectoryItCannotWriteInIsRefusedWhenRecordingStarts) {
+  make(16384);
+  const auto missing = std::filesystem::temp_directory_path() / ("devbridge-no-such-dir-" + std::to_string(::getpid()));
+  const auto file = std::filesystem::temp_directory_path() / ("devbridge-a-file-" + std::to_string(::getpid()));
+  std::ofstream(file) << "x";
+  for (const auto& directory : {missing, file}) {
+    try {
+      bridge->record(RecordOptions{.max_events = 10, .oom_dump_dir = directory.string()});
+      ADD_FAILURE() << directory << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::Unavailable);
+      EXPECT_NE(std::string(e.what()).find(directory.string()), std::string::npos) << e.what();
+    }
+  }
+  std::filesystem::remove(file);
+  bridge->free_device(bridge->alloc_device(kBytes, 4096));
+  EXPECT_EQ(bridge->trace_json().find("\"allocate\""), std::string::npos) << "recording did not start";
 }
 
 TEST_F(RecordedBridge, TheSnapshotShowsBlocksTheirHoldersAndTheirEvents) {

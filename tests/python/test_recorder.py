@@ -5,6 +5,7 @@ never RuntimeError)."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 
 import numpy as np
@@ -215,3 +216,103 @@ def test_the_torch_layout_is_read_by_pytorchs_memory_viz(tmp_path):
 def test_the_snapshot_layout_is_checked(fake_bridge, layout, error):
     with pytest.raises(error, match="layout"):
         fake_bridge.memory_snapshot(layout=layout)
+
+
+def test_stacks_keep_file_names_utf8_cannot_hold_or_that_break_lines(fake_bridge):
+    """A script run from a directory whose name is not UTF-8 (os.fsdecode gives lone surrogates) or with a line
+    break in its name: each frame stays one line, the bytes escaped, and nothing crashes."""
+    fake_bridge.record(max_events=100, stacks=True)
+    names = ["caf\udce9/run.py", "two\nlines\u2028.py"]
+    for name in names:
+        exec(compile("b.free(b.alloc(F32, 4096))", name, "exec"), {"b": fake_bridge, "F32": F32})
+    stacks = [e["args"]["stack"] for e in instants(fake_bridge.trace(), "allocate")]
+    assert len(stacks) == 2
+    assert stacks[0].split("\n")[0] == "caf\\udce9/run.py:1 <module>", stacks[0]
+    assert stacks[1].split("\n")[0] == "two\\nlines\u2028.py:1 <module>", stacks[1]
+    history = fake_bridge.memory_snapshot(layout="torch")["device_traces"][0]
+    assert [frame["filename"] for frame in history[0]["frames"][:1]] == ["caf\\udce9/run.py"]
+    assert [frame["filename"] for frame in history[3]["frames"][:1]] == ["two\\nlines\u2028.py"]
+
+
+def test_dump_trace_writes_any_file_name_and_refuses_an_empty_one(fake_bridge, tmp_path):
+    name = tmp_path / "tr\udcff.json"  # the bytes b"tr\xff.json", as os.listdir would give them
+    fake_bridge.dump_trace(name)
+    assert b"tr\xff.json" in os.listdir(bytes(tmp_path))
+    with pytest.raises(ValueError, match="empty"):
+        fake_bridge.dump_trace("")
+
+
+def test_dumps_to_one_path_at_once_each_write_a_whole_file(fake_bridge, tmp_path):
+    import threading
+    fake_bridge.record(max_events=1000)
+    for _ in range(100):
+        fake_bridge.free(fake_bridge.alloc(F32, 4096))
+    path = tmp_path / "race.json"
+    errors = []
+
+    def dump():
+        try:
+            for _ in range(20):
+                fake_bridge.dump_trace(path)
+        except Exception as error:  # noqa: BLE001 - collected for the assertion
+            errors.append(error)
+
+    threads = [threading.Thread(target=dump) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    check_trace(json.loads(path.read_text()))
+    assert [p.name for p in tmp_path.iterdir()] == ["race.json"], "no temporary file left"
+
+
+def test_an_oom_dump_dir_that_cannot_take_the_dump_is_refused_when_recording_starts(fake_bridge, tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for directory in (tmp_path / "missing", a_file):
+        with pytest.raises(devbridge.Unavailable, match=str(directory)):
+            fake_bridge.record(oom_dump_dir=directory)
+    fake_bridge.free(fake_bridge.alloc(F32, 4096))
+    assert not instants(fake_bridge.trace(), "allocate"), "recording did not start"
+
+
+def test_the_torch_layout_leaves_out_the_ends_of_allocations_made_before_recording(fake_bridge):
+    """PyTorch's viewer adds each free to nothing it knows: an end without its start would count below zero."""
+    before = fake_bridge.alloc(F32, 4096)
+    fake_bridge.record(max_events=100)
+    fake_bridge.free(before)
+    during = fake_bridge.alloc(F32, 8192)
+    fake_bridge.free(during)
+    history = fake_bridge.memory_snapshot(layout="torch")["device_traces"][0]
+    assert [(e["action"], e["size"]) for e in history] == [
+        ("alloc", 8192), ("free_requested", 8192), ("free_completed", 8192)]
+
+
+def test_hundreds_of_slices_open_at_once_each_get_a_lane_of_their_own(fake_bridge):
+    """150 uploads in flight on the copy-up track and 3 downloads on copy-down: every lane a tid no other lane or
+    track has, named once, and every end on its begin's tid."""
+    b = fake_bridge
+    b.fake.set_auto_complete(False)
+    b.record(max_events=10000)
+    spec = devbridge.ObjectSpec(max_extent=1 << 20, alignment=256, dtype="bytes")
+    up, down = b.alloc(spec, 1 << 20), b.alloc(spec, 1 << 20)
+    events = [b.host_to_device(b.ring.reserve(256), up, offset=256 * i) for i in range(150)]
+    events += [b.device_to_host(down, b.ring.reserve(256), offset=256 * i) for i in range(3)]
+    b.fake.complete_all()
+    for event in events:
+        b.wait(event)
+    trace = b.trace()
+    check_trace(trace)
+    names: dict[int, list[str]] = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] == "M" and e["name"] == "thread_name":
+            names.setdefault(e["tid"], []).append(e["args"]["name"])
+    assert all(len(n) == 1 for n in names.values()), {t: n for t, n in names.items() if len(n) > 1}
+    lanes = sorted(n[0] for n in names.values())
+    assert sum(name.startswith("copy up") for name in lanes) == 150
+    assert sum(name.startswith("copy down") for name in lanes) == 3
+    by_tid = {t: n[0] for t, n in names.items()}
+    for e in trace["traceEvents"]:
+        if e["ph"] in "BE":
+            assert by_tid[e["tid"]].startswith(e["name"]), (e, by_tid[e["tid"]])

@@ -202,18 +202,23 @@ def replay(cli, work):
     # Absurd sizes, a live handle allocated again, a double free: each named by
     # its event, in the trace's order, and nothing crashes.
     absurd = run(cli, "trace", "replay", "absurd_sizes.trace.json").stdout.splitlines()
-    assert absurd[2].endswith("1, first event 3 (8192.00 PiB of 1:1:4)"), absurd[2]
-    assert [line.split(":", 2)[1] for line in absurd[5:]] == [" event 0", " event 1", " event 2", " event 6",
-                                                              " event 8"], absurd
-    assert absurd[5].startswith("skipped: event 0: allocate of 1:1:1 (18446744073709551615 bytes) refused: "
-                                "InvalidExtent"), absurd[5]
-    assert absurd[8:] == ["skipped: event 6: allocate of 1:1:5, which is live",
+    # 2**64 - 1 bytes (odd: aligned to 1) and 2**63 are more than any device holds.
+    assert absurd[2].endswith("2, first event 0 (16384.00 PiB of 1:1:1)"), absurd[2]
+    assert [line.split(":", 2)[1] for line in absurd[5:]] == [" event 1", " event 2", " event 6", " event 8"], absurd
+    assert absurd[5] == "skipped: event 1: allocate of 1:1:2 without a size in bytes", absurd[5]
+    assert absurd[7:] == ["skipped: event 6: allocate of 1:1:5, which is live",
                           "skipped: event 8: free of 1:1:5, not allocated in the replay"], absurd
     # A device too small for the 3 MiB tensor: every policy runs out, named.
     small = json.loads(run(cli, "trace", "replay", "pool_reuse.trace.json", "--device-memory", "2MiB",
                            "--json", "-").stdout)
     for policy in small["policies"]:
         assert policy["out_of_memory"] == 1 and "event 16" in policy["first_out_of_memory"], policy
+    # Sizes 256 does not divide (a stream of 100-byte chunks) replay as they were, not skipped.
+    odd_trace = os.path.join(work, "small-chunks.trace.json")
+    run(cli, "stream", "--backend", "host", "--bytes", "4000", "--chunk", "100", "-q", "--trace", odd_trace)
+    small_chunks = json.loads(run(cli, "trace", "replay", odd_trace, "--json", "-").stdout)
+    assert not small_chunks["skipped"], small_chunks["skipped"]
+    assert all(p["peak_allocated_bytes"] > 0 for p in small_chunks["policies"]), small_chunks
     # A real trace replays too, with the pool the stream ran with.
     trace = stream_trace(cli, work)
     real = json.loads(run(cli, "trace", "replay", trace, "--json", "-").stdout)
@@ -235,8 +240,52 @@ def refusals(cli, work):
                                       "traceEvents": []}), "version 99")
     refused("no-events.json", json.dumps({"otherData": {"format": "devbridge-trace", "version": 1}}),
             "no traceEvents")
+    header = '{"otherData": {"format": "devbridge-trace", "version": 1}, "traceEvents": '
+    # Nesting the page's writer would recurse through: refused, not a crash.
+    refused("deep.json", header + "[" * 100000 + "]" * 100000 + "}", "nests deeper than 64 levels")
+    refused("deep-args.json", header + '[{"ph": "i", "ts": 1, "args": ' + '{"a": ' * 100000 + "1" + "}" * 100001 +
+            "]}", "nests deeper than 64 levels")
+    refused("huge-number.json", header + '[{"ph": "i", "ts": 1' + "0" * 400 + "}]}", "is not JSON")
+    # Events of the wrong shape, named by their index (the page would read them as it draws).
+    for name, event, words in [("not-object", "5", "event 1 is not an object"),
+                               ("no-ph", '{"ts": 1}', 'event 1 has no "ph" string'),
+                               ("ph-number", '{"ph": 5, "ts": 1}', 'event 1 has no "ph" string'),
+                               ("name-number", '{"ph": "B", "name": 3, "ts": 1}', '"name" that is not a string'),
+                               ("ts-string", '{"ph": "i", "ts": "1"}', '"ts" that is not a number'),
+                               ("no-ts", '{"ph": "i"}', 'event 1 has no "ts"'),
+                               ("args-list", '{"ph": "i", "ts": 1, "args": []}', '"args" that are not an object'),
+                               ("thread-name", '{"ph": "M", "name": "thread_name", "tid": 7}', "args.name"),
+                               ("counter", '{"ph": "C", "name": "memory", "ts": 1, "args": {"allocated": "x"}}',
+                                '"allocated" is not a number')]:
+        refused(name + ".json", header + '[{"ph": "M", "name": "process_name", "args": {"name": "x"}}, ' + event +
+                "]}", words)
+    for command in (["trace", "replay", work], ["trace", "view", work, "-o", os.path.join(work, "x.html")]):
+        done = run(cli, *command, expect=1)
+        assert work in done.stderr and "is a directory" in done.stderr, done.stderr
     done = run(cli, "trace", "replay", os.path.join(work, "absent.json"), expect=1)
-    assert "cannot be opened" in done.stderr, done.stderr
+    assert "cannot be opened: No such file or directory" in done.stderr, done.stderr
+    # Files the commands write, checked before anything runs (usage errors, exit 2), naming the reason.
+    missing = os.path.join(work, "no-such-dir", "out")
+    trace = os.path.join(work, "small.trace.json")
+    with open(trace, "w") as f:
+        f.write(header + "[]}")
+    done = run(cli, "trace", "view", trace, "-o", missing + ".html", expect=2)
+    assert "-o: cannot write" in done.stderr and "No such file or directory" in done.stderr, done.stderr
+    for target in (missing + ".json", work, "-"):
+        done = run(cli, "stream", "--backend", "fake", "--bytes", "64KiB", "--chunk", "4KiB", "-q", "--trace", target,
+                   expect=2)
+        assert "--trace: cannot write" in done.stderr and "chunks" not in done.stdout, (done.stdout, done.stderr)
+    done = run(cli, "trace", "replay", trace, "--device-memory", "60KiB", expect=2)
+    assert "--device-memory: 60.00 KiB is less than" in done.stderr, done.stderr
+    # A report naming a file whose name is not UTF-8 is written, the bytes replaced.
+    odd = os.fsdecode(os.path.join(os.fsencode(work), b"tr\xff.json"))
+    with open(odd, "w") as f:
+        f.write(header + "[]}")
+    report = os.path.join(work, "report.json")
+    done = subprocess.run([cli, "trace", "replay", odd, "--json", report], capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    with open(report) as f:
+        assert json.load(f)["path"].endswith("tr\ufffd.json")
     done = run(cli, "trace", "frobnicate", expect=2)
     assert "trace commands: view, replay" in done.stderr, done.stderr
 

@@ -37,6 +37,7 @@
 #include "info.hpp"
 #include "progress.hpp"
 #include "report.hpp"
+#include "output_file.hpp"
 #include "sizes.hpp"
 #include "stream.hpp"
 #include "trace.hpp"
@@ -152,7 +153,8 @@ class JsonSink {
   // the path then keeps what it held before.
   bool write(const nlohmann::json& document) {
     if (file_ == nullptr) return true;
-    const std::string text = document.dump(2) + "\n";
+    // Paths and messages may hold bytes that are not UTF-8 (a file name): written replaced, not lost.
+  const std::string text = document.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     bool ok = std::fwrite(text.data(), 1, text.size(), file_) == text.size() && std::fflush(file_) == 0;
     if (ok && !temp_.empty()) {
       ok = ::fsync(::fileno(file_)) == 0;
@@ -305,12 +307,13 @@ int run_checkpoint_inspect_command(const std::string& path, const std::optional<
 }
 
 int run_trace_view_command(const std::string& path, const std::string& page_path) {
+  devbridge::cli::check_output_file("-o", page_path);
   const std::string page = devbridge::cli::trace_page(devbridge::cli::load_trace(path));
   std::ofstream out(page_path, std::ios::binary | std::ios::trunc);
   out << page;
   out.close();
   if (!out) {
-    fmt::print(stderr, "devbridge trace view: cannot write {}\n", page_path);
+    fmt::print(stderr, "devbridge trace view: cannot write {}: {}\n", page_path, std::strerror(errno));
     return kExitFailure;
   }
   fmt::print("{}: {} bytes, open it in a browser\n", page_path, page.size());
@@ -320,6 +323,12 @@ int run_trace_view_command(const std::string& path, const std::string& page_path
 int run_trace_replay_command(const std::string& path, const std::string& device_memory,
                              const std::vector<std::string>& pool_caps, const std::optional<std::string>& json_path) {
   const std::uint64_t memory = devbridge::cli::parse_size("--device-memory", device_memory);
+  // The fake refuses a host block larger than its memory, and the replay's
+  // bridge has a 64 KiB ring (host memory, not counted as device memory).
+  if (memory < devbridge::cli::kReplayRingBytes)
+    throw UsageError(fmt::format("--device-memory: {} is less than the smallest device a replay runs on ({})",
+                                 devbridge::cli::format_bytes(memory),
+                                 devbridge::cli::format_bytes(devbridge::cli::kReplayRingBytes)));
   std::vector<std::uint64_t> caps;
   for (const auto& cap : pool_caps) caps.push_back(devbridge::cli::parse_size("--pool-cap", cap));
   JsonSink json(json_path);

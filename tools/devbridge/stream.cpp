@@ -22,6 +22,7 @@
 #include "devbridge/consumer_names.hpp"
 #include "devbridge/error.hpp"
 #include "devbridge/transfer.hpp"
+#include "output_file.hpp"
 #include "pattern.hpp"
 #include "progress.hpp"
 #include "sizes.hpp"
@@ -671,6 +672,7 @@ StreamPlan plan_stream(const StreamArgs& args) {
   }
   if (args.trace) {
     if (args.trace->empty()) throw UsageError("--trace: give the file to write the trace to");
+    check_output_file("--trace", *args.trace);
     plan.trace_path = *args.trace;
   }
   return plan;

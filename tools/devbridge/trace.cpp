@@ -2,8 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
+#include <iterator>
 #include <string_view>
+
+#include <sys/stat.h>
 
 namespace devbridge::cli {
 
@@ -11,20 +16,61 @@ namespace {
 
 constexpr std::string_view kFormat = "devbridge-trace";
 constexpr int kNewestVersion = 1;
+// A trace nests four levels (the file, traceEvents, an event, its args);
+// the page writes the data back out by recursion, so a deeper file is refused.
+constexpr int kMaxDepth = 64;
 
 [[noreturn]] void refuse(const std::string& path, const std::string& why) {
   throw TraceFileError(fmt::format("{}: {}", path, why));
 }
 
+std::string read_whole(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) refuse(path, fmt::format("cannot be opened: {}", std::strerror(errno)));
+  if (S_ISDIR(st.st_mode)) refuse(path, "is a directory, not a trace file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) refuse(path, fmt::format("cannot be opened: {}", std::strerror(errno)));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) refuse(path, fmt::format("cannot be read: {}", std::strerror(errno)));
+  return text;
+}
+
+// What the page and the replay read of an event, checked once here so that
+// neither meets a value of the wrong type: "" when `e` is fine.
+std::string event_problem(const nlohmann::json& e) {
+  if (!e.is_object()) return "is not an object";
+  const auto ph = e.find("ph");
+  if (ph == e.end() || !ph->is_string()) return "has no \"ph\" string";
+  for (const char* key : {"name", "cat"})
+    if (const auto it = e.find(key); it != e.end() && !it->is_string()) return fmt::format("has a \"{}\" that is not a string", key);
+  for (const char* key : {"ts", "pid", "tid"})
+    if (const auto it = e.find(key); it != e.end() && !it->is_number()) return fmt::format("has a \"{}\" that is not a number", key);
+  const auto args = e.find("args");
+  if (args != e.end() && !args->is_object()) return "has \"args\" that are not an object";
+  const std::string& phase = ph->get_ref<const std::string&>();
+  if (phase != "M" && e.find("ts") == e.end()) return "has no \"ts\"";
+  if (phase == "M" && e.value("name", std::string()) == "thread_name" &&
+      (args == e.end() || !args->contains("name") || !(*args)["name"].is_string()))
+    return "is a thread_name without an args.name string";
+  if (phase == "C" && args != e.end())
+    for (const auto& [key, value] : args->items())
+      if (!value.is_number()) return fmt::format("is a counter whose \"{}\" is not a number", key);
+  return {};
+}
+
 }  // namespace
 
 nlohmann::json load_trace(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) refuse(path, "cannot be opened");
+  const std::string text = read_whole(path);
   nlohmann::json trace;
   try {
-    trace = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
+    trace = nlohmann::json::parse(text, [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json&) {
+      if ((event == nlohmann::json::parse_event_t::object_start || event == nlohmann::json::parse_event_t::array_start) &&
+          depth >= kMaxDepth)
+        refuse(path, fmt::format("nests deeper than {} levels; a devbridge trace nests 4", kMaxDepth));
+      return true;
+    });
+  } catch (const nlohmann::json::exception& e) {
     refuse(path, fmt::format("is not JSON ({})", e.what()));
   }
   const auto other = trace.is_object() ? trace.find("otherData") : trace.end();
@@ -33,13 +79,17 @@ nlohmann::json load_trace(const std::string& path) {
     refuse(path, fmt::format("is not a devbridge trace (no otherData.format \"{}\"; devbridge record / dump_trace "
                              "writes one)",
                              kFormat));
-  const auto& version = (*other)["version"];
-  if (!version.is_number_integer() || version.get<std::int64_t>() < 1)
+  const auto version = other->find("version");
+  if (version == other->end() || !version->is_number_integer() || version->get<std::int64_t>() < 1)
     refuse(path, "has no valid otherData.version");
-  if (version.get<std::int64_t>() > kNewestVersion)
+  if (version->get<std::int64_t>() > kNewestVersion)
     refuse(path, fmt::format("is a version {} trace; this devbridge reads version {} and older",
-                             version.get<std::int64_t>(), kNewestVersion));
+                             version->get<std::int64_t>(), kNewestVersion));
   if (!trace.contains("traceEvents") || !trace["traceEvents"].is_array()) refuse(path, "has no traceEvents array");
+  const auto& events = trace["traceEvents"];
+  for (std::size_t i = 0; i < events.size(); ++i)
+    if (const auto problem = event_problem(events[i]); !problem.empty())
+      refuse(path, fmt::format("event {} {}", i, problem));
   return trace;
 }
 

@@ -65,7 +65,7 @@ struct Policy {
 ReplayResult replay_one(const std::vector<MemoryOp>& ops, const Policy& policy, std::uint64_t device_memory,
                         std::vector<SkippedEvent>* skipped) {
   BridgeOptions options;
-  options.ring_bytes = 1u << 16;
+  options.ring_bytes = kReplayRingBytes;
   options.caching_pool = policy.pool;
   options.pool_cap_bytes = policy.cap;
   Bridge bridge(make_backend("fake", {{"memory_bytes", std::to_string(device_memory)}}), options);
@@ -80,8 +80,11 @@ ReplayResult replay_one(const std::vector<MemoryOp>& ops, const Policy& policy, 
         continue;
       }
       try {
-        // A trace does not record alignments; 256 is what restore and most tensors use.
-        const ObjectSpec spec{op.bytes, 256, std::nullopt, ShapeKind::Vector};
+        // A trace does not record alignments: 256 (what restore and most
+        // tensors use), or the largest power of two that divides a size 256
+        // does not (an extent is a multiple of its alignment).
+        const std::uint64_t alignment = std::min<std::uint64_t>(256, op.bytes & (~op.bytes + 1));
+        const ObjectSpec spec{op.bytes, alignment, std::nullopt, ShapeKind::Vector};
         live.emplace(op.handle, bridge.alloc_device(spec, op.bytes));
       } catch (const Error& e) {
         if (e.kind() != ErrorKind::AllocationFailed) {

@@ -11,6 +11,10 @@
 
 namespace devbridge::cli {
 
+// The host ring of the replay's bridge; --device-memory is at least this
+// (the fake refuses a host block larger than its memory).
+inline constexpr std::uint64_t kReplayRingBytes = 64 * 1024;
+
 // One policy's replay.
 struct ReplayResult {
   std::string policy;

@@ -1,0 +1,37 @@
+#include "output_file.hpp"
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "sizes.hpp"
+
+namespace devbridge::cli {
+
+void check_output_file(std::string_view option, const std::string& path) {
+  const auto refuse = [&](const std::string& why) {
+    throw UsageError(fmt::format("{}: cannot write '{}': {}", option, path, why));
+  };
+  if (path.empty()) throw UsageError(fmt::format("{}: give the file to write", option));
+  if (path == "-") refuse("this option writes a file, not stdout");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) refuse(std::strerror(EISDIR));
+    if (::access(path.c_str(), W_OK) != 0) refuse(std::strerror(errno));
+  } else if (errno != ENOENT) {
+    refuse(std::strerror(errno));
+  }
+  // The file is written beside itself and renamed over: its directory must take a new file.
+  const std::filesystem::path name(path);
+  const std::string directory = name.has_parent_path() ? name.parent_path().string() : std::string(".");
+  if (::stat(directory.c_str(), &st) != 0) refuse(fmt::format("{}: {}", directory, std::strerror(errno)));
+  if (!S_ISDIR(st.st_mode)) refuse(fmt::format("{}: {}", directory, std::strerror(ENOTDIR)));
+  if (::access(directory.c_str(), W_OK | X_OK) != 0) refuse(fmt::format("{}: {}", directory, std::strerror(errno)));
+}
+
+}  // namespace devbridge::cli
