@@ -180,7 +180,10 @@ struct TransferOptions {
   // neighbour stalls. The bridge wakes the wait as ranges are released and
   // copies end. 0 (the default): refuse at once. Negative is refused with
   // InvalidRange; nanoseconds::max() waits until there is room (or the
-  // bridge closes).
+  // bridge closes). Room that another transfer on the same bridge holds
+  // (another planner call's chunks in flight, any thread) comes back as its
+  // copies end: that is waited for at least 60 s whatever this says, so
+  // concurrent transfers share the ring instead of failing.
   std::chrono::nanoseconds wait_for_room{0};
 };
 

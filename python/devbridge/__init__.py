@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from . import _devbridge as _ext
 from ._devbridge import (
+    MAX_RANK,
     CopyEvent,
     CopyLayout,
     DeviceHandle,
@@ -85,6 +86,7 @@ if [cls.kind for cls in _ERROR_CLASSES] != list(_ext._error_kinds()):
 _ext._register_errors(list(_ERROR_CLASSES))
 
 __all__ = [
+    "MAX_RANK",
     "Bridge",
     "CopyEvent",
     "CopyLayout",

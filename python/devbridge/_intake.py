@@ -112,6 +112,17 @@ class _DLTensor(ctypes.Structure):
                 ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
 
 
+class _DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+class _DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [("version", _DLPackVersion), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p),
+                ("flags", ctypes.c_uint64), ("dl_tensor", _DLTensor)]
+
+
+_DLPACK_FLAG_READ_ONLY = 1
+
 _capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
 _capsule_pointer.restype = ctypes.c_void_p
 _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
@@ -124,7 +135,7 @@ def _dlpack_dtypes() -> dict[tuple[int, int], str]:
 
 
 class _DLPackMemory:
-    """The memory of an unversioned DLPack capsule as an array interface for numpy. It holds the capsule,
+    """The memory of a DLPack capsule (versioned or not) as an array interface for numpy. It holds the capsule,
     whose destructor (the producer's) lets the producer's memory go once the array is gone."""
 
     __slots__ = ("__array_interface__", "_capsule")
@@ -139,13 +150,25 @@ def _from_capsule(array: Any, what: str) -> np.ndarray:
     its capsule as numpy would: the bits, labelled with devbridge's dtype."""
     kind = type(array).__name__
     try:
-        capsule = array.__dlpack__()  # no max_version: the unversioned capsule every producer gives
+        try:
+            # DLPack >= 1.0 says whether the memory is read-only; a producer from before takes no max_version.
+            capsule = array.__dlpack__(max_version=(1, 0))
+        except TypeError:
+            capsule = array.__dlpack__()
     except Exception as error:  # the producer's own refusal (a tensor requiring grad, an unsupported dtype...)
         raise TypeError(f"{what}: the {kind} refused its DLPack export: {type(error).__name__}: {error}") from error
+    # As numpy reads a capsule: a DLPack >= 1.0 one says whether its memory is read-only (torch's writable
+    # tensors are not, and adopt refuses them as it refuses a writable numpy array); an unversioned one cannot
+    # say, and numpy marks what it gives read-only (jax, whose arrays nothing changes, gives only those).
+    read_only = True
     try:
-        tensor = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
-    except ValueError as error:  # not the unversioned capsule __dlpack__() must give without max_version
-        raise TypeError(f"{what}: the {kind}'s __dlpack__() gave no unversioned DLPack capsule ({error})") from error
+        managed = _DLManagedTensorVersioned.from_address(_capsule_pointer(capsule, b"dltensor_versioned"))
+        tensor, read_only = managed.dl_tensor, bool(managed.flags & _DLPACK_FLAG_READ_ONLY)
+    except ValueError:
+        try:
+            tensor = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
+        except ValueError as error:
+            raise TypeError(f"{what}: the {kind}'s __dlpack__() gave no DLPack capsule ({error})") from error
     code, bits, lanes = tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes
     name = _dlpack_dtypes().get((code, bits)) if lanes == 1 else None
     if name is None:
@@ -157,7 +180,7 @@ def _from_capsule(array: Any, what: str) -> np.ndarray:
         return np.empty(shape, dtype)
     strides = None if not tensor.strides else tuple(tensor.strides[i] * dtype.itemsize for i in range(tensor.ndim))
     interface = {"version": 3, "shape": shape, "typestr": dtype.str, "strides": strides,
-                 "data": (tensor.data + tensor.byte_offset, True)}
+                 "data": (tensor.data + tensor.byte_offset, read_only)}
     return np.asarray(_DLPackMemory(capsule, interface)).view(dtype)
 
 

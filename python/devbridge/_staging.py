@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from ._devbridge import Bridge, CopyEvent, DeviceHandle, HostRange, ObjectSpec, TransferPlanner, dtype_info
+from ._devbridge import MAX_RANK, Bridge, CopyEvent, DeviceHandle, HostRange, ObjectSpec, TransferPlanner, dtype_info
 from ._errors import AllocationStillInUse, BridgeError, Closed, InvalidAlignment, InvalidRange
 from ._intake import _bits_dtype, _dtype_name, _intake, _numpy_dtype
 
@@ -66,11 +66,16 @@ def spec_for_array(shape: Any, dtype: Any, alignment: int = 256) -> tuple[Object
     The extent is the array's byte size rounded up to ``alignment`` (a power of
     two), and is the spec's ``max_extent``. A shape whose byte size (or rounded
     extent) passes 2**64 - 1 raises ``OverflowError``; an empty shape (a zero
-    dimension) raises ``ValueError`` (the contract allows no empty allocation);
+    dimension) raises ``ValueError`` (the contract allows no empty allocation), and so does one of more than
+    ``MAX_RANK`` (8) dimensions (no view could be taken);
     an alignment that is not a power of two raises ``InvalidAlignment``, one that is no int ``TypeError``
     and one outside 0..2**64 - 1 ``OverflowError`` (as ``ObjectSpec``'s own).
     """
     dims = _checked_shape(shape)
+    if len(dims) > MAX_RANK:
+        # Refused here, where every tensor gets its shape: its views (DLPack, tinygrad) could never be taken.
+        raise ValueError(f"an array of shape {dims} has {len(dims)} dimensions; a devbridge tensor has at most "
+                         f"{MAX_RANK} (its views, DLPack and tinygrad take no more): reshape it first")
     name = _dtype_name(dtype)
     # The bindings' one conversion of a byte count (TypeError, OverflowError); the power of two is ours.
     alignment = ObjectSpec(max_extent=0, alignment=alignment, dtype=name).alignment

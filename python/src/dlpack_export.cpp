@@ -93,7 +93,10 @@ constexpr const char* kVersionedCapsuleName = "dltensor_versioned";
 constexpr const char* kUsedVersionedCapsuleName = "used_dltensor_versioned";
 
 // Owns everything the exported tensor points at; exactly one of the two
-// managed structs is handed out.
+// managed structs is handed out. Its one owner is whoever may call the
+// deleter: the capsule until a consumer takes it (renaming it "used_..."),
+// the consumer after. A consumer may also clear the capsule's destructor
+// (XLA does): nothing of the export may wait for that destructor.
 struct DLPackExport {
   DLManagedTensor managed{};
   ManagedTensorVersioned versioned{};
@@ -101,20 +104,15 @@ struct DLPackExport {
   std::optional<std::uintptr_t> consumer_stream;  // the lease ends after it
   std::array<std::int64_t, kMaxRank> shape{};
   std::array<std::int64_t, kMaxRank> strides{};
-  // Held by the capsule and by the managed tensor's owner (the deleter).
-  std::atomic<int> owners{2};
   std::atomic<bool> deleted{false};
 
-  void let_go() noexcept {
-    if (owners.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
-  }
   // The managed tensor's deleter: the lease ends (after close() the last
   // lease on an allocation frees it; C++ only, any thread), once.
   void end_use() noexcept {
     if (deleted.exchange(true, std::memory_order_acq_rel)) return;
     if (consumer_stream) end_lease_after(lease, *consumer_stream);
     lease.reset();
-    let_go();
+    delete this;
   }
 };
 
@@ -124,14 +122,11 @@ void delete_versioned_export(ManagedTensorVersioned* managed) {
 }
 
 // A capsule nobody consumed still owns its tensor; a consumed one was renamed
-// "used_..." and belongs to the consumer.
+// "used_..." and belongs to the consumer (the export may be gone already:
+// nothing of it is read).
 template <typename Managed>
 void destroy_capsule(PyObject* capsule, const char* name, const char* used_name) {
-  auto* owned = static_cast<DLPackExport*>(PyCapsule_GetContext(capsule));
-  if (PyCapsule_IsValid(capsule, used_name)) {
-    if (owned) owned->let_go();
-    return;
-  }
+  if (PyCapsule_IsValid(capsule, used_name)) return;
   PyObject *type, *value, *traceback;
   PyErr_Fetch(&type, &value, &traceback);  // a destructor must not disturb a pending error
   auto* managed = static_cast<Managed*>(PyCapsule_GetPointer(capsule, name));
@@ -140,7 +135,6 @@ void destroy_capsule(PyObject* capsule, const char* name, const char* used_name)
   } else if (managed->deleter != nullptr) {
     managed->deleter(managed);
   }
-  if (owned) owned->let_go();
   PyErr_Restore(type, value, traceback);
 }
 
@@ -208,12 +202,7 @@ nb::object make_dlpack_capsule(const std::shared_ptr<BridgeState>& state, Device
     capsule = PyCapsule_New(&owned->managed, kCapsuleName, &destroy_unversioned);
   }
   if (capsule == nullptr) throw nb::python_error();
-  auto* shared = owned.release();  // the capsule and its consumer own it now
-  if (PyCapsule_SetContext(capsule, shared) != 0) {
-    Py_DECREF(capsule);  // its destructor ends the use; the context was never set, so one owner is left
-    shared->let_go();
-    throw nb::python_error();
-  }
+  owned.release();  // the capsule owns it now, and its consumer once taken
   return nb::steal(capsule);
 }
 

@@ -192,6 +192,7 @@ ViewLease acquire_lease(const std::shared_ptr<BridgeState>& state, DeviceHandle 
 }
 
 void bind_views(nb::module_& m) {
+  m.attr("MAX_RANK") = kMaxRank;  // the most dimensions a view (and so a tensor) has
   nb::class_<PyTensorView>(
       m, "TensorView",
       "A zero-copy view over a live allocation. Holds a lease: the allocation is not freed while the view is open.\n"

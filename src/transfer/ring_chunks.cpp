@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <deque>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 
 #include <fmt/format.h>
@@ -109,6 +111,65 @@ struct InFlightChunk {
   Chunk chunk;
   HostRange range;
   CopyEvent event;
+  std::uint64_t counted = 0;  // its bytes in RoomHeldByTransfers
+};
+
+// The ring bytes each bridge's running transfers hold in their windows: a
+// transfer short of room with none of its own in flight waits when others
+// hold some (it comes back as their copies end) rather than failing at once
+// beside a neighbour that is only busy.
+class RoomHeldByTransfers {
+ public:
+  static RoomHeldByTransfers& instance() {
+    static RoomHeldByTransfers held;
+    return held;
+  }
+  void add(const Bridge* bridge, std::uint64_t bytes) {
+    std::lock_guard lock(mutex_);
+    by_bridge_[bridge] += bytes;
+  }
+  void remove(const Bridge* bridge, std::uint64_t bytes) noexcept {
+    std::lock_guard lock(mutex_);
+    const auto it = by_bridge_.find(bridge);
+    if (it == by_bridge_.end()) return;
+    it->second -= std::min(it->second, bytes);
+    if (it->second == 0) by_bridge_.erase(it);
+  }
+  // Whether transfers other than the caller, which counts `own` bytes, hold any.
+  bool others_hold(const Bridge* bridge, std::uint64_t own) const {
+    std::lock_guard lock(mutex_);
+    const auto it = by_bridge_.find(bridge);
+    return it != by_bridge_.end() && it->second > own;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::unordered_map<const Bridge*, std::uint64_t> by_bridge_;
+};
+
+// A chunk's ring bytes counted in RoomHeldByTransfers from its reservation
+// on; taken off at the end of the scope unless the window keeps them.
+class CountedRoom {
+ public:
+  CountedRoom(const Bridge& bridge, std::uint64_t bytes) noexcept : bridge_(&bridge) {
+    try {
+      RoomHeldByTransfers::instance().add(bridge_, bytes);
+      bytes_ = bytes;
+    } catch (...) {
+      // Not counted (no memory for the entry): a neighbour short of room then fails sooner, nothing worse.
+    }
+  }
+  CountedRoom(const CountedRoom&) = delete;
+  CountedRoom& operator=(const CountedRoom&) = delete;
+  ~CountedRoom() {
+    if (bytes_ != 0) RoomHeldByTransfers::instance().remove(bridge_, bytes_);
+  }
+  std::uint64_t bytes() const noexcept { return bytes_; }
+  void keep() noexcept { bytes_ = 0; }
+
+ private:
+  const Bridge* bridge_;
+  std::uint64_t bytes_ = 0;
 };
 
 // This call's chunks whose copies were submitted and are not finished yet,
@@ -131,15 +192,20 @@ class ChunkWindow {
   bool empty() const noexcept { return chunks_.empty(); }
   std::size_t size() const noexcept { return chunks_.size(); }
   const InFlightChunk& oldest() const noexcept { return chunks_.front(); }
-  void pop_oldest() noexcept { chunks_.pop_front(); }
-  // Takes over `range` once its copy is submitted.
-  void push(const Chunk& chunk, ReservedRange& range, CopyEvent event) {
-    chunks_.push_back({chunk, range.get(), event});
+  void pop_oldest() noexcept {
+    RoomHeldByTransfers::instance().remove(&bridge_, chunks_.front().counted);
+    chunks_.pop_front();
+  }
+  // Takes over `range` (and its count in RoomHeldByTransfers) once its copy is submitted.
+  void push(const Chunk& chunk, ReservedRange& range, CopyEvent event, CountedRoom& counted) {
+    chunks_.push_back({chunk, range.get(), event, counted.bytes()});
     range.keep();
+    counted.keep();
   }
 
  private:
   void clean_up() noexcept {
+    for (const auto& in_flight : chunks_) RoomHeldByTransfers::instance().remove(&bridge_, in_flight.counted);
     // Closed, Broken, restarted: try_release below asks the bridge whether the range is still pinned.
     const auto deadline = checked::deadline_after(cleanup_timeout_);
     for (const auto& in_flight : chunks_) wait_until(bridge_, in_flight.event, deadline);
@@ -218,7 +284,10 @@ class Pipeline {
   HostLease lent(HostRange range) { return bridge_.lease_host(range); }
 
   void submit(const Chunk& chunk) {
-    ReservedRange range(bridge_, with_room(chunk, [&](std::chrono::nanoseconds wait) {
+    // Counted before it is reserved: a neighbour short of room between the
+    // two would otherwise see none held and fail.
+    CountedRoom counted(bridge_, chunk.len);
+    ReservedRange range(bridge_, with_room(chunk, counted, [&](std::chrono::nanoseconds wait) {
                           return bridge_.reserve(chunk.len, kRingAlignment, wait);
                         }));
     const DeviceRange device{transfer_.handle, transfer_.device_offset_of(chunk), chunk.len};
@@ -232,12 +301,12 @@ class Pipeline {
     } catch (const Error& e) {
       rethrow_for_chunk(e, transfer_, chunk);
     }
-    const CopyEvent event = with_room(chunk, [&](std::chrono::nanoseconds wait) {
+    const CopyEvent event = with_room(chunk, counted, [&](std::chrono::nanoseconds wait) {
       return transfer_.upload() ? bridge_.host_to_device(range.get(), device, CopyMode::Async, Admission{wait})
                                 : bridge_.device_to_host(device, range.get(), CopyMode::Async, Admission{wait});
     });
     if (options_.submitted == nullptr) {
-      window_.push(chunk, range, event);
+      window_.push(chunk, range, event, counted);
       return;
     }
     try {
@@ -257,8 +326,10 @@ class Pipeline {
   // the attempt is made once more, waiting up to wait_for_room (the bridge
   // wakes it as room comes back), and then Backpressure stands.
   template <class Attempt>
-  std::invoke_result_t<Attempt&, std::chrono::nanoseconds> with_room(const Chunk& chunk, Attempt attempt) {
+  std::invoke_result_t<Attempt&, std::chrono::nanoseconds> with_room(const Chunk& chunk, const CountedRoom& counted,
+                                                                      Attempt attempt) {
     auto wait = std::chrono::nanoseconds::zero();
+    bool tried_again = false;
     for (;;) {
       try {
         return attempt(wait);
@@ -267,9 +338,19 @@ class Pipeline {
         // Room held by ranges the bridge releases as their copies end (this
         // submit()'s, an earlier one's): wait for one.
         if (window_.empty() && !bridge_.wait_for_release_after()) {
-          if (wait != std::chrono::nanoseconds::zero() || options_.wait_for_room == std::chrono::nanoseconds::zero())
-            rethrow_for_chunk(e, transfer_, chunk);
-          wait = options_.wait_for_room;
+          // Room another transfer holds comes back as its copies end: waited
+          // for (at least kWaitForOtherTransfers) whatever wait_for_room says.
+          const auto room_wait = RoomHeldByTransfers::instance().others_hold(&bridge_, counted.bytes())
+                                     ? std::max(options_.wait_for_room, kWaitForOtherTransfers)
+                                     : options_.wait_for_room;
+          if (wait != std::chrono::nanoseconds::zero() || room_wait == std::chrono::nanoseconds::zero()) {
+            // Once more at once: a neighbour may have given its room back
+            // between the attempt and the look at who holds it.
+            if (std::exchange(tried_again, true)) rethrow_for_chunk(e, transfer_, chunk);
+            wait = std::chrono::nanoseconds::zero();
+            continue;
+          }
+          wait = room_wait;
           continue;
         }
       }

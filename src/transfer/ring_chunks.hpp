@@ -34,6 +34,11 @@ struct RingChunkJob {
   const std::function<void(std::uint64_t, std::span<const std::byte>)>* sink = nullptr;
 };
 
+// How long a transfer short of room waits, at least, when other transfers
+// on its bridge hold it (their chunks in flight): long enough for any busy
+// neighbour, short enough that one whose copies stalled is reported.
+inline constexpr std::chrono::nanoseconds kWaitForOtherTransfers = std::chrono::seconds(60);
+
 struct RingChunkSettings {
   std::uint32_t max_chunks_in_flight = 4;
   std::chrono::nanoseconds cleanup_timeout{0};

@@ -184,3 +184,23 @@ def test_cuda_refuses_adoption():
         b.adopt(immutable(np.zeros(1024, np.float32)))
     assert b.stats()["host_regions"] == 0 and b.stats()["live_allocations"] == 0
     b.close()
+
+
+def test_memory_only_a_dlpack_capsule_describes_is_adopted_only_when_it_says_read_only():
+    """A bfloat16 tensor numpy cannot import is read through its capsule: a producer's writable memory is refused
+    as a writable numpy array is (its owner could change the tensor under every view), while a DLPack >= 1.0
+    capsule that flags its memory read-only (a devbridge view of adopted memory) is adopted."""
+    torch = pytest.importorskip("torch")
+    b = devbridge.Bridge(backend="host", ring_bytes=1 << 20)
+    try:
+        with pytest.raises(ValueError, match="writable"):
+            b.adopt(torch.zeros(8, dtype=torch.bfloat16))
+        source = b.adopt(immutable(np.arange(8, dtype=np.uint16)), dtype="bfloat16")
+        with source.view() as view:
+            again = b.adopt(view)
+            assert again.read_only and again.dtype == "bfloat16"
+            assert np.array_equal(again.numpy().view(np.uint16), np.arange(8, dtype=np.uint16))
+            again.free()
+        source.free()
+    finally:
+        b.close()

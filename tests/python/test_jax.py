@@ -105,3 +105,36 @@ def test_a_jax_array_outlives_a_restart_and_a_close(rng):
     np.testing.assert_array_equal(np.asarray(a + 0), x)
     del a
     gc.collect()
+
+
+def test_imports_by_jax_leave_nothing_behind():
+    """XLA takes a capsule by renaming it and clearing its destructor, which DLPack allows: the export is then the
+    deleter's alone to free. Measured as the C heap's bytes in use (glibc's mallinfo2) over thousands of imports."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in
+                    "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+
+    libc = ctypes.CDLL("libc.so.6")
+    if not hasattr(libc, "mallinfo2"):
+        pytest.skip("glibc without mallinfo2")
+    libc.mallinfo2.restype = MallInfo2
+    b = devbridge.Bridge(backend="host", ring_bytes=1 << 20)
+    try:
+        t = b.upload(np.arange(1024, dtype=np.float32), wait=True)
+        with t.view() as view:
+            for _ in range(1000):  # jax's own caches settle first
+                jax.dlpack.from_dlpack(view)
+            collect()
+            before = libc.mallinfo2().uordblks
+            imports = 20000
+            for _ in range(imports):
+                jax.dlpack.from_dlpack(view)
+            collect()
+            grown = (libc.mallinfo2().uordblks - before) / imports
+        assert grown < 64, f"{grown:.0f} bytes of C heap kept per import"
+        assert b.stats()["live_views"] == 0
+        t.free()
+    finally:
+        b.close()

@@ -69,6 +69,10 @@ def test_spec_for_array_refuses_what_cannot_be_allocated():
         devbridge.spec_for_array("12", "float32")
     with pytest.raises(TypeError):
         devbridge.spec_for_array((1.5,), "float32")
+    # More dimensions than a view has: refused when the tensor gets its shape, not at its first view.
+    with pytest.raises(ValueError, match=f"9 dimensions.*at most {devbridge.MAX_RANK}"):
+        devbridge.spec_for_array((1,) * (devbridge.MAX_RANK + 1), "float32")
+    devbridge.spec_for_array((1,) * devbridge.MAX_RANK, "float32")
 
 
 # --------------------------------------------------------------------------------------- round trips
@@ -452,3 +456,38 @@ def test_release_host_after_on_any_backend(sb):
     sb.wait(e)  # the bridge applies the completion and releases the range with it
     assert quiet(sb) == (0, 0, 0)
     sb.free(h)
+
+
+@pytest.mark.parametrize("backend", ["host", "fake"])
+def test_threads_sharing_a_small_ring_wait_for_each_others_room(backend):
+    """Uploads and downloads from several threads through a ring that holds one of them at a time: a call short of
+    room another call's chunks hold waits for them to finish (PYTHON.md: Backpressure only when nothing of the
+    staging layer's holds the room) instead of failing beside a neighbour that is only busy."""
+    import threading
+
+    b = make_bridge(backend, ring_bytes=1 << 20)
+    if backend == "fake":
+        b.fake.set_auto_complete(True)
+    try:
+        data = np.arange(200000, dtype=np.float32)  # 800 KB: ring chunks, not a registration
+        failures: list[BaseException] = []
+
+        def work():
+            try:
+                for _ in range(40):
+                    t = b.upload(data, wait=True)
+                    assert np.array_equal(t.numpy(), data)
+                    t.free()
+            except BaseException as error:  # noqa: BLE001 - collected for the assertion
+                failures.append(error)
+
+        threads = [threading.Thread(target=work) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        assert not any(t.is_alive() for t in threads), "a thread is still waiting"
+        assert not failures, failures[:3]
+        assert b.stats()["live_allocations"] == 0
+    finally:
+        b.close()
