@@ -47,6 +47,17 @@ T integer(nanobind::handle value, const char* what) {
   }
 }
 
+// An instance of the bound class T (DeviceHandle, ObjectSpec...): TypeError
+// naming `what`, the class and what was given otherwise (a cast would raise
+// RuntimeError("std::bad_cast")).
+template <typename T>
+const T& bound(nanobind::handle value, const char* what) {
+  if (!nanobind::isinstance<T>(value))
+    raise(PyExc_TypeError, std::string(what) + " must be a " + nanobind::type_name(nanobind::type<T>()).c_str() +
+                               ", not " + nanobind::type_name(value.type()).c_str());
+  return nanobind::cast<const T&>(value);
+}
+
 // As integer<T>, with None allowed (then nothing).
 template <typename T>
 std::optional<T> optional_integer(nanobind::handle value, const char* what) {

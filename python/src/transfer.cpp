@@ -84,9 +84,9 @@ std::span<std::byte> writable_bytes_of(const HeldBuffer& buffer) {
 TransferDestination upload_destination(std::size_t size, nb::handle spec, nb::handle extent, nb::handle into,
                                        nb::handle offset, const char* what) {
   if (!into.is_none())
-    return DeviceSpan{nb::cast<DeviceHandle>(into), args::integer<std::uint64_t>(offset, "offset")};
+    return DeviceSpan{args::bound<DeviceHandle>(into, "into"), args::integer<std::uint64_t>(offset, "offset")};
   if (spec.is_none()) args::raise(PyExc_TypeError, std::string(what) + ": give spec= (a new allocation) or into=");
-  return NewAllocation{nb::cast<ObjectSpec>(spec),
+  return NewAllocation{args::bound<ObjectSpec>(spec, "spec"),
                        extent.is_none() ? size : args::integer<std::uint64_t>(extent, "extent")};
 }
 
@@ -308,9 +308,15 @@ void bind_transfer(nb::module_& m) {
             check_callable(fill, "fill");
             std::vector<DeviceSpan> destinations;
             for (nb::handle target : nb::iter(targets)) {
-              const nb::tuple t = nb::cast<nb::tuple>(target);
-              if (t.size() != 3) args::raise(PyExc_ValueError, "submit_scatter: each target is (handle, offset, nbytes)");
-              destinations.push_back(DeviceSpan{nb::cast<DeviceHandle>(t[0]), args::integer<std::uint64_t>(t[1], "offset"),
+              if (!PySequence_Check(target.ptr()) || nb::isinstance<nb::str>(target) ||
+                  nb::isinstance<nb::bytes>(target) || PySequence_Size(target.ptr()) != 3) {
+                PyErr_Clear();
+                args::raise(PyExc_TypeError, std::string("submit_scatter: each target is (handle, offset, nbytes), not ") +
+                                                 nb::type_name(target.type()).c_str());
+              }
+              const nb::sequence t = nb::borrow<nb::sequence>(target);
+              destinations.push_back(DeviceSpan{args::bound<DeviceHandle>(t[0], "submit_scatter: a target's handle"),
+                                                args::integer<std::uint64_t>(t[1], "offset"),
                                                 args::integer<std::uint64_t>(t[2], "nbytes")});
             }
             const ScatterSource source{[&fill](std::uint64_t at, std::span<const std::span<std::byte>> pieces) {

@@ -92,7 +92,9 @@ std::optional<std::uintptr_t> parse_dlpack_stream(const PyTensorView& view, nb::
   std::optional<std::int64_t> no_sync;  // -1: the consumer asks for no synchronisation
   std::uint64_t value = 0;
   if (!stream.is_none()) {
-    if (PyLong_Check(stream.ptr()) && PyLong_AsLongLong(stream.ptr()) == -1 && !PyErr_Occurred()) {
+    // Any integer (an __index__: numpy's too), -1 among them.
+    nb::object index = PyIndex_Check(stream.ptr()) ? nb::steal(PyNumber_Index(stream.ptr())) : nb::object();
+    if (index.is_valid() && PyLong_AsLongLong(index.ptr()) == -1 && !PyErr_Occurred()) {
       no_sync = -1;
     } else {
       PyErr_Clear();

@@ -116,7 +116,8 @@ def test_stream_and_device_arguments_follow_the_spec(cpu_bridge):
     b = cpu_bridge
     h = b.alloc(F32, 4096)
     with b.view(h, "float32", 1024) as view:
-        for ok in ({}, {"stream": None}, {"stream": -1}, {"max_version": (1, 0)}, {"max_version": (0, 8)},
+        for ok in ({}, {"stream": None}, {"stream": -1}, {"stream": np.int64(-1)}, {"max_version": (1, 0)},
+                   {"max_version": (0, 8)},
                    {"dl_device": (1, 0)}, {"copy": False}, {"copy": None}):
             capsule = view.__dlpack__(**ok)
             del capsule

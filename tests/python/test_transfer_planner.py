@@ -164,6 +164,17 @@ def test_argument_errors_have_the_right_python_types(fake_bridge):
         planner.download(handle, 0, b"\0" * 64)  # not writable
     with pytest.raises(OverflowError):
         planner.download(handle, -1, bytearray(64))
+    # Objects of the wrong class where a handle or a spec is meant: TypeError naming the argument, never
+    # RuntimeError("std::bad_cast").
+    data = np.zeros(64, np.uint8)
+    for call, words in ((lambda: planner.submit_upload(data, "float32", 256), "spec must be a"),
+                        (lambda: planner.submit_upload(data, into="h"), "into must be a"),
+                        (lambda: planner.plan_upload(data, into=3), "into must be a"),
+                        (lambda: planner.submit_scatter(lambda at, pieces: None, [("h", 0, 64)]), "handle must be a"),
+                        (lambda: planner.submit_scatter(lambda at, pieces: None, [handle]), "each target is"),
+                        (lambda: planner.submit_scatter(lambda at, pieces: None, ["abc"]), "each target is")):
+        with pytest.raises(TypeError, match=words):
+            call()
     b.free(handle)
     nothing_left(b)
 
