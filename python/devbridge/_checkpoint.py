@@ -19,6 +19,7 @@ import errno
 import hashlib
 import json
 import math
+import operator
 import os
 import stat
 import tempfile
@@ -70,6 +71,8 @@ def _checked_path(path: Any) -> str:
         raise TypeError(f"path must name a str path, not {type(path).__name__}")
     if not path:
         raise ValueError("path is empty")
+    if "\0" in path:  # as open() refuses it: the C library would open the name before the NUL
+        raise ValueError(f"path {path!r}: embedded null byte")
     return path
 
 
@@ -196,7 +199,7 @@ def _write_checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], met
             hasher = _Hasher(checksum)
             try:
                 _reserve_blocks(file.fileno(), total)
-                _write_all(file.write, encoded)  # the checksum is a placeholder of the final length
+                _write_all(file, encoded)  # the checksum is a placeholder of the final length
 
                 writeback = _Writeback(file.fileno(), len(encoded))
 
@@ -204,7 +207,7 @@ def _write_checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], met
                     # Hashed (on the hasher's thread) while it is written here; both done before the return.
                     hashed = hasher.submit(view)
                     try:
-                        _write_all(file.write, view)
+                        _write_all(file, view)
                     finally:
                         hashed.result()
                     writeback.wrote(view.nbytes)
@@ -232,7 +235,7 @@ def _write_checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], met
                 batch.flush()
                 meta["checksum"] = hasher.checksum()
                 file.seek(0)
-                _write_all(file.write, _with_checksum(encoded, placeholder, meta["checksum"]))
+                _write_all(file, _with_checksum(encoded, placeholder, meta["checksum"]))
             finally:
                 hasher.close()
             os.fchmod(file.fileno(), _mode_for(path))
@@ -454,6 +457,13 @@ class _Header(NamedTuple):
     metadata: dict[str, str]
     entries: list[_Entry]  # in file order
 
+    @property
+    def checksum(self) -> str | None:
+        """The checksum a devbridge checkpoint records (``format`` is devbridge's, as the C++ reader decides,
+        which checked it is well-formed), else None: a plain safetensors file's metadata is its writer's own,
+        a ``checksum`` key in it too."""
+        return self.metadata.get("checksum") if self.metadata.get("format") == FORMAT else None
+
 
 def _open_checkpoint(path: str) -> tuple[BinaryIO, _Header]:
     """Opens ``path`` and checks its header against the file before anything is allocated: the C++
@@ -533,7 +543,8 @@ def restore(bridge: Bridge, path: Any, *, names: Any = None, prefix: str | None 
     dimension (step 1), restored as a tensor of just those rows (as
     safetensors' ``get_slice``). A checksum covers the whole data section, so
     a partial load of a file that records one needs ``verify=False``
-    (``ValueError`` otherwise: nothing would be verified).
+    (``ValueError`` otherwise: nothing would be verified); a selection of
+    every tensor and every row is the whole file, and verified.
     """
     if not isinstance(bridge, Bridge):
         raise TypeError(f"bridge must be a devbridge.Bridge, not {type(bridge).__name__}")
@@ -549,8 +560,7 @@ def restore(bridge: Bridge, path: Any, *, names: Any = None, prefix: str | None 
             file, header = _open_checkpoint(path)
             with file:
                 selection.require_all(header.entries, path)
-                pending = _restore_file(bridge, path, file, header, selection, selection.partial, alignment,
-                                        verify)
+                pending = _restore_file(bridge, path, file, header, selection, alignment, verify)
         return pending if not wait else pending.tensors()
 
 
@@ -584,13 +594,16 @@ class _Selection:
             for name, row_slice in rows.items():
                 if not isinstance(name, str) or not isinstance(row_slice, slice):
                     raise TypeError(f"rows must map str names to slices, not {name!r}: {row_slice!r}")
-                for bound in (row_slice.start, row_slice.stop):
-                    if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int)):
+                bounds = []
+                for bound in (row_slice.start, row_slice.stop):  # any integer (numpy's too) but a bool
+                    if bound is not None and (isinstance(bound, (bool, np.bool_)) or not hasattr(type(bound),
+                                                                                             "__index__")):
                         raise TypeError(f"rows[{name!r}]: slice bounds must be int or None, not {bound!r}")
+                    bounds.append(None if bound is None else operator.index(bound))
                 if row_slice.step not in (None, 1):
                     raise ValueError(f"rows[{name!r}]: only contiguous row slices (step 1) can be read in place, "
                                      f"not step {row_slice.step!r}")
-                self.rows[name] = (row_slice.start, row_slice.stop)
+                self.rows[name] = (bounds[0], bounds[1])
 
     def within(self, names: frozenset[str]) -> _Selection:
         """This selection narrowed to ``names`` (which it chose): one shard's part of a sharded restore."""
@@ -600,6 +613,7 @@ class _Selection:
 
     @property
     def partial(self) -> bool:
+        """Whether it chooses at all (else every tensor, whole); what it chooses may still be everything."""
         return self.exact is not None or self.predicate is not None or self.prefix is not None or bool(self.rows)
 
     def wants(self, name: str) -> bool:
@@ -638,14 +652,16 @@ class _Selection:
 
 
 def _restore_file(bridge: Bridge, path: str, file: BinaryIO, header: _Header, selection: _Selection,
-                  partial: bool, alignment: int, verify: bool) -> PendingRestore:
-    """``restore`` of one file whose header is checked: the tensors ``selection`` chooses, in file order
-    (``partial``: not every byte of the data section, so its checksum cannot be verified), allocated here
-    and filled on a reader thread (``PendingRestore``). ``file`` stays the caller's: the reader reads a
-    duplicate of its descriptor."""
+                  alignment: int, verify: bool) -> PendingRestore:
+    """``restore`` of one file whose header is checked: the tensors ``selection`` chooses, in file order,
+    allocated here and filled on a reader thread (``PendingRestore``). A selection that leaves out a tensor
+    or a row is partial: not every byte of the data section is read, so its checksum cannot be verified.
+    ``file`` stays the caller's: the reader reads a duplicate of its descriptor."""
     held = _held_dtypes(bridge)
     chosen = [selection.cut(e, path) for e in header.entries if selection.wants(e.name)] if selection.partial \
         else header.entries
+    # Every tensor and every row (names= all of them, rows= a[:]) is the whole file, not a part.
+    partial = chosen is not header.entries and chosen != header.entries
     specs = []  # each tensor's (spec, extent), kept for the allocations
     by_shape: dict[tuple[tuple[int, ...], str], tuple[ObjectSpec, int]] = {}  # a model's layers share shapes
     for entry in chosen:  # spec_for_array's own checks (alignment, sizes) before any allocation
@@ -657,7 +673,7 @@ def _restore_file(bridge: Bridge, path: str, file: BinaryIO, header: _Header, se
         if entry.dtype not in held:  # before anything is allocated or read: the bridge's own refusal
             with _context(f"restore {path!r}: tensor {entry.name!r} is {entry.dtype} (nothing was restored)"):
                 bridge.free(bridge.alloc(spec, extent))  # UnsupportedDType, checked before any allocation
-    expected = header.metadata.get("checksum") if verify else None
+    expected = header.checksum if verify else None
     if expected and partial:
         raise ValueError(f"{path!r} records a checksum of its whole data section, which a partial restore "
                          f"(names=, prefix=, rows=) does not read: pass verify=False to restore part of it")
@@ -837,10 +853,8 @@ def _restore_sharded(bridge: Bridge, index_path: str, selection: _Selection, ali
         parts: list[PendingRestore] = []
         try:
             for shard, file, header in opened:  # each allocates its tensors, then reads on a reader thread
-                wanted = frozenset(by_shard[shard])
-                partial = selection.partial or len(wanted) != len(header.entries)
                 parts.append(_restore_file(bridge, os.path.join(directory, shard), file, header,
-                                           selection.within(wanted), partial, alignment, verify))
+                                           selection.within(frozenset(by_shard[shard])), alignment, verify))
         except BaseException:
             for part in parts:
                 part.abandon()
@@ -853,12 +867,27 @@ def _restore_sharded(bridge: Bridge, index_path: str, selection: _Selection, ali
 
 def _read_index(index_path: str) -> dict[str, str]:
     """A sharded checkpoint's ``weight_map`` (tensor name -> shard file beside the index), checked: a JSON
-    object whose ``weight_map`` maps str names to plain relative file names (no absolute path, no ``..``)."""
+    object whose ``weight_map`` maps str names to plain relative file names (no absolute path, no ``..``, no
+    NUL). The index is opened as a checkpoint is: a path that cannot be opened is ``OSError``; a FIFO, a
+    device or a directory, or a file past ``_INDEX_LIMIT`` bytes, a ``CheckpointError`` at once."""
+    fd = os.open(index_path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))  # a FIFO: no wait
     try:
-        with open(index_path, "rb") as f:
-            index = json.loads(f.read())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{index_path!r} is not a readable JSON index of a sharded checkpoint: {e}") from None
+        if not stat.S_ISREG((st := os.fstat(fd)).st_mode):
+            raise CheckpointError(f"{index_path!r} is not a regular file")
+        os.set_blocking(fd, True)
+        with open(fd, "rb", closefd=False) as f:  # its size, then what it holds (it may have grown since)
+            if st.st_size > _INDEX_LIMIT or len(text := f.read(_INDEX_LIMIT + 1)) > _INDEX_LIMIT:
+                raise CheckpointError(f"{index_path!r} is past the {_INDEX_LIMIT} bytes an index may hold "
+                                      f"(as a safetensors header): not the index of a sharded checkpoint")
+    finally:
+        os.close(fd)
+    try:
+        index = json.loads(text)
+    except ValueError as e:  # not JSON, not UTF-8
+        raise CheckpointError(f"{index_path!r} is not a JSON index of a sharded checkpoint: {e}") from None
+    except RecursionError:
+        raise CheckpointError(f"{index_path!r} is not a JSON index of a sharded checkpoint: its JSON nests "
+                              f"too deeply to read") from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(f"{index_path!r} has no weight_map (tensor name -> shard file): "
@@ -866,9 +895,15 @@ def _read_index(index_path: str) -> dict[str, str]:
     for name, shard in weight_map.items():
         if not isinstance(shard, str) or not shard:
             raise CheckpointError(f"{index_path!r} maps {name!r} to {shard!r}, not a file name")
+        if "\0" in shard:  # the C library would open the name before the NUL
+            raise CheckpointError(f"{index_path!r} maps {name!r} to {shard!r}, not a file name: embedded null byte")
         if os.path.isabs(shard) or ".." in shard.replace("\\", "/").split("/"):
             raise CheckpointError(f"{index_path!r} maps {name!r} to {shard!r}: shards must lie beside the index")
     return weight_map
+
+
+# A sharded checkpoint's index is refused past this, as a header is (kHeaderLimit, checkpoint_file.hpp).
+_INDEX_LIMIT = 100_000_000
 
 
 __all__ = ["CheckpointError", "PendingRestore", "checkpoint", "checkpoint_info", "restore"]

@@ -19,6 +19,7 @@ here (``_resolve``, ``_stream``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import gc
 import io
 import math
@@ -369,7 +370,7 @@ def export_to(bridge: Bridge, x: Any, file: BinaryIO, dtype: Any = None, shape: 
         raise TypeError(f"file must have a binary write(), not {type(file).__name__}")
     _refuse_text_mode(file, "export_to writes bytes", "wb")
     source = _resolve(bridge, x, dtype, shape, strides, offset)
-    _stream(source, lambda at, chunk: _write_all(write, chunk))
+    _stream(source, lambda at, chunk: _write_all(file, chunk, at))
     return source.nbytes
 
 
@@ -379,13 +380,55 @@ def _refuse_text_mode(file: Any, what: str, mode: str) -> None:
                         f"({getattr(file, 'name', type(file).__name__)!r})")
 
 
-def _write_all(write: Callable[[Any], Any], chunk: np.ndarray) -> None:
+def _write_all(file: Any, chunk: Any, offset: int = 0) -> None:
+    """Writes all of ``chunk`` (byte ``offset`` of the stream) with ``file.write``, which may take part of
+    it. ``None`` from a raw file (``io.RawIOBase``) says it took nothing, a non-blocking file that would
+    block: ``BlockingIOError``; from any other file-like, that it took everything (many return nothing).
+    A count that is no integer is a ``TypeError``; one that is not between 0 and what it was handed, or 0
+    ``_ZERO_WRITES`` times in a row, an ``OSError``. Each names the file and the byte."""
     view = memoryview(chunk).cast("B")
-    while view:
-        written = write(view)
-        if written is None:  # many file-likes return nothing once they took all of it
+    total = view.nbytes
+    written = file.write(view)
+    if type(written) is int and written == total:  # a blocking or buffered file takes it all at once
+        return
+    done, zeros = 0, 0
+    while True:
+        left = total - done
+        if written is None:
+            if not isinstance(file, io.RawIOBase):  # a file-like that took all of it
+                return
+            raise BlockingIOError(errno.EAGAIN, f"write() to {_file_name(file)} took nothing at byte {offset + done}: "
+                                  f"the file is non-blocking and would block; {left} bytes of the chunk unwritten")
+        written = _count(written, "write() to", file, offset + done)
+        if not 0 <= written <= left:
+            raise OSError(f"write() to {_file_name(file)} returned {written} at byte {offset + done}, "
+                          f"handed {left} bytes: a count it cannot have written")
+        zeros = zeros + 1 if written == 0 else 0
+        if zeros == _ZERO_WRITES:
+            raise OSError(f"write() to {_file_name(file)} took nothing at byte {offset + done}, {zeros} times "
+                          f"running; {left} bytes of the chunk unwritten")
+        done += written
+        if done == total:
             return
-        view = view[written:]
+        written = file.write(view[done:])
+
+
+# A write that takes no byte this many times in a row is given up on, not retried for ever.
+_ZERO_WRITES = 3
+
+
+def _count(n: Any, call: str, file: Any, at: int) -> int:
+    """``n``, what ``call`` (``"write() to"``) ``file`` returned, as a byte count: any integer (``__index__``)
+    but a bool, which says whether, not how much (``True`` as one byte would write the rest twice)."""
+    if isinstance(n, (bool, np.bool_)) or not hasattr(type(n), "__index__"):
+        raise TypeError(f"{call} {_file_name(file)} returned {n!r} at byte {at}, not the number of bytes")
+    return operator.index(n)
+
+
+def _file_name(file: Any) -> str:
+    """How an error names ``file``: its path when it has one, else the file-like itself."""
+    name = getattr(file, "name", None)
+    return repr(name) if isinstance(name, str) else repr(file)
 
 
 def import_tensor(bridge: Bridge, source: Any, spec: ObjectSpec | None = None, *, dtype: Any = None,
@@ -416,7 +459,7 @@ def import_tensor(bridge: Bridge, source: Any, spec: ObjectSpec | None = None, *
         with _context(f"import_tensor from {source!r}"):
             return _fill_new(bridge, dims, name, *allocation, wait,
                              lambda handle: TransferPlanner(bridge).submit_stream(
-                                 lambda at, chunk: _read_exactly(readinto, chunk, at), nbytes, into=handle))
+                                 lambda at, chunk: _read_exactly(source, chunk, at), nbytes, into=handle))
     tensor = _as_portable(source, dtype, shape)
     allocation = _allocation(tensor.shape, tensor.dtype, spec, alignment, "import_tensor")
     return _upload(bridge, tensor.shape, tensor.dtype, *allocation, tensor._bytes, wait)
@@ -459,15 +502,24 @@ def _allocation(dims: tuple[int, ...], name: str, spec: ObjectSpec | None, align
     return spec, extent
 
 
-def _read_exactly(readinto: Callable[[Any], int | None], view: memoryview, offset: int) -> None:
-    """Fills ``view`` from a file; a file that ends first is a ``CheckpointError`` naming where, as byte
-    ``offset`` of the tensor the view starts at."""
+def _read_exactly(file: Any, view: memoryview, offset: int) -> None:
+    """Fills ``view`` with ``file.readinto``; a file that ends first is a ``CheckpointError`` naming where, as
+    byte ``offset`` of the tensor the view starts at. ``None`` (a non-blocking file with nothing to read) is a
+    ``BlockingIOError``; a count that is no integer a ``TypeError``, one that is not between 0 and what it
+    was handed an ``OSError``."""
     done = 0
     while done < view.nbytes:
-        n = readinto(view[done:])
+        left = view.nbytes - done
+        n = file.readinto(view[done:] if done else view)
+        if n is None:
+            raise BlockingIOError(errno.EAGAIN, f"readinto() from {_file_name(file)} read nothing at byte "
+                                  f"{offset + done} of the tensor: the file is non-blocking and would block")
+        n = _count(n, "readinto() from", file, offset + done)
+        if not 0 <= n <= left:
+            raise OSError(f"readinto() from {_file_name(file)} returned {n} at byte {offset + done} of the "
+                          f"tensor, handed {left} bytes: not a count it can have read")
         if not n:
-            raise CheckpointError(f"the file ends {view.nbytes - done} bytes early "
-                                  f"(at byte {offset + done} of the tensor)")
+            raise CheckpointError(f"the file ends {left} bytes early (at byte {offset + done} of the tensor)")
         done += n
 
 

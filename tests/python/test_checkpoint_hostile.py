@@ -140,3 +140,75 @@ def test_checkpoint_refuses_what_is_not_utf8_before_writing_anything(tmp_path, w
         assert not isinstance(caught.value, UnicodeError)
         assert ("tensor name" if where == "name" else "metadata") in str(caught.value)
         assert list(tmp_path.iterdir()) == []  # no file, no temporary left behind
+
+
+# --------------------------------------------------------------------------- a sharded checkpoint's index
+
+
+def _shard_and_index(tmp_path, weight_map=None) -> str:
+    """A one-shard checkpoint's shard (``a``: [1.5]) and its index."""
+    _write(tmp_path / "model.safetensors", ONE, np.array([1.5], np.float32).tobytes())
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": weight_map or {"a": "model.safetensors"}}))
+    return str(index)
+
+
+def test_a_fifo_named_as_an_index_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "model.safetensors.index.json"
+    os.mkfifo(fifo)
+    thread = _unblocking_writer(fifo)
+    try:
+        with devbridge.Bridge(backend="host") as bridge, pytest.raises(devbridge.CheckpointError) as caught:
+            bridge.restore(fifo)
+        assert str(caught.value) == f"{str(fifo)!r} is not a regular file"  # the words a .safetensors FIFO gets
+    finally:
+        _release(fifo, thread)
+
+
+def test_an_index_that_cannot_be_opened_is_oserror_and_a_directory_is_refused(tmp_path):
+    with devbridge.Bridge(backend="host") as bridge:
+        with pytest.raises(FileNotFoundError):
+            bridge.restore(tmp_path / "missing.safetensors.index.json")
+        (tmp_path / "dir.index.json").mkdir()
+        with pytest.raises(devbridge.CheckpointError, match="is not a regular file"):
+            bridge.restore(tmp_path / "dir.index.json")
+        assert bridge.stats()["live_allocations"] == 0
+
+
+def test_an_index_too_large_or_too_deep_is_a_checkpoint_error(tmp_path, monkeypatch):
+    from devbridge import _checkpoint
+
+    index = _shard_and_index(tmp_path)
+    deep = tmp_path / "deep.index.json"
+    deep.write_text('{"weight_map": {"a": "model.safetensors"}, "metadata": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with devbridge.Bridge(backend="host") as bridge:
+        with pytest.raises(devbridge.CheckpointError, match="nests too deeply") as caught:
+            bridge.restore(deep)  # was a RecursionError
+        assert repr(str(deep)) in str(caught.value)
+        restored = bridge.restore(index)["a"]
+        assert bridge.download(restored)[0] == 1.5
+        restored.free()
+        monkeypatch.setattr(_checkpoint, "_INDEX_LIMIT", os.path.getsize(index) - 1)
+        with pytest.raises(devbridge.CheckpointError, match="past the .* bytes an index may hold") as caught:
+            bridge.restore(index)
+        assert repr(index) in str(caught.value)
+        assert bridge.stats()["live_allocations"] == 0
+
+
+def test_a_path_with_a_nul_is_refused_as_open_refuses_it(tmp_path):
+    index = _shard_and_index(tmp_path)
+    bogus = str(tmp_path / "model.safetensors") + "\0.missing"  # the part before the NUL is a real file
+    with pytest.raises(ValueError, match="embedded null byte"):
+        devbridge.checkpoint_info(bogus)
+    with devbridge.Bridge(backend="host") as bridge:
+        with pytest.raises(ValueError, match="embedded null byte"):
+            bridge.restore(bogus)
+        with pytest.raises(ValueError, match="embedded null byte"):
+            bridge.restore(index + "\0.missing")
+        with pytest.raises(ValueError, match="embedded null byte"):
+            bridge.checkpoint(bogus, {"a": bridge.upload(np.ones(1, np.float32), wait=True)})
+        nul_map = _shard_and_index(tmp_path, {"a": "model.safetensors\0.missing"})
+        with pytest.raises(devbridge.CheckpointError, match="embedded null byte") as caught:
+            bridge.restore(nul_map)
+        assert repr(nul_map) in str(caught.value) and "'a'" in str(caught.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "model.safetensors.index.json"]

@@ -140,6 +140,50 @@ def test_a_partial_restore_of_a_checksummed_checkpoint_needs_verify_false(pb, rn
     nothing_left(pb)
 
 
+def test_rows_take_any_integer_bounds(pb, rng, tmp_path):
+    arrays = model_arrays(rng)
+    path = str(tmp_path / "model.safetensors")
+    safetensors.numpy.save_file(arrays, path)
+    rows = {"embed.weight": slice(np.int64(3), np.uint16(9)), "layers.1.mlp.weight": slice(np.int32(-4), None)}
+    restored = pb.restore(path, names=list(rows), rows=rows)
+    assert_restored(restored, {"embed.weight": arrays["embed.weight"][3:9],
+                               "layers.1.mlp.weight": arrays["layers.1.mlp.weight"][-4:]})
+    free(restored)
+    nothing_left(pb)
+
+
+def test_a_selection_of_everything_is_not_partial_and_is_verified(pb, rng, tmp_path):
+    arrays = model_arrays(rng)
+    path = tmp_path / "ours.safetensors"
+    tensors = {n: pb.upload(a) for n, a in arrays.items()}
+    pb.checkpoint(path, tensors)
+    free(tensors)
+    everything = [{"names": list(arrays)}, {"prefix": ""}, {"names": lambda n: True},
+                  {"names": list(arrays), "rows": {"embed.weight": slice(None), "layers.0.attn.bias": slice(0, 96)}}]
+    for kwargs in everything:  # verify=True is fine: every byte is read, and checked
+        restored_then_freed(pb, pb.restore(path, **kwargs), arrays)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1  # the last byte of the data section
+    path.write_bytes(bytes(data))
+    for kwargs in everything:
+        with pytest.raises(devbridge.CheckpointError, match="is corrupt"):
+            pb.restore(path, **kwargs)
+        nothing_left(pb)
+
+
+def test_a_plain_files_own_checksum_metadata_is_not_devbridges(pb, rng, tmp_path):
+    """A file the package wrote with a ``checksum`` entry of its writer's own restores unverified, whole or
+    in part, as any plain safetensors file (it was taken for devbridge's: "corrupt", or verify=False asked)."""
+    arrays = model_arrays(rng)
+    path = str(tmp_path / "plain.safetensors")
+    for recorded in ("crc32:00000000", "sha256:" + "0" * 64, "md5:abc"):
+        safetensors.numpy.save_file(arrays, path, metadata={"checksum": recorded})
+        assert devbridge.checkpoint_info(path)["metadata"] == {"checksum": recorded}
+        restored_then_freed(pb, pb.restore(path), arrays)
+        restored_then_freed(pb, pb.restore(path, rows={"embed.weight": slice(0, 2)}),
+                            {n: (a[0:2] if n == "embed.weight" else a) for n, a in arrays.items()})
+
+
 @pytest.mark.parametrize("kwargs,error,match", [
     ({"names": "step"}, TypeError, "not one string"),
     ({"names": 5}, TypeError, "iterable of str"),
@@ -149,6 +193,9 @@ def test_a_partial_restore_of_a_checksummed_checkpoint_needs_verify_false(pb, rn
     ({"rows": {"embed.weight": 3}}, TypeError, "rows must map"),
     ({"rows": {"embed.weight": slice(0, 4, 2)}}, ValueError, "step 1"),
     ({"rows": {"embed.weight": slice(0.5, 4)}}, TypeError, "int or None"),
+    ({"rows": {"embed.weight": slice(np.float64(0), 4)}}, TypeError, "int or None"),
+    ({"rows": {"embed.weight": slice(False, 4)}}, TypeError, "int or None"),
+    ({"rows": {"embed.weight": slice(np.bool_(True), 4)}}, TypeError, "int or None"),
     ({"rows": {"embed.weight": slice(9, 4)}}, ValueError, "selects no row"),
     ({"rows": {"embed.weight": slice(700, None)}}, ValueError, "selects no row"),
     ({"rows": {"step": slice(0, 1)}}, ValueError, "scalar"),

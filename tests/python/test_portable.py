@@ -268,6 +268,70 @@ def test_export_streams_into_a_buffer_or_a_file_and_imports_from_either(pb, rng,
     assert settled_footprint(pb) == before
 
 
+class _Writer:
+    """A file-like whose write() returns ``count(n)`` for n bytes handed, and keeps what it says it took."""
+
+    def __init__(self, count):
+        self.count, self.took, self.calls = count, bytearray(), 0
+
+    def write(self, data):
+        self.calls += 1
+        if self.calls > 100:  # before the fix, a write that took nothing was called for ever
+            raise AssertionError("write() called again and again")
+        n = self.count(len(data))
+        if isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= len(data):
+            self.took += bytes(data[:n])
+        return n
+
+
+def test_export_to_stops_on_a_write_that_takes_nothing_or_claims_what_it_cannot(bridges):
+    b = bridges("host")
+    a = np.arange(1 << 18, dtype=np.float32)  # 1 MiB: past a pipe's buffer
+    with b.upload(a, wait=True) as x:
+        halves = _Writer(lambda n: (n + 1) // 2)  # takes part: the rest is handed again
+        assert b.export_to(x, halves) == a.nbytes and bytes(halves.took) == a.tobytes()
+        assert b.export_to(x, _Writer(lambda n: np.int64(n))) == a.nbytes  # numpy's integers count
+        for count, error, words in [(lambda n: 0, OSError, r"took nothing at byte 0, 3 times running"),
+                                    (lambda n: 2**40, OSError, rf"returned {2**40} at byte 0, handed \d+ bytes"),
+                                    (lambda n: -1, OSError, r"returned -1 at byte 0"),
+                                    (lambda n: True, TypeError, r"returned True at byte 0, not the number"),
+                                    (lambda n: "all", TypeError, r"returned 'all'")]:
+            with pytest.raises(error, match=words):
+                b.export_to(x, _Writer(count))
+        read, write = os.pipe()  # a raw, non-blocking file: write() returns None when it would block
+        os.set_blocking(write, False)
+        with open(read, "rb", buffering=0), open(write, "wb", buffering=0) as raw:
+            with pytest.raises(BlockingIOError, match=r"write\(\) to .*FileIO.* took nothing at byte \d+: the "
+                                                      r"file is non-blocking") as caught:
+                b.export_to(x, raw)  # the bytes past the pipe's buffer were silently dropped
+            assert caught.value.errno == errno.EAGAIN
+    assert footprint(b) == (0, 0, 0)
+
+
+def test_import_from_a_file_refuses_what_readinto_cannot_have_read(bridges):
+    b = bridges("host")
+
+    class Reader(io.RawIOBase):
+        def __init__(self, count):
+            self.count = count
+
+        def readable(self):
+            return True
+
+        def readinto(self, view):
+            return self.count(len(view))
+
+    for count, error, words in [(lambda n: None, BlockingIOError, r"read nothing at byte 0 of the tensor"),
+                                (lambda n: n + 5, OSError, r"returned 21 at byte 0 of the tensor, handed 16"),
+                                (lambda n: -1, OSError, r"returned -1"),
+                                (lambda n: True, TypeError, r"returned True")]:
+        with pytest.raises(error, match=words):
+            b.import_tensor(Reader(count), dtype="float32", shape=(4,))
+    with b.import_tensor(Reader(lambda n: np.int64(n)), dtype="float32", shape=(4,)) as y:
+        assert y.shape == (4,)
+    assert footprint(b) == (0, 0, 0)
+
+
 def test_import_into_a_callers_spec(pb):
     t = devbridge.PortableTensor.from_array(np.arange(100, dtype=np.int16))
     with pb.import_tensor(t, devbridge.ObjectSpec(4096, 64, "int16")) as x:
