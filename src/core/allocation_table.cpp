@@ -30,7 +30,13 @@ Orphan* AllocationTable::find_orphan(const OrphanKey& key) noexcept {
 }
 
 std::uint64_t AllocationTable::reserved_bytes(const DevicePool* pool) const noexcept {
-  return pool ? pool->reserved_bytes() : allocated_bytes_;
+  if (pool) return pool->reserved_bytes();  // its segments hold orphans' blocks too
+  // Without the pool the backend holds each live allocation, and each
+  // orphan of an earlier generation a view or fence still holds.
+  std::uint64_t reserved = allocated_bytes_;
+  for (const auto& [key, orphan] : orphans_)
+    if (!orphan.adopted_region) reserved += orphan.device.bytes;
+  return reserved;
 }
 
 void AllocationTable::note_reserved(const DevicePool& pool) noexcept {

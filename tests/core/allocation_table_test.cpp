@@ -126,10 +126,12 @@ TEST_F(AllocationTableTest, OrphanKeepsItsMemoryViewsAndFencesAfterItsSlotIsReti
   EXPECT_EQ(s.orphaned_allocations, 1u);
   EXPECT_EQ(s.live_views, 2u);
   EXPECT_EQ(s.live_allocations, 0u);
+  EXPECT_EQ(memory().reserved_bytes, 256u) << "without the pool the backend still holds an orphan's memory";
   orphan->views = 0;
   orphan->fences = 0;
   EXPECT_FALSE(orphan->used());
   table.erase_orphan({kGeneration, id});
+  EXPECT_EQ(memory().reserved_bytes, 0u);
   EXPECT_EQ(table.find_orphan({kGeneration, id}), nullptr);
   EXPECT_EQ(table.orphan_count(), 0u);
   EXPECT_EQ(table.find_orphan({kGeneration + 1, id}), nullptr) << "orphans are keyed by the generation they left";
