@@ -278,6 +278,14 @@ class ViewLease {
   void set_holder(ViewHolder holder) noexcept;
   // Who holds it (or held it last, once ended).
   ViewHolder holder() const noexcept { return holder_; }
+  // Another lease of the same view, held by the caller, taken while this one
+  // lives: what a consumer handed the view gets (a DLPack capsule, a tinygrad
+  // tensor). It holds the allocation however it has changed since this lease
+  // was taken (released, orphaned by a restart), and waits first for uploads
+  // into it in flight, as a new view does. An ended lease shares nothing:
+  // the result is empty (false). Throws Closed where the bridge closes
+  // during that wait.
+  ViewLease share() const;
 
  private:
   friend class Bridge;

@@ -225,7 +225,9 @@ class DeviceTensor:
     ``numpy()`` read the data (each waits for the upload first). ``free()``
     ends it: the allocation is freed at once, or, when a view, tinygrad tensor
     or DLPack array still reads it, as soon as the last of them is gone. As a
-    context manager it frees on exit.
+    context manager it frees on exit, and a tensor dropped without ``free()``
+    is freed when it is collected (its handle, kept apart from it, then no
+    longer names an allocation).
     """
 
     def __init__(self, bridge: Bridge, handle: DeviceHandle, shape: tuple[int, ...], dtype: str,
@@ -387,6 +389,15 @@ class DeviceTensor:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self.free()
+
+    def __del__(self) -> None:
+        # Dropped without free(): the allocation goes as the memory of any Python object does (deferred while a
+        # view, DLPack array or tinygrad tensor from it still reads it). Never raises: it may run at any point.
+        try:
+            if not getattr(self, "_freed", True):
+                self.free()
+        except BaseException:  # noqa: BLE001 - a closed bridge, an interpreter shutting down
+            pass
 
     def __repr__(self) -> str:
         landing = self._landing is not None and not self._landing.done()

@@ -100,6 +100,10 @@ struct PyTensorView {
 // Bridge.view's arguments, parsed where the rest of a view's are.
 ViewSpec parse_view_spec(nanobind::handle dtype, nanobind::handle shape, nanobind::handle strides,
                          nanobind::handle offset);
+// Another lease of `view`'s (ViewLease::share), for a consumer it is handed
+// to: it holds the memory even once the tensor the view came from is freed.
+// Closed where the view's lease has ended.
+ViewLease share_lease(const PyTensorView& view, const char* what);
 PyTensorView make_view(const std::shared_ptr<BridgeState>& state, DeviceHandle handle, const ViewSpec& spec,
                        ViewWait wait);
 

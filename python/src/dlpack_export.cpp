@@ -147,10 +147,11 @@ void destroy_versioned(PyObject* capsule) {
 
 }  // namespace
 
-nb::object make_dlpack_capsule(const std::shared_ptr<BridgeState>& state, DeviceHandle handle, const ViewSpec& spec,
-                               std::optional<DLPackAbi> versioned, std::optional<std::uintptr_t> consumer_stream) {
+nb::object make_dlpack_capsule(ViewLease lease, std::optional<DLPackAbi> versioned,
+                               std::optional<std::uintptr_t> consumer_stream) {
   auto owned = std::make_unique<DLPackExport>();
-  owned->lease = acquire_lease(state, handle, spec, ViewWait::Wait);
+  owned->lease = std::move(lease);
+  const DeviceHandle handle = owned->lease.view().handle;
   owned->consumer_stream = consumer_stream;
   owned->lease.set_holder(ViewHolder::DLPackConsumer);
   const TensorView& view = owned->lease.view();

@@ -121,13 +121,12 @@ struct DLPackAbi {
   std::uint32_t major = 1;
   std::uint32_t minor = 0;
 };
-// A capsule over a new lease on the view (taken once copies into the
-// allocation completed): "dltensor_versioned" when `versioned` is set, else
-// the unversioned "dltensor".
+// A capsule that owns `lease` (a share of the exporting view's,
+// ViewLease::share): "dltensor_versioned" when `versioned` is set, else the
+// unversioned "dltensor".
 // `consumer_stream`: the stream the consumer named (DLPack numbering); the
 // lease then ends after it (end_lease_after).
-nanobind::object make_dlpack_capsule(const std::shared_ptr<BridgeState>& state, DeviceHandle handle,
-                                     const ViewSpec& spec, std::optional<DLPackAbi> versioned,
+nanobind::object make_dlpack_capsule(ViewLease lease, std::optional<DLPackAbi> versioned,
                                      std::optional<std::uintptr_t> consumer_stream);
 
 }  // namespace devbridge::python

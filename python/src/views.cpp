@@ -183,6 +183,16 @@ void end_lease_after(ViewLease& lease, std::uintptr_t queue) noexcept {
   }
 }
 
+ViewLease share_lease(const PyTensorView& view, const char* what) {
+  ViewLease shared;
+  {
+    nb::gil_scoped_release no_gil;  // it waits for uploads in flight into the allocation
+    shared = view.lease.share();
+  }
+  if (!shared) throw Error(ErrorKind::Closed, std::string(what) + ": the view is closed");
+  return shared;
+}
+
 ViewLease acquire_lease(const std::shared_ptr<BridgeState>& state, DeviceHandle handle, const ViewSpec& spec,
                         ViewWait wait) {
   Bridge& bridge = state->open();
@@ -274,7 +284,12 @@ void bind_views(nb::module_& m) {
                           "shape " + nb::cast<std::string>(nb::repr(dims_tuple(v.meta.shape))) + " and strides " +
                               nb::cast<std::string>(nb::repr(dims_tuple(v.meta.strides))) +
                               " (elements). Take a contiguous view, or copy.");
-            PyTensorView lease = make_view(v.state, v.meta.handle, v.spec, ViewWait::Wait);
+            PyTensorView lease;
+            lease.state = v.state;
+            lease.lease = share_lease(v, "to_tinygrad");
+            lease.meta = v.meta;
+            lease.device = v.device;
+            lease.spec = v.spec;
             lease.lease.set_holder(ViewHolder::TinygradTensor);
             const std::uint64_t ptr = lease.meta.data + lease.meta.byte_offset;
             nb::tuple shape = dims_tuple(lease.meta.shape);
@@ -298,7 +313,7 @@ void bind_views(nb::module_& m) {
             if (wants_copy) raise_buffer_error("__dlpack__: devbridge views export zero-copy only (copy=True)");
             const std::optional<std::uintptr_t> consumer_stream = parse_dlpack_stream(v, stream);
             if (consumer_stream) order_consumer_queue(*v.state, *consumer_stream);
-            return make_dlpack_capsule(v.state, v.meta.handle, v.spec, versioned, consumer_stream);
+            return make_dlpack_capsule(share_lease(v, "__dlpack__"), versioned, consumer_stream);
           },
           nb::kw_only(), "stream"_a.none() = nb::none(), "max_version"_a.none() = nb::none(),
           "dl_device"_a.none() = nb::none(), "copy"_a.none() = nb::none(),

@@ -476,6 +476,39 @@ void BridgeCore::set_view_holder(const DeviceHandle& h, ViewHolder from, ViewHol
   maybe_finish_release(index);
 }
 
+bool BridgeCore::share_view(const DeviceHandle& h) {
+  SpinLockHold lock(lock_);
+  if (h.generation == generation_ && !gate_.closed()) {
+    const auto index = id_slot(h.id);
+    // The lease being shared keeps the slot's views above 0; a restart while
+    // the lock is dropped below makes an orphan of it instead.
+    const auto leased = [&]() -> AllocationSlot* {
+      auto& slot = allocations_[index];
+      return slot.in_use && slot.version == id_version(h.id) && slot.views > 0 ? &slot : nullptr;
+    };
+    if (const auto* slot = leased(); slot && slot->uploads != 0)
+      wait_until(lock, std::chrono::steady_clock::time_point::max(), [&] {
+        const auto* now = leased();
+        return now == nullptr || now->uploads == 0;
+      });
+    if (auto* slot = leased()) {
+      ++slot->views;
+      ++outstanding_leases_;
+      if (recording_) [[unlikely]]
+        trace_view(TraceKind::ViewBegin, h, ViewHolder::Caller);
+      return true;
+    }
+  }
+  if (auto* orphan = allocations_.find_orphan({h.generation, h.id}); orphan && orphan->views > 0) {
+    ++orphan->views;
+    ++outstanding_leases_;
+    if (recording_) [[unlikely]]
+      trace_view(TraceKind::ViewBegin, h, ViewHolder::Caller);
+    return true;
+  }
+  return false;
+}
+
 [[gnu::noinline, gnu::cold]] void BridgeCore::end_orphaned_view(const DeviceHandle& h) noexcept {
   bool last;
   {

@@ -44,6 +44,15 @@ void ViewLease::end_after(ConsumerQueue queue) {
   reset();
 }
 
+ViewLease ViewLease::share() const {
+  ViewLease shared;
+  auto* core = core_ ? core_ : handed_on_core_;
+  if (core == nullptr || !core->share_view(view_.handle)) return shared;
+  shared.core_ = core;
+  shared.view_ = view_;
+  return shared;
+}
+
 void ViewLease::set_holder(ViewHolder holder) noexcept {
   auto* core = core_ ? core_ : handed_on_core_;
   if (!core) return;

@@ -703,6 +703,12 @@ class BridgeCore {
     lock_.unlock();
   }
 
+  // Another lease of the view a live lease of `h` has (ViewLease::share):
+  // counted where that lease is (the slot, or the orphan a restart or close
+  // made of it), after uploads in flight into a current slot have ended, as
+  // a new view waits for them. False when no lease of `h` is live.
+  bool share_view(const DeviceHandle& h);
+
   // A lease handed on (ViewLease::set_holder) ends: its holder's count first,
   // then as any lease. Kept apart so end_view, the hot path, never sees holders.
   [[gnu::noinline, gnu::cold]] void end_handed_on_view(const DeviceHandle& h, ViewHolder holder) noexcept;

@@ -273,5 +273,31 @@ TEST_F(ViewTest, LeaseOutlivingTheBridgeEndsHarmlessly) {
   SUCCEED();
 }
 
+TEST_F(ViewTest, ASharedLeaseHoldsTheAllocationAfterItIsReleasedOrOrphaned) {
+  const ViewSpec spec{DType::UInt8, {64}, std::nullopt, 0};
+  const DeviceHandle h = bridge->alloc_device(bytes_spec(), 64);
+  ViewLease lease = bridge->view(h, spec);
+  bridge->release(h);  // deferred: the view reads it
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::UnknownDeviceHandle, bridge->view(h, spec));  // no new view by its handle
+  ViewLease shared = lease.share();
+  ASSERT_TRUE(shared) << "a consumer handed the view gets a lease of its own";
+  EXPECT_EQ(shared->data, lease->data);
+  EXPECT_EQ(shared->handle, h);
+  EXPECT_EQ(bridge->stats().live_views, 2u);
+  lease.reset();
+  EXPECT_EQ(fake->live_allocations(), 1u) << "the shared lease holds it";
+  ViewLease shared_again = shared.share();
+  bridge->restart(2);  // an orphan now, held by the two shares
+  ViewLease after_restart = shared_again.share();
+  ASSERT_TRUE(after_restart);
+  shared.reset();
+  shared_again.reset();
+  EXPECT_EQ(fake->live_allocations(), 1u);
+  after_restart.reset();
+  EXPECT_EQ(fake->live_allocations(), 0u) << "the last share let it go";
+  EXPECT_FALSE(after_restart.share()) << "an ended lease shares nothing";
+  EXPECT_EQ(bridge->stats().live_views, 0u);
+}
+
 }  // namespace
 }  // namespace devbridge::testing

@@ -491,3 +491,34 @@ def test_threads_sharing_a_small_ring_wait_for_each_others_room(backend):
         assert b.stats()["live_allocations"] == 0
     finally:
         b.close()
+
+
+def test_a_tensor_dropped_without_free_is_freed_when_collected(sb):
+    """As the memory of any Python object: temporary tensors (b.download(b.upload(a))) leave nothing behind; one
+    a view still reads goes once the view does; adopted memory goes back to its owner."""
+    b = sb
+    data = np.arange(4096, dtype=np.float32)
+    before = b.stats()["live_allocations"]
+    for _ in range(20):
+        assert np.array_equal(b.download(b.upload(data, wait=True)), data)
+    collect()
+    assert b.stats()["live_allocations"] == before
+    view = b.upload(data, wait=True).view()
+    collect()
+    assert b.stats()["live_allocations"] == before + 1, "the view still reads it"
+    if view.__dlpack_device__()[0] == 1:  # a DLPack array on the CPU outlives the view and holds it too
+        arr = np.from_dlpack(view)
+        view.close()
+        assert np.array_equal(arr, data)
+        del arr
+    else:
+        view.close()
+    collect()
+    assert b.stats()["live_allocations"] == before
+    if b.backend == "host":
+        frozen = np.ones(1024, np.float32)
+        frozen.flags.writeable = False
+        for _ in range(3):
+            b.adopt(frozen).numpy()
+        collect()
+        assert b.stats()["adopted_allocations"] == 0 and b.stats()["host_regions"] == 0
