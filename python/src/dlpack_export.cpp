@@ -21,6 +21,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 
@@ -104,6 +105,7 @@ struct DLPackExport {
   std::optional<std::uintptr_t> consumer_stream;  // the lease ends after it
   std::array<std::int64_t, kMaxRank> shape{};
   std::array<std::int64_t, kMaxRank> strides{};
+  std::unique_ptr<std::byte[]> copied;  // copy=True: the tensor's bytes, row-major (no lease then)
   std::atomic<bool> deleted{false};
 
   // The managed tensor's deleter: the lease ends (after close() the last
@@ -147,15 +149,66 @@ void destroy_versioned(PyObject* capsule) {
 
 }  // namespace
 
+namespace {
+
+// The view's elements, row-major, into `out` (host memory: a CPU view).
+void copy_row_major(const TensorView& view, std::size_t item, std::byte* out) {
+  const auto* base = reinterpret_cast<const std::byte*>(static_cast<std::uintptr_t>(view.data + view.byte_offset));
+  const int rank = view.shape.size();
+  if (view.contiguous()) {
+    std::int64_t count = 1;
+    for (int i = 0; i < rank; ++i) count *= view.shape[i];
+    std::memcpy(out, base, static_cast<std::size_t>(count) * item);
+    return;
+  }
+  std::array<std::int64_t, kMaxRank> index{};
+  for (bool more = true; more;) {
+    std::int64_t at = 0;  // elements from the first, strides may be negative
+    for (int i = 0; i < rank; ++i) at += index[i] * view.strides[i];
+    std::memcpy(out, base + at * static_cast<std::int64_t>(item), item);
+    out += item;
+    more = false;
+    for (int i = rank - 1; i >= 0; --i) {
+      if (++index[i] < view.shape[i]) {
+        more = true;
+        break;
+      }
+      index[i] = 0;
+    }
+  }
+}
+
+}  // namespace
+
 nb::object make_dlpack_capsule(ViewLease lease, std::optional<DLPackAbi> versioned,
-                               std::optional<std::uintptr_t> consumer_stream) {
+                               std::optional<std::uintptr_t> consumer_stream, bool copy) {
   auto owned = std::make_unique<DLPackExport>();
   owned->lease = std::move(lease);
   const DeviceHandle handle = owned->lease.view().handle;
   owned->consumer_stream = consumer_stream;
   owned->lease.set_holder(ViewHolder::DLPackConsumer);
-  const TensorView& view = owned->lease.view();
+  TensorView view = owned->lease.view();
   const DTypeInfo& info = dtype_info(view.dtype);
+  if (copy) {
+    // DLPack's copy=True: the producer copies. Host memory only (a device's
+    // copy would be a new allocation the consumer cannot give back).
+    if (view.dlpack_device_type != static_cast<int>(DLPackDevice::CPU))
+      args::raise(PyExc_BufferError, "__dlpack__: copy=True: devbridge copies views of host memory only; this one is on " +
+                                         std::string(view.device) + " (download it instead: bridge.download(...))");
+    std::int64_t count = 1;
+    for (int i = 0; i < view.shape.size(); ++i) count *= view.shape[i];
+    owned->copied = std::make_unique_for_overwrite<std::byte[]>(static_cast<std::size_t>(count) * info.size);
+    {
+      nb::gil_scoped_release no_gil;
+      copy_row_major(view, info.size, owned->copied.get());
+    }
+    owned->lease.reset();  // the copy is the consumer's: nothing of the bridge's is held
+    owned->consumer_stream.reset();
+    view.data = reinterpret_cast<std::uintptr_t>(owned->copied.get());
+    view.byte_offset = 0;
+    view.strides = contiguous_strides(view.shape);
+    view.read_only = false;
+  }
   // As numpy does for its read-only arrays: the unversioned ABI cannot say
   // "read-only", and a consumer taking it would write into memory that is
   // not the bridge's to change (an adopted object-store buffer).
@@ -193,7 +246,7 @@ nb::object make_dlpack_capsule(ViewLease lease, std::optional<DLPackAbi> version
   PyObject* capsule;
   if (versioned) {
     owned->versioned.version = PackVersion{versioned->major, versioned->minor};
-    owned->versioned.flags = view.read_only ? 1 : 0;  // bit 0: read-only; never a copy
+    owned->versioned.flags = (view.read_only ? 1 : 0) | (copy ? 2 : 0);  // bit 0: read-only, bit 1: a copy
     owned->versioned.manager_ctx = owned.get();
     owned->versioned.deleter = &delete_versioned_export;
     capsule = PyCapsule_New(&owned->versioned, kVersionedCapsuleName, &destroy_versioned);

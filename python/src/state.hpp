@@ -126,7 +126,9 @@ struct DLPackAbi {
 // unversioned "dltensor".
 // `consumer_stream`: the stream the consumer named (DLPack numbering); the
 // lease then ends after it (end_lease_after).
+// `copy` (DLPack's copy=True, host memory only, else BufferError): the
+// capsule owns a row-major copy of the view's bytes and no lease.
 nanobind::object make_dlpack_capsule(ViewLease lease, std::optional<DLPackAbi> versioned,
-                                     std::optional<std::uintptr_t> consumer_stream);
+                                     std::optional<std::uintptr_t> consumer_stream, bool copy = false);
 
 }  // namespace devbridge::python

@@ -310,10 +310,9 @@ void bind_views(nb::module_& m) {
             const bool wants_copy = !copy.is_none() && args::flag(copy, "__dlpack__: copy");
             v.check_usable("__dlpack__");
             check_dlpack_device(v, dl_device);
-            if (wants_copy) raise_buffer_error("__dlpack__: devbridge views export zero-copy only (copy=True)");
             const std::optional<std::uintptr_t> consumer_stream = parse_dlpack_stream(v, stream);
             if (consumer_stream) order_consumer_queue(*v.state, *consumer_stream);
-            return make_dlpack_capsule(share_lease(v, "__dlpack__"), versioned, consumer_stream);
+            return make_dlpack_capsule(share_lease(v, "__dlpack__"), versioned, consumer_stream, wants_copy);
           },
           nb::kw_only(), "stream"_a.none() = nb::none(), "max_version"_a.none() = nb::none(),
           "dl_device"_a.none() = nb::none(), "copy"_a.none() = nb::none(),

@@ -173,3 +173,21 @@ def test_to_tinygrad_of_an_opencl_view_says_what_works_instead():
     assert b.stats()["live_views"] == 0
     t.free()
     b.close()
+
+
+def test_torch_takes_a_copy_of_a_read_only_view_it_could_not_respect():
+    """torch has no read-only tensors and ignores DLPack's flag: copy=True gives it memory of its own, and its
+    in-place ops leave the adopted buffer as it was."""
+    torch = pytest.importorskip("torch")
+    b = devbridge.Bridge(backend="host", ring_bytes=1 << 20)
+    try:
+        frozen = np.arange(8, dtype=np.float32)
+        frozen.flags.writeable = False
+        t = b.adopt(frozen)
+        with t.view() as view:
+            x = torch.from_dlpack(view, copy=True)
+        x.add_(1)
+        assert x.tolist() == list(range(1, 9)) and frozen.tolist() == list(range(8))
+        t.free()
+    finally:
+        b.close()
