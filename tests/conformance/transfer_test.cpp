@@ -826,6 +826,53 @@ TEST_P(TransferConformance, TransferWaitsForBudgetAnotherCallersCopyHolds) {
   expect_nothing_left(b);
 }
 
+TEST_P(TransferConformance, TransferWaitsForRoomAnotherTransferHoldsWithoutBeingAsked) {
+  using namespace std::chrono_literals;
+  if (!is_fake()) GTEST_SKIP() << "needs the fake's held copies";
+  constexpr std::uint64_t kChunk = 16 << 10;  // the ring (and the in-flight budget) holds four
+  auto& b = make_bridge(kRing, kRing);
+  auto& fake = fake_of(b);
+  const Bytes theirs_data = random_bytes(8 * kChunk), ours_data = random_bytes(kChunk);
+  const DeviceHandle theirs = b.alloc_device(bytes_spec(theirs_data.size()), theirs_data.size());
+  const DeviceHandle ours = b.alloc_device(bytes_spec(kChunk), kChunk);
+  hold(true);
+  // Another caller's transfer fills the ring with its chunks in flight and waits for the oldest.
+  std::thread neighbour([&] {
+    TransferPlanner planner(b, {.chunk_bytes = kChunk, .route = Route::RingChunks});
+    planner.run(HostSource{theirs_data}, DeviceSpan{theirs});
+  });
+  for (const auto deadline = std::chrono::steady_clock::now() + 10s; b.ring_free_bytes() >= kChunk;) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ADD_FAILURE() << "the neighbour never filled the ring";
+      break;
+    }
+    std::this_thread::sleep_for(100us);
+  }
+  std::atomic<bool> done{false};
+  std::thread completer([&] {
+    std::this_thread::sleep_for(20ms);  // this transfer is waiting by now, or soon
+    while (!done) {
+      for (const CopyEvent& e : fake.pending()) fake.complete(e);
+      std::this_thread::sleep_for(100us);
+    }
+  });
+  // wait_for_room 0: room a caller's own reservations hold is refused at once, a neighbour's waited for.
+  TransferPlanner ours_planner(b, {.chunk_bytes = kChunk, .route = Route::RingChunks});
+  EXPECT_NO_THROW(ours_planner.run(HostSource{ours_data}, DeviceSpan{ours}));
+  neighbour.join();
+  done = true;
+  completer.join();
+  hold(false);
+  Bytes back(kChunk), theirs_back(theirs_data.size());
+  ours_planner.run(DeviceSpan{ours}, HostDestination{back});
+  ours_planner.run(DeviceSpan{theirs}, HostDestination{theirs_back});
+  EXPECT_EQ(back, ours_data);
+  EXPECT_EQ(theirs_back, theirs_data);
+  b.free_device(ours);
+  b.free_device(theirs);
+  expect_nothing_left(b);
+}
+
 std::string driver_name(const ::testing::TestParamInfo<BackendDriver>& info) { return std::string(info.param.name); }
 
 INSTANTIATE_TEST_SUITE_P(Backends, TransferConformance, ::testing::ValuesIn(backend_drivers()), driver_name);
