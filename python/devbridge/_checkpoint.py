@@ -49,6 +49,8 @@ from ._portable import (
 from ._staging import (
     _CLEANUP_WAIT_S,
     DeviceTensor,
+    _checked_timeout,
+    _NotCopyable,
     spec_for_array,
 )
 
@@ -714,7 +716,7 @@ class _Landing:
 _before_read: Callable[[int, int], None] | None = None
 
 
-class PendingRestore(Mapping[str, DeviceTensor]):
+class PendingRestore(_NotCopyable, Mapping[str, DeviceTensor]):
     """What ``restore(..., wait=False)`` returns: ``{name: DeviceTensor}`` at once, filled from the file by a
     reader thread in file order.
 
@@ -761,9 +763,10 @@ class PendingRestore(Mapping[str, DeviceTensor]):
     def wait(self, timeout: float | None = None) -> bool:
         """Waits for the whole restore: True once every tensor is on the device and the checksum matched,
         False if ``timeout`` seconds passed first. On a failure every tensor is freed and the error raised."""
+        timeout = _checked_timeout(timeout)
         if self._failure is not None:
             raise self._failure
-        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
 
         def left() -> float | None:
             return None if deadline is None else max(0.0, deadline - time.monotonic())

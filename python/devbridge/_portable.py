@@ -33,6 +33,7 @@ from ._errors import BridgeError
 from ._intake import _bits_dtype, _dtype_name, _intake, _numpy_dtype
 from ._staging import (
     DeviceTensor,
+    _checked_flag,
     _checked_shape,
     _fill_new,
     _handle_dtype,
@@ -448,6 +449,7 @@ def import_tensor(bridge: Bridge, source: Any, spec: ObjectSpec | None = None, *
     """
     if not isinstance(bridge, Bridge):
         raise TypeError(f"bridge must be a devbridge.Bridge, not {type(bridge).__name__}")
+    wait = _checked_flag(wait, "wait")
     _refuse_text_mode(source, "import_tensor reads bytes", "rb")
     readinto = None if isinstance(source, (PortableTensor, np.ndarray)) else getattr(source, "readinto", None)
     if callable(readinto):
@@ -543,6 +545,7 @@ def transfer(src_bridge: Bridge, x: Any, dst_bridge: Bridge, *, dtype: Any = Non
     """
     if not isinstance(dst_bridge, Bridge):
         raise TypeError(f"dst_bridge must be a devbridge.Bridge, not {type(dst_bridge).__name__}")
+    wait = _checked_flag(wait, "wait")
     source = _resolve(src_bridge, x, dtype, shape, strides, offset)
     spec, extent = spec_for_array(source.shape, source.dtype, alignment)
     with _context(f"transfer of {source.handle!r} (bridge {src_bridge.domain} -> {dst_bridge.domain})"):

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import collections
 import gc
-import math
 import numbers
 import operator
 import time
@@ -45,7 +44,8 @@ import numpy as np
 from ._devbridge import Bridge, DeviceHandle, ObjectSpec
 from ._errors import AllocationStillInUse, BridgeError
 from ._intake import _dtype_name, _intake
-from ._staging import DeviceTensor, _cleanup, _free_or_release, _stage_into, spec_for_array
+from ._staging import (DeviceTensor, _checked_timeout, _cleanup, _free_or_release, _NotCopyable, _stage_into,
+                       spec_for_array)
 
 _TARGETS = ("tinygrad", "device")
 # Backoff while the consumer (another thread, or garbage awaiting collection) still holds every slot.
@@ -216,21 +216,10 @@ def _checked_depth(depth: Any) -> int:
     return depth
 
 
-def _checked_timeout(timeout: Any) -> float | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, numbers.Real):
-        raise TypeError(f"timeout must be a number of seconds or None, not {type(timeout).__name__}")
-    seconds = float(timeout) if not isinstance(timeout, numbers.Integral) or timeout < 2**53 else math.inf
-    if math.isnan(seconds) or seconds < 0:
-        raise ValueError(f"timeout must be a non-negative number of seconds, not {timeout!r}")
-    return None if math.isinf(seconds) else seconds
-
-
 # ----------------------------------------------------------------------------------------- Prefetcher
 
 
-class Prefetcher:
+class Prefetcher(_NotCopyable):
     """Iterates ``batches`` as device tensors, uploading the next ``depth`` batches while the consumer works.
 
     ``Prefetcher(bridge, batches, depth=2, to="tinygrad", *, timeout=10.0, alignment=256)``

@@ -21,7 +21,9 @@ section of docs/PYTHON.md.
 from __future__ import annotations
 
 import collections
+import collections.abc
 import math
+import numbers
 import operator
 import time
 from concurrent.futures import Future
@@ -42,12 +44,60 @@ _I64_MAX = (1 << 63) - 1
 _CLEANUP_WAIT_S = 30.0
 
 
+# ------------------------------------------------------------------------------------------- arguments
+#
+# What the bindings' argument helpers (python/src/arguments.hpp) check in C++, for the arguments the
+# Python layer reads itself: TypeError for the wrong type, ValueError for a refused value.
+
+
+def _checked_timeout(timeout: Any, what: str = "timeout") -> float | None:
+    """Seconds to wait: None (or infinity) for as long as it takes; a negative or NaN number is refused."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, (bool, np.bool_)) or not isinstance(timeout, numbers.Real):
+        raise TypeError(f"{what} must be a number of seconds or None, not {type(timeout).__name__}")
+    seconds = float(timeout) if not isinstance(timeout, numbers.Integral) or timeout < 2**53 else math.inf
+    if math.isnan(seconds) or seconds < 0:
+        raise ValueError(f"{what} must be a non-negative number of seconds, not {timeout!r}")
+    return None if math.isinf(seconds) else seconds
+
+
+def _checked_flag(value: Any, what: str) -> bool:
+    """A bool (numpy's too); anything else is a TypeError, not read as true or false."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{what} must be a bool, not {type(value).__name__}")
+    return bool(value)
+
+
+def _checked_bridge(bridge: Any) -> None:
+    if not isinstance(bridge, Bridge):
+        raise TypeError(f"bridge must be a devbridge.Bridge, not {type(bridge).__name__}")
+
+
+class _NotCopyable:
+    """For Python objects that own device memory or a place in a stream: a copy would free, or consume,
+    what the original still uses (copy.copy shares the handle), so copying and pickling are refused."""
+
+    def __copy__(self):
+        raise TypeError(f"a {type(self).__name__} cannot be copied: it owns its device memory (share the object)")
+
+    def __deepcopy__(self, memo):
+        self.__copy__()
+
+    def __reduce__(self):
+        raise TypeError(f"a {type(self).__name__} cannot be pickled: it owns device memory in this process "
+                        f"(export it: bridge.export(...), or PortableTensor)")
+
+
 # ------------------------------------------------------------------------------------------------ spec
 
 
 def _checked_shape(shape: Any) -> tuple[int, ...]:
-    if isinstance(shape, (str, bytes)):
+    if isinstance(shape, (str, bytes, bool, np.bool_, dict, set, frozenset)) or not (
+            hasattr(type(shape), "__index__") or isinstance(shape, (collections.abc.Sequence, np.ndarray))):
         raise TypeError(f"shape must be an int or a sequence of ints, not {type(shape).__name__}")
+    if isinstance(shape, (list, tuple)) and any(isinstance(d, (bool, np.bool_)) for d in shape):
+        raise TypeError(f"shape {shape!r}: a dimension is a bool, not an int")
     try:
         dims = (operator.index(shape),)
     except TypeError:
@@ -95,7 +145,7 @@ def spec_for_array(shape: Any, dtype: Any, alignment: int = 256) -> tuple[Object
 # ----------------------------------------------------------------------------------------- ReleaseQueue
 
 
-class ReleaseQueue:
+class ReleaseQueue(_NotCopyable):
     """Host ranges handed to the bridge (``bridge.release_host_after``), with their copies' failures to report.
 
     The bridge itself returns each range to the ring once its copy has
@@ -123,6 +173,7 @@ class ReleaseQueue:
     def add(self, range: HostRange, event: CopyEvent, *, report: bool = True) -> None:
         """Hands ``range`` to the bridge, released once ``event`` completes or fails. ``report=False``: a failure
         is not raised by reap()."""
+        report = _checked_flag(report, "report")
         if not isinstance(range, HostRange):
             raise TypeError(f"range must be a HostRange, not {type(range).__name__}")
         if not isinstance(event, CopyEvent):
@@ -139,6 +190,7 @@ class ReleaseQueue:
     def reap(self, *, raise_failures: bool = True) -> int:
         """Forgets every event whose copy ended (its range is back); returns how many. Raises the first new
         failure once."""
+        raise_failures = _checked_flag(raise_failures, "raise_failures")
         settled = 0
         if self._events:
             try:
@@ -164,6 +216,7 @@ class ReleaseQueue:
 
     def drain(self, timeout: float | None = None) -> bool:
         """Waits until every copy has ended (True) or ``timeout`` seconds pass (False); raises a failure once."""
+        timeout = _checked_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         for event, _ in list(self._events):
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -217,7 +270,7 @@ def _free_or_release(bridge: Bridge, handle: DeviceHandle) -> None:
 # ---------------------------------------------------------------------------------------- DeviceTensor
 
 
-class DeviceTensor:
+class DeviceTensor(_NotCopyable):
     """A device allocation holding one array: its handle, shape and dtype, and the copies that filled it.
 
     Made by ``bridge.upload(array)``. ``ready()`` / ``wait()`` tell when the
@@ -323,6 +376,7 @@ class DeviceTensor:
         """Waits for the upload's copies: True when all completed, False if ``timeout`` (seconds) passed first.
 
         A failed copy raises its error (``DeviceCopyFailed``) naming the chunk."""
+        timeout = _checked_timeout(timeout)
         self._check()
         deadline = None if timeout is None else time.monotonic() + timeout
         if not self._landed(timeout):
@@ -452,6 +506,7 @@ def adopt(bridge: Bridge, array: Any, *, dtype: Any = None) -> DeviceTensor:
     memory (stage with ``upload`` there); ``ValueError`` for an empty array, one that is not C-contiguous,
     or ``dtype`` of another item size than the array's.
     """
+    _checked_bridge(bridge)
     a = _intake(array, "adopt", dtype, copy=False)
     if a.flags.writeable:
         # Views, DLPack arrays and lazy tinygrad graphs read adopted memory in place, whenever they run: a
@@ -495,6 +550,8 @@ def upload(bridge: Bridge, array: Any, *, dtype: Any = None, alignment: int = 25
     a non-contiguous one ``ValueError``. On any failure the ring ranges go
     back, the allocation is freed and the error names the chunk.
     """
+    _checked_bridge(bridge)
+    wait = _checked_flag(wait, "wait")
     a = _intake(array, "upload", dtype)
     name = _dtype_name(a.dtype)
     spec, extent = spec_for_array(a.shape, name, alignment)
@@ -556,6 +613,7 @@ def download(bridge: Bridge, x: Any, out: np.ndarray | None = None, *, dtype: An
     Chunked through the ring like ``upload``; on failure every ring range goes
     back and the error names the chunk.
     """
+    _checked_bridge(bridge)
     if isinstance(x, DeviceTensor):
         x._check()
         x.wait()

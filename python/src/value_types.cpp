@@ -115,7 +115,7 @@ void bind_tagged(nb::module_& m, const char* name, const char* doc, std::string 
       .def_ro("generation", &Tagged::generation)
       .def_ro("id", &Tagged::id)
       .def("__eq__", [](const Tagged& a, const Tagged& b) { return a == b; })
-      .def("__eq__", [](const Tagged&, nb::handle) { return false; })
+      .def("__eq__", [](const Tagged&, nb::handle) { return false; }, nb::arg().none())  // == None is False
       .def("__hash__", [](const Tagged& t) { return hash_triple(t.domain, t.generation, t.id); })
       .def("__repr__", repr);
 }
@@ -139,7 +139,7 @@ void bind_value_types(nb::module_& m) {
       .def_ro("len", &HostRange::len)
       .def("__len__", [](const HostRange& r) { return r.len; })
       .def("__eq__", [](const HostRange& a, const HostRange& b) { return a == b; })
-      .def("__eq__", [](const HostRange&, nb::handle) { return false; })
+      .def("__eq__", [](const HostRange&, nb::handle) { return false; }, nb::arg().none())
       .def("__hash__", [](const HostRange& r) { return hash_triple(r.offset, r.len, 0x486f737452616e67ull); })
       .def("__repr__", [](const HostRange& r) {
         return "HostRange(offset=" + std::to_string(r.offset) + ", len=" + std::to_string(r.len) + ")";

@@ -449,6 +449,15 @@ void BridgeCore::launch_axpy(const DeviceRange& x, const DeviceRange& y, float a
        describe(h), slot.uploads, slot.uploads == 1 ? "y" : "ies");
 }
 
+void BridgeCore::refuse_waiting_for_own_write(const DeviceHandle& h) const {
+  if (inside_own_in_place_callback(id_slot(h.id), /*writes=*/true))
+    fail(ErrorKind::AllocationStillInUse,
+         "a view of {} waits for the copies into it to end, and it was asked for from inside this thread's own "
+         "write_in_place into it (a fill handed its bytes), which ends only when that returns; take the view "
+         "after the transfer",
+         describe(h));
+}
+
 void BridgeCore::end_handed_on_view(const DeviceHandle& h, ViewHolder holder) noexcept {
   {
     std::lock_guard guard(lock_);
@@ -486,11 +495,13 @@ bool BridgeCore::share_view(const DeviceHandle& h) {
       auto& slot = allocations_[index];
       return slot.in_use && slot.version == id_version(h.id) && slot.views > 0 ? &slot : nullptr;
     };
-    if (const auto* slot = leased(); slot && slot->uploads != 0)
+    if (const auto* slot = leased(); slot && slot->uploads != 0) {
+      refuse_waiting_for_own_write(h);
       wait_until(lock, std::chrono::steady_clock::time_point::max(), [&] {
         const auto* now = leased();
         return now == nullptr || now->uploads == 0;
       });
+    }
     if (auto* slot = leased()) {
       ++slot->views;
       ++outstanding_leases_;

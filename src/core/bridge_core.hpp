@@ -656,6 +656,7 @@ class BridgeCore {
     TensorView view = shape_view(h, spec, *slot, placement_);
     if (__builtin_expect(slot->uploads != 0, 0)) {
       if (wait_mode == ViewWait::Refuse) fail_view_during_upload(h, *slot);
+      refuse_waiting_for_own_write(h);
       wait_until(lock, std::chrono::steady_clock::time_point::max(), [&] {
         slot = &allocation(h);
         return slot->uploads == 0;
@@ -671,6 +672,10 @@ class BridgeCore {
 
   [[noreturn, gnu::cold, gnu::noinline]] void fail_view_during_upload(const DeviceHandle& h,
                                                                       const AllocationSlot& slot) const;
+  // A view that would wait for uploads into `h` from inside this thread's
+  // own write_in_place into it (a fill taking a view of what it fills):
+  // AllocationStillInUse, since that write ends only when the caller returns.
+  [[gnu::cold, gnu::noinline]] void refuse_waiting_for_own_write(const DeviceHandle& h) const;
 
   // A view of a typed allocation has its dtype; one of an untyped allocation
   // any dtype its device holds.

@@ -624,6 +624,9 @@ TEST_P(TransferConformance, InPlaceCallbacksRefuseWhatWouldWaitForThemselves) {
   if (writes_in_place(b)) {
     b.write_in_place(std::span(&range, 1), [&](std::span<const std::span<std::byte>> pieces) {
       refused();
+      const ViewSpec whole{DType::UInt8, Dims{4096}, std::nullopt, 0};
+      EXPECT_KIND(ErrorKind::AllocationStillInUse, b.view(h, whole, ViewWait::Wait), "own write_in_place into it");
+      b.view(other, whole).reset();  // another allocation: no wait
       if (b.backend_info().host_addressable) {
         EXPECT_KIND(ErrorKind::AllocationStillInUse, b.read_in_place(std::span(&range, 1), [](auto) {}),
                     "own write_in_place into it");

@@ -452,3 +452,62 @@ def test_opencl_bridge_moves_bytes_computes_and_names_its_views():
                 view.to_tinygrad()
         b.free(hx)
         b.free(hy)
+
+
+# ------------------------------------------------------------------ arguments the Python layer reads itself
+
+
+def test_objects_that_own_device_memory_are_neither_copied_nor_pickled():
+    """copy.copy of a DeviceTensor shared its handle, and the copy's collection freed what the original still
+    used (a Prefetcher copy consumed the original's batches): copying is refused, as for every extension type."""
+    import copy
+    import pickle
+
+    b = devbridge.Bridge(backend="fake", ring_bytes=1 << 20)
+    b.fake.set_auto_complete(True)
+    try:
+        t = b.upload(np.arange(16, dtype=np.float32), wait=True)
+        prefetcher = devbridge.Prefetcher(b, iter([np.zeros(4, np.float32)]), depth=1, to="device")
+        for owner in (t, prefetcher, devbridge.ReleaseQueue(b)):
+            for attempt in (copy.copy, copy.deepcopy, pickle.dumps):
+                with pytest.raises(TypeError, match="cannot be"):
+                    attempt(owner)
+        assert t.numpy().tolist() == list(range(16)), "the original is untouched"
+        prefetcher.close()
+        t.free()
+    finally:
+        b.close()
+
+
+def test_value_types_compare_unequal_to_none_and_anything_else():
+    h = ext.DeviceHandle(1, 1, 1)
+    assert h != None and not (h == None) and h != 5  # noqa: E711 - the comparison is the test
+    assert ext.HostRange(0, 64) != None  # noqa: E711
+    assert None not in [h] and [h, None].index(None) == 1
+
+
+@pytest.mark.parametrize("timeout, error", [("1", TypeError), (True, TypeError), (-1, ValueError),
+                                            (float("nan"), ValueError)])
+def test_python_layer_timeouts_and_flags_are_checked(timeout, error):
+    b = devbridge.Bridge(backend="fake", ring_bytes=1 << 20)
+    try:
+        t = b.upload(np.zeros(1024, np.float32))  # the fake leaves its copies pending
+        with pytest.raises(error, match="timeout"):
+            t.wait(timeout)
+        with pytest.raises(error, match="timeout"):
+            devbridge.ReleaseQueue(b).drain(timeout)
+        for bad in ("x", None, 1):
+            with pytest.raises(TypeError, match="wait must be a bool"):
+                b.upload(np.zeros(4, np.float32), wait=bad)
+        with pytest.raises(TypeError, match="bridge must be a devbridge.Bridge"):
+            devbridge.adopt(None, np.zeros(4, np.float32))
+        with pytest.raises(TypeError, match="bridge must be a devbridge.Bridge"):
+            devbridge.download(None, t)
+        for shape in ({}, {2: "a"}, True, {1, 2}, (2, True)):
+            with pytest.raises(TypeError, match="shape"):
+                devbridge.spec_for_array(shape, "float32")
+        b.fake.complete_all()
+        assert t.wait(None) and t.wait(float("inf")) and t.wait(10**30)
+        t.free()
+    finally:
+        b.close()

@@ -549,3 +549,30 @@ def test_a_planner_whose_progress_callback_reaches_it_is_collected(planner_bridg
     del progress
     gc.collect()
     assert gone() is None, "the planner and its progress callback were left alive"
+
+
+def test_a_fill_that_asks_for_a_view_of_what_it_fills_is_refused_not_left_waiting(planner_bridge):
+    """Where a fill is handed the tensor's own bytes (host, OpenCL mapped), a view that waits for the copies into
+    the tensor would wait for the fill itself: AllocationStillInUse, naming why. Through the ring (the fake) the
+    fill writes ring bytes and the view has nothing of its own to wait for."""
+    b = planner_bridge
+    planner = TransferPlanner(b)
+    handle = b.alloc(spec_for(4096), 4096)
+    seen = []
+
+    def fill(at, chunk):
+        try:
+            b.view(handle, "uint8", (16,), wait=True).close()
+            seen.append("view")
+        except devbridge.AllocationStillInUse as error:
+            seen.append(str(error))
+        chunk[:] = b"\1" * len(chunk)
+
+    wait_all(b, planner.submit_stream(fill, 4096, into=handle))
+    in_place = planner.plan_upload(np.zeros(4096, np.uint8), into=handle)["route"] != "ring_chunks"
+    if in_place:
+        assert seen and all("own write_in_place into it" in s for s in seen), seen
+    back = bytearray(4096)
+    planner.download(handle, 0, back)
+    assert back == b"\1" * 4096
+    b.free(handle)
