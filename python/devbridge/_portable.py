@@ -395,15 +395,9 @@ def _write_all(file: Any, chunk: Any, offset: int = 0) -> None:
     done, zeros = 0, 0
     while True:
         left = total - done
-        if written is None:
-            if not isinstance(file, io.RawIOBase):  # a file-like that took all of it
-                return
-            raise BlockingIOError(errno.EAGAIN, f"write() to {_file_name(file)} took nothing at byte {offset + done}: "
-                                  f"the file is non-blocking and would block; {left} bytes of the chunk unwritten")
-        written = _count(written, "write() to", file, offset + done)
-        if not 0 <= written <= left:
-            raise OSError(f"write() to {_file_name(file)} returned {written} at byte {offset + done}, "
-                          f"handed {left} bytes: a count it cannot have written")
+        if written is None and not isinstance(file, io.RawIOBase):  # a file-like that took all of it
+            return
+        written = _count(written, "write() to", file, offset + done, left)
         zeros = zeros + 1 if written == 0 else 0
         if zeros == _ZERO_WRITES:
             raise OSError(f"write() to {_file_name(file)} took nothing at byte {offset + done}, {zeros} times "
@@ -418,12 +412,21 @@ def _write_all(file: Any, chunk: Any, offset: int = 0) -> None:
 _ZERO_WRITES = 3
 
 
-def _count(n: Any, call: str, file: Any, at: int) -> int:
-    """``n``, what ``call`` (``"write() to"``) ``file`` returned, as a byte count: any integer (``__index__``)
-    but a bool, which says whether, not how much (``True`` as one byte would write the rest twice)."""
+def _count(n: Any, call: str, file: Any, at: int, handed: int) -> int:
+    """``n``, what ``call`` (``"write() to"``) ``file`` returned when handed ``handed`` bytes at byte ``at``, as a
+    byte count between 0 and ``handed``: ``None`` (a non-blocking raw file that would block) is
+    ``BlockingIOError``; a bool (it says whether, not how much) or a non-integer ``TypeError``; a count out of
+    range ``OSError``."""
+    if n is None:
+        raise BlockingIOError(errno.EAGAIN, f"{call} {_file_name(file)} moved nothing at byte {at}: the file is "
+                              f"non-blocking and would block; {handed} bytes left")
     if isinstance(n, (bool, np.bool_)) or not hasattr(type(n), "__index__"):
         raise TypeError(f"{call} {_file_name(file)} returned {n!r} at byte {at}, not the number of bytes")
-    return operator.index(n)
+    n = operator.index(n)
+    if not 0 <= n <= handed:
+        raise OSError(f"{call} {_file_name(file)} returned {n} at byte {at}, handed {handed} bytes: a count it "
+                      f"cannot have moved")
+    return n
 
 
 def _file_name(file: Any) -> str:
@@ -512,14 +515,7 @@ def _read_exactly(file: Any, view: memoryview, offset: int) -> None:
     done = 0
     while done < view.nbytes:
         left = view.nbytes - done
-        n = file.readinto(view[done:] if done else view)
-        if n is None:
-            raise BlockingIOError(errno.EAGAIN, f"readinto() from {_file_name(file)} read nothing at byte "
-                                  f"{offset + done} of the tensor: the file is non-blocking and would block")
-        n = _count(n, "readinto() from", file, offset + done)
-        if not 0 <= n <= left:
-            raise OSError(f"readinto() from {_file_name(file)} returned {n} at byte {offset + done} of the "
-                          f"tensor, handed {left} bytes: not a count it can have read")
+        n = _count(file.readinto(view[done:] if done else view), "readinto() from", file, offset + done, left)
         if not n:
             raise CheckpointError(f"the file ends {left} bytes early (at byte {offset + done} of the tensor)")
         done += n
