@@ -31,7 +31,8 @@ Generations: a worker's generation is 1 + the number of times Ray has
 restarted its actor (Ray's own count, from the GCS), so a restarted worker
 starts at a new generation, its bridge too. A worker started with
 ``checkpoint=PATH`` restores the last checkpoint written there when it is
-restarted (names come back, in the new generation; tokens do not). A
+restarted (names come back, in the new generation; tokens do not), after removing
+the temporary files a checkpoint interrupted by the crash left beside it. A
 checkpoint that cannot be restored (damaged, truncated) stops the worker for
 good instead: the restart fails once with a ``devbridge.CheckpointError``,
 which ``wait_until_ready`` raises at once.
@@ -40,6 +41,7 @@ which ``wait_until_ready`` raises at once.
 from __future__ import annotations
 
 import os
+import re
 import time
 import uuid
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -53,7 +55,7 @@ except ImportError as _error:  # pragma: no cover - exercised only without the e
 
 import devbridge
 from ._devbridge import TransferPlanner
-from ._intake import _dtype_name, _intake, _numpy_dtype
+from ._intake import _bits_dtype, _dtype_name, _intake, _numpy_dtype
 from ._staging import DeviceTensor
 from ._portable import PortableTensor
 
@@ -185,10 +187,14 @@ def _in_object_store(a: np.ndarray) -> bool:
 
 
 def _actor_identity() -> tuple[str, int]:
-    """(domain, generation) of the calling actor: its actor id, and 1 + Ray's restart count."""
+    """(domain, generation) of the calling actor: its actor id, and 1 + Ray's restart count. Outside an
+    actor (the plain class used in a process), a ``local-...`` domain at generation 1; Ray is never started
+    for it (``ray.get_runtime_context()`` would start a local instance in a process that has none)."""
+    if not ray.is_initialized():
+        return f"local-{uuid.uuid4().hex}", 1
     context = ray.get_runtime_context()
     actor_id = context.get_actor_id()
-    if actor_id is None:  # not in an actor (a plain process using the class directly)
+    if actor_id is None:  # not in an actor (a driver using the class directly)
         return f"local-{uuid.uuid4().hex}", 1
     restarts = None
     try:  # Ray's own count, kept by the GCS
@@ -205,6 +211,45 @@ def _actor_identity() -> tuple[str, int]:
             warnings.simplefilter("ignore")
             restarts = 1 if context.was_current_actor_reconstructed else 0
     return actor_id, 1 + restarts
+
+
+def _remove_stale_checkpoint_files(path: str) -> list[str]:
+    """Removes the files ``devbridge.checkpoint`` writes beside ``path`` while it writes it (its temporary
+    ``.<name>.XXXXXXXX.tmp``, made by ``tempfile.mkstemp(prefix=".<name>.", suffix=".tmp")``, and the
+    replaced file's second name ``.<name>.XXXXXXXX.old``), which a process killed in the middle of a
+    checkpoint leaves behind; returns the paths removed. Only for a worker restarted by Ray: the process
+    that wrote them is gone (a path shared by two live workers would lose the other's file in progress)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    pattern = re.compile(re.escape(f".{os.path.basename(path)}.") + r"[A-Za-z0-9_]+\.(?:tmp|old)")
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:  # the directory is gone or unreadable: restore (or the next checkpoint) says so
+        return removed
+    for name in sorted(names):
+        if pattern.fullmatch(name):
+            stale = os.path.join(directory, name)
+            try:
+                if not os.path.isfile(stale) or os.path.islink(stale):
+                    continue
+                os.unlink(stale)
+                removed.append(stale)
+            except OSError:
+                pass  # removed meanwhile, or not ours to remove: left as it is
+    return removed
+
+
+def _callable_name(fn: Any) -> str:
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    return f"fn {name}" if name else f"fn {fn!r}"
+
+
+def _not_numbers(value: Any) -> bool:
+    """Whether numpy reads ``value`` as objects or text rather than numbers."""
+    try:
+        return np.asarray(value).dtype.kind in "OUS"
+    except Exception:  # noqa: BLE001 - not even that (ragged...)
+        return True
 
 
 class _Tensor:
@@ -228,6 +273,8 @@ class _DeviceWorker:
         if device is not None:
             kwargs["device"] = device
         self.bridge = devbridge.Bridge(backend=backend, generation=self.generation, ring_bytes=ring_bytes, **kwargs)
+        self._device = self.bridge.device
+        self._closed = False
         info = self.bridge.backend_info()
         self._view_device = str(info.get("device_string", ""))
         # Exports read the allocation in place where numpy can (a view on the CPU; see _portable), and
@@ -243,6 +290,11 @@ class _DeviceWorker:
                         "restores": 0, "bytes_in": 0, "bytes_out": 0, "refused_handles": 0}
         self._restored_from: str | None = None
         self._restored_names: list[str] = []
+        self._stale_removed: list[str] = []
+        if self.generation > 1 and self._checkpoint_path is not None:
+            # The previous process may have died in the middle of a checkpoint(): its temporary file (and
+            # the replaced file's second name) would stay beside the checkpoint for good.
+            self._stale_removed = _remove_stale_checkpoint_files(self._checkpoint_path)
         if (restore_on_restart and self.generation > 1 and self._checkpoint_path is not None
                 and os.path.exists(self._checkpoint_path)):
             try:
@@ -270,7 +322,19 @@ class _DeviceWorker:
         self._counts["refused_handles"] += 1
         return error
 
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise devbridge.Closed(f"worker {self.domain} (generation {self.generation}) is closed (close() was "
+                                   f"called) and holds nothing: {what} refused; start a new worker")
+
+    def _check_name(self, name: Any, what: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"worker {self.domain}: {what}: a tensor name must be a non-empty str, not {name!r} "
+                            f"({type(name).__name__})")
+
     def _lookup(self, key: Any) -> tuple[str, DeviceTensor]:
+        if self._closed:
+            self._check_open(f"looking up {key!r}")
         if isinstance(key, str):
             entry = self._tensors.get(key)
             if entry is None:
@@ -309,17 +373,31 @@ class _DeviceWorker:
 
     # ------------------------------------------------------------------------------------ bytes in/out
 
-    def _ingest(self, value: Any, dtype: Any = None, reuse: str | None = None, adopt: bool = False) -> DeviceTensor:
+    def _ingest(self, value: Any, dtype: Any = None, reuse: str | None = None, adopt: bool = False,
+                what: str = "put") -> DeviceTensor:
         """A new DeviceTensor holding ``value`` (numpy array, PortableTensor, buffer), read in place; with
         ``adopt``, an object-store buffer becomes the tensor itself where the device shares host memory."""
         if isinstance(value, ray.ObjectRef):
             value = ray.get(value)
         if isinstance(value, (list, tuple)) and len(value) == 1 and isinstance(value[0], ray.ObjectRef):
             value = ray.get(value[0])  # [ref]: Ray does not resolve a nested ref by itself
+        if isinstance(value, TensorRef):
+            raise self._refuse(devbridge.ForeignDomain(
+                f"{what} takes a tensor's data (an array, or another worker's export: worker.export.remote(name)), "
+                f"not the token {value!r}"))
+        if value is None or isinstance(value, (str, Mapping)):
+            raise TypeError(f"worker {self.domain}: {what} takes a numpy array, a PortableTensor or an ObjectRef of "
+                            f"one, not {type(value).__name__}")
         if isinstance(value, PortableTensor):
             shape, name, src = value.shape, value.dtype if dtype is None else dtype, value._bytes
         else:
-            a = _intake(value, "put", any_layout=True)
+            try:
+                a = _intake(value, what, any_layout=True)
+            except ValueError as error:
+                if not isinstance(value, np.ndarray) and _not_numbers(value):
+                    raise TypeError(f"worker {self.domain}: {what} takes a numpy array, a PortableTensor or an "
+                                    f"ObjectRef of one, not {type(value).__name__}") from error
+                raise
             shape, name, src = a.shape, _dtype_name(a.dtype) if dtype is None else dtype, _flat_bytes(a)
         spec, extent = devbridge.spec_for_array(shape, name)
         source = PortableTensor(shape, spec.dtype, src)  # checks that the bytes are those of the shape and dtype
@@ -365,14 +443,15 @@ class _DeviceWorker:
     # ----------------------------------------------------------------------------------------- methods
 
     def identity(self) -> dict[str, Any]:
-        """``{"domain", "generation", "backend", "device", "pid", "node_id"}``."""
+        """``{"domain", "generation", "backend", "device", "pid", "node_id"}`` (``node_id`` None outside Ray)."""
         node = None
-        try:
-            node = ray.get_runtime_context().get_node_id()
-        except Exception:  # noqa: BLE001 - not in Ray
-            pass
+        if ray.is_initialized():  # else get_runtime_context() would start a local Ray instance
+            try:
+                node = ray.get_runtime_context().get_node_id()
+            except Exception:  # noqa: BLE001 - not in a worker of this Ray version
+                pass
         return {"domain": self.domain, "generation": self.generation, "backend": self.backend,
-                "device": self.bridge.device, "pid": os.getpid(), "node_id": node}
+                "device": self._device, "pid": os.getpid(), "node_id": node}
 
     def put(self, name: str, value: Any, *, dtype: Any = None) -> TensorRef:
         """Stores ``value`` (a numpy array, a PortableTensor, an ObjectRef of either) on the device as ``name``.
@@ -380,11 +459,15 @@ class _DeviceWorker:
         An ObjectRef passed as the argument itself is resolved by Ray before the call: the array is then a
         zero-copy view of the object store's shared memory, and is staged from there (no host copy first).
         Copied, never adopted: what a worker is loaded with (weights, state) lives as long as the worker and
-        must not hold object-store memory that long."""
+        must not hold object-store memory that long. A ``TensorRef`` is refused (``devbridge.ForeignDomain``:
+        the token is not the data), as is what is no array (``None``, a str: ``TypeError``)."""
+        self._check_open("put")
+        self._check_name(name, "put")
         tensor = self._ingest(value, dtype, reuse=name)
-        self._counts["puts"] += 1
+        ref = self._store(name, tensor)
+        self._counts["puts"] += 1  # counted once stored: a refused put counts nothing
         self._counts["bytes_in"] += tensor.nbytes
-        return self._store(name, tensor)
+        return ref
 
     def import_(self, name: str, value: Any) -> TensorRef:
         """Stores a PortableTensor (typically another worker's ``export``, passed as its ObjectRef) as
@@ -393,13 +476,13 @@ class _DeviceWorker:
         Where the device takes host memory in place (``Bridge.adopt``: host; OpenCL over host memory) the
         object-store buffer is adopted: it becomes the tensor, read-only, with no copy, and stays pinned in the store until
         the tensor is replaced or deleted (hand-offs are replaced step by step). ``adopt=False`` at start copies."""
-        if isinstance(value, TensorRef):
-            raise self._refuse(devbridge.ForeignDomain(
-                f"import_ takes the exported tensor (worker.export.remote(name)), not the token {value!r}"))
-        tensor = self._ingest(value, reuse=name, adopt=True)
+        self._check_open("import_")
+        self._check_name(name, "import_")
+        tensor = self._ingest(value, reuse=name, adopt=True, what="import_")
+        ref = self._store(name, tensor)
         self._counts["imports"] += 1
         self._counts["bytes_in"] += tensor.nbytes
-        return self._store(name, tensor)
+        return ref
 
     def get(self, key: Any) -> np.ndarray:
         """The tensor's contents as a numpy array (downloaded through the ring)."""
@@ -443,11 +526,24 @@ class _DeviceWorker:
         computed straight into a new allocation of this bridge (``assign``); elsewhere (OpenCL, whose
         buffers tinygrad cannot adopt) the inputs are read out through the ring and the results staged
         back. tinygrad's default device is set to the tensors' device for the call, so tensors ``fn``
-        creates without ``device=`` land beside them. Returns a TensorRef (``outputs`` a str) or a list."""
+        creates without ``device=`` land beside them. Returns a TensorRef (``outputs`` a str) or a list.
+
+        All or nothing: the output names are checked (each a non-empty str, no two alike) before ``fn`` is
+        called, and when ``fn`` raises, returns the wrong number of tensors or anything else (``None``:
+        ``TypeError``), or a result cannot be stored, no output is stored and the run is not counted."""
+        self._check_open("run")
         single_in = isinstance(inputs, (str, TensorRef, ray.ObjectRef))
         keys = [inputs] if single_in else list(inputs)
         single_out = isinstance(outputs, str)
-        names = [outputs] if single_out else list(outputs)
+        try:
+            names = [outputs] if single_out else list(outputs)
+        except TypeError:
+            raise TypeError(f"worker {self.domain}: run: outputs is a name (str) or a list of names, not "
+                            f"{type(outputs).__name__}") from None
+        for name in names:
+            self._check_name(name, "run (outputs)")
+        if len(set(names)) != len(names):
+            raise ValueError(f"worker {self.domain}: run: outputs {names} name a tensor twice")
         expanded: list[Any] = []
         for key in keys:  # an ObjectRef of a list of tokens (an earlier run's outputs) stands for all of them
             key = ray.get(key) if isinstance(key, ray.ObjectRef) else key
@@ -469,9 +565,14 @@ class _DeviceWorker:
             results = fn(*args, **kwargs)
             if isinstance(results, Tensor):
                 results = [results]
-            results = list(results)
+            elif isinstance(results, (list, tuple)):
+                results = list(results)
+            else:
+                got = "None" if results is None else type(results).__name__
+                raise TypeError(f"run: {_callable_name(fn)} returned {got}; it must return a tinygrad Tensor for "
+                                f"each of the outputs {names} (one Tensor, or a tuple/list of them)")
             if len(results) != len(names):
-                raise ValueError(f"run: fn returned {len(results)} tensors for outputs {names}")
+                raise ValueError(f"run: {_callable_name(fn)} returned {len(results)} tensors for outputs {names}")
             made: list[DeviceTensor] = []
             try:
                 for result in results:
@@ -487,25 +588,53 @@ class _DeviceWorker:
                         devbridge.tinygrad_synchronize(target)
                         del target
                     else:
-                        made.append(self.bridge.upload(np.ascontiguousarray(result.numpy()), wait=True))
+                        made.append(self._upload_result(result))
             except BaseException:
                 for tensor in made:
                     tensor.free()
                 raise
             finally:
                 del args, results
-        self._counts["runs"] += 1
+        # The names were checked before fn ran: storing cannot fail halfway.
         refs = [self._store(name, tensor) for name, tensor in zip(names, made)]
+        self._counts["runs"] += 1
         return refs[0] if single_out else refs
 
-    def checkpoint(self, path: str | os.PathLike | None = None, *, names: Iterable[str] | None = None,
+    def _upload_result(self, result: Any) -> DeviceTensor:
+        """A tinygrad result staged onto the device through the ring, with its shape (a 0-d result stays 0-d)
+        and its dtype bit for bit: one numpy lacks (bfloat16, float8), which tinygrad's ``numpy()`` converts
+        to float32, is read as its raw bits (``bitcast`` to the unsigned integers of its size)."""
+        from tinygrad import dtypes
+
+        name = devbridge.dtype_info(result.dtype)["name"]
+        a = result.numpy() if _bits_dtype(name) is None else None
+        if a is None or _dtype_name(a.dtype) != name:
+            unsigned = {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}
+            a = result.bitcast(unsigned[devbridge.dtype_info(name)["itemsize"]]).numpy()
+        if not a.flags.c_contiguous:
+            a = a.copy(order="C")  # not np.ascontiguousarray: that makes a 0-d array 1-d
+        return self.bridge.upload(a, dtype=name, wait=True)
+
+    def checkpoint(self, path: str | os.PathLike | None = None, *, names: Iterable[str] | str | None = None,
                    metadata: Mapping[str, str] | None = None) -> str:
-        """Writes the named tensors (all by default) to a safetensors file (``devbridge.checkpoint``:
-        atomic, checksummed); ``path`` defaults to the worker's ``checkpoint=``. Returns the path."""
+        """Writes the named tensors (all by default; a str is one name) to a safetensors file
+        (``devbridge.checkpoint``: atomic, checksummed); ``path`` defaults to the worker's ``checkpoint=``.
+        ``metadata`` may not set the worker's own keys (``devbridge_ray_domain``, ``devbridge_ray_generation``:
+        ``ValueError``). Returns the path."""
+        self._check_open("checkpoint")
         target = self._path(path)
-        chosen = sorted(self._tensors) if names is None else list(names)
+        if names is None:
+            chosen = sorted(self._tensors)
+        elif isinstance(names, str):
+            chosen = [names]
+        else:
+            chosen = list(names)
         tensors = {name: self._lookup(name)[1] for name in chosen}
         extra = {"devbridge_ray_domain": self.domain, "devbridge_ray_generation": str(self.generation)}
+        for key in (metadata or {}):
+            if key in extra:
+                raise ValueError(f"worker {self.domain}: checkpoint: metadata key {key!r} is the worker's own (it "
+                                 f"records which worker and generation wrote the file); use another key")
         extra.update(metadata or {})
         self.bridge.checkpoint(target, tensors, metadata=extra)
         self._counts["checkpoints"] += 1
@@ -514,6 +643,7 @@ class _DeviceWorker:
     def restore(self, path: str | os.PathLike | None = None) -> list[str]:
         """Loads a checkpoint (``path`` defaults to the worker's ``checkpoint=``): each tensor replaces the
         one of its name, in this generation (tokens issued before are refused). Returns the names."""
+        self._check_open("restore")
         target = self._path(path)
         restored = self.bridge.restore(target)
         for name, tensor in restored.items():
@@ -531,21 +661,27 @@ class _DeviceWorker:
         return os.fspath(path)
 
     def stats(self) -> dict[str, Any]:
-        """The worker's counters, identity and what it holds, with its bridge's ``stats()`` under ``"bridge"``."""
+        """The worker's counters, identity and what it holds, with its bridge's ``stats()`` under ``"bridge"``
+        (``{"closed": True}`` once ``close()`` was called: nothing held any more). ``stale_removed``: the
+        temporary files of an interrupted checkpoint this worker removed when Ray restarted it."""
         return {**self.identity(), **self._counts, "restored_from": self._restored_from,
                 "restored_names": list(self._restored_names), "tensors": len(self._tensors),
                 "tensor_bytes": sum(e.tensor.nbytes for e in self._tensors.values()),
-                "checkpoint_path": self._checkpoint_path, "bridge": self.bridge.stats()}
+                "checkpoint_path": self._checkpoint_path, "stale_removed": list(self._stale_removed),
+                "closed": self._closed, "bridge": {"closed": True} if self._closed else self.bridge.stats()}
 
     def ping(self) -> int:
         """The worker's generation (a cheap call to wait for a worker, or for its restart)."""
         return self.generation
 
     def close(self) -> None:
-        """Frees every tensor and closes the bridge (the actor itself stays until killed)."""
+        """Frees every tensor and closes the bridge (the actor itself stays until killed). Idempotent; then
+        ``stats()``, ``identity()``, ``tensors()`` and ``ping()`` still answer, every other call raises
+        ``devbridge.Closed`` naming the worker."""
         for entry in self._tensors.values():
             entry.tensor.free()
         self._tensors.clear()
+        self._closed = True
         self.bridge.close()
 
 
@@ -578,28 +714,61 @@ def start_worker(backend: str = "host", device: str | None = None, *, checkpoint
 
 def wait_until_ready(worker: Any, *, timeout: float = 60.0, min_generation: int = 1) -> int:
     """Waits (up to ``timeout`` seconds) until ``worker`` answers at ``min_generation`` or later, retrying
-    while Ray restarts it; returns its generation. Raises ``TimeoutError``; and at once, without waiting, the
-    error a start or restart of the worker raised (a damaged checkpoint's ``devbridge.CheckpointError``, an
-    unavailable backend's ``devbridge.Unavailable``, ...), chained from Ray's ``ActorDiedError``: Ray does
-    not restart an actor whose constructor raised."""
+    while Ray restarts it (``ActorUnavailableError``, or a ``RayActorError`` other than ``ActorDiedError``);
+    returns its generation. Raises ``TimeoutError``; and at once, without waiting, the error a start or
+    restart of the worker raised (a damaged checkpoint's ``devbridge.CheckpointError``, an unavailable
+    backend's ``devbridge.Unavailable``, ...), chained from Ray's ``ActorDiedError``: Ray does not restart an
+    actor whose constructor raised; and Ray's ``ActorDiedError``, naming the worker, for a worker dead for
+    good (killed with ``no_restart=True``, or out of ``max_restarts``)."""
     deadline = time.monotonic() + timeout
     last: BaseException | None = None
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise TimeoutError(f"the worker did not answer at generation >= {min_generation} within {timeout} s"
-                               + (f" (last: {last!r})" if last else ""))
+            raise TimeoutError(f"worker {_worker_name(worker)} did not answer at generation >= {min_generation} "
+                               f"within {timeout} s" + (f" (last: {last!r})" if last else ""))
         try:
             generation = ray.get(worker.ping.remote(), timeout=max(0.1, min(left, 30.0)))
             if generation >= min_generation:
                 return generation
-        except ray.exceptions.RayActorError as error:
+        except ray.exceptions.ActorDiedError as error:
+            if error.actor_init_failed:
+                raise _constructor_error(error) from error
+            if not _restarting(worker):
+                raise _dead_for_good(worker, error) from error
+            last = error  # the ping reached the process that died; Ray is starting the next one
+        except ray.exceptions.RayActorError as error:  # ActorUnavailableError: restarting, or unreachable for now
             if error.actor_init_failed:
                 raise _constructor_error(error) from error
             last = error
         except ray.exceptions.GetTimeoutError as error:
             last = error
         time.sleep(0.05)
+
+
+def _worker_name(worker: Any) -> str:
+    actor_id = getattr(worker, "_actor_id", None)
+    return actor_id.hex() if hasattr(actor_id, "hex") else repr(worker)
+
+
+def _restarting(worker: Any) -> bool:
+    """Whether the GCS says Ray is restarting ``worker`` (or has already: its state is not ``DEAD``)."""
+    try:
+        from ray._private import state
+
+        info = state.actors(_worker_name(worker))
+        return bool(info) and info.get("State") not in (None, "DEAD")
+    except Exception:  # noqa: BLE001 - another Ray version: trust the ActorDiedError
+        return False
+
+
+def _dead_for_good(worker: Any, error: BaseException) -> BaseException:
+    """Ray's ActorDiedError for ``worker``, its message naming the worker and saying it will not come back."""
+    dead = ray.exceptions.ActorDiedError()
+    dead.actor_id = getattr(error, "actor_id", None) or _worker_name(worker)
+    dead.error_msg = (f"worker {_worker_name(worker)} is dead for good (killed with no_restart=True, or out of "
+                      f"its max_restarts): Ray will not restart it; start a new worker. {error}")
+    return dead
 
 
 def _constructor_error(error: BaseException) -> BaseException:

@@ -515,6 +515,7 @@ class _RDTDeviceWorker(_DeviceWorker):
     def share(self, key: Any) -> DeviceTensor | list[DeviceTensor]:
         """The tensor(s) named by ``key`` (a name or TensorRef, or a list of them), for another actor:
         ``b.accept.remote(name, a.share.remote(key))``. The bytes are copied once, now, into shared memory."""
+        self._check_open("share")
         keys = key if isinstance(key, list) else [key]
         tensors = [self._lookup(k)[1] for k in keys]
         self._counts["exports"] += len(tensors)
@@ -524,12 +525,27 @@ class _RDTDeviceWorker(_DeviceWorker):
     def accept(self, name: str | list[str], value: Any) -> TensorRef | list[TensorRef]:
         """Stores what ``share`` handed over (a SegmentTensor, or a list) as ``name`` (or the list of names):
         adopted with no copy on the host backend (read-only: a later ``put`` of the name replaces it), one
-        copy onto the device elsewhere. Also takes what ``put`` takes."""
-        if isinstance(name, list):
+        copy onto the device elsewhere. Also takes what ``put`` takes, and refuses what ``put`` refuses (a
+        ``TensorRef``: ``devbridge.ForeignDomain``). A list of names takes a list of tensors of the same
+        length (``share`` of a list of keys), one name one tensor (``TypeError`` otherwise)."""
+        self._check_open("accept")
+        if isinstance(name, (list, tuple)):
+            for n in name:
+                self._check_name(n, "accept")
+            if not isinstance(value, (list, tuple)):
+                raise TypeError(f"worker {self.domain}: accept: {len(name)} names {list(name)} for one "
+                                f"{type(value).__name__}: share(key) of one key hands over one tensor, "
+                                "share([key, ...]) a list")
             values = list(value)
             if len(values) != len(name):
-                raise ValueError(f"accept: {len(name)} names for {len(values)} tensors")
+                raise ValueError(f"worker {self.domain}: accept: {len(name)} names {list(name)} for {len(values)} "
+                                 "tensors")
             return [self.accept(n, v) for n, v in zip(name, values)]
+        self._check_name(name, "accept")
+        if isinstance(value, (list, tuple)) and any(isinstance(v, (PortableTensor, DeviceTensor, TensorRef))
+                                                    for v in value):
+            raise TypeError(f"worker {self.domain}: accept: one name {name!r} for a {type(value).__name__} of "
+                            f"{len(value)} tensors: pass a list of as many names")
         if isinstance(value, DeviceTensor):
             # A ref shared by this very actor: Ray hands back the tensor itself, which is also held under its
             # own name (and by Ray): store a copy, so that replacing one name does not free the other.
@@ -541,10 +557,11 @@ class _RDTDeviceWorker(_DeviceWorker):
             except devbridge.Unsupported:
                 self._adopt = False  # device memory that is not host memory after all: copy
         if tensor is None:
-            tensor = self._ingest(value, reuse=name, adopt=True)
-        self._counts["imports"] += 1
+            tensor = self._ingest(value, reuse=name, adopt=True, what="accept")
+        ref = self._store(name, tensor)
+        self._counts["imports"] += 1  # counted once stored
         self._counts["bytes_in"] += tensor.nbytes
-        return self._store(name, tensor)
+        return ref
 
 
 RDTDeviceWorker = ray.remote(max_restarts=DEFAULT_MAX_RESTARTS, max_task_retries=0,

@@ -1,7 +1,9 @@
 """devbridge.ray on a local Ray cluster: put/run/get, cross-backend hand-off, kill-and-restore, stale handles.
 
-One cluster for the module (started on loopback by ``init_local`` and shut down by the ``cluster`` fixture),
-small arrays, a timeout on every ray.get. Skipped when Ray (or tinygrad) is not installed.
+The plain worker class in this process first (no Ray started: argument checks, run's results, counters,
+close, stale checkpoint files, wait_until_ready's retry rule), then one cluster for the module (started on
+loopback by ``init_local`` and shut down by the ``cluster`` fixture), small arrays, a timeout on every
+ray.get. Skipped when Ray (or tinygrad) is not installed.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -20,6 +23,7 @@ pytest.importorskip("tinygrad", reason="tinygrad is not installed (DeviceWorker.
 
 import devbridge  # noqa: E402
 from conftest import same_bits  # noqa: E402
+import devbridge.ray as dray  # noqa: E402
 from devbridge.ray import TensorRef, init_local, non_loopback_addresses, start_worker, wait_until_ready  # noqa: E402
 
 TIMEOUT = 60  # seconds, for every ray.get
@@ -29,6 +33,240 @@ OTHER_BACKEND = "opencl" if HAVE_OPENCL else "host"
 
 def get(ref, timeout=TIMEOUT):
     return ray.get(ref, timeout=timeout)
+
+
+# ------------------------------------------------------------------ the plain class, in this process (no Ray)
+
+
+@pytest.fixture
+def local_worker():
+    w = dray._DeviceWorker("host")
+    yield w
+    w.close()
+
+
+def test_the_plain_class_runs_in_process_and_never_starts_ray():
+    """Documented to run in-process (domain local-..., generation 1): asking Ray who it is would start a Ray
+    instance, on the machine's network address."""
+    started = ray.is_initialized()
+    w = dray._DeviceWorker("host")
+    try:
+        assert w.domain.startswith("local-") and w.generation == 1
+        w.put("x", np.arange(4, dtype=np.float32))
+        identity = w.identity()
+        assert identity["domain"] == w.domain and identity["pid"] == os.getpid()
+        assert w.stats()["puts"] == 1
+        assert ray.is_initialized() == started
+        if not started:
+            assert identity["node_id"] is None
+    finally:
+        w.close()
+    assert ray.is_initialized() == started
+
+
+def _bf16_bits(x):
+    return (np.asarray(x, np.float32).view(np.uint32) >> 16).astype(np.uint16)  # exact for these values
+
+
+@pytest.mark.parametrize("backend", ["host", "opencl"])
+def test_run_keeps_a_results_shape_and_dtype(backend):
+    """0-d results stay 0-d; a dtype numpy lacks (bfloat16, float8) is stored as itself, bit for bit, where the
+    results are staged back (OpenCL; a 0-d result on the host backend), not as tinygrad's float32 numpy()."""
+    if backend == "opencl" and not HAVE_OPENCL:
+        pytest.skip("no OpenCL device")
+    from tinygrad import Tensor, dtypes
+
+    w = dray._DeviceWorker(backend)
+    try:
+        x = np.arange(12, dtype=np.float32) * 0.5 - 3  # exact in bfloat16 and float8_e4m3fn
+        w.put("x", x)
+        w.put("s", np.array(5, np.int32))
+        total = w.run(lambda t: t.sum(), "x", "sum")
+        assert total.shape == () and w.get("sum").shape == () and w.get("sum") == x.sum()
+        assert w.run(lambda t: t + 1, "s", "s1").shape == ()
+        assert w.get("s1").shape == () and w.get("s1") == 6 and w.get("s1").dtype == np.int32
+        bf0 = w.run(lambda t: t.sum().cast(dtypes.bfloat16), "x", "bf0")  # 0-d: staged back on every backend
+        assert bf0.dtype == "bfloat16" and bf0.shape == () and w.tensors()["bf0"]["dtype"] == "bfloat16"
+        assert same_bits(w.get("bf0"), _bf16_bits(x.sum()))
+        if backend == "host":
+            return  # the host backend computes a shaped result in place (assign), in the kernel's own dtype
+        bf = w.run(lambda t: t.cast(dtypes.bfloat16), "x", "bf")
+        assert bf.dtype == "bfloat16" and bf.shape == (12,) and w.tensors()["bf"]["dtype"] == "bfloat16"
+        assert same_bits(w.get("bf"), _bf16_bits(x))
+        f8 = w.run(lambda t: t.cast(dtypes.fp8e4m3), "x", "f8")
+        assert f8.dtype == "float8_e4m3fn" and w.tensors()["f8"]["nbytes"] == 12
+        want = Tensor(x, device="CPU").cast(dtypes.fp8e4m3).bitcast(dtypes.uint8).numpy()
+        assert same_bits(w.get("f8"), want)
+    finally:
+        w.close()
+
+
+def test_run_is_all_or_nothing(local_worker):
+    w = local_worker
+    w.put("x", np.ones(4, np.float32))
+    called = []
+
+    def pair(t):
+        called.append(1)
+        return t + 1, t + 2
+
+    with pytest.raises(TypeError, match="7"):
+        w.run(pair, "x", ["y", 7])  # checked before fn runs
+    with pytest.raises(TypeError, match="''"):
+        w.run(pair, "x", ["y", ""])
+    with pytest.raises(ValueError, match="twice"):
+        w.run(pair, "x", ["y", "y"])
+    assert called == []
+    with pytest.raises(ValueError, match="returned 2 tensors"):
+        w.run(pair, "x", ["y", "z", "u"])
+
+    def fails(t):
+        raise RuntimeError("fn failed")
+
+    with pytest.raises(RuntimeError, match="fn failed"):
+        w.run(fails, "x", "y")
+    with pytest.raises(TypeError, match=r"returned None.*\['y'\]"):
+        w.run(lambda t: None, "x", "y")
+    with pytest.raises(TypeError, match="returned int"):
+        w.run(lambda t: 3, "x", ["y"])
+    assert list(w.tensors()) == ["x"] and w.stats()["runs"] == 0
+    assert w.stats()["bridge"]["live_allocations"] == 1  # nothing made is left behind
+    assert w.run(pair, "x", ["y", "z"])[1].name == "z" and w.stats()["runs"] == 1
+
+
+def test_put_refuses_what_is_not_data_and_counts_only_what_it_stores(local_worker):
+    w = local_worker
+    x = np.arange(6, dtype=np.float32)
+    token = w.put("x", x)
+    kept = ("puts", "imports", "bytes_in")
+    counts = {k: w.stats()[k] for k in (*kept, "refused_handles")}
+    with pytest.raises(TypeError, match=r"\['a'\]"):
+        w.put(["a"], x)
+    with pytest.raises(TypeError, match="None"):
+        w.put(None, x)
+    with pytest.raises(TypeError, match="NoneType"):
+        w.put("v", None)
+    with pytest.raises(TypeError, match="str"):
+        w.put("v", "hello")
+    with pytest.raises(TypeError, match="object"):
+        w.put("v", object())
+    with pytest.raises(devbridge.ForeignDomain, match="token"):
+        w.put("z", token)  # the token is not the data, here as in import_
+    with pytest.raises(devbridge.ForeignDomain, match="token"):
+        w.import_("z", token)
+    with pytest.raises(TypeError, match="5"):
+        w.import_(5, w.export("x"))
+    with pytest.raises(ValueError):
+        w.put("v", x, dtype="float64")  # 4-byte items relabelled as 8-byte ones
+    after = w.stats()
+    assert {k: after[k] for k in kept} == {k: counts[k] for k in kept}
+    assert after["refused_handles"] == counts["refused_handles"] + 2
+    assert list(w.tensors()) == ["x"] and after["bridge"]["live_allocations"] == 1
+    w.put("l", [1.0, 2.0])  # what numpy reads as numbers still goes
+    assert w.stats()["puts"] == counts["puts"] + 1 and w.stats()["bytes_in"] == counts["bytes_in"] + 16
+
+
+def test_checkpoint_names_and_metadata(local_worker, tmp_path):
+    w = local_worker
+    w.put("bf", np.ones(4, np.float32))
+    w.put("other", np.zeros(3, np.float32))
+    path = tmp_path / "one.safetensors"
+    assert w.checkpoint(str(path), names="bf") == str(path)  # a str is one name, not its characters
+    info = devbridge.checkpoint_info(path)
+    assert sorted(info["tensors"]) == ["bf"]
+    for key in ("devbridge_ray_domain", "devbridge_ray_generation"):
+        with pytest.raises(ValueError, match=key):
+            w.checkpoint(str(tmp_path / "meta.safetensors"), metadata={key: "99"})
+    assert not (tmp_path / "meta.safetensors").exists() and w.stats()["checkpoints"] == 1
+    w.checkpoint(str(tmp_path / "meta.safetensors"), metadata={"step": "7"})
+    meta = devbridge.checkpoint_info(tmp_path / "meta.safetensors")["metadata"]
+    assert meta["step"] == "7" and meta["devbridge_ray_domain"] == w.domain and meta["devbridge_ray_generation"] == "1"
+
+
+def test_a_closed_worker_says_so_and_still_reports(local_worker):
+    w = local_worker
+    w.put("x", np.ones(4, np.float32))
+    w.close()
+    stats = w.stats()  # so that a user can confirm nothing is held
+    assert stats["closed"] and stats["bridge"] == {"closed": True}
+    assert stats["tensors"] == 0 and stats["tensor_bytes"] == 0 and stats["puts"] == 1
+    assert w.identity()["domain"] == w.domain and w.tensors() == {} and w.ping() == 1
+    for call in (lambda: w.put("x", np.ones(4, np.float32)), lambda: w.get("x"), lambda: w.run(lambda t: t, "x", "y"),
+                 lambda: w.checkpoint("/nonexistent/x.safetensors")):
+        with pytest.raises(devbridge.Closed, match=w.domain):
+            call()
+    w.close()  # again: nothing happens
+
+
+def test_a_restarted_worker_removes_an_interrupted_checkpoints_files(tmp_path, monkeypatch):
+    """A process killed in the middle of checkpoint() leaves its temporary file (and the replaced file's second
+    name) beside the checkpoint: the worker Ray restarts removes them before restoring; a first start does not."""
+    path = tmp_path / "w.safetensors"
+    first = dray._DeviceWorker("host", checkpoint=str(path))
+    try:
+        first.put("x", np.arange(8, dtype=np.float32))
+        first.checkpoint()
+    finally:
+        first.close()
+    fd, tmp = tempfile.mkstemp(prefix=".w.safetensors.", suffix=".tmp", dir=tmp_path)  # what the writer makes
+    os.write(fd, b"partial")
+    os.close(fd)
+    old = tmp_path / ".w.safetensors.abcd_123.old"
+    os.link(path, old)
+    others = [tmp_path / n for n in (".v.safetensors.abcd1234.tmp", "w.safetensors.abcd1234.tmp",
+                                     ".w.safetensors.abcd1234.keep", ".w.safetensors.tmp")]
+    for other in others:
+        other.write_bytes(b"not the writer's")
+    again = dray._DeviceWorker("host", checkpoint=str(path))  # generation 1: a first start removes nothing
+    again.close()
+    assert os.path.exists(tmp) and old.exists()
+    monkeypatch.setattr(dray, "_actor_identity", lambda: ("local-restarted", 2))
+    restarted = dray._DeviceWorker("host", checkpoint=str(path))
+    try:
+        assert sorted(restarted.stats()["stale_removed"]) == sorted([str(old), tmp])
+        assert not os.path.exists(tmp) and not old.exists() and all(o.exists() for o in others)
+        assert restarted.stats()["restored_names"] == ["x"]
+        assert np.array_equal(restarted.get("x"), np.arange(8, dtype=np.float32))
+    finally:
+        restarted.close()
+
+
+class _FakeActor:
+    """Stands for an actor handle: ``ping.remote()`` whose ``ray.get`` (patched) raises or answers in turn."""
+
+    class _Method:
+        def remote(self):
+            return "ping"
+
+    def __init__(self):
+        self.ping = self._Method()
+
+
+def test_wait_until_ready_retries_a_restarting_worker_and_not_a_dead_one(monkeypatch):
+    answers = [ray.exceptions.ActorUnavailableError("restarting", None), ray.exceptions.RayActorError(), 2]
+
+    def fake_get(ref, timeout=None):
+        answer = answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(ray, "get", fake_get)
+    monkeypatch.setattr(dray, "_restarting", lambda worker: False)
+    assert wait_until_ready(_FakeActor(), timeout=10, min_generation=2) == 2 and answers == []
+    answers[:] = [ray.exceptions.ActorDiedError(), 2]
+    began = time.monotonic()
+    with pytest.raises(ray.exceptions.ActorDiedError, match="dead for good") as caught:
+        wait_until_ready(_FakeActor(), timeout=10)
+    assert time.monotonic() - began < 5 and answers == [2]
+    assert isinstance(caught.value.__cause__, ray.exceptions.ActorDiedError)
+    # Unless the GCS says Ray is restarting it (the ping reached the process that died).
+    monkeypatch.setattr(dray, "_restarting", lambda worker: True)
+    answers[:] = [ray.exceptions.ActorDiedError(), 3]
+    assert wait_until_ready(_FakeActor(), timeout=10) == 3
+
+
+# -------------------------------------------------------------------------------- on a local Ray cluster
 
 
 @pytest.fixture(scope="module")
@@ -291,6 +529,16 @@ def test_worker_killed_mid_run_restarts_restores_and_refuses_old_handles(cluster
         assert np.array_equal(get(w.get.remote("z")), x * 2 + 1)
     finally:
         ray.kill(w, no_restart=True)
+
+
+def test_wait_until_ready_raises_at_once_for_a_worker_dead_for_good(cluster):
+    w = start_worker("host", max_restarts=0)
+    assert wait_until_ready(w, timeout=TIMEOUT) == 1
+    ray.kill(w, no_restart=True)
+    began = time.monotonic()
+    with pytest.raises(ray.exceptions.ActorDiedError, match="dead for good") as caught:
+        wait_until_ready(w, timeout=30, min_generation=2)
+    assert time.monotonic() - began < 20 and w._actor_id.hex() in str(caught.value)
 
 
 def test_a_damaged_checkpoint_stops_the_restarted_worker_and_reaches_the_driver(cluster, tmp_path):

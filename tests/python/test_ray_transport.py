@@ -184,6 +184,44 @@ def test_the_manager_refuses_what_it_cannot_move(manager):
         t.free()
 
 
+def test_accept_refuses_tokens_and_mismatched_names_in_process():
+    """The plain worker class in this process (no Ray started): accept takes data, not a token, and as many
+    names as tensors; a refused accept stores and counts nothing."""
+    started = ray.is_initialized()
+    w = rt._RDTDeviceWorker("host")
+    try:
+        bits = np.arange(4, dtype=np.uint16)
+        token = w.put("bf", bits, dtype="bfloat16")
+        one = w.share("bf")  # called in this very process: the tensor itself, as Ray hands an actor its own share
+        two = w.share(["bf", "bf"])
+        before = w.stats()
+        with pytest.raises(devbridge.ForeignDomain, match="token"):
+            w.accept("z", token)
+        with pytest.raises(TypeError, match=r"2 names \['a', 'b'\] for one DeviceTensor"):
+            w.accept(["a", "b"], one)
+        with pytest.raises(TypeError, match="one name 'a' for a list of 2"):
+            w.accept("a", two)
+        with pytest.raises(ValueError, match="3 names"):
+            w.accept(["a", "b", "c"], two)
+        with pytest.raises(TypeError, match="5"):
+            w.accept(["a", 5], two)
+        with pytest.raises(TypeError, match="NoneType"):
+            w.accept("a", None)
+        after = w.stats()
+        assert after["imports"] == before["imports"] and after["bytes_in"] == before["bytes_in"]
+        assert after["refused_handles"] == before["refused_handles"] + 1 and list(w.tensors()) == ["bf"]
+        refs = w.accept(["a", "b"], two)
+        assert [r.name for r in refs] == ["a", "b"] and w.stats()["imports"] == before["imports"] + 2
+        assert w.tensors()["a"]["dtype"] == "bfloat16" and same_bits(w.get("b"), bits)
+        w.close()
+        with pytest.raises(devbridge.Closed, match=w.domain):
+            w.accept("c", one)
+        assert w.stats()["bridge"] == {"closed": True}
+    finally:
+        w.close()
+    assert ray.is_initialized() == started
+
+
 # -------------------------------------------------------------------------------- on a local Ray cluster
 
 
