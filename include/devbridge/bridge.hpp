@@ -344,6 +344,10 @@ class Bridge {
 
   // ---- allocation ----
   DeviceHandle alloc_device(const ObjectSpec& spec, std::uint64_t extent);
+  // Refuses what alloc_device would refuse of `spec` and `extent` before it
+  // asks for memory (InvalidAlignment, UnsupportedDType, InvalidExtent, the
+  // same messages), allocating nothing: a plan checks a new allocation so.
+  void check_allocation(const ObjectSpec& spec, std::uint64_t extent) const;
   // Frees now, or throws AllocationStillInUse (naming the copies, steps,
   // views and pending fences that use it) and changes nothing.
   void free_device(DeviceHandle handle);

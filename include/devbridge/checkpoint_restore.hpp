@@ -78,7 +78,7 @@ class RestoreStream {
   const std::vector<DeviceHandle>& handles() const noexcept { return handles_; }
   // Waits up to `timeout` for target `index`'s bytes to be written or their
   // copies submitted: false when not yet; throws the error that stopped the
-  // reading before it got there.
+  // reading before it got there, and InvalidRange for an index past the last.
   bool landed(std::size_t index, std::chrono::nanoseconds timeout);
   // Target `index`'s copies still in flight when it landed (offsets from its
   // start; empty where its bytes were written in place). Only once landed().
@@ -97,6 +97,8 @@ class RestoreStream {
   RestoreStream(Bridge& bridge, int fd, std::uint64_t data_start, std::vector<RestoreTarget> targets,
                 RestoreOptions options, std::string where);
   void run() noexcept;
+  // InvalidRange naming `what`, `index` and how many targets there are, past the last.
+  void check_index(std::size_t index, const char* what) const;
   void read_batch(TransferPlanner& planner, std::size_t first, std::size_t last);
   void fill(std::uint64_t file_offset, std::span<const std::span<std::byte>> pieces);
   void read_ahead(std::uint64_t end);

@@ -116,6 +116,9 @@ void Bridge::free_device(DeviceHandle handle) { core_->free_device(handle); }
 void Bridge::release(DeviceHandle handle) { core_->release(handle); }
 std::uint64_t Bridge::extent(DeviceHandle handle) const { return core_->spec_of(handle).second; }
 ObjectSpec Bridge::spec(DeviceHandle handle) const { return core_->spec_of(handle).first; }
+void Bridge::check_allocation(const ObjectSpec& spec, std::uint64_t extent) const {
+  core_->check_allocation(spec, extent);
+}
 
 HostRange Bridge::reserve(std::uint64_t bytes, std::uint64_t alignment, std::chrono::nanoseconds timeout) {
   return core_->reserve(bytes, alignment, timeout);

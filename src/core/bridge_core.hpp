@@ -185,6 +185,11 @@ class BridgeCore {
 
   // ---- allocation ----
 
+  // Read-only after construction: no lock.
+  void check_allocation(const ObjectSpec& spec, std::uint64_t extent) const {
+    (void)dtypes_.checked_allocation(spec, extent);
+  }
+
   DeviceHandle alloc_device(const ObjectSpec& spec, std::uint64_t extent) {
     const auto [elem, view_dtype] = dtypes_.checked_allocation(spec, extent);
     if (pool_) return alloc_through_pool(spec, elem, view_dtype, extent);

@@ -278,18 +278,54 @@ bool is_end(TraceKind k) {
 constexpr const char* kQueueNames[] = {"copy up", "copy down", "compute", "consumer"};
 const char* queue_name(std::uint8_t queue) { return kQueueNames[std::min<std::uint8_t>(queue, 3)]; }
 
+// The length of the well-formed UTF-8 sequence `text` starts with (RFC 3629:
+// no overlong forms, no surrogates, nothing past U+10FFFF), or 0.
+std::size_t utf8_sequence(std::string_view text) noexcept {
+  const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(text[i]); };
+  const unsigned char lead = byte(0);
+  std::size_t length;
+  unsigned char low = 0x80, high = 0xbf;  // the second byte's range
+  if (lead >= 0xc2 && lead <= 0xdf) {
+    length = 2;
+  } else if (lead >= 0xe0 && lead <= 0xef) {
+    length = 3;
+    if (lead == 0xe0) low = 0xa0;
+    if (lead == 0xed) high = 0x9f;
+  } else if (lead >= 0xf0 && lead <= 0xf4) {
+    length = 4;
+    if (lead == 0xf0) low = 0x90;
+    if (lead == 0xf4) high = 0x8f;
+  } else {
+    return 0;
+  }
+  if (text.size() < length || byte(1) < low || byte(1) > high) return 0;
+  for (std::size_t i = 2; i < length; ++i)
+    if (byte(i) < 0x80 || byte(i) > 0xbf) return 0;
+  return length;
+}
+
+// `text` inside a JSON string. JSON holds only Unicode text: a byte that is
+// not part of well-formed UTF-8 (a stack from a file name that is not UTF-8)
+// is written as the four characters \xHH, as Python's backslashreplace does.
 void write_escaped(Out out, std::string_view text) {
-  for (const char c : text) {
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
     switch (c) {
       case '"': fmt::format_to(out, "\\\""); break;
       case '\\': fmt::format_to(out, "\\\\"); break;
       case '\n': fmt::format_to(out, "\\n"); break;
       case '\t': fmt::format_to(out, "\\t"); break;
       default:
-        if (static_cast<unsigned char>(c) < 0x20)
+        if (static_cast<unsigned char>(c) < 0x20) {
           fmt::format_to(out, "\\u{:04x}", static_cast<unsigned>(c));
-        else
+        } else if (static_cast<unsigned char>(c) < 0x80) {
           *out++ = c;
+        } else if (const std::size_t length = utf8_sequence(text.substr(i)); length != 0) {
+          for (std::size_t k = 0; k < length; ++k) *out++ = text[i + k];
+          i += length - 1;
+        } else {
+          fmt::format_to(out, "\\\\x{:02x}", static_cast<unsigned char>(c));
+        }
     }
   }
 }

@@ -206,6 +206,11 @@ RestoreStream::RestoreStream(Bridge& bridge, int fd, std::uint64_t data_start, s
   handles_.reserve(targets_.size());
   try {
     for (const auto& target : targets_)
+      if (target.begin > target.end)
+        throw Error(ErrorKind::InvalidRange,
+                    fmt::format("restore {}: tensor {}: its bytes begin at {}, past their end at {}", where_,
+                                checkpoint::quoted(target.name), target.begin, target.end));
+    for (const auto& target : targets_)
       handles_.push_back(naming([&] { return fmt::format("restore {}: tensor {}", where_, checkpoint::quoted(target.name)); },
                                 [&] { return bridge_.alloc_device(target.spec, target.extent); }));
   } catch (...) {
@@ -238,7 +243,16 @@ void RestoreStream::stop() {
     });
 }
 
+void RestoreStream::check_index(std::size_t index, const char* what) const {
+  if (index >= targets_.size())
+    throw Error(ErrorKind::InvalidRange,
+                targets_.empty() ? fmt::format("restore {}: {}({}): the restore has no tensors", where_, what, index)
+                                 : fmt::format("restore {}: {}({}): the restore has {} tensors (0 to {})", where_,
+                                               what, index, targets_.size(), targets_.size() - 1));
+}
+
 bool RestoreStream::landed(std::size_t index, std::chrono::nanoseconds timeout) {
+  check_index(index, "landed");
   std::unique_lock lock(mutex_);
   const auto ready = [&] { return landed_ > index || done_; };
   if (!ready()) {
@@ -250,7 +264,10 @@ bool RestoreStream::landed(std::size_t index, std::chrono::nanoseconds timeout) 
                                     checkpoint::quoted(targets_.at(index).name)));
 }
 
-const std::vector<PendingCopy>& RestoreStream::copies(std::size_t index) const { return copies_.at(index); }
+const std::vector<PendingCopy>& RestoreStream::copies(std::size_t index) const {
+  check_index(index, "copies");
+  return copies_[index];
+}
 
 bool RestoreStream::finished(std::chrono::nanoseconds timeout) {
   std::unique_lock lock(mutex_);

@@ -159,6 +159,8 @@ Resolved resolve(const TransferSource& source, const TransferDestination& destin
       end->element_size = spec_element_size(end->bridge->spec(end->handle));
       end->extent = end->bridge->extent(end->handle);
     }
+  // A new allocation is refused here as alloc_device would refuse it: plan() says so too.
+  if (r.destination.kind == End::Kind::New) r.destination.bridge->check_allocation(r.destination.spec, r.destination.extent);
   // The length: the source's, else the destination's, else the rest of the source allocation.
   if (r.source.bytes)
     r.bytes = *r.source.bytes;
@@ -173,7 +175,8 @@ Resolved resolve(const TransferSource& source, const TransferDestination& destin
          r.source.name(), r.destination.name(), *r.destination.bytes);
   for (const End* end : {&r.source, &r.destination})
     if (end->device())
-      detail::check_device_range(r.verb, end->name(), end->offset, r.bytes, end->extent, end->element_size);
+      detail::check_device_range(r.verb, end == &r.source ? "from" : "into", end->name(), end->offset, r.bytes,
+                                 end->extent, end->element_size);
   // Chunk by chunk, an overlapping copy within one allocation would read
   // bytes it has already overwritten (both ranges lie inside the extent, so
   // these sums do not overflow).

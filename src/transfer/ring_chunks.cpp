@@ -39,19 +39,21 @@ std::uint64_t default_chunk_bytes(std::uint64_t ring_capacity, std::uint64_t inf
 
 // Refuses (InvalidRange) `bytes` at `device_offset` unless they lie inside
 // `extent` and are whole elements of `element_size`, before any copy starts.
-void check_device_range(std::string_view verb, std::string_view target, std::uint64_t device_offset,
-                    std::uint64_t bytes, std::uint64_t extent, std::uint32_t element_size) {
-  const auto end = checked::add(device_offset, bytes);
-  if (!end)
-    fail(ErrorKind::InvalidRange, "{} of {} bytes at device offset {} into {}: the end does not fit in 64 bits", verb,
-         bytes, device_offset, target);
-  if (*end > extent)
-    fail(ErrorKind::InvalidRange, "{} of {} bytes at device offset {} into {} ends at {}, past its extent of {} bytes",
-         verb, bytes, device_offset, target, *end, extent);
+// `end` says which end of the transfer the range is ("from" or "into").
+void check_device_range(std::string_view verb, std::string_view end, std::string_view target,
+                        std::uint64_t device_offset, std::uint64_t bytes, std::uint64_t extent,
+                        std::uint32_t element_size) {
+  const auto last = checked::add(device_offset, bytes);
+  if (!last)
+    fail(ErrorKind::InvalidRange, "{} of {} bytes at device offset {} {} {}: the end does not fit in 64 bits", verb,
+         bytes, device_offset, end, target);
+  if (*last > extent)
+    fail(ErrorKind::InvalidRange, "{} of {} bytes at device offset {} {} {} ends at {}, past its extent of {} bytes",
+         verb, bytes, device_offset, end, target, *last, extent);
   if (device_offset % element_size != 0 || bytes % element_size != 0)
     fail(ErrorKind::InvalidRange,
-         "{} of {} bytes at device offset {} into {}: offset and size must be multiples of its element size {}", verb,
-         bytes, device_offset, target, element_size);
+         "{} of {} bytes at device offset {} {} {}: offset and size must be multiples of its element size {}", verb,
+         bytes, device_offset, end, target, element_size);
 }
 
 // Gives `range` back to the ring; false while it must stay ours: a copy may

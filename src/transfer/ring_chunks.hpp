@@ -95,8 +95,10 @@ using ReservedRange = Taken<HostRange, give_back_range>;
 std::uint64_t default_chunk_bytes(std::uint64_t ring_capacity, std::uint64_t inflight_budget);
 
 // Refuses (InvalidRange) `bytes` at `device_offset` unless they lie inside
-// `extent` and are whole elements of `element_size`, before any copy starts.
-void check_device_range(std::string_view verb, std::string_view target, std::uint64_t device_offset,
-                        std::uint64_t bytes, std::uint64_t extent, std::uint32_t element_size);
+// `extent` and are whole elements of `element_size`, before any copy starts;
+// `end` ("from", "into") says which end of the transfer `target` is.
+void check_device_range(std::string_view verb, std::string_view end, std::string_view target,
+                        std::uint64_t device_offset, std::uint64_t bytes, std::uint64_t extent,
+                        std::uint32_t element_size);
 
 }  // namespace devbridge::detail

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <random>
 #include <stdexcept>
@@ -178,6 +179,34 @@ TEST_P(RestoreConformance, RestoreReadsManySmallAndLargeTensorsBitExactAndChecks
   auto stream = start(b, file);
   ASSERT_EQ(stream->handles().size(), file.tensors().size());
   expect_whole_restore(b, *stream, file);
+}
+
+TEST_P(RestoreConformance, RestoreRefusesAnIndexPastItsTensorsAndATargetThatEndsBeforeItBegins) {
+  auto& b = make_bridge(8ull << 20);
+  const CheckpointOnDisk file(model());
+  auto stream = start(b, file);
+  const auto count = file.tensors().size();
+  EXPECT_TRUE(stream->finished(std::chrono::seconds(60)));
+  const auto refused = [](const std::function<void()>& call, const std::string& words) {
+    try {
+      call();
+      ADD_FAILURE() << "nothing was thrown; expected InvalidRange with \"" << words << "\"";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::InvalidRange) << e.what();
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  refused([&] { stream->landed(count, std::chrono::seconds(0)); },
+          "landed(" + std::to_string(count) + "): the restore has " + std::to_string(count) + " tensors");
+  refused([&] { stream->copies(count); }, "copies(" + std::to_string(count) + ")");
+  free_all(b, *stream);
+  auto opened = ckpt::CheckpointFile::open(file.path());
+  auto targets = targets_of(opened.header());
+  std::swap(targets[0].begin, targets[0].end);
+  const auto data_start = opened.header().data_start();
+  refused([&] { ckpt::RestoreStream::start(b, opened.release(), data_start, std::move(targets), {}, "'x'"); },
+          "past their end");
+  expect_nothing_left(b);
 }
 
 // The helper thread reads only what the page cache holds (preadv2 with

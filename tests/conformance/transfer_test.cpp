@@ -114,7 +114,11 @@ TEST_P(TransferConformance, TransferPlansTheRouteFromTheBackendsCapabilities) {
   const auto big_spec = bytes_spec(big.span().size());
   const DeviceHandle h = b.alloc_device(big_spec, big.span().size());
 
-  EXPECT_EQ(planner.plan(HostSource{{}}, NewAllocation{bytes_spec(1), 1}).route, Route::Nothing);
+  EXPECT_EQ(planner.plan(HostSource{{}}, NewAllocation{bytes_spec(4096), 4096}).route, Route::Nothing);
+  // A new allocation alloc_device would refuse is refused by the plan too, with alloc_device's words.
+  for (const std::uint64_t extent : {std::uint64_t{0}, std::uint64_t{8192}, ~std::uint64_t{0}})
+    EXPECT_KIND(ErrorKind::InvalidExtent, planner.plan(HostSource{small}, NewAllocation{bytes_spec(4096), extent}),
+                "at most max_extent");
   EXPECT_EQ(planner.plan(HostSource{small}, DeviceSpan{h}).route, Route::RingChunks);
   const auto large = planner.plan(HostSource{big.span()}, DeviceSpan{h});
   EXPECT_EQ(large.route, cheap_here ? Route::RegisteredCopy : Route::RingChunks) << large.reason;

@@ -85,6 +85,20 @@ TEST(FlightRecorder, StacksAreInternedAndOnlyWhenAsked) {
   EXPECT_EQ(trace["traceEvents"][7]["args"]["stack"], "test.py:3 f");
 }
 
+TEST(FlightRecorder, StackTextThatIsNotUtf8StaysValidJson) {
+  FlightRecorder recorder(RecordOptions{.max_events = 8, .stacks = true});
+  {
+    // A lone continuation byte, a truncated sequence, an overlong form, a surrogate, and real UTF-8 beside them.
+    TraceStack stack("caf\xe9.py:1 f\n\x80 \xe2\x82 \xc0\xaf \xed\xa0\x80 \xe2\x82\xac.py:2 g");
+    recorder.record(marked(1));
+  }
+  detail::TraceDump dump;
+  recorder.copy_to(dump);
+  const auto trace = json::parse(detail::trace_json(dump));  // nlohmann refuses JSON that is not UTF-8
+  EXPECT_EQ(trace["traceEvents"][7]["args"]["stack"],
+            "caf\\xe9.py:1 f\n\\x80 \\xe2\\x82 \\xc0\\xaf \\xed\\xa0\\x80 \xe2\x82\xac.py:2 g");
+}
+
 TraceRecord slice(TraceKind kind, TraceTrack track, std::uint64_t key, std::uint64_t ts) {
   auto record = detail::trace_record(kind, 1, key);
   record.slice = key;

@@ -86,7 +86,7 @@ def test_plans_say_the_route_and_why(planner_bridge):
     plan = planner.plan_upload(big, spec_for(big.nbytes))
     assert plan["route"] == ("registered_copy" if cheap else "ring_chunks")
     assert plan["reason"] and plan["bytes"] == big.nbytes
-    small = planner.plan_upload(b"x" * 1000, spec_for(1000))
+    small = planner.plan_upload(b"x" * 1024, spec_for(1024))
     assert small["route"] == "ring_chunks" and small["chunk_bytes"] == RING // 4
     handle = b.alloc(spec_for(4096), 4096)
     assert planner.plan_download(handle, 0, bytearray(4096))["route"] == "ring_chunks"
