@@ -189,6 +189,28 @@ def same_bits(a, b) -> bool:
     return a.shape == b.shape and a.dtype.itemsize == b.dtype.itemsize and a.tobytes() == b.tobytes()
 
 
+def run_in_threads(work, count: int, timeout: float = 300.0) -> list[BaseException]:
+    """Runs ``work()`` on ``count`` threads at once and joins them (each within ``timeout``: a thread still
+    running fails the test as a hang); returns what they raised."""
+    import threading
+
+    failures: list[BaseException] = []
+
+    def guarded():
+        try:
+            work()
+        except BaseException as error:  # noqa: BLE001 - handed to the test's assertion
+            failures.append(error)
+
+    threads = [threading.Thread(target=guarded) for _ in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+    assert not any(t.is_alive() for t in threads), "a thread is still waiting"
+    return failures
+
+
 def collect() -> None:
     """Runs the garbage collector until tinygrad's weak references settle."""
     for _ in range(3):

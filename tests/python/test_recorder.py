@@ -13,7 +13,7 @@ import pytest
 
 import devbridge
 
-from conftest import upload
+from conftest import run_in_threads, upload
 
 F32 = devbridge.ObjectSpec(max_extent=1 << 20, alignment=64, dtype="float32")
 
@@ -243,25 +243,16 @@ def test_dump_trace_writes_any_file_name_and_refuses_an_empty_one(fake_bridge, t
 
 
 def test_dumps_to_one_path_at_once_each_write_a_whole_file(fake_bridge, tmp_path):
-    import threading
     fake_bridge.record(max_events=1000)
     for _ in range(100):
         fake_bridge.free(fake_bridge.alloc(F32, 4096))
     path = tmp_path / "race.json"
-    errors = []
 
     def dump():
-        try:
-            for _ in range(20):
-                fake_bridge.dump_trace(path)
-        except Exception as error:  # noqa: BLE001 - collected for the assertion
-            errors.append(error)
+        for _ in range(20):
+            fake_bridge.dump_trace(path)
 
-    threads = [threading.Thread(target=dump) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = run_in_threads(dump, 4)
     assert not errors, errors
     check_trace(json.loads(path.read_text()))
     assert [p.name for p in tmp_path.iterdir()] == ["race.json"], "no temporary file left"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import devbridge
-from conftest import collect, make_bridge, random_array, require_backend, require_dtype
+from conftest import collect, make_bridge, random_array, require_backend, require_dtype, run_in_threads
 
 RING = 1 << 20
 
@@ -463,30 +463,20 @@ def test_threads_sharing_a_small_ring_wait_for_each_others_room(backend):
     """Uploads and downloads from several threads through a ring that holds one of them at a time: a call short of
     room another call's chunks hold waits for them to finish (PYTHON.md: Backpressure only when nothing of the
     staging layer's holds the room) instead of failing beside a neighbour that is only busy."""
-    import threading
 
     b = make_bridge(backend, ring_bytes=1 << 20)
     if backend == "fake":
         b.fake.set_auto_complete(True)
     try:
         data = np.arange(200000, dtype=np.float32)  # 800 KB: ring chunks, not a registration
-        failures: list[BaseException] = []
 
         def work():
-            try:
-                for _ in range(40):
-                    t = b.upload(data, wait=True)
-                    assert np.array_equal(t.numpy(), data)
-                    t.free()
-            except BaseException as error:  # noqa: BLE001 - collected for the assertion
-                failures.append(error)
+            for _ in range(40):
+                t = b.upload(data, wait=True)
+                assert np.array_equal(t.numpy(), data)
+                t.free()
 
-        threads = [threading.Thread(target=work) for _ in range(3)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=300)
-        assert not any(t.is_alive() for t in threads), "a thread is still waiting"
+        failures = run_in_threads(work, 3)
         assert not failures, failures[:3]
         assert b.stats()["live_allocations"] == 0
     finally:
