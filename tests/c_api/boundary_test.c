@@ -383,7 +383,6 @@ static devbridge_region_range region_range(devbridge_region which, uint64_t offs
   X(restore_selected_null_name, INVALID_RANGE, (ro = restore_options, ro.names = null_names, ro.name_count = 1, ro.skip_checksum = 1, devbridge_restore_selected(A, fixture_file, &ro, &out_restored))) \
   X(restore_selected_huge_count, INVALID_RANGE, (ro = restore_options, ro.names = no_such_names, ro.name_count = NEAR_2_64, devbridge_restore_selected(A, fixture_file, &ro, &out_restored))) \
   X(restore_selected_missing_name, INVALID_RANGE, (ro = restore_options, ro.names = no_such_names, ro.name_count = 1, ro.skip_checksum = 1, devbridge_restore_selected(A, fixture_file, &ro, &out_restored))) \
-  X(restore_selected_partial_checked, INVALID_RANGE, (ro = restore_options, ro.prefix = "no-such-prefix", devbridge_restore_selected(A, fixture_file, &ro, &out_restored))) \
   X(restore_selected_missing_file, UNAVAILABLE, devbridge_restore_selected(A, "/nonexistent-devbridge-dir/x.safetensors", &restore_options, &out_restored)) \
   X(restore_selected_closed, CLOSED, devbridge_restore_selected(closed, fixture_file, &restore_options, &out_restored)) \
   /* test controls */ \

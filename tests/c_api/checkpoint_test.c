@@ -141,6 +141,11 @@ int main(int argc, char** argv) {
   CHECK_STATUS(DEVBRIDGE_ERROR_INVALID_RANGE, devbridge_restore_selected(host, path, &options, &restored));
   CHECK(strstr(devbridge_last_error_message(), "skip_checksum") != NULL);
   CHECK(live_allocations(host) == 0);
+  options.prefix = "no.such."; /* a selection of none: none restored, nothing to check (Python gives {}) */
+  CHECK_OK(devbridge_restore_selected(host, path, &options, &restored));
+  CHECK(restored->count == 0 && restored->tensors == NULL);
+  devbridge_restored_free(restored);
+  options.prefix = "sc";
   options.skip_checksum = 1;
   CHECK_OK(devbridge_restore_selected(host, path, &options, &restored));
   CHECK(restored->count == 1 && strcmp(restored->tensors[0].name, "scale") == 0);
