@@ -21,6 +21,7 @@ import json
 import math
 import operator
 import os
+import re
 import stat
 import tempfile
 import time
@@ -192,7 +193,7 @@ def _write_checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], met
     if os.path.isdir(path):
         raise IsADirectoryError(errno.EISDIR, f"checkpoint {path!r}: it is a directory; name a file (in it)")
     try:
-        fd, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+        fd, temporary = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=".tmp", dir=directory)
     except OSError as error:  # the directory is missing, read-only, full of names...
         raise _os_error_in_context(error, f"checkpoint {path!r}: cannot make its temporary file in {directory!r}",
                                    "nothing was written") from error
@@ -265,6 +266,38 @@ def _reserve_blocks(fd: int, nbytes: int) -> None:
     except OSError as error:
         if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             raise
+
+
+def _temporary_prefix(path: str) -> str:
+    """What the names of the files a checkpoint of ``path`` writes beside it start with."""
+    return f".{os.path.basename(path)}."
+
+
+def _remove_interrupted_checkpoint_files(path: str) -> list[str]:
+    """Removes the files ``checkpoint`` writes beside ``path`` while it writes it (its temporary
+    ``.<name>.XXXXXXXX.tmp`` and the replaced file's second name ``.<name>.XXXXXXXX.old``), which a process
+    killed in the middle of a checkpoint leaves behind; returns the paths removed. Only once the process that
+    wrote them is gone (a Ray worker restarted): a path another live writer uses would lose its file in
+    progress."""
+    directory = os.path.dirname(os.path.abspath(path))
+    pattern = re.compile(re.escape(_temporary_prefix(path)) + r"[A-Za-z0-9_]+\.(?:tmp|old)")
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:  # the directory is gone or unreadable: restore (or the next checkpoint) says so
+        return removed
+    for name in sorted(names):
+        if pattern.fullmatch(name):
+            stale = os.path.join(directory, name)
+            try:
+                if not os.path.isfile(stale) or os.path.islink(stale):
+                    continue
+                os.unlink(stale)
+                removed.append(stale)
+            except OSError:
+                pass  # removed meanwhile, or not ours to remove: left as it is
+    return removed
+
 
 
 def _os_error_in_context(error: OSError, context: str, outcome: str) -> OSError:

@@ -41,7 +41,6 @@ which ``wait_until_ready`` raises at once.
 from __future__ import annotations
 
 import os
-import re
 import time
 import uuid
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -57,6 +56,7 @@ import devbridge
 from ._devbridge import TransferPlanner
 from ._intake import _bits_dtype, _dtype_name, _intake, _numpy_dtype
 from ._staging import DeviceTensor
+from ._checkpoint import _remove_interrupted_checkpoint_files
 from ._portable import PortableTensor
 
 __all__ = ["DeviceWorker", "TensorRef", "init_local", "non_loopback_addresses", "start_worker", "wait_until_ready",
@@ -213,32 +213,6 @@ def _actor_identity() -> tuple[str, int]:
     return actor_id, 1 + restarts
 
 
-def _remove_stale_checkpoint_files(path: str) -> list[str]:
-    """Removes the files ``devbridge.checkpoint`` writes beside ``path`` while it writes it (its temporary
-    ``.<name>.XXXXXXXX.tmp``, made by ``tempfile.mkstemp(prefix=".<name>.", suffix=".tmp")``, and the
-    replaced file's second name ``.<name>.XXXXXXXX.old``), which a process killed in the middle of a
-    checkpoint leaves behind; returns the paths removed. Only for a worker restarted by Ray: the process
-    that wrote them is gone (a path shared by two live workers would lose the other's file in progress)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    pattern = re.compile(re.escape(f".{os.path.basename(path)}.") + r"[A-Za-z0-9_]+\.(?:tmp|old)")
-    removed = []
-    try:
-        names = os.listdir(directory)
-    except OSError:  # the directory is gone or unreadable: restore (or the next checkpoint) says so
-        return removed
-    for name in sorted(names):
-        if pattern.fullmatch(name):
-            stale = os.path.join(directory, name)
-            try:
-                if not os.path.isfile(stale) or os.path.islink(stale):
-                    continue
-                os.unlink(stale)
-                removed.append(stale)
-            except OSError:
-                pass  # removed meanwhile, or not ours to remove: left as it is
-    return removed
-
-
 def _callable_name(fn: Any) -> str:
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
     return f"fn {name}" if name else f"fn {fn!r}"
@@ -294,7 +268,7 @@ class _DeviceWorker:
         if self.generation > 1 and self._checkpoint_path is not None:
             # The previous process may have died in the middle of a checkpoint(): its temporary file (and
             # the replaced file's second name) would stay beside the checkpoint for good.
-            self._stale_removed = _remove_stale_checkpoint_files(self._checkpoint_path)
+            self._stale_removed = _remove_interrupted_checkpoint_files(self._checkpoint_path)
         if (restore_on_restart and self.generation > 1 and self._checkpoint_path is not None
                 and os.path.exists(self._checkpoint_path)):
             try:

@@ -487,6 +487,7 @@ void BridgeCore::set_view_holder(const DeviceHandle& h, ViewHolder from, ViewHol
 
 bool BridgeCore::share_view(const DeviceHandle& h) {
   SpinLockHold lock(lock_);
+  std::uint32_t* views = nullptr;  // the count the shared lease is on: the slot's, or its orphan's
   if (h.generation == generation_ && !gate_.closed()) {
     const auto index = id_slot(h.id);
     // The lease being shared keeps the slot's views above 0; a restart while
@@ -502,22 +503,17 @@ bool BridgeCore::share_view(const DeviceHandle& h) {
         return now == nullptr || now->uploads == 0;
       });
     }
-    if (auto* slot = leased()) {
-      ++slot->views;
-      ++outstanding_leases_;
-      if (recording_) [[unlikely]]
-        trace_view(TraceKind::ViewBegin, h, ViewHolder::Caller);
-      return true;
-    }
+    if (auto* slot = leased()) views = &slot->views;
   }
-  if (auto* orphan = allocations_.find_orphan({h.generation, h.id}); orphan && orphan->views > 0) {
-    ++orphan->views;
-    ++outstanding_leases_;
-    if (recording_) [[unlikely]]
-      trace_view(TraceKind::ViewBegin, h, ViewHolder::Caller);
-    return true;
-  }
-  return false;
+  if (!views)
+    if (auto* orphan = allocations_.find_orphan({h.generation, h.id}); orphan && orphan->views > 0)
+      views = &orphan->views;
+  if (!views) return false;
+  ++*views;
+  ++outstanding_leases_;
+  if (recording_) [[unlikely]]
+    trace_view(TraceKind::ViewBegin, h, ViewHolder::Caller);
+  return true;
 }
 
 [[gnu::noinline, gnu::cold]] void BridgeCore::end_orphaned_view(const DeviceHandle& h) noexcept {
