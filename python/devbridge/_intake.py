@@ -38,7 +38,7 @@ def _dtype_name(dtype: Any) -> str:
         dtype = np.dtype(dtype)
         if dtype.metadata and _LABEL in dtype.metadata:
             return dtype.metadata[_LABEL]
-        return dtype_info(dtype.name)["name"]
+        return dtype_info(dtype)["name"]  # the module refuses a big-endian one, which .name would not say
     return dtype_info(dtype)["name"]  # a tinygrad DType or anything the module accepts
 
 
@@ -205,6 +205,8 @@ def _to_numpy(array: Any, what: str) -> np.ndarray:
     """``array`` as a numpy array over its own memory: numpy, a CPU DLPack producer, a buffer."""
     if isinstance(array, np.ndarray):
         return array
+    if isinstance(array, np.generic):  # its buffer would be its bytes (datetime64: 8 uint8), not its dtype
+        return np.asarray(array)
     if hasattr(type(array), "__dlpack__"):
         return _from_dlpack(array, what)
     kind = type(array).__name__

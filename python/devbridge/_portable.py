@@ -270,7 +270,8 @@ def _stream(source: _Source, sink: Callable[[int, np.ndarray], Any], planner: Tr
     low = sum(r for r in reach if r < 0)  # elements before byte_offset a negative stride reaches
     span = np.empty((sum(r for r in reach if r > 0) - low + 1) * itemsize, np.uint8)
     planner.download(source.handle, source.byte_offset + low * itemsize, span)
-    elements = span.view(_numpy_dtype(source.dtype))[-low:]
+    # Gathered as unsigned items of the same size: ml_dtypes' float8 has a typestr ("<f1") as_strided refuses.
+    elements = span.view(np.dtype(f"uint{itemsize * 8}"))[-low:]
     logical = np.lib.stride_tricks.as_strided(elements, source.shape, [s * itemsize for s in source.strides],
                                               writeable=False)
     sink(0, np.ascontiguousarray(logical).reshape(-1).view(np.uint8))
@@ -337,7 +338,8 @@ def export(bridge: Bridge, x: Any, dtype: Any = None, shape: Any = None, strides
     choose a view as ``bridge.view`` does; a strided view exports its logical
     row-major contents. The bytes are staged through the ring in chunks, so an
     export larger than the ring works. ``out``: a writable C-contiguous buffer
-    of exactly the tensor's byte size to write into (the result shares it);
+    of exactly the tensor's byte size to write into (the result shares it),
+    a numpy array of the data's dtype (or its bits) or of bytes (uint8);
     else a new one is allocated.
     """
     source = _resolve(bridge, x, dtype, shape, strides, offset)
@@ -350,6 +352,11 @@ def export(bridge: Bridge, x: Any, dtype: Any = None, shape: Any = None, strides
             raise TypeError(f"out must be a writable buffer, not {type(out).__name__}") from error
         except (ValueError, BufferError) as error:
             raise ValueError(f"out is not a C-contiguous buffer: {error}") from error
+        if isinstance(out, np.ndarray) and out.dtype != np.uint8:
+            data_dtype, bits = _numpy_dtype(source.dtype), _bits_dtype(source.dtype)
+            if out.dtype != data_dtype and (bits is None or out.dtype != bits):
+                raise ValueError(f"out has dtype {out.dtype}, the data is {source.dtype} ({data_dtype}): give an "
+                                 "array of that dtype or a buffer of bytes (uint8)")
         if target.size != source.nbytes:
             raise ValueError(f"out has {target.size} bytes; the export of shape {source.shape} {source.dtype} "
                              f"is {source.nbytes}")

@@ -159,6 +159,8 @@ class _Names:
         self.shape_to_shape_arg, self.weakref = shape_to_shape_arg, weakref.ref
         # What Tensor.assign looks through to find the buffer it stores into.
         self.write_through_ops = frozenset(GroupOp.Movement | {Ops.BITCAST, Ops.DETACH})
+        self.float8_dtypes = frozenset(getattr(tinygrad.dtypes, name) for name in ("fp8e4m3", "fp8e5m2")
+                                       if hasattr(tinygrad.dtypes, name))
 
 
 @functools.cache
@@ -236,7 +238,15 @@ def _unwritable(tg: _Names, tensor: "Tensor", view: "TensorView") -> "Tensor":
     exact identity tinygrad fuses into every kernel that reads it (still zero-copy), but it is a
     computation, not a buffer: an assign into it, or into any view of it, realizes a buffer of
     tinygrad's own first (copy on write). Where this tinygrad would still reach the buffer (it folded
-    the identity away) or changed the dtype, the hand-off is refused rather than made writable."""
+    the identity away) or changed the dtype, the hand-off is refused rather than made writable. So is
+    float8: tinygrad stores it through float32 in every kernel (subnormals flushed, infinities saturated),
+    so the identity, and a read of it, would change the bits."""
+    if tensor.dtype in tg.float8_dtypes:
+        raise Unsupported(
+            f"to_tinygrad: {view.handle!r} is read-only memory (adopted host memory) of {view.dtype}, which "
+            "tinygrad can only hand on through a kernel, and its kernels store float8 through float32 (subnormals "
+            "become 0, infinities the largest finite value); upload a copy (bridge.upload(array)) for a tensor "
+            "tinygrad reads bit-exact, or read it with bridge.download(...)")
     wrapped = tensor * (True if tensor.dtype == tg.dtypes.bool else 1)
     node = wrapped.uop
     while node.op in tg.write_through_ops:

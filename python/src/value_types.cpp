@@ -27,6 +27,22 @@ std::string known_dtype_names() {
   return names;
 }
 
+// A C or tinygrad spelling numpy reads as another dtype ("float": numpy's
+// float64, tinygrad's float32) would relabel bytes silently either way.
+void refuse_if_numpy_reads_otherwise(const std::string& name, DType dtype) {
+  std::string numpy_name;
+  try {
+    numpy_name = nb::cast<std::string>(nb::module_::import_("numpy").attr("dtype")(name).attr("name"));
+  } catch (const nb::python_error&) {
+    return;  // a name numpy does not know ("fp8e4m3", "dtypes.float") is ours alone
+  }
+  if (dtype_from_name(numpy_name) == dtype) return;
+  throw nb::value_error(("dtype \"" + name + "\" is ambiguous: devbridge and tinygrad read it as " +
+                         std::string(dtype_info(dtype).name) + ", numpy as " + numpy_name +
+                         "; name the dtype (\"" + std::string(dtype_info(dtype).name) + "\")")
+                            .c_str());
+}
+
 }  // namespace
 
 std::string lower(std::string text) {
@@ -34,33 +50,63 @@ std::string lower(std::string text) {
   return text;
 }
 
-// A dtype named as numpy and tinygrad name it ("float32"), or given as a
-// numpy dtype/type or a tinygrad DType.
-DType parse_dtype(nb::handle object) {
-  std::string name;
-  if (nb::isinstance<nb::str>(object)) {
-    name = nb::cast<std::string>(object);
-  } else {
-    nb::handle type = object.type();
-    std::string module_name = nb::hasattr(type, "__module__") ? nb::cast<std::string>(nb::str(type.attr("__module__"))) : "";
-    if (module_name.rfind("tinygrad", 0) == 0) {
-      // tinygrad's DType names are C names ("float", "__bf16"): match the object.
-      nb::object tinygrad_dtypes = nb::module_::import_("tinygrad").attr("dtypes");
-      for (const DTypeInfo& info : all_dtypes()) {
-        nb::object candidate = nb::getattr(tinygrad_dtypes, std::string(info.tinygrad_name).c_str(), nb::none());
-        if (!candidate.is_none() && candidate.equal(object)) return info.dtype;
-      }
-      throw nb::value_error(("dtype " + nb::cast<std::string>(nb::repr(object)) + " has no devbridge equivalent").c_str());
-    }
-    try {
-      name = nb::cast<std::string>(nb::module_::import_("numpy").attr("dtype")(object).attr("name"));
-    } catch (const nb::python_error&) {
-      throw nb::type_error(("dtype must be a name such as \"float32\", a numpy dtype or a tinygrad DType, not " +
-                            nb::cast<std::string>(nb::repr(object))).c_str());
-    }
-  }
-  if (std::optional<DType> dtype = dtype_from_name(name)) return *dtype;
+namespace {
+
+[[noreturn]] void fail_unknown_dtype(const std::string& name) {
   throw nb::value_error(("unknown dtype \"" + name + "\"; devbridge knows: " + known_dtype_names()).c_str());
+}
+
+// numpy's reading of `object` (a dtype, a type, or a spelling such as
+// "<f4"), in devbridge's name; nothing when numpy does not know it.
+std::optional<std::string> numpy_dtype_name(nb::handle object) {
+  nb::object numpy_dtype;
+  try {
+    numpy_dtype = nb::module_::import_("numpy").attr("dtype")(object);
+  } catch (const nb::python_error&) {
+    return std::nullopt;
+  }
+  std::string name = nb::cast<std::string>(numpy_dtype.attr("name"));
+  // numpy's name leaves the byte order out: ">f4" would read as float32.
+  if (nb::cast<std::string>(numpy_dtype.attr("byteorder")) == ">")
+    throw nb::value_error(("dtype " + nb::cast<std::string>(nb::str(numpy_dtype)) + " is big-endian and devbridge's "
+                           "bytes are little-endian: name the little-endian dtype (" + name + ") and convert the "
+                           "data (array.astype(array.dtype.newbyteorder('<')))").c_str());
+  return name;
+}
+
+}  // namespace
+
+// A dtype named as devbridge, numpy or tinygrad name it ("float32", "<f4"),
+// or given as a numpy dtype/type or a tinygrad DType.
+DType parse_dtype(nb::handle object) {
+  if (nb::isinstance<nb::str>(object)) {
+    const std::string name = nb::cast<std::string>(object);
+    if (std::optional<DType> dtype = dtype_from_name(name)) {
+      if (name != dtype_info(*dtype).name) refuse_if_numpy_reads_otherwise(name, *dtype);
+      return *dtype;
+    }
+    const std::optional<std::string> numpy_name = numpy_dtype_name(object);
+    if (!numpy_name) fail_unknown_dtype(name);
+    if (std::optional<DType> dtype = dtype_from_name(*numpy_name)) return *dtype;
+    fail_unknown_dtype(*numpy_name);
+  }
+  nb::handle type = object.type();
+  std::string module_name = nb::hasattr(type, "__module__") ? nb::cast<std::string>(nb::str(type.attr("__module__"))) : "";
+  if (module_name.rfind("tinygrad", 0) == 0) {
+    // tinygrad's DType names are C names ("float", "__bf16"): match the object.
+    nb::object tinygrad_dtypes = nb::module_::import_("tinygrad").attr("dtypes");
+    for (const DTypeInfo& info : all_dtypes()) {
+      nb::object candidate = nb::getattr(tinygrad_dtypes, std::string(info.tinygrad_name).c_str(), nb::none());
+      if (!candidate.is_none() && candidate.equal(object)) return info.dtype;
+    }
+    throw nb::value_error(("dtype " + nb::cast<std::string>(nb::repr(object)) + " has no devbridge equivalent").c_str());
+  }
+  const std::optional<std::string> name = numpy_dtype_name(object);
+  if (!name)
+    throw nb::type_error(("dtype must be a name such as \"float32\", a numpy dtype or a tinygrad DType, not " +
+                          nb::cast<std::string>(nb::repr(object))).c_str());
+  if (std::optional<DType> dtype = dtype_from_name(*name)) return *dtype;
+  fail_unknown_dtype(*name);
 }
 
 std::string handle_repr(const DeviceHandle& h) {

@@ -27,15 +27,17 @@ constexpr std::array<DTypeInfo, kDTypeCount> kDTypes = {{
     {DType::Fp8E5M2, "float8_e5m2", "fp8e5m2", 1, Float8E5M2, 8},
 }};
 
+// C and tinygrad spellings. Not "float8_e4m3": ml_dtypes (0.5 on) names so
+// an IEEE-style format with infinities, not the e4m3fn held here.
 struct Alias {
   std::string_view name;
   DType dtype;
 };
-constexpr std::array<Alias, 12> kAliases = {{
+constexpr std::array<Alias, 11> kAliases = {{
     {"half", DType::Float16},     {"float", DType::Float32},      {"double", DType::Float64},
     {"int", DType::Int32},        {"long", DType::Int64},         {"char", DType::Int8},
     {"uchar", DType::UInt8},      {"short", DType::Int16},        {"fp8e4m3", DType::Fp8E4M3},
-    {"fp8e5m2", DType::Fp8E5M2},  {"float8_e4m3", DType::Fp8E4M3}, {"bool_", DType::Bool},
+    {"fp8e5m2", DType::Fp8E5M2},  {"bool_", DType::Bool},
 }};
 
 // Every size above must agree with the constexpr dtype_size() the hot paths use.

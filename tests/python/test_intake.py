@@ -322,3 +322,48 @@ def test_a_strided_upload_is_refused_with_the_producers_own_remedy(hb):
         hb.upload(torch.arange(12, dtype=torch.float32).reshape(3, 4).t())
     with hb.upload(torch.arange(12, dtype=torch.float32).reshape(3, 4).t().contiguous(), wait=True) as t:
         assert np.array_equal(t.numpy(), np.arange(12, dtype=np.float32).reshape(3, 4).T)
+
+
+# A dtype argument is read the way its spelling reads everywhere, or refused: never bytes relabelled as
+# something else. numpy's spellings name what numpy means; a C/tinygrad name numpy reads otherwise is
+# ambiguous; a byte order the name leaves out is refused; ml_dtypes' IEEE-style float8_e4m3 is not e4m3fn.
+@pytest.mark.parametrize("dtype, why", [
+    (np.dtype(">f4"), "big-endian"), (">f4", "big-endian"), ("float", "ambiguous"), ("int", "ambiguous"),
+    ("float8_e4m3", "unknown dtype"), ("datetime64[s]", "unknown dtype"), ("not-a-dtype", "unknown dtype"),
+])
+def test_a_dtype_that_would_relabel_bytes_silently_is_refused(ib, dtype, why):
+    h = ib.upload(np.array([1.5, -2.0], np.float32), wait=True).handle
+    for call in (lambda: ib.download(h, dtype=dtype, shape=(2,)),
+                 lambda: ib.import_tensor(np.zeros(8, np.uint8).tobytes(), dtype=dtype, shape=(2,)),
+                 lambda: ib.upload(np.zeros(2, np.uint32), dtype=dtype)):
+        with pytest.raises(ValueError, match=why):
+            call()
+
+
+def test_ml_dtypes_ieee_float8_e4m3_is_refused_not_read_as_e4m3fn(ib):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    if not hasattr(ml_dtypes, "float8_e4m3"):
+        pytest.skip("this ml_dtypes has no IEEE-style float8_e4m3")
+    with pytest.raises(ValueError, match="float8_e4m3"):
+        ib.upload(np.array([np.inf, 1.0], ml_dtypes.float8_e4m3))
+
+
+@pytest.mark.parametrize("spelling, name", [("<f4", "float32"), ("=f4", "float32"), ("f8", "float64"),
+                                            ("long", "int64"), ("half", "float16"), ("dtypes.float", "float32"),
+                                            ("fp8e5m2", "float8_e5m2"), (float, "float64"), (np.int16, "int16")])
+def test_numpy_spellings_and_unambiguous_aliases_read_as_they_say(ib, spelling, name):
+    assert devbridge.dtype_info(spelling)["name"] == name
+
+
+@pytest.mark.parametrize("scalar", [np.datetime64("2020-01-01"), np.timedelta64(5, "s"), np.bytes_(b"abcdefgh")])
+def test_a_numpy_scalar_of_a_dtype_devbridge_lacks_is_refused_not_uploaded_as_its_bytes(ib, scalar):
+    with pytest.raises(ValueError, match="unknown dtype"):
+        ib.upload(scalar)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        devbridge.PortableTensor.from_array(scalar)
+
+
+def test_a_numpy_scalar_uploads_as_a_0d_tensor_of_its_dtype(ib):
+    t = ib.upload(np.float64(-0.0), wait=True)
+    assert t.shape == () and t.dtype == "float64"
+    assert ib.download(t).tobytes() == np.float64(-0.0).tobytes()

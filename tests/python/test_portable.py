@@ -898,3 +898,28 @@ def test_files_given_the_wrong_way_are_refused_naming_the_remedy(bridges, tmp_pa
                                                     r"nothing was written"):
             b.checkpoint(tmp_path / "missing" / "c.safetensors", {"t": t})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "t.txt"] and not any((tmp_path / "dir").iterdir())
+
+
+def test_a_strided_float8_export_reads_its_logical_contents(bridges):
+    # ml_dtypes gives float8_e5m2 the typestr "<f1", which numpy's as_strided refuses: the gather is on bits.
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    b = bridges("host")
+    bits = np.arange(12, dtype=np.uint8).reshape(3, 4)
+    for dtype in ("float8_e5m2", "float8_e4m3fn"):
+        x = b.upload(bits.view(getattr(ml_dtypes, dtype)), wait=True)
+        p = b.export(x, shape=(4, 3), strides=(1, 4))
+        assert p.tobytes() == bits.T.tobytes()
+        x.free()
+
+
+def test_export_into_a_typed_array_of_another_dtype_is_refused(bridges):
+    b = bridges("host")
+    x = b.upload(np.array([1.0, -2.5], np.float32), wait=True)
+    for out in (np.zeros(2, ">f4"), np.zeros(1, np.float64), np.zeros(2, np.int32)):
+        with pytest.raises(ValueError, match=r"out has dtype .*the data is float32"):
+            b.export(x, out=out)
+    same, raw = np.zeros(2, np.float32), np.zeros(8, np.uint8)
+    b.export(x, out=same)
+    b.export(x, out=raw)
+    assert same.tolist() == [1.0, -2.5] and raw.tobytes() == same.tobytes()
+    x.free()

@@ -122,6 +122,29 @@ def test_a_tinygrad_that_would_write_through_is_refused_naming_the_handle(monkey
     b.close()
 
 
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_read_only_float8_is_refused_by_tinygrad_not_handed_on_with_changed_bits(dtype):
+    # tinygrad stores float8 through float32 in every kernel (subnormals flushed, infinities saturated), and
+    # the copy-on-write identity is a kernel: the hand-off would change the bits a read gives back.
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    a = immutable(np.arange(256, dtype=np.uint8).view(getattr(ml_dtypes, dtype)))
+    b, t = adopted("host", a)
+    with cpu_context():
+        tg = devbridge._tinygrad._tinygrad_names()
+        if not tg.float8_dtypes:
+            pytest.skip("this tinygrad has no float8")
+        with pytest.raises(devbridge.Unsupported, match=r"float8 through float32.*bridge\.upload") as caught:
+            t.to_tinygrad()
+        assert repr(t.handle) in str(caught.value)
+        assert b.stats()["live_views"] == 0, "the refused hand-off's lease ended"
+        u = b.upload(a, wait=True)                       # the way the refusal names: bit-exact
+        from tinygrad import dtypes
+        assert np.array_equal(u.to_tinygrad().bitcast(dtypes.uint8).numpy(), np.arange(256, dtype=np.uint8))
+        u.free()
+    t.free()
+    b.close()
+
+
 def test_a_writable_array_is_not_adopted():
     require_backend("host")
     b = devbridge.Bridge(backend="host", ring_bytes=1 << 20)
