@@ -48,6 +48,33 @@ def test_the_host_pool_shows_in_memory_stats_and_goes_back():
         assert stats["reserved_bytes"] == stats["cached_bytes"] == 0
 
 
+def test_freed_device_memory_leaves_the_process_whatever_the_c_library_did_before():
+    # glibc raises its mmap threshold after the first large free, and blocks it then hands out from its
+    # heap stay in the process after free(); memory_stats() would say 0 while RSS kept them all.
+    def touch(b, h, n):
+        with b.view(h, "uint8", (n,)) as v:
+            np.from_dlpack(v)[::4096] = 1
+
+    spec = devbridge.ObjectSpec(1 << 30, 256, "uint8")
+    with devbridge.Bridge(backend="host", ring_bytes=MiB) as b:
+        base = rss()
+        h = b.alloc(spec, 24 * MiB)
+        touch(b, h, 24 * MiB)
+        b.free(h)
+        b.empty_cache()
+        kept, handles = [], []
+        for _ in range(12):
+            handles.append(b.alloc(spec, 20 * MiB))
+            touch(b, handles[-1], 20 * MiB)
+            kept.append(bytearray(200_000))  # long-lived heap objects between them, as a program has
+        assert rss() >= base + 240 * MiB - SLACK
+        for h in handles:
+            b.free(h)
+        b.empty_cache()
+        assert b.memory_stats()["reserved_bytes"] == 0
+        assert rss() < base + SLACK, f"RSS {(rss() - base) / MiB:.0f} MiB above the baseline with nothing reserved"
+
+
 def test_close_then_the_last_view_gone_gives_the_memory_back(source):
     b = devbridge.Bridge(backend="host", ring_bytes=MiB)
     base = rss()

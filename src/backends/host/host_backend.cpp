@@ -56,6 +56,12 @@ constexpr std::uint64_t kHugePageFrom = 4u << 20;
 // backend's own warm cache of 4 blocks once did, and the pool's memory shows
 // in memory_stats, goes back with empty_cache() and goes at close.
 constexpr std::uint64_t kPoolCapBytes = 512u << 20;
+// From this size up, device memory is mapped from the kernel and unmapped
+// when freed, so it goes back to the system at once. From the C library's
+// heap it would not: after the first large free glibc raises its own mmap
+// threshold (to 32 MiB), and blocks it hands out from the heap stay in the
+// process after free(), held though memory_stats() rightly says 0.
+constexpr std::uint64_t kMapFrom = 256u << 10;
 
 // A hint: where the kernel cannot (THP off, no memory to compact), the memory
 // simply stays in small pages.
@@ -157,20 +163,16 @@ class HostBackend final : public Backend, private TestControls {
                   fmt::format("host backend: allocate of {} bytes (alignment {}): too large for the address space",
                               bytes, effective_alignment));
     }
-    void* memory = nullptr;
-    if (const int rc = posix_memalign(&memory, effective_alignment, bytes); rc != 0) {
-      throw Error(ErrorKind::AllocationFailed,
-                  fmt::format("host backend: posix_memalign of {} bytes (alignment {}) failed: {}; {}", bytes,
-                              effective_alignment, describe_errno(rc), available_memory_text()));
-    }
-    if (bytes >= kHugePageFrom) advise_huge_pages(memory, bytes);
-    const auto address = reinterpret_cast<std::uintptr_t>(memory);
+    const Memory memory = bytes >= kMapFrom ? map_aligned(bytes, effective_alignment)
+                                            : allocate_from_heap(bytes, effective_alignment);
+    if (bytes >= kHugePageFrom) advise_huge_pages(memory.data, bytes);
+    const auto address = reinterpret_cast<std::uintptr_t>(memory.data);
     try {
       std::lock_guard lock(memory_mutex_);
-      allocations_.emplace(address, bytes);
+      allocations_.emplace(address, memory);
       live_bytes_ += bytes;
     } catch (const std::bad_alloc&) {
-      std::free(memory);
+      release(memory);
       throw Error(ErrorKind::AllocationFailed,
                   fmt::format("host backend: out of memory recording an allocation of {} bytes", bytes));
     }
@@ -178,6 +180,7 @@ class HostBackend final : public Backend, private TestControls {
   }
 
   void free(const DeviceAllocation& allocation) noexcept override {
+    Memory memory;
     {
       std::lock_guard lock(memory_mutex_);
       const auto it = allocations_.find(allocation.token);
@@ -186,10 +189,11 @@ class HostBackend final : public Backend, private TestControls {
                       allocation.address, allocation.bytes);
         return;
       }
-      live_bytes_ -= it->second;
+      memory = it->second;
+      live_bytes_ -= memory.bytes;
       allocations_.erase(it);
     }
-    std::free(reinterpret_cast<void*>(allocation.token));
+    release(memory);
   }
 
   HostBlock allocate_host(std::uint64_t bytes) override {
@@ -370,6 +374,66 @@ class HostBackend final : public Backend, private TestControls {
     bool locked = false;
   };
 
+  // A device allocation: `mapped` bytes of its own mapping, or (0) a block
+  // of the C library's heap.
+  struct Memory {
+    std::byte* data = nullptr;
+    std::uint64_t bytes = 0;
+    std::size_t mapped = 0;
+  };
+
+  static Memory allocate_from_heap(std::uint64_t bytes, std::uint64_t alignment) {
+    void* memory = nullptr;
+    if (const int rc = posix_memalign(&memory, alignment, bytes); rc != 0) {
+      throw Error(ErrorKind::AllocationFailed,
+                  fmt::format("host backend: posix_memalign of {} bytes (alignment {}) failed: {}; {}", bytes,
+                              alignment, describe_errno(rc), available_memory_text()));
+    }
+    return Memory{static_cast<std::byte*>(memory), bytes, 0};
+  }
+
+  // A mapping of `bytes` (whole pages) starting on an `alignment` boundary:
+  // mapped with the alignment's slack, the slack on either side unmapped.
+  Memory map_aligned(std::uint64_t bytes, std::uint64_t alignment) const {
+    const std::uint64_t slack = alignment > page_size_ ? alignment - page_size_ : 0;
+    const auto pages = checked::align_up(bytes, page_size_);
+    const auto reserved = pages ? checked::add(*pages, slack) : std::nullopt;
+    if (!reserved) {
+      throw Error(ErrorKind::AllocationFailed,
+                  fmt::format("host backend: allocate of {} bytes (alignment {}): too large for the address space",
+                              bytes, alignment));
+    }
+    void* base = mmap(nullptr, static_cast<std::size_t>(*reserved), PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) {
+      const int error = errno;  // before reading /proc for the message
+      throw Error(ErrorKind::AllocationFailed,
+                  fmt::format("host backend: allocate of {} bytes (alignment {}): mmap of {} bytes failed: {}; {}",
+                              bytes, alignment, *reserved, describe_errno(error), available_memory_text()));
+    }
+    auto* const start = static_cast<std::byte*>(base);
+    auto* const data = start + (alignment - reinterpret_cast<std::uintptr_t>(base) % alignment) % alignment;
+    auto* const end = start + *reserved;
+    unmap_slack(start, static_cast<std::size_t>(data - start));
+    unmap_slack(data + *pages, static_cast<std::size_t>(end - (data + *pages)));
+    return Memory{data, bytes, static_cast<std::size_t>(*pages)};
+  }
+
+  static void unmap_slack(std::byte* data, std::size_t bytes) noexcept {
+    if (bytes != 0 && munmap(data, bytes) != 0) {
+      devbridge::detail::log().error("host backend: munmap of {} bytes of alignment slack at {} failed: {}", bytes,
+                                     static_cast<const void*>(data), describe_errno(errno));
+    }
+  }
+
+  static void release(const Memory& memory) noexcept {
+    if (memory.mapped == 0) return std::free(memory.data);
+    if (munmap(memory.data, memory.mapped) != 0) {
+      devbridge::detail::log().error("host backend: munmap of the {}-byte allocation at {} failed: {}", memory.mapped,
+                                     static_cast<const void*>(memory.data), describe_errno(errno));
+    }
+  }
+
   static void unmap(std::byte* data, const RingBlock& block) noexcept {
     if (block.locked && munlock(data, block.mapped) != 0) {
       devbridge::detail::log().error("host backend: munlock of the {}-byte host block at {} failed: {}", block.mapped,
@@ -389,7 +453,7 @@ class HostBackend final : public Backend, private TestControls {
       devbridge::detail::log().warn("host backend destroyed with {} live allocations and {} host blocks; freeing them",
                    allocations_.size(), host_blocks_.size());
     }
-    for (const auto& [address, bytes] : allocations_) std::free(reinterpret_cast<void*>(address));
+    for (const auto& [address, memory] : allocations_) release(memory);
     allocations_.clear();
     live_bytes_ = 0;
     for (const auto& [data, block] : host_blocks_) unmap(data, block);
@@ -401,7 +465,7 @@ class HostBackend final : public Backend, private TestControls {
   const std::uint64_t inline_async_max_bytes_;
 
   mutable std::mutex memory_mutex_;
-  std::unordered_map<std::uintptr_t, std::uint64_t> allocations_;  // device allocations: bytes by address
+  std::unordered_map<std::uintptr_t, Memory> allocations_;  // device allocations by address
   std::uint64_t live_bytes_ = 0;  // their sum
   std::unordered_map<std::byte*, RingBlock> host_blocks_;
   std::string ring_note_;  // mlock outcome of the latest host block
