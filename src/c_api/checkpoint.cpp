@@ -339,6 +339,12 @@ devbridge_status devbridge_restore_selected(devbridge_bridge* bridge, const char
     }
     const auto& header = opened->header();
     const auto chosen = selection.chosen(header, where);
+    for (const auto* entry : chosen)
+      if (entry->name.find('\0') != std::string::npos)
+        invalid_argument(where + ": tensor " + ckpt::quoted(entry->name) +
+                         " has a NUL character in its name, which the C string it would come back as cannot carry "
+                         "(other tensors' names would read the same); select the others (options->names) or restore "
+                         "it from Python");
     // A selection of none restores none, as Python's restore gives {}: nothing read, nothing to check.
     const bool partial = chosen.size() != header.tensors.size();
     const bool check = header.devbridge && selection.verify && !chosen.empty();

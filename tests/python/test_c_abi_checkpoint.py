@@ -190,3 +190,17 @@ def test_c_and_python_write_the_same_bytes(c_bridge, tmp_path):
         for t in tensors.values():
             t.free()
     assert (tmp_path / "c.safetensors").read_bytes() == (tmp_path / "python.safetensors").read_bytes()
+
+
+def test_a_name_a_c_string_cannot_carry_is_refused_not_cut_short(c_bridge, tmp_path):
+    # "a", "a\0b" and "a\0c" are three tensors (valid JSON, safetensors and Python keep them apart); as C
+    # strings all three would read "a".
+    path = tmp_path / "nul_names.safetensors"
+    with devbridge.Bridge(backend="host", ring_bytes=1 << 20) as bridge:
+        bridge.checkpoint(path, {name: bridge.upload(np.array([i], np.uint8), wait=True)
+                                 for i, name in enumerate(["a", "a\0b", "a\0c"])})
+    restored = ctypes.POINTER(_Restored)()
+    status = _LIB.devbridge_restore(c_bridge, str(path).encode(), ctypes.byref(restored))
+    message = _LIB.devbridge_last_error_message().decode()
+    assert status != 0 and "NUL character" in message and r"'a\x00b'" in message, (status, message)
+    assert not restored
