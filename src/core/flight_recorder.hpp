@@ -298,7 +298,9 @@ std::string trace_json(const TraceDump& dump);
 // `text` as the inside of a JSON string.
 std::string json_escaped(std::string_view text);
 
-// Writes `text` to `path` atomically: a temporary file beside it, renamed.
+// Writes `text` to `path` atomically: a temporary file beside it (beside a
+// link's target), renamed. A path that exists and is no regular file (a
+// FIFO, a device) is written in place.
 void write_file_atomically(const std::string& path, std::string_view text);
 
 }  // namespace devbridge::detail

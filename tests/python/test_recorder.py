@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import threading
 
 import numpy as np
 import pytest
@@ -307,3 +308,35 @@ def test_hundreds_of_slices_open_at_once_each_get_a_lane_of_their_own(fake_bridg
     for e in trace["traceEvents"]:
         if e["ph"] in "BE":
             assert by_tid[e["tid"]].startswith(e["name"]), (e, by_tid[e["tid"]])
+
+
+def test_dump_trace_writes_through_links_and_into_fifos_and_devices_never_replacing_them(fake_bridge, tmp_path):
+    # A dump renames a whole file over a regular path; a link is followed (its target replaced, the link kept),
+    # and a FIFO or a device is written in place: renamed over, the node itself would be gone (/dev/full as root).
+    fake_bridge.record(max_events=100)
+    fake_bridge.free(fake_bridge.alloc(F32, 4096))
+    target, link = tmp_path / "target.json", tmp_path / "link.json"
+    target.write_text("old")
+    target.chmod(0o640)
+    link.symlink_to(target.name)
+    fake_bridge.dump_trace(link)
+    assert link.is_symlink() and os.readlink(link) == target.name
+    check_trace(json.loads(target.read_text()))
+    assert target.stat().st_mode & 0o777 == 0o640, "a replaced file keeps its permissions"
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    fake_bridge.dump_trace(fifo)
+    reader.join(timeout=30)
+    assert fifo.is_fifo() and json.loads(got[0])["otherData"]["recorded_events"] >= 2
+
+    fake_bridge.dump_trace("/dev/null")
+    assert pathlib.Path("/dev/null").is_char_device()
+    if os.path.exists("/dev/full"):
+        with pytest.raises(devbridge.Unavailable, match=r"/dev/full.*No space left"):
+            fake_bridge.dump_trace("/dev/full")
+        assert pathlib.Path("/dev/full").is_char_device()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "link.json", "target.json"], "no temporary left"

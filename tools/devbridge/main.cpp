@@ -88,8 +88,10 @@ std::atomic<bool> g_temp_path_set{false};
 //    opened for writing now, written at the end.
 class JsonSink {
  public:
-  // `path` is nullopt when --json was not given.
-  explicit JsonSink(const std::optional<std::string>& path) {
+  // `path` is nullopt when --json was not given; `command` ("stream",
+  // "checkpoint inspect") prefixes a failure to write at the end, a runtime
+  // error and not a usage one.
+  JsonSink(const std::optional<std::string>& path, std::string_view command) : command_(command) {
     if (!path) return;
     path_ = *path;
     if (path_.empty()) throw UsageError("--json: '' is not a path (give a file name, or '-' for stdout)");
@@ -163,7 +165,7 @@ class JsonSink {
       ok = ok && close_result == 0 && std::rename(temp_.c_str(), target_.c_str()) == 0;
       if (ok) forget_temp();
     }
-    if (!ok) fmt::print(stderr, "devbridge: --json: writing '{}' failed: {}\n", path_, std::strerror(errno));
+    if (!ok) fmt::print(stderr, "devbridge {}: --json: writing '{}' failed: {}\n", command_, path_, std::strerror(errno));
     return ok;
   }
 
@@ -180,6 +182,7 @@ class JsonSink {
     temp_.clear();
   }
 
+  std::string command_;
   std::string path_;    // as given
   std::string target_;  // the file the temporary replaces
   std::string temp_;    // the temporary, until renamed
@@ -270,7 +273,7 @@ int run_stream_command(const devbridge::cli::StreamArgs& args, const std::option
   devbridge::cli::StreamPlan plan = devbridge::cli::plan_stream(args);
   // From here a signal ends the stream cleanly instead of the process.
   catch_stop_signals();
-  JsonSink json(json_path);
+  JsonSink json(json_path, "stream");
 
   devbridge::cli::Progress progress(plan.bytes, !quiet && devbridge::cli::Progress::stderr_is_terminal());
   const devbridge::cli::StreamReport report = devbridge::cli::run_stream(plan, progress, &g_stop_signal);
@@ -287,7 +290,7 @@ int run_stream_command(const devbridge::cli::StreamArgs& args, const std::option
 }
 
 int run_info_command(const std::optional<std::string>& json_path) {
-  JsonSink json(json_path);
+  JsonSink json(json_path, "info");
   const devbridge::cli::InfoReport report = devbridge::cli::collect_info();
   if (!json.to_stdout()) fmt::print("{}", devbridge::cli::format_info(report));
   std::fflush(stdout);
@@ -297,7 +300,7 @@ int run_info_command(const std::optional<std::string>& json_path) {
 // Exit 0: the file is whole (its checksum verified, or it records none); 1: it
 // cannot be read or restore would refuse it (the reason on stderr, one line).
 int run_checkpoint_inspect_command(const std::string& path, const std::optional<std::string>& json_path) {
-  JsonSink json(json_path);
+  JsonSink json(json_path, "checkpoint inspect");
   const devbridge::cli::CheckpointReport report = devbridge::cli::inspect_checkpoint(path);
   if (!json.to_stdout()) fmt::print("{}", devbridge::cli::format_checkpoint(report));
   std::fflush(stdout);
@@ -331,7 +334,7 @@ int run_trace_replay_command(const std::string& path, const std::string& device_
                                  devbridge::cli::format_bytes(devbridge::cli::kReplayRingBytes)));
   std::vector<std::uint64_t> caps;
   for (const auto& cap : pool_caps) caps.push_back(devbridge::cli::parse_size("--pool-cap", cap));
-  JsonSink json(json_path);
+  JsonSink json(json_path, "trace replay");
   const auto report = devbridge::cli::replay_trace(devbridge::cli::load_trace(path), path, memory, caps);
   if (!json.to_stdout()) fmt::print("{}", devbridge::cli::format_replay(report));
   std::fflush(stdout);

@@ -76,8 +76,8 @@ nlohmann::json load_trace(const std::string& path) {
   const auto other = trace.is_object() ? trace.find("otherData") : trace.end();
   if (!trace.is_object() || other == trace.end() || !other->is_object() || !other->contains("format") ||
       (*other)["format"] != kFormat)
-    refuse(path, fmt::format("is not a devbridge trace (no otherData.format \"{}\"; devbridge record / dump_trace "
-                             "writes one)",
+    refuse(path, fmt::format("is not a devbridge trace (no otherData.format \"{}\"; devbridge stream --trace, "
+                             "or Python's bridge.dump_trace, writes one)",
                              kFormat));
   const auto version = other->find("version");
   if (version == other->end() || !version->is_number_integer() || version->get<std::int64_t>() < 1)
