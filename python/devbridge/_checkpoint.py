@@ -24,6 +24,7 @@ import os
 import re
 import stat
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -64,6 +65,10 @@ _RING_ROOM_WAIT_S = 60.0
 # docs/PORTABLE.md, "Checksums"); restore and `devbridge checkpoint inspect` verify both.
 _CHECKSUM_DIGITS = {"sha256": 64, "crc32": 8}
 _DEFAULT_CHECKSUM = "crc32"
+# The most bytes a safetensors header may hold: the C++ reader's (kHeaderLimit, checkpoint_file.hpp) and the
+# safetensors package's limit. checkpoint writes no header past it (no reader would take the file), and a
+# sharded checkpoint's index is refused past it, as a header is.
+_HEADER_LIMIT = 100_000_000
 
 
 def _checked_path(path: Any) -> str:
@@ -144,7 +149,10 @@ def checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], *,
     hashed on a thread of their own while they are
     written, into a temporary file beside ``path`` that is fsynced, renamed
     over ``path`` and its directory fsynced: a crash leaves the old file or
-    the new one, never a mix. Returns the metadata written.
+    the new one, never a mix. A ``path`` that is a symlink is written through:
+    its target is replaced and the link stays. A header past the 100 MB every
+    reader takes (``ValueError``) is refused before anything is written.
+    Returns the metadata written.
     """
     with _gc_paused():
         return _write_checkpoint(bridge, path, tensors, metadata, checksum)
@@ -188,12 +196,20 @@ def _write_checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], met
         begin += nbytes
 
     encoded = _encode_header(header)
+    header_bytes = len(encoded) - 8  # what the 8-byte length says, padding included, as a reader checks it
+    if header_bytes > _HEADER_LIMIT:  # the rename would replace a good file with one no reader takes
+        raise ValueError(f"checkpoint {path!r}: its header (the tensors' names, dtypes and shapes, and the "
+                         f"metadata) would be {header_bytes} bytes, past the {_HEADER_LIMIT} a safetensors "
+                         f"reader takes (restore's, the safetensors package's); nothing was written")
     total = len(encoded) + begin
-    directory = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
+    # A symlink is written through, as open() writes through it: the temporary file goes beside its target
+    # and the rename replaces the target, so the link stays a link.
+    target = os.path.realpath(path)
+    directory = os.path.dirname(target)
+    if os.path.isdir(target):
         raise IsADirectoryError(errno.EISDIR, f"checkpoint {path!r}: it is a directory; name a file (in it)")
     try:
-        fd, temporary = tempfile.mkstemp(prefix=_temporary_prefix(path), suffix=".tmp", dir=directory)
+        fd, temporary = tempfile.mkstemp(prefix=_temporary_prefix(target), suffix=".tmp", dir=directory)
     except OSError as error:  # the directory is missing, read-only, full of names...
         raise _os_error_in_context(error, f"checkpoint {path!r}: cannot make its temporary file in {directory!r}",
                                    "nothing was written") from error
@@ -241,10 +257,10 @@ def _write_checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], met
                 _write_all(file, _with_checksum(encoded, placeholder, meta["checksum"]))
             finally:
                 hasher.close()
-            os.fchmod(file.fileno(), _mode_for(path))
+            os.fchmod(file.fileno(), _mode_for(target))
             os.fsync(file.fileno())
-        replaced = _keep_old_blocks(path, temporary)
-        os.replace(temporary, path)
+        replaced = _keep_old_blocks(target, temporary)
+        os.replace(temporary, target)
     except BaseException as error:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
@@ -278,7 +294,9 @@ def _remove_interrupted_checkpoint_files(path: str) -> list[str]:
     ``.<name>.XXXXXXXX.tmp`` and the replaced file's second name ``.<name>.XXXXXXXX.old``), which a process
     killed in the middle of a checkpoint leaves behind; returns the paths removed. Only once the process that
     wrote them is gone (a Ray worker restarted): a path another live writer uses would lose its file in
-    progress."""
+    progress. A symlink's are beside its target, where checkpoint writes them."""
+    if os.path.islink(path):
+        path = os.path.realpath(path)
     directory = os.path.dirname(os.path.abspath(path))
     pattern = re.compile(re.escape(_temporary_prefix(path)) + r"[A-Za-z0-9_]+\.(?:tmp|old)")
     removed = []
@@ -548,7 +566,9 @@ def restore(bridge: Bridge, path: Any, *, names: Any = None, prefix: str | None 
     ``safetensors`` package wrote), on any backend and in any generation; so
     does a sharded checkpoint as the ecosystem writes it: ``path`` names its
     index (``model.safetensors.index.json``, whose ``weight_map`` says which
-    file beside it holds each tensor), and the shards are read in parallel.
+    file beside it holds each tensor), and the shards are read in parallel
+    (a ``.json`` name, in any case, is an index unless the file starts as a
+    safetensors file does; the index is JSON as strict as a header).
     The header is checked against the file before anything is allocated: a file
     that is not safetensors, is truncated, or holds a dtype devbridge lacks or
     an empty tensor raises ``CheckpointError`` naming the file, the tensor
@@ -589,7 +609,9 @@ def restore(bridge: Bridge, path: Any, *, names: Any = None, prefix: str | None 
     path = _checked_path(path)
     selection = _Selection(names, prefix, rows)
     with _gc_paused():
-        if path.endswith(".json"):
+        # An index as the ecosystem names it (*.index.json, in any case); a safetensors file named *.json is
+        # still a safetensors file: its first bytes say which.
+        if path.lower().endswith(".json") and not _starts_as_safetensors(path):
             pending = _restore_sharded(bridge, path, selection, alignment, verify)
         else:
             file, header = _open_checkpoint(path)
@@ -761,7 +783,9 @@ class PendingRestore(_NotCopyable, Mapping[str, DeviceTensor]):
     returns True. When the restore fails (a checksum that differs, a file that
     ends early, a copy that fails), ``wait()`` frees every tensor and raises
     the error, naming the file and the tensor; ``abandon()`` stops the reader
-    and frees every tensor.
+    and frees every tensor, after which ``wait()``, ``ready()`` and
+    ``tensors()`` raise ``CheckpointError`` (``... was abandoned``), however far
+    the reader had come.
     """
 
     def __init__(self, path: str, tensors: dict[str, DeviceTensor], *, stream: _RestoreStream | None = None,
@@ -771,7 +795,10 @@ class PendingRestore(_NotCopyable, Mapping[str, DeviceTensor]):
         self._parts = parts or []  # a sharded restore: one per file
         self._stream = stream  # one file: its reading
         self._digest = digest  # a checksum the stream does not check: (the digest it feeds, the expected text)
+        # The verdict once there is one that is not True: the reading's error, or abandon()'s. The first one
+        # set stands; the lock keeps a waiter's failure and another thread's abandon() from both setting it.
         self._failure: BaseException | None = None
+        self._verdict_lock = threading.Lock()
 
     def __getitem__(self, name: str) -> DeviceTensor:
         return self._tensors[name]
@@ -791,6 +818,8 @@ class PendingRestore(_NotCopyable, Mapping[str, DeviceTensor]):
 
     def ready(self) -> bool:
         """True once every tensor is on the device and verified (never blocks); raises as ``wait``."""
+        if self._failure is not None:  # abandoned while the reader was still reading: not done, yet no wait
+            raise self._failure
         return self.done() and self.wait(0)
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -814,31 +843,50 @@ class PendingRestore(_NotCopyable, Mapping[str, DeviceTensor]):
                     failures.append(error)
             if failures:
                 raise failures[0]
-            if self._stream is None:
-                return True  # its files' own waits saw their tensors
-            if not self._stream.finished(left()):
+            if self._stream is not None and not self._wait_for_file(left):
                 return False
-            if self._digest is not None:
-                digest, expected = self._digest
-                actual = f"{expected.partition(':')[0]}:{digest.hexdigest()}"
-                if actual != expected:
-                    raise CheckpointError(f"{self._path!r} is corrupt: the data's checksum is {actual}, "
-                                          f"the file records {expected}; nothing was restored")
-            for name, tensor in self._tensors.items():
-                try:
-                    if not (tensor.freed or tensor.wait(left())):
-                        return False
-                except BridgeError as error:  # a copy that failed: named by its tensor
-                    raise _with_context(error, f"restore {self._path!r}: tensor {name!r}") from error
-            return True
+            # (a sharded restore's files' own waits saw their tensors)
         except BaseException as error:
-            self._failure = error
+            with self._verdict_lock:
+                first = self._failure
+                if first is None:
+                    self._failure = error
+            if first is not None:  # abandoned (or failed on another thread) meanwhile: that verdict stands
+                raise first from None
             self.abandon()
             raise
+        # abandon() sets the verdict before it frees a tensor: a tensor seen freed above (or a reader that
+        # reached the end before abandon() stopped it) is not a restore that succeeded.
+        if self._failure is not None:
+            raise self._failure
+        return True
+
+    def _wait_for_file(self, left: Callable[[], float | None]) -> bool:
+        """``wait`` of one file's reading: its end, the checksum's verdict, every tensor's copies."""
+        if not self._stream.finished(left()):
+            return False
+        if self._digest is not None:
+            digest, expected = self._digest
+            actual = f"{expected.partition(':')[0]}:{digest.hexdigest()}"
+            if actual != expected:
+                raise CheckpointError(f"{self._path!r} is corrupt: the data's checksum is {actual}, "
+                                      f"the file records {expected}; nothing was restored")
+        for name, tensor in self._tensors.items():
+            try:
+                if not (tensor.freed or tensor.wait(left())):
+                    return False
+            except BridgeError as error:  # a copy that failed: named by its tensor
+                raise _with_context(error, f"restore {self._path!r}: tensor {name!r}") from error
+        return True
 
     def abandon(self) -> None:
         """Stops the reading before its next chunk, waits for it to stop, and frees every tensor (the bridge
-        defers a free while a copy still fills the allocation). Idempotent."""
+        defers a free while a copy still fills the allocation). From then on ``wait()``, ``ready()`` and
+        ``tensors()`` raise ``CheckpointError``, on every thread, whether or not the reader had read the
+        whole file: its tensors are freed. Idempotent."""
+        with self._verdict_lock:
+            if self._failure is None:
+                self._failure = CheckpointError(f"restore {self._path!r} was abandoned: its tensors are freed")
         for part in self._parts:
             part.abandon()
         if self._stream is not None:
@@ -901,29 +949,112 @@ def _restore_sharded(bridge: Bridge, index_path: str, selection: _Selection, ali
             file.close()
 
 
+def _starts_as_safetensors(path: str) -> bool:
+    """Whether the regular file at ``path`` starts as a safetensors file does, with the 8-byte little-endian
+    length of its header, within ``_HEADER_LIMIT``: its last four bytes are zero. An index is JSON text, which
+    starts with whitespace or ``{`` and holds no NUL, so no index does. For a file named ``*.json``, which may
+    be either. False where it cannot tell (a path that cannot be opened, a FIFO, a file of under 8 bytes): the
+    index's reader then says why."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))  # a FIFO: no wait
+    except OSError:
+        return False
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        prefix = os.pread(fd, 8, 0)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return len(prefix) == 8 and int.from_bytes(prefix, "little") <= _HEADER_LIMIT
+
+
+class _IndexRefused(ValueError):
+    """What the index's strict JSON reading refuses, in words that follow the index's name."""
+
+
+def _object_of_unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object of the index, refused if it gives a key twice (a tensor mapped to two shards, a second
+    ``weight_map``): which one counts would be a parser's guess (Python's takes the last), so neither does,
+    as in a header."""
+    unique = dict(pairs)
+    if len(unique) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _IndexRefused(f"it gives {key!r} twice in one JSON object (which one counts would be a "
+                                    f"parser's guess, so neither does)")
+            seen.add(key)
+    return unique
+
+
+def _no_constant(name: str) -> Any:
+    raise _IndexRefused(f"it holds {name}, which is not JSON (RFC 8259)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400: infinity by another name
+        raise _IndexRefused(f"it holds the number {text}, past what a double holds")
+    return value
+
+
+def _first_lone_surrogate(value: Any) -> str | None:
+    """The first str in the parsed JSON ``value`` (keys too) that has no UTF-8, else None; without recursion,
+    whatever the nesting the parser took."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return item
+        elif isinstance(item, dict):
+            pending.extend(item)
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return None
+
+
 def _read_index(index_path: str) -> dict[str, str]:
-    """A sharded checkpoint's ``weight_map`` (tensor name -> shard file beside the index), checked: a JSON
+    """A sharded checkpoint's ``weight_map`` (tensor name -> shard file beside the index), checked: JSON as
+    strict as a header's (UTF-8, no key given twice in an object, no NaN or Infinity, no lone surrogate), an
     object whose ``weight_map`` maps str names to plain relative file names (no absolute path, no ``..``, no
     NUL). The index is opened as a checkpoint is: a path that cannot be opened is ``OSError``; a FIFO, a
-    device or a directory, or a file past ``_INDEX_LIMIT`` bytes, a ``CheckpointError`` at once."""
+    device or a directory, or a file past ``_HEADER_LIMIT`` bytes, a ``CheckpointError`` at once."""
     fd = os.open(index_path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))  # a FIFO: no wait
     try:
         if not stat.S_ISREG((st := os.fstat(fd)).st_mode):
             raise CheckpointError(f"{index_path!r} is not a regular file")
         os.set_blocking(fd, True)
         with open(fd, "rb", closefd=False) as f:  # its size, then what it holds (it may have grown since)
-            if st.st_size > _INDEX_LIMIT or len(text := f.read(_INDEX_LIMIT + 1)) > _INDEX_LIMIT:
-                raise CheckpointError(f"{index_path!r} is past the {_INDEX_LIMIT} bytes an index may hold "
+            if st.st_size > _HEADER_LIMIT or len(text := f.read(_HEADER_LIMIT + 1)) > _HEADER_LIMIT:
+                raise CheckpointError(f"{index_path!r} is past the {_HEADER_LIMIT} bytes an index may hold "
                                       f"(as a safetensors header): not the index of a sharded checkpoint")
     finally:
         os.close(fd)
+    neither = f"{index_path!r} is not the JSON index of a sharded checkpoint (nor a safetensors file)"
+    try:  # strictly, as a header: json.loads(bytes) would take UTF-16 and UTF-32 too, guessing which
+        decoded = text.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{neither}: it is not UTF-8 (byte {e.start} is {text[e.start]:#04x})") from None
     try:
-        index = json.loads(text)
-    except ValueError as e:  # not JSON, not UTF-8
-        raise CheckpointError(f"{index_path!r} is not a JSON index of a sharded checkpoint: {e}") from None
+        index = json.loads(decoded, object_pairs_hook=_object_of_unique_keys, parse_constant=_no_constant,
+                           parse_float=_finite_float)
+    except _IndexRefused as e:
+        raise CheckpointError(f"{index_path!r} is not read as the index of a sharded checkpoint: {e}") from None
+    except ValueError as e:  # not JSON
+        raise CheckpointError(f"{neither}: {e}") from None
     except RecursionError:
         raise CheckpointError(f"{index_path!r} is not a JSON index of a sharded checkpoint: its JSON nests "
                               f"too deeply to read") from None
+    lone = _first_lone_surrogate(index)
+    if lone is not None:  # a "\ud800" escape: a str with no UTF-8, refused anywhere in a header too
+        raise CheckpointError(f"{index_path!r} is not read as the index of a sharded checkpoint: it holds the "
+                              f"string {lone!r}, whose escape of a lone surrogate is not valid UTF-8")
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
         raise CheckpointError(f"{index_path!r} has no weight_map (tensor name -> shard file): "
@@ -936,10 +1067,6 @@ def _read_index(index_path: str) -> dict[str, str]:
         if os.path.isabs(shard) or ".." in shard.replace("\\", "/").split("/"):
             raise CheckpointError(f"{index_path!r} maps {name!r} to {shard!r}: shards must lie beside the index")
     return weight_map
-
-
-# A sharded checkpoint's index is refused past this, as a header is (kHeaderLimit, checkpoint_file.hpp).
-_INDEX_LIMIT = 100_000_000
 
 
 __all__ = ["CheckpointError", "PendingRestore", "checkpoint", "checkpoint_info", "restore"]

@@ -142,6 +142,75 @@ def test_abandon_stops_the_reader_and_frees_every_tensor(pb, rng, tmp_path, monk
     pending.abandon()
     assert all(t.freed for t in pending.values())
     nothing_left(pb)
+    # Its last read was in flight: the reader reached the end, yet nothing was restored.
+    with pytest.raises(devbridge.CheckpointError, match=r"model.safetensors' was abandoned"):
+        pending.wait()
+    nothing_left(pb)
+
+
+def abandoned_after_the_end(b: devbridge.Bridge, path: str) -> devbridge.PendingRestore:
+    """A pending restore of ``path`` whose reader has read every byte, abandoned before anyone waited for it."""
+    pending = b.restore(path, wait=False)
+    assert until(pending.done), "the reader never finished"
+    pending.abandon()
+    return pending
+
+
+def refused_as_abandoned(pending: devbridge.PendingRestore, path: str) -> None:
+    """Every way of asking for the verdict says the restore was abandoned (its tensors are freed): none says
+    True, none hands a freed tensor back."""
+    assert all(t.freed for t in pending.values())
+    for ask in (pending.wait, lambda: pending.wait(0), pending.ready, pending.tensors):
+        with pytest.raises(devbridge.CheckpointError) as caught:
+            ask()
+        assert str(caught.value) == f"restore {path!r} was abandoned: its tensors are freed"
+    pending.abandon()  # idempotent
+
+
+def test_abandon_after_the_reader_finished_is_never_a_restore_that_succeeded(pb, rng, tmp_path):
+    # wait() and ready() said True and tensors() handed back the freed tensors.
+    arrays, path = written(pb, rng, tmp_path)
+    refused_as_abandoned(abandoned_after_the_end(pb, path), path)
+    nothing_left(pb)
+    index = write_sharded(tmp_path, model_arrays(rng))
+    refused_as_abandoned(abandoned_after_the_end(pb, index), index)  # the index named, not a shard
+    nothing_left(pb)
+
+
+def test_abandon_after_a_successful_wait_withdraws_the_verdict(pb, rng, tmp_path):
+    arrays, path = written(pb, rng, tmp_path)
+    pending = pb.restore(path, wait=False)
+    assert pending.wait() and pending.ready()
+    pending.abandon()  # the caller's way to free them all: the tensors it had are gone
+    refused_as_abandoned(pending, path)
+    nothing_left(pb)
+
+
+def test_a_waiter_on_another_thread_sees_the_abandon_too(pb, rng, tmp_path, monkeypatch):
+    # A thread waiting while the last read was in flight got True once abandon() freed the tensors.
+    arrays, path = written(pb, rng, tmp_path)
+    read = HeldRead(monkeypatch, os.path.getsize(path) - 1)
+    pending = pb.restore(path, wait=False)
+    assert until(read.reached.is_set)
+    verdicts: list = []
+
+    def waiter() -> None:
+        try:
+            verdicts.append(pending.wait())
+        except devbridge.CheckpointError as error:
+            verdicts.append(error)
+
+    waiting = [threading.Thread(target=waiter) for _ in range(3)]
+    for thread in waiting:
+        thread.start()
+    threading.Timer(0.1, read.release).start()  # the read in flight ends; the reader reaches the file's end
+    pending.abandon()
+    for thread in waiting:
+        thread.join(30)
+    assert len(verdicts) == 3 and all(isinstance(v, devbridge.CheckpointError) for v in verdicts), verdicts
+    assert all("was abandoned" in str(v) for v in verdicts)
+    refused_as_abandoned(pending, path)
+    nothing_left(pb)
 
 
 @pytest.mark.parametrize("checksum", ["crc32", "sha256"])
