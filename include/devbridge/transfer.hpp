@@ -159,6 +159,13 @@ struct TransferOptions {
   // with the bytes done so far and the total. It may throw: the call then
   // cleans up and propagates the exception.
   std::function<void(std::uint64_t done, std::uint64_t total)> progress = nullptr;
+  // Called about every 20 ms while a ring-chunk transfer waits for a copy of
+  // its own or for ring room copies hold (a lost completion would otherwise
+  // keep it waiting for good). It may throw (a stop signal, a stall limit,
+  // Python's KeyboardInterrupt): the call then cleans up as for any failure
+  // (within cleanup_timeout) and propagates the exception. Null: the waits
+  // are not interrupted.
+  std::function<void()> while_waiting = nullptr;
 
   // ---- route choice ----
   // The caller permits AdoptInPlace: the new allocation may alias the

@@ -236,6 +236,12 @@ void bind_transfer(nb::module_& m) {
                 nb::gil_scoped_acquire gil;
                 self->progress(done, total);
               };
+            // Ctrl-C (and any signal handler that raises) ends a wait for a copy or for room, which a lost
+            // completion would otherwise make endless: the transfer cleans up and the error is raised.
+            options.while_waiting = [] {
+              nb::gil_scoped_acquire gil;
+              if (PyErr_CheckSignals() != 0) throw nb::python_error();
+            };
             auto planner = std::make_unique<TransferPlanner>(state->open(), std::move(options));
             new (self) PyTransferPlanner{std::move(state), std::move(planner), progress};
           },

@@ -424,6 +424,7 @@ TransferResult TransferPlanner::execute(const TransferSource& source, const Tran
                                              .cleanup_timeout = options_.cleanup_timeout,
                                              .wait_for_room = options_.wait_for_room,
                                              .progress = &options_.progress,
+                                             .while_waiting = &options_.while_waiting,
                                              .submitted = r.upload() ? pending : nullptr};
     detail::run_ring_chunks(bridge_, settings, job);
   };
@@ -537,7 +538,8 @@ TransferResult TransferPlanner::execute(const TransferSource& source, const Tran
       chunk = std::max(chunk - chunk % element, element);
       const detail::RingChunkSettings settings{.max_chunks_in_flight = 1,
                                                .cleanup_timeout = options_.cleanup_timeout,
-                                               .wait_for_room = options_.wait_for_room};
+                                               .wait_for_room = options_.wait_for_room,
+                                               .while_waiting = &options_.while_waiting};
       std::uint64_t index = 0;
       for (std::uint64_t done = 0; done < r.bytes; ++index) {
         const std::uint64_t len = std::min(chunk, r.bytes - done);

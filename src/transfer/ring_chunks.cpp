@@ -193,6 +193,9 @@ class ChunkWindow {
 
   bool empty() const noexcept { return chunks_.empty(); }
   std::size_t size() const noexcept { return chunks_.size(); }
+  // The caller gave up waiting (its while_waiting threw): cleanup hands
+  // ranges still in use on at once instead of waiting for their copies.
+  void stop_waiting() noexcept { cleanup_timeout_ = std::chrono::nanoseconds::zero(); }
   const InFlightChunk& oldest() const noexcept { return chunks_.front(); }
   void pop_oldest() noexcept {
     RoomHeldByTransfers::instance().remove(&bridge_, chunks_.front().counted);
@@ -276,7 +279,8 @@ class Pipeline {
   // timeout passes) before the caller frees the allocation they write.
   void wait_for_submitted() noexcept {
     // Failed, closed, broken: the bridge releases the range regardless.
-    const auto deadline = checked::deadline_after(options_.cleanup_timeout);
+    const auto deadline = checked::deadline_after(stopped_waiting_ ? std::chrono::nanoseconds::zero()
+                                                                    : options_.cleanup_timeout);
     for (const PendingCopy& copy : *options_.submitted) wait_until(bridge_, copy.event, deadline);
   }
 
@@ -334,12 +338,12 @@ class Pipeline {
     bool tried_again = false;
     for (;;) {
       try {
-        return attempt(wait);
+        return attempt_waiting(attempt, wait);
       } catch (const Error& e) {
         if (e.kind() != ErrorKind::Backpressure) rethrow_for_chunk(e, transfer_, chunk);
         // Room held by ranges the bridge releases as their copies end (this
         // submit()'s, an earlier one's): wait for one.
-        if (window_.empty() && !bridge_.wait_for_release_after()) {
+        if (window_.empty() && !wait_for_release_after()) {
           // Room another transfer holds comes back as its copies end: waited
           // for (at least kWaitForOtherTransfers) whatever wait_for_room says.
           const auto room_wait = RoomHeldByTransfers::instance().others_hold(&bridge_, counted.bytes())
@@ -361,6 +365,61 @@ class Pipeline {
   }
 
 
+  // ---- waits the caller's while_waiting may interrupt (between slices) ----
+  static constexpr auto kWaitSlice = std::chrono::milliseconds(20);
+
+  bool interruptible() const noexcept { return options_.while_waiting != nullptr && *options_.while_waiting; }
+
+  // The caller's hook; once it throws, whoever pressed Ctrl-C (or a stall
+  // limit) is not kept waiting through the cleanup too.
+  void while_waiting() {
+    try {
+      (*options_.while_waiting)();
+    } catch (...) {
+      window_.stop_waiting();
+      stopped_waiting_ = true;
+      throw;
+    }
+  }
+
+  CopyStatus wait_for_copy(const CopyEvent& event) {
+    if (!interruptible()) return bridge_.wait(event);
+    for (;;) {
+      const CopyStatus status = bridge_.wait(event, kWaitSlice);
+      if (status.state != CopyState::Pending) return status;
+      while_waiting();
+    }
+  }
+
+  // Bridge::wait_for_release_after: true once a waiting range went back,
+  // false when none waits.
+  bool wait_for_release_after() {
+    if (!interruptible()) return bridge_.wait_for_release_after();
+    for (;;) {
+      if (bridge_.wait_for_release_after(kWaitSlice)) return true;
+      if (bridge_.stats().ring_releases_pending == 0) return false;
+      while_waiting();
+    }
+  }
+
+  // `attempt` given up to `wait` for room, in slices between which the
+  // caller may interrupt.
+  template <class Attempt>
+  std::invoke_result_t<Attempt&, std::chrono::nanoseconds> attempt_waiting(Attempt& attempt,
+                                                                            std::chrono::nanoseconds wait) {
+    if (!interruptible() || wait <= kWaitSlice) return attempt(wait);
+    const auto deadline = checked::deadline_after(wait);
+    for (;;) {
+      const auto left = std::chrono::nanoseconds(checked::time_left(deadline));
+      try {
+        return attempt(std::min<std::chrono::nanoseconds>(left, kWaitSlice));
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::Backpressure || checked::Clock::now() >= deadline) throw;
+      }
+      while_waiting();
+    }
+  }
+
   // Finishes the oldest chunk: waits for its copy (without `block`, returns
   // false if it has not completed yet), copies a download's bytes out of the
   // ring, releases the range and reports progress.
@@ -368,7 +427,7 @@ class Pipeline {
     const InFlightChunk oldest = window_.oldest();
     try {
       if (block) {
-        const CopyStatus status = bridge_.wait(oldest.event);
+        const CopyStatus status = wait_for_copy(oldest.event);
         if (status.state == CopyState::Failed)
           throw Error(status.error.value_or(transfer_.upload() ? ErrorKind::DeviceCopyFailed
                                                                : ErrorKind::OutputCopyFailed),
@@ -398,6 +457,7 @@ class Pipeline {
   const Transfer& transfer_;
   ChunkWindow window_;
   std::uint64_t done_ = 0;
+  bool stopped_waiting_ = false;  // while_waiting threw
 };
 
 }  // namespace

@@ -46,6 +46,8 @@ struct RingChunkSettings {
   std::chrono::nanoseconds wait_for_room{0};
   // Null: no progress reported.
   const std::function<void(std::uint64_t, std::uint64_t)>* progress = nullptr;
+  // Null: waits for copies and room are not interrupted (TransferOptions).
+  const std::function<void()>* while_waiting = nullptr;
   // Uploads only (TransferPlanner::submit): non-null, each chunk's range is
   // handed to the bridge (release_host_after) as soon as its copy is
   // submitted, its copy recorded here, and nothing is waited for; room the

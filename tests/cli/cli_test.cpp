@@ -261,6 +261,23 @@ INSTANTIATE_TEST_SUITE_P(
                     {"chunk 2", "launch_axpy"}}),
     [](const ::testing::TestParamInfo<FailureCase>& info) { return std::string(info.param.name); });
 
+// The planner's own waits end at the stall timeout too: a download's copy,
+// and ring room (exactly two chunks) that a lost upload holds.
+TEST(Stream, ALostCompletionTheTransferWaitsForEndsAtTheStallTimeout) {
+  const std::vector<std::vector<std::string>> cases{
+      {"--ring-bytes", "8192", "--fake-inject", "copy_d2h:lost_completion:1"},
+      {"--ring-bytes", "2048", "--fake-inject", "copy_h2d:lost_completion:2"}};
+  for (const auto& injected : cases) {
+    std::vector<std::string> args{"--backend", "fake", "--bytes", "4096", "--chunk", "1024", "--stall-timeout", "1"};
+    args.insert(args.end(), injected.begin(), injected.end());
+    CliRun run;
+    const nlohmann::json report = stream_json(args, run);
+    EXPECT_EQ(run.exit_code, 1) << describe(run);
+    EXPECT_THAT(run.err, HasSubstr("never arrived")) << describe(run);
+    EXPECT_EQ(report["verified"], false);
+  }
+}
+
 // Out of memory for real (one injected refusal would be retried away): 1 MiB
 // of device memory for four buffers of 512 KiB.
 TEST(Stream, ADeviceOutOfMemoryExitsOneNamingWhatTheBridgeHeld) {

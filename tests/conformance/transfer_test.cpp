@@ -793,6 +793,42 @@ TEST_P(TransferConformance, TransferWaitsForRingRoomAnotherCallerHolds) {
   expect_nothing_left(b);
 }
 
+// A copy whose completion never comes (a hung device) keeps a transfer
+// waiting, for its own copy or for room that copy holds: the caller's
+// while_waiting hook ends the wait (Ctrl-C in Python, the CLI's stall
+// limit), and cleanup then hands the ranges still in use to the bridge at
+// once instead of waiting its cleanup_timeout for copies that never end.
+TEST_P(TransferConformance, WhileWaitingEndsAWaitForALostCompletion) {
+  using namespace std::chrono_literals;
+  if (!is_fake()) GTEST_SKIP() << "needs the fake's fault injection";
+  struct Interrupted {};
+  auto& b = make_bridge(kRing);
+  fake_of(b).set_auto_complete(true);
+  int calls = 0;
+  const TransferOptions interruptible{.cleanup_timeout = 60s,
+                                      .while_waiting = [&] {
+                                        if (++calls == 3) throw Interrupted{};
+                                      },
+                                      .route = Route::RingChunks};
+  const Bytes data = random_bytes(kRing / 2);
+  const DeviceHandle h = TransferPlanner(b).upload(data, bytes_spec(data.size()), data.size());
+
+  fake_of(b).inject(fake::Call::CopyDeviceToHost, fake::Failure::LostCompletion);
+  Bytes back(data.size());
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_THROW(TransferPlanner(b, interruptible).run(DeviceSpan{h}, HostDestination{back}), Interrupted);
+  EXPECT_EQ(calls, 3);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 30s) << "cleanup waited for a copy that never ends";
+  EXPECT_EQ(b.stats().ring_releases_pending, 1u) << "the lost copy's range waits in the bridge";
+
+  // The lost copy's range holds half the ring; a caller's reservation the rest: an upload waits for room.
+  const HostRange held = b.reserve(b.stats().ring_capacity - b.stats().ring_used);
+  calls = 0;
+  EXPECT_THROW(TransferPlanner(b, interruptible).run(HostSource{data}, DeviceSpan{h}), Interrupted);
+  EXPECT_EQ(calls, 3);
+  b.release_host(held);
+}
+
 // The same for the in-flight budget: another caller's copy holds all of it
 // (the fake keeps it in flight), and the planner's chunk copy waits for it
 // to end (Admission) instead of failing.

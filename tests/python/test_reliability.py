@@ -325,3 +325,43 @@ def test_log_lines_go_to_stderr_not_stdout(capfd, rng):
     assert "broken" in err.lower() and "completion" in err.lower(), err
     b.restart(2)
     b.close()
+
+
+@pytest.mark.parametrize("direction", ["upload", "download"])
+def test_ctrl_c_ends_a_transfer_waiting_on_a_lost_completion_and_it_takes_nothing_with_it(direction):
+    # A copy whose completion never comes (a hung device) holds ring room, or is the copy the transfer waits
+    # for: the wait ends with KeyboardInterrupt (any signal handler that raises), not never.
+    import os
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    b = devbridge.Bridge(backend="fake", ring_bytes=1 << 20)
+    b.fake.set_auto_complete(True)
+    a = np.arange(1024, dtype=np.float32)
+    if direction == "upload":
+        b.fake.inject("copy_h2d", "lost_completion")
+        b.upload(a)  # its chunk's range waits for a completion that never comes
+        held = []
+        with pytest.raises(devbridge.Backpressure):
+            while True:
+                held.append(b.ring.reserve(4096))
+        call = lambda: b.upload(a, wait=True)  # noqa: E731
+    else:
+        t = b.upload(a, wait=True)
+        b.fake.inject("copy_d2h", "lost_completion")
+        call = lambda: b.download(t)  # noqa: E731
+    before = b.stats()
+    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            call()
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 20
+    after = b.stats()
+    assert after["live_allocations"] == before["live_allocations"], "the interrupted upload's allocation is freed"
+    assert after["ring_reservations"] <= before["ring_reservations"] + 1, "at most the lost copy's range waits"
+    b.close()

@@ -219,8 +219,9 @@ std::chrono::nanoseconds stall_timeout(const StreamPlan& plan) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(plan.stall_timeout_seconds));
 }
 
-TransferOptions planner_options(const StreamPlan& plan) {
+TransferOptions planner_options(const StreamPlan& plan, std::function<void()> while_waiting) {
   TransferOptions options;
+  options.while_waiting = std::move(while_waiting);
   options.chunk_bytes = plan.chunk_bytes;
   options.max_chunks_in_flight = 1;
   options.cleanup_timeout = stall_timeout(plan);
@@ -249,8 +250,9 @@ class StreamPipeline {
         plan_(plan),
         progress_(progress),
         stop_(stop),
-        uploader_(bridge, planner_options(plan)),
-        downloader_(bridge, planner_options(plan)) {}
+        uploader_(bridge, planner_options(plan, [this] { while_planner_waits(uploading_, "host_to_device", true); })),
+        downloader_(bridge,
+                    planner_options(plan, [this] { while_planner_waits(downloading_, "device_to_host", false); })) {}
 
   void allocate_slots() {
     const ObjectSpec spec{plan_.slot_bytes, kReservationAlignment, DType::Float32, ShapeKind::Vector};
@@ -369,6 +371,7 @@ class StreamPipeline {
                                }};
     const DeviceSpan x{inputs_[ticket.slot], 0, ticket.len};
     ticket.submitted = Clock::now();
+    uploading_ = {i, ticket.submitted};
     ticket.uploads = uploader_.submit(pattern, x).pending;
     uploads_.push(ticket);
 
@@ -397,6 +400,25 @@ class StreamPipeline {
       if (stop_signal() != 0) throw StreamStopped{};
     }
     if (aborted_) throw StreamAborted{};
+  }
+
+  // A planner call (one chunk) under way on one stage's thread, for its waits.
+  struct PlannerCall {
+    std::uint64_t chunk = 0;
+    Clock::time_point started{};
+  };
+
+  // A planner's wait for a copy or for ring room: ends when another stage
+  // failed, when the call has waited the stall timeout (a lost completion
+  // would otherwise hang the worker, in a download or in a full ring as in
+  // the upload watcher) and, for the producer, on a stop signal.
+  void while_planner_waits(const PlannerCall& call, std::string_view what, bool stoppable) {
+    if (aborted()) throw StreamAborted{};
+    if (stoppable && stop_signal() != 0) throw StreamStopped{};
+    if (Clock::now() - call.started >= stall_timeout(plan_))
+      throw std::runtime_error(fmt::format("chunk {}: {} still waiting for a copy or for ring room after {} s; a "
+                                           "completion never arrived",
+                                           call.chunk, what, plan_.stall_timeout_seconds));
   }
 
   // ---- the upload watcher ----
@@ -459,6 +481,7 @@ class StreamPipeline {
                                     }};
       const DeviceSpan y{outputs_[ticket->slot], 0, ticket->len};
       const auto started = Clock::now();
+      downloading_ = {ticket->index, started};
       try {
         downloader_.run(y, check);
       } catch (const devbridge::Error& e) {
@@ -511,6 +534,8 @@ class StreamPipeline {
   Progress& progress_;
   const std::atomic<int>* stop_;
   // One planner per thread that moves bytes (a planner is not thread-safe).
+  PlannerCall uploading_;    // producer only
+  PlannerCall downloading_;  // downloader only
   TransferPlanner uploader_;    // producer only
   TransferPlanner downloader_;  // downloader only
   std::vector<DeviceHandle> inputs_;
