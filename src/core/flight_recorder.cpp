@@ -127,6 +127,11 @@ FlightRecorder::FlightRecorder(const RecordOptions& options)
 
 std::uint32_t FlightRecorder::intern(const std::string& text) noexcept {
   try {
+    // Every kept record names at most one stack: past twice the ring (and a
+    // floor), most texts are of records long dropped, and call sites without
+    // end (generated code, notebooks) would grow the table for good.
+    if (stacks_text_.size() >= std::max<std::size_t>(1024, 2 * capacity_) && !stack_ids_.contains(text))
+      forget_unreferenced_stacks();
     const auto [it, added] = stack_ids_.try_emplace(text, static_cast<std::uint32_t>(stacks_text_.size() + 1));
     if (added) {
       try {
@@ -139,6 +144,37 @@ std::uint32_t FlightRecorder::intern(const std::string& text) noexcept {
     return it->second;
   } catch (...) {
     return 0;  // only the stack is lost
+  }
+}
+
+void FlightRecorder::forget_unreferenced_stacks() noexcept {
+  std::vector<std::uint32_t> renumbered;
+  std::vector<std::string> kept;
+  try {
+    renumbered.assign(stacks_text_.size() + 1, 0);
+    kept.reserve(std::min(stacks_text_.size(), capacity_));
+  } catch (...) {
+    return;  // the table stays as it is
+  }
+  for (std::size_t i = 0; i < size(); ++i) {
+    std::size_t index = oldest() + i;
+    if (index >= capacity_) index -= capacity_;
+    TraceSlot& slot = slots_[index];
+    if (slot.stack == 0 || slot.stack > stacks_text_.size()) continue;
+    std::uint32_t& number = renumbered[slot.stack];
+    if (number == 0) {
+      kept.push_back(std::move(stacks_text_[slot.stack - 1]));
+      number = static_cast<std::uint32_t>(kept.size());
+    }
+    slot.stack = number;
+  }
+  stacks_text_ = std::move(kept);
+  stack_ids_.clear();
+  try {
+    for (std::size_t i = 0; i < stacks_text_.size(); ++i)
+      stack_ids_.emplace(stacks_text_[i], static_cast<std::uint32_t>(i + 1));
+  } catch (...) {
+    stack_ids_.clear();  // a text recorded again gets a second number: only sharing is lost
   }
 }
 

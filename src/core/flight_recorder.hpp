@@ -275,6 +275,8 @@ class FlightRecorder {
   // The oldest kept record's index in the ring.
   std::size_t oldest() const noexcept { return recorded_ > capacity_ ? next_ : 0; }
   std::uint32_t intern(const std::string& text) noexcept;
+  // Drops the texts no kept record names and renumbers the rest.
+  void forget_unreferenced_stacks() noexcept;
 
   RecordOptions options_;
   const bool ticks_are_tsc_;

@@ -85,6 +85,25 @@ TEST(FlightRecorder, StacksAreInternedAndOnlyWhenAsked) {
   EXPECT_EQ(trace["traceEvents"][7]["args"]["stack"], "test.py:3 f");
 }
 
+TEST(FlightRecorder, StacksOfDroppedRecordsDoNotAccumulate) {
+  // Call sites without end (generated code, a notebook): the ring keeps 8 records, the table of texts
+  // stays bounded, and every kept record still names its own text.
+  FlightRecorder recorder(RecordOptions{.max_events = 8, .stacks = true});
+  for (int i = 0; i < 5000; ++i) {
+    TraceStack stack("cell_" + std::to_string(i) + ".py:1 <module>");
+    recorder.record(marked(static_cast<std::uint64_t>(i) + 1));
+  }
+  detail::TraceDump dump;
+  recorder.copy_to(dump);
+  EXPECT_LE(dump.stacks.size(), 1024u);
+  ASSERT_EQ(recorder.size(), 8u);
+  for (std::size_t i = 0; i < 8; ++i) {
+    const auto record = recorder.at(i);
+    ASSERT_GE(record.stack, 1u);
+    EXPECT_EQ(dump.stacks[record.stack - 1], "cell_" + std::to_string(4992 + i) + ".py:1 <module>");
+  }
+}
+
 TEST(FlightRecorder, StackTextThatIsNotUtf8StaysValidJson) {
   FlightRecorder recorder(RecordOptions{.max_events = 8, .stacks = true});
   {
