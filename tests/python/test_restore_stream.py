@@ -133,11 +133,17 @@ def test_a_file_that_shrinks_while_pending_fails_the_tensors_not_yet_read(pb, rn
     nothing_left(pb)
 
 
+def held_at_its_last_read(b: devbridge.Bridge, path: str, monkeypatch) -> tuple[devbridge.PendingRestore, HeldRead]:
+    """A pending restore of ``path`` whose reader is held in its read of the file's last byte."""
+    read = HeldRead(monkeypatch, os.path.getsize(path) - 1)
+    pending = b.restore(path, wait=False)
+    assert until(read.reached.is_set)
+    return pending, read
+
+
 def test_abandon_stops_the_reader_and_frees_every_tensor(pb, rng, tmp_path, monkeypatch):
     arrays, path = written(pb, rng, tmp_path)
-    read = HeldRead(monkeypatch, os.path.getsize(path) - 1)
-    pending = pb.restore(path, wait=False)
-    assert until(read.reached.is_set)
+    pending, read = held_at_its_last_read(pb, path, monkeypatch)
     threading.Timer(0.1, read.release).start()  # abandon waits for the reader's read in progress
     pending.abandon()
     assert all(t.freed for t in pending.values())
@@ -189,9 +195,7 @@ def test_abandon_after_a_successful_wait_withdraws_the_verdict(pb, rng, tmp_path
 def test_a_waiter_on_another_thread_sees_the_abandon_too(pb, rng, tmp_path, monkeypatch):
     # A thread waiting while the last read was in flight got True once abandon() freed the tensors.
     arrays, path = written(pb, rng, tmp_path)
-    read = HeldRead(monkeypatch, os.path.getsize(path) - 1)
-    pending = pb.restore(path, wait=False)
-    assert until(read.reached.is_set)
+    pending, read = held_at_its_last_read(pb, path, monkeypatch)
     verdicts: list = []
 
     def waiter() -> None:
