@@ -443,6 +443,12 @@ class Bridge {
   HostRegion register_host_read_only(std::span<const std::byte> bytes, RegionRelease on_release = {});
   // AllocationStillInUse while a copy uses the region; changes nothing then.
   void unregister_host(HostRegion region);
+  // For an owner letting go of a region allocations adopted from it still
+  // use (they may be read through views for a while): unregistered now when
+  // none does (true), else once the last of them ends (false; on_release
+  // says when, and no copy or adoption may use the region meanwhile).
+  // AllocationStillInUse while a copy uses it, as unregister_host.
+  bool unregister_host_after_adoptions(HostRegion region);
   // The registered bytes (validated).
   std::span<std::byte> region_bytes(HostRegion region) const;
   // True while the bridge still holds the region's memory: registered in

@@ -106,17 +106,18 @@ bool region_is_gone(const Error& error) {
   }
 }
 
-enum class Unregistered { Now, AlreadyGone, Kept };
+enum class Unregistered { Now, AlreadyGone, AfterAdoptions, Kept };
 
-// Unregisters without raising: for destructors and reaping. Kept: still
-// registered (a copy uses it, the bridge is closed or broken).
+// Unregisters without raising: for destructors and reaping. AfterAdoptions:
+// allocations adopted from it still use it (read through views), and the
+// bridge unregisters it after the last (its release callback says when).
+// Kept: still registered (a copy uses it, the bridge is closed or broken).
 Unregistered try_unregister(BridgeState& state, const HostRegistration& reg) noexcept {
   if (state.closed.load(std::memory_order_acquire)) return Unregistered::Kept;
   try {
     Bridge& bridge = *state.bridge;
     nb::gil_scoped_release no_gil;
-    bridge.unregister_host(reg.region);
-    return Unregistered::Now;
+    return bridge.unregister_host_after_adoptions(reg.region) ? Unregistered::Now : Unregistered::AfterAdoptions;
   } catch (const Error& error) {
     return region_is_gone(error) ? Unregistered::AlreadyGone : Unregistered::Kept;
   } catch (...) {
@@ -140,14 +141,37 @@ void reap_dropped(BridgeState& state) {
   for (const auto& reg : state.registrations)
     if (!reg->owned && reg->held && !reg->retained) dropped.push_back(reg);
   std::vector<const HostRegistration*> done;
-  for (const auto& reg : dropped)
-    if (try_unregister(state, *reg) != Unregistered::Kept) done.push_back(reg.get());
+  for (const auto& reg : dropped) {
+    const Unregistered outcome = try_unregister(state, *reg);
+    if (outcome == Unregistered::AfterAdoptions) reg->retained = true;  // let go once the callback says so
+    else if (outcome != Unregistered::Kept) done.push_back(reg.get());
+  }
   if (done.empty()) return;
   release_if(state, [&](const HostRegistration& reg) {
     for (const HostRegistration* d : done)
       if (d == &reg) return true;
     return false;
   });
+}
+
+// The bridge let go of a region (its release callback, on any thread, under
+// the bridge's lock, perhaps without the GIL): the export is ended soon on
+// the main thread, with the GIL, instead of at the next call that reaps (the
+// owner may want to close its mmap meanwhile). Best effort: a full queue, or
+// an interpreter shutting down, leaves it to those calls.
+int run_scheduled_reap(void* scheduled) {
+  const std::unique_ptr<std::weak_ptr<BridgeState>> weak(static_cast<std::weak_ptr<BridgeState>*>(scheduled));
+  if (const std::shared_ptr<BridgeState> state = weak->lock()) reap_dropped(*state);
+  return 0;
+}
+
+void schedule_reap(const std::weak_ptr<BridgeState>& state) noexcept {
+  if (!Py_IsInitialized() || !nb::is_alive()) return;
+  try {
+    auto scheduled = std::make_unique<std::weak_ptr<BridgeState>>(state);
+    if (Py_AddPendingCall(&run_scheduled_reap, scheduled.get()) == 0) (void)scheduled.release();
+  } catch (...) {
+  }
 }
 
 std::string object_type_name(nb::handle object) {
@@ -439,7 +463,10 @@ nb::object register_host(const std::shared_ptr<BridgeState>& state, nb::handle o
     // Pinning can take a while (page-locking every page); the export is held
     // meanwhile, so the bytes cannot move.
     const std::span<std::byte> bytes(static_cast<std::byte*>(view.buf), static_cast<std::size_t>(view.len));
-    Bridge::RegionRelease on_release = [let_go = reg->let_go] { let_go->store(true, std::memory_order_release); };
+    Bridge::RegionRelease on_release = [let_go = reg->let_go, weak = std::weak_ptr<BridgeState>(state)] {
+      let_go->store(true, std::memory_order_release);
+      schedule_reap(weak);
+    };
     nb::gil_scoped_release no_gil;
     reg->region = writable ? bridge.register_host(bytes, std::move(on_release))
                            : bridge.register_host_read_only(bytes, std::move(on_release));

@@ -178,6 +178,9 @@ HostRegion Bridge::register_host_read_only(std::span<const std::byte> bytes, Reg
   return core_->register_host({const_cast<std::byte*>(bytes.data()), bytes.size()}, true, std::move(on_release));
 }
 void Bridge::unregister_host(HostRegion region) { core_->unregister_host(region); }
+bool Bridge::unregister_host_after_adoptions(HostRegion region) {
+  return core_->unregister_host(region, detail::AfterAdoptions::Wait);
+}
 std::span<std::byte> Bridge::region_bytes(HostRegion region) const { return core_->region_bytes(region); }
 bool Bridge::region_retained(HostRegion region) const noexcept { return core_->region_retained(region); }
 DeviceHandle Bridge::adopt_host(RegionRange range, const ObjectSpec& spec) { return core_->adopt_host(range, spec); }

@@ -168,7 +168,8 @@ class BridgeCore {
   // The live region a non-empty range lies in.
   std::uint32_t region_range_index(const RegionRange& range);
   HostRegion register_host(std::span<std::byte> bytes, bool read_only, Bridge::RegionRelease on_release);
-  void unregister_host(const HostRegion& r);
+  // False: retained for its adoptions (AfterAdoptions::Wait), unregistered after the last.
+  bool unregister_host(const HostRegion& r, AfterAdoptions adopted = AfterAdoptions::Refuse);
   std::span<std::byte> region_bytes(const HostRegion& r);
 
   // ---- host memory adopted in place ----

@@ -41,13 +41,15 @@ HostRegion BridgeCore::register_host(std::span<std::byte> bytes, bool read_only,
   return region;
 }
 
-void BridgeCore::unregister_host(const HostRegion& r) {
+bool BridgeCore::unregister_host(const HostRegion& r, AfterAdoptions adopted) {
   SpinLockHold lock(lock_);
   enter(lock);
   check_tag(r);
-  const HostBlock block = regions_.begin_unregister(r);
-  gate_.run_unlocked(lock, [&] { backend_->release_import(HostImport{.block = block}); });
+  const std::optional<HostBlock> block = regions_.begin_unregister(r, adopted);
+  if (!block) return false;  // end_adoption unregisters it after the last
+  gate_.run_unlocked(lock, [&] { backend_->release_import(HostImport{.block = *block}); });
   regions_.finish_unregister(id_slot(r.id));
+  return true;
 }
 
 std::span<std::byte> BridgeCore::region_bytes(const HostRegion& r) {

@@ -44,12 +44,16 @@ std::uint32_t RegionRegistry::range_index(const RegionRange& range) {
   return index;
 }
 
-HostBlock RegionRegistry::begin_unregister(const HostRegion& r) {
+std::optional<HostBlock> RegionRegistry::begin_unregister(const HostRegion& r, AfterAdoptions adopted) {
   const auto index = live_index(r);
   auto& region = regions_[index];
   if (region.copies != 0)
     fail(ErrorKind::AllocationStillInUse, "{} is used by {} copies in flight; wait for them before unregistering",
          describe(r), region.copies);
+  if (region.adoptions != 0 && adopted == AfterAdoptions::Wait) {
+    region.phase = Region::Phase::Retained;
+    return std::nullopt;
+  }
   if (region.adoptions != 0)
     fail(ErrorKind::AllocationStillInUse,
          "{} holds {} allocation{} adopted from it (adopt_host); free or release {} before unregistering", describe(r),

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 
 #include "core/slot_table.hpp"
@@ -22,11 +23,16 @@
 
 namespace devbridge::detail {
 
+// What unregistering a region that adopted allocations still use does.
+enum class AfterAdoptions : std::uint8_t { Refuse, Wait };
+
 class RegionRegistry {
  public:
   struct Region {
     // Retained: of an older generation (or a closed bridge), kept registered
-    // because an allocation adopted from it is an orphan a view still reads.
+    // because an allocation adopted from it is an orphan a view still reads;
+    // or let go by its owner while adopted allocations still use it
+    // (AfterAdoptions::Wait).
     enum class Phase : std::uint8_t { Registering, Live, Unregistering, Retained };
     std::uint32_t version = 0;
     bool in_use = false;
@@ -63,11 +69,13 @@ class RegionRegistry {
   std::uint32_t range_index(const RegionRange& range);
   Region& operator[](std::uint32_t index) noexcept { return regions_[index]; }
 
-  // Unregistering `r`: refused (AllocationStillInUse) while copies or
-  // adoptions use it; otherwise Unregistering, and the block to hand back to
-  // the backend, after which finish_unregister (which calls the region's
-  // on_release: the bridge has let go of its memory).
-  HostBlock begin_unregister(const HostRegion& r);
+  // Unregistering `r`: refused (AllocationStillInUse) while copies use it,
+  // and while adoptions do unless `adopted` says Wait: then it is Retained
+  // (nothing returned) and end_adoption unregisters it after the last.
+  // Otherwise Unregistering, and the block to hand back to the backend,
+  // after which finish_unregister (which calls the region's on_release: the
+  // bridge has let go of its memory).
+  std::optional<HostBlock> begin_unregister(const HostRegion& r, AfterAdoptions adopted);
   void finish_unregister(std::uint32_t index) noexcept;
 
   // Restart and close, with the device idle: every region goes back through

@@ -54,19 +54,37 @@ TEST_F(RegionRegistryTest, UnregisterIsRefusedWhileCopiesOrAdoptionsUseTheRegion
   const auto region = register_range(0, 1024, true);
   const auto index = registry.live_index(region);
   registry[index].copies = 1;
-  EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationStillInUse, registry.begin_unregister(region));
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationStillInUse, registry.begin_unregister(region, AfterAdoptions::Refuse));
   registry[index].copies = 0;
   registry.add_adoption(index);
-  EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationStillInUse, registry.begin_unregister(region));
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationStillInUse, registry.begin_unregister(region, AfterAdoptions::Refuse));
   registry.end_adoption(index, unregister());
   EXPECT_TRUE(unregistered.empty());  // a live region stays registered when its adoption ends
-  registry.begin_unregister(region);
+  ASSERT_TRUE(registry.begin_unregister(region, AfterAdoptions::Refuse));
   registry.finish_unregister(index);
   EXPECT_FALSE(registry.registered(region, 1, false));
   BridgeStats s;
   registry.fill(s);
   EXPECT_EQ(s.host_regions, 0u);
   EXPECT_EQ(s.host_region_bytes, 0u);
+}
+
+TEST_F(RegionRegistryTest, UnregisterAfterAdoptionsRetainsTheRegionUntilTheLastEnds) {
+  const auto region = register_range(0, 1024, true);
+  const auto index = registry.live_index(region);
+  registry[index].copies = 1;
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationStillInUse, registry.begin_unregister(region, AfterAdoptions::Wait));
+  registry[index].copies = 0;
+  registry.add_adoption(index);
+  registry.add_adoption(index);
+  EXPECT_FALSE(registry.begin_unregister(region, AfterAdoptions::Wait)) << "retained, nothing to unregister yet";
+  EXPECT_TRUE(registry.registered(region, 1, false));
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::UnknownDeviceHandle, registry.live_index(region));  // no new use
+  registry.end_adoption(index, unregister());
+  EXPECT_TRUE(unregistered.empty());
+  registry.end_adoption(index, unregister());
+  ASSERT_EQ(unregistered.size(), 1u);
+  EXPECT_FALSE(registry.registered(region, 1, false));
 }
 
 TEST_F(RegionRegistryTest, RestartRetainsOnlyRegionsAnOrphanedAdoptionReads) {

@@ -61,6 +61,35 @@ TEST(RegionRelease, UnregisterTellsTheOwnerOnce) {
   EXPECT_EQ(released, 1);
 }
 
+// An owner letting go of a region an adopted allocation still uses (read
+// through a view after its handle was freed) is told when the last use ends.
+TEST(RegionRelease, UnregisterAfterAdoptionsTellsTheOwnerWhenTheLastAdoptionEnds) {
+  auto owned = std::make_unique<fake::FakeBackend>();
+  fake::FakeBackend* fake = owned.get();
+  Bridge b(std::move(owned), BridgeOptions{});
+  alignas(4096) static std::byte memory[4096];
+  int released = 0;
+  const HostRegion r = b.register_host_read_only(std::span<const std::byte>(memory, sizeof memory),
+                                                 [&] { ++released; });
+  const DeviceHandle h = b.adopt_host(RegionRange{r, 0, 4096}, ObjectSpec{4096, 64, DType::UInt8, ShapeKind::Vector});
+  ViewLease view = b.view(h, ViewSpec{DType::UInt8, Dims{4096}, std::nullopt, 0});
+  b.release(h);
+  EXPECT_THROW(b.unregister_host(r), Error);
+  EXPECT_FALSE(b.unregister_host_after_adoptions(r));
+  EXPECT_EQ(released, 0);
+  EXPECT_TRUE(b.region_retained(r));
+  EXPECT_EQ(fake->live_registrations(), 1u);
+  view.reset();
+  EXPECT_EQ(released, 1);
+  EXPECT_FALSE(b.region_retained(r));
+  EXPECT_EQ(fake->live_registrations(), 0u);
+  EXPECT_EQ(b.stats().host_regions, 0u);
+  // With no adoption left it is unregistering at once.
+  const HostRegion again = b.register_host_read_only(std::span<const std::byte>(memory, sizeof memory));
+  EXPECT_TRUE(b.unregister_host_after_adoptions(again));
+  EXPECT_EQ(fake->live_registrations(), 0u);
+}
+
 TEST(RegionRelease, AnUnregisterRefusedUnderACopyTellsNothing) {
   auto owned = std::make_unique<fake::FakeBackend>();
   fake::FakeBackend* fake = owned.get();

@@ -204,3 +204,25 @@ def test_memory_only_a_dlpack_capsule_describes_is_adopted_only_when_it_says_rea
         source.free()
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("backend", ["host", "fake"])
+def test_the_buffer_is_let_go_when_the_last_reader_of_a_freed_adopted_tensor_goes(backend, tmp_path):
+    # The tensor is freed while a numpy array still reads it; once that array goes, the region is unregistered
+    # and the mmap's export ended, with no further call into the bridge: the owner can close its mmap.
+    import mmap
+
+    require_backend(backend)
+    path = tmp_path / "weights.bin"
+    path.write_bytes(b"\1" * (1 << 20))
+    with open(path, "rb") as f, devbridge.Bridge(backend=backend, ring_bytes=1 << 20) as b:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        a = np.frombuffer(mm, dtype=np.float32)
+        t = b.adopt(a)
+        x = np.from_dlpack(t)
+        t.free()
+        assert b.stats()["host_regions"] == 1, "the array still reads it"
+        del x, t, a
+        gc.collect()
+        mm.close()  # BufferError while the bridge held the export
+        assert b.stats()["host_regions"] == 0
