@@ -1,6 +1,7 @@
 // Bridge: one per (worker, device). Its backend options pass through to the
 // registry as text, so no backend is named here.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -9,6 +10,8 @@
 #include <utility>
 #include <variant>
 #include <vector>
+
+#include <pthread.h>
 
 #include <nanobind/nanobind.h>
 
@@ -23,6 +26,25 @@ namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace devbridge::python {
+
+namespace {
+std::atomic<std::uint64_t> forks{0};
+}  // namespace
+
+std::uint64_t forks_so_far() noexcept { return forks.load(std::memory_order_relaxed); }
+
+void count_forks() {
+  static const int registered = ::pthread_atfork(nullptr, nullptr, [] { forks.fetch_add(1, std::memory_order_relaxed); });
+  (void)registered;
+}
+
+void BridgeState::fail_inherited_by_fork() const {
+  throw Error(ErrorKind::Unavailable,
+              "this bridge was made in the process this one was forked from: its copy threads and device context "
+              "stayed there, so it cannot be used here. Make a Bridge in this process (multiprocessing: the "
+              "\"spawn\" or \"forkserver\" start method, or a DataLoader's worker_init_fn)");
+}
+
 namespace {
 
 [[noreturn]] void throw_unsupported(std::string message) {

@@ -113,7 +113,7 @@ enum class Unregistered { Now, AlreadyGone, AfterAdoptions, Kept };
 // bridge unregisters it after the last (its release callback says when).
 // Kept: still registered (a copy uses it, the bridge is closed or broken).
 Unregistered try_unregister(BridgeState& state, const HostRegistration& reg) noexcept {
-  if (state.closed.load(std::memory_order_acquire)) return Unregistered::Kept;
+  if (state.closed.load(std::memory_order_acquire) || state.inherited_by_fork()) return Unregistered::Kept;
   try {
     Bridge& bridge = *state.bridge;
     nb::gil_scoped_release no_gil;
@@ -335,6 +335,13 @@ std::size_t hash_range(const RegionRange& r) {
 }  // namespace
 
 BridgeState::~BridgeState() {
+  if (inherited_by_fork()) {
+    // The parent's bridge: its threads and device context are not here, and
+    // tearing it down would join threads this process does not have.
+    for (auto& reg : registrations) reg->held = false;
+    (void)bridge.release();  // leaked on purpose: the process's memory, not the device's
+    return;
+  }
   if (!registrations.empty()) {
     // Only a close that succeeded unpins: then the exports may end. Without
     // the GIL (never expected) or after a failed close they are kept for

@@ -126,6 +126,7 @@ void bind_module_functions(nb::module_& m) {
 NB_MODULE(_devbridge, m) {
   using namespace devbridge::python;
   m.doc() = "devbridge: host ring <-> device memory bridge with zero-copy tensor views (C++ core bindings)";
+  count_forks();
   bind_errors(m);
   bind_module_functions(m);
   bind_value_types(m);

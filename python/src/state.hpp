@@ -39,8 +39,19 @@ struct HostRegistration;
 // Sets this thread's TraceStack to the interpreter's current stack (recorder.cpp).
 void annotate_call_stack() noexcept;
 
+// How many times this process was forked into being (pthread_atfork, set up
+// by the module): a bridge made before the last fork belongs to the parent.
+std::uint64_t forks_so_far() noexcept;
+void count_forks();
+
 struct BridgeState {
   std::unique_ptr<Bridge> bridge;
+  // A process forked from the one that made the bridge inherits its memory
+  // but neither its copy threads nor its device context: there it is never
+  // used, closed or torn down (joining threads it does not have crashed).
+  const std::uint64_t made_after_forks = forks_so_far();
+  bool inherited_by_fork() const noexcept { return forks_so_far() != made_after_forks; }
+  [[noreturn]] void fail_inherited_by_fork() const;
   fake::FakeBackend* fake = nullptr;  // set when the backend is the fake one; owned by `bridge`
   std::string backend_name;
   std::string device;  // "<backend>:<device_id>", the device the bridge binds (storage identity)
@@ -65,6 +76,8 @@ struct BridgeState {
   // the call records (recorder.cpp).
   Bridge& open() const {
     if (closed.load(std::memory_order_acquire)) throw Error(ErrorKind::Closed, "the bridge is closed");
+    if (inherited_by_fork()) [[unlikely]]
+      fail_inherited_by_fork();
     if (bridge->records_stacks()) [[unlikely]]
       annotate_call_stack();
     return *bridge;
@@ -77,6 +90,7 @@ struct BridgeState {
   // bridge open.
   void close() {
     closed.store(true, std::memory_order_release);
+    if (inherited_by_fork()) return;  // the parent's to close: here only refused from now on
     try {
       bridge->close();
     } catch (const Error& error) {

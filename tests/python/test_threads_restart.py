@@ -117,3 +117,50 @@ def test_threads_racing_restart_leave_no_view_or_orphan(backend):
         assert (stats["live_views"], stats["orphaned_allocations"]) == (0, 0), stats
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("backend", ["host", "fake", "opencl"])
+def test_a_forked_child_is_refused_the_parents_bridge_and_exits_cleanly(backend):
+    # A DataLoader's fork workers inherit the parent's Bridge, but not its copy threads or device context:
+    # its use is Unavailable saying what to do, and the child's exit (which tore the bridge down, joining
+    # threads it did not have) no longer crashes. A host or fake Bridge made in the child works; the parent is
+    # untouched.
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    require_backend(backend)
+    script = textwrap.dedent(f"""
+        import os, sys, numpy as np, devbridge
+        b = devbridge.Bridge(backend={backend!r}, ring_bytes=1 << 20)
+        if {backend!r} == "fake":
+            b.fake.set_auto_complete(True)
+        t = b.upload(np.arange(100_000, dtype=np.float32), wait=True)
+        pid = os.fork()
+        if pid == 0:
+            try:
+                b.download(t)
+                print("child: the inherited bridge answered")
+            except devbridge.Unavailable as error:
+                assert "forked from" in str(error) and "spawn" in str(error), error
+            if {backend!r} != "opencl":  # a GPU runtime (OpenCL, CUDA) does not start again after a fork
+                mine = devbridge.Bridge(backend={backend!r}, ring_bytes=1 << 20)
+                if {backend!r} == "fake":
+                    mine.fake.set_auto_complete(True)
+                own = mine.upload(np.arange(10, dtype=np.int64), wait=True)
+                assert mine.download(own).tolist() == list(range(10))
+            b.close()  # the parent's: refused from now on here, closed nowhere
+            sys.exit(0)  # interpreter exit: every object of the parent's bridge is dropped here
+        _, status = os.waitpid(pid, 0)
+        print("child exit", os.waitstatus_to_exitcode(status))
+        assert np.array_equal(b.download(t), np.arange(100_000, dtype=np.float32))
+        t.free()
+        assert b.stats()["live_allocations"] == 0
+        b.close()
+        print("parent ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "child exit 0" in done.stdout and "parent ok" in done.stdout, done.stdout + done.stderr
+    assert "answered" not in done.stdout
