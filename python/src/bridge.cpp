@@ -466,11 +466,12 @@ void bind_bridge(nb::module_& m) {
             // None, or a huge or infinite timeout, waits until done (or close()).
             const std::optional<std::chrono::nanoseconds> limit = args::optional_seconds(timeout, "timeout");
             Bridge& bridge = b.state->open();
-            CopyStatus status;
-            {
-              nb::gil_scoped_release no_gil;
-              status = bridge.wait(e, limit);
-            }
+            const CopyStatus status =
+                wait_interruptibly(limit, [&](std::chrono::nanoseconds slice, bool last) -> std::optional<CopyStatus> {
+                  CopyStatus now = bridge.wait(e, slice);
+                  if (now.state == CopyState::Pending && !last) return std::nullopt;
+                  return now;
+                });
             if (status.state == CopyState::Failed)
               throw Error(status.error.value_or(ErrorKind::DeviceCopyFailed), status.message);
             return std::string(state_name(status.state));

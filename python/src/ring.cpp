@@ -77,8 +77,15 @@ void bind_ring(nb::module_& m) {
             const auto wait = args::seconds(timeout, "timeout");
             Bridge& bridge = ring.state->open();
             if (wait.count() == 0) return bridge.reserve(n, a);
-            nb::gil_scoped_release no_gil;  // other threads release the room waited for
-            return bridge.reserve(n, a, wait);
+            // Other threads release the room waited for (the GIL is released meanwhile).
+            return wait_interruptibly(wait, [&](std::chrono::nanoseconds slice, bool last) -> std::optional<HostRange> {
+              try {
+                return bridge.reserve(n, a, slice);
+              } catch (const Error& error) {
+                if (error.kind() != ErrorKind::Backpressure || last) throw;
+                return std::nullopt;
+              }
+            });
           },
           "nbytes"_a, "alignment"_a = 64, nb::kw_only(), "timeout"_a = 0.0,
           "Reserves `nbytes` aligned to `alignment` (power of two, <= 4096). Backpressure when full after "

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -27,6 +28,7 @@
 #include <nanobind/nanobind.h>
 
 #include "devbridge/bridge.hpp"
+#include "devbridge/checked.hpp"
 #include "devbridge/backends/fake.hpp"
 #include "devbridge/error.hpp"
 
@@ -124,6 +126,27 @@ ViewLease acquire_lease(const std::shared_ptr<BridgeState>& state, DeviceHandle 
 // is kept for good, never freed under work that may still read it. Any
 // thread, with or without the GIL.
 void end_lease_after(ViewLease& lease, std::uintptr_t queue) noexcept;
+
+// A blocking call made in slices of at most 100 ms (the GIL released in
+// each), running Python's signal handlers between them, so Ctrl-C ends it
+// with KeyboardInterrupt even when what it waits for never comes (a hung
+// copy, room nobody gives back). `attempt(slice, last)` returns the result
+// once there is one, nothing to go on waiting; `last` marks the slice that
+// reaches the caller's `limit` (nothing: no limit), which must return or throw.
+template <class Attempt>
+auto wait_interruptibly(std::optional<std::chrono::nanoseconds> limit, Attempt attempt) {
+  constexpr std::chrono::nanoseconds kSlice = std::chrono::milliseconds(100);
+  const auto deadline = limit ? checked::deadline_after(*limit) : checked::Clock::time_point::max();
+  for (;;) {
+    const std::chrono::nanoseconds left = checked::time_left(deadline);
+    const bool last = left <= kSlice;
+    {
+      nanobind::gil_scoped_release no_gil;
+      if (auto done = attempt(last ? left : kSlice, last)) return std::move(*done);
+    }
+    if (PyErr_CheckSignals() != 0) throw nanobind::python_error();
+  }
+}
 
 // Sets the Python error for a C++ exception the way the module's exception
 // translator does (for raw CPython slots, which nanobind does not wrap).

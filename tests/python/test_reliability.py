@@ -365,3 +365,35 @@ def test_ctrl_c_ends_a_transfer_waiting_on_a_lost_completion_and_it_takes_nothin
     assert after["live_allocations"] == before["live_allocations"], "the interrupted upload's allocation is freed"
     assert after["ring_reservations"] <= before["ring_reservations"] + 1, "at most the lost copy's range waits"
     b.close()
+
+
+@pytest.mark.parametrize("call", ["wait", "reserve"])
+def test_ctrl_c_ends_a_wait_with_no_limit_and_the_bridge_goes_on(call):
+    # Bridge.wait(event) of a copy that never completes, ring.reserve(timeout=inf) of room nobody gives back.
+    import os
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    b = devbridge.Bridge(backend="fake", ring_bytes=1 << 20)
+    held = b.ring.reserve(4096)
+    if call == "wait":
+        h = b.alloc(devbridge.ObjectSpec(4096, 64, "uint8"), 4096)
+        event = b.host_to_device(held, h)  # the fake completes it only when told
+        blocked = lambda: b.wait(event)  # noqa: E731
+    else:
+        b.ring.reserve(b.ring.free_bytes)
+        blocked = lambda: b.ring.reserve(4096, timeout=math.inf)  # noqa: E731
+    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            blocked()
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 10
+    if call == "wait":
+        b.fake.complete(event)
+        assert b.wait(event, timeout=5) == "completed"
+    b.close()
