@@ -169,6 +169,31 @@ class CountedRoom {
   std::uint64_t bytes() const noexcept { return bytes_; }
   void keep() noexcept { bytes_ = 0; }
 
+  // While its chunk waits for room others hold, it holds none itself: out
+  // of the count, or transfers waiting side by side would each wait for the
+  // others' room that none of them has (a caller's range blocking the ring
+  // would then stall them all for kWaitForOtherTransfers instead of
+  // refusing them).
+  class StandAside {
+   public:
+    explicit StandAside(CountedRoom& counted) noexcept : counted_(counted) {
+      if (counted_.bytes_ != 0) RoomHeldByTransfers::instance().remove(counted_.bridge_, counted_.bytes_);
+    }
+    ~StandAside() {
+      if (counted_.bytes_ == 0) return;
+      try {
+        RoomHeldByTransfers::instance().add(counted_.bridge_, counted_.bytes_);
+      } catch (...) {
+        counted_.bytes_ = 0;  // not counted any more: a neighbour short of room then fails sooner
+      }
+    }
+    StandAside(const StandAside&) = delete;
+    StandAside& operator=(const StandAside&) = delete;
+
+   private:
+    CountedRoom& counted_;
+  };
+
  private:
   const Bridge* bridge_;
   std::uint64_t bytes_ = 0;
@@ -293,7 +318,7 @@ class Pipeline {
     // Counted before it is reserved: a neighbour short of room between the
     // two would otherwise see none held and fail.
     CountedRoom counted(bridge_, chunk.len);
-    ReservedRange range(bridge_, with_room(chunk, counted, [&](std::chrono::nanoseconds wait) {
+    ReservedRange range(bridge_, with_room(chunk, counted, true, [&](std::chrono::nanoseconds wait) {
                           return bridge_.reserve(chunk.len, kRingAlignment, wait);
                         }));
     const DeviceRange device{transfer_.handle, transfer_.device_offset_of(chunk), chunk.len};
@@ -307,7 +332,7 @@ class Pipeline {
     } catch (const Error& e) {
       rethrow_for_chunk(e, transfer_, chunk);
     }
-    const CopyEvent event = with_room(chunk, counted, [&](std::chrono::nanoseconds wait) {
+    const CopyEvent event = with_room(chunk, counted, false, [&](std::chrono::nanoseconds wait) {
       return transfer_.upload() ? bridge_.host_to_device(range.get(), device, CopyMode::Async, Admission{wait})
                                 : bridge_.device_to_host(device, range.get(), CopyMode::Async, Admission{wait});
     });
@@ -332,13 +357,17 @@ class Pipeline {
   // the attempt is made once more, waiting up to wait_for_room (the bridge
   // wakes it as room comes back), and then Backpressure stands.
   template <class Attempt>
-  std::invoke_result_t<Attempt&, std::chrono::nanoseconds> with_room(const Chunk& chunk, const CountedRoom& counted,
-                                                                      Attempt attempt) {
+  std::invoke_result_t<Attempt&, std::chrono::nanoseconds> with_room(const Chunk& chunk, CountedRoom& counted,
+                                                                      bool reserving, Attempt attempt) {
     auto wait = std::chrono::nanoseconds::zero();
-    bool tried_again = false;
+    bool tried_again = false, for_others = false;
     for (;;) {
       try {
-        return attempt_waiting(attempt, wait);
+        if (!for_others) return attempt_waiting(attempt, wait);
+        // A chunk waiting to reserve holds no room yet; one waiting for budget holds its range.
+        std::optional<CountedRoom::StandAside> aside;
+        if (reserving) aside.emplace(counted);
+        return attempt_waiting(attempt, wait, true);
       } catch (const Error& e) {
         if (e.kind() != ErrorKind::Backpressure) rethrow_for_chunk(e, transfer_, chunk);
         // Room held by ranges the bridge releases as their copies end (this
@@ -346,17 +375,19 @@ class Pipeline {
         if (window_.empty() && !wait_for_release_after()) {
           // Room another transfer holds comes back as its copies end: waited
           // for (at least kWaitForOtherTransfers) whatever wait_for_room says.
-          const auto room_wait = RoomHeldByTransfers::instance().others_hold(&bridge_, counted.bytes())
-                                     ? std::max(options_.wait_for_room, kWaitForOtherTransfers)
-                                     : options_.wait_for_room;
+          const bool others = RoomHeldByTransfers::instance().others_hold(&bridge_, counted.bytes());
+          const auto room_wait = others ? std::max(options_.wait_for_room, kWaitForOtherTransfers)
+                                        : options_.wait_for_room;
           if (wait != std::chrono::nanoseconds::zero() || room_wait == std::chrono::nanoseconds::zero()) {
             // Once more at once: a neighbour may have given its room back
             // between the attempt and the look at who holds it.
             if (std::exchange(tried_again, true)) rethrow_for_chunk(e, transfer_, chunk);
             wait = std::chrono::nanoseconds::zero();
+            for_others = false;
             continue;
           }
           wait = room_wait;
+          for_others = room_wait > options_.wait_for_room;
           continue;
         }
       }
@@ -403,20 +434,28 @@ class Pipeline {
   }
 
   // `attempt` given up to `wait` for room, in slices between which the
-  // caller may interrupt.
+  // caller may interrupt. `for_others`: the wait is for room other transfers
+  // hold, past the caller's own wait_for_room: it ends (Backpressure) once
+  // none holds any (they all wait too, for room the caller holds).
   template <class Attempt>
   std::invoke_result_t<Attempt&, std::chrono::nanoseconds> attempt_waiting(Attempt& attempt,
-                                                                            std::chrono::nanoseconds wait) {
-    if (!interruptible() || wait <= kWaitSlice) return attempt(wait);
+                                                                            std::chrono::nanoseconds wait,
+                                                                            bool for_others = false) {
+    if ((!interruptible() && !for_others) || wait <= kWaitSlice) return attempt(wait);
+    const auto started = checked::Clock::now();
     const auto deadline = checked::deadline_after(wait);
     for (;;) {
       const auto left = std::chrono::nanoseconds(checked::time_left(deadline));
       try {
         return attempt(std::min<std::chrono::nanoseconds>(left, kWaitSlice));
       } catch (const Error& e) {
-        if (e.kind() != ErrorKind::Backpressure || checked::Clock::now() >= deadline) throw;
+        const auto now = checked::Clock::now();
+        if (e.kind() != ErrorKind::Backpressure || now >= deadline) throw;
+        if (for_others && now - started >= options_.wait_for_room &&
+            !RoomHeldByTransfers::instance().others_hold(&bridge_, 0))
+          throw;
       }
-      while_waiting();
+      if (interruptible()) while_waiting();
     }
   }
 

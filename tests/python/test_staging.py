@@ -512,3 +512,33 @@ def test_a_tensor_dropped_without_free_is_freed_when_collected(sb):
             b.adopt(frozen).numpy()
         collect()
         assert b.stats()["adopted_allocations"] == 0 and b.stats()["host_regions"] == 0
+
+
+def test_uploads_side_by_side_are_refused_at_once_when_the_caller_holds_the_ring():
+    # The ring frees in order: a range the caller keeps blocks its next lap. One thread's uploads then get
+    # Backpressure at once; threads side by side each waited 60 s (kWaitForOtherTransfers) for room they
+    # took one another to hold while none held any, again on every call.
+    import time
+
+    require_backend("host")
+    with devbridge.Bridge(backend="host", ring_bytes=8 << 20) as b:
+        kept = b.ring.reserve(4096)
+        slowest: list[float] = []
+
+        def uploads():
+            tensors = []
+            for k in range(40):
+                started = time.monotonic()
+                try:
+                    tensors.append(b.upload(np.ones(70_000, np.float32), wait=bool(k % 2)))
+                except devbridge.Backpressure:
+                    pass
+                slowest.append(time.monotonic() - started)
+                if len(tensors) > 8:
+                    tensors.clear()
+
+        errors = run_in_threads(uploads, 3, timeout=120)
+        assert not errors, errors
+        assert max(slowest) < 20, f"an upload waited {max(slowest):.1f} s for room nobody but the caller held"
+        b.ring.release(kept)
+        b.upload(np.ones(70_000, np.float32), wait=True)  # the ring laps again
