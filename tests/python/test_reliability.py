@@ -327,15 +327,28 @@ def test_log_lines_go_to_stderr_not_stdout(capfd, rng):
     b.close()
 
 
-@pytest.mark.parametrize("direction", ["upload", "download"])
-def test_ctrl_c_ends_a_transfer_waiting_on_a_lost_completion_and_it_takes_nothing_with_it(direction):
-    # A copy whose completion never comes (a hung device) holds ring room, or is the copy the transfer waits
-    # for: the wait ends with KeyboardInterrupt (any signal handler that raises), not never.
+def interrupted_by_ctrl_c(blocked) -> float:
+    """Runs ``blocked()`` with SIGINT sent shortly after, expects KeyboardInterrupt; the seconds it took."""
     import os
     import signal
 
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signals reach the main thread only")
+    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            blocked()
+    finally:
+        timer.cancel()
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize("direction", ["upload", "download"])
+def test_ctrl_c_ends_a_transfer_waiting_on_a_lost_completion_and_it_takes_nothing_with_it(direction):
+    # A copy whose completion never comes (a hung device) holds ring room, or is the copy the transfer waits
+    # for: the wait ends with KeyboardInterrupt (any signal handler that raises), not never.
     b = devbridge.Bridge(backend="fake", ring_bytes=1 << 20)
     b.fake.set_auto_complete(True)
     a = np.arange(1024, dtype=np.float32)
@@ -352,15 +365,7 @@ def test_ctrl_c_ends_a_transfer_waiting_on_a_lost_completion_and_it_takes_nothin
         b.fake.inject("copy_d2h", "lost_completion")
         call = lambda: b.download(t)  # noqa: E731
     before = b.stats()
-    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
-    started = time.monotonic()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            call()
-    finally:
-        timer.cancel()
-    assert time.monotonic() - started < 20
+    assert interrupted_by_ctrl_c(call) < 20
     after = b.stats()
     assert after["live_allocations"] == before["live_allocations"], "the interrupted upload's allocation is freed"
     assert after["ring_reservations"] <= before["ring_reservations"] + 1, "at most the lost copy's range waits"
@@ -370,11 +375,6 @@ def test_ctrl_c_ends_a_transfer_waiting_on_a_lost_completion_and_it_takes_nothin
 @pytest.mark.parametrize("call", ["wait", "reserve"])
 def test_ctrl_c_ends_a_wait_with_no_limit_and_the_bridge_goes_on(call):
     # Bridge.wait(event) of a copy that never completes, ring.reserve(timeout=inf) of room nobody gives back.
-    import os
-    import signal
-
-    if threading.current_thread() is not threading.main_thread():
-        pytest.skip("signals reach the main thread only")
     b = devbridge.Bridge(backend="fake", ring_bytes=1 << 20)
     held = b.ring.reserve(4096)
     if call == "wait":
@@ -384,15 +384,7 @@ def test_ctrl_c_ends_a_wait_with_no_limit_and_the_bridge_goes_on(call):
     else:
         b.ring.reserve(b.ring.free_bytes)
         blocked = lambda: b.ring.reserve(4096, timeout=math.inf)  # noqa: E731
-    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
-    started = time.monotonic()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            blocked()
-    finally:
-        timer.cancel()
-    assert time.monotonic() - started < 10
+    assert interrupted_by_ctrl_c(blocked) < 10
     if call == "wait":
         b.fake.complete(event)
         assert b.wait(event, timeout=5) == "completed"
