@@ -17,6 +17,7 @@ import collections
 import contextlib
 import errno
 import hashlib
+import io
 import json
 import math
 import operator
@@ -523,7 +524,12 @@ def _open_checkpoint(path: str) -> tuple[BinaryIO, _Header]:
     reader ``devbridge checkpoint inspect`` uses (include/devbridge/checkpoint_file.hpp), so both refuse
     the same files with the same reasons. Returns the file the header was read through (unbuffered,
     positioned at the data section) and the header; ``CheckpointError`` names the file when refused."""
-    file, metadata, tensors, data_start = _checkpoint_open(os.fsencode(path), repr(path))
+    fd, metadata, tensors, data_start = _checkpoint_open(os.fsencode(path), repr(path))
+    try:
+        file = io.FileIO(fd, "rb", closefd=True)
+    except BaseException:
+        os.close(fd)
+        raise
     file.seek(data_start)
     return file, _Header(metadata, [_Entry(*t) for t in tensors])
 

@@ -92,7 +92,7 @@ struct PyTensorView {
   // Ends the lease once `queue` has run what was enqueued on it so far.
   void close_after(std::uintptr_t queue) {
     state->open();  // a closed bridge refuses, as every view call does
-    nanobind::gil_scoped_release no_gil;
+    GilReleased no_gil;
     lease.end_after(ConsumerQueue{queue});
   }
 };

@@ -219,7 +219,7 @@ CopyEvent submit_copy(PyBridge& b, CopyDirection direction, nb::handle range, De
   }
   const DeviceRange device{h, offset, device_len};
   const HostCopy request{direction, host.range, device, layout, m, admission};
-  nb::gil_scoped_release no_gil;
+  GilReleased no_gil;
   return bridge.copy(request);
 }
 
@@ -270,7 +270,7 @@ void bind_bridge(nb::module_& m) {
             if (auto timeout = args::optional_seconds(close_fence_timeout, "close_fence_timeout"))
               options.close_fence_timeout = *timeout;
             {
-              nb::gil_scoped_release no_gil;
+              GilReleased no_gil;
               std::unique_ptr<Backend> made = make_backend(backend, device_options);
               state->fake = made->test_controls() != nullptr ? made->test_controls()->fake() : nullptr;
               state->bridge = std::make_unique<Bridge>(std::move(made), options);
@@ -319,7 +319,7 @@ void bind_bridge(nb::module_& m) {
           "empty_cache",
           [](PyBridge& b) {
             Bridge& bridge = b.state->open();
-            nb::gil_scoped_release no_gil;
+            GilReleased no_gil;
             bridge.empty_cache();
           },
           "Gives every cached block back to the backend.")
@@ -331,7 +331,7 @@ void bind_bridge(nb::module_& m) {
             const auto generation = args::integer<Generation>(generation_object, "generation");
             Bridge& bridge = b.state->open();
             {
-              nb::gil_scoped_release no_gil;
+              GilReleased no_gil;
               bridge.restart(generation);
             }
             // The restart unregistered every region: their buffers go back.
@@ -343,7 +343,7 @@ void bind_bridge(nb::module_& m) {
           "close",
           [](PyBridge& b) {
             {
-              nb::gil_scoped_release no_gil;
+              GilReleased no_gil;
               b.state->close();
             }
             release_regions_after_close(*b.state);
@@ -356,7 +356,7 @@ void bind_bridge(nb::module_& m) {
           "__exit__",
           [](PyBridge& b, nb::handle, nb::handle, nb::handle) {
             {
-              nb::gil_scoped_release no_gil;
+              GilReleased no_gil;
               b.state->close();
             }
             release_regions_after_close(*b.state);
@@ -437,7 +437,7 @@ void bind_bridge(nb::module_& m) {
             const DeviceRange target{to, args::integer<std::uint64_t>(destination_offset, "destination_offset"), len};
             Bridge& from = b.state->open();
             Bridge& into = destination.state->open();
-            nb::gil_scoped_release no_gil;
+            GilReleased no_gil;
             return from.copy_to_peer(source, into, target);
           },
           "handle"_a, "destination"_a, "destination_handle"_a, "length"_a, nb::kw_only(), "offset"_a.none() = 0,
@@ -530,7 +530,7 @@ void bind_bridge(nb::module_& m) {
             const auto nbytes = args::optional_integer<std::uint64_t>(nbytes_object, "nbytes");
             Bridge& bridge = b.state->open();
             std::uint64_t len = nbytes ? *nbytes : bridge.extent(x) - std::min(x_offset, bridge.extent(x));
-            nb::gil_scoped_release no_gil;
+            GilReleased no_gil;
             bridge.launch_axpy(DeviceRange{x, x_offset, len}, DeviceRange{y, y_offset, len}, a, c);
           },
           "x"_a, "y"_a, "a"_a = 1.0f, "b"_a = 0.0f, nb::kw_only(), "x_offset"_a.none() = 0, "y_offset"_a.none() = 0,

@@ -49,7 +49,7 @@ nb::tuple checkpoint_open(nb::bytes path, const std::string& where) {
   const std::string file_path(path.c_str(), path.size());
   std::optional<checkpoint::CheckpointFile> file;
   try {
-    nb::gil_scoped_release no_gil;  // a 100 MB header takes a while to read and check
+    GilReleased no_gil;  // a 100 MB header takes a while to read and check
     file.emplace(checkpoint::CheckpointFile::open(file_path, where));
   } catch (const checkpoint::CheckpointError& error) {
     raise_checkpoint_error(error, nb::steal(PyUnicode_DecodeFSDefaultAndSize(path.c_str(), static_cast<Py_ssize_t>(path.size()))));
@@ -73,9 +73,12 @@ nb::tuple checkpoint_open(nb::bytes path, const std::string& where) {
     }
     tensors.append(nb::make_tuple(nb::str(t.name.data(), t.name.size()), name->second, shape->second, t.begin, t.end));
   }
-  nb::object fileio = nb::module_::import_("io").attr("FileIO")(file->fd(), "rb", "closefd"_a = true);
-  file->release();  // the FileIO closes it now
-  return nb::make_tuple(fileio, metadata, tensors, header.data_start());
+  // The descriptor, not an io.FileIO made here: making one lets the GIL go
+  // (an fstat), and taking it back inside this C++ frame as the interpreter
+  // finalizes crashed an exiting process (gil.hpp). The caller wraps it.
+  const int fd = file->fd();
+  file->release();
+  return nb::make_tuple(fd, metadata, tensors, header.data_start());
 }
 
 // What a Python callback of the stream raised: the exception is kept (as a
@@ -99,7 +102,7 @@ struct PyRestoreStream {
     if (!stream) return;
     {
       // The reading thread takes the GIL for the callbacks: stop it without.
-      nb::gil_scoped_release no_gil;
+      GilReleased no_gil;
       stream->stop();
     }
     stream.reset();  // with the GIL: a Python error it kept is released here
@@ -115,7 +118,7 @@ struct PyRestoreStream {
   auto unlocked(Work work) {
     auto& s = open();
     try {
-      nb::gil_scoped_release no_gil;
+      GilReleased no_gil;
       return work(s);
     } catch (const checkpoint::CheckpointError& error) {
       raise_checkpoint_error(error, filename);
@@ -129,7 +132,7 @@ struct PyRestoreStream {
   // `call()` on the reading thread, with the GIL; what it raises is kept.
   template <class Call>
   void called_back(Call call) {
-    nb::gil_scoped_acquire gil;
+    GilTaken gil;
     try {
       call();
     } catch (nb::python_error& error) {
@@ -249,7 +252,7 @@ void bind_restore_stream(nb::module_& m) {
         self->state = std::move(state);
         const int borrowed_fd = args::integer<int>(fd, "fd");
         try {
-          nb::gil_scoped_release no_gil;
+          GilReleased no_gil;
           const int owned_fd = ::dup(borrowed_fd);  // the stream's, closed by it: the caller closes its own
           if (owned_fd < 0) throw checkpoint::CheckpointError("cannot duplicate the file's descriptor", errno);
           self->stream = checkpoint::RestoreStream::start(target, owned_fd, start, std::move(chosen), std::move(options), where);
@@ -269,7 +272,7 @@ void bind_restore_stream(nb::module_& m) {
 void bind_checkpoint_file(nb::module_& m) {
   bind_restore_stream(m);
   m.def("_checkpoint_open", &checkpoint_open, "path"_a, "where"_a,
-        "Opens a checkpoint (path as bytes; where names it in errors) and checks its header: (io.FileIO, "
+        "Opens a checkpoint (path as bytes; where names it in errors) and checks its header: (file descriptor, "
         "metadata, [(name, dtype, shape, begin, end)] in file order, data_start). CheckpointError when refused.");
   // The writer names dtypes as the reader reads them: one table, the C++ reader's.
   m.def(

@@ -199,7 +199,7 @@ nb::object make_dlpack_capsule(ViewLease lease, std::optional<DLPackAbi> version
     for (int i = 0; i < view.shape.size(); ++i) count *= view.shape[i];
     owned->copied = std::make_unique_for_overwrite<std::byte[]>(static_cast<std::size_t>(count) * info.size);
     {
-      nb::gil_scoped_release no_gil;
+      GilReleased no_gil;
       copy_row_major(view, info.size, owned->copied.get());
     }
     owned->lease.reset();  // the copy is the consumer's: nothing of the bridge's is held

@@ -116,7 +116,7 @@ Unregistered try_unregister(BridgeState& state, const HostRegistration& reg) noe
   if (state.closed.load(std::memory_order_acquire) || state.inherited_by_fork()) return Unregistered::Kept;
   try {
     Bridge& bridge = *state.bridge;
-    nb::gil_scoped_release no_gil;
+    GilReleased no_gil;
     return bridge.unregister_host_after_adoptions(reg.region) ? Unregistered::Now : Unregistered::AfterAdoptions;
   } catch (const Error& error) {
     return region_is_gone(error) ? Unregistered::AlreadyGone : Unregistered::Kept;
@@ -233,7 +233,7 @@ struct PyHostRegion {
     }
     Bridge& bridge = state->open();
     try {
-      nb::gil_scoped_release no_gil;
+      GilReleased no_gil;
       bridge.unregister_host(reg->region);
     } catch (const Error& error) {
       if (region_is_gone(error)) release_one(*state, *reg);
@@ -350,7 +350,7 @@ BridgeState::~BridgeState() {
     if (bridge && PyGILState_Check()) {
       closed.store(true, std::memory_order_release);
       try {
-        nb::gil_scoped_release no_gil;
+        GilReleased no_gil;
         bridge->close();
         closed_cleanly = true;
       } catch (const std::exception& error) {
@@ -474,7 +474,7 @@ nb::object register_host(const std::shared_ptr<BridgeState>& state, nb::handle o
       let_go->store(true, std::memory_order_release);
       schedule_reap(weak);
     };
-    nb::gil_scoped_release no_gil;
+    GilReleased no_gil;
     reg->region = writable ? bridge.register_host(bytes, std::move(on_release))
                            : bridge.register_host_read_only(bytes, std::move(on_release));
   }

@@ -14,6 +14,8 @@
 // restart, close, bridge construction) release it; nothing below the
 // bindings ever calls back into Python, so that is always safe (except a
 // TransferPlanner's progress callback, which takes the GIL back: transfer.cpp).
+// They let it go and take it back through gil.hpp's guards, never nanobind's:
+// a daemon thread taking the GIL back during the interpreter's exit aborted it.
 #include <string>
 #include <vector>
 
@@ -106,7 +108,7 @@ void bind_module_functions(nb::module_& m) {
       [](const std::string& backend) {
         std::vector<BackendInfo> found;
         {
-          nb::gil_scoped_release no_gil;
+          GilReleased no_gil;
           found = list_devices(backend);
         }
         nb::list out;
@@ -127,6 +129,7 @@ NB_MODULE(_devbridge, m) {
   using namespace devbridge::python;
   m.doc() = "devbridge: host ring <-> device memory bridge with zero-copy tensor views (C++ core bindings)";
   count_forks();
+  hold_threads_back_at_exit();
   bind_errors(m);
   bind_module_functions(m);
   bind_value_types(m);

@@ -120,14 +120,14 @@ void record(BridgeState& state, nb::handle max_events_object, nb::handle stacks,
   options.stacks = args::flag(stacks, "stacks");
   if (!oom_dump_dir.is_none()) options.oom_dump_dir = path_text(oom_dump_dir, "oom_dump_dir");
   Bridge& bridge = state.open();
-  nb::gil_scoped_release no_gil;  // a large ring takes a while to allocate
+  GilReleased no_gil;  // a large ring takes a while to allocate
   bridge.record(options);
 }
 
 void dump_trace(BridgeState& state, nb::handle path) {
   const std::string text = path_text(path, "path");
   const Bridge& bridge = *state.bridge;  // a closed bridge's trace is still there to dump
-  nb::gil_scoped_release no_gil;
+  GilReleased no_gil;
   bridge.dump_trace(text);
 }
 
@@ -141,7 +141,7 @@ nb::object parse_json(std::string&& text) {
 nb::object trace(BridgeState& state) {
   std::string text;
   {
-    nb::gil_scoped_release no_gil;
+    GilReleased no_gil;
     text = state.bridge->trace_json();
   }
   return parse_json(std::move(text));
@@ -159,7 +159,7 @@ nb::object memory_snapshot(BridgeState& state, nb::handle layout) {
   Bridge& bridge = state.open();
   std::string snapshot, trace;
   {
-    nb::gil_scoped_release no_gil;
+    GilReleased no_gil;
     // Under one call each; a call between them may change memory, which the
     // history then shows and the segments not yet.
     snapshot = bridge.memory_snapshot_json();

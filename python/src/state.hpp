@@ -31,6 +31,7 @@
 #include "devbridge/checked.hpp"
 #include "devbridge/backends/fake.hpp"
 #include "devbridge/error.hpp"
+#include "gil.hpp"
 
 namespace devbridge::python {
 
@@ -80,6 +81,8 @@ struct BridgeState {
     if (closed.load(std::memory_order_acquire)) throw Error(ErrorKind::Closed, "the bridge is closed");
     if (inherited_by_fork()) [[unlikely]]
       fail_inherited_by_fork();
+    if (interpreter_exiting()) [[unlikely]]
+      stop_at_exit_door();
     if (bridge->records_stacks()) [[unlikely]]
       annotate_call_stack();
     return *bridge;
@@ -141,7 +144,7 @@ auto wait_interruptibly(std::optional<std::chrono::nanoseconds> limit, Attempt a
     const std::chrono::nanoseconds left = checked::time_left(deadline);
     const bool last = left <= kSlice;
     {
-      nanobind::gil_scoped_release no_gil;
+      GilReleased no_gil;
       if (auto done = attempt(last ? left : kSlice, last)) return std::move(*done);
     }
     if (PyErr_CheckSignals() != 0) throw nanobind::python_error();

@@ -114,7 +114,7 @@ struct PyTransferPlanner {
       args::raise(PyExc_RuntimeError,
                   "TransferPlanner: called from inside one of its own transfers (a sink, fill or progress "
                   "callback); a planner makes one transfer at a time: use another TransferPlanner there");
-    nb::gil_scoped_release no_gil;
+    GilReleased no_gil;
     std::lock_guard lock(mutex);
     running_on.store(std::this_thread::get_id(), std::memory_order_relaxed);
     const struct Done {
@@ -233,13 +233,13 @@ void bind_transfer(nb::module_& m) {
             if (!progress.is_none())
               // Runs only inside calls on the constructed object below.
               options.progress = [self](std::uint64_t done, std::uint64_t total) {
-                nb::gil_scoped_acquire gil;
+                GilTaken gil;
                 self->progress(done, total);
               };
             // Ctrl-C (and any signal handler that raises) ends a wait for a copy or for room, which a lost
             // completion would otherwise make endless: the transfer cleans up and the error is raised.
             options.while_waiting = [] {
-              nb::gil_scoped_acquire gil;
+              GilTaken gil;
               if (PyErr_CheckSignals() != 0) throw nb::python_error();
             };
             auto planner = std::make_unique<TransferPlanner>(state->open(), std::move(options));
@@ -297,7 +297,7 @@ void bind_transfer(nb::module_& m) {
             check_callable(fill, "fill");
             StreamSource source{args::integer<std::uint64_t>(nbytes, "nbytes"),
                                 [&fill](std::uint64_t at, std::span<std::byte> chunk) {
-                                  nb::gil_scoped_acquire gil;
+                                  GilTaken gil;
                                   lend_for_call(fill, "fill", at, chunk, true);
                                 }};
             const DeviceSpan destination{into, args::integer<std::uint64_t>(offset, "offset")};
@@ -326,7 +326,7 @@ void bind_transfer(nb::module_& m) {
                                                 args::integer<std::uint64_t>(t[2], "nbytes")});
             }
             const ScatterSource source{[&fill](std::uint64_t at, std::span<const std::span<std::byte>> pieces) {
-              nb::gil_scoped_acquire gil;
+              GilTaken gil;
               LentViews lent(true);
               nb::list views;
               for (const auto& piece : pieces) views.append(lent.lend(piece));
@@ -361,7 +361,7 @@ void bind_transfer(nb::module_& m) {
             const DeviceSpan source{handle, args::integer<std::uint64_t>(offset, "offset")};
             StreamDestination destination{args::integer<std::uint64_t>(nbytes, "nbytes"),
                                           [&sink](std::uint64_t at, std::span<const std::byte> chunk) {
-                                            nb::gil_scoped_acquire gil;
+                                            GilTaken gil;
                                             lend_for_call(sink, "sink", at, chunk, false);
                                           }};
             p.locked([&](TransferPlanner& t) { p.last_route = t.run(source, destination).route; });

@@ -128,7 +128,7 @@ std::uint64_t native_context_of(BridgeState& state) { return state.native_contex
 // for backends without queues.
 void order_consumer_queue(BridgeState& state, std::uintptr_t queue) {
   Bridge& bridge = state.open();
-  nb::gil_scoped_release no_gil;
+  GilReleased no_gil;
   try {
     bridge.backend().order_consumer_queue(queue);
   } catch (const Error& e) {
@@ -186,7 +186,7 @@ void end_lease_after(ViewLease& lease, std::uintptr_t queue) noexcept {
 ViewLease share_lease(const PyTensorView& view, const char* what) {
   ViewLease shared;
   {
-    nb::gil_scoped_release no_gil;  // it waits for uploads in flight into the allocation
+    GilReleased no_gil;  // it waits for uploads in flight into the allocation
     shared = view.lease.share();
   }
   if (!shared) throw Error(ErrorKind::Closed, std::string(what) + ": the view is closed");
@@ -197,7 +197,7 @@ ViewLease acquire_lease(const std::shared_ptr<BridgeState>& state, DeviceHandle 
                         ViewWait wait) {
   Bridge& bridge = state->open();
   if (wait == ViewWait::Wait) {
-    nb::gil_scoped_release no_gil;
+    GilReleased no_gil;
     return bridge.view(handle, spec, wait);
   }
   return bridge.view(handle, spec, wait);
