@@ -20,12 +20,14 @@
 #include <optional>
 #include <string>
 #include <system_error>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "boundary.hpp"
 #include "devbridge/checkpoint_file.hpp"
 #include "devbridge/checkpoint_restore.hpp"
+#include "devbridge/replacing_file.hpp"
 #include "devbridge/transfer.hpp"
 
 using namespace devbridge;
@@ -37,11 +39,6 @@ namespace {
 constexpr std::string_view kFormatVersion = "1";           // Python's FORMAT_VERSION
 constexpr std::uint64_t kRestoreAlignment = 256;           // Python's restore default
 constexpr std::string_view kChecksumPlaceholder = "crc32:00000000";
-
-[[noreturn]] void system_failure(const std::string& what) {
-  const int error = errno;
-  throw Error(ErrorKind::Unavailable, what + ": " + std::generic_category().message(error));
-}
 
 // A file the checkpoint refuses is InvalidRange, one the system refuses
 // Unavailable (docs/C_API.md); the parser's message names the file already.
@@ -79,6 +76,7 @@ std::vector<PlannedTensor> planned_tensors(Bridge& bridge, std::span<const devbr
   const std::string where = "checkpoint " + ckpt::quoted(file);
   std::vector<PlannedTensor> tensors;
   tensors.reserve(entries.size());
+  std::unordered_map<std::string, std::size_t> named;  // each name's entry
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const auto& entry = entries[i];
     const std::string which = "entries[" + std::to_string(i) + "]";
@@ -87,11 +85,18 @@ std::vector<PlannedTensor> planned_tensors(Bridge& bridge, std::span<const devbr
     if (tensor.name.empty() || tensor.name == "__metadata__" || !ckpt::valid_utf8(tensor.name))
       invalid_argument(where + ": " + which + ".name " + ckpt::quoted(tensor.name) +
                        " cannot name a tensor (empty, \"__metadata__\" or not UTF-8)");
+    if (const auto [first, fresh] = named.emplace(tensor.name, i); !fresh)
+      invalid_argument(where + ": " + which + ".name " + ckpt::quoted(tensor.name) + " is entries[" +
+                       std::to_string(first->second) + "]'s too: a tensor is named once");
     for_tensor("checkpoint", ckpt::quoted(file), tensor.name, [&] {
       tensor.dtype = dtype_from_c(entry.dtype, which + ".dtype");
       const auto dims = array_argument(entry.dims, entry.rank, which + ".dims");
       tensor.dims.assign(dims.begin(), dims.end());
       tensor.bytes = tensor_bytes(tensor.dtype, dims, which + ".dims");
+      // Refused here, not at restore, which would refuse the whole file for it.
+      if (tensor.bytes == 0)
+        throw Error(ErrorKind::InvalidRange, which + ".dims has a zero dimension: an empty tensor cannot be "
+                                                 "restored (no device allocation is empty)");
       tensor.handle = to_cpp(entry.handle);
       const auto extent = bridge.extent(tensor.handle);
       if (tensor.bytes > extent)
@@ -106,9 +111,6 @@ std::vector<PlannedTensor> planned_tensors(Bridge& bridge, std::span<const devbr
     const auto wa = dtype_size(a.dtype), wb = dtype_size(b.dtype);
     return wa != wb ? wa > wb : a.name < b.name;
   });
-  for (std::size_t i = 1; i < tensors.size(); ++i)
-    if (tensors[i].name == tensors[i - 1].name)
-      invalid_argument(where + ": tensor " + ckpt::quoted(tensors[i].name) + " is named twice");
   return tensors;
 }
 
@@ -148,67 +150,6 @@ std::string encoded_header(const std::vector<PlannedTensor>& tensors, std::uint6
   for (int i = 0; i < 8; ++i) encoded[i] = static_cast<char>((static_cast<std::uint64_t>(text.size()) >> (8 * i)) & 0xff);
   return encoded + text;
 }
-
-// A temporary file beside the checkpoint, unlinked unless committed.
-class TemporaryFile {
- public:
-  explicit TemporaryFile(const std::string& path) : where_(ckpt::quoted(path)) {
-    const auto slash = path.rfind('/');
-    directory_ = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-    const auto base = slash == std::string::npos ? path : path.substr(slash + 1);
-    name_ = (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) + "." + base + ".XXXXXX.tmp";
-    fd_ = ::mkstemps(name_.data(), 4);
-    if (fd_ < 0) system_failure("checkpoint " + where_ + ": cannot create a temporary file in " + ckpt::quoted(directory_));
-  }
-  TemporaryFile(const TemporaryFile&) = delete;
-  TemporaryFile& operator=(const TemporaryFile&) = delete;
-  ~TemporaryFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(name_.c_str());
-  }
-
-  void write_at(std::uint64_t offset, std::span<const std::byte> bytes) {
-    while (!bytes.empty()) {
-      const auto n = ::pwrite(fd_, bytes.data(), bytes.size(), static_cast<off_t>(offset));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) system_failure("checkpoint " + where_ + ": writing " + ckpt::quoted(name_));
-      bytes = bytes.subspan(static_cast<std::size_t>(n));
-      offset += static_cast<std::uint64_t>(n);
-    }
-  }
-
-  // fsync, rename over `path`, fsync the directory: the old file or the new one survives a crash.
-  void commit(const std::string& path) {
-    if (::fchmod(fd_, mode_for(path)) != 0) system_failure("checkpoint " + where_ + ": fchmod");
-    if (::fsync(fd_) != 0) system_failure("checkpoint " + where_ + ": fsync");
-    if (::rename(name_.c_str(), path.c_str()) != 0) system_failure("checkpoint " + where_ + ": rename");
-    committed_ = true;
-    const int directory = ::open(directory_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (directory < 0) system_failure("checkpoint " + where_ + ": opening its directory to fsync it");
-    const int synced = ::fsync(directory);
-    ::close(directory);
-    if (synced != 0) system_failure("checkpoint " + where_ + ": fsync of its directory");
-  }
-
- private:
-  // The old file's permissions, or 0666 less the umask (mkstemp made it 0600).
-  static mode_t mode_for(const std::string& path) {
-    struct stat old {};
-    if (::stat(path.c_str(), &old) == 0) return old.st_mode & 07777;
-    // Read, not set and restored: umask() would race with other threads' file creation.
-    std::ifstream status("/proc/self/status");
-    std::string line;
-    while (std::getline(status, line))
-      if (line.rfind("Umask:", 0) == 0) return 0666 & ~static_cast<mode_t>(std::stoul(line.substr(6), nullptr, 8));
-    return 0644;
-  }
-
-  std::string where_;
-  std::string directory_;
-  std::string name_;
-  int fd_ = -1;
-  bool committed_ = false;
-};
 
 // ---- reading ----
 
@@ -294,14 +235,14 @@ devbridge_status devbridge_checkpoint(devbridge_bridge* bridge, const char* path
     const auto tensors = planned_tensors(source, array_argument(entries, count, "entries"), file);
     const auto recorded = generation != 0 ? generation : source.generation();
 
-    TemporaryFile temporary(file);
+    // Written through a link, never over a FIFO or device (the data goes at offsets).
+    ReplacingFile temporary(file, ReplacingFile::NotRegular::Refuse);
     const auto placeholder = encoded_header(tensors, recorded, kChecksumPlaceholder);
     temporary.write_at(0, std::as_bytes(std::span(placeholder)));
     std::uint64_t at = placeholder.size();
     ckpt::Crc32 crc;
     TransferPlanner planner(source);
     for (const auto& tensor : tensors) {
-      if (tensor.bytes == 0) continue;
       for_tensor("checkpoint", ckpt::quoted(file), tensor.name, [&] {
         planner.run(DeviceSpan{tensor.handle, 0, tensor.bytes},
                     StreamDestination{tensor.bytes, [&](std::uint64_t, std::span<const std::byte> chunk) {
@@ -314,7 +255,7 @@ devbridge_status devbridge_checkpoint(devbridge_bridge* bridge, const char* path
     // Same length as the placeholder: the data section stays where it is.
     const auto final_header = encoded_header(tensors, recorded, crc.text());
     temporary.write_at(0, std::as_bytes(std::span(final_header)));
-    temporary.commit(file);
+    temporary.commit(ReplacingFile::Durability::Synced);
   });
 }
 

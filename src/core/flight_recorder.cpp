@@ -11,8 +11,6 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
-#include <filesystem>
-#include <functional>
 #include <iterator>
 #include <map>
 #include <type_traits>
@@ -24,6 +22,7 @@
 
 #include "core/fail.hpp"
 #include "devbridge/bridge.hpp"
+#include "devbridge/replacing_file.hpp"
 
 namespace devbridge {
 
@@ -599,84 +598,10 @@ std::string json_escaped(std::string_view text) {
   return escaped;
 }
 
-namespace {
-
-void write_all(int fd, std::string_view text, const std::function<void(const char*, int)>& give_up) {
-  for (std::size_t written = 0; written < text.size();) {
-    const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) give_up("writing", n < 0 ? errno : EIO);
-    written += static_cast<std::size_t>(n);
-  }
-}
-
-// A path that exists and is no regular file (a FIFO, /dev/stdout, a
-// device): written in place, as a shell's redirection would. Renaming a
-// file over it would replace the node itself (as root, /dev/full).
-void write_in_place(const std::string& path, std::string_view text) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int error = errno;
-    fail(ErrorKind::Unavailable, "cannot write {}: opening it failed: {}", path, std::strerror(error));
-  }
-  write_all(fd, text, [&](const char* doing, int error) {
-    ::close(fd);
-    fail(ErrorKind::Unavailable, "cannot write {}: {} it failed: {}", path, doing, std::strerror(error));
-  });
-  if (::close(fd) != 0) {
-    const int error = errno;
-    fail(ErrorKind::Unavailable, "cannot write {}: closing it failed: {}", path, std::strerror(error));
-  }
-}
-
-}  // namespace
-
 void write_file_atomically(const std::string& path, std::string_view text) {
-  struct stat existing {};
-  const bool exists = ::stat(path.c_str(), &existing) == 0;
-  if (exists && S_ISDIR(existing.st_mode))
-    fail(ErrorKind::Unavailable, "cannot write {}: {}", path, std::strerror(EISDIR));
-  if (exists && !S_ISREG(existing.st_mode)) return write_in_place(path, text);
-  // A link is followed: its target is replaced and the link stays.
-  std::string target = path;
-  if (exists) {
-    std::error_code error;
-    target = std::filesystem::canonical(path, error).string();
-    if (error) fail(ErrorKind::Unavailable, "cannot write {}: resolving it failed: {}", path, error.message());
-  }
-  // A name of its own (the process and a count: O_EXCL refuses any other
-  // file's), beside the file: two dumps to one path at once each rename a
-  // whole file, and the last one wins. Created as open(2) creates files,
-  // with the caller's umask; a file replaced keeps its permissions.
-  static std::atomic<std::uint64_t> dumps{0};
-  std::string temporary;
-  int fd = -1;
-  for (int attempt = 0; fd < 0; ++attempt) {
-    temporary = fmt::format("{}.tmp.{}.{}", target, ::getpid(), dumps.fetch_add(1, std::memory_order_relaxed));
-    fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0 && (errno != EEXIST || attempt == 100)) {
-      const int error = errno;
-      fail(ErrorKind::Unavailable, "cannot write {}: creating {} failed: {}", path, temporary, std::strerror(error));
-    }
-  }
-  const auto give_up = [&](const char* doing, int error) {
-    ::close(fd);
-    std::remove(temporary.c_str());
-    fail(ErrorKind::Unavailable, "cannot write {}: {} {} failed: {}", path, doing, temporary, std::strerror(error));
-  };
-  if (exists && ::fchmod(fd, existing.st_mode & 07777) != 0) give_up("setting the permissions of", errno);
-  write_all(fd, text, give_up);
-  if (::close(fd) != 0) {
-    const int error = errno;
-    std::remove(temporary.c_str());
-    fail(ErrorKind::Unavailable, "cannot write {}: closing {} failed: {}", path, temporary, std::strerror(error));
-  }
-  if (std::rename(temporary.c_str(), target.c_str()) != 0) {
-    const int error = errno;
-    std::remove(temporary.c_str());
-    fail(ErrorKind::Unavailable, "cannot write {}: renaming {} over it failed: {}", path, temporary,
-         std::strerror(error));
-  }
+  ReplacingFile file(path, ReplacingFile::NotRegular::WriteInPlace);
+  file.write(text);
+  file.commit(ReplacingFile::Durability::Renamed);
 }
 
 }  // namespace devbridge::detail

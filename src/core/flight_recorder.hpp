@@ -300,9 +300,8 @@ std::string trace_json(const TraceDump& dump);
 // `text` as the inside of a JSON string.
 std::string json_escaped(std::string_view text);
 
-// Writes `text` to `path` atomically: a temporary file beside it (beside a
-// link's target), renamed. A path that exists and is no regular file (a
-// FIFO, a device) is written in place.
+// Writes `text` to `path` through a ReplacingFile (devbridge/replacing_file.hpp):
+// whole or not at all, a FIFO or device written in place, a link written through.
 void write_file_atomically(const std::string& path, std::string_view text);
 
 }  // namespace devbridge::detail

@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -110,7 +111,27 @@ int main(int argc, char** argv) {
   /* A name twice is refused before anything is written. */
   entries[1].name = "scale";
   CHECK_STATUS(DEVBRIDGE_ERROR_INVALID_RANGE, devbridge_checkpoint(fake, path, entries, 3, 0));
+  /* Also when the two sort apart (by width, then name): the header kept one, the data both. */
+  entries[1].name = "layer.weight";
+  CHECK_STATUS(DEVBRIDGE_ERROR_INVALID_RANGE, devbridge_checkpoint(fake, path, entries, 3, 0));
+  CHECK(strstr(devbridge_last_error_message(), "entries[0]'s too") != NULL);
   entries[1].name = "b\xc3\xa9ta";
+  /* An empty tensor is refused when written, not when the whole file is restored. */
+  const int64_t empty_dims[2] = {0, 3};
+  entries[1].dims = empty_dims;
+  CHECK_STATUS(DEVBRIDGE_ERROR_INVALID_RANGE, devbridge_checkpoint(fake, path, entries, 3, 0));
+  CHECK(strstr(devbridge_last_error_message(), "zero dimension") != NULL);
+  entries[1].dims = small_dims;
+  CHECK(temporaries_in(directory) == 0);
+  /* A link is written through: its target is replaced, the link stays a link. */
+  char link[512], real[512];
+  snprintf(link, sizeof link, "%s/link.safetensors", directory);
+  snprintf(real, sizeof real, "%s/real.safetensors", directory);
+  CHECK(symlink("real.safetensors", link) == 0);
+  CHECK_OK(devbridge_checkpoint(fake, link, entries, 3, 0));
+  struct stat link_stat;
+  CHECK(lstat(link, &link_stat) == 0 && S_ISLNK(link_stat.st_mode) && file_size(real) == file_size(path));
+  CHECK(unlink(link) == 0 && unlink(real) == 0);
   /* A copy failing mid-write leaves the old file as it was, and no temporary. */
   const long written = file_size(path);
   CHECK_OK(devbridge_fake_inject(fake, DEVBRIDGE_FAKE_CALL_COPY_DEVICE_TO_HOST, DEVBRIDGE_FAKE_FAIL_COPY_AT_COMPLETION,

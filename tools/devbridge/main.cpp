@@ -34,6 +34,7 @@
 #include "devbridge/backends.hpp"
 #include "checkpoint.hpp"
 #include "devbridge/error.hpp"
+#include "devbridge/replacing_file.hpp"
 #include "info.hpp"
 #include "progress.hpp"
 #include "report.hpp"
@@ -51,6 +52,8 @@
 namespace {
 
 using devbridge::cli::UsageError;
+using devbridge::Error;
+using devbridge::ReplacingFile;
 
 constexpr int kExitOk = 0;
 constexpr int kExitFailure = 1;
@@ -95,99 +98,56 @@ class JsonSink {
     if (!path) return;
     path_ = *path;
     if (path_.empty()) throw UsageError("--json: '' is not a path (give a file name, or '-' for stdout)");
-    if (path_ == "-") {
-      file_ = stdout;
-      return;
-    }
-    const std::filesystem::path name(path_);
-    if (!name.has_filename()) throw UsageError(fmt::format("--json: cannot write '{}': it names a directory", path_));
-
+    if (path_ == "-") return;  // stdout
+    if (!std::filesystem::path(path_).has_filename())
+      throw UsageError(fmt::format("--json: cannot write '{}': it names a directory", path_));
+    // The rename would replace a file its owner made read-only.
     struct stat st {};
-    if (::stat(path_.c_str(), &st) == 0) {
-      if (S_ISDIR(st.st_mode)) throw UsageError(fmt::format("--json: cannot write '{}': {}", path_, std::strerror(EISDIR)));
-      if (!S_ISREG(st.st_mode)) {
-        file_ = std::fopen(path_.c_str(), "w");
-        if (file_ == nullptr) refuse(errno);
-        return;
-      }
-      if (::access(path_.c_str(), W_OK) != 0) refuse(errno);
-      // A link is followed, so the link itself stays and its target changes.
-      std::error_code ec;
-      target_ = std::filesystem::canonical(name, ec).string();
-      if (ec) refuse(ec.value());
-      mode_ = st.st_mode & 07777;
-    } else if (errno == ENOENT) {
-      target_ = path_;
-      const mode_t mask = ::umask(0);
-      ::umask(mask);
-      mode_ = 0666 & ~mask;
-    } else {
-      refuse(errno);
+    if (::stat(path_.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path_.c_str(), W_OK) != 0)
+      throw UsageError(fmt::format("--json: cannot write '{}': {}", path_, std::strerror(errno)));
+    try {
+      file_.emplace(path_, ReplacingFile::NotRegular::WriteInPlace);
+    } catch (const Error& error) {
+      throw UsageError(fmt::format("--json: {}", error.message()));
     }
-
-    const std::filesystem::path target(target_);
-    const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
-    std::string temp = (dir / ("." + target.filename().string() + ".devbridge-XXXXXX")).string();
-    const int fd = ::mkstemp(temp.data());
-    if (fd < 0) refuse(errno);
-    temp_ = temp;
-    if (temp_.size() < sizeof g_temp_path) {
-      std::memcpy(g_temp_path, temp_.c_str(), temp_.size() + 1);
+    const std::string& temporary = file_->temporary();
+    if (!temporary.empty() && temporary.size() < sizeof g_temp_path) {
+      std::memcpy(g_temp_path, temporary.c_str(), temporary.size() + 1);
       g_temp_path_set.store(true, std::memory_order_release);
     }
-    if (::fchmod(fd, mode_) != 0 || (file_ = ::fdopen(fd, "w")) == nullptr) {
-      const int error = errno;
-      ::close(fd);
-      discard_temp();
-      refuse(error);
-    }
   }
-  ~JsonSink() {
-    if (file_ != nullptr && file_ != stdout) std::fclose(file_);
-    discard_temp();
-  }
+  ~JsonSink() { g_temp_path_set.store(false, std::memory_order_release); }
   JsonSink(const JsonSink&) = delete;
   JsonSink& operator=(const JsonSink&) = delete;
 
-  bool to_stdout() const { return file_ == stdout; }
+  bool to_stdout() const { return path_ == "-"; }
 
   // Returns false (after saying why) when the report could not be written;
   // the path then keeps what it held before.
   bool write(const nlohmann::json& document) {
-    if (file_ == nullptr) return true;
+    if (path_.empty()) return true;
     // Paths and messages may hold bytes that are not UTF-8 (a file name): written replaced, not lost.
-  const std::string text = document.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-    bool ok = std::fwrite(text.data(), 1, text.size(), file_) == text.size() && std::fflush(file_) == 0;
-    if (ok && !temp_.empty()) {
-      ok = ::fsync(::fileno(file_)) == 0;
-      const int close_result = std::fclose(file_);
-      file_ = nullptr;
-      ok = ok && close_result == 0 && std::rename(temp_.c_str(), target_.c_str()) == 0;
-      if (ok) forget_temp();
+    const std::string text = document.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    if (to_stdout()) {
+      const bool ok = std::fwrite(text.data(), 1, text.size(), stdout) == text.size() && std::fflush(stdout) == 0;
+      if (!ok) fmt::print(stderr, "devbridge {}: --json: writing to stdout failed: {}\n", command_, std::strerror(errno));
+      return ok;
     }
-    if (!ok) fmt::print(stderr, "devbridge {}: --json: writing '{}' failed: {}\n", command_, path_, std::strerror(errno));
-    return ok;
+    try {
+      file_->write(text);
+      file_->commit(ReplacingFile::Durability::Synced);
+      g_temp_path_set.store(false, std::memory_order_release);
+      return true;
+    } catch (const Error& error) {
+      fmt::print(stderr, "devbridge {}: --json: {}\n", command_, error.message());
+      return false;
+    }
   }
 
  private:
-  [[noreturn]] void refuse(int error) const {
-    throw UsageError(fmt::format("--json: cannot write '{}': {}", path_, std::strerror(error)));
-  }
-  void discard_temp() noexcept {
-    if (!temp_.empty()) ::unlink(temp_.c_str());
-    forget_temp();
-  }
-  void forget_temp() noexcept {
-    g_temp_path_set.store(false, std::memory_order_release);
-    temp_.clear();
-  }
-
   std::string command_;
-  std::string path_;    // as given
-  std::string target_;  // the file the temporary replaces
-  std::string temp_;    // the temporary, until renamed
-  mode_t mode_ = 0644;
-  std::FILE* file_ = nullptr;
+  std::string path_;  // as given; empty: no --json
+  std::optional<ReplacingFile> file_;
 };
 
 // ---- signals during `stream` ------------------------------------------------
