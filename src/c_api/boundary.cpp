@@ -94,7 +94,7 @@ std::string_view text(const char* value, std::string_view what) { return std::st
 std::chrono::nanoseconds timeout(std::int64_t nanoseconds, std::string_view what) {
   if (nanoseconds < 0)
     invalid_argument(std::string(what) + " of " + std::to_string(nanoseconds) +
-                     " ns is negative; give 0 to fail fast or DEVBRIDGE_WAIT_FOREVER");
+                     " ns is negative; a duration is 0 or more nanoseconds (DEVBRIDGE_WAIT_FOREVER: no limit)");
   return std::chrono::nanoseconds(nanoseconds);
 }
 

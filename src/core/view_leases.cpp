@@ -37,7 +37,8 @@ std::string ViewHolders::views_text(std::uint64_t id, std::uint32_t views) const
       {tinygrad, "held by a tinygrad tensor (a lazy graph or .grad may still read it; opt.zero_grad() or del "
                  "releases it)"},
       {dlpack, "held by a DLPack consumer (a numpy, jax, torch or cupy array; del releases it)"},
-      {caller, "held by the caller (closing the view, or the end of its with-block, releases it)"},
+      {caller, "held by the caller (ending the view releases it: close() or a with-block's end in Python, "
+               "the lease's destructor in C++, devbridge_view_end in C)"},
   };
   const auto kinds = std::ranges::count_if(holders, [](const auto& holder) { return holder.first != 0; });
   for (const auto& [n, who] : holders) {

@@ -492,13 +492,15 @@ impl<'b> HostReservation<'b> {
 }
 
 // A copy is over when it completed or failed, or when the bridge no longer
-// knows it because a restart retired it (the restart quiesced the device).
+// knows it: a restart retired it (the restart quiesced the device), or its
+// failure was forgotten (the bridge keeps a bounded log of failed copies and
+// never forgets a copy in flight), as the core's own release path counts it.
 // Anything else (Broken, ...) counts as still in flight: the device may
 // still touch the bytes.
 fn copy_is_over(bridge: &DeviceBridge, event: CopyEvent) -> bool {
     match bridge.copy_status(event) {
         Ok(outcome) => outcome != CopyOutcome::Pending,
-        Err(error) => error.kind() == ErrorKind::OldGenerationHandle,
+        Err(error) => matches!(error.kind(), ErrorKind::OldGenerationHandle | ErrorKind::UnknownDeviceHandle),
     }
 }
 

@@ -139,15 +139,30 @@ c_consts! {
 
 /// Structs with `size` first: the ABI's way of growing them at the end.
 /// [`sized`] is the one place that initialises them.
-pub trait SizeFirst: Copy {
+///
+/// # Safety
+///
+/// An all-zero value of the type must be valid (integers, raw pointers,
+/// `Option<fn>` and arrays of those: no references, no `NonNull`, no enums
+/// without a zero variant): [`sized`] makes one. Unsafe to implement, so
+/// safe code cannot make `sized` produce an invalid value (a null
+/// reference); only this crate's `c_structs!` implements it:
+///
+/// ```compile_fail
+/// #[derive(Clone, Copy)]
+/// struct Holds(&'static u64);
+/// impl devbridge::sys::SizeFirst for Holds { // error: an unsafe trait needs `unsafe impl`
+///     fn set_size(&mut self, _: u64) {}
+/// }
+/// ```
+pub unsafe trait SizeFirst: Copy {
     fn set_size(&mut self, size: u64);
 }
 
 /// A zeroed struct with `size` set: "0: default" everywhere else.
 #[inline]
 pub fn sized<T: SizeFirst>() -> T {
-    // SAFETY: only implemented (by c_structs!) for structs of integers, raw
-    // pointers, `Option<fn>` and arrays of those, for which zero is valid.
+    // SAFETY: SizeFirst's contract: zero is a valid value of T.
     let mut value: T = unsafe { std::mem::MaybeUninit::zeroed().assume_init() };
     value.set_size(std::mem::size_of::<T>() as u64);
     value
@@ -175,7 +190,8 @@ macro_rules! c_structs {
         }
     };
     (@size_first $name:ident) => {
-        impl SizeFirst for $name {
+        // SAFETY: the C ABI's structs hold integers, raw pointers, Option<fn> and arrays of those.
+        unsafe impl SizeFirst for $name {
             fn set_size(&mut self, size: u64) { self.size = size; }
         }
     };

@@ -370,3 +370,22 @@ fn a_full_ring_is_backpressure() {
     assert_eq!(kind(bridge.reserve_host(64, 0, Some(Duration::ZERO))), ErrorKind::Backpressure);
     assert_eq!(kind(bridge.reserve_host(64, 0, Some(Duration::from_millis(10)))), ErrorKind::Backpressure);
 }
+
+#[test]
+fn a_reservation_whose_failed_copy_the_bridge_forgot_is_readable_again() {
+    // The bridge keeps a bounded log of failed copies (failed_record_limit): once a later failure evicts an
+    // earlier one, its event is unknown. That copy is long over; the reservation's bytes were refused for good.
+    let options = OpenOptions { ring_bytes: 1 << 16, failed_record_limit: 1, ..OpenOptions::default() };
+    let bridge = DeviceBridge::open("fake", None, &options).unwrap();
+    let handle = bridge.alloc_device(&float_vector_spec(), EXTENT).unwrap();
+    let mut first = bridge.reserve_host(EXTENT, 0, Some(Duration::ZERO)).unwrap();
+    let mut second = bridge.reserve_host(EXTENT, 0, Some(Duration::ZERO)).unwrap();
+    bridge.fake_inject(FakeCall::CopyDeviceToHost, FakeFailure::CopyAtCompletion, 1).unwrap();
+    bridge.fake_inject(FakeCall::CopyDeviceToHost, FakeFailure::CopyAtCompletion, 2).unwrap();
+    let forgotten = bridge.device_to_host(whole(handle, EXTENT), first.whole(), CopyMode::Async).unwrap();
+    bridge.device_to_host(whole(handle, EXTENT), second.whole(), CopyMode::Async).unwrap();
+    bridge.fake_complete_all(true).unwrap();
+    assert_eq!(kind(bridge.copy_status(forgotten)), ErrorKind::UnknownDeviceHandle);
+    assert_eq!(first.bytes().expect("a forgotten failure is over").len(), EXTENT as usize);
+    assert_eq!(second.bytes().unwrap().len(), EXTENT as usize);
+}
