@@ -116,9 +116,30 @@ struct PyRestoreStream {
   // Runs `work` without the GIL; a CheckpointError raised as Python raises it.
   template <class Work>
   auto unlocked(Work work) {
+    return translated([&](checkpoint::RestoreStream& s) {
+      GilReleased no_gil;
+      return work(s);
+    });
+  }
+
+  // Waits through `attempt(stream, slice)` (true: done) for up to `limit`
+  // (nothing: no limit) in slices, Ctrl-C ending it (wait_interruptibly).
+  template <class Attempt>
+  bool waited(std::optional<std::chrono::nanoseconds> limit, Attempt attempt) {
+    return translated([&](checkpoint::RestoreStream& s) {
+      return wait_interruptibly(limit, [&](std::chrono::nanoseconds slice, bool last) -> std::optional<bool> {
+        if (attempt(s, slice)) return true;
+        if (last) return false;
+        return std::nullopt;
+      });
+    });
+  }
+
+  // A CheckpointError `work` raises raised as Python raises it; what a callback raised, raised again.
+  template <class Work>
+  auto translated(Work work) {
     auto& s = open();
     try {
-      GilReleased no_gil;
       return work(s);
     } catch (const checkpoint::CheckpointError& error) {
       raise_checkpoint_error(error, filename);
@@ -166,10 +187,6 @@ PyType_Slot restore_stream_slots[] = {
     {0, nullptr},
 };
 
-std::chrono::nanoseconds timeout_of(nb::handle timeout) {
-  return args::optional_seconds(timeout, "timeout").value_or(std::chrono::nanoseconds::max());
-}
-
 void bind_restore_stream(nb::module_& m) {
   nb::class_<PyRestoreStream>(m, "_RestoreStream",
                               "A checkpoint's data section read into new allocations on a thread of its own "
@@ -181,8 +198,8 @@ void bind_restore_stream(nb::module_& m) {
           [](PyRestoreStream& self, nb::handle index, nb::handle timeout) {
             const auto i = args::integer<std::size_t>(index, "index");
             if (i >= self.open().handles().size()) throw nb::index_error("no such tensor in this restore");
-            const auto wait = timeout_of(timeout);
-            return self.unlocked([&](checkpoint::RestoreStream& s) { return s.landed(i, wait); });
+            return self.waited(args::optional_seconds(timeout, "timeout"),
+                               [&](checkpoint::RestoreStream& s, std::chrono::nanoseconds slice) { return s.landed(i, slice); });
           },
           "index"_a, "timeout"_a.none() = nb::none(),
           "Waits up to timeout seconds (None: no limit) for tensor `index`'s bytes to be written or their copies "
@@ -202,8 +219,8 @@ void bind_restore_stream(nb::module_& m) {
       .def(
           "finished",
           [](PyRestoreStream& self, nb::handle timeout) {
-            const auto wait = timeout_of(timeout);
-            return self.unlocked([&](checkpoint::RestoreStream& s) { return s.finished(wait); });
+            return self.waited(args::optional_seconds(timeout, "timeout"),
+                               [](checkpoint::RestoreStream& s, std::chrono::nanoseconds slice) { return s.finished(slice); });
           },
           "timeout"_a.none() = nb::none(), "Waits for the whole file and the checksum's verdict; raises the error.")
       .def("done", [](PyRestoreStream& self) { return self.open().done(); })

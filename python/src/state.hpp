@@ -151,6 +151,14 @@ auto wait_interruptibly(std::optional<std::chrono::nanoseconds> limit, Attempt a
   }
 }
 
+// Runs Python's signal handlers from a thread inside a blocking call (the
+// GIL taken for it): what a handler raises (Ctrl-C's KeyboardInterrupt) is
+// thrown, to end the wait. A transfer's while_waiting and a WaitCheck call it.
+inline void look_for_signals() {
+  GilTaken gil;
+  if (PyErr_CheckSignals() != 0) throw nanobind::python_error();
+}
+
 // Sets the Python error for a C++ exception the way the module's exception
 // translator does (for raw CPython slots, which nanobind does not wrap).
 void set_python_error(const std::exception& error) noexcept;

@@ -238,10 +238,7 @@ void bind_transfer(nb::module_& m) {
               };
             // Ctrl-C (and any signal handler that raises) ends a wait for a copy or for room, which a lost
             // completion would otherwise make endless: the transfer cleans up and the error is raised.
-            options.while_waiting = [] {
-              GilTaken gil;
-              if (PyErr_CheckSignals() != 0) throw nb::python_error();
-            };
+            options.while_waiting = look_for_signals;
             auto planner = std::make_unique<TransferPlanner>(state->open(), std::move(options));
             new (self) PyTransferPlanner{std::move(state), std::move(planner), progress};
           },

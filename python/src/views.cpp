@@ -15,6 +15,7 @@
 #include "devbridge/consumer_names.hpp"
 #include "arguments.hpp"
 #include "bindings.hpp"
+#include "devbridge/wait_check.hpp"
 #include "state.hpp"
 
 namespace nb = nanobind;
@@ -183,10 +184,14 @@ void end_lease_after(ViewLease& lease, std::uintptr_t queue) noexcept {
   }
 }
 
+// How often a view waiting for uploads runs Python's signal handlers.
+constexpr std::chrono::milliseconds kSignalsEvery{100};
+
 ViewLease share_lease(const PyTensorView& view, const char* what) {
   ViewLease shared;
   {
     GilReleased no_gil;  // it waits for uploads in flight into the allocation
+    const WaitCheck interruptible(look_for_signals, kSignalsEvery);
     shared = view.lease.share();
   }
   if (!shared) throw Error(ErrorKind::Closed, std::string(what) + ": the view is closed");
@@ -198,6 +203,7 @@ ViewLease acquire_lease(const std::shared_ptr<BridgeState>& state, DeviceHandle 
   Bridge& bridge = state->open();
   if (wait == ViewWait::Wait) {
     GilReleased no_gil;
+    const WaitCheck interruptible(look_for_signals, kSignalsEvery);
     return bridge.view(handle, spec, wait);
   }
   return bridge.view(handle, spec, wait);

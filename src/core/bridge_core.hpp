@@ -52,6 +52,7 @@
 #include "devbridge/checked.hpp"
 #include "devbridge/consumer_names.hpp"
 #include "devbridge/recorder.hpp"
+#include "devbridge/wait_check.hpp"
 
 namespace devbridge::detail {
 
@@ -402,6 +403,9 @@ class BridgeCore {
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) return false;
       lock.unlock();
+      // What it throws leaves with the lock dropped: nothing here is taken yet.
+      if (WaitCheck* check = WaitCheck::current()) [[unlikely]]
+        check->look(now);
       backend_->wait_for_completions(std::min<std::chrono::nanoseconds>(deadline - now, kSlice));
       lock.lock();
       enter(lock);

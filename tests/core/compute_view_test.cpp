@@ -7,6 +7,7 @@
 
 #include "support.hpp"
 #include "devbridge/consumer_names.hpp"
+#include "devbridge/wait_check.hpp"
 
 namespace devbridge::testing {
 namespace {
@@ -230,6 +231,29 @@ TEST_F(ViewTest, ViewWaitWaitsForTheCopyAndSeesItsBytes) {
   EXPECT_EQ(bridge->copy_status(e).state, CopyState::Completed);
   const auto* bytes = reinterpret_cast<const std::byte*>(lease->data);
   EXPECT_EQ(0, std::memcmp(bytes, data.data(), 256));
+}
+
+// A binding's WaitCheck (Python's Ctrl-C) ends a view's wait for an upload
+// whose completion never comes: the call fails with what the check threw,
+// having taken no lease; once the copy completes a view is taken as usual.
+TEST_F(ViewTest, AWaitCheckEndsAViewsWaitForAnUploadThatNeverCompletes) {
+  const DeviceHandle h = bridge->alloc_device(bytes_spec(), 256);
+  const CopyEvent e = bridge->host_to_device(filled_range(256, 7), DeviceRange{h, 0, 256}, CopyMode::Async);
+  struct Interrupted {};
+  int looks = 0;
+  {
+    const WaitCheck check(
+        [&] {
+          if (++looks == 3) throw Interrupted{};
+        },
+        std::chrono::milliseconds(5));
+    EXPECT_THROW(bridge->view(h, ViewSpec{DType::UInt8, {256}, std::nullopt, 0}, ViewWait::Wait), Interrupted);
+  }
+  EXPECT_EQ(looks, 3);
+  EXPECT_EQ(bridge->stats().live_views, 0u);
+  EXPECT_EQ(WaitCheck::current(), nullptr);
+  fake->complete(e);
+  EXPECT_TRUE(bridge->view(h, ViewSpec{DType::UInt8, {256}, std::nullopt, 0}, ViewWait::Wait));
 }
 
 TEST_F(ViewTest, LeaseIsMovableAndEndsOnce) {
