@@ -365,9 +365,11 @@ void bind_bridge(nb::module_& m) {
       .def_prop_ro("ring", [](const PyBridge& b) { return PyHostRing{b.state}; })
       .def_prop_ro("fake",
                    [](const PyBridge& b) {
+                     // AttributeError, as for any attribute an object lacks: hasattr() and the tools
+                     // that list an object's members (Ray's pickling check) expect it.
                      if (b.state->fake == nullptr)
-                       throw_unsupported("Bridge.fake: the bridge's backend is \"" + b.state->backend_name +
-                                         "\", not \"fake\"");
+                       throw nb::attribute_error(("Bridge.fake: the bridge's backend is \"" + b.state->backend_name +
+                                                  "\", not \"fake\"").c_str());
                      return PyFake{b.state};
                    })
       // ---- allocation ----
