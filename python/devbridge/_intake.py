@@ -222,6 +222,48 @@ def _to_numpy(array: Any, what: str) -> np.ndarray:
     return np.asarray(view)
 
 
+def _lazy_sign_bits(array: Any) -> list[str]:
+    """torch's lazy bits set on ``array``: "negative" (``_neg_view()``, the ``.imag`` of a conjugate view),
+    "conjugate" (``.conj()`` of a complex tensor). Their memory holds the values before the negation or
+    conjugation, which DLPack (numpy's ``from_dlpack`` included) exports as they are: read as the tensor's
+    values, a negative view lost its sign. Empty for any other array (checked by duck type: torch is never
+    imported here)."""
+    bits = []
+    for method, bit in (("is_neg", "negative"), ("is_conj", "conjugate")):
+        test = getattr(type(array), method, None)
+        if callable(test):
+            try:
+                if test(array) is True:
+                    bits.append(bit)
+            except Exception:  # noqa: BLE001 - not torch's method: nothing set
+                pass
+    return bits
+
+
+def _resolved_lazy_sign(array: Any, what: str, copy: bool) -> Any:
+    """``array`` with torch's lazy negation and conjugation applied (``resolve_neg()``, ``resolve_conj()``:
+    a copy holding the values) for an entry that copies anyway; ``ValueError`` for one that copies nothing
+    (adopt). Any other array as it is."""
+    bits = _lazy_sign_bits(array)
+    if not bits:
+        return array
+    kind = type(array).__name__
+    if not copy:
+        raise ValueError(f"{what}: the {kind} has torch's {' and '.join(bits)} bit set: its memory holds the "
+                         f"values before a lazy {'negation' if bits == ['negative'] else 'negation/conjugation'}, "
+                         "not the values themselves, and this call copies nothing; pass tensor.resolve_neg()"
+                         ".resolve_conj() (a copy of the values), or use a call that copies (bridge.upload)")
+    try:
+        if "conjugate" in bits:
+            array = array.resolve_conj()
+        if "negative" in bits or _lazy_sign_bits(array):
+            array = array.resolve_neg()
+    except Exception as error:  # the producer's own refusal (a tensor requiring grad...)
+        raise TypeError(f"{what}: the {kind} has torch's {' and '.join(bits)} bit set, and resolving it "
+                        f"(resolve_neg()/resolve_conj()) failed: {type(error).__name__}: {error}") from error
+    return array
+
+
 def _intake(array: Any, what: str, dtype: Any = None, *, copy: bool = True, any_layout: bool = False) -> np.ndarray:
     """The one reading of an array an entry is given: a C-contiguous numpy array of little-endian items
     whose ``_dtype_name(a.dtype)`` is the data's devbridge dtype (``dtype`` relabels bytes of the same item
@@ -230,6 +272,7 @@ def _intake(array: Any, what: str, dtype: Any = None, *, copy: bool = True, any_
     ``copy``: the entry copies the data anyway, so a big-endian array is converted (else ``ValueError``
     naming its dtype). ``any_layout``: anything ``numpy.asarray`` takes, a strided array copied into
     row-major order (else a non-contiguous array is ``ValueError``). ``what`` names the entry in errors."""
+    array = _resolved_lazy_sign(array, what, copy)
     try:
         a = _to_numpy(array, what)
     except TypeError:

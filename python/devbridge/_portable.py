@@ -132,12 +132,19 @@ class PortableTensor:
         return memoryview(self._bytes.view(_bits_dtype(self._dtype) or _numpy_dtype(self._dtype))
                           .reshape(self._shape))
 
-    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        # The array's base is the buffer, kept alive by it. (From Python 3.12 numpy reads __buffer__ first.)
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        """numpy's protocol (numpy 2): ``copy=None`` a copy only where ``dtype`` needs one, ``copy=True``
+        always a new array, ``copy=False`` never a copy: ``ValueError`` when ``dtype`` needs one. Without a
+        copy the array is over the buffer (its base, kept alive by it). (From Python 3.12 numpy reads
+        ``__buffer__`` first where no dtype is asked for.)"""
         a = self.numpy()
-        if copy:
-            a = a.copy()
-        return a if dtype is None else a.astype(dtype, copy=False)
+        if dtype is not None and np.dtype(dtype) != a.dtype:
+            if copy is not None and not copy:
+                raise ValueError(f"Unable to avoid copy while creating an array as requested: the "
+                                 f"PortableTensor holds {a.dtype}, and {np.dtype(dtype)} is a conversion (a copy); "
+                                 f"pass copy=None to allow it, or ask for {a.dtype}")
+            return a.astype(dtype)  # a new array: the copy copy=True asks for
+        return a.copy() if copy else a
 
     def __buffer__(self, flags: int) -> memoryview:  # PEP 688 (Python 3.12+)
         return self.data

@@ -236,7 +236,8 @@ class Prefetcher(_NotCopyable):
       memory is left to its holder and a fresh slot replaces it, at most ``depth + 1`` retired slots held
       at once (a ``RuntimeWarning`` says so, once). When every slot is still held after that, the next step
       waits up to ``timeout`` seconds (``None``: without bound), then raises ``AllocationStillInUse``
-      naming the batch and what holds the slots.
+      naming the batch and what holds the slots. The source is asked for that batch before the wait (and
+      the batch kept for the next attempt), so at its end ``next()`` raises ``StopIteration`` at once.
     * A failure on the producer side (the source raising, an array that cannot be staged, a copy that
       fails) is raised at the batch where it happened, once the batches before it have been handed out:
       the same class (``DeviceCopyFailed``, ``ValueError``...) with ``Prefetcher batch <i>...`` in its
@@ -378,7 +379,13 @@ class Prefetcher(_NotCopyable):
                 continue
             if not need_one or self._loaded:
                 return
-            # Every slot is held. Tensors caught in reference cycles go only with a collection; after that,
+            # Every slot is held, and the consumer needs a batch: ask the source for it before waiting for a
+            # slot, so that at its end (or at its error) next() says so at once rather than waiting, and
+            # timing out, for a slot no batch needs. The batch pulled is kept (self._pulled) until a slot
+            # takes it, however many attempts that takes.
+            if self._pull() is None:
+                continue  # the source is done, or its error is loaded for the consumer: the loop ends
+            # Tensors caught in reference cycles go only with a collection; after that,
             # only another thread (or a bridge that waits itself) can let go of one.
             if not collected:
                 gc.collect()

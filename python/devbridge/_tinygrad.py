@@ -33,6 +33,11 @@ read-only tensors, so the tensor handed over is an exact identity over the
 memory (``_unwritable``): reads stay zero-copy, and tinygrad's writes
 (``assign``, ``+=``, an optimizer's step) land in a buffer of its own.
 
+Addresses: tinygrad's kernels load and store 16 bytes at a time with aligned vector
+instructions, so an address that is not a multiple of 16 bytes (a view at such a byte offset,
+adopted memory that starts at one; 32 under tinygrad's LLVM renderer) is refused with
+``Unsupported`` before tinygrad sees it (``_check_alignment``): handed over, it crashed the process.
+
 Devices: a host-backend view becomes a tinygrad ``CPU`` tensor. A CUDA view
 becomes a ``CUDA`` tensor; tinygrad computes in a CUDA context of its own
 (``cuCtxCreate``), and device pointers are only valid in the context that
@@ -259,6 +264,74 @@ def _unwritable(tg: _Names, tensor: "Tensor", view: "TensorView") -> "Tensor":
     return wrapped
 
 
+# ---- the address tinygrad may be given ----
+#
+# tinygrad compiles its kernels for the memory its own allocators return (CPU: mmap'd pages, CUDA:
+# cuMemAlloc's 256 bytes), and loads and stores through a buffer up to 4 adjacent items at a time (8
+# halves with ALLOW_HALF8) as one vector whose C type is aligned to its size, at most 16 bytes
+# (renderer/cstyle.py's render_vector_prefix: float4 is aligned(16)); clang then emits aligned vector
+# instructions (movaps), which fault on an address that is not a multiple of 16 (CUDA: a misaligned
+# address error). Measured with tinygrad 0.14 on x86-64, each case in a subprocess (a view of an
+# allocation at each element-aligned byte offset up to 64; elementwise, reduce, matmul, cast, assign):
+# with DEV=CPU (clang, the default) float32 and int32 at offsets 4, 8, 12, 24 and 36 die with SIGSEGV
+# in elementwise kernels and assign (int32 in matmul too), while 16, 32, 48 and 64 compute right;
+# float16, int8, uint8, int16, float64 and int64 survived every offset, only because this tinygrad groups
+# no loads of the 1- and 8-byte ones and groups halves into 8-byte vectors x86 loads unaligned without a
+# fault (half4 is declared aligned(8), so an address off 8 is still undefined; half8 under ALLOW_HALF8 is
+# aligned(16)). bfloat16 kernels do not compile with this clang at all.
+# DEV=CPU:X86 (tinygrad's own x86 code, unaligned loads) survived every offset of every dtype. So the
+# rule follows the vector width, not the dtype: an address tinygrad is given must be a multiple of 16
+# bytes, whatever the dtype, which also holds when a later tinygrad groups more dtypes.
+# tinygrad's LLVM renderer (DEV=CPU:LLVM) goes further: it declares every buffer argument "align 32"
+# ("CPUAllocator promises 0x20 alignment"), so LLVM may assume, and emit instructions that need, 32
+# (not measured: this machine's LLVM rejects tinygrad's IR before any kernel runs).
+_TINYGRAD_ALIGNMENT = 16
+_TINYGRAD_LLVM_ALIGNMENT = 32
+
+
+def _alignment_needed(tg: _Names, ptr: int, device: str) -> int:
+    """The alignment tinygrad's kernels on ``device`` assume of a buffer's address, checked for ``ptr``:
+    16 bytes (its widest vector), 32 where the CPU device compiles through LLVM. The renderer is looked
+    up only for an address that is a multiple of 16 but not of 32 (the hand-off of an aligned address
+    costs nothing)."""
+    if ptr % _TINYGRAD_LLVM_ALIGNMENT == 0 or ptr % _TINYGRAD_ALIGNMENT != 0 or not device.startswith("CPU"):
+        return _TINYGRAD_ALIGNMENT
+    try:
+        renderer = type(tg.Device[device].renderer)
+    except Exception:  # noqa: BLE001 - no renderer to ask: the C renderer's rule
+        return _TINYGRAD_ALIGNMENT
+    if any(cls.__name__ == "LLVMRenderer" for cls in renderer.__mro__):
+        return _TINYGRAD_LLVM_ALIGNMENT
+    return _TINYGRAD_ALIGNMENT
+
+
+def _check_alignment(tg: _Names, view: "TensorView", ptr: int, device: str) -> None:
+    """``Unsupported`` for an address tinygrad's kernels cannot load through (see above): before, tinygrad
+    was handed it and the process died (SIGSEGV) at the first kernel that read it."""
+    needed = _alignment_needed(tg, ptr, device)
+    if ptr % needed == 0:
+        return
+    offset = view.byte_offset
+    if offset % needed:
+        where = (f"{view.handle!r} viewed at byte offset {offset} lies at address {ptr:#x}, which is not a "
+                 f"multiple of {needed} bytes")
+        instead = (f"take the view at a byte offset that is a multiple of {needed} (of an allocation aligned "
+                   f"to at least {needed}: upload, restore and alloc align to 256 by default)")
+    else:
+        origin = ("adopted memory (adopt() takes the array's own address: a slice, or an np.memmap at a file "
+                  "offset such as a safetensors tensor's, may start anywhere)" if view.read_only
+                  else "its allocation")
+        where = (f"{view.handle!r} starts at address {ptr:#x}, which is not a multiple of {needed} bytes: "
+                 f"{origin}")
+        instead = (f"adopt an array whose address is a multiple of {needed}" if view.read_only
+                   else f"allocate it with an alignment of at least {needed}")
+    raise Unsupported(
+        f"to_tinygrad: {where}. tinygrad's kernels on {device} load and store up to {needed} bytes at a time "
+        f"with aligned vector instructions, which fault on such an address, so it cannot be handed over "
+        f"without a copy. Instead {instead}; or copy it: bridge.upload(array) (a copy aligned to 256), or "
+        f"tinygrad.Tensor(bridge.download(handle, dtype={view.dtype!r}, shape={tuple(view.shape)!r}))")
+
+
 def to_tinygrad(view: "TensorView") -> "Tensor":
     """A ``tinygrad.Tensor`` over the view's memory, zero-copy (see the module doc)."""
     tensor = hand_off(view)[0]
@@ -284,6 +357,7 @@ def hand_off(view: "TensorView") -> tuple["Tensor", Any]:
             device = _tinygrad_device(view_device)
         except Unsupported:  # no zero-copy hand-off: the advice names this view's download
             raise Unsupported(_no_zero_copy_message(view_device, lease.handle, lease.dtype, lease.shape)) from None
+        _check_alignment(tg, lease, ptr, device)  # before tinygrad ever sees the address
         if device.startswith("CUDA"):
             ordinal = int(device.partition(":")[2] or 0)
             if lease._native_context != cuda_context("tinygrad", ordinal):

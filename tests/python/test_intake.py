@@ -194,6 +194,65 @@ def test_a_torch_tensor_uploads_bit_exact(ib, rng, dtype):
             assert got.dtype == dtype and bytes_of(got.numpy()) == raw.tobytes()
 
 
+def _lazily_signed(torch):
+    """torch tensors whose memory is not their values: (label, tensor, the values)."""
+    z = torch.tensor([1 + 2j, 3 - 4j, -5 + 0.5j], dtype=torch.complex64)
+    cases = [
+        ("neg view", torch.arange(6, dtype=torch.float32)._neg_view(), -np.arange(6, dtype=np.float32)),
+        ("neg view, 2-d int", torch.arange(6, dtype=torch.int64).reshape(2, 3)._neg_view(),
+         -np.arange(6, dtype=np.int64).reshape(2, 3)),
+        ("imag of a conj", z.conj().imag, np.array([-2, 4, -0.5], np.float32)),  # strided, negative bit
+    ]
+    for _, tensor, values in cases:
+        assert np.array_equal(tensor.resolve_neg().resolve_conj().numpy(), values)  # what torch says they are
+    return cases
+
+
+def test_torch_negative_and_conjugate_views_upload_their_values(ib):
+    torch = pytest.importorskip("torch")
+    before = ib.stats()["live_allocations"]
+    for label, tensor, values in _lazily_signed(torch):
+        with ib.upload(tensor, wait=True) as t:
+            assert t.dtype == _intake._dtype_name(values.dtype) and t.shape == values.shape, label
+            assert np.array_equal(t.numpy(), values), f"{label}: the sign was lost"
+        with ib.import_tensor(tensor) as t:
+            assert np.array_equal(t.numpy(), values), label
+        assert np.array_equal(devbridge.PortableTensor.from_array(tensor).numpy(), values), label
+        assert np.array_equal(_intake._intake(tensor, "put", any_layout=True), values), label  # a ray put
+        with devbridge.Prefetcher(ib, [(tensor, tensor)], to="device") as it:
+            (x, y), = it
+            assert np.array_equal(x.numpy(), values) and np.array_equal(y.numpy(), values), label
+            del x, y
+    assert np.array_equal(torch.arange(3.0)._neg_view().numpy(force=True), [0, -1, -2]), "the source unchanged"
+    collect()
+    assert ib.stats()["live_allocations"] == before
+
+
+def test_a_complex_conjugate_view_is_refused_for_its_dtype_not_its_export(ib):
+    torch = pytest.importorskip("torch")
+    z = torch.tensor([1 + 2j], dtype=torch.complex64).conj()
+    with pytest.raises(ValueError, match="complex64"):  # before: "refused its DLPack export" (the conj bit)
+        ib.upload(z)
+
+
+def test_adopt_refuses_a_torch_view_whose_memory_is_not_its_values(hb):
+    torch = pytest.importorskip("torch")
+    before = hb.stats()["live_allocations"]
+    for label, tensor, _ in _lazily_signed(torch):
+        with pytest.raises(ValueError, match=r"adopt: the Tensor has torch's negative bit set.*resolve_neg\(\)"):
+            hb.adopt(tensor)
+    assert hb.stats()["live_allocations"] == before
+
+
+def test_arrays_without_lazy_bits_are_read_in_place(hb):
+    torch = pytest.importorskip("torch")
+    x = torch.arange(8, dtype=torch.float32)
+    got = _intake._intake(x, "upload")
+    assert np.shares_memory(got, x.numpy()), "no resolve (no copy) for a tensor whose memory is its values"
+    a = np.arange(4.0)
+    assert _intake._intake(a, "upload") is a
+
+
 class _OnDevice:
     def __dlpack__(self, **kwargs):
         raise AssertionError("never asked: it is not in host memory")

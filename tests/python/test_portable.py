@@ -170,6 +170,34 @@ def test_portable_tensor_is_read_by_numpy_without_a_copy():
         assert memoryview(t).shape == (3, 4)
 
 
+def test_portable_tensor_follows_numpys_copy_protocol():
+    # numpy 2's __array__(dtype=None, copy=None): copy=False never copies, and a dtype that needs a copy is
+    # ValueError, as for an ndarray; before, np.asarray(t, np.float64, copy=False) returned a converted copy.
+    a = np.arange(4, dtype=np.float32)
+    t = devbridge.PortableTensor.from_array(a)
+    over = t.numpy()  # from_array copied a into t's own bytes
+    with pytest.raises(ValueError, match="copy"):
+        np.asarray(a, dtype=np.float64, copy=False)  # what an ndarray does
+    with pytest.raises(ValueError, match="Unable to avoid copy.*float32.*float64"):
+        np.asarray(t, dtype=np.float64, copy=False)
+    with pytest.raises(ValueError, match="Unable to avoid copy"):
+        t.__array__(np.int32, copy=False)
+    for kwargs in ({}, {"dtype": np.float32}, {"copy": False}, {"dtype": np.float32, "copy": False},
+                   {"copy": None}):
+        same = np.asarray(t, **kwargs)
+        assert same.dtype == np.float32 and np.shares_memory(same, over), kwargs
+        assert np.shares_memory(t.__array__(**kwargs), over), kwargs
+    for kwargs in ({"copy": True}, {"dtype": np.float32, "copy": True}):
+        fresh = np.asarray(t, **kwargs)
+        assert fresh.dtype == np.float32 and np.array_equal(fresh, a) and not np.shares_memory(fresh, over), kwargs
+        assert not np.shares_memory(t.__array__(**kwargs), over), kwargs
+    for kwargs in ({"dtype": np.float64}, {"dtype": np.float64, "copy": None}, {"dtype": np.float64, "copy": True}):
+        converted = np.asarray(t, **kwargs)
+        assert converted.dtype == np.float64 and np.array_equal(converted, a), kwargs
+        assert not np.shares_memory(converted, over), kwargs
+    assert np.array(t, copy=False).base is not None and np.shares_memory(np.array(t, copy=False), over)
+
+
 def test_portable_tensor_of_dtypes_numpy_lacks_reads_their_bits():
     bits16 = np.array([0x3F80, 0x4000], dtype=np.uint16)  # bfloat16 1.0, 2.0
     t = devbridge.PortableTensor((2,), "bfloat16", bits16)

@@ -12,6 +12,8 @@ import collections
 import gc
 import math
 import threading
+import time
+import warnings
 
 import numpy as np
 import pytest
@@ -514,6 +516,68 @@ def test_a_device_tensor_freed_by_the_consumer_frees_its_slot(pb, rng):
         x.free()  # done with it, though still referenced
     assert all(k.freed for k in kept)
     del kept, x
+    assert_quiet(pb)
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_list_of_as_many_batches_as_slots_and_retired_slots_ends_at_once(pb, to, rng, depth):
+    # list() keeps every batch: depth + 1 slots, then depth + 1 retired ones, hold 2 * (depth + 1) batches
+    # (docs/PYTHON.md). At the source's end next() used to wait for a slot first, for a batch that does not
+    # exist: the whole timeout, then AllocationStillInUse "no device slot came free".
+    batches = [random_array(rng, 64, "float32") for _ in range(2 * (depth + 1))]
+    timeout = 5.0
+    start = time.monotonic()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the retirement notice
+        out = list(devbridge.Prefetcher(pb, batches, depth=depth, to=to, timeout=timeout))
+    assert time.monotonic() - start < timeout / 2, "the end of the source waited for a slot"
+    assert [host(x).tobytes() for x in out] == [a.tobytes() for a in batches]
+    del out
+    assert_quiet(pb)
+
+
+def test_the_batch_pulled_before_waiting_for_a_slot_is_kept_for_the_next_attempt(pb, rng):
+    batches = [random_array(rng, 32, "float32") for _ in range(6)]
+    pulled = []
+
+    def source():
+        for i, a in enumerate(batches):
+            pulled.append(i)
+            yield a
+
+    it = devbridge.Prefetcher(pb, source(), depth=1, to="device", timeout=0.05)
+    with pytest.warns(RuntimeWarning, match="retired"):
+        kept = [next(it) for _ in range(4)]  # every slot held, as many retired as may be
+    with pytest.raises(devbridge.AllocationStillInUse, match="Prefetcher batch 4: no device slot") as caught:
+        next(it)
+    del caught
+    assert pulled == [0, 1, 2, 3, 4], "batch 4 was asked for before the wait, once"
+    with pytest.raises(devbridge.AllocationStillInUse, match="Prefetcher batch 4: "):
+        next(it)  # still batch 4: the batch pulled waits for a slot, however many attempts that takes
+    assert pulled == [0, 1, 2, 3, 4]
+    kept.clear()
+    rest = list(it)
+    assert [host(x).tobytes() for x in rest] == [a.tobytes() for a in batches[4:]], "no batch lost or repeated"
+    assert pulled == list(range(6))
+    del rest
+    assert_quiet(pb)
+
+
+def test_a_source_error_after_every_slot_is_held_is_raised_at_once(pb, rng):
+    def source():
+        for _ in range(4):
+            yield random_array(rng, 32, "float32")
+        raise KeyError("record 4 is missing")
+
+    it = devbridge.Prefetcher(pb, source(), depth=1, to="device", timeout=5.0)
+    with pytest.warns(RuntimeWarning, match="retired"):
+        kept = [next(it) for _ in range(4)]
+    start = time.monotonic()
+    with pytest.raises(KeyError, match="Prefetcher batch 4") as caught:
+        next(it)
+    assert time.monotonic() - start < 2.5, "the source's error waited for a slot"
+    assert caught.value.batch_index == 4 and it.closed
+    del caught, kept
     assert_quiet(pb)
 
 

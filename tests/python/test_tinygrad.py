@@ -144,6 +144,121 @@ def test_non_contiguous_views_are_refused_clearly(bridge):
     bridge.free(h)
 
 
+# ---- addresses tinygrad's kernels cannot load through ------------------------
+# tinygrad's kernels load and store float4/int4 (16 bytes) with aligned vector instructions: handed an
+# address that is not a multiple of 16, the process died (SIGSEGV) at the first kernel. Each case runs in a
+# subprocess, so a regression is a failed test, not a dead pytest.
+
+_HANDOFF_SCRIPT = r"""
+import sys
+import numpy as np, devbridge
+mode, dtype, offset = sys.argv[1], sys.argv[2], int(sys.argv[3])
+b = devbridge.Bridge(backend="host")
+if mode == "view":    # an allocation viewed at a byte offset
+    a = (np.arange(4096) % 100).astype(dtype)
+    x = b.upload(a, wait=True)
+    n = 256
+    expected = a[offset // a.itemsize: offset // a.itemsize + n]
+    view = b.view(x.handle, dtype, (n,), offset=offset)
+else:                 # adopt() of a read-only array that starts offset bytes into its buffer
+    base = (np.arange(4096 + 16) % 100).astype(dtype)
+    start = (-base.ctypes.data % 64 + offset) // base.itemsize
+    expected = base[start: start + 1024]
+    expected.flags.writeable = False
+    view = b.adopt(expected).view()
+print("address mod 64:", view.ptr % 64, flush=True)
+try:
+    t = view.to_tinygrad()
+except devbridge.Unsupported as error:
+    print("UNSUPPORTED", error, flush=True)
+    sys.exit(0)
+got = (t + t).numpy()
+t.sum().realize()
+print("COMPUTED", np.array_equal(got, expected + expected), flush=True)
+"""
+
+
+def _hand_off_in_a_subprocess(mode: str, dtype: str, offset: int, dev: str = "CPU"):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, DEV=dev)
+    done = subprocess.run([sys.executable, "-c", _HANDOFF_SCRIPT, mode, dtype, str(offset)], env=env,
+                          capture_output=True, text=True, errors="replace", timeout=300)
+    assert done.returncode == 0, f"rc {done.returncode} (-11: SIGSEGV): {done.stdout}{done.stderr[-2000:]}"
+    return done.stdout
+
+
+@pytest.mark.parametrize("mode, dtype, offset", [
+    ("view", "float32", 4), ("view", "float32", 8), ("view", "float32", 12), ("view", "float32", 36),
+    ("view", "int32", 24), ("adopt", "float32", 4), ("adopt", "int32", 8),
+])
+def test_an_unaligned_address_is_refused_not_a_crash(backend_name, mode, dtype, offset):
+    if backend_name != "host":
+        pytest.skip("the crashing kernels are tinygrad's CPU ones (the refusal itself: the next test)")
+    out = _hand_off_in_a_subprocess(mode, dtype, offset)
+    assert "UNSUPPORTED" in out, out
+    assert "not a multiple of 16 bytes" in out and "load and store up to 16 bytes" in out
+    assert (f"byte offset {offset}" if mode == "view" else "adopted memory") in out
+    assert "bridge.upload(array)" in out and "bridge.download(" in out  # what to do instead
+
+
+@pytest.mark.parametrize("dtype, offset", [("float32", 16), ("float32", 32), ("float32", 48), ("int32", 16),
+                                           ("float16", 16), ("int8", 48), ("float64", 16)])
+def test_a_view_at_a_multiple_of_16_bytes_is_handed_over(backend_name, dtype, offset):
+    if backend_name != "host":
+        pytest.skip("a subprocess on tinygrad's CPU device")
+    out = _hand_off_in_a_subprocess("view", dtype, offset)
+    assert "COMPUTED True" in out, out
+
+
+@pytest.mark.parametrize("dtype, offset", [("float32", 4), ("float16", 2), ("float16", 8), ("uint8", 1),
+                                           ("int8", 15), ("float64", 8), ("bfloat16", 6)])
+def test_every_dtype_needs_an_address_that_is_a_multiple_of_16(bridge, dtype, offset):
+    # The rule is the width of tinygrad's vectors, not the dtype: refused before tinygrad sees the address.
+    h = bridge.alloc(devbridge.ObjectSpec(1 << 16, 256, "bytes"), 4096)
+    with bridge.view(h, dtype, (64,), offset=offset) as view:
+        with pytest.raises(devbridge.Unsupported, match=f"byte offset {offset} .*not a multiple of 16 bytes"):
+            view.to_tinygrad()
+    assert bridge.stats()["live_views"] == 0, "the refused hand-off's lease was closed"
+    bridge.free(h)
+
+
+def test_the_llvm_renderer_needs_32_bytes(backend_name):
+    # tinygrad's LLVM renderer declares every buffer argument "align 32" (its CPUAllocator promises 0x20).
+    if backend_name != "host":
+        pytest.skip("a subprocess on tinygrad's CPU device")
+    import os
+    import subprocess
+    import sys
+
+    script = r"""
+import numpy as np, devbridge
+from tinygrad import Device
+try:
+    renderer = type(Device["CPU"].renderer).__name__
+except Exception as error:
+    print("NO LLVM", error); raise SystemExit(0)
+b = devbridge.Bridge(backend="host")
+x = b.upload(np.arange(1024, dtype=np.float32), wait=True)
+for offset in (16, 32):
+    try:
+        b.view(x.handle, "float32", (64,), offset=offset).to_tinygrad()
+        print(renderer, offset, "HANDED")
+    except devbridge.Unsupported as error:
+        print(renderer, offset, "UNSUPPORTED", error)
+"""
+    done = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, DEV="CPU:LLVM"),
+                          capture_output=True, text=True, errors="replace", timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    if "NO LLVM" in done.stdout:
+        pytest.skip(f"tinygrad's LLVM renderer is not usable here: {done.stdout}")
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("CPULLVMRenderer 16 UNSUPPORTED") and "not a multiple of 32 bytes" in lines[0], lines
+    assert lines[1] == "CPULLVMRenderer 32 HANDED", lines
+
+
 def test_views_from_before_a_restart_are_refused(bridge):
     h = bridge.alloc(F32, 4096)
     view = bridge.view(h, "float32", 1024)
