@@ -536,13 +536,56 @@ def _open_checkpoint(path: str) -> tuple[BinaryIO, _Header]:
 
 def checkpoint_info(path: Any) -> dict[str, Any]:
     """A checkpoint's header without restoring it: ``{"metadata": {...}, "tensors": {name: {"dtype",
-    "shape", "nbytes"}}}`` (devbridge dtype names), after the same checks ``restore`` makes first."""
+    "shape", "nbytes"}}}`` (devbridge dtype names), after the same checks ``restore`` makes first.
+
+    ``path`` is what ``restore`` takes: a safetensors file, or a sharded checkpoint's index (told apart as
+    ``restore`` tells them). For an index, ``"tensors"`` is every tensor its ``weight_map`` names, each as
+    the shard the index maps it to holds it (what ``restore(index)`` returns), ``"metadata"`` is empty (the
+    index's own ``"metadata"``, such as ``total_size``, is no safetensors metadata, and ``restore`` reads
+    none of it), and ``"shards"`` maps each shard file named in the index to its own ``__metadata__``."""
     path = _checked_path(path)
+    if path.lower().endswith(".json") and not _starts_as_safetensors(path):  # restore's own dispatch
+        return _sharded_info(path)
     file, header = _open_checkpoint(path)
     file.close()
     return {"metadata": dict(header.metadata),
             "tensors": {e.name: {"dtype": e.dtype, "shape": e.shape, "nbytes": e.end - e.begin}
                         for e in header.entries}}
+
+
+def _open_shard(index_path: str, directory: str, shard: str, names: list[str], said: str) -> tuple[BinaryIO, _Header]:
+    """One shard of a sharded checkpoint opened and its header checked against the index: each tensor of
+    ``names`` (those the index maps to it) is in it; ``CheckpointError`` otherwise, ending with ``said``."""
+    try:
+        file, header = _open_checkpoint(os.path.join(directory, shard))
+    except FileNotFoundError:
+        raise CheckpointError(f"{index_path!r} maps {names[0]!r} to {shard!r}, which is not there{said}") from None
+    absent = sorted(set(names) - {e.name for e in header.entries})
+    if absent:
+        file.close()
+        raise CheckpointError(f"{index_path!r} maps {absent[0]!r} to {shard!r}, which holds no such tensor{said}")
+    return file, header
+
+
+def _sharded_info(index_path: str) -> dict[str, Any]:
+    """``checkpoint_info`` of a sharded checkpoint's index: the index read by ``restore``'s reader
+    (``_read_index``), every shard's header opened and checked against it as ``_restore_sharded`` does
+    before it allocates, with its words (less its "nothing was restored": nothing is)."""
+    weight_map = _read_index(index_path)
+    directory = os.path.dirname(os.path.abspath(index_path))
+    by_shard: dict[str, list[str]] = {}
+    for name, shard in weight_map.items():
+        by_shard.setdefault(shard, []).append(name)
+    tensors: dict[str, dict[str, Any]] = {}
+    shards: dict[str, dict[str, str]] = {}
+    for shard in sorted(by_shard):
+        file, header = _open_shard(index_path, directory, shard, by_shard[shard], "")
+        file.close()
+        wanted = frozenset(by_shard[shard])
+        tensors.update({e.name: {"dtype": e.dtype, "shape": e.shape, "nbytes": e.end - e.begin}
+                        for e in header.entries if e.name in wanted})
+        shards[shard] = dict(header.metadata)
+    return {"metadata": {}, "tensors": tensors, "shards": shards}
 
 
 # The dtypes each bridge's device holds, by bridge domain (process-unique, never reused). They are fixed
@@ -856,7 +899,10 @@ class PendingRestore(_NotCopyable, Mapping[str, DeviceTensor]):
             with self._verdict_lock:
                 first = self._failure
                 if first is None:
-                    self._failure = error
+                    # An interrupt (Ctrl-C) ends this wait; later ones say what became of the restore.
+                    self._failure = error if isinstance(error, Exception) else CheckpointError(
+                        f"restore {self._path!r} was abandoned when its wait was interrupted "
+                        f"({type(error).__name__}): its tensors are freed")
             if first is not None:  # abandoned (or failed on another thread) meanwhile: that verdict stands
                 raise first from None
             self.abandon()
@@ -929,17 +975,8 @@ def _restore_sharded(bridge: Bridge, index_path: str, selection: _Selection, ali
     opened: list[tuple[str, BinaryIO, _Header]] = []  # (shard, its file, its header)
     try:
         for shard in sorted(by_shard):
-            try:
-                file, header = _open_checkpoint(os.path.join(directory, shard))
-            except FileNotFoundError:
-                raise CheckpointError(f"{index_path!r} maps {by_shard[shard][0]!r} to {shard!r}, which is not there; "
-                                      f"nothing was restored") from None
-            opened.append((shard, file, header))
-            held_here = {e.name for e in header.entries}
-            absent = sorted(set(by_shard[shard]) - held_here)
-            if absent:
-                raise CheckpointError(f"{index_path!r} maps {absent[0]!r} to {shard!r}, which holds no such tensor; "
-                                      f"nothing was restored")
+            opened.append((shard, *_open_shard(index_path, directory, shard, by_shard[shard],
+                                               "; nothing was restored")))
         parts: list[PendingRestore] = []
         try:
             for shard, file, header in opened:  # each allocates its tensors, then reads on a reader thread

@@ -9,6 +9,7 @@ anything is allocated and names what is wrong, and a failure leaves nothing behi
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
@@ -214,25 +215,36 @@ def test_bad_selections_are_refused_before_anything_is_allocated(pb, rng, tmp_pa
         nothing_left(pb)
 
 
-def test_a_bad_index_or_shard_is_named_and_restores_nothing(pb, rng, tmp_path):
-    arrays = model_arrays(rng)
-    index = write_sharded(tmp_path, arrays)
-    good = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+def bad_indexes(directory, good: dict) -> list[tuple[str, Any]]:
+    """Indexes restore refuses (each by its reason), made from a good one's weight_map and written into
+    ``directory``: (the reason, the index's path)."""
+    weight_map = good["weight_map"]
     cases = {
         "not json": b"{weight_map",
         "no weight_map": json.dumps({"metadata": {}}).encode(),
         "a list": json.dumps([1, 2]).encode(),
-        "a shard outside": json.dumps({"weight_map": {**good["weight_map"], "step": "../elsewhere.safetensors"}}).encode(),
-        "an absolute shard": json.dumps({"weight_map": {**good["weight_map"], "step": "/etc/passwd"}}).encode(),
-        "a missing shard": json.dumps({"weight_map": {**good["weight_map"], "step": "gone.safetensors"}}).encode(),
+        "a key twice": b'{"weight_map": {"a": "x.safetensors", "a": "y.safetensors"}}',
+        "a shard outside": json.dumps({"weight_map": {**weight_map, "step": "../elsewhere.safetensors"}}).encode(),
+        "an absolute shard": json.dumps({"weight_map": {**weight_map, "step": "/etc/passwd"}}).encode(),
+        "a missing shard": json.dumps({"weight_map": {**weight_map, "step": "gone.safetensors"}}).encode(),
         "a shard without the tensor": json.dumps(
-            {"weight_map": {**good["weight_map"], "step": good["weight_map"]["embed.weight"]}}).encode(),
+            {"weight_map": {**weight_map, "step": weight_map["embed.weight"]}}).encode(),
     }
-    if good["weight_map"]["step"] == good["weight_map"]["embed.weight"]:
+    if weight_map["step"] == weight_map["embed.weight"]:
         del cases["a shard without the tensor"]
+    written = []
     for what, text in cases.items():
-        bad = tmp_path / f"bad-{len(text)}.index.json"
+        bad = directory / f"bad-{len(text)}.index.json"
         bad.write_bytes(text)
+        written.append((what, bad))
+    return written
+
+
+def test_a_bad_index_or_shard_is_named_and_restores_nothing(pb, rng, tmp_path):
+    arrays = model_arrays(rng)
+    index = write_sharded(tmp_path, arrays)
+    good = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    for what, bad in bad_indexes(tmp_path, good):
         with pytest.raises(devbridge.CheckpointError) as refused:
             pb.restore(str(bad))
         assert "bad-" in str(refused.value), what
@@ -242,3 +254,67 @@ def test_a_bad_index_or_shard_is_named_and_restores_nothing(pb, rng, tmp_path):
     with pytest.raises(devbridge.CheckpointError):
         pb.restore(index)
     nothing_left(pb)
+
+
+# ------------------------------------------------------------------------ checkpoint_info of an index
+
+
+@pytest.fixture
+def hb():
+    yield from auto_bridge("host", ring_bytes=RING)
+
+
+def test_checkpoint_info_of_an_index_is_the_union_of_what_restore_restores(hb, rng, tmp_path):
+    # Before, checkpoint_info read the index as a safetensors file: "header length of 7017841271895827067
+    # bytes", though restore takes it.
+    arrays = model_arrays(rng)
+    index = write_sharded(tmp_path, arrays)
+    weight_map = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
+    # A shard's own metadata, and a tensor a shard holds that the index does not map (restore leaves it out).
+    first = sorted(set(weight_map.values()))[0]
+    mine = {n: arrays[n] for n, s in weight_map.items() if s == first}
+    safetensors.numpy.save_file({**mine, "unmapped": np.zeros(3, np.float32)}, str(tmp_path / first),
+                                metadata={"written_by": "test"})
+    restored = hb.restore(index)
+    for path in (index, tmp_path / "model.safetensors.index.json"):  # a str or a PathLike, as restore
+        info = devbridge.checkpoint_info(path)
+        assert list(info["tensors"]) == list(restored), "the same tensors, in the order restore returns them"
+        assert "unmapped" not in info["tensors"]
+        for name, array in arrays.items():
+            dtype = devbridge._intake._dtype_name(array.dtype)
+            assert info["tensors"][name] == {"dtype": dtype, "shape": array.shape, "nbytes": array.nbytes}, name
+            assert (restored[name].dtype, restored[name].shape) == (dtype, array.shape)
+        assert info["metadata"] == {}  # the index's "metadata" (total_size) is no safetensors metadata
+        assert info["shards"] == {s: devbridge.checkpoint_info(tmp_path / s)["metadata"]
+                                  for s in set(weight_map.values())}
+        assert info["shards"][first] == {"written_by": "test"}
+    free(restored)
+    # Dispatched as restore dispatches: a .JSON name in any case is an index, a safetensors file named .json
+    # is a file.
+    upper = tmp_path / "MODEL.SAFETENSORS.INDEX.JSON"
+    upper.write_bytes((tmp_path / "model.safetensors.index.json").read_bytes())
+    assert devbridge.checkpoint_info(upper)["tensors"] == info["tensors"]
+    plain = tmp_path / "weights.json"
+    safetensors.numpy.save_file({"w": np.ones(2, np.float32)}, str(plain))
+    assert devbridge.checkpoint_info(plain) == {"metadata": {}, "tensors": {"w": {"dtype": "float32", "shape": (2,),
+                                                                                   "nbytes": 8}}}
+    assert list(hb.restore(str(plain))) == ["w"]
+    nothing_left(hb)
+
+
+def test_checkpoint_info_refuses_a_bad_index_as_restore_does(hb, rng, tmp_path):
+    arrays = model_arrays(rng)
+    write_sharded(tmp_path, arrays)
+    good = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    for what, bad in bad_indexes(tmp_path, good):
+        with pytest.raises(devbridge.CheckpointError) as by_restore:
+            hb.restore(str(bad))
+        with pytest.raises(devbridge.CheckpointError) as by_info:
+            devbridge.checkpoint_info(bad)
+        # The same reader, the same words (restore adds that it restored nothing).
+        assert str(by_info.value) == str(by_restore.value).replace("; nothing was restored", ""), what
+        assert "bad-" in str(by_info.value) and "header length" not in str(by_info.value), what
+    (tmp_path / good["weight_map"]["embed.weight"]).write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    with pytest.raises(devbridge.CheckpointError, match=good["weight_map"]["embed.weight"]):
+        devbridge.checkpoint_info(tmp_path / "model.safetensors.index.json")
+    nothing_left(hb)

@@ -389,3 +389,50 @@ def test_ctrl_c_ends_a_wait_with_no_limit_and_the_bridge_goes_on(call):
         b.fake.complete(event)
         assert b.wait(event, timeout=5) == "completed"
     b.close()
+
+
+@pytest.mark.parametrize("call", ["view", "share"])
+def test_ctrl_c_ends_a_view_waiting_for_an_upload_that_never_completes(call):
+    # A view (wait=True, the default) waits for the uploads into its allocation; one whose completion never comes
+    # held it for good. Sharing a view's lease with a consumer (DLPack) waits the same way (an upload under a
+    # live view: writes_under_view "allow").
+    b = devbridge.Bridge(backend="fake", ring_bytes=1 << 20, writes_under_view="allow")
+    h = b.alloc(devbridge.ObjectSpec(4096, 64, "float32"), 4096)
+    if call == "view":
+        event = b.host_to_device(b.ring.reserve(4096), h)  # the fake completes it only when told
+        blocked = lambda: b.view(h, "float32", (1024,))  # noqa: E731
+    else:
+        view = b.view(h, "float32", (1024,))
+        event = b.host_to_device(b.ring.reserve(4096), h)
+        blocked = lambda: view.__dlpack__()  # noqa: E731
+    assert interrupted_by_ctrl_c(blocked) < 10
+    b.fake.complete(event)
+    with b.view(h, "float32", (1024,)) as again:
+        assert again.shape == (1024,)
+    b.close()
+
+
+def test_ctrl_c_ends_a_wait_for_a_restore_whose_read_never_comes(tmp_path, monkeypatch):
+    # A restore's read held (slow storage, a hung network disk): a tensor's wait() ends at Ctrl-C at once; the
+    # restore's own wait() ends too, abandoning the restore (which stops the reader after its current read).
+    from devbridge import _checkpoint as checkpoint_module
+
+    b = devbridge.Bridge(backend="host")
+    path = tmp_path / "m.safetensors"
+    with b.upload(np.arange(1 << 16, dtype=np.float32), wait=True) as t:
+        b.checkpoint(path, {"w": t})
+    gate = threading.Event()
+    monkeypatch.setattr(checkpoint_module, "_before_read", lambda offset, nbytes: gate.wait(30))
+    opens = threading.Timer(8, gate.set)  # the read comes, late
+    opens.start()
+    try:
+        pending = b.restore(path, wait=False)
+        assert interrupted_by_ctrl_c(pending["w"].wait) < 5, "the tensor's wait ended only with the read"
+        interrupted_by_ctrl_c(pending.wait)
+    finally:
+        gate.set()
+        opens.cancel()
+    with pytest.raises(devbridge.CheckpointError, match="abandoned"):
+        pending.wait(30)
+    assert b.stats()["live_allocations"] == 0
+    b.close()
