@@ -242,11 +242,11 @@ class _DeviceWorker:
                  tinygrad_device: str | None = None, direct: bool = True, adopt: bool = True,
                  **options: Any) -> None:
         self.domain, self.generation = _actor_identity()
-        self.backend = backend
         kwargs: dict[str, Any] = dict(options)
         if device is not None:
             kwargs["device"] = device
         self.bridge = devbridge.Bridge(backend=backend, generation=self.generation, ring_bytes=ring_bytes, **kwargs)
+        self.backend = self.bridge.backend  # the backend "auto" resolved to, not "auto"
         self._device = self.bridge.device
         self._closed = False
         info = self.bridge.backend_info()
@@ -259,6 +259,7 @@ class _DeviceWorker:
         self._tinygrad_device = tinygrad_device
         self._checkpoint_path = os.fspath(checkpoint) if checkpoint is not None else None
         self._tensors: dict[str, _Tensor] = {}
+        self._lost: dict[str, tuple[int, int]] = {}  # name: (old, new generation) of a bridge restart that took it
         self._version = 0
         self._counts = {"puts": 0, "runs": 0, "gets": 0, "exports": 0, "imports": 0, "checkpoints": 0,
                         "restores": 0, "bytes_in": 0, "bytes_out": 0, "refused_handles": 0}
@@ -296,7 +297,25 @@ class _DeviceWorker:
         self._counts["refused_handles"] += 1
         return error
 
+    def _follow_bridge(self) -> None:
+        """Catches up with a restart of the worker's bridge made behind its back (``worker.bridge.restart(g)``):
+        the restart retired every allocation of the old generation, so every named tensor is gone. The names
+        are dropped (a later lookup says what took them; a ``put`` allocates anew) and the worker moves to the
+        bridge's generation, so that its tokens and ``identity()`` agree with the bridge, and tokens issued
+        before are refused (``OldGenerationHandle``)."""
+        if self._closed or self.bridge.closed:
+            return
+        generation = self.bridge.generation
+        if generation == self.generation:
+            return
+        for name, entry in self._tensors.items():
+            entry.tensor.free()  # its handle is retired: marks it freed (and lets an adopted region go)
+            self._lost[name] = (self.generation, generation)
+        self._tensors.clear()
+        self.generation = generation
+
     def _check_open(self, what: str) -> None:
+        self._follow_bridge()
         if self._closed:
             raise devbridge.Closed(f"worker {self.domain} (generation {self.generation}) is closed (close() was "
                                    f"called) and holds nothing: {what} refused; start a new worker")
@@ -307,13 +326,17 @@ class _DeviceWorker:
                             f"({type(name).__name__})")
 
     def _lookup(self, key: Any) -> tuple[str, DeviceTensor]:
+        self._follow_bridge()
         if self._closed:
             self._check_open(f"looking up {key!r}")
         if isinstance(key, str):
             entry = self._tensors.get(key)
             if entry is None:
+                lost = self._lost.get(key)
+                why = (f" (it was lost when the worker's bridge was restarted from generation {lost[0]} to "
+                       f"{lost[1]}: a restart retires every allocation)" if lost else "")
                 raise devbridge.UnknownDeviceHandle(
-                    f"worker {self.domain} (generation {self.generation}) has no tensor named {key!r}")
+                    f"worker {self.domain} (generation {self.generation}) has no tensor named {key!r}{why}")
             return key, entry.tensor
         if isinstance(key, TensorRef):
             if key.domain != self.domain:
@@ -341,6 +364,7 @@ class _DeviceWorker:
         old = self._tensors.get(name)
         self._version += 1
         self._tensors[name] = _Tensor(tensor, self._version)
+        self._lost.pop(name, None)
         if old is not None and old.tensor is not tensor:
             old.tensor.free()  # deferred by the bridge while a view or tinygrad tensor still reads it
         return self._ref(name)
@@ -389,7 +413,8 @@ class _DeviceWorker:
         # or export alive): no new allocation to fault in.
         entry = self._tensors.get(reuse) if reuse is not None else None
         if (entry is not None and entry.tensor.shape == shape and entry.tensor.dtype == name
-                and not entry.tensor.read_only and shape and entry.tensor.ready()
+                and not entry.tensor.read_only and shape and not entry.tensor.freed
+                and entry.tensor.handle.generation == self.bridge.generation and entry.tensor.ready()
                 and self.bridge.stats()["live_views"] == 0):
             TransferPlanner(self.bridge).upload_into(entry.tensor.handle, 0, src)
             return entry.tensor
@@ -417,7 +442,9 @@ class _DeviceWorker:
     # ----------------------------------------------------------------------------------------- methods
 
     def identity(self) -> dict[str, Any]:
-        """``{"domain", "generation", "backend", "device", "pid", "node_id"}`` (``node_id`` None outside Ray)."""
+        """``{"domain", "generation", "backend", "device", "pid", "node_id"}`` (``node_id`` None outside Ray;
+        ``backend`` the one the bridge runs, what ``"auto"`` resolved to)."""
+        self._follow_bridge()
         node = None
         if ray.is_initialized():  # else get_runtime_context() would start a local Ray instance
             try:
@@ -434,7 +461,8 @@ class _DeviceWorker:
         zero-copy view of the object store's shared memory, and is staged from there (no host copy first).
         Copied, never adopted: what a worker is loaded with (weights, state) lives as long as the worker and
         must not hold object-store memory that long. A ``TensorRef`` is refused (``devbridge.ForeignDomain``:
-        the token is not the data), as is what is no array (``None``, a str: ``TypeError``)."""
+        the token is not the data), as is what is no array (``None``, a str: ``TypeError``) and an empty array
+        (``ValueError``: a device allocation cannot be empty). A bytes-like object is stored as ``uint8``."""
         self._check_open("put")
         self._check_name(name, "put")
         tensor = self._ingest(value, dtype, reuse=name)
@@ -473,13 +501,15 @@ class _DeviceWorker:
         self._counts["bytes_out"] += tensor.nbytes
         return self._portable(tensor)
 
-    def handle(self, name: str) -> TensorRef:
-        """A token for the tensor ``name`` now (this generation, its current version)."""
-        self._lookup(name)
+    def handle(self, key: Any) -> TensorRef:
+        """A token for the tensor ``key`` names (a name, or a TensorRef: checked, then its name) now (this
+        generation, its current version)."""
+        name, _ = self._lookup(key)
         return self._ref(name)
 
     def tensors(self) -> dict[str, dict[str, Any]]:
         """``{name: {"shape", "dtype", "nbytes", "version"}}``."""
+        self._follow_bridge()
         return {name: {"shape": e.tensor.shape, "dtype": e.tensor.dtype, "nbytes": e.tensor.nbytes,
                        "version": e.version} for name, e in sorted(self._tensors.items())}
 
@@ -504,7 +534,9 @@ class _DeviceWorker:
 
         All or nothing: the output names are checked (each a non-empty str, no two alike) before ``fn`` is
         called, and when ``fn`` raises, returns the wrong number of tensors or anything else (``None``:
-        ``TypeError``), or a result cannot be stored, no output is stored and the run is not counted."""
+        ``TypeError``), or a result cannot be stored, no output is stored and the run is not counted. (A
+        ``ray.cancel`` of a run already running is no failure: Ray does not interrupt it, so it stores its
+        outputs, while the caller's ``ray.get`` raises ``TaskCancelledError``.)"""
         self._check_open("run")
         single_in = isinstance(inputs, (str, TensorRef, ray.ObjectRef))
         keys = [inputs] if single_in else list(inputs)
@@ -535,7 +567,7 @@ class _DeviceWorker:
             if zero_copy:
                 args = [t.to_tinygrad() for t in sources]
             else:
-                args = [Tensor(self.bridge.download(t), device=device) for t in sources]
+                args = [self._tinygrad_copy(t, device) for t in sources]
             results = fn(*args, **kwargs)
             if isinstance(results, Tensor):
                 results = [results]
@@ -574,6 +606,28 @@ class _DeviceWorker:
         self._counts["runs"] += 1
         return refs[0] if single_out else refs
 
+    def _tinygrad_copy(self, tensor: DeviceTensor, device: str) -> Any:
+        """A tinygrad Tensor on ``device`` holding a copy of ``tensor`` (read out through the ring), of its
+        dtype bit for bit, whatever the dtype: one numpy lacks (bfloat16, float8), which tinygrad cannot take
+        from numpy (ml_dtypes' types, or their raw bits where ml_dtypes is missing), goes in as its raw bits
+        (the unsigned integers of its size) and is ``bitcast`` to tinygrad's dtype, as ``_upload_result``
+        brings it back. A dtype this tinygrad lacks is ``devbridge.Unsupported`` naming it and the backend."""
+        from tinygrad import Tensor, dtypes
+
+        name = tensor.dtype
+        tinygrad_name = devbridge.dtype_info(name).get("tinygrad_name")
+        tinygrad_dtype = getattr(dtypes, tinygrad_name, None) if tinygrad_name else None
+        if tinygrad_dtype is None:
+            raise devbridge.Unsupported(
+                f"worker {self.domain}: run: an input is {name}, for which this tinygrad has no dtype "
+                f"(tinygrad.dtypes.{tinygrad_name}); a {self.backend} worker hands its inputs to tinygrad on "
+                f"{device}: cast it first (put it as another dtype)")
+        a = self.bridge.download(tensor)
+        bits = _bits_dtype(name)
+        if bits is None:
+            return Tensor(a, device=device)
+        return Tensor(a.view(bits), device=device).bitcast(tinygrad_dtype)
+
     def _upload_result(self, result: Any) -> DeviceTensor:
         """A tinygrad result staged onto the device through the ring, with its shape (a 0-d result stays 0-d)
         and its dtype bit for bit: one numpy lacks (bfloat16, float8), which tinygrad's ``numpy()`` converts
@@ -599,11 +653,12 @@ class _DeviceWorker:
         target = self._path(path)
         if names is None:
             chosen = sorted(self._tensors)
-        elif isinstance(names, str):
+        elif isinstance(names, (str, TensorRef)):
             chosen = [names]
         else:
             chosen = list(names)
-        tensors = {name: self._lookup(name)[1] for name in chosen}
+        # Each key (a name or a TensorRef) checked, and stored under its tensor's name (never the token).
+        tensors = dict(self._lookup(key) for key in chosen)
         extra = {"devbridge_ray_domain": self.domain, "devbridge_ray_generation": str(self.generation)}
         for key in (metadata or {}):
             if key in extra:
@@ -646,6 +701,7 @@ class _DeviceWorker:
 
     def ping(self) -> int:
         """The worker's generation (a cheap call to wait for a worker, or for its restart)."""
+        self._follow_bridge()
         return self.generation
 
     def close(self) -> None:

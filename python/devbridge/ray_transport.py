@@ -12,17 +12,29 @@
 Any actor method decorated ``@ray.method(tensor_transport="devbridge")`` may return ``DeviceTensor``s (alone,
 in a list, inside any picklable structure); everything else in the return value goes through Ray as usual.
 
+Receiving is narrower: the ref may go to the driver's ``ray.get``, or as an argument to a task of an actor
+created with ``enable_tensor_transport=True`` (``RDTDeviceWorker``, a class with an RDT method, or
+``@ray.remote(enable_tensor_transport=True)``). Ray runs the receive on the actor's ``_ray_system``
+concurrency group; an actor created without it (a plain ``@ray.remote`` class, ``devbridge.ray.DeviceWorker``)
+has none, and the receive can queue behind the very task waiting for it: that actor hangs for good. This
+transport cannot refuse the submission (Ray may ask it from a native callback, where raising crashes the
+process), so it logs an error naming the actor where the task is submitted. Hand off to such actors with
+``export``/``import_``. A remote function (not an actor) given the ref fails with Ray's ``RaySystemError``.
+
 How the bytes move (one node):
 
 * The method returns: Ray hands the DeviceTensors to ``extract_tensor_transport_metadata`` on the sender,
   which writes them once into a shared-memory segment, an anonymous ``memfd`` the sender holds open: at a
   view's address on the host backend (one copy, split across threads), through the ring elsewhere. The
   ObjectRef carries only where the segment is (sender pid and fd, inode), a token, offsets, shapes, dtypes.
-* Anyone holding the ref (another actor given it as an argument, the driver in ``ray.get``) opens the
+* A receiver (an actor with tensor transport given it as an argument, the driver in ``ray.get``) opens the
   segment through ``/proc/<sender pid>/fd/<fd>``, maps it read-only and gets a ``SegmentTensor`` (a
   ``PortableTensor``) over the mapping: no copy. ``RDTDeviceWorker.accept`` puts it on that worker's
-  device: adopted in place on the host backend (``Bridge.adopt``: no copy, a read-only tensor), staged
-  once elsewhere. A receiver holds a shared ``flock`` on the segment for as long as anything maps it.
+  device: adopted in place wherever the bridge adopts host memory (``Bridge.adopt``: no copy, a read-only
+  tensor; the host backend, and OpenCL over host memory such as PoCL), copied once where it cannot (CUDA)
+  or with ``adopt=False``. A receiver holds a shared ``flock`` on the segment for as long as anything maps
+  it, through one file descriptor per segment (the mapping's): ``RLIMIT_NOFILE`` bounds how many received
+  segments a process keeps. A sender holds two per segment it keeps (live, draining or pooled).
 * When Ray's reference counting frees the ref, ``garbage_collect`` on the sender recycles the segment:
   once no receiver holds it any more it goes to the sender's pool (up to ``pool_bytes()``, 1 GiB by
   default, ``DEVBRIDGE_RDT_POOL_BYTES``), where the next tensors of a similar size are written into pages
@@ -45,13 +57,16 @@ writes to the sender's tensor are not seen by receivers.
 Limits: one node (a receiver on another node gets ``DevbridgeTransportError``: use ``export``/``import_``
 there); Linux; no ``set_target_for_ref``; ``ray.get(ref, _use_object_store=True)`` fails (a DeviceTensor
 cannot be pickled); a ref whose sender died cannot be read (``DevbridgeTransportError``), as with Ray's
-own transports.
+own transports. Running out of file descriptors (``EMFILE``), on either side, is a ``DevbridgeTransportError``
+saying so: never taken for a dead sender or freed tensors.
 """
 
 from __future__ import annotations
 
 import atexit
+import errno
 import fcntl
+import logging
 import math
 import mmap
 import os
@@ -96,20 +111,40 @@ _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 _DEFAULT_POOL_BYTES = 1 << 30
 
 
+_log = logging.getLogger(__name__)
+_NO_TRANSPORT_MESSAGE = (
+    "devbridge RDT: a devbridge ObjectRef is passed to a task of %s, an actor created without "
+    "enable_tensor_transport=True: Ray queues the receive on that actor's _ray_system concurrency group, which "
+    "it lacks, so the receive can wait behind the very task that waits for it and the actor hangs for good. "
+    "Pass devbridge refs only to actors created with @ray.remote(enable_tensor_transport=True) "
+    "(devbridge.ray_transport.RDTDeviceWorker / rt.start_worker), or to the driver's ray.get; hand off to other "
+    "actors with export/import_")
+
+
 class DevbridgeTransportError(RuntimeError):
     """A devbridge RDT hand-off that cannot complete: the tensors were freed, their sender died, the
-    receiver is on another node or may not open the sender's segment."""
+    receiver is on another node or may not open the sender's segment, or a process ran out of file
+    descriptors (or hit another ``OSError``, named as it is: never taken for the sender's death)."""
 
 
 # ------------------------------------------------------------------------------------ process identity
 
+# What opening or reading /proc/<pid>/... fails with when there is no such process (any more). Anything else
+# (EMFILE: this process is out of file descriptors; ENFILE, ENOMEM, ...) says nothing about the process.
+_NO_PROCESS = (errno.ENOENT, errno.ESRCH)
+
+
 def _start_time(pid: int) -> int | None:
-    """Start time (clock ticks since boot) of the live process ``pid``; None when gone or a zombie."""
+    """Start time (clock ticks since boot) of the live process ``pid``; None when gone (no such process) or a
+    zombie. Any other failure to read ``/proc/<pid>/stat`` (this process out of file descriptors: ``EMFILE``)
+    is raised as the ``OSError`` it is: it does not mean the process died."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
-    except OSError:
-        return None
+    except OSError as error:
+        if error.errno in _NO_PROCESS:
+            return None
+        raise
     fields = data[data.rindex(b")") + 2:].split()  # the command name may hold spaces and parentheses
     if fields[0] in (b"Z", b"X"):
         return None
@@ -119,6 +154,37 @@ def _start_time(pid: int) -> int | None:
 def _alive(pid: int, start: int) -> bool:
     # A pid is reused: the start time tells the sender from a later process of the same pid.
     return _start_time(pid) == start
+
+
+_own_start: tuple[int, int] | None = None  # (pid, start time) of this process: read once (a fork has its own)
+
+
+def _my_start_time() -> int:
+    global _own_start
+    pid = os.getpid()
+    if _own_start is None or _own_start[0] != pid:
+        start = _start_time(pid)
+        if start is None:  # pragma: no cover - this process is alive
+            raise DevbridgeTransportError(f"cannot read this process's own start time (/proc/{pid}/stat)")
+        _own_start = (pid, start)
+    return _own_start[1]
+
+
+def _os_failure(obj_id: str, meta: "DevbridgeTransportMetadata", error: OSError, doing: str) -> DevbridgeTransportError:
+    """A receive that failed on an ``OSError`` that says nothing about the sender or the tensors (out of file
+    descriptors, out of memory...): a ``DevbridgeTransportError`` naming the error as it is."""
+    code = errno.errorcode.get(error.errno, str(error.errno)) if error.errno is not None else "no errno"
+    message = (f"ObjectRef({obj_id}): could not {doing}: {error.strerror or error} ({code}); the sender "
+               f"(pid {meta.pid}) is not known to have died, nor its tensors to be freed")
+    if error.errno in (errno.EMFILE, errno.ENFILE):
+        whose = "This process has" if error.errno == errno.EMFILE else "The system has"
+        message += (f". {whose} run out of file descriptors: each segment this process received holds one open "
+                    "file descriptor for as long as anything maps it (a SegmentTensor, an array over one, a tensor "
+                    "accept adopted from one), so RLIMIT_NOFILE bounds how many received tensors a process holds. "
+                    "Release received tensors no longer needed (delete or replace them; accept into a worker "
+                    "started with adopt=False copies instead of holding the segment), or raise the limit "
+                    "(ulimit -n; resource.setrlimit(resource.RLIMIT_NOFILE, ...) in the receiving process)")
+    return DevbridgeTransportError(message)
 
 
 def segments(pid: int | None = None) -> list[int]:
@@ -295,6 +361,13 @@ class DevbridgeTransport(TensorTransportManager):
 
     def get_communicator_metadata(self, src_actor: Any, dst_actor: Any,
                                   backend: Optional[str] = None) -> CommunicatorMetadata:
+        # Called where a task taking the ref is submitted to ``dst_actor``, just before Ray queues the receive
+        # on that actor's _ray_system concurrency group. An actor created without enable_tensor_transport=True
+        # has none: the receive lands behind the task waiting for it, and the actor hangs for good. Raising here
+        # is not safe (Ray may call this from a native callback, where an exception crashes the process), so
+        # say it, where the call was made, before the hang.
+        if dst_actor is not None and not getattr(dst_actor, "_ray_enable_tensor_transport", True):  # None: not set
+            _log.error(_NO_TRANSPORT_MESSAGE, dst_actor)
         return CommunicatorMetadata()
 
     # ------------------------------------------------------------------------------------------ sender
@@ -316,6 +389,7 @@ class DevbridgeTransport(TensorTransportManager):
             # A retried task whose first reply was lost: Ray keeps the first primary copy and asks again.
             return again
         offsets, need = _layout(tensors)
+        start = _my_start_time()
         segment = self._take(need)
         token = uuid.uuid4().bytes
         try:
@@ -330,11 +404,12 @@ class DevbridgeTransport(TensorTransportManager):
             raise
         meta = DevbridgeTransportMetadata(
             tensor_meta=[(t.shape, t.dtype) for t in tensors], tensor_device=backends.pop(), pid=os.getpid(),
-            start=_start_time(os.getpid()) or 0, fd=segment.fd, inode=segment.inode, nbytes=segment.size,
+            start=start, fd=segment.fd, inode=segment.inode, nbytes=segment.size,
             token=token, offsets=offsets, node_id=_node_id())
         with self._lock:
             self._live[segment.fd] = segment
             self._by_object[obj_id] = meta
+        _written(tensors)  # a sending worker counts its exports now that they are out (not a retry's again)
         return meta
 
     def _take(self, need: int) -> _Segment:
@@ -348,17 +423,32 @@ class DevbridgeTransport(TensorTransportManager):
                 self._pooled.remove(best)
                 self._reused += 1
                 return best
-            self._created += 1
-        fd = os.memfd_create(_NAME, os.MFD_CLOEXEC)
+        try:
+            fd = os.memfd_create(_NAME, os.MFD_CLOEXEC)
+        except OSError as error:
+            if error.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            with self._lock:
+                held = len(self._live) + len(self._draining) + len(self._pooled)
+            raise DevbridgeTransportError(
+                f"cannot make a segment for {need} bytes: {error.strerror} "
+                f"({errno.errorcode.get(error.errno, error.errno)}) in the sending process (pid {os.getpid()}). A "
+                f"sender holds two file descriptors per segment it keeps ({held} now: its live refs', the freed ones "
+                "a receiver still maps, and the pooled ones), so a receiver that keeps what it received keeps the "
+                "sender's segments too. Free refs and received tensors no longer needed, lower the pool "
+                "(set_pool_bytes, DEVBRIDGE_RDT_POOL_BYTES) or raise RLIMIT_NOFILE (ulimit -n)") from error
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             # Allocate the pages now: no memory left is an OSError here, not a SIGBUS in the middle of the copy.
             os.posix_fallocate(fd, 0, need)
             mm = mmap.mmap(fd, need, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            segment = _Segment(fd, mm, need)
         except BaseException:
             os.close(fd)
             raise
-        return _Segment(fd, mm, need)
+        with self._lock:
+            self._created += 1  # counted once made: a failed attempt (no fd or memory left) made nothing
+        return segment
 
     def garbage_collect(self, obj_id: str, tensor_transport_meta: DevbridgeTransportMetadata,
                         tensors: List[Any]) -> None:
@@ -436,9 +526,12 @@ class DevbridgeTransport(TensorTransportManager):
             raise DevbridgeTransportError(
                 f"ObjectRef({obj_id}): its tensors are in shared memory on node {meta.node_id}, this process is on "
                 f"node {here}; the devbridge transport is one node only (hand off with export/import_ instead)")
-        fd = self._open(obj_id, meta)
+        fd = None
+        doing = "open the sender's segment"
         try:
+            fd = self._open(obj_id, meta)
             # Shared while mapped: the sender recycles the segment only once it can lock it exclusively.
+            doing = "lock and read the sender's segment"
             if not _try_lock(fd, fcntl.LOCK_SH) or os.pread(fd, _TOKEN, 0) != meta.token:
                 raise DevbridgeTransportError(self._freed(obj_id, meta))
             size = os.fstat(fd).st_size
@@ -447,13 +540,16 @@ class DevbridgeTransport(TensorTransportManager):
                     f"ObjectRef({obj_id}): the segment holds {size} bytes, the ref says {meta.nbytes}")
             # Not populated: a bridge that adopts the bytes touches them only when compute reads them, and
             # populating here made a 256 MiB host-to-host hand-off take twice as long.
+            doing = "map the sender's segment"
             mm = mmap.mmap(fd, meta.nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-        except BaseException:
-            os.close(fd)
-            raise
-        # The lock (the fd) goes with the mapping: once the last tensor, array or adopted DeviceTensor over
-        # it is gone, whenever that is.
-        weakref.finalize(mm, os.close, fd)
+        except OSError as error:  # not the sender's death nor a freed ref (those are DevbridgeTransportErrors)
+            raise _os_failure(obj_id, meta, error, doing) from error
+        finally:
+            # The mapping holds a duplicate of the fd (CPython's mmap dups it), which shares this open file
+            # description and so the shared lock: the lock goes with the mapping, once the last tensor, array or
+            # adopted DeviceTensor over it is gone, whenever that is. One fd per received segment, not two.
+            if fd is not None:
+                os.close(fd)
         out: list[PortableTensor] = []
         for (shape, dtype), offset in zip(meta.tensor_meta, meta.offsets):
             n = math.prod(shape) * devbridge.dtype_info(dtype)["itemsize"]
@@ -475,22 +571,40 @@ class DevbridgeTransport(TensorTransportManager):
                 f"ObjectRef({obj_id}): may not open {path}, the sender's segment ({error.strerror}): the transport "
                 "needs both processes under one user and /proc readable between them (no hidepid=, no security "
                 "profile denying ptrace reads)") from None
-        except OSError:
+        except OSError as error:
+            # No such fd (closed: the segment was freed) or process, or by now a socket (ENXIO). Anything else
+            # (EMFILE...) is this process's own trouble: raised as it is (the caller names it).
+            if error.errno not in (*_NO_PROCESS, errno.ENXIO):
+                raise
             if not _alive(meta.pid, meta.start):
                 raise DevbridgeTransportError(
                     f"ObjectRef({obj_id}): the sender process (pid {meta.pid}) died while its tensors were read; "
                     "they are lost") from None
             raise DevbridgeTransportError(self._freed(obj_id, meta)) from None
-        info = os.fstat(fd)
-        if not _stat_module.S_ISREG(info.st_mode) or info.st_ino != meta.inode or not _alive(meta.pid, meta.start):
+        try:
+            info = os.fstat(fd)
+            if (not _stat_module.S_ISREG(info.st_mode) or info.st_ino != meta.inode
+                    or not _alive(meta.pid, meta.start)):
+                raise DevbridgeTransportError(self._freed(obj_id, meta))
+        except BaseException:
             os.close(fd)
-            raise DevbridgeTransportError(self._freed(obj_id, meta))
+            raise
         return fd
 
     @staticmethod
     def _freed(obj_id: str, meta: DevbridgeTransportMetadata) -> str:
         return (f"ObjectRef({obj_id}): the sender (pid {meta.pid}) has freed its tensors (the ref went out of "
                 "scope there); its segment no longer holds them")
+
+
+# The RDT workers of this process (one, in an actor): told of the tensors each extraction wrote, so that a
+# worker counts what it shares once the bytes are out, not when share() returns (extraction may still fail).
+_senders: "weakref.WeakSet[_RDTDeviceWorker]" = weakref.WeakSet()
+
+
+def _written(tensors: list[DeviceTensor]) -> None:
+    for worker in list(_senders):
+        worker._shared(tensors)
 
 
 def _register() -> None:
@@ -511,21 +625,33 @@ _register()
 class _RDTDeviceWorker(_DeviceWorker):
     """A ``DeviceWorker`` that hands tensors to other workers by RDT: ``share`` and ``accept``."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _senders.add(self)
+
     @ray.method(tensor_transport=TRANSPORT)
     def share(self, key: Any) -> DeviceTensor | list[DeviceTensor]:
         """The tensor(s) named by ``key`` (a name or TensorRef, or a list of them), for another actor:
-        ``b.accept.remote(name, a.share.remote(key))``. The bytes are copied once, now, into shared memory."""
+        ``b.accept.remote(name, a.share.remote(key))``. The bytes are copied once, as the method returns, into
+        shared memory; counted (``exports``, ``bytes_out``) once they are there: a share whose copy fails (no
+        file descriptor or memory left for the segment) counts nothing."""
         self._check_open("share")
         keys = key if isinstance(key, list) else [key]
         tensors = [self._lookup(k)[1] for k in keys]
-        self._counts["exports"] += len(tensors)
-        self._counts["bytes_out"] += sum(t.nbytes for t in tensors)
         return tensors if isinstance(key, list) else tensors[0]
+
+    def _shared(self, tensors: list[DeviceTensor]) -> None:
+        """The transport wrote ``tensors`` into a segment: counts this worker's among them."""
+        mine = [t for t in tensors if t.bridge is self.bridge]
+        self._counts["exports"] += len(mine)
+        self._counts["bytes_out"] += sum(t.nbytes for t in mine)
 
     def accept(self, name: str | list[str], value: Any) -> TensorRef | list[TensorRef]:
         """Stores what ``share`` handed over (a SegmentTensor, or a list) as ``name`` (or the list of names):
-        adopted with no copy on the host backend (read-only: a later ``put`` of the name replaces it), one
-        copy onto the device elsewhere. Also takes what ``put`` takes, and refuses what ``put`` refuses (a
+        adopted with no copy wherever the bridge adopts host memory (host; OpenCL over host memory, PoCL
+        included; read-only: a later ``put`` of the name replaces it), holding the received segment (one file
+        descriptor) until the name is replaced or deleted; one copy onto the device elsewhere (CUDA) or with
+        ``adopt=False``. Also takes what ``put`` takes, and refuses what ``put`` refuses (a
         ``TensorRef``: ``devbridge.ForeignDomain``). A list of names takes a list of tensors of the same
         length (``share`` of a list of keys), one name one tensor (``TypeError`` otherwise)."""
         self._check_open("accept")

@@ -198,6 +198,130 @@ def test_a_closed_worker_says_so_and_still_reports(local_worker):
     w.close()  # again: nothing happens
 
 
+def _random_of(name, shape, rng):
+    """Random values of devbridge dtype ``name`` as its numpy dtype (ml_dtypes' for bfloat16/float8), finite."""
+    if name == "bool":
+        return rng.integers(0, 2, shape).astype(bool)
+    if name.startswith(("int", "uint")):
+        return rng.integers(0, 100, shape).astype(name)
+    return (rng.standard_normal(shape) * 4).astype(np.float32).astype(dray._numpy_dtype(name))
+
+
+@pytest.mark.parametrize("backend", ["host", "opencl"])
+def test_run_takes_every_dtype_the_worker_stores(backend):
+    """Every dtype a worker stores goes into run() as that tinygrad dtype, bit for bit, on a backend whose inputs
+    are copied out for tinygrad (OpenCL) as on the host backend (zero-copy): before, a float8 input on OpenCL was a
+    raw KeyError from tinygrad (it takes no ml_dtypes array)."""
+    if backend == "opencl" and not HAVE_OPENCL:
+        pytest.skip("no OpenCL device")
+    from tinygrad import dtypes
+
+    rng = np.random.default_rng(41)
+    w = dray._DeviceWorker(backend)
+    try:
+        for name in devbridge.dtypes():
+            if backend == "host" and name == "bfloat16":
+                continue  # zero-copy bfloat16 buffers: tinygrad's CPU kernels need clang's __bf16 (not on x86 here)
+            for shape in [(7,), (2, 3), ()]:
+                x = _random_of(name, shape, rng)
+                w.put("x", x, dtype=name)
+                seen = []
+
+                def identity(t, seen=seen):
+                    seen.append((t.dtype, t.shape))
+                    return t
+
+                ref = w.run(identity, "x", "y")
+                tinygrad_dtype = getattr(dtypes, devbridge.dtype_info(name)["tinygrad_name"])
+                assert seen == [(tinygrad_dtype, shape)], (name, shape)
+                assert ref.dtype == name and ref.shape == shape
+                assert same_bits(w.get("y"), w.get("x")), (name, shape)
+                if name.startswith(("float", "bfloat")):  # computed with, not only handed through
+                    w.run(lambda t: t.cast(dtypes.float32) * 2, "x", "f")
+                    assert np.array_equal(w.get("f"), np.asarray(x).astype(np.float32) * 2), (name, shape)
+    finally:
+        w.close()
+
+
+@pytest.mark.parametrize("backend", ["host", "opencl"])
+def test_a_restart_of_the_workers_bridge_is_followed(backend):
+    """worker.bridge.restart(g) retires every allocation: the worker moves to generation g with its bridge (so
+    its identity and tokens agree with the bridge), drops the names (a lookup says what took them), refuses the
+    old tokens, and a put of a name it held allocates anew; before, it stayed at generation 1 and every put of an
+    existing name of the same shape and dtype wrote into the retired handle (OldGenerationHandle, for ever)."""
+    if backend == "opencl" and not HAVE_OPENCL:
+        pytest.skip("no OpenCL device")
+    rng = np.random.default_rng(5)
+    w = dray._DeviceWorker(backend)
+    try:
+        old = w.put("x", rng.standard_normal(8).astype(np.float32))
+        w.put("y", rng.standard_normal(3).astype(np.float32))
+        w.bridge.restart(2)
+        assert w.ping() == 2 and w.generation == w.bridge.generation == 2 and w.identity()["generation"] == 2
+        assert w.tensors() == {}
+        for _ in range(2):  # into the same name, shape and dtype: again and again
+            x = rng.standard_normal(8).astype(np.float32)
+            token = w.put("x", x)
+            assert token.generation == 2 and same_bits(w.get("x"), x) and same_bits(w.get(token), x)
+        with pytest.raises(devbridge.OldGenerationHandle, match="generation 1"):
+            w.get(old)
+        with pytest.raises(devbridge.UnknownDeviceHandle, match="bridge was restarted from generation 1 to 2"):
+            w.get("y")
+        assert list(w.tensors()) == ["x"] and w.handle("x").generation == 2
+        stats = w.stats()
+        assert stats["generation"] == 2 and stats["tensors"] == 1 and stats["bridge"]["live_allocations"] == 1
+        w.run(lambda t: t + 1, "x", "z")
+        assert same_bits(w.get("z"), x + 1)
+    finally:
+        w.close()
+
+
+def test_every_method_taking_a_key_takes_a_tensorref(local_worker, tmp_path):
+    """A TensorRef is a key wherever a name is: handle(), checkpoint(names=...) (stored under the tensor's name,
+    not the token), get, export, run, delete; before, handle(TensorRef) was a raw KeyError."""
+    w = local_worker
+    rng = np.random.default_rng(9)
+    x, other = rng.standard_normal(5).astype(np.float32), rng.standard_normal(2).astype(np.float32)
+    token = w.put("x", x)
+    w.put("other", other)
+    assert w.handle(token) == token == w.handle("x")
+    assert same_bits(w.get(token), x) and same_bits(np.asarray(w.export(token)), x)
+    path = tmp_path / "by_token.safetensors"
+    w.checkpoint(str(path), names=token)
+    assert sorted(devbridge.checkpoint_info(path)["tensors"]) == ["x"]
+    w.checkpoint(str(path), names=[token, "other"])
+    assert sorted(devbridge.checkpoint_info(path)["tensors"]) == ["other", "x"]
+    assert same_bits(w.get(w.run(lambda t: t * 2, token, "y")), x * 2)
+    w.put("x", x + 1)  # the token now names a replaced tensor: refused everywhere, as the bridge refuses
+    for call in (lambda: w.handle(token), lambda: w.checkpoint(str(path), names=[token]), lambda: w.delete(token)):
+        with pytest.raises(devbridge.UnknownDeviceHandle, match="replaced"):
+            call()
+    w.delete(w.handle("x"))
+    assert sorted(w.tensors()) == ["other", "y"]
+
+
+def test_put_refuses_an_empty_array_and_stores_bytes_as_uint8(local_worker):
+    """What docs/RAY.md says put does with these (as Bridge.upload, PYTHON.md)."""
+    w = local_worker
+    for empty in (np.zeros(0, np.float32), np.zeros((3, 0), np.int64)):
+        with pytest.raises(ValueError, match="empty"):
+            w.put("e", empty)
+    data = np.random.default_rng(8).integers(0, 256, 5, dtype=np.uint8).tobytes()
+    for value in (data, bytearray(data), memoryview(data)):
+        token = w.put("b", value)
+        assert token.dtype == "uint8" and token.shape == (5,) and w.get("b").tobytes() == data
+    assert list(w.tensors()) == ["b"]
+
+
+def test_identity_reports_the_backend_auto_resolved_to():
+    w = dray._DeviceWorker("auto")
+    try:
+        backend = w.identity()["backend"]
+        assert backend == w.bridge.backend != "auto" and w.stats()["backend"] == backend
+    finally:
+        w.close()
+
+
 def test_a_restarted_worker_removes_an_interrupted_checkpoints_files(tmp_path, monkeypatch):
     """A process killed in the middle of checkpoint() leaves its temporary file (and the replaced file's second
     name) beside the checkpoint: the worker Ray restarts removes them before restoring; a first start does not."""

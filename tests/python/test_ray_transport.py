@@ -184,6 +184,124 @@ def test_the_manager_refuses_what_it_cannot_move(manager):
         t.free()
 
 
+def _open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_received_segment_holds_one_file_descriptor_while_mapped(manager):
+    """What bounds how many received tensors a process holds (RLIMIT_NOFILE): one fd per segment (the mapping's
+    own, which also holds the shared lock), not two; none once nothing maps it."""
+    with devbridge.Bridge(backend="host") as b:
+        x = np.random.default_rng(2).standard_normal(1000).astype(np.float32)
+        t = b.upload(x, wait=True)
+        metas = [manager.extract_tensor_transport_metadata(f"o{i}", [t]) for i in range(3)]
+        before = _open_fds()
+        held = [manager.recv_multiple_tensors(f"o{i}", m, None) for i, m in enumerate(metas)]
+        assert _open_fds() - before == 3
+        for i, m in enumerate(metas):
+            manager.garbage_collect(f"o{i}", m, [t])
+        assert manager.stats()["draining"] == 3  # the lock is held still: never rewritten under a receiver
+        assert all(same_bits(np.asarray(h[0]), x) for h in held)
+        del held
+        gc.collect()
+        assert _open_fds() == before and manager.stats()["draining"] == 0 and manager.stats()["pooled"] == 3
+        t.free()
+
+
+def test_out_of_file_descriptors_is_said_and_never_taken_for_a_dead_sender(manager, monkeypatch):
+    """A receiver out of file descriptors (EMFILE) gets a DevbridgeTransportError naming that, with what to do,
+    never 'the sender has died' (before: any failure to open /proc/<pid>/stat meant dead) nor 'has freed its
+    tensors' (any failure to open the segment); once fds are free again the same ref reads fine."""
+    import errno
+    import resource
+
+    with devbridge.Bridge(backend="host") as b:
+        x = np.random.default_rng(3).standard_normal(1000).astype(np.float32)
+        t = b.upload(x, wait=True)
+        metas = [manager.extract_tensor_transport_metadata(f"o{i}", [t]) for i in range(3)]
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        filler = []
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(int(fd) for fd in os.listdir("/proc/self/fd")) + 8, hard))
+            with pytest.raises(OSError):
+                while True:
+                    filler.append(os.open(os.devnull, os.O_RDONLY))
+            with pytest.raises(rt.DevbridgeTransportError, match="EMFILE") as caught:
+                manager.recv_multiple_tensors("o0", metas[0], None)
+            message = str(caught.value)
+            assert "file descriptors" in message and "RLIMIT_NOFILE" in message and "has died" not in message
+            assert isinstance(caught.value.__cause__, OSError) and caught.value.__cause__.errno == errno.EMFILE
+            # Past the liveness check (or had it passed): opening the segment itself fails the same way.
+            monkeypatch.setattr(rt, "_alive", lambda pid, start: True)
+            with pytest.raises(rt.DevbridgeTransportError, match="EMFILE") as caught:
+                manager.recv_multiple_tensors("o0", metas[0], None)
+            assert "has freed" not in str(caught.value) and "has died" not in str(caught.value)
+            monkeypatch.undo()
+        finally:
+            for fd in filler:
+                os.close(fd)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        got = manager.recv_multiple_tensors("o0", metas[0], None)
+        assert same_bits(np.asarray(got[0]), x)
+        del got
+        for i, m in enumerate(metas):
+            manager.garbage_collect(f"o{i}", m, [t])
+        t.free()
+
+
+def test_only_what_was_made_and_written_is_counted(manager, monkeypatch):
+    """created counts segments made, not attempts; a worker's share counts exports and bytes_out once the bytes
+    are in a segment (Ray writes them after share returns), not a failed extraction, nor a retry's again."""
+    import errno
+
+    started = ray.is_initialized()
+    w = rt._RDTDeviceWorker("host")
+    try:
+        x = np.random.default_rng(4).standard_normal(256).astype(np.float32)
+        w.put("x", x)
+        tensor = w.share("x")
+        assert w.stats()["exports"] == 0 and w.stats()["bytes_out"] == 0  # returned, not written yet
+
+        def no_fds(*args):
+            raise OSError(errno.EMFILE, "Too many open files")
+
+        monkeypatch.setattr(rt.os, "memfd_create", no_fds)
+        with pytest.raises(rt.DevbridgeTransportError, match="Too many open files.*EMFILE.*sending process"):
+            manager.extract_tensor_transport_metadata("o", [tensor])
+        monkeypatch.undo()
+        assert manager.stats()["created"] == 0 and w.stats()["exports"] == 0 and w.stats()["bytes_out"] == 0
+        meta = manager.extract_tensor_transport_metadata("o", [tensor])
+        assert manager.extract_tensor_transport_metadata("o", [tensor]) is meta  # a retry: nothing new
+        assert manager.stats()["created"] == 1
+        assert w.stats()["exports"] == 1 and w.stats()["bytes_out"] == x.nbytes
+        manager.garbage_collect("o", meta, [tensor])
+    finally:
+        w.close()
+    assert ray.is_initialized() == started
+
+
+def test_a_ref_for_an_actor_without_tensor_transport_is_reported(manager, caplog):
+    """Ray queues the receive on the receiving actor's _ray_system concurrency group; an actor created without
+    enable_tensor_transport=True has none and hangs for good. The transport cannot stop Ray (an exception there
+    may be raised in a native callback), so it logs why, where the task was submitted, naming the actor."""
+
+    class Handle:
+        def __init__(self, enabled):
+            self._ray_enable_tensor_transport = enabled
+
+        def __repr__(self):
+            return f"Actor(Plain, enabled={self._ray_enable_tensor_transport})"
+
+    with caplog.at_level("ERROR", logger="devbridge.ray_transport"):
+        manager.get_communicator_metadata(None, Handle(True))
+        assert caplog.records == []
+        manager.get_communicator_metadata(None, Handle(None))  # what Ray 2.60 sets for a plain actor
+        manager.get_communicator_metadata(None, Handle(False))
+    assert len(caplog.records) == 2
+    assert "enable_tensor_transport=True" in caplog.records[0].getMessage()
+    assert "enabled=None" in caplog.records[0].getMessage() and "enabled=False" in caplog.records[1].getMessage()
+
+
 def test_accept_refuses_tokens_and_mismatched_names_in_process():
     """The plain worker class in this process (no Ray started): accept takes data, not a token, and as many
     names as tensors; a refused accept stores and counts nothing."""
