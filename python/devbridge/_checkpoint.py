@@ -209,6 +209,11 @@ def _write_checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], met
     directory = os.path.dirname(target)
     if os.path.isdir(target):
         raise IsADirectoryError(errno.EISDIR, f"checkpoint {path!r}: it is a directory; name a file (in it)")
+    if os.path.lexists(target) and not stat.S_ISREG(os.stat(target).st_mode):
+        # The rename would replace the node itself (as root, /dev/null), as the C ABI's writer refuses to.
+        raise OSError(errno.EINVAL, f"checkpoint {path!r}: it is not a regular file (a FIFO, a device, a socket), "
+                                    f"and a checkpoint replaces the file it names whole; name a regular file; "
+                                    f"nothing was written")
     try:
         fd, temporary = tempfile.mkstemp(prefix=_temporary_prefix(target), suffix=".tmp", dir=directory)
     except OSError as error:  # the directory is missing, read-only, full of names...

@@ -33,6 +33,21 @@ def test_train_digits_is_bit_exact_against_numpy_feeding(jit, depth):
     assert "bit-exact" in done.stdout and "Prefetcher epoch 1" in done.stdout and "numpy epoch 1" in done.stdout
 
 
+@pytest.mark.skipif(importlib.util.find_spec("sklearn") is None,
+                    reason="scikit-learn is not installed (requirements-dev.txt installs it)")
+@pytest.mark.skipif(importlib.util.find_spec("tinygrad") is None, reason="tinygrad is not installed")
+def test_train_digits_takes_one_step_and_refuses_a_batch_past_the_data():
+    # One step: the loss before it is the only one to compare (it said MISMATCH). A batch larger than the
+    # data: exit 2 saying so (an IndexError).
+    env = {k: v for k, v in os.environ.items() if k != "DEV"}
+    base = [sys.executable, str(ROOT / "examples" / "train_digits.py"), "--epochs", "1", "--backend", "host",
+            "--no-jit"]
+    done = subprocess.run(base + ["--batch", "1000"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "bit-exact" in done.stdout, done.stdout + done.stderr
+    done = subprocess.run(base + ["--batch", "100000"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "more than the 1797 images" in done.stderr, done.stdout + done.stderr
+
+
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                     reason="Ray is not installed (pip install 'devbridge[ray]'; requirements-dev.txt installs it)")
 @pytest.mark.skipif(importlib.util.find_spec("tinygrad") is None, reason="tinygrad is not installed")

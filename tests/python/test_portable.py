@@ -15,6 +15,7 @@ import io
 import itertools
 import json
 import os
+import stat
 import signal
 import subprocess
 import sys
@@ -925,6 +926,15 @@ def test_files_given_the_wrong_way_are_refused_naming_the_remedy(bridges, tmp_pa
                                                     r"temporary file in '.*missing': No such file or directory; "
                                                     r"nothing was written"):
             b.checkpoint(tmp_path / "missing" / "c.safetensors", {"t": t})
+        # A FIFO (or a device: as root, /dev/null) is never replaced by the rename, directly or through a link.
+        os.mkfifo(tmp_path / "fifo")
+        os.symlink("fifo", tmp_path / "to-fifo")
+        for name in ("fifo", "to-fifo"):
+            with pytest.raises(OSError, match=r"it is not a regular file \(a FIFO, a device, a socket\)"):
+                b.checkpoint(tmp_path / name, {"t": t})
+        assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode) and os.path.islink(tmp_path / "to-fifo")
+        os.unlink(tmp_path / "fifo")
+        os.unlink(tmp_path / "to-fifo")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "t.txt"] and not any((tmp_path / "dir").iterdir())
 
 
