@@ -45,6 +45,8 @@ inline constexpr std::uint64_t kHeaderLimit = 100'000'000;
 inline constexpr int kMaxDepth = 64;
 // metadata["format"] of a file devbridge's checkpoint wrote.
 inline constexpr std::string_view kFormat = "devbridge-checkpoint";
+// The one format_version written and read; a devbridge checkpoint of another is refused.
+inline constexpr std::string_view kFormatVersion = "1";
 
 struct TensorEntry {
   std::string name;

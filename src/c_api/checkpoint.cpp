@@ -36,7 +36,6 @@ namespace ckpt = devbridge::checkpoint;
 
 namespace {
 
-constexpr std::string_view kFormatVersion = "1";           // Python's FORMAT_VERSION
 constexpr std::uint64_t kRestoreAlignment = 256;           // Python's restore default
 constexpr std::string_view kChecksumPlaceholder = "crc32:00000000";
 
@@ -133,7 +132,7 @@ std::string encoded_header(const std::vector<PlannedTensor>& tensors, std::uint6
 
   nlohmann::ordered_json header;
   header["__metadata__"] = {{"format", std::string(ckpt::kFormat)},
-                            {"format_version", std::string(kFormatVersion)},
+                            {"format_version", std::string(ckpt::kFormatVersion)},
                             {"generation", std::to_string(generation)},
                             {"checksum", std::string(checksum)},
                             {"dtypes", dtypes}};

@@ -381,6 +381,13 @@ Header parse_header(std::string_view json, std::uint64_t file_bytes, const std::
   const std::string* format = header.find_metadata("format");
   header.devbridge = format != nullptr && *format == kFormat;
   if (header.devbridge) {
+    // A later format may mean what this reader would misread: refused, not guessed at.
+    const std::string* version = header.find_metadata("format_version");
+    if (version != nullptr && *version != kFormatVersion) {
+      throw CheckpointError(fmt::format("{}: a devbridge checkpoint of format_version {}, which this devbridge does not "
+                                        "read (it reads format_version {}): written by a newer devbridge?",
+                                        where, quoted(*version), kFormatVersion));
+    }
     const std::string* checksum = header.find_metadata("checksum");
     header.checksum = checksum != nullptr ? *checksum : std::string();
     if (!valid_checksum(header.checksum)) {

@@ -65,6 +65,19 @@ TEST(CheckpointHeader, AGoodHeaderParses) {
   EXPECT_FALSE(h.devbridge);
 }
 
+// A devbridge checkpoint of a later format_version is refused, naming it:
+// read as version 1 it could be misread. Without the key it is version 1.
+TEST(CheckpointHeader, AFormatVersionThisReaderDoesNotKnowIsRefused) {
+  const std::string meta = R"({"__metadata__":{"format":"devbridge-checkpoint",)";
+  const std::string checksum = R"("checksum":"crc32:00000000"},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  EXPECT_REFUSED(meta + R"("format_version":"2",)" + checksum, "format_version '2', which this devbridge does not read");
+  EXPECT_EQ(refusal(meta + R"("format_version":"1",)" + checksum), "(accepted)");
+  EXPECT_EQ(refusal(meta + checksum), "(accepted)");
+  // Not devbridge's: the key is its writer's own.
+  EXPECT_EQ(refusal(R"({"__metadata__":{"format_version":"9"},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})"),
+            "(accepted)");
+}
+
 TEST(CheckpointHeader, WhitespacePaddingIsAcceptedAsTheSafetensorsPackageDoes) {
   EXPECT_EQ(refusal(" \n" + kOne + "   \t\r\n"), "(accepted)");
 }
