@@ -103,6 +103,10 @@ std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOption
     if (pick_best ? !entry.chosen_by_auto() : entry.name != name) continue;
     const auto availability = entry.probe();
     if (availability.available) return entry.make(options);
+    // The probe judges the default device (for OpenCL, the one
+    // $DEVBRIDGE_OPENCL_DEVICE picks); a device named explicitly is the
+    // backend's to open or refuse, as its own options rule.
+    if (!pick_best && availability.built && options.contains("device")) return entry.make(options);
     if (!pick_best) throw Error(ErrorKind::Unavailable, fmt::format("backend {} is unavailable: {}", name, availability.reason));
     reasons += availability.reason + "; ";
   }

@@ -1,8 +1,16 @@
 // The `devbridge` binary end to end: streams that must verify, failures that
 // must exit 1 saying what failed, bad command lines that must exit 2 with a
 // one-line reason, and `info`.
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -315,6 +323,145 @@ TEST(Stream, ADuplicatedCompletionIsIgnoredAndTheStreamStillVerifies) {
   EXPECT_THAT(run.out, Not(HasSubstr("ignored")));
 }
 
+// A device lost when the stream closes its bridge at the end (its last
+// quiesce) fails the run, though every chunk was verified: the close used
+// to be left to the bridge's destructor, which only logs, and the run
+// said "verified", exit 0.
+TEST(Stream, ADeviceLostAtTheFinalCloseFailsTheRun) {
+  const std::string trace = scratch_dir() + "/lost-at-close.trace.json";
+  CliRun run;
+  const nlohmann::json report = stream_json(
+      {"--backend", "fake", "--bytes", "1MiB", "--chunk", "64KiB", "--fake-inject", "quiesce:fatal", "--trace", trace},
+      run);
+  EXPECT_EQ(run.exit_code, 1) << describe(run);
+  EXPECT_EQ(run.signal, 0) << describe(run);
+  EXPECT_THAT(run.err, HasSubstr("devbridge stream: closing the bridge failed: ")) << describe(run);
+  EXPECT_THAT(run.err, HasSubstr("device lost")) << describe(run);
+  EXPECT_THAT(run.out, HasSubstr("devbridge stream: FAILED (16 of 16 chunks verified)")) << describe(run);
+  EXPECT_THAT(run.out, Not(HasSubstr("devbridge stream: verified"))) << describe(run);
+  EXPECT_EQ(report["verified"], false);
+  EXPECT_EQ(report["interrupted"], false);
+  EXPECT_EQ(report["chunks_verified"], 16);
+  ASSERT_EQ(report["errors"].size(), 1u) << report.dump();
+  EXPECT_THAT(report["errors"][0].get<std::string>(), HasSubstr("closing the bridge failed"));
+  // The trace is still written, after the failed close.
+  EXPECT_EQ(report["trace"], trace);
+  EXPECT_FALSE(read_file(trace).empty());
+}
+
+// The same file under two names (a hard link, a symbolic link) is one file.
+TEST(Stream, TraceAndJsonNamingOneFileTwoWaysAreRefused) {
+  const std::string dir = scratch_dir();
+  const std::string file = dir + "/one.json";
+  const std::string previous = "{\"previous\": true}\n";
+  std::ofstream(file) << previous;
+  ASSERT_EQ(::link(file.c_str(), (dir + "/hard.json").c_str()), 0);
+  ASSERT_EQ(::symlink("one.json", (dir + "/soft.json").c_str()), 0);
+  for (const std::string& other : {dir + "/hard.json", dir + "/soft.json", dir + "/./one.json"}) {
+    const CliRun run = run_cli({"stream", "--backend", "fake", "--bytes", "4096", "--trace", file, "--json", other});
+    EXPECT_EQ(run.exit_code, 2) << other << "\n" << describe(run);
+    EXPECT_THAT(run.err, HasSubstr("name the same file")) << describe(run);
+    EXPECT_EQ(line_count(run.err), 1u) << describe(run);
+    EXPECT_EQ(run.out, "") << describe(run);
+  }
+  EXPECT_EQ(read_file(file), previous);
+  // "-" is stdout, never a file: the trace goes to the file, the report to stdout.
+  const std::string trace = dir + "/dash.trace.json";
+  const CliRun run = run_cli({"stream", "--backend", "fake", "--bytes", "4096", "--trace", trace, "--json", "-"});
+  ASSERT_EQ(run.exit_code, 0) << describe(run);
+  EXPECT_EQ(nlohmann::json::parse(run.out)["trace"], trace);
+}
+
+// An explicit --device wins over $DEVBRIDGE_OPENCL_DEVICE (OpenCL's default
+// device), as in the backend: the command line's availability check used to
+// refuse the backend ("opencl is unavailable", exit 2) for a bad default.
+TEST(Stream, AnExplicitOpenCLDeviceWinsOverTheEnvironment) {
+  if (const std::string why = backend_unavailable_reason("opencl"); !why.empty()) GTEST_SKIP() << why;
+  const std::string listing_path = scratch_dir() + "/opencl-devices.json";
+  ASSERT_EQ(run_cli({"info", "--json", listing_path}).exit_code, 0);
+  std::string device;
+  const nlohmann::json listing = nlohmann::json::parse(read_file(listing_path));
+  for (const nlohmann::json& b : listing["backends"])
+    if (b["name"] == "opencl") device = b["devices"].at(0)["device_id"].get<std::string>();
+  ASSERT_FALSE(device.empty());
+
+  struct RestoreEnvironment {
+    ~RestoreEnvironment() { ::unsetenv("DEVBRIDGE_OPENCL_DEVICE"); }
+  } restore;
+  for (const char* value : {"abc", "99:99"}) {
+    ASSERT_EQ(::setenv("DEVBRIDGE_OPENCL_DEVICE", value, 1), 0);
+    const CliRun run =
+        run_cli({"stream", "--backend", "opencl", "--device", device, "--bytes", "64KiB", "--chunk", "16KiB", "--json", "-"});
+    ASSERT_EQ(run.exit_code, 0) << "DEVBRIDGE_OPENCL_DEVICE=" << value << "\n" << describe(run);
+    const nlohmann::json report = nlohmann::json::parse(run.out);
+    EXPECT_EQ(report["device_id"], device);
+    EXPECT_EQ(report["verified"], true);
+    // Without --device the variable is the default device, and names none.
+    const CliRun by_default = run_cli({"stream", "--backend", "opencl", "--bytes", "4096"});
+    EXPECT_EQ(by_default.exit_code, 2) << describe(by_default);
+    EXPECT_THAT(by_default.err, HasSubstr("DEVBRIDGE_OPENCL_DEVICE")) << describe(by_default);
+    // An explicit device that is not there is still a usage error.
+    const CliRun absent = run_cli({"stream", "--backend", "opencl", "--device", "77:77", "--bytes", "4096"});
+    EXPECT_EQ(absent.exit_code, 2) << describe(absent);
+    EXPECT_THAT(absent.err, HasSubstr("no OpenCL device 77:77")) << describe(absent);
+    EXPECT_EQ(line_count(absent.err), 1u) << describe(absent);
+  }
+}
+
+// ---- the trace tools' input -------------------------------------------------
+
+std::string small_trace(const std::string& name) {
+  const std::string path = scratch_dir() + "/" + name;
+  const CliRun run = run_cli({"stream", "--backend", "fake", "--bytes", "64KiB", "--chunk", "16KiB", "-q", "--trace", path});
+  EXPECT_EQ(run.exit_code, 0) << describe(run);
+  return path;
+}
+
+// The page used to be written over the trace it was drawn from.
+TEST(TraceView, RefusesToWriteThePageOverItsTrace) {
+  const std::string trace = small_trace("view-self.trace.json");
+  const std::string before = read_file(trace);
+  ASSERT_FALSE(before.empty());
+  const std::string link = scratch_dir() + "/view-self-link.json";
+  ASSERT_EQ(::symlink(trace.c_str(), link.c_str()), 0);
+  for (const std::string& page : {trace, link, scratch_dir() + "/../" +
+                                                   std::filesystem::path(scratch_dir()).filename().string() +
+                                                   "/view-self.trace.json"}) {
+    const CliRun run = run_cli({"trace", "view", trace, "-o", page});
+    EXPECT_EQ(run.exit_code, 2) << page << "\n" << describe(run);
+    EXPECT_THAT(run.err, ::testing::StartsWith("devbridge: -o: ")) << describe(run);
+    EXPECT_THAT(run.err, HasSubstr("is the trace being read")) << describe(run);
+    EXPECT_EQ(line_count(run.err), 1u) << describe(run);
+    EXPECT_EQ(run.out, "") << describe(run);
+  }
+  EXPECT_EQ(read_file(trace), before);
+  // Another file is fine.
+  const CliRun run = run_cli({"trace", "view", trace, "-o", scratch_dir() + "/view-self.html"});
+  EXPECT_EQ(run.exit_code, 0) << describe(run);
+}
+
+// A FIFO (no writer) or a device is refused at once, as checkpoint inspect
+// refuses one: trace view and replay used to open it blocking and wait forever.
+TEST(TraceTools, RefuseAnythingButARegularFileAtOnce) {
+  const std::string fifo = scratch_dir() + "/trace.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  const std::string page = scratch_dir() + "/fifo.html";
+  for (const std::string& input : {fifo, std::string("/dev/null")}) {
+    for (const std::vector<std::string>& args :
+         {std::vector<std::string>{"trace", "replay", input}, std::vector<std::string>{"trace", "view", input, "-o", page}}) {
+      CliProcess child(args);
+      ASSERT_TRUE(child.wait(20)) << args[1] << " " << input << ": still waiting after 20 s";
+      const CliRun& run = child.result();
+      EXPECT_EQ(run.exit_code, 1) << describe(run);
+      EXPECT_EQ(run.err, "devbridge trace: " + input +
+                             ": is not a regular file (a FIFO, device or socket is refused, never waited on)\n")
+          << describe(run);
+      EXPECT_EQ(run.out, "") << describe(run);
+    }
+  }
+  EXPECT_FALSE(std::filesystem::exists(page));
+}
+
 // ---- bad command lines: exit 2, one line ------------------------------------
 
 struct UsageCase {
@@ -377,6 +524,20 @@ INSTANTIATE_TEST_SUITE_P(
         UsageCase{"JsonIsADirectory", {"stream", "--json", "."}, "--json: cannot write '.': Is a directory"},
         UsageCase{"JsonEndsInASlash", {"stream", "--json", "reports/"}, "--json: cannot write 'reports/'"},
         UsageCase{"DeviceNotThere", {"stream", "--backend", "host", "--device", "1"}, "this backend has one device"},
+        // With the default --backend auto the device and the options are
+        // checked on the backend auto picks, before anything runs (they used
+        // to reach the run: exit 1, "FAILED (0 of 1 chunks verified)").
+        UsageCase{"DeviceNotThereWithAuto", {"stream", "--device", "7", "--bytes", "4096"}, "--device/--backend-option: "},
+        UsageCase{"BackendOptionUnknownWithAuto",
+                  {"stream", "--backend-option", "nope=1", "--bytes", "4096"},
+                  "no option 'nope'"},
+        // The report, written last, replaced the trace (and stderr said the trace was there).
+        UsageCase{"TraceAndJsonOneFile",
+                  {"stream", "--bytes", "4096", "--trace", "one-file.json", "--json", "one-file.json"},
+                  "--trace 'one-file.json' and --json 'one-file.json' name the same file"},
+        UsageCase{"TraceAndJsonOneFileSpelledTwoWays",
+                  {"stream", "--bytes", "4096", "--trace", "./sub/../one-file.json", "--json", "one-file.json"},
+                  "name the same file"},
         UsageCase{"DeviceEmpty", {"stream", "--backend", "host", "--device", ""}, "--device: empty"},
         UsageCase{"BackendOptionUnknown",
                   {"stream", "--backend", "host", "--backend-option", "context=1"},

@@ -13,6 +13,15 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+def run_example(name: str, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    """examples/<name> with ``args``, from the repository root, in a fresh interpreter. The examples set
+    tinygrad's default device themselves; one inherited from this process (tinygrad writes DEV into the
+    environment once it has picked a default) would only add a warning."""
+    env = {k: v for k, v in os.environ.items() if k != "DEV"}
+    return subprocess.run([sys.executable, str(ROOT / "examples" / name), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("sklearn") is None,
                     reason="scikit-learn is not installed (requirements-dev.txt installs it)")
 @pytest.mark.skipif(importlib.util.find_spec("tinygrad") is None, reason="tinygrad is not installed")
@@ -21,14 +30,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 # jit, the default depth.
 @pytest.mark.parametrize("jit, depth", [(True, 1), (False, 2)], ids=["jit-depth1", "no-jit"])
 def test_train_digits_is_bit_exact_against_numpy_feeding(jit, depth):
-    # The example sets tinygrad's default device itself; one inherited from this process (tinygrad writes
-    # DEV into the environment once it has picked a default) would only add a warning.
-    env = {k: v for k, v in os.environ.items() if k != "DEV"}
-    command = [sys.executable, str(ROOT / "examples" / "train_digits.py"), "--epochs", "1", "--backend", "host",
-               "--depth", str(depth)]
-    if not jit:
-        command.append("--no-jit")
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    done = run_example("train_digits.py", "--epochs", "1", "--backend", "host", "--depth", str(depth),
+                       *([] if jit else ["--no-jit"]), timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "bit-exact" in done.stdout and "Prefetcher epoch 1" in done.stdout and "numpy epoch 1" in done.stdout
 
@@ -39,12 +42,10 @@ def test_train_digits_is_bit_exact_against_numpy_feeding(jit, depth):
 def test_train_digits_takes_one_step_and_refuses_a_batch_past_the_data():
     # One step: the loss before it is the only one to compare (it said MISMATCH). A batch larger than the
     # data: exit 2 saying so (an IndexError).
-    env = {k: v for k, v in os.environ.items() if k != "DEV"}
-    base = [sys.executable, str(ROOT / "examples" / "train_digits.py"), "--epochs", "1", "--backend", "host",
-            "--no-jit"]
-    done = subprocess.run(base + ["--batch", "1000"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    base = ("train_digits.py", "--epochs", "1", "--backend", "host", "--no-jit")
+    done = run_example(*base, "--batch", "1000", timeout=600)
     assert done.returncode == 0 and "bit-exact" in done.stdout, done.stdout + done.stderr
-    done = subprocess.run(base + ["--batch", "100000"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    done = run_example(*base, "--batch", "100000", timeout=60)
     assert done.returncode == 2 and "more than the 1797 images" in done.stderr, done.stdout + done.stderr
 
 
@@ -52,9 +53,7 @@ def test_train_digits_takes_one_step_and_refuses_a_batch_past_the_data():
                     reason="Ray is not installed (pip install 'devbridge[ray]'; requirements-dev.txt installs it)")
 @pytest.mark.skipif(importlib.util.find_spec("tinygrad") is None, reason="tinygrad is not installed")
 def test_ray_pipeline_survives_a_killed_worker_bit_exact():
-    env = {k: v for k, v in os.environ.items() if k != "DEV"}
-    command = [sys.executable, str(ROOT / "examples" / "ray_pipeline.py"), "--batches", "6", "--kill-at", "3",
-               "--batch-size", "64", "--num-cpus", "2", "--timeout", "60"]
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = run_example("ray_pipeline.py", "--batches", "6", "--kill-at", "3", "--batch-size", "64", "--num-cpus",
+                       "2", "--timeout", "60", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "bit-exact" in done.stdout and "worker B restarts: 1" in done.stdout

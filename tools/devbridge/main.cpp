@@ -230,6 +230,11 @@ void log_to_stderr(bool quiet) {
 
 int run_stream_command(const devbridge::cli::StreamArgs& args, const std::optional<std::string>& json_path,
                        bool quiet) {
+  // The report, written last, would replace the trace ("-" is stdout, no file).
+  if (args.trace && json_path && *json_path != "-" && devbridge::cli::same_file(*args.trace, *json_path))
+    throw UsageError(fmt::format("--trace '{}' and --json '{}' name the same file: the report would replace the "
+                                 "trace (give them different files)",
+                                 *args.trace, *json_path));
   devbridge::cli::StreamPlan plan = devbridge::cli::plan_stream(args);
   // From here a signal ends the stream cleanly instead of the process.
   catch_stop_signals();
@@ -271,6 +276,10 @@ int run_checkpoint_inspect_command(const std::string& path, const std::optional<
 
 int run_trace_view_command(const std::string& path, const std::string& page_path) {
   devbridge::cli::check_output_file("-o", page_path);
+  if (devbridge::cli::same_file(path, page_path))
+    throw UsageError(fmt::format("-o: '{}' is the trace being read ('{}'): the page would replace it (give another "
+                                 "file)",
+                                 page_path, path));
   const std::string page = devbridge::cli::trace_page(devbridge::cli::load_trace(path));
   std::ofstream out(page_path, std::ios::binary | std::ios::trunc);
   out << page;

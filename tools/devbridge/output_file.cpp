@@ -5,6 +5,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <system_error>
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -32,6 +34,32 @@ void check_output_file(std::string_view option, const std::string& path) {
   if (::stat(directory.c_str(), &st) != 0) refuse(fmt::format("{}: {}", directory, std::strerror(errno)));
   if (!S_ISDIR(st.st_mode)) refuse(fmt::format("{}: {}", directory, std::strerror(ENOTDIR)));
   if (::access(directory.c_str(), W_OK | X_OK) != 0) refuse(fmt::format("{}: {}", directory, std::strerror(errno)));
+}
+
+namespace {
+
+// `path` absolute, with every symbolic link of the part that exists resolved
+// and the rest folded lexically; nullopt when that fails.
+std::optional<std::filesystem::path> resolved(const std::string& path) {
+  std::error_code error;
+  const std::filesystem::path absolute = std::filesystem::absolute(path, error);
+  if (error) return std::nullopt;
+  std::filesystem::path canonical = std::filesystem::weakly_canonical(absolute, error);
+  if (error) return std::nullopt;
+  return canonical.lexically_normal();
+}
+
+}  // namespace
+
+bool same_file(const std::string& a, const std::string& b) {
+  if (a.empty() || b.empty()) return false;
+  if (a == b) return true;
+  struct stat sa {}, sb {};
+  if (::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0)
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  const auto ra = resolved(a);
+  const auto rb = resolved(b);
+  return ra && rb && *ra == *rb;
 }
 
 }  // namespace devbridge::cli

@@ -14,4 +14,11 @@ namespace devbridge::cli {
 // written in.
 void check_output_file(std::string_view option, const std::string& path);
 
+// Whether `a` and `b` name one file: the same path once made absolute and
+// resolved (symbolic links followed, "." and ".." folded; a file need not
+// exist), or the same existing file (st_dev and st_ino: a hard link, a bind
+// mount). An empty path names no file. "-" is a path here like any other: a
+// caller for which it means stdout leaves it out.
+bool same_file(const std::string& a, const std::string& b);
+
 }  // namespace devbridge::cli

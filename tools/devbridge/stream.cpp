@@ -575,6 +575,46 @@ std::unique_ptr<Backend> open_backend(StreamPlan& plan) {
   return backend;
 }
 
+// The stream on an open bridge; fills the report. Throws what ended it
+// early (the pipeline's own failures land in the report). Every device
+// buffer is freed, or left for the bridge's close, before it returns.
+void stream_on(Bridge& bridge, StreamPlan& plan, Progress& progress, const std::atomic<int>* stop,
+               StreamReport& report) {
+  const BackendInfo info = bridge.backend_info();
+  report.backend = info.name;
+  report.device_id = info.device_id;
+  report.device_name = info.device_name;
+  report.device_string = tinygrad_device(info.device_kind, info.device_ordinal);
+
+  StreamPipeline pipeline(bridge, plan, progress, stop);
+  try {
+    pipeline.allocate_slots();
+  } catch (...) {
+    report.memory = bridge.memory_stats();  // the report says what memory the bridge held when it ran out
+    throw;
+  }
+  pipeline.run(report);
+  pipeline.release_stranded();
+
+  const BridgeStats stats = bridge.stats();
+  report.copies_submitted = stats.copies_submitted;
+  report.copies_failed = stats.copies_failed;
+  report.stale_completions = stats.stale_completions;
+  report.memory = bridge.memory_stats();
+  if (report.errors.empty()) {
+    // Everything came back: nothing may still hold the ring or a buffer.
+    if (stats.ring_reservations != 0 || stats.copies_in_flight != 0 || stats.active_steps != 0) {
+      report.errors.push_back(fmt::format(
+          "after the last chunk the bridge still holds {} ring reservations, {} copies in flight, {} steps",
+          stats.ring_reservations, stats.copies_in_flight, stats.active_steps));
+    } else {
+      pipeline.free_slots();
+    }
+  }
+  // On failure the bridge's close quiesces the backend and frees whatever
+  // the stream still held.
+}
+
 }  // namespace
 
 StreamPlan plan_stream(const StreamArgs& args) {
@@ -592,7 +632,8 @@ StreamPlan plan_stream(const StreamArgs& args) {
     if (it == backends.end()) {
       throw UsageError(fmt::format("--backend: unknown backend '{}' (this build has: {})", args.backend, known));
     }
-    if (!it->available) throw UsageError(fmt::format("--backend: {} is {}", it->name, describe_availability(*it)));
+    if (!it->available && !(it->built && args.device))  // an explicit device is the backend's to refuse
+      throw UsageError(fmt::format("--backend: {} is {}", it->name, describe_availability(*it)));
   }
   plan.backend = args.backend;
   for (const std::string& option : args.backend_options) {
@@ -610,8 +651,10 @@ StreamPlan plan_stream(const StreamArgs& args) {
   }
   // A device that is not there, or an option the backend does not take, is
   // a usage error found before anything runs: open it to ask, once (the
-  // stream runs on this instance).
-  if (!plan.backend_options.empty() && plan.backend != "auto") {
+  // stream runs on this instance). "auto" is opened the way the stream
+  // opens it (make_backend picks the backend and hands it the options), so
+  // what it picks is checked the same way.
+  if (!plan.backend_options.empty()) {
     try {
       plan.opened_backend = make_backend(plan.backend, plan.backend_options);
     } catch (const Error& e) {
@@ -717,62 +760,37 @@ StreamReport run_stream(StreamPlan& plan, Progress& progress, const std::atomic<
     BridgeOptions options;
     options.ring_bytes = plan.ring_bytes;
     Bridge bridge(open_backend(plan), options);
-    // Dumped when the stream ends, however it ends (before the bridge goes).
-    struct DumpTraceAtEnd {
-      Bridge& bridge;
-      StreamPlan& plan;
-      StreamReport& report;
-      ~DumpTraceAtEnd() {
-        if (!plan.trace_path) return;
-        try {
-          bridge.dump_trace(*plan.trace_path);
-          report.trace_file = *plan.trace_path;
-        } catch (const std::exception& e) {
-          report.errors.push_back(fmt::format("--trace: {}", e.what()));
-        }
-      }
-    } dump_trace_at_end{bridge, plan, report};
-    if (plan.trace_path) {
-      RecordOptions recording;
-      recording.max_events = kStreamTraceEvents;
-      bridge.record(recording);
-    }
-    const BackendInfo info = bridge.backend_info();
-    report.backend = info.name;
-    report.device_id = info.device_id;
-    report.device_name = info.device_name;
-    report.device_string = tinygrad_device(info.device_kind, info.device_ordinal);
-
-    StreamPipeline pipeline(bridge, plan, progress, stop);
+    // The stream itself: its failures end it and land in the report; the
+    // bridge is closed below however it ended.
     try {
-      pipeline.allocate_slots();
-    } catch (...) {
-      report.memory = bridge.memory_stats();  // the report says what memory the bridge held when it ran out
-      throw;
+      if (plan.trace_path) {
+        RecordOptions recording;
+        recording.max_events = kStreamTraceEvents;
+        bridge.record(recording);
+      }
+      stream_on(bridge, plan, progress, stop, report);
+    } catch (const std::exception& e) {
+      report.errors.push_back(e.what());
     }
-    pipeline.run(report);
-    pipeline.release_stranded();
-
-    const BridgeStats stats = bridge.stats();
-    report.copies_submitted = stats.copies_submitted;
-    report.copies_failed = stats.copies_failed;
-    report.stale_completions = stats.stale_completions;
-    report.memory = bridge.memory_stats();
-    if (report.errors.empty()) {
-      // Everything came back: nothing may still hold the ring or a buffer.
-      if (stats.ring_reservations != 0 || stats.copies_in_flight != 0 || stats.active_steps != 0) {
-        report.errors.push_back(fmt::format(
-            "after the last chunk the bridge still holds {} ring reservations, {} copies in flight, {} steps",
-            stats.ring_reservations, stats.copies_in_flight, stats.active_steps));
-      } else {
-        pipeline.free_slots();
+    // Closed here, not left to the destructor (which can only log): a close
+    // that fails (the device lost while quiescing) is a failure of the run.
+    try {
+      bridge.close();
+    } catch (const std::exception& e) {
+      report.errors.push_back(fmt::format("closing the bridge failed: {}", e.what()));
+    }
+    // Dumped after the close, so the trace ends with it (its frees, its close
+    // event when it succeeded); also when it failed.
+    if (plan.trace_path) {
+      try {
+        bridge.dump_trace(*plan.trace_path);
+        report.trace_file = *plan.trace_path;
+      } catch (const std::exception& e) {
+        report.errors.push_back(fmt::format("--trace: {}", e.what()));
       }
     }
-    // On failure the bridge's destructor quiesces the backend and frees
-    // whatever the stream still held.
-  } catch (const devbridge::Error& e) {
-    report.errors.push_back(e.what());
   } catch (const std::exception& e) {
+    // The bridge could not be made (the backend, the ring).
     report.errors.push_back(e.what());
   }
 

@@ -115,6 +115,9 @@ inline constexpr std::size_t kStreamTraceEvents = 1u << 18;
 // Runs the plan, on the plan's opened backend when it has one (it takes it).
 // Runtime failures (devbridge::Error, a wrong element, a lost
 // completion) do not throw: they end the stream and land in report.errors.
+// The bridge is closed before it returns, however the stream ended, and a
+// close that fails (the device lost while quiescing) is such a failure too;
+// the trace (--trace) is dumped after the close.
 // When `stop` is given and becomes non-zero (a signal number, set by a
 // signal handler), the stream submits no further chunk, drains and verifies
 // what is in flight, and returns a report with `interrupted` set.

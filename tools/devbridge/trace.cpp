@@ -4,11 +4,11 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <string_view>
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 namespace devbridge::cli {
 
@@ -24,14 +24,35 @@ constexpr int kMaxDepth = 64;
   throw TraceFileError(fmt::format("{}: {}", path, why));
 }
 
+// Opened without blocking (a FIFO with no writer would wait for one forever)
+// and refused unless it is a regular file, as checkpoint inspect does.
 std::string read_whole(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) refuse(path, fmt::format("cannot be opened: {}", std::strerror(errno)));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) refuse(path, fmt::format("cannot be opened: {}", std::strerror(errno)));
+  if (::fstat(fd, &st) != 0) refuse(path, fmt::format("cannot be opened: {}", std::strerror(errno)));
   if (S_ISDIR(st.st_mode)) refuse(path, "is a directory, not a trace file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) refuse(path, fmt::format("cannot be opened: {}", std::strerror(errno)));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) refuse(path, fmt::format("cannot be read: {}", std::strerror(errno)));
+  if (!S_ISREG(st.st_mode))
+    refuse(path, "is not a regular file (a FIFO, device or socket is refused, never waited on)");
+  // A regular file never blocks; reads go on as usual.
+  if (const int flags = ::fcntl(fd, F_GETFL); flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  std::string text;
+  if (st.st_size > 0) text.reserve(static_cast<std::size_t>(st.st_size));
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n > 0) {
+      text.append(buffer, static_cast<std::size_t>(n));
+    } else if (n == 0) {
+      break;
+    } else if (errno != EINTR) {
+      refuse(path, fmt::format("cannot be read: {}", std::strerror(errno)));
+    }
+  }
   return text;
 }
 

@@ -17,8 +17,10 @@ class TraceFileError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Reads and checks `path`: JSON, "otherData.format" "devbridge-trace",
-// a version this build reads, "traceEvents" an array.
+// Reads and checks `path`: a regular file (opened without blocking, so a
+// FIFO or device is refused at once, never waited on), JSON,
+// "otherData.format" "devbridge-trace", a version this build reads,
+// "traceEvents" an array.
 nlohmann::json load_trace(const std::string& path);
 
 }  // namespace devbridge::cli
