@@ -342,6 +342,7 @@ void bind_bridge(nb::module_& m) {
       .def(
           "close",
           [](PyBridge& b) {
+            b.state->note_call_stack();
             {
               GilReleased no_gil;
               b.state->close();
@@ -355,6 +356,7 @@ void bind_bridge(nb::module_& m) {
       .def(
           "__exit__",
           [](PyBridge& b, nb::handle, nb::handle, nb::handle) {
+            b.state->note_call_stack();
             {
               GilReleased no_gil;
               b.state->close();

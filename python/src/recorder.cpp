@@ -113,7 +113,9 @@ void annotate_call_stack() noexcept {
 }
 
 void record(BridgeState& state, nb::handle max_events_object, nb::handle stacks, nb::handle oom_dump_dir) {
-  const auto max_events = args::integer<std::uint64_t>(max_events_object, "max_events");
+  // None: the default, as the signature shows (it was a TypeError).
+  const auto max_events = max_events_object.is_none() ? RecordOptions{}.max_events
+                                                      : args::integer<std::uint64_t>(max_events_object, "max_events");
   if (auto refusal = max_events_refusal(max_events); !refusal.empty()) args::raise(PyExc_ValueError, refusal);
   RecordOptions options;
   options.max_events = static_cast<std::size_t>(max_events);

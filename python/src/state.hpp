@@ -88,6 +88,14 @@ struct BridgeState {
     return *bridge;
   }
 
+  // With the GIL, for a call that does not pass through open() (close): its
+  // Python stack for what it records, when the bridge records stacks; the
+  // last call's stack stayed in effect and named the wrong line.
+  void note_call_stack() const {
+    if (!inherited_by_fork() && bridge->records_stacks()) [[unlikely]]
+      annotate_call_stack();
+  }
+
   // Python's close(): wakes every blocked caller with Closed, frees what no
   // lease holds. Call without the GIL. Repeating it retries a close whose
   // quiesce failed. A close refused before it began (AllocationStillInUse:

@@ -103,6 +103,27 @@ def test_stacks_name_the_calling_file(recorded):
         assert "test_stacks_name_the_calling_file" in stack
 
 
+def test_max_events_none_is_the_default(fake_bridge):
+    fake_bridge.record(max_events=None)
+    assert fake_bridge.trace()["otherData"]["max_events"] == 100000
+
+
+def test_close_records_its_own_stack_not_the_last_calls(fake_bridge):
+    # close() (and a with-block's end) do not pass through the check every other call makes, which attaches the
+    # caller's stack: the close and the frees it makes carried the stack of the thread's previous call.
+    b = fake_bridge
+    b.record(max_events=100, stacks=True)
+    h = b.alloc(F32, 4096)  # the previous call: its line must not be what close records
+
+    def closing_here():
+        b.close()
+
+    closing_here()
+    for event in instants(b.trace(), "close"):
+        assert "closing_here" in event["args"]["stack"], event["args"]["stack"]
+    assert h is not None
+
+
 def test_nothing_is_recorded_when_off(recorded):
     b = recorded
     b.free(b.alloc(F32, 4096))
