@@ -250,10 +250,13 @@ def refusals(cli, work):
     for name, event, words in [("not-object", "5", "event 1 is not an object"),
                                ("no-ph", '{"ts": 1}', 'event 1 has no "ph" string'),
                                ("ph-number", '{"ph": 5, "ts": 1}', 'event 1 has no "ph" string'),
-                               ("name-number", '{"ph": "B", "name": 3, "ts": 1}', '"name" that is not a string'),
-                               ("ts-string", '{"ph": "i", "ts": "1"}', '"ts" that is not a number'),
-                               ("no-ts", '{"ph": "i"}', 'event 1 has no "ts"'),
-                               ("args-list", '{"ph": "i", "ts": 1, "args": []}', '"args" that are not an object'),
+                               ("name-number", '{"ph": "B", "name": 3, "ts": 1}', 'event 1 has no "name" string'),
+                               # The page labels every event by its name (a slice without one crashed it).
+                               ("no-name", '{"ph": "B", "ts": 1}', 'event 1 has no "name" string'),
+                               ("ts-string", '{"ph": "i", "name": "free", "ts": "1"}', '"ts" that is not a number'),
+                               ("no-ts", '{"ph": "i", "name": "free"}', 'event 1 has no "ts"'),
+                               ("args-list", '{"ph": "i", "name": "free", "ts": 1, "args": []}',
+                                '"args" that are not an object'),
                                ("thread-name", '{"ph": "M", "name": "thread_name", "tid": 7}', "args.name"),
                                ("counter", '{"ph": "C", "name": "memory", "ts": 1, "args": {"allocated": "x"}}',
                                 '"allocated" is not a number')]:
