@@ -92,6 +92,11 @@ def torch_layout(snapshot: dict[str, Any], trace: dict[str, Any]) -> dict[str, A
 
     # The history: an allocation is "alloc"; its end "free_requested" when released (or freed) and
     # "free_completed" when the memory went back. Allocations made before recording have no "alloc".
+    # Without the caching pool every allocation is a segment of its own, made and given back with it:
+    # "segment_alloc" before its "alloc", "segment_free" after its "free_completed" (the viewer's
+    # history, stepped back past a free, recreates the block inside its segment, which must be there).
+    # With the pool, its segments are those of the snapshot (the trace names no segment's address).
+    own_segments = not snapshot.get("stats", {}).get("pool_enabled", False)
     history = []
     allocations: dict[str, tuple[int, int]] = {}  # handle -> (address, bytes)
     requested: set[str] = set()
@@ -104,8 +109,9 @@ def torch_layout(snapshot: dict[str, Any], trace: dict[str, Any]) -> dict[str, A
         frames = _frames(args.get("stack"))
         if event["name"] == "allocate":
             allocations[handle] = (args.get("address", 0), args["bytes"])
-            history.append({"action": "alloc", "addr": args.get("address", 0), "size": args["bytes"],
-                            "stream": 0, "time_us": time_us, "frames": frames})
+            actions = ("segment_alloc", "alloc") if own_segments else ("alloc",)
+            history.extend({"action": action, "addr": args.get("address", 0), "size": args["bytes"],
+                            "stream": 0, "time_us": time_us, "frames": frames} for action in actions)
         elif event["name"] in ("release", "free") and handle in allocations:
             # The end of an allocation made before recording is left out with its start: the viewer would
             # otherwise count memory below zero.
@@ -117,6 +123,7 @@ def torch_layout(snapshot: dict[str, Any], trace: dict[str, Any]) -> dict[str, A
             if event["name"] == "free":
                 requested.discard(handle)
                 allocations.pop(handle, None)
-                history.append({"action": "free_completed", "addr": address, "size": size, "stream": 0,
-                                "time_us": time_us, "frames": frames})
+                actions = ("free_completed", "segment_free") if own_segments else ("free_completed",)
+                history.extend({"action": action, "addr": address, "size": size, "stream": 0,
+                                "time_us": time_us, "frames": frames} for action in actions)
     return {"segments": segments, "device_traces": [history]}
