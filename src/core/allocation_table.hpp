@@ -184,6 +184,10 @@ class AllocationTable {
   Orphan* find_orphan(const OrphanKey& key) noexcept;
   void erase_orphan(const OrphanKey& key) noexcept { orphans_.erase(key); }
   std::size_t orphan_count() const noexcept { return orphans_.size(); }
+  template <class F>
+  void for_each_orphan(F&& f) const {
+    for (const auto& [key, orphan] : orphans_) f(key, orphan);
+  }
 
   // ---- what the memory costs ----
   std::uint64_t allocated_bytes() const noexcept { return allocated_bytes_; }

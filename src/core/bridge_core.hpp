@@ -284,11 +284,23 @@ class BridgeCore {
   // most `down_to` bytes of them are left; the caller frees them in the backend.
   std::vector<DeviceAllocation> take_free_segments(std::uint64_t down_to = 0) noexcept;
 
+  // What a free records (the flight recorder's `free`): the allocation's
+  // generation and id, its bytes and address, whether it ended a deferred
+  // release.
+  struct FreedMemory {
+    Generation generation;
+    std::uint64_t id, bytes, address;
+    bool deferred;
+  };
   // Memory no allocation uses any more: cached, or freed in the backend.
   // Under the lock; returns what the backend must still free (the memory,
   // or the pool's segment it was part of), which the caller frees now or
-  // after unlocking.
-  std::optional<DeviceAllocation> keep_or_free_later(const DeviceAllocation& device, std::uint64_t alignment) noexcept;
+  // after unlocking. `freed` (recording only): the free to record, once the
+  // memory went where it goes, so its counters count it there.
+  std::optional<DeviceAllocation> keep_or_free_later(const DeviceAllocation& device, std::uint64_t alignment,
+                                                     const FreedMemory* freed = nullptr) noexcept;
+  // keep_or_free_later of the allocation in slot `index`, just retired, recording its free.
+  [[gnu::noinline, gnu::cold]] std::optional<DeviceAllocation> keep_or_free_recorded(std::uint32_t index) noexcept;
 
   // Under the lock, from inside a noexcept path: every whole free segment
   // back to the backend.
@@ -775,8 +787,25 @@ class BridgeCore {
   [[gnu::noinline, gnu::cold]] void trace_memory(TraceKind kind, Generation generation, std::uint64_t id,
                                                  std::uint64_t bytes, std::uint64_t address = 0) noexcept;
   // The allocation in slot `index` was just retired (its fields stay until
-  // the slot is used again): its memory goes back.
+  // the slot is used again): its memory goes back to the backend (no pool).
   [[gnu::noinline, gnu::cold]] void trace_free(std::uint32_t index) noexcept;
+  // Inline into its two callers (both out of line): a call more on every recorded free.
+  [[gnu::always_inline]] void trace_freed(const FreedMemory& freed) noexcept {
+    auto& record = recording_->append(TraceKind::Free, freed.generation, freed.id, trace_counters());
+    record.slice = freed.deferred ? 1u : 0u;  // Free's marker: the end of a deferred release
+    record.bytes = freed.bytes;
+    record.offset = freed.address;
+  }
+  // After the pool took back a part of `part_bytes` (keep_or_free_later):
+  // the free (`freed`, if one is recorded), then what the pool did with it.
+  [[gnu::noinline, gnu::cold]] void trace_given_back(const FreedMemory* freed, std::uint64_t part_bytes,
+                                                     bool coalesced,
+                                                     const std::optional<DeviceAllocation>& whole) noexcept;
+  // A pool hit, miss or split for a request of `class_bytes`, served by a
+  // part of `part_bytes` (0: none yet), counted as allocated: it is the
+  // request's from here on (its allocate follows); then a split if `split`.
+  [[gnu::noinline, gnu::cold]] void trace_pool_take(TraceKind kind, std::uint64_t class_bytes, std::uint64_t part_bytes,
+                                                    bool split) noexcept;
   // Now, in the recorder's ticks (out of line: the hot paths only test recording_).
   [[gnu::noinline, gnu::cold]] std::uint64_t recording_ticks() const noexcept { return recording_->ticks(); }
   // An async copy's begin: its slice ends when its completion applies.
@@ -793,10 +822,18 @@ class BridgeCore {
   [[gnu::noinline, gnu::cold]] void trace_fence(TraceKind kind, const DropQueue::Entry& entry) noexcept;
   // Inline: out of line, its 40-byte result came back through memory and
   // was block-copied into the record.
-  TraceCounters trace_counters() const noexcept {
+  // Without a pool, reserved is memory_stats()'s: the live allocations and
+  // the orphans views or fences still hold (rare: a count's test first).
+  [[gnu::always_inline]] TraceCounters trace_counters() const noexcept {
     const std::uint64_t allocated = allocations_.allocated_bytes();
-    return TraceCounters{allocated, pool_ ? pool_->reserved_bytes() : allocated, pool_ ? pool_->cached_bytes() : 0,
-                         ring_.used(), copies_.inflight_bytes()};
+    const std::uint64_t reserved = pool_                                ? pool_->reserved_bytes()
+                                   : allocations_.orphan_count() == 0 ? allocated
+                                                                       : reserved_with_orphans();
+    return TraceCounters{allocated, reserved, pool_ ? pool_->cached_bytes() : 0, ring_.used(),
+                         copies_.inflight_bytes()};
+  }
+  [[gnu::noinline, gnu::cold]] std::uint64_t reserved_with_orphans() const noexcept {
+    return allocations_.reserved_bytes(nullptr);
   }
   // The final out-of-memory message's detail: fragmentation and the top
   // holders by bytes; with the recorder on and oom_dump_dir set, the dump.

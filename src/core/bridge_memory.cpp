@@ -6,16 +6,22 @@ namespace devbridge::detail {
 
 void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan& o) noexcept {
   if (o.used()) return;
-  if (o.adopted_region) {
-    if (!o.abandoned) end_adoption(o.device, o.adopted_region - 1);
-  } else if (!o.abandoned) {
-    if (recording_) [[unlikely]]
-      trace_memory(TraceKind::Free, key.first, key.second, o.device.bytes, o.device.address);
-    if (const auto whole = keep_or_free_later(o.device, o.alignment)) backend_->free(*whole);
-    // After close, nothing allocates again: what the orphan left cached goes too.
-    if (gate_.closed() && !gate_.restarting()) free_cache_now();
+  if (o.adopted_region || o.abandoned) {
+    if (o.adopted_region && !o.abandoned) end_adoption(o.device, o.adopted_region - 1);
+    allocations_.erase_orphan(key);
+    return;
   }
-  allocations_.erase_orphan(key);
+  const DeviceAllocation device = o.device;
+  const std::uint64_t alignment = o.alignment;
+  const FreedMemory freed{key.first, key.second, device.bytes, device.address, false};
+  // Gone from the orphans first, and recorded once the memory went where it
+  // goes (keep_or_free_later): the free's counters count it cached, or no
+  // longer reserved.
+  allocations_.erase_orphan({key.first, key.second});
+  if (const auto whole = keep_or_free_later(device, alignment, recording_ ? &freed : nullptr))
+    backend_->free(*whole);
+  // After close, nothing allocates again: what the orphan left cached goes too.
+  if (gate_.closed() && !gate_.restarting()) free_cache_now();
 }
 
 [[gnu::noinline]] void BridgeCore::free_slot(std::uint32_t index) {
@@ -23,9 +29,9 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
   if (slot.adopted_region) return end_adopted_slot(index);
   const DeviceAllocation device = slot.device;
   allocations_.retire(index);
-  if (recording_) [[unlikely]]
-    trace_free(index);
-  if (const auto whole = keep_or_free_later(device, slot.spec.alignment)) backend_->free(*whole);
+  const auto whole = __builtin_expect(recording_ != nullptr, 0) ? keep_or_free_recorded(index)
+                                                                : keep_or_free_later(device, slot.spec.alignment);
+  if (whole) backend_->free(*whole);
 }
 
 [[gnu::noinline]] std::optional<DeviceAllocation> BridgeCore::give_back_to_pool(std::uint32_t index) {
@@ -33,8 +39,17 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
   const DeviceAllocation device = slot.device;
   allocations_.retire(index);
   if (recording_) [[unlikely]]
-    trace_free(index);
+    return keep_or_free_recorded(index);
   return keep_or_free_later(device, slot.spec.alignment);
+}
+
+[[gnu::noinline, gnu::cold]] std::optional<DeviceAllocation> BridgeCore::keep_or_free_recorded(
+    std::uint32_t index) noexcept {
+  // The slot just retired keeps its fields until it is used again.
+  const auto& slot = allocations_[index];
+  const FreedMemory freed{generation_, make_id(index, slot.version), slot.extent, slot.device.address,
+                          slot.released};
+  return keep_or_free_later(slot.device, slot.spec.alignment, &freed);
 }
 
 [[gnu::noinline]] DeviceHandle BridgeCore::alloc_through_pool(const ObjectSpec& spec, std::uint32_t elem,
@@ -48,10 +63,9 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
     const auto splits = pool_->splits_made();
     const auto part = call_backend([&] { return pool_->take(*backend_, class_bytes, spec.alignment); });
     allocations_.count_cache_lookup(part.has_value());
-    if (recording_) [[unlikely]] {
-      trace_memory(part ? TraceKind::PoolHit : TraceKind::PoolMiss, generation_, 0, class_bytes);
-      if (pool_->splits_made() != splits) trace_memory(TraceKind::PoolSplit, generation_, 0, class_bytes);
-    }
+    if (recording_) [[unlikely]]
+      trace_pool_take(part ? TraceKind::PoolHit : TraceKind::PoolMiss, class_bytes, part ? part->bytes : 0,
+                      pool_->splits_made() != splits);
     if (part) return add_allocation(lock, spec, elem, view_dtype, extent, *part);
     surplus = take_free_segments(pool_->keep_for(pool_->segment_bytes(class_bytes)));
   }
@@ -68,7 +82,7 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
       call_backend([&] { return pool_->take_from_new(*backend_, segment, spec.alignment, class_bytes); });
   allocations_.note_reserved(*pool_);
   if (recording_ && pool_->splits_made() != splits) [[unlikely]]
-    trace_memory(TraceKind::PoolSplit, generation_, 0, class_bytes);
+    trace_pool_take(TraceKind::PoolSplit, class_bytes, part.bytes, false);
   return add_allocation(lock, spec, elem, view_dtype, extent, part);
 }
 
@@ -180,23 +194,26 @@ std::vector<DeviceAllocation> BridgeCore::take_free_segments(std::uint64_t down_
 }
 
 std::optional<DeviceAllocation> BridgeCore::keep_or_free_later(const DeviceAllocation& device,
-                                                               std::uint64_t alignment) noexcept {
+                                                               std::uint64_t alignment,
+                                                               const FreedMemory* freed) noexcept {
   std::optional<DeviceAllocation> whole = device;
   if (pool_) {
     try {
       const auto coalesces = pool_->coalesces();
       whole = pool_->give_back(*backend_, device, alignment);
-      if (recording_) [[unlikely]] {
-        if (pool_->coalesces() != coalesces) trace_memory(TraceKind::PoolCoalesce, generation_, 0, device.bytes);
-        if (whole) trace_memory(TraceKind::PoolGiveBack, generation_, 0, whole->bytes);
-      }
+      if (recording_) [[unlikely]]
+        trace_given_back(freed, device.bytes, pool_->coalesces() != coalesces, whole);
     } catch (const std::exception& e) {
       // The pool could not take it back: the memory stays allocated (never
       // freed under a part still handed out), lost to reuse.
       log().error("devbridge: the caching pool could not take back {} bytes at {:#x}: {}", device.bytes,
                   device.address, e.what());
+      if (freed) [[unlikely]]
+        trace_given_back(freed, device.bytes, false, std::nullopt);  // the allocation ended all the same
       return std::nullopt;
     }
+  } else if (freed) [[unlikely]] {
+    trace_given_back(freed, device.bytes, false, std::nullopt);
   }
   if (whole) allocations_.count_backend_frees(1);
   return whole;

@@ -12,9 +12,8 @@
 namespace devbridge::detail {
 
 void BridgeCore::record(const RecordOptions& options) {
-  FlightRecorder::check_options(options);
   // The ring is allocated before the lock: a large one takes a while.
-  auto recorder = std::make_unique<FlightRecorder>(options);
+  auto recorder = std::make_unique<FlightRecorder>(FlightRecorder::check_options(options));
   std::unique_ptr<FlightRecorder> previous;
   {
     SpinLockHold lock(lock_);
@@ -51,11 +50,31 @@ void BridgeCore::trace_memory(TraceKind kind, Generation generation, std::uint64
 void BridgeCore::trace_free(std::uint32_t index) noexcept {
   if (!recording_) return;
   const auto& slot = allocations_[index];
-  // Recorded just after the slot retired: the counters already say so.
-  auto& record = recording_->append(TraceKind::Free, generation_, make_id(index, slot.version), trace_counters());
-  record.slice = slot.released ? 1u : 0u;  // Free's marker: the end of a deferred release
-  record.bytes = slot.extent;
-  record.offset = slot.device.address;
+  // Recorded just after the slot retired, without a pool (the memory goes
+  // straight back to the backend): the counters already say so.
+  trace_freed(FreedMemory{generation_, make_id(index, slot.version), slot.extent, slot.device.address,
+                          slot.released});
+}
+
+void BridgeCore::trace_given_back(const FreedMemory* freed, std::uint64_t part_bytes, bool coalesced,
+                                  const std::optional<DeviceAllocation>& whole) noexcept {
+  if (!recording_) return;
+  // The pool has taken the memory back (cached, or the segment out of it for
+  // the backend): every sample below counts it where it went.
+  if (freed) trace_freed(*freed);
+  if (coalesced) trace_memory(TraceKind::PoolCoalesce, generation_, 0, part_bytes);
+  if (whole && pool_) trace_memory(TraceKind::PoolGiveBack, generation_, 0, whole->bytes);
+}
+
+void BridgeCore::trace_pool_take(TraceKind kind, std::uint64_t class_bytes, std::uint64_t part_bytes,
+                                 bool split) noexcept {
+  if (!recording_) return;
+  // The part is the request's from here on (its allocate follows at once):
+  // counted as allocated, so that allocated + cached is still reserved.
+  auto counters = trace_counters();
+  counters.allocated += part_bytes;
+  recording_->append(kind, generation_, 0, counters).bytes = class_bytes;
+  if (split) recording_->append(TraceKind::PoolSplit, generation_, 0, counters).bytes = class_bytes;
 }
 
 void BridgeCore::trace_copy_begin(CopyDirection direction, const DeviceRange& device, std::uint64_t event_id,
@@ -248,6 +267,7 @@ std::string BridgeCore::memory_snapshot_json() {
   fmt::format_to(out, "\"segments\":[");
   bool first_segment = true;
   std::unordered_set<std::uint32_t> in_pool;  // live allocations the pool's segments hold
+  std::unordered_set<std::uint64_t> orphans_in_pool;  // addresses of the pool's blocks no live handle names
   if (pool_) {
     // A split segment's spans come in offset order, one segment after another.
     std::uint64_t open_segment = ~0ull;
@@ -264,6 +284,7 @@ std::string BridgeCore::memory_snapshot_json() {
       const auto owner = free ? by_address.end() : by_address.find(segment.address + offset);
       const bool whole = bytes == segment.bytes;
       if (owner != by_address.end()) in_pool.insert(owner->second);
+      if (!free && owner == by_address.end()) orphans_in_pool.insert(segment.address + offset);
       write_block(offset, bytes,
                   free                         ? "cached"
                   : owner == by_address.end() ? "orphan"
@@ -281,6 +302,17 @@ std::string BridgeCore::memory_snapshot_json() {
                    slot.device.address, slot.device.bytes);
     first_segment = false;
     write_block(0, slot.device.bytes, slot.adopted_region ? "adopted" : "allocated", &index);
+    fmt::format_to(out, "]}}");
+  });
+  // Orphans the pool's blocks did not show (no pool, or a whole block of a
+  // whole-block pool, which keeps no record of live ones): each a segment of
+  // its own, as the live allocation it was.
+  allocations_.for_each_orphan([&](const AllocationTable::OrphanKey&, const Orphan& orphan) {
+    if (orphans_in_pool.contains(orphan.device.address)) return;
+    fmt::format_to(out, "{}{{\"address\":{},\"bytes\":{},\"pool\":false,\"blocks\":[", first_segment ? "" : ",",
+                   orphan.device.address, orphan.device.bytes);
+    first_segment = false;
+    write_block(0, orphan.device.bytes, "orphan", nullptr);
     fmt::format_to(out, "]}}");
   });
   fmt::format_to(out, "]}}\n");

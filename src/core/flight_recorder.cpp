@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
@@ -46,10 +47,12 @@ const std::string* TraceStack::current() noexcept { return t_trace_stack; }
 
 namespace devbridge::detail {
 
-std::uint16_t first_trace_thread() noexcept {
-  static std::atomic<std::uint16_t> next{1};
-  trace_thread_number = next.fetch_add(1, std::memory_order_relaxed);
-  return trace_thread_number;
+std::uint32_t first_trace_thread() noexcept {
+  static std::atomic<std::uint32_t> next{1};
+  std::uint32_t number = next.fetch_add(1, std::memory_order_relaxed);
+  if (number == 0) number = next.fetch_add(1, std::memory_order_relaxed);  // wrapped: 0 means "not drawn yet"
+  trace_thread_number = number;
+  return number;
 }
 
 bool trace_ticks_are_tsc() noexcept {
@@ -100,10 +103,17 @@ void FlightRecorder::check_max_events(std::size_t max_events) {
     fail(ErrorKind::InvalidRange, "record: {}", refusal);
 }
 
-void FlightRecorder::check_options(const RecordOptions& options) {
-  check_max_events(options.max_events);
+RecordOptions FlightRecorder::check_options(const RecordOptions& given) {
+  check_max_events(given.max_events);
+  RecordOptions options = given;
+  if (options.oom_dump_dir.empty()) return options;
+  std::error_code absolute_error;
+  auto absolute = std::filesystem::absolute(given.oom_dump_dir, absolute_error);
+  if (absolute_error)
+    fail(ErrorKind::Unavailable, "record: oom_dump_dir {}: cannot make it absolute: {}", given.oom_dump_dir,
+         absolute_error.message());
+  options.oom_dump_dir = absolute.string();
   const std::string& directory = options.oom_dump_dir;
-  if (directory.empty()) return;
   struct stat st {};
   if (::stat(directory.c_str(), &st) != 0) {
     const int error = errno;
@@ -114,6 +124,7 @@ void FlightRecorder::check_options(const RecordOptions& options) {
     const int error = errno;
     fail(ErrorKind::Unavailable, "record: oom_dump_dir {}: cannot write in it: {}", directory, std::strerror(error));
   }
+  return options;
 }
 
 FlightRecorder::FlightRecorder(const RecordOptions& options)

@@ -90,7 +90,7 @@ struct TraceRecord {
   std::uint64_t consumer = 0;    // a consumer's queue handle, for fences on one
   std::uint64_t begin_ns = 0;    // a whole slice's begin, in the same unit as ts_ns
   std::uint32_t stack = 0;       // interned stack text, 0 for none
-  std::uint16_t thread = 0;
+  std::uint32_t thread = 0;      // trace_thread()
   TraceKind kind = TraceKind::Allocate;
   TraceTrack track = TraceTrack::Calls;
   std::uint8_t holder = 0;       // ViewHolder, for views
@@ -112,7 +112,7 @@ struct TraceSlot {
   std::uint64_t bytes;
   Generation generation;
   std::uint32_t stack;
-  std::uint16_t thread;
+  std::uint32_t thread;
   TraceKind kind;
   TraceTrack track;
   std::uint8_t holder;
@@ -133,11 +133,14 @@ inline TraceRecord trace_record(TraceKind kind, Generation generation, std::uint
   return record;
 }
 
-// This thread's small number (1, 2, ... in the order threads first record).
+// This thread's number (1, 2, ... in the order threads first record), drawn
+// once and kept: never 0, and 32 bits wide, so no two threads share one
+// until 2^32 - 1 threads have recorded (16 bits wrapped after 65,535, and a
+// thread that drew 0 drew again on every record).
 // Inline, constant-initialized: no guard and no call on every record.
-inline thread_local std::uint16_t trace_thread_number = 0;
-[[gnu::cold]] std::uint16_t first_trace_thread() noexcept;
-inline std::uint16_t trace_thread() noexcept {
+inline thread_local std::uint32_t trace_thread_number = 0;
+[[gnu::cold]] std::uint32_t first_trace_thread() noexcept;
+inline std::uint32_t trace_thread() noexcept {
   const auto mine = trace_thread_number;
   return mine != 0 ? mine : first_trace_thread();
 }
@@ -193,8 +196,10 @@ class FlightRecorder {
   static void check_max_events(std::size_t max_events);
   // check_max_events, and an oom_dump_dir that is not a directory this
   // process can write in (Unavailable): said when recording starts, not at
-  // the first out-of-memory.
-  static void check_options(const RecordOptions& options);
+  // the first out-of-memory. Returns the options to record with: a relative
+  // oom_dump_dir made absolute (against the working directory now), so a
+  // later chdir does not move where the dump goes.
+  [[nodiscard]] static RecordOptions check_options(const RecordOptions& options);
 
   explicit FlightRecorder(const RecordOptions& options);
 

@@ -247,6 +247,45 @@ TEST_P(RecorderConformance, DumpTraceWritesTheSameJsonAtomically) {
   b.free_device(handle);
 }
 
+// Each memory sample is what the bridge holds once its event happened: on
+// every backend (with its own pool policy), the last sample after each call
+// is memory_stats(), and allocated + cached is reserved in every one (a
+// free's used to miss what it gave back to the pool).
+TEST_P(RecorderConformance, MemorySamplesAddUpAsMemoryStatsDo) {
+  auto& b = make_bridge();
+  b.record(RecordOptions{});
+  const auto expect_last_sample_is_the_stats = [&](const char* after) {
+    SCOPED_TRACE(after);
+    const auto trace = json::parse(b.trace_json());
+    const json* last = nullptr;
+    for (const auto& e : trace["traceEvents"]) {
+      if (e["ph"] != "C") continue;
+      const auto& c = e["args"];
+      EXPECT_EQ(c["allocated"].get<std::uint64_t>() + c["cached"].get<std::uint64_t>(),
+                c["reserved"].get<std::uint64_t>())
+          << e.dump();
+      last = &e;
+    }
+    ASSERT_NE(last, nullptr);
+    const MemoryStats stats = b.memory_stats();
+    EXPECT_EQ((*last)["args"]["allocated"], stats.allocated_bytes);
+    EXPECT_EQ((*last)["args"]["cached"], stats.cached_bytes);
+    EXPECT_EQ((*last)["args"]["reserved"], stats.reserved_bytes);
+  };
+  const auto h1 = b.alloc_device(kFloats, 256);
+  const auto h2 = b.alloc_device(kFloats, 256);
+  expect_last_sample_is_the_stats("two allocations");
+  b.free_device(h1);
+  expect_last_sample_is_the_stats("the first freed");
+  const auto h3 = b.alloc_device(kFloats, 256);
+  expect_last_sample_is_the_stats("a third, from the cache where there is one");
+  b.free_device(h2);
+  b.free_device(h3);
+  expect_last_sample_is_the_stats("all freed");
+  b.empty_cache();
+  expect_last_sample_is_the_stats("empty_cache");
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, RecorderConformance, ::testing::ValuesIn(backend_drivers()),
                          [](const auto& info) { return std::string(info.param.name); });
 

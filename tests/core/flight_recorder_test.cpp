@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -297,6 +299,223 @@ TEST_F(RecordedBridge, EachEventOfACallCarriesTheStackItsBindingSet) {
       ++with_stack;
     }
   EXPECT_GE(with_stack, 2) << "allocate and free at least";
+}
+
+// ---- the memory counters: allocated + cached is reserved, as memory_stats() has it ----
+
+struct Sample {
+  std::uint64_t allocated, reserved, cached;
+};
+
+std::vector<Sample> memory_samples(const Bridge& bridge) {
+  std::vector<Sample> samples;
+  const auto trace = json::parse(bridge.trace_json());
+  for (const auto& event : trace["traceEvents"])
+    if (event["ph"] == "C")
+      samples.push_back({event["args"]["allocated"], event["args"]["reserved"], event["args"]["cached"]});
+  return samples;
+}
+
+// The last sample says what memory_stats() says now, and every sample from
+// `from` on adds up (no orphan is held: then memory_stats() adds up too).
+void expect_samples_add_up(const Bridge& bridge, std::size_t from, const std::string& after) {
+  SCOPED_TRACE(after);
+  const auto samples = memory_samples(bridge);
+  ASSERT_FALSE(samples.empty());
+  const MemoryStats stats = bridge.memory_stats();
+  ASSERT_EQ(stats.allocated_bytes + stats.cached_bytes, stats.reserved_bytes) << "memory_stats() adds up";
+  EXPECT_EQ(samples.back().allocated, stats.allocated_bytes);
+  EXPECT_EQ(samples.back().cached, stats.cached_bytes);
+  EXPECT_EQ(samples.back().reserved, stats.reserved_bytes);
+  for (std::size_t i = from; i < samples.size(); ++i)
+    EXPECT_EQ(samples[i].allocated + samples[i].cached, samples[i].reserved)
+        << "sample " << i << ": allocated " << samples[i].allocated << ", cached " << samples[i].cached
+        << ", reserved " << samples[i].reserved;
+}
+
+struct PoolShape {
+  const char* name;
+  bool parts;                           // a pool that splits segments, or one of whole blocks
+  std::optional<std::uint64_t> cap;     // 0: every wholly free segment goes back at once
+};
+
+void PrintTo(const PoolShape& shape, std::ostream* os) { *os << shape.name; }
+
+class RecordedPoolCounters : public ::testing::TestWithParam<PoolShape> {};
+
+TEST_P(RecordedPoolCounters, EverySampleAddsUpAsMemoryStatsDo) {
+  auto fake = std::make_shared<FakeBackend>(1 << 30);
+  fake->set_auto_complete(true);
+  fake->set_parts(GetParam().parts);
+  Bridge bridge(std::make_unique<ForwardingBackend>(fake),
+                BridgeOptions{.ring_bytes = 4096, .caching_pool = CachingPool::On, .pool_cap_bytes = GetParam().cap});
+  bridge.record(RecordOptions{.max_events = 10000});
+  const ObjectSpec spec{1 << 24, 256, DType::UInt8, ShapeKind::Vector};
+  // A miss (a new segment, split), then a hit in its rest (split again).
+  const auto h1 = bridge.alloc_device(spec, 256);
+  expect_samples_add_up(bridge, 0, "the first allocation");
+  const auto h2 = bridge.alloc_device(spec, 256);
+  expect_samples_add_up(bridge, 0, "the second");
+  // The probe's case: the free's sample missed the 512 bytes it gave back.
+  bridge.free_device(h1);
+  expect_samples_add_up(bridge, 0, "free of the first");
+  bridge.free_device(h2);  // coalesces; the segment is wholly free (and past a cap of 0: given back)
+  expect_samples_add_up(bridge, 0, "free of the second");
+  const auto again = bridge.alloc_device(spec, 256);  // from the cache, or a new segment
+  expect_samples_add_up(bridge, 0, "an allocation after the frees");
+  // A large one: a segment of its own; freed by the end of a deferred release.
+  const auto large = bridge.alloc_device(spec, 3 << 20);
+  {
+    auto view = bridge.view(large, ViewSpec{DType::UInt8, Dims{16}, std::nullopt, 0});
+    bridge.release(large);
+  }
+  expect_samples_add_up(bridge, 0, "the deferred free");
+  const auto smaller = bridge.alloc_device(spec, 2 << 20);  // may split the large segment
+  expect_samples_add_up(bridge, 0, "a smaller large allocation");
+  bridge.free_device(smaller);
+  bridge.free_device(again);
+  expect_samples_add_up(bridge, 0, "the last frees");
+  bridge.empty_cache();
+  expect_samples_add_up(bridge, 0, "empty_cache");
+  // An orphan: held by a view across a restart, freed with the view's end.
+  const auto held = bridge.alloc_device(spec, 4096);
+  std::optional<ViewLease> view(bridge.view(held, ViewSpec{DType::UInt8, Dims{16}, std::nullopt, 0}));
+  bridge.restart(2);
+  const std::size_t after_orphan = memory_samples(bridge).size();
+  view.reset();
+  expect_samples_add_up(bridge, after_orphan, "the orphan's free");
+  bridge.close();
+}
+
+INSTANTIATE_TEST_SUITE_P(Pools, RecordedPoolCounters,
+                         ::testing::Values(PoolShape{"split", true, std::nullopt}, PoolShape{"split_cap0", true, 0},
+                                           PoolShape{"whole", false, std::nullopt},
+                                           PoolShape{"whole_cap0", false, 0}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(RecordedCounters, WithoutThePoolReservedCountsAnOrphanAsMemoryStatsDoes) {
+  auto fake = std::make_shared<FakeBackend>(1 << 30);
+  Bridge bridge(std::make_unique<ForwardingBackend>(fake),
+                BridgeOptions{.ring_bytes = 4096, .caching_pool = CachingPool::Off});
+  bridge.record(RecordOptions{.max_events = 100});
+  const auto held = bridge.alloc_device(kBytes, 4096);
+  std::optional<ViewLease> view(bridge.view(held, ViewSpec{DType::UInt8, Dims{16}, std::nullopt, 0}));
+  bridge.restart(2);
+  ASSERT_EQ(bridge.memory_stats().reserved_bytes, 4096u) << "the orphan is still the backend's";
+  auto samples = memory_samples(bridge);
+  ASSERT_FALSE(samples.empty()) << bridge.trace_json();
+  EXPECT_EQ(samples.back().reserved, 4096u) << "the restart's sample";
+  EXPECT_EQ(samples.back().allocated, 0u);
+  view.reset();
+  expect_samples_add_up(bridge, samples.size(), "the orphan's free");
+  samples = memory_samples(bridge);
+  ASSERT_FALSE(samples.empty());
+  EXPECT_EQ(samples.back().reserved, 0u);
+}
+
+// ---- the snapshot's orphans, with and without the pool ----
+
+class SnapshotOrphans : public ::testing::TestWithParam<PoolShape> {};
+
+TEST_P(SnapshotOrphans, AnOrphanIsASegmentWhateverThePool) {
+  auto fake = std::make_shared<FakeBackend>(1 << 30);
+  fake->set_parts(GetParam().parts);
+  // cap: unset uses the pool; 0 here means no pool at all.
+  const bool pooled = GetParam().cap != std::optional<std::uint64_t>(0);
+  Bridge bridge(std::make_unique<ForwardingBackend>(fake),
+                BridgeOptions{.ring_bytes = 4096, .caching_pool = pooled ? CachingPool::On : CachingPool::Off});
+  const auto held = bridge.alloc_device(kBytes, 4096);
+  std::optional<ViewLease> view(bridge.view(held, ViewSpec{DType::UInt8, Dims{16}, std::nullopt, 0}));
+  const auto live = bridge.alloc_device(kBytes, 8192);  // a live one beside it, listed as before
+  bridge.restart(2);
+  const auto after_restart = bridge.alloc_device(kBytes, 2048);
+  auto snapshot = json::parse(bridge.memory_snapshot_json());
+  std::uint64_t orphan_bytes = 0, orphans = 0, listed = 0;
+  for (const auto& segment : snapshot["segments"]) {
+    listed += segment["bytes"].get<std::uint64_t>();
+    for (const auto& block : segment["blocks"])
+      if (block["state"] == "orphan") {
+        ++orphans;
+        orphan_bytes += block["bytes"].get<std::uint64_t>();
+        EXPECT_FALSE(block.contains("handle")) << "no live handle names it";
+      }
+  }
+  EXPECT_EQ(orphans, 1u) << snapshot.dump(1);
+  EXPECT_GE(orphan_bytes, 4096u) << snapshot.dump(1);
+  if (!pooled)
+    EXPECT_EQ(listed, snapshot["stats"]["reserved_bytes"].get<std::uint64_t>())
+        << "every reserved byte is in a segment: " << snapshot.dump(1);
+  view.reset();
+  snapshot = json::parse(bridge.memory_snapshot_json());
+  for (const auto& segment : snapshot["segments"])
+    for (const auto& block : segment["blocks"]) EXPECT_NE(block["state"], "orphan") << "freed with its view";
+  bridge.free_device(after_restart);
+  (void)live;  // freed by the restart
+}
+
+INSTANTIATE_TEST_SUITE_P(Pools, SnapshotOrphans,
+                         ::testing::Values(PoolShape{"no_pool", true, 0}, PoolShape{"split", true, std::nullopt},
+                                           PoolShape{"whole", false, std::nullopt}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// ---- thread numbers ----
+
+TEST(FlightRecorder, ThreadNumbersStayDistinctAndStablePastSixteenBits) {
+  // 65,537 threads: a 16-bit count wrapped, gave one thread 0 (drawn again
+  // on every record) and the next ones the numbers of earlier threads.
+  constexpr std::size_t kThreads = (1u << 16) + 1;
+  std::vector<std::uint32_t> numbers(kThreads);
+  std::vector<char> stable(kThreads);
+  // In batches of threads alive at once (one at a time took 15 s in a VM).
+  constexpr std::size_t kBatch = 128;
+  for (std::size_t first = 0; first < kThreads; first += kBatch) {
+    std::vector<std::thread> batch;
+    for (std::size_t i = first; i < std::min(first + kBatch, kThreads); ++i)
+      batch.emplace_back([&numbers, &stable, i] {
+        numbers[i] = detail::trace_thread();
+        stable[i] = detail::trace_thread() == numbers[i];
+      });
+    for (auto& thread : batch) thread.join();
+  }
+  std::set<std::uint32_t> distinct(numbers.begin(), numbers.end());
+  distinct.insert(detail::trace_thread());  // this thread's too
+  EXPECT_EQ(distinct.size(), kThreads + 1) << "no two threads share a number";
+  EXPECT_FALSE(distinct.contains(0u));
+  EXPECT_EQ(std::count(stable.begin(), stable.end(), 1), static_cast<std::ptrdiff_t>(kThreads))
+      << "each thread keeps its number";
+}
+
+// ---- the out-of-memory dump's directory ----
+
+TEST(FlightRecorder, ARelativeOomDumpDirIsMadeAbsolute) {
+  const auto options = FlightRecorder::check_options(RecordOptions{.max_events = 10, .oom_dump_dir = "."});
+  EXPECT_TRUE(std::filesystem::path(options.oom_dump_dir).is_absolute()) << options.oom_dump_dir;
+  EXPECT_TRUE(std::filesystem::equivalent(options.oom_dump_dir, std::filesystem::current_path()));
+  EXPECT_EQ(FlightRecorder::check_options(RecordOptions{.max_events = 10}).oom_dump_dir, "") << "no dump: none";
+}
+
+TEST_F(RecordedBridge, ARelativeOomDumpDirStillHoldsTheDumpAfterAChdir) {
+  make(16384);
+  const auto parent = std::filesystem::temp_directory_path() / ("devbridge-oom-rel-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(parent / "dumps");
+  const auto was = std::filesystem::current_path();
+  std::filesystem::current_path(parent);
+  bridge->record(RecordOptions{.max_events = 1000, .oom_dump_dir = "dumps"});
+  std::filesystem::current_path(std::filesystem::temp_directory_path());  // where "dumps" is not
+  DeviceHandle held;
+  std::optional<ViewLease> view;
+  const auto message = fragmented_out_of_memory(*bridge, held, view);
+  std::filesystem::current_path(was);
+  const std::string dumped = "the flight recorder's trace is in ";
+  const auto at = message.find(dumped);
+  ASSERT_NE(at, std::string::npos) << message;
+  const std::filesystem::path path = message.substr(at + dumped.size());
+  EXPECT_TRUE(path.is_absolute()) << path;
+  EXPECT_TRUE(std::filesystem::equivalent(path.parent_path(), parent / "dumps")) << path;
+  EXPECT_TRUE(std::filesystem::exists(path)) << path;
+  view.reset();
+  bridge->free_device(held);
+  std::filesystem::remove_all(parent);
 }
 
 }  // namespace

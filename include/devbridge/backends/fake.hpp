@@ -1,4 +1,5 @@
-// The fake backend: real host memory behind a fully scripted device, for tests.
+// The fake backend: real host memory (or, with Backing::None, none) behind a
+// fully scripted device, for tests.
 // It records every call with its exact arguments, completes async copies only
 // when the test says so, and injects failures per call kind, one-shot on the
 // Nth next call of that kind. It counts live allocations so tests prove that
@@ -63,11 +64,32 @@ struct RecordedCall {
   CopyEvent event;
 };
 
+// What is behind the fake's device allocations.
+enum class Backing : std::uint8_t {
+  // Real host memory, filled with a pattern when allocated: copies, views
+  // and launches read and write it (the default; what tests need).
+  HostMemory,
+  // Nothing: bookkeeping only. An allocation is an address range (unique,
+  // aligned as asked, never dereferenced; parts are ranges inside it) and
+  // counts against memory_bytes as before, but no host memory is taken, so a
+  // fake of 80 GiB replays a trace's allocations and frees in kilobytes
+  // (`devbridge trace replay`). Anything that would touch the bytes is
+  // refused with Unsupported: copies to or from such an allocation (async
+  // ones at submit), a view of it (validate_view, so no address of it is
+  // ever handed out), a launch over it, a peer copy from or to it. Host
+  // blocks (the ring), registered and adopted host memory stay real memory.
+  // Make it with FakeBackend(memory, {}, Backing::None), or through
+  // make_backend("fake", {{"backing", "none"}, ...}).
+  None,
+};
+
 class FakeBackend final : public Backend {
  public:
   // `dtypes`: what describe() says the device holds (every dtype when empty),
   // so tests can see a bridge refuse the others (UnsupportedDType).
-  explicit FakeBackend(std::uint64_t memory_bytes = 1ull << 34, std::vector<DType> dtypes = {});
+  // `backing`: what is behind device allocations (Backing).
+  explicit FakeBackend(std::uint64_t memory_bytes = 1ull << 34, std::vector<DType> dtypes = {},
+                       Backing backing = Backing::HostMemory);
   ~FakeBackend() override;
 
   // ---- test controls; all thread-safe ----
@@ -126,6 +148,9 @@ class FakeBackend final : public Backend {
 
   // ---- device memory ----
   DeviceAllocation allocate(std::uint64_t bytes, std::uint64_t alignment) override;
+  // O(log n) in the live allocations: the checks for a part still live or
+  // a copy still in flight read counts kept per allocation (a teardown of n
+  // allocations is not quadratic).
   void free(const DeviceAllocation& allocation) noexcept override;
   // Parts are real allocations of their own here (a use after release_part
   // is refused), 512-byte aligned like CUDA's; set_parts(false) makes the
@@ -175,7 +200,8 @@ class FakeBackend final : public Backend {
 
 // Options: device ("0", the one device), memory_bytes (what allocations may
 // total; default 16 GiB), dtypes (comma-separated names the device holds;
-// default all).
+// default all), backing ("host": real host memory behind allocations, the
+// default; "none": bookkeeping only, Backing::None).
 std::unique_ptr<Backend> make_fake_backend(const BackendOptions& options = {});
 
 }  // namespace devbridge::fake

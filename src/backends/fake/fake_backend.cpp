@@ -89,8 +89,10 @@ bool applies(Call call, Failure failure) noexcept {
   return false;
 }
 
-FakeBackend::FakeBackend(std::uint64_t memory_bytes, std::vector<DType> dtypes) : state_(std::make_unique<State>()) {
+FakeBackend::FakeBackend(std::uint64_t memory_bytes, std::vector<DType> dtypes, Backing backing)
+    : state_(std::make_unique<State>()) {
   state_->memory_bytes = memory_bytes;
+  state_->backing = backing;
   if (dtypes.empty())
     for (const auto& d : all_dtypes()) dtypes.push_back(d.dtype);
   state_->dtypes = std::move(dtypes);
@@ -149,7 +151,10 @@ BackendInfo FakeBackend::describe() {
   info.adopt = true;
   info.peer_copy = true;
   info.consumer_queues = true;
-  info.notes = "scripted test device: device memory is host memory, async copies complete when the test says";
+  info.notes = state_->backing == Backing::None
+                   ? "scripted test device without memory (backing=none): allocations are bookkeeping only; "
+                     "copies, views and launches are refused"
+                   : "scripted test device: device memory is host memory, async copies complete when the test says";
   return info;
 }
 
@@ -169,6 +174,9 @@ void FakeBackend::validate_view(const DeviceAllocation& allocation, const Tensor
                                                   std::to_string(view.byte_offset) + " of allocation " +
                                                   hex_address(allocation.address));
   }
+  // No address of memory that is not there is handed out.
+  if (const State::Allocation* live = s.live(allocation); live && live->unbacked)
+    State::refuse_unbacked("validate_view", allocation.address);
 }
 
 std::unique_ptr<Backend> make_fake_backend(const BackendOptions& options) {
@@ -187,8 +195,17 @@ std::unique_ptr<Backend> make_fake_backend(const BackendOptions& options) {
     }
     if (dtypes.empty()) reader.refuse("dtypes", *names, "names no dtype");
   }
+  Backing backing = Backing::HostMemory;
+  if (const auto text = reader.text("backing", "what is behind device allocations: host (real host memory, the "
+                                               "default) or none (bookkeeping only: copies, views and launches "
+                                               "refused)")) {
+    if (*text == "none")
+      backing = Backing::None;
+    else if (*text != "host")
+      reader.refuse("backing", *text, "is neither 'host' nor 'none'");
+  }
   reader.finish();
-  return std::make_unique<FakeBackend>(memory_bytes.value_or(1ull << 34), std::move(dtypes));
+  return std::make_unique<FakeBackend>(memory_bytes.value_or(1ull << 34), std::move(dtypes), backing);
 }
 
 }  // namespace devbridge::fake

@@ -45,6 +45,11 @@ using SharedBytes = std::shared_ptr<std::byte>;
 // Parts (make_part) start at multiples of this, as the pool promises.
 inline constexpr std::uint64_t kPartAlignment = 512;
 
+// Where the address ranges of allocations without memory behind them
+// (Backing::None) start: 1 TiB, below where Linux maps heaps and libraries,
+// and well inside what a double holds exactly (a trace page reads addresses).
+inline constexpr std::uint64_t kUnbackedBase = 1ull << 40;
+
 // Fresh aligned memory of `bytes` (at least 1). The aligned operator new
 // rounds the size up to a multiple of the alignment, so a size within
 // `alignment - 1` of 2^64 would wrap into a tiny block that the fill then
@@ -115,6 +120,7 @@ using impl::kFreshMemoryPattern;
 using impl::kHostBlockAlignment;
 using impl::kMinDeviceAlignment;
 using impl::kPartAlignment;
+using impl::kUnbackedBase;
 using impl::SharedBytes;
 
 // The fake's TestControls: its own controls, behind the seam's accessor.
@@ -147,11 +153,20 @@ struct FakeBackend::State {
     // Host memory adopted in place (adopt_host): the caller's bytes, aliased
     // without owning them; counted by live_adoptions, not as an allocation.
     bool adopted = false;
+    // No memory behind it (Backing::None): `memory` holds the address only.
+    bool unbacked = false;
+    // What free() warns about, counted so that it looks only when there is
+    // something to find: parts of this allocation still live, and pending
+    // copies into or out of it.
+    std::uint64_t live_parts = 0;
+    std::uint64_t pending_copies = 0;
+    std::uintptr_t region = 0;  // adopted: the registered host block's token
   };
   struct HostBlockRecord {
     SharedBytes memory;
     std::uint64_t bytes = 0;
     bool registered = false;  // the caller's memory (register_host), not the fake's own
+    std::uint64_t adoptions = 0;  // adopted allocations inside it still live (what unregister_host warns about)
   };
   struct Injection {
     Call call;
@@ -171,6 +186,8 @@ struct FakeBackend::State {
   std::vector<DType> dtypes;  // what describe() reports
   std::uint64_t memory_bytes = 0;
   std::uint64_t used_bytes = 0;
+  Backing backing = Backing::HostMemory;
+  std::uint64_t next_unbacked = kUnbackedBase;  // the next address range's lowest start (Backing::None)
 
   mutable std::mutex mutex;
   std::condition_variable completions_ready;
@@ -252,6 +269,37 @@ struct FakeBackend::State {
                 "fake " + std::string(call_name(call)) + ": injected fatal device error (device lost) " +
                     std::string(what),
                 /*fatal=*/true);
+  }
+
+  // An address range of `bytes` (at least 1) at `alignment` for an
+  // allocation without memory behind it: after every earlier one, never
+  // reused; nothing once the 64-bit space is used up.
+  std::optional<std::uintptr_t> unbacked_range(std::uint64_t bytes, std::uint64_t alignment) {
+    const auto start = checked::align_up(next_unbacked, alignment);
+    const auto end = start ? checked::add(*start, std::max<std::uint64_t>(bytes, 1)) : std::nullopt;
+    if (!end) return std::nullopt;
+    next_unbacked = *end;
+    return static_cast<std::uintptr_t>(*start);
+  }
+
+  // A pending copy joins `pending` or leaves it: its allocation's count
+  // (free() warns about a copy in flight when it is not 0). An allocation
+  // already freed has none to keep.
+  void count_pending(const PendingCopy& copy, bool added) noexcept {
+    const auto it = allocations.find(copy.request.device.token);
+    if (it == allocations.end()) return;
+    if (added)
+      ++it->second.pending_copies;
+    else
+      --it->second.pending_copies;
+  }
+
+  // The Unsupported refusal of `what` touching memory without backing.
+  [[noreturn]] static void refuse_unbacked(std::string_view what, std::uint64_t address) {
+    throw Error(ErrorKind::Unsupported,
+                fmt::format("fake {}: the allocation at {:#x} has no memory behind it (backing=none: bookkeeping "
+                            "only, for replaying allocations and frees); copies, views and launches are refused",
+                            what, address));
   }
 
   // The live allocation (or part) `a` names, or nullptr: its token is

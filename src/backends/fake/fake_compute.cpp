@@ -24,6 +24,8 @@ Fence FakeBackend::launch_axpy(const AxpyLaunch& launch) {
     throw Error(ErrorKind::InvalidRange, "fake launch: axpy over " + std::to_string(launch.count) +
                                              " floats outside its allocations reached the backend");
   }
+  for (const auto* a : {&launch.x, &launch.y})
+    if (s.live(*a)->unbacked) State::refuse_unbacked("launch", a->address);
   // Both ranges lie inside live allocations (inside() above): no sum wraps.
   const auto* x = reinterpret_cast<const std::byte*>(launch.x.address) + launch.x_offset;
   auto* y = reinterpret_cast<std::byte*>(launch.y.address) + launch.y_offset;

@@ -56,11 +56,13 @@ void FakeBackend::unregister_host(const HostBlock& block) noexcept {
                  static_cast<void*>(block.data), static_cast<unsigned long long>(block.token));
     return;
   }
-  for (const auto& [token, allocation] : s.allocations) {
-    const auto* at = allocation.memory.get();
-    if (allocation.adopted && at >= block.data && at < block.data + block.bytes)
-      std::fprintf(stderr, "FakeBackend: unregister_host of memory (%p) an adopted allocation (%p) still uses\n",
-                   static_cast<void*>(block.data), static_cast<const void*>(at));
+  if (it->second.adoptions != 0) {  // looked through only when there is something to find (O(log n) otherwise)
+    for (const auto& [token, allocation] : s.allocations) {
+      const auto* at = allocation.memory.get();
+      if (allocation.adopted && at >= block.data && at < block.data + block.bytes)
+        std::fprintf(stderr, "FakeBackend: unregister_host of memory (%p) an adopted allocation (%p) still uses\n",
+                     static_cast<void*>(block.data), static_cast<const void*>(at));
+    }
   }
   s.host_blocks.erase(it);
 }
@@ -89,7 +91,10 @@ DeviceAllocation FakeBackend::adopt_host(const HostBlock& region, std::uint64_t 
   const std::uintptr_t token = s.next_token++;
   SharedBytes memory(SharedBytes(), region.data + offset);  // the caller's bytes, not owned
   const DeviceAllocation adopted{reinterpret_cast<std::uintptr_t>(memory.get()), bytes, token};
-  s.allocations.emplace(token, State::Allocation{std::move(memory), bytes, 0, true});
+  State::Allocation record{std::move(memory), bytes, 0, true};
+  record.region = region.token;
+  s.allocations.emplace(token, std::move(record));
+  ++block->second.adoptions;
   return adopted;
 }
 
@@ -103,6 +108,8 @@ void FakeBackend::release_adopted(const DeviceAllocation& adopted) noexcept {
                  static_cast<unsigned long long>(adopted.address), static_cast<unsigned long long>(adopted.token));
     return;
   }
+  if (const auto block = s.host_blocks.find(it->second.region); block != s.host_blocks.end())
+    --block->second.adoptions;  // (a region unregistered under it is gone, warned about)
   s.allocations.erase(it);
 }
 

@@ -39,10 +39,25 @@ DeviceAllocation FakeBackend::allocate(std::uint64_t bytes, std::uint64_t alignm
   };
   if (bytes > free_bytes) throw out_of_memory();
   State::Allocation allocation;
-  try {
-    allocation = {allocate_bytes(bytes, std::max(alignment, kMinDeviceAlignment), "fake allocate: bytes asked"), bytes};
-  } catch (const std::bad_alloc&) {
-    throw out_of_memory();
+  if (s.backing == Backing::None) {
+    // An address range only: nothing is allocated or filled.
+    const auto address = s.unbacked_range(bytes, std::max(alignment, kMinDeviceAlignment));
+    if (!address)
+      throw Error(ErrorKind::AllocationFailed,
+                  fmt::format("fake allocate: {} bytes at an alignment of {}: the address space of memory without "
+                              "backing is used up",
+                              bytes, alignment));
+    allocation.memory = SharedBytes(SharedBytes(), reinterpret_cast<std::byte*>(*address));  // not owned: no memory
+    allocation.bytes = bytes;
+    allocation.unbacked = true;
+  } else {
+    try {
+      allocation.memory =
+          allocate_bytes(bytes, std::max(alignment, kMinDeviceAlignment), "fake allocate: bytes asked");
+      allocation.bytes = bytes;
+    } catch (const std::bad_alloc&) {
+      throw out_of_memory();
+    }
   }
   const std::uintptr_t token = s.next_token++;
   const DeviceAllocation result{reinterpret_cast<std::uintptr_t>(allocation.memory.get()), bytes, token};
@@ -72,17 +87,23 @@ void FakeBackend::free(const DeviceAllocation& allocation) noexcept {
                  static_cast<unsigned long long>(allocation.address));
     return;
   }
-  for (const auto& [token, other] : s.allocations) {
-    if (other.whole == allocation.token) {
-      std::fprintf(stderr, "FakeBackend: allocation 0x%llx freed while its part 0x%llx is live\n",
-                   static_cast<unsigned long long>(allocation.address),
-                   static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(other.memory.get())));
+  // The counts say whether there is anything to warn about: only then are
+  // the parts and the pending copies looked through (a free stays O(log n)).
+  if (it->second.live_parts != 0) {
+    for (const auto& [token, other] : s.allocations) {
+      if (other.whole == allocation.token) {
+        std::fprintf(stderr, "FakeBackend: allocation 0x%llx freed while its part 0x%llx is live\n",
+                     static_cast<unsigned long long>(allocation.address),
+                     static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(other.memory.get())));
+      }
     }
   }
-  for (const auto& p : s.pending) {
-    if (p.request.device.token == allocation.token) {
-      std::fprintf(stderr, "FakeBackend: allocation 0x%llx freed while copy %s is in flight\n",
-                   static_cast<unsigned long long>(allocation.address), event_text(p.request.event).c_str());
+  if (it->second.pending_copies != 0) {
+    for (const auto& p : s.pending) {
+      if (p.request.device.token == allocation.token) {
+        std::fprintf(stderr, "FakeBackend: allocation 0x%llx freed while copy %s is in flight\n",
+                     static_cast<unsigned long long>(allocation.address), event_text(p.request.event).c_str());
+      }
     }
   }
   s.used_bytes -= it->second.bytes;
@@ -158,9 +179,15 @@ DeviceAllocation FakeBackend::make_part(const DeviceAllocation& whole, std::uint
                                                      "(address {:#x}, {} bytes) at a multiple of {} bytes",
                                                      offset, bytes, whole.address, whole.bytes, kPartAlignment));
   const std::uintptr_t token = s.next_token++;
-  SharedBytes memory(parent->memory, parent->memory.get() + offset);  // shares the whole's bytes
+  // Shares the whole's bytes (an address inside its range, without backing).
+  std::byte* const at =
+      parent->unbacked ? reinterpret_cast<std::byte*>(whole.address + offset) : parent->memory.get() + offset;
+  SharedBytes memory(parent->memory, at);
   const DeviceAllocation part{reinterpret_cast<std::uintptr_t>(memory.get()), bytes, token};
-  s.allocations.emplace(token, State::Allocation{std::move(memory), bytes, whole.token});
+  State::Allocation record{std::move(memory), bytes, whole.token};
+  record.unbacked = parent->unbacked;
+  s.allocations.emplace(token, std::move(record));
+  ++parent->live_parts;
   return part;
 }
 
@@ -173,6 +200,8 @@ void FakeBackend::release_part(const DeviceAllocation& part) noexcept {
                  static_cast<unsigned long long>(part.address), static_cast<unsigned long long>(part.token));
     return;
   }
+  if (const auto whole = s.allocations.find(it->second.whole); whole != s.allocations.end())
+    --whole->second.live_parts;  // (a whole freed under its part is gone, warned about)
   s.allocations.erase(it);
 }
 

@@ -53,6 +53,7 @@ void FakeBackend::submit_copy(const CopyRequest& request) {
                                                std::to_string(request_device_span(request)) + ") outside allocation of " +
                                                std::to_string(allocation->bytes) + " bytes reached the backend");
     }
+    if (allocation->unbacked) State::refuse_unbacked(call_name(call), request.device.address);
     const State::HostBlockRecord* host_block = s.find_host_block(request.host, request_host_span(request));
     if (host_block == nullptr) {
       throw Error(ErrorKind::InvalidRange, "fake " + std::string(call_name(call)) + ": host range (" + what +
@@ -81,6 +82,7 @@ void FakeBackend::submit_copy(const CopyRequest& request) {
       notify.armed = true;
     } else {
       s.pending.push_back(std::move(copy));
+      s.count_pending(s.pending.back(), true);
     }
   }
 }
@@ -122,6 +124,7 @@ void FakeBackend::quiesce() {
     // next drain; everything else is dropped unmoved.
     for (const auto& copy : s.pending) {
       if (copy.late) s.finish(copy, /*ok=*/true, s.late_after_quiesce);
+      s.count_pending(copy, false);
     }
     s.pending.clear();
     s.late_released = false;
@@ -141,6 +144,7 @@ bool FakeBackend::complete(CopyEvent event, bool ok) {
     if (it == state_->pending.end()) return false;
     State::PendingCopy copy = std::move(*it);
     state_->pending.erase(it);
+    state_->count_pending(copy, false);
     state_->finish(copy, ok, state_->ready);
   }
   state_->completions_ready.notify_all();
@@ -154,6 +158,7 @@ std::size_t FakeBackend::complete_all(bool ok) {
     while (!state_->pending.empty()) {
       State::PendingCopy copy = std::move(state_->pending.front());
       state_->pending.pop_front();
+      state_->count_pending(copy, false);
       state_->finish(copy, ok, state_->ready);
       ++count;
     }
@@ -200,6 +205,7 @@ bool FakeBackend::copy_to_peer(const DeviceAllocation& source, std::uint64_t sou
     if (allocation == nullptr || !checked::range_within(offset, bytes, allocation->bytes))
       throw Error(ErrorKind::InvalidRange, fmt::format("fake copy_to_peer: [{}, +{}) of the allocation at {:#x} is "
                                                        "not live in its backend", offset, bytes, a.address));
+    if (allocation->unbacked) State::refuse_unbacked("copy_to_peer", a.address);
     return allocation->memory;
   };
   const SharedBytes from = live(*this, source, source_offset, len);
