@@ -1,7 +1,9 @@
 #include "gil.hpp"
 
-#include <chrono>
+#include <pthread.h>
+
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <mutex>
@@ -71,10 +73,10 @@ class ExitGate {
 };
 
 // Never destroyed: threads parked or still working outlive static destruction.
-ExitGate& exit_gate() {
-  static ExitGate* gate = new ExitGate;
-  return *gate;
-}
+// A forked child gets a fresh one: the parent's threads, their counts, and
+// a mutex one of them may have held at the fork, stay in the parent.
+std::atomic<ExitGate*> g_exit_gate{new ExitGate};
+ExitGate& exit_gate() { return *g_exit_gate.load(std::memory_order_acquire); }
 
 [[noreturn]] void park_for_good() noexcept {
   for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
@@ -133,6 +135,9 @@ bool daemon_threads_run() {
 }
 
 void hold_threads_back_at_exit() {
+  static const int registered =
+      ::pthread_atfork(nullptr, nullptr, [] { g_exit_gate.store(new ExitGate, std::memory_order_release); });
+  (void)registered;
   nb::module_::import_("atexit").attr("register")(nb::cpp_function([] {
     if (exit_gate().hold_back() || daemon_threads_run()) objects_stay_held();
   }));
