@@ -11,7 +11,6 @@
 #include <variant>
 #include <vector>
 
-#include <pthread.h>
 
 #include <nanobind/nanobind.h>
 
@@ -26,17 +25,6 @@ namespace nb = nanobind;
 using namespace nb::literals;
 
 namespace devbridge::python {
-
-namespace {
-std::atomic<std::uint64_t> forks{0};
-}  // namespace
-
-std::uint64_t forks_so_far() noexcept { return forks.load(std::memory_order_relaxed); }
-
-void count_forks() {
-  static const int registered = ::pthread_atfork(nullptr, nullptr, [] { forks.fetch_add(1, std::memory_order_relaxed); });
-  (void)registered;
-}
 
 void BridgeState::fail_inherited_by_fork() const {
   throw Error(ErrorKind::Unavailable,

@@ -1,12 +1,8 @@
 #include "gil.hpp"
 
-#include <pthread.h>
-
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
-#include <mutex>
 #include <thread>
 
 #include <nanobind/nanobind.h>
@@ -21,62 +17,47 @@ std::atomic<bool> interpreter_exit_began{false};
 
 namespace {
 
-class ExitGate {
- public:
-  void count_released() {
-    std::lock_guard guard(mutex_);
-    ++released_;
-  }
-  // Whether this thread may take the GIL back; if so it is counted as on its
-  // way there until taken_back().
-  bool may_take_back(bool was_released) {
-    std::lock_guard guard(mutex_);
-    if (was_released) --released_;
-    if (exiting_ && std::this_thread::get_id() != exiting_thread_) return false;
-    ++taking_back_;
-    return true;
-  }
-  void taken_back() {
-    std::lock_guard guard(mutex_);
-    if (--taking_back_ == 0) none_taking_back_.notify_all();
-  }
-  bool exiting() {
-    std::lock_guard guard(mutex_);
-    return exiting_ && std::this_thread::get_id() != exiting_thread_;
-  }
+// No lock on the way in or out of a call: every blocking call passes here
+// twice. The hook and a thread coming back to the GIL meet as in Dekker's
+// algorithm: the thread counts itself as taking the GIL back and then looks
+// at the flag; the hook sets the flag and then looks at the count (both
+// sequentially consistent), so at least one of them sees the other: either
+// the thread parks, or the hook waits for it to be done with the GIL.
+std::atomic<std::size_t> threads_released{0};     // threads in a GilReleased
+std::atomic<std::size_t> threads_taking_back{0};  // let through to take the GIL back, or in a GilTaken
+thread_local bool this_thread_runs_the_exit = false;
 
-  // The atexit hook, with the GIL. Returns whether threads are still inside
-  // devbridge (they will be parked, holding what their calls hold).
-  bool hold_back() {
-    std::unique_lock lock(mutex_);
-    exiting_ = true;
-    exiting_thread_ = std::this_thread::get_id();
-    interpreter_exit_began.store(true, std::memory_order_relaxed);
-    // Let those already on their way to the GIL, or running a callback with
-    // it, finish with it before the interpreter begins to finalize. Bounded:
-    // the exit must not hang.
-    PyThreadState* state = PyEval_SaveThread();
-    none_taking_back_.wait_for(lock, std::chrono::seconds(10), [&] { return taking_back_ == 0; });
-    const bool inside = released_ != 0 || taking_back_ != 0;
-    lock.unlock();
-    PyEval_RestoreThread(state);
-    return inside;
-  }
+bool exit_stops_this_thread() noexcept {
+  return interpreter_exit_began.load(std::memory_order_seq_cst) && !this_thread_runs_the_exit;
+}
 
- private:
-  std::mutex mutex_;
-  std::condition_variable none_taking_back_;
-  bool exiting_ = false;
-  std::thread::id exiting_thread_;
-  std::size_t released_ = 0;     // threads in a GilReleased
-  std::size_t taking_back_ = 0;  // threads let through to take the GIL back, or in a GilTaken
-};
+// Whether this thread may take the GIL back; if so it is counted as on its
+// way there until taken_back().
+bool may_take_back() noexcept {
+  threads_taking_back.fetch_add(1, std::memory_order_seq_cst);
+  if (!exit_stops_this_thread()) return true;
+  threads_taking_back.fetch_sub(1, std::memory_order_seq_cst);
+  return false;
+}
+void taken_back() noexcept { threads_taking_back.fetch_sub(1, std::memory_order_release); }
 
-// Never destroyed: threads parked or still working outlive static destruction.
-// A forked child gets a fresh one: the parent's threads, their counts, and
-// a mutex one of them may have held at the fork, stay in the parent.
-std::atomic<ExitGate*> g_exit_gate{new ExitGate};
-ExitGate& exit_gate() { return *g_exit_gate.load(std::memory_order_acquire); }
+// The atexit hook, with the GIL. Returns whether threads are still inside
+// devbridge (they will be parked, holding what their calls hold).
+bool hold_back() {
+  this_thread_runs_the_exit = true;
+  interpreter_exit_began.store(true, std::memory_order_seq_cst);
+  // Let those already on their way to the GIL, or running a callback with
+  // it, finish with it before the interpreter begins to finalize. Bounded:
+  // the exit must not hang. Polled: this runs once, at exit, and a
+  // condition variable would put a lock back on every call's way out.
+  PyThreadState* state = PyEval_SaveThread();
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (threads_taking_back.load(std::memory_order_seq_cst) != 0 && std::chrono::steady_clock::now() < give_up)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const bool inside = threads_released.load() != 0 || threads_taking_back.load() != 0;
+  PyEval_RestoreThread(state);
+  return inside;
+}
 
 [[noreturn]] void park_for_good() noexcept {
   for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
@@ -89,8 +70,13 @@ void objects_stay_held() { nb::set_leak_warnings(false); }
 
 }  // namespace
 
+void exit_gate_starts_afresh() noexcept {
+  threads_released.store(0, std::memory_order_relaxed);
+  threads_taking_back.store(0, std::memory_order_relaxed);
+}
+
 void stop_at_exit_door() noexcept {
-  if (!exit_gate().exiting()) return;  // the thread that exits the interpreter goes on
+  if (!exit_stops_this_thread()) return;  // the thread that exits the interpreter goes on
   // Without the GIL (a door inside a call that let it go) nanobind may not
   // be touched; the hook has turned its leak report off by then.
   if (PyGILState_Check()) {
@@ -102,25 +88,26 @@ void stop_at_exit_door() noexcept {
 
 GilReleased::GilReleased() noexcept {
   if (interpreter_exiting()) stop_at_exit_door();
-  exit_gate().count_released();
+  threads_released.fetch_add(1, std::memory_order_relaxed);
   state_ = PyEval_SaveThread();
 }
 
 GilReleased::~GilReleased() {
-  if (!exit_gate().may_take_back(true)) park_for_good();
+  if (!may_take_back()) park_for_good();  // still counted as released: its call holds what it holds
   PyEval_RestoreThread(state_);
-  exit_gate().taken_back();
+  threads_released.fetch_sub(1, std::memory_order_relaxed);
+  taken_back();
 }
 
 GilTaken::GilTaken() {
-  if (!exit_gate().may_take_back(false))
+  if (!may_take_back())
     throw Error(ErrorKind::Unavailable, "the Python interpreter is exiting: the call ends without its callback");
   state_ = PyGILState_Ensure();
 }
 
 GilTaken::~GilTaken() {
   PyGILState_Release(state_);
-  exit_gate().taken_back();
+  taken_back();
 }
 
 // A daemon thread still running holds what its frames hold to the end (the
@@ -135,11 +122,8 @@ bool daemon_threads_run() {
 }
 
 void hold_threads_back_at_exit() {
-  static const int registered =
-      ::pthread_atfork(nullptr, nullptr, [] { g_exit_gate.store(new ExitGate, std::memory_order_release); });
-  (void)registered;
   nb::module_::import_("atexit").attr("register")(nb::cpp_function([] {
-    if (exit_gate().hold_back() || daemon_threads_run()) objects_stay_held();
+    if (hold_back() || daemon_threads_run()) objects_stay_held();
   }));
 }
 

@@ -61,4 +61,8 @@ extern std::atomic<bool> interpreter_exit_began;
 inline bool interpreter_exiting() noexcept { return interpreter_exit_began.load(std::memory_order_relaxed); }
 void stop_at_exit_door() noexcept;
 
+// In a forked child (forks.cpp): the parent's threads, and what the gate
+// counted of them, stayed in the parent.
+void exit_gate_starts_afresh() noexcept;
+
 }  // namespace devbridge::python

@@ -26,6 +26,7 @@
 #include "devbridge/consumer_names.hpp"
 #include "devbridge/types.hpp"
 #include "bindings.hpp"
+#include "forks.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -128,7 +129,7 @@ void bind_module_functions(nb::module_& m) {
 NB_MODULE(_devbridge, m) {
   using namespace devbridge::python;
   m.doc() = "devbridge: host ring <-> device memory bridge with zero-copy tensor views (C++ core bindings)";
-  count_forks();
+  watch_forks();
   hold_threads_back_at_exit();
   bind_errors(m);
   bind_module_functions(m);

@@ -31,6 +31,7 @@
 #include "devbridge/checked.hpp"
 #include "devbridge/backends/fake.hpp"
 #include "devbridge/error.hpp"
+#include "forks.hpp"
 #include "gil.hpp"
 
 namespace devbridge::python {
@@ -41,11 +42,6 @@ struct HostRegistration;
 
 // Sets this thread's TraceStack to the interpreter's current stack (recorder.cpp).
 void annotate_call_stack() noexcept;
-
-// How many times this process was forked into being (pthread_atfork, set up
-// by the module): a bridge made before the last fork belongs to the parent.
-std::uint64_t forks_so_far() noexcept;
-void count_forks();
 
 struct BridgeState {
   std::unique_ptr<Bridge> bridge;

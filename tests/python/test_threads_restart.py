@@ -166,6 +166,44 @@ def test_a_forked_child_is_refused_the_parents_bridge_and_exits_cleanly(backend)
     assert "answered" not in done.stdout
 
 
+def test_a_child_forked_while_a_thread_runs_a_callback_exits_without_waiting_for_that_thread():
+    # The exit hook lets threads already running a callback (the GIL taken back inside a call) finish
+    # before the interpreter finalizes, waiting up to 10 s. A forked child has none of the parent's
+    # threads: the gate starts afresh there, so the child's exit does not wait for a thread that stayed in
+    # the parent (it waited the full 10 s when the child inherited the parent's count).
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import os, sys, threading, time, numpy as np, devbridge
+        from devbridge._devbridge import TransferPlanner
+        b = devbridge.Bridge(backend="host", ring_bytes=1 << 20)
+        handle = b.alloc(devbridge.ObjectSpec(4096, 64, "uint8"), 4096)
+        inside, leave = threading.Event(), threading.Event()
+        def fill(at, chunk):
+            chunk[:] = bytes(len(chunk))
+            inside.set()
+            leave.wait()  # the GIL let go by Python, the callback still running
+        worker = threading.Thread(target=lambda: TransferPlanner(b).submit_stream(fill, 4096, into=handle))
+        worker.start()
+        inside.wait()
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)
+        began = time.monotonic()
+        _, status = os.waitpid(pid, 0)
+        print(f"child exit {os.waitstatus_to_exitcode(status)} after {time.monotonic() - began:.1f} s")
+        leave.set()
+        worker.join()
+        b.close()
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    seconds = float(done.stdout.split("after ")[1].split(" s")[0])
+    assert "child exit 0" in done.stdout and seconds < 5, done.stdout + done.stderr
+
+
 EXIT_ACTIVITIES = {
     # what a daemon thread does, over and over, when the main thread returns
     "upload": "t = b.upload(a, wait=True); t.free()",
