@@ -152,10 +152,27 @@ TraceDump BridgeCore::trace_dump() {
   dump.backend = backend_name_;
   dump.device = device_id_;
   dump.domain = domain_;
-  SpinLockHold lock(lock_);
-  if (recorder_) recorder_->copy_to(dump);
-  dump.dump_ns = trace_now_ns();
-  if (!recorder_) dump.start_ns = dump.dump_ns;
+  // The copy's storage is made before the lock is taken, for as many
+  // records as are kept now; only a ring that filled meanwhile grows it there.
+  std::size_t kept = 0;
+  {
+    SpinLockHold lock(lock_);
+    if (recorder_) kept = recorder_->size();
+  }
+  auto copy = FlightRecorder::ring_copy_for(kept);
+  bool recorded = false;
+  {
+    SpinLockHold lock(lock_);
+    if (recorder_) {
+      recorder_->copy_to(copy);
+      recorded = true;
+    }
+    dump.dump_ns = trace_now_ns();
+  }
+  if (recorded)
+    FlightRecorder::fill_dump(copy, dump);
+  else
+    dump.start_ns = dump.dump_ns;
   return dump;
 }
 
@@ -232,14 +249,20 @@ std::string BridgeCore::memory_snapshot_json() {
   fmt::format_to(out, "\"recording\":{{\"on\":{},\"recorded_events\":{},\"dropped_events\":{}}},", recording,
                  recorder_ ? recorder_->recorded() : 0, recorder_ ? recorder_->dropped() : 0);
 
-  // The recorded events of each allocation of this generation, by id.
+  // The recorded events of each live allocation, by id (only those are
+  // shown: indexing every id the ring names held other callers for 180 ms
+  // at 2^21 records).
   std::unordered_map<std::uint64_t, std::vector<std::uint64_t>> events;
-  if (recorder_)
-    for (std::size_t i = 0; i < recorder_->size(); ++i) {
-      const auto r = recorder_->at(i);
-      if (r.id != 0 && r.generation == generation_ && r.kind != TraceKind::Register)
-        events[r.id].push_back(recorder_->sequence(i));
-    }
+  if (recorder_) {
+    allocations_.for_each_in_use(
+        [&](std::uint32_t index, AllocationSlot& slot) { events.try_emplace(make_id(index, slot.version)); });
+    if (!events.empty())
+      for (std::size_t i = 0; i < recorder_->size(); ++i) {
+        const TraceSlot& r = recorder_->slot(i);
+        if (r.id == 0 || r.generation != generation_ || r.kind == TraceKind::Register) continue;
+        if (auto it = events.find(r.id); it != events.end()) it->second.push_back(recorder_->sequence(i));
+      }
+  }
   // The live allocations by address, so a pool block finds its owner.
   std::unordered_map<std::uint64_t, std::uint32_t> by_address;
   allocations_.for_each_in_use(

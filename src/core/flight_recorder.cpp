@@ -214,10 +214,8 @@ void FlightRecorder::record(const TraceRecord& record) noexcept {
   slot.queue = record.queue;
 }
 
-TraceRecord FlightRecorder::at(std::size_t i) const noexcept {
-  std::size_t index = oldest() + i;
-  if (index >= capacity_) index -= capacity_;
-  const TraceSlot& slot = slots_[index];
+namespace {
+TraceRecord record_of(const TraceSlot& slot, const TraceCounters& counters) noexcept {
   TraceRecord record;
   record.ts_ns = slot.ticks;
   record.id = slot.id;
@@ -225,7 +223,7 @@ TraceRecord FlightRecorder::at(std::size_t i) const noexcept {
   (is_fence(slot.kind) ? record.consumer : record.offset) = slot.offset;
   record.bytes = slot.bytes;
   record.generation = slot.generation;
-  if (slot.has_counters) record.counters = counters_[index];
+  if (slot.has_counters) record.counters = counters;
   record.stack = slot.stack;
   record.thread = slot.thread;
   record.kind = slot.kind;
@@ -235,19 +233,53 @@ TraceRecord FlightRecorder::at(std::size_t i) const noexcept {
   record.has_counters = slot.has_counters;
   return record;
 }
+}  // namespace
 
-void FlightRecorder::copy_to(TraceDump& dump) const {
-  dump.max_events = options_.max_events;
-  dump.recorded = recorded_;
-  dump.dropped = dropped();
-  dump.start_ns = clock_.start_ns();
-  dump.records.resize(size());
-  for (std::size_t i = 0; i < dump.records.size(); ++i) {
-    auto& record = dump.records[i] = at(i);
-    record.ts_ns = clock_.to_ns(record.ts_ns);
-    if (record.begin_ns != 0) record.begin_ns = clock_.to_ns(record.begin_ns);
+TraceRecord FlightRecorder::at(std::size_t i) const noexcept {
+  std::size_t index = oldest() + i;
+  if (index >= capacity_) index -= capacity_;
+  return record_of(slots_[index], counters_[index]);
+}
+
+FlightRecorder::RingCopy FlightRecorder::ring_copy_for(std::size_t records) {
+  RingCopy copy;
+  copy.slots.resize(records);  // zeroed: the pages are touched here, not under the lock
+  copy.counters.resize(records);
+  return copy;
+}
+
+void FlightRecorder::copy_to(RingCopy& copy) const {
+  copy.size = size();
+  if (copy.slots.size() < copy.size) {
+    copy.slots.resize(copy.size);
+    copy.counters.resize(copy.size);
   }
-  dump.stacks = stacks_text_;
+  // Oldest first: from the oldest to the ring's end, then from its start.
+  const std::size_t first = oldest();
+  const std::size_t head = std::min(copy.size, capacity_ - first);
+  std::memcpy(copy.slots.data(), &slots_[first], head * sizeof(TraceSlot));
+  std::memcpy(copy.counters.data(), &counters_[first], head * sizeof(TraceCounters));
+  std::memcpy(copy.slots.data() + head, &slots_[0], (copy.size - head) * sizeof(TraceSlot));
+  std::memcpy(copy.counters.data() + head, &counters_[0], (copy.size - head) * sizeof(TraceCounters));
+  copy.max_events = options_.max_events;
+  copy.recorded = recorded_;
+  copy.dropped = dropped();
+  copy.stacks = stacks_text_;
+  copy.clock = clock_;
+}
+
+void FlightRecorder::fill_dump(const RingCopy& copy, TraceDump& dump) {
+  dump.max_events = copy.max_events;
+  dump.recorded = copy.recorded;
+  dump.dropped = copy.dropped;
+  dump.start_ns = copy.clock->start_ns();
+  dump.records.resize(copy.size);
+  for (std::size_t i = 0; i < copy.size; ++i) {
+    auto& record = dump.records[i] = record_of(copy.slots[i], copy.counters[i]);
+    record.ts_ns = copy.clock->to_ns(record.ts_ns);
+    if (record.begin_ns != 0) record.begin_ns = copy.clock->to_ns(record.begin_ns);
+  }
+  dump.stacks = copy.stacks;
 }
 
 // ---- the dump ----

@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -241,8 +242,38 @@ class FlightRecorder {
   TraceRecord at(std::size_t i) const noexcept;
   std::uint64_t sequence(std::size_t i) const noexcept { return dropped() + i; }
 
-  // A copy of what is kept, for a dump made after the lock is dropped.
-  void copy_to(TraceDump& dump) const;
+  // What is kept, as the ring holds it: copied under the bridge's lock (a
+  // memcpy or two; turning 2^21 records into TraceRecords there held every
+  // other caller for 170 ms), made into a TraceDump after it is dropped.
+  struct RingCopy {
+    std::vector<TraceSlot> slots;         // oldest first; sized before the lock is taken
+    std::vector<TraceCounters> counters;  // beside them
+    std::size_t size = 0;                 // how many of them are copied
+    std::uint64_t max_events = 0, recorded = 0, dropped = 0;
+    std::vector<std::string> stacks;
+    std::optional<TraceClock> clock;
+  };
+  // Storage for a copy of up to `records` records, its pages touched, to
+  // make before the lock is taken.
+  static RingCopy ring_copy_for(std::size_t records);
+  // Under the lock: grows `copy` there only when the ring filled meanwhile.
+  void copy_to(RingCopy& copy) const;
+  // Without it.
+  static void fill_dump(const RingCopy& copy, TraceDump& dump);
+  // The three in one, where no lock is shared (tests).
+  void copy_to(TraceDump& dump) const {
+    auto copy = ring_copy_for(size());
+    copy_to(copy);
+    fill_dump(copy, dump);
+  }
+
+  // The id, generation and kind of the i-th kept record, oldest first,
+  // without making the whole record.
+  const TraceSlot& slot(std::size_t i) const noexcept {
+    std::size_t index = oldest() + i;
+    if (index >= capacity_) index -= capacity_;
+    return slots_[index];
+  }
 
  private:
   std::size_t next_slot() noexcept {
