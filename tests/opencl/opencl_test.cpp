@@ -7,6 +7,8 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <fmt/format.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -551,6 +553,38 @@ TEST_F(OpenCLFences, AQueueOfAnotherContextIsRefusedNamingTheMismatch) {
   EXPECT_THAT(none.what(), HasSubstr("no default queue"));
   EXPECT_EQ(error_of([&] { backend_->order_consumer_queue(0); }).kind(), ErrorKind::Unsupported);
   EXPECT_EQ(*backend_->test_controls()->live_fences(), 0u) << "a refused fence left an event behind";
+}
+
+// A consumer's queue arrives as a number (DLPack's `stream`), and the
+// driver dereferences whatever it is handed: CUDA's default streams (1, 2),
+// small numbers, unaligned or unmapped addresses and memory that is not an
+// OpenCL object are refused before the driver sees them (each crashed the
+// process), and a real queue of the context still works.
+TEST_F(OpenCLFences, ANumberThatCannotBeAQueueIsRefusedWithoutReachingTheDriver) {
+  std::vector<std::uintptr_t> plain_memory(64, 0x5a5a5a5a5a5a5a5aull);  // readable, not an OpenCL object
+  const auto unmapped = [] {
+    void* page = ::mmap(nullptr, 4096, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ::munmap(page, 4096);
+    return reinterpret_cast<std::uintptr_t>(page);
+  }();
+  ConsumerQueue real(context());
+  for (const std::uintptr_t number :
+       {std::uintptr_t{1}, std::uintptr_t{2}, std::uintptr_t{5}, std::uintptr_t{4096}, real.handle() + 1, unmapped,
+        reinterpret_cast<std::uintptr_t>(plain_memory.data() + 8)}) {
+    for (const auto& attempt : std::vector<std::function<void()>>{
+             [&] { backend_->record_fence(QueueRef{Queue::Consumer, number}); },
+             [&] { backend_->order_consumer_queue(number); }}) {
+      const Error refused = error_of(attempt);
+      EXPECT_EQ(refused.kind(), ErrorKind::Unsupported) << number << ": " << refused.what();
+      EXPECT_THAT(refused.what(), HasSubstr("is not a cl_command_queue")) << number;
+      EXPECT_THAT(refused.what(), HasSubstr(fmt::format("{:#x}", number)));
+    }
+  }
+  EXPECT_EQ(*backend_->test_controls()->live_fences(), 0u) << "a refused fence left an event behind";
+  const Fence fence = backend_->record_fence(real.ref());
+  EXPECT_TRUE(backend_->wait_fence(fence, std::chrono::seconds(30)));
+  backend_->release_fence(fence);
+  backend_->order_consumer_queue(real.handle());
 }
 
 // DLPack's `stream`: the consumer's queue waits on the device for the

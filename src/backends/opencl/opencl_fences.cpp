@@ -2,6 +2,10 @@
 // queue and on consumers', and ordering a consumer's queue.
 #include "backends/opencl/opencl_backend_impl.hpp"
 
+#include <sys/uio.h>
+
+#include <cerrno>
+
 namespace devbridge::opencl::detail {
 namespace {
 
@@ -105,12 +109,62 @@ Fence OpenCLBackend::record_marker(cl_command_queue queue, bool ours, std::strin
   return adopt_fence(owned.release());
 }
 
+namespace {
+
+// The pointer-sized word at `address`, or nothing where no memory of this
+// process is there (read by the kernel, which reports EFAULT rather than
+// fault). Where the call itself is refused (a sandbox), nothing is known and
+// the word is not read: the caller goes on as if it were readable.
+enum class WordRead : std::uint8_t { Read, Unmapped, Unknown };
+WordRead read_word(std::uintptr_t address, std::uintptr_t& word) noexcept {
+  iovec local{&word, sizeof word};
+  iovec remote{reinterpret_cast<void*>(address), sizeof word};
+  const ssize_t read = ::process_vm_readv(::getpid(), &local, 1, &remote, 1, 0);
+  if (read == static_cast<ssize_t>(sizeof word)) return WordRead::Read;
+  return read < 0 && errno != EFAULT ? WordRead::Unknown : WordRead::Unmapped;
+}
+
+// The first word of an OpenCL object (the ICD dispatch table every object
+// of one implementation shares, cl_khr_icd), where `object` is one of ours.
+std::uintptr_t dispatch_of(const void* object) noexcept { return *static_cast<const std::uintptr_t*>(object); }
+
+}  // namespace
+
 cl_command_queue OpenCLBackend::consumer_queue(std::uintptr_t handle, std::string_view doing) {
   if (handle == 0)
     throw Error(ErrorKind::Unsupported,
                 fmt::format("opencl: cannot {} consumer queue 0: OpenCL has no default queue; pass a "
                             "cl_command_queue made on this bridge's context (native_context)",
                             doing));
+  // The driver dereferences whatever it is handed: a number that cannot be
+  // a queue of this implementation is refused before it gets there (a CUDA
+  // stream number, 1 or 2, crashed the process). What passes is an object
+  // of the same implementation, which the driver can check itself.
+  const auto not_a_queue = [&](std::string_view why) {
+    return Error(ErrorKind::Unsupported,
+                 fmt::format("opencl: cannot {} consumer queue {:#x}: it is not a cl_command_queue ({}); pass the "
+                             "address of a cl_command_queue made on this bridge's context (native_context), not a "
+                             "CUDA stream number (1 and 2 are CUDA's default streams)",
+                             doing, handle, why));
+  };
+  constexpr std::uintptr_t kLowestObjectAddress = 1u << 16;  // Linux maps nothing below vm.mmap_min_addr (64 KiB)
+  if (handle < kLowestObjectAddress) throw not_a_queue("no object lies at so low an address");
+  if (handle % alignof(void*) != 0) throw not_a_queue("not aligned as an object is");
+  std::uintptr_t first_word = 0;
+  switch (read_word(handle, first_word)) {
+    case WordRead::Unmapped:
+      throw not_a_queue("no memory of this process is there");
+    case WordRead::Read:
+      // Our own context and queue share their first word where the
+      // implementation is reached through the ICD loader (which routes every
+      // call by that word): then a queue of it must have the same.
+      if (const auto dispatch = dispatch_of(context_.get());
+          dispatch == dispatch_of(queue_.get()) && first_word != dispatch)
+        throw not_a_queue("not an object of this OpenCL implementation");
+      break;
+    case WordRead::Unknown:
+      break;
+  }
   auto* queue = reinterpret_cast<cl_command_queue>(handle);
   cl_context context = nullptr;
   if (const cl_int result =
