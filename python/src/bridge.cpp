@@ -146,11 +146,16 @@ nb::dict memory_stats_dict(const MemoryStats& s) {
   return d;
 }
 
-// A backend option's value as the registry takes it (text). str and int
-// only: anything else would have to be guessed at.
+// A backend option's value as the registry takes it (text). str and
+// integers (anything with __index__: numpy's too, as every other integer
+// argument) only: anything else would have to be guessed at.
 std::string option_text(nb::handle value, const std::string& key) {
   if (nb::isinstance<nb::str>(value)) return nb::cast<std::string>(value);
-  if (nb::isinstance<nb::int_>(value) && !nb::isinstance<nb::bool_>(value)) return nb::cast<std::string>(nb::str(value));
+  if (!nb::isinstance<nb::bool_>(value) && nb::hasattr(value, "__index__")) {
+    const nb::object integer = nb::steal(PyNumber_Index(value.ptr()));
+    if (!integer.is_valid()) throw nb::python_error();
+    return nb::cast<std::string>(nb::str(integer));
+  }
   const auto type_name = nb::cast<std::string>(nb::str(value.type().attr("__name__")));
   throw nb::type_error(("backend option " + key + " must be a str or an int, not " + type_name).c_str());
 }

@@ -115,6 +115,10 @@ def test_options_reach_the_backend():
         assert "run on the caller" in b.backend_info()["notes"]
     with devbridge.Bridge(backend="host", inline_async_max_bytes=0, device="0") as b:
         assert "run on the caller" not in b.backend_info()["notes"]
+    # Integers may be any object with __index__, as every other integer argument.
+    import numpy as np
+    with devbridge.Bridge(backend="fake", device=np.int64(0), memory_bytes=np.uint64(1 << 30)) as b:
+        assert b.backend_info()["total_memory"] == 1 << 30
 
 
 @pytest.fixture
