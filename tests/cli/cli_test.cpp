@@ -360,7 +360,7 @@ TEST(Stream, TraceAndJsonNamingOneFileTwoWaysAreRefused) {
   for (const std::string& other : {dir + "/hard.json", dir + "/soft.json", dir + "/./one.json"}) {
     const CliRun run = run_cli({"stream", "--backend", "fake", "--bytes", "4096", "--trace", file, "--json", other});
     EXPECT_EQ(run.exit_code, 2) << other << "\n" << describe(run);
-    EXPECT_THAT(run.err, HasSubstr("name the same file")) << describe(run);
+    EXPECT_THAT(run.err, HasSubstr("is the --trace file")) << describe(run);
     EXPECT_EQ(line_count(run.err), 1u) << describe(run);
     EXPECT_EQ(run.out, "") << describe(run);
   }
@@ -415,6 +415,29 @@ std::string small_trace(const std::string& name) {
   const CliRun run = run_cli({"stream", "--backend", "fake", "--bytes", "64KiB", "--chunk", "16KiB", "-q", "--trace", path});
   EXPECT_EQ(run.exit_code, 0) << describe(run);
   return path;
+}
+
+// A report written over the file the command reads: `checkpoint inspect F
+// --json F` replaced the checkpoint with its report and exited 0, as did
+// `trace replay T --json T` with the trace.
+TEST(ReportOverInput, InspectAndReplayRefuseToWriteTheirJsonOverWhatTheyRead) {
+  const std::string trace = small_trace("replay-self.trace.json");
+  const std::string checkpoint = scratch_dir() + "/inspect-self.safetensors";
+  std::ofstream(checkpoint) << "not even a header";
+  for (const auto& [args, input] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"checkpoint", "inspect", checkpoint, "--json", checkpoint}, checkpoint},
+           {{"checkpoint", "inspect", checkpoint, "--json", scratch_dir() + "/./inspect-self.safetensors"}, checkpoint},
+           {{"trace", "replay", trace, "--json", trace}, trace}}) {
+    const std::string before = read_file(input);
+    const CliRun run = run_cli(args);
+    EXPECT_EQ(run.exit_code, 2) << describe(run);
+    EXPECT_THAT(run.err, ::testing::StartsWith("devbridge: --json: ")) << describe(run);
+    EXPECT_THAT(run.err, HasSubstr("would replace it")) << describe(run);
+    EXPECT_EQ(line_count(run.err), 1u) << describe(run);
+    EXPECT_EQ(read_file(input), before) << describe(run);
+  }
+  // stdout is no file.
+  EXPECT_EQ(run_cli({"trace", "replay", trace, "--json", "-"}).exit_code, 0);
 }
 
 // The page used to be written over the trace it was drawn from.
@@ -534,10 +557,10 @@ INSTANTIATE_TEST_SUITE_P(
         // The report, written last, replaced the trace (and stderr said the trace was there).
         UsageCase{"TraceAndJsonOneFile",
                   {"stream", "--bytes", "4096", "--trace", "one-file.json", "--json", "one-file.json"},
-                  "--trace 'one-file.json' and --json 'one-file.json' name the same file"},
+                  "--json: 'one-file.json' is the --trace file ('one-file.json'): the --json file would replace it"},
         UsageCase{"TraceAndJsonOneFileSpelledTwoWays",
                   {"stream", "--bytes", "4096", "--trace", "./sub/../one-file.json", "--json", "one-file.json"},
-                  "name the same file"},
+                  "is the --trace file"},
         UsageCase{"DeviceEmpty", {"stream", "--backend", "host", "--device", ""}, "--device: empty"},
         UsageCase{"BackendOptionUnknown",
                   {"stream", "--backend", "host", "--backend-option", "context=1"},

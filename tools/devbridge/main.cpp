@@ -230,11 +230,8 @@ void log_to_stderr(bool quiet) {
 
 int run_stream_command(const devbridge::cli::StreamArgs& args, const std::optional<std::string>& json_path,
                        bool quiet) {
-  // The report, written last, would replace the trace ("-" is stdout, no file).
-  if (args.trace && json_path && *json_path != "-" && devbridge::cli::same_file(*args.trace, *json_path))
-    throw UsageError(fmt::format("--trace '{}' and --json '{}' name the same file: the report would replace the "
-                                 "trace (give them different files)",
-                                 *args.trace, *json_path));
+  // The report, written last, would replace the trace.
+  if (args.trace) devbridge::cli::refuse_output_over_input("--json", json_path, "the --trace file", *args.trace);
   devbridge::cli::StreamPlan plan = devbridge::cli::plan_stream(args);
   // From here a signal ends the stream cleanly instead of the process.
   catch_stop_signals();
@@ -265,6 +262,7 @@ int run_info_command(const std::optional<std::string>& json_path) {
 // Exit 0: the file is whole (its checksum verified, or it records none); 1: it
 // cannot be read or restore would refuse it (the reason on stderr, one line).
 int run_checkpoint_inspect_command(const std::string& path, const std::optional<std::string>& json_path) {
+  devbridge::cli::refuse_output_over_input("--json", json_path, "the checkpoint being inspected", path);
   JsonSink json(json_path, "checkpoint inspect");
   const devbridge::cli::CheckpointReport report = devbridge::cli::inspect_checkpoint(path);
   if (!json.to_stdout()) fmt::print("{}", devbridge::cli::format_checkpoint(report));
@@ -276,10 +274,7 @@ int run_checkpoint_inspect_command(const std::string& path, const std::optional<
 
 int run_trace_view_command(const std::string& path, const std::string& page_path) {
   devbridge::cli::check_output_file("-o", page_path);
-  if (devbridge::cli::same_file(path, page_path))
-    throw UsageError(fmt::format("-o: '{}' is the trace being read ('{}'): the page would replace it (give another "
-                                 "file)",
-                                 page_path, path));
+  devbridge::cli::refuse_output_over_input("-o", page_path, "the trace being read", path);
   const std::string page = devbridge::cli::trace_page(devbridge::cli::load_trace(path));
   std::ofstream out(page_path, std::ios::binary | std::ios::trunc);
   out << page;
@@ -303,6 +298,7 @@ int run_trace_replay_command(const std::string& path, const std::string& device_
                                  devbridge::cli::format_bytes(devbridge::cli::kReplayRingBytes)));
   std::vector<std::uint64_t> caps;
   for (const auto& cap : pool_caps) caps.push_back(devbridge::cli::parse_size("--pool-cap", cap));
+  devbridge::cli::refuse_output_over_input("--json", json_path, "the trace being replayed", path);
   JsonSink json(json_path, "trace replay");
   const auto report = devbridge::cli::replay_trace(devbridge::cli::load_trace(path), path, memory, caps);
   if (!json.to_stdout()) fmt::print("{}", devbridge::cli::format_replay(report));

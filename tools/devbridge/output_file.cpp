@@ -62,4 +62,11 @@ bool same_file(const std::string& a, const std::string& b) {
   return ra && rb && *ra == *rb;
 }
 
+void refuse_output_over_input(std::string_view option, const std::optional<std::string>& output,
+                              std::string_view input_role, const std::string& input) {
+  if (!output || *output == "-" || !same_file(*output, input)) return;
+  throw UsageError(fmt::format("{}: '{}' is {} ('{}'): the {} file would replace it (give another file)", option,
+                               *output, input_role, input, option));
+}
+
 }  // namespace devbridge::cli

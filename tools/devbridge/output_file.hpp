@@ -3,6 +3,7 @@
 // failure after the work is done.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -20,5 +21,11 @@ void check_output_file(std::string_view option, const std::string& path);
 // mount). An empty path names no file. "-" is a path here like any other: a
 // caller for which it means stdout leaves it out.
 bool same_file(const std::string& a, const std::string& b);
+
+// Throws UsageError when `option`'s file `output` is the `input` the command
+// reads (same_file): writing it would replace what is being read. `output`
+// "-" (stdout) and an absent one name no file.
+void refuse_output_over_input(std::string_view option, const std::optional<std::string>& output,
+                              std::string_view input_role, const std::string& input);
 
 }  // namespace devbridge::cli
