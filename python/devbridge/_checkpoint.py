@@ -214,6 +214,7 @@ def _write_checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], met
         raise OSError(errno.EINVAL, f"checkpoint {path!r}: it is not a regular file (a FIFO, a device, a socket), "
                                     f"and a checkpoint replaces the file it names whole; name a regular file; "
                                     f"nothing was written")
+    outcome = "the old file is kept" if os.path.lexists(target) else "nothing was written"
     try:
         fd, temporary = tempfile.mkstemp(prefix=_temporary_prefix(target), suffix=".tmp", dir=directory)
     except OSError as error:  # the directory is missing, read-only, full of names...
@@ -272,7 +273,7 @@ def _write_checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], met
             os.unlink(temporary)
         if isinstance(error, OSError):  # the file system's refusal (full, over quota, read-only...), named
             raise _os_error_in_context(error, f"checkpoint {path!r} ({total} bytes, written beside it as "
-                                              f"{os.path.basename(temporary)!r})", "the old file is kept") from error
+                                              f"{os.path.basename(temporary)!r})", outcome) from error
         raise
     _fsync_directory(directory)
     if replaced is not None:
@@ -565,11 +566,24 @@ def _open_shard(index_path: str, directory: str, shard: str, names: list[str], s
         file, header = _open_checkpoint(os.path.join(directory, shard))
     except FileNotFoundError:
         raise CheckpointError(f"{index_path!r} maps {names[0]!r} to {shard!r}, which is not there{said}") from None
+    except OSError as error:  # not a directory, no permission...: the same kind, in the index's words
+        raise _os_error_in_context(error, f"{index_path!r} maps {names[0]!r} to {shard!r}, which cannot be opened",
+                                   said.removeprefix("; ") or "nothing was read") from error
     absent = sorted(set(names) - {e.name for e in header.entries})
     if absent:
         file.close()
         raise CheckpointError(f"{index_path!r} maps {absent[0]!r} to {shard!r}, which holds no such tensor{said}")
     return file, header
+
+
+def _shards_of(weight_map: dict[str, str], wants: Callable[[str], bool]) -> dict[str, list[str]]:
+    """The tensors ``wants`` of each shard the index names, by shard: one shard however the index spells its
+    file (``x`` and ``./x`` are one file, read once)."""
+    by_shard: dict[str, list[str]] = {}
+    for name, shard in weight_map.items():
+        if wants(name):
+            by_shard.setdefault(os.path.normpath(shard), []).append(name)
+    return by_shard
 
 
 def _sharded_info(index_path: str) -> dict[str, Any]:
@@ -578,9 +592,7 @@ def _sharded_info(index_path: str) -> dict[str, Any]:
     before it allocates, with its words (less its "nothing was restored": nothing is)."""
     weight_map = _read_index(index_path)
     directory = os.path.dirname(os.path.abspath(index_path))
-    by_shard: dict[str, list[str]] = {}
-    for name, shard in weight_map.items():
-        by_shard.setdefault(shard, []).append(name)
+    by_shard = _shards_of(weight_map, lambda name: True)
     tensors: dict[str, dict[str, Any]] = {}
     shards: dict[str, dict[str, str]] = {}
     for shard in sorted(by_shard):
@@ -658,8 +670,9 @@ def restore(bridge: Bridge, path: Any, *, names: Any = None, prefix: str | None 
     if not isinstance(bridge, Bridge):
         raise TypeError(f"bridge must be a devbridge.Bridge, not {type(bridge).__name__}")
     for flag, value in (("verify", verify), ("wait", wait)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{flag} must be a bool, not {type(value).__name__}")
+        if not isinstance(value, (bool, np.bool_)):  # numpy's too, as transfer and upload take them
+            raise TypeError(f"{flag} must be a bool, not {type(value).__module__}.{type(value).__qualname__}")
+    verify, wait = bool(verify), bool(wait)
     path = _checked_path(path)
     selection = _Selection(names, prefix, rows)
     with _gc_paused():
@@ -711,9 +724,12 @@ class _Selection:
                                                                                              "__index__")):
                         raise TypeError(f"rows[{name!r}]: slice bounds must be int or None, not {bound!r}")
                     bounds.append(None if bound is None else operator.index(bound))
-                if row_slice.step not in (None, 1):
+                step = row_slice.step  # as the bounds: any integer but a bool
+                if step is not None and (isinstance(step, (bool, np.bool_)) or not hasattr(type(step), "__index__")):
+                    raise TypeError(f"rows[{name!r}]: a slice step must be int or None, not {step!r}")
+                if step is not None and operator.index(step) != 1:
                     raise ValueError(f"rows[{name!r}]: only contiguous row slices (step 1) can be read in place, "
-                                     f"not step {row_slice.step!r}")
+                                     f"not step {step!r}")
                 self.rows[name] = (bounds[0], bounds[1])
 
     def within(self, names: frozenset[str]) -> _Selection:
@@ -973,15 +989,19 @@ def _restore_sharded(bridge: Bridge, index_path: str, selection: _Selection, ali
     weight_map = _read_index(index_path)
     selection.require_all(weight_map, index_path)
     directory = os.path.dirname(os.path.abspath(index_path))
-    by_shard: dict[str, list[str]] = {}
-    for name, shard in weight_map.items():
-        if selection.wants(name):
-            by_shard.setdefault(shard, []).append(name)
+    by_shard = _shards_of(weight_map, selection.wants)
     opened: list[tuple[str, BinaryIO, _Header]] = []  # (shard, its file, its header)
     try:
         for shard in sorted(by_shard):
             opened.append((shard, *_open_shard(index_path, directory, shard, by_shard[shard],
                                                "; nothing was restored")))
+            header = opened[-1][2]
+            if verify and header.checksum and not selection.partial and len(by_shard[shard]) < len(header.entries):
+                # Not a partial restore the caller asked for: the index itself leaves tensors of the shard out.
+                raise CheckpointError(
+                    f"{index_path!r} maps {len(by_shard[shard])} of the {len(header.entries)} tensors of {shard!r}, "
+                    f"whose checksum covers all of them, so restoring what the index maps cannot verify it: pass "
+                    f"verify=False to restore them unverified; nothing was restored")
         parts: list[PendingRestore] = []
         try:
             for shard, file, header in opened:  # each allocates its tensors, then reads on a reader thread

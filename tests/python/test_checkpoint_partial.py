@@ -193,6 +193,8 @@ def test_a_plain_files_own_checksum_metadata_is_not_devbridges(pb, rng, tmp_path
     ({"rows": [("step", slice(0, 1))]}, TypeError, "rows must map"),
     ({"rows": {"embed.weight": 3}}, TypeError, "rows must map"),
     ({"rows": {"embed.weight": slice(0, 4, 2)}}, ValueError, "step 1"),
+    ({"rows": {"embed.weight": slice(0, 4, 1.0)}}, TypeError, "step must be int or None"),
+    ({"rows": {"embed.weight": slice(0, 4, True)}}, TypeError, "step must be int or None"),
     ({"rows": {"embed.weight": slice(0.5, 4)}}, TypeError, "int or None"),
     ({"rows": {"embed.weight": slice(np.float64(0), 4)}}, TypeError, "int or None"),
     ({"rows": {"embed.weight": slice(False, 4)}}, TypeError, "int or None"),
@@ -254,6 +256,59 @@ def test_a_bad_index_or_shard_is_named_and_restores_nothing(pb, rng, tmp_path):
     with pytest.raises(devbridge.CheckpointError):
         pb.restore(index)
     nothing_left(pb)
+
+
+def test_an_index_naming_a_shard_two_ways_reads_it_as_one_file(pb, rng, tmp_path):
+    # "x" and "./x" are one file: it was opened twice, each time for part of its tensors, and a devbridge
+    # shard's checksum then refused the restore as "a partial restore (names=, prefix=, rows=)".
+    arrays = model_arrays(rng)
+    tensors = {name: pb.upload(a, wait=True) for name, a in arrays.items()}
+    pb.checkpoint(tmp_path / "whole.safetensors", tensors)
+    free(tensors)
+    names = sorted(arrays)
+    weight_map = {name: ("whole.safetensors" if i % 2 else "./whole.safetensors") for i, name in enumerate(names)}
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": weight_map}))
+    restored_then_freed(pb, pb.restore(str(index)), arrays)
+
+
+def test_an_index_mapping_part_of_a_checksummed_shard_says_so(pb, rng, tmp_path):
+    # Not a partial restore the caller asked for: the index leaves tensors of the shard out, so the shard's
+    # checksum (of all of them) cannot be verified; the error says that, and verify=False restores them.
+    arrays = model_arrays(rng)
+    tensors = {name: pb.upload(a, wait=True) for name, a in arrays.items()}
+    pb.checkpoint(tmp_path / "whole.safetensors", tensors)
+    free(tensors)
+    kept = {name: arrays[name] for name in ("step", "layers.0.attn.bias")}
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {name: "whole.safetensors" for name in kept}}))
+    with pytest.raises(devbridge.CheckpointError, match=r"maps 2 of the 6 tensors of 'whole.safetensors'.*verify=False"):
+        pb.restore(str(index))
+    nothing_left(pb)
+    assert set(devbridge.checkpoint_info(str(index))["tensors"]) == set(kept)
+    restored_then_freed(pb, pb.restore(str(index), verify=False), kept)
+
+
+def test_a_shard_the_system_will_not_open_is_named_with_its_index(pb, rng, tmp_path):
+    arrays = model_arrays(rng)
+    write_sharded(tmp_path, arrays)
+    good = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    index = tmp_path / "odd.index.json"
+    index.write_text(json.dumps({"weight_map": {**good["weight_map"], "step": good["weight_map"]["step"] + "/x"}}))
+    for call in (lambda: pb.restore(str(index)), lambda: devbridge.checkpoint_info(str(index))):
+        with pytest.raises(NotADirectoryError) as refused:
+            call()
+        assert "odd.index.json" in str(refused.value) and "'step'" in str(refused.value)
+    nothing_left(pb)
+
+
+def test_restore_takes_numpy_bools_for_its_flags(pb, rng, tmp_path):
+    arrays = model_arrays(rng)
+    index = write_sharded(tmp_path, arrays)
+    pending = pb.restore(index, wait=np.False_, verify=np.True_)
+    restored_then_freed(pb, pending.tensors(), arrays)
+    with pytest.raises(TypeError, match="wait must be a bool, not builtins.int"):
+        pb.restore(index, wait=1)
 
 
 # ------------------------------------------------------------------------ checkpoint_info of an index

@@ -895,6 +895,25 @@ def test_a_checkpoint_the_file_system_refuses_names_the_file_and_keeps_the_old_o
     restored["a"].free()
 
 
+def test_a_refused_first_checkpoint_says_nothing_was_written(bridges, tmp_path, monkeypatch):
+    # With no old file there is none to keep: the message said "the old file is kept" all the same.
+    from devbridge import _checkpoint
+
+    b = bridges("host")
+    path = tmp_path / "new.safetensors"
+
+    def refuse(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(_checkpoint.os, "posix_fallocate", refuse)
+    with b.upload(np.ones(1000, np.float32), wait=True) as t:
+        with pytest.raises(OSError) as caught:
+            b.checkpoint(path, {"a": t})
+    monkeypatch.undo()
+    assert str(caught.value).endswith(f"{os.strerror(errno.ENOSPC)}; nothing was written")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_file_system_that_cannot_preallocate_still_takes_a_checkpoint(bridges, tmp_path, monkeypatch):
     from devbridge import _checkpoint
 
