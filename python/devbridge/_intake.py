@@ -33,13 +33,26 @@ _LABEL = "devbridge_dtype"
 def _dtype_name(dtype: Any) -> str:
     """devbridge's name for a dtype given as a name, a numpy dtype or a tinygrad DType."""
     if isinstance(dtype, str):
-        return dtype_info(dtype)["name"]
+        return _name_of_text(dtype)
     if isinstance(dtype, np.dtype) or (isinstance(dtype, type) and issubclass(dtype, np.generic)):
         dtype = np.dtype(dtype)
-        if dtype.metadata and _LABEL in dtype.metadata:
-            return dtype.metadata[_LABEL]
-        return dtype_info(dtype)["name"]  # the module refuses a big-endian one, which .name would not say
+        if dtype.metadata:  # equal, and hashed alike, with or without it: never looked up by it
+            return dtype.metadata[_LABEL] if _LABEL in dtype.metadata else dtype_info(dtype)["name"]
+        name = _NAME_BY_NUMPY_DTYPE.get(dtype)
+        if name is None:  # the module refuses a big-endian one, which .name would not say (nothing kept)
+            name = _NAME_BY_NUMPY_DTYPE[dtype] = dtype_info(dtype)["name"]
+        return name
     return dtype_info(dtype)["name"]  # a tinygrad DType or anything the module accepts
+
+
+# Asking the module builds a dict each time: an upload asks several times per array, and a batch of
+# hundreds of small arrays spent a third of its time here. Only names the module accepted are kept.
+_NAME_BY_NUMPY_DTYPE: dict[np.dtype, str] = {}
+
+
+@functools.lru_cache(maxsize=256)
+def _name_of_text(text: str) -> str:
+    return dtype_info(text)["name"]
 
 
 @functools.lru_cache(maxsize=None)
