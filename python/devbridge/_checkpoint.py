@@ -34,8 +34,8 @@ from typing import Any, BinaryIO, Callable, NamedTuple
 
 import numpy as np
 
-from ._devbridge import (Bridge, ObjectSpec, TransferPlanner, _checkpoint_open, _restore_start, _RestoreStream,
-                         _safetensors_name, dtype_info)
+from ._devbridge import (Bridge, ObjectSpec, TransferPlanner, _alloc_owned, _checkpoint_open, _restore_start,
+                         _RestoreStream, _safetensors_name, dtype_info)
 from ._errors import BridgeError
 from ._portable import (
     _CONTEXTUAL,
@@ -799,7 +799,7 @@ def _restore_file(bridge: Bridge, path: str, file: BinaryIO, header: _Header, se
         specs.append((spec, extent))
         if entry.dtype not in held:  # before anything is allocated or read: the bridge's own refusal
             with _context(f"restore {path!r}: tensor {entry.name!r} is {entry.dtype} (nothing was restored)"):
-                bridge.free(bridge.alloc(spec, extent))  # UnsupportedDType, checked before any allocation
+                _alloc_owned(bridge, spec, extent).release()  # UnsupportedDType, checked before any allocation
     expected = header.checksum if verify else None
     if expected and partial:
         raise ValueError(f"{path!r} records a checksum of its whole data section, which a partial restore "
@@ -814,7 +814,7 @@ def _restore_file(bridge: Bridge, path: str, file: BinaryIO, header: _Header, se
                             repr(path), path)
     made = DeviceTensor._made  # the header's shapes and dtype names are checked: no conversion per tensor
     tensors = {entry.name: made(bridge, handle, entry.shape, entry.dtype, _Landing(stream, i))
-               for i, (entry, handle) in enumerate(zip(chosen, stream.handles))}
+               for i, (entry, handle) in enumerate(zip(chosen, stream.take_owners()))}
     return PendingRestore(path, tensors, stream=stream, digest=(digest, expected) if digest is not None else None)
 
 

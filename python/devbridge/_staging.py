@@ -32,7 +32,8 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from ._devbridge import MAX_RANK, Bridge, CopyEvent, DeviceHandle, HostRange, ObjectSpec, TransferPlanner, dtype_info
+from ._devbridge import (MAX_RANK, Bridge, CopyEvent, DeviceHandle, HostRange, ObjectSpec, TransferPlanner,
+                         _adopt_owned, _alloc_owned, _OwnedAllocation, dtype_info)
 from ._errors import AllocationStillInUse, BridgeError, Closed, InvalidAlignment, InvalidRange
 from ._intake import _bits_dtype, _dtype_name, _intake, _numpy_dtype
 
@@ -267,6 +268,15 @@ def _free_or_release(bridge: Bridge, handle: DeviceHandle) -> None:
         pass
 
 
+def _release_owned(owner: _OwnedAllocation) -> None:
+    """After a failure: lets go of an allocation the call made (freed at once, or once the copies still in
+    flight into it end); nothing to do where the bridge closed or restarted meanwhile."""
+    try:
+        owner.release()
+    except BridgeError:
+        pass
+
+
 # ---------------------------------------------------------------------------------------- DeviceTensor
 
 
@@ -274,26 +284,35 @@ class DeviceTensor(_NotCopyable):
     """A device allocation holding one array: its handle, shape and dtype, and the copies that filled it.
 
     Made by ``bridge.upload(array)``. ``ready()`` / ``wait()`` tell when the
-    upload's copies have completed; ``view()``, ``to_tinygrad()``, DLPack and
+    upload's copies have completed (once they have, the tensor forgets them);
+    ``view()``, ``to_tinygrad()``, DLPack and
     ``numpy()`` read the data (each waits for the upload first). ``free()``
     ends it: the allocation is freed at once, or, when a view, tinygrad tensor
     or DLPack array still reads it, as soon as the last of them is gone. As a
     context manager it frees on exit, and a tensor dropped without ``free()``
     is freed when it is collected (its handle, kept apart from it, then no
     longer names an allocation).
+
+    ``handle`` is a ``DeviceHandle`` or an ``_OwnedAllocation`` (what the
+    staging layer's own calls get from C++: the allocation is owned from the
+    moment the call returns, so an exception such as Ctrl-C before the tensor
+    exists releases it instead of leaking it); the tensor keeps the owner.
     """
 
-    def __init__(self, bridge: Bridge, handle: DeviceHandle, shape: tuple[int, ...], dtype: str,
+    def __init__(self, bridge: Bridge, handle: DeviceHandle | _OwnedAllocation, shape: tuple[int, ...], dtype: str,
                  events: list[tuple[CopyEvent, int, int]] | None = None, *, landing: Future | None = None) -> None:
         self._start(bridge, handle, tuple(shape), _dtype_name(dtype), list(events or []), landing)
 
-    def _start(self, bridge: Bridge, handle: DeviceHandle, shape: tuple[int, ...], dtype: str,
+    def _start(self, bridge: Bridge, handle: DeviceHandle | _OwnedAllocation, shape: tuple[int, ...], dtype: str,
                events: list[tuple[CopyEvent, int, int]], landing: Any) -> None:
+        # The owner (when the allocation came as one): dropped with the tensor, it releases the allocation
+        # even where free() never runs (the tensor dropped half-made); free() releases through it.
+        self._owner = handle if isinstance(handle, _OwnedAllocation) else None
         self.bridge = bridge
-        self.handle = handle
+        self._handle = handle if self._owner is None else handle.handle
         self.shape = shape
         self.dtype = dtype
-        self._events = events  # (event, chunk offset, chunk length)
+        self._events = events  # (event, chunk offset, chunk length); emptied once all of them completed
         # A tensor another thread is still filling (restore(wait=False)): resolves to the copies it submitted,
         # or to the error that stopped it before this tensor's bytes were submitted.
         self._landing = landing
@@ -301,13 +320,22 @@ class DeviceTensor(_NotCopyable):
         self._region = None  # adopt(): the _AdoptedRegion the tensor lies in, let go once the tensor is freed
 
     @classmethod
-    def _made(cls, bridge: Bridge, handle: DeviceHandle, shape: tuple[int, ...], dtype: str,
+    def _made(cls, bridge: Bridge, handle: DeviceHandle | _OwnedAllocation, shape: tuple[int, ...], dtype: str,
               landing: Any) -> DeviceTensor:
         """As the constructor, for a ``shape`` tuple and a devbridge ``dtype`` name already checked (a
         restore's thousands of tensors, from the checkpoint header): nothing converted or looked up."""
         tensor = cls.__new__(cls)
         tensor._start(bridge, handle, shape, dtype, [], landing)
         return tensor
+
+    @property
+    def handle(self) -> DeviceHandle:
+        """The allocation's handle. A tensor a restore is still filling (``restore(wait=False)``) hands it
+        out once its bytes have landed (raising the restore's error if it stopped first): a download, view
+        or checkpoint of the bare handle before then read the allocation before its bytes were there."""
+        if self._landing is not None:
+            self._landed(None)
+        return self._handle
 
     @property
     def read_only(self) -> bool:
@@ -337,7 +365,20 @@ class DeviceTensor(_NotCopyable):
 
     def _check(self) -> None:
         if self._freed:
-            raise Closed(f"the DeviceTensor over {self.handle!r} has been freed")
+            raise Closed(f"the DeviceTensor over {self._handle!r} has been freed")
+
+    def _check_current(self) -> None:
+        """Raises what the bridge says of the tensor's handle once it names no allocation of the bridge's
+        current generation: ``OldGenerationHandle`` after a restart (the handle and both generations, as any
+        use of ``handle`` says), ``Closed`` naming the handle after close. Two attributes compared; the
+        bridge is asked only when they differ."""
+        bridge = self.bridge
+        try:
+            generation = bridge.generation
+        except Closed:
+            raise Closed(f"the DeviceTensor over {self._handle!r}: the bridge is closed") from None
+        if self._handle.generation != generation:
+            bridge.extent(self._handle)  # OldGenerationHandle: "handle {...} is from generation g, the bridge is at h"
 
     def _raise_failure(self, index: int, event: CopyEvent, offset: int, n: int) -> None:
         try:
@@ -359,36 +400,50 @@ class DeviceTensor(_NotCopyable):
         return True
 
     def ready(self) -> bool:
-        """True once every copy of the upload has completed; raises the failure of one that failed."""
+        """True once every copy of the upload has completed (the tensor then forgets them); raises the failure
+        of one that failed. After a restart or close, what any use of the tensor raises
+        (``OldGenerationHandle`` or ``Closed``, naming its handle), whether or not its upload had finished."""
         self._check()
+        self._check_current()
         if self._landing is not None and not (self._landing.done() and self._landed(0)):
             return False
-        pending = []
-        for index, (event, offset, n) in enumerate(self._events):
+        events = self._events
+        pending = False
+        for index, (event, offset, n) in enumerate(events):
             status = self.bridge.copy_status(event)
             if status == "failed":
                 self._raise_failure(index, event, offset, n)
             if status == "pending":
-                pending.append((event, offset, n))
-        return not pending
+                pending = True
+        if pending:
+            return False
+        if events:
+            self._events = []  # all completed: no later call asks the bridge about them again
+        return True
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Waits for the upload's copies: True when all completed, False if ``timeout`` (seconds) passed first.
+        """Waits for the upload's copies: True when all completed (the tensor then forgets them), False if
+        ``timeout`` (seconds) passed first.
 
-        A failed copy raises its error (``DeviceCopyFailed``) naming the chunk."""
+        A failed copy raises its error (``DeviceCopyFailed``) naming the chunk. After a restart or close it
+        raises as ``ready()`` does (``OldGenerationHandle`` or ``Closed``, naming the tensor's handle)."""
         timeout = _checked_timeout(timeout)
         self._check()
+        self._check_current()
         deadline = None if timeout is None else time.monotonic() + timeout
         if not self._landed(timeout):
             return False
+        events = self._events
         done = True
-        for index, (event, offset, n) in enumerate(self._events):
+        for index, (event, offset, n) in enumerate(events):
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 status = self.bridge.wait(event, timeout=left)
             except BridgeError as error:
                 raise _chunk_error(error, "upload", index, offset, n, self.nbytes) from error
             done = done and status == "completed"
+        if done and events:
+            self._events = []  # all completed: later waits (numpy(), view(), DLPack) ask the bridge nothing
         return done
 
     def view(self, *, wait: bool = True):
@@ -396,7 +451,7 @@ class DeviceTensor(_NotCopyable):
         self._check()
         if wait:
             self.wait()
-        return self.bridge.view(self.handle, self.dtype, self.shape, wait=wait)
+        return self.bridge.view(self._handle, self.dtype, self.shape, wait=wait)
 
     def to_tinygrad(self):
         """A zero-copy tinygrad Tensor over the allocation (see ``TensorView.to_tinygrad``)."""
@@ -429,7 +484,10 @@ class DeviceTensor(_NotCopyable):
             except BridgeError:
                 pass
         try:
-            self.bridge.release(self.handle)
+            if self._owner is not None:
+                self._owner.release()
+            else:
+                self.bridge.release(self._handle)
         except BridgeError:
             pass  # a restart retired it already, or the bridge closed
         # An adopted tensor's region goes with the last tensor in it: now, or (a view still reads the
@@ -456,7 +514,7 @@ class DeviceTensor(_NotCopyable):
     def __repr__(self) -> str:
         landing = self._landing is not None and not self._landing.done()
         state = "freed" if self._freed else ("pending" if landing or self._events and not self._all_done() else "ready")
-        return f"DeviceTensor(shape={self.shape}, dtype={self.dtype!r}, handle={self.handle!r}, {state})"
+        return f"DeviceTensor(shape={self.shape}, dtype={self.dtype!r}, handle={self._handle!r}, {state})"
 
     def _all_done(self) -> bool:
         try:
@@ -524,13 +582,15 @@ def adopt(bridge: Bridge, array: Any, *, dtype: Any = None) -> DeviceTensor:
     spec = ObjectSpec(max_extent=a.nbytes, alignment=alignment, dtype=name)
     shared = _AdoptedRegion.of(bridge, a.reshape(-1).view(np.uint8))
     shared.tensors += 1
+    tensor = None
     try:
-        handle = bridge.adopt_host(shared.region, spec)
+        # Owned from the moment adopt_host returns: an exception before the tensor keeps it releases it.
+        tensor = DeviceTensor(bridge, _adopt_owned(bridge, shared.region, spec), a.shape, name)
+        tensor._region = shared
     except BaseException:
-        shared.drop()
+        if tensor is None or tensor._region is None:  # the tensor never took its share of the region
+            shared.drop()
         raise
-    tensor = DeviceTensor(bridge, handle, a.shape, name)
-    tensor._region = shared
     return tensor
 
 
@@ -564,12 +624,13 @@ def _upload(bridge: Bridge, shape: tuple[int, ...], name: str, spec: ObjectSpec,
     ``shape`` elements of ``name``): a ``DeviceTensor``. The transfer planner chooses the route (a registered
     copy where registering is cheap, ring chunks elsewhere); without ``wait``, ring-chunk copies may still be
     in flight (``DeviceTensor.wait``/``ready``). On any failure the allocation is freed and the error names
-    the chunk."""
+    the chunk. The allocation comes back owned (``_OwnedAllocation``): an exception between the call and
+    the tensor (Ctrl-C) releases it."""
     planner = TransferPlanner(bridge)
     if wait:
-        return DeviceTensor(bridge, planner.upload(data, spec, extent), shape, name)
-    handle, pending = planner.submit_upload(data, spec, extent)
-    return DeviceTensor(bridge, handle, shape, name, pending)
+        return DeviceTensor(bridge, planner._upload_owned(data, spec, extent), shape, name)
+    owner, pending = planner._submit_upload_owned(data, spec, extent)
+    return DeviceTensor(bridge, owner, shape, name, pending)
 
 
 def _fill_new(bridge: Bridge, shape: tuple[int, ...], name: str, spec: ObjectSpec, extent: int, wait: bool,
@@ -577,18 +638,19 @@ def _fill_new(bridge: Bridge, shape: tuple[int, ...], name: str, spec: ObjectSpe
     """Allocates ``extent`` bytes of ``spec`` and fills them with ``stage(handle)`` (which returns the copies
     still in flight as ``(event, offset, length)``): a ``DeviceTensor`` of ``shape`` and dtype ``name``, for
     sources the planner does not read itself (a file, another bridge's tensor). On any failure the
-    allocation is freed (deferred while copies still pin it)."""
-    handle = bridge.alloc(spec, extent)
+    allocation is freed (deferred while copies still pin it); it is owned from the moment it is made
+    (``_OwnedAllocation``), so an exception anywhere (Ctrl-C) leaves nothing allocated."""
+    owner = _alloc_owned(bridge, spec, extent)
     events: list[tuple[CopyEvent, int, int]] = []
     try:
-        events = stage(handle)
-        tensor = DeviceTensor(bridge, handle, shape, name, events)
+        events = stage(owner.handle)
+        tensor = DeviceTensor(bridge, owner, shape, name, events)
         if wait:
             tensor.wait()
         return tensor
     except BaseException:
         _cleanup(bridge, [e for e, _, _ in events])  # a failed wait: its other copies may be in flight
-        _free_or_release(bridge, handle)
+        _release_owned(owner)
         raise
 
 

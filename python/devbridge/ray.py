@@ -53,7 +53,7 @@ except ImportError as _error:  # pragma: no cover - exercised only without the e
     raise ImportError("devbridge.ray needs Ray: pip install 'devbridge[ray]' (or pip install ray)") from _error
 
 import devbridge
-from ._devbridge import TransferPlanner
+from ._devbridge import TransferPlanner, _alloc_owned
 from ._intake import _bits_dtype, _dtype_name, _intake, _numpy_dtype
 from ._staging import DeviceTensor
 from ._checkpoint import _remove_interrupted_checkpoint_files
@@ -587,7 +587,7 @@ class _DeviceWorker:
                     if zero_copy and result.shape:
                         dtype = devbridge.dtype_info(result.dtype)["name"]
                         spec, extent = devbridge.spec_for_array(result.shape, dtype)
-                        out = DeviceTensor(self.bridge, self.bridge.alloc(spec, extent), result.shape, dtype)
+                        out = DeviceTensor(self.bridge, _alloc_owned(self.bridge, spec, extent), result.shape, dtype)
                         made.append(out)
                         target = out.to_tinygrad()
                         target.assign(result.to(target.device)).realize()

@@ -23,6 +23,7 @@
 #include "devbridge/types.hpp"
 #include "arguments.hpp"
 #include "bindings.hpp"
+#include "owned_allocation.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -97,6 +98,10 @@ struct PyRestoreStream {
   // The stream's callbacks hold these by handle: they outlive its thread.
   nb::object digest, before_read;
   nb::object callback_error;  // what a callback raised (set with the GIL, on the reading thread)
+  // The allocations were handed to Python as owners (take_owners): until
+  // then they are the stream's, released with it, so an exception between
+  // _restore_start and the tensors (Ctrl-C) leaks none of them.
+  bool owners_taken = false;
 
   ~PyRestoreStream() {
     if (!stream) return;
@@ -105,6 +110,8 @@ struct PyRestoreStream {
       GilReleased no_gil;
       stream->stop();
     }
+    if (!owners_taken)
+      for (const DeviceHandle handle : stream->handles()) OwnedAllocation(state, handle).let_go();
     stream.reset();  // with the GIL: a Python error it kept is released here
   }
 
@@ -192,7 +199,18 @@ void bind_restore_stream(nb::module_& m) {
                               "A checkpoint's data section read into new allocations on a thread of its own "
                               "(checkpoint::RestoreStream): restore's reader.",
                               nb::type_slots(restore_stream_slots))
-      .def_prop_ro("handles", [](PyRestoreStream& self) { return self.open().handles(); })
+      .def(
+          "take_owners",
+          [](PyRestoreStream& self) {
+            auto& s = self.open();
+            if (self.owners_taken) throw Error(ErrorKind::InvalidRange, "the restore's allocations were taken already");
+            // Made whole before any is handed out: the list, dropped, releases every one.
+            nb::list owners;
+            for (const DeviceHandle handle : s.handles()) owners.append(owned_allocation(self.state, handle));
+            self.owners_taken = true;
+            return owners;
+          },
+          "The allocations, one per target in order, as _OwnedAllocation (once): from then on the caller's.")
       .def(
           "landed",
           [](PyRestoreStream& self, nb::handle index, nb::handle timeout) {

@@ -27,6 +27,7 @@
 #include "devbridge/types.hpp"
 #include "bindings.hpp"
 #include "forks.hpp"
+#include "owned_allocation.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -141,6 +142,7 @@ NB_MODULE(_devbridge, m) {
   bind_host_regions(m);
   bind_bridge(m);
   bind_checkpoint_file(m);
+  bind_owned_allocation(m);  // before TransferPlanner, whose _upload_owned returns one
   bind_transfer(m);
   bind_lent_views(m);
 }

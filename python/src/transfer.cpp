@@ -9,6 +9,11 @@
 // (the one place below the bindings that calls into Python). Adoption is not
 // offered here: an adopted allocation aliases the buffer for its whole life,
 // and only Bridge.adopt holds a buffer export that long.
+//
+// upload and submit_upload hand a new allocation back as a bare DeviceHandle,
+// the caller's to free; the staging layer's _upload_owned and
+// _submit_upload_owned hand it back owned (owned_allocation.hpp), so that an
+// exception between the call and the DeviceTensor (Ctrl-C) leaks nothing.
 #include <atomic>
 #include <memory>
 #include <mutex>
@@ -24,6 +29,7 @@
 #include "arguments.hpp"
 #include "bindings.hpp"
 #include "devbridge/transfer.hpp"
+#include "owned_allocation.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -160,18 +166,42 @@ struct HeldUpload {
         destination(upload_destination(bytes.size(), spec, extent, into, offset, what)) {}
 };
 
-// TransferPlanner::submit, one call at a time: the result, and its copies
-// still in flight as a list of (event, offset, nbytes).
-std::pair<TransferResult, nb::list> submitted(PyTransferPlanner& p, const TransferSource& source,
-                                              const TransferDestination& destination) {
-  TransferResult result = p.locked([&](TransferPlanner& t) {
+// TransferPlanner::submit, one call at a time.
+TransferResult submitted_result(PyTransferPlanner& p, const TransferSource& source,
+                                const TransferDestination& destination) {
+  return p.locked([&](TransferPlanner& t) {
     TransferResult r = t.submit(source, destination);
     p.last_route = r.route;
     return r;
   });
+}
+
+// A result's copies still in flight as a list of (event, offset, nbytes).
+nb::list pending_list(const TransferResult& result) {
   nb::list pending;
   for (const PendingCopy& copy : result.pending) pending.append(nb::make_tuple(copy.event, copy.offset, copy.bytes));
+  return pending;
+}
+
+// TransferPlanner::submit, one call at a time: the result, and its copies
+// still in flight as a list of (event, offset, nbytes).
+std::pair<TransferResult, nb::list> submitted(PyTransferPlanner& p, const TransferSource& source,
+                                              const TransferDestination& destination) {
+  TransferResult result = submitted_result(p, source, destination);
+  nb::list pending = pending_list(result);
   return {std::move(result), std::move(pending)};
+}
+
+// upload(): a new allocation of spec and extent holding the buffer's bytes, run to the end.
+DeviceHandle uploaded(PyTransferPlanner& p, nb::handle buffer, const ObjectSpec& spec, nb::handle extent) {
+  HeldBuffer held(buffer, PyBUF_C_CONTIGUOUS, "buffer");
+  const auto bytes = bytes_of(held);
+  const std::uint64_t n = extent.is_none() ? bytes.size() : args::integer<std::uint64_t>(extent, "extent");
+  return p.locked([&](TransferPlanner& t) {
+    const TransferResult result = t.run(HostSource{bytes}, NewAllocation{spec, n});
+    p.last_route = result.route;
+    return *result.handle;
+  });
 }
 
 // copy() and plan_copy()'s arguments: the two ends, the destination's
@@ -263,17 +293,19 @@ void bind_transfer(nb::module_& m) {
       .def(
           "upload",
           [](PyTransferPlanner& p, nb::handle buffer, const ObjectSpec& spec, nb::handle extent) {
-            HeldBuffer held(buffer, PyBUF_C_CONTIGUOUS, "buffer");
-            const auto bytes = bytes_of(held);
-            const std::uint64_t n = extent.is_none() ? bytes.size() : args::integer<std::uint64_t>(extent, "extent");
-            return p.locked([&](TransferPlanner& t) {
-              const TransferResult result = t.run(HostSource{bytes}, NewAllocation{spec, n});
-              p.last_route = result.route;
-              return *result.handle;
-            });
+            return uploaded(p, buffer, spec, extent);
           },
           "buffer"_a, "spec"_a, "extent"_a = nb::none(),
           "A new allocation of spec and extent (default: the buffer's size) holding the buffer's bytes at 0.")
+      .def(
+          "_upload_owned",
+          [](PyTransferPlanner& p, nb::handle buffer, const ObjectSpec& spec, nb::handle extent) {
+            const DeviceHandle handle = uploaded(p, buffer, spec, extent);
+            return owned_allocation(p.state, handle);
+          },
+          "buffer"_a, "spec"_a, "extent"_a = nb::none(),
+          "As upload, the new allocation returned as an _OwnedAllocation (the staging layer's: an exception\n"
+          "before the caller keeps it releases it).")
       .def(
           "submit_upload",
           [](PyTransferPlanner& p, nb::handle buffer, nb::handle spec, nb::handle extent, nb::handle into,
@@ -288,6 +320,20 @@ void bind_transfer(nb::module_& m) {
           "(handle or None, [(event, offset, nbytes), ...]), the chunk copies still in flight (offsets from the\n"
           "buffer's start), their ring ranges already handed to the bridge (release_host_after). The buffer is\n"
           "not needed once it returns. On failure nothing is left allocated and the error names the chunk.")
+      .def(
+          "_submit_upload_owned",
+          [](PyTransferPlanner& p, nb::handle buffer, const ObjectSpec& spec, nb::handle extent) {
+            HeldBuffer held(buffer, PyBUF_C_CONTIGUOUS, "buffer");
+            const auto bytes = bytes_of(held);
+            const std::uint64_t n = extent.is_none() ? bytes.size() : args::integer<std::uint64_t>(extent, "extent");
+            const TransferResult result = submitted_result(p, HostSource{bytes}, NewAllocation{spec, n});
+            // A new allocation's result always names it: owned before anything else (the list) can fail.
+            nb::object owner = owned_allocation(p.state, *result.handle);
+            return nb::make_tuple(owner, pending_list(result));
+          },
+          "buffer"_a, "spec"_a, "extent"_a = nb::none(),
+          "As submit_upload into a new allocation (spec=), the allocation returned as an _OwnedAllocation:\n"
+          "(owner, [(event, offset, nbytes), ...]).")
       .def(
           "submit_stream",
           [](PyTransferPlanner& p, nb::object fill, nb::handle nbytes, DeviceHandle into, nb::handle offset) {

@@ -436,3 +436,154 @@ def test_ctrl_c_ends_a_wait_for_a_restore_whose_read_never_comes(tmp_path, monke
         pending.wait(30)
     assert b.stats()["live_allocations"] == 0
     b.close()
+
+
+# ---- Ctrl-C right after a call made an allocation leaks nothing ------------------------------------------
+#
+# A signal (Ctrl-C) that arrives while a C++ call runs without the GIL raises at the first bytecode boundary
+# after the call returns, before its result is stored; so can an asynchronous exception. An allocation the
+# call returned as a bare DeviceHandle was then owned by nothing (held until close(), every time). The staging
+# layer's calls return it owned (_OwnedAllocation), so an exception at any boundary leaves nothing allocated.
+
+
+def _settle(b: devbridge.Bridge) -> None:
+    """Lets the copies an interrupted call left in flight end, and the deferred frees they held run."""
+    collect()
+    if b.backend == "fake":
+        b.fake.complete_all()
+    deadline = time.monotonic() + PROMPTLY
+    while b.stats()["copies_in_flight"] and time.monotonic() < deadline:
+        time.sleep(0.001)
+    b.poll()
+
+
+def interrupted_at_each_boundary_after_the_allocation(b: devbridge.Bridge, call, *, limit: int = 5000) -> int:
+    """Runs ``call()`` again and again with KeyboardInterrupt raised at the 1st, 2nd, ... bytecode boundary
+    (an opcode of a devbridge frame, traced) after ``b``'s new allocation exists, as Ctrl-C raises at whichever
+    boundary the signal finds; after each, nothing may stay allocated. The uninterrupted run's tensor is freed.
+    Returns how many boundaries there were."""
+    import sys
+
+    for nth in range(1, limit):
+        before = b.stats()["live_allocations"]
+        seen, fired = 0, False
+
+        def local(frame, event, arg):
+            nonlocal seen, fired
+            if event == "opcode" and not fired and b.stats()["live_allocations"] > before:
+                seen += 1
+                if seen == nth:
+                    fired = True
+                    raise KeyboardInterrupt(f"boundary {nth} after the allocation")
+            return local
+
+        def traced(frame, event, arg):
+            if frame.f_globals.get("__name__", "").startswith("devbridge"):
+                frame.f_trace_opcodes = True
+                return local
+            return None
+
+        made = None
+        sys.settrace(traced)
+        try:
+            made = call()
+        except KeyboardInterrupt:
+            assert fired, "a KeyboardInterrupt this test did not raise"
+        finally:
+            sys.settrace(None)
+        if not fired:
+            assert made is not None and b.stats()["live_allocations"] == before + 1
+            made.free()
+            _settle(b)
+            assert b.stats()["live_allocations"] == before
+            return nth - 1
+        del made
+        _settle(b)
+        left = b.stats()["live_allocations"] - before
+        assert left == 0, f"KeyboardInterrupt at boundary {nth} after the allocation left {left} allocation(s)"
+    raise AssertionError(f"the call never returned within {limit} boundaries")
+
+
+@pytest.mark.parametrize("backend", ["fake", "host", "opencl"])
+@pytest.mark.parametrize("how", ["upload(wait=True)", "upload(wait=False)", "import_tensor", "import_tensor(file)",
+                                 "transfer", "adopt"])
+def test_ctrl_c_at_any_boundary_after_a_call_allocated_leaks_nothing(backend, how, rng):
+    import io
+
+    from conftest import require_backend
+
+    require_backend(backend)
+    b = devbridge.Bridge(backend=backend, ring_bytes=1 << 20)
+    if backend == "fake":
+        b.fake.set_auto_complete(True)
+    a = random_array(rng, (3, 1000), "float32")
+    other = None
+    if how == "upload(wait=True)":
+        call = lambda: b.upload(a, wait=True)  # noqa: E731
+    elif how == "upload(wait=False)":
+        call = lambda: b.upload(a)  # noqa: E731
+    elif how == "import_tensor":
+        call = lambda: b.import_tensor(devbridge.PortableTensor.from_array(a))  # noqa: E731
+    elif how == "import_tensor(file)":
+        call = lambda: b.import_tensor(io.BytesIO(a.tobytes()), dtype="float32", shape=a.shape)  # noqa: E731
+    elif how == "transfer":
+        other = devbridge.Bridge(backend="fake" if backend == "fake" else "host", ring_bytes=1 << 20)
+        if backend == "fake":
+            other.fake.set_auto_complete(True)
+        source = other.upload(a, wait=True)
+        call = lambda: devbridge.transfer(other, source, b)  # noqa: E731
+    else:
+        if not b.backend_info()["host_addressable"]:
+            pytest.skip(f"{backend} adopts no host memory")
+        ro = a.copy()
+        ro.flags.writeable = False
+        call = lambda: b.adopt(ro)  # noqa: E731
+    boundaries = interrupted_at_each_boundary_after_the_allocation(b, call)
+    assert boundaries > 0
+    assert b.stats()["live_allocations"] == 0 and b.memory_stats()["allocated_bytes"] == 0
+    if how == "adopt":
+        collect()
+        assert b.stats()["host_regions"] == 0, "an interrupted adopt kept its buffer registered"
+    with b.upload(a, wait=True) as t:  # the bridge goes on
+        assert np.array_equal(t.numpy(), a)
+    if other is not None:
+        other.close()
+    b.close()
+
+
+@pytest.mark.parametrize("how", ["upload(wait=True)", "upload(wait=False)", "import_tensor"])
+def test_ctrl_c_during_uploads_leaks_no_allocation(how):
+    # The real thing: SIGINT sent while uploads of 16 MiB run back to back (most land during the copy, the GIL
+    # let go, and raise as the call returns). Each used to leave its allocation behind, 16 MiB until close().
+    import os
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signals reach the main thread only")
+    b = devbridge.Bridge(backend="host", ring_bytes=1 << 20)
+    a = np.ones(4 << 20, np.float32)
+    call = {"upload(wait=True)": lambda: b.upload(a, wait=True).free(),
+            "upload(wait=False)": lambda: b.upload(a).free(),
+            "import_tensor": lambda: b.import_tensor(a).free()}[how]
+    started = time.monotonic()
+    call()
+    one = time.monotonic() - started
+    interrupts = 0
+    for i in range(12):
+        timer = threading.Timer(0.001 + one * (i % 6) / 6, os.kill, (os.getpid(), signal.SIGINT))
+        try:
+            timer.start()
+            deadline = time.monotonic() + PROMPTLY
+            while time.monotonic() < deadline:
+                call()
+        except KeyboardInterrupt:
+            interrupts += 1
+        finally:
+            timer.cancel()
+            timer.join()
+    assert interrupts == 12
+    _settle(b)
+    stats = b.stats()
+    assert (stats["live_allocations"], b.memory_stats()["allocated_bytes"]) == (0, 0), stats
+    assert stats["ring_used"] == 0 and stats["ring_releases_pending"] == 0
+    b.close()

@@ -11,6 +11,8 @@ import sys
 import threading
 import time
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -96,6 +98,42 @@ def test_with_wait_false_the_first_tensor_is_ready_before_the_last_byte_is_read(
     finally:
         read.release()
     assert pending.wait() and pending.ready() and pending.done()
+    restored_then_freed(pb, pending, arrays)
+
+
+def test_the_bare_handle_of_a_tensor_not_yet_read_is_handed_out_once_its_bytes_landed(pb, rng, tmp_path,
+                                                                                        monkeypatch):
+    # The allocation exists before its bytes are read: download(t.handle), view(t.handle) and a checkpoint of
+    # t.handle read it empty (zeros, the fake's fill), and that checkpoint's checksum verified the garbage.
+    arrays, path = written(pb, rng, tmp_path)
+    read = HeldRead(monkeypatch, os.path.getsize(path) - 1)
+    pending = pb.restore(path, wait=False)
+    last = pending["layer05"]
+    got: dict[str, Any] = {}
+
+    def use_the_handle():
+        handle = last.handle  # waits for the bytes
+        got["download"] = pb.download(handle, dtype="float32", shape=last.shape).tobytes()
+        with pb.view(handle, "float32", last.shape) as view:
+            got["view"] = np.from_dlpack(view).tobytes() if pb.backend_info()["name"] != "opencl" else None
+        pb.checkpoint(tmp_path / "again.safetensors", {"x": handle})
+
+    user = threading.Thread(target=use_the_handle)
+    try:
+        assert until(read.reached.is_set)
+        user.start()
+        user.join(0.2)
+        assert user.is_alive(), "the handle was handed out before its bytes were read"
+    finally:
+        read.release()
+    user.join(30)
+    assert not user.is_alive()
+    assert got["download"] == arrays["layer05"].tobytes()
+    assert got["view"] in (None, arrays["layer05"].tobytes())
+    again = pb.restore(tmp_path / "again.safetensors")
+    assert again["x"].numpy().tobytes() == arrays["layer05"].tobytes()
+    free(again)
+    assert pending.wait()
     restored_then_freed(pb, pending, arrays)
 
 

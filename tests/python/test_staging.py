@@ -315,6 +315,85 @@ def test_uploads_wait_for_room_held_by_earlier_uploads(fake, rng):
     assert quiet(fake) == (0, 0, 0)
 
 
+def _count_copy_queries(monkeypatch) -> list[str]:
+    """The bridge calls a tensor makes about its copies (wait, copy_status), from now on."""
+    calls: list[str] = []
+    for name in ("wait", "copy_status"):
+        real = getattr(devbridge.Bridge, name)
+        monkeypatch.setattr(devbridge.Bridge, name, lambda self, *args, _real=real, _name=name, **kwargs: (
+            calls.append(_name), _real(self, *args, **kwargs))[1])
+    return calls
+
+
+@pytest.mark.parametrize("seen_by", ["wait", "ready"])
+def test_a_tensor_forgets_its_copies_once_it_saw_them_complete(fake, rng, seen_by, monkeypatch):
+    a = data(rng, (700_000,), "uint8")  # 3 chunks of the 1 MiB ring, all in flight at once
+    t = fake.upload(a)
+    assert not t.ready()
+    fake.fake.complete_all()
+    calls = _count_copy_queries(monkeypatch)
+    assert (t.wait() if seen_by == "wait" else t.ready()) is True
+    assert len(calls) == 3, "each copy's completion was asked for once"
+    calls.clear()
+    fake.fake.set_auto_complete(True)
+    assert np.array_equal(t.numpy(), a)
+    with t.view() as view:
+        assert view.shape == a.shape
+    assert t.ready() and t.wait() and "ready" in repr(t)
+    assert calls == [], "a ready tensor asked the bridge about its finished copies again"
+    t.free()
+    assert quiet(fake) == (0, 0, 0)
+
+
+def test_a_failed_copy_is_still_raised_on_every_wait(fake, rng):
+    fake.fake.set_auto_complete(True)
+    fake.fake.inject("copy_h2d", "copy_failed_at_completion", nth=2)
+    t = fake.upload(data(rng, (3 << 20,), "uint8"))
+    for _ in range(2):
+        with pytest.raises(devbridge.DeviceCopyFailed, match="upload chunk 1 "):
+            t.wait()
+        with pytest.raises(devbridge.DeviceCopyFailed, match="upload chunk 1 "):
+            t.ready()
+    t.free()
+
+
+@pytest.mark.parametrize("seen", ["waited", "not waited", "wait=True"])
+def test_after_a_restart_a_finished_upload_names_its_handle_not_a_copy(sb, rng, seen):
+    a = data(rng, (3 << 20,), "uint8")
+    t = sb.upload(a, wait=seen == "wait=True")
+    if seen == "waited":
+        assert t.wait() and t.ready()
+    sb.restart(sb.generation + 1)  # quiesces: a copy still in flight ends first
+    generation = t.handle.generation
+    expected = (rf"handle \{{domain {t.handle.domain}, generation {generation}, id 0x{t.handle.id:x}\}} is from "
+                rf"generation {generation}, the bridge is at generation {generation + 1}")
+    uses = {"numpy()": t.numpy, "view()": t.view, "from_dlpack": lambda: np.from_dlpack(t),
+            "download": lambda: sb.download(t), "wait()": t.wait, "ready()": t.ready,
+            "to_tinygrad()": t.to_tinygrad}
+    for name, use in uses.items():
+        with pytest.raises(devbridge.OldGenerationHandle) as caught:
+            use()
+        message = str(caught.value)
+        assert "chunk" not in message and "copy event" not in message, f"{name}: {message}"
+        assert caught.match(expected), f"{name}: {message}"
+    with pytest.raises(devbridge.OldGenerationHandle, match=expected):
+        sb.download(t.handle)  # the same words
+    t.free()  # a restart retired it: nothing to free, nothing raised
+
+
+def test_after_close_a_finished_upload_names_its_handle_not_a_copy(sb, rng):
+    t = sb.upload(data(rng, (3 << 20,), "uint8"))
+    done = sb.upload(data(rng, (1000,), "float32"), wait=True)
+    assert t.wait()
+    sb.close()
+    for tensor in (t, done):
+        for use in (tensor.numpy, tensor.view, tensor.wait, tensor.ready, lambda: np.from_dlpack(tensor)):
+            with pytest.raises(devbridge.Closed) as caught:
+                use()
+            assert "chunk" not in str(caught.value) and repr(tensor.handle) in str(caught.value), str(caught.value)
+        tensor.free()
+
+
 # ----------------------------------------------------------------------------------- ReleaseQueue & co
 
 
