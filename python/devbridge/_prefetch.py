@@ -23,9 +23,14 @@ Design, in short:
   (``writes_under_view="refuse"``, the default), for views the weak references
   cannot see (a DLPack array, a ``TensorView`` taken from a ``DeviceTensor``).
 * A slot still held once batches after it were handed out is kept for good by something other than the
-  loop's variables (TinyJit keeps the batch of its capture call): when no slot is free it is *retired*,
-  its memory left to its holder (freed when that lets go), and a fresh slot takes the next batch; at most
+  loop's variables (TinyJit keeps the batch of its capture call; a list keeps DeviceTensors, or DLPack
+  arrays of them, which only the bridge's refusal shows): when no slot is free it is *retired*, its memory
+  left to its holder (freed when that lets go), and a fresh slot takes the next batch; at most
   ``depth + 1`` retired slots are held at once.
+* The bridge closing ends the iteration with ``Closed`` at once, a wait for a slot included. The bridge
+  restarting retires every slot (they are the old generation's): the batches pulled from the source and
+  not handed out yet are staged again, from the arrays the Prefetcher still holds, into fresh slots of the
+  new generation (``_follow_bridge``), so the loop goes on with no batch lost or repeated.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from ._devbridge import Bridge, DeviceHandle, ObjectSpec
-from ._errors import AllocationStillInUse, BridgeError
+from ._errors import AllocationStillInUse, BridgeError, Closed
 from ._intake import _dtype_name, _intake
 from ._staging import (DeviceTensor, _checked_timeout, _cleanup, _free_or_release, _NotCopyable, _stage_into,
                        spec_for_array)
@@ -154,22 +159,72 @@ class _Slot:
         """True while something handed out from the slot is still alive."""
         return bool(self._live_holders())
 
-    def release(self, bridge: Bridge) -> None:
+    def release(self, bridge: Bridge, *, keep_hidden: bool = False) -> list[DeviceHandle]:
         """Frees the allocations (deferred by the bridge while views, DLPack arrays or tinygrad tensors
-        still read them; owned by a handed-out ``DeviceTensor`` still alive, freed with it)."""
-        owners = [h for h in self._live_holders() if isinstance(h, _BatchTensor)]
-        for handle in self.handles:
-            owner = next((t for t in owners if t.handle == handle), None)
-            if owner is not None:
-                owner._finalizer = weakref.finalize(owner, _free_or_release, bridge, handle)
-                owner._finalizer.atexit = False  # at exit the bridge goes with the process
+        still read them; owned by a handed-out ``DeviceTensor`` still alive, freed with it).
+
+        ``keep_hidden`` (retiring the slot): an allocation that nothing the slot handed out holds, but that
+        the bridge will not free because a view reads it (a DLPack array, a ``TensorView``), is left
+        allocated and returned, for ``_Retired`` to tell when that view is gone."""
+        hidden: list[DeviceHandle] = []
+        for position, handle in enumerate(self.handles):
+            # What was handed out for this allocation (holders follow the handles' order), if still held.
+            holder = self.holders[position]() if position < len(self.holders) else None
+            if isinstance(holder, _BatchTensor) and holder.freed:
+                holder = None
+            if isinstance(holder, _BatchTensor) and holder.handle == handle:
+                holder._finalizer = weakref.finalize(holder, _free_or_release, bridge, handle)
+                holder._finalizer.atexit = False  # at exit the bridge goes with the process
+            elif keep_hidden and holder is None:
+                try:
+                    bridge.free(handle)
+                except AllocationStillInUse:
+                    hidden.append(handle)  # a view the weak references cannot see reads it
+                except BridgeError:
+                    pass  # closed, or a restart retired it
             else:
                 _free_or_release(bridge, handle)
         self.handles, self.plan, self.tensors, self.holders, self.hidden_holder = [], [], [], [], None
+        return hidden
+
+
+class _Retired:
+    """A slot retired while something still holds it: what was handed out from it (weak references, as
+    ``_Slot.holders``) and the allocations only a view holds (freed here once the bridge lets them go)."""
+
+    __slots__ = ("index", "holders", "hidden")
+
+    def __init__(self, index: int, holders: list[weakref.ref], hidden: list[DeviceHandle]) -> None:
+        self.index, self.holders, self.hidden = index, holders, hidden
+
+    def alive(self, bridge: Bridge) -> bool:
+        """True while its holder lives. An allocation a hidden view holds is tried: the bridge frees it
+        once no view reads it (and refuses, ``AllocationStillInUse``, while one does)."""
+        still: list[DeviceHandle] = []
+        for handle in self.hidden:
+            try:
+                bridge.free(handle)
+            except AllocationStillInUse:
+                still.append(handle)
+            except BridgeError:
+                pass  # closed, or a restart retired it: not the Prefetcher's any more
+        self.hidden = still
+        if still:
+            return True
+        live = (ref() for ref in self.holders)
+        return any(h is not None and not (isinstance(h, _BatchTensor) and h.freed) for h in live)
+
+    def release(self, bridge: Bridge) -> None:
+        """Leaves the hidden allocations to the bridge: freed when their last view goes."""
+        for handle in self.hidden:
+            _free_or_release(bridge, handle)
+        self.hidden = []
 
 
 class _Loaded:
-    """A batch issued into a slot (or the error that stopped it), waiting to be handed out."""
+    """A batch issued into a slot (or the error that stopped it), waiting to be handed out. An error
+    staging a batch keeps the batch (a restart stages it again: ``Prefetcher._restarted``); a batch a
+    restart took the slot of waits, slotless, in ``Prefetcher._restage``."""
 
     __slots__ = ("batch", "slot", "error")
 
@@ -245,6 +300,11 @@ class Prefetcher(_NotCopyable):
     * ``close()`` (also the end of a ``with`` block, exhaustion, a producer error, and garbage collection
       after ``break``) waits for the copies in flight, frees every slot (deferred while the consumer still
       holds one) and closes the source iterator when it has ``close()``.
+    * ``bridge.close()`` ends the iteration: ``next()`` raises ``Closed`` (naming the batch) at once, a
+      wait for a slot in another thread included, and the Prefetcher closes. ``bridge.restart()`` does not:
+      the batches pulled from the source but not handed out yet are staged again into fresh slots of the
+      new generation, so the loop goes on with every batch, in order (those handed out before the restart
+      are the old generation's: see "Restart and live views" in docs/PYTHON.md).
     """
 
     def __init__(self, bridge: Bridge, batches: Iterable[Any], depth: int = 2, to: str = "tinygrad", *,
@@ -269,14 +329,19 @@ class Prefetcher(_NotCopyable):
         self._source: Iterator[Any] = iter(batches)
         self._bridge = bridge
         self._slots: list[_Slot] = []
-        # Slots retired while their holders live: (batch index, weak references to what was handed out).
-        self._retired: list[tuple[int, list[weakref.ref]]] = []
+        # Slots retired while their holders live.
+        self._retired: list[_Retired] = []
         self._warned_retired = False
         self._last_handed_out: int | None = None  # the batch the loop's variables hold
         self._loaded: collections.deque[_Loaded] = collections.deque()
         self._next_index = 0  # the index of the next batch the source yields
-        self._pulled: _Batch | None = None  # taken from the source, waiting for a slot
-        self._source_done = False
+        self._pulled: _Batch | None = None  # taken from the source (or from _restage), waiting for a slot
+        # Batches pulled whose slots a restart took, to stage again before the source is asked for more (and
+        # the error that ended the producer after them), in batch order.
+        self._restage: collections.deque[_Loaded] = collections.deque()
+        self._source_done = False  # nothing more is asked of the source: it ended, or the producer stopped
+        self._source_ended = False  # the source itself ended (StopIteration, or its error)
+        self._generation = self._bridge_generation()  # the generation the slots are allocated in
         self._handed_out = 0
         self._closed = False
 
@@ -301,24 +366,30 @@ class Prefetcher(_NotCopyable):
     def __next__(self) -> Any:
         if self._closed:
             raise StopIteration
-        self._issue(need_one=True)
-        if not self._loaded:
-            self.close()
-            raise StopIteration
-        loaded = self._loaded.popleft()
-        if loaded.error is not None:
-            self.close()
-            raise loaded.error
-        try:
-            out = self._hand_out(loaded.batch, loaded.slot)
-            self._handed_out += 1
-            self._last_handed_out = loaded.batch.index
-            return out
-        except BaseException as error:
-            self.close()
-            if not _wrapped(error) or getattr(error, "batch_index", None) is not None:
-                raise
-            raise _batch_error(error, loaded.batch.index) from error
+        while True:
+            self._follow_bridge()
+            self._issue(need_one=True)
+            if not self._loaded:
+                self.close()
+                raise StopIteration
+            loaded = self._loaded.popleft()
+            if loaded.error is not None:
+                self.close()
+                raise loaded.error
+            try:
+                out = self._hand_out(loaded.batch, loaded.slot)
+                self._handed_out += 1
+                self._last_handed_out = loaded.batch.index
+                return out
+            except BaseException as error:
+                if _wrapped(error) and self._bridge_generation() not in (None, self._generation):
+                    # Restarted (by another thread) since the batch was staged: it is staged again.
+                    self._loaded.appendleft(loaded)
+                    continue
+                self.close()
+                if not _wrapped(error) or getattr(error, "batch_index", None) is not None:
+                    raise
+                raise _batch_error(error, loaded.batch.index) from error
 
     def close(self) -> None:
         """Ends the iteration and releases everything (idempotent): see the class doc."""
@@ -334,8 +405,11 @@ class Prefetcher(_NotCopyable):
             for slot in self._slots:
                 slot.release(bridge)
             self._slots.clear()
-            self._retired.clear()  # released when retired: the bridge frees each once its holder lets go
+            for retired in self._retired:
+                retired.release(bridge)  # the bridge frees each once its holder lets go
+            self._retired.clear()
             self._loaded.clear()
+            self._restage.clear()
             self._pulled = None
         finally:
             close_source = getattr(self._source, "close", None)
@@ -371,7 +445,8 @@ class Prefetcher(_NotCopyable):
         pause = _SLOT_POLL_MIN_S
         collected = False
         refused: set[int] = set()  # slots the bridge would not write into on this pass
-        while not self._source_done:
+        while self._pulled is not None or self._restage or not self._source_done:
+            self._follow_bridge()  # Closed at once, even while waiting for a slot; a restart's new slots
             slot = self._free_slot(refused)
             if slot is not None:
                 if not self._issue_into(slot):
@@ -399,8 +474,8 @@ class Prefetcher(_NotCopyable):
                 pause = min(pause * 2, _SLOT_POLL_MAX_S)
             refused.clear()
 
-    def _live_retired(self) -> list[tuple[int, list[weakref.ref]]]:
-        self._retired = [(index, refs) for index, refs in self._retired if any(ref() is not None for ref in refs)]
+    def _live_retired(self) -> list[_Retired]:
+        self._retired = [retired for retired in self._retired if retired.alive(self._bridge)]
         return self._retired
 
     def _retire_pinned(self) -> bool:
@@ -410,25 +485,34 @@ class Prefetcher(_NotCopyable):
         if len(self._live_retired()) >= _RETIRED_PER_SLOT * (self._depth + 1) or self._last_handed_out is None:
             return False
         busy = {id(loaded.slot) for loaded in self._loaded}
+        # Held: by what was handed out (weak references tell), or by a view of it the bridge alone sees (it
+        # refused the last upload into the slot: a DLPack array, a TensorView taken from a DeviceTensor).
         pinned = [slot for slot in self._slots if id(slot) not in busy and slot.batch_index is not None
-                  and slot.batch_index < self._last_handed_out and slot.held()]
+                  and slot.batch_index < self._last_handed_out and (slot.held() or slot.hidden_holder is not None)]
         if not pinned:
             return False
         slot = min(pinned, key=lambda s: s.batch_index)
         self._slots.remove(slot)
-        self._retired.append((slot.batch_index, slot.holders))
         if not self._warned_retired:
             self._warned_retired = True
-            what = "tinygrad tensors (or tensors computed from them)" if self._to == "tinygrad" else "DeviceTensors"
+            if slot.held():
+                what = ("tinygrad tensors (or tensors computed from them)" if self._to == "tinygrad"
+                        else "DeviceTensors")
+                keeper = "so does a list of batches"
+            else:  # the bridge refused to write under a view of it
+                what = "views (DLPack arrays or TensorViews of its DeviceTensors)"
+                keeper = "so does a list of numpy.from_dlpack(x) arrays"
             warnings.warn(
                 f"Prefetcher: batch {slot.batch_index}'s {what} are still alive after batch "
                 f"{self._last_handed_out} was handed out, so something keeps them beyond the loop (TinyJit "
-                f"keeps the batch of its capture call for as long as the jitted function lives; so does a list "
-                f"of batches). Its device slot is retired: its memory stays with its holder until that lets go, "
+                f"keeps the batch of its capture call for as long as the jitted function lives; {keeper}). "
+                f"Its device slot is retired: its memory stays with its holder until that lets go, "
                 f"and a fresh slot takes the next batch (at most {_RETIRED_PER_SLOT * (self._depth + 1)} retired "
                 f"slots held at once, then the Prefetcher waits). Said once per Prefetcher.",
                 RuntimeWarning, stacklevel=4)  # the frame iterating: _issue, __next__, then the caller
-        slot.release(self._bridge)
+        index, holders = slot.batch_index, slot.holders
+        hidden = slot.release(self._bridge, keep_hidden=True)
+        self._retired.append(_Retired(index, holders, hidden))
         return True
 
     def _free_slot(self, skip: set[int]) -> _Slot | None:
@@ -444,34 +528,102 @@ class Prefetcher(_NotCopyable):
         return None
 
     def _pull(self) -> _Batch | None:
-        """The next batch from the source (kept until a slot takes it), or None once the source is done."""
+        """The next batch (kept until a slot takes it): one a restart took the slot of, else the source's.
+        None once there is none (the source is done, or the error that ended it is loaded)."""
         if self._pulled is None:
+            if self._restage:
+                waiting = self._restage.popleft()
+                if waiting.error is not None:
+                    self._loaded.append(waiting)  # the producer's error, after the batches before it
+                    return None
+                self._pulled = waiting.batch
+                return self._pulled
+            if self._source_done:
+                return None
             index = self._next_index
             try:
                 batch = next(self._source)
             except StopIteration:
-                self._source_done = True
+                self._source_done = self._source_ended = True
                 return None
             except BaseException as error:
+                self._source_ended = True
                 self._stop(index, error)
                 return None
             self._next_index += 1
             try:
                 self._pulled = _Batch(index, batch)
             except BaseException as error:
+                self._source_ended = True
                 self._stop(index, error)
                 return None
         return self._pulled
 
-    def _stop(self, index: int, error: BaseException) -> None:
-        """The producer failed at batch ``index``: nothing more is pulled, and the consumer gets the error
-        there, after the batches before it (an interrupt is raised at once)."""
+    def _stop(self, index: int, error: BaseException, batch: _Batch | None = None) -> None:
+        """The producer failed at batch ``index`` (staging ``batch``, when given): nothing more is pulled,
+        and the consumer gets the error there, after the batches before it (an interrupt is raised at once)."""
         self._source_done = True
         self._pulled = None
         if not _wrapped(error):
             raise error
-        self._loaded.append(_Loaded(None, None, error if getattr(error, "batch_index", None) is not None
+        self._loaded.append(_Loaded(batch, None, error if getattr(error, "batch_index", None) is not None
                                     else _batch_error(error, index)))
+
+    # ---- the bridge closing or restarting under the loop ----
+
+    def _bridge_generation(self) -> int | None:
+        """The bridge's generation; None once it is closed."""
+        try:
+            return None if self._bridge.closed else self._bridge.generation
+        except Closed:
+            return None
+
+    def _follow_bridge(self) -> None:
+        """``Closed`` (and the Prefetcher closes) once the bridge is closed; after a restart, stages again
+        what the old generation's slots held (``_restarted``)."""
+        generation = self._bridge_generation()
+        if generation is None:
+            if self._loaded and self._loaded[0].batch is not None:
+                index = self._loaded[0].batch.index
+            else:
+                index = self._next_index if self._pulled is None else self._pulled.index
+            self.close()
+            error = Closed(f"Prefetcher batch {index}: the bridge is closed (bridge.close()), so no batch can "
+                           f"be staged or handed out any more")
+            error.batch_index = index
+            raise error
+        if generation != self._generation:
+            self._restarted(generation)
+
+    def _restarted(self, generation: int) -> None:
+        """The bridge was restarted: every handle, view and copy of the old generation is retired, the
+        slots with them. The batches loaded into them (and the one pulled, waiting for a slot) are staged
+        again from their arrays, which the Prefetcher still holds, into fresh slots; a failure staging one
+        in the old generation (a bridge error: the old worker's) is forgotten, and the batch staged again.
+        What was handed out before stays the consumer's (memory a view still reads stays valid)."""
+        bridge = self._bridge
+        waiting: list[_Loaded] = list(self._restage)
+        for loaded in self._loaded:
+            if loaded.error is None:
+                waiting.append(_Loaded(loaded.batch, None))
+            elif loaded.batch is not None and isinstance(loaded.error, BridgeError):
+                waiting.append(_Loaded(loaded.batch, None))
+                self._source_done = self._source_ended  # the source goes on after it
+            else:
+                waiting.append(loaded)
+        if self._pulled is not None:
+            waiting.append(_Loaded(self._pulled, None))
+            self._pulled = None
+        waiting.sort(key=lambda w: w.batch.index if w.error is None else w.error.batch_index)
+        self._restage = collections.deque(waiting)
+        self._loaded.clear()
+        # No copy of the old generation is waited for: the bridge retired them.
+        for slot in self._slots:
+            slot.release(bridge)
+        for retired in self._retired:
+            retired.release(bridge)
+        self._slots, self._retired = [], []
+        self._generation = generation
 
     def _issue_into(self, slot: _Slot) -> bool:
         """Uploads the next batch into ``slot`` (or records why the producer stopped). False when the bridge
@@ -499,17 +651,20 @@ class Prefetcher(_NotCopyable):
                 _cleanup(bridge, [event for t in tensors for event, _, _ in t._events])
                 raise
         except AllocationStillInUse as error:
-            if position == 0 and slot.holders:
+            if slot.holders:
                 # A view the weak references cannot see (a DLPack array, a TensorView from a DeviceTensor)
-                # still reads the slot, and the bridge refused to write under it (nothing was written).
+                # still reads the slot, and the bridge refused to write under it (nothing was written into
+                # that allocation; the arrays before it were, which nothing the consumer holds reads).
                 slot.hidden_holder = error.message
                 return False
-            self._stop(batch.index, _batch_error(error, batch.index, batch.where(position)))
+            self._stop(batch.index, _batch_error(error, batch.index, batch.where(position)), batch)
             return True
         except BaseException as error:
+            if _wrapped(error) and self._bridge_generation() not in (None, self._generation):
+                return True  # restarted under the staging (another thread): the batch waits, pulled, for _restarted
             if _wrapped(error):
                 error = _batch_error(error, batch.index, batch.where(position))
-            self._stop(batch.index, error)
+            self._stop(batch.index, error, batch)
             return True
         self._pulled = None
         slot.batch_index, slot.tensors, slot.holders, slot.hidden_holder = batch.index, tensors, [], None
@@ -559,15 +714,16 @@ class Prefetcher(_NotCopyable):
         index = self._next_index if self._pulled is None else self._pulled.index
         retired = self._live_retired()
         kept = (f" {len(retired)} more slots are retired, still held by what keeps their batches "
-                f"({', '.join(str(i) for i, _ in retired)}): at most {_RETIRED_PER_SLOT * (self._depth + 1)} at once."
+                f"({', '.join(str(r.index) for r in retired)}): "
+                f"at most {_RETIRED_PER_SLOT * (self._depth + 1)} at once."
                 if retired else "")
         return (f"Prefetcher batch {index}: no device slot "
                 f"came free in {waited}: all {len(self._slots)} slots (depth {self._depth} + 1) hold batches the "
                 f"consumer has not let go of ({'; '.join(held)}).{kept} The loop's variables hold the batch last "
-                f"handed out; a batch kept beyond it (a list of batches or of results computed from them, a "
-                f"lazy graph, .grad; TinyJit keeps only its capture call's, which the Prefetcher retires) stays "
-                f"until dropped: drop what you keep, realize results you keep (.realize() or .numpy()), "
-                f"or raise depth.")
+                f"handed out; a batch kept beyond it (a list of batches, of DLPack arrays of them or of results "
+                f"computed from them, a lazy graph, .grad; TinyJit keeps only its capture call's, which the "
+                f"Prefetcher retires) stays until dropped: drop what you keep, realize results you keep "
+                f"(.realize() or .numpy()), or raise depth.")
 
 
 __all__ = ["Prefetcher"]

@@ -38,6 +38,13 @@ instructions, so an address that is not a multiple of 16 bytes (a view at such a
 adopted memory that starts at one; 32 under tinygrad's LLVM renderer) is refused with
 ``Unsupported`` before tinygrad sees it (``_check_alignment``): handed over, it crashed the process.
 
+bfloat16 on tinygrad's CPU device: its default (C) renderer declares bfloat16 buffers
+``__bf16``, which an older clang (Debian 12's clang 14, which scripts/setup.sh installs) refuses
+on x86-64 ("__bf16 is not supported on this target"), so every kernel over such a tensor, its
+``numpy()`` included, fails in clang. ``_bfloat16_refusal`` compiles a probe once per process
+with tinygrad's own clang command line (``CC``, target, ``-march``), and where that fails the
+hand-off is refused with ``UnsupportedDType``, naming the ways round it.
+
 Devices: a host-backend view becomes a tinygrad ``CPU`` tensor. A CUDA view
 becomes a ``CUDA`` tensor; tinygrad computes in a CUDA context of its own
 (``cuCtxCreate``), and device pointers are only valid in the context that
@@ -50,10 +57,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+import os
+import subprocess
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from ._errors import Unavailable, Unsupported
+from ._errors import Unavailable, Unsupported, UnsupportedDType
 
 if TYPE_CHECKING:  # pragma: no cover
     from tinygrad import Tensor
@@ -69,14 +78,30 @@ _tinygrad_module: Any = None
 
 
 def _import_tinygrad() -> Any:
+    """The tinygrad module, imported on first use (devbridge does not need tinygrad otherwise).
+
+    ``Unavailable`` when tinygrad is not installed: only a ``ModuleNotFoundError`` for ``tinygrad`` itself
+    means that. A tinygrad that is installed but fails to import (a missing dependency or shared library, a
+    version clash, an earlier import interrupted half way) raises ``Unavailable`` saying so, with the real
+    error in the message and as its ``__cause__``; anything but an ``ImportError`` (``KeyboardInterrupt``,
+    an error raised by tinygrad's own code) propagates unchanged."""
     global _tinygrad_module
-    if _tinygrad_module is None:  # imported on first use: devbridge does not need tinygrad otherwise
+    if _tinygrad_module is None:
         try:
             import tinygrad
-        except ImportError as error:  # pragma: no cover - tinygrad is a test dependency
+        except ModuleNotFoundError as error:
+            if error.name != "tinygrad":  # one of tinygrad's own imports: installed, but broken
+                raise _import_failed(error) from error
             raise Unavailable("to_tinygrad: tinygrad is not installed (pip install tinygrad)") from error
+        except ImportError as error:
+            raise _import_failed(error) from error
         _tinygrad_module = tinygrad
     return _tinygrad_module
+
+
+def _import_failed(error: ImportError) -> Unavailable:
+    return Unavailable(f"to_tinygrad: tinygrad is installed but failed to import: {type(error).__name__}: {error} "
+                       f"(the chained traceback shows where)")
 
 
 @functools.lru_cache(maxsize=None)  # a few device strings per process; a failure is not cached
@@ -278,7 +303,7 @@ def _unwritable(tg: _Names, tensor: "Tensor", view: "TensorView") -> "Tensor":
 # float16, int8, uint8, int16, float64 and int64 survived every offset, only because this tinygrad groups
 # no loads of the 1- and 8-byte ones and groups halves into 8-byte vectors x86 loads unaligned without a
 # fault (half4 is declared aligned(8), so an address off 8 is still undefined; half8 under ALLOW_HALF8 is
-# aligned(16)). bfloat16 kernels do not compile with this clang at all.
+# aligned(16)). bfloat16 kernels do not compile with this clang at all (refused: _bfloat16_refusal).
 # DEV=CPU:X86 (tinygrad's own x86 code, unaligned loads) survived every offset of every dtype. So the
 # rule follows the vector width, not the dtype: an address tinygrad is given must be a multiple of 16
 # bytes, whatever the dtype, which also holds when a later tinygrad groups more dtypes.
@@ -332,6 +357,58 @@ def _check_alignment(tg: _Names, view: "TensorView", ptr: int, device: str) -> N
         f"tinygrad.Tensor(bridge.download(handle, dtype={view.dtype!r}, shape={tuple(view.shape)!r}))")
 
 
+# ---- bfloat16 on tinygrad's CPU device ----
+
+
+@functools.lru_cache(maxsize=None)  # one probe per compiler command line, per process
+def _bfloat16_compile_error(cc: str, arch: str, args: tuple[str, ...]) -> str | None:
+    """clang's error compiling a bfloat16 (``__bf16``) copy for tinygrad's CPU target, with the command line
+    tinygrad's ``ClangCompiler`` uses; None when it compiles, or when the compiler cannot be run at all
+    (tinygrad's own kernels then fail, and say why, whatever the dtype)."""
+    source = "void devbridge_bf16_probe(__bf16 *restrict out, __bf16 *restrict in) { out[0] = in[0]; }\n"
+    command = [cc, "-c", "-x", "c", "-O2", "-fPIC", "-ffreestanding", "-fno-math-errno", "-nostdlib",
+               f"--target={arch}-none-unknown-elf", *args, "-", "-o", os.devnull]
+    try:
+        done = subprocess.run(command, input=source.encode(), capture_output=True, timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode == 0:
+        return None
+    lines = done.stderr.decode(errors="replace").splitlines()
+    return next((line.split("error:", 1)[1].strip() for line in lines if "error:" in line),
+                f"{cc} exited with status {done.returncode}")
+
+
+def _bfloat16_refusal(tg: _Names, device: str) -> str | None:
+    """Why tinygrad's ``device`` cannot compile a kernel over a bfloat16 buffer, or None where it can (or
+    where it cannot be told: another renderer or compiler than tinygrad 0.14's C one for CPU)."""
+    if not device.startswith("CPU"):
+        return None
+    try:
+        tinygrad_device = tg.Device[device]
+        renderer, compiler = type(tinygrad_device.renderer), tinygrad_device.compiler
+    except Exception:  # noqa: BLE001 - nothing to ask: let tinygrad say what it says
+        return None
+    if not any(cls.__name__ == "ClangRenderer" for cls in renderer.__mro__):
+        return None  # DEV=CPU:X86 (tinygrad's own x86 code) computes in bfloat16; LLVM: not measured
+    arch, args = getattr(compiler, "arch", None), getattr(compiler, "args", None)
+    if not isinstance(arch, str) or not isinstance(args, (list, tuple)) or not all(isinstance(a, str) for a in args):
+        return None
+    return _bfloat16_compile_error(os.environ.get("CC", "clang"), arch, tuple(args))
+
+
+def _bfloat16_message(handle: Any, device: str, reason: str) -> str:
+    cc = os.environ.get("CC", "clang")
+    return (f"to_tinygrad: {handle!r} is bfloat16, and tinygrad's {device} device compiles its kernels with {cc}, "
+            f"which cannot compile bfloat16 (__bf16) for this machine ({reason}): every tinygrad kernel reading the "
+            f"tensor would fail in the compiler, its .numpy() included (a conversion to float32). Instead run "
+            f"tinygrad's own x86 code generator (start Python with DEV=CPU:X86), or point CC at a newer clang "
+            f"that compiles __bf16; or upload the bits as uint16 "
+            f"(bridge.upload(array.view(numpy.uint16))) and widen them in tinygrad: "
+            f"(t.cast(dtypes.uint32) * 65536).bitcast(dtypes.float32) is the exact float32; or download it "
+            f"(bridge.download gives ml_dtypes' bfloat16) and convert it on the host")
+
+
 def to_tinygrad(view: "TensorView") -> "Tensor":
     """A ``tinygrad.Tensor`` over the view's memory, zero-copy (see the module doc)."""
     tensor = hand_off(view)[0]
@@ -358,6 +435,10 @@ def hand_off(view: "TensorView") -> tuple["Tensor", Any]:
         except Unsupported:  # no zero-copy hand-off: the advice names this view's download
             raise Unsupported(_no_zero_copy_message(view_device, lease.handle, lease.dtype, lease.shape)) from None
         _check_alignment(tg, lease, ptr, device)  # before tinygrad ever sees the address
+        if dtype_name == "bfloat16":
+            reason = _bfloat16_refusal(tg, device)
+            if reason is not None:
+                raise UnsupportedDType(_bfloat16_message(lease.handle, device, reason))
         if device.startswith("CUDA"):
             ordinal = int(device.partition(":")[2] or 0)
             if lease._native_context != cuda_context("tinygrad", ordinal):

@@ -408,6 +408,148 @@ def test_the_bridge_closing_first_is_survived(rng):
     it.close()  # nothing to release any more, and no error
 
 
+def test_next_after_the_bridge_closed_raises_closed_naming_the_batch(rng):
+    b = _bridge("host")
+    ended = []
+
+    def source():
+        try:
+            yield from make_batches(rng, 6)
+        finally:
+            ended.append(True)
+
+    it = devbridge.Prefetcher(b, source(), to="device")
+    x = next(it)
+    b.close()
+    closed = r"Prefetcher batch 1: the bridge is closed \(bridge.close\(\)\)"
+    with pytest.raises(devbridge.Closed, match=closed) as caught:
+        next(it)
+    assert caught.value.batch_index == 1 and it.closed and ended == [True]
+    with pytest.raises(StopIteration):
+        next(it)
+    del x
+
+
+@pytest.mark.parametrize("timeout", [None, 30.0])
+def test_closing_the_bridge_ends_a_wait_for_a_slot_with_closed(pb, timeout):
+    # A consumer thread keeps every batch, so the Prefetcher waits for a slot; the bridge closes meanwhile. Before,
+    # the wait ignored it: without a timeout the thread never ended; with one it raised AllocationStillInUse ("let
+    # go of what you keep") when it ran out.
+    kept, outcome = [], {}
+
+    def consume():
+        try:
+            source = (np.full(64, i, np.float32) for i in range(100))
+            for x in devbridge.Prefetcher(pb, source, depth=1, to="device", timeout=timeout):
+                kept.append(x)
+        except BaseException as error:  # noqa: BLE001 - what the thread ended with, for the test to see
+            outcome["error"] = error
+        outcome["at"] = time.monotonic()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the retirement notice
+        thread = threading.Thread(target=consume, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 20
+        while len(kept) < 4 and time.monotonic() < deadline:  # depth + 1 slots, as many retired: then it waits
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert len(kept) == 4 and thread.is_alive(), outcome
+        closed_at = time.monotonic()
+        pb.close()
+        thread.join(5)
+    assert not thread.is_alive(), "the wait for a slot ignored bridge.close()"
+    error = outcome["error"]
+    assert isinstance(error, devbridge.Closed), repr(error)
+    assert error.batch_index == 4 and "Prefetcher batch 4: the bridge is closed" in str(error)
+    assert outcome["at"] - closed_at < 1.0
+    del kept
+
+
+# ----------------------------------------------------------------------------------------- restart
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_restart_mid_loop_stages_the_pulled_batches_again_and_the_loop_goes_on(pb, to, rng, depth):
+    # Before, the next batch raised OldGenerationHandle ("upload chunk 0 ... copy event ... is from generation 1"),
+    # the Prefetcher closed the source, and the batches it had pulled were lost.
+    batches = make_batches(rng, 10)
+    pulled, ended = [], []
+
+    def source():
+        try:
+            for i, batch in enumerate(batches):
+                pulled.append(i)
+                yield batch
+        finally:
+            ended.append(len(pulled))
+
+    got = []
+    for i, (x, y) in enumerate(devbridge.Prefetcher(pb, source(), depth=depth, to=to)):
+        got.append((host(x).tobytes(), host(y).tobytes()))
+        if i == 3:
+            pb.restart(pb.generation + 1)
+    assert got == [(a.tobytes(), b.tobytes()) for a, b in batches], "a batch lost, repeated or out of order"
+    assert pulled == list(range(10)), "each batch asked of the source once"
+    assert ended == [10], "the source was closed before its end"
+    del x, y
+    assert_quiet(pb)
+
+
+def holding_every_slot(pb, source, timeout: float, to: str = "device"):
+    """A depth-1 Prefetcher over ``source`` whose consumer keeps its first four batches: every slot held, and as
+    many retired as may be (the RuntimeWarning checked). Returns the Prefetcher and the kept batches."""
+    it = devbridge.Prefetcher(pb, source, depth=1, to=to, timeout=timeout)
+    with pytest.warns(RuntimeWarning, match="retired"):
+        kept = [next(it) for _ in range(4)]
+    return it, kept
+
+
+def test_a_restart_while_waiting_for_a_slot_ends_the_wait(pb, rng):
+    # Every slot is held by the consumer; a restart (another thread) retires them all: fresh slots take the batch.
+    batches = [random_array(rng, 32, "float32") for _ in range(6)]
+    it, kept = holding_every_slot(pb, batches, timeout=5.0)
+    restarter = threading.Timer(0.2, lambda: pb.restart(pb.generation + 1))
+    restarter.start()
+    start = time.monotonic()
+    x = next(it)
+    restarter.join()
+    assert time.monotonic() - start < 4.0, "waited out the timeout"
+    assert host(x).tobytes() == batches[4].tobytes()
+    assert [host(t).tobytes() for t in it] == [batches[5].tobytes()]
+    del kept, x
+    assert_quiet(pb)
+
+
+def test_a_staging_failure_of_the_old_generation_is_staged_again_after_a_restart(fake, rng):
+    batches = [random_array(rng, 16, "float32") for _ in range(6)]
+    fake.fake.inject("copy_h2d", "copy_failed_at_submit", nth=3)  # batch 2, staged ahead with batch 0 and 1
+    it = devbridge.Prefetcher(fake, batches, depth=2, to="device")
+    got = [host(next(it)).tobytes()]
+    fake.restart(fake.generation + 1)  # the failure was the old generation's: batch 2 is staged again
+    got += [host(x).tobytes() for x in it]
+    assert got == [a.tobytes() for a in batches]
+    assert_quiet(fake)
+
+
+def test_a_source_error_is_still_raised_at_its_batch_after_a_restart(pb, rng):
+    batches = [random_array(rng, 16, "float32") for _ in range(3)]
+
+    def source():
+        yield from batches
+        raise KeyError("record 3 is missing")
+
+    it = devbridge.Prefetcher(pb, source(), depth=4, to="device")
+    got = [host(next(it)).tobytes()]  # batches 1 and 2 are staged, the source's error waits after them
+    pb.restart(pb.generation + 1)
+    with pytest.raises(KeyError, match="Prefetcher batch 3") as caught:
+        for x in it:
+            got.append(host(x).tobytes())
+    assert got == [a.tobytes() for a in batches] and caught.value.batch_index == 3
+    del caught, x
+    assert_quiet(pb)
+
+
 # ---------------------------------------------------------------------- a consumer that holds its batches
 
 
@@ -455,9 +597,7 @@ def test_retired_slots_are_capped_then_it_times_out_naming_the_batch(pb, to, rng
 
 def test_another_thread_letting_go_unblocks_the_wait(pb, rng):
     batches = [random_array(rng, 32, "float32") for _ in range(6)]
-    it = devbridge.Prefetcher(pb, batches, depth=1, to="device", timeout=60)
-    with pytest.warns(RuntimeWarning, match="retired"):
-        kept = [next(it) for _ in range(4)]      # every slot held, and as many retired as may be
+    it, kept = holding_every_slot(pb, batches, timeout=60)
     threading.Timer(0.1, kept.clear).start()
     x = next(it)
     assert host(x).tobytes() == batches[4].tobytes()
@@ -492,17 +632,67 @@ def test_a_view_the_consumer_keeps_is_never_overwritten(pb, rng):
     assert_quiet(pb)
 
 
-def test_hidden_holders_are_named_when_every_slot_is_held(pb, rng):
-    batches = [random_array(rng, 64, "float32") for _ in range(4)]
+@pytest.mark.parametrize("depth", [1, 2])
+def test_views_kept_of_every_batch_retire_slots_as_device_tensors_do(pb, rng, depth):
+    # [numpy.from_dlpack(x) for x in Prefetcher(...)]: only the bridge sees such a holder (it refuses to upload
+    # under the view). Before, those slots were never retired: AllocationStillInUse at batch depth + 1, against
+    # "list(Prefetcher(...)) works for 2 * (depth + 1) batches" (docs/PYTHON.md).
+    batches = [random_array(rng, 64, "float32") for _ in range(2 * (depth + 1))]
+    it = devbridge.Prefetcher(pb, batches, depth=depth, to="device", timeout=5.0)
+    kept = []
+    start = time.monotonic()
+    with pytest.warns(RuntimeWarning, match=r"batch 0's views \(DLPack arrays or TensorViews"):
+        for i, x in enumerate(it):
+            assert host(x).tobytes() == batches[i].tobytes()
+            kept.append(keep_behind_its_back(pb, x))
+            assert [read() for _, _, read in kept] == [a.tobytes() for a in batches[:i + 1]], "overwritten"
+    assert time.monotonic() - start < 2.5, "waited for a slot"
+    assert it.closed
+    for (view, _, _), a in zip(kept, batches):
+        if isinstance(view, np.ndarray):
+            assert view.tobytes() == a.tobytes()  # after close too: the memory stays the array's
+    del x, kept, view
+    assert_quiet(pb)
+
+
+def test_hidden_holders_are_named_once_every_slot_and_retired_slot_is_held(pb, rng):
+    batches = [random_array(rng, 64, "float32") for _ in range(6)]
     it = devbridge.Prefetcher(pb, batches, depth=1, to="device", timeout=0.05)
-    (first, holder, read_first), (second, _, read_second) = (keep_behind_its_back(pb, next(it)) for _ in range(2))
-    with pytest.raises(devbridge.AllocationStillInUse, match=f"Prefetcher batch 2: .*{holder}") as caught:
+    kept = []
+    with pytest.warns(RuntimeWarning, match="retired"):
+        for _ in range(4):  # depth + 1 slots, and as many retired ones
+            kept.append(keep_behind_its_back(pb, next(it)))
+    assert it.retired == 2
+    holder = kept[0][1]
+    with pytest.raises(devbridge.AllocationStillInUse,
+                       match=f"Prefetcher batch 4: .*batch 2: the bridge refused .*{holder}.*2 more slots are retired"
+                             r".*\(0, 1\)") as caught:
         next(it)
     del caught
-    assert [read_first(), read_second()] == [batches[0].tobytes(), batches[1].tobytes()]
-    del first, second
-    assert host(next(it)).tobytes() == batches[2].tobytes()
+    assert [read() for _, _, read in kept] == [a.tobytes() for a in batches[:4]]
+    kept.pop(0)  # the view of batch 0 goes: its retired slot is freed, and another can be retired
+    assert it.retired == 1
+    assert host(next(it)).tobytes() == batches[4].tobytes()
+    assert [read() for _, _, read in kept] == [a.tobytes() for a in batches[1:4]]
     it.close()
+    del kept
+    assert_quiet(pb)
+
+
+def test_a_view_of_one_array_of_a_batch_is_seen_too(pb, rng):
+    # Only the batch's second array is kept (a DLPack array of y): the bridge refuses the upload at it, after the
+    # first array was staged. Before, that was a producer error ("Prefetcher batch 2 (item 1)") ending the loop.
+    batches = make_batches(rng, 6, shape=(16, 4))
+    it = devbridge.Prefetcher(pb, batches, depth=1, to="device", timeout=5.0)
+    kept = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the retirement notice
+        for i, (x, y) in enumerate(it):
+            assert host(x).tobytes() == batches[i][0].tobytes() and host(y).tobytes() == batches[i][1].tobytes()
+            if i < 2:
+                kept.append(keep_behind_its_back(pb, y))
+            assert [read() for _, _, read in kept] == [batches[k][1].tobytes() for k in range(len(kept))]
+    del x, y, kept
     assert_quiet(pb)
 
 
@@ -545,9 +735,7 @@ def test_the_batch_pulled_before_waiting_for_a_slot_is_kept_for_the_next_attempt
             pulled.append(i)
             yield a
 
-    it = devbridge.Prefetcher(pb, source(), depth=1, to="device", timeout=0.05)
-    with pytest.warns(RuntimeWarning, match="retired"):
-        kept = [next(it) for _ in range(4)]  # every slot held, as many retired as may be
+    it, kept = holding_every_slot(pb, source(), timeout=0.05)
     with pytest.raises(devbridge.AllocationStillInUse, match="Prefetcher batch 4: no device slot") as caught:
         next(it)
     del caught
@@ -569,9 +757,7 @@ def test_a_source_error_after_every_slot_is_held_is_raised_at_once(pb, rng):
             yield random_array(rng, 32, "float32")
         raise KeyError("record 4 is missing")
 
-    it = devbridge.Prefetcher(pb, source(), depth=1, to="device", timeout=5.0)
-    with pytest.warns(RuntimeWarning, match="retired"):
-        kept = [next(it) for _ in range(4)]
+    it, kept = holding_every_slot(pb, source(), timeout=5.0)
     start = time.monotonic()
     with pytest.raises(KeyError, match="Prefetcher batch 4") as caught:
         next(it)
