@@ -309,9 +309,10 @@ class Pipeline {
     for (const PendingCopy& copy : *options_.submitted) wait_until(bridge_, copy.event, deadline);
   }
 
-  // A chunk's ring bytes for the caller's fill or sink, leased for the
-  // call: its code may close the bridge, which must not free the ring under
-  // it (host_bytes would be valid only until then).
+  // A chunk's ring bytes, leased while they are written or read: another
+  // thread (or a fill's or sink's own code) may close the bridge meanwhile,
+  // which must not free the ring under the copy (host_bytes would be valid
+  // only until then: a close beside a download crashed the process).
   HostLease lent(HostRange range) { return bridge_.lease_host(range); }
 
   void submit(const Chunk& chunk) {
@@ -327,7 +328,7 @@ class Pipeline {
         if (transfer_.fill != nullptr)
           (*transfer_.fill)(chunk.offset, lent(range.get()).bytes());
         else
-          std::ranges::copy(transfer_.source.subspan(chunk.offset, chunk.len), bridge_.host_bytes(range.get()).begin());
+          std::ranges::copy(transfer_.source.subspan(chunk.offset, chunk.len), lent(range.get()).bytes().begin());
       }
     } catch (const Error& e) {
       rethrow_for_chunk(e, transfer_, chunk);
@@ -479,7 +480,7 @@ class Pipeline {
         if (transfer_.sink != nullptr)
           (*transfer_.sink)(oldest.chunk.offset, lent(oldest.range).bytes());
         else
-          std::ranges::copy(bridge_.host_bytes(oldest.range), transfer_.destination.subspan(oldest.chunk.offset).begin());
+          std::ranges::copy(lent(oldest.range).bytes(), transfer_.destination.subspan(oldest.chunk.offset).begin());
       }
       bridge_.release_host(oldest.range);
     } catch (const Error& e) {

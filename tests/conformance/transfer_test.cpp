@@ -709,6 +709,41 @@ TEST_P(TransferConformance, ARingChunksCallbackThatClosesTheBridgeKeepsItsChunk)
   }
 }
 
+// A close on another thread while a chunk's bytes are copied into or out of
+// the ring: the copy holds a lease on its chunk, so the close never frees
+// the ring under it (it did: the plain host-buffer paths copied through
+// host_bytes, and a close beside a download crashed the process). Each
+// transfer ends, whole or Closed; nothing else happens.
+TEST_P(TransferConformance, ACloseOnAnotherThreadNeverFreesTheRingUnderAChunksCopy) {
+  const Bytes data = random_bytes(4 * kRing);
+  Bytes out(data.size());
+  for (int round = 0; round < 12; ++round) {
+    auto& b = make_bridge(kRing);
+    if (is_fake()) fake_of(b).set_auto_complete(true);
+    TransferPlanner planner(b, {.route = Route::RingChunks});
+    const DeviceHandle h = planner.upload(data, bytes_spec(data.size()), data.size());
+    std::atomic<bool> started{false};
+    std::thread mover([&] {
+      for (int i = 0;; ++i) {
+        started = true;
+        try {
+          if (i % 2 == 0)
+            planner.run(DeviceSpan{h}, HostDestination{out});
+          else
+            planner.run(HostSource{data}, DeviceSpan{h});
+        } catch (const Error& e) {
+          EXPECT_TRUE(e.kind() == ErrorKind::Closed) << e.what();
+          return;
+        }
+      }
+    });
+    while (!started) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::microseconds(200 * (round % 6)));
+    b.close();
+    mover.join();
+  }
+}
+
 // One stream into several allocations (submit_scatter): in place at once
 // where device memory is host memory (pieces of up to chunk_bytes per fill),
 // else one submit per allocation through the ring; bit-exact either way.
