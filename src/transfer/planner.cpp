@@ -3,8 +3,12 @@
 #include "devbridge/transfer.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <numeric>
+#include <random>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include <fmt/format.h>
@@ -289,6 +293,43 @@ TransferPlan choose(const Resolved& r, const TransferOptions& options, const Bac
   return plan;
 }
 
+// One chunk of a transfer staged through both rings: `move(landing)` with a
+// range of `to`'s ring reserved for it (counted as held by a transfer).
+// Short of room (Backpressure, on either ring) while other transfers hold
+// room on one of them, the landing goes back and the chunk is tried again
+// after a short pause, for at least kWaitForOtherTransfers: their room comes
+// back as their copies end, and nothing is held meanwhile that they could be
+// waiting for. Without such neighbours, Backpressure stands.
+template <class Move>
+void stage_chunk_backing_off(Bridge& from, Bridge& to, std::uint64_t len, const TransferOptions& options, Move move) {
+  const auto give_up = checked::deadline_after(std::max(options.wait_for_room, detail::kWaitForOtherTransfers));
+  std::minstd_rand jitter(static_cast<std::uint32_t>(checked::Clock::now().time_since_epoch().count()) ^
+                          static_cast<std::uint32_t>(reinterpret_cast<std::uintptr_t>(&len)));
+  bool tried_again = false;
+  for (;;) {
+    try {
+      // Counted before it is reserved, and so after it goes back: a
+      // neighbour short of room in between would otherwise see none held.
+      const detail::TransferRoom counted(to, len);
+      const detail::ReservedRange landing(to, to.reserve(len, kRingAlignment, options.wait_for_room));
+      move(landing.get());
+      return;
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::Backpressure || checked::Clock::now() >= give_up) throw;
+      if (!detail::transfers_hold_room(from) && !detail::transfers_hold_room(to)) {
+        // Once more at once: a neighbour may have given its room back
+        // between the attempt and the look at who holds it.
+        if (std::exchange(tried_again, true)) throw;
+        continue;
+      }
+      tried_again = false;
+    }
+    if (options.while_waiting) options.while_waiting();
+    // Apart in time: transfers backing off from each other do not all come back at once.
+    std::this_thread::sleep_for(std::chrono::microseconds(200 + jitter() % 800));
+  }
+}
+
 // The same error, its message naming what was being done.
 [[noreturn]] void rethrow_naming(const Error& error, std::string_view what) {
   throw Error(error.kind(), fmt::format("{}: {}", what, error.message()), error.fatal());
@@ -536,31 +577,37 @@ TransferResult TransferPlanner::execute(const TransferSource& source, const Tran
         chunk = std::min(chunk, detail::default_chunk_bytes(stats.ring_capacity, stats.inflight_budget_bytes));
       }
       chunk = std::max(chunk - chunk % element, element);
+      // The download does not wait for room other transfers hold on `from`
+      // while this one holds its landing range on `to`: it backs off (the
+      // landing given back) and tries the chunk again, so two transfers
+      // crossing each other never each hold one ring and wait for the other.
       const detail::RingChunkSettings settings{.max_chunks_in_flight = 1,
                                                .cleanup_timeout = options_.cleanup_timeout,
                                                .wait_for_room = options_.wait_for_room,
-                                               .while_waiting = &options_.while_waiting};
+                                               .while_waiting = &options_.while_waiting,
+                                               .wait_for_other_transfers = false};
       std::uint64_t index = 0;
       for (std::uint64_t done = 0; done < r.bytes; ++index) {
         const std::uint64_t len = std::min(chunk, r.bytes - done);
         const std::uint64_t end = done + len;
         try {
-          detail::ReservedRange landing(to, to.reserve(len, kRingAlignment, options_.wait_for_room));
-          detail::RingChunkJob job;
-          job.direction = CopyDirection::DeviceToHost;
-          job.handle = r.source.handle;
-          job.device_offset = checked::add_or_throw(r.source.offset, done, ErrorKind::InvalidRange, "source offset");
-          job.total = len;
-          job.chunk_bytes = len;
-          // Leased: a progress callback (the caller's code) may close `to` meanwhile.
-          const HostLease landed = to.lease_host(landing.get());
-          job.destination = landed.bytes();
-          detail::run_ring_chunks(from, settings, job);
-          const DeviceRange up{r.destination.handle,
-                               checked::add_or_throw(r.destination.offset, done, ErrorKind::InvalidRange,
-                                                     "destination offset"),
-                               len};
-          to.host_to_device(landing.get(), up, CopyMode::Sync);
+          stage_chunk_backing_off(from, to, len, options_, [&](HostRange landing) {
+            detail::RingChunkJob job;
+            job.direction = CopyDirection::DeviceToHost;
+            job.handle = r.source.handle;
+            job.device_offset = checked::add_or_throw(r.source.offset, done, ErrorKind::InvalidRange, "source offset");
+            job.total = len;
+            job.chunk_bytes = len;
+            // Leased: a progress callback (the caller's code) may close `to` meanwhile.
+            const HostLease landed = to.lease_host(landing);
+            job.destination = landed.bytes();
+            detail::run_ring_chunks(from, settings, job);
+            const DeviceRange up{r.destination.handle,
+                                 checked::add_or_throw(r.destination.offset, done, ErrorKind::InvalidRange,
+                                                       "destination offset"),
+                                 len};
+            to.host_to_device(landing, up, CopyMode::Sync);
+          });
         } catch (const Error& e) {
           rethrow_naming(e, fmt::format("staged chunk {} (bytes {}..{} of the {})", index, done, end, r.describe_it()));
         }

@@ -376,7 +376,8 @@ class Pipeline {
         if (window_.empty() && !wait_for_release_after()) {
           // Room another transfer holds comes back as its copies end: waited
           // for (at least kWaitForOtherTransfers) whatever wait_for_room says.
-          const bool others = RoomHeldByTransfers::instance().others_hold(&bridge_, counted.bytes());
+          const bool others = options_.wait_for_other_transfers &&
+                              RoomHeldByTransfers::instance().others_hold(&bridge_, counted.bytes());
           const auto room_wait = others ? std::max(options_.wait_for_room, kWaitForOtherTransfers)
                                         : options_.wait_for_room;
           if (wait != std::chrono::nanoseconds::zero() || room_wait == std::chrono::nanoseconds::zero()) {
@@ -501,6 +502,27 @@ class Pipeline {
 };
 
 }  // namespace
+
+TransferRoom::TransferRoom(const Bridge& bridge, std::uint64_t bytes) noexcept : bridge_(&bridge) {
+  try {
+    RoomHeldByTransfers::instance().add(bridge_, bytes);
+    bytes_ = bytes;
+  } catch (...) {
+    // Not counted (no memory for the entry): a neighbour short of room then fails sooner, nothing worse.
+  }
+}
+
+TransferRoom::~TransferRoom() {
+  if (bytes_ != 0) RoomHeldByTransfers::instance().remove(bridge_, bytes_);
+}
+
+bool transfers_hold_room(const Bridge& bridge) noexcept {
+  try {
+    return RoomHeldByTransfers::instance().others_hold(&bridge, 0);
+  } catch (...) {
+    return false;
+  }
+}
 
 void run_ring_chunks(Bridge& bridge, const RingChunkSettings& settings, const RingChunkJob& job) {
   const Transfer transfer{job};

@@ -48,6 +48,11 @@ struct RingChunkSettings {
   const std::function<void(std::uint64_t, std::uint64_t)>* progress = nullptr;
   // Null: waits for copies and room are not interrupted (TransferOptions).
   const std::function<void()>* while_waiting = nullptr;
+  // False: room other transfers hold is waited for no longer than
+  // wait_for_room says (a staged transfer's download, which holds a landing
+  // range on another bridge meanwhile: it backs off instead of waiting, so
+  // two transfers crossing each other never wait on each other's rings).
+  bool wait_for_other_transfers = true;
   // Uploads only (TransferPlanner::submit): non-null, each chunk's range is
   // handed to the bridge (release_host_after) as soon as its copy is
   // submitted, its copy recorded here, and nothing is waited for; room the
@@ -59,6 +64,24 @@ struct RingChunkSettings {
 // back at once (a copy may still use them) are handed to the bridge
 // (Bridge::release_host_after), which releases each once its copy is done.
 void run_ring_chunks(Bridge& bridge, const RingChunkSettings& settings, const RingChunkJob& job);
+
+// Room a transfer holds on `bridge` outside a ring-chunk window (a staged
+// transfer's landing range), counted with the windows' while it lives: a
+// transfer short of room waits for it to come back, as it does for chunks.
+class TransferRoom {
+ public:
+  TransferRoom(const Bridge& bridge, std::uint64_t bytes) noexcept;
+  ~TransferRoom();
+  TransferRoom(const TransferRoom&) = delete;
+  TransferRoom& operator=(const TransferRoom&) = delete;
+
+ private:
+  const Bridge* bridge_;
+  std::uint64_t bytes_ = 0;
+};
+
+// Whether running transfers (windows, landing ranges) hold room on `bridge`.
+bool transfers_hold_room(const Bridge& bridge) noexcept;
 
 // Gives `range` back to the ring; false while it must stay reserved (a copy
 // may still use it, or the bridge is Broken).
