@@ -313,6 +313,10 @@ class Bridge {
   Generation generation() const;
   // Describes the device; takes no bridge lock.
   BackendInfo backend_info() const;
+  // What the backend can do (the part of backend_info() that never changes),
+  // as read when the bridge opened: no call to the backend (describe() may
+  // read /proc/meminfo), for the code that asks per transfer.
+  const BackendCapabilities& capabilities() const noexcept;
   // UnsupportedDType unless the device computes in `dtype`
   // (BackendInfo::computed_dtypes): for a layer that hands a typed view to a
   // consumer that computes in it (to_tinygrad). `what` names that call.

@@ -95,6 +95,7 @@ Bridge::~Bridge() = default;
 std::uint64_t Bridge::domain() const noexcept { return core_->domain(); }
 Generation Bridge::generation() const { return core_->generation(); }
 BackendInfo Bridge::backend_info() const { return core_->backend().describe(); }
+const BackendCapabilities& Bridge::capabilities() const noexcept { return core_->capabilities(); }
 void Bridge::require_compute(DType dtype, std::string_view what) const { core_->require_compute(dtype, what); }
 BridgeStats Bridge::stats() const { return core_->stats(); }
 MemoryStats Bridge::memory_stats() const { return core_->memory_stats(); }

@@ -185,6 +185,8 @@ class BridgeCore {
   // goes too if it was retained only for it.
   void end_adoption(const DeviceAllocation& device, std::uint32_t region) noexcept;
 
+  const BackendCapabilities& capabilities() const noexcept { return capabilities_; }
+
   // ---- allocation ----
 
   // Read-only after construction: no lock.
@@ -869,8 +871,8 @@ class BridgeCore {
   std::uint64_t outstanding_leases_ = 0;
   bool owner_alive_ = true;
   std::string device_string_;  // views point at it: it never changes after construction
-  bool host_addressable_ = false;  // BackendCapabilities::host_addressable, set once, at construction
-  bool maps_for_write_ = false;    // BackendCapabilities::maps_for_write, likewise
+  // What the backend can do, read once, at construction: fixed for the bridge's life.
+  BackendCapabilities capabilities_;
   DeviceDtypes dtypes_;  // read before the lock: set once, at construction
   ViewPlacement placement_;  // read before the lock: set once, at construction
   // The flight recorder: recording_ is null unless it records (the one test

@@ -30,8 +30,7 @@ BridgeCore::BridgeCore(std::unique_ptr<Backend> backend, const BridgeOptions& op
   const auto info = backend_->describe();
   backend_name_ = info.name;
   device_id_ = info.device_id;
-  host_addressable_ = info.host_addressable;
-  maps_for_write_ = info.maps_for_write;
+  capabilities_ = info;
   dtypes_ = DeviceDtypes(info);
   device_string_ = tinygrad_device(info.device_kind, info.device_ordinal);
   placement_ = ViewPlacement{device_string_, static_cast<int>(dlpack_device(info.device_kind)), info.device_ordinal};

@@ -89,7 +89,7 @@ bool BridgeCore::inside_own_in_place_callback(std::optional<std::uint32_t> index
 
 void BridgeCore::write_in_place(std::span<const DeviceRange> ranges,
                                 const std::function<void(std::span<const std::span<std::byte>>)>& write) {
-  if (!host_addressable_ && !maps_for_write_)
+  if (!capabilities_.host_addressable && !capabilities_.maps_for_write)
     fail(ErrorKind::Unsupported,
          "write_in_place: device memory is not host memory on the {} backend, nor can it be mapped for writing "
          "(BackendInfo::host_addressable and maps_for_write are false); stage the bytes through the ring",
@@ -98,7 +98,7 @@ void BridgeCore::write_in_place(std::span<const DeviceRange> ranges,
   // honoured, a read-only adoption refused.
   HeldRanges held(*this, ranges, CopyDirection::HostToDevice);
   held.ended(HeldEnd::InPlaceFailed);  // until `write` returns
-  if (host_addressable_) {
+  if (capabilities_.host_addressable) {
     std::vector<std::span<std::byte>> bytes;
     bytes.reserve(ranges.size());
     for (std::size_t i = 0; i < ranges.size(); ++i)
@@ -118,7 +118,7 @@ void BridgeCore::write_in_place(std::span<const DeviceRange> ranges,
 
 void BridgeCore::read_in_place(std::span<const DeviceRange> ranges,
                                const std::function<void(std::span<const std::span<const std::byte>>)>& read) {
-  if (!host_addressable_)
+  if (!capabilities_.host_addressable)
     fail(ErrorKind::Unsupported,
          "read_in_place: device memory is not host memory on the {} backend (BackendInfo::host_addressable is "
          "false); stage the bytes through the ring",

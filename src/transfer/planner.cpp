@@ -385,7 +385,7 @@ TransferPlanner::TransferPlanner(Bridge& bridge, TransferOptions options)
     fail(ErrorKind::InvalidRange, "chunk_bytes of {} exceeds the in-flight budget of {} bytes", options_.chunk_bytes,
          budget);
   chunk_bytes_ = options_.chunk_bytes != 0 ? options_.chunk_bytes : detail::default_chunk_bytes(ring, budget);
-  capabilities_ = bridge_.backend_info();
+  capabilities_ = bridge_.capabilities();
   if (chunk_bytes_ == 0)
     fail(ErrorKind::InvalidRange, "a ring of {} bytes with an in-flight budget of {} bytes leaves no room for a chunk",
          ring, budget);
