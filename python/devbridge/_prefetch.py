@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from ._devbridge import Bridge, DeviceHandle, ObjectSpec
+from ._devbridge import Bridge, DeviceHandle, ObjectSpec, _alloc_into
 from ._errors import AllocationStillInUse, BridgeError, Closed
 from ._intake import _dtype_name, _intake
 from ._staging import (DeviceTensor, _checked_timeout, _cleanup, _free_or_release, _NotCopyable, _stage_into,
@@ -146,7 +146,7 @@ class _Slot:
 
     def fits(self, plan: list[tuple[ObjectSpec, int]]) -> bool:
         """True when the slot's allocations can take a batch of this plan (same dtypes, room enough)."""
-        return len(plan) == len(self.plan) and all(
+        return len(plan) == len(self.plan) == len(self.handles) and all(
             new.dtype == old.dtype and new.alignment == old.alignment and extent <= old_extent
             for (new, extent), (old, old_extent) in zip(plan, self.plan))
 
@@ -639,7 +639,9 @@ class Prefetcher(_NotCopyable):
             if not slot.fits(plan):
                 slot.release(bridge)  # a first batch, or its shapes or dtypes changed: allocate for it
                 for spec, extent in plan:
-                    slot.handles.append(bridge.alloc(spec, extent))
+                    # Appended by the call that allocates: Ctrl-C cannot land between the two. The plan after
+                    # it: a slot left with one handle more than its plan no longer fits, and is freed whole.
+                    _alloc_into(bridge, spec, extent, slot.handles)
                     slot.plan.append((spec, extent))
             try:
                 for position, (array, handle) in enumerate(zip(batch.arrays, slot.handles)):

@@ -69,6 +69,18 @@ void bind_owned_allocation(nb::module_& m) {
       },
       "bridge"_a, "spec"_a, "extent"_a, "Bridge.alloc, the allocation returned as an _OwnedAllocation.");
   m.def(
+      "_alloc_into",
+      [](nb::handle bridge, const ObjectSpec& spec, nb::handle extent, nb::list into) {
+        auto state = state_of(bridge, "bridge");
+        const DeviceHandle handle = state->open().alloc_device(spec, args::integer<std::uint64_t>(extent, "extent"));
+        OwnedAllocation owner(std::move(state), handle);  // until the list holds it
+        into.append(nb::cast(handle));
+        owner.owned = false;
+      },
+      "bridge"_a, "spec"_a, "extent"_a, "into"_a,
+      "Bridge.alloc, the handle appended to `into` in the same call (a list that owns what it holds, as a\n"
+      "Prefetcher slot's): no exception between the allocation and the list can leak it.");
+  m.def(
       "_adopt_owned",
       [](nb::handle bridge, nb::handle range, const ObjectSpec& spec) {
         auto state = state_of(bridge, "bridge");

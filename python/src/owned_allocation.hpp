@@ -54,7 +54,7 @@ struct OwnedAllocation {
 nanobind::object owned_allocation(std::shared_ptr<BridgeState> state, DeviceHandle handle);
 
 // _OwnedAllocation and the module functions that make one (_alloc_owned,
-// _adopt_owned). Bound before TransferPlanner, whose _upload_owned /
+// _adopt_owned), or hand the allocation to a list that owns it (_alloc_into). Bound before TransferPlanner, whose _upload_owned /
 // _submit_upload_owned return one.
 void bind_owned_allocation(nanobind::module_& m);
 

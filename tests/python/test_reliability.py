@@ -551,6 +551,57 @@ def test_ctrl_c_at_any_boundary_after_a_call_allocated_leaks_nothing(backend, ho
     b.close()
 
 
+@pytest.mark.parametrize("backend", ["fake", "host"])
+def test_ctrl_c_while_a_prefetcher_allocates_its_slots_leaks_nothing(backend, rng):
+    # A Prefetcher allocates its slots as batches come: an interrupt right after an allocation, before its slot
+    # held the handle, left it allocated once the Prefetcher was gone.
+    import sys
+
+    from conftest import require_backend
+
+    require_backend(backend)
+    b = devbridge.Bridge(backend=backend, ring_bytes=1 << 20)
+    if backend == "fake":
+        b.fake.set_auto_complete(True)
+    batches = [(random_array(rng, 64, "float32"), random_array(rng, 8, "int64")) for _ in range(3)]
+    for nth in range(1, 5000):
+        seen, fired = 0, False
+
+        def local(frame, event, arg):
+            nonlocal seen, fired
+            if event == "opcode" and not fired and b.stats()["live_allocations"] > 0:
+                seen += 1
+                if seen == nth:
+                    fired = True
+                    raise KeyboardInterrupt(f"boundary {nth} after the first allocation")
+            return local
+
+        def traced(frame, event, arg):  # the boundaries of the code that allocates the slots
+            if frame.f_code.co_name == "_issue_into" and frame.f_globals.get("__name__", "").startswith("devbridge"):
+                frame.f_trace_opcodes = True
+                return local
+            return None
+
+        it = devbridge.Prefetcher(b, batches, depth=1, to="device")
+        sys.settrace(traced)
+        try:
+            next(it)
+        except KeyboardInterrupt:
+            assert fired
+        finally:
+            sys.settrace(None)
+        it.close()
+        del it
+        _settle(b)
+        assert b.stats()["live_allocations"] == 0, f"an interrupt at boundary {nth} left an allocation"
+        if not fired:
+            break
+    else:
+        raise AssertionError("next() never returned")
+    assert nth > 1
+    b.close()
+
+
 @pytest.mark.parametrize("how", ["upload(wait=True)", "upload(wait=False)", "import_tensor"])
 def test_ctrl_c_during_uploads_leaks_no_allocation(how):
     # The real thing: SIGINT sent while uploads of 16 MiB run back to back (most land during the copy, the GIL
