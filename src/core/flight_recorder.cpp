@@ -255,12 +255,15 @@ void FlightRecorder::copy_to(RingCopy& copy) const {
     copy.counters.resize(copy.size);
   }
   // Oldest first: from the oldest to the ring's end, then from its start.
-  const std::size_t first = oldest();
-  const std::size_t head = std::min(copy.size, capacity_ - first);
-  std::memcpy(copy.slots.data(), &slots_[first], head * sizeof(TraceSlot));
-  std::memcpy(copy.counters.data(), &counters_[first], head * sizeof(TraceCounters));
-  std::memcpy(copy.slots.data() + head, &slots_[0], (copy.size - head) * sizeof(TraceSlot));
-  std::memcpy(copy.counters.data() + head, &counters_[0], (copy.size - head) * sizeof(TraceCounters));
+  // (Nothing kept: an empty vector's data() may be null, which memcpy may not take even for 0 bytes.)
+  if (copy.size != 0) {
+    const std::size_t first = oldest();
+    const std::size_t head = std::min(copy.size, capacity_ - first);
+    std::memcpy(copy.slots.data(), &slots_[first], head * sizeof(TraceSlot));
+    std::memcpy(copy.counters.data(), &counters_[first], head * sizeof(TraceCounters));
+    std::memcpy(copy.slots.data() + head, &slots_[0], (copy.size - head) * sizeof(TraceSlot));
+    std::memcpy(copy.counters.data() + head, &counters_[0], (copy.size - head) * sizeof(TraceCounters));
+  }
   copy.max_events = options_.max_events;
   copy.recorded = recorded_;
   copy.dropped = dropped();
