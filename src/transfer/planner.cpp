@@ -18,6 +18,7 @@
 #include "core/log.hpp"
 #include "devbridge/checked.hpp"
 #include "transfer/ring_chunks.hpp"
+#include "transfer/transfer_room.hpp"
 
 namespace devbridge {
 
@@ -295,16 +296,19 @@ TransferPlan choose(const Resolved& r, const TransferOptions& options, const Bac
 
 // One chunk of a transfer staged through both rings: `move(landing)` with a
 // range of `to`'s ring reserved for it (counted as held by a transfer).
-// Short of room (Backpressure, on either ring) while other transfers hold
-// room on one of them, the landing goes back and the chunk is tried again
-// after a short pause, for at least kWaitForOtherTransfers: their room comes
-// back as their copies end, and nothing is held meanwhile that they could be
-// waiting for. Without such neighbours, Backpressure stands.
+// Short of room (Backpressure, on either ring) while other transfers run on
+// either bridge, the landing goes back and the chunk is tried again after a
+// short pause, until their room has stayed quiet (RoomWatch) on both, for at
+// most kWaitForOtherTransfers: their room comes back as their copies end,
+// and nothing is held meanwhile that they could be waiting for. Alone,
+// Backpressure stands.
 template <class Move>
 void stage_chunk_backing_off(Bridge& from, Bridge& to, std::uint64_t len, const TransferOptions& options, Move move) {
   const auto give_up = checked::deadline_after(std::max(options.wait_for_room, detail::kWaitForOtherTransfers));
   std::minstd_rand jitter(static_cast<std::uint32_t>(checked::Clock::now().time_since_epoch().count()) ^
                           static_cast<std::uint32_t>(reinterpret_cast<std::uintptr_t>(&len)));
+  const detail::RunningTransfer on_from(from), on_to(to);
+  detail::RoomWatch from_neighbours(from, 0), to_neighbours(to, 0);
   bool tried_again = false;
   for (;;) {
     try {
@@ -315,13 +319,16 @@ void stage_chunk_backing_off(Bridge& from, Bridge& to, std::uint64_t len, const 
       move(landing.get());
       return;
     } catch (const Error& e) {
-      if (e.kind() != ErrorKind::Backpressure || checked::Clock::now() >= give_up) throw;
-      if (!detail::transfers_hold_room(from) && !detail::transfers_hold_room(to)) {
-        // Once more at once: a neighbour may have given its room back
-        // between the attempt and the look at who holds it.
+      const auto now = checked::Clock::now();
+      if (e.kind() != ErrorKind::Backpressure || now >= give_up) throw;
+      if (!from_neighbours.others_running() && !to_neighbours.others_running()) {
+        // Once more at once: room may have come back between the attempt and the look.
         if (std::exchange(tried_again, true)) throw;
         continue;
       }
+      // Both watches look each time, so each knows when its neighbours last moved.
+      const bool from_quiet = from_neighbours.others_quiet(now);
+      if (to_neighbours.others_quiet(now) && from_quiet) throw;
       tried_again = false;
     }
     if (options.while_waiting) options.while_waiting();

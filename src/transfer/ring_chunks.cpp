@@ -3,12 +3,10 @@
 
 #include <algorithm>
 #include <deque>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
-#include <unordered_map>
 #include <utility>
 
 #include <fmt/format.h>
@@ -17,6 +15,7 @@
 #include "core/fail.hpp"
 #include "core/log.hpp"
 #include "devbridge/checked.hpp"
+#include "transfer/transfer_room.hpp"
 
 namespace devbridge::detail {
 
@@ -113,90 +112,7 @@ struct InFlightChunk {
   Chunk chunk;
   HostRange range;
   CopyEvent event;
-  std::uint64_t counted = 0;  // its bytes in RoomHeldByTransfers
-};
-
-// The ring bytes each bridge's running transfers hold in their windows: a
-// transfer short of room with none of its own in flight waits when others
-// hold some (it comes back as their copies end) rather than failing at once
-// beside a neighbour that is only busy.
-class RoomHeldByTransfers {
- public:
-  static RoomHeldByTransfers& instance() {
-    static RoomHeldByTransfers held;
-    return held;
-  }
-  void add(const Bridge* bridge, std::uint64_t bytes) {
-    std::lock_guard lock(mutex_);
-    by_bridge_[bridge] += bytes;
-  }
-  void remove(const Bridge* bridge, std::uint64_t bytes) noexcept {
-    std::lock_guard lock(mutex_);
-    const auto it = by_bridge_.find(bridge);
-    if (it == by_bridge_.end()) return;
-    it->second -= std::min(it->second, bytes);
-    if (it->second == 0) by_bridge_.erase(it);
-  }
-  // Whether transfers other than the caller, which counts `own` bytes, hold any.
-  bool others_hold(const Bridge* bridge, std::uint64_t own) const {
-    std::lock_guard lock(mutex_);
-    const auto it = by_bridge_.find(bridge);
-    return it != by_bridge_.end() && it->second > own;
-  }
-
- private:
-  mutable std::mutex mutex_;
-  std::unordered_map<const Bridge*, std::uint64_t> by_bridge_;
-};
-
-// A chunk's ring bytes counted in RoomHeldByTransfers from its reservation
-// on; taken off at the end of the scope unless the window keeps them.
-class CountedRoom {
- public:
-  CountedRoom(const Bridge& bridge, std::uint64_t bytes) noexcept : bridge_(&bridge) {
-    try {
-      RoomHeldByTransfers::instance().add(bridge_, bytes);
-      bytes_ = bytes;
-    } catch (...) {
-      // Not counted (no memory for the entry): a neighbour short of room then fails sooner, nothing worse.
-    }
-  }
-  CountedRoom(const CountedRoom&) = delete;
-  CountedRoom& operator=(const CountedRoom&) = delete;
-  ~CountedRoom() {
-    if (bytes_ != 0) RoomHeldByTransfers::instance().remove(bridge_, bytes_);
-  }
-  std::uint64_t bytes() const noexcept { return bytes_; }
-  void keep() noexcept { bytes_ = 0; }
-
-  // While its chunk waits for room others hold, it holds none itself: out
-  // of the count, or transfers waiting side by side would each wait for the
-  // others' room that none of them has (a caller's range blocking the ring
-  // would then stall them all for kWaitForOtherTransfers instead of
-  // refusing them).
-  class StandAside {
-   public:
-    explicit StandAside(CountedRoom& counted) noexcept : counted_(counted) {
-      if (counted_.bytes_ != 0) RoomHeldByTransfers::instance().remove(counted_.bridge_, counted_.bytes_);
-    }
-    ~StandAside() {
-      if (counted_.bytes_ == 0) return;
-      try {
-        RoomHeldByTransfers::instance().add(counted_.bridge_, counted_.bytes_);
-      } catch (...) {
-        counted_.bytes_ = 0;  // not counted any more: a neighbour short of room then fails sooner
-      }
-    }
-    StandAside(const StandAside&) = delete;
-    StandAside& operator=(const StandAside&) = delete;
-
-   private:
-    CountedRoom& counted_;
-  };
-
- private:
-  const Bridge* bridge_;
-  std::uint64_t bytes_ = 0;
+  std::uint64_t counted = 0;  // its bytes counted as a TransferRoom
 };
 
 // This call's chunks whose copies were submitted and are not finished yet,
@@ -222,12 +138,13 @@ class ChunkWindow {
   // ranges still in use on at once instead of waiting for their copies.
   void stop_waiting() noexcept { cleanup_timeout_ = std::chrono::nanoseconds::zero(); }
   const InFlightChunk& oldest() const noexcept { return chunks_.front(); }
+  // After its range went back to the ring.
   void pop_oldest() noexcept {
-    RoomHeldByTransfers::instance().remove(&bridge_, chunks_.front().counted);
+    TransferRoom::give_back(bridge_, chunks_.front().counted);
     chunks_.pop_front();
   }
-  // Takes over `range` (and its count in RoomHeldByTransfers) once its copy is submitted.
-  void push(const Chunk& chunk, ReservedRange& range, CopyEvent event, CountedRoom& counted) {
+  // Takes over `range` (and its TransferRoom count) once its copy is submitted.
+  void push(const Chunk& chunk, ReservedRange& range, CopyEvent event, TransferRoom& counted) {
     chunks_.push_back({chunk, range.get(), event, counted.bytes()});
     range.keep();
     counted.keep();
@@ -235,7 +152,7 @@ class ChunkWindow {
 
  private:
   void clean_up() noexcept {
-    for (const auto& in_flight : chunks_) RoomHeldByTransfers::instance().remove(&bridge_, in_flight.counted);
+    for (const auto& in_flight : chunks_) TransferRoom::give_back(bridge_, in_flight.counted);
     // Closed, Broken, restarted: try_release below asks the bridge whether the range is still pinned.
     const auto deadline = checked::deadline_after(cleanup_timeout_);
     for (const auto& in_flight : chunks_) wait_until(bridge_, in_flight.event, deadline);
@@ -270,7 +187,8 @@ class ChunkWindow {
 class Pipeline {
  public:
   Pipeline(Bridge& bridge, const RingChunkSettings& options, const Transfer& transfer)
-      : bridge_(bridge), options_(options), transfer_(transfer), window_(bridge, options.cleanup_timeout) {}
+      : bridge_(bridge), running_(bridge), options_(options), transfer_(transfer),
+        window_(bridge, options.cleanup_timeout) {}
 
   void run() {
     if (options_.submitted == nullptr) return run_chunks();
@@ -318,7 +236,7 @@ class Pipeline {
   void submit(const Chunk& chunk) {
     // Counted before it is reserved: a neighbour short of room between the
     // two would otherwise see none held and fail.
-    CountedRoom counted(bridge_, chunk.len);
+    TransferRoom counted(bridge_, chunk.len);
     ReservedRange range(bridge_, with_room(chunk, counted, true, [&](std::chrono::nanoseconds wait) {
                           return bridge_.reserve(chunk.len, kRingAlignment, wait);
                         }));
@@ -355,45 +273,69 @@ class Pipeline {
   // makes room from this call's own chunks, oldest first, and tries again
   // (ranges of earlier failed calls go back inside reserve,
   // release_host_after). With none of its own, the room is held by others:
-  // the attempt is made once more, waiting up to wait_for_room (the bridge
-  // wakes it as room comes back), and then Backpressure stands.
+  // while other transfers run, it waits as long as they hold room or give
+  // some back (wait_while_others_busy); alone, the attempt is made once more
+  // waiting up to wait_for_room (the bridge wakes it as room comes back),
+  // and then Backpressure stands.
   template <class Attempt>
-  std::invoke_result_t<Attempt&, std::chrono::nanoseconds> with_room(const Chunk& chunk, CountedRoom& counted,
+  std::invoke_result_t<Attempt&, std::chrono::nanoseconds> with_room(const Chunk& chunk, TransferRoom& counted,
                                                                       bool reserving, Attempt attempt) {
     auto wait = std::chrono::nanoseconds::zero();
-    bool tried_again = false, for_others = false;
+    bool tried_again = false;
     for (;;) {
       try {
-        if (!for_others) return attempt_waiting(attempt, wait);
-        // A chunk waiting to reserve holds no room yet; one waiting for budget holds its range.
-        std::optional<CountedRoom::StandAside> aside;
-        if (reserving) aside.emplace(counted);
-        return attempt_waiting(attempt, wait, true);
+        return attempt_waiting(attempt, wait);
       } catch (const Error& e) {
         if (e.kind() != ErrorKind::Backpressure) rethrow_for_chunk(e, transfer_, chunk);
         // Room held by ranges the bridge releases as their copies end (this
         // submit()'s, an earlier one's): wait for one.
         if (window_.empty() && !wait_for_release_after()) {
-          // Room another transfer holds comes back as its copies end: waited
-          // for (at least kWaitForOtherTransfers) whatever wait_for_room says.
-          const bool others = options_.wait_for_other_transfers &&
-                              RoomHeldByTransfers::instance().others_hold(&bridge_, counted.bytes());
-          const auto room_wait = others ? std::max(options_.wait_for_room, kWaitForOtherTransfers)
-                                        : options_.wait_for_room;
-          if (wait != std::chrono::nanoseconds::zero() || room_wait == std::chrono::nanoseconds::zero()) {
-            // Once more at once: a neighbour may have given its room back
-            // between the attempt and the look at who holds it.
+          if (options_.wait_for_other_transfers && RoomWatch(bridge_, counted.bytes()).others_running()) {
+            try {
+              return wait_while_others_busy(attempt, counted, reserving);
+            } catch (const Error& busy) {
+              rethrow_for_chunk(busy, transfer_, chunk);
+            }
+          }
+          if (wait != std::chrono::nanoseconds::zero() || options_.wait_for_room == std::chrono::nanoseconds::zero()) {
+            // Once more at once: room may have come back between the attempt and the look.
             if (std::exchange(tried_again, true)) rethrow_for_chunk(e, transfer_, chunk);
             wait = std::chrono::nanoseconds::zero();
-            for_others = false;
             continue;
           }
-          wait = room_wait;
-          for_others = room_wait > options_.wait_for_room;
+          wait = options_.wait_for_room;
           continue;
         }
       }
       if (!window_.empty()) finish_oldest(true);
+    }
+  }
+
+  // Room other transfers hold comes back as their copies end: `attempt` is
+  // made again as the bridge wakes it, for at least kWaitForOtherTransfers
+  // whatever wait_for_room says, until the neighbours have been quiet
+  // (RoomWatch) past wait_for_room: then the room is held elsewhere and
+  // Backpressure stands.
+  template <class Attempt>
+  std::invoke_result_t<Attempt&, std::chrono::nanoseconds> wait_while_others_busy(Attempt& attempt,
+                                                                                   TransferRoom& counted,
+                                                                                   bool reserving) {
+    // A chunk waiting to reserve holds no room yet; one waiting for budget holds its range.
+    std::optional<TransferRoom::StandAside> aside;
+    if (reserving) aside.emplace(counted);
+    RoomWatch neighbours(bridge_, reserving ? 0 : counted.bytes());
+    const auto started = checked::Clock::now();
+    const auto deadline = checked::deadline_after(std::max(options_.wait_for_room, kWaitForOtherTransfers));
+    for (;;) {
+      const auto left = std::chrono::nanoseconds(checked::time_left(deadline));
+      try {
+        return attempt(std::min<std::chrono::nanoseconds>(left, kWaitSlice));
+      } catch (const Error& e) {
+        const auto now = checked::Clock::now();
+        if (e.kind() != ErrorKind::Backpressure || now >= deadline) throw;
+        if (now - started >= options_.wait_for_room && neighbours.others_quiet(now)) throw;
+      }
+      if (interruptible()) while_waiting();
     }
   }
 
@@ -436,28 +378,20 @@ class Pipeline {
   }
 
   // `attempt` given up to `wait` for room, in slices between which the
-  // caller may interrupt. `for_others`: the wait is for room other transfers
-  // hold, past the caller's own wait_for_room: it ends (Backpressure) once
-  // none holds any (they all wait too, for room the caller holds).
+  // caller may interrupt.
   template <class Attempt>
   std::invoke_result_t<Attempt&, std::chrono::nanoseconds> attempt_waiting(Attempt& attempt,
-                                                                            std::chrono::nanoseconds wait,
-                                                                            bool for_others = false) {
-    if ((!interruptible() && !for_others) || wait <= kWaitSlice) return attempt(wait);
-    const auto started = checked::Clock::now();
+                                                                            std::chrono::nanoseconds wait) {
+    if (!interruptible() || wait <= kWaitSlice) return attempt(wait);
     const auto deadline = checked::deadline_after(wait);
     for (;;) {
       const auto left = std::chrono::nanoseconds(checked::time_left(deadline));
       try {
         return attempt(std::min<std::chrono::nanoseconds>(left, kWaitSlice));
       } catch (const Error& e) {
-        const auto now = checked::Clock::now();
-        if (e.kind() != ErrorKind::Backpressure || now >= deadline) throw;
-        if (for_others && now - started >= options_.wait_for_room &&
-            !RoomHeldByTransfers::instance().others_hold(&bridge_, 0))
-          throw;
+        if (e.kind() != ErrorKind::Backpressure || checked::Clock::now() >= deadline) throw;
       }
-      if (interruptible()) while_waiting();
+      while_waiting();
     }
   }
 
@@ -494,6 +428,7 @@ class Pipeline {
   }
 
   Bridge& bridge_;
+  RunningTransfer running_;  // from the first chunk to the last cleanup: neighbours short of room wait for it
   const RingChunkSettings& options_;
   const Transfer& transfer_;
   ChunkWindow window_;
@@ -502,27 +437,6 @@ class Pipeline {
 };
 
 }  // namespace
-
-TransferRoom::TransferRoom(const Bridge& bridge, std::uint64_t bytes) noexcept : bridge_(&bridge) {
-  try {
-    RoomHeldByTransfers::instance().add(bridge_, bytes);
-    bytes_ = bytes;
-  } catch (...) {
-    // Not counted (no memory for the entry): a neighbour short of room then fails sooner, nothing worse.
-  }
-}
-
-TransferRoom::~TransferRoom() {
-  if (bytes_ != 0) RoomHeldByTransfers::instance().remove(bridge_, bytes_);
-}
-
-bool transfers_hold_room(const Bridge& bridge) noexcept {
-  try {
-    return RoomHeldByTransfers::instance().others_hold(&bridge, 0);
-  } catch (...) {
-    return false;
-  }
-}
 
 void run_ring_chunks(Bridge& bridge, const RingChunkSettings& settings, const RingChunkJob& job) {
   const Transfer transfer{job};

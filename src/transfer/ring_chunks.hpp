@@ -34,15 +34,16 @@ struct RingChunkJob {
   const std::function<void(std::uint64_t, std::span<const std::byte>)>* sink = nullptr;
 };
 
-// How long a transfer short of room waits, at least, when other transfers
-// on its bridge hold it (their chunks in flight): long enough for any busy
-// neighbour, short enough that one whose copies stalled is reported.
+// How long a transfer short of room waits, at most, while other transfers
+// on its bridge hold it or give it back (their chunks in flight): long
+// enough for any busy neighbour, short enough that one whose copies stalled
+// is reported.
 inline constexpr std::chrono::nanoseconds kWaitForOtherTransfers = std::chrono::seconds(60);
 
 struct RingChunkSettings {
   std::uint32_t max_chunks_in_flight = 4;
   std::chrono::nanoseconds cleanup_timeout{0};
-  // How long each wait for room that others hold lasts (TransferOptions).
+  // How long a wait for room lasts at least (TransferOptions).
   std::chrono::nanoseconds wait_for_room{0};
   // Null: no progress reported.
   const std::function<void(std::uint64_t, std::uint64_t)>* progress = nullptr;
@@ -64,24 +65,6 @@ struct RingChunkSettings {
 // back at once (a copy may still use them) are handed to the bridge
 // (Bridge::release_host_after), which releases each once its copy is done.
 void run_ring_chunks(Bridge& bridge, const RingChunkSettings& settings, const RingChunkJob& job);
-
-// Room a transfer holds on `bridge` outside a ring-chunk window (a staged
-// transfer's landing range), counted with the windows' while it lives: a
-// transfer short of room waits for it to come back, as it does for chunks.
-class TransferRoom {
- public:
-  TransferRoom(const Bridge& bridge, std::uint64_t bytes) noexcept;
-  ~TransferRoom();
-  TransferRoom(const TransferRoom&) = delete;
-  TransferRoom& operator=(const TransferRoom&) = delete;
-
- private:
-  const Bridge* bridge_;
-  std::uint64_t bytes_ = 0;
-};
-
-// Whether running transfers (windows, landing ranges) hold room on `bridge`.
-bool transfers_hold_room(const Bridge& bridge) noexcept;
 
 // Gives `range` back to the ring; false while it must stay reserved (a copy
 // may still use it, or the bridge is Broken).
