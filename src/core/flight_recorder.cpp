@@ -167,9 +167,7 @@ void FlightRecorder::forget_unreferenced_stacks() noexcept {
     return;  // the table stays as it is
   }
   for (std::size_t i = 0; i < size(); ++i) {
-    std::size_t index = oldest() + i;
-    if (index >= capacity_) index -= capacity_;
-    TraceSlot& slot = slots_[index];
+    TraceSlot& slot = slots_[ring_index(i)];
     if (slot.stack == 0 || slot.stack > stacks_text_.size()) continue;
     std::uint32_t& number = renumbered[slot.stack];
     if (number == 0) {
@@ -236,8 +234,7 @@ TraceRecord record_of(const TraceSlot& slot, const TraceCounters& counters) noex
 }  // namespace
 
 TraceRecord FlightRecorder::at(std::size_t i) const noexcept {
-  std::size_t index = oldest() + i;
-  if (index >= capacity_) index -= capacity_;
+  const std::size_t index = ring_index(i);
   return record_of(slots_[index], counters_[index]);
 }
 

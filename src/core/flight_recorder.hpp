@@ -269,13 +269,15 @@ class FlightRecorder {
 
   // The id, generation and kind of the i-th kept record, oldest first,
   // without making the whole record.
-  const TraceSlot& slot(std::size_t i) const noexcept {
-    std::size_t index = oldest() + i;
-    if (index >= capacity_) index -= capacity_;
-    return slots_[index];
-  }
+  const TraceSlot& slot(std::size_t i) const noexcept { return slots_[ring_index(i)]; }
 
  private:
+  // Where the i-th kept record, oldest first, lies in the ring.
+  std::size_t ring_index(std::size_t i) const noexcept {
+    std::size_t index = oldest() + i;
+    if (index >= capacity_) index -= capacity_;
+    return index;
+  }
   std::size_t next_slot() noexcept {
     const std::size_t index = next_;
     next_ = index + 1 == capacity_ ? 0 : index + 1;
