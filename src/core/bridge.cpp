@@ -190,8 +190,23 @@ void BridgeCore::release_settled() noexcept {
 void BridgeCore::release_host(HostRange range) {
   SpinLockHold lock(lock_);
   gate_.check_not_closed();
-  ring_.release(range);
+  try {
+    ring_.release(range);
+  } catch (const Error& e) {
+    // Pinned: its copy may have ended in the backend without the bridge
+    // having heard yet (nothing polled since); applied, the range may go.
+    if (e.kind() != ErrorKind::AllocationStillInUse || gate_.broken() || gate_.restarting() || drain_locked() == 0)
+      throw;
+    ring_.release(range);
+  }
   gate_.notify();  // a reserve may be waiting for the room
+}
+
+void BridgeCore::free_once_copies_applied(SpinLockHold& lock, const DeviceHandle& h) {
+  if (allocation(h).copies != 0 && !gate_.broken()) drain_locked();
+  auto& slot = allocation(h);  // a completion's release never ends a slot that was not released
+  if (slot.used()) fail_in_use(h, slot);
+  free_slot_then_unlock(lock, id_slot(h.id));
 }
 
 std::span<std::byte> BridgeCore::host_bytes(HostRange range) {

@@ -94,6 +94,40 @@ TEST_F(CopyTest, AsyncHostToDeviceIsSafeToReleaseOnlyAfterCompletion) {
   EXPECT_EQ(device_contents(h, 0, 512), data);
 }
 
+// A copy that ended in the backend holds nothing, whether or not the caller
+// asked the bridge about it since: release_host and free_device apply the
+// completions waiting in the backend before refusing (a thread releasing
+// what another's completion freed was refused, and a reserve waiting for
+// that room waited for good).
+TEST_F(CopyTest, ReleaseAndFreeAfterACompletionNobodyPolledSucceed) {
+  const DeviceHandle h = bridge->alloc_device(bytes_spec(), 512);
+  const HostRange range = filled_range(512, 15);
+  const CopyEvent e = bridge->host_to_device(range, DeviceRange{h, 0, 512}, CopyMode::Async);
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationStillInUse, bridge->release_host(range));  // still in flight
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationStillInUse, bridge->free_device(h));
+  ASSERT_TRUE(fake->complete(e));  // ended in the backend; nothing polled since
+  bridge->release_host(range);
+  bridge->free_device(h);
+  EXPECT_EQ(bridge->stats().copies_in_flight, 0u);
+  EXPECT_EQ(bridge->stats().live_allocations, 0u);
+  EXPECT_EQ(bridge->stats().ring_reservations, 0u);
+}
+
+TEST_F(CopyTest, ADownloadStillInFlightKeepsRefusingAfterOthersComplete) {
+  const DeviceHandle h = bridge->alloc_device(bytes_spec(), 512);
+  const HostRange first = bridge->reserve(256), second = bridge->reserve(256);
+  const CopyEvent done = bridge->device_to_host(DeviceRange{h, 0, 256}, first, CopyMode::Async);
+  const CopyEvent pending = bridge->device_to_host(DeviceRange{h, 256, 256}, second, CopyMode::Async);
+  ASSERT_TRUE(fake->complete(done));
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationStillInUse, bridge->release_host(second));
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationStillInUse, bridge->free_device(h));
+  bridge->release_host(first);  // its completion was applied by the refused calls above
+  ASSERT_TRUE(fake->complete(pending));
+  bridge->release_host(second);
+  bridge->free_device(h);
+  EXPECT_EQ(bridge->stats().live_allocations, 0u);
+}
+
 TEST_F(CopyTest, AsyncDeviceToHostBytesBecomeValidAtCompletion) {
   const DeviceHandle h = bridge->alloc_device(bytes_spec(), 256);
   std::vector<std::byte> data;
