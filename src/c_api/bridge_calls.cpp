@@ -406,7 +406,8 @@ devbridge_status devbridge_copy_event_complete(devbridge_bridge* bridge, devbrid
                                                int32_t* out_complete) {
   // The bridge has one notion of completion for both directions (the two
   // queries above are it); copy_status would also answer, but reading a
-  // failure there retires it, and a query must not consume anything.
+  // failure there observes it (copy_records stops counting it), and a query
+  // must not change what the statistics say.
   return event_query(bridge, event, out_complete, "out_complete",
                      [](Bridge& b, CopyEvent e) { return b.safe_to_release_host(e); });
 }
