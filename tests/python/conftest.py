@@ -13,6 +13,7 @@ happened from one that did not). Each test's seed is printed on failure.
 from __future__ import annotations
 
 import gc
+import time
 import importlib.util
 import os
 import pathlib
@@ -215,6 +216,19 @@ def collect() -> None:
     """Runs the garbage collector until tinygrad's weak references settle."""
     for _ in range(3):
         gc.collect()
+
+
+def views_settle(b: devbridge.Bridge, expected: int = 0, timeout: float = 30.0) -> int:
+    """The bridge's ``live_views`` once it reaches ``expected`` (or ``timeout`` seconds passed), collecting garbage
+    meanwhile: a consumer may end its lease on a thread of its own after the array is gone (jax's runtime drops an
+    imported buffer once the computations that read it have finished, not when the last Python reference goes)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        collect()
+        live = b.stats()["live_views"]
+        if live == expected or time.monotonic() >= deadline:
+            return live
+        time.sleep(0.01)
 
 
 def auto_bridge(backend: str, **options):
