@@ -125,12 +125,12 @@ struct BackendInfo : BackendCapabilities {
   // What the "device" option of make_backend takes to bind this device
   // again: "0" (a CUDA ordinal, the one host or fake device), "0:1" (an
   // OpenCL platform:device).
-  std::string device_id;
+  std::string device_id{};
   std::string device_name;    // the CPU model, the GPU name
   std::string pci_bus_id;     // "0000:3b:00.0" where the driver reports one, else empty
   // What the device can do beyond moving bytes, in words a user greps for:
   // "cl_khr_fp16", "compute capability 9.0", "page-locked host memory".
-  std::vector<std::string> capabilities;
+  std::vector<std::string> capabilities{};
   // What the device is (consumer_names.hpp names it for tinygrad and
   // DLPack): its kind, and its ordinal among the devices of that kind the
   // driver lists (a CUDA ordinal; an OpenCL device's index in its platform).
@@ -141,14 +141,14 @@ struct BackendInfo : BackendCapabilities {
   // Dtypes the device holds: stores, moves, checkpoints and views as bytes.
   // Every backend holds every dtype (a buffer holds any bytes); only the
   // fake's `dtypes` option narrows it, for tests.
-  std::vector<DType> dtypes;
+  std::vector<DType> dtypes{};
   // Dtypes kernels on the device compute in (launch_axpy's float32, a
   // consumer's kernels): OpenCL without cl_khr_fp16 holds float16 but does
   // not compute in it. Empty: every dtype it holds. A call that computes
   // (launch_axpy), or hands a typed view to a consumer that computes in it
   // (Python's to_tinygrad, through Bridge::require_compute), is refused
   // (UnsupportedDType) for a dtype not listed here.
-  std::vector<DType> compute_dtypes;
+  std::vector<DType> compute_dtypes{};
   const std::vector<DType>& computed_dtypes() const noexcept { return compute_dtypes.empty() ? dtypes : compute_dtypes; }
   std::string notes;               // e.g. why the ring is not page-locked
 };

@@ -125,8 +125,8 @@ enum class CopyState : std::uint8_t { Pending, Completed, Failed };
 struct CopyStatus {
   CopyState state = CopyState::Pending;
   // Set when state == Failed.
-  std::optional<ErrorKind> error;
-  std::string message;
+  std::optional<ErrorKind> error{};
+  std::string message{};
 };
 
 // What Bridge::reserve aligns a range to unless asked otherwise: a cache line.
@@ -153,7 +153,7 @@ struct HostCopy {
   CopyDirection direction = CopyDirection::HostToDevice;
   HostSide host;
   DeviceRange device;
-  std::optional<CopyLayout> layout;
+  std::optional<CopyLayout> layout{};
   CopyMode mode = CopyMode::Sync;
   Admission admission{};
 };

@@ -49,7 +49,7 @@ inline constexpr std::string_view kFormat = "devbridge-checkpoint";
 inline constexpr std::string_view kFormatVersion = "1";
 
 struct TensorEntry {
-  std::string name;
+  std::string name{};
   DType dtype;
   std::string_view safetensors_dtype;  // the file's spelling ("F32")
   std::vector<std::uint64_t> shape;    // at most kMaxRank dimensions, none zero

@@ -49,11 +49,11 @@ struct RestoreOptions {
   std::string expected_crc32;
   // Handed every byte read, in file order, on the reading thread (another
   // checksum, computed by the caller). It may throw: the restore fails.
-  std::function<void(std::span<const std::byte>)> digest;
+  std::function<void(std::span<const std::byte>)> digest{};
   // Called on the reading thread before each read of bytes [offset, offset
   // + bytes) of the file: tests inject faults and hold reads with it, the
   // benchmark throttles storage. It may throw: the restore fails.
-  std::function<void(std::uint64_t offset, std::uint64_t bytes)> before_read;
+  std::function<void(std::uint64_t offset, std::uint64_t bytes)> before_read{};
   // How long a batch waits for ring room other callers hold
   // (TransferOptions::wait_for_room).
   std::chrono::nanoseconds wait_for_room = std::chrono::seconds(30);

@@ -16,7 +16,7 @@ struct RecordOptions {
   // event, interned: the dump prints it as args.stack.
   bool stacks = false;
   // Where an allocation that fails for good dumps the trace (empty: no dump).
-  std::string oom_dump_dir;
+  std::string oom_dump_dir{};
 };
 
 // 2^24 events of 104 bytes (a record and its counters): 1.6 GiB, past any

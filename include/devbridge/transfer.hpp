@@ -90,7 +90,7 @@ struct HostDestination {
 // exception `fill` throws ends the transfer as it is.
 struct StreamSource {
   std::uint64_t bytes = 0;
-  std::function<void(std::uint64_t offset, std::span<std::byte> chunk)> fill;
+  std::function<void(std::uint64_t offset, std::span<std::byte> chunk)> fill{};
 };
 // Bytes the caller consumes chunk by chunk (a file write, a hash): `sink`
 // reads bytes [offset, offset + chunk.size()) of the transfer from `chunk`,
@@ -99,7 +99,7 @@ struct StreamSource {
 // bytes.
 struct StreamDestination {
   std::uint64_t bytes = 0;
-  std::function<void(std::uint64_t offset, std::span<const std::byte> chunk)> sink;
+  std::function<void(std::uint64_t offset, std::span<const std::byte> chunk)> sink{};
 };
 // A range the caller reserved in the planner's bridge's ring.
 struct RingSpan {
@@ -131,7 +131,7 @@ struct NewAllocation {
 // memory by WriteInPlace (one call may fill many small tensors: one read of
 // adjacent file bytes), else one ring chunk per call.
 struct ScatterSource {
-  std::function<void(std::uint64_t offset, std::span<const std::span<std::byte>> pieces)> fill;
+  std::function<void(std::uint64_t offset, std::span<const std::span<std::byte>> pieces)> fill{};
 };
 
 using TransferSource = std::variant<HostSource, RingSpan, RegionSpan, DeviceSpan, StreamSource>;
@@ -214,16 +214,16 @@ struct TransferResult {
   Route route = Route::Nothing;  // the route taken (PeerCopy may end as StagedThroughRings)
   std::uint64_t bytes = 0;
   // NewAllocation: the allocation made (read-only when adopted).
-  std::optional<DeviceHandle> handle;
+  std::optional<DeviceHandle> handle{};
   // AdoptInPlace: the read-only registration of the caller's buffer the
   // allocation lies in. The bridge refuses to unregister it while the
   // allocation lives; the caller unregisters it (Bridge::unregister_host)
   // once the allocation is freed, or a restart or close() gives it back.
-  std::optional<HostRegion> adopted_region;
+  std::optional<HostRegion> adopted_region{};
   // submit() only: the chunk copies still in flight, oldest first. The
   // destination holds the bytes once every event has completed
   // (Bridge::wait); a failed one keeps its error for the caller to report.
-  std::vector<PendingCopy> pending;
+  std::vector<PendingCopy> pending{};
 };
 
 class TransferPlanner {

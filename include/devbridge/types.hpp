@@ -274,7 +274,7 @@ constexpr Dims contiguous_strides(const Dims& shape) noexcept {
 struct ViewSpec {
   DType dtype = DType::UInt8;
   Dims shape;
-  std::optional<Dims> strides;
+  std::optional<Dims> strides{};
   std::uint64_t byte_offset = 0;
 };
 
