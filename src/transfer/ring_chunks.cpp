@@ -136,7 +136,10 @@ class ChunkWindow {
   std::size_t size() const noexcept { return chunks_.size(); }
   // The caller gave up waiting (its while_waiting threw): cleanup hands
   // ranges still in use on at once instead of waiting for their copies.
-  void stop_waiting() noexcept { cleanup_timeout_ = std::chrono::nanoseconds::zero(); }
+  void stop_waiting() noexcept {
+    cleanup_timeout_ = std::chrono::nanoseconds::zero();
+    stopped_waiting_ = true;
+  }
   const InFlightChunk& oldest() const noexcept { return chunks_.front(); }
   // After its range went back to the ring.
   void pop_oldest() noexcept {
@@ -168,9 +171,11 @@ class ChunkWindow {
     }
     if (handed_on != 0)
       detail::log().warn(
-          "transfer: {} ring range(s) still used by copies that had not ended within the cleanup timeout of {} ns "
-          "(or the bridge is broken) after a failed transfer: the bridge releases each once its copy ends",
-          handed_on, cleanup_timeout_.count());
+          "transfer: {} ring range(s) still used by copies that had not ended {} (or the bridge is broken) after a "
+          "failed transfer: the bridge releases each once its copy ends",
+          handed_on,
+          stopped_waiting_ ? std::string("when the caller stopped waiting (interrupted, or its stall limit passed)")
+                           : fmt::format("within the cleanup timeout of {} ns", cleanup_timeout_.count()));
     if (left_behind != 0)
       detail::log().warn("transfer: {} ring range(s) left reserved after a failed transfer (the bridge refused them)",
                          left_behind);
@@ -178,6 +183,7 @@ class ChunkWindow {
 
   Bridge& bridge_;
   std::chrono::nanoseconds cleanup_timeout_;
+  bool stopped_waiting_ = false;
   std::deque<InFlightChunk> chunks_;
 };
 
