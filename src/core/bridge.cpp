@@ -1,6 +1,8 @@
 // The bridge core's drop queue, copies, compute and views (bridge_core.hpp).
 #include "core/bridge_core.hpp"
 
+#include <algorithm>
+
 namespace devbridge::detail {
 
 void BridgeCore::reap_fences() noexcept {
@@ -361,6 +363,10 @@ void BridgeCore::begin_step(StepId step, std::span<const DeviceHandle> handles) 
     allocation(h);  // validates; throws before anything changes
     indices.push_back(id_slot(h.id));
   }
+  // A handle listed twice (an in-place step's input and output) is one use:
+  // counted twice, a refused free would name two steps where one runs.
+  std::ranges::sort(indices);
+  indices.erase(std::ranges::unique(indices).begin(), indices.end());
   for (auto index : indices) ++allocations_[index].steps;
   steps_.emplace(step, std::move(indices));
 }

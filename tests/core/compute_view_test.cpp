@@ -68,6 +68,19 @@ TEST_F(ComputeTest, EndingAnUnknownStepIsRefused) {
   EXPECT_ANY_THROW(bridge->end_step(42));
 }
 
+TEST_F(ComputeTest, AHandleListedTwiceInAStepIsOneUse) {
+  const DeviceHandle h = bridge->alloc_device(bytes_spec(), 64), other = bridge->alloc_device(bytes_spec(), 64);
+  const DeviceHandle in_place[] = {h, h, other};  // an in-place step: input and output
+  bridge->begin_step(7, in_place);
+  const std::string message = expect_error(ErrorKind::AllocationStillInUse, [&] { bridge->free_device(h); });
+  EXPECT_NE(message.find("1 compute step"), std::string::npos) << message;
+  EXPECT_EQ(message.find("2 compute steps"), std::string::npos) << message;
+  bridge->end_step(7);
+  bridge->free_device(h);
+  bridge->free_device(other);
+  EXPECT_EQ(bridge->stats().live_allocations, 0u);
+}
+
 TEST_F(ComputeTest, StepsDoNotSurviveARestart) {
   const DeviceHandle h = bridge->alloc_device(bytes_spec(), 64);
   const DeviceHandle handles[] = {h};
