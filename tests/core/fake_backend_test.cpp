@@ -478,7 +478,7 @@ TEST(FakeFree, StillWarnsAboutALivePartOrACopyInFlightAndOnlyThen) {
   fake.free(copied);
   const auto warnings = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(warnings.find("freed while its part"), std::string::npos) << warnings;
-  EXPECT_NE(warnings.find("freed while copy event {domain 7, generation 1, id 42} is in flight"), std::string::npos)
+  EXPECT_NE(warnings.find("freed while copy event {domain 7, generation 1, id 0x2a} is in flight"), std::string::npos)
       << warnings;
   fake.release_part(part);
   // A copy completed (or dropped by quiesce) no longer counts against its allocation.

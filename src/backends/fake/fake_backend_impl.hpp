@@ -10,6 +10,7 @@
 #include "devbridge/backends/fake.hpp"
 
 #include "backends/cpu_copy.hpp"
+#include "core/describe.hpp"
 
 #include <algorithm>
 #include <condition_variable>
@@ -91,10 +92,9 @@ inline std::string hex_address(std::uint64_t address) {
   return buf;
 }
 
-inline std::string event_text(const CopyEvent& e) {
-  return "event {domain " + std::to_string(e.domain) + ", generation " + std::to_string(e.generation) + ", id " +
-         std::to_string(e.id) + "}";
-}
+// As the bridge names it (core/describe.hpp), so a fake's failure and the
+// bridge's message about the same copy can be matched by eye.
+inline std::string event_text(const CopyEvent& e) { return detail::describe(e); }
 
 // The failures that fire on one call.
 struct Fired {

@@ -101,7 +101,7 @@ void FakeBackend::free(const DeviceAllocation& allocation) noexcept {
   if (it->second.pending_copies != 0) {
     for (const auto& p : s.pending) {
       if (p.request.device.token == allocation.token) {
-        std::fprintf(stderr, "FakeBackend: allocation 0x%llx freed while copy %s is in flight\n",
+        std::fprintf(stderr, "FakeBackend: allocation 0x%llx freed while %s is in flight\n",
                      static_cast<unsigned long long>(allocation.address), event_text(p.request.event).c_str());
       }
     }
