@@ -44,6 +44,13 @@ class ReplacingFile {
   void write_at(std::uint64_t offset, std::span<const std::byte> bytes);
   void commit(Durability durability);
 
+  // The file a write to `path` replaces or makes, as this class resolves
+  // it: the end of `path`'s chain of symbolic links (walked even when that
+  // end does not exist yet: a dangling link is written through), or `path`
+  // itself. Error(Unavailable) naming `path` when the chain loops or cannot
+  // be read.
+  static std::string written_through(const std::string& path);
+
   const std::string& path() const noexcept { return path_; }
   // The temporary file's path (empty when written in place): what a signal
   // handler removes, since no destructor runs there.

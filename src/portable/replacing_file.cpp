@@ -38,6 +38,24 @@ std::string temporary_name(const std::string& target, std::uint64_t count) {
 
 }  // namespace
 
+std::string ReplacingFile::written_through(const std::string& path) {
+  constexpr int kMaxLinkHops = 40;  // as many as the kernel follows in one path (Linux's MAXSYMLINKS)
+  const auto refuse = [&](int error) {
+    throw Error(ErrorKind::Unavailable,
+                fmt::format("cannot write '{}': resolving it: {}", path, std::strerror(error)));
+  };
+  std::string target = path;
+  struct stat link {};
+  for (int hops = 0; ::lstat(target.c_str(), &link) == 0 && S_ISLNK(link.st_mode); ++hops) {
+    if (hops == kMaxLinkHops) refuse(ELOOP);
+    std::error_code error;
+    const std::filesystem::path at(target), to = std::filesystem::read_symlink(at, error);
+    if (error) refuse(error.value());
+    target = (to.is_absolute() ? to : at.parent_path() / to).lexically_normal().string();
+  }
+  return target;
+}
+
 ReplacingFile::ReplacingFile(std::string path, NotRegular not_regular) : path_(std::move(path)) {
   if (path_.empty()) throw Error(ErrorKind::InvalidRange, "cannot write a file of no name");
   struct stat existing {};
@@ -57,16 +75,7 @@ ReplacingFile::ReplacingFile(std::string path, NotRegular not_regular) : path_(s
     replaces_ = true;
     mode_ = existing.st_mode & 07777;
   } else if (errno == ENOENT) {
-    // A dangling link is written through too: its target is made.
-    target_ = path_;
-    struct stat link {};
-    for (int hops = 0; ::lstat(target_.c_str(), &link) == 0 && S_ISLNK(link.st_mode); ++hops) {
-      if (hops == 40) fail("resolving it", ELOOP);
-      std::error_code error;
-      const std::filesystem::path at(target_), to = std::filesystem::read_symlink(at, error);
-      if (error) fail("resolving it", error.value());
-      target_ = (to.is_absolute() ? to : at.parent_path() / to).lexically_normal().string();
-    }
+    target_ = written_through(path_);  // a dangling link is written through too: its target is made
   } else {
     fail("looking it up", errno);
   }

@@ -1,8 +1,10 @@
 #include "cli_process.hpp"
 
 #include <fcntl.h>
+#include <grp.h>
 #include <pty.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -47,6 +49,29 @@ std::string next_output_base() {
   static int run_number = 0;
   return scratch_dir() + "/run" + std::to_string(++run_number);
 }
+
+// Waits for `pid` and records how it ended.
+void reap(pid_t pid, CliRun& run) {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) throw std::runtime_error(errno_text("waitpid"));
+  }
+  if (WIFEXITED(status)) run.exit_code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) run.signal = WTERMSIG(status);
+}
+
+// The child's argv: the binary under test, then `args`. The strings live in `text`.
+std::vector<char*> child_argv(const std::vector<std::string>& args, std::vector<std::string>& text) {
+  text = {cli_path()};
+  text.insert(text.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : text) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  return argv;
+}
+
+constexpr uid_t kNobody = 65534;
+constexpr int kChildSetupFailed = 127;  // as a shell's "command not found or not run"
 
 }  // namespace
 
@@ -96,11 +121,8 @@ CliRun run_cli(const std::vector<std::string>& args, Stderr stderr_kind) {
   const std::string out_path = base + ".out";
   const std::string err_path = base + ".err";
 
-  std::vector<std::string> argv_text{cli_path()};
-  argv_text.insert(argv_text.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& a : argv_text) argv.push_back(a.data());
-  argv.push_back(nullptr);
+  std::vector<std::string> argv_text;
+  std::vector<char*> argv = child_argv(args, argv_text);
 
   int master = -1;
   int slave = -1;
@@ -133,14 +155,47 @@ CliRun run_cli(const std::vector<std::string>& args, Stderr stderr_kind) {
     run.err = drain_terminal(master);
     ::close(master);
   }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) throw std::runtime_error(errno_text("waitpid"));
-  }
-  if (WIFEXITED(status)) run.exit_code = WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) run.signal = WTERMSIG(status);
+  reap(pid, run);
   run.out = read_file(out_path);
   if (stderr_kind == Stderr::File) run.err = read_file(err_path);
+  return run;
+}
+
+// fork and exec rather than posix_spawn, which can neither change the user
+// nor set a resource limit. Between the two only async-signal-safe calls.
+CliRun run_cli_with(const std::vector<std::string>& args, const ChildSetup& setup) {
+  const std::string base = next_output_base();
+  const std::string out_path = setup.stdout_path.empty() ? base + ".out" : setup.stdout_path;
+  const std::string err_path = base + ".err";
+  std::vector<std::string> argv_text;
+  std::vector<char*> argv = child_argv(args, argv_text);
+  const bool drop_root = setup.unprivileged && ::geteuid() == 0;
+
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error(errno_text("fork"));
+  if (pid == 0) {
+    const auto redirect = [](int fd, const char* path, int flags) {
+      const int opened = ::open(path, flags, 0644);
+      if (opened < 0 || ::dup2(opened, fd) < 0) ::_exit(kChildSetupFailed);
+      if (opened != fd) ::close(opened);
+    };
+    redirect(STDIN_FILENO, "/dev/null", O_RDONLY);
+    redirect(STDOUT_FILENO, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC);
+    redirect(STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC);
+    if (setup.file_size_limit != 0) {
+      ::signal(SIGXFSZ, SIG_IGN);  // an ignored signal stays ignored across exec
+      const rlimit limit{setup.file_size_limit, setup.file_size_limit};
+      if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(kChildSetupFailed);
+    }
+    if (drop_root && (::setgroups(0, nullptr) != 0 || ::setgid(kNobody) != 0 || ::setuid(kNobody) != 0))
+      ::_exit(kChildSetupFailed);
+    ::execve(argv[0], argv.data(), environ);
+    ::_exit(kChildSetupFailed);
+  }
+  CliRun run;
+  reap(pid, run);
+  if (setup.stdout_path.empty()) run.out = read_file(out_path);
+  run.err = read_file(err_path);
   return run;
 }
 
@@ -148,11 +203,8 @@ CliProcess::CliProcess(const std::vector<std::string>& args) {
   const std::string base = next_output_base();
   out_path_ = base + ".out";
   err_path_ = base + ".err";
-  std::vector<std::string> argv_text{cli_path()};
-  argv_text.insert(argv_text.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& a : argv_text) argv.push_back(a.data());
-  argv.push_back(nullptr);
+  std::vector<std::string> argv_text;
+  std::vector<char*> argv = child_argv(args, argv_text);
 
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);

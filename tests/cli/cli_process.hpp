@@ -2,6 +2,7 @@
 // printed and how it exited, so the tests see exactly what a user sees.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,22 @@ std::string cli_path();
 // Runs the binary under test with `args`. With Stderr::Terminal the child's
 // stderr is a pseudo-terminal, as in an interactive shell.
 CliRun run_cli(const std::vector<std::string>& args, Stderr stderr_kind = Stderr::File);
+
+// How run_cli_with() sets the child up, beyond what run_cli() does.
+struct ChildSetup {
+  // Where its stdout goes (e.g. /dev/full); empty: a file of the run's own,
+  // read back into CliRun::out (which is otherwise empty).
+  std::string stdout_path;
+  // As a user who cannot write in /dev: "nobody" (uid and gid 65534) when
+  // the tests run as root, else the tests' own user.
+  bool unprivileged = false;
+  // RLIMIT_FSIZE in bytes (0: none), with SIGXFSZ ignored, as after
+  // `trap '' XFSZ; ulimit -f`: a write past it fails with EFBIG. It bounds
+  // the child's stdout and stderr files too.
+  std::uint64_t file_size_limit = 0;
+};
+
+CliRun run_cli_with(const std::vector<std::string>& args, const ChildSetup& setup);
 
 // A child started without waiting for it, so a test can signal it mid-run.
 // stdout and stderr go to files; the destructor kills (SIGKILL) and reaps a

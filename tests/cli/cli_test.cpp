@@ -512,6 +512,12 @@ INSTANTIATE_TEST_SUITE_P(
     Cli, BadUsage,
     ::testing::Values(
         UsageCase{"NoCommand", {}, "subcommand is required"},
+        // CLI11 said "A subcommand is required", naming nothing.
+        UsageCase{"UnknownOptionBeforeTheCommand", {"-x"}, "unknown option '-x'"},
+        // 65535 bytes and the minimum both round to "64.00 KiB": "64.00 KiB is less than ... (64.00 KiB)".
+        UsageCase{"ReplayDeviceMemoryOneByteShort",
+                  {"trace", "replay", "any.trace.json", "--device-memory", "65535"},
+                  "--device-memory: 65535 bytes is less than the smallest device a replay runs on (65536 bytes)"},
         UsageCase{"UnknownCommand", {"strem"}, "unknown command 'strem'"},
         UsageCase{"UnknownOption", {"stream", "--bogus"}, "--bogus"},
         UsageCase{"ExtraArgument", {"stream", "extra"}, "extra"},

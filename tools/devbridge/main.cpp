@@ -3,9 +3,10 @@
 // `checkpoint inspect` lists a checkpoint file and verifies its checksum.
 //
 // Exit codes: 0 success (stream: every element verified), 1 a runtime or
-// verification failure, 2 a command line that cannot work, 128 + N a stream
-// that signal N (SIGINT, SIGTERM) stopped after draining what was in flight.
-// Each failure is one line on stderr.
+// verification failure (a report that could not be written, to a file or to
+// stdout, among them), 2 a command line that cannot work, 128 + N a command
+// that signal N (SIGINT, SIGTERM) stopped: a stream after draining what was
+// in flight, any other command at once. Each failure is one line on stderr.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -19,7 +20,6 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -73,11 +73,106 @@ std::string one_line(std::string_view text) {
   return out;
 }
 
-// The report's temporary file, for the signal handler: a second signal ends
-// the process at once, and the handler removes the temporary first (unlink is
-// async-signal-safe). Published by `g_temp_path_set` after it is written.
+// ---- what stdout took ------------------------------------------------------
+
+// errno of the first write to stdout that failed (a full disk, /dev/full, a
+// closed terminal); 0 while none did. Every text a command prints on stdout
+// goes through write_stdout(), so a failure is reported once, at the end.
+int g_stdout_errno = 0;
+
+void note_stdout_failure(int error) {
+  if (g_stdout_errno == 0) g_stdout_errno = error != 0 ? error : EIO;
+}
+
+// Never throws: a report that did not reach stdout must not stop the command
+// before its --json file is written.
+void write_stdout(std::string_view text) {
+  if (std::fwrite(text.data(), 1, text.size(), stdout) != text.size()) note_stdout_failure(errno);
+}
+
+bool flush_stdout() {
+  if (std::fflush(stdout) != 0) note_stdout_failure(errno);
+  if (std::ferror(stdout)) note_stdout_failure(EIO);
+  return g_stdout_errno == 0;
+}
+
+// The last word of every command: what it printed must have reached stdout,
+// or the exit code says it did not (1, unless it already says a failure or a
+// signal).
+int finish_stdout(int exit_code) {
+  if (flush_stdout()) return exit_code;
+  fmt::print(stderr, "devbridge: could not write the report to standard output: {}\n", std::strerror(g_stdout_errno));
+  return exit_code == kExitOk ? kExitFailure : exit_code;
+}
+
+// ---- stop signals -------------------------------------------------------------
+
+// The output file's temporary (a --json report's, a trace view page's), for
+// the signal handler, which removes it when the signal ends the process
+// (unlink is async-signal-safe; no destructor runs there). Published by
+// `g_temp_path_set` after it is written.
 char g_temp_path[4096];
 std::atomic<bool> g_temp_path_set{false};
+
+void publish_temporary(const ReplacingFile& file) {
+  const std::string& temporary = file.temporary();
+  if (temporary.empty() || temporary.size() >= sizeof g_temp_path) return;
+  std::memcpy(g_temp_path, temporary.c_str(), temporary.size() + 1);
+  g_temp_path_set.store(true, std::memory_order_release);
+}
+
+void withdraw_temporary() { g_temp_path_set.store(false, std::memory_order_release); }
+
+// SIGINT and SIGTERM held back while it lives: a signal that landed between
+// the temporary's creation and its publication would leave it behind.
+class StopSignalsHeld {
+ public:
+  StopSignalsHeld() {
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    ::pthread_sigmask(SIG_BLOCK, &stop, &previous_);
+  }
+  ~StopSignalsHeld() { ::pthread_sigmask(SIG_SETMASK, &previous_, nullptr); }
+  StopSignalsHeld(const StopSignalsHeld&) = delete;
+  StopSignalsHeld& operator=(const StopSignalsHeld&) = delete;
+
+ private:
+  sigset_t previous_{};
+};
+
+// A file written through ReplacingFile whose temporary the stop-signal
+// handler removes for as long as it lives. A path that exists and is no
+// regular file is opened in place with the signals free: there is no
+// temporary to lose, and opening a FIFO waits for a reader, for as long as
+// the user lets it.
+class SignalSafeOutput {
+ public:
+  explicit SignalSafeOutput(const std::string& path) {
+    struct stat st {};
+    std::optional<StopSignalsHeld> held;
+    if (::stat(path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) held.emplace();
+    file_.emplace(path, ReplacingFile::NotRegular::WriteInPlace);
+    publish_temporary(*file_);
+  }
+  ~SignalSafeOutput() {
+    const StopSignalsHeld held;
+    withdraw_temporary();
+    file_.reset();  // removes the temporary when not committed
+  }
+  SignalSafeOutput(const SignalSafeOutput&) = delete;
+  SignalSafeOutput& operator=(const SignalSafeOutput&) = delete;
+
+  void write(std::string_view text) { file_->write(text); }
+  void commit(ReplacingFile::Durability durability) {
+    file_->commit(durability);
+    withdraw_temporary();
+  }
+
+ private:
+  std::optional<ReplacingFile> file_;
+};
 
 // Where --json goes. Checked before anything runs, so a path that cannot be
 // written is a usage error rather than a lost report:
@@ -106,37 +201,31 @@ class JsonSink {
     if (::stat(path_.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path_.c_str(), W_OK) != 0)
       throw UsageError(fmt::format("--json: cannot write '{}': {}", path_, std::strerror(errno)));
     try {
-      file_.emplace(path_, ReplacingFile::NotRegular::WriteInPlace);
+      file_.emplace(path_);
     } catch (const Error& error) {
       throw UsageError(fmt::format("--json: {}", error.message()));
     }
-    const std::string& temporary = file_->temporary();
-    if (!temporary.empty() && temporary.size() < sizeof g_temp_path) {
-      std::memcpy(g_temp_path, temporary.c_str(), temporary.size() + 1);
-      g_temp_path_set.store(true, std::memory_order_release);
-    }
   }
-  ~JsonSink() { g_temp_path_set.store(false, std::memory_order_release); }
   JsonSink(const JsonSink&) = delete;
   JsonSink& operator=(const JsonSink&) = delete;
 
   bool to_stdout() const { return path_ == "-"; }
 
-  // Returns false (after saying why) when the report could not be written;
-  // the path then keeps what it held before.
+  // Returns false when the report could not be written: a file's failure is
+  // said here (the path then keeps what it held before), stdout's by
+  // finish_stdout() at the end.
   bool write(const nlohmann::json& document) {
     if (path_.empty()) return true;
     // Paths and messages may hold bytes that are not UTF-8 (a file name): written replaced, not lost.
     const std::string text = document.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     if (to_stdout()) {
-      const bool ok = std::fwrite(text.data(), 1, text.size(), stdout) == text.size() && std::fflush(stdout) == 0;
-      if (!ok) fmt::print(stderr, "devbridge {}: --json: writing to stdout failed: {}\n", command_, std::strerror(errno));
-      return ok;
+      // finish_stdout() says why, once, at the end.
+      write_stdout(text);
+      return flush_stdout();
     }
     try {
       file_->write(text);
       file_->commit(ReplacingFile::Durability::Synced);
-      g_temp_path_set.store(false, std::memory_order_release);
       return true;
     } catch (const Error& error) {
       fmt::print(stderr, "devbridge {}: --json: {}\n", command_, error.message());
@@ -147,29 +236,34 @@ class JsonSink {
  private:
   std::string command_;
   std::string path_;  // as given; empty: no --json
-  std::optional<ReplacingFile> file_;
+  std::optional<SignalSafeOutput> file_;
 };
 
-// ---- signals during `stream` ------------------------------------------------
+// How a stop signal ends a command. `stream` drains: the handler sets
+// `g_stop_signal` to the signal's number, the stream looks at it between
+// chunks and writes its report; a second signal while the first is being
+// handled ends the process the default way (the user insists). The other
+// commands have nothing to drain and end at once, exit 128 + N, as a stream
+// does. Either way the output's temporary file is removed first.
+enum class OnStop : std::uint8_t { Drain, EndAtOnce };
 
-// Set by the handler to the signal's number; the stream looks at it between
-// chunks. The handler does nothing else (it must be async-signal-safe), except
-// that a second signal while the first is being handled ends the process the
-// default way (the user insists), after removing the report's temporary file.
 std::atomic<int> g_stop_signal{0};
+std::atomic<bool> g_end_at_once{false};
 static_assert(std::atomic<int>::is_always_lock_free);
 static_assert(std::atomic<bool>::is_always_lock_free);
 
 extern "C" void on_stop_signal(int signal) {
   int none = 0;
-  if (!g_stop_signal.compare_exchange_strong(none, signal)) {
-    if (g_temp_path_set.load(std::memory_order_acquire)) ::unlink(g_temp_path);
-    std::signal(signal, SIG_DFL);
-    std::raise(signal);
-  }
+  const bool end_at_once = g_end_at_once.load(std::memory_order_acquire);
+  if (!end_at_once && g_stop_signal.compare_exchange_strong(none, signal)) return;
+  if (g_temp_path_set.load(std::memory_order_acquire)) ::unlink(g_temp_path);
+  if (end_at_once) ::_exit(128 + signal);
+  std::signal(signal, SIG_DFL);
+  std::raise(signal);
 }
 
-void catch_stop_signals() {
+void catch_stop_signals(OnStop on_stop) {
+  g_end_at_once.store(on_stop == OnStop::EndAtOnce, std::memory_order_release);
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);
@@ -183,41 +277,41 @@ void catch_stop_signals() {
   }
 }
 
-void print_stream_summary(std::FILE* out, const devbridge::cli::StreamPlan& plan,
-                          const devbridge::cli::StreamReport& r) {
+std::string stream_summary(const devbridge::cli::StreamPlan& plan, const devbridge::cli::StreamReport& r) {
   using devbridge::cli::format_bytes;
+  std::string text;
   if (!r.verified && !r.interrupted) {
     // The reasons are already on stderr; rates of a broken run mean nothing.
-    fmt::print(out, "devbridge stream: FAILED ({} of {} chunks verified)\n", r.chunks_verified, r.chunks);
-    return;
+    return fmt::format("devbridge stream: FAILED ({} of {} chunks verified)\n", r.chunks_verified, r.chunks);
   }
   if (r.interrupted) {
-    fmt::print(out, "devbridge stream: interrupted by {}{} ({} of {} chunks verified{})\n",
-               devbridge::cli::signal_name(r.signal), r.errors.empty() ? "" : ", and FAILED", r.chunks_verified,
-               r.chunks, r.errors.empty() ? ", every one exact" : "");
-    if (!r.errors.empty()) return;
+    text += fmt::format("devbridge stream: interrupted by {}{} ({} of {} chunks verified{})\n",
+                        devbridge::cli::signal_name(r.signal), r.errors.empty() ? "" : ", and FAILED",
+                        r.chunks_verified, r.chunks, r.errors.empty() ? ", every one exact" : "");
+    if (!r.errors.empty()) return text;
   } else {
-    fmt::print(out, "devbridge stream: verified\n");
+    text += "devbridge stream: verified\n";
   }
   std::string device = r.device_name;
   if (!r.device_string.empty()) device += fmt::format(" ({})", r.device_string);
-  fmt::print(out, "  backend      {}{}\n", r.backend, device.empty() ? "" : ", " + device);
+  text += fmt::format("  backend      {}{}\n", r.backend, device.empty() ? "" : ", " + device);
   const std::string data =
       r.interrupted ? fmt::format("{} of {}", format_bytes(r.bytes_verified), format_bytes(r.bytes)) : format_bytes(r.bytes);
-  fmt::print(out, "  data         {} in {} chunk{} of {}, {} in flight, ring {} (wrapped {} time{})\n", data,
-             r.chunks_verified, r.chunks_verified == 1 ? "" : "s", format_bytes(r.chunk_bytes), plan.slots,
-             format_bytes(r.ring_bytes), r.ring_wraps, r.ring_wraps == 1 ? "" : "s");
-  fmt::print(out, "  time         {:.3f} s\n", r.seconds);
-  fmt::print(out, "  upload       {:.2f} GB/s  (busy {:.3f} s)\n", r.upload_gbps, r.upload_busy_seconds);
-  fmt::print(out, "  download     {:.2f} GB/s  (busy {:.3f} s)\n", r.download_gbps, r.download_busy_seconds);
-  fmt::print(out, "  end to end   {:.2f} GB/s\n", r.end_to_end_gbps);
-  fmt::print(out, "  memory       peak {} bytes allocated, {} backend allocations, caching pool {}\n",
-             r.memory.peak_allocated_bytes, r.memory.backend_allocations,
-             r.memory.pool_enabled
-                 ? fmt::format("on ({} hits, {} misses)", r.memory.cache_hits, r.memory.cache_misses)
-                 : std::string("off"));
-  fmt::print(out, "  verified     {} of {} chunks, {} elements exact\n", r.chunks_verified, r.chunks,
-             r.bytes_verified / sizeof(float));
+  text += fmt::format("  data         {} in {} chunk{} of {}, {} in flight, ring {} (wrapped {} time{})\n", data,
+                      r.chunks_verified, r.chunks_verified == 1 ? "" : "s", format_bytes(r.chunk_bytes), plan.slots,
+                      format_bytes(r.ring_bytes), r.ring_wraps, r.ring_wraps == 1 ? "" : "s");
+  text += fmt::format("  time         {:.3f} s\n", r.seconds);
+  text += fmt::format("  upload       {:.2f} GB/s  (busy {:.3f} s)\n", r.upload_gbps, r.upload_busy_seconds);
+  text += fmt::format("  download     {:.2f} GB/s  (busy {:.3f} s)\n", r.download_gbps, r.download_busy_seconds);
+  text += fmt::format("  end to end   {:.2f} GB/s\n", r.end_to_end_gbps);
+  text += fmt::format("  memory       peak {} bytes allocated, {} backend allocations, caching pool {}\n",
+                      r.memory.peak_allocated_bytes, r.memory.backend_allocations,
+                      r.memory.pool_enabled
+                          ? fmt::format("on ({} hits, {} misses)", r.memory.cache_hits, r.memory.cache_misses)
+                          : std::string("off"));
+  text += fmt::format("  verified     {} of {} chunks, {} elements exact\n", r.chunks_verified, r.chunks,
+                      r.bytes_verified / sizeof(float));
+  return text;
 }
 
 // The library logs through spdlog's default logger, which writes to stdout;
@@ -234,7 +328,7 @@ int run_stream_command(const devbridge::cli::StreamArgs& args, const std::option
   if (args.trace) devbridge::cli::refuse_output_over_input("--json", json_path, "the --trace file", *args.trace);
   devbridge::cli::StreamPlan plan = devbridge::cli::plan_stream(args);
   // From here a signal ends the stream cleanly instead of the process.
-  catch_stop_signals();
+  catch_stop_signals(OnStop::Drain);
   JsonSink json(json_path, "stream");
 
   devbridge::cli::Progress progress(plan.bytes, !quiet && devbridge::cli::Progress::stderr_is_terminal());
@@ -244,18 +338,26 @@ int run_stream_command(const devbridge::cli::StreamArgs& args, const std::option
   if (!report.trace_file.empty())
     fmt::print(stderr, "devbridge stream: the flight recorder's trace is in {} (devbridge trace view {} -o PAGE)\n",
                report.trace_file, report.trace_file);
-  if (!quiet) print_stream_summary(json.to_stdout() ? stderr : stdout, plan, report);
-  std::fflush(stdout);
+  if (!quiet) {
+    const std::string summary = stream_summary(plan, report);
+    if (json.to_stdout()) {
+      std::fputs(summary.c_str(), stderr);
+    } else {
+      write_stdout(summary);
+    }
+  }
+  flush_stdout();
   const bool written = json.write(devbridge::cli::stream_report_json(report));
   if (report.interrupted) return 128 + report.signal;  // as a shell reports a job a signal ended
   return report.verified && written ? kExitOk : kExitFailure;
 }
 
 int run_info_command(const std::optional<std::string>& json_path) {
+  catch_stop_signals(OnStop::EndAtOnce);
   JsonSink json(json_path, "info");
   const devbridge::cli::InfoReport report = devbridge::cli::collect_info();
-  if (!json.to_stdout()) fmt::print("{}", devbridge::cli::format_info(report));
-  std::fflush(stdout);
+  if (!json.to_stdout()) write_stdout(devbridge::cli::format_info(report));
+  flush_stdout();
   return json.write(devbridge::cli::info_report_json(report)) ? kExitOk : kExitFailure;
 }
 
@@ -263,27 +365,37 @@ int run_info_command(const std::optional<std::string>& json_path) {
 // cannot be read or restore would refuse it (the reason on stderr, one line).
 int run_checkpoint_inspect_command(const std::string& path, const std::optional<std::string>& json_path) {
   devbridge::cli::refuse_output_over_input("--json", json_path, "the checkpoint being inspected", path);
+  catch_stop_signals(OnStop::EndAtOnce);
   JsonSink json(json_path, "checkpoint inspect");
   const devbridge::cli::CheckpointReport report = devbridge::cli::inspect_checkpoint(path);
-  if (!json.to_stdout()) fmt::print("{}", devbridge::cli::format_checkpoint(report));
-  std::fflush(stdout);
+  if (!json.to_stdout()) write_stdout(devbridge::cli::format_checkpoint(report));
+  flush_stdout();
   if (!report.ok()) fmt::print(stderr, "devbridge checkpoint inspect: {}\n", one_line(report.error));
   const bool written = json.write(devbridge::cli::checkpoint_report_json(report));
   return report.ok() && written ? kExitOk : kExitFailure;
 }
 
+// The page is written as the --json reports are (ReplacingFile): PAGE holds
+// its old contents or the whole new page, never a part of it.
 int run_trace_view_command(const std::string& path, const std::string& page_path) {
   devbridge::cli::check_output_file("-o", page_path);
   devbridge::cli::refuse_output_over_input("-o", page_path, "the trace being read", path);
+  catch_stop_signals(OnStop::EndAtOnce);
+  std::optional<SignalSafeOutput> out;
+  try {
+    out.emplace(page_path);
+  } catch (const Error& error) {
+    throw UsageError(fmt::format("-o: {}", error.message()));
+  }
   const std::string page = devbridge::cli::trace_page(devbridge::cli::load_trace(path));
-  std::ofstream out(page_path, std::ios::binary | std::ios::trunc);
-  out << page;
-  out.close();
-  if (!out) {
-    fmt::print(stderr, "devbridge trace view: cannot write {}: {}\n", page_path, std::strerror(errno));
+  try {
+    out->write(page);
+    out->commit(ReplacingFile::Durability::Renamed);
+  } catch (const Error& error) {
+    fmt::print(stderr, "devbridge trace view: -o: {}\n", error.message());
     return kExitFailure;
   }
-  fmt::print("{}: {} bytes, open it in a browser\n", page_path, page.size());
+  write_stdout(fmt::format("{}: {} bytes, open it in a browser\n", page_path, page.size()));
   return kExitOk;
 }
 
@@ -292,17 +404,25 @@ int run_trace_replay_command(const std::string& path, const std::string& device_
   const std::uint64_t memory = devbridge::cli::parse_size("--device-memory", device_memory);
   // The fake refuses a host block larger than its memory, and the replay's
   // bridge has a 64 KiB ring (host memory, not counted as device memory).
-  if (memory < devbridge::cli::kReplayRingBytes)
-    throw UsageError(fmt::format("--device-memory: {} is less than the smallest device a replay runs on ({})",
-                                 devbridge::cli::format_bytes(memory),
-                                 devbridge::cli::format_bytes(devbridge::cli::kReplayRingBytes)));
+  if (memory < devbridge::cli::kReplayRingBytes) {
+    std::string given = devbridge::cli::format_bytes(memory);
+    std::string smallest = devbridge::cli::format_bytes(devbridge::cli::kReplayRingBytes);
+    // 65535 bytes rounds to the minimum's "64.00 KiB": "64.00 KiB is less than 64.00 KiB" says nothing.
+    if (given == smallest) {
+      given = fmt::format("{} bytes", memory);
+      smallest = fmt::format("{} bytes", devbridge::cli::kReplayRingBytes);
+    }
+    throw UsageError(fmt::format("--device-memory: {} is less than the smallest device a replay runs on ({})", given,
+                                 smallest));
+  }
   std::vector<std::uint64_t> caps;
   for (const auto& cap : pool_caps) caps.push_back(devbridge::cli::parse_size("--pool-cap", cap));
   devbridge::cli::refuse_output_over_input("--json", json_path, "the trace being replayed", path);
+  catch_stop_signals(OnStop::EndAtOnce);
   JsonSink json(json_path, "trace replay");
   const auto report = devbridge::cli::replay_trace(devbridge::cli::load_trace(path), path, memory, caps);
-  if (!json.to_stdout()) fmt::print("{}", devbridge::cli::format_replay(report));
-  std::fflush(stdout);
+  if (!json.to_stdout()) write_stdout(devbridge::cli::format_replay(report));
+  flush_stdout();
   return json.write(devbridge::cli::replay_report_json(report)) ? kExitOk : kExitFailure;
 }
 
@@ -326,9 +446,7 @@ std::optional<std::string> given(const CLI::Option* option, const std::string& v
   return value;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run_command_line(int argc, char** argv) {
   CLI::App app{"devbridge: moves tensors between a host ring and device memory, and checks it did", "devbridge"};
   app.set_version_flag("--version", std::string("devbridge ") + DEVBRIDGE_VERSION);
   app.require_subcommand(1);
@@ -445,6 +563,12 @@ int main(int argc, char** argv) {
       backend_option->description(backend_help());
       return app.exit(e);
     }
+    // An unknown option before the command leaves the command missing, and
+    // CLI11 then says only "A subcommand is required": the option is what was wrong.
+    if (const std::vector<std::string> unknown = app.remaining(); !unknown.empty() && unknown.front().starts_with('-')) {
+      fmt::print(stderr, "devbridge: unknown option '{}' (see devbridge --help)\n", unknown.front());
+      return kExitUsage;
+    }
     fmt::print(stderr, "devbridge: {} (see devbridge --help)\n", one_line(e.what()));
     return kExitUsage;
   }
@@ -480,3 +604,7 @@ int main(int argc, char** argv) {
     return kExitFailure;
   }
 }
+
+}  // namespace
+
+int main(int argc, char** argv) { return finish_stdout(run_command_line(argc, argv)); }

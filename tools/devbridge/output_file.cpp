@@ -11,9 +11,28 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "devbridge/error.hpp"
+#include "devbridge/replacing_file.hpp"
 #include "sizes.hpp"
 
 namespace devbridge::cli {
+
+namespace {
+
+bool is_character_device(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISCHR(st.st_mode);
+}
+
+}  // namespace
+
+std::optional<std::string> link_target(const std::string& path) {
+  try {
+    return ReplacingFile::written_through(path);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
 
 void check_output_file(std::string_view option, const std::string& path) {
   const auto refuse = [&](const std::string& why) {
@@ -24,12 +43,22 @@ void check_output_file(std::string_view option, const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) refuse(std::strerror(EISDIR));
+    // Opening a FIFO waits for a reader; done when the run ends, it would
+    // hang the finished command where no signal stops it.
+    if (S_ISFIFO(st.st_mode))
+      refuse("it is a FIFO: the file is written when the run ends, and with no reader there the command would "
+             "block after finishing (give a regular file)");
     if (::access(path.c_str(), W_OK) != 0) refuse(std::strerror(errno));
+    // A device is written in place (ReplacingFile): no file is made beside it.
+    if (S_ISCHR(st.st_mode)) return;
   } else if (errno != ENOENT) {
     refuse(std::strerror(errno));
   }
-  // The file is written beside itself and renamed over: its directory must take a new file.
-  const std::filesystem::path name(path);
+  // The file is written beside the file it replaces and renamed over it: that
+  // directory (a link's target's, not the link's) must take a new file.
+  const std::optional<std::string> target = link_target(path);
+  if (!target) refuse(fmt::format("resolving its symbolic links: {}", std::strerror(ELOOP)));
+  const std::filesystem::path name(*target);
   const std::string directory = name.has_parent_path() ? name.parent_path().string() : std::string(".");
   if (::stat(directory.c_str(), &st) != 0) refuse(fmt::format("{}: {}", directory, std::strerror(errno)));
   if (!S_ISDIR(st.st_mode)) refuse(fmt::format("{}: {}", directory, std::strerror(ENOTDIR)));
@@ -38,11 +67,14 @@ void check_output_file(std::string_view option, const std::string& path) {
 
 namespace {
 
-// `path` absolute, with every symbolic link of the part that exists resolved
-// and the rest folded lexically; nullopt when that fails.
+// `path` absolute, its links followed as a write would follow them (a
+// dangling one to the file it would make), every symbolic link of the part
+// that exists resolved and the rest folded lexically; nullopt when that fails.
 std::optional<std::filesystem::path> resolved(const std::string& path) {
+  const std::optional<std::string> target = link_target(path);
+  if (!target) return std::nullopt;
   std::error_code error;
-  const std::filesystem::path absolute = std::filesystem::absolute(path, error);
+  const std::filesystem::path absolute = std::filesystem::absolute(*target, error);
   if (error) return std::nullopt;
   std::filesystem::path canonical = std::filesystem::weakly_canonical(absolute, error);
   if (error) return std::nullopt;
@@ -64,7 +96,7 @@ bool same_file(const std::string& a, const std::string& b) {
 
 void refuse_output_over_input(std::string_view option, const std::optional<std::string>& output,
                               std::string_view input_role, const std::string& input) {
-  if (!output || *output == "-" || !same_file(*output, input)) return;
+  if (!output || *output == "-" || is_character_device(*output) || !same_file(*output, input)) return;
   throw UsageError(fmt::format("{}: '{}' is {} ('{}'): the {} file would replace it (give another file)", option,
                                *output, input_role, input, option));
 }

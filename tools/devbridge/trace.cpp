@@ -3,19 +3,25 @@
 #include <fmt/format.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
+#include <filesystem>
+#include <new>
+#include <system_error>
 #include <string_view>
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "sizes.hpp"
+
 namespace devbridge::cli {
 
 namespace {
 
 constexpr std::string_view kFormat = "devbridge-trace";
-constexpr int kNewestVersion = 1;
+constexpr std::uint64_t kNewestVersion = 1;
 // A trace nests four levels (the file, traceEvents, an event, its args);
 // the page writes the data back out by recursion, so a deeper file is refused.
 constexpr int kMaxDepth = 64;
@@ -40,12 +46,22 @@ std::string read_whole(const std::string& path) {
     refuse(path, "is not a regular file (a FIFO, device or socket is refused, never waited on)");
   // A regular file never blocks; reads go on as usual.
   if (const int flags = ::fcntl(fd, F_GETFL); flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  // The whole text is held, then parsed into a tree several times its size:
+  // a file past the limit (or a sparse one, `truncate -s 100G`) is refused
+  // by its size rather than ending in an allocation failure.
+  const auto refuse_size = [&](std::uint64_t bytes) {
+    refuse(path, fmt::format("is {} bytes ({}), larger than the {} a trace may be", bytes, format_bytes(bytes),
+                             format_bytes(kMaxTraceFileBytes)));
+  };
+  if (static_cast<std::uint64_t>(st.st_size) > kMaxTraceFileBytes) refuse_size(static_cast<std::uint64_t>(st.st_size));
   std::string text;
-  if (st.st_size > 0) text.reserve(static_cast<std::size_t>(st.st_size));
+  text.reserve(static_cast<std::size_t>(st.st_size));
   char buffer[1 << 16];
   for (;;) {
     const ssize_t n = ::read(fd, buffer, sizeof buffer);
     if (n > 0) {
+      // It may grow while it is read.
+      if (text.size() + static_cast<std::size_t>(n) > kMaxTraceFileBytes) refuse_size(text.size() + static_cast<std::size_t>(n));
       text.append(buffer, static_cast<std::size_t>(n));
     } else if (n == 0) {
       break;
@@ -112,18 +128,23 @@ std::string event_problem(const nlohmann::json& e) {
 }  // namespace
 
 nlohmann::json load_trace(const std::string& path) {
-  const std::string text = read_whole(path);
-  // The depth first, in a pass that builds nothing: a parse with a callback
-  // (which could refuse as it goes) walks each parent's elements again at
-  // every object's end, and took 297 s for 10^6 events.
-  DepthCheck depth;
   nlohmann::json trace;
   try {
+    const std::string text = read_whole(path);
+    // The depth first, in a pass that builds nothing: a parse with a callback
+    // (which could refuse as it goes) walks each parent's elements again at
+    // every object's end, and took 297 s for 10^6 events.
+    DepthCheck depth;
     if (!nlohmann::json::sax_parse(text, &depth) && depth.too_deep)
       refuse(path, fmt::format("nests deeper than {} levels; a devbridge trace nests 4", kMaxDepth));
     trace = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     refuse(path, fmt::format("is not JSON ({})", e.what()));
+  } catch (const std::bad_alloc&) {
+    // Below the size limit, but more than this machine's memory holds parsed.
+    std::error_code error;
+    const std::uint64_t bytes = std::filesystem::file_size(path, error);
+    refuse(path, fmt::format("is {} bytes ({}): there is not the memory to load it", bytes, format_bytes(bytes)));
   }
   const auto other = trace.is_object() ? trace.find("otherData") : trace.end();
   if (!trace.is_object() || other == trace.end() || !other->is_object() || !other->contains("format") ||
@@ -131,12 +152,14 @@ nlohmann::json load_trace(const std::string& path) {
     refuse(path, fmt::format("is not a devbridge trace (no otherData.format \"{}\"; devbridge stream --trace, "
                              "or Python's bridge.dump_trace, writes one)",
                              kFormat));
+  // The parser stores every whole number from 0 up as unsigned (up to
+  // 2^64 - 1), a negative one as signed.
   const auto version = other->find("version");
-  if (version == other->end() || !version->is_number_integer() || version->get<std::int64_t>() < 1)
+  if (version == other->end() || !version->is_number_unsigned() || version->get<std::uint64_t>() < 1)
     refuse(path, "has no valid otherData.version");
-  if (version->get<std::int64_t>() > kNewestVersion)
-    refuse(path, fmt::format("is a version {} trace; this devbridge reads version {} and older",
-                             version->get<std::int64_t>(), kNewestVersion));
+  if (const auto number = version->get<std::uint64_t>(); number > kNewestVersion)
+    refuse(path, fmt::format("is a version {} trace; this devbridge reads version {} and older", number,
+                             kNewestVersion));
   if (!trace.contains("traceEvents") || !trace["traceEvents"].is_array()) refuse(path, "has no traceEvents array");
   const auto& events = trace["traceEvents"];
   for (std::size_t i = 0; i < events.size(); ++i)

@@ -3,6 +3,7 @@
 // (trace_replay.hpp): the one check that a file is a trace this build reads.
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -17,8 +18,14 @@ class TraceFileError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The largest trace file read: a recorder's ring holds at most 2^24 events,
+// about 250 bytes each without stacks, so about 4 GiB of JSON; the parsed
+// tree takes several times the file's size in memory.
+inline constexpr std::uint64_t kMaxTraceFileBytes = std::uint64_t{4} << 30;
+
 // Reads and checks `path`: a regular file (opened without blocking, so a
-// FIFO or device is refused at once, never waited on), JSON,
+// FIFO or device is refused at once, never waited on) of at most
+// kMaxTraceFileBytes, JSON,
 // "otherData.format" "devbridge-trace", a version this build reads,
 // "traceEvents" an array.
 nlohmann::json load_trace(const std::string& path);
