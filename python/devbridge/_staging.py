@@ -280,6 +280,14 @@ def _release_owned(owner: _OwnedAllocation) -> None:
 # ---------------------------------------------------------------------------------------- DeviceTensor
 
 
+class _OwnsNothing:
+    """The owner of a borrowed DeviceTensor (``DeviceTensor._borrowing``): releasing it releases nothing."""
+
+    @staticmethod
+    def release() -> None:
+        pass
+
+
 class DeviceTensor(_NotCopyable):
     """A device allocation holding one array: its handle, shape and dtype, and the copies that filled it.
 
@@ -327,6 +335,16 @@ class DeviceTensor(_NotCopyable):
         tensor = cls.__new__(cls)
         tensor._start(bridge, handle, shape, dtype, [], landing)
         return tensor
+
+    @classmethod
+    def _borrowing(cls, tensor: DeviceTensor) -> DeviceTensor:
+        """A tensor over ``tensor``'s allocation that owns nothing: freeing or dropping it leaves the allocation
+        to ``tensor``. For a consumer that needs an object of its own per use (Ray keeps one per ref). It is
+        made once ``tensor``'s upload completed: those copies stay ``tensor``'s to wait for."""
+        tensor.wait()
+        borrowed = cls._made(tensor.bridge, tensor.handle, tensor.shape, tensor.dtype, None)
+        borrowed._owner = _OwnsNothing
+        return borrowed
 
     @property
     def handle(self) -> DeviceHandle:

@@ -43,7 +43,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, NoReturn, Sequence
 
 import numpy as np
 
@@ -134,23 +134,26 @@ def non_loopback_addresses() -> list[tuple[str, str]]:
 
 
 class TensorRef:
-    """A worker's token for one of its named tensors: ``(domain, generation, name, version)``.
+    """A worker's token for one of its named tensors: ``(domain, generation, name, version, incarnation)``.
 
     Small and picklable: it crosses the actor boundary (and the object store)
     where a bridge handle could not. ``domain`` is the worker's (its Ray actor
     id, stable across restarts), ``generation`` the worker's generation when
-    the token was issued. ``shape`` and ``dtype`` describe the tensor (for the
-    caller's information; the worker checks the token, not these)."""
+    the token was issued, ``incarnation`` a random id of the worker process that
+    issued it (a process Ray starts after a crash has a new one, whatever its
+    generation). ``shape`` and ``dtype`` describe the tensor (for the caller's
+    information; the worker checks the token, not these)."""
 
-    __slots__ = ("domain", "generation", "name", "version", "shape", "dtype")
+    __slots__ = ("domain", "generation", "name", "version", "shape", "dtype", "incarnation")
 
     def __init__(self, domain: str, generation: int, name: str, version: int,
-                 shape: tuple[int, ...], dtype: str) -> None:
+                 shape: tuple[int, ...], dtype: str, incarnation: str = "") -> None:
         self.domain, self.generation, self.name, self.version = domain, generation, name, version
-        self.shape, self.dtype = tuple(shape), dtype
+        self.shape, self.dtype, self.incarnation = tuple(shape), dtype, incarnation
 
     def __reduce__(self):
-        return (TensorRef, (self.domain, self.generation, self.name, self.version, self.shape, self.dtype))
+        return (TensorRef, (self.domain, self.generation, self.name, self.version, self.shape, self.dtype,
+                            self.incarnation))
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, TensorRef):
@@ -242,6 +245,9 @@ class _DeviceWorker:
                  tinygrad_device: str | None = None, direct: bool = True, adopt: bool = True,
                  **options: Any) -> None:
         self.domain, self.generation = _actor_identity()
+        # Generations alone do not tell this process from an earlier one of the same worker: a hand-made bridge
+        # restart moves a process past Ray's count, and the process Ray starts next numbers from that count again.
+        self.incarnation = uuid.uuid4().hex
         kwargs: dict[str, Any] = dict(options)
         if device is not None:
             kwargs["device"] = device
@@ -291,7 +297,8 @@ class _DeviceWorker:
 
     def _ref(self, name: str) -> TensorRef:
         entry = self._tensors[name]
-        return TensorRef(self.domain, self.generation, name, entry.version, entry.tensor.shape, entry.tensor.dtype)
+        return TensorRef(self.domain, self.generation, name, entry.version, entry.tensor.shape, entry.tensor.dtype,
+                         self.incarnation)
 
     def _refuse(self, error: devbridge.BridgeError) -> devbridge.BridgeError:
         self._counts["refused_handles"] += 1
@@ -342,6 +349,11 @@ class _DeviceWorker:
             if key.domain != self.domain:
                 raise self._refuse(devbridge.ForeignDomain(
                     f"{key!r} was issued by worker {key.domain}, not by this worker ({self.domain})"))
+            if key.incarnation != self.incarnation:
+                raise self._refuse(devbridge.OldGenerationHandle(
+                    f"{key!r} was issued by an earlier process of worker {self.domain} (incarnation "
+                    f"{key.incarnation or 'unknown'}); this process (incarnation {self.incarnation}, generation "
+                    f"{self.generation}) was started since, by Ray after the earlier one died"))
             if key.generation < self.generation:
                 raise self._refuse(devbridge.OldGenerationHandle(
                     f"{key!r} is from generation {key.generation}; worker {self.domain} is at generation "
@@ -355,7 +367,8 @@ class _DeviceWorker:
                 raise self._refuse(devbridge.UnknownDeviceHandle(
                     f"{key!r}: the tensor has been {'deleted' if entry is None else 'replaced'} since"))
             return key.name, entry.tensor
-        raise TypeError(f"a tensor is named by a str or a devbridge.ray.TensorRef, not {type(key).__name__}")
+        raise TypeError(f"worker {self.domain}: a tensor is named by a str or a devbridge.ray.TensorRef, not "
+                        f"{type(key).__name__} ({key!r})")
 
     def _store(self, name: str, tensor: DeviceTensor) -> TensorRef:
         if not isinstance(name, str) or not name:
@@ -392,13 +405,22 @@ class _DeviceWorker:
             try:
                 a = _intake(value, what, any_layout=True)
             except ValueError as error:
+                if isinstance(value, int) and not isinstance(value, bool) and _not_numbers(value):
+                    raise ValueError(f"worker {self.domain}: {what} {reuse!r}: the int {value} is out of the range of "
+                                     "every integer dtype (int64, uint64)") from error
                 if not isinstance(value, np.ndarray) and _not_numbers(value):
                     raise TypeError(f"worker {self.domain}: {what} takes a numpy array, a PortableTensor or an "
                                     f"ObjectRef of one, not {type(value).__name__}") from error
                 raise
             shape, name, src = a.shape, _dtype_name(a.dtype) if dtype is None else dtype, _flat_bytes(a)
-        spec, extent = devbridge.spec_for_array(shape, name)
-        source = PortableTensor(shape, spec.dtype, src)  # checks that the bytes are those of the shape and dtype
+        try:
+            spec, extent = devbridge.spec_for_array(shape, name)
+            source = PortableTensor(shape, spec.dtype, src)  # checks that the bytes are those of the shape and dtype
+        except ValueError as error:
+            if dtype is None:
+                raise
+            raise ValueError(f"worker {self.domain}: {what} {reuse!r}: dtype={dtype!r} does not fit the data "
+                             f"({src.nbytes} bytes of shape {tuple(shape)}): {error}") from error
         shape, name = source.shape, source.dtype
         if adopt and self._adopt and shape and _in_object_store(src):
             # No copy at all: the object-store buffer (sealed, immutable) is the tensor's memory, read in
@@ -442,8 +464,9 @@ class _DeviceWorker:
     # ----------------------------------------------------------------------------------------- methods
 
     def identity(self) -> dict[str, Any]:
-        """``{"domain", "generation", "backend", "device", "pid", "node_id"}`` (``node_id`` None outside Ray;
-        ``backend`` the one the bridge runs, what ``"auto"`` resolved to)."""
+        """``{"domain", "generation", "incarnation", "backend", "device", "pid", "node_id"}`` (``incarnation``:
+        this process's random id, also in its tokens; ``node_id`` None outside Ray; ``backend`` the one the bridge
+        runs, what ``"auto"`` resolved to)."""
         self._follow_bridge()
         node = None
         if ray.is_initialized():  # else get_runtime_context() would start a local Ray instance
@@ -451,7 +474,8 @@ class _DeviceWorker:
                 node = ray.get_runtime_context().get_node_id()
             except Exception:  # noqa: BLE001 - not in a worker of this Ray version
                 pass
-        return {"domain": self.domain, "generation": self.generation, "backend": self.backend,
+        return {"domain": self.domain, "generation": self.generation, "incarnation": self.incarnation,
+                "backend": self.backend,
                 "device": self._device, "pid": os.getpid(), "node_id": node}
 
     def put(self, name: str, value: Any, *, dtype: Any = None) -> TensorRef:
@@ -538,7 +562,13 @@ class _DeviceWorker:
         ``ray.cancel`` of a run already running is no failure: Ray does not interrupt it, so it stores its
         outputs, while the caller's ``ray.get`` raises ``TaskCancelledError``.)"""
         self._check_open("run")
+        if not callable(fn):
+            raise TypeError(f"worker {self.domain}: run: fn must be callable (a function of tinygrad Tensors), not "
+                            f"{type(fn).__name__}")
         single_in = isinstance(inputs, (str, TensorRef, ray.ObjectRef))
+        if not single_in and not isinstance(inputs, (list, tuple)):
+            raise TypeError(f"worker {self.domain}: run: inputs is a name, a TensorRef, an ObjectRef of tokens or a "
+                            f"list of them, not {type(inputs).__name__}")
         keys = [inputs] if single_in else list(inputs)
         single_out = isinstance(outputs, str)
         try:
@@ -554,36 +584,38 @@ class _DeviceWorker:
         for key in keys:  # an ObjectRef of a list of tokens (an earlier run's outputs) stands for all of them
             key = ray.get(key) if isinstance(key, ray.ObjectRef) else key
             expanded.extend(key if isinstance(key, list) else [key])
-        sources = [self._lookup(k)[1] for k in expanded]
+        sources = [self._lookup(k) for k in expanded]
         from tinygrad import Tensor
         from tinygrad.helpers import Context
 
         zero_copy = self._view_device.upper().partition(":")[0] in ("CPU", "CUDA")
         device = self._tinygrad_device or (devbridge._tinygrad._tinygrad_device(self._view_device)
                                            if zero_copy else "CPU")
+        what = f"worker {self.domain}: run: {_callable_name(fn)} for outputs {names}"
         args: list[Any] = []
         results: Any = None
         with Context(DEV=device):
-            if zero_copy:
-                args = [t.to_tinygrad() for t in sources]
-            else:
-                args = [self._tinygrad_copy(t, device) for t in sources]
-            results = fn(*args, **kwargs)
+            args = [self._tinygrad_input(name, tensor, device, zero_copy) for name, tensor in sources]
+            try:
+                results = fn(*args, **kwargs)
+            except Exception as error:
+                self._raise_run_failure(error, what, sources)
             if isinstance(results, Tensor):
                 results = [results]
             elif isinstance(results, (list, tuple)):
                 results = list(results)
             else:
                 got = "None" if results is None else type(results).__name__
-                raise TypeError(f"run: {_callable_name(fn)} returned {got}; it must return a tinygrad Tensor for "
+                raise TypeError(f"{what}: {_callable_name(fn)} returned {got}; it must return a tinygrad Tensor for "
                                 f"each of the outputs {names} (one Tensor, or a tuple/list of them)")
             if len(results) != len(names):
-                raise ValueError(f"run: {_callable_name(fn)} returned {len(results)} tensors for outputs {names}")
+                raise ValueError(f"{what}: {_callable_name(fn)} returned {len(results)} tensors")
+            for result in results:
+                if not isinstance(result, Tensor):
+                    raise TypeError(f"{what}: fn must return tinygrad Tensors, not {type(result).__name__}")
             made: list[DeviceTensor] = []
             try:
                 for result in results:
-                    if not isinstance(result, Tensor):
-                        raise TypeError(f"run: fn must return tinygrad Tensors, not {type(result).__name__}")
                     if zero_copy and result.shape:
                         dtype = devbridge.dtype_info(result.dtype)["name"]
                         spec, extent = devbridge.spec_for_array(result.shape, dtype)
@@ -595,9 +627,11 @@ class _DeviceWorker:
                         del target
                     else:
                         made.append(self._upload_result(result))
-            except BaseException:
+            except BaseException as error:
                 for tensor in made:
                     tensor.free()
+                if isinstance(error, Exception):  # fn's kernels run here, lazily: say whose they are
+                    self._raise_run_failure(error, what, sources)
                 raise
             finally:
                 del args, results
@@ -605,6 +639,40 @@ class _DeviceWorker:
         refs = [self._store(name, tensor) for name, tensor in zip(names, made)]
         self._counts["runs"] += 1
         return refs[0] if single_out else refs
+
+    def _tinygrad_input(self, name: str, tensor: DeviceTensor, device: str, zero_copy: bool) -> Any:
+        """The tinygrad Tensor ``fn`` gets for the input ``name``: a zero-copy view, or a copy on ``device``. A dtype
+        tinygrad cannot take here is ``devbridge.Unsupported`` naming the worker, the input and the dtype."""
+        try:
+            return tensor.to_tinygrad() if zero_copy else self._tinygrad_copy(tensor, device)
+        except (devbridge.UnsupportedDType, devbridge.Unsupported) as error:
+            raise devbridge.Unsupported(
+                f"worker {self.domain}: run: input {name!r} is {tensor.dtype}, which tinygrad cannot take on "
+                f"{device} here: {error.message}") from error
+
+    def _raise_run_failure(self, error: Exception, what: str, sources: list[tuple[str, DeviceTensor]]) -> NoReturn:
+        """Raises, for an exception out of ``fn`` or its kernels, one of the same type whose message starts with
+        ``what`` (worker, fn, outputs), chained from it; where the type cannot be made from a message, the
+        exception itself with ``what`` as a note. A kernel tinygrad's CPU device could not compile (its clang)
+        over an input of a dtype numpy lacks (bfloat16, float8: clang lacks them on some targets) is
+        ``devbridge.Unsupported`` naming those inputs and their dtypes."""
+        import subprocess
+
+        odd = [f"{name!r} ({tensor.dtype})" for name, tensor in sources if _bits_dtype(tensor.dtype) is not None]
+        if isinstance(error, subprocess.CalledProcessError) and odd:
+            compiler = error.cmd[0] if isinstance(error.cmd, (list, tuple)) and error.cmd else error.cmd
+            raise devbridge.Unsupported(
+                f"{what}: tinygrad could not compile a kernel over input {', '.join(odd)} for its CPU device "
+                f"({compiler} exited with status {error.returncode}): this tinygrad lacks that dtype on this "
+                "machine; cast it first (put it as another dtype)") from error
+        try:
+            again = type(error)(f"{what}: {error.message if isinstance(error, devbridge.BridgeError) else error}")
+        except Exception:  # noqa: BLE001 - a type made from other arguments
+            again = None
+        if again is None:
+            error.add_note(what)
+            raise error
+        raise again from error
 
     def _tinygrad_copy(self, tensor: DeviceTensor, device: str) -> Any:
         """A tinygrad Tensor on ``device`` holding a copy of ``tensor`` (read out through the ring), of its
@@ -728,6 +796,13 @@ def start_worker(backend: str = "host", device: str | None = None, *, checkpoint
     the backend's own options); ``ray_options`` to ``DeviceWorker.options`` (``name``, ``resources``,
     ``scheduling_strategy``, ...). ``actor_class``: a Ray actor class over a ``_DeviceWorker`` subclass
     (``devbridge.ray_transport.RDTDeviceWorker``) instead of ``DeviceWorker``."""
+    for key, value in (ray_options or {}).items():
+        # tinygrad (run) and the bridge's staging layer are used from one thread: calls run side by side on a
+        # threaded actor failed inside tinygrad (its sqlite cache objects used from another thread).
+        if (key == "max_concurrency" and value != 1) or (key == "concurrency_groups" and value):
+            raise ValueError(f"start_worker: ray_options {key}={value!r}: a device worker runs one call at a time "
+                             "(tinygrad and the bridge are used from one thread); start more workers for "
+                             "parallelism")
     if num_gpus is None:
         num_gpus = 1 if backend == "cuda" else 0
     if backend == "cuda" and "cuda_context" not in options and "context" not in options:
@@ -742,24 +817,38 @@ def start_worker(backend: str = "host", device: str | None = None, *, checkpoint
     return (actor_class or DeviceWorker).options(**settings).remote(backend, device, checkpoint=checkpoint, **options)
 
 
-def wait_until_ready(worker: Any, *, timeout: float = 60.0, min_generation: int = 1) -> int:
+def wait_until_ready(worker: Any, *, timeout: float = 60.0, min_generation: int = 1,
+                     replacing: str | TensorRef | None = None) -> int:
     """Waits (up to ``timeout`` seconds) until ``worker`` answers at ``min_generation`` or later, retrying
     while Ray restarts it (``ActorUnavailableError``, or a ``RayActorError`` other than ``ActorDiedError``);
-    returns its generation. Raises ``TimeoutError``; and at once, without waiting, the error a start or
-    restart of the worker raised (a damaged checkpoint's ``devbridge.CheckpointError``, an unavailable
-    backend's ``devbridge.Unavailable``, ...), chained from Ray's ``ActorDiedError``: Ray does not restart an
-    actor whose constructor raised; and Ray's ``ActorDiedError``, naming the worker, for a worker dead for
-    good (killed with ``no_restart=True``, or out of ``max_restarts``)."""
+    returns its generation. ``replacing``: the incarnation of a process of the worker that is going away
+    (``identity()["incarnation"]``, or a ``TensorRef`` it issued): an answer from that process does not count.
+    After a hand-made bridge restart (``worker.bridge.restart(g)``) generations no longer grow from one process
+    to the next (Ray numbers the next process from its own restart count), so ``min_generation`` cannot tell the
+    new process from the dying one there; ``replacing`` can. Raises ``TimeoutError``; and at once, without
+    waiting, the error a start or restart of the worker raised (a damaged checkpoint's
+    ``devbridge.CheckpointError``, an unavailable backend's ``devbridge.Unavailable``, ...), chained from Ray's
+    ``ActorDiedError``: Ray does not restart an actor whose constructor raised; and Ray's ``ActorDiedError``,
+    naming the worker, for a worker dead for good (killed with ``no_restart=True``, or out of ``max_restarts``)."""
+    if isinstance(replacing, TensorRef):
+        replacing = replacing.incarnation
     deadline = time.monotonic() + timeout
     last: BaseException | None = None
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise TimeoutError(f"worker {_worker_name(worker)} did not answer at generation >= {min_generation} "
-                               f"within {timeout} s" + (f" (last: {last!r})" if last else ""))
+            raise TimeoutError(f"worker {_worker_name(worker)} did not answer at generation >= {min_generation}"
+                               + (f" from a process other than incarnation {replacing}" if replacing else "")
+                               + f" within {timeout} s" + (f" (last: {last!r})" if last else ""))
         try:
-            generation = ray.get(worker.ping.remote(), timeout=max(0.1, min(left, 30.0)))
-            if generation >= min_generation:
+            answer_timeout = max(0.1, min(left, 30.0))
+            if replacing is None:
+                generation = ray.get(worker.ping.remote(), timeout=answer_timeout)
+                answered_by_replaced = False
+            else:
+                identity = ray.get(worker.identity.remote(), timeout=answer_timeout)
+                generation, answered_by_replaced = identity["generation"], identity["incarnation"] == replacing
+            if generation >= min_generation and not answered_by_replaced:
                 return generation
         except ray.exceptions.ActorDiedError as error:
             if error.actor_init_failed:

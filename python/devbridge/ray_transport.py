@@ -37,7 +37,7 @@ How the bytes move (one node):
   segments a process keeps. A sender holds two per segment it keeps (live, draining or pooled).
 * When Ray's reference counting frees the ref, ``garbage_collect`` on the sender recycles the segment:
   once no receiver holds it any more it goes to the sender's pool (up to ``pool_bytes()``, 1 GiB by
-  default, ``DEVBRIDGE_RDT_POOL_BYTES``), where the next tensors of a similar size are written into pages
+  default, ``DEVBRIDGE_RDT_POOL_BYTES``, and ``pool_segments()``, 64, ``DEVBRIDGE_RDT_POOL_SEGMENTS``), where the next tensors of a similar size are written into pages
   already allocated and mapped; beyond that it is closed. A fresh segment costs several times the copy
   itself (the kernel allocates, zeroes and maps every page), which is what the pool saves.
 
@@ -96,7 +96,7 @@ from .ray import start_worker as _start_worker
 
 __all__ = ["TRANSPORT", "DevbridgeTransport", "DevbridgeTransportMetadata", "DevbridgeTransportError",
            "RDTDeviceWorker", "SegmentTensor", "start_worker", "segments", "pool_bytes", "set_pool_bytes",
-           "transport_stats"]
+           "pool_segments", "set_pool_segments", "transport_stats"]
 
 TRANSPORT = "DEVBRIDGE"
 _NAME = "devbridge-rdt"
@@ -108,7 +108,9 @@ _ALIGN = 4096
 _HEADER = _ALIGN
 _TOKEN = 16
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+_AMBIGUOUS = object()  # a DeviceTensor's _rdt_snapshot while two live refs hold it
 _DEFAULT_POOL_BYTES = 1 << 30
+_DEFAULT_POOL_SEGMENTS = 64
 
 
 _log = logging.getLogger(__name__)
@@ -291,16 +293,27 @@ def _write(tensor: DeviceTensor, out: np.ndarray) -> None:
 
 
 _pool_bytes: int | None = None
+_pool_segments: int | None = None
+
+
+def _setting(override: int | None, variable: str, default: int) -> int:
+    if override is not None:
+        return override
+    try:
+        return max(0, int(os.environ.get(variable, default)))
+    except ValueError:
+        return default
 
 
 def pool_bytes() -> int:
     """The most bytes of freed segments a sender keeps for reuse (``DEVBRIDGE_RDT_POOL_BYTES``, 1 GiB)."""
-    if _pool_bytes is not None:
-        return _pool_bytes
-    try:
-        return max(0, int(os.environ.get("DEVBRIDGE_RDT_POOL_BYTES", _DEFAULT_POOL_BYTES)))
-    except ValueError:
-        return _DEFAULT_POOL_BYTES
+    return _setting(_pool_bytes, "DEVBRIDGE_RDT_POOL_BYTES", _DEFAULT_POOL_BYTES)
+
+
+def pool_segments() -> int:
+    """The most freed segments a sender keeps for reuse (``DEVBRIDGE_RDT_POOL_SEGMENTS``, 64): each holds two file
+    descriptors, so thousands of small ones would exhaust ``RLIMIT_NOFILE`` well within ``pool_bytes()``."""
+    return _setting(_pool_segments, "DEVBRIDGE_RDT_POOL_SEGMENTS", _DEFAULT_POOL_SEGMENTS)
 
 
 def set_pool_bytes(nbytes: int | None) -> None:
@@ -308,6 +321,18 @@ def set_pool_bytes(nbytes: int | None) -> None:
     segment is closed at once). A smaller limit closes what no longer fits now."""
     global _pool_bytes
     _pool_bytes = None if nbytes is None else max(0, int(nbytes))
+    _trim_pool()
+
+
+def set_pool_segments(count: int | None) -> None:
+    """Sets how many freed segments this process keeps for reuse (``None``: back to the environment's or the
+    default; ``0``: none). A smaller limit closes what no longer fits now."""
+    global _pool_segments
+    _pool_segments = None if count is None else max(0, int(count))
+    _trim_pool()
+
+
+def _trim_pool() -> None:
     manager = _manager_if_made()
     if manager is not None:
         manager._trim()
@@ -373,6 +398,12 @@ class DevbridgeTransport(TensorTransportManager):
     # ------------------------------------------------------------------------------------------ sender
 
     def extract_tensor_transport_metadata(self, obj_id: str, rdt_object: List[Any]) -> DevbridgeTransportMetadata:
+        with self._lock:
+            again = self._by_object.get(obj_id)
+        if again is not None:
+            # A retried task whose first reply was lost: Ray keeps the first primary copy and asks again (its list
+            # holds the snapshot by now, see below).
+            return again
         tensors = list(rdt_object)
         if not tensors:
             return DevbridgeTransportMetadata(tensor_meta=[], tensor_device=None)
@@ -383,11 +414,6 @@ class DevbridgeTransport(TensorTransportManager):
         backends = {t.bridge.backend for t in tensors}
         if len(backends) != 1:
             raise ValueError(f"one ref's DeviceTensors must share a backend (Ray's rule), not {sorted(backends)}")
-        with self._lock:
-            again = self._by_object.get(obj_id)
-        if again is not None:
-            # A retried task whose first reply was lost: Ray keeps the first primary copy and asks again.
-            return again
         offsets, need = _layout(tensors)
         start = _my_start_time()
         segment = self._take(need)
@@ -399,16 +425,21 @@ class DevbridgeTransport(TensorTransportManager):
                 del out
             segment.mm[:_TOKEN] = token  # last: the bytes are whole before anything names them
             fcntl.flock(segment.fd, fcntl.LOCK_UN)
+            meta = DevbridgeTransportMetadata(
+                tensor_meta=[(t.shape, t.dtype) for t in tensors], tensor_device=backends.pop(), pid=os.getpid(),
+                start=start, fd=segment.fd, inode=segment.inode, nbytes=segment.size,
+                token=token, offsets=offsets, node_id=_node_id())
         except BaseException:
             segment.close()
             raise
-        meta = DevbridgeTransportMetadata(
-            tensor_meta=[(t.shape, t.dtype) for t in tensors], tensor_device=backends.pop(), pid=os.getpid(),
-            start=start, fd=segment.fd, inode=segment.inode, nbytes=segment.size,
-            token=token, offsets=offsets, node_id=_node_id())
         with self._lock:
             self._live[segment.fd] = segment
             self._by_object[obj_id] = meta
+        for index, t in enumerate(tensors):
+            # Ray hands the ref's DeviceTensors themselves to the sending actor when it passes the ref to itself
+            # (no transfer): live tensors, which later writes change and a delete frees. Where the snapshot is,
+            # for that actor to read instead (_snapshot_of); a tensor in two live refs at once has no one snapshot.
+            t._rdt_snapshot = (obj_id, meta, index) if getattr(t, "_rdt_snapshot", None) is None else _AMBIGUOUS
         _written(tensors)  # a sending worker counts its exports now that they are out (not a retry's again)
         return meta
 
@@ -424,41 +455,56 @@ class DevbridgeTransport(TensorTransportManager):
                 self._reused += 1
                 return best
         try:
-            fd = os.memfd_create(_NAME, os.MFD_CLOEXEC)
+            segment = self._new_segment(need)
         except OSError as error:
             if error.errno not in (errno.EMFILE, errno.ENFILE):
                 raise
-            with self._lock:
-                held = len(self._live) + len(self._draining) + len(self._pooled)
-            raise DevbridgeTransportError(
-                f"cannot make a segment for {need} bytes: {error.strerror} "
-                f"({errno.errorcode.get(error.errno, error.errno)}) in the sending process (pid {os.getpid()}). A "
-                f"sender holds two file descriptors per segment it keeps ({held} now: its live refs', the freed ones "
-                "a receiver still maps, and the pooled ones), so a receiver that keeps what it received keeps the "
-                "sender's segments too. Free refs and received tensors no longer needed, lower the pool "
-                "(set_pool_bytes, DEVBRIDGE_RDT_POOL_BYTES) or raise RLIMIT_NOFILE (ulimit -n)") from error
+            # Pooled segments are idle: their file descriptors are the ones this process can give back at once.
+            closed = self.close_pooled()
+            try:
+                if not closed:
+                    raise
+                segment = self._new_segment(need)
+            except OSError as again:
+                if again.errno not in (errno.EMFILE, errno.ENFILE):
+                    raise
+                with self._lock:
+                    live, draining = len(self._live), len(self._draining)
+                raise DevbridgeTransportError(
+                    f"cannot make a segment for {need} bytes: {again.strerror} "
+                    f"({errno.errorcode.get(again.errno, again.errno)}) in the sending process (pid {os.getpid()}), "
+                    f"even after closing its {closed} pooled segments. A sender holds two file descriptors per "
+                    f"segment it keeps ({live} for live refs, {draining} freed ones a receiver still maps), so a "
+                    "receiver that keeps what it received keeps the sender's segments too. Free refs and received "
+                    "tensors no longer needed, or raise RLIMIT_NOFILE (ulimit -n)") from again
+        with self._lock:
+            self._created += 1  # counted once made: a failed attempt (no fd or memory left) made nothing
+        return segment
+
+    @staticmethod
+    def _new_segment(need: int) -> _Segment:
+        fd = os.memfd_create(_NAME, os.MFD_CLOEXEC)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             # Allocate the pages now: no memory left is an OSError here, not a SIGBUS in the middle of the copy.
             os.posix_fallocate(fd, 0, need)
             mm = mmap.mmap(fd, need, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-            segment = _Segment(fd, mm, need)
+            return _Segment(fd, mm, need)
         except BaseException:
             os.close(fd)
             raise
-        with self._lock:
-            self._created += 1  # counted once made: a failed attempt (no fd or memory left) made nothing
-        return segment
 
     def garbage_collect(self, obj_id: str, tensor_transport_meta: DevbridgeTransportMetadata,
                         tensors: List[Any]) -> None:
+        for t in tensors:
+            if getattr(t, "_rdt_snapshot", None) is not None:
+                t._rdt_snapshot = None  # the ref is gone, and its snapshot with it
         with self._lock:
             self._by_object.pop(obj_id, None)
             segment = self._live.pop(tensor_transport_meta.fd, None)
             if segment is not None:
                 self._draining.append(segment)
                 self._settle()
-                self._trim_locked()
 
     def _settle(self) -> None:
         """Moves the freed segments no receiver holds any more into the pool (locked by us: a stale receiver
@@ -471,6 +517,7 @@ class DevbridgeTransport(TensorTransportManager):
             else:
                 still.append(segment)
         self._draining = still
+        self._trim_locked()  # more pooled now: within the limits again
 
     def _trim(self) -> None:
         with self._lock:
@@ -478,11 +525,21 @@ class DevbridgeTransport(TensorTransportManager):
 
     def _trim_locked(self) -> None:
         # Oldest first; a draining segment closed now lives on in its receivers' mappings only.
-        limit = pool_bytes()
+        limit, count = pool_bytes(), pool_segments()
         while self._pooled or self._draining:
-            if sum(s.size for s in self._pooled) + sum(s.size for s in self._draining) <= limit:
+            if (len(self._pooled) + len(self._draining) <= count
+                    and sum(s.size for s in self._pooled) + sum(s.size for s in self._draining) <= limit):
                 break
             (self._pooled if self._pooled else self._draining).pop(0).close()
+
+    def close_pooled(self) -> int:
+        """Closes the pooled segments (idle: no ref, no receiver), giving back their file descriptors; how many."""
+        with self._lock:
+            self._settle()
+            pooled, self._pooled = self._pooled, []
+        for segment in pooled:
+            segment.close()
+        return len(pooled)
 
     @staticmethod
     def _stats_of(live: dict, draining: list, pooled: list, created: int, reused: int) -> dict[str, int]:
@@ -591,6 +648,15 @@ class DevbridgeTransport(TensorTransportManager):
             raise
         return fd
 
+    def _snapshot_of(self, tensor: DeviceTensor) -> SegmentTensor | None:
+        """The snapshot of ``tensor`` a live ref of this process holds (the segment written when it was shared), as
+        any receiver maps it; None when no one live ref holds the tensor."""
+        record = getattr(tensor, "_rdt_snapshot", None)
+        if record is None or record is _AMBIGUOUS:
+            return None
+        obj_id, meta, index = record
+        return self.recv_multiple_tensors(obj_id, meta, CommunicatorMetadata())[index]
+
     @staticmethod
     def _freed(obj_id: str, meta: DevbridgeTransportMetadata) -> str:
         return (f"ObjectRef({obj_id}): the sender (pid {meta.pid}) has freed its tensors (the ref went out of "
@@ -637,8 +703,16 @@ class _RDTDeviceWorker(_DeviceWorker):
         file descriptor or memory left for the segment) counts nothing."""
         self._check_open("share")
         keys = key if isinstance(key, list) else [key]
-        tensors = [self._lookup(k)[1] for k in keys]
+        tensors = [DeviceTensor._borrowing(self._lookup(k)[1]) for k in keys]
         return tensors if isinstance(key, list) else tensors[0]
+
+    def close(self) -> None:
+        """``DeviceWorker.close``, and the segments pooled for reuse are closed (their file descriptors given back):
+        a closed worker shares nothing more. Segments of refs still alive stay readable until Ray frees them."""
+        super().close()
+        manager = _manager_if_made()
+        if manager is not None:
+            manager.close_pooled()
 
     def _shared(self, tensors: list[DeviceTensor]) -> None:
         """The transport wrote ``tensors`` into a segment: counts this worker's among them."""
@@ -662,6 +736,9 @@ class _RDTDeviceWorker(_DeviceWorker):
                 raise TypeError(f"worker {self.domain}: accept: {len(name)} names {list(name)} for one "
                                 f"{type(value).__name__}: share(key) of one key hands over one tensor, "
                                 "share([key, ...]) a list")
+            if len(set(name)) != len(name):
+                raise ValueError(f"worker {self.domain}: accept: names {list(name)} name a tensor twice (the second "
+                                 "would replace the first)")
             values = list(value)
             if len(values) != len(name):
                 raise ValueError(f"worker {self.domain}: accept: {len(name)} names {list(name)} for {len(values)} "
@@ -673,9 +750,16 @@ class _RDTDeviceWorker(_DeviceWorker):
             raise TypeError(f"worker {self.domain}: accept: one name {name!r} for a {type(value).__name__} of "
                             f"{len(value)} tensors: pass a list of as many names")
         if isinstance(value, DeviceTensor):
-            # A ref shared by this very actor: Ray hands back the tensor itself, which is also held under its
-            # own name (and by Ray): store a copy, so that replacing one name does not free the other.
-            value = self._portable(value) if value.bridge is self.bridge else value.bridge.export(value)
+            # A ref shared by this very actor: Ray hands back the tensor share() returned (no transfer). What every
+            # other receiver reads is the snapshot written when share returned; the tensor itself may have been
+            # written or freed since. A DeviceTensor from no live ref (share called directly, not through Ray):
+            # a copy, so that replacing one name does not free the other.
+            manager = _manager_if_made()
+            snapshot = manager._snapshot_of(value) if manager is not None else None
+            if snapshot is not None:
+                value = snapshot
+            else:
+                value = self._portable(value) if value.bridge is self.bridge else value.bridge.export(value)
         tensor = None
         if isinstance(value, SegmentTensor) and self._adopt and value.shape:
             try:

@@ -151,6 +151,72 @@ def test_a_pooled_segment_is_reused_and_a_stale_ref_refused(manager):
         ty.free()
 
 
+def test_the_pool_is_bounded_by_segments_too(manager):
+    """Each pooled segment holds two file descriptors: thousands of small ones fit in pool_bytes() and exhausted
+    RLIMIT_NOFILE; pool_segments() bounds their number (oldest closed first)."""
+    rt.set_pool_segments(2)
+    try:
+        assert rt.pool_segments() == 2
+        with devbridge.Bridge(backend="host") as b:
+            ts = [b.upload(np.zeros(1000, np.uint8), wait=True) for _ in range(4)]
+            metas = [manager.extract_tensor_transport_metadata(f"o{i}", [t]) for i, t in enumerate(ts)]
+            for i, (t, meta) in enumerate(zip(ts, metas)):
+                manager.garbage_collect(f"o{i}", meta, [t])
+            assert manager.stats()["pooled"] == 2 and sorted(rt.segments()) == sorted(m.inode for m in metas[2:])
+            for t in ts:
+                t.free()
+    finally:
+        rt.set_pool_segments(None)
+    assert rt.pool_segments() == 64
+
+
+def test_a_sender_out_of_file_descriptors_closes_its_pool_and_retries(manager, monkeypatch):
+    """EMFILE making a segment: the pooled (idle) segments are closed and the segment made again, rather than
+    telling the user to lower the pool; only when that fails too is it a DevbridgeTransportError."""
+    import errno
+
+    with devbridge.Bridge(backend="host") as b:
+        small = b.upload(np.zeros(100, np.uint8), wait=True)
+        big = b.upload(np.zeros(1 << 20, np.uint8), wait=True)
+        meta = manager.extract_tensor_transport_metadata("small", [small])
+        manager.garbage_collect("small", meta, [small])
+        assert manager.stats()["pooled"] == 1
+        real = rt.os.memfd_create
+        calls = []
+
+        def out_of_fds_while_pooled(*args):
+            calls.append(manager.stats()["pooled"])
+            if calls[-1]:
+                raise OSError(errno.EMFILE, "Too many open files")
+            return real(*args)
+
+        monkeypatch.setattr(rt.os, "memfd_create", out_of_fds_while_pooled)
+        got = manager.extract_tensor_transport_metadata("big", [big])
+        assert calls == [1, 0] and manager.stats()["pooled"] == 0 and meta.inode not in rt.segments()
+        assert same_bits(np.asarray(manager.recv_multiple_tensors("big", got, None)[0]), np.zeros(1 << 20, np.uint8))
+        manager.garbage_collect("big", got, [big])
+        small.free()
+        big.free()
+
+
+def test_a_closed_worker_closes_its_pooled_segments(monkeypatch):
+    """close() gives back the pooled segments' file descriptors (a closed worker shares nothing more)."""
+    manager = rt.DevbridgeTransport()
+    monkeypatch.setattr(rt, "_manager_if_made", lambda: manager)
+    w = rt._RDTDeviceWorker("host")
+    try:
+        w.put("x", np.arange(1000, dtype=np.float32))
+        tensor = w.share("x")
+        meta = manager.extract_tensor_transport_metadata("o", [tensor])
+        manager.garbage_collect("o", meta, [tensor])
+        assert manager.stats()["pooled"] == 1 and meta.inode in rt.segments()
+        w.close()
+        assert manager.stats()["pooled"] == 0 and meta.inode not in rt.segments()
+    finally:
+        w.close()
+        manager.close()
+
+
 def test_the_manager_refuses_what_it_cannot_move(manager):
     with devbridge.Bridge(backend="host") as b, devbridge.Bridge(backend="fake") as f:
         t = b.upload(np.arange(10, dtype=np.float32), wait=True)
@@ -323,6 +389,8 @@ def test_accept_refuses_tokens_and_mismatched_names_in_process():
             w.accept(["a", "b", "c"], two)
         with pytest.raises(TypeError, match="5"):
             w.accept(["a", 5], two)
+        with pytest.raises(ValueError, match=r"names \['a', 'a'\] name a tensor twice"):
+            w.accept(["a", "a"], two)  # before: both stored, the first token stale at once
         with pytest.raises(TypeError, match="NoneType"):
             w.accept("a", None)
         after = w.stats()
@@ -399,10 +467,22 @@ def test_hand_off_by_objectref_is_bit_exact_and_recycles_its_segment(workers):
     assert isinstance(here, rt.SegmentTensor) and np.array_equal(np.asarray(here), x)
     with pytest.warns(UserWarning, match="passed back to the actor that created it"):
         get(a.accept.remote("x_again", ref))
-    # Overwrites x (in place on the host backend, in the very allocation Ray still holds for the ref): the
-    # copy and the segment, a snapshot taken when share returned, keep the old bytes.
+    # Overwrites x (in place on the host backend, in the very allocation x had when shared): the copy and the
+    # segment, a snapshot taken when share returned, keep the old bytes.
     get(a.put.remote("x", np.zeros_like(x)))
     assert np.array_equal(get(a.get.remote("x_again")), x)
+    # Accepted by its sender only after that write, or after x is deleted: still the snapshot, as elsewhere
+    # (before: the zeros, or "has been freed").
+    get(a.accept.remote("x_later", ref))
+    assert np.array_equal(get(a.get.remote("x_later")), x)
+    get(a.put.remote("x", x))
+    shared_then_deleted = a.share.remote("x")
+    get(a.delete.remote("x"))
+    get(a.accept.remote("x_after_delete", shared_then_deleted))
+    assert np.array_equal(get(a.get.remote("x_after_delete")), x)
+    for name in ("x_later", "x_after_delete"):
+        get(a.delete.remote(name))
+    del shared_then_deleted
     get(b.accept.remote("z", ref))
     assert np.array_equal(get(b.get.remote("z")), x)
     # The other way, into the host worker: its bridge adopts the mapped segment as the tensor, no copy.
