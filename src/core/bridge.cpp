@@ -204,7 +204,9 @@ void BridgeCore::release_host(HostRange range) {
   gate_.notify();  // a reserve may be waiting for the room
 }
 
-void BridgeCore::free_once_copies_applied(SpinLockHold& lock, const DeviceHandle& h) {
+void BridgeCore::free_once_copies_applied(const DeviceHandle& h) {
+  SpinLockHold lock(lock_);
+  enter(lock);
   if (allocation(h).copies != 0 && !gate_.broken()) drain_locked();
   auto& slot = allocation(h);  // a completion's release never ends a slot that was not released
   if (slot.used()) fail_in_use(h, slot);

@@ -113,7 +113,17 @@ std::string Bridge::memory_snapshot_json() const { return core_->memory_snapshot
 DeviceHandle Bridge::alloc_device(const ObjectSpec& spec, std::uint64_t extent) {
   return core_->alloc_device(spec, extent);
 }
-void Bridge::free_device(DeviceHandle handle) { core_->free_device(handle); }
+void Bridge::free_device(DeviceHandle handle) {
+  // The core in a local: the handler then needs nothing the inlined free
+  // does not keep anyway (with this->core_, `this` took a register of its own).
+  detail::BridgeCore* const core = core_.get();
+  try {
+    core->free_device(handle);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::AllocationStillInUse) throw;
+    core->free_once_copies_applied(handle);
+  }
+}
 void Bridge::release(DeviceHandle handle) { core_->release(handle); }
 std::uint64_t Bridge::extent(DeviceHandle handle) const { return core_->spec_of(handle).second; }
 ObjectSpec Bridge::spec(DeviceHandle handle) const { return core_->spec_of(handle).first; }
