@@ -367,8 +367,9 @@ void BridgeCore::begin_step(StepId step, std::span<const DeviceHandle> handles) 
   }
   // A handle listed twice (an in-place step's input and output) is one use:
   // counted twice, a refused free would name two steps where one runs.
-  std::ranges::sort(indices);
-  indices.erase(std::ranges::unique(indices).begin(), indices.end());
+  // (std::sort/unique: clang 14's ranges cannot take libstdc++ 12's subrange, and the fuzzer builds with it.)
+  std::sort(indices.begin(), indices.end());
+  indices.erase(std::unique(indices.begin(), indices.end()), indices.end());
   for (auto index : indices) ++allocations_[index].steps;
   steps_.emplace(step, std::move(indices));
 }
