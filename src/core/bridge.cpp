@@ -195,19 +195,21 @@ void BridgeCore::release_host(HostRange range) {
   try {
     ring_.release(range);
   } catch (const Error& e) {
-    // Pinned: its copy may have ended in the backend without the bridge
-    // having heard yet (nothing polled since); applied, the range may go.
-    if (e.kind() != ErrorKind::AllocationStillInUse || gate_.broken() || gate_.restarting() || drain_locked() == 0)
-      throw;
+    if (e.kind() != ErrorKind::AllocationStillInUse || !apply_completions_before_refusing()) throw;
     ring_.release(range);
   }
   gate_.notify();  // a reserve may be waiting for the room
 }
 
+bool BridgeCore::apply_completions_before_refusing() {
+  if (gate_.broken() || gate_.restarting()) return false;  // as elsewhere: a broken or restarting bridge drains nothing
+  return drain_locked() != 0;
+}
+
 void BridgeCore::free_once_copies_applied(const DeviceHandle& h) {
   SpinLockHold lock(lock_);
   enter(lock);
-  if (allocation(h).copies != 0 && !gate_.broken()) drain_locked();
+  if (allocation(h).copies != 0) apply_completions_before_refusing();
   auto& slot = allocation(h);  // a completion's release never ends a slot that was not released
   if (slot.used()) fail_in_use(h, slot);
   free_slot_then_unlock(lock, id_slot(h.id));

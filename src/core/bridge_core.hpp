@@ -332,6 +332,11 @@ class BridgeCore {
   // refusal: any branch on free_device's own path cost every free and every
   // view 5-8 instructions.)
   [[gnu::noinline, gnu::cold]] void free_once_copies_applied(const DeviceHandle& h);
+  // Under the lock, before refusing something its copies in flight hold (a
+  // range, an allocation): a copy that ended in the backend unpolled holds
+  // nothing, so the completions waiting there are applied first. True when
+  // any was (the refusal is worth looking at again).
+  bool apply_completions_before_refusing();
 
   void release(const DeviceHandle& h) {
     SpinLockHold lock(lock_);

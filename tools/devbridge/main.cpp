@@ -353,7 +353,6 @@ int run_stream_command(const devbridge::cli::StreamArgs& args, const std::option
 }
 
 int run_info_command(const std::optional<std::string>& json_path) {
-  catch_stop_signals(OnStop::EndAtOnce);
   JsonSink json(json_path, "info");
   const devbridge::cli::InfoReport report = devbridge::cli::collect_info();
   if (!json.to_stdout()) write_stdout(devbridge::cli::format_info(report));
@@ -365,7 +364,6 @@ int run_info_command(const std::optional<std::string>& json_path) {
 // cannot be read or restore would refuse it (the reason on stderr, one line).
 int run_checkpoint_inspect_command(const std::string& path, const std::optional<std::string>& json_path) {
   devbridge::cli::refuse_output_over_input("--json", json_path, "the checkpoint being inspected", path);
-  catch_stop_signals(OnStop::EndAtOnce);
   JsonSink json(json_path, "checkpoint inspect");
   const devbridge::cli::CheckpointReport report = devbridge::cli::inspect_checkpoint(path);
   if (!json.to_stdout()) write_stdout(devbridge::cli::format_checkpoint(report));
@@ -380,7 +378,6 @@ int run_checkpoint_inspect_command(const std::string& path, const std::optional<
 int run_trace_view_command(const std::string& path, const std::string& page_path) {
   devbridge::cli::check_output_file("-o", page_path);
   devbridge::cli::refuse_output_over_input("-o", page_path, "the trace being read", path);
-  catch_stop_signals(OnStop::EndAtOnce);
   std::optional<SignalSafeOutput> out;
   try {
     out.emplace(page_path);
@@ -418,7 +415,6 @@ int run_trace_replay_command(const std::string& path, const std::string& device_
   std::vector<std::uint64_t> caps;
   for (const auto& cap : pool_caps) caps.push_back(devbridge::cli::parse_size("--pool-cap", cap));
   devbridge::cli::refuse_output_over_input("--json", json_path, "the trace being replayed", path);
-  catch_stop_signals(OnStop::EndAtOnce);
   JsonSink json(json_path, "trace replay");
   const auto report = devbridge::cli::replay_trace(devbridge::cli::load_trace(path), path, memory, caps);
   if (!json.to_stdout()) write_stdout(devbridge::cli::format_replay(report));
@@ -575,6 +571,9 @@ int run_command_line(int argc, char** argv) {
 
   try {
     log_to_stderr(quiet);
+    // Every command ends at once on SIGINT/SIGTERM, its output's temporary
+    // removed; a stream switches to draining once it runs.
+    catch_stop_signals(OnStop::EndAtOnce);
     if (stream->parsed()) {
       stream_args.fake_inject = given(fake_inject_option, fake_inject);
       stream_args.device = given(device_option, device);
