@@ -108,7 +108,7 @@ _ALIGN = 4096
 _HEADER = _ALIGN
 _TOKEN = 16
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
-_AMBIGUOUS = object()  # a DeviceTensor's _rdt_snapshot while two live refs hold it
+_AMBIGUOUS = object()  # the snapshot of a DeviceTensor two live refs hold at once
 _DEFAULT_POOL_BYTES = 1 << 30
 _DEFAULT_POOL_SEGMENTS = 64
 
@@ -361,6 +361,9 @@ class DevbridgeTransport(TensorTransportManager):
         self._lock = threading.Lock()
         self._live: dict[int, _Segment] = {}  # by fd: written, their ref not freed yet
         self._by_object: dict[str, DevbridgeTransportMetadata] = {}
+        # Where the snapshot of each tensor a live ref holds lies, (obj_id, meta, index), or _AMBIGUOUS (see
+        # extract_tensor_transport_metadata): the transport's own record, the tensor itself is the staging layer's.
+        self._snapshots: weakref.WeakKeyDictionary[DeviceTensor, Any] = weakref.WeakKeyDictionary()
         self._draining: list[_Segment] = []   # freed, a receiver still holds them
         self._pooled: list[_Segment] = []     # freed, held by nobody but us (locked exclusively): reusable
         self._created = self._reused = 0
@@ -435,11 +438,12 @@ class DevbridgeTransport(TensorTransportManager):
         with self._lock:
             self._live[segment.fd] = segment
             self._by_object[obj_id] = meta
-        for index, t in enumerate(tensors):
-            # Ray hands the ref's DeviceTensors themselves to the sending actor when it passes the ref to itself
-            # (no transfer): live tensors, which later writes change and a delete frees. Where the snapshot is,
-            # for that actor to read instead (_snapshot_of); a tensor in two live refs at once has no one snapshot.
-            t._rdt_snapshot = (obj_id, meta, index) if getattr(t, "_rdt_snapshot", None) is None else _AMBIGUOUS
+            for index, t in enumerate(tensors):
+                # Ray hands the ref's DeviceTensors themselves to the sending actor when it passes the ref to
+                # itself (no transfer): live tensors, which later writes change and a delete frees. Where the
+                # snapshot is, for that actor to read instead (_snapshot_of); a tensor in two live refs at once
+                # has no one snapshot.
+                self._snapshots[t] = (obj_id, meta, index) if t not in self._snapshots else _AMBIGUOUS
         _written(tensors)  # a sending worker counts its exports now that they are out (not a retry's again)
         return meta
 
@@ -496,10 +500,9 @@ class DevbridgeTransport(TensorTransportManager):
 
     def garbage_collect(self, obj_id: str, tensor_transport_meta: DevbridgeTransportMetadata,
                         tensors: List[Any]) -> None:
-        for t in tensors:
-            if getattr(t, "_rdt_snapshot", None) is not None:
-                t._rdt_snapshot = None  # the ref is gone, and its snapshot with it
         with self._lock:
+            for t in tensors:
+                self._snapshots.pop(t, None)  # the ref is gone, and its snapshot with it
             self._by_object.pop(obj_id, None)
             segment = self._live.pop(tensor_transport_meta.fd, None)
             if segment is not None:
@@ -558,6 +561,7 @@ class DevbridgeTransport(TensorTransportManager):
         with self._lock:
             held = [*self._live.values(), *self._draining, *self._pooled]
             self._live, self._draining, self._pooled, self._by_object = {}, [], [], {}
+            self._snapshots.clear()
         for segment in held:
             segment.close()
 
@@ -651,7 +655,8 @@ class DevbridgeTransport(TensorTransportManager):
     def _snapshot_of(self, tensor: DeviceTensor) -> SegmentTensor | None:
         """The snapshot of ``tensor`` a live ref of this process holds (the segment written when it was shared), as
         any receiver maps it; None when no one live ref holds the tensor."""
-        record = getattr(tensor, "_rdt_snapshot", None)
+        with self._lock:
+            record = self._snapshots.get(tensor)
         if record is None or record is _AMBIGUOUS:
             return None
         obj_id, meta, index = record
