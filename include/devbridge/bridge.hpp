@@ -545,7 +545,10 @@ class Bridge {
   // The built-in role y = a*x + b over float32 ranges of equal length, run by
   // the backend in order after copies into x and before later copies from y.
   // It may still run when the call returns: x and y stay held until its
-  // fence passes (release() defers their free, free_device refuses).
+  // fence passes (release() defers their free, free_device refuses). x and y
+  // in one allocation are the same range or apart: shifted against each
+  // other they are InvalidRange (the result would depend on the device's
+  // order).
   void launch_axpy(DeviceRange x, DeviceRange y, float a, float b);
 
   // ---- views ----

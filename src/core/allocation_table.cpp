@@ -33,10 +33,14 @@ std::uint64_t AllocationTable::reserved_bytes(const DevicePool* pool) const noex
   if (pool) return pool->reserved_bytes();  // its segments hold orphans' blocks too
   // Without the pool the backend holds each live allocation, and each
   // orphan of an earlier generation a view or fence still holds.
-  std::uint64_t reserved = allocated_bytes_;
+  return allocated_bytes_ + orphaned_bytes();
+}
+
+std::uint64_t AllocationTable::orphaned_bytes() const noexcept {
+  std::uint64_t bytes = 0;
   for (const auto& [key, orphan] : orphans_)
-    if (!orphan.adopted_region) reserved += orphan.device.bytes;
-  return reserved;
+    if (!orphan.adopted_region) bytes += orphan.device.bytes;
+  return bytes;
 }
 
 void AllocationTable::note_reserved(const DevicePool& pool) noexcept {

@@ -193,6 +193,8 @@ class AllocationTable {
   std::uint64_t allocated_bytes() const noexcept { return allocated_bytes_; }
   // The pool's segments, or without it the live allocations.
   std::uint64_t reserved_bytes(const DevicePool* pool) const noexcept;
+  // What orphans of earlier generations keep allocated (adopted ones are the caller's memory).
+  std::uint64_t orphaned_bytes() const noexcept;
   void count_backend_frees(std::uint64_t frees) noexcept { backend_frees_ += frees; }
   // A request through the pool, before its cache is looked at; then whether
   // the cache served it.

@@ -75,10 +75,13 @@ std::string BridgeCore::uses(const DeviceHandle& h, const AllocationSlot& slot) 
   const std::uint32_t steps = slot.steps - std::min(slot.steps, fenced);
   std::string text = fmt::format("{} cop{} in flight, {} compute step{}, {}", slot.copies,
                                  slot.copies == 1 ? "y" : "ies", steps, steps == 1 ? "" : "s", views_text(h, slot));
-  if (fenced)
-    text += fmt::format(", {} use{} ending at a fence not yet passed (a launch, or a consumer's queue; release() "
-                        "frees it once they pass)",
-                        fenced, fenced == 1 ? "" : "s");
+  if (fenced) {
+    std::string queues;
+    for (const auto& where : drops_.queues_holding(h.generation, h.id))
+      queues += (queues.empty() ? "" : ", ") + queue_text(where) + (where.queue == Queue::Compute ? " (a launch)" : "");
+    text += fmt::format(", {} use{} ending at a fence not yet passed on {} (release() frees it once they pass)", fenced,
+                        fenced == 1 ? "" : "s", queues);
+  }
   return text;
 }
 
@@ -416,6 +419,15 @@ void BridgeCore::launch_axpy(const DeviceRange& x, const DeviceRange& y, float a
            r->offset, r->len, describe(r->handle));
   if (x.len != y.len)
     fail(ErrorKind::InvalidRange, "axpy ranges differ in length: {} vs {} bytes", x.len, y.len);
+  // The same range is element-wise in place; a shifted overlap would read
+  // elements another work item already wrote, in whatever order the device
+  // runs them (each backend gave another result).
+  if (x.handle == y.handle && x.offset != y.offset &&
+      (x.offset < y.offset ? y.offset - x.offset : x.offset - y.offset) < x.len)
+    fail(ErrorKind::InvalidRange,
+         "axpy's x [offset {}, len {}] and y [offset {}, len {}] of {} overlap without being the same range: the "
+         "result would depend on the order the device runs the elements in",
+         x.offset, x.len, y.offset, y.len, describe(x.handle));
   require_compute(DType::Float32, "axpy");
   if (ys.copies)
     fail(ErrorKind::AllocationStillInUse, "axpy would write {} while it has {} cop{} in flight", describe(y.handle),

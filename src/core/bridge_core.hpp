@@ -275,7 +275,8 @@ class BridgeCore {
 
   struct Held {
     std::uint64_t in_use = 0, cached = 0, largest = 0;
-    std::string holders;  // the largest live allocations and what holds each
+    std::uint64_t orphaned = 0;  // kept from earlier generations by their views and fences
+    std::string holders;  // the largest live allocations and orphans, and what holds each
   };
   Held reclaim_for_retry();
 
@@ -852,6 +853,8 @@ class BridgeCore {
   // The final out-of-memory message's detail: fragmentation and the top
   // holders by bytes; with the recorder on and oom_dump_dir set, the dump.
   std::string top_holders_text(std::size_t count);
+  // What keeps an orphan of an earlier generation: its views, its fences.
+  static std::string orphan_holders_text(const Orphan& orphan);
   std::string dump_for_oom();
 
  private:

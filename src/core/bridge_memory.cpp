@@ -123,9 +123,12 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
       }
     }
     fail(ErrorKind::AllocationFailed,
-         "{}; retried once after releasing every cached block: the bridge held {} bytes in live allocations and {} "
+         "{}; retried once after releasing every cached block: the bridge held {} bytes in live allocations{} and {} "
          "cached (the largest cached block {} bytes; {}) for a request of {} bytes; the largest holders: {}{}",
-         e.message(), held.in_use, held.cached, held.largest, fragmentation, extent,
+         e.message(), held.in_use,
+         held.orphaned ? fmt::format(", {} kept from before a restart or close by views or fences", held.orphaned)
+                       : std::string(),
+         held.cached, held.largest, fragmentation, extent,
          held.holders.empty() ? "none (no live allocation)" : held.holders, dumped);
   }
 }
@@ -163,7 +166,8 @@ BridgeCore::Held BridgeCore::reclaim_for_retry() {
   if (!drops_.empty()) reap_fences();
   if (recording_) [[unlikely]]
     trace_memory(TraceKind::OomRetry, generation_, 0, 0);
-  Held held{allocations_.allocated_bytes(), pool_ ? pool_->cached_bytes() : 0, pool_ ? pool_->largest_block() : 0, {}};
+  Held held{allocations_.allocated_bytes(), pool_ ? pool_->cached_bytes() : 0, pool_ ? pool_->largest_block() : 0,
+            allocations_.orphaned_bytes(), {}};
   try {
     held.holders = top_holders_text(5);
   } catch (...) {

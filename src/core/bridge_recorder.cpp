@@ -199,27 +199,54 @@ std::string BridgeCore::dump_for_oom() {
 }
 
 std::string BridgeCore::top_holders_text(std::size_t count) {
+  // A live allocation (its slot's index) or an orphan of an earlier
+  // generation that a view or fence still keeps: both hold memory a retry
+  // could not get back.
   struct Entry {
     std::uint64_t bytes;
     std::uint32_t index;
+    const AllocationTable::OrphanKey* orphan;
   };
-  std::vector<Entry> live;
+  std::vector<Entry> held;
   allocations_.for_each_in_use([&](std::uint32_t index, AllocationSlot& slot) {
-    if (!slot.adopted_region) live.push_back({slot.device.bytes, index});
+    if (!slot.adopted_region) held.push_back({slot.device.bytes, index, nullptr});
   });
-  const auto shown = std::min(count, live.size());
-  std::partial_sort(live.begin(), live.begin() + static_cast<std::ptrdiff_t>(shown), live.end(),
+  allocations_.for_each_orphan([&](const AllocationTable::OrphanKey& key, const Orphan& orphan) {
+    if (!orphan.adopted_region) held.push_back({orphan.device.bytes, 0, &key});
+  });
+  const auto shown = std::min(count, held.size());
+  std::partial_sort(held.begin(), held.begin() + static_cast<std::ptrdiff_t>(shown), held.end(),
                     [](const Entry& a, const Entry& b) { return a.bytes > b.bytes; });
   std::string text;
   for (std::size_t i = 0; i < shown; ++i) {
-    const auto& slot = allocations_[live[i].index];
-    const DeviceHandle h{domain_, generation_, make_id(live[i].index, slot.version)};
     if (!text.empty()) text += "; ";
+    if (const auto* key = held[i].orphan) {
+      const auto& orphan = *allocations_.find_orphan(*key);
+      fmt::format_to(std::back_inserter(text), "{} of {} bytes, from before a restart or close, kept by {}",
+                     describe(DeviceHandle{domain_, key->first, key->second}), orphan.device.bytes,
+                     orphan_holders_text(orphan));
+      continue;
+    }
+    const auto& slot = allocations_[held[i].index];
+    const DeviceHandle h{domain_, generation_, make_id(held[i].index, slot.version)};
     fmt::format_to(std::back_inserter(text), "{} of {} bytes, {}", describe(h), slot.device.bytes,
                    slot.used() ? "held by " + uses(h, slot)
                                : std::string(slot.released ? "released, not yet freed" : "not freed by the caller"));
   }
-  if (live.size() > shown) fmt::format_to(std::back_inserter(text), "; and {} smaller", live.size() - shown);
+  if (held.size() > shown) fmt::format_to(std::back_inserter(text), "; and {} smaller", held.size() - shown);
+  return text;
+}
+
+std::string BridgeCore::orphan_holders_text(const Orphan& orphan) {
+  // The restart forgot who each view was handed to: only how many remain.
+  std::string text;
+  if (orphan.views)
+    text = fmt::format("{} live view{} (a numpy, jax, torch or tinygrad array, or the caller's own view; ending "
+                       "{} frees it)",
+                       orphan.views, orphan.views == 1 ? "" : "s", orphan.views == 1 ? "it" : "them");
+  if (orphan.fences)
+    text += fmt::format("{}{} use{} ending at a fence not yet passed", text.empty() ? "" : " and ", orphan.fences,
+                        orphan.fences == 1 ? "" : "s");
   return text;
 }
 

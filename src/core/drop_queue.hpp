@@ -9,6 +9,7 @@
 // blocking wait of settle(), which runs on entries it took out first.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -76,6 +77,16 @@ class DropQueue {
       if (entry.generation == generation)
         for (const auto held : entry.allocation_ids) n += held == id;
     return n;
+  }
+
+  // The queues whose pending fences hold the allocation, each once (messages).
+  std::vector<QueueRef> queues_holding(Generation generation, std::uint64_t id) const {
+    std::vector<QueueRef> queues;
+    for (const auto& entry : entries_)
+      if (entry.generation == generation && std::ranges::find(entry.allocation_ids, id) != entry.allocation_ids.end() &&
+          std::ranges::find(queues, entry.where) == queues.end())
+        queues.push_back(entry.where);
+    return queues;
   }
 
   // Takes every entry out, for a wait outside the lock (close).

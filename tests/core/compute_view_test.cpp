@@ -126,6 +126,23 @@ TEST_F(ComputeTest, AxpyRefusesNonFloatAndUnequalRanges) {
   EXPECT_CALLS(fake);
 }
 
+// Shifted ranges of one allocation gave each backend its own result (the
+// order its work items ran in); the same range, or ranges apart, are fine.
+TEST_F(ComputeTest, AxpyRefusesShiftedOverlapInOneAllocation) {
+  const DeviceHandle x = bridge->alloc_device(float_spec(), 1024);
+  fake->clear_calls();
+  for (const auto& [x_offset, y_offset] : {std::pair<std::uint64_t, std::uint64_t>{0, 4}, {4, 0}, {0, 252}, {252, 0}}) {
+    const auto message = EXPECT_DEVBRIDGE_ERROR(
+        ErrorKind::InvalidRange,
+        bridge->launch_axpy(DeviceRange{x, x_offset, 256}, DeviceRange{x, y_offset, 256}, 1, 0));
+    EXPECT_NE(message.find("overlap without being the same range"), std::string::npos) << message;
+  }
+  EXPECT_CALLS(fake);
+  bridge->launch_axpy(DeviceRange{x, 0, 256}, DeviceRange{x, 0, 256}, 2, 0);    // in place, element by element
+  bridge->launch_axpy(DeviceRange{x, 0, 256}, DeviceRange{x, 256, 256}, 2, 0);  // side by side
+  bridge->launch_axpy(DeviceRange{x, 512, 256}, DeviceRange{x, 0, 256}, 2, 0);
+}
+
 // ---- views --------------------------------------------------------------------
 
 TEST_F(ViewTest, ViewDescribesTheAllocationTheWayTinygradAndDLPackDo) {

@@ -213,6 +213,27 @@ TEST_F(RecordedBridge, OutOfMemoryNamesTheFragmentationAndTheHolders) {
   bridge->free_device(held);
 }
 
+// A view from before a restart keeps its allocation as an orphan: the
+// memory a retry cannot get back is named, not "no live allocation".
+TEST_F(RecordedBridge, OutOfMemoryNamesWhatAViewFromBeforeARestartKeeps) {
+  make(16384);
+  const auto old = bridge->alloc_device(kBytes, 12288);
+  std::optional<ViewLease> view(bridge->view(old, ViewSpec{DType::UInt8, Dims{12288}, std::nullopt, 0}));
+  bridge->restart(2);
+  const auto message = EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationFailed, bridge->alloc_device(kBytes, 8192));
+  EXPECT_NE(message.find("0 bytes in live allocations, 12288 kept from before a restart or close by views or fences"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("the largest holders: " + detail::describe(old) +
+                         " of 12288 bytes, from before a restart or close, kept by 1 live view"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(message.find("none (no live allocation)"), std::string::npos) << message;
+  view.reset();
+  bridge->empty_cache();
+  EXPECT_EQ(fake->live_allocations(), 0u) << "the orphan goes once its view ends";
+}
+
 TEST_F(RecordedBridge, OutOfMemoryDumpsTheTraceWhereAskedAndNamesTheFile) {
   make(16384);
   const auto directory = std::filesystem::temp_directory_path() /

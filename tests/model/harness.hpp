@@ -1676,7 +1676,9 @@ class Harness {
              m.allocs[yi].spec.dtype.value_or(DType::Float32) != DType::Float32)
       x = Expect::error(ErrorKind::InvalidViewDType);
     else if (range_bad(xr, m.allocs[xi]) || range_bad(yr, m.allocs[yi]) || xr.len != yr.len ||
-             m.allocs[yi].adopted())  // adopted memory is read-only
+             m.allocs[yi].adopted() ||  // adopted memory is read-only
+             (xi == yi && xr.offset != yr.offset &&  // shifted in one allocation: the order would decide
+              (xr.offset < yr.offset ? yr.offset - xr.offset : xr.offset - yr.offset) < xr.len))
       x = Expect::error(ErrorKind::InvalidRange);
     else if (m.allocs[yi].copies)
       x = Expect::error(ErrorKind::AllocationStillInUse);
