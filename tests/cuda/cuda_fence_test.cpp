@@ -256,6 +256,26 @@ TEST_F(CudaFenceTest, StreamOfAnotherContextIsRefused) {
   EXPECT_TRUE(backend_->wait_fence(fence.fence, 30s));
 }
 
+// Ordering a consumer's stream (a DLPack export's stream=) after the bridge's
+// queues: a stream of another context is the caller's InvalidRange there too,
+// not Unavailable (the driver's INVALID_CONTEXT read as a device problem).
+TEST_F(CudaFenceTest, OrderingAStreamOfAnotherContextIsRefusedAsTheCallers) {
+  OwnContext own;
+  if (own.context == nullptr) GTEST_SKIP() << "cuCtxCreate_v2 is not available to create a test context";
+  ConsumerStream foreign(own.context);
+  try {
+    backend_->order_consumer_queue(foreign.handle());
+    FAIL() << "a stream of another context was ordered";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), ErrorKind::InvalidRange) << error.what();
+    EXPECT_FALSE(error.fatal()) << error.what();
+    EXPECT_NE(std::string(error.message()).find("cuStreamWaitEvent(consumer stream)"), std::string::npos)
+        << error.what();
+  }
+  FenceHolder fence{*backend_, backend_->record_fence(QueueRef{Queue::Compute})};
+  EXPECT_TRUE(backend_->wait_fence(fence.fence, 30s));
+}
+
 TEST_F(CudaFenceTest, ReleasedFencesRecycleTheirEvents) {
   const auto created = emulator_hook<Counter>("devbridge_emulated_cuda_events_created");
   const auto destroyed = emulator_hook<Counter>("devbridge_emulated_cuda_events_destroyed");

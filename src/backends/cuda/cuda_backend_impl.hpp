@@ -281,6 +281,9 @@ class CudaBackend final : public Backend, private TestControls {
                     std::uint64_t len) override;
 
   void order_stream(CUstream stream);
+  // A driver call on a consumer's stream: a stream it does not know (or of
+  // another context) is InvalidRange, the caller's; anything else as check().
+  void check_consumer_stream_call(CUresult result, const std::string& call);
 
  private:
   struct LaneState {

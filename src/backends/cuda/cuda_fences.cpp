@@ -76,14 +76,11 @@ void CudaBackend::order_stream(CUstream stream) {
   std::lock_guard compute_lock(compute_mutex_);
   record_marker(upload_, upload_marker_);
   record_marker(download_, download_marker_);
-  for (CUevent marker : {upload_marker_, download_marker_}) {
-    check(driver_, driver_.cuStreamWaitEvent(stream, marker, 0), "cuStreamWaitEvent(consumer stream)",
-          Operation::Query);
-  }
-  if (launches_.load(std::memory_order_relaxed) > 0) {
-    check(driver_, driver_.cuStreamWaitEvent(stream, kernel_done_, 0), "cuStreamWaitEvent(consumer stream)",
-          Operation::Query);
-  }
+  for (CUevent marker : {upload_marker_, download_marker_})
+    check_consumer_stream_call(driver_.cuStreamWaitEvent(stream, marker, 0), "cuStreamWaitEvent(consumer stream)");
+  if (launches_.load(std::memory_order_relaxed) > 0)
+    check_consumer_stream_call(driver_.cuStreamWaitEvent(stream, kernel_done_, 0),
+                               "cuStreamWaitEvent(consumer stream)");
 }
 
 CUstream CudaBackend::consumer_stream(std::uintptr_t consumer) {
@@ -107,19 +104,21 @@ Fence CudaBackend::record_consumer_fence(std::uintptr_t consumer) {
   ContextGuard guard(driver_, context_, Operation::Query);
   FenceEvent fence(fences_, fences_.acquire(Operation::Query, "cuEventCreate(consumer fence)"));
   // Not the backend's stream: no lock of ours orders it.
-  CUresult recorded = driver_.cuEventRecord(fence.get(), stream);
-  if (recorded != CUDA_SUCCESS) {
-    Error mapped = make_error(driver_, recorded, "cuEventRecord(fence on consumer stream " + hex(consumer) + ")",
-                              Operation::Query);
-    // A stream the driver does not know, or one of another context, is the
-    // caller's mistake, not an unavailable device.
-    if (!mapped.fatal() && (recorded == CUDA_ERROR_INVALID_HANDLE || recorded == CUDA_ERROR_INVALID_VALUE ||
-                            recorded == CUDA_ERROR_INVALID_CONTEXT))
-      throw Error(ErrorKind::InvalidRange,
-                  std::string(mapped.message()) + " (not a stream of " + device_string_ + "'s context?)");
-    throw mapped;
-  }
+  check_consumer_stream_call(driver_.cuEventRecord(fence.get(), stream),
+                             "cuEventRecord(fence on consumer stream " + hex(consumer) + ")");
   return Fence{reinterpret_cast<std::uintptr_t>(fence.release())};
+}
+
+void CudaBackend::check_consumer_stream_call(CUresult result, const std::string& call) {
+  if (result == CUDA_SUCCESS) return;
+  Error mapped = make_error(driver_, result, call, Operation::Query);
+  // A stream the driver does not know, or one of another context, is the
+  // caller's mistake, not an unavailable device.
+  if (!mapped.fatal() && (result == CUDA_ERROR_INVALID_HANDLE || result == CUDA_ERROR_INVALID_VALUE ||
+                          result == CUDA_ERROR_INVALID_CONTEXT))
+    throw Error(ErrorKind::InvalidRange,
+                std::string(mapped.message()) + " (not a stream of " + device_string_ + "'s context?)");
+  throw mapped;
 }
 
 bool CudaBackend::stopped_by_fault(CUresult result) noexcept {
