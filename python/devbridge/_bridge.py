@@ -9,6 +9,7 @@ this one class instead of being attached to the extension's class when a module 
 
 from __future__ import annotations
 
+import operator
 from typing import Any, BinaryIO, Callable, Mapping
 
 import numpy as np
@@ -85,6 +86,23 @@ class Bridge(_devbridge.Bridge):
                 wait: bool = True) -> dict[str, DeviceTensor] | _checkpoint.PendingRestore:
         return _checkpoint.restore(self, path, names=names, prefix=prefix, rows=rows, alignment=alignment,
                                    verify=verify, wait=wait)
+
+    # ---------------------------------------------------------------------------------------- compute
+
+    def axpy(self, x: Any, y: Any, a: float = 1.0, b: float = 0.0, *, x_offset: int = 0, y_offset: int = 0,
+             nbytes: int | None = None) -> None:
+        """The built-in role y = a*x + b over float32. x and y: DeviceTensors or DeviceHandles; nbytes
+        defaults to the rest of x from x_offset: of a DeviceTensor its elements (its allocation's rounding
+        past them is no data of it, and y's elements there are not overwritten), of a handle its whole extent."""
+        if nbytes is None and isinstance(x, DeviceTensor) and not isinstance(x_offset, bool):
+            try:
+                start = operator.index(x_offset)
+            except TypeError:
+                start = None  # the extension refuses it, naming x_offset
+            if start is not None and 0 <= start <= x.nbytes:
+                nbytes = x.nbytes - start
+        super().axpy(x.handle if isinstance(x, DeviceTensor) else x, y.handle if isinstance(y, DeviceTensor) else y,
+                     a, b, x_offset=x_offset, y_offset=y_offset, nbytes=nbytes)
 
 
 __all__ = ["Bridge"]

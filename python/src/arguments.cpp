@@ -32,7 +32,9 @@ std::string short_repr(nb::handle value) {
 
 // The argument as a Python int (its __index__), or TypeError.
 nb::object as_index(nb::handle value, const char* what) {
-  if (!PyFloat_Check(value.ptr()) && PyIndex_Check(value.ptr())) {
+  // A bool is an int to Python, but True as a size or an offset is a slip
+  // (the Python layer refuses it for shapes and depths too).
+  if (!PyFloat_Check(value.ptr()) && !PyBool_Check(value.ptr()) && PyIndex_Check(value.ptr())) {
     PyObject* index = PyNumber_Index(value.ptr());
     if (index != nullptr) return nb::steal(index);
     if (!PyErr_ExceptionMatches(PyExc_TypeError)) throw nb::python_error();

@@ -91,7 +91,8 @@ struct PyTensorView {
   }
   // Ends the lease once `queue` has run what was enqueued on it so far.
   void close_after(std::uintptr_t queue) {
-    state->open();  // a closed bridge refuses, as every view call does
+    // Even on a closed bridge: the lease holds the memory, and refusing here
+    // left it to end later with no fence, freed while `queue` may still read it.
     GilReleased no_gil;
     lease.end_after(ConsumerQueue{queue});
   }

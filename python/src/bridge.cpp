@@ -299,9 +299,11 @@ void bind_bridge(nb::module_& m) {
       .def_prop_ro("generation", [](const PyBridge& b) { return b.state->open().generation(); })
       .def_prop_ro("closed", [](const PyBridge& b) { return b.state->closed.load(); })
       .def("backend_info", [](const PyBridge& b) { return backend_info_dict(b.state->open().backend_info()); })
-      .def("stats", [](const PyBridge& b) { return stats_dict(b.state->open().stats()); })
+      // Read after close() too, as dump_trace: what close abandoned (abandoned_fences) or left held by
+      // views is counted there, and nothing else says it.
+      .def("stats", [](const PyBridge& b) { return stats_dict(b.state->bridge->stats()); })
       .def(
-          "memory_stats", [](const PyBridge& b) { return memory_stats_dict(b.state->open().memory_stats()); },
+          "memory_stats", [](const PyBridge& b) { return memory_stats_dict(b.state->bridge->memory_stats()); },
           "Device memory as the bridge sees it (PyTorch's memory_stats): current, peak and total allocated and\n"
           "reserved bytes, allocation counts, backend calls, cache hits and misses, out-of-memory retries and\n"
           "failures, fragmentation (cached bytes too small for the largest request).")
@@ -566,9 +568,9 @@ void bind_bridge(nb::module_& m) {
           "The recorded events as a dict, the JSON dump_trace writes.")
       .def(
           "memory_snapshot", [](PyBridge& b, nb::handle layout) { return memory_snapshot(*b.state, layout); },
-          "layout"_a = "devbridge",
+          "layout"_a.none() = nb::none(),
           "Segments and blocks with their state, holders and recorded events, the ring and memory_stats(),\n"
-          "as a dict (docs/TRACING.md, \"Memory snapshot format\"). layout=\"torch\": the dict PyTorch's\n"
+          "as a dict (docs/TRACING.md, \"Memory snapshot format\"); layout None or \"devbridge\". layout=\"torch\": the dict PyTorch's\n"
           "torch.cuda.memory._snapshot() returns (segments, blocks and the recorded allocations and frees as\n"
           "device_traces), which https://pytorch.org/memory_viz opens pickled.")
       .def("__repr__", [](const PyBridge& b) {

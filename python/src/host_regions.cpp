@@ -12,6 +12,7 @@
 // export stays). A HostRegion dropped while a copy still uses it cannot be
 // unregistered yet: its registration stays in the BridgeState and is retried
 // at the next register_host / unregister, and at restart and close.
+#include <bit>
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
@@ -245,12 +246,16 @@ struct PyHostRegion {
 
   // `with`: ends a live registration; nothing to do once it already ended
   // (an unregister, a restart, close), as closing a view twice.
-  void exit() {
+  // `propagating`: the block is ending with an exception of its own. A
+  // refused unregister then must not replace it (a fatal DeviceCopyFailed
+  // surfaced as the Broken that followed it); the region stays registered
+  // until an unregister, a restart or close lets it go.
+  void exit(bool propagating) {
     if (!reg->held || state->closed.load()) return;
     try {
       unregister();
     } catch (const Error& error) {
-      if (!region_is_gone(error)) throw;
+      if (!region_is_gone(error) && !propagating) throw;
     }
   }
 };
@@ -269,6 +274,20 @@ PyRegionRange make_range(nb::handle region_object, std::uint64_t offset, std::ui
                                              "] is outside the " + std::to_string(region.reg->nbytes) + " bytes of " +
                                              region.reg->describe() + " (or empty)");
   return PyRegionRange{nb::borrow(region_object), region.reg, RegionRange{region.reg->region, offset, len}};
+}
+
+// Registered memory moves as raw bytes: elements a buffer declares
+// big-endian would reach the device byte-swapped (the contract: non-native
+// byte order is converted or refused at every entry; nothing here copies).
+void refuse_non_native_byte_order(const Py_buffer& view, const std::string& who, const std::string& what) {
+  static_assert(std::endian::native == std::endian::little, "devbridge's devices read little-endian elements");
+  if (view.format == nullptr) return;
+  const std::string_view format(view.format);
+  if (format.find_first_of(">!") == std::string_view::npos) return;
+  args::raise(PyExc_ValueError, who + ": the " + what + "'s elements are big-endian (buffer format '" +
+                                    std::string(format) +
+                                    "'); copies move registered bytes as they are, so the device would read them "
+                                    "byte-swapped: register a little-endian copy (a.astype(a.dtype.newbyteorder('<')))");
 }
 
 // The range (and, unless the array is one contiguous run, the layout) of a
@@ -297,6 +316,7 @@ nb::tuple range_of(nb::handle region_object, nb::handle array, nb::handle device
     }
   }
   const std::string what = object_type_name(array) + " of shape " + shape_text(view);
+  refuse_non_native_byte_order(view, "HostRegion.range_of", what);
   if (empty) throw Error(ErrorKind::InvalidRange, "HostRegion.range_of: the " + what + " is empty; a copy moves at least one byte");
   const auto base = static_cast<__int128>(reg.address);
   if (lo < base || hi > base + static_cast<__int128>(reg.nbytes))
@@ -454,6 +474,7 @@ nb::object register_host(const std::shared_ptr<BridgeState>& state, nb::handle o
   if (writable && view.readonly)
     args::raise(PyExc_ValueError, "register_host: the " + what + " object (" + std::to_string(view.len) +
                                       " bytes) is read-only; register it with writable=False (host_to_device only)");
+  refuse_non_native_byte_order(view, "register_host", what);
   if (!PyBuffer_IsContiguous(&view, 'C'))
     args::raise(PyExc_ValueError,
                 "register_host: the " + what + " of shape " + shape_text(view) +
@@ -524,6 +545,8 @@ void bind_host_regions(nb::module_& m) {
           [](nb::handle self, nb::handle offset_object, nb::handle length_object) {
             const auto offset = args::integer<std::uint64_t>(offset_object, "offset");
             const auto length = args::optional_integer<std::uint64_t>(length_object, "length");
+            // self by hand (make_range keeps it): nanobind's own check of an instance never made is skipped.
+            if (!nb::inst_ready(self)) throw nb::type_error("HostRegion.range: the HostRegion was never made");
             const std::uint64_t total = nb::cast<const PyHostRegion&>(self).reg->nbytes;
             return make_range(self, offset, length ? *length : total - std::min(offset, total));
           },
@@ -542,7 +565,8 @@ void bind_host_regions(nb::module_& m) {
            "close (the buffer was let go then).")
       .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
       .def(
-          "__exit__", [](PyHostRegion& r, nb::handle, nb::handle, nb::handle) { r.exit(); }, "exc_type"_a.none(),
+          "__exit__", [](PyHostRegion& r, nb::handle exc_type, nb::handle, nb::handle) { r.exit(!exc_type.is_none()); },
+          "exc_type"_a.none(),
           "exc"_a.none(), "tb"_a.none())
       .def("__repr__", &region_repr);
 

@@ -114,9 +114,9 @@ void annotate_call_stack() noexcept {
 
 void record(BridgeState& state, nb::handle max_events_object, nb::handle stacks, nb::handle oom_dump_dir) {
   // None: the default, as the signature shows (it was a TypeError).
+  // Out of [1, 2^24]: the core's InvalidRange, as in C++ (TRACING.md).
   const auto max_events = max_events_object.is_none() ? RecordOptions{}.max_events
                                                       : args::integer<std::uint64_t>(max_events_object, "max_events");
-  if (auto refusal = max_events_refusal(max_events); !refusal.empty()) args::raise(PyExc_ValueError, refusal);
   RecordOptions options;
   options.max_events = static_cast<std::size_t>(max_events);
   options.stacks = args::flag(stacks, "stacks");
@@ -149,7 +149,8 @@ nb::object trace(BridgeState& state) {
   return parse_json(std::move(text));
 }
 
-nb::object memory_snapshot(BridgeState& state, nb::handle layout) {
+nb::object memory_snapshot(BridgeState& state, nb::handle layout_object) {
+  const nb::object layout = layout_object.is_none() ? nb::object(nb::str("devbridge")) : nb::borrow(layout_object);
   if (!nb::isinstance<nb::str>(layout))
     throw nb::type_error(("layout must be \"devbridge\" or \"torch\", not " +
                           nb::cast<std::string>(nb::str(layout.type().attr("__name__"))))

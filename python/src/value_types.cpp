@@ -4,9 +4,12 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include <Python.h>
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 
 #include "devbridge/types.hpp"
 #include "arguments.hpp"
@@ -145,6 +148,16 @@ std::size_t hash_triple(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
   return static_cast<std::size_t>(h);
 }
 
+// An ObjectSpec's dtype and shape kind as one number: what __eq__ and __hash__ compare beside its sizes.
+std::uint64_t spec_key(const ObjectSpec& s) {
+  const std::uint64_t dtype = s.dtype ? static_cast<std::uint64_t>(*s.dtype) + 1 : 0;
+  return (dtype << 8) | static_cast<std::uint64_t>(s.shape);
+}
+
+bool same_spec(const ObjectSpec& a, const ObjectSpec& b) {
+  return a.max_extent == b.max_extent && a.alignment == b.alignment && spec_key(a) == spec_key(b);
+}
+
 // DeviceHandle and CopyEvent: the same {domain, generation, id} value type.
 template <class Tagged>
 void bind_tagged(nb::module_& m, const char* name, const char* doc, std::string (*repr)(const Tagged&)) {
@@ -163,7 +176,12 @@ void bind_tagged(nb::module_& m, const char* name, const char* doc, std::string 
       .def("__eq__", [](const Tagged& a, const Tagged& b) { return a == b; })
       .def("__eq__", [](const Tagged&, nb::handle) { return false; }, nb::arg().none())  // == None is False
       .def("__hash__", [](const Tagged& t) { return hash_triple(t.domain, t.generation, t.id); })
-      .def("__repr__", repr);
+      .def("__repr__", repr)
+      // copy.copy/deepcopy give an equal value. No pickling: domains restart
+      // at 1 in every process, so a handle unpickled elsewhere could name
+      // another bridge's allocation.
+      .def("__copy__", [](const Tagged& t) { return t; })
+      .def("__deepcopy__", [](const Tagged& t, nb::handle) { return t; }, "memo"_a.none());
 }
 
 }  // namespace
@@ -187,6 +205,13 @@ void bind_value_types(nb::module_& m) {
       .def("__eq__", [](const HostRange& a, const HostRange& b) { return a == b; })
       .def("__eq__", [](const HostRange&, nb::handle) { return false; }, nb::arg().none())
       .def("__hash__", [](const HostRange& r) { return hash_triple(r.offset, r.len, 0x486f737452616e67ull); })
+      .def("__copy__", [](const HostRange& r) { return r; })
+      .def("__deepcopy__", [](const HostRange& r, nb::handle) { return r; }, "memo"_a.none())
+      .def("__getstate__", [](const HostRange& r) { return nb::make_tuple(r.offset, r.len); })
+      .def("__setstate__",
+           [](HostRange& r, const std::tuple<std::uint64_t, std::uint64_t>& state) {
+             new (&r) HostRange{std::get<0>(state), std::get<1>(state)};
+           })
       .def("__repr__", [](const HostRange& r) {
         return "HostRange(offset=" + std::to_string(r.offset) + ", len=" + std::to_string(r.len) + ")";
       });
@@ -219,6 +244,23 @@ void bind_value_types(nb::module_& m) {
           "shape"_a, "dtype"_a, "alignment"_a = 256,
           "(ObjectSpec, extent) for one array of shape and dtype, the extent rounded up to alignment (a power of\n"
           "two): devbridge.spec_for_array.")
+      .def(
+          "__eq__",
+          [](const ObjectSpec& a, nb::handle b) { return nb::isinstance<ObjectSpec>(b) && same_spec(a, nb::cast<ObjectSpec>(b)); },
+          "other"_a.none())
+      .def("__hash__", [](const ObjectSpec& s) { return hash_triple(s.max_extent, s.alignment, spec_key(s)); })
+      .def("__copy__", [](const ObjectSpec& s) { return s; })
+      .def("__deepcopy__", [](const ObjectSpec& s, nb::handle) { return s; }, "memo"_a.none())
+      .def("__getstate__",
+           [](const ObjectSpec& s) {
+             return nb::make_tuple(s.max_extent, s.alignment, std::string(spec_dtype_name(s)),
+                                   std::string(shape_kind_name(s.shape)));
+           })
+      .def("__setstate__",
+           [](ObjectSpec& s, const std::tuple<std::uint64_t, std::uint64_t, std::string, std::string>& state) {
+             new (&s) ObjectSpec{std::get<0>(state), std::get<1>(state), parse_spec_dtype(nb::str(std::get<2>(state).c_str())),
+                                 parse_shape_kind(std::get<3>(state))};
+           })
       .def("__repr__", [](const ObjectSpec& s) {
         return "ObjectSpec(max_extent=" + std::to_string(s.max_extent) + ", alignment=" + std::to_string(s.alignment) +
                ", dtype=\"" + std::string(spec_dtype_name(s)) + "\", shape=\"" +

@@ -225,6 +225,28 @@ def test_axpy_role(bridge, rng):
     np.testing.assert_array_equal(y, (x * np.float32(2) + np.float32(1)).astype(np.float32))
 
 
+def test_axpy_of_tensors_covers_their_elements_not_their_allocations_rounding(bridge):
+    """x of 60 float32 sits in a 256-byte allocation: "all of x" ran over its 64 slots, and the 4 past its data
+    (another tensor's old bytes, reused) overwrote y[60:64], which are y's own elements."""
+    if bridge.backend == "fake":
+        bridge.fake.set_auto_complete(True)
+    old = bridge.upload(np.full(64, 7.0, np.float32), wait=True)
+    old.free()
+    x = bridge.upload(np.arange(60, dtype=np.float32), wait=True)
+    y = bridge.upload(np.full(70, -3.0, np.float32), wait=True)
+    bridge.axpy(x, y, 2.0, 1.0)
+    expected = np.full(70, -3.0, np.float32)
+    expected[:60] = np.arange(60, dtype=np.float32) * 2 + 1
+    np.testing.assert_array_equal(bridge.download(y), expected)
+    bridge.axpy(x, y, 1.0, 0.0, x_offset=200, y_offset=0)  # the rest of x from byte 200: its last 10 elements
+    expected[:10] = np.arange(50, 60, dtype=np.float32)
+    np.testing.assert_array_equal(bridge.download(y), expected)
+    with pytest.raises(devbridge.InvalidRange, match="overlap"):
+        bridge.axpy(y, y, 1.0, 0.0, x_offset=0, y_offset=4, nbytes=64)
+    x.free()
+    y.free()
+
+
 # ---- handles: forged, foreign, freed, old ----------------------------------
 
 def test_forged_and_foreign_handles_are_refused(bridge):
@@ -383,9 +405,10 @@ def test_close_and_context_manager():
         fake = b.fake
     assert b.closed
     assert fake.live_allocations() == 0 and fake.live_host_blocks() == 0
-    for call in (lambda: b.alloc(U8, 64), lambda: b.free(h), lambda: b.ring.reserve(64), b.stats, b.poll):
+    for call in (lambda: b.alloc(U8, 64), lambda: b.free(h), lambda: b.ring.reserve(64), b.poll):
         with pytest.raises(devbridge.Closed):
             call()
+    assert b.stats()["closed"] and b.memory_stats()["reserved_bytes"] == 0  # still there to read
     b.close()  # idempotent
 
 
@@ -484,6 +507,30 @@ def test_value_types_compare_unequal_to_none_and_anything_else():
     assert h != None and not (h == None) and h != 5  # noqa: E711 - the comparison is the test
     assert ext.HostRange(0, 64) != None  # noqa: E711
     assert None not in [h] and [h, None].index(None) == 1
+
+
+def test_value_types_copy_and_compare_by_value():
+    """ObjectSpec compared by identity (two equal specs were two set members), and copy.copy of a handle, event,
+    range or spec raised 'cannot pickle'."""
+    import copy
+    import pickle
+
+    spec = ext.ObjectSpec(1 << 20, 64, "float32")
+    same = ext.ObjectSpec(1 << 20, 64, "float32", "tensor")
+    assert spec == same and hash(spec) == hash(same) and len({spec, same}) == 1
+    for other in (ext.ObjectSpec(1 << 20, 64, "float16"), ext.ObjectSpec(1 << 20, 128, "float32"),
+                  ext.ObjectSpec(1 << 20, 64, "float32", "matrix"), ext.ObjectSpec(1 << 20, 64, None), None, 3):
+        assert spec != other
+    values = (spec, ext.ObjectSpec(64, 64, None), ext.DeviceHandle(1, 2, 3), ext.CopyEvent(1, 2, 3),
+              ext.HostRange(64, 128))
+    for value in values:
+        assert copy.copy(value) == value and copy.deepcopy(value) == value
+    for value in (spec, ext.ObjectSpec(64, 64, None), ext.HostRange(64, 128)):
+        assert pickle.loads(pickle.dumps(value)) == value
+        assert repr(pickle.loads(pickle.dumps(value))) == repr(value)
+    for value in (ext.DeviceHandle(1, 2, 3), ext.CopyEvent(1, 2, 3)):
+        with pytest.raises(TypeError):  # another process's bridge 1 is not this one
+            pickle.dumps(value)
 
 
 @pytest.mark.parametrize("timeout, error", [("1", TypeError), (True, TypeError), (-1, ValueError),

@@ -41,7 +41,9 @@ U8 = devbridge.ObjectSpec(max_extent=1 << 20, alignment=64, dtype="uint8")
 F32 = devbridge.ObjectSpec(max_extent=1 << 20, alignment=64, dtype="float32")
 
 # A wrong type, for an int parameter that does not take None.
-NOT_INTS = [("1", TypeError), (1.0, TypeError), (None, TypeError), (b"1", TypeError), ([1], TypeError)]
+# A bool is an int to Python, but never a size: True as a length or offset is a slip.
+NOT_INTS = [("1", TypeError), (1.0, TypeError), (None, TypeError), (b"1", TypeError), ([1], TypeError),
+            (True, TypeError), (False, TypeError)]
 # Outside an unsigned 64-bit parameter.
 BEYOND_U64 = [(2**64, OverflowError), (2**70, OverflowError), (-1, OverflowError), (-(2**64), OverflowError)]
 # Outside a signed 64-bit parameter (a dimension or a stride, in elements).

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import textwrap
 
+import gc
+
 import pytest
 
 import devbridge
@@ -34,7 +36,7 @@ def test_a_free_right_after_a_held_launch_is_deferred_until_the_kernel_finished(
     x, y = b.alloc(FLOATS, 4096), b.alloc(FLOATS, 4096)
     b.fake.hold_launches(True)
     b.axpy(x, y, 2.0, 1.0)
-    with pytest.raises(devbridge.AllocationStillInUse, match="fence not yet passed"):
+    with pytest.raises(devbridge.AllocationStillInUse, match="fence not yet passed on the compute queue \\(a launch\\)"):
         b.free(y)
     b.release(x)
     b.release(y)
@@ -60,13 +62,32 @@ def test_a_view_closed_after_a_consumers_stream_holds_its_memory_until_the_strea
     assert b.fake.live_allocations() == 0
 
 
+def test_a_view_closed_after_a_consumers_stream_once_the_bridge_closed_still_waits_for_the_stream():
+    """view.close(stream=q) after bridge.close() raised Closed and left the lease open; when the view went, the
+    lease ended with no fence and the memory was freed while q (a consumer's queue) could still read it."""
+    b = devbridge.Bridge(backend="fake", ring_bytes=1 << 16, close_fence_timeout=0.05)
+    b.fake.set_auto_complete(True)
+    h = b.alloc(FLOATS, 4096)
+    view = b.view(h, "float32", (1024,))
+    b.fake.block_queue(QUEUE)
+    b.release(h)
+    b.close()
+    view.close(stream=QUEUE)
+    assert view.closed
+    del view
+    gc.collect()
+    assert b.fake.live_allocations() == 1, "freed while the consumer's queue may still read it"
+    assert b.stats()["pending_fences"] == 1
+    b.fake.unblock_queue(QUEUE)
+
+
 def test_a_step_ended_after_a_consumers_stream_keeps_free_strict(fake_bridge):
     b = fake_bridge
     h = b.alloc(FLOATS, 4096)
     b.begin_step(1, [h])
     b.fake.block_queue(QUEUE)
     b.end_step(1, stream=QUEUE)
-    with pytest.raises(devbridge.AllocationStillInUse):
+    with pytest.raises(devbridge.AllocationStillInUse, match=f"fence not yet passed on consumer queue {QUEUE:#x} "):
         b.free(h)
     b.fake.unblock_queue(QUEUE)
     b.free(h)

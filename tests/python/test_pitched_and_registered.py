@@ -490,6 +490,39 @@ def test_registration_refuses_buffers_it_cannot_use():
         assert b.stats()["host_regions"] == 0 and b.fake.live_registrations() == 0
 
 
+def test_big_endian_elements_are_refused_where_registered_bytes_would_move_swapped():
+    """register_host and range_of took a '>f4' array, and copies moved its bytes as they are: the float32
+    allocation read [4.6e-41, 9.0e-44, ...] for [1, 2, 3, 4] (the contract: converted or refused at every entry)."""
+    with open_bridge("fake") as b:
+        big = np.arange(1, 5, dtype=">f4")
+        for refused in (big, memoryview(big), np.zeros(4, np.dtype([("a", ">i4")]))):
+            with pytest.raises(ValueError, match="big-endian .*newbyteorder"):
+                b.register_host(refused)
+        assert b.stats()["host_regions"] == 0 and b.fake.live_registrations() == 0
+        raw = page_array((64,), "uint8")
+        region = b.register_host(raw)
+        with pytest.raises(ValueError, match="range_of: .*big-endian"):
+            region.range_of(raw.view(">f4"))
+        assert region.range_of(raw.view("<f4"))[0] == region.range(0, 64)  # little-endian and native: as they are
+        region.unregister()
+
+
+def test_a_with_block_ending_in_an_error_keeps_that_error_not_the_unregisters():
+    """A fatal copy failure inside `with bridge.register_host(buf)` surfaced as the Broken the region's
+    __exit__ met unregistering, fatal=False, the DeviceCopyFailed only in __context__."""
+    with open_bridge("fake") as b:
+        b.fake.set_auto_complete(True)
+        buf = page_array((4096,), "uint8")
+        h = b.alloc(devbridge.ObjectSpec(4096, 256, "uint8"), 4096)
+        b.fake.inject("copy_h2d", "fatal")
+        with pytest.raises(devbridge.DeviceCopyFailed) as raised:
+            with b.register_host(buf) as region:
+                b.wait(b.host_to_device(region.range(0, 4096), h))
+        assert raised.value.fatal
+        b.restart(2)  # lets the region go, as a broken bridge's restart does
+        assert b.fake.live_registrations() == 0
+
+
 def test_overlapping_registrations_are_refused_naming_the_region():
     with open_bridge("fake") as b:
         a = page_array((16, 64), "uint8")

@@ -170,8 +170,9 @@ def test_out_of_memory_dumps_the_trace_and_names_it(tmp_path):
         ({"max_events": 1.5}, TypeError),
         ({"max_events": -1}, OverflowError),
         ({"max_events": 1 << 64}, OverflowError),
-        ({"max_events": 0}, ValueError),
-        ({"max_events": (1 << 24) + 1}, ValueError),
+        ({"max_events": 0}, devbridge.InvalidRange),
+        ({"max_events": (1 << 24) + 1}, devbridge.InvalidRange),
+        ({"max_events": True}, TypeError),
         ({"stacks": 1}, TypeError),
         ({"oom_dump_dir": 3}, TypeError),
     ],
@@ -179,6 +180,13 @@ def test_out_of_memory_dumps_the_trace_and_names_it(tmp_path):
 def test_argument_errors(fake_bridge, kwargs, error):
     with pytest.raises(error):
         fake_bridge.record(**kwargs)
+
+
+def test_memory_snapshot_layout_none_is_the_default_layout(fake_bridge):
+    """PYTHON.md documents memory_snapshot(layout=None); None was a TypeError."""
+    assert fake_bridge.memory_snapshot(layout=None)["format"] == fake_bridge.memory_snapshot()["format"]
+    with pytest.raises(ValueError, match="devbridge"):
+        fake_bridge.memory_snapshot(layout="pytorch")
 
 
 def test_dump_trace_takes_paths_only(fake_bridge, tmp_path):
@@ -234,7 +242,7 @@ def test_the_torch_layout_is_read_by_pytorchs_memory_viz(tmp_path):
         b.close()
 
 
-@pytest.mark.parametrize("layout, error", [(3, TypeError), (None, TypeError), ("pytorch", ValueError)])
+@pytest.mark.parametrize("layout, error", [(3, TypeError), (b"torch", TypeError), ("pytorch", ValueError)])
 def test_the_snapshot_layout_is_checked(fake_bridge, layout, error):
     with pytest.raises(error, match="layout"):
         fake_bridge.memory_snapshot(layout=layout)
