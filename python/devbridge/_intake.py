@@ -107,8 +107,26 @@ def _labelled(name: str) -> np.dtype:
 # anyway; adopt, which promises no copy, refuses it.
 
 _DLPACK_CPU = 1
-_DLPACK_DEVICES = {2: "CUDA", 3: "CUDA host", 4: "OpenCL", 7: "Vulkan", 8: "Metal", 9: "VPI", 10: "ROCm",
-                   11: "ROCm host", 13: "CUDA managed", 14: "oneAPI"}
+_DLPACK_DEVICES = {1: "CPU", 2: "CUDA", 3: "CUDA host", 4: "OpenCL", 7: "Vulkan", 8: "Metal", 9: "VPI", 10: "ROCm",
+                   11: "ROCm host", 12: "ext dev", 13: "CUDA managed", 14: "oneAPI", 15: "WebGPU", 16: "Hexagon",
+                   17: "MAIA"}
+# The DLPack devices whose memory the CPU reads, as numpy's from_dlpack takes them: the CPU's, pinned host
+# memory (CUDA host, ROCm host) and CUDA managed memory. A capsule on any other device is never read here.
+_DLPACK_HOST_READABLE = frozenset({1, 3, 11, 13})
+# DLPack's type codes (dlpack.h), to name a dtype devbridge does not hold.
+_DLPACK_CODES = {0: "int", 1: "uint", 2: "float", 3: "opaque handle", 4: "bfloat", 5: "complex", 6: "bool",
+                 7: "float8_e3m4", 8: "float8_e4m3", 9: "float8_e4m3b11fnuz", 10: "float8_e4m3fn",
+                 11: "float8_e4m3fnuz", 12: "float8_e5m2", 13: "float8_e5m2fnuz", 14: "float8_e8m0fnu",
+                 15: "float6_e2m3fn", 16: "float6_e3m2fn", 17: "float4_e2m1fn"}
+
+
+def _dlpack_dtype_text(code: int, bits: int, lanes: int) -> str:
+    """A DLPack dtype as numpy would spell it ("complex64", "float8_e4m3fnuz"), else its numbers."""
+    base = _DLPACK_CODES.get(code)
+    if base is None or code == 3:
+        return f"DLPack code {code}, {bits} bits"
+    name = base if code >= 7 else ("bool" if code == 6 else f"{base}{bits}")
+    return name if lanes == 1 else f"{name} x{lanes} lanes"
 
 
 class _DLDevice(ctypes.Structure):
@@ -182,11 +200,19 @@ def _from_capsule(array: Any, what: str) -> np.ndarray:
             tensor = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
         except ValueError as error:
             raise TypeError(f"{what}: the {kind}'s __dlpack__() gave no DLPack capsule ({error})") from error
+    # The capsule's own word on where the memory is, whatever __dlpack_device__() said: memory on a device
+    # (an OpenCL buffer, a CUDA pointer) read as host memory is garbage or a crash.
+    device_type, device_id = tensor.device.device_type, tensor.device.device_id
+    if device_type not in _DLPACK_HOST_READABLE:
+        raise ValueError(f"{what}: the {kind}'s DLPack capsule is on device ({device_type}, {device_id}) "
+                         f"({_DLPACK_DEVICES.get(device_type, 'not host memory')}), though its __dlpack_device__() "
+                         "said the CPU: devbridge takes arrays in host memory and reads nothing else; copy it "
+                         "to the CPU first")
     code, bits, lanes = tensor.dtype.code, tensor.dtype.bits, tensor.dtype.lanes
     name = _dlpack_dtypes().get((code, bits)) if lanes == 1 else None
-    if name is None:
-        raise TypeError(f"{what}: the {kind} holds DLPack dtype (code {code}, bits {bits}, lanes {lanes}), "
-                        f"which devbridge does not hold")
+    if name is None:  # ValueError, as the same dtype in a numpy array is (dtype_info's words)
+        raise ValueError(f"{what}: unknown dtype \"{_dlpack_dtype_text(code, bits, lanes)}\" (the {kind}'s DLPack "
+                         f"dtype: code {code}, bits {bits}, lanes {lanes}); devbridge knows: {', '.join(dtypes())}")
     dtype = _labelled(name)
     shape = tuple(tensor.shape[i] for i in range(tensor.ndim))
     if math.prod(shape) == 0:
@@ -209,13 +235,47 @@ def _from_dlpack(array: Any, what: str) -> np.ndarray:
                          "the CPU: devbridge takes arrays in host memory; copy it there first (torch: .cpu(), "
                          "jax: jax.device_put(x, jax.devices('cpu')[0]))")
     try:
+        # numpy reads a capsule only on a device whose memory the CPU reads (_DLPACK_HOST_READABLE's).
         return np.from_dlpack(array)
     except (BufferError, RuntimeError, TypeError, ValueError):
-        return _from_capsule(array, what)  # a dtype numpy lacks (or the producer's refusal, said by it)
+        # A dtype numpy lacks, the producer's refusal (said by it), or a capsule on a device numpy refuses,
+        # which _from_capsule refuses too: it checks the capsule's device before reading a byte.
+        return _from_capsule(array, what)
+
+
+class _NotAnArray(TypeError):
+    """An object that is no array the intake reads (no ndarray, DLPack producer or buffer); an entry that
+    takes anything ``numpy.asarray`` takes (``any_layout``) tries that instead. Any other refusal (a
+    producer's failed export, a masked array) stands for every entry alike."""
+
+
+def _refuse_masked(array: Any, what: str) -> None:
+    """``TypeError`` for a numpy masked array: devbridge's bytes carry no mask, and its ``data`` holds
+    whatever the masked elements hold (reshaped, it is not even the array numpy would give)."""
+    if isinstance(array, np.ma.MaskedArray):
+        raise TypeError(f"{what}: a numpy masked array (numpy.ma.MaskedArray, shape {array.shape}, "
+                        f"{array.dtype}) cannot be taken: devbridge's tensors carry no mask; pass "
+                        "a.filled(value) (the masked elements replaced by value) or a.data (the values under the "
+                        "mask as they are)")
+
+
+def _dtype_refusal(dtype: np.dtype, what: str) -> str | None:
+    """Why ``dtype``, which devbridge does not hold, is none of its dtypes where the module's "unknown dtype
+    \"void64\"" would not say it: a structured dtype (fields) or raw void bytes. None for any other."""
+    if dtype.fields is not None:
+        return (f"{what}: the array has a structured dtype ({dtype}): a record of fields, not one of devbridge's "
+                "dtypes (devbridge.dtypes()); pass one field at a time (numpy.ascontiguousarray(a['name'])), or "
+                "its bytes (a.view(numpy.uint8))")
+    if dtype.type is np.void:  # ml_dtypes' types are kind "V" too, but their own types
+        return (f"{what}: the array has a raw void dtype ({dtype}: {dtype.itemsize}-byte items numpy gives no "
+                "type), not one of devbridge's dtypes (devbridge.dtypes()); pass its bytes (a.view(numpy.uint8)), "
+                "or give dtype= (a devbridge dtype of its item size) to relabel them")
+    return None
 
 
 def _to_numpy(array: Any, what: str) -> np.ndarray:
     """``array`` as a numpy array over its own memory: numpy, a CPU DLPack producer, a buffer."""
+    _refuse_masked(array, what)
     if isinstance(array, np.ndarray):
         return array
     if isinstance(array, np.generic):  # its buffer would be its bytes (datetime64: 8 uint8), not its dtype
@@ -226,8 +286,8 @@ def _to_numpy(array: Any, what: str) -> np.ndarray:
     try:
         view = memoryview(array)
     except TypeError as error:
-        raise TypeError(f"{what} takes an array (numpy, a DLPack producer in host memory such as a torch or jax "
-                        f"CPU tensor, or a buffer such as bytes or array.array), not {kind}") from error
+        raise _NotAnArray(f"{what} takes an array (numpy, a DLPack producer in host memory such as a torch or jax "
+                          f"CPU tensor, or a buffer such as bytes or array.array), not {kind}") from error
     except BufferError as error:
         raise TypeError(f"{what}: the {kind} refused its buffer: {error}") from error
     if not view.c_contiguous:
@@ -288,10 +348,12 @@ def _intake(array: Any, what: str, dtype: Any = None, *, copy: bool = True, any_
     array = _resolved_lazy_sign(array, what, copy)
     try:
         a = _to_numpy(array, what)
-    except TypeError:
-        if not any_layout:
-            raise
-        a = np.asarray(array)
+    except _NotAnArray as error:
+        a = np.asarray(array) if any_layout else None  # a list, a scalar, an object with __array__...
+        if a is None or (a.dtype == object and not isinstance(array, (int, float, complex, list, tuple))):
+            # numpy read no numbers from it, only wrapped it (None) or its items (a tinygrad Tensor): no array.
+            # (Objects out of a Python number or a list are the dtype's ValueError below, as a put words it.)
+            raise TypeError(str(error)) from error.__cause__
     if not a.flags.c_contiguous:
         if not any_layout:
             hint = ("tensor.contiguous()" if callable(getattr(array, "contiguous", None))
@@ -313,5 +375,11 @@ def _intake(array: Any, what: str, dtype: Any = None, *, copy: bool = True, any_
                              "(use array.astype)")
         a = a.view(_labelled(name))
     else:
-        _dtype_name(a.dtype)  # ValueError now for a dtype devbridge does not hold
+        try:
+            _dtype_name(a.dtype)  # ValueError now for a dtype devbridge does not hold
+        except ValueError as error:
+            why = _dtype_refusal(a.dtype, what)
+            if why is None:
+                raise
+            raise ValueError(why) from error
     return a

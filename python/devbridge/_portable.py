@@ -29,8 +29,8 @@ from typing import Any, BinaryIO, Callable, Iterator, NamedTuple, NoReturn
 import numpy as np
 
 from ._devbridge import Bridge, DeviceHandle, ObjectSpec, TransferPlanner, dtype_info
-from ._errors import BridgeError
-from ._intake import _bits_dtype, _dtype_name, _intake, _numpy_dtype
+from ._errors import BridgeError, ForeignDomain
+from ._intake import _bits_dtype, _dtype_name, _intake, _numpy_dtype, _refuse_masked
 from ._staging import (
     DeviceTensor,
     _checked_flag,
@@ -59,7 +59,9 @@ class PortableTensor:
     """``{shape, dtype, bytes}``: one tensor's bytes, row-major and little-endian, outside any bridge.
 
     ``data`` is any C-contiguous buffer of exactly ``prod(shape) * itemsize``
-    bytes; it is kept, not copied. numpy reads a PortableTensor without a copy
+    bytes; it is kept, not copied, except a typed buffer in big-endian byte
+    order (a ``">f4"`` array), whose items are converted to little-endian (a
+    copy; ``ValueError`` when they are not the dtype's size). numpy reads a PortableTensor without a copy
     (``numpy.asarray(t)``, ``t.numpy()``; dtypes numpy lacks, ``bfloat16`` and
     ``float8_*``, read as ml_dtypes' types when ml_dtypes is installed, else as
     the unsigned integers of their bits), and so does ``memoryview(t)`` on
@@ -71,6 +73,7 @@ class PortableTensor:
     def __init__(self, shape: Any, dtype: Any, data: Any) -> None:
         dims = _checked_shape(shape)
         name = _checked_dtype(dtype)
+        _refuse_masked(data, "PortableTensor data")
         try:
             view = memoryview(data)
         except TypeError as error:
@@ -78,6 +81,7 @@ class PortableTensor:
                             f"{type(data).__name__}") from error
         if not view.c_contiguous:
             raise ValueError(f"PortableTensor data (shape {view.shape}, strides {view.strides}) is not C-contiguous")
+        data, view = _little_endian(data, view, name)
         nbytes = math.prod(dims) * dtype_info(name)["itemsize"]
         if view.nbytes != nbytes:
             raise ValueError(f"a PortableTensor of shape {dims} and dtype {name} holds {nbytes} bytes; "
@@ -164,6 +168,30 @@ class PortableTensor:
         return f"PortableTensor(shape={self._shape}, dtype={self._dtype!r}, nbytes={self.nbytes})"
 
 
+def _little_endian(data: Any, view: memoryview, name: str) -> tuple[Any, memoryview]:
+    """``data`` (and its ``view``) as little-endian bytes of ``name``: a typed buffer of items in the other
+    byte order (a ``">f4"`` numpy array, a memoryview of format ``">f"``) converted, values kept, when its
+    items are ``name``'s size (as ``dtype=`` relabels only items of its own size); ``ValueError`` naming the
+    byte order otherwise. Bytes, and any buffer in the native order or with 1-byte items, as they are."""
+    if view.itemsize == 1 or view.format[:1] not in ("<", ">", "!", "="):
+        return data, view  # native ("@"/no prefix), bytes, or items whose order nothing swaps
+    try:
+        a = data if isinstance(data, np.ndarray) else np.asarray(view)
+    except (TypeError, ValueError, NotImplementedError):  # a format numpy cannot read: its bytes as they are
+        return data, view
+    if a.dtype.isnative or a.dtype.byteorder == "|":
+        return data, view
+    itemsize = dtype_info(name)["itemsize"]
+    if a.itemsize != itemsize:
+        raise ValueError(f"PortableTensor data is in non-native byte order ({a.dtype.str}: big-endian) and a "
+                         f"PortableTensor's bytes are little-endian; its {a.itemsize}-byte items are not {name}'s "
+                         f"{itemsize}-byte ones, so they cannot be converted: pass the array converted "
+                         "(array.astype(array.dtype.newbyteorder('<')))")
+    # A new array (the values in the native order, which is little-endian wherever devbridge runs).
+    a = a.astype(a.dtype.newbyteorder("="), order="C")
+    return a, memoryview(a)
+
+
 def _checked_dtype(dtype: Any) -> str:
     """devbridge's name of ``dtype``: ``TypeError`` for a value that is no dtype, ``ValueError`` for an
     unknown one (never the binding's generic error)."""
@@ -200,7 +228,8 @@ def _resolve(bridge: Bridge, x: Any, dtype: Any = None, shape: Any = None, strid
         raise TypeError(f"bridge must be a devbridge.Bridge, not {type(bridge).__name__}")
     if isinstance(x, DeviceTensor):
         if x.bridge is not bridge:
-            raise ValueError(f"{x!r} belongs to another bridge (domain {x.bridge.domain}, not {bridge.domain})")
+            # As the bridge refuses another bridge's handle (download, view): the contract's ForeignDomain.
+            raise ForeignDomain(f"{x!r} belongs to another bridge (domain {x.bridge.domain}, not {bridge.domain})")
         x.wait()  # raises Closed once freed, and the upload's failure if it failed
         if dtype is None and shape is None and strides is None and isinstance(offset, int) and offset == 0:
             # The whole tensor as it was made: row-major, in its allocation, nothing to validate as a view
@@ -468,7 +497,8 @@ def import_tensor(bridge: Bridge, source: Any, spec: ObjectSpec | None = None, *
         raise TypeError(f"bridge must be a devbridge.Bridge, not {type(bridge).__name__}")
     wait = _checked_flag(wait, "wait")
     _refuse_text_mode(source, "import_tensor reads bytes", "rb")
-    readinto = None if isinstance(source, (PortableTensor, np.ndarray)) else getattr(source, "readinto", None)
+    readinto = (None if isinstance(source, (PortableTensor, np.ndarray, np.generic))
+                else getattr(source, "readinto", None))
     if callable(readinto):
         if dtype is None or shape is None:
             raise TypeError("import_tensor from a file needs dtype= and shape=")
@@ -490,8 +520,8 @@ def _as_portable(source: Any, dtype: Any, shape: Any) -> PortableTensor:
             if given is not None and (_checked_dtype(given) if what == "dtype" else _checked_shape(given)) != own:
                 raise ValueError(f"import_tensor: {what}={given!r} differs from the PortableTensor's {own!r}")
         return source
-    if isinstance(source, np.ndarray) or hasattr(type(source), "__dlpack__"):
-        a = _intake(source, "import_tensor")
+    if isinstance(source, (np.ndarray, np.generic)) or hasattr(type(source), "__dlpack__"):
+        a = _intake(source, "import_tensor")  # a numpy scalar as upload reads it: a 0-d array of its dtype
         dtype = a.dtype if dtype is None else dtype
         shape = a.shape if shape is None else shape
         source = a.reshape(-1).view(np.uint8)

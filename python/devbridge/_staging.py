@@ -724,6 +724,9 @@ def download(bridge: Bridge, x: Any, out: np.ndarray | None = None, *, dtype: An
     else:
         if not isinstance(out, np.ndarray):
             raise TypeError(f"out must be a numpy.ndarray, not {type(out).__name__}")
+        if isinstance(out, np.ma.MaskedArray):  # its mask would hide what lands under it
+            raise TypeError(f"out is a numpy masked array (numpy.ma.MaskedArray, shape {out.shape}): a download "
+                            "writes values, no mask; pass out.data (the array under the mask) or a plain array")
         bits = _bits_dtype(name)
         if out.dtype != np_dtype and (bits is None or out.dtype != bits):
             raise ValueError(f"out has dtype {out.dtype}, the data is {name} ({np_dtype})")
