@@ -242,8 +242,13 @@ class ReleaseQueue(_NotCopyable):
 # --------------------------------------------------------------------------------------------- helpers
 
 
-def _chunk_error(error: BridgeError, what: str, index: int, offset: int, n: int, total: int) -> BridgeError:
-    new = type(error)(f"{what} chunk {index} (bytes {offset}..{offset + n} of {total}): {error.message}")
+def _chunk_error(error: BridgeError, what: str, index: int, offset: int, n: int, total: int,
+                 handle: DeviceHandle) -> BridgeError:
+    # Worded as the planner words a chunk that failed at submit (ring_chunks.cpp), so the same failure reads
+    # the same whether upload's own wait met it or tensor.wait() did; the tensor starts at device offset 0.
+    new = type(error)(f"{what} chunk {index} (bytes {offset}..{offset + n} of {total}, device offset {offset} of "
+                      f"handle {{domain {handle.domain}, generation {handle.generation}, id {handle.id:#x}}}): "
+                      f"{error.message}")
     new.fatal = getattr(error, "fatal", False)
     return new
 
@@ -402,7 +407,7 @@ class DeviceTensor(_NotCopyable):
         try:
             self.bridge.wait(event)
         except BridgeError as error:
-            raise _chunk_error(error, "upload", index, offset, n, self.nbytes) from error
+            raise _chunk_error(error, "upload", index, offset, n, self.nbytes, self._handle) from error
 
     def _landed(self, timeout: float | None) -> bool:
         """Whether the thread filling the tensor has submitted all of its copies (waiting up to ``timeout``
@@ -458,7 +463,7 @@ class DeviceTensor(_NotCopyable):
             try:
                 status = self.bridge.wait(event, timeout=left)
             except BridgeError as error:
-                raise _chunk_error(error, "upload", index, offset, n, self.nbytes) from error
+                raise _chunk_error(error, "upload", index, offset, n, self.nbytes, self._handle) from error
             done = done and status == "completed"
         if done and events:
             self._events = []  # all completed: later waits (numpy(), view(), DLPack) ask the bridge nothing

@@ -270,7 +270,10 @@ def test_a_chunk_failing_at_completion_leaves_nothing_behind(fake, rng):
 
     fake.fake.inject("copy_h2d", "copy_failed_at_completion", nth=2)
     t = fake.upload(a)  # no wait: the failure surfaces at wait()/ready(), the ranges go back anyway
-    with pytest.raises(devbridge.DeviceCopyFailed, match="upload chunk 1 "):
+    # Worded as upload(wait=True) words it: the device offset and the handle too (they were left out).
+    with pytest.raises(devbridge.DeviceCopyFailed,
+                       match=fr"upload chunk 1 \(bytes \d+\.\.\d+ of {a.nbytes}, device offset \d+ of handle "
+                             fr"\{{domain {t.handle.domain}, generation 1, id {t.handle.id:#x}\}}\): "):
         t.wait()
     with pytest.raises(devbridge.DeviceCopyFailed, match="upload chunk 1 "):
         t.ready()
