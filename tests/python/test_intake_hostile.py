@@ -24,22 +24,10 @@ import pytest
 
 import devbridge
 from devbridge import _intake
-from conftest import auto_bridge, collect, make_bridge
+from conftest import collect, make_bridge
 
-RING = 1 << 20
-
-
-@pytest.fixture(params=["fake", "host"])
-def ib(request):
-    yield from auto_bridge(request.param, ring_bytes=RING)
-
-
-@pytest.fixture
-def hb():
-    b = make_bridge("host", ring_bytes=RING)
-    yield b
-    collect()
-    b.close()
+# The intake suite's bridges: ib on the fake and host, hb on host.
+from test_intake import RING, hb, ib  # noqa: F401 - fixtures, used by name
 
 
 def _array_entries(b):
