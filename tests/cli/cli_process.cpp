@@ -180,10 +180,17 @@ CliRun run_cli_with(const std::vector<std::string>& args, const ChildSetup& setu
       if (opened != fd) ::close(opened);
     };
     redirect(STDIN_FILENO, "/dev/null", O_RDONLY);
-    redirect(STDOUT_FILENO, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC);
+    if (setup.stdout_reader_gone) {
+      int ends[2];
+      if (::pipe(ends) != 0 || ::close(ends[0]) != 0 || ::dup2(ends[1], STDOUT_FILENO) < 0) ::_exit(kChildSetupFailed);
+      ::close(ends[1]);
+      ::signal(SIGPIPE, SIG_DFL);
+    } else {
+      redirect(STDOUT_FILENO, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC);
+    }
     redirect(STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC);
     if (setup.file_size_limit != 0) {
-      ::signal(SIGXFSZ, SIG_IGN);  // an ignored signal stays ignored across exec
+      ::signal(SIGXFSZ, setup.default_sigxfsz ? SIG_DFL : SIG_IGN);  // as set, it stays across exec
       const rlimit limit{setup.file_size_limit, setup.file_size_limit};
       if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(kChildSetupFailed);
     }
@@ -194,7 +201,7 @@ CliRun run_cli_with(const std::vector<std::string>& args, const ChildSetup& setu
   }
   CliRun run;
   reap(pid, run);
-  if (setup.stdout_path.empty()) run.out = read_file(out_path);
+  if (setup.stdout_path.empty() && !setup.stdout_reader_gone) run.out = read_file(out_path);
   run.err = read_file(err_path);
   return run;
 }

@@ -38,6 +38,12 @@ struct ChildSetup {
   // `trap '' XFSZ; ulimit -f`: a write past it fails with EFBIG. It bounds
   // the child's stdout and stderr files too.
   std::uint64_t file_size_limit = 0;
+  // With file_size_limit: SIGXFSZ at its default action, as after a plain
+  // `ulimit -f` (the write past the limit would end a process that keeps it).
+  bool default_sigxfsz = false;
+  // Its stdout a pipe whose reader is gone, SIGPIPE at its default action
+  // (`devbridge ... | head -c0`); stdout_path is then not used.
+  bool stdout_reader_gone = false;
 };
 
 CliRun run_cli_with(const std::vector<std::string>& args, const ChildSetup& setup);

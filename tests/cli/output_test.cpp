@@ -71,17 +71,23 @@ TEST(TraceViewPage, AFailedWriteKeepsTheOldPageAndLeavesNoPartialFile) {
   std::ofstream(page) << previous;
 
   // The page is the trace (tens of KiB) and the template: more than 16 KiB.
-  ChildSetup limited;
-  limited.file_size_limit = 16 << 10;
-  const CliRun run = run_cli_with({"trace", "view", trace, "-o", page.string()}, limited);
-  EXPECT_EQ(run.exit_code, 1) << describe(run);
-  EXPECT_EQ(run.signal, 0) << describe(run);
-  EXPECT_THAT(run.err, StartsWith("devbridge trace view: -o: cannot write '" + page.string() + "': ")) << describe(run);
-  EXPECT_THAT(run.err, HasSubstr(std::strerror(EFBIG))) << describe(run);
-  EXPECT_EQ(line_count(run.err), 1u) << describe(run);
-  EXPECT_EQ(run.out, "") << describe(run);
-  EXPECT_EQ(read_file(page.string()), previous);
-  EXPECT_EQ(entries(dir), std::vector<std::string>{"page.html"});  // no temporary left
+  // With SIGXFSZ ignored (`trap '' XFSZ; ulimit -f`), and at its default (a
+  // plain `ulimit -f`), which killed the command with the temporary left.
+  for (const bool default_sigxfsz : {false, true}) {
+    ChildSetup limited;
+    limited.file_size_limit = 16 << 10;
+    limited.default_sigxfsz = default_sigxfsz;
+    const CliRun run = run_cli_with({"trace", "view", trace, "-o", page.string()}, limited);
+    EXPECT_EQ(run.exit_code, 1) << describe(run);
+    EXPECT_EQ(run.signal, 0) << describe(run);
+    EXPECT_THAT(run.err, StartsWith("devbridge trace view: -o: cannot write '" + page.string() + "': "))
+        << describe(run);
+    EXPECT_THAT(run.err, HasSubstr(std::strerror(EFBIG))) << describe(run);
+    EXPECT_EQ(line_count(run.err), 1u) << describe(run);
+    EXPECT_EQ(run.out, "") << describe(run);
+    EXPECT_EQ(read_file(page.string()), previous);
+    EXPECT_EQ(entries(dir), std::vector<std::string>{"page.html"});  // no temporary left
+  }
 
   // Written whole, it replaces the old page.
   const CliRun whole = run_cli({"trace", "view", trace, "-o", page.string()});
@@ -196,6 +202,29 @@ TEST(Stdout, AReportThatCouldNotBeWrittenToStdoutExitsOne) {
     EXPECT_EQ(run.err, std::string("devbridge: could not write the report to standard output: ") +
                            std::strerror(ENOSPC) + "\n")
         << args[0] << "\n" << describe(run);
+  }
+}
+
+// A reader that went away (`devbridge ... --json R | head -c0`): SIGPIPE
+// killed the command at its first write to stdout, before the --json report
+// was written, its temporary left behind. The report is written, then the
+// command ends by SIGPIPE as any other program in a pipeline would.
+TEST(Stdout, AReaderThatWentAwayEndsTheCommandBySigpipeAfterItsReportIsWritten) {
+  const std::filesystem::path dir = fresh_dir("stdout-reader-gone");
+  const std::string checkpoint = (dir / "plain.safetensors").string();
+  std::ofstream(checkpoint, std::ios::binary) << std::string("\x02\0\0\0\0\0\0\0{}", 10);
+  const std::string report = (dir / "report.json").string();
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"stream", "--backend", "fake", "--bytes", "64KiB", "--chunk", "16KiB", "--json", report},
+        std::vector<std::string>{"checkpoint", "inspect", checkpoint, "--json", report}}) {
+    std::filesystem::remove(report);
+    ChildSetup gone;
+    gone.stdout_reader_gone = true;
+    const CliRun run = run_cli_with(args, gone);
+    EXPECT_EQ(run.signal, SIGPIPE) << args[0] << "\n" << describe(run);
+    EXPECT_EQ(run.err.find("could not write"), std::string::npos) << describe(run);
+    EXPECT_THAT(read_file(report), StartsWith("{")) << args[0] << ": the report is written";
+    EXPECT_EQ(entries(dir), (std::vector<std::string>{"plain.safetensors", "report.json"})) << "no temporary left";
   }
 }
 

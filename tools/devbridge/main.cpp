@@ -96,11 +96,31 @@ bool flush_stdout() {
   return g_stdout_errno == 0;
 }
 
+// Whether SIGPIPE had its default action when the command started (a shell's
+// pipeline) rather than being ignored (a parent that set SIG_IGN).
+bool g_sigpipe_ends_us = false;
+
+// SIGPIPE and SIGXFSZ would end the process in the middle of a write, with
+// an output's temporary file left behind and the --json report not written:
+// both are ignored, so the write fails with EPIPE or EFBIG and is reported
+// like any failed write, and a reader that went away still ends the command
+// with SIGPIPE, at the end (finish_stdout), as for any other program.
+void turn_write_signals_into_errors() {
+  struct sigaction previous {};
+  g_sigpipe_ends_us = ::sigaction(SIGPIPE, nullptr, &previous) == 0 && previous.sa_handler == SIG_DFL;
+  std::signal(SIGPIPE, SIG_IGN);
+  std::signal(SIGXFSZ, SIG_IGN);
+}
+
 // The last word of every command: what it printed must have reached stdout,
 // or the exit code says it did not (1, unless it already says a failure or a
 // signal).
 int finish_stdout(int exit_code) {
   if (flush_stdout()) return exit_code;
+  if (g_stdout_errno == EPIPE && g_sigpipe_ends_us) {
+    std::signal(SIGPIPE, SIG_DFL);
+    std::raise(SIGPIPE);
+  }
   fmt::print(stderr, "devbridge: could not write the report to standard output: {}\n", std::strerror(g_stdout_errno));
   return exit_code == kExitOk ? kExitFailure : exit_code;
 }
@@ -606,4 +626,7 @@ int run_command_line(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return finish_stdout(run_command_line(argc, argv)); }
+int main(int argc, char** argv) {
+  turn_write_signals_into_errors();
+  return finish_stdout(run_command_line(argc, argv));
+}
