@@ -640,3 +640,27 @@ def test_ctrl_c_during_uploads_leaks_no_allocation(how):
     assert (stats["live_allocations"], b.memory_stats()["allocated_bytes"]) == (0, 0), stats
     assert stats["ring_used"] == 0 and stats["ring_releases_pending"] == 0
     b.close()
+
+
+def test_an_address_space_limit_is_named_when_it_refuses_host_memory():
+    """Under `ulimit -v`, a host mapping failed with ENOMEM beside "18451005440 bytes available": the message
+    pointed at free memory, never at the limit that refused it."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import resource, devbridge
+        with open("/proc/self/status") as status:
+            size = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+        resource.setrlimit(resource.RLIMIT_AS, (size + (256 << 20), resource.RLIM_INFINITY))
+        try:
+            devbridge.Bridge(backend="host", ring_bytes=1 << 30)
+        except devbridge.AllocationFailed as error:
+            print(error.message)
+        else:
+            print("opened")
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "RLIMIT_AS, ulimit -v" in run.stdout, run.stdout

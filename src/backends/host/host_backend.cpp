@@ -90,8 +90,14 @@ std::string memlock_limit() {
 
 std::string available_memory_text() {
   const auto memory = detail::read_memory_info();
-  if (!memory.problem.empty()) return memory.problem;
-  return fmt::format("{} bytes available", memory.available);
+  std::string text = memory.problem.empty() ? fmt::format("{} bytes available", memory.available) : memory.problem;
+  // An address-space limit refuses a mapping with ENOMEM however much memory
+  // is free: name it, or the figure above points at a non-problem.
+  rlimit address_space{};
+  if (::getrlimit(RLIMIT_AS, &address_space) == 0 && address_space.rlim_cur != RLIM_INFINITY)
+    text += fmt::format("; the process's address space is limited to {} bytes (RLIMIT_AS, ulimit -v)",
+                        address_space.rlim_cur);
+  return text;
 }
 
 using checked::range_within;

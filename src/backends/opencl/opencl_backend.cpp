@@ -33,6 +33,14 @@
 // asks.
 #include "backends/opencl/opencl_backend_impl.hpp"
 
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <system_error>
+
+#include <fmt/ranges.h>
+
 namespace devbridge::opencl {
 namespace detail {
 namespace {
@@ -48,6 +56,22 @@ struct Devices {
 constexpr const char* kInstallADriver =
     "install an OpenCL driver that registers itself in /etc/OpenCL/vendors (Debian: pocl-opencl-icd for the CPU; "
     "mesa-opencl-icd, intel-opencl-icd or nvidia-opencl-icd for a GPU)";
+
+// The .icd files in the ICD loader's vendors directory, or why it could not
+// be read (a directory that does not exist has none).
+struct Registered {
+  std::vector<std::string> names;
+  std::error_code unreadable;
+};
+Registered registered_drivers(const std::string& directory) {
+  Registered found;
+  std::error_code error;
+  for (std::filesystem::directory_iterator it(directory, error), end; !error && it != end; it.increment(error))
+    if (it->path().extension() == ".icd") found.names.push_back(it->path().filename().string());
+  if (error && error != std::errc::no_such_file_or_directory) found.unreadable = error;
+  std::sort(found.names.begin(), found.names.end());
+  return found;
+}
 
 Devices enumerate_devices() {
   Devices found;
@@ -66,9 +90,27 @@ Devices enumerate_devices() {
   if (listed == CL_PLATFORM_NOT_FOUND_KHR || (listed == CL_SUCCESS && platform_count == 0)) {
     // ocl-icd reads $OCL_ICD_VENDORS instead of /etc/OpenCL/vendors when it is set.
     const char* vendors = std::getenv("OCL_ICD_VENDORS");
-    found.unavailable = fmt::format("no OpenCL platform ({} found no driver registered in {})", cl.path,
-                                    vendors != nullptr && *vendors != '\0' ? vendors : "/etc/OpenCL/vendors");
-    found.remedy = kInstallADriver;
+    const std::string where = vendors != nullptr && *vendors != '\0' ? vendors : "/etc/OpenCL/vendors";
+    const Registered registered = registered_drivers(where);
+    if (registered.names.empty() && !registered.unreadable) {
+      found.unavailable = fmt::format("no OpenCL platform ({} found no driver registered in {})", cl.path, where);
+      found.remedy = kInstallADriver;
+      return found;
+    }
+    // Registered, yet none answered: the loader skips a driver it cannot
+    // open or whose platform fails, and says nothing.
+    rlimit files{};
+    const std::string file_limit =
+        ::getrlimit(RLIMIT_NOFILE, &files) == 0 ? fmt::format("{}", files.rlim_cur) : std::string("unknown");
+    const std::string drivers = registered.unreadable
+                                    ? fmt::format("which could not be read either: {}", registered.unreadable.message())
+                                    : fmt::format("{}", fmt::join(registered.names, ", "));
+    found.unavailable = fmt::format(
+        "no OpenCL platform: {} loaded none of the drivers registered in {} ({}); a driver is skipped when its "
+        "library or one it needs cannot be loaded, or the process has no file descriptor left (RLIMIT_NOFILE {})",
+        cl.path, where, drivers, file_limit);
+    found.remedy = "check that the driver's library loads (ldd on the library its .icd file names), raise the open "
+                   "file limit (ulimit -n), or reinstall the driver";
     return found;
   }
   if (listed != CL_SUCCESS) {
