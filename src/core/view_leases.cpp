@@ -65,6 +65,34 @@ template <class... Args>
 }
 
 
+// The bytes a refused view reaches, from what the caller gave (the checks
+// work on an offset clamped to keep their arithmetic in 64 bits, and on an
+// element count that saturates: neither may reach the message).
+[[noreturn, gnu::cold, gnu::noinline]] void fail_reach(const DeviceHandle& h, const AllocationSlot& slot,
+                                                       const ViewSpec& spec, std::int64_t lowest,
+                                                       std::int64_t highest) {
+  using Wide = __int128;
+  constexpr Wide kPast = Wide{1} << 100;  // past any 64-bit extent: stop multiplying
+  const Wide elem = dtype_size(spec.dtype);
+  Wide first = Wide{lowest} * elem, end = (Wide{highest} + 1) * elem;
+  if (!spec.strides) {
+    Wide count = 1;
+    for (int i = 0; i < spec.shape.size(); ++i) count = std::min(count * spec.shape[i], kPast);
+    first = 0;
+    end = count * elem;
+  }
+  first += spec.byte_offset;
+  end += spec.byte_offset;
+  const auto text = [](Wide bytes) {
+    return bytes >= (Wide{1} << 64) ? std::string("past 2^64") : fmt::format("{}", static_cast<std::uint64_t>(bytes));
+  };
+  if (first < 0)
+    fail_view(h, slot, "shape and strides reach {} bytes before the allocation's start (byte offset {})",
+              text(-first), spec.byte_offset);
+  fail_view(h, slot, "shape and strides reach bytes [{}, {}) outside the extent (byte offset {})", text(first),
+            text(end), spec.byte_offset);
+}
+
 }  // namespace
 
 void check_view(const DeviceHandle& h, const ViewSpec& spec, const AllocationSlot& slot, Dims& strides) {
@@ -87,8 +115,7 @@ void check_view(const DeviceHandle& h, const ViewSpec& spec, const AllocationSlo
     std::int64_t end_byte;
     if (__builtin_mul_overflow(count, elem, &end_byte) || __builtin_add_overflow(end_byte, offset, &end_byte))
       fail_view(h, slot, "extent overflow");
-    if (static_cast<std::uint64_t>(end_byte) > slot.extent)
-      fail_view(h, slot, "shape and strides reach bytes [{}, {}) outside the extent", offset, end_byte);
+    if (static_cast<std::uint64_t>(end_byte) > slot.extent) fail_reach(h, slot, spec, 0, 0);
     return;
   } else {
     strides = *spec.strides;
@@ -109,8 +136,7 @@ void check_view(const DeviceHandle& h, const ViewSpec& spec, const AllocationSlo
       __builtin_add_overflow(highest, 1, &end_element) || __builtin_mul_overflow(end_element, elem, &end_byte) ||
       __builtin_add_overflow(end_byte, offset, &end_byte))
     fail_view(h, slot, "extent overflow");
-  if (first_byte < 0 || static_cast<std::uint64_t>(end_byte) > slot.extent)
-    fail_view(h, slot, "shape and strides reach bytes [{}, {}) outside the extent", first_byte, end_byte);
+  if (first_byte < 0 || static_cast<std::uint64_t>(end_byte) > slot.extent) fail_reach(h, slot, spec, lowest, highest);
 }
 
 }  // namespace devbridge::detail

@@ -214,6 +214,26 @@ TEST_F(ViewTest, ShapesThatDoNotFitAreInvalidTensorView) {
   bridge->free_device(h);  // no refused view left a lease behind
 }
 
+// The checks clamp a huge offset to keep their arithmetic in 64 bits; the
+// message said the clamped bytes ([2^62 - 1, ...) for any offset past 2^62).
+TEST_F(ViewTest, ARefusedViewNamesTheBytesTheCallerAskedFor) {
+  const DeviceHandle h = bridge->alloc_device(float_spec(), 256);
+  const auto message = [&](ViewSpec spec) {
+    return EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidTensorView, bridge->view(h, spec));
+  };
+  const auto expect_named = [](const std::string& text, const std::string& part) {
+    EXPECT_NE(text.find(part), std::string::npos) << text;
+  };
+  expect_named(message({DType::Float32, {1}, std::nullopt, UINT64_MAX - 3}),
+               "reach bytes [18446744073709551612, past 2^64) outside the extent (byte offset 18446744073709551612)");
+  expect_named(message({DType::Float32, {1}, std::nullopt, std::uint64_t{1} << 62}),
+               "reach bytes [4611686018427387904, 4611686018427387908)");
+  expect_named(message({DType::Float32, {4}, Dims{2}, 1ull << 63}),
+               "reach bytes [9223372036854775808, 9223372036854775836)");
+  expect_named(message({DType::Float32, {4}, Dims{-1}, 4}), "reach 8 bytes before the allocation's start");
+  bridge->free_device(h);
+}
+
 TEST_F(ViewTest, BackendRefusalIsInvalidTensorViewAndLeavesNoLease) {
   const DeviceHandle h = bridge->alloc_device(float_spec(), 256);
   fake->inject(Call::ValidateView, Failure::InvalidView);
