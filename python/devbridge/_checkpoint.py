@@ -910,6 +910,8 @@ class PendingRestore(_NotCopyable, Mapping[str, DeviceTensor]):
                     if not part.wait(left()):
                         return False
                 except BaseException as error:  # noqa: BLE001 - raised below
+                    if not isinstance(error, Exception):
+                        raise  # an interrupt (Ctrl-C) waits for no other file: every part is abandoned below
                     failures.append(error)
             if failures:
                 raise failures[0]
@@ -926,7 +928,10 @@ class PendingRestore(_NotCopyable, Mapping[str, DeviceTensor]):
                         f"({type(error).__name__}): its tensors are freed")
             if first is not None:  # abandoned (or failed on another thread) meanwhile: that verdict stands
                 raise first from None
-            self.abandon()
+            # A failure frees the tensors once their copies end (bounded, in all), so the bridge's counts are
+            # back when it is raised; an interrupt (Ctrl-C) waits for none: a hung device's copies never end,
+            # and the bridge frees each allocation itself once its last copy does.
+            self._abandon(time.monotonic() + _CLEANUP_WAIT_S if isinstance(error, Exception) else 0.0)
             raise
         # abandon() sets the verdict before it frees a tensor: a tensor seen freed above (or a reader that
         # reached the end before abandon() stopped it) is not a restore that succeeded.
@@ -953,18 +958,27 @@ class PendingRestore(_NotCopyable, Mapping[str, DeviceTensor]):
         return True
 
     def abandon(self) -> None:
-        """Stops the reading before its next chunk, waits for it to stop, and frees every tensor (the bridge
-        defers a free while a copy still fills the allocation). From then on ``wait()``, ``ready()`` and
-        ``tensors()`` raise ``CheckpointError``, on every thread, whether or not the reader had read the
-        whole file: its tensors are freed. Idempotent."""
+        """Stops the reading before its next chunk, waits for it to stop, and frees every tensor: at once
+        where its copies have ended, else once they end (up to 30 s in all is waited for them first, not per
+        tensor; the bridge frees an allocation a copy still fills when that copy ends, so a hung device's
+        tensors leak nothing). From then on ``wait()``, ``ready()`` and ``tensors()`` raise
+        ``CheckpointError``, on every thread, whether or not the reader had read the whole file: its tensors
+        are freed. Idempotent."""
+        self._abandon(time.monotonic() + _CLEANUP_WAIT_S)
+
+    def _abandon(self, deadline: float) -> None:
+        """``abandon()``, its copies waited for until ``deadline`` (``time.monotonic()``) at the most, every
+        part's and every tensor's together: a deadline already past (an interrupted wait) waits for none."""
         with self._verdict_lock:
             if self._failure is None:
                 self._failure = CheckpointError(f"restore {self._path!r} was abandoned: its tensors are freed")
-        for part in self._parts:
-            part.abandon()
-        if self._stream is not None:
-            self._stream.stop()
-        _free_all(self._tensors)
+        try:
+            for part in self._parts:
+                part._abandon(deadline)
+            if self._stream is not None:
+                self._stream.stop()
+        finally:  # a part's own cleanup interrupted (Ctrl-C) still lets go of every tensor
+            _free_all(self._tensors, deadline)
 
     def tensors(self) -> dict[str, DeviceTensor]:
         """``{name: DeviceTensor}``, once ``wait()`` has seen the whole restore through (raising its error)."""
@@ -972,13 +986,24 @@ class PendingRestore(_NotCopyable, Mapping[str, DeviceTensor]):
         return dict(self._tensors)
 
 
-def _free_all(tensors: Mapping[str, DeviceTensor]) -> None:
-    for tensor in tensors.values():  # their copies first, so the frees happen now, not deferred
-        if tensor.freed:
-            continue
-        with contextlib.suppress(Exception):  # the failure is being raised already
-            tensor.wait(timeout=_CLEANUP_WAIT_S)
-        tensor.free()
+def _free_all(tensors: Mapping[str, DeviceTensor], deadline: float) -> None:
+    """Frees every tensor not freed yet. Their copies are waited for first, until ``deadline``
+    (``time.monotonic()``) in all, never per tensor, so the frees happen now rather than deferred; a tensor
+    whose copies have not ended by then (a hung device), every one when the deadline has passed, and every one
+    left when the wait is interrupted (Ctrl-C, which then propagates), is released without waiting: the bridge
+    frees its allocation once its last copy ends (``Bridge.release``), so nothing leaks."""
+    pending = [tensor for tensor in tensors.values() if not tensor.freed]
+    try:
+        for tensor in pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            with contextlib.suppress(Exception):  # the failure is being raised already
+                tensor.wait(timeout=left)
+    finally:
+        for tensor in pending:
+            with contextlib.suppress(Exception):
+                tensor.free()
 
 
 def _restore_sharded(bridge: Bridge, index_path: str, selection: _Selection, alignment: int,
@@ -1007,9 +1032,11 @@ def _restore_sharded(bridge: Bridge, index_path: str, selection: _Selection, ali
             for shard, file, header in opened:  # each allocates its tensors, then reads on a reader thread
                 parts.append(_restore_file(bridge, os.path.join(directory, shard), file, header,
                                            selection.within(frozenset(by_shard[shard])), alignment, verify))
-        except BaseException:
+        except BaseException as error:
+            # One deadline for every shard's copies; an interrupt (Ctrl-C) waits for none.
+            deadline = time.monotonic() + _CLEANUP_WAIT_S if isinstance(error, Exception) else 0.0
             for part in parts:
-                part.abandon()
+                part._abandon(deadline)
             raise
         return PendingRestore(index_path, {name: t for part in parts for name, t in part.items()}, parts=parts)
     finally:

@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from ._devbridge import Bridge, DeviceHandle, ObjectSpec, _alloc_into
-from ._errors import AllocationStillInUse, BridgeError, Closed
+from ._errors import AllocationStillInUse, BridgeError, Broken, Closed
 from ._intake import _dtype_name, _intake
 from ._staging import (DeviceTensor, _checked_timeout, _cleanup, _free_or_release, _NotCopyable, _stage_into,
                        spec_for_array)
@@ -297,6 +297,11 @@ class Prefetcher(_NotCopyable):
       fails) is raised at the batch where it happened, once the batches before it have been handed out:
       the same class (``DeviceCopyFailed``, ``ValueError``...) with ``Prefetcher batch <i>...`` in its
       message, ``.batch_index``, chained (``__cause__``) to the original; then everything is released.
+      A fatal one (``.fatal``: the bridge is ``Broken``, so no batch before it can be read either) is raised
+      as itself at the first ``next()`` that would hand out an earlier batch, not as that batch's ``Broken``.
+    * A batch whose upload has not completed ``timeout`` seconds into the wait for it (a hung device) raises
+      ``TimeoutError`` naming it (``.batch_index``); the Prefetcher closes without waiting for the copies in
+      flight, as after an interrupt (Ctrl-C): the bridge frees the slots once those copies end.
     * ``close()`` (also the end of a ``with`` block, exhaustion, a producer error, and garbage collection
       after ``break``) waits for the copies in flight, frees every slot (deferred while the consumer still
       holds one) and closes the source iterator when it has ``close()``.
@@ -367,8 +372,13 @@ class Prefetcher(_NotCopyable):
         if self._closed:
             raise StopIteration
         while True:
-            self._follow_bridge()
-            self._issue(need_one=True)
+            try:
+                self._follow_bridge()
+                self._issue(need_one=True)
+            except BaseException as error:
+                if not _wrapped(error):  # Ctrl-C while staging or waiting for a slot: ended at once
+                    self._close(wait=False)
+                raise
             if not self._loaded:
                 self.close()
                 raise StopIteration
@@ -386,31 +396,54 @@ class Prefetcher(_NotCopyable):
                     # Restarted (by another thread) since the batch was staged: it is staged again.
                     self._loaded.appendleft(loaded)
                     continue
-                self.close()
+                fatal = self._fatal_behind(error)
+                # Nothing is waited for after an interrupt (Ctrl-C) or an upload that did not complete in time
+                # (a hung device): the bridge frees the slots once their copies end.
+                self._close(wait=_wrapped(error) and not isinstance(error, TimeoutError))
+                if fatal is not None:
+                    raise fatal
                 if not _wrapped(error) or getattr(error, "batch_index", None) is not None:
                     raise
                 raise _batch_error(error, loaded.batch.index) from error
 
     def close(self) -> None:
         """Ends the iteration and releases everything (idempotent): see the class doc."""
+        self._close(wait=True)
+
+    def _fatal_behind(self, error: BaseException) -> BaseException | None:
+        """When handing out a batch raised ``Broken``, the fatal failure staging a later batch that broke the
+        bridge, if that is what did (its own error, for the consumer: not the earlier batch's ``Broken``)."""
+        if not isinstance(error, Broken):
+            return None
+        for loaded in self._loaded:
+            if loaded.error is not None and getattr(loaded.error, "fatal", False):
+                return loaded.error
+        return None
+
+    def _close(self, *, wait: bool) -> None:
+        """``close()``; ``wait``: the copies in flight are waited for first (bounded), so the frees happen now.
+        Without it (an interrupt, a hung device) nothing is waited for: the bridge frees each slot, and lets
+        its ring ranges go, once the copies into it end. An interrupt of that wait still releases everything."""
         if self._closed:
             return
         self._closed = True
         bridge = self._bridge
         try:
-            in_flight = [event for loaded in self._loaded if loaded.slot is not None
-                         for tensor in loaded.slot.tensors for event, _, _ in tensor._events]
-            if in_flight and not bridge.closed:
-                _cleanup(bridge, in_flight)  # freeing under a copy would only defer the free
-            for slot in self._slots:
-                slot.release(bridge)
-            self._slots.clear()
-            for retired in self._retired:
-                retired.release(bridge)  # the bridge frees each once its holder lets go
-            self._retired.clear()
-            self._loaded.clear()
-            self._restage.clear()
-            self._pulled = None
+            try:
+                in_flight = [event for loaded in self._loaded if loaded.slot is not None
+                             for tensor in loaded.slot.tensors for event, _, _ in tensor._events]
+                if wait and in_flight and not bridge.closed:
+                    _cleanup(bridge, in_flight)  # freeing under a copy would only defer the free
+            finally:
+                for slot in self._slots:
+                    slot.release(bridge)
+                self._slots.clear()
+                for retired in self._retired:
+                    retired.release(bridge)  # the bridge frees each once its holder lets go
+                self._retired.clear()
+                self._loaded.clear()
+                self._restage.clear()
+                self._pulled = None
         finally:
             close_source = getattr(self._source, "close", None)
             self._source = iter(())
@@ -421,7 +454,8 @@ class Prefetcher(_NotCopyable):
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.close()
+        # Left by an interrupt (Ctrl-C in the loop's body): nothing is waited for, as in next().
+        self._close(wait=exc_type is None or issubclass(exc_type, Exception))
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
@@ -647,10 +681,12 @@ class Prefetcher(_NotCopyable):
                 for position, (array, handle) in enumerate(zip(batch.arrays, slot.handles)):
                     events = _stage_into(bridge, array, handle)
                     tensors.append(_BatchTensor(bridge, handle, array.shape, _dtype_name(array.dtype), events))
-            except BaseException:
+            except BaseException as error:
                 # The arrays staged before the failing one: their copies end before the slot is reused
-                # or freed, and their ranges go back.
-                _cleanup(bridge, [event for t in tensors for event, _, _ in t._events])
+                # or freed, and their ranges go back. Not after an interrupt, which ends next() at once and
+                # closes the Prefetcher: the bridge frees the slot once those copies end.
+                if _wrapped(error):
+                    _cleanup(bridge, [event for t in tensors for event, _, _ in t._events])
                 raise
         except AllocationStillInUse as error:
             if slot.holders:
