@@ -255,7 +255,10 @@ void BridgeCore::close() {
 
 BridgeStats BridgeCore::stats() {
   std::lock_guard guard(lock_);
-  if (gate_.fences_pending() && !gate_.restarting() && !gate_.closed()) reap_fences();
+  // Not while a restart or close is under way (it settles the fences itself);
+  // after a close that finished, a lease ended on a consumer's stream holds
+  // its memory by a fence no other call would look at again: this one does.
+  if (gate_.fences_pending() && !gate_.restarting() && (!gate_.closed() || released_at_close_)) reap_fences();
   BridgeStats s;
   s.pending_fences = drops_.size();
   s.abandoned_fences = abandoned_fences_;

@@ -79,6 +79,9 @@ def test_a_view_closed_after_a_consumers_stream_once_the_bridge_closed_still_wai
     assert b.fake.live_allocations() == 1, "freed while the consumer's queue may still read it"
     assert b.stats()["pending_fences"] == 1
     b.fake.unblock_queue(QUEUE)
+    # No call after close() looked at that fence again: the memory stayed until the Bridge object went.
+    assert b.stats()["pending_fences"] == 0
+    assert b.fake.live_allocations() == 0 and b.fake.live_fences() == 0
 
 
 def test_a_step_ended_after_a_consumers_stream_keeps_free_strict(fake_bridge):
