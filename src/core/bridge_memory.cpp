@@ -123,8 +123,9 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
       }
     }
     fail(ErrorKind::AllocationFailed,
-         "{}; retried once after releasing every cached block: the bridge held {} bytes in live allocations{} and {} "
-         "cached (the largest cached block {} bytes; {}) for a request of {} bytes; the largest holders: {}{}",
+         "{}; retried once after releasing every cached block: before that, the bridge held {} bytes in live "
+         "allocations{} and {} cached (the largest cached block {} bytes; {}) for a request of {} bytes; the largest "
+         "holders: {}{}",
          e.message(), held.in_use,
          held.orphaned ? fmt::format(", {} kept from before a restart or close by views or fences", held.orphaned)
                        : std::string(),
