@@ -458,6 +458,12 @@ struct Model {
   void enter() {
     if (!closed) reap();
   }
+  // stats() reaps after a close that finished too: a lease ended on a
+  // consumer's queue after close holds its memory by a fence no other call
+  // looks at again (not after a close whose quiesce failed: close_pending).
+  void enter_stats() {
+    if (!closed || !close_pending) reap();
+  }
   // close, and the core's end after its last lease: every fence still in the
   // queue is waited for (close_fence_timeout); those that did not pass are
   // abandoned, and the memory they hold is never freed.

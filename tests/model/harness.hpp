@@ -292,7 +292,7 @@ class Harness {
   void print_state() {
     BridgeStats s;
     const bool have_stats = !attempt([&] { s = bridge_->stats(); });
-    m.enter();  // stats() reaps
+    m.enter_stats();  // stats() reaps
     std::fprintf(stderr,
                  "  #%zu %-17s model: gen %llu%s%s failed-log %zu evicted [%llu,%llu] in-flight %llu ready %zu "
                  "late %zu%s",
@@ -779,7 +779,7 @@ class Harness {
     // First what the backend holds before stats() reaps: a fence that passed
     // since the last call into the bridge has freed nothing yet.
     check_backend_counts();
-    m.enter();  // stats() reaps like any call that enters the bridge
+    m.enter_stats();  // stats() reaps like any call that enters the bridge, and after a finished close
     BridgeStats s;
     if (auto e = attempt([&] { s = bridge_->stats(); })) {
       if (m.closed && e->kind() == ErrorKind::Closed) return check_backend_counts();
