@@ -3,10 +3,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <new>
 #include <thread>
 
 #include <nanobind/nanobind.h>
 
+#include "devbridge/blocking_hooks.hpp"
 #include "devbridge/error.hpp"
 
 namespace nb = nanobind;
@@ -119,6 +121,27 @@ bool daemon_threads_run() {
     if (!thread.is(current) && nb::cast<bool>(thread.attr("daemon")) && nb::cast<bool>(thread.attr("is_alive")()))
       return true;
   return false;
+}
+
+namespace {
+
+// BlockingHooks: the GIL let go around every sleep inside the bridge. A call
+// blocked there with it (an alloc waiting for a restart) held up the
+// checkpoint writer the restart itself was waiting for, and the process
+// stopped for good. Not once the interpreter is exiting: a parked thread
+// must not be one that holds the bridge's lock (the bridge drops it only
+// after this returns).
+void* release_gil_for_a_sleep() noexcept {
+  if (interpreter_exiting() || !PyGILState_Check()) return nullptr;
+  return new (std::nothrow) GilReleased();
+}
+
+void take_gil_back_after_a_sleep(void* released) noexcept { delete static_cast<GilReleased*>(released); }
+
+}  // namespace
+
+void let_go_of_the_gil_while_the_bridge_sleeps() {
+  set_blocking_hooks(BlockingHooks{&release_gil_for_a_sleep, &take_gil_back_after_a_sleep});
 }
 
 void hold_threads_back_at_exit() {

@@ -52,6 +52,10 @@ class GilTaken {
 // Registers the atexit hook; called once by the module.
 void hold_threads_back_at_exit();
 
+// Has the bridge let the GIL go around its sleeps (BlockingHooks); called
+// once by the module.
+void let_go_of_the_gil_while_the_bridge_sleeps();
+
 // Set by the hook. A thread other than the exiting one that enters devbridge
 // from then on is parked at the door (stop_at_exit_door: the GIL let go,
 // never taken back), before any of the call's work: a call's own Python

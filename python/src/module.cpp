@@ -132,6 +132,7 @@ NB_MODULE(_devbridge, m) {
   m.doc() = "devbridge: host ring <-> device memory bridge with zero-copy tensor views (C++ core bindings)";
   watch_forks();
   hold_threads_back_at_exit();
+  let_go_of_the_gil_while_the_bridge_sleeps();
   bind_errors(m);
   bind_module_functions(m);
   bind_value_types(m);

@@ -433,7 +433,10 @@ class BridgeCore {
       // What it throws leaves with the lock dropped: nothing here is taken yet.
       if (WaitCheck* check = WaitCheck::current()) [[unlikely]]
         check->look(now);
-      backend_->wait_for_completions(std::min<std::chrono::nanoseconds>(deadline - now, kSlice));
+      {
+        const RuntimeLockReleased runtime;  // no sleep here with the GIL held
+        backend_->wait_for_completions(std::min<std::chrono::nanoseconds>(deadline - now, kSlice));
+      }
       lock.lock();
       enter(lock);
     }

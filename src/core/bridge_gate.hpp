@@ -20,6 +20,21 @@
 
 namespace devbridge::detail {
 
+class BridgeGate;
+
+// The host runtime's lock (BlockingHooks) let go for a wait the bridge's own
+// lock is already dropped for, and taken back at the end of the scope.
+class RuntimeLockReleased {
+ public:
+  RuntimeLockReleased() noexcept;
+  ~RuntimeLockReleased();
+  RuntimeLockReleased(const RuntimeLockReleased&) = delete;
+  RuntimeLockReleased& operator=(const RuntimeLockReleased&) = delete;
+
+ private:
+  void* released_;
+};
+
 class BridgeGate {
  public:
   // Bits of one byte, so that every entry tests them with one compare.
@@ -67,27 +82,45 @@ class BridgeGate {
   // ---- sleepers ----
   // Sleeps on the condition variable while `busy()` holds; notify() wakes
   // sleepers only when there are some, so the hot paths never pay for it.
+  // Every sleep lets the host runtime's lock go first (BlockingHooks: a
+  // Python thread sleeping here with the GIL could deadlock a restart that
+  // waits for a callback needing it) and takes it back after, with the
+  // bridge's lock dropped meanwhile: a caller re-checks what it waited for.
   template <class Lock, class Busy>
   void block_while(Lock& lock, Busy busy) {
     while (busy()) {
       ++waiters_;
+      void* released = release_runtime_lock();
       cv_.wait(lock);
       --waiters_;
+      if (released) reacquire_runtime_lock(lock, released);
     }
   }
   // One sleep, until notified or `deadline` (nullopt: notified only).
   template <class Lock, class TimePoint>
   void sleep(Lock& lock, const std::optional<TimePoint>& deadline) {
     ++waiters_;
+    void* released = release_runtime_lock();
     if (deadline)
       (void)cv_.wait_until(lock, *deadline);
     else
       cv_.wait(lock);
     --waiters_;
+    if (released) reacquire_runtime_lock(lock, released);
   }
   void notify() {
     if (waiters_) cv_.notify_all();
   }
+
+  // BlockingHooks' release, or nullptr without hooks.
+  static void* release_runtime_lock() noexcept;
+  template <class Lock>
+  static void reacquire_runtime_lock(Lock& lock, void* released) {
+    lock.unlock();  // never wait for the runtime's lock holding the bridge's
+    reacquire_runtime_lock(released);
+    lock.lock();
+  }
+  static void reacquire_runtime_lock(void* released) noexcept;
 
   // ---- calls outside the lock ----
   // Counted in and out, so a restart or close waits until none runs.

@@ -264,3 +264,55 @@ def test_daemon_threads_inside_devbridge_at_interpreter_exit_leave_it_cleanly(ba
     assert done.returncode == 0, f"exit {done.returncode}: {done.stdout}{done.stderr}"
     assert "main returns" in done.stdout, done.stderr
     assert "terminate" not in done.stderr and "leaked" not in done.stderr, done.stderr
+
+
+def test_a_call_waiting_for_a_restart_never_holds_the_gil_a_checkpoint_needs(tmp_path):
+    """restart() waits for a host checkpoint's in-place write, whose writer needs the GIL; an alloc/release on
+    a third thread blocked in the bridge for the restart while holding the GIL: the whole process stopped for
+    good (4 of 4 runs). Run in a child, so a deadlock fails the test instead of hanging the suite."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import threading, time, numpy as np, devbridge
+        b = devbridge.Bridge(backend="host")
+        stop = threading.Event()
+        done = [0, 0]
+        def checkpoints():
+            while not stop.is_set():
+                try:
+                    t = b.upload(np.ones(300000, np.uint32), wait=True)
+                    b.checkpoint({str(tmp_path / "c.safetensors")!r}, {{"a": t}})
+                    t.free()
+                    done[0] += 1
+                except (devbridge.OldGenerationHandle, devbridge.Closed):
+                    pass
+        def allocs():
+            spec = devbridge.ObjectSpec(1 << 20, 256, "uint32")
+            while not stop.is_set():
+                try:
+                    b.release(b.alloc(spec, 4096))
+                    done[1] += 1
+                except (devbridge.OldGenerationHandle, devbridge.Closed):
+                    pass
+        threads = [threading.Thread(target=f, daemon=True) for f in (checkpoints, allocs)]
+        for t in threads:
+            t.start()
+        generation, end = 1, time.monotonic() + 3
+        while time.monotonic() < end:
+            time.sleep(0.005)
+            generation += 1
+            b.restart(generation)
+        stop.set()
+        for t in threads:
+            t.join()
+        b.close()
+        print("restarts", generation - 1, "checkpoints", done[0], "allocs", done[1])
+    """)
+    try:
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90)
+    except subprocess.TimeoutExpired:
+        pytest.fail("deadlock: restart, a checkpoint and an alloc loop stopped each other")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("restarts "), run.stdout
