@@ -12,8 +12,6 @@
 from __future__ import annotations
 
 import os
-import signal
-import threading
 import time
 
 import numpy as np
@@ -26,25 +24,14 @@ import devbridge._checkpoint as checkpoint_module
 PROMPT_S = 5.0
 
 
+# Runs blocked() with SIGINT sent 0.3 s later, expects KeyboardInterrupt; the seconds it took.
+from test_reliability import interrupted_by_ctrl_c as interrupted  # noqa: E402
+
+
 def fake_bridge() -> devbridge.Bridge:
     b = devbridge.Bridge(backend="fake", ring_bytes=1 << 16)
     b.fake.set_auto_complete(True)
     return b
-
-
-def interrupted(blocked) -> float:
-    """Runs ``blocked()`` with SIGINT sent 0.3 s later, expects KeyboardInterrupt; the seconds it took."""
-    if threading.current_thread() is not threading.main_thread():
-        pytest.skip("signals reach the main thread only")
-    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
-    started = time.monotonic()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            blocked()
-    finally:
-        timer.cancel()
-    return time.monotonic() - started
 
 
 def checkpoint_of(b: devbridge.Bridge, path, n: int) -> None:
