@@ -931,7 +931,7 @@ class PendingRestore(_NotCopyable, Mapping[str, DeviceTensor]):
             # A failure frees the tensors once their copies end (bounded, in all), so the bridge's counts are
             # back when it is raised; an interrupt (Ctrl-C) waits for none: a hung device's copies never end,
             # and the bridge frees each allocation itself once its last copy does.
-            self._abandon(time.monotonic() + _CLEANUP_WAIT_S if isinstance(error, Exception) else 0.0)
+            self._abandon(_cleanup_deadline(error))
             raise
         # abandon() sets the verdict before it frees a tensor: a tensor seen freed above (or a reader that
         # reached the end before abandon() stopped it) is not a restore that succeeded.
@@ -986,6 +986,12 @@ class PendingRestore(_NotCopyable, Mapping[str, DeviceTensor]):
         return dict(self._tensors)
 
 
+def _cleanup_deadline(error: BaseException) -> float:
+    """Until when a failure's cleanup waits for copies (``time.monotonic()``): ``_CLEANUP_WAIT_S`` from now
+    after a failure, none after an interrupt (Ctrl-C: a hung device's copies never end)."""
+    return time.monotonic() + _CLEANUP_WAIT_S if isinstance(error, Exception) else 0.0
+
+
 def _free_all(tensors: Mapping[str, DeviceTensor], deadline: float) -> None:
     """Frees every tensor not freed yet. Their copies are waited for first, until ``deadline``
     (``time.monotonic()``) in all, never per tensor, so the frees happen now rather than deferred; a tensor
@@ -1034,7 +1040,7 @@ def _restore_sharded(bridge: Bridge, index_path: str, selection: _Selection, ali
                                            selection.within(frozenset(by_shard[shard])), alignment, verify))
         except BaseException as error:
             # One deadline for every shard's copies; an interrupt (Ctrl-C) waits for none.
-            deadline = time.monotonic() + _CLEANUP_WAIT_S if isinstance(error, Exception) else 0.0
+            deadline = _cleanup_deadline(error)
             for part in parts:
                 part._abandon(deadline)
             raise

@@ -205,14 +205,15 @@ std::string BridgeCore::top_holders_text(std::size_t count) {
   struct Entry {
     std::uint64_t bytes;
     std::uint32_t index;
-    const AllocationTable::OrphanKey* orphan;
+    const AllocationTable::OrphanKey* key;  // with `orphan`, for an orphan
+    const Orphan* orphan;
   };
   std::vector<Entry> held;
   allocations_.for_each_in_use([&](std::uint32_t index, AllocationSlot& slot) {
-    if (!slot.adopted_region) held.push_back({slot.device.bytes, index, nullptr});
+    if (!slot.adopted_region) held.push_back({slot.device.bytes, index, nullptr, nullptr});
   });
   allocations_.for_each_orphan([&](const AllocationTable::OrphanKey& key, const Orphan& orphan) {
-    if (!orphan.adopted_region) held.push_back({orphan.device.bytes, 0, &key});
+    if (!orphan.adopted_region) held.push_back({orphan.device.bytes, 0, &key, &orphan});
   });
   const auto shown = std::min(count, held.size());
   std::partial_sort(held.begin(), held.begin() + static_cast<std::ptrdiff_t>(shown), held.end(),
@@ -220,11 +221,11 @@ std::string BridgeCore::top_holders_text(std::size_t count) {
   std::string text;
   for (std::size_t i = 0; i < shown; ++i) {
     if (!text.empty()) text += "; ";
-    if (const auto* key = held[i].orphan) {
-      const auto& orphan = *allocations_.find_orphan(*key);
+    if (const auto* orphan = held[i].orphan) {
+      const auto& key = *held[i].key;
       fmt::format_to(std::back_inserter(text), "{} of {} bytes, from before a restart or close, kept by {}",
-                     describe(DeviceHandle{domain_, key->first, key->second}), orphan.device.bytes,
-                     orphan_holders_text(orphan));
+                     describe(DeviceHandle{domain_, key.first, key.second}), orphan->device.bytes,
+                     orphan_holders_text(*orphan));
       continue;
     }
     const auto& slot = allocations_[held[i].index];
