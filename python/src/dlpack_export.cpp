@@ -28,7 +28,7 @@
 #include <Python.h>
 #include <nanobind/nanobind.h>
 
-#include "devbridge/consumer_names.hpp"
+#include "devbridge/dlpack_view.hpp"
 #include "arguments.hpp"
 #include "bindings.hpp"
 #include "state.hpp"
@@ -103,8 +103,7 @@ struct DLPackExport {
   ManagedTensorVersioned versioned{};
   ViewLease lease;
   std::optional<std::uintptr_t> consumer_stream;  // the lease ends after it
-  std::array<std::int64_t, kMaxRank> shape{};
-  std::array<std::int64_t, kMaxRank> strides{};
+  DLTensorDims dims;  // what the tensor's shape and strides point at
   std::unique_ptr<std::byte[]> copied;  // copy=True: the tensor's bytes, row-major (no lease then)
   std::atomic<bool> deleted{false};
 
@@ -220,29 +219,7 @@ nb::object make_dlpack_capsule(ViewLease lease, std::optional<DLPackAbi> version
                     "unversioned capsule (jax does); take a copy instead: bridge.download(...) or "
                     "DeviceTensor.numpy()");
 
-  DLTensor& tensor = versioned ? owned->versioned.dl_tensor : owned->managed.dl_tensor;
-  tensor.device.device_type = static_cast<DLDeviceType>(view.dlpack_device_type);
-  tensor.device.device_id = view.device_ordinal;
-  // CPU and CUDA consumers expect `data` to point at the first element (torch
-  // and cupy ignore byte_offset); an OpenCL address is an opaque cl_mem, so
-  // there the offset must stay separate.
-  if (view.dlpack_device_type == static_cast<int>(DLPackDevice::OpenCL)) {
-    tensor.data = reinterpret_cast<void*>(static_cast<std::uintptr_t>(view.data));
-    tensor.byte_offset = view.byte_offset;
-  } else {
-    tensor.data = reinterpret_cast<void*>(static_cast<std::uintptr_t>(view.data + view.byte_offset));
-    tensor.byte_offset = 0;
-  }
-  tensor.ndim = view.shape.size();
-  tensor.dtype.code = static_cast<std::uint8_t>(info.dlpack_code);
-  tensor.dtype.bits = info.dlpack_bits;
-  tensor.dtype.lanes = 1;
-  for (int i = 0; i < view.shape.size(); ++i) {
-    owned->shape[i] = view.shape[i];
-    owned->strides[i] = view.strides[i];
-  }
-  tensor.shape = owned->shape.data();
-  tensor.strides = owned->strides.data();  // elements, as DLPack counts them
+  describe_as_dltensor(view, versioned ? owned->versioned.dl_tensor : owned->managed.dl_tensor, owned->dims);
   PyObject* capsule;
   if (versioned) {
     owned->versioned.version = PackVersion{versioned->major, versioned->minor};

@@ -1,13 +1,11 @@
 // Views across the C ABI: a DLTensor-bearing struct whose lease the caller
 // ends, and a DLPack 1.0 managed tensor whose lease its deleter ends.
-#include <array>
 #include <memory>
 #include <span>
 #include <string>
 
 #include "boundary.hpp"
-#include "devbridge/checked.hpp"
-#include "devbridge/consumer_names.hpp"
+#include "devbridge/dlpack_view.hpp"
 
 using namespace devbridge;
 using namespace devbridge::c_api;
@@ -16,8 +14,7 @@ using namespace devbridge::c_api;
 // allocation alive: one heap object per view, freed when the lease ends.
 struct devbridge_view_lease {
   ViewLease lease;
-  std::array<std::int64_t, kMaxRank> shape{};
-  std::array<std::int64_t, kMaxRank> strides{};
+  DLTensorDims dims;
   std::string tinygrad_device;
 };
 
@@ -53,32 +50,8 @@ void open_view(devbridge_bridge* bridge, devbridge_handle handle, const devbridg
   const ViewSpec cpp_spec = view_spec_from_c(spec);
   storage.lease = bridge_of(bridge).view(to_cpp(handle), cpp_spec, view_wait_from_c(*spec));
   const TensorView& view = storage.lease.view();
-  const DTypeInfo& info = dtype_info(view.dtype);
   storage.tinygrad_device = std::string(view.device);
-  tensor.device.device_type = static_cast<DLDeviceType>(view.dlpack_device_type);
-  tensor.device.device_id = view.device_ordinal;
-  // CPU and CUDA consumers read `data` as the first element (torch and cupy
-  // ignore byte_offset); an OpenCL address is a cl_mem, where the offset
-  // must stay separate.
-  if (view.dlpack_device_type == static_cast<int>(DLPackDevice::OpenCL)) {
-    tensor.data = reinterpret_cast<void*>(static_cast<std::uintptr_t>(view.data));
-    tensor.byte_offset = view.byte_offset;
-  } else {
-    const auto first = checked::add_or_throw(view.data, view.byte_offset, ErrorKind::InvalidTensorView,
-                                             "view address plus byte_offset");
-    tensor.data = reinterpret_cast<void*>(static_cast<std::uintptr_t>(first));
-    tensor.byte_offset = 0;
-  }
-  tensor.ndim = view.shape.size();
-  tensor.dtype.code = static_cast<std::uint8_t>(info.dlpack_code);
-  tensor.dtype.bits = info.dlpack_bits;
-  tensor.dtype.lanes = 1;
-  for (int i = 0; i < view.shape.size(); ++i) {
-    storage.shape[i] = view.shape[i];
-    storage.strides[i] = view.strides[i];
-  }
-  tensor.shape = storage.shape.data();
-  tensor.strides = storage.strides.data();
+  describe_as_dltensor(view, tensor, storage.dims);
 }
 
 // A DLPack export owns its storage; the deleter frees both.
