@@ -234,10 +234,13 @@ struct FakeBackend::State {
     return it->second;
   }
 
-  // Appends a record of `call` (other fields zero); returns its index. Caller holds the mutex.
-  std::size_t record(Call call) {
+  // Appends a record of `call` with its bytes and address (other fields
+  // zero); returns its index. Caller holds the mutex.
+  std::size_t record(Call call, std::uint64_t bytes = 0, std::uintptr_t address = 0) {
     calls.emplace_back();
     calls.back().call = call;
+    calls.back().bytes = bytes;
+    calls.back().address = address;
     return calls.size() - 1;
   }
 

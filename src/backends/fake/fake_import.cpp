@@ -20,9 +20,7 @@ void FakeBackend::release_import(const HostImport& imported) noexcept {
 HostBlock FakeBackend::register_host(std::byte* data, std::uint64_t bytes) {
   std::lock_guard lock(state_->mutex);
   auto& s = *state_;
-  const std::size_t record = s.record(Call::RegisterHost);
-  s.calls[record].bytes = bytes;
-  s.calls[record].address = reinterpret_cast<std::uintptr_t>(data);
+  s.record(Call::RegisterHost, bytes, reinterpret_cast<std::uintptr_t>(data));
   const Fired fired = s.fire(Call::RegisterHost);
   const std::string what = std::to_string(bytes) + " bytes at " + std::to_string(reinterpret_cast<std::uintptr_t>(data));
   if (fired.fatal) State::throw_fatal(Call::RegisterHost, "registering " + what);
@@ -45,11 +43,7 @@ HostBlock FakeBackend::register_host(std::byte* data, std::uint64_t bytes) {
 void FakeBackend::unregister_host(const HostBlock& block) noexcept {
   std::lock_guard lock(state_->mutex);
   auto& s = *state_;
-  {
-    RecordedCall& call = s.calls[s.record(Call::UnregisterHost)];
-    call.bytes = block.bytes;
-    call.address = reinterpret_cast<std::uintptr_t>(block.data);
-  }
+  s.record(Call::UnregisterHost, block.bytes, reinterpret_cast<std::uintptr_t>(block.data));
   auto it = s.host_blocks.find(block.token);
   if (it == s.host_blocks.end() || !it->second.registered || it->second.memory.get() != block.data) {
     std::fprintf(stderr, "FakeBackend: unregister_host of unknown or already unregistered memory (%p, token %llu)\n",

@@ -18,8 +18,7 @@ std::uint64_t FakeBackend::live_host_blocks() const {
 DeviceAllocation FakeBackend::allocate(std::uint64_t bytes, std::uint64_t alignment) {
   std::lock_guard lock(state_->mutex);
   auto& s = *state_;
-  const std::size_t record = s.record(Call::Allocate);
-  s.calls[record].bytes = bytes;
+  const std::size_t record = s.record(Call::Allocate, bytes);
   s.calls[record].alignment = alignment;
   const Fired fired = s.fire(Call::Allocate);
   const std::uint64_t free_bytes = s.memory_bytes - s.used_bytes;
@@ -70,11 +69,7 @@ DeviceAllocation FakeBackend::allocate(std::uint64_t bytes, std::uint64_t alignm
 void FakeBackend::free(const DeviceAllocation& allocation) noexcept {
   std::lock_guard lock(state_->mutex);
   auto& s = *state_;
-  {
-    RecordedCall& call = s.calls[s.record(Call::Free)];
-    call.bytes = allocation.bytes;
-    call.address = allocation.address;
-  }
+  s.record(Call::Free, allocation.bytes, allocation.address);
   auto it = s.allocations.find(allocation.token);
   if (it == s.allocations.end() || reinterpret_cast<std::uintptr_t>(it->second.memory.get()) != allocation.address) {
     std::fprintf(stderr, "FakeBackend: free of unknown or already freed allocation (address 0x%llx, token %llu)\n",
@@ -113,8 +108,7 @@ void FakeBackend::free(const DeviceAllocation& allocation) noexcept {
 HostBlock FakeBackend::allocate_host(std::uint64_t bytes) {
   std::lock_guard lock(state_->mutex);
   auto& s = *state_;
-  const std::size_t record = s.record(Call::AllocateHost);
-  s.calls[record].bytes = bytes;
+  const std::size_t record = s.record(Call::AllocateHost, bytes);
   const Fired fired = s.fire(Call::AllocateHost);
   if (fired.fatal) State::throw_fatal(Call::AllocateHost, "allocating " + std::to_string(bytes) + " host bytes");
   if (fired.allocation_failed) {
@@ -144,11 +138,7 @@ HostBlock FakeBackend::allocate_host(std::uint64_t bytes) {
 void FakeBackend::free_host(const HostBlock& block) noexcept {
   std::lock_guard lock(state_->mutex);
   auto& s = *state_;
-  {
-    RecordedCall& call = s.calls[s.record(Call::FreeHost)];
-    call.bytes = block.bytes;
-    call.address = reinterpret_cast<std::uintptr_t>(block.data);
-  }
+  s.record(Call::FreeHost, block.bytes, reinterpret_cast<std::uintptr_t>(block.data));
   auto it = s.host_blocks.find(block.token);
   if (it == s.host_blocks.end() || it->second.memory.get() != block.data) {
     std::fprintf(stderr, "FakeBackend: free_host of unknown or already freed block (%p, token %llu)\n",
