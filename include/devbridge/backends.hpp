@@ -35,7 +35,9 @@ std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOption
 
 // Every device `name` can bind, each as describe() gives it once bound (its
 // device_id is what the "device" option takes). Empty when the backend is
-// unavailable here; an unknown name throws Error(Unavailable).
+// unavailable here. "auto" lists the devices of the backend make_backend("auto")
+// opens (none when none is available); an unknown name throws
+// Error(Unavailable) naming the known ones.
 std::vector<BackendInfo> list_devices(std::string_view name);
 
 }  // namespace devbridge

@@ -21,13 +21,17 @@ std::optional<std::string> OptionReader::text(std::string_view key, std::string_
 std::optional<std::uint64_t> OptionReader::unsigned_integer(std::string_view key, std::string_view meaning) {
   const auto value = text(key, meaning);
   if (!value) return std::nullopt;
-  // strtoull accepts a sign and leading spaces; an option value may have neither.
-  const bool digits_only = !value->empty() && std::isdigit(static_cast<unsigned char>((*value)[0]));
+  // Decimal (a leading 0 too: "010" is ten, as a user writing sizes means) or 0x hexadecimal (a
+  // CUcontext's address). strtoull would also take a sign, leading spaces and octal; an option has none.
+  const bool hex = value->size() > 2 && (*value)[0] == '0' && ((*value)[1] == 'x' || (*value)[1] == 'X');
+  const std::string_view digits = hex ? std::string_view(*value).substr(2) : std::string_view(*value);
+  const bool digits_only = !digits.empty() && std::isxdigit(static_cast<unsigned char>(digits[0])) &&
+                           (hex || std::isdigit(static_cast<unsigned char>(digits[0])));
   errno = 0;
   char* end = nullptr;
-  const unsigned long long parsed = digits_only ? std::strtoull(value->c_str(), &end, 0) : 0;
+  const unsigned long long parsed = digits_only ? std::strtoull(digits.data(), &end, hex ? 16 : 10) : 0;
   if (!digits_only || errno == ERANGE || end != value->c_str() + value->size())
-    refuse(key, *value, "not a non-negative integer that fits in 64 bits");
+    refuse(key, *value, "not a non-negative integer that fits in 64 bits (decimal, or 0x hexadecimal)");
   return parsed;
 }
 

@@ -96,6 +96,14 @@ std::string describe_availability(const BackendAvailability& availability) {
   return line;
 }
 
+namespace {
+[[noreturn]] void fail_unknown_backend(std::string_view name) {
+  std::string known;
+  for (const auto& entry : entries()) known += fmt::format("{}{}", known.empty() ? "" : ", ", entry.name);
+  throw Error(ErrorKind::Unavailable, fmt::format("unknown backend '{}' (this build has: {}, auto)", name, known));
+}
+}  // namespace
+
 std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOptions& options) {
   const bool pick_best = name == "auto";
   std::string reasons;
@@ -111,20 +119,23 @@ std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOption
     reasons += availability.reason + "; ";
   }
   if (pick_best) throw Error(ErrorKind::Unavailable, fmt::format("no backend is available: {}", reasons));
-  std::string known;
-  for (const auto& entry : entries()) known += fmt::format("{}{}", known.empty() ? "" : ", ", entry.name);
-  throw Error(ErrorKind::Unavailable, fmt::format("unknown backend '{}' (this build has: {}, auto)", name, known));
+  fail_unknown_backend(name);
 }
 
 std::vector<BackendInfo> list_devices(std::string_view name) {
+  const bool pick_best = name == "auto";
   for (const auto& entry : entries()) {
-    if (entry.name != name) continue;
+    if (pick_best ? !entry.chosen_by_auto() : entry.name != name) continue;
     std::vector<BackendInfo> devices;
-    if (!entry.probe().available) return devices;
+    if (!entry.probe().available) {
+      if (pick_best) continue;  // "auto" lists the devices of the backend make_backend("auto") opens
+      return devices;
+    }
     for (const auto& id : entry.device_ids()) devices.push_back(entry.make({{"device", id}})->describe());
     return devices;
   }
-  throw Error(ErrorKind::Unavailable, fmt::format("unknown backend '{}'", name));
+  if (pick_best) return {};
+  fail_unknown_backend(name);
 }
 
 }  // namespace devbridge

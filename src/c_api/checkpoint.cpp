@@ -213,8 +213,9 @@ Selection selection_from_c(const devbridge_restore_options& given) {
   const auto& options = sized(&given, "options");
   require_reserved_zero(options.reserved, "options->reserved");
   Selection selection;
-  for (const char* name : array_argument(options.names, options.name_count, "options->names"))
-    selection.names.emplace(text(name, "options->names[i]"));
+  const auto names = array_argument(options.names, options.name_count, "options->names");
+  for (std::size_t i = 0; i < names.size(); ++i)
+    selection.names.emplace(text(names[i], "options->names[" + std::to_string(i) + "]"));
   if (options.prefix) selection.prefix = text(options.prefix, "options->prefix");
   selection.verify = options.skip_checksum == 0;
   return selection;

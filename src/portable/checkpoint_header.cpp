@@ -474,9 +474,18 @@ void CheckpointFile::read_at(std::uint64_t offset, void* out, std::size_t n) con
 
 std::string quoted(std::string_view text) {
   std::string out = "'";
-  for (const char c : text) {
+  for (std::size_t at = 0; at < text.size(); ++at) {
+    const char c = text[at];
     const auto byte = static_cast<unsigned char>(c);
-    if (c == '\\' || c == '\'') {
+    if (byte >= 0x80) {
+      // A whole UTF-8 sequence as it is; a byte of none escaped, so that the message stays UTF-8.
+      if (const std::size_t n = Scanner::utf8_sequence(text.substr(at)); n != 0) {
+        out += text.substr(at, n);
+        at += n - 1;
+      } else {
+        out += fmt::format("\\x{:02x}", byte);
+      }
+    } else if (c == '\\' || c == '\'') {
       out += '\\';
       out += c;
     } else if (c == '\n') {

@@ -182,6 +182,11 @@ int main(int argc, char** argv) {
   CHECK(same_bytes(host, find(restored, "layer.weight"), big, kBig) && same_bytes(host, find(restored, wanted[1]), small, 6));
   for (uint64_t i = 0; i < restored->count; ++i) CHECK_OK(devbridge_free_device(host, restored->tensors[i].handle));
   devbridge_restored_free(restored);
+  const char* const second_null[2] = {"layer.weight", NULL};
+  options.names = second_null;
+  CHECK_STATUS(DEVBRIDGE_ERROR_INVALID_RANGE, devbridge_restore_selected(host, path, &options, &restored));
+  CHECK(strstr(devbridge_last_error_message(), "options->names[1]") != NULL);
+  options.names = wanted;
   options.prefix = "scale"; /* both filters apply: none passes both */
   CHECK_OK(devbridge_restore_selected(host, path, &options, &restored));
   CHECK(restored->count == 0 && restored->tensors == NULL);

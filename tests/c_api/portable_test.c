@@ -56,9 +56,15 @@ static void round_trip_larger_than_the_ring(devbridge_bridge* fake, devbridge_br
   CHECK_OK(devbridge_export_tensor(host, on_host, DEVBRIDGE_DTYPE_UINT8, row, 1, 3 * kCols * 4, &third));
   CHECK(describe(third).len == kCols * 4 && memcmp(describe(third).data, values + 3 * kCols, kCols * 4) == 0);
   devbridge_portable_free(third);
-  /* One byte past the extent is refused. */
+  /* Items at an offset of another size are refused: float32 bytes as float64 from byte 4. */
+  const int64_t one[1] = {1};
+  CHECK_STATUS(DEVBRIDGE_ERROR_INVALID_RANGE,
+               devbridge_export_tensor(host, on_host, DEVBRIDGE_DTYPE_FLOAT64, one, 1, 4, &third));
+  CHECK(strstr(devbridge_last_error_message(), "not a multiple of its 8-byte items") != NULL);
+  /* One byte past the extent is refused, naming the handle as the bridge does. */
   CHECK_STATUS(DEVBRIDGE_ERROR_INVALID_RANGE,
                devbridge_export_tensor(host, on_host, DEVBRIDGE_DTYPE_UINT8, row, 1, kBytes - kCols * 4 + 1, &third));
+  CHECK(strstr(devbridge_last_error_message(), "of handle {domain ") != NULL);
 
   CHECK_OK(devbridge_free_device(fake, on_fake));
   CHECK_OK(devbridge_free_device(host, on_host));

@@ -31,7 +31,16 @@ TEST(Devices, EveryAvailableBackendListsDevicesItsDeviceOptionBindsAgain) {
       EXPECT_EQ(make_backend(backend.name, {{"device", device.device_id}})->describe().device_id, device.device_id);
     }
   }
-  EXPECT_EQ(expect_error(ErrorKind::Unavailable, [] { list_devices("tpu"); }), "unknown backend 'tpu'");
+  EXPECT_THAT(expect_error(ErrorKind::Unavailable, [] { list_devices("tpu"); }),
+              HasSubstr("unknown backend 'tpu' (this build has: "));
+}
+
+TEST(Devices, AutoListsTheDevicesOfTheBackendItOpens) {
+  const std::string opened = make_backend("auto")->describe().name;
+  const auto devices = list_devices("auto");
+  ASSERT_FALSE(devices.empty());
+  for (const auto& device : devices) EXPECT_EQ(device.name, opened);
+  EXPECT_EQ(devices.size(), list_devices(opened).size());
 }
 
 TEST(Devices, EveryBackendThatCannotRunSaysWhyAndWhatToInstallInOneLine) {
@@ -59,12 +68,16 @@ TEST(Devices, OptionsABackendDoesNotTakeAreRefusedNamingWhatItTakes) {
   EXPECT_THAT(unknown, HasSubstr("inline_async_max_bytes"));
   EXPECT_THAT(expect_error(ErrorKind::Unavailable, [] { make_backend("fake", {{"device", "1"}}); }),
               HasSubstr("option device='1': no such device; this backend has one device"));
-  for (const char* bad : {"-1", "", " 5", "18446744073709551616", "12kb", "+3"})
+  for (const char* bad : {"-1", "", " 5", "18446744073709551616", "12kb", "+3", "0x", "0x-1", "0x 5", "08a", "0b101"})
     EXPECT_THAT(expect_error(ErrorKind::Unsupported, [&] { make_backend("fake", {{"memory_bytes", bad}}); }),
                 HasSubstr("not a non-negative integer")) << bad;
   EXPECT_THAT(expect_error(ErrorKind::Unsupported, [] { make_backend("fake", {{"dtypes", "float32,float33"}}); }),
               HasSubstr("'float33' is not a dtype name"));
   EXPECT_EQ(make_backend("fake", {{"memory_bytes", "0x1000"}})->describe().total_memory, 4096u);
+  EXPECT_EQ(make_backend("fake", {{"memory_bytes", "0X1F"}})->describe().total_memory, 31u);
+  // A leading 0 is decimal, not octal: "0100000" is a hundred thousand bytes, "08" eight.
+  EXPECT_EQ(make_backend("fake", {{"memory_bytes", "0100000"}})->describe().total_memory, 100000u);
+  EXPECT_EQ(make_backend("fake", {{"memory_bytes", "08"}})->describe().total_memory, 8u);
 }
 
 TEST(Devices, ABridgeRefusesAnAllocationOfADTypeItsDeviceDoesNotHold) {

@@ -51,6 +51,15 @@ TEST(CheckpointHeader, EveryDTypeHasASafetensorsNameThatReadsBack) {
   }
 }
 
+TEST(CheckpointHeader, AQuotedNameStaysValidUtf8WhateverItsBytes) {
+  // UTF-8 names as they are; a byte of no sequence, and controls, escaped.
+  EXPECT_EQ(checkpoint::quoted("b\xc3\xa9ta"), "'b\xc3\xa9ta'");
+  EXPECT_EQ(checkpoint::quoted("x\xff\xfey"), "'x\\xff\\xfey'");
+  EXPECT_EQ(checkpoint::quoted("\xc3"), "'\\xc3'");  // a sequence cut short
+  EXPECT_EQ(checkpoint::quoted(std::string("a\0b", 3)), "'a\\x00b'");
+  EXPECT_TRUE(valid_utf8(checkpoint::quoted("\xed\xa0\x80\xf8\x88\x80\x80\x80")));
+}
+
 TEST(CheckpointHeader, AGoodHeaderParses) {
   const Header h = parse_checkpoint(file_of(R"({"__metadata__":{"k":"v"},"b":{"dtype":"U8","shape":[2],)"
                                             R"("data_offsets":[4,6]},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",

@@ -264,7 +264,8 @@ typedef struct devbridge_device_info {
 
 /* The bridge's device. */
 devbridge_status devbridge_backend_info(devbridge_bridge* bridge, devbridge_device_info* out_info);
-/* How many devices `backend` can bind here (0 when it cannot run here;
+/* How many devices `backend` can bind here ("auto": the backend devbridge_open
+ * would pick for "auto"; 0 when it cannot run here;
  * UNAVAILABLE for a name this build does not know). */
 devbridge_status devbridge_device_count(const char* backend, uint64_t* out_count);
 /* The index'th of them (INVALID_RANGE past the count). */
@@ -616,8 +617,10 @@ typedef struct devbridge_portable devbridge_portable; /* opaque, library-owned *
 
 /* Copies `rank` dims of `dtype`, row-major from byte `offset` of `handle`,
  * out of the bridge into a new portable tensor, through the ring in chunks
- * (so it may be larger than the ring). INVALID_RANGE when it passes the
- * allocation's extent; UNSUPPORTED_DTYPE for a dtype the device does not hold. */
+ * (so it may be larger than the ring). The bytes are read as `dtype`, which
+ * need not be the allocation's (a float32 row as uint8 bytes). INVALID_RANGE
+ * when it passes the allocation's extent or `offset` is not a multiple of
+ * `dtype`'s item size; UNSUPPORTED_DTYPE for a dtype the device does not hold. */
 devbridge_status devbridge_export_tensor(devbridge_bridge* bridge, devbridge_handle handle, devbridge_dtype dtype,
                                          const int64_t* dims, uint32_t rank, uint64_t offset,
                                          devbridge_portable** out_tensor);
@@ -669,7 +672,7 @@ typedef struct devbridge_restored_tensor {
 typedef struct devbridge_restored {
   uint64_t count;
   const devbridge_restored_tensor* tensors; /* in the file's order */
-  uint64_t generation;                      /* recorded in the file (0: none, not a devbridge file) */
+  uint64_t generation;                      /* recorded in the file (0: none: not a devbridge file, or not a decimal below 2^64) */
 } devbridge_restored;
 
 /* Restores every tensor of the safetensors file at `path` (devbridge's, with
