@@ -166,7 +166,7 @@ CliRun run_cli(const std::vector<std::string>& args, Stderr stderr_kind) {
 CliRun run_cli_with(const std::vector<std::string>& args, const ChildSetup& setup) {
   const std::string base = next_output_base();
   const std::string out_path = setup.stdout_path.empty() ? base + ".out" : setup.stdout_path;
-  const std::string err_path = base + ".err";
+  const std::string err_path = setup.stderr_path.empty() ? base + ".err" : setup.stderr_path;
   std::vector<std::string> argv_text;
   std::vector<char*> argv = child_argv(args, argv_text);
   const bool drop_root = setup.unprivileged && ::geteuid() == 0;
@@ -202,7 +202,7 @@ CliRun run_cli_with(const std::vector<std::string>& args, const ChildSetup& setu
   CliRun run;
   reap(pid, run);
   if (setup.stdout_path.empty() && !setup.stdout_reader_gone) run.out = read_file(out_path);
-  run.err = read_file(err_path);
+  if (setup.stderr_path.empty()) run.err = read_file(err_path);
   return run;
 }
 

@@ -31,6 +31,9 @@ struct ChildSetup {
   // Where its stdout goes (e.g. /dev/full); empty: a file of the run's own,
   // read back into CliRun::out (which is otherwise empty).
   std::string stdout_path;
+  // Where its stderr goes (e.g. /dev/full); empty: a file read back into
+  // CliRun::err.
+  std::string stderr_path;
   // As a user who cannot write in /dev: "nobody" (uid and gid 65534) when
   // the tests run as root, else the tests' own user.
   bool unprivileged = false;

@@ -193,7 +193,7 @@ TEST(Stdout, AReportThatCouldNotBeWrittenToStdoutExitsOne) {
         std::vector<std::string>{"checkpoint", "inspect", checkpoint},
         std::vector<std::string>{"trace", "replay", trace},
         std::vector<std::string>{"trace", "view", trace, "-o", (dir / "page.html").string()},
-        std::vector<std::string>{"--help"}}) {
+        std::vector<std::string>{"--help"}, std::vector<std::string>{"--version"}}) {
     ChildSetup full_stdout;
     full_stdout.stdout_path = "/dev/full";
     const CliRun run = run_cli_with(args, full_stdout);
@@ -203,6 +203,38 @@ TEST(Stdout, AReportThatCouldNotBeWrittenToStdoutExitsOne) {
                            std::strerror(ENOSPC) + "\n")
         << args[0] << "\n" << describe(run);
   }
+}
+
+// A standard error that cannot be written (a full disk, a terminal gone, a
+// reader that left) changes nothing but what is said there: fmt::print threw
+// from the handlers that report the outcome, and the process ended in
+// std::terminate (SIGABRT) with its --json report unwritten.
+TEST(Stderr, AnUnwritableStandardErrorLeavesTheExitCodeAndTheReportAsTheyWere) {
+  const std::filesystem::path dir = fresh_dir("stderr-full");
+  const std::string report = (dir / "report.json").string();
+  const std::string trace = (dir / "run.trace.json").string();
+  struct Case {
+    std::vector<std::string> args;
+    int exit_code;
+  };
+  for (const Case& c : {Case{{"stream", "--backend", "fake", "--bytes", "4096", "--chunk", "1024", "-q", "--json",
+                              report, "--trace", trace},
+                             0},
+                        Case{{"stream", "--backend", "fake", "--bytes", "3"}, 2},
+                        Case{{"stream", "--backend", "fake", "--bytes", "4096", "--chunk", "1024", "--fake-inject",
+                              "copy_h2d:copy_failed_at_submit:2"},
+                             1},
+                        Case{{"checkpoint", "inspect", (dir / "missing.safetensors").string()}, 1},
+                        Case{{"trace", "view", (dir / "missing.json").string(), "-o", (dir / "p.html").string()}, 1},
+                        Case{{"strem"}, 2}}) {
+    ChildSetup full_stderr;
+    full_stderr.stderr_path = "/dev/full";
+    const CliRun run = run_cli_with(c.args, full_stderr);
+    EXPECT_EQ(run.signal, 0) << c.args[0] << " " << c.args[1] << "\n" << describe(run);
+    EXPECT_EQ(run.exit_code, c.exit_code) << c.args[0] << " " << c.args[1] << "\n" << describe(run);
+  }
+  EXPECT_EQ(nlohmann::json::parse(read_file(report))["verified"], true);
+  EXPECT_TRUE(std::filesystem::exists(trace));
 }
 
 // A reader that went away (`devbridge ... --json R | head -c0`): SIGPIPE

@@ -194,6 +194,10 @@ TEST_F(OpenCLDevice, TheDeviceOptionPicksPlatformAndDevice) {
   const Error malformed = error_of([] { make_opencl_backend(BackendOptions{{"device", "zero"}}); });
   EXPECT_EQ(malformed.kind(), ErrorKind::Unsupported);
   EXPECT_THAT(malformed.what(), HasSubstr("device='zero'"));
+  // Strictly two decimal indexes: an index past int's range named another device once (it wrapped).
+  for (const char* bad : {"4294967296:0", "4294967297:0", " +0: 0", "0:0 ", "-0:0", "0:", ":0", "0x0:0", "0:0:0"})
+    EXPECT_EQ(error_of([&] { make_opencl_backend(BackendOptions{{"device", bad}}); }).kind(), ErrorKind::Unsupported)
+        << bad;
   const Error unknown = error_of([] { make_opencl_backend(BackendOptions{{"ordinal", "0"}}); });
   EXPECT_EQ(unknown.kind(), ErrorKind::Unsupported);
   EXPECT_THAT(unknown.what(), HasSubstr("no option 'ordinal'"));

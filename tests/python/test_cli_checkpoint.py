@@ -13,6 +13,7 @@ import json
 import os
 import pathlib
 import subprocess
+import zlib
 
 import numpy as np
 import pytest
@@ -335,3 +336,16 @@ def test_fifty_thousand_tensors_are_inspected_in_linear_time(tmp_path):
     report = json.loads(run("checkpoint", "inspect", str(path), "--json", "-").stdout)
     assert report["ok"] is True and len(report["tensors"]) == n
     assert len(devbridge.checkpoint_info(path)["tensors"]) == n
+
+
+def test_a_devbridge_checkpoint_without_a_format_version_is_reported_as_version_1(tmp_path):
+    # PORTABLE.md: a file without the key is read as version 1; the report said an empty version.
+    path = tmp_path / "no_version.safetensors"
+    x = np.arange(4, dtype=np.float32)
+    safetensors.numpy.save_file({"x": x}, str(path), metadata={
+        "format": "devbridge-checkpoint", "generation": "2", "checksum": f"crc32:{zlib.crc32(x.tobytes()):08x}"})
+    done = run("checkpoint", "inspect", str(path), "--json", "-")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["devbridge"] is True and report["format_version"] == "1"
+    assert "format version 1," in run("checkpoint", "inspect", str(path)).stdout

@@ -83,6 +83,13 @@ std::string metadata_value(const CheckpointReport& report, std::string_view key)
   return {};
 }
 
+// The format version of a devbridge checkpoint the header check accepted: the one this reader knows, which
+// a file without the key is read as (PORTABLE.md).
+std::string format_version(const CheckpointReport& report) {
+  const std::string recorded = metadata_value(report, "format_version");
+  return recorded.empty() ? std::string(checkpoint::kFormatVersion) : recorded;
+}
+
 // `text` with any invalid UTF-8 replaced (a path from argv need not be UTF-8; JSON must be).
 std::string valid_utf8(const std::string& text) {
   return nlohmann::json::parse(nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))
@@ -142,7 +149,7 @@ std::string format_checkpoint(const CheckpointReport& report) {
   const std::string generation = metadata_value(report, "generation");
   if (report.devbridge) {
     out += fmt::format("{}: devbridge checkpoint, format version {}, generation {}\n", quoted(report.path),
-                       metadata_value(report, "format_version"), generation.empty() ? "?" : generation);
+                       format_version(report), generation.empty() ? "?" : generation);
   } else {
     out += fmt::format("{}: safetensors file without devbridge metadata\n", quoted(report.path));
   }
@@ -216,7 +223,7 @@ nlohmann::json checkpoint_report_json(const CheckpointReport& report) {
   }
   document["devbridge"] = report.devbridge;
   document["format_version"] =
-      report.devbridge ? nlohmann::json(metadata_value(report, "format_version")) : nlohmann::json(nullptr);
+      report.devbridge ? nlohmann::json(format_version(report)) : nlohmann::json(nullptr);
   document["generation"] = generation_value;
   document["file_bytes"] = report.file_bytes;
   document["header_bytes"] = report.header_bytes;

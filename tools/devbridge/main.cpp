@@ -20,10 +20,12 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <system_error>
 
 #include <CLI/CLI.hpp>
@@ -32,7 +34,10 @@
 #include <spdlog/spdlog.h>
 
 #include "devbridge/backends.hpp"
+#include "devbridge/checkpoint_file.hpp"
 #include "checkpoint.hpp"
+#include "memory_reserve.hpp"
+#include "stderr_print.hpp"
 #include "devbridge/error.hpp"
 #include "devbridge/replacing_file.hpp"
 #include "info.hpp"
@@ -51,6 +56,7 @@
 
 namespace {
 
+using devbridge::cli::print_stderr;
 using devbridge::cli::UsageError;
 using devbridge::Error;
 using devbridge::ReplacingFile;
@@ -121,7 +127,7 @@ int finish_stdout(int exit_code) {
     std::signal(SIGPIPE, SIG_DFL);
     std::raise(SIGPIPE);
   }
-  fmt::print(stderr, "devbridge: could not write the report to standard output: {}\n", std::strerror(g_stdout_errno));
+  print_stderr("devbridge: could not write the report to standard output: {}\n", std::strerror(g_stdout_errno));
   return exit_code == kExitOk ? kExitFailure : exit_code;
 }
 
@@ -248,7 +254,7 @@ class JsonSink {
       file_->commit(ReplacingFile::Durability::Synced);
       return true;
     } catch (const Error& error) {
-      fmt::print(stderr, "devbridge {}: --json: {}\n", command_, error.message());
+      print_stderr("devbridge {}: --json: {}\n", command_, error.message());
       return false;
     }
   }
@@ -282,19 +288,26 @@ extern "C" void on_stop_signal(int signal) {
   std::raise(signal);
 }
 
+// SIGINT and SIGTERM as the process started with them ignored (`nohup`, a
+// background job's SIGINT): they stay ignored. Read once, at the start: a
+// driver loaded since (PoCL's OpenCL) may have put a handler of its own there.
+bool g_sigint_ignored = false, g_sigterm_ignored = false;
+
+void note_ignored_stop_signals() {
+  for (auto [signal, ignored] : {std::pair{SIGINT, &g_sigint_ignored}, std::pair{SIGTERM, &g_sigterm_ignored}}) {
+    struct sigaction previous {};
+    *ignored = ::sigaction(signal, nullptr, &previous) == 0 && previous.sa_handler == SIG_IGN;
+  }
+}
+
 void catch_stop_signals(OnStop on_stop) {
   g_end_at_once.store(on_stop == OnStop::EndAtOnce, std::memory_order_release);
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;
-  for (int signal : {SIGINT, SIGTERM}) {
-    struct sigaction previous {};
-    // A signal the shell told us to ignore (`nohup`, a background job's
-    // SIGINT) stays ignored.
-    if (::sigaction(signal, nullptr, &previous) == 0 && previous.sa_handler == SIG_IGN) continue;
-    ::sigaction(signal, &action, nullptr);
-  }
+  if (!g_sigint_ignored) ::sigaction(SIGINT, &action, nullptr);
+  if (!g_sigterm_ignored) ::sigaction(SIGTERM, &action, nullptr);
 }
 
 std::string stream_summary(const devbridge::cli::StreamPlan& plan, const devbridge::cli::StreamReport& r) {
@@ -354,9 +367,9 @@ int run_stream_command(const devbridge::cli::StreamArgs& args, const std::option
   devbridge::cli::Progress progress(plan.bytes, !quiet && devbridge::cli::Progress::stderr_is_terminal());
   const devbridge::cli::StreamReport report = devbridge::cli::run_stream(plan, progress, &g_stop_signal);
 
-  for (const std::string& error : report.errors) fmt::print(stderr, "devbridge stream: {}\n", one_line(error));
+  for (const std::string& error : report.errors) print_stderr("devbridge stream: {}\n", one_line(error));
   if (!report.trace_file.empty())
-    fmt::print(stderr, "devbridge stream: the flight recorder's trace is in {} (devbridge trace view {} -o PAGE)\n",
+    print_stderr("devbridge stream: the flight recorder's trace is in {} (devbridge trace view {} -o PAGE)\n",
                report.trace_file, report.trace_file);
   if (!quiet) {
     const std::string summary = stream_summary(plan, report);
@@ -385,12 +398,19 @@ int run_info_command(const std::optional<std::string>& json_path) {
 int run_checkpoint_inspect_command(const std::string& path, const std::optional<std::string>& json_path) {
   devbridge::cli::refuse_output_over_input("--json", json_path, "the checkpoint being inspected", path);
   JsonSink json(json_path, "checkpoint inspect");
-  const devbridge::cli::CheckpointReport report = devbridge::cli::inspect_checkpoint(path);
-  if (!json.to_stdout()) write_stdout(devbridge::cli::format_checkpoint(report));
-  flush_stdout();
-  if (!report.ok()) fmt::print(stderr, "devbridge checkpoint inspect: {}\n", one_line(report.error));
-  const bool written = json.write(devbridge::cli::checkpoint_report_json(report));
-  return report.ok() && written ? kExitOk : kExitFailure;
+  try {
+    const devbridge::cli::CheckpointReport report = devbridge::cli::inspect_checkpoint(path);
+    if (!json.to_stdout()) write_stdout(devbridge::cli::format_checkpoint(report));
+    flush_stdout();
+    if (!report.ok()) print_stderr("devbridge checkpoint inspect: {}\n", one_line(report.error));
+    const bool written = json.write(devbridge::cli::checkpoint_report_json(report));
+    return report.ok() && written ? kExitOk : kExitFailure;
+  } catch (const std::bad_alloc&) {
+    // A header of millions of tensors, read or reported, past this process's memory.
+    print_stderr("devbridge checkpoint inspect: {}: there is not the memory to report on it\n",
+                 devbridge::checkpoint::quoted(path));
+    return kExitFailure;
+  }
 }
 
 // The page is written as the --json reports are (ReplacingFile): PAGE holds
@@ -409,7 +429,7 @@ int run_trace_view_command(const std::string& path, const std::string& page_path
     out->write(page);
     out->commit(ReplacingFile::Durability::Renamed);
   } catch (const Error& error) {
-    fmt::print(stderr, "devbridge trace view: -o: {}\n", error.message());
+    print_stderr("devbridge trace view: -o: {}\n", error.message());
     return kExitFailure;
   }
   write_stdout(fmt::format("{}: {} bytes, open it in a browser\n", page_path, page.size()));
@@ -550,24 +570,21 @@ int run_command_line(int argc, char** argv) {
   if (argc > 1 && argv[1][0] != '-' && std::string_view(argv[1]) != "stream" &&
       std::string_view(argv[1]) != "info" && std::string_view(argv[1]) != "checkpoint" &&
       std::string_view(argv[1]) != "trace") {
-    fmt::print(stderr,
-               "devbridge: unknown command '{}' (commands: stream, info, checkpoint, trace; see devbridge --help)\n",
-               argv[1]);
+    print_stderr("devbridge: unknown command '{}' (commands: stream, info, checkpoint, trace; see devbridge --help)\n",
+                 argv[1]);
     return kExitUsage;
   }
   if (argc > 2 && std::string_view(argv[1]) == "trace" && argv[2][0] != '-' &&
       std::string_view(argv[2]) != "view" && std::string_view(argv[2]) != "replay") {
-    fmt::print(stderr,
-               "devbridge: unknown command 'trace {}' (trace commands: view, replay; see devbridge trace --help)\n",
-               argv[2]);
+    print_stderr("devbridge: unknown command 'trace {}' (trace commands: view, replay; see devbridge trace --help)\n",
+                 argv[2]);
     return kExitUsage;
   }
   if (argc > 2 && std::string_view(argv[1]) == "checkpoint" && argv[2][0] != '-' &&
       std::string_view(argv[2]) != "inspect") {
-    fmt::print(stderr,
-               "devbridge: unknown command 'checkpoint {}' (checkpoint commands: inspect; see devbridge checkpoint "
-               "--help)\n",
-               argv[2]);
+    print_stderr("devbridge: unknown command 'checkpoint {}' (checkpoint commands: inspect; see devbridge checkpoint "
+                 "--help)\n",
+                 argv[2]);
     return kExitUsage;
   }
 
@@ -577,15 +594,21 @@ int run_command_line(int argc, char** argv) {
     // --help and --version are "errors" with exit code 0; CLI11 prints them.
     if (e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) {
       backend_option->description(backend_help());
-      return app.exit(e);
+      // CLI11 prints them through std::cout: the reason a write failed is errno when it failed, which
+      // finish_stdout's flush (nothing left to write) no longer sees.
+      errno = 0;
+      const int code = app.exit(e);
+      std::cout.flush();
+      if (std::ferror(stdout) || !std::cout) note_stdout_failure(errno);
+      return code;
     }
     // An unknown option before the command leaves the command missing, and
     // CLI11 then says only "A subcommand is required": the option is what was wrong.
     if (const std::vector<std::string> unknown = app.remaining(); !unknown.empty() && unknown.front().starts_with('-')) {
-      fmt::print(stderr, "devbridge: unknown option '{}' (see devbridge --help)\n", unknown.front());
+      print_stderr("devbridge: unknown option '{}' (see devbridge --help)\n", unknown.front());
       return kExitUsage;
     }
-    fmt::print(stderr, "devbridge: {} (see devbridge --help)\n", one_line(e.what()));
+    print_stderr("devbridge: {} (see devbridge --help)\n", one_line(e.what()));
     return kExitUsage;
   }
 
@@ -610,16 +633,16 @@ int run_command_line(int argc, char** argv) {
                                       given(trace_json_option, trace_json));
     return kExitUsage;  // unreachable: require_subcommand(1)
   } catch (const UsageError& e) {
-    fmt::print(stderr, "devbridge: {}\n", one_line(e.what()));
+    print_stderr("devbridge: {}\n", one_line(e.what()));
     return kExitUsage;
   } catch (const devbridge::cli::TraceFileError& e) {
-    fmt::print(stderr, "devbridge trace: {}\n", one_line(e.what()));
+    print_stderr("devbridge trace: {}\n", one_line(e.what()));
     return kExitFailure;
   } catch (const devbridge::Error& e) {
-    fmt::print(stderr, "devbridge: {}\n", one_line(e.what()));
+    print_stderr("devbridge: {}\n", one_line(e.what()));
     return kExitFailure;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "devbridge: {}\n", one_line(e.what()));
+    print_stderr("devbridge: {}\n", one_line(e.what()));
     return kExitFailure;
   }
 }
@@ -627,6 +650,8 @@ int run_command_line(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  note_ignored_stop_signals();
   turn_write_signals_into_errors();
+  devbridge::cli::keep_memory_for_unwinding(std::size_t{64} << 20);
   return finish_stdout(run_command_line(argc, argv));
 }

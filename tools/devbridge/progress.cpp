@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "sizes.hpp"
+#include "stderr_print.hpp"
 
 namespace devbridge::cli {
 
@@ -40,7 +41,7 @@ void Progress::draw(std::uint64_t done_bytes, std::chrono::steady_clock::time_po
   std::string bar(static_cast<std::size_t>(filled), '#');
   bar.append(static_cast<std::size_t>(kWidth - filled), '.');
   // \r and erase-to-end-of-line: the bar overwrites itself in place.
-  fmt::print(stderr, "\r\x1b[K[{}] {:3.0f}%  {} / {}  {:.2f} GB/s", bar, fraction * 100.0, format_bytes(done_bytes),
+  print_stderr("\r\x1b[K[{}] {:3.0f}%  {} / {}  {:.2f} GB/s", bar, fraction * 100.0, format_bytes(done_bytes),
              format_bytes(total_bytes_), gigabytes_per_second(done_bytes, seconds));
   std::fflush(stderr);
   drawn_ = true;
@@ -50,7 +51,7 @@ void Progress::finish() {
   if (!enabled_) return;
   std::lock_guard lock(mutex_);
   if (drawn_) {
-    fmt::print(stderr, "\r\x1b[K");
+    print_stderr("\r\x1b[K");
     std::fflush(stderr);
   }
   drawn_ = false;

@@ -642,6 +642,11 @@ StreamPlan plan_stream(const StreamArgs& args) {
       throw UsageError(fmt::format("--backend-option: '{}' is not KEY=VALUE", option));
     const auto key = option.substr(0, equals);
     if (key == "device") throw UsageError("--backend-option: give the device with --device");
+    // A CUcontext is an address in the process that made it: a command line has none to give, and any
+    // number would be read as a pointer.
+    if (key == "context")
+      throw UsageError("--backend-option: context is a CUcontext of the calling process, which a command line "
+                       "cannot give (the worker makes its own; pick the device with --device)");
     if (!plan.backend_options.emplace(key, option.substr(equals + 1)).second)
       throw UsageError(fmt::format("--backend-option: {} given twice", key));
   }

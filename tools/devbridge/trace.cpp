@@ -1,5 +1,7 @@
 #include "trace.hpp"
 
+#include "memory_reserve.hpp"
+
 #include <fmt/format.h>
 
 #include <cerrno>
@@ -131,6 +133,9 @@ nlohmann::json load_trace(const std::string& path) {
   nlohmann::json trace;
   try {
     const std::string text = read_whole(path);
+    // A tree destroyed after its parse ran out of memory takes a stack of 16 bytes a value of its largest
+    // array (the events): room for that, in a text of at least 32 bytes an event.
+    keep_memory_for_unwinding(std::max<std::size_t>(std::size_t{64} << 20, text.size() / 2));
     // The depth first, in a pass that builds nothing: a parse with a callback
     // (which could refuse as it goes) walks each parent's elements again at
     // every object's end, and took 297 s for 10^6 events.

@@ -36,6 +36,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
 #include <system_error>
 
@@ -148,9 +149,18 @@ const Devices& devices() {
 
 // "<platform>:<device>" (e.g. "0:1"), as BackendInfo::device_id gives it.
 bool parse_device_id(const std::string& text, Options& options) {
+  // Two decimal indexes and nothing else: no sign, space or overflow (sscanf's %d took all three, and an
+  // index past int's range wrapped round to another device).
+  const auto colon = text.find(':');
+  if (colon == std::string::npos) return false;
+  const auto index = [](std::string_view digits, int& out) {
+    if (digits.empty() || digits.front() < '0' || digits.front() > '9') return false;
+    const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), out);
+    return error == std::errc{} && end == digits.data() + digits.size();
+  };
   int platform = -1, device = -1;
-  char tail = 0;
-  if (std::sscanf(text.c_str(), "%d:%d%c", &platform, &device, &tail) != 2 || platform < 0 || device < 0) return false;
+  if (!index(std::string_view(text).substr(0, colon), platform) || !index(std::string_view(text).substr(colon + 1), device))
+    return false;
   options.platform = platform;
   options.device = device;
   return true;
