@@ -2,6 +2,7 @@
 // cleanly (drain, report, summary, exit 128 + N), and the JSON report is
 // written whole or not at all: a killed run never leaves a truncated file.
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <cstdint>
@@ -123,11 +124,43 @@ TEST(StreamSignals, ASecondSignalEndsItAtOnceLeavingNoFile) {
                     (dir / "report.json").string()});
   wait_until_running(dir, 1, std::chrono::milliseconds(1500));
   child.send(SIGINT);
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // Past the half second within which a second signal is taken for the same stop delivered twice.
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
   child.send(SIGINT);
   ASSERT_TRUE(child.wait(30));
   EXPECT_EQ(child.result().signal, SIGINT) << describe(child.result());
   EXPECT_EQ(entries(dir), 0u);
+}
+
+// `timeout -s INT` signals its child and then the child's process group: the
+// same stop twice within microseconds. Taken for a user insisting, it ended
+// the stream before its report (or --trace) was written, one run in three.
+TEST(StreamSignals, TheSameStopDeliveredTwiceAtOnceStillDrainsAndReports) {
+  const std::filesystem::path dir = fresh_dir("same-stop-twice");
+  const std::filesystem::path path = dir / "report.json";
+  CliProcess child(long_stream(path));
+  wait_until_running(dir, 1, std::chrono::milliseconds(500));
+  child.send(SIGINT);
+  child.send(SIGINT);
+  ASSERT_TRUE(child.wait(30));
+  const CliRun& run = child.result();
+  ASSERT_EQ(run.signal, 0) << describe(run);
+  EXPECT_EQ(run.exit_code, 130) << describe(run);
+  EXPECT_EQ(nlohmann::json::parse(read_file(path.string()))["interrupted"], true);
+}
+
+// A --json FIFO is opened before the stream starts: a stop while the open
+// waits for a reader ends the command. (It was opened once stops only
+// drained, so the first SIGTERM was noted and the open went on waiting.)
+TEST(StreamSignals, AStopWhileTheJsonFifoWaitsForAReaderEndsTheCommand) {
+  const std::filesystem::path dir = fresh_dir("fifo-stop");
+  const std::filesystem::path fifo = dir / "report.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  CliProcess child({"stream", "--backend", "fake", "--bytes", "4096", "--json", fifo.string()});
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  child.send(SIGTERM);
+  ASSERT_TRUE(child.wait(10)) << "the first SIGTERM did not end a stream waiting for its --json FIFO's reader";
+  EXPECT_EQ(child.result().exit_code, 143) << describe(child.result());
 }
 
 // Killed outright (no handler runs), the stream leaves the report's path as

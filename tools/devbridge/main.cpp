@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -268,20 +269,39 @@ class JsonSink {
 // How a stop signal ends a command. `stream` drains: the handler sets
 // `g_stop_signal` to the signal's number, the stream looks at it between
 // chunks and writes its report; a second signal while the first is being
-// handled ends the process the default way (the user insists). The other
-// commands have nothing to drain and end at once, exit 128 + N, as a stream
-// does. Either way the output's temporary file is removed first.
+// handled, half a second or more after it, ends the process the default way
+// (the user insists). One sooner is the same stop delivered twice: `timeout
+// -s INT` signals its child and then the child's whole process group. The
+// other commands have nothing to drain and end at once, exit 128 + N, as a
+// stream does. Either way the output's temporary file is removed first.
 enum class OnStop : std::uint8_t { Drain, EndAtOnce };
 
 std::atomic<int> g_stop_signal{0};
+std::atomic<std::int64_t> g_stop_signal_ns{0};  // CLOCK_MONOTONIC when it came
 std::atomic<bool> g_end_at_once{false};
 static_assert(std::atomic<int>::is_always_lock_free);
+static_assert(std::atomic<std::int64_t>::is_always_lock_free);
 static_assert(std::atomic<bool>::is_always_lock_free);
+constexpr std::int64_t kSameStopNs = 500'000'000;
+
+// clock_gettime is async-signal-safe (POSIX.1-2008).
+std::int64_t monotonic_ns() noexcept {
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+}
 
 extern "C" void on_stop_signal(int signal) {
   int none = 0;
   const bool end_at_once = g_end_at_once.load(std::memory_order_acquire);
-  if (!end_at_once && g_stop_signal.compare_exchange_strong(none, signal)) return;
+  if (!end_at_once) {
+    if (g_stop_signal.compare_exchange_strong(none, signal)) {
+      g_stop_signal_ns.store(monotonic_ns(), std::memory_order_release);
+      return;
+    }
+    const std::int64_t first = g_stop_signal_ns.load(std::memory_order_acquire);
+    if (first == 0 || monotonic_ns() - first < kSameStopNs) return;
+  }
   if (g_temp_path_set.load(std::memory_order_acquire)) ::unlink(g_temp_path);
   if (end_at_once) ::_exit(128 + signal);
   std::signal(signal, SIG_DFL);
@@ -360,9 +380,12 @@ int run_stream_command(const devbridge::cli::StreamArgs& args, const std::option
   // The report, written last, would replace the trace.
   if (args.trace) devbridge::cli::refuse_output_over_input("--json", json_path, "the --trace file", *args.trace);
   devbridge::cli::StreamPlan plan = devbridge::cli::plan_stream(args);
+  // Opened while a signal still ends the command at once: a --json FIFO
+  // waits for its reader here, and a drained stop would only be noted while
+  // the open went on waiting.
+  JsonSink json(json_path, "stream");
   // From here a signal ends the stream cleanly instead of the process.
   catch_stop_signals(OnStop::Drain);
-  JsonSink json(json_path, "stream");
 
   devbridge::cli::Progress progress(plan.bytes, !quiet && devbridge::cli::Progress::stderr_is_terminal());
   const devbridge::cli::StreamReport report = devbridge::cli::run_stream(plan, progress, &g_stop_signal);
