@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import collections.abc
+import contextlib
 import math
 import numbers
 import operator
@@ -34,7 +35,7 @@ import numpy as np
 
 from ._devbridge import (MAX_RANK, Bridge, CopyEvent, DeviceHandle, HostRange, ObjectSpec, TransferPlanner,
                          _adopt_owned, _alloc_owned, _OwnedAllocation, dtype_info)
-from ._errors import AllocationStillInUse, BridgeError, Closed, InvalidAlignment, InvalidRange
+from ._errors import AllocationStillInUse, BridgeError, Closed, InvalidAlignment, InvalidRange, UnknownDeviceHandle
 from ._intake import _bits_dtype, _dtype_name, _intake, _numpy_dtype
 
 _U64_MAX = (1 << 64) - 1
@@ -390,6 +391,19 @@ class DeviceTensor(_NotCopyable):
         if self._freed:
             raise Closed(f"the DeviceTensor over {self._handle!r} has been freed")
 
+    @contextlib.contextmanager
+    def _freed_meanwhile_is_closed(self):
+        """A call on the tensor that another thread's ``free()`` overtook after ``_check``: the bridge no longer
+        knows the handle, and the caller is told what a call after the free is told (``Closed``), not
+        ``UnknownDeviceHandle``."""
+        try:
+            yield
+        except UnknownDeviceHandle as error:
+            if not self._freed:
+                raise
+            raise Closed(f"the DeviceTensor over {self._handle!r} was freed (by another thread) during the "
+                         "call") from error
+
     def _check_current(self) -> None:
         """Raises what the bridge says of the tensor's handle once it names no allocation of the bridge's
         current generation: ``OldGenerationHandle`` after a restart (the handle and both generations, as any
@@ -472,9 +486,10 @@ class DeviceTensor(_NotCopyable):
     def view(self, *, wait: bool = True):
         """A ``TensorView`` of the whole array (it waits for the upload unless ``wait=False``)."""
         self._check()
-        if wait:
-            self.wait()
-        return self.bridge.view(self._handle, self.dtype, self.shape, wait=wait)
+        with self._freed_meanwhile_is_closed():
+            if wait:
+                self.wait()
+            return self.bridge.view(self._handle, self.dtype, self.shape, wait=wait)
 
     def to_tinygrad(self):
         """A zero-copy tinygrad Tensor over the allocation (see ``TensorView.to_tinygrad``)."""
@@ -492,7 +507,8 @@ class DeviceTensor(_NotCopyable):
     def numpy(self, out: np.ndarray | None = None) -> np.ndarray:
         """Downloads the array into a fresh numpy array (or ``out``)."""
         self._check()
-        return download(self.bridge, self, out)
+        with self._freed_meanwhile_is_closed():
+            return download(self.bridge, self, out)
 
     def free(self) -> None:
         """Frees the allocation (deferred while views, tinygrad tensors or DLPack arrays still read it). Idempotent."""

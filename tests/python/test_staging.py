@@ -624,3 +624,23 @@ def test_uploads_side_by_side_are_refused_at_once_when_the_caller_holds_the_ring
         assert max(slowest) < 20, f"an upload waited {max(slowest):.1f} s for room nobody but the caller held"
         b.ring.release(kept)
         b.upload(np.ones(70_000, np.float32), wait=True)  # the ring laps again
+
+
+@pytest.mark.parametrize("use", ["view", "numpy"])
+def test_a_tensor_freed_by_another_thread_during_a_call_is_closed_not_an_unknown_handle(use):
+    """Another thread's free() that overtakes a call after its own check (the probe saw 2-8 % of calls): the
+    caller is told Closed, as after the free, not UnknownDeviceHandle naming a handle it never freed. The
+    other thread is played by the tensor's wait(), which the call makes after its check."""
+    with make_bridge("host") as b:
+        t = b.upload(np.arange(16, dtype=np.float32), wait=True)
+        real_wait = t.wait
+
+        def wait_then_freed_elsewhere(timeout=None):
+            done = real_wait(timeout)
+            t.free()
+            return done
+
+        t.wait = wait_then_freed_elsewhere
+        with pytest.raises(devbridge.Closed, match="was freed .by another thread. during the call"):
+            getattr(t, use)()
+        assert b.stats()["live_allocations"] == 0
