@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <string>
+#include <string_view>
 
 namespace devbridge {
 
@@ -27,6 +28,9 @@ inline constexpr std::size_t kMaxRecordedEvents = std::size_t{1} << 24;
 // or empty when it can: the one wording for Bridge::record's InvalidRange and
 // the Python module's ValueError.
 std::string max_events_refusal(std::size_t max_events);
+// The refusal of a value no std::size_t holds (a binding's -1 or 2^64), as
+// its caller spells it.
+std::string max_events_refusal(std::string_view max_events_text);
 
 // The stack text of the call a binding is about to make on this thread
 // ("file:line function" lines), attached to the events the bridge records

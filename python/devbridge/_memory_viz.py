@@ -10,6 +10,7 @@ the Python stacks it recorded as frames.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 # devbridge block states -> PyTorch's: a live allocation is "active_allocated"; one released but still used (a
@@ -24,6 +25,8 @@ _BLOCK_STATES = {
 
 # PyTorch's split between its small and large pools (1 MiB); only a label in the viewer.
 _SMALL_SEGMENT = 1 << 20
+# A frame of the recorder's stack text: "file:line function".
+_FRAME = re.compile(r"^(.*):(\d+) (.*)$", re.DOTALL)
 
 
 def _frames(stack: str | None) -> list[dict[str, Any]]:
@@ -32,11 +35,13 @@ def _frames(stack: str | None) -> list[dict[str, Any]]:
     for line in (stack or "").split("\n"):  # only "\n" separates frames (a name may hold other line breaks)
         if not line:
             continue
-        where, _, name = line.partition(" ")
-        filename, _, number = where.rpartition(":")
-        if not filename or not number.isdigit():
-            filename, number = where, "0"
-        frames.append({"filename": filename, "line": int(number), "name": name})
+        # The file name may hold spaces and colons ("/home/me/My Project/a.py"): the line number is the
+        # last ":digits " of the line, the function's name what follows it.
+        match = _FRAME.match(line)
+        if match is None:
+            frames.append({"filename": line, "line": 0, "name": ""})
+        else:
+            frames.append({"filename": match[1], "line": int(match[2]), "name": match[3]})
     return frames
 
 

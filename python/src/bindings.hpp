@@ -84,6 +84,7 @@ struct PyTensorView {
   }
 
   void close() noexcept {
+    if (lease) note_lease_end_stack();
     if (end_after_queue && lease)
       end_lease_after(lease, *end_after_queue);
     else
@@ -93,6 +94,7 @@ struct PyTensorView {
   void close_after(std::uintptr_t queue) {
     // Even on a closed bridge: the lease holds the memory, and refusing here
     // left it to end later with no fence, freed while `queue` may still read it.
+    note_lease_end_stack();
     GilReleased no_gil;
     lease.end_after(ConsumerQueue{queue});
   }

@@ -134,6 +134,9 @@ nb::dict memory_stats_dict(const MemoryStats& s) {
   d["total_allocations"] = s.total_allocations;
   d["backend_allocations"] = s.backend_allocations;
   d["backend_frees"] = s.backend_frees;
+  d["segments"] = s.segments;
+  d["free_segments"] = s.free_segments;
+  d["pool_splits"] = s.pool_splits;
   d["cached_bytes"] = s.cached_bytes;
   d["cached_blocks"] = s.cached_blocks;
   d["free_segment_bytes"] = s.free_segment_bytes;

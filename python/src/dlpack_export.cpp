@@ -69,6 +69,7 @@ typedef struct DLManagedTensor {
 namespace nb = nanobind;
 
 namespace devbridge::python {
+
 namespace {
 
 #if defined(DLPACK_MAJOR_VERSION) && DLPACK_MAJOR_VERSION >= 1
@@ -111,6 +112,9 @@ struct DLPackExport {
   // lease on an allocation frees it; C++ only, any thread), once.
   void end_use() noexcept {
     if (deleted.exchange(true, std::memory_order_acq_rel)) return;
+    // What the lease's end records (a view's end, a deferred free) carries
+    // the stack of the code that dropped the consumer's tensor.
+    note_lease_end_stack();
     if (consumer_stream) end_lease_after(lease, *consumer_stream);
     lease.reset();
     delete this;

@@ -11,6 +11,7 @@
 
 #include "arguments.hpp"
 #include "bindings.hpp"
+#include "devbridge/error.hpp"
 #include "devbridge/recorder.hpp"
 
 namespace nb = nanobind;
@@ -103,22 +104,52 @@ thread_local std::optional<TraceStack> t_call_stack;
 }  // namespace
 
 void annotate_call_stack() noexcept {
-  if (!PyGILState_Check()) return;  // only with the interpreter's lock: never from inside the bridge
+  t_call_stack.reset();
+  // Only with the interpreter's lock (never from inside the bridge). Without
+  // it the events go without a stack rather than with the last call's.
+  if (!PyGILState_Check()) return;
   try {
-    t_call_stack.reset();
     t_call_stack.emplace(python_stack());
   } catch (...) {
     PyErr_Clear();  // the events go without a stack
   }
 }
 
+void note_lease_end_stack() noexcept {
+  // A lease ends outside any call that passed through BridgeState::open (a
+  // DLPack consumer's deleter, which knows no bridge state): the stack in
+  // effect is the thread's last annotated call, maybe on another bridge. A
+  // thread has one only once a bridge recording stacks annotated a call on
+  // it, so a thread that never did pays one test here.
+  if (t_call_stack) annotate_call_stack();
+}
+
+namespace {
+
+// The ring's size a caller asked for. None: the default, as the signature
+// shows (it was a TypeError); not an int (a bool, a float, a str):
+// TypeError. Out of [1, 2^24]: the core's InvalidRange, as in C++
+// (TRACING.md), naming the value, and so also for an int no uint64 holds
+// (-1, 2**64), which the other integer arguments refuse with OverflowError:
+// one exception for every size the ring cannot have.
+std::size_t max_events_of(nb::handle value) {
+  if (value.is_none()) return RecordOptions{}.max_events;
+  try {
+    return static_cast<std::size_t>(args::integer<std::uint64_t>(value, "max_events"));
+  } catch (nb::python_error& error) {
+    if (!error.matches(PyExc_OverflowError)) throw;
+  }
+  nb::object index = nb::steal(PyNumber_Index(value.ptr()));  // an int: args::integer took it as one
+  if (!index.is_valid()) throw nb::python_error();
+  // As Bridge::record words it.
+  throw Error(ErrorKind::InvalidRange, "record: " + max_events_refusal(nb::cast<std::string>(nb::str(index))));
+}
+
+}  // namespace
+
 void record(BridgeState& state, nb::handle max_events_object, nb::handle stacks, nb::handle oom_dump_dir) {
-  // None: the default, as the signature shows (it was a TypeError).
-  // Out of [1, 2^24]: the core's InvalidRange, as in C++ (TRACING.md).
-  const auto max_events = max_events_object.is_none() ? RecordOptions{}.max_events
-                                                      : args::integer<std::uint64_t>(max_events_object, "max_events");
   RecordOptions options;
-  options.max_events = static_cast<std::size_t>(max_events);
+  options.max_events = max_events_of(max_events_object);
   options.stacks = args::flag(stacks, "stacks");
   if (!oom_dump_dir.is_none()) options.oom_dump_dir = path_text(oom_dump_dir, "oom_dump_dir");
   Bridge& bridge = state.open();

@@ -42,6 +42,11 @@ struct HostRegistration;
 
 // Sets this thread's TraceStack to the interpreter's current stack (recorder.cpp).
 void annotate_call_stack() noexcept;
+// The same for a lease that ends outside any call through BridgeState::open
+// (a view's close or collection, a DLPack consumer's deleter): noted afresh
+// when this thread's calls carry stacks, so that what the end records (a
+// deferred free) names where it ended, not the thread's last call.
+void note_lease_end_stack() noexcept;
 
 struct BridgeState {
   std::unique_ptr<Bridge> bridge;

@@ -33,7 +33,11 @@ thread_local const std::string* t_trace_stack = nullptr;
 
 std::string max_events_refusal(std::size_t max_events) {
   if (max_events != 0 && max_events <= kMaxRecordedEvents) return {};
-  return fmt::format("max_events of {} is outside [1, {}] (the ring holds that many events)", max_events,
+  return max_events_refusal(std::to_string(max_events));
+}
+
+std::string max_events_refusal(std::string_view max_events_text) {
+  return fmt::format("max_events of {} is outside [1, {}] (the ring holds that many events)", max_events_text,
                      kMaxRecordedEvents);
 }
 
@@ -436,6 +440,8 @@ struct Lanes {
     friend auto operator<=>(const Key&, const Key&) = default;
   };
   std::map<Key, std::vector<std::size_t>> open;  // a key may be open more than once (views of one allocation)
+  // A whole slice pairs by its sequence number, with the top bit no event id or fence token has.
+  static constexpr std::uint64_t kWholeSlice = std::uint64_t{1} << 63;
 
   // The tid of the lane a slice `key` begins on.
   std::uint64_t begin(const Key& key) {
@@ -461,6 +467,23 @@ struct Lanes {
     auto& track = tracks[key.track];
     track.busy[lane] = false;
     return track.tids[lane];
+  }
+  // Ends the open slices `which` picks, which no record ends:
+  // `end(key, tid)` for each.
+  template <typename Which, typename End>
+  void end_unrecorded(Which which, End end) {
+    for (auto it = open.begin(); it != open.end();) {
+      if (!which(it->first)) {
+        ++it;
+        continue;
+      }
+      auto& track = tracks[it->first.track];
+      for (const auto lane : it->second) {
+        track.busy[lane] = false;
+        end(it->first, track.tids[lane]);
+      }
+      it = open.erase(it);
+    }
   }
 };
 
@@ -543,6 +566,13 @@ std::string trace_json(const TraceDump& dump) {
       if (consumer_track == track) return fmt::format("consumer {}", consumer);
     return "?";
   };
+  // The end of a slice no record ends (it has no seq of its own).
+  auto write_unrecorded_end = [&](const Lanes::Key& key, std::uint64_t tid, double ts, const char* status) {
+    fmt::format_to(out,
+                   ",\n{{\"ph\":\"E\",\"name\":\"{}\",\"cat\":\"{}\",\"pid\":1,\"tid\":{},\"ts\":{:.3f},"
+                   "\"args\":{{\"status\":\"{}\"}}}}",
+                   slice_name(key.track, key.fence), slice_category(key.track, key.fence), tid, ts, status);
+  };
   const std::uint64_t first_sequence = dump.recorded - dump.records.size();
   double last_ts = 0;
   for (const auto [item_ns, index, whole_begin] : order) {
@@ -552,8 +582,7 @@ std::string trace_json(const TraceDump& dump) {
     const bool fence = is_fence(r.kind);
     const bool whole = is_whole(r.kind);
     const std::uint64_t track = fence ? fence_track(r) : static_cast<std::uint64_t>(r.track);
-    // A whole slice pairs by its sequence number, with the top bit no event id or fence token has.
-    const Lanes::Key key{track, fence, r.generation, whole ? (1ull << 63) | (first_sequence + index) : r.slice};
+    const Lanes::Key key{track, fence, r.generation, whole ? Lanes::kWholeSlice | (first_sequence + index) : r.slice};
     if (whole_begin || is_begin(r.kind)) {
       const auto tid = lanes.begin(key);
       // As few format calls as there can be: they are most of a dump's time.
@@ -576,20 +605,35 @@ std::string trace_json(const TraceDump& dump) {
       text.append("}}");
       if (whole_begin) continue;  // the record's own item ends it
     } else if (whole || is_end(r.kind)) {
+      // An end whose begin was overwritten in the ring is left out, but not
+      // its memory sample (an async copy's end changes in_flight).
       const auto tid = lanes.end(key);
-      if (!tid) continue;  // its begin was overwritten in the ring
-      const char* status = r.kind == TraceKind::CopyFailed || r.kind == TraceKind::WholeSliceFailed ||
-                                   r.kind == TraceKind::InPlaceWriteFailed
-                               ? "failed"
-                           : r.kind == TraceKind::ViewEnd   ? "ended"
-                           : fence                          ? "passed"
-                                                            : "completed";
-      fmt::format_to(out,
-                     ",\n{{\"ph\":\"E\",\"name\":\"{}\",\"cat\":\"{}\",\"pid\":1,\"tid\":{},\"ts\":{:.3f},\"args\":{{"
-                     "\"status\":\"{}\",\"seq\":{}}}}}",
-                     slice_name(track, fence), slice_category(track, fence), *tid, ts, status,
-                     first_sequence + index);
+      if (tid) {
+        const char* status = r.kind == TraceKind::CopyFailed || r.kind == TraceKind::WholeSliceFailed ||
+                                     r.kind == TraceKind::InPlaceWriteFailed
+                                 ? "failed"
+                             : r.kind == TraceKind::ViewEnd   ? "ended"
+                             : fence                          ? "passed"
+                                                              : "completed";
+        fmt::format_to(out,
+                       ",\n{{\"ph\":\"E\",\"name\":\"{}\",\"cat\":\"{}\",\"pid\":1,\"tid\":{},\"ts\":{:.3f},\"args\":{{"
+                       "\"status\":\"{}\",\"seq\":{}}}}}",
+                       slice_name(track, fence), slice_category(track, fence), *tid, ts, status,
+                       first_sequence + index);
+      }
     } else {
+      // The copies a restart or close dropped never complete: their slices
+      // end here, so they neither stay open to the dump nor push later
+      // copies onto lanes of their own. Traced here rather than where the
+      // core drops them, which would cost the copy paths a record each.
+      if (r.kind == TraceKind::Restart || r.kind == TraceKind::Close)
+        lanes.end_unrecorded(
+            [](const Lanes::Key& open_key) {
+              const bool copy_track = open_key.track == static_cast<std::uint64_t>(TraceTrack::CopyUp) ||
+                                      open_key.track == static_cast<std::uint64_t>(TraceTrack::CopyDown);
+              return copy_track && !open_key.fence && (open_key.slice & Lanes::kWholeSlice) == 0;  // in flight
+            },
+            [&](const Lanes::Key& open_key, std::uint64_t tid) { write_unrecorded_end(open_key, tid, ts, "dropped"); });
       const auto& info = kInstants[static_cast<std::size_t>(r.kind)];
       if (r.id != 0)
         fmt::format_to(out,
@@ -619,13 +663,8 @@ std::string trace_json(const TraceDump& dump) {
 
   // Slices still open end now, marked so; then the extra lanes get names.
   const double end_ts = std::max(last_ts, micros(dump, dump.dump_ns));
-  for (const auto& [key, open_lanes] : lanes.open)
-    for (const auto lane : open_lanes)
-      fmt::format_to(out,
-                     ",\n{{\"ph\":\"E\",\"name\":\"{}\",\"cat\":\"{}\",\"pid\":1,\"tid\":{},\"ts\":{:.3f},"
-                     "\"args\":{{\"status\":\"open\"}}}}",
-                     slice_name(key.track, key.fence), slice_category(key.track, key.fence),
-                     lanes.tracks[key.track].tids[lane], end_ts);
+  lanes.end_unrecorded([](const Lanes::Key&) { return true; },
+                       [&](const Lanes::Key& key, std::uint64_t tid) { write_unrecorded_end(key, tid, end_ts, "open"); });
   for (const auto& [track, lanes_of_track] : lanes.tracks)
     for (std::size_t lane = 1; lane < lanes_of_track.tids.size(); ++lane)
       fmt::format_to(out,
@@ -642,6 +681,39 @@ std::string json_escaped(std::string_view text) {
 }
 
 void write_file_atomically(const std::string& path, std::string_view text) {
+  // A FIFO is written in place when a process reads it (`gzip < fifo`);
+  // with none, the open would wait for one for good (the caller, GIL
+  // released, past Ctrl-C), so it is refused at once, as a socket (which
+  // cannot be opened) is. A character device (/dev/null) is written in place.
+  struct stat existing {};
+  const bool exists = ::stat(path.c_str(), &existing) == 0;
+  if (exists && S_ISSOCK(existing.st_mode))
+    fail(ErrorKind::Unavailable, "cannot write '{}': it is a socket (a trace is written to a regular file, a device "
+         "or a FIFO a process reads)", path);
+  if (exists && S_ISFIFO(existing.st_mode)) {
+    // Written through the descriptor that found the reader: a second open
+    // (ReplacingFile's) would come after this one's close had ended the
+    // reader's input, and wait for a reader that is gone.
+    const int fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+      fail(ErrorKind::Unavailable, "cannot write '{}': {}", path,
+           errno == ENXIO ? std::string("it is a FIFO no process reads (the write would wait for one for good)")
+                          : std::string(std::strerror(errno)));
+    struct Closer {
+      int fd;
+      ~Closer() { ::close(fd); }
+    } closer{fd};
+    if (const int flags = ::fcntl(fd, F_GETFL); flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    for (std::size_t done = 0; done < text.size();) {
+      const ssize_t wrote = ::write(fd, text.data() + done, text.size() - done);
+      if (wrote < 0 && errno == EINTR) continue;
+      if (wrote <= 0)
+        fail(ErrorKind::Unavailable, "cannot write '{}': {} after {} of {} bytes", path,
+             std::strerror(wrote < 0 ? errno : EIO), done, text.size());
+      done += static_cast<std::size_t>(wrote);
+    }
+    return;
+  }
   ReplacingFile file(path, ReplacingFile::NotRegular::WriteInPlace);
   file.write(text);
   file.commit(ReplacingFile::Durability::Renamed);

@@ -339,7 +339,9 @@ std::string trace_json(const TraceDump& dump);
 std::string json_escaped(std::string_view text);
 
 // Writes `text` to `path` through a ReplacingFile (devbridge/replacing_file.hpp):
-// whole or not at all, a FIFO or device written in place, a link written through.
+// whole or not at all, a device or a FIFO a process reads written in place, a
+// link written through; a FIFO no process reads (the write would wait for one
+// for good) or a socket refused, Unavailable.
 void write_file_atomically(const std::string& path, std::string_view text);
 
 }  // namespace devbridge::detail
