@@ -50,11 +50,17 @@ inline constexpr std::string_view kFormatVersion = "1";
 
 struct TensorEntry {
   std::string name{};
-  DType dtype;
-  std::string_view safetensors_dtype;  // the file's spelling ("F32")
-  std::vector<std::uint64_t> shape;    // at most kMaxRank dimensions, none zero
-  std::uint64_t begin = 0;             // data_offsets, relative to the data section
+  DType dtype;                        // meaningless when `unrestorable` says the dtype is not one devbridge holds
+  std::string safetensors_dtype;      // the file's spelling ("F32", or one devbridge lacks: "F8_E8M0")
+  std::vector<std::uint64_t> shape;   // at most kMaxRank dimensions
+  std::uint64_t begin = 0;            // data_offsets, relative to the data section
   std::uint64_t end = 0;
+  // Why restore cannot take this tensor (naming the file and the tensor), or
+  // empty when it can: an empty shape (no device allocation is empty) or a
+  // dtype devbridge does not hold. Such an entry is kept, not refused, so the
+  // file's other tensors can still be restored (names=, prefix=, sharded) and
+  // inspected; a front end refuses it only when it is selected for restore.
+  std::string unrestorable{};
   std::uint64_t nbytes() const { return end - begin; }
 };
 

@@ -92,6 +92,14 @@ class RestoreStream {
   // (idempotent): every later landed()/finished() of a target not landed
   // throws.
   void stop();
+  // Asks the reading to stop before its next read, without waiting for the
+  // read in progress (an interrupted caller: Ctrl-C must not wait for slow
+  // storage). The reader ends on its own; the stream, which it uses until
+  // then, is destroyed (stop(), joining it) only by its owner. What the read
+  // in progress writes into is safe to let go meanwhile: ring ranges are the
+  // planner's, and an allocation written in place is held as a copy into it,
+  // so the bridge defers its release until the write ends.
+  void request_stop();
 
  private:
   RestoreStream(Bridge& bridge, int fd, std::uint64_t data_start, std::vector<RestoreTarget> targets,

@@ -155,8 +155,7 @@ def checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], *,
     reader takes (``ValueError``) is refused before anything is written.
     Returns the metadata written.
     """
-    with _gc_paused():
-        return _write_checkpoint(bridge, path, tensors, metadata, checksum)
+    return _write_checkpoint(bridge, path, tensors, metadata, checksum)
 
 
 def _write_checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None,
@@ -169,12 +168,26 @@ def _write_checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], met
     if not isinstance(tensors, Mapping):
         raise TypeError(f"tensors must be a mapping of names to DeviceTensors or DeviceHandles, "
                         f"not {type(tensors).__name__}")
+    # The collector is paused only while the header's objects are made (tens of thousands of them for a
+    # large model), not while the data streams and is fsynced: a pause that long lets another thread's
+    # cyclic garbage pile up.
+    with _gc_paused():
+        sources, sizes, meta, encoded, placeholder = _plan_checkpoint(bridge, path, tensors, metadata, checksum)
+    total = len(encoded) + sum(sizes)
+    _write_planned(path, sources, sizes, meta, encoded, placeholder, total, checksum)
+    return dict(meta)
+
+
+def _plan_checkpoint(bridge: Bridge, path: str, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None,
+                     checksum: str) -> tuple[list[tuple[str, _Source]], list[int], dict[str, str], bytes, str]:
+    """What ``checkpoint`` writes, before anything is: each tensor's source and size in file order, the
+    metadata, and the encoded header (its checksum a placeholder of the final length)."""
     sources: list[tuple[str, _Source]] = []
     for name, x in tensors.items():
         if not isinstance(name, str):
             raise TypeError(f"checkpoint {path!r}: tensor names must be str, not {type(name).__name__}")
-        if not name or name == "__metadata__":
-            raise ValueError(f"checkpoint {path!r}: {name!r} cannot name a tensor")
+        if name == "__metadata__":  # the header's own key; "" is a name (the safetensors package writes it)
+            raise ValueError(f"checkpoint {path!r}: {name!r} cannot name a tensor (it is the header's metadata)")
         _check_utf8(name, f"checkpoint {path!r}: tensor name {name!r}")
         try:  # the context is formatted only for an error: a checkpoint may have tens of thousands of tensors
             sources.append((name, _resolve(bridge, x)))
@@ -202,13 +215,24 @@ def _write_checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], met
         raise ValueError(f"checkpoint {path!r}: its header (the tensors' names, dtypes and shapes, and the "
                          f"metadata) would be {header_bytes} bytes, past the {_HEADER_LIMIT} a safetensors "
                          f"reader takes (restore's, the safetensors package's); nothing was written")
-    total = len(encoded) + begin
+    return sources, sizes, meta, encoded, placeholder
+
+
+def _write_planned(path: str, sources: list[tuple[str, _Source]], sizes: list[int],
+                   meta: dict[str, str], encoded: bytes, placeholder: str, total: int, checksum: str) -> None:
+    """Writes what ``_plan_checkpoint`` planned: the data streamed into a temporary file beside ``path``,
+    hashed, fsynced and renamed over it."""
     # A symlink is written through, as open() writes through it: the temporary file goes beside its target
     # and the rename replaces the target, so the link stays a link.
     target = os.path.realpath(path)
     directory = os.path.dirname(target)
     if os.path.isdir(target):
         raise IsADirectoryError(errno.EISDIR, f"checkpoint {path!r}: it is a directory; name a file (in it)")
+    if path.endswith((os.sep, os.altsep or os.sep)):
+        # realpath drops the trailing separator: "models/" would become a file "models". The caller named
+        # a directory (which is not there): refused as the directory is, nothing written.
+        raise IsADirectoryError(errno.EISDIR, f"checkpoint {path!r}: it ends in a separator, so it names a "
+                                              f"directory (which is not there); name a file; nothing was written")
     if os.path.lexists(target) and not stat.S_ISREG(os.stat(target).st_mode):
         # The rename would replace the node itself (as root, /dev/null), as the C ABI's writer refuses to.
         raise OSError(errno.EINVAL, f"checkpoint {path!r}: it is not a regular file (a FIFO, a device, a socket), "
@@ -278,7 +302,6 @@ def _write_checkpoint(bridge: Bridge, path: Any, tensors: Mapping[str, Any], met
     _fsync_directory(directory)
     if replaced is not None:
         _free_later(replaced)
-    return dict(meta)
 
 
 def _reserve_blocks(fd: int, nbytes: int) -> None:
@@ -507,10 +530,13 @@ def _fsync_directory(directory: str) -> None:
 
 class _Entry(NamedTuple):
     name: str
-    dtype: str
+    dtype: str  # devbridge's name; the file's own spelling for a dtype devbridge lacks
     shape: tuple[int, ...]
     begin: int
     end: int
+    # Why restore cannot take it (an empty shape, a dtype devbridge lacks), naming the file and the tensor; the
+    # header reader keeps such an entry so the file's other tensors stay restorable: refused only when chosen.
+    unrestorable: str | None = None
 
 
 class _Header(NamedTuple):
@@ -522,7 +548,10 @@ class _Header(NamedTuple):
         """The checksum a devbridge checkpoint records (``format`` is devbridge's, as the C++ reader decides,
         which checked it is well-formed), else None: a plain safetensors file's metadata is its writer's own,
         a ``checksum`` key in it too."""
-        return self.metadata.get("checksum") if self.metadata.get("format") == FORMAT else None
+        if self.metadata.get("format") != FORMAT:
+            return None
+        # The reader takes hex digits in either case; the digests this compares with are lowercase.
+        return self.metadata["checksum"].lower()
 
 
 def _open_checkpoint(path: str) -> tuple[BinaryIO, _Header]:
@@ -540,9 +569,19 @@ def _open_checkpoint(path: str) -> tuple[BinaryIO, _Header]:
     return file, _Header(metadata, [_Entry(*t) for t in tensors])
 
 
+def _info_of(entry: _Entry) -> dict[str, Any]:
+    """``checkpoint_info``'s entry of a tensor: an unrestorable one says why."""
+    info = {"dtype": entry.dtype, "shape": entry.shape, "nbytes": entry.end - entry.begin}
+    if entry.unrestorable is not None:
+        info["unrestorable"] = entry.unrestorable
+    return info
+
+
 def checkpoint_info(path: Any) -> dict[str, Any]:
     """A checkpoint's header without restoring it: ``{"metadata": {...}, "tensors": {name: {"dtype",
-    "shape", "nbytes"}}}`` (devbridge dtype names), after the same checks ``restore`` makes first.
+    "shape", "nbytes"}}}`` (devbridge dtype names), after the same checks ``restore`` makes first. A tensor
+    ``restore`` cannot take (an empty one, a dtype devbridge lacks: its ``"dtype"`` is then the file's
+    spelling) is listed with ``"unrestorable"``, why; the file's other tensors can still be restored.
 
     ``path`` is what ``restore`` takes: a safetensors file, or a sharded checkpoint's index (told apart as
     ``restore`` tells them). For an index, ``"tensors"`` is every tensor its ``weight_map`` names, each as
@@ -555,8 +594,7 @@ def checkpoint_info(path: Any) -> dict[str, Any]:
     file, header = _open_checkpoint(path)
     file.close()
     return {"metadata": dict(header.metadata),
-            "tensors": {e.name: {"dtype": e.dtype, "shape": e.shape, "nbytes": e.end - e.begin}
-                        for e in header.entries}}
+            "tensors": {e.name: _info_of(e) for e in header.entries}}
 
 
 def _open_shard(index_path: str, directory: str, shard: str, names: list[str], said: str) -> tuple[BinaryIO, _Header]:
@@ -569,6 +607,9 @@ def _open_shard(index_path: str, directory: str, shard: str, names: list[str], s
     except OSError as error:  # not a directory, no permission...: the same kind, in the index's words
         raise _os_error_in_context(error, f"{index_path!r} maps {names[0]!r} to {shard!r}, which cannot be opened",
                                    said.removeprefix("; ") or "nothing was read") from error
+    except CheckpointError as error:  # a directory, not safetensors, corrupt: the reader's words, in the index's
+        raise CheckpointError(f"{index_path!r} maps {names[0]!r} to {shard!r}, which is refused: {error}{said}") \
+            from None
     absent = sorted(set(names) - {e.name for e in header.entries})
     if absent:
         file.close()
@@ -599,8 +640,7 @@ def _sharded_info(index_path: str) -> dict[str, Any]:
         file, header = _open_shard(index_path, directory, shard, by_shard[shard], "")
         file.close()
         wanted = frozenset(by_shard[shard])
-        tensors.update({e.name: {"dtype": e.dtype, "shape": e.shape, "nbytes": e.end - e.begin}
-                        for e in header.entries if e.name in wanted})
+        tensors.update({e.name: _info_of(e) for e in header.entries if e.name in wanted})
         shards[shard] = dict(header.metadata)
     return {"metadata": {}, "tensors": tensors, "shards": shards}
 
@@ -675,6 +715,8 @@ def restore(bridge: Bridge, path: Any, *, names: Any = None, prefix: str | None 
     verify, wait = bool(verify), bool(wait)
     path = _checked_path(path)
     selection = _Selection(names, prefix, rows)
+    # The collector is paused while the header's entries and the tensors' objects are made (tens of
+    # thousands at once), not while the file is read (wait): another thread's cyclic garbage would pile up.
     with _gc_paused():
         # An index as the ecosystem names it (*.index.json, in any case); a safetensors file named *.json is
         # still a safetensors file: its first bytes say which.
@@ -685,7 +727,7 @@ def restore(bridge: Bridge, path: Any, *, names: Any = None, prefix: str | None 
             with file:
                 selection.require_all(header.entries, path)
                 pending = _restore_file(bridge, path, file, header, selection, alignment, verify)
-        return pending if not wait else pending.tensors()
+    return pending if not wait else pending.tensors()
 
 
 class _Selection:
@@ -785,8 +827,13 @@ def _restore_file(bridge: Bridge, path: str, file: BinaryIO, header: _Header, se
     or a row is partial: not every byte of the data section is read, so its checksum cannot be verified.
     ``file`` stays the caller's: the reader reads a duplicate of its descriptor."""
     held = _held_dtypes(bridge)
-    chosen = [selection.cut(e, path) for e in header.entries if selection.wants(e.name)] if selection.partial \
-        else header.entries
+    chosen = [e for e in header.entries if selection.wants(e.name)] if selection.partial else header.entries
+    for entry in chosen:  # the one refusal of an unrestorable tensor: only one asked for
+        if entry.unrestorable is not None:
+            raise CheckpointError(f"{entry.unrestorable}; restore the others with names= or prefix=; "
+                                  f"nothing was restored")
+    if selection.partial:
+        chosen = [selection.cut(e, path) for e in chosen]
     # Every tensor and every row (names= all of them, rows= a[:]) is the whole file, not a part.
     partial = chosen is not header.entries and chosen != header.entries
     specs = []  # each tensor's (spec, extent), kept for the allocations
@@ -869,6 +916,7 @@ class PendingRestore(_NotCopyable, Mapping[str, DeviceTensor]):
         # set stands; the lock keeps a waiter's failure and another thread's abandon() from both setting it.
         self._failure: BaseException | None = None
         self._verdict_lock = threading.Lock()
+        self._reader_left_running = False  # an interrupt asked the reader to stop without waiting for it
 
     def __getitem__(self, name: str) -> DeviceTensor:
         return self._tensors[name]
@@ -897,6 +945,7 @@ class PendingRestore(_NotCopyable, Mapping[str, DeviceTensor]):
         False if ``timeout`` seconds passed first. On a failure every tensor is freed and the error raised."""
         timeout = _checked_timeout(timeout)
         if self._failure is not None:
+            self._let_readers_end(timeout)
             raise self._failure
         deadline = None if timeout is None else time.monotonic() + timeout
 
@@ -957,6 +1006,16 @@ class PendingRestore(_NotCopyable, Mapping[str, DeviceTensor]):
                 raise _with_context(error, f"restore {self._path!r}: tensor {name!r}") from error
         return True
 
+    def _let_readers_end(self, timeout: float | None) -> None:
+        """After an interrupt that left a reader to end its read on its own: a later ``wait()`` waits for it (up
+        to ``timeout``), so that when it raises the verdict, the tensors that read still wrote are freed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for part in [*self._parts, self]:
+            if part._reader_left_running and part._stream is not None:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                with contextlib.suppress(Exception):  # its error is not the verdict: the interrupt's abandon is
+                    part._stream.finished(left)
+
     def abandon(self) -> None:
         """Stops the reading before its next chunk, waits for it to stop, and frees every tensor: at once
         where its copies have ended, else once they end (up to 30 s in all is waited for them first, not per
@@ -976,7 +1035,12 @@ class PendingRestore(_NotCopyable, Mapping[str, DeviceTensor]):
             for part in self._parts:
                 part._abandon(deadline)
             if self._stream is not None:
-                self._stream.stop()
+                # An interrupt (Ctrl-C: a deadline already past) waits for no read in progress, which slow storage
+                # can make seconds long: the reader is only asked to stop, and ends on its own. The tensors freed
+                # below are safe to let go meanwhile: the bridge defers the release of one a read still writes.
+                wait = time.monotonic() < deadline
+                self._reader_left_running = not wait
+                self._stream.stop(wait=wait)
         finally:  # a part's own cleanup interrupted (Ctrl-C) still lets go of every tensor
             _free_all(self._tensors, deadline)
 
@@ -1157,9 +1221,12 @@ def _read_index(index_path: str) -> dict[str, str]:
         raise CheckpointError(f"{index_path!r} is not read as the index of a sharded checkpoint: it holds the "
                               f"string {lone!r}, whose escape of a lone surrogate is not valid UTF-8")
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
-    if not isinstance(weight_map, dict) or not weight_map:
+    if not isinstance(weight_map, dict):
         raise CheckpointError(f"{index_path!r} has no weight_map (tensor name -> shard file): "
                               f"not the index of a sharded checkpoint")
+    if not weight_map:
+        raise CheckpointError(f"{index_path!r} has an empty weight_map (tensor name -> shard file): it maps no "
+                              f"tensor to a shard, so there is nothing to restore")
     for name, shard in weight_map.items():
         if not isinstance(shard, str) or not shard:
             raise CheckpointError(f"{index_path!r} maps {name!r} to {shard!r}, not a file name")

@@ -525,9 +525,18 @@ def _as_portable(source: Any, dtype: Any, shape: Any) -> PortableTensor:
         dtype = a.dtype if dtype is None else dtype
         shape = a.shape if shape is None else shape
         source = a.reshape(-1).view(np.uint8)
-    elif dtype is None or shape is None:
-        raise TypeError(f"import_tensor of a {type(source).__name__} needs dtype= and shape= "
-                        "(a PortableTensor or numpy array carries its own)")
+    else:
+        # What is neither a file nor an array must be a buffer: said first, so that a list is not told to add
+        # dtype= and shape= only to be refused for not being a buffer then.
+        try:
+            memoryview(source).release()
+        except TypeError:
+            raise TypeError(f"import_tensor takes an array (numpy, DLPack, a PortableTensor), a binary file, or a "
+                            f"buffer (bytes, bytearray, memoryview...) with dtype= and shape=, not "
+                            f"{type(source).__name__} (numpy.asarray() it first)") from None
+        if dtype is None or shape is None:
+            raise TypeError(f"import_tensor of a {type(source).__name__} needs dtype= and shape= "
+                            "(a PortableTensor or numpy array carries its own)")
     return PortableTensor(shape, dtype, source)
 
 

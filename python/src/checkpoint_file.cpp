@@ -9,9 +9,11 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -64,15 +66,27 @@ nb::tuple checkpoint_open(nb::bytes path, const std::string& where) {
   std::map<std::vector<std::uint64_t>, nb::tuple> shapes;
   nb::list tensors;
   for (const checkpoint::TensorEntry& t : header.tensors) {
-    auto name = dtype_names.find(t.dtype);
-    if (name == dtype_names.end()) name = dtype_names.emplace(t.dtype, nb::str(dtype_info(t.dtype).name.data(), dtype_info(t.dtype).name.size())).first;
     auto shape = shapes.find(t.shape);
     if (shape == shapes.end()) {
       nb::list dims;
       for (std::uint64_t dim : t.shape) dims.append(dim);
       shape = shapes.emplace(t.shape, nb::tuple(dims)).first;
     }
-    tensors.append(nb::make_tuple(nb::str(t.name.data(), t.name.size()), name->second, shape->second, t.begin, t.end));
+    nb::str name = nb::str(t.name.data(), t.name.size());
+    if (!t.unrestorable.empty()) {
+      // Kept for checkpoint_info and refused by restore only when selected: a
+      // dtype devbridge lacks has no devbridge name, so the file's spelling.
+      DType held{};
+      const std::string_view dtype = checkpoint::from_safetensors_name(t.safetensors_dtype, held)
+                                         ? dtype_info(held).name
+                                         : std::string_view(t.safetensors_dtype);
+      tensors.append(nb::make_tuple(name, nb::str(dtype.data(), dtype.size()), shape->second, t.begin, t.end,
+                                    nb::str(t.unrestorable.data(), t.unrestorable.size())));
+      continue;
+    }
+    auto dtype = dtype_names.find(t.dtype);
+    if (dtype == dtype_names.end()) dtype = dtype_names.emplace(t.dtype, nb::str(dtype_info(t.dtype).name.data(), dtype_info(t.dtype).name.size())).first;
+    tensors.append(nb::make_tuple(name, dtype->second, shape->second, t.begin, t.end));
   }
   // The descriptor, not an io.FileIO made here: making one lets the GIL go
   // (an fstat), and taking it back inside this C++ frame as the interpreter
@@ -89,6 +103,44 @@ struct CallbackFailed : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+struct PyRestoreStream;
+
+// A stream whose owner was dropped while its reader still read, after an
+// interrupt asked it to stop without waiting (stop(wait=False): Ctrl-C must
+// not wait for slow storage, neither in the wait nor where the PendingRestore
+// is dropped). Kept, with the bridge it reads into, until the reader ends on
+// its own; then joined (at once: it has ended) and destroyed with the GIL, by
+// reap_orphans. The list is leaked on purpose: at exit a reader may still be
+// reading, and its thread must not be destroyed unjoined (std::terminate).
+struct Orphan {
+  std::shared_ptr<BridgeState> state;  // declared first: outlives the stream
+  std::unique_ptr<checkpoint::RestoreStream> stream;
+  bool owners_taken = false;
+};
+
+std::vector<Orphan>& orphans() {
+  static auto* list = new std::vector<Orphan>();
+  return *list;
+}
+
+// With the GIL: destroys the orphans whose reader has ended.
+void reap_orphans() {
+  auto& list = orphans();
+  for (auto it = list.begin(); it != list.end();) {
+    if (!it->stream->done()) {
+      ++it;
+      continue;
+    }
+    {
+      GilReleased no_gil;
+      it->stream->stop();  // its reader has ended: the join is at once
+    }
+    if (!it->owners_taken)
+      for (const DeviceHandle handle : it->stream->handles()) OwnedAllocation(it->state, handle).let_go();
+    it = list.erase(it);
+  }
+}
+
 // A restore's reading (checkpoint::RestoreStream) for Python's restore: the
 // bridge's state held for as long as the stream reads into it.
 struct PyRestoreStream {
@@ -102,9 +154,19 @@ struct PyRestoreStream {
   // then they are the stream's, released with it, so an exception between
   // _restore_start and the tensors (Ctrl-C) leaks none of them.
   bool owners_taken = false;
+  // The stream's callbacks reach this object through `link` (read with the
+  // GIL): null once it is gone while its reader still reads (an Orphan).
+  std::shared_ptr<PyRestoreStream*> link;
+  bool stop_requested = false;  // stop(wait=False) asked the reader to stop, without waiting
 
   ~PyRestoreStream() {
+    reap_orphans();
     if (!stream) return;
+    if (stop_requested && !stream->done()) {
+      if (link) *link = nullptr;  // with the GIL, which every callback takes before it reads the link
+      orphans().push_back(Orphan{state, std::move(stream), owners_taken});
+      return;
+    }
     {
       // The reading thread takes the GIL for the callbacks: stop it without.
       GilReleased no_gil;
@@ -157,18 +219,25 @@ struct PyRestoreStream {
     }
   }
 
-  // `call()` on the reading thread, with the GIL; what it raises is kept.
-  template <class Call>
-  void called_back(Call call) {
-    GilTaken gil;
-    try {
-      call();
-    } catch (nb::python_error& error) {
-      callback_error = nb::borrow(error.value());
-      throw CallbackFailed(error.what());
-    }
-  }
 };
+
+// `call(callable)` on the reading thread, with the GIL, for the callback
+// `pick` chooses of the stream's owner; what it raises is kept by the owner.
+// The callable is held for the call: a callback that lets the GIL go
+// (hashlib's update, a sleep) may see its owner dropped meanwhile (an
+// interrupted restore's stream orphaned), so the owner is read again after.
+template <class Pick, class Call>
+void call_back(const std::shared_ptr<PyRestoreStream*>& link, Pick pick, Call call) {
+  GilTaken gil;
+  if (*link == nullptr) throw checkpoint::CheckpointError("the restore was abandoned: its reader stops");
+  const nb::object callable = pick(**link);
+  try {
+    call(callable);
+  } catch (nb::python_error& error) {
+    if (*link != nullptr) (*link)->callback_error = nb::borrow(error.value());
+    throw CallbackFailed(error.what());
+  }
+}
 
 // The kept exception's traceback holds the frames that waited on the stream,
 // and so the stream; a callback may reach it too: the collector must see
@@ -242,14 +311,26 @@ void bind_restore_stream(nb::module_& m) {
           },
           "timeout"_a.none() = nb::none(), "Waits for the whole file and the checksum's verdict; raises the error.")
       .def("done", [](PyRestoreStream& self) { return self.open().done(); })
-      .def("stop", [](PyRestoreStream& self) { self.unlocked([](checkpoint::RestoreStream& s) { s.stop(); }); },
-           "Stops the reading before its next read and waits for it (idempotent).");
+      .def(
+          "stop",
+          [](PyRestoreStream& self, bool wait) {
+            if (wait) {
+              self.unlocked([](checkpoint::RestoreStream& s) { s.stop(); });
+            } else {
+              self.open().request_stop();
+              self.stop_requested = true;  // dropped before the reader ends, it is orphaned, not joined
+            }
+          },
+          "wait"_a = true,
+          "Stops the reading before its next read and waits for it (idempotent); wait=False only asks, without "
+          "waiting for the read in progress (an interrupt's cleanup): the stream is joined when it is dropped.");
 
   m.def(
       "_restore_start",
       [](nb::handle bridge, nb::handle fd, nb::handle data_start, nb::list targets, nb::object expected_crc32,
          nb::object digest, nb::object before_read, nb::handle wait_for_room, const std::string& where,
          nb::object filename) {
+        reap_orphans();
         auto state = state_of(bridge, "bridge");
         std::vector<checkpoint::RestoreTarget> chosen;
         chosen.reserve(targets.size());
@@ -268,19 +349,23 @@ void bind_restore_stream(nb::module_& m) {
         if (!expected_crc32.is_none()) options.expected_crc32 = nb::cast<std::string>(expected_crc32);
         options.wait_for_room = args::seconds(wait_for_room, "wait_for_room");
         // The callbacks run on the reading thread, which holds no GIL; each takes it.
-        // The stream is stopped before `self` goes.
-        PyRestoreStream* owner = self.get();
+        // The stream is stopped before `self` goes, or `self` unlinked (an Orphan).
+        self->link = std::make_shared<PyRestoreStream*>(self.get());
         if (!digest.is_none())
-          options.digest = [owner](std::span<const std::byte> bytes) {
-            owner->called_back([&] {
-              LentViews lent(false);
-              owner->digest(lent.lend(bytes));
-              lent.end("digest");
-            });
+          options.digest = [link = self->link](std::span<const std::byte> bytes) {
+            call_back(
+                link, [](PyRestoreStream& owner) { return owner.digest; },
+                [&](const nb::object& callable) {
+                  LentViews lent(false);
+                  callable(lent.lend(bytes));
+                  lent.end("digest");
+                });
           };
         if (!before_read.is_none())
-          options.before_read = [owner](std::uint64_t at, std::uint64_t n) {
-            owner->called_back([&] { owner->before_read(at, n); });
+          options.before_read = [link = self->link](std::uint64_t at, std::uint64_t n) {
+            call_back(
+                link, [](PyRestoreStream& owner) { return owner.before_read; },
+                [&](const nb::object& callable) { callable(at, n); });
           };
         const auto start = args::integer<std::uint64_t>(data_start, "data_start");
         Bridge& target = state->open();

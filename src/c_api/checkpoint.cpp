@@ -81,9 +81,10 @@ std::vector<PlannedTensor> planned_tensors(Bridge& bridge, std::span<const devbr
     const std::string which = "entries[" + std::to_string(i) + "]";
     PlannedTensor tensor;
     tensor.name = std::string(text(entry.name, which + ".name"));
-    if (tensor.name.empty() || tensor.name == "__metadata__" || !ckpt::valid_utf8(tensor.name))
+    // "" is a name the safetensors package writes and restore reads; "__metadata__" is the header's own key.
+    if (tensor.name == "__metadata__" || !ckpt::valid_utf8(tensor.name))
       invalid_argument(where + ": " + which + ".name " + ckpt::quoted(tensor.name) +
-                       " cannot name a tensor (empty, \"__metadata__\" or not UTF-8)");
+                       " cannot name a tensor (\"__metadata__\" is the header's metadata, and a name must be UTF-8)");
     if (const auto [first, fresh] = named.emplace(tensor.name, i); !fresh)
       invalid_argument(where + ": " + which + ".name " + ckpt::quoted(tensor.name) + " is entries[" +
                        std::to_string(first->second) + "]'s too: a tensor is named once");
@@ -205,6 +206,13 @@ struct Selection {
     std::vector<const ckpt::TensorEntry*> picked;
     for (const auto& entry : header.tensors)
       if ((names.empty() || names.contains(entry.name)) && entry.name.starts_with(prefix)) picked.push_back(&entry);
+    // The header reader keeps an entry restore cannot take (empty, a dtype
+    // devbridge lacks) so the others stay restorable: refused only when chosen.
+    for (const auto* entry : picked)
+      if (!entry->unrestorable.empty())
+        throw from_checkpoint_error("restore", ckpt::CheckpointError(
+                                                   entry->unrestorable +
+                                                   "; select the others (options->names, options->prefix)"));
     return picked;
   }
 };

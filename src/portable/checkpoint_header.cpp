@@ -63,7 +63,7 @@ bool valid_checksum(std::string_view checksum) {
   for (const auto& [algorithm, length] : kKinds) {
     if (checksum.substr(0, colon) == algorithm) {
       return digits.size() == length && std::all_of(digits.begin(), digits.end(), [](char c) {
-               return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+               return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
              });
     }
   }
@@ -206,24 +206,30 @@ TensorEntry check_entry(RawEntry& raw, const std::vector<std::pair<std::string, 
   if (raw.duplicate_field) {
     throw CheckpointError(fmt::format("{}: its header entry names dtype, shape or data_offsets twice", at()));
   }
-  const DTypeName* known = raw.dtype ? find_dtype(*raw.dtype) : nullptr;
-  if (known == nullptr) {
+  // A dtype that is no string is a malformed header; a string devbridge does
+  // not hold (safetensors' F8_E8M0, C64, ...) only makes that tensor unrestorable.
+  if (!raw.dtype) {
     throw CheckpointError(fmt::format("{}: dtype {} is not one devbridge holds (it knows {})", at(),
                                       raw.dtype_raw.empty() ? "null" : value_text(raw.dtype_raw, raw.dtype),
                                       known_dtypes()));
   }
-  const std::string_view name = dtype_info(known->dtype).name;
-  const auto r = std::lower_bound(recorded.begin(), recorded.end(), raw.name,
-                                  [](const auto& entry, const std::string& n) { return entry.first < n; });
-  if (r != recorded.end() && r->first == raw.name && r->second != name) {
-    throw CheckpointError(fmt::format("{}: the metadata records dtype {}, the header {}", at(), quoted(r->second),
-                                      quoted(known->safetensors)));
+  const DTypeName* known = find_dtype(*raw.dtype);
+  if (known != nullptr) {
+    const std::string_view name = dtype_info(known->dtype).name;
+    const auto r = std::lower_bound(recorded.begin(), recorded.end(), raw.name,
+                                    [](const auto& entry, const std::string& n) { return entry.first < n; });
+    if (r != recorded.end() && r->first == raw.name && r->second != name) {
+      throw CheckpointError(fmt::format("{}: the metadata records dtype {}, the header {}", at(), quoted(r->second),
+                                        quoted(known->safetensors)));
+    }
   }
   const auto text = [](const Integers& v) { return v.raw.empty() ? std::string("null") : value_text(v.raw, v.string); };
   if (!raw.shape.ok) {
     throw CheckpointError(fmt::format("{}: shape {} is not a list of non-negative integers", at(), text(raw.shape)));
   }
-  TensorEntry tensor{std::move(raw.name), known->dtype, known->safetensors, std::move(raw.shape.values), 0, 0};
+  TensorEntry tensor{std::move(raw.name), known != nullptr ? known->dtype : DType{},
+                     known != nullptr ? std::string(known->safetensors) : std::move(*raw.dtype),
+                     std::move(raw.shape.values), 0, 0};
   tensor_name = &tensor.name;
   if (tensor.shape.size() > static_cast<std::size_t>(kMaxRank)) {
     throw CheckpointError(fmt::format("{}: shape {} has {} dimensions, more than devbridge's {}", at(),
@@ -234,6 +240,14 @@ TensorEntry check_entry(RawEntry& raw, const std::vector<std::pair<std::string, 
   }
   tensor.begin = raw.offsets.values[0];
   tensor.end = raw.offsets.values[1];
+  if (known == nullptr) {
+    // Its size per element is unknown, so its span is taken as the file gives
+    // it (the data section's tiling is still checked).
+    tensor.unrestorable = fmt::format("{}: dtype {} is not one devbridge holds (it knows {})", at(),
+                                      quoted(tensor.safetensors_dtype), known_dtypes());
+    return tensor;
+  }
+  const std::string_view name = dtype_info(tensor.dtype).name;
   const std::uint64_t span = tensor.end - tensor.begin;
   std::optional<std::uint64_t> nbytes = dtype_size(tensor.dtype);
   for (std::uint64_t dim : tensor.shape) {
@@ -250,9 +264,9 @@ TensorEntry check_entry(RawEntry& raw, const std::vector<std::pair<std::string, 
                                       shape_text(tensor.shape), name, *nbytes, span));
   }
   if (*nbytes == 0) {
-    throw CheckpointError(fmt::format(
+    tensor.unrestorable = fmt::format(
         "{}: shape {} is empty, and a device allocation cannot be (devbridge cannot restore it)", at(),
-        shape_text(tensor.shape)));
+        shape_text(tensor.shape));
   }
   return tensor;
 }
@@ -390,7 +404,12 @@ Header parse_header(std::string_view json, std::uint64_t file_bytes, const std::
     }
     const std::string* checksum = header.find_metadata("checksum");
     header.checksum = checksum != nullptr ? *checksum : std::string();
-    if (!valid_checksum(header.checksum)) {
+    if (valid_checksum(header.checksum)) {
+      // Hex digits in either case are the same checksum (a hand-edited or
+      // another tool's file); every writer and comparer uses lowercase.
+      std::transform(header.checksum.begin(), header.checksum.end(), header.checksum.begin(),
+                     [](char c) { return c >= 'A' && c <= 'F' ? static_cast<char>(c - 'A' + 'a') : c; });
+    } else {
       throw CheckpointError(fmt::format(
           "{}: a devbridge checkpoint without a valid checksum (got {}; crc32:<8 hex digits> or sha256:<64 hex digits>)",
           where, quoted(header.checksum)));

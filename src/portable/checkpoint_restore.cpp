@@ -1,6 +1,7 @@
 #include "devbridge/checkpoint_restore.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -112,9 +113,14 @@ Read read_run(int fd, std::span<const std::span<std::byte>> pieces, std::uint64_
           stopped = true;
           break;
         }
-        throw CheckpointError(fmt::format("{} ends {} bytes early (at byte {} of the file): it shrank since its "
-                                          "header was checked",
-                                          where, total - done, at + done));
+        // The figures of this read alone (one half of a large one, perhaps)
+        // would not describe the file: its size now comes from fstat.
+        struct stat st {};
+        const std::string now = ::fstat(fd, &st) == 0 ? fmt::format("it is now {} bytes", st.st_size)
+                                                       : fmt::format("its size now cannot be read: {}", std::strerror(errno));
+        throw CheckpointError(fmt::format("{} shrank since its header was checked: a read of {} bytes at byte {} "
+                                          "found the end of the file ({})",
+                                          where, total - done, at + done, now));
       }
       done += static_cast<std::uint64_t>(got);
       auto left = static_cast<std::uint64_t>(got);
@@ -230,11 +236,13 @@ RestoreStream::~RestoreStream() {
   ::close(fd_);
 }
 
+void RestoreStream::request_stop() {
+  std::lock_guard lock(mutex_);
+  stopping_ = true;
+}
+
 void RestoreStream::stop() {
-  {
-    std::lock_guard lock(mutex_);
-    stopping_ = true;
-  }
+  request_stop();
   // Once, whoever comes first (two callers at once, an abandon() and the
   // destructor); the others wait for that join to end.
   if (reader_.get_id() != std::this_thread::get_id())
@@ -288,7 +296,15 @@ void RestoreStream::run() noexcept {
   try {
     TransferOptions transfer;
     transfer.wait_for_room = options_.wait_for_room;
-    TransferPlanner planner(bridge_, transfer);
+    // A bridge closed (or restarting) before the first read refuses the
+    // planner itself: named as a read's failure is, by the file and the
+    // tensor the reading would have begun with.
+    TransferPlanner planner = naming(
+        [&] {
+          return targets_.empty() ? fmt::format("restore {}", where_)
+                                  : fmt::format("restore {}: tensor {}", where_, checkpoint::quoted(targets_[0].name));
+        },
+        [&] { return TransferPlanner(bridge_, transfer); });
     for (std::size_t first = 0; first < targets_.size();) {
       std::size_t last = first + 1;  // the batch is [first, last): adjacent in the file, within the bounds
       std::uint64_t bytes = targets_[first].end - targets_[first].begin;

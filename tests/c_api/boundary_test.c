@@ -355,7 +355,6 @@ static devbridge_region_range region_range(devbridge_region which, uint64_t offs
   X(checkpoint_null_entries, INVALID_RANGE, devbridge_checkpoint(A, "/tmp/devbridge-boundary.safetensors", NULL, 1, 0)) \
   X(checkpoint_count_near_2_64, INVALID_RANGE, devbridge_checkpoint(A, "/tmp/devbridge-boundary.safetensors", &entry, NEAR_2_64, 0)) \
   X(checkpoint_null_name, INVALID_RANGE, (e = entry, e.name = NULL, devbridge_checkpoint(A, "/tmp/devbridge-boundary.safetensors", &e, 1, 0))) \
-  X(checkpoint_empty_name, INVALID_RANGE, (e = entry, e.name = "", devbridge_checkpoint(A, "/tmp/devbridge-boundary.safetensors", &e, 1, 0))) \
   X(checkpoint_metadata_name, INVALID_RANGE, (e = entry, e.name = "__metadata__", devbridge_checkpoint(A, "/tmp/devbridge-boundary.safetensors", &e, 1, 0))) \
   X(checkpoint_name_not_utf8, INVALID_RANGE, (e = entry, e.name = "\xff", devbridge_checkpoint(A, "/tmp/devbridge-boundary.safetensors", &e, 1, 0))) \
   X(checkpoint_name_twice, INVALID_RANGE, devbridge_checkpoint(A, "/tmp/devbridge-boundary.safetensors", two_entries, 2, 0)) \

@@ -200,6 +200,61 @@ int main(int argc, char** argv) {
   devbridge_restored_free(restored);
   CHECK(live_allocations(host) == 0);
 
+  /* A file (as the safetensors package writes it) holding an empty tensor and
+   * one of a dtype devbridge lacks: the others restore; either is refused only
+   * when chosen, naming the file and the tensor. */
+  char mixed[256];
+  snprintf(mixed, sizeof mixed, "%s/mixed.safetensors", directory);
+  {
+    const char header[] = "{\"empty\":{\"dtype\":\"F32\",\"shape\":[0,4],\"data_offsets\":[0,0]},"
+                          "\"scales\":{\"dtype\":\"F8_E8M0\",\"shape\":[4],\"data_offsets\":[0,4]},"
+                          "\"w\":{\"dtype\":\"I8\",\"shape\":[2,3],\"data_offsets\":[4,10]}}";
+    const uint64_t length = sizeof header - 1;
+    unsigned char prefix[8];
+    for (int i = 0; i < 8; ++i) prefix[i] = (unsigned char)(length >> (8 * i));
+    FILE* file = fopen(mixed, "wb");
+    CHECK(file != NULL);
+    CHECK(fwrite(prefix, 1, 8, file) == 8 && fwrite(header, 1, length, file) == length);
+    CHECK(fwrite("\1\2\3\4", 1, 4, file) == 4 && fwrite(small, 1, 6, file) == 6);
+    fclose(file);
+  }
+  CHECK_STATUS(DEVBRIDGE_ERROR_INVALID_RANGE, devbridge_restore(host, mixed, &restored));
+  CHECK(strstr(devbridge_last_error_message(), "mixed.safetensors") != NULL);
+  CHECK(strstr(devbridge_last_error_message(), "tensor 'empty'") != NULL);
+  CHECK(live_allocations(host) == 0);
+  const char* const only_w[1] = {"w"};
+  devbridge_restore_options pick = {0};
+  pick.size = sizeof pick;
+  pick.names = only_w;
+  pick.name_count = 1;
+  CHECK_OK(devbridge_restore_selected(host, mixed, &pick, &restored));
+  CHECK(restored->count == 1 && same_bytes(host, &restored->tensors[0], small, 6));
+  CHECK_OK(devbridge_free_device(host, restored->tensors[0].handle));
+  devbridge_restored_free(restored);
+  pick.names = NULL;
+  pick.name_count = 0;
+  pick.prefix = "sc";
+  CHECK_STATUS(DEVBRIDGE_ERROR_INVALID_RANGE, devbridge_restore_selected(host, mixed, &pick, &restored));
+  CHECK(strstr(devbridge_last_error_message(), "tensor 'scales': dtype 'F8_E8M0'") != NULL);
+  CHECK(live_allocations(host) == 0);
+  CHECK(unlink(mixed) == 0);
+
+  /* "" names a tensor (the safetensors package writes it; restore reads it);
+   * "__metadata__" is the header's own key. */
+  char unnamed[256];
+  snprintf(unnamed, sizeof unnamed, "%s/unnamed.safetensors", directory);
+  devbridge_checkpoint_entry nameless = entries[1];
+  nameless.name = "";
+  CHECK_OK(devbridge_checkpoint(fake, unnamed, &nameless, 1, 0));
+  CHECK_OK(devbridge_restore(host, unnamed, &restored));
+  CHECK(restored->count == 1 && find(restored, "") != NULL && same_bytes(host, find(restored, ""), small, 6));
+  CHECK_OK(devbridge_free_device(host, restored->tensors[0].handle));
+  devbridge_restored_free(restored);
+  nameless.name = "__metadata__";
+  CHECK_STATUS(DEVBRIDGE_ERROR_INVALID_RANGE, devbridge_checkpoint(fake, unnamed, &nameless, 1, 0));
+  CHECK(strstr(devbridge_last_error_message(), "__metadata__") != NULL);
+  CHECK(unlink(unnamed) == 0);
+
   /* argv[1]: keep a copy for the Python cross-check to read. */
   if (argc > 1) CHECK_OK(devbridge_checkpoint(fake, argv[1], entries, 3, 0));
 

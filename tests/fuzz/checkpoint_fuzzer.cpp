@@ -39,14 +39,25 @@ void check(const Header& h, std::size_t size) {
   require(h.header_bytes <= devbridge::checkpoint::kHeaderLimit, "the header is within the limit");
   require(devbridge::checked::range_within(8, h.header_bytes, size), "the header lies within the file");
   require(h.data_start() + h.data_bytes() == size, "the data section ends the file");
-  // The data ranges are ordered, in bounds, non-empty and tile the data section exactly.
+  // The data ranges are ordered, in bounds and tile the data section exactly;
+  // a tensor restore can take (none kept as unrestorable: an empty one, a
+  // dtype devbridge does not hold) is non-empty and its shape its bytes.
   std::uint64_t expected = 0;
+  devbridge::DType held{};
   for (const auto& t : h.tensors) {
     require(t.begin == expected, "each tensor starts where the last ended");
-    require(t.begin < t.end, "no tensor is empty");
+    require(t.begin <= t.end, "a tensor's data_offsets are ordered");
     require(t.end <= h.data_bytes(), "each tensor lies within the data section");
-    require(!t.shape.empty() || t.nbytes() == devbridge::dtype_size(t.dtype), "a scalar is one item");
     require(t.shape.size() <= static_cast<std::size_t>(devbridge::kMaxRank), "the rank is at most kMaxRank");
+    require(devbridge::checkpoint::valid_utf8(t.name), "names are UTF-8");
+    expected = t.end;
+    if (!t.unrestorable.empty()) {
+      require(t.begin == t.end || !devbridge::checkpoint::from_safetensors_name(t.safetensors_dtype, held),
+              "only an empty tensor or a dtype devbridge does not hold is unrestorable");
+      continue;
+    }
+    require(t.begin < t.end, "no restorable tensor is empty");
+    require(!t.shape.empty() || t.nbytes() == devbridge::dtype_size(t.dtype), "a scalar is one item");
     std::uint64_t n = devbridge::dtype_size(t.dtype);
     for (std::uint64_t d : t.shape) {
       const auto product = devbridge::checked::mul(n, d);
@@ -54,8 +65,6 @@ void check(const Header& h, std::size_t size) {
       n = *product;
     }
     require(n == t.nbytes(), "the shape's byte size is the data range's");
-    require(devbridge::checkpoint::valid_utf8(t.name), "names are UTF-8");
-    expected = t.end;
   }
   require(expected == h.data_bytes(), "the tensors cover the data section");
   for (std::size_t i = 1; i < h.metadata.size(); ++i) {

@@ -87,6 +87,43 @@ TEST(CheckpointHeader, AFormatVersionThisReaderDoesNotKnowIsRefused) {
             "(accepted)");
 }
 
+// An empty tensor or a dtype devbridge lacks (safetensors' F8_E8M0) is kept,
+// marked with why restore cannot take it, so the file's other tensors stay
+// restorable and inspectable; it had refused the whole file.
+TEST(CheckpointHeader, AnEmptyTensorOrAnUnknownDTypeIsKeptMarkedNotRefused) {
+  const Header h = parse_checkpoint(
+      file_of(R"({"e":{"dtype":"F32","shape":[0,4],"data_offsets":[0,0]},)"
+              R"("s":{"dtype":"F8_E8M0","shape":[8],"data_offsets":[0,8]},)"
+              R"("w":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})",
+              12),
+      "'f'");
+  ASSERT_EQ(h.tensors.size(), 3u);
+  EXPECT_EQ(h.tensors[0].name, "e");
+  EXPECT_NE(h.tensors[0].unrestorable.find("'f': tensor 'e': shape (0, 4) is empty"), std::string::npos)
+      << h.tensors[0].unrestorable;
+  EXPECT_EQ(h.tensors[1].safetensors_dtype, "F8_E8M0");
+  EXPECT_NE(h.tensors[1].unrestorable.find("'f': tensor 's': dtype 'F8_E8M0' is not one devbridge holds"),
+            std::string::npos)
+      << h.tensors[1].unrestorable;
+  EXPECT_TRUE(h.tensors[2].unrestorable.empty());
+  // Its data_offsets still tile the data section.
+  EXPECT_REFUSED(R"({"s":{"dtype":"F8_E8M0","shape":[8],"data_offsets":[0,8]}})", "8 bytes of data, the file holds 4");
+}
+
+// Hex digits in either case are the same checksum, recorded lowercase (as
+// every devbridge digest is) so that comparisons need no case folding.
+TEST(CheckpointHeader, AChecksumInUppercaseHexIsAcceptedAndLowercased) {
+  const Header h = parse_checkpoint(
+      file_of(R"({"__metadata__":{"format":"devbridge-checkpoint","checksum":"crc32:25601B8B"},)"
+              R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+              4),
+      "'f'");
+  EXPECT_EQ(h.checksum, "crc32:25601b8b");
+  EXPECT_REFUSED(R"({"__metadata__":{"format":"devbridge-checkpoint","checksum":"crc32:25601G8B"},)"
+                 R"("a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+                 "without a valid checksum");
+}
+
 TEST(CheckpointHeader, WhitespacePaddingIsAcceptedAsTheSafetensorsPackageDoes) {
   EXPECT_EQ(refusal(" \n" + kOne + "   \t\r\n"), "(accepted)");
 }

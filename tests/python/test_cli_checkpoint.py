@@ -215,7 +215,8 @@ def _with_header(path: pathlib.Path, header: dict, data: bytes) -> pathlib.Path:
 
 
 @pytest.mark.parametrize("entry, reason", [
-    ({"dtype": "C64", "shape": [2], "data_offsets": [0, 16]}, "dtype 'C64' is not one devbridge holds"),
+    # (a dtype devbridge lacks, or an empty tensor (even [0, 2**63, 4]), is listed, not refused:
+    # test_checkpoint_probe_fixes.py)
     ({"dtype": 5, "shape": [2], "data_offsets": [0, 16]}, "dtype 5 is not one devbridge holds"),
     ({"dtype": "F32", "shape": [-1], "data_offsets": [0, 16]}, "is not a list of non-negative integers"),
     ({"dtype": "F32", "shape": [1.5], "data_offsets": [0, 16]}, "is not a list of non-negative integers"),
@@ -228,7 +229,6 @@ def _with_header(path: pathlib.Path, header: dict, data: bytes) -> pathlib.Path:
     ({"dtype": "F32", "shape": [4], "data_offsets": [0]}, "are not [begin, end] byte offsets"),
     ({"dtype": "F32", "shape": [4], "data_offsets": [2**64 - 8, 2**64 + 8]}, "are not [begin, end] byte offsets"),
     ({"dtype": "F32", "shape": [4], "data_offsets": [2**64 - 17, 2**64 - 1]}, "starts at data byte"),
-    ({"dtype": "F32", "shape": [0, 2**63, 4], "data_offsets": [0, 0]}, "is empty"),
     ({"dtype": "F32", "shape": [4]}, "data_offsets null are not"),
     ([1, 2], "its header entry is not an object"),
 ])
@@ -267,7 +267,7 @@ def test_bad_devbridge_metadata(tmp_path):
 
 def test_control_characters_stay_on_one_line(tmp_path):
     path = _with_header(tmp_path / "names.safetensors",
-                        {"a\nb": {"dtype": "X", "shape": [1], "data_offsets": [0, 1]}}, bytes(1))
+                        {"a\nb": {"dtype": 5, "shape": [1], "data_offsets": [0, 1]}}, bytes(1))
     _refused(path, "tensor 'a\\nb'")
 
 

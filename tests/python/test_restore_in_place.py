@@ -145,7 +145,7 @@ def test_a_file_that_ends_inside_a_batch_of_small_tensors_frees_everything(pb, r
     assert until(read.reached.is_set)
     os.truncate(path, size - 1000)
     read.release()
-    with pytest.raises(devbridge.CheckpointError, match="ends .* early"):
+    with pytest.raises(devbridge.CheckpointError, match="shrank since its header was checked: a read of"):
         pending.wait()
     assert all(t.freed for t in pending.values())
     nothing_left(pb)

@@ -114,8 +114,11 @@ CheckpointReport inspect_checkpoint(const std::string& path) {
     report.devbridge = header.devbridge;
     report.recorded_checksum = header.checksum;  // only devbridge's own checksum is devbridge's to verify
     for (const checkpoint::TensorEntry& t : header.tensors) {
-      report.tensors.push_back({t.name, std::string(dtype_info(t.dtype).name), std::string(t.safetensors_dtype),
-                                t.shape, t.begin, t.end});
+      // A dtype devbridge does not hold has no devbridge name: its dtype stays empty (null in --json).
+      DType held_dtype{};
+      const bool held = checkpoint::from_safetensors_name(t.safetensors_dtype, held_dtype);
+      report.tensors.push_back({t.name, held ? std::string(dtype_info(t.dtype).name) : std::string(),
+                                t.safetensors_dtype, t.shape, t.begin, t.end, t.unrestorable});
     }
     report.header_ok = true;
     if (report.recorded_checksum.empty()) {
@@ -160,11 +163,15 @@ std::string format_checkpoint(const CheckpointReport& report) {
   std::size_t dtype_width = 5;
   for (const CheckpointTensor& t : report.tensors) {
     name_width = std::max(name_width, quoted(t.name).size());
-    dtype_width = std::max(dtype_width, t.dtype.size());
+    dtype_width = std::max(dtype_width, (t.dtype.empty() ? t.safetensors_dtype : t.dtype).size());
   }
   for (const CheckpointTensor& t : report.tensors) {
-    out += fmt::format("  {:<{}}  {:<{}}  {:<16}  {} bytes at {}\n", quoted(t.name), name_width, t.dtype, dtype_width,
-                       shape_text(t.shape), t.end - t.begin, t.begin);
+    out += fmt::format("  {:<{}}  {:<{}}  {:<16}  {} bytes at {}{}\n", quoted(t.name), name_width,
+                       t.dtype.empty() ? t.safetensors_dtype : t.dtype, dtype_width, shape_text(t.shape),
+                       t.end - t.begin, t.begin, t.unrestorable.empty() ? "" : "  (not restorable)");
+  }
+  for (const CheckpointTensor& t : report.tensors) {
+    if (!t.unrestorable.empty()) out += fmt::format("not restorable: {}\n", t.unrestorable);
   }
   if (!report.metadata.empty()) {
     out += "metadata:\n";
@@ -207,11 +214,12 @@ nlohmann::json checkpoint_report_json(const CheckpointReport& report) {
   for (const CheckpointTensor& t : report.tensors) {
     tensors.push_back({
         {"name", t.name},
-        {"dtype", t.dtype},
+        {"dtype", t.dtype.empty() ? nlohmann::json(nullptr) : nlohmann::json(t.dtype)},
         {"safetensors_dtype", t.safetensors_dtype},
         {"shape", t.shape},
         {"data_offsets", {t.begin, t.end}},
         {"nbytes", t.end - t.begin},
+        {"unrestorable", t.unrestorable.empty() ? nlohmann::json(nullptr) : nlohmann::json(valid_utf8(t.unrestorable))},
     });
   }
   const std::string generation = metadata_value(report, "generation");

@@ -27,6 +27,7 @@ struct CheckpointTensor {
   std::vector<std::uint64_t> shape;
   std::uint64_t begin = 0;  // data_offsets, relative to the data section
   std::uint64_t end = 0;
+  std::string unrestorable;  // why restore cannot take it (checkpoint::TensorEntry::unrestorable); empty: it can
 };
 
 enum class ChecksumStatus {
