@@ -446,6 +446,9 @@ class Bridge {
   // mmap): a copy into it (device_to_host) is refused with InvalidRange.
   HostRegion register_host_read_only(std::span<const std::byte> bytes, RegionRelease on_release = {});
   // AllocationStillInUse while a copy uses the region; changes nothing then.
+  // A copy that ended in the backend counts as ended whether or not anyone
+  // polled it since (the completions waiting are applied first, as
+  // release_host and free_device do).
   void unregister_host(HostRegion region);
   // For an owner letting go of a region allocations adopted from it still
   // use (they may be read through views for a while): unregistered now when

@@ -44,7 +44,9 @@ HostRegion BridgeCore::register_host(std::span<std::byte> bytes, bool read_only,
 bool BridgeCore::unregister_host(const HostRegion& r, AfterAdoptions adopted) {
   SpinLockHold lock(lock_);
   enter(lock);
-  check_tag(r);
+  // As release_host and free_device: a copy that ended but that nobody polled
+  // does not keep the region registered.
+  if (regions_[region_index(r)].copies != 0) apply_completions_before_refusing();
   const std::optional<HostBlock> block = regions_.begin_unregister(r, adopted);
   if (!block) return false;  // end_adoption unregisters it after the last
   gate_.run_unlocked(lock, [&] { backend_->release_import(HostImport{.block = *block}); });

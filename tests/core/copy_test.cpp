@@ -113,6 +113,22 @@ TEST_F(CopyTest, ReleaseAndFreeAfterACompletionNobodyPolledSucceed) {
   EXPECT_EQ(bridge->stats().ring_reservations, 0u);
 }
 
+// The same for unregister_host: a copy from registered memory that ended
+// unpolled does not keep the region registered.
+TEST_F(CopyTest, UnregisterAfterACompletionNobodyPolledSucceeds) {
+  std::vector<std::byte> memory(4096, std::byte{7});
+  const HostRegion region = bridge->register_host(memory);
+  const DeviceHandle h = bridge->alloc_device(bytes_spec(), 4096);
+  const CopyEvent e =
+      bridge->host_to_device(RegionRange{region, 0, 4096}, DeviceRange{h, 0, 4096}, CopyMode::Async);
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationStillInUse, bridge->unregister_host(region));  // still in flight
+  ASSERT_TRUE(fake->complete(e));  // ended in the backend; nothing polled since
+  bridge->unregister_host(region);
+  EXPECT_EQ(bridge->stats().host_regions, 0u);
+  EXPECT_EQ(bridge->stats().copies_in_flight, 0u);
+  bridge->free_device(h);
+}
+
 TEST_F(CopyTest, ADownloadStillInFlightKeepsRefusingAfterOthersComplete) {
   const DeviceHandle h = bridge->alloc_device(bytes_spec(), 512);
   const HostRange first = bridge->reserve(256), second = bridge->reserve(256);
