@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -119,6 +120,67 @@ struct MemoryStats {
   // memory the pool holds that the biggest tensor could not use.
   std::uint64_t fragmentation_bytes = 0;
 };
+
+// Every MemoryStats field in the struct's order: visit(name, value), value a
+// bool or a std::uint64_t, under the name the memory snapshot's "stats"
+// (TRACING.md), Python's memory_stats() and the CLI's stream report give it.
+// The one list of them: a field added to MemoryStats is added here (the
+// build fails until it is, below) and to the C ABI's devbridge_memory_stats,
+// whose size src/c_api/bridge_calls.cpp checks against kMemoryStatsFields.
+template <class Visit>
+constexpr void for_each_field(const MemoryStats& m, Visit&& visit) {
+  visit("pool_enabled", m.pool_enabled);
+  visit("pool_cap_bytes", m.pool_cap_bytes);
+  visit("allocated_bytes", m.allocated_bytes);
+  visit("peak_allocated_bytes", m.peak_allocated_bytes);
+  visit("total_allocated_bytes", m.total_allocated_bytes);
+  visit("reserved_bytes", m.reserved_bytes);
+  visit("peak_reserved_bytes", m.peak_reserved_bytes);
+  visit("total_reserved_bytes", m.total_reserved_bytes);
+  visit("allocations", m.allocations);
+  visit("total_allocations", m.total_allocations);
+  visit("backend_allocations", m.backend_allocations);
+  visit("backend_frees", m.backend_frees);
+  visit("segments", m.segments);
+  visit("free_segments", m.free_segments);
+  visit("pool_splits", m.pool_splits);
+  visit("cached_bytes", m.cached_bytes);
+  visit("cached_blocks", m.cached_blocks);
+  visit("free_segment_bytes", m.free_segment_bytes);
+  visit("cache_hits", m.cache_hits);
+  visit("cache_misses", m.cache_misses);
+  visit("oom_retries", m.oom_retries);
+  visit("oom_failures", m.oom_failures);
+  visit("largest_request_bytes", m.largest_request_bytes);
+  visit("fragmentation_bytes", m.fragmentation_bytes);
+}
+
+inline constexpr std::size_t kMemoryStatsFields = [] {
+  std::size_t n = 0;
+  for_each_field(MemoryStats{}, [&n](const char*, const auto&) { ++n; });
+  return n;
+}();
+
+namespace detail {
+// Converts to any field's type, so brace-initialising an aggregate with ever
+// more of them counts its fields (as Boost.PFR does).
+struct AnyField {
+  template <class T>
+  constexpr operator T() const noexcept {
+    return T{};
+  }
+};
+template <class T, class... Fields>
+consteval std::size_t aggregate_field_count() {
+  if constexpr (requires { T{Fields{}..., AnyField{}}; })
+    return aggregate_field_count<T, Fields..., AnyField>();
+  else
+    return sizeof...(Fields);
+}
+}  // namespace detail
+
+static_assert(detail::aggregate_field_count<MemoryStats>() == kMemoryStatsFields,
+              "a MemoryStats field is missing from for_each_field(const MemoryStats&, ...)");
 
 enum class CopyState : std::uint8_t { Pending, Completed, Failed };
 

@@ -120,32 +120,10 @@ constexpr const char* kReleaseHostAfterDoc =
     "range that is not a live reservation or already waits here. A restart releases the waiting ranges once\n"
     "the device is idle; close() drops them with the ring. stats()['ring_releases_pending'] counts them.";
 
+// Every MemoryStats field under its name (for_each_field: the snapshot's "stats" too).
 nb::dict memory_stats_dict(const MemoryStats& s) {
   nb::dict d;
-  d["pool_enabled"] = s.pool_enabled;
-  d["pool_cap_bytes"] = s.pool_cap_bytes;
-  d["allocated_bytes"] = s.allocated_bytes;
-  d["peak_allocated_bytes"] = s.peak_allocated_bytes;
-  d["total_allocated_bytes"] = s.total_allocated_bytes;
-  d["reserved_bytes"] = s.reserved_bytes;
-  d["peak_reserved_bytes"] = s.peak_reserved_bytes;
-  d["total_reserved_bytes"] = s.total_reserved_bytes;
-  d["allocations"] = s.allocations;
-  d["total_allocations"] = s.total_allocations;
-  d["backend_allocations"] = s.backend_allocations;
-  d["backend_frees"] = s.backend_frees;
-  d["segments"] = s.segments;
-  d["free_segments"] = s.free_segments;
-  d["pool_splits"] = s.pool_splits;
-  d["cached_bytes"] = s.cached_bytes;
-  d["cached_blocks"] = s.cached_blocks;
-  d["free_segment_bytes"] = s.free_segment_bytes;
-  d["cache_hits"] = s.cache_hits;
-  d["cache_misses"] = s.cache_misses;
-  d["oom_retries"] = s.oom_retries;
-  d["oom_failures"] = s.oom_failures;
-  d["largest_request_bytes"] = s.largest_request_bytes;
-  d["fragmentation_bytes"] = s.fragmentation_bytes;
+  for_each_field(s, [&](const char* name, auto value) { d[name] = value; });
   return d;
 }
 

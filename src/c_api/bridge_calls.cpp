@@ -482,6 +482,15 @@ devbridge_status devbridge_get_stats(devbridge_bridge* bridge, devbridge_stats* 
   });
 }
 
+// devbridge_memory_stats is `size` and then one uint64_t per MemoryStats
+// field (bridge.hpp's for_each_field lists them): a field added there fails
+// this until the C struct has it too (appended: the struct is size-first),
+// and an initializer left out below fails the build
+// (-Wmissing-field-initializers, an error here).
+static_assert(sizeof(devbridge_memory_stats) == sizeof(std::uint64_t) * (1 + kMemoryStatsFields),
+              "devbridge_memory_stats needs one uint64_t per MemoryStats field");
+#pragma GCC diagnostic push
+#pragma GCC diagnostic error "-Wmissing-field-initializers"
 devbridge_status devbridge_get_memory_stats(devbridge_bridge* bridge, devbridge_memory_stats* out_stats) {
   return guarded([&] {
     auto& out = sized(out_stats, "out_stats");
@@ -515,6 +524,7 @@ devbridge_status devbridge_get_memory_stats(devbridge_bridge* bridge, devbridge_
                       });
   });
 }
+#pragma GCC diagnostic pop
 
 devbridge_status devbridge_reset_peak_memory(devbridge_bridge* bridge) {
   return guarded([&] { bridge_of(bridge).reset_peak_memory(); });

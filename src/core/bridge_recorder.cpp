@@ -262,19 +262,13 @@ std::string BridgeCore::memory_snapshot_json() {
                  "\"domain\":{},\"generation\":{},",
                  json_escaped(backend_name_), json_escaped(device_id_), domain_, generation_);
   // Every MemoryStats field, under its name and in its order (TRACING.md).
-  fmt::format_to(out,
-                 "\"stats\":{{\"pool_enabled\":{},\"pool_cap_bytes\":{},\"allocated_bytes\":{},"
-                 "\"peak_allocated_bytes\":{},\"total_allocated_bytes\":{},\"reserved_bytes\":{},"
-                 "\"peak_reserved_bytes\":{},\"total_reserved_bytes\":{},\"allocations\":{},\"total_allocations\":{},"
-                 "\"backend_allocations\":{},\"backend_frees\":{},\"segments\":{},\"free_segments\":{},"
-                 "\"pool_splits\":{},\"cached_bytes\":{},\"cached_blocks\":{},\"free_segment_bytes\":{},"
-                 "\"cache_hits\":{},\"cache_misses\":{},\"oom_retries\":{},\"oom_failures\":{},"
-                 "\"largest_request_bytes\":{},\"fragmentation_bytes\":{}}},",
-                 m.pool_enabled, m.pool_cap_bytes, m.allocated_bytes, m.peak_allocated_bytes, m.total_allocated_bytes,
-                 m.reserved_bytes, m.peak_reserved_bytes, m.total_reserved_bytes, m.allocations, m.total_allocations,
-                 m.backend_allocations, m.backend_frees, m.segments, m.free_segments, m.pool_splits, m.cached_bytes,
-                 m.cached_blocks, m.free_segment_bytes, m.cache_hits, m.cache_misses, m.oom_retries, m.oom_failures,
-                 m.largest_request_bytes, m.fragmentation_bytes);
+  text += "\"stats\":{";
+  const char* separator = "";
+  for_each_field(m, [&](const char* name, auto value) {
+    fmt::format_to(out, "{}\"{}\":{}", separator, name, value);
+    separator = ",";
+  });
+  text += "},";
   fmt::format_to(out, "\"ring\":{{\"capacity\":{},\"used\":{},\"reservations\":{},\"releases_pending\":{}}},",
                  ring_.capacity(), ring_.used(), ring_.reservations(), release_after_.size());
   const bool recording = recording_ != nullptr;

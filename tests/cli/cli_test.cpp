@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_process.hpp"
+#include "devbridge/bridge.hpp"
 
 namespace devbridge::cli::testing {
 namespace {
@@ -309,6 +310,11 @@ TEST(Stream, TheReportSaysHowDeviceMemoryWent) {
   EXPECT_EQ(report["memory"]["pool_enabled"], true);  // the host backend's default
   EXPECT_GT(report["memory"]["peak_allocated_bytes"].get<std::uint64_t>(), 0u);
   EXPECT_GT(report["memory"]["backend_allocations"].get<std::uint64_t>(), 0u);
+  // Every MemoryStats field, under the name bridge.hpp's for_each_field gives it.
+  EXPECT_EQ(report["memory"].size(), devbridge::kMemoryStatsFields) << report["memory"].dump();
+  devbridge::for_each_field(devbridge::MemoryStats{}, [&](const char* name, auto) {
+    EXPECT_TRUE(report["memory"].contains(name)) << "the report's memory object lacks " << name;
+  });
 }
 
 TEST(Stream, ADuplicatedCompletionIsIgnoredAndTheStreamStillVerifies) {

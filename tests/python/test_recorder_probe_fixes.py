@@ -236,11 +236,28 @@ def test_snapshot_stats_and_memory_stats_are_every_memory_stats_field(backend):
         h = b.alloc(SPEC, 4096)
         stats, snapshot = b.memory_stats(), b.memory_snapshot()["stats"]
         assert list(snapshot) == fields  # in MemoryStats' order
-        assert sorted(stats) == sorted(fields)
+        assert list(stats) == fields  # both from for_each_field
         assert snapshot == stats  # nothing changed between them
         b.free(h)
     finally:
         b.close()
+
+
+def test_for_each_field_and_the_c_struct_list_every_memory_stats_field():
+    """bridge.hpp's for_each_field (the snapshot, memory_stats() and the stream report) names each field as
+    it is declared, in its order; the C ABI's devbridge_memory_stats has each after its size (appended ones
+    may come in another order: its layout is the ABI)."""
+    fields = memory_stats_fields()
+    header = (ROOT / "include/devbridge/bridge.hpp").read_text()
+    body = re.search(r"void for_each_field\(const MemoryStats& m, Visit&& visit\) \{(.*?)\n\}", header, re.S)[1]
+    visited = re.findall(r'visit\("(\w+)", m\.(\w+)\);', body)
+    assert [name for name, _ in visited] == fields
+    assert all(name == member for name, member in visited)
+    c_header = (ROOT / "include/devbridge/c/devbridge.h").read_text()
+    c_body = re.search(r"typedef struct devbridge_memory_stats \{(.*?)\} devbridge_memory_stats;", c_header, re.S)[1]
+    c_fields = re.findall(r"uint64_t (\w+);", c_body)
+    assert c_fields[0] == "size"
+    assert sorted(c_fields[1:]) == sorted(fields)
 
 
 # 7. An end whose begin is not in the ring is left out, its memory sample is not.

@@ -17,6 +17,17 @@ std::string signal_name(int signal) {
   }
 }
 
+namespace {
+
+// Every MemoryStats field, under the names Python's memory_stats() gives them.
+nlohmann::json memory_json(const MemoryStats& m) {
+  nlohmann::json memory = nlohmann::json::object();
+  for_each_field(m, [&](const char* name, auto value) { memory[name] = value; });
+  return memory;
+}
+
+}  // namespace
+
 nlohmann::json stream_report_json(const StreamReport& r) {
   return {
       {"command", "stream"},
@@ -41,27 +52,7 @@ nlohmann::json stream_report_json(const StreamReport& r) {
       {"copies_submitted", r.copies_submitted},
       {"copies_failed", r.copies_failed},
       {"stale_completions", r.stale_completions},
-      {"memory",
-       {
-           {"pool_enabled", r.memory.pool_enabled},
-           {"pool_splits", r.memory.pool_splits},
-           {"allocated_bytes", r.memory.allocated_bytes},
-           {"peak_allocated_bytes", r.memory.peak_allocated_bytes},
-           {"total_allocated_bytes", r.memory.total_allocated_bytes},
-           {"reserved_bytes", r.memory.reserved_bytes},
-           {"peak_reserved_bytes", r.memory.peak_reserved_bytes},
-           {"total_reserved_bytes", r.memory.total_reserved_bytes},
-           {"total_allocations", r.memory.total_allocations},
-           {"backend_allocations", r.memory.backend_allocations},
-           {"backend_frees", r.memory.backend_frees},
-           {"segments", r.memory.segments},
-           {"cached_bytes", r.memory.cached_bytes},
-           {"cache_hits", r.memory.cache_hits},
-           {"cache_misses", r.memory.cache_misses},
-           {"oom_retries", r.memory.oom_retries},
-           {"oom_failures", r.memory.oom_failures},
-           {"fragmentation_bytes", r.memory.fragmentation_bytes},
-       }},
+      {"memory", memory_json(r.memory)},
       {"bytes_verified", r.bytes_verified},
       {"verified", r.verified},
       {"interrupted", r.interrupted},
