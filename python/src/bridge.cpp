@@ -214,8 +214,8 @@ void bind_bridge(nb::module_& m) {
                        "writes_under_view: what an upload into an allocation a live view still reads does:\n"
                        "\"refuse\" (AllocationStillInUse naming the views), \"wait\" for them to end (at most\n"
                        "writes_under_view_timeout seconds; None: until they end or close()), or \"allow\".\n"
-                       "caching_pool: keep freed device memory for reuse (None: as the backend prefers, on for CUDA\n"
-                       "and OpenCL), at most pool_cap_bytes of it; memory_stats() says how it goes.\n"
+                       "caching_pool: keep freed device memory for reuse (None: as the backend prefers, on for host,\n"
+                       "CUDA and OpenCL, off for the fake), at most pool_cap_bytes of it; memory_stats() says how it goes.\n"
                        "close_fence_timeout: seconds close() waits for consumers' streams still reading memory.")
       .def(
           "__init__",

@@ -646,7 +646,7 @@ devbridge_status devbridge_import_tensor(devbridge_bridge* bridge, const devbrid
  * differs, a name twice) is INVALID_RANGE; one the system refuses to open,
  * read or write is UNAVAILABLE; both messages name the file and the tensor. */
 typedef struct devbridge_checkpoint_entry {
-  const char* name;        /* UTF-8, unique, not empty and not "__metadata__" */
+  const char* name;        /* UTF-8, unique and not "__metadata__" ("" is a name) */
   devbridge_handle handle; /* the tensor's bytes are its first ones */
   devbridge_dtype dtype;
   uint32_t rank;           /* at most 8 */
