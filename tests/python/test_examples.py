@@ -57,3 +57,24 @@ def test_ray_pipeline_survives_a_killed_worker_bit_exact():
                        "2", "--timeout", "60", timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "bit-exact" in done.stdout and "worker B restarts: 1" in done.stdout
+
+
+def readme_python_blocks() -> list[str]:
+    """The README's ```python blocks, in order: the second continues the first (its imports)."""
+    text = (ROOT / "README.md").read_text()
+    return [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tinygrad") is None, reason="tinygrad is not installed")
+def test_the_readme_python_examples_run_as_written():
+    # Pasted one after the other into a fresh interpreter, as a user copying them would, with tinygrad on
+    # CPU as the README says: every print says True or matches, and nothing warns.
+    blocks = readme_python_blocks()
+    assert len(blocks) >= 2, "the README lost its Python examples"
+    script = "import warnings\nwarnings.simplefilter('error')\n" + "\n".join(blocks)
+    env = {**{k: v for k, v in os.environ.items() if k != "DEV"}, "DEV": "CPU"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.split()
+    assert "False" not in lines and lines.count("True") == 3, done.stdout
