@@ -18,16 +18,32 @@ namespace {
 
 struct MemoryOp {
   std::size_t index;  // in traceEvents
+  std::string event;  // as the report names it (event_label)
   bool allocate;
   std::string handle;
   std::uint64_t bytes;
 };
 
-// An event replay could not apply: its index in traceEvents and why.
+// An event replay could not apply: its index in traceEvents, how it is
+// named, and why.
 struct SkippedEvent {
   std::size_t index;
+  std::string event;
   std::string why;
 };
+
+// An event by where it lies in traceEvents and, where it has one, its
+// args.seq (its number since record: what the trace page's tooltips and the
+// memory snapshot's history show).
+std::string event_label(const nlohmann::json& event, std::size_t index) {
+  const auto args = event.find("args");
+  if (args != event.end() && args->is_object()) {
+    const auto seq = args->find("seq");
+    if (seq != args->end() && seq->is_number_unsigned())
+      return fmt::format("event {}, seq {}", index, seq->get<std::uint64_t>());
+  }
+  return fmt::format("event {}", index);
+}
 
 std::vector<MemoryOp> memory_ops(const nlohmann::json& trace, std::vector<SkippedEvent>& skipped) {
   std::vector<MemoryOp> ops;
@@ -39,14 +55,14 @@ std::vector<MemoryOp> memory_ops(const nlohmann::json& trace, std::vector<Skippe
     if (name != "allocate" && name != "free") continue;
     const auto args = e.find("args");
     if (args == e.end() || !args->is_object() || !args->contains("handle") || !(*args)["handle"].is_string()) {
-      skipped.push_back({i, fmt::format("{} without a handle", name)});
+      skipped.push_back({i, event_label(e, i), fmt::format("{} without a handle", name)});
       continue;
     }
-    MemoryOp op{i, name == "allocate", (*args)["handle"].get<std::string>(), 0};
+    MemoryOp op{i, event_label(e, i), name == "allocate", (*args)["handle"].get<std::string>(), 0};
     if (op.allocate) {
       const auto bytes = args->find("bytes");
       if (bytes == args->end() || !bytes->is_number_unsigned() || bytes->get<std::uint64_t>() == 0) {
-        skipped.push_back({i, fmt::format("allocate of {} without a size in bytes", op.handle)});
+        skipped.push_back({i, op.event, fmt::format("allocate of {} without a size in bytes", op.handle)});
         continue;
       }
       op.bytes = bytes->get<std::uint64_t>();
@@ -78,7 +94,7 @@ ReplayResult replay_one(const std::vector<MemoryOp>& ops, const Policy& policy, 
   for (const auto& op : ops) {
     if (op.allocate) {
       if (live.contains(op.handle)) {
-        if (skipped) skipped->push_back({op.index, fmt::format("allocate of {}, which is live", op.handle)});
+        if (skipped) skipped->push_back({op.index, op.event, fmt::format("allocate of {}, which is live", op.handle)});
         continue;
       }
       try {
@@ -91,20 +107,21 @@ ReplayResult replay_one(const std::vector<MemoryOp>& ops, const Policy& policy, 
       } catch (const Error& e) {
         if (e.kind() != ErrorKind::AllocationFailed) {
           if (skipped)
-            skipped->push_back({op.index, fmt::format("allocate of {} ({} bytes) refused: {}", op.handle, op.bytes,
-                                                      e.what())});
+            skipped->push_back({op.index, op.event,
+                                fmt::format("allocate of {} ({} bytes) refused: {}", op.handle, op.bytes, e.what())});
           continue;
         }
         out_of_memory.insert(op.handle);
         if (result.out_of_memory++ == 0)
-          result.first_out_of_memory = fmt::format("event {} ({} of {})", op.index, format_bytes(op.bytes), op.handle);
+          result.first_out_of_memory = fmt::format("{} ({} of {})", op.event, format_bytes(op.bytes), op.handle);
       }
     } else {
       const auto found = live.find(op.handle);
       if (found == live.end()) {
         // Its allocate was dropped from the recorder's ring (or failed above).
         if (out_of_memory.erase(op.handle) != 0) continue;
-        if (skipped) skipped->push_back({op.index, fmt::format("free of {}, not allocated in the replay", op.handle)});
+        if (skipped)
+          skipped->push_back({op.index, op.event, fmt::format("free of {}, not allocated in the replay", op.handle)});
         continue;
       }
       bridge.free_device(found->second);
@@ -142,7 +159,7 @@ ReplayReport replay_trace(const nlohmann::json& trace, const std::string& path, 
         replay_one(ops, policy, device_memory, &policy == &policies.front() ? &skipped : nullptr));
   // Those the reading skipped and those the replay skipped, in the trace's order.
   std::stable_sort(skipped.begin(), skipped.end(), [](const auto& a, const auto& b) { return a.index < b.index; });
-  for (const auto& s : skipped) report.skipped.push_back(fmt::format("event {}: {}", s.index, s.why));
+  for (const auto& s : skipped) report.skipped.push_back(fmt::format("{}: {}", s.event, s.why));
   return report;
 }
 
