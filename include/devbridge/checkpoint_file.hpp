@@ -13,6 +13,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -50,7 +53,7 @@ inline constexpr std::string_view kFormatVersion = "1";
 
 struct TensorEntry {
   std::string name{};
-  DType dtype;                        // meaningless when `unrestorable` says the dtype is not one devbridge holds
+  std::optional<DType> dtype{};       // empty exactly when the file's dtype is one devbridge lacks
   std::string safetensors_dtype;      // the file's spelling ("F32", or one devbridge lacks: "F8_E8M0")
   std::vector<std::uint64_t> shape;   // at most kMaxRank dimensions
   std::uint64_t begin = 0;            // data_offsets, relative to the data section
@@ -85,6 +88,28 @@ Header parse_checkpoint(std::string_view file, const std::string& where);
 // Parses and checks `json`, the header of a file of `file_bytes` bytes whose
 // 8-byte length prefix said json.size().
 Header parse_header(std::string_view json, std::uint64_t file_bytes, const std::string& where);
+
+// Which tensors a restore takes, for every front end: Python's restore(names=,
+// prefix=) and the C ABI's devbridge_restore_options. Each part that is set
+// applies (a name must pass them all).
+struct TensorSelection {
+  // Only these names, each of which the file must hold; nullopt: any name.
+  // An empty list chooses none (Python's names=[]).
+  std::optional<std::vector<std::string>> names{};
+  std::string prefix{};  // only names that start with it; "": any
+  // Python's names= callable, asked only of the names the others pass; empty: any.
+  std::function<bool(const std::string&)> wants{};
+};
+
+// The one selection rule: the entries of `tensors` (a header's, in file
+// order) that `selection` chooses, in file order. Before anything is
+// allocated it throws CheckpointError when `where` (the file, quoted) holds
+// no tensor of a name `selection.names` asks for (the first five missing, by
+// name), or when a chosen entry is unrestorable (its reason): the header
+// reader keeps such an entry so the others stay restorable, and a front end
+// refuses it only when it is chosen.
+std::vector<const TensorEntry*> select_tensors(std::span<const TensorEntry> tensors, const TensorSelection& selection,
+                                               std::string_view where);
 
 // An open checkpoint: the descriptor the header was read through, so the
 // data is read from the same file (no second open by path that could race

@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "devbridge/error.hpp"
@@ -106,6 +107,9 @@ struct DeviceHandle {
   std::uint64_t id = 0;
   friend constexpr auto operator<=>(const DeviceHandle&, const DeviceHandle&) = default;
 };
+// A handle as every message spells it, the bridge's and the C ABI's alike
+// ("handle {domain D, generation G, id 0x...}"), so a user can grep a log.
+std::string to_string(const DeviceHandle& handle);
 
 // Tagged exactly like a handle so a stale event never reads as a new copy.
 struct CopyEvent {

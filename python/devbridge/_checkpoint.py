@@ -34,8 +34,8 @@ from typing import Any, BinaryIO, Callable, NamedTuple
 
 import numpy as np
 
-from ._devbridge import (Bridge, ObjectSpec, TransferPlanner, _alloc_owned, _checkpoint_open, _restore_start,
-                         _RestoreStream, _safetensors_name, dtype_info)
+from ._devbridge import (Bridge, ObjectSpec, TransferPlanner, _alloc_owned, _checkpoint_open, _checkpoint_select,
+                         _restore_start, _RestoreStream, _safetensors_name, dtype_info)
 from ._errors import BridgeError
 from ._portable import (
     _CONTEXTUAL,
@@ -827,15 +827,14 @@ def _restore_file(bridge: Bridge, path: str, file: BinaryIO, header: _Header, se
     or a row is partial: not every byte of the data section is read, so its checksum cannot be verified.
     ``file`` stays the caller's: the reader reads a duplicate of its descriptor."""
     held = _held_dtypes(bridge)
-    chosen = [e for e in header.entries if selection.wants(e.name)] if selection.partial else header.entries
-    for entry in chosen:  # the one refusal of an unrestorable tensor: only one asked for
-        if entry.unrestorable is not None:
-            raise CheckpointError(f"{entry.unrestorable}; restore the others with names= or prefix=; "
-                                  f"nothing was restored")
+    # The library's one selection (checkpoint::select_tensors, the C ABI's too): names=, prefix=, in file order;
+    # an unrestorable tensor is refused only when chosen.
+    chosen = _checkpoint_select(header.entries, None if selection.exact is None else list(selection.exact),
+                                selection.predicate, selection.prefix, repr(path))
     if selection.partial:
         chosen = [selection.cut(e, path) for e in chosen]
     # Every tensor and every row (names= all of them, rows= a[:]) is the whole file, not a part.
-    partial = chosen is not header.entries and chosen != header.entries
+    partial = chosen != header.entries
     specs = []  # each tensor's (spec, extent), kept for the allocations
     by_shape: dict[tuple[tuple[int, ...], str], tuple[ObjectSpec, int]] = {}  # a model's layers share shapes
     for entry in chosen:  # spec_for_array's own checks (alignment, sizes) before any allocation

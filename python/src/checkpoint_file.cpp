@@ -1,6 +1,7 @@
 // devbridge._devbridge._checkpoint_open: the checkpoint header reader
 // (include/devbridge/checkpoint_file.hpp, the one `devbridge checkpoint
-// inspect` uses) for checkpoint_info and restore (python/devbridge/_checkpoint.py).
+// inspect` uses) for checkpoint_info and restore (python/devbridge/_checkpoint.py);
+// _checkpoint_select: the selection of the tensors a restore takes.
 //
 // It hands back the descriptor the header was read through, as an
 // io.FileIO, so restore reads the data from the file it checked: a second
@@ -76,16 +77,14 @@ nb::tuple checkpoint_open(nb::bytes path, const std::string& where) {
     if (!t.unrestorable.empty()) {
       // Kept for checkpoint_info and refused by restore only when selected: a
       // dtype devbridge lacks has no devbridge name, so the file's spelling.
-      DType held{};
-      const std::string_view dtype = checkpoint::from_safetensors_name(t.safetensors_dtype, held)
-                                         ? dtype_info(held).name
-                                         : std::string_view(t.safetensors_dtype);
+      const std::string_view dtype = t.dtype ? dtype_info(*t.dtype).name : std::string_view(t.safetensors_dtype);
       tensors.append(nb::make_tuple(name, nb::str(dtype.data(), dtype.size()), shape->second, t.begin, t.end,
                                     nb::str(t.unrestorable.data(), t.unrestorable.size())));
       continue;
     }
-    auto dtype = dtype_names.find(t.dtype);
-    if (dtype == dtype_names.end()) dtype = dtype_names.emplace(t.dtype, nb::str(dtype_info(t.dtype).name.data(), dtype_info(t.dtype).name.size())).first;
+    const DType held = *t.dtype;  // a restorable entry's dtype is one devbridge holds
+    auto dtype = dtype_names.find(held);
+    if (dtype == dtype_names.end()) dtype = dtype_names.emplace(held, nb::str(dtype_info(held).name.data(), dtype_info(held).name.size())).first;
     tensors.append(nb::make_tuple(name, dtype->second, shape->second, t.begin, t.end));
   }
   // The descriptor, not an io.FileIO made here: making one lets the GIL go
@@ -94,6 +93,50 @@ nb::tuple checkpoint_open(nb::bytes path, const std::string& where) {
   const int fd = file->fd();
   file->release();
   return nb::make_tuple(fd, metadata, tensors, header.data_start());
+}
+
+// restore's choice of a file's tensors by the library's one selection rule
+// (checkpoint::select_tensors, the C ABI's too): those of `entries` (the
+// _Entry tuples of _checkpoint_open's tensors, in file order) that `names`
+// (None or a list of str), `wants` (None or a callable) and `prefix` (None or
+// a str) choose, the same objects in file order (`entries` itself when it is
+// every one). CheckpointError for a name the file lacks or an unrestorable
+// tensor chosen; what `wants` raises, as it is.
+nb::list checkpoint_select(nb::list entries, nb::object names, nb::object wants, nb::object prefix,
+                           const std::string& where) {
+  std::vector<checkpoint::TensorEntry> tensors(entries.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    nb::handle item = entries[i];
+    if (!PyTuple_Check(item.ptr()) || PyTuple_GET_SIZE(item.ptr()) != 6)
+      throw nb::type_error("entries must hold _Entry tuples (name, dtype, shape, begin, end, unrestorable)");
+    const nb::tuple entry = nb::borrow<nb::tuple>(item);
+    tensors[i].name = nb::cast<std::string>(entry[0]);
+    if (!entry[5].is_none()) tensors[i].unrestorable = nb::cast<std::string>(entry[5]);
+  }
+  checkpoint::TensorSelection selection;
+  if (!names.is_none()) {
+    auto& asked = selection.names.emplace();
+    for (nb::handle name : names) asked.push_back(nb::cast<std::string>(name));
+  }
+  if (!prefix.is_none()) selection.prefix = nb::cast<std::string>(prefix);
+  if (!wants.is_none()) {
+    selection.wants = [&wants](const std::string& name) {
+      const nb::object said = wants(nb::str(name.data(), name.size()));
+      const int truth = PyObject_IsTrue(said.ptr());  // bool(said), as an if would read it
+      if (truth < 0) throw nb::python_error();
+      return truth == 1;
+    };
+  }
+  std::vector<const checkpoint::TensorEntry*> chosen;
+  try {
+    chosen = checkpoint::select_tensors(tensors, selection, where);
+  } catch (const checkpoint::CheckpointError& error) {
+    raise_checkpoint_error(error, nb::none());
+  }
+  if (chosen.size() == tensors.size()) return entries;  // every one, in order: the list itself
+  nb::list out;
+  for (const checkpoint::TensorEntry* entry : chosen) out.append(entries[static_cast<std::size_t>(entry - tensors.data())]);
+  return out;
 }
 
 // What a Python callback of the stream raised: the exception is kept (as a
@@ -394,6 +437,10 @@ void bind_checkpoint_file(nb::module_& m) {
   m.def("_checkpoint_open", &checkpoint_open, "path"_a, "where"_a,
         "Opens a checkpoint (path as bytes; where names it in errors) and checks its header: (file descriptor, "
         "metadata, [(name, dtype, shape, begin, end)] in file order, data_start). CheckpointError when refused.");
+  m.def("_checkpoint_select", &checkpoint_select, "entries"_a, "names"_a.none(), "wants"_a.none(), "prefix"_a.none(), "where"_a,
+        "The entries (in file order) a restore chooses by names (None or a list of str), wants (None or a callable) "
+        "and prefix (None or a str): the library's one selection rule, the C ABI's too. CheckpointError for a name "
+        "the file lacks (where names the file) or an unrestorable tensor chosen.");
   // The writer names dtypes as the reader reads them: one table, the C++ reader's.
   m.def(
       "_safetensors_name",

@@ -1,6 +1,5 @@
 #include "boundary.hpp"
 
-#include <cstdio>
 #include <exception>
 #include <new>
 #include <stdexcept>
@@ -88,13 +87,6 @@ void invalid_argument(std::string_view message) { throw Error(ErrorKind::Invalid
 
 void require_reserved_zero(std::int64_t value, std::string_view what) {
   if (value != 0) invalid_argument(std::string(what) + " is reserved and must be 0, got " + std::to_string(value));
-}
-
-std::string handle_text(const DeviceHandle& handle) {
-  char id[24];
-  std::snprintf(id, sizeof id, "0x%llx", static_cast<unsigned long long>(handle.id));
-  return "handle {domain " + std::to_string(handle.domain) + ", generation " + std::to_string(handle.generation) +
-         ", id " + id + "}";
 }
 
 std::string_view text(const char* value, std::string_view what) { return std::string_view(&required(value, what)); }

@@ -95,9 +95,6 @@ void write_result(Sized& destination, Sized result) noexcept {
 // A reserved field must stay zero, so a later ABI version can give it a meaning.
 void require_reserved_zero(std::int64_t value, std::string_view what);
 
-// A handle as the bridge's messages spell it ("handle {domain D, generation G, id 0x...}").
-std::string handle_text(const DeviceHandle& handle);
-
 // NULL-terminated text the caller gives.
 std::string_view text(const char* value, std::string_view what);
 

@@ -21,7 +21,6 @@
 #include <string>
 #include <system_error>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "boundary.hpp"
@@ -189,32 +188,11 @@ std::uint64_t recorded_generation(const ckpt::Header& header) {
   return generation;
 }
 
-// Which tensors a restore takes (devbridge_restore_options; Python's
-// restore names=, prefix=, verify=).
+// What a restore takes (devbridge_restore_options; Python's restore names=,
+// prefix=, verify=): the tensors by the library's one selection rule.
 struct Selection {
-  std::unordered_set<std::string> names;  // empty: no name filter
-  std::string prefix;
+  ckpt::TensorSelection tensors;
   bool verify = true;
-
-  // The header's entries chosen, in file order; a name asked for that the
-  // file lacks is refused.
-  std::vector<const ckpt::TensorEntry*> chosen(const ckpt::Header& header, const std::string& where) const {
-    std::unordered_set<std::string_view> present;
-    for (const auto& entry : header.tensors) present.insert(entry.name);
-    for (const auto& name : names)
-      if (!present.contains(name)) invalid_argument(where + ": the file has no tensor named " + ckpt::quoted(name));
-    std::vector<const ckpt::TensorEntry*> picked;
-    for (const auto& entry : header.tensors)
-      if ((names.empty() || names.contains(entry.name)) && entry.name.starts_with(prefix)) picked.push_back(&entry);
-    // The header reader keeps an entry restore cannot take (empty, a dtype
-    // devbridge lacks) so the others stay restorable: refused only when chosen.
-    for (const auto* entry : picked)
-      if (!entry->unrestorable.empty())
-        throw from_checkpoint_error("restore", ckpt::CheckpointError(
-                                                   entry->unrestorable +
-                                                   "; select the others (options->names, options->prefix)"));
-    return picked;
-  }
 };
 
 Selection selection_from_c(const devbridge_restore_options& given) {
@@ -222,9 +200,12 @@ Selection selection_from_c(const devbridge_restore_options& given) {
   require_reserved_zero(options.reserved, "options->reserved");
   Selection selection;
   const auto names = array_argument(options.names, options.name_count, "options->names");
-  for (std::size_t i = 0; i < names.size(); ++i)
-    selection.names.emplace(text(names[i], "options->names[" + std::to_string(i) + "]"));
-  if (options.prefix) selection.prefix = text(options.prefix, "options->prefix");
+  if (!names.empty()) {  // none: no name filter
+    auto& chosen = selection.tensors.names.emplace();
+    for (std::size_t i = 0; i < names.size(); ++i)
+      chosen.emplace_back(text(names[i], "options->names[" + std::to_string(i) + "]"));
+  }
+  if (options.prefix) selection.tensors.prefix = text(options.prefix, "options->prefix");
   selection.verify = options.skip_checksum == 0;
   return selection;
 }
@@ -287,7 +268,12 @@ devbridge_status devbridge_restore_selected(devbridge_bridge* bridge, const char
       throw from_checkpoint_error("restore", error);
     }
     const auto& header = opened->header();
-    const auto chosen = selection.chosen(header, where);
+    std::vector<const ckpt::TensorEntry*> chosen;
+    try {
+      chosen = ckpt::select_tensors(header.tensors, selection.tensors, ckpt::quoted(file));
+    } catch (const ckpt::CheckpointError& error) {
+      throw from_checkpoint_error("restore", error);
+    }
     for (const auto* entry : chosen)
       if (entry->name.find('\0') != std::string::npos)
         invalid_argument(where + ": tensor " + ckpt::quoted(entry->name) +
@@ -350,7 +336,7 @@ devbridge_status devbridge_restore_selected(devbridge_bridge* bridge, const char
       result->dims.emplace_back(entry->shape.begin(), entry->shape.end());
       devbridge_restored_tensor row{};
       row.handle = to_c(stream->handles()[i]);
-      row.dtype = static_cast<devbridge_dtype>(entry->dtype);
+      row.dtype = static_cast<devbridge_dtype>(*entry->dtype);  // chosen, so restorable: its dtype is held
       row.rank = static_cast<std::uint32_t>(entry->shape.size());
       result->rows.push_back(row);
     }

@@ -51,12 +51,12 @@ devbridge_status devbridge_export_tensor(devbridge_bridge* bridge, devbridge_han
     if (end > extent)
       throw Error(ErrorKind::InvalidRange, "export of bytes " + std::to_string(offset) + ".." + std::to_string(end) +
                                                " passes the extent " + std::to_string(extent) + " of " +
-                                               handle_text(device));
+                                               to_string(device));
     // The bytes are read as `dtype` whatever the allocation's (a float32 row as uint8 bytes), each item at
     // an offset of its own size, as a view's.
     if (offset % dtype_info(type).size != 0)
       throw Error(ErrorKind::InvalidRange, "export of " + std::string(dtype_info(type).name) + " at byte offset " +
-                                               std::to_string(offset) + " of " + handle_text(device) +
+                                               std::to_string(offset) + " of " + to_string(device) +
                                                ": the offset is not a multiple of its " +
                                                std::to_string(dtype_info(type).size) + "-byte items");
     auto tensor = std::make_unique<devbridge_portable>();

@@ -10,9 +10,8 @@
 
 namespace devbridge::detail {
 
-inline std::string describe(const DeviceHandle& h) {
-  return fmt::format("handle {{domain {}, generation {}, id {:#x}}}", h.domain, h.generation, h.id);
-}
+// The public spelling (types.hpp), which the C ABI's messages use too.
+inline std::string describe(const DeviceHandle& h) { return to_string(h); }
 inline std::string describe(const CopyEvent& e) {
   return fmt::format("copy event {{domain {}, generation {}, id {:#x}}}", e.domain, e.generation, e.id);
 }

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 
+#include <fmt/format.h>
+
 #include "core/fail.hpp"
 
 namespace devbridge {
@@ -80,6 +82,10 @@ std::string_view shape_kind_name(ShapeKind kind) noexcept {
 
 std::string_view spec_dtype_name(const ObjectSpec& spec) noexcept {
   return spec.dtype ? dtype_info(*spec.dtype).name : "bytes";
+}
+
+std::string to_string(const DeviceHandle& handle) {
+  return fmt::format("handle {{domain {}, generation {}, id {:#x}}}", handle.domain, handle.generation, handle.id);
 }
 
 Dims::Dims(std::span<const std::int64_t> values) {

@@ -227,7 +227,7 @@ TensorEntry check_entry(RawEntry& raw, const std::vector<std::pair<std::string, 
   if (!raw.shape.ok) {
     throw CheckpointError(fmt::format("{}: shape {} is not a list of non-negative integers", at(), text(raw.shape)));
   }
-  TensorEntry tensor{std::move(raw.name), known != nullptr ? known->dtype : DType{},
+  TensorEntry tensor{std::move(raw.name), known != nullptr ? std::optional(known->dtype) : std::nullopt,
                      known != nullptr ? std::string(known->safetensors) : std::move(*raw.dtype),
                      std::move(raw.shape.values), 0, 0};
   tensor_name = &tensor.name;
@@ -247,9 +247,9 @@ TensorEntry check_entry(RawEntry& raw, const std::vector<std::pair<std::string, 
                                       quoted(tensor.safetensors_dtype), known_dtypes());
     return tensor;
   }
-  const std::string_view name = dtype_info(tensor.dtype).name;
+  const std::string_view name = dtype_info(known->dtype).name;
   const std::uint64_t span = tensor.end - tensor.begin;
-  std::optional<std::uint64_t> nbytes = dtype_size(tensor.dtype);
+  std::optional<std::uint64_t> nbytes = dtype_size(known->dtype);
   for (std::uint64_t dim : tensor.shape) {
     if (nbytes) nbytes = checked::mul(*nbytes, dim);
   }

@@ -51,14 +51,16 @@ void check(const Header& h, std::size_t size) {
     require(t.shape.size() <= static_cast<std::size_t>(devbridge::kMaxRank), "the rank is at most kMaxRank");
     require(devbridge::checkpoint::valid_utf8(t.name), "names are UTF-8");
     expected = t.end;
+    require(t.dtype.has_value() == devbridge::checkpoint::from_safetensors_name(t.safetensors_dtype, held) &&
+                (!t.dtype || *t.dtype == held),
+            "the dtype is empty exactly when devbridge lacks the file's, else the one its spelling names");
     if (!t.unrestorable.empty()) {
-      require(t.begin == t.end || !devbridge::checkpoint::from_safetensors_name(t.safetensors_dtype, held),
-              "only an empty tensor or a dtype devbridge does not hold is unrestorable");
+      require(t.begin == t.end || !t.dtype, "only an empty tensor or a dtype devbridge does not hold is unrestorable");
       continue;
     }
     require(t.begin < t.end, "no restorable tensor is empty");
-    require(!t.shape.empty() || t.nbytes() == devbridge::dtype_size(t.dtype), "a scalar is one item");
-    std::uint64_t n = devbridge::dtype_size(t.dtype);
+    require(!t.shape.empty() || t.nbytes() == devbridge::dtype_size(*t.dtype), "a scalar is one item");
+    std::uint64_t n = devbridge::dtype_size(*t.dtype);
     for (std::uint64_t d : t.shape) {
       const auto product = devbridge::checked::mul(n, d);
       require(product.has_value(), "the shape's byte size fits in 64 bits");

@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <zlib.h>
@@ -106,8 +108,60 @@ TEST(CheckpointHeader, AnEmptyTensorOrAnUnknownDTypeIsKeptMarkedNotRefused) {
             std::string::npos)
       << h.tensors[1].unrestorable;
   EXPECT_TRUE(h.tensors[2].unrestorable.empty());
+  // The dtype is empty exactly when devbridge lacks the file's: an empty tensor keeps its own.
+  EXPECT_EQ(h.tensors[0].dtype, std::optional(DType::Float32));
+  EXPECT_EQ(h.tensors[1].dtype, std::nullopt);
+  EXPECT_EQ(h.tensors[2].dtype, std::optional(DType::Float32));
   // Its data_offsets still tile the data section.
   EXPECT_REFUSED(R"({"s":{"dtype":"F8_E8M0","shape":[8],"data_offsets":[0,8]}})", "8 bytes of data, the file holds 4");
+}
+
+// The names of what `selection` chooses of `h`, or the refusal's words.
+std::string chosen_of(const Header& h, const TensorSelection& selection) {
+  try {
+    std::string names;
+    for (const TensorEntry* entry : select_tensors(h.tensors, selection, "'f'")) names += entry->name + " ";
+    return names;
+  } catch (const CheckpointError& e) {
+    return e.what();
+  }
+}
+
+// The one selection of every front end (Python's restore, the C ABI's
+// devbridge_restore_selected): names, prefix and a predicate all apply, in
+// file order; a name the file lacks is refused, and an unrestorable tensor
+// only when it is chosen.
+TEST(CheckpointSelection, NamesPrefixAndPredicateChooseInFileOrderAndRefuseOnlyWhatIsChosen) {
+  const Header h = parse_checkpoint(
+      file_of(R"({"e":{"dtype":"F32","shape":[0,4],"data_offsets":[0,0]},)"
+              R"("w.b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]},)"
+              R"("w.a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+              8),
+      "'f'");
+  using Names = std::vector<std::string>;
+  EXPECT_EQ(chosen_of(h, {Names{"w.b", "w.a"}}), "w.a w.b ");  // the file's order, not the caller's
+  EXPECT_EQ(chosen_of(h, {std::nullopt, "w."}), "w.a w.b ");
+  EXPECT_EQ(chosen_of(h, {Names{"w.b", "w.a"}, "w.b"}), "w.b ");
+  EXPECT_EQ(chosen_of(h, {Names{}}), "");  // an empty list chooses none
+  EXPECT_EQ(chosen_of(h, {Names{"w.a"}, "x"}), "");
+  std::vector<std::string> asked;
+  const auto odd = [&](const std::string& name) {
+    asked.push_back(name);
+    return name == "w.b";
+  };
+  EXPECT_EQ(chosen_of(h, {std::nullopt, "w.", odd}), "w.b ");
+  EXPECT_EQ(asked, (Names{"w.a", "w.b"}));  // asked only of what the others pass
+  // Missing names: by name, each once, the first five.
+  EXPECT_EQ(chosen_of(h, {Names{"z", "w.a", "y", "y"}}), "'f' holds no tensor named 'y', 'z'; nothing was restored");
+  EXPECT_EQ(chosen_of(h, {Names{"1", "2", "3", "4", "5", "6"}}),
+            "'f' holds no tensor named '1', '2', '3', '4', '5' and more; nothing was restored");
+  // The empty tensor: refused when chosen (every tensor, by name, by prefix), not otherwise.
+  for (const TensorSelection& selection : {TensorSelection{}, TensorSelection{Names{"e", "w.a"}},
+                                           TensorSelection{std::nullopt, "e"}}) {
+    EXPECT_EQ(chosen_of(h, selection),
+              "'f': tensor 'e': shape (0, 4) is empty, and a device allocation cannot be (devbridge cannot restore "
+              "it); select the others by name or prefix; nothing was restored");
+  }
 }
 
 // Hex digits in either case are the same checksum, recorded lowercase (as

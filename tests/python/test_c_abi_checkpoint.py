@@ -8,6 +8,7 @@ import pathlib
 
 import numpy as np
 import pytest
+import safetensors.numpy
 
 import devbridge
 
@@ -204,3 +205,17 @@ def test_a_name_a_c_string_cannot_carry_is_refused_not_cut_short(c_bridge, tmp_p
     message = _LIB.devbridge_last_error_message().decode()
     assert status != 0 and "NUL character" in message and r"'a\x00b'" in message, (status, message)
     assert not restored
+
+
+def test_c_and_python_refuse_a_chosen_unrestorable_tensor_in_the_same_words(c_bridge, tmp_path):
+    # One selection (checkpoint::select_tensors) behind both: the C ABI adds only the operation it was.
+    path = tmp_path / "m.safetensors"
+    safetensors.numpy.save_file({"empty": np.zeros((0, 4), np.float32), "w": np.ones(4, np.float32)}, str(path))
+    with devbridge.Bridge(backend="host", ring_bytes=1 << 20) as bridge, \
+            pytest.raises(devbridge.CheckpointError) as by_python:
+        devbridge.restore(bridge, str(path))
+    assert "tensor 'empty'" in str(by_python.value)
+    restored = ctypes.POINTER(_Restored)()
+    status = _LIB.devbridge_restore(c_bridge, str(path).encode(), ctypes.byref(restored))
+    assert status != 0 and not restored
+    assert _LIB.devbridge_last_error_message().decode() == f"restore: {by_python.value}"

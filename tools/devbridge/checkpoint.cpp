@@ -115,9 +115,7 @@ CheckpointReport inspect_checkpoint(const std::string& path) {
     report.recorded_checksum = header.checksum;  // only devbridge's own checksum is devbridge's to verify
     for (const checkpoint::TensorEntry& t : header.tensors) {
       // A dtype devbridge does not hold has no devbridge name: its dtype stays empty (null in --json).
-      DType held_dtype{};
-      const bool held = checkpoint::from_safetensors_name(t.safetensors_dtype, held_dtype);
-      report.tensors.push_back({t.name, held ? std::string(dtype_info(t.dtype).name) : std::string(),
+      report.tensors.push_back({t.name, t.dtype ? std::string(dtype_info(*t.dtype).name) : std::string(),
                                 t.safetensors_dtype, t.shape, t.begin, t.end, t.unrestorable});
     }
     report.header_ok = true;
