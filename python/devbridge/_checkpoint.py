@@ -1072,7 +1072,7 @@ def _free_all(tensors: Mapping[str, DeviceTensor], deadline: float) -> None:
     finally:
         for tensor in pending:
             with contextlib.suppress(Exception):
-                tensor.free()
+                tensor._release()  # not free(): that waits for a reader this abandons to land the tensor
 
 
 def _restore_sharded(bridge: Bridge, index_path: str, selection: _Selection, alignment: int,

@@ -511,7 +511,21 @@ class DeviceTensor(_NotCopyable):
             return download(self.bridge, self, out)
 
     def free(self) -> None:
-        """Frees the allocation (deferred while views, tinygrad tensors or DLPack arrays still read it). Idempotent."""
+        """Frees the allocation (deferred while views, tinygrad tensors or DLPack arrays still read it). Idempotent.
+        A tensor a restore is still filling (``restore(wait=False)``) is freed once its bytes have landed, as its
+        ``handle`` is handed out then: freed before, the reader would find its allocation gone and fail the
+        whole restore."""
+        if self._freed:
+            return
+        if self._landing is not None:
+            try:
+                self._landed(None)
+            except Exception:  # noqa: BLE001 - the reading stopped before this tensor: it is ours to free now
+                self._landing = None
+        self._release()
+
+    def _release(self) -> None:
+        """``free()`` without waiting for a restore's reader (``__del__``: the restore is gone too, or going)."""
         if self._freed:
             return
         self._freed = True
@@ -546,7 +560,7 @@ class DeviceTensor(_NotCopyable):
         # view, DLPack array or tinygrad tensor from it still reads it). Never raises: it may run at any point.
         try:
             if not getattr(self, "_freed", True):
-                self.free()
+                self._release()
         except BaseException:  # noqa: BLE001 - a closed bridge, an interpreter shutting down
             pass
 
