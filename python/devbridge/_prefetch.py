@@ -125,7 +125,7 @@ class _BatchTensor(DeviceTensor):
 
     _finalizer: weakref.finalize | None = None
 
-    def free(self) -> None:
+    def _release(self) -> None:  # what free() and the collector do with it
         self._freed = True
         if self._finalizer is not None:
             self._finalizer()

@@ -525,7 +525,8 @@ class DeviceTensor(_NotCopyable):
         self._release()
 
     def _release(self) -> None:
-        """``free()`` without waiting for a restore's reader (``__del__``: the restore is gone too, or going)."""
+        """``free()`` without waiting for a restore's reader (``__del__``: the restore is gone too, or going).
+        What a subclass that owns its allocation otherwise (a Prefetcher's batch) overrides."""
         if self._freed:
             return
         self._freed = True
