@@ -241,12 +241,12 @@ class ThrottledStorage:
 
     def __enter__(self) -> ThrottledStorage:
         os.preadv = self.preadv
-        devbridge._checkpoint._before_read = lambda offset, nbytes: self._wait_for(offset + nbytes)
+        devbridge._restore._before_read = lambda offset, nbytes: self._wait_for(offset + nbytes)
         return self
 
     def __exit__(self, *exc: object) -> None:
         os.preadv = self._preadv
-        devbridge._checkpoint._before_read = None
+        devbridge._restore._before_read = None
 
 
 def throttled_rows(host: devbridge.Bridge, workdir: str, mib_per_s: int, repeat: int) -> list[tuple[str, float, str, float]]:

@@ -14,7 +14,7 @@ from typing import Any, BinaryIO, Callable, Mapping
 
 import numpy as np
 
-from . import _checkpoint, _devbridge, _portable, _staging
+from . import _checkpoint, _checkpoint_write, _devbridge, _portable, _staging
 from ._devbridge import ObjectSpec
 from ._portable import PortableTensor
 from ._staging import DeviceTensor
@@ -77,7 +77,7 @@ class Bridge(_devbridge.Bridge):
 
     @_documented_as(_checkpoint.checkpoint)
     def checkpoint(self, path: Any, tensors: Mapping[str, Any], *, metadata: Mapping[str, str] | None = None,
-                   checksum: str = _checkpoint._DEFAULT_CHECKSUM) -> dict[str, str]:
+                   checksum: str = _checkpoint_write._DEFAULT_CHECKSUM) -> dict[str, str]:
         return _checkpoint.checkpoint(self, path, tensors, metadata=metadata, checksum=checksum)
 
     @_documented_as(_checkpoint.restore)

@@ -56,7 +56,7 @@ import devbridge
 from ._devbridge import TransferPlanner, _alloc_owned
 from ._intake import _bits_dtype, _dtype_name, _intake, _numpy_dtype
 from ._staging import DeviceTensor
-from ._checkpoint import _remove_interrupted_checkpoint_files
+from ._checkpoint_write import _remove_interrupted_checkpoint_files
 from ._portable import PortableTensor
 
 __all__ = ["DeviceWorker", "TensorRef", "init_local", "non_loopback_addresses", "start_worker", "wait_until_ready",

@@ -146,10 +146,10 @@ def test_checkpoint_refuses_what_is_not_utf8_before_writing_anything(tmp_path, w
 def _names_in(directory) -> list[str]:
     """The names in ``directory`` once the files checkpoints replaced are gone (their second names,
     ``.<name>.*.old``, are unlinked on a thread of their own after checkpoint returns)."""
-    from devbridge import _checkpoint
+    from devbridge import _checkpoint_write
 
-    if _checkpoint._UNLINKER is not None:
-        _checkpoint._UNLINKER.submit(lambda: None).result()  # the unlinker's queue has run
+    if _checkpoint_write._UNLINKER is not None:
+        _checkpoint_write._UNLINKER.submit(lambda: None).result()  # the unlinker's queue has run
     return sorted(p.name for p in directory.iterdir())
 
 
@@ -172,17 +172,17 @@ def test_checkpoint_refuses_a_header_no_reader_takes_and_keeps_the_old_file(tmp_
 def test_the_header_limit_counts_every_tensor_name_up_to_the_last_byte(tmp_path, monkeypatch):
     # The limit is the reader's own (one constant, the index's too): a header of exactly that many bytes is
     # written, one byte more is refused, however it grew (here, many long names).
-    from devbridge import _checkpoint
+    from devbridge import _checkpoint_write
 
     path = tmp_path / "x.safetensors"
     with devbridge.Bridge(backend="host") as bridge:
         tensors = {f"layers.{i}." + "w" * 200: bridge.upload(np.full(2, i, np.float32), wait=True) for i in range(40)}
         bridge.checkpoint(path, tensors)
         header_bytes = int.from_bytes(path.read_bytes()[:8], "little")
-        monkeypatch.setattr(_checkpoint, "_HEADER_LIMIT", header_bytes)
+        monkeypatch.setattr(_checkpoint_write, "_HEADER_LIMIT", header_bytes)
         bridge.checkpoint(path, tensors)  # exactly at the limit
         before = path.read_bytes()
-        monkeypatch.setattr(_checkpoint, "_HEADER_LIMIT", header_bytes - 1)
+        monkeypatch.setattr(_checkpoint_write, "_HEADER_LIMIT", header_bytes - 1)
         with pytest.raises(ValueError, match=f"would be {header_bytes} bytes, past the {header_bytes - 1} "):
             bridge.checkpoint(path, tensors)
         assert path.read_bytes() == before
@@ -209,7 +209,7 @@ def test_checkpoint_through_a_symlink_replaces_its_target_and_keeps_the_link(tmp
         assert _names_in(elsewhere) == ["real.safetensors"]
         assert _names_in(tmp_path / "run") == ["latest.safetensors"]
         # A checkpoint killed while it wrote through the link left its temporary beside the target too.
-        from devbridge._checkpoint import _remove_interrupted_checkpoint_files
+        from devbridge._checkpoint_write import _remove_interrupted_checkpoint_files
         stale = elsewhere / ".real.safetensors.k1ll3d.tmp"
         stale.write_bytes(b"partial")
         assert _remove_interrupted_checkpoint_files(link) == [os.path.realpath(stale)]
@@ -249,7 +249,7 @@ def test_an_index_that_cannot_be_opened_is_oserror_and_a_directory_is_refused(tm
 
 
 def test_an_index_too_large_or_too_deep_is_a_checkpoint_error(tmp_path, monkeypatch):
-    from devbridge import _checkpoint
+    from devbridge import _checkpoint_file
 
     index = _shard_and_index(tmp_path)
     deep = tmp_path / "deep.index.json"
@@ -261,7 +261,7 @@ def test_an_index_too_large_or_too_deep_is_a_checkpoint_error(tmp_path, monkeypa
         restored = bridge.restore(index)["a"]
         assert bridge.download(restored)[0] == 1.5
         restored.free()
-        monkeypatch.setattr(_checkpoint, "_HEADER_LIMIT", os.path.getsize(index) - 1)
+        monkeypatch.setattr(_checkpoint_file, "_HEADER_LIMIT", os.path.getsize(index) - 1)
         with pytest.raises(devbridge.CheckpointError, match="past the .* bytes an index may hold") as caught:
             bridge.restore(index)
         assert repr(index) in str(caught.value)

@@ -21,7 +21,8 @@ import pytest
 import safetensors.numpy
 
 import devbridge
-import devbridge._checkpoint as _checkpoint
+import devbridge._checkpoint_write as _checkpoint_write
+import devbridge._restore as _restore
 
 
 @pytest.fixture
@@ -122,19 +123,19 @@ def test_the_collector_runs_while_restore_reads_and_checkpoint_writes(b, tmp_pat
     assert gc.isenabled()
     path = str(tmp_path / "c.safetensors")
     seen_writing = []
-    write_all = _checkpoint._write_all
+    write_all = _checkpoint_write._write_all
 
     def watching_write_all(file, data):
         seen_writing.append(gc.isenabled())
         return write_all(file, data)
 
-    monkeypatch.setattr(_checkpoint, "_write_all", watching_write_all)
+    monkeypatch.setattr(_checkpoint_write, "_write_all", watching_write_all)
     t = b.upload(np.arange(1 << 16, dtype=np.float32), wait=True)
     b.checkpoint(path, {"t": t})
     t.free()
     assert seen_writing and all(seen_writing)
     seen_reading = []
-    monkeypatch.setattr(_checkpoint, "_before_read", lambda offset, nbytes: seen_reading.append(gc.isenabled()))
+    monkeypatch.setattr(_restore, "_before_read", lambda offset, nbytes: seen_reading.append(gc.isenabled()))
     got = b.restore(path)
     assert seen_reading and all(seen_reading)
     got["t"].free()
@@ -251,7 +252,7 @@ def test_a_file_that_shrank_mid_restore_is_described_as_it_is_now(b, tmp_path, m
             done.append(1)
             os.truncate(path, 0)
 
-    monkeypatch.setattr(_checkpoint, "_before_read", truncate_halfway)
+    monkeypatch.setattr(_restore, "_before_read", truncate_halfway)
     with pytest.raises(devbridge.CheckpointError,
                        match=r"shrank since its header was checked: a read of \d+ bytes at byte \d+ found the end "
                              r"of the file \(it is now 0 bytes\)"):
@@ -280,7 +281,7 @@ def test_an_interrupt_does_not_wait_for_the_read_in_progress(tmp_path, monkeypat
             time.sleep(3)
             slow_read_ended.set()
 
-    monkeypatch.setattr(_checkpoint, "_before_read", slow_last_read)
+    monkeypatch.setattr(_restore, "_before_read", slow_last_read)
     sent = []
 
     def interrupt():

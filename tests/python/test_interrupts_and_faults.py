@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import devbridge
-import devbridge._checkpoint as checkpoint_module
+import devbridge._restore as restore_module
 
 # What "at once" means here: the interrupt lands at 0.3 s; the defect took 30 s per hung tensor.
 PROMPT_S = 5.0
@@ -93,7 +93,7 @@ def test_a_failed_restore_waits_for_its_copies_once_in_all_not_per_tensor(tmp_pa
         f.write(bytes([byte[0] ^ 1]))
     for i in range(4):
         b.fake.inject("copy_h2d", "lost_completion", nth=i + 1)
-    monkeypatch.setattr(checkpoint_module, "_CLEANUP_WAIT_S", 1.0)
+    monkeypatch.setattr(restore_module, "_CLEANUP_WAIT_S", 1.0)
     started = time.monotonic()
     with pytest.raises(devbridge.CheckpointError, match="corrupt|checksum"):
         b.restore(path)

@@ -822,7 +822,7 @@ def test_copy_to_peer_validates_both_sides_and_says_when_there_is_no_path(bridge
 def test_replacing_a_checkpoint_frees_the_old_file_after_the_call(bridges, rng, tmp_path):
     """The replaced file keeps a second name through the rename (so the rename frees nothing inline); that
     name goes on a thread of its own, and nothing but the new file is left."""
-    from devbridge import _checkpoint
+    from devbridge import _checkpoint_write
 
     b = bridges("host")
     path = tmp_path / "state.safetensors"
@@ -830,7 +830,7 @@ def test_replacing_a_checkpoint_frees_the_old_file_after_the_call(bridges, rng, 
     b.checkpoint(path, {"x": b.upload(first, wait=True)})
     b.checkpoint(path, {"x": b.upload(second, wait=True)})
     assert np.array_equal(safetensors.numpy.load_file(str(path))["x"], second)
-    _checkpoint._UNLINKER.submit(lambda: None).result()  # the unlinker's queue has run
+    _checkpoint_write._UNLINKER.submit(lambda: None).result()  # the unlinker's queue has run
     assert [p.name for p in tmp_path.iterdir()] == ["state.safetensors"]
 
 
@@ -842,7 +842,7 @@ def test_the_checkpoint_hasher_holds_no_buffer_once_its_hash_is_done(monkeypatch
     view derived from it would be held. Here every work item lingers after it ran, as on a busy machine."""
     import concurrent.futures.thread as pool_thread
 
-    from devbridge import _checkpoint
+    from devbridge import _checkpoint_write
 
     run = pool_thread._WorkItem.run
 
@@ -851,7 +851,7 @@ def test_the_checkpoint_hasher_holds_no_buffer_once_its_hash_is_done(monkeypatch
         time.sleep(0.05)  # the work item still alive in the pool's thread
 
     monkeypatch.setattr(pool_thread._WorkItem, "run", run_then_linger)
-    hasher = _checkpoint._Hasher("crc32")
+    hasher = _checkpoint_write._Hasher("crc32")
     try:
         data = bytearray(b"x" * 4096)
         view = memoryview(data)
@@ -869,7 +869,7 @@ def test_a_checkpoint_the_file_system_refuses_names_the_file_and_keeps_the_old_o
     """A full file system (seen when the file's blocks are reserved, before a byte is written) or a failed
     write: the OSError keeps its errno (and so its type), names the checkpoint, its size and the temporary
     file, and says the old file is kept; nothing is left beside it."""
-    from devbridge import _checkpoint
+    from devbridge import _checkpoint_write
 
     b = bridges("host")
     path = tmp_path / "c.safetensors"
@@ -880,7 +880,7 @@ def test_a_checkpoint_the_file_system_refuses_names_the_file_and_keeps_the_old_o
     def refuse(*args):
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(_checkpoint.os, "posix_fallocate" if code == errno.ENOSPC else "fsync", refuse)
+    monkeypatch.setattr(_checkpoint_write.os, "posix_fallocate" if code == errno.ENOSPC else "fsync", refuse)
     with b.upload(np.ones(1 << 18, np.float32), wait=True) as new:
         with pytest.raises(OSError) as caught:
             b.checkpoint(path, {"a": new})
@@ -897,7 +897,7 @@ def test_a_checkpoint_the_file_system_refuses_names_the_file_and_keeps_the_old_o
 
 def test_a_refused_first_checkpoint_says_nothing_was_written(bridges, tmp_path, monkeypatch):
     # With no old file there is none to keep: the message said "the old file is kept" all the same.
-    from devbridge import _checkpoint
+    from devbridge import _checkpoint_write
 
     b = bridges("host")
     path = tmp_path / "new.safetensors"
@@ -905,7 +905,7 @@ def test_a_refused_first_checkpoint_says_nothing_was_written(bridges, tmp_path, 
     def refuse(*args):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(_checkpoint.os, "posix_fallocate", refuse)
+    monkeypatch.setattr(_checkpoint_write.os, "posix_fallocate", refuse)
     with b.upload(np.ones(1000, np.float32), wait=True) as t:
         with pytest.raises(OSError) as caught:
             b.checkpoint(path, {"a": t})
@@ -915,12 +915,12 @@ def test_a_refused_first_checkpoint_says_nothing_was_written(bridges, tmp_path, 
 
 
 def test_a_file_system_that_cannot_preallocate_still_takes_a_checkpoint(bridges, tmp_path, monkeypatch):
-    from devbridge import _checkpoint
+    from devbridge import _checkpoint_write
 
     def unsupported(*args):
         raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
 
-    monkeypatch.setattr(_checkpoint.os, "posix_fallocate", unsupported)
+    monkeypatch.setattr(_checkpoint_write.os, "posix_fallocate", unsupported)
     b = bridges("host")
     with b.upload(np.arange(100, dtype=np.float32), wait=True) as t:
         b.checkpoint(tmp_path / "c.safetensors", {"a": t})

@@ -416,14 +416,14 @@ def test_ctrl_c_ends_a_view_waiting_for_an_upload_that_never_completes(call):
 def test_ctrl_c_ends_a_wait_for_a_restore_whose_read_never_comes(tmp_path, monkeypatch):
     # A restore's read held (slow storage, a hung network disk): a tensor's wait() ends at Ctrl-C at once; the
     # restore's own wait() ends too, abandoning the restore (which stops the reader after its current read).
-    from devbridge import _checkpoint as checkpoint_module
+    from devbridge import _restore as restore_module
 
     b = devbridge.Bridge(backend="host")
     path = tmp_path / "m.safetensors"
     with b.upload(np.arange(1 << 16, dtype=np.float32), wait=True) as t:
         b.checkpoint(path, {"w": t})
     gate = threading.Event()
-    monkeypatch.setattr(checkpoint_module, "_before_read", lambda offset, nbytes: gate.wait(30))
+    monkeypatch.setattr(restore_module, "_before_read", lambda offset, nbytes: gate.wait(30))
     opens = threading.Timer(8, gate.set)  # the read comes, late
     opens.start()
     try:

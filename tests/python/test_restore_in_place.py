@@ -18,7 +18,7 @@ import pytest
 import safetensors.numpy
 
 import devbridge
-import devbridge._checkpoint as checkpoint_module
+import devbridge._restore as restore_module
 from conftest import auto_bridge
 from devbridge._devbridge import TransferPlanner
 from test_checkpoint_partial import nothing_left, restored_then_freed
@@ -162,7 +162,7 @@ def test_a_failing_read_inside_a_batch_names_the_tensors_and_frees_everything(pb
         if offset + nbytes > middle:
             raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(checkpoint_module, "_before_read", failing)
+    monkeypatch.setattr(restore_module, "_before_read", failing)
     with pytest.raises(OSError, match="Input/output error"):
         pb.restore(path)
     nothing_left(pb)

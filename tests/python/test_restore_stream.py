@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import devbridge
-import devbridge._checkpoint as checkpoint_module
+import devbridge._restore as restore_module
 from conftest import auto_bridge, collect
 from test_checkpoint_partial import free, model_arrays, nothing_left, restored_then_freed, write_sharded
 
@@ -65,7 +65,7 @@ class HeldRead:
                 self.reached.set()
                 assert self._gate.wait(30), "the test never released the read"
 
-        monkeypatch.setattr(checkpoint_module, "_before_read", held)
+        monkeypatch.setattr(restore_module, "_before_read", held)
 
     def release(self) -> None:
         self._gate.set()
