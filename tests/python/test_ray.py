@@ -24,6 +24,8 @@ pytest.importorskip("tinygrad", reason="tinygrad is not installed (DeviceWorker.
 import devbridge  # noqa: E402
 from conftest import same_bits  # noqa: E402
 import devbridge.ray as dray  # noqa: E402
+import devbridge._ray_worker as ray_worker  # noqa: E402
+from devbridge._intake import _numpy_dtype  # noqa: E402
 from devbridge.ray import TensorRef, init_local, non_loopback_addresses, start_worker, wait_until_ready  # noqa: E402
 
 TIMEOUT = 60  # seconds, for every ray.get
@@ -270,7 +272,7 @@ def _random_of(name, shape, rng):
         return rng.integers(0, 2, shape).astype(bool)
     if name.startswith(("int", "uint")):
         return rng.integers(0, 100, shape).astype(name)
-    return (rng.standard_normal(shape) * 4).astype(np.float32).astype(dray._numpy_dtype(name))
+    return (rng.standard_normal(shape) * 4).astype(np.float32).astype(_numpy_dtype(name))
 
 
 @pytest.mark.parametrize("backend", ["host", "opencl"])
@@ -415,7 +417,7 @@ def test_a_restarted_worker_removes_an_interrupted_checkpoints_files(tmp_path, m
     again = dray._DeviceWorker("host", checkpoint=str(path))  # generation 1: a first start removes nothing
     again.close()
     assert os.path.exists(tmp) and old.exists()
-    monkeypatch.setattr(dray, "_actor_identity", lambda: ("local-restarted", 2))
+    monkeypatch.setattr(ray_worker, "_actor_identity", lambda: ("local-restarted", 2))
     restarted = dray._DeviceWorker("host", checkpoint=str(path))
     try:
         assert sorted(restarted.stats()["stale_removed"]) == sorted([str(old), tmp])
