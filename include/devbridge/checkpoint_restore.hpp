@@ -100,6 +100,12 @@ class RestoreStream {
   // planner's, and an allocation written in place is held as a copy into it,
   // so the bridge defers its release until the write ends.
   void request_stop();
+  // Lets go of target `index`'s allocation (Bridge::release) once its bytes
+  // have landed: at once if they have, or the reading has ended, else when
+  // they land or the reading ends first. A caller may so drop a tensor the
+  // reader has not reached yet, without waiting for it and without the
+  // reader finding its allocation gone. InvalidRange past the last target.
+  void release_when_landed(std::size_t index);
 
  private:
   RestoreStream(Bridge& bridge, int fd, std::uint64_t data_start, std::vector<RestoreTarget> targets,
@@ -110,8 +116,14 @@ class RestoreStream {
   void read_batch(TransferPlanner& planner, std::size_t first, std::size_t last);
   void fill(std::uint64_t file_offset, std::span<const std::span<std::byte>> pieces);
   void read_ahead(std::uint64_t end);
-  // Batch [first, first + results.size()) landed: its copies kept, waiters woken.
+  // Batch [first, first + results.size()) landed: its copies kept, waiters
+  // woken, the allocations release_when_landed asked for let go.
   void land_batch(std::size_t first, std::vector<TransferResult>& results);
+  // Under mutex_: the allocations of targets [first, last) that wait in
+  // release_when_landed, no longer waiting.
+  std::vector<DeviceHandle> take_releases(std::size_t first, std::size_t last);
+  // Bridge::release of each (outside mutex_); one a restart or close retired is gone already.
+  void release_all(const std::vector<DeviceHandle>& handles) noexcept;
 
   // The thread that reads the second half of a large read: one for the
   // stream's life (a thread made per read ran at times on the reader's core,
@@ -148,6 +160,7 @@ class RestoreStream {
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::size_t landed_ = 0;  // targets [0, landed_) landed
+  std::vector<bool> release_on_landing_;  // by target: release_when_landed asked before it landed
   bool done_ = false;
   bool stopping_ = false;
   std::exception_ptr error_;

@@ -292,6 +292,11 @@ class _Landing:
             raise FutureTimeout()
         return self._stream.copies(self._index)
 
+    def release_when_landed(self, owner: Any) -> None:
+        """The tensor's allocation (``owner``, its ``_OwnedAllocation``, which owns it no longer) let go by the
+        reader once its bytes have landed, or once the reading ends: at once where either is so."""
+        self._stream.release_when_landed(self._index, owner)
+
 
 # Tests and the benchmark's slow storage: called as (file offset, nbytes) on the reading thread before each read.
 _before_read: Callable[[int, int], None] | None = None
@@ -482,7 +487,7 @@ def _free_all(tensors: Mapping[str, DeviceTensor], deadline: float) -> None:
     finally:
         for tensor in pending:
             with contextlib.suppress(Exception):
-                tensor._release()  # not free(): that waits for a reader this abandons to land the tensor
+                tensor.free()  # one the reader has not reached: let go by it once it ends, waiting for nothing
 
 
 def _restore_sharded(bridge: Bridge, index_path: str, selection: _Selection, alignment: int,

@@ -512,21 +512,24 @@ class DeviceTensor(_NotCopyable):
 
     def free(self) -> None:
         """Frees the allocation (deferred while views, tinygrad tensors or DLPack arrays still read it). Idempotent.
-        A tensor a restore is still filling (``restore(wait=False)``) is freed once its bytes have landed, as its
-        ``handle`` is handed out then: freed before, the reader would find its allocation gone and fail the
-        whole restore."""
+        A tensor a restore is still filling (``restore(wait=False)``) is let go by the restore's reader once its
+        bytes have landed (or the reading ended): freed at once, the reader would find its allocation gone and
+        fail the whole restore. Nothing here waits for the reader."""
         if self._freed:
             return
-        if self._landing is not None:
-            try:
-                self._landed(None)
-            except Exception:  # noqa: BLE001 - the reading stopped before this tensor: it is ours to free now
-                self._landing = None
+        landing = self._landing
+        if landing is not None and self._owner is not None and not landing.done():
+            landing.release_when_landed(self._owner)
+            self._freed = True
+            return
+        if landing is not None:
+            with contextlib.suppress(Exception):  # the reading's error is the restore's to raise, not free()'s
+                self._landed(0)  # its copies, for the poll below
         self._release()
 
     def _release(self) -> None:
-        """``free()`` without waiting for a restore's reader (``__del__``: the restore is gone too, or going).
-        What a subclass that owns its allocation otherwise (a Prefetcher's batch) overrides."""
+        """What ``free()`` does once no restore's reader writes the tensor: what a subclass that owns its
+        allocation otherwise (a Prefetcher's batch) overrides."""
         if self._freed:
             return
         self._freed = True
@@ -561,7 +564,7 @@ class DeviceTensor(_NotCopyable):
         # view, DLPack array or tinygrad tensor from it still reads it). Never raises: it may run at any point.
         try:
             if not getattr(self, "_freed", True):
-                self._release()
+                self.free()
         except BaseException:  # noqa: BLE001 - a closed bridge, an interpreter shutting down
             pass
 

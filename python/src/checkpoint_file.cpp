@@ -14,6 +14,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -346,6 +347,20 @@ void bind_restore_stream(nb::module_& m) {
             return pending;
           },
           "index"_a, "A landed tensor's copies still in flight: [(CopyEvent, offset, nbytes)].")
+      .def(
+          "release_when_landed",
+          [](PyRestoreStream& self, nb::handle index, OwnedAllocation& owner) {
+            const auto i = args::integer<std::size_t>(index, "index");
+            auto& s = self.open();
+            if (i >= s.handles().size() || s.handles()[i] != owner.handle)
+              throw nb::index_error("the owner is not that tensor's");
+            if (!std::exchange(owner.owned, false)) return;  // released already
+            GilReleased no_gil;  // the bridge's lock may be held by a thread waiting for the GIL
+            s.release_when_landed(i);
+          },
+          "index"_a, "owner"_a,
+          "Tensor `index`'s allocation, owned by `owner` (its _OwnedAllocation, which owns it no longer), let go "
+          "once its bytes have landed, or the reading has ended: at once when either is so.")
       .def(
           "finished",
           [](PyRestoreStream& self, nb::handle timeout) {

@@ -208,7 +208,8 @@ RestoreStream::RestoreStream(Bridge& bridge, int fd, std::uint64_t data_start, s
       targets_(std::move(targets)),
       options_(std::move(options)),
       where_(std::move(where)),
-      copies_(targets_.size()) {
+      copies_(targets_.size()),
+      release_on_landing_(targets_.size(), false) {
   handles_.reserve(targets_.size());
   try {
     for (const auto& target : targets_)
@@ -291,6 +292,37 @@ bool RestoreStream::done() const {
   return done_;
 }
 
+void RestoreStream::release_when_landed(std::size_t index) {
+  check_index(index, "release_when_landed");
+  {
+    std::lock_guard lock(mutex_);
+    if (landed_ <= index && !done_) {
+      release_on_landing_[index] = true;
+      return;
+    }
+  }
+  release_all({handles_[index]});
+}
+
+std::vector<DeviceHandle> RestoreStream::take_releases(std::size_t first, std::size_t last) {
+  std::vector<DeviceHandle> released;
+  for (std::size_t i = first; i < last; ++i)
+    if (release_on_landing_[i]) {
+      release_on_landing_[i] = false;
+      released.push_back(handles_[i]);
+    }
+  return released;
+}
+
+void RestoreStream::release_all(const std::vector<DeviceHandle>& handles) noexcept {
+  for (const DeviceHandle& handle : handles) {
+    try {
+      bridge_.release(handle);  // deferred by the bridge until the copies into it end
+    } catch (...) {
+    }
+  }
+}
+
 void RestoreStream::run() noexcept {
   std::exception_ptr error;
   try {
@@ -331,10 +363,15 @@ void RestoreStream::run() noexcept {
   } catch (...) {
     error = std::current_exception();
   }
-  std::lock_guard lock(mutex_);
-  error_ = error;
-  done_ = true;
-  changed_.notify_all();
+  std::vector<DeviceHandle> released;
+  {
+    std::lock_guard lock(mutex_);
+    error_ = error;
+    done_ = true;
+    released = take_releases(landed_, targets_.size());  // never landed: nothing writes them
+    changed_.notify_all();
+  }
+  release_all(released);
 }
 
 void RestoreStream::read_batch(TransferPlanner& planner, std::size_t first, std::size_t last) {
@@ -358,9 +395,14 @@ void RestoreStream::read_batch(TransferPlanner& planner, std::size_t first, std:
 
 void RestoreStream::land_batch(std::size_t first, std::vector<TransferResult>& results) {
   for (std::size_t i = 0; i < results.size(); ++i) copies_[first + i] = std::move(results[i].pending);
-  std::lock_guard lock(mutex_);
-  landed_ = first + results.size();
-  changed_.notify_all();
+  std::vector<DeviceHandle> released;
+  {
+    std::lock_guard lock(mutex_);
+    landed_ = first + results.size();
+    released = take_releases(first, landed_);
+    changed_.notify_all();
+  }
+  release_all(released);
 }
 
 void RestoreStream::fill(std::uint64_t at, std::span<const std::span<std::byte>> pieces) {

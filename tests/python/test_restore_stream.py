@@ -345,29 +345,44 @@ def test_a_process_forked_after_a_restore_restores_too(tmp_path):
     assert child.returncode == 0, child.stderr
 
 
-def test_a_tensor_freed_before_its_bytes_landed_is_freed_once_they_have_and_the_others_restore(pb, rng, tmp_path,
-                                                                                                 monkeypatch):
+def test_a_tensor_freed_before_its_bytes_landed_is_let_go_by_the_reader_and_the_others_restore(pb, rng, tmp_path,
+                                                                                                  monkeypatch):
     # Freed before the reader reached it, its allocation was gone when the reader came: the whole restore failed
-    # (UnknownDeviceHandle naming that tensor, raised by every other tensor's wait). free() now waits for the
-    # tensor's bytes to land, as its handle does, and the others restore.
+    # (UnknownDeviceHandle naming that tensor, raised by every other tensor's wait). free() now returns at once
+    # and the reader lets the allocation go once its bytes have landed.
     arrays, path = written(pb, rng, tmp_path)
     read = HeldRead(monkeypatch, os.path.getsize(path) - 1)
     before = pb.stats()["live_allocations"]
     pending = pb.restore(path, wait=False)
     last = pending["layer05"]
-    freeing = threading.Thread(target=last.free)
     try:
         assert until(read.reached.is_set)
-        freeing.start()
-        freeing.join(0.2)
-        assert freeing.is_alive(), "freed before its bytes landed"
+        started = time.monotonic()
+        last.free()
+        assert time.monotonic() - started < 5 and last.freed  # waits for no reader
+        last.free()  # idempotent
+        # Still the reader's to write: allocated until it lands.
+        assert pb.stats()["live_allocations"] == before + len(arrays)
     finally:
         read.release()
-    freeing.join(30)
-    assert not freeing.is_alive() and last.freed
     assert pending.wait()
     for name, array in arrays.items():
         if name != "layer05":
             assert pending[name].numpy().tobytes() == array.tobytes(), name
     free(pending)
+    assert until(lambda: pb.stats()["live_allocations"] == before)
+
+
+def test_tensors_freed_before_an_abandon_are_let_go_with_the_rest(pb, rng, tmp_path, monkeypatch):
+    arrays, path = written(pb, rng, tmp_path)
+    read = HeldRead(monkeypatch, os.path.getsize(path) - 1)
+    before = pb.stats()["live_allocations"]
+    pending = pb.restore(path, wait=False)
+    try:
+        assert until(read.reached.is_set)
+        pending["layer05"].free()
+        pending["layer04"].free()
+    finally:
+        read.release()
+    pending.abandon()
     assert until(lambda: pb.stats()["live_allocations"] == before)
