@@ -338,6 +338,82 @@ TEST_P(RestoreConformance, RestoreTensorsLandInFileOrderWhileLaterReadsWait) {
   expect_whole_restore(b, *stream, file);
 }
 
+// A target let go before the reader reached it (release_when_landed) is
+// written, then released by the reader; one already landed goes at once; one
+// a stopped reading never reached goes when the reading ends. The others
+// restore bit-exact.
+TEST_P(RestoreConformance, RestoreReleasesTargetsLetGoBeforeTheyLandedOnceTheyHave) {
+  auto& b = make_bridge(8ull << 20);
+  const CheckpointOnDisk file(model());
+  const std::size_t last = file.tensors().size() - 1;
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool reached = false, released = false;
+  ckpt::RestoreOptions options;
+  const std::uint64_t tail_offset = std::filesystem::file_size(file.path()) - 64;
+  options.before_read = [&](std::uint64_t offset, std::uint64_t bytes) {
+    if (offset + bytes <= tail_offset) return;
+    std::unique_lock lock(mutex);
+    reached = true;
+    changed.notify_all();
+    changed.wait(lock, [&] { return released; });
+  };
+  auto stream = start(b, file, std::move(options));
+  {
+    std::unique_lock lock(mutex);
+    ASSERT_TRUE(changed.wait_for(lock, std::chrono::seconds(60), [&] { return reached; }));
+  }
+  ASSERT_FALSE(stream->landed(last, std::chrono::milliseconds(0)));
+  ASSERT_TRUE(stream->landed(0, std::chrono::milliseconds(0)));
+  const std::uint64_t all = b.stats().live_allocations;
+  for (const PendingCopy& copy : stream->copies(0)) b.wait(copy.event);
+  stream->release_when_landed(0);     // landed: at once
+  stream->release_when_landed(last);  // not yet: once it lands
+  EXPECT_EQ(b.stats().live_allocations, all - 1);
+  EXPECT_THROW(stream->release_when_landed(last + 1), Error);
+  {
+    std::lock_guard lock(mutex);
+    released = true;
+  }
+  changed.notify_all();
+  EXPECT_TRUE(stream->finished(std::chrono::seconds(60)));
+  TransferPlanner planner(b);
+  for (std::size_t i = 1; i < last; ++i) {
+    for (const PendingCopy& copy : stream->copies(i)) ASSERT_EQ(b.wait(copy.event).state, CopyState::Completed);
+    Bytes back(file.tensors()[i].bytes.size());
+    planner.download(stream->handles()[i], 0, back);
+    ASSERT_TRUE(bytes_equal(back, file.tensors()[i].bytes, file.tensors()[i].name));
+    b.free_device(stream->handles()[i]);
+  }
+  for (const PendingCopy& copy : stream->copies(last)) b.wait(copy.event);
+  b.poll();
+  expect_nothing_left(b);  // the last one went with its copies
+
+  // A reading stopped before a target let go: released when it ends.
+  std::atomic<bool> go{false};
+  ckpt::RestoreOptions held;
+  held.before_read = [&](std::uint64_t, std::uint64_t) {
+    while (!go) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  auto stopped = start(b, file, std::move(held));
+  stopped->release_when_landed(last);
+  stopped->request_stop();
+  go = true;
+  stopped->stop();
+  EXPECT_EQ(b.stats().live_allocations, stopped->handles().size() - 1);
+  for (std::size_t i = 0; i < last; ++i) {
+    bool landed = false;
+    try {
+      landed = stopped->landed(i, std::chrono::seconds(0));
+    } catch (const std::exception&) {  // the reading stopped before it
+    }
+    if (landed)
+      for (const PendingCopy& copy : stopped->copies(i)) b.wait(copy.event);
+    b.free_device(stopped->handles()[i]);
+  }
+  expect_nothing_left(b);
+}
+
 TEST_P(RestoreConformance, RestoreStopsBeforeItsNextReadAndAFailingReadEndsIt) {
   auto& b = make_bridge(8ull << 20);
   const CheckpointOnDisk file(model());
