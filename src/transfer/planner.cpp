@@ -296,12 +296,17 @@ TransferPlan choose(const Resolved& r, const TransferOptions& options, const Bac
 
 // One chunk of a transfer staged through both rings: `move(landing)` with a
 // range of `to`'s ring reserved for it (counted as held by a transfer).
-// Short of room (Backpressure, on either ring) while other transfers run on
+// Short of room (Backpressure, on either ring) while either bridge has ranges
+// waiting to go back as their copies end (release_host_after), it waits for
+// one and tries again. While other transfers run on
 // either bridge, the landing goes back and the chunk is tried again after a
 // short pause, until their room has stayed quiet (RoomWatch) on both, for at
 // most kWaitForOtherTransfers: their room comes back as their copies end,
 // and nothing is held meanwhile that they could be waiting for. Alone,
 // Backpressure stands.
+// How long one look waits for a range a bridge releases after its copy.
+constexpr auto kReleaseSlice = std::chrono::milliseconds(20);
+
 template <class Move>
 void stage_chunk_backing_off(Bridge& from, Bridge& to, std::uint64_t len, const TransferOptions& options, Move move) {
   const auto give_up = checked::deadline_after(std::max(options.wait_for_room, detail::kWaitForOtherTransfers));
@@ -319,8 +324,16 @@ void stage_chunk_backing_off(Bridge& from, Bridge& to, std::uint64_t len, const 
       move(landing.get());
       return;
     } catch (const Error& e) {
+      if (e.kind() != ErrorKind::Backpressure || checked::Clock::now() >= give_up) throw;
+      // Room held by ranges each bridge releases as their copies end (an
+      // upload(wait=False)'s chunks, on this thread or another): it comes
+      // back by itself, as with_room waits for it on one ring.
+      if (to.wait_for_release_after(kReleaseSlice) || from.wait_for_release_after(kReleaseSlice)) {
+        if (options.while_waiting) options.while_waiting();
+        tried_again = false;
+        continue;
+      }
       const auto now = checked::Clock::now();
-      if (e.kind() != ErrorKind::Backpressure || now >= give_up) throw;
       if (!from_neighbours.others_running() && !to_neighbours.others_running()) {
         // Once more at once: room may have come back between the attempt and the look.
         if (std::exchange(tried_again, true)) throw;
