@@ -190,7 +190,7 @@ nb::object memory_snapshot(BridgeState& state, nb::handle layout_object) {
   const bool torch = name == "torch";
   if (!torch && name != "devbridge")
     throw nb::value_error(("layout must be \"devbridge\" or \"torch\", not \"" + name + "\"").c_str());
-  Bridge& bridge = state.open();
+  const Bridge& bridge = *state.bridge;  // after close() too: what views and consumers still hold is there
   std::string snapshot, trace;
   {
     GilReleased no_gil;

@@ -146,6 +146,21 @@ def test_restart_and_close_are_recorded(recorded):
     assert [e["name"] for e in instants(trace, "restart", "close")] == ["restart", "close"]
 
 
+def test_the_memory_snapshot_answers_after_close_with_what_views_still_hold(recorded):
+    # A post-mortem: after close() the snapshot (both layouts) shows what a consumer still holds, as stats(),
+    # memory_stats() and dump_trace() do; it raised Closed.
+    b = recorded
+    b.record(max_events=1000)
+    t = b.upload(np.arange(1024, dtype=np.float32), wait=True)
+    held = np.from_dlpack(t.view())
+    b.close()
+    snapshot = b.memory_snapshot()
+    assert snapshot["stats"] == b.memory_stats()
+    assert b.stats()["orphaned_allocations"] == 1
+    assert "segments" in b.memory_snapshot(layout="torch")
+    del held
+
+
 def test_out_of_memory_dumps_the_trace_and_names_it(tmp_path):
     b = devbridge.Bridge(backend="fake", ring_bytes=1 << 20, memory_bytes=1 << 20)
     try:
