@@ -179,9 +179,13 @@ TraceDump BridgeCore::trace_dump() {
 std::string BridgeCore::dump_for_oom() {
   std::string directory;
   std::uint64_t number;
+  const auto now = std::chrono::steady_clock::now();
   {
     SpinLockHold lock(lock_);
     if (!recorder_) return {};
+    if (const auto recent = recorder_->recent_oom_dump(now))
+      return fmt::format("; the flight recorder's trace is in {} (written under {} s ago: one dump a second at most)",
+                         *recent, FlightRecorder::kOomDumpInterval.count());
     directory = recorder_->options().oom_dump_dir;
     number = ++oom_dumps_;
   }
@@ -194,6 +198,10 @@ std::string BridgeCore::dump_for_oom() {
     write_file_atomically(path, trace_json(trace_dump()));
   } catch (const std::exception& e) {
     return fmt::format("; the trace could not be dumped to {}: {}", path, e.what());
+  }
+  {
+    SpinLockHold lock(lock_);
+    if (recorder_) recorder_->note_oom_dump(path, now);
   }
   return fmt::format("; the flight recorder's trace is in {}", path);
 }

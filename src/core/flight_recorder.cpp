@@ -107,6 +107,16 @@ void FlightRecorder::check_max_events(std::size_t max_events) {
     fail(ErrorKind::InvalidRange, "record: {}", refusal);
 }
 
+std::optional<std::string> FlightRecorder::recent_oom_dump(std::chrono::steady_clock::time_point now) const {
+  if (last_oom_dump_.empty() || now - last_oom_dump_at_ >= kOomDumpInterval) return std::nullopt;
+  return last_oom_dump_;
+}
+
+void FlightRecorder::note_oom_dump(std::string path, std::chrono::steady_clock::time_point now) {
+  last_oom_dump_ = std::move(path);
+  last_oom_dump_at_ = now;
+}
+
 RecordOptions FlightRecorder::check_options(const RecordOptions& given) {
   check_max_events(given.max_events);
   RecordOptions options = given;

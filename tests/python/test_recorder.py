@@ -174,6 +174,17 @@ def test_out_of_memory_dumps_the_trace_and_names_it(tmp_path):
         dumped = list(tmp_path.iterdir())
         assert len(dumped) == 1 and str(dumped[0]) in message
         check_trace(json.loads(dumped[0].read_text()))
+        # A loop running out of memory over and over is pointed at that dump for a second, not given a file
+        # each time (three threads retrying wrote 15,000 files in 6 s).
+        for _ in range(20):
+            with pytest.raises(devbridge.AllocationFailed) as again:
+                b.alloc(F32, 1 << 20)
+        assert f"{dumped[0]} (written under 1 s ago: one dump a second at most)" in str(again.value)
+        assert list(tmp_path.iterdir()) == dumped
+        time.sleep(1.1)
+        with pytest.raises(devbridge.AllocationFailed):
+            b.alloc(F32, 1 << 20)
+        assert len(list(tmp_path.iterdir())) == 2
         b.free(h)
     finally:
         b.close()
