@@ -288,6 +288,7 @@ class Pipeline {
                                                                       bool reserving, Attempt attempt) {
     auto wait = std::chrono::nanoseconds::zero();
     bool tried_again = false;
+    bool waited_for_room = false;  // wait_for_room is waited once in all (it was twice: 120 s for 60)
     for (;;) {
       try {
         return attempt_waiting(attempt, wait);
@@ -303,12 +304,13 @@ class Pipeline {
               rethrow_for_chunk(busy, transfer_, chunk);
             }
           }
-          if (wait != std::chrono::nanoseconds::zero() || options_.wait_for_room == std::chrono::nanoseconds::zero()) {
+          if (waited_for_room || options_.wait_for_room == std::chrono::nanoseconds::zero()) {
             // Once more at once: room may have come back between the attempt and the look.
             if (std::exchange(tried_again, true)) rethrow_for_chunk(e, transfer_, chunk);
             wait = std::chrono::nanoseconds::zero();
             continue;
           }
+          waited_for_room = true;
           wait = options_.wait_for_room;
           continue;
         }
