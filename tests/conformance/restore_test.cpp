@@ -84,6 +84,45 @@ class CheckpointOnDisk {
   std::string path_;
 };
 
+// The reader's reads that `holds` picks wait, from the first of them, until
+// release(): the stream stopped at a known point while the test looks.
+class HeldReads {
+ public:
+  explicit HeldReads(std::function<bool(std::uint64_t offset, std::uint64_t bytes)> holds)
+      : holds_(std::move(holds)) {}
+  ~HeldReads() { release(); }
+
+  ckpt::RestoreOptions options() {
+    ckpt::RestoreOptions options;
+    options.before_read = [this](std::uint64_t offset, std::uint64_t bytes) {
+      if (!holds_(offset, bytes)) return;
+      std::unique_lock lock(mutex_);
+      reached_ = true;
+      changed_.notify_all();
+      changed_.wait(lock, [&] { return released_; });
+    };
+    return options;
+  }
+  // Whether a held read was reached within a minute.
+  bool reached() {
+    std::unique_lock lock(mutex_);
+    return changed_.wait_for(lock, std::chrono::seconds(60), [&] { return reached_; });
+  }
+  void release() {
+    {
+      std::lock_guard lock(mutex_);
+      released_ = true;
+    }
+    changed_.notify_all();
+  }
+
+ private:
+  std::function<bool(std::uint64_t, std::uint64_t)> holds_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool reached_ = false, released_ = false;
+};
+
 class RestoreConformance : public DriverTest {
  protected:
   // A ring whose default chunk (a quarter of it) is past the 4 MiB from which
@@ -309,32 +348,15 @@ TEST_P(RestoreConformance, RestoreTensorsLandInFileOrderWhileLaterReadsWait) {
     big_b += t.bytes.size();
     ++big_b_index;
   }
-  std::mutex mutex;
-  std::condition_variable changed;
-  bool reached = false, released = false;
-  ckpt::RestoreOptions options;
   const auto data_start = ckpt::CheckpointFile::open(file.path()).header().data_start();
-  options.before_read = [&](std::uint64_t offset, std::uint64_t) {
-    if (offset < data_start + big_b) return;
-    std::unique_lock lock(mutex);
-    reached = true;
-    changed.notify_all();
-    changed.wait(lock, [&] { return released; });
-  };
-  auto stream = start(b, file, std::move(options));
-  {
-    std::unique_lock lock(mutex);
-    ASSERT_TRUE(changed.wait_for(lock, std::chrono::seconds(60), [&] { return reached; }));
-  }
+  HeldReads held([&](std::uint64_t offset, std::uint64_t) { return offset >= data_start + big_b; });
+  auto stream = start(b, file, held.options());
+  ASSERT_TRUE(held.reached());
   EXPECT_TRUE(stream->landed(big_b_index - 1, std::chrono::seconds(0)));
   EXPECT_FALSE(stream->landed(big_b_index, std::chrono::milliseconds(20)));
   EXPECT_FALSE(stream->finished(std::chrono::milliseconds(0)));
   EXPECT_FALSE(stream->done());
-  {
-    std::lock_guard lock(mutex);
-    released = true;
-  }
-  changed.notify_all();
+  held.release();
   expect_whole_restore(b, *stream, file);
 }
 
@@ -346,23 +368,10 @@ TEST_P(RestoreConformance, RestoreReleasesTargetsLetGoBeforeTheyLandedOnceTheyHa
   auto& b = make_bridge(8ull << 20);
   const CheckpointOnDisk file(model());
   const std::size_t last = file.tensors().size() - 1;
-  std::mutex mutex;
-  std::condition_variable changed;
-  bool reached = false, released = false;
-  ckpt::RestoreOptions options;
   const std::uint64_t tail_offset = std::filesystem::file_size(file.path()) - 64;
-  options.before_read = [&](std::uint64_t offset, std::uint64_t bytes) {
-    if (offset + bytes <= tail_offset) return;
-    std::unique_lock lock(mutex);
-    reached = true;
-    changed.notify_all();
-    changed.wait(lock, [&] { return released; });
-  };
-  auto stream = start(b, file, std::move(options));
-  {
-    std::unique_lock lock(mutex);
-    ASSERT_TRUE(changed.wait_for(lock, std::chrono::seconds(60), [&] { return reached; }));
-  }
+  HeldReads held([&](std::uint64_t offset, std::uint64_t bytes) { return offset + bytes > tail_offset; });
+  auto stream = start(b, file, held.options());
+  ASSERT_TRUE(held.reached());
   ASSERT_FALSE(stream->landed(last, std::chrono::milliseconds(0)));
   ASSERT_TRUE(stream->landed(0, std::chrono::milliseconds(0)));
   const std::uint64_t all = b.stats().live_allocations;
@@ -371,11 +380,7 @@ TEST_P(RestoreConformance, RestoreReleasesTargetsLetGoBeforeTheyLandedOnceTheyHa
   stream->release_when_landed(last);  // not yet: once it lands
   EXPECT_EQ(b.stats().live_allocations, all - 1);
   EXPECT_THROW(stream->release_when_landed(last + 1), Error);
-  {
-    std::lock_guard lock(mutex);
-    released = true;
-  }
-  changed.notify_all();
+  held.release();
   EXPECT_TRUE(stream->finished(std::chrono::seconds(60)));
   TransferPlanner planner(b);
   for (std::size_t i = 1; i < last; ++i) {
@@ -390,15 +395,12 @@ TEST_P(RestoreConformance, RestoreReleasesTargetsLetGoBeforeTheyLandedOnceTheyHa
   expect_nothing_left(b);  // the last one went with its copies
 
   // A reading stopped before a target let go: released when it ends.
-  std::atomic<bool> go{false};
-  ckpt::RestoreOptions held;
-  held.before_read = [&](std::uint64_t, std::uint64_t) {
-    while (!go) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  };
-  auto stopped = start(b, file, std::move(held));
+  HeldReads first_read([](std::uint64_t, std::uint64_t) { return true; });
+  auto stopped = start(b, file, first_read.options());
+  ASSERT_TRUE(first_read.reached());
   stopped->release_when_landed(last);
   stopped->request_stop();
-  go = true;
+  first_read.release();
   stopped->stop();
   EXPECT_EQ(b.stats().live_allocations, stopped->handles().size() - 1);
   for (std::size_t i = 0; i < last; ++i) {
