@@ -14,7 +14,8 @@
 # devbridge_checkpoint_fuzz (the checkpoint header reader over hostile files,
 # seeds in tests/fuzz/checkpoint_corpus/).
 #
-# FUZZ_ARGS adds libFuzzer flags (e.g. -jobs=N -workers=N, -seed=S);
+# FUZZ_ARGS adds libFuzzer flags (e.g. -jobs=N -workers=N, -seed=S; for long
+# runs -entropic=0, whose bookkeeping otherwise takes about half the time);
 # DEVBRIDGE_MODEL_RELAX (see tests/model/bridge_model.hpp, Config::relax)
 # looks past known findings.
 set -euo pipefail
