@@ -99,13 +99,16 @@ struct TensorSelection {
   std::string prefix{};  // only names that start with it; "": any
   // Python's names= callable, asked only of the names the others pass; empty: any.
   std::function<bool(const std::string&)> wants{};
+  // Names the file must hold, whether or not they are chosen (Python's rows=,
+  // which cuts tensors the others choose): refused as `names` are.
+  std::vector<std::string> required{};
 };
 
 // The one selection rule: the entries of `tensors` (a header's, in file
 // order) that `selection` chooses, in file order. Before anything is
 // allocated it throws CheckpointError when `where` (the file, quoted) holds
-// no tensor of a name `selection.names` asks for (the first five missing, by
-// name), or when a chosen entry is unrestorable (its reason): the header
+// no tensor of a name `selection.names` or `selection.required` asks for (the
+// first five missing, by name), or when a chosen entry is unrestorable (its reason): the header
 // reader keeps such an entry so the others stay restorable, and a front end
 // refuses it only when it is chosen.
 std::vector<const TensorEntry*> select_tensors(std::span<const TensorEntry> tensors, const TensorSelection& selection,

@@ -135,7 +135,6 @@ def restore(bridge: Bridge, path: Any, *, names: Any = None, prefix: str | None 
         else:
             file, header = _open_checkpoint(path)
             with file:
-                selection.require_all(header.entries, path)
                 pending = _restore_file(bridge, path, file, header, selection, alignment, verify)
     return pending if not wait else pending.tensors()
 
@@ -195,25 +194,20 @@ class _Selection:
         """Whether it chooses at all (else every tensor, whole); what it chooses may still be everything."""
         return self.exact is not None or self.predicate is not None or self.prefix is not None or bool(self.rows)
 
-    def wants(self, name: str) -> bool:
-        if self.exact is not None and name not in self.exact:
-            return False
-        if self.prefix is not None and not name.startswith(self.prefix):
-            return False
-        return self.predicate is None or bool(self.predicate(name))
-
-    def require_all(self, available: Any, where: str) -> None:
-        """Every name asked for by name (``names`` as a collection, ``rows``) is in ``available`` (entries
-        or names) and chosen: ``CheckpointError`` naming the missing ones before anything is allocated."""
-        have = {getattr(e, "name", e) for e in available}
-        asked = set(self.exact or ()) | set(self.rows)
-        missing = sorted(asked - have)
-        if missing:
-            raise CheckpointError(f"{where!r} holds no tensor named {', '.join(map(repr, missing[:5]))}"
-                                  f"{' and more' if len(missing) > 5 else ''}; nothing was restored")
-        unchosen = sorted(n for n in self.rows if not self.wants(n))
-        if unchosen:
-            raise ValueError(f"rows= names tensors that names=/prefix= leave out: {', '.join(map(repr, unchosen))}")
+    def choose(self, entries: list[Any], where: str) -> list[Any]:
+        """The ``entries`` (a header's ``_Entry`` tuples, or a sharded index's names) this selection takes, in
+        order, by the library's one rule (``_checkpoint_select``, the C ABI's too): ``CheckpointError`` naming
+        the names asked for (``names`` as a collection, ``rows``) that ``where`` (quoted) lacks, or an
+        unrestorable tensor chosen, before anything is allocated."""
+        chosen = _checkpoint_select(entries, None if self.exact is None else list(self.exact), self.predicate,
+                                    self.prefix, list(self.rows), where)
+        if self.rows:
+            taken = {getattr(e, "name", e) for e in chosen}
+            unchosen = sorted(n for n in self.rows if n not in taken)
+            if unchosen:
+                raise ValueError(f"rows= names tensors that names=/prefix= leave out: "
+                                 f"{', '.join(map(repr, unchosen))}")
+        return chosen
 
     def cut(self, entry: _Entry, where: str) -> _Entry:
         """``entry``, or just its rows when ``rows`` names it: the same bytes, narrowed to the rows asked for."""
@@ -237,10 +231,7 @@ def _restore_file(bridge: Bridge, path: str, file: BinaryIO, header: _Header, se
     or a row is partial: not every byte of the data section is read, so its checksum cannot be verified.
     ``file`` stays the caller's: the reader reads a duplicate of its descriptor."""
     held = _held_dtypes(bridge)
-    # The library's one selection (checkpoint::select_tensors, the C ABI's too): names=, prefix=, in file order;
-    # an unrestorable tensor is refused only when chosen.
-    chosen = _checkpoint_select(header.entries, None if selection.exact is None else list(selection.exact),
-                                selection.predicate, selection.prefix, repr(path))
+    chosen = selection.choose(header.entries, repr(path))  # an unrestorable tensor is refused only when chosen
     if selection.partial:
         chosen = [selection.cut(e, path) for e in chosen]
     # Every tensor and every row (names= all of them, rows= a[:]) is the whole file, not a part.
@@ -496,9 +487,9 @@ def _restore_sharded(bridge: Bridge, index_path: str, selection: _Selection, ali
     index maps to a shard is in it) before anything is allocated; then the shards are restored in parallel,
     each tensor from the shard the index names. A failure in any shard frees what every shard restored."""
     weight_map = _read_index(index_path)
-    selection.require_all(weight_map, index_path)
+    chosen = frozenset(selection.choose(list(weight_map), repr(index_path)))
     directory = os.path.dirname(os.path.abspath(index_path))
-    by_shard = _shards_of(weight_map, selection.wants)
+    by_shard = _shards_of(weight_map, chosen.__contains__)
     opened: list[tuple[str, BinaryIO, _Header]] = []  # (shard, its file, its header)
     try:
         for shard in sorted(by_shard):

@@ -96,24 +96,17 @@ nb::tuple checkpoint_open(nb::bytes path, const std::string& where) {
   return nb::make_tuple(fd, metadata, tensors, header.data_start());
 }
 
-// restore's choice of a file's tensors by the library's one selection rule
-// (checkpoint::select_tensors, the C ABI's too): those of `entries` (the
-// _Entry tuples of _checkpoint_open's tensors, in file order) that `names`
-// (None or a list of str), `wants` (None or a callable) and `prefix` (None or
-// a str) choose, the same objects in file order (`entries` itself when it is
-// every one). CheckpointError for a name the file lacks or an unrestorable
-// tensor chosen; what `wants` raises, as it is.
-nb::list checkpoint_select(nb::list entries, nb::object names, nb::object wants, nb::object prefix,
+// restore's choice of tensors by the library's one selection rule
+// (checkpoint::select_tensors, the C ABI's too): those of `entries` that
+// `names` (None or a list of str), `wants` (None or a callable) and `prefix`
+// (None or a str) choose, the same objects in order (`entries` itself when it
+// is every one). An entry is an _Entry tuple of _checkpoint_open's (a file's
+// tensors, in file order) or a bare name (a sharded index's weight_map).
+// `required` (a list of str: rows= names) must be there too. CheckpointError
+// for a name missing or an unrestorable tensor chosen; what `wants` raises, as
+// it is.
+nb::list checkpoint_select(nb::list entries, nb::object names, nb::object wants, nb::object prefix, nb::list required,
                            const std::string& where) {
-  std::vector<checkpoint::TensorEntry> tensors(entries.size());
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    nb::handle item = entries[i];
-    if (!PyTuple_Check(item.ptr()) || PyTuple_GET_SIZE(item.ptr()) != 6)
-      throw nb::type_error("entries must hold _Entry tuples (name, dtype, shape, begin, end, unrestorable)");
-    const nb::tuple entry = nb::borrow<nb::tuple>(item);
-    tensors[i].name = nb::cast<std::string>(entry[0]);
-    if (!entry[5].is_none()) tensors[i].unrestorable = nb::cast<std::string>(entry[5]);
-  }
   checkpoint::TensorSelection selection;
   if (!names.is_none()) {
     auto& asked = selection.names.emplace();
@@ -127,6 +120,23 @@ nb::list checkpoint_select(nb::list entries, nb::object names, nb::object wants,
       if (truth < 0) throw nb::python_error();
       return truth == 1;
     };
+  }
+  for (nb::handle name : required) selection.required.push_back(nb::cast<std::string>(name));
+  // A whole restore (no name asked for, none required) reads no name: a 50,000-tensor header's names are not
+  // copied only to be passed over.
+  const bool by_name = selection.names || !selection.prefix.empty() || selection.wants || !selection.required.empty();
+  std::vector<checkpoint::TensorEntry> tensors(entries.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    nb::handle item = entries[i];
+    if (PyUnicode_Check(item.ptr())) {
+      if (by_name) tensors[i].name = nb::cast<std::string>(item);
+      continue;
+    }
+    if (!PyTuple_Check(item.ptr()) || PyTuple_GET_SIZE(item.ptr()) != 6)
+      throw nb::type_error("entries must hold str names or _Entry tuples (name, dtype, shape, begin, end, unrestorable)");
+    const nb::tuple entry = nb::borrow<nb::tuple>(item);
+    if (by_name) tensors[i].name = nb::cast<std::string>(entry[0]);
+    if (!entry[5].is_none()) tensors[i].unrestorable = nb::cast<std::string>(entry[5]);
   }
   std::vector<const checkpoint::TensorEntry*> chosen;
   try {
@@ -452,10 +462,12 @@ void bind_checkpoint_file(nb::module_& m) {
   m.def("_checkpoint_open", &checkpoint_open, "path"_a, "where"_a,
         "Opens a checkpoint (path as bytes; where names it in errors) and checks its header: (file descriptor, "
         "metadata, [(name, dtype, shape, begin, end)] in file order, data_start). CheckpointError when refused.");
-  m.def("_checkpoint_select", &checkpoint_select, "entries"_a, "names"_a.none(), "wants"_a.none(), "prefix"_a.none(), "where"_a,
-        "The entries (in file order) a restore chooses by names (None or a list of str), wants (None or a callable) "
-        "and prefix (None or a str): the library's one selection rule, the C ABI's too. CheckpointError for a name "
-        "the file lacks (where names the file) or an unrestorable tensor chosen.");
+  m.def("_checkpoint_select", &checkpoint_select, "entries"_a, "names"_a.none(), "wants"_a.none(), "prefix"_a.none(),
+        "required"_a, "where"_a,
+        "The entries (_Entry tuples in file order, or bare names) a restore chooses by names (None or a list of str), "
+        "wants (None or a callable) and prefix (None or a str), each of names and required (a list of str) held: "
+        "the library's one selection rule, the C ABI's too. CheckpointError for a name missing (where names the "
+        "file) or an unrestorable tensor chosen.");
   // The writer names dtypes as the reader reads them: one table, the C++ reader's.
   m.def(
       "_safetensors_name",

@@ -13,12 +13,14 @@ namespace devbridge::checkpoint {
 std::vector<const TensorEntry*> select_tensors(std::span<const TensorEntry> tensors, const TensorSelection& selection,
                                                std::string_view where) {
   std::unordered_set<std::string_view> asked;
-  if (selection.names) {
-    asked.insert(selection.names->begin(), selection.names->end());
+  if (selection.names) asked.insert(selection.names->begin(), selection.names->end());
+  if (!asked.empty() || !selection.required.empty()) {
     std::unordered_set<std::string_view> present;
     for (const TensorEntry& entry : tensors) present.insert(entry.name);
     std::set<std::string_view> missing;  // by name (bytes: UTF-8's code point order), each once
     for (std::string_view name : asked)
+      if (!present.contains(name)) missing.insert(name);
+    for (std::string_view name : selection.required)
       if (!present.contains(name)) missing.insert(name);
     if (!missing.empty()) {
       std::string listed;

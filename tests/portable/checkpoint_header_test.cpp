@@ -155,6 +155,10 @@ TEST(CheckpointSelection, NamesPrefixAndPredicateChooseInFileOrderAndRefuseOnlyW
   EXPECT_EQ(chosen_of(h, {Names{"z", "w.a", "y", "y"}}), "'f' holds no tensor named 'y', 'z'; nothing was restored");
   EXPECT_EQ(chosen_of(h, {Names{"1", "2", "3", "4", "5", "6"}}),
             "'f' holds no tensor named '1', '2', '3', '4', '5' and more; nothing was restored");
+  // Required names (Python's rows=) are refused when missing, as names are, but choose nothing themselves.
+  EXPECT_EQ(chosen_of(h, {std::nullopt, "w.b", {}, Names{"w.a"}}), "w.b ");
+  EXPECT_EQ(chosen_of(h, {Names{"w.a", "q"}, "", {}, Names{"p", "w.a"}}),
+            "'f' holds no tensor named 'p', 'q'; nothing was restored");
   // The empty tensor: refused when chosen (every tensor, by name, by prefix), not otherwise.
   for (const TensorSelection& selection : {TensorSelection{}, TensorSelection{Names{"e", "w.a"}},
                                            TensorSelection{std::nullopt, "e"}}) {

@@ -217,6 +217,29 @@ def test_bad_selections_are_refused_before_anything_is_allocated(pb, rng, tmp_pa
         nothing_left(pb)
 
 
+def test_a_file_and_an_index_refuse_a_selection_in_the_same_words(pb, rng, tmp_path):
+    """One selection rule (the library's) for a file and for a sharded index's weight_map: the same refusal,
+    naming the first five missing names in order, and a names= callable asked once per name."""
+    arrays = model_arrays(rng)
+    single = tmp_path / "model.safetensors"
+    safetensors.numpy.save_file(arrays, str(single))
+    index = write_sharded(tmp_path, arrays)
+    missing = [f"gone.{i}" for i in range(7)]
+    said = []
+    for path in (str(single), index):
+        with pytest.raises(devbridge.CheckpointError) as refused:
+            pb.restore(path, names=["step", *missing], rows={"absent": slice(0, 1)})
+        said.append(str(refused.value).replace(repr(path), "PATH"))
+        nothing_left(pb)
+    assert said[0] == said[1]
+    assert "holds no tensor named 'absent', 'gone.0', 'gone.1', 'gone.2', 'gone.3' and more" in said[0]
+    for path in (str(single), index):
+        asked = []
+        restored = pb.restore(path, names=lambda name: asked.append(name) or name.startswith("layers."))
+        assert sorted(asked) == sorted(arrays) and sorted(restored) == sorted(n for n in arrays if n.startswith("layers."))
+        free(restored)
+
+
 def bad_indexes(directory, good: dict) -> list[tuple[str, Any]]:
     """Indexes restore refuses (each by its reason), made from a good one's weight_map and written into
     ``directory``: (the reason, the index's path)."""
