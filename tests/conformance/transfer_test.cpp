@@ -878,6 +878,28 @@ TEST_P(TransferConformance, TransferWaitsForRingRoomAnotherCallerHolds) {
   expect_nothing_left(b);
 }
 
+// wait_for_room is waited once for a chunk, however often it comes back
+// short of room (it was waited twice: a restore's 60 s gave up after 120).
+// Counted in the caller's while_waiting hook, called between 20 ms slices of
+// a wait: one 200 ms wait makes about ten calls, two about twenty; a loaded
+// machine makes fewer, never more.
+TEST_P(TransferConformance, AChunkWaitsForRoomOnce) {
+  using namespace std::chrono_literals;
+  auto& b = make_bridge(kRing);
+  const Bytes data = random_bytes(kRing);
+  const DeviceHandle h = b.alloc_device(bytes_spec(extent_for(data.size())), extent_for(data.size()));
+  const HostRange held = b.reserve(kRing);
+  int calls = 0;
+  const std::function<void()> count = [&] { ++calls; };
+  TransferPlanner briefly(b, {.while_waiting = count, .route = Route::RingChunks, .wait_for_room = 200ms});
+  EXPECT_KIND(ErrorKind::Backpressure, briefly.run(HostSource{data}, DeviceSpan{h}), "upload chunk 0");
+  EXPECT_GE(calls, 1);
+  EXPECT_LE(calls, 12);
+  b.release_host(held);
+  b.free_device(h);
+  expect_nothing_left(b);
+}
+
 // A copy whose completion never comes (a hung device) keeps a transfer
 // waiting, for its own copy or for room that copy holds: the caller's
 // while_waiting hook ends the wait (Ctrl-C in Python, the CLI's stall
