@@ -44,10 +44,19 @@ HostRegion BridgeCore::register_host(std::span<std::byte> bytes, bool read_only,
 bool BridgeCore::unregister_host(const HostRegion& r, AfterAdoptions adopted) {
   SpinLockHold lock(lock_);
   enter(lock);
+  check_tag(r);
   // As release_host and free_device: a copy that ended but that nobody polled
   // does not keep the region registered.
-  if (regions_[region_index(r)].copies != 0) apply_completions_before_refusing();
-  const std::optional<HostBlock> block = regions_.begin_unregister(r, adopted);
+  const std::optional<HostBlock> block = [&] {
+    try {
+      return regions_.begin_unregister(r, adopted);
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::AllocationStillInUse || regions_[regions_.live_index(r)].copies == 0 ||
+          !apply_completions_before_refusing())
+        throw;  // refused for its adoptions, or for copies still running
+      return regions_.begin_unregister(r, adopted);
+    }
+  }();
   if (!block) return false;  // end_adoption unregisters it after the last
   gate_.run_unlocked(lock, [&] { backend_->release_import(HostImport{.block = *block}); });
   regions_.finish_unregister(id_slot(r.id));
