@@ -5,8 +5,9 @@
 // copy timeline, region registry, host ring, caching pool, drop queue, view
 // holders) under that lock.
 //
-// Its hot paths (entry, lookup, copies, views, frees) are defined here so
-// that Bridge's forwarding functions inline them; the rest is defined by
+// Its hot paths are defined in headers so that Bridge's forwarding functions
+// inline them: entry, lookup and frees here, copies, completions and views in
+// bridge_core_inline.hpp (included at the end); the rest is defined by
 // area: bridge.cpp (the drop queue, copies, compute, views), bridge_memory.cpp
 // (the pool and the backend), bridge_regions.cpp (registered and adopted host
 // memory), peer_copy.cpp (device to device between bridges), in_place.cpp
@@ -422,25 +423,7 @@ class BridgeCore {
   // Waits (draining completions itself, so no other thread need poll) until
   // `ready()` holds or the deadline passes. Called with the lock held.
   template <class Ready>
-  bool wait_until(SpinLockHold& lock, std::chrono::steady_clock::time_point deadline, Ready ready) {
-    constexpr auto kSlice = std::chrono::milliseconds(2);
-    for (;;) {
-      drain_locked();
-      if (ready()) return true;
-      const auto now = std::chrono::steady_clock::now();
-      if (now >= deadline) return false;
-      lock.unlock();
-      // What it throws leaves with the lock dropped: nothing here is taken yet.
-      if (WaitCheck* check = WaitCheck::current()) [[unlikely]]
-        check->look(now);
-      {
-        const RuntimeLockReleased runtime;  // no sleep here with the GIL held
-        backend_->wait_for_completions(std::min<std::chrono::nanoseconds>(deadline - now, kSlice));
-      }
-      lock.lock();
-      enter(lock);
-    }
-  }
+  bool wait_until(SpinLockHold& lock, std::chrono::steady_clock::time_point deadline, Ready ready);
 
   // An upload into an allocation a view still reads, which the policy
   // guards, or into a read-only one (refused): the slow path sorts them out.
@@ -501,59 +484,7 @@ class BridgeCore {
   // allocation, of one contiguous run or (kPitched) of rows.
   template <bool kPitched = false, class Host>
   CopyEvent copy(CopyDirection direction, const Host& host, DeviceRange device, CopyMode mode, Admission admission,
-                 const CopyLayout& layout = {}) {
-    check_timeout(admission.wait_for_room, "wait_for_room");
-    SpinLockHold lock(lock_);
-    enter(lock);
-    auto* slot = &allocation(device.handle);
-    validate_device_range(device, *slot);
-    const std::uint64_t bytes = checked_copy_bytes<kPitched>(host, device, *slot, layout);
-    auto host_key = locate_host(host, direction);
-    if (__builtin_expect(guarded_write(*slot, direction) || (mode == CopyMode::Async && !copies_.has_room(bytes)), 0))
-    {
-      const auto admitted = admit(lock, direction, host, device, bytes, mode, admission);
-      slot = admitted.slot;
-      host_key = admitted.host_key;
-    }
-
-    const auto alloc_index = id_slot(device.handle.id);
-    if (mode == CopyMode::Async) {
-      const auto id = copies_.begin_async(direction, alloc_index, host_key, bytes);  // before pin: it may throw
-      pin(*slot, direction, host_key);
-      const CopyEvent event{domain_, generation_, id};
-      // Submission is an enqueue: it stays under the lock, so a completion
-      // can never be drained before its record exists.
-      try {
-        backend_->submit_copy(
-            {direction, mode, event, host_data(host, host_key), slot->device, device.offset, bytes, layout});
-      } catch (...) {
-        // Never submitted, never handed out: the event stays unknown.
-        unpin(alloc_index, direction, host_key);
-        copies_.cancel_async(id);
-        rethrow_as_copy_error(direction);
-      }
-      copies_.submitted();
-      if (recording_) [[unlikely]]
-        trace_copy_begin(direction, device, id, bytes);
-      return event;
-    }
-
-    // Sync: the copy itself runs unlocked; pins keep memory and range alive.
-    // Its event is numbered only once it succeeded: a failed sync copy's
-    // event is never handed out, so no id of it can read as Completed.
-    pin(*slot, direction, host_key);
-    const std::uint64_t began = recording_ ? recording_ticks() : 0;
-    const CopyEvent unnumbered{domain_, generation_, CopyTimeline::kSyncEventBit};
-    const CopyRequest request{direction, mode,          unnumbered, host_data(host, host_key),
-                              slot->device, device.offset, bytes,      layout};
-    auto failure = gate_.run_unlocked(lock, [&] { backend_->submit_copy(request); });
-    unpin(alloc_index, direction, host_key);
-    if (began) [[unlikely]]  // trace_whole_slice checks the recorder is still on
-      trace_whole_slice(direction == CopyDirection::HostToDevice ? TraceTrack::CopyUp : TraceTrack::CopyDown, device,
-                        began, !failure);
-    if (failure) throw copy_error(direction, *failure);
-    return CopyEvent{domain_, generation_, copies_.complete_sync()};
-  }
+                 const CopyLayout& layout = {});
 
   // ---- device to device, between bridges ----
   // One side of a peer copy, validated and held: counted as a copy of the
@@ -606,54 +537,12 @@ class BridgeCore {
   [[noreturn]] void rethrow_as_copy_error(CopyDirection direction);
   Error copy_error(CopyDirection direction, const Error& e);
 
-  [[gnu::always_inline]] void pin(AllocationSlot& slot, CopyDirection direction, HostRing::Key host_key) {
-    ++slot.copies;
-    if (direction == CopyDirection::HostToDevice) ++slot.uploads;
-    if (__builtin_expect(host_key & kRegionPin, 0))
-      ++regions_[static_cast<std::uint32_t>(host_key)].copies;
-    else
-      ring_.pin(host_key);
-  }
-
+  [[gnu::always_inline]] void pin(AllocationSlot& slot, CopyDirection direction, HostRing::Key host_key);
   // The copy no longer touches the allocation or the host range.
-  [[gnu::always_inline]] void unpin(std::uint32_t allocation, CopyDirection direction, HostRing::Key host_key) {
-    auto& slot = allocations_[allocation];
-    --slot.copies;
-    if (direction == CopyDirection::HostToDevice) --slot.uploads;
-    if (__builtin_expect(host_key & kRegionPin, 0))
-      --regions_[static_cast<std::uint32_t>(host_key)].copies;
-    else
-      ring_.unpin(host_key);
-    maybe_finish_release(allocation);
-  }
-
-  std::size_t drain_locked() {
-    drained_.clear();
-    backend_->drain_completions(drained_);
-    // Once per drain, before they apply, out of line: a recorder call inside
-    // apply() kept it from being inlined into this loop (+10 instructions a
-    // completion, recording or not).
-    if (recording_ && !drained_.empty()) [[unlikely]]
-      trace_completions();
-    for (const auto& completion : drained_) apply(completion);
-    // Events settle and ranges unpin only in apply(): with nothing applied,
-    // no waiting range can have become releasable since the last scan.
-    if (__builtin_expect(!release_after_.empty(), 0) && !drained_.empty()) release_settled();
-    return drained_.size();
-  }
-
-  void apply(const Completion& c) {
-    CopySlot* record = copies_.settling(c, domain_, generation_);
-    if (!record) return;
-    unpin(record->allocation, record->direction, record->host_key);
-    if (c.ok) return copies_.complete(c.event.id);
-    // The failure is remembered so the event reads back as Failed; the host
-    // range is unpinned and stays the caller's, to retry.
-    const ErrorKind kind = directed_kind(record->direction, c.error);
-    std::string message = c.message.empty() ? "the backend reported the copy failed" : c.message;
-    if (c.fatal) mark_broken(Error(kind, message, true));
-    copies_.record_failure(c.event.id, generation_, kind, std::move(message));
-  }
+  [[gnu::always_inline]] void unpin(std::uint32_t allocation, CopyDirection direction, HostRing::Key host_key);
+  // Applies the completions the backend has: copies end, ranges unpin.
+  std::size_t drain_locked();
+  void apply(const Completion& c);
 
   // The event's state, validating it first; `failure` gets its remembered failure.
   CopyState state_locked(const CopyEvent& e, FailedCopy** failure = nullptr) {
@@ -686,29 +575,7 @@ class BridgeCore {
   // Returned in place: the view is built in the lease's own storage (no copy
   // and no zero-fill on a hot path). Inlined into the lease's constructor,
   // its only caller: one call per view, not two.
-  [[gnu::always_inline]] TensorView view(const DeviceHandle& h, const ViewSpec& spec, ViewWait wait_mode) {
-    SpinLockHold lock(lock_);
-    enter(lock);
-    auto* slot = &allocation(h);
-    if (__builtin_expect(spec.dtype != slot->view_dtype, 0) &&
-        (slot->spec.dtype || dtypes_.element_size(spec.dtype) == 0))
-      fail_view_dtype(h, spec.dtype, *slot);
-    TensorView view = shape_view(h, spec, *slot, placement_);
-    if (__builtin_expect(slot->uploads != 0, 0)) {
-      if (wait_mode == ViewWait::Refuse) fail_view_during_upload(h, *slot);
-      refuse_waiting_for_own_write(h);
-      wait_until(lock, std::chrono::steady_clock::time_point::max(), [&] {
-        slot = &allocation(h);
-        return slot->uploads == 0;
-      });
-    }
-    call_backend([&] { backend_->validate_view(slot->device, view); });
-    ++slot->views;
-    ++outstanding_leases_;
-    if (recording_) [[unlikely]]
-      trace_view(TraceKind::ViewBegin, h, ViewHolder::Caller);
-    return view;
-  }
+  [[gnu::always_inline]] TensorView view(const DeviceHandle& h, const ViewSpec& spec, ViewWait wait_mode);
 
   [[noreturn, gnu::cold, gnu::noinline]] void fail_view_during_upload(const DeviceHandle& h,
                                                                       const AllocationSlot& slot) const;
@@ -725,28 +592,8 @@ class BridgeCore {
   // Ends one lease. A lease of the current generation on an open bridge is the
   // common case and stays small; the rest (orphans, and leases of a bridge
   // whose close has not freed its memory yet) are out of line.
-  void end_view(const DeviceHandle& h) noexcept {
-    lock_.lock();
-    --outstanding_leases_;
-    if (__builtin_expect(h.generation != generation_ || gate_.closed(), 0)) return end_orphaned_view(h);
-    const auto index = id_slot(h.id);
-    auto& slot = allocations_[index];
-    // Not in the table though the generation is current: a restart has made
-    // it an orphan and dropped the lock (giving back the cache) before it
-    // advanced the generation. The orphan's count must see this end.
-    if (__builtin_expect(!slot.in_use || slot.version != id_version(h.id) || slot.views == 0, 0))
-      return end_orphaned_view(h);
-    --slot.views;
-    // One out-of-line path for both rare cases: a recorder call in here kept
-    // the slot and index in callee-saved registers on every lease's end.
-    if (__builtin_expect(slot.released || recording_ != nullptr, 0)) return end_view_out_of_line(h, index);
-    lock_.unlock();
-  }
-  [[gnu::noinline, gnu::cold]] void end_view_out_of_line(const DeviceHandle& h, std::uint32_t index) noexcept {
-    if (recording_) trace_view(TraceKind::ViewEnd, h, ViewHolder::Caller);
-    if (allocations_[index].released) finish_release_out_of_line(index);
-    lock_.unlock();
-  }
+  void end_view(const DeviceHandle& h) noexcept;
+  [[gnu::noinline, gnu::cold]] void end_view_out_of_line(const DeviceHandle& h, std::uint32_t index) noexcept;
 
   // Another lease of the view a live lease of `h` has (ViewLease::share):
   // counted where that lease is (the slot, or the orphan a restart or close
@@ -910,3 +757,5 @@ class BridgeCore {
 };
 
 }  // namespace devbridge::detail
+
+#include "core/bridge_core_inline.hpp"

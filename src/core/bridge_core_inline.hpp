@@ -1,0 +1,187 @@
+// The bridge core's hot paths, defined out of the class (bridge_core.hpp
+// declares them and includes this at its end): a copy, the completions that
+// end copies, and a view's lease. Defined in a header, not a .cpp, so that
+// Bridge's forwarding functions inline them; kept out of the class so that
+// bridge_core.hpp reads as the orchestrator's declarations.
+#pragma once
+
+#include "core/bridge_core.hpp"
+
+namespace devbridge::detail {
+
+template <class Ready>
+bool BridgeCore::wait_until(SpinLockHold& lock, std::chrono::steady_clock::time_point deadline, Ready ready) {
+  constexpr auto kSlice = std::chrono::milliseconds(2);
+  for (;;) {
+    drain_locked();
+    if (ready()) return true;
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return false;
+    lock.unlock();
+    // What it throws leaves with the lock dropped: nothing here is taken yet.
+    if (WaitCheck* check = WaitCheck::current()) [[unlikely]]
+      check->look(now);
+    {
+      const RuntimeLockReleased runtime;  // no sleep here with the GIL held
+      backend_->wait_for_completions(std::min<std::chrono::nanoseconds>(deadline - now, kSlice));
+    }
+    lock.lock();
+    enter(lock);
+  }
+}
+
+template <bool kPitched, class Host>
+CopyEvent BridgeCore::copy(CopyDirection direction, const Host& host, DeviceRange device, CopyMode mode,
+                           Admission admission, const CopyLayout& layout) {
+  check_timeout(admission.wait_for_room, "wait_for_room");
+  SpinLockHold lock(lock_);
+  enter(lock);
+  auto* slot = &allocation(device.handle);
+  validate_device_range(device, *slot);
+  const std::uint64_t bytes = checked_copy_bytes<kPitched>(host, device, *slot, layout);
+  auto host_key = locate_host(host, direction);
+  if (__builtin_expect(guarded_write(*slot, direction) || (mode == CopyMode::Async && !copies_.has_room(bytes)), 0))
+  {
+    const auto admitted = admit(lock, direction, host, device, bytes, mode, admission);
+    slot = admitted.slot;
+    host_key = admitted.host_key;
+  }
+
+  const auto alloc_index = id_slot(device.handle.id);
+  if (mode == CopyMode::Async) {
+    const auto id = copies_.begin_async(direction, alloc_index, host_key, bytes);  // before pin: it may throw
+    pin(*slot, direction, host_key);
+    const CopyEvent event{domain_, generation_, id};
+    // Submission is an enqueue: it stays under the lock, so a completion
+    // can never be drained before its record exists.
+    try {
+      backend_->submit_copy(
+          {direction, mode, event, host_data(host, host_key), slot->device, device.offset, bytes, layout});
+    } catch (...) {
+      // Never submitted, never handed out: the event stays unknown.
+      unpin(alloc_index, direction, host_key);
+      copies_.cancel_async(id);
+      rethrow_as_copy_error(direction);
+    }
+    copies_.submitted();
+    if (recording_) [[unlikely]]
+      trace_copy_begin(direction, device, id, bytes);
+    return event;
+  }
+
+  // Sync: the copy itself runs unlocked; pins keep memory and range alive.
+  // Its event is numbered only once it succeeded: a failed sync copy's
+  // event is never handed out, so no id of it can read as Completed.
+  pin(*slot, direction, host_key);
+  const std::uint64_t began = recording_ ? recording_ticks() : 0;
+  const CopyEvent unnumbered{domain_, generation_, CopyTimeline::kSyncEventBit};
+  const CopyRequest request{direction, mode,          unnumbered, host_data(host, host_key),
+                            slot->device, device.offset, bytes,      layout};
+  auto failure = gate_.run_unlocked(lock, [&] { backend_->submit_copy(request); });
+  unpin(alloc_index, direction, host_key);
+  if (began) [[unlikely]]  // trace_whole_slice checks the recorder is still on
+    trace_whole_slice(direction == CopyDirection::HostToDevice ? TraceTrack::CopyUp : TraceTrack::CopyDown, device,
+                      began, !failure);
+  if (failure) throw copy_error(direction, *failure);
+  return CopyEvent{domain_, generation_, copies_.complete_sync()};
+}
+
+[[gnu::always_inline]] inline void BridgeCore::pin(AllocationSlot& slot, CopyDirection direction,
+                                                   HostRing::Key host_key) {
+  ++slot.copies;
+  if (direction == CopyDirection::HostToDevice) ++slot.uploads;
+  if (__builtin_expect(host_key & kRegionPin, 0))
+    ++regions_[static_cast<std::uint32_t>(host_key)].copies;
+  else
+    ring_.pin(host_key);
+}
+
+[[gnu::always_inline]] inline void BridgeCore::unpin(std::uint32_t allocation, CopyDirection direction,
+                                                     HostRing::Key host_key) {
+  auto& slot = allocations_[allocation];
+  --slot.copies;
+  if (direction == CopyDirection::HostToDevice) --slot.uploads;
+  if (__builtin_expect(host_key & kRegionPin, 0))
+    --regions_[static_cast<std::uint32_t>(host_key)].copies;
+  else
+    ring_.unpin(host_key);
+  maybe_finish_release(allocation);
+}
+
+inline std::size_t BridgeCore::drain_locked() {
+  drained_.clear();
+  backend_->drain_completions(drained_);
+  // Once per drain, before they apply, out of line: a recorder call inside
+  // apply() kept it from being inlined into this loop (+10 instructions a
+  // completion, recording or not).
+  if (recording_ && !drained_.empty()) [[unlikely]]
+    trace_completions();
+  for (const auto& completion : drained_) apply(completion);
+  // Events settle and ranges unpin only in apply(): with nothing applied,
+  // no waiting range can have become releasable since the last scan.
+  if (__builtin_expect(!release_after_.empty(), 0) && !drained_.empty()) release_settled();
+  return drained_.size();
+}
+
+inline void BridgeCore::apply(const Completion& c) {
+  CopySlot* record = copies_.settling(c, domain_, generation_);
+  if (!record) return;
+  unpin(record->allocation, record->direction, record->host_key);
+  if (c.ok) return copies_.complete(c.event.id);
+  // The failure is remembered so the event reads back as Failed; the host
+  // range is unpinned and stays the caller's, to retry.
+  const ErrorKind kind = directed_kind(record->direction, c.error);
+  std::string message = c.message.empty() ? "the backend reported the copy failed" : c.message;
+  if (c.fatal) mark_broken(Error(kind, message, true));
+  copies_.record_failure(c.event.id, generation_, kind, std::move(message));
+}
+
+[[gnu::always_inline]] inline TensorView BridgeCore::view(const DeviceHandle& h, const ViewSpec& spec,
+                                                          ViewWait wait_mode) {
+  SpinLockHold lock(lock_);
+  enter(lock);
+  auto* slot = &allocation(h);
+  if (__builtin_expect(spec.dtype != slot->view_dtype, 0) &&
+      (slot->spec.dtype || dtypes_.element_size(spec.dtype) == 0))
+    fail_view_dtype(h, spec.dtype, *slot);
+  TensorView view = shape_view(h, spec, *slot, placement_);
+  if (__builtin_expect(slot->uploads != 0, 0)) {
+    if (wait_mode == ViewWait::Refuse) fail_view_during_upload(h, *slot);
+    refuse_waiting_for_own_write(h);
+    wait_until(lock, std::chrono::steady_clock::time_point::max(), [&] {
+      slot = &allocation(h);
+      return slot->uploads == 0;
+    });
+  }
+  call_backend([&] { backend_->validate_view(slot->device, view); });
+  ++slot->views;
+  ++outstanding_leases_;
+  if (recording_) [[unlikely]]
+    trace_view(TraceKind::ViewBegin, h, ViewHolder::Caller);
+  return view;
+}
+
+inline void BridgeCore::end_view(const DeviceHandle& h) noexcept {
+  lock_.lock();
+  --outstanding_leases_;
+  if (__builtin_expect(h.generation != generation_ || gate_.closed(), 0)) return end_orphaned_view(h);
+  const auto index = id_slot(h.id);
+  auto& slot = allocations_[index];
+  // Not in the table though the generation is current: a restart has made
+  // it an orphan and dropped the lock (giving back the cache) before it
+  // advanced the generation. The orphan's count must see this end.
+  if (__builtin_expect(!slot.in_use || slot.version != id_version(h.id) || slot.views == 0, 0))
+    return end_orphaned_view(h);
+  --slot.views;
+  // One out-of-line path for both rare cases: a recorder call in here kept
+  // the slot and index in callee-saved registers on every lease's end.
+  if (__builtin_expect(slot.released || recording_ != nullptr, 0)) return end_view_out_of_line(h, index);
+  lock_.unlock();
+}
+inline void BridgeCore::end_view_out_of_line(const DeviceHandle& h, std::uint32_t index) noexcept {
+  if (recording_) trace_view(TraceKind::ViewEnd, h, ViewHolder::Caller);
+  if (allocations_[index].released) finish_release_out_of_line(index);
+  lock_.unlock();
+}
+
+}  // namespace devbridge::detail
