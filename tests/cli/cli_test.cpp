@@ -560,6 +560,10 @@ INSTANTIATE_TEST_SUITE_P(
         // An empty path used to be taken for no --json at all, and the run went ahead.
         UsageCase{"JsonEmpty", {"stream", "--json", ""}, "--json: '' is not a path"},
         UsageCase{"JsonIsADirectory", {"stream", "--json", "."}, "--json: cannot write '.': Is a directory"},
+        // "--json --" wrote the report into a file named "--".
+        UsageCase{"JsonEndOfOptions", {"stream", "--bytes", "4096", "--json", "--"},
+                  "--json: '--' looks like an option, not a file name (for a file of that name give './--')"},
+        UsageCase{"TraceEndOfOptions", {"stream", "--bytes", "4096", "--trace", "--"}, "--trace: '--' looks like an option"},
         UsageCase{"JsonEndsInASlash", {"stream", "--json", "reports/"}, "--json: cannot write 'reports/'"},
         UsageCase{"DeviceNotThere", {"stream", "--backend", "host", "--device", "1"}, "this backend has one device"},
         // With the default --backend auto the device and the options are

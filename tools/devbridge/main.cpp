@@ -221,6 +221,7 @@ class JsonSink {
     path_ = *path;
     if (path_.empty()) throw UsageError("--json: '' is not a path (give a file name, or '-' for stdout)");
     if (path_ == "-") return;  // stdout
+    devbridge::cli::refuse_option_like_path("--json", path_);
     if (!std::filesystem::path(path_).has_filename())
       throw UsageError(fmt::format("--json: cannot write '{}': it names a directory", path_));
     // The rename would replace a file its owner made read-only.

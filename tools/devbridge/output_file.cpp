@@ -34,12 +34,19 @@ std::optional<std::string> link_target(const std::string& path) {
   }
 }
 
+void refuse_option_like_path(std::string_view option, const std::string& path) {
+  if (path.size() > 1 && path.front() == '-')
+    throw UsageError(fmt::format("{}: '{}' looks like an option, not a file name (for a file of that name give './{}')",
+                                 option, path, path));
+}
+
 void check_output_file(std::string_view option, const std::string& path) {
   const auto refuse = [&](const std::string& why) {
     throw UsageError(fmt::format("{}: cannot write '{}': {}", option, path, why));
   };
   if (path.empty()) throw UsageError(fmt::format("{}: give the file to write", option));
   if (path == "-") refuse("this option writes a file, not stdout");
+  refuse_option_like_path(option, path);
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) refuse(std::strerror(EISDIR));

@@ -10,13 +10,19 @@
 namespace devbridge::cli {
 
 // Throws UsageError naming `option`, `path` and why (the system's reason)
-// when `path` cannot be written at the end of a run: empty, "-", a directory,
+// when `path` cannot be written at the end of a run: empty, "-", one that
+// looks like an option (refuse_option_like_path), a directory,
 // a FIFO (the run would block on it after finishing until a reader came), a
 // file that is not writable, or, unless `path` is an existing character
 // device (/dev/null, written in place), a directory that does not exist or
 // cannot be written in. The directory is the one the file is really replaced
 // in: a symbolic link's target's, as devbridge::ReplacingFile resolves it.
 void check_output_file(std::string_view option, const std::string& path);
+
+// Throws UsageError when `path` starts with '-' and is not "-" itself
+// ("--", "-v"): an option or the end of options taken for a file name, which
+// would be written as a file named so. "./--" still names that file.
+void refuse_option_like_path(std::string_view option, const std::string& path);
 
 // `path` with its last component's symbolic links followed as
 // devbridge::ReplacingFile follows them (the chain walked even when its end
