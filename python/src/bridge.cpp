@@ -328,7 +328,9 @@ void bind_bridge(nb::module_& m) {
           "Closes the bridge at once: every blocked call (wait, a waiting view, a wait for room) and every later\n"
           "call raises Closed. Memory still exported (ring arrays, views, DLPack arrays, tinygrad tensors) stays\n"
           "valid and is freed when the last of it goes.")
-      .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
+      // Self for type checkers: `with Bridge() as b` is the subclass, with its methods.
+      .def("__enter__", [](nb::handle self) { return nb::borrow(self); },
+           nb::sig("def __enter__(self) -> typing_extensions.Self"))
       .def(
           "__exit__",
           [](PyBridge& b, nb::handle, nb::handle, nb::handle) {
@@ -433,6 +435,7 @@ void bind_bridge(nb::module_& m) {
             return register_host(b.state, obj, args::flag(writable, "writable"));
           },
           "obj"_a, nb::kw_only(), "writable"_a = true,
+          nb::sig("def register_host(self, obj: object, *, writable: object = True) -> HostRegion"),
           "Registers a C-contiguous buffer (numpy array, bytearray, mmap.mmap, memoryview) as a staging source\n"
           "beside the ring; returns a HostRegion, which holds the buffer until unregistered (or a restart or\n"
           "close). writable=False takes a read-only buffer (bytes, a read-only array) for host_to_device only.\n"
@@ -546,10 +549,12 @@ void bind_bridge(nb::module_& m) {
           "atomically (docs/TRACING.md, \"Trace format\").")
       .def(
           "trace", [](PyBridge& b) { return trace(*b.state); },
+          nb::sig("def trace(self) -> dict[str, typing.Any]"),
           "The recorded events as a dict, the JSON dump_trace writes.")
       .def(
           "memory_snapshot", [](PyBridge& b, nb::handle layout) { return memory_snapshot(*b.state, layout); },
           "layout"_a.none() = nb::none(),
+          nb::sig("def memory_snapshot(self, layout: str | None = None) -> dict[str, typing.Any]"),
           "Segments and blocks with their state, holders and recorded events, the ring and memory_stats(),\n"
           "as a dict (docs/TRACING.md, \"Memory snapshot format\"); layout None or \"devbridge\". layout=\"torch\": the dict PyTorch's\n"
           "torch.cuda.memory._snapshot() returns (segments, blocks and the recorded allocations and frees as\n"

@@ -563,7 +563,9 @@ void bind_host_regions(nb::module_& m) {
            "Unregisters now and lets go of the buffer. AllocationStillInUse while a copy uses it (nothing\n"
            "changes); OldGenerationHandle after a restart, UnknownDeviceHandle once unregistered, Closed after\n"
            "close (the buffer was let go then).")
-      .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
+      // Self for type checkers: `with Bridge() as b` is the subclass, with its methods.
+      .def("__enter__", [](nb::handle self) { return nb::borrow(self); },
+           nb::sig("def __enter__(self) -> typing_extensions.Self"))
       .def(
           "__exit__", [](PyHostRegion& r, nb::handle exc_type, nb::handle, nb::handle) { r.exit(!exc_type.is_none()); },
           "exc_type"_a.none(),

@@ -106,6 +106,7 @@ void bind_ring(nb::module_& m) {
             nb::object buffer = nb::cast(RingBuffer{ring.state, range});
             return nb::module_::import_("numpy").attr("frombuffer")(buffer, "dtype"_a = name);
           },
+          nb::sig("def ndarray(self, range: HostRange, dtype: object = 'uint8') -> numpy.ndarray"),
           "range"_a, "dtype"_a = "uint8", "numpy.frombuffer over the range (zero-copy, writable).")
       .def(
           "release", [](PyHostRing& ring, HostRange range) { ring.state->open().release_host(range); }, "range"_a,

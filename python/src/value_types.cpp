@@ -242,6 +242,7 @@ void bind_value_types(nb::module_& m) {
             return nb::module_::import_("devbridge._staging").attr("spec_for_array")(shape, dtype, alignment);
           },
           "shape"_a, "dtype"_a, "alignment"_a = 256,
+          nb::sig("def for_array(shape: object, dtype: object, alignment: object = 256) -> tuple[ObjectSpec, int]"),
           "(ObjectSpec, extent) for one array of shape and dtype, the extent rounded up to alignment (a power of\n"
           "two): devbridge.spec_for_array.")
       .def(

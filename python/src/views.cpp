@@ -271,7 +271,9 @@ void bind_views(nb::module_& m) {
           "Ends the view's lease (idempotent). With stream= (a consumer's queue: CUDA 1 legacy default, 2 per-thread,\n"
           "else a CUstream; OpenCL a cl_command_queue), the memory stays held until that queue has run the work\n"
           "enqueued on it so far (PyTorch's record_stream); Unsupported where the device's consumers have no queues.")
-      .def("__enter__", [](nb::handle self) { return nb::borrow(self); })
+      // Self for type checkers: `with Bridge() as b` is the subclass, with its methods.
+      .def("__enter__", [](nb::handle self) { return nb::borrow(self); },
+           nb::sig("def __enter__(self) -> typing_extensions.Self"))
       .def(
           "__exit__", [](PyTensorView& v, nb::handle, nb::handle, nb::handle) { v.close(); }, "exc_type"_a.none(),
           "exc"_a.none(), "tb"_a.none())
@@ -307,6 +309,7 @@ void bind_views(nb::module_& m) {
           "into the allocation has completed, and what to_tinygrad needs from it.")
       .def(
           "to_tinygrad", [](nb::handle self) { return tinygrad_helper("to_tinygrad")(self); },
+          nb::sig("def to_tinygrad(self) -> tinygrad.Tensor"),
           "A tinygrad.Tensor over this view's memory, zero-copy (see devbridge._tinygrad.to_tinygrad).")
       .def(
           "__dlpack__",
@@ -322,6 +325,8 @@ void bind_views(nb::module_& m) {
           },
           nb::kw_only(), "stream"_a.none() = nb::none(), "max_version"_a.none() = nb::none(),
           "dl_device"_a.none() = nb::none(), "copy"_a.none() = nb::none(),
+          nb::sig("def __dlpack__(self, *, stream: object | None = None, max_version: object | None = None, "
+                  "dl_device: object | None = None, copy: object | None = None) -> typing_extensions.CapsuleType"),
           "A DLPack capsule with its own lease (\"dltensor_versioned\" for max_version >= (1, 0), else\n"
           "\"dltensor\"); its deleter ends the lease, and on a device with streams the memory stays held until the\n"
           "consumer's stream has passed the work enqueued on it by then. Host views take stream None (or -1).")
