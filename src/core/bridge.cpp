@@ -404,6 +404,11 @@ void BridgeCore::end_step(StepId step, std::optional<ConsumerQueue> after) {
 void BridgeCore::launch_axpy(const DeviceRange& x, const DeviceRange& y, float a, float b) {
   SpinLockHold lock(lock_);
   enter(lock);
+  (void)allocation(x.handle);  // x's handle is refused before y's
+  // As free_device: a copy into y that ended unpolled holds nothing, so the
+  // completions waiting are applied before y's copies can refuse the launch
+  // (they may end either operand, which is looked up again).
+  if (allocation(y.handle).copies != 0) apply_completions_before_refusing();
   auto& xs = allocation(x.handle);
   auto& ys = allocation(y.handle);
   // Untyped operands are read as float32: their ranges must be aligned to it.

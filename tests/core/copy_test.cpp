@@ -129,6 +129,21 @@ TEST_F(CopyTest, UnregisterAfterACompletionNobodyPolledSucceeds) {
   bridge->free_device(h);
 }
 
+// And for axpy: an upload into y that ended unpolled does not refuse the
+// launch (it did, though free_device in the same state succeeded).
+TEST_F(CopyTest, AxpyAfterAnUploadNobodyPolledRuns) {
+  const ObjectSpec spec{4096, 256, DType::Float32};
+  const DeviceHandle x = bridge->alloc_device(spec, 512), y = bridge->alloc_device(spec, 512);
+  const HostRange range = filled_range(512, 9);
+  const CopyEvent e = bridge->host_to_device(range, DeviceRange{y, 0, 512}, CopyMode::Async);
+  EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationStillInUse,
+                         bridge->launch_axpy(DeviceRange{x, 0, 512}, DeviceRange{y, 0, 512}, 2.0f, 1.0f));
+  ASSERT_TRUE(fake->complete(e));  // ended in the backend; nothing polled since
+  bridge->launch_axpy(DeviceRange{x, 0, 512}, DeviceRange{y, 0, 512}, 2.0f, 1.0f);
+  EXPECT_EQ(bridge->stats().copies_in_flight, 0u);
+  bridge->release_host(range);
+}
+
 TEST_F(CopyTest, ADownloadStillInFlightKeepsRefusingAfterOthersComplete) {
   const DeviceHandle h = bridge->alloc_device(bytes_spec(), 512);
   const HostRange first = bridge->reserve(256), second = bridge->reserve(256);

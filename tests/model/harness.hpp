@@ -1669,6 +1669,10 @@ class Harness {
       const std::uint64_t elem = al.spec.dtype ? dtype_size(*al.spec.dtype) : 4;
       return r.len == 0 || r.offset > al.extent || r.len > al.extent - r.offset || (r.offset | r.len) % elem;
     };
+    // Copies into y that ended unpolled are applied before y's copies can
+    // refuse the launch (as free_device); that may end either operand.
+    if (!m.entry() && !m.handle_error(xh, &xi) && !m.handle_error(yh, &yi) && m.allocs[yi].copies != 0 && !m.broken)
+      m.drain();
     if (auto e = m.entry()) x = Expect::error(*e);
     else if (auto e1 = m.handle_error(xh, &xi)) x = Expect::error(*e1);
     else if (auto e2 = m.handle_error(yh, &yi)) x = Expect::error(*e2);
