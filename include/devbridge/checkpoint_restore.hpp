@@ -114,6 +114,9 @@ class RestoreStream {
   // InvalidRange naming `what`, `index` and how many targets there are, past the last.
   void check_index(std::size_t index, const char* what) const;
   void read_batch(TransferPlanner& planner, std::size_t first, std::size_t last);
+  // CheckpointError "was abandoned" once a stop was asked for: before each
+  // read, and while the planner waits for ring room or a copy.
+  void refuse_if_stopping();
   void fill(std::uint64_t file_offset, std::span<const std::span<std::byte>> pieces);
   void read_ahead(std::uint64_t end);
   // Batch [first, first + results.size()) landed: its copies kept, waiters

@@ -328,6 +328,10 @@ void RestoreStream::run() noexcept {
   try {
     TransferOptions transfer;
     transfer.wait_for_room = options_.wait_for_room;
+    // A stop ends a wait for ring room the caller holds (up to wait_for_room,
+    // and at least a minute while other transfers run) instead of keeping
+    // the stop's join waiting for it.
+    transfer.while_waiting = [this] { refuse_if_stopping(); };
     // A bridge closed (or restarting) before the first read refuses the
     // planner itself: named as a read's failure is, by the file and the
     // tensor the reading would have begun with.
@@ -405,13 +409,15 @@ void RestoreStream::land_batch(std::size_t first, std::vector<TransferResult>& r
   release_all(released);
 }
 
+void RestoreStream::refuse_if_stopping() {
+  std::lock_guard lock(mutex_);
+  if (stopping_) throw CheckpointError(fmt::format("the restore of {} was abandoned", where_));
+}
+
 void RestoreStream::fill(std::uint64_t at, std::span<const std::span<std::byte>> pieces) {
   std::uint64_t total = 0;
   for (const auto& piece : pieces) total += piece.size();
-  {
-    std::lock_guard lock(mutex_);
-    if (stopping_) throw CheckpointError(fmt::format("the restore of {} was abandoned", where_));
-  }
+  refuse_if_stopping();
   if (options_.before_read) options_.before_read(at, total);
   read_ahead(at + total);
   const bool crc = !options_.expected_crc32.empty();

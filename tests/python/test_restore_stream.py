@@ -388,3 +388,23 @@ def test_tensors_freed_before_an_abandon_are_let_go_with_the_rest(pb, rng, tmp_p
     # A released tensor whose copies were in flight goes once their completions are applied (poll: stats()
     # applies none, and the emulated CUDA driver completes only when asked).
     assert until(lambda: pb.poll() >= 0 and pb.stats()["live_allocations"] == before)
+
+
+def test_abandon_ends_the_readers_wait_for_ring_room_the_caller_holds(pb, rng, tmp_path):
+    # The reader waited for ring room the caller held (a minute, the restore's wait for room) and abandon()'s
+    # join waited with it; the reader now looks for the stop between its slices of that wait.
+    arrays, path = written(pb, rng, tmp_path)
+    before = pb.stats()["live_allocations"]
+    held = pb.ring.reserve(RING)  # every byte of the ring
+    try:
+        pending = pb.restore(path, wait=False)
+        abandoning = threading.Thread(target=pending.abandon)
+        abandoning.start()
+        abandoning.join(20)  # a bound for a hang, far below the minute the reader would wait
+        assert not abandoning.is_alive(), "abandon() waited for the ring room the caller holds"
+    finally:
+        pb.ring.release(held)
+    with pytest.raises(devbridge.CheckpointError, match="was abandoned"):
+        pending.wait()
+    assert all(t.freed for t in pending.values())
+    assert until(lambda: pb.poll() >= 0 and pb.stats()["live_allocations"] == before)
