@@ -664,3 +664,21 @@ def test_an_address_space_limit_is_named_when_it_refuses_host_memory():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "RLIMIT_AS, ulimit -v" in run.stdout, run.stdout
+
+
+@pytest.mark.parametrize("backend", ["host", "fake"])
+def test_a_ring_or_an_allocation_past_the_machines_memory_is_refused_not_killed(backend):
+    # Mapped anyway (overcommit), it was touched at once (mlock, the fake's fill) or by the first copy, and the
+    # system killed the process. Refused with AllocationFailed naming what the machine has; the bridge stays usable.
+    with open("/proc/meminfo") as meminfo:
+        fields = dict(line.split(":", 1) for line in meminfo)
+    has = sum(int(fields[key].split()[0]) * 1024 for key in ("MemAvailable", "SwapFree"))
+    huge = has + (4 << 30)
+    options = {"memory_bytes": 1 << 50} if backend == "fake" else {}
+    with pytest.raises(devbridge.AllocationFailed, match="the machine has"):
+        devbridge.Bridge(backend=backend, ring_bytes=huge, **options)
+    with devbridge.Bridge(backend=backend, ring_bytes=1 << 20, **options) as b:
+        with pytest.raises(devbridge.AllocationFailed, match="the machine has"):
+            b.alloc(devbridge.ObjectSpec(max_extent=huge, alignment=256, dtype="uint8"), huge)
+        assert b.stats()["live_allocations"] == 0
+        b.free(b.alloc(devbridge.ObjectSpec(max_extent=4096, alignment=256, dtype="uint8"), 4096))

@@ -25,6 +25,7 @@
 #include "backends/backend_options.hpp"
 #include "backends/host/copy_engine.hpp"
 #include "backends/host/system_info.hpp"
+#include "backends/system_memory.hpp"
 #include "devbridge/backends/host.hpp"
 #include "devbridge/checked.hpp"
 #include "devbridge/types.hpp"
@@ -89,7 +90,7 @@ std::string memlock_limit() {
 }
 
 std::string available_memory_text() {
-  const auto memory = detail::read_memory_info();
+  const auto memory = devbridge::detail::read_memory_info();
   std::string text = memory.problem.empty() ? fmt::format("{} bytes available", memory.available) : memory.problem;
   // An address-space limit refuses a mapping with ENOMEM however much memory
   // is free: name it, or the figure above points at a non-problem.
@@ -131,7 +132,7 @@ class HostBackend final : public Backend, private TestControls {
     info.host_addressable = true;
     info.cheap_registration = true;
     info.adopt = true;
-    const auto memory = detail::read_memory_info();
+    const auto memory = devbridge::detail::read_memory_info();
     info.total_memory = memory.total;
     info.free_memory = memory.available;
     for (const auto& dtype : all_dtypes()) info.dtypes.push_back(dtype.dtype);
@@ -169,6 +170,8 @@ class HostBackend final : public Backend, private TestControls {
                   fmt::format("host backend: allocate of {} bytes (alignment {}): too large for the address space",
                               bytes, effective_alignment));
     }
+    if (bytes >= devbridge::detail::kMemoryCheckFrom)
+      devbridge::detail::refuse_more_than_the_machine_has(bytes, fmt::format("host backend: allocate of {} bytes", bytes));
     const Memory memory = bytes >= kMapFrom ? map_aligned(bytes, effective_alignment)
                                             : allocate_from_heap(bytes, effective_alignment);
     if (bytes >= kHugePageFrom) advise_huge_pages(memory.data, bytes);
@@ -214,6 +217,10 @@ class HostBackend final : public Backend, private TestControls {
     }
     static_assert(sizeof(std::size_t) == sizeof(std::uint64_t), "the host backend assumes a 64-bit address space");
     const std::size_t mapped = static_cast<std::size_t>(*rounded);
+    // mlock below touches every page at once: a ring past the machine's memory would be killed there.
+    if (mapped >= devbridge::detail::kMemoryCheckFrom)
+      devbridge::detail::refuse_more_than_the_machine_has(
+          mapped, fmt::format("host backend: a host ring of {} bytes", bytes));
     void* memory = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (memory == MAP_FAILED) {
       const int error = errno;  // before reading /proc for the message

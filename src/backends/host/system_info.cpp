@@ -1,12 +1,10 @@
 #include "backends/host/system_info.hpp"
 
-#include <sys/sysinfo.h>
 #include <sys/utsname.h>
 
 #include <cerrno>
 #include <cstring>
 #include <fstream>
-#include <sstream>
 #include <string_view>
 
 #include "devbridge/checked.hpp"
@@ -22,48 +20,7 @@ std::string_view trim(std::string_view s) {
   return s.substr(first, last - first + 1);
 }
 
-// "MemTotal:       24683392 kB" -> bytes; false when the line is not `key`.
-bool parse_meminfo_line(std::string_view line, std::string_view key, std::uint64_t& bytes) {
-  if (line.substr(0, key.size()) != key || line.size() <= key.size() || line[key.size()] != ':') return false;
-  std::istringstream in{std::string(line.substr(key.size() + 1))};
-  std::uint64_t value = 0;
-  std::string unit;
-  if (!(in >> value)) return false;
-  in >> unit;
-  bytes = unit == "kB" ? checked::mul(value, 1024).value_or(UINT64_MAX) : value;  // saturates, never wraps
-  return true;
-}
-
 }  // namespace
-
-MemoryInfo read_memory_info() {
-  MemoryInfo info;
-  std::ifstream meminfo("/proc/meminfo");
-  bool have_total = false;
-  bool have_available = false;
-  if (meminfo) {
-    for (std::string line; std::getline(meminfo, line);) {
-      have_total = have_total || parse_meminfo_line(line, "MemTotal", info.total);
-      have_available = have_available || parse_meminfo_line(line, "MemAvailable", info.available);
-    }
-  }
-  if (have_total && have_available) return info;
-
-  struct sysinfo si {};
-  if (sysinfo(&si) != 0) {
-    info.problem = "memory unknown: /proc/meminfo unreadable and sysinfo failed: " + describe_errno(errno);
-    return info;
-  }
-  const std::uint64_t unit = si.mem_unit == 0 ? 1 : si.mem_unit;
-  // Figures that do not fit in 64 bits saturate.
-  if (!have_total) info.total = checked::mul(si.totalram, unit).value_or(UINT64_MAX);
-  // Without MemAvailable, free plus buffers is the closest sysinfo offers.
-  if (!have_available) {
-    const auto pages = checked::add(si.freeram, si.bufferram);
-    info.available = pages ? checked::mul(*pages, unit).value_or(UINT64_MAX) : UINT64_MAX;
-  }
-  return info;
-}
 
 std::string cpu_model_name() {
   std::ifstream cpuinfo("/proc/cpuinfo");

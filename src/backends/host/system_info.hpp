@@ -1,20 +1,11 @@
-// What the host backend reads about the machine it runs on: the CPU's name,
-// memory totals and errno spellings for messages.
+// What the host backend reads about the machine it runs on: the CPU's name
+// and errno spellings for messages (its memory: backends/system_memory.hpp).
 #pragma once
 
 #include <cstdint>
 #include <string>
 
 namespace devbridge::host::detail {
-
-struct MemoryInfo {
-  std::uint64_t total = 0;      // bytes, 0 when unknown
-  std::uint64_t available = 0;  // bytes, 0 when unknown
-  std::string problem;          // why the figures are missing, empty when they are not
-};
-
-// /proc/meminfo (MemTotal, MemAvailable), else sysinfo(2).
-MemoryInfo read_memory_info();
 
 // /proc/cpuinfo "model name" (or the ARM spellings), else "<machine> CPU"
 // from uname(2).
