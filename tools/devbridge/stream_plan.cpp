@@ -26,23 +26,20 @@ std::uint64_t round_up(std::uint64_t value, std::uint64_t multiple) { return (va
 constexpr int kFakeCallCount = fake::kCallCount;
 constexpr int kFakeFailureCount = static_cast<int>(fake::Failure::Fatal) + 1;
 
-std::string fake_call_names() {
+// The names of the fake's first `count` calls or failures, comma-separated.
+template <class Enum, class Name>
+std::string joined_names(int count, Name name) {
   std::string names;
-  for (int i = 0; i < kFakeCallCount; ++i) {
+  for (int i = 0; i < count; ++i) {
     if (i != 0) names += ", ";
-    names += fake::call_name(static_cast<fake::Call>(i));
+    names += name(static_cast<Enum>(i));
   }
   return names;
 }
 
-std::string fake_failure_names() {
-  std::string names;
-  for (int i = 0; i < kFakeFailureCount; ++i) {
-    if (i != 0) names += ", ";
-    names += fake::failure_name(static_cast<fake::Failure>(i));
-  }
-  return names;
-}
+std::string fake_call_names() { return joined_names<fake::Call>(kFakeCallCount, fake::call_name); }
+
+std::string fake_failure_names() { return joined_names<fake::Failure>(kFakeFailureCount, fake::failure_name); }
 
 // The calls on which `failure` can fire, as the fake backend defines it.
 std::string calls_for(fake::Failure failure) {
