@@ -34,4 +34,23 @@ class WaitCheck {
   WaitCheck* outer_;
 };
 
+// While one lives on this thread, a call that would wait for a restart in
+// progress fails at once instead, with OldGenerationHandle: the restart
+// retires the generation and frees what the call would have let go. For
+// code that must never block: finalizers (Python's __del__, a binding
+// object's destructor), which the collector runs on whatever thread
+// allocates, a thread the restart itself waits for included.
+class NoWaitForRestart {
+ public:
+  NoWaitForRestart() noexcept;
+  ~NoWaitForRestart();
+  NoWaitForRestart(const NoWaitForRestart&) = delete;
+  NoWaitForRestart& operator=(const NoWaitForRestart&) = delete;
+
+  static bool active() noexcept;
+
+ private:
+  bool outer_;
+};
+
 }  // namespace devbridge

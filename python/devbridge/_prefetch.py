@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from ._devbridge import Bridge, DeviceHandle, ObjectSpec, _alloc_into
+from ._devbridge import Bridge, DeviceHandle, ObjectSpec, _alloc_into, _without_waiting_for_a_restart
 from ._errors import AllocationStillInUse, BridgeError, Broken, Closed
 from ._intake import _dtype_name, _intake
 from ._staging import (DeviceTensor, _checked_timeout, _cleanup, _free_or_release, _NotCopyable, _stage_into,
@@ -460,7 +460,7 @@ class Prefetcher(_NotCopyable):
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
             try:
-                self.close()
+                _without_waiting_for_a_restart(self.close)  # as DeviceTensor.__del__: never waiting for a restart
             except Exception:  # noqa: BLE001 - nothing to raise to from a finalizer
                 pass
 

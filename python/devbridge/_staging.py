@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from ._devbridge import (MAX_RANK, Bridge, CopyEvent, DeviceHandle, HostRange, ObjectSpec, TransferPlanner,
-                         _adopt_owned, _alloc_owned, _OwnedAllocation, dtype_info)
+                         _adopt_owned, _alloc_owned, _OwnedAllocation, _without_waiting_for_a_restart, dtype_info)
 from ._errors import AllocationStillInUse, BridgeError, Closed, InvalidAlignment, InvalidRange, UnknownDeviceHandle
 from ._intake import _bits_dtype, _dtype_name, _intake, _numpy_dtype
 
@@ -562,9 +562,12 @@ class DeviceTensor(_NotCopyable):
     def __del__(self) -> None:
         # Dropped without free(): the allocation goes as the memory of any Python object does (deferred while a
         # view, DLPack array or tinygrad tensor from it still reads it). Never raises: it may run at any point.
+        # Never waiting for a restart: the collector may run this on a thread the restart itself waits for (a
+        # checkpoint's checksum thread starting up inside the restart's in-place read), and the restart frees
+        # the allocation anyway.
         try:
             if not getattr(self, "_freed", True):
-                self.free()
+                _without_waiting_for_a_restart(self.free)
         except BaseException:  # noqa: BLE001 - a closed bridge, an interpreter shutting down
             pass
 

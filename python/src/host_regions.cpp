@@ -27,6 +27,7 @@
 #include <Python.h>
 #include <nanobind/nanobind.h>
 
+#include "devbridge/wait_check.hpp"
 #include "devbridge/bridge.hpp"
 #include "devbridge/types.hpp"
 #include "arguments.hpp"
@@ -211,6 +212,7 @@ struct PyHostRegion {
   // it to the state (reap_dropped, restart, close).
   void drop() noexcept {
     if (!reg) return;
+    const NoWaitForRestart finalizing;  // the collector may run this on a thread a restart waits for
     reg->owned = false;
     if (reg->held && try_unregister(*state, *reg) != Unregistered::Kept) release_one(*state, *reg);
   }

@@ -7,6 +7,7 @@
 
 #include <nanobind/nanobind.h>
 
+#include "devbridge/wait_check.hpp"
 #include "arguments.hpp"
 #include "bindings.hpp"
 
@@ -25,6 +26,7 @@ void OwnedAllocation::let_go() noexcept {
   if (!std::exchange(owned, false) || !state) return;
   BridgeState& s = *state;
   if (s.closed.load(std::memory_order_acquire) || s.inherited_by_fork() || interpreter_exiting()) return;
+  const NoWaitForRestart finalizing;  // the collector may run this on a thread a restart waits for
   try {
     s.bridge->release(handle);
   } catch (...) {
@@ -88,6 +90,16 @@ void bind_owned_allocation(nb::module_& m) {
         return owned_allocation(std::move(state), handle);
       },
       "bridge"_a, "range"_a, "spec"_a, "Bridge.adopt_host, the allocation returned as an _OwnedAllocation.");
+  m.def(
+      "_without_waiting_for_a_restart",
+      [](nb::callable call) {
+        const NoWaitForRestart finalizing;
+        return call();
+      },
+      "call"_a,
+      "call() with every bridge call it makes that would wait for a restart in progress refused at once\n"
+      "(OldGenerationHandle) instead: for finalizers, which the collector runs on whatever thread allocates,\n"
+      "a thread the restart waits for included.");
 }
 
 }  // namespace devbridge::python

@@ -70,6 +70,11 @@ void BridgeCore::detach_owner() noexcept {
 }
 
 [[gnu::noinline]] void BridgeCore::enter_slow() {
+  if (gate_.restarting() && !gate_.closed() && NoWaitForRestart::active())
+    fail(ErrorKind::OldGenerationHandle,
+         "bridge (domain {}) is restarting into a new generation, and this call may not wait for it (a finalizer): "
+         "the restart frees what it would have let go",
+         domain_);
   // A close refuses at once, even while it is still quiescing.
   gate_.block_while(lock_, [&] { return gate_.restarting() && !gate_.closed(); });
   if (gate_.fences_pending() && !gate_.restarting() && !gate_.closed()) reap_fences();

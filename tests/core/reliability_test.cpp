@@ -7,7 +7,9 @@
 #include <future>
 #include <thread>
 
+#include "devbridge/backends/host.hpp"
 #include "devbridge/checked.hpp"
+#include "devbridge/wait_check.hpp"
 #include "support.hpp"
 
 namespace devbridge::testing {
@@ -196,6 +198,46 @@ TEST_F(ReliabilityTest, NegativeTimeoutsAreRefused) {
   EXPECT_DEVBRIDGE_ERROR(ErrorKind::InvalidRange,
                          bridge->host_to_device(up, {h, 0, 4096}, CopyMode::Async, Admission{-1ns}));
   EXPECT_EQ(bridge->stats().copies_in_flight, 1u);
+}
+
+// A finalizer (NoWaitForRestart on its thread) never waits for a restart:
+// the collector may run it on a thread the restart itself waits for. Here a
+// restart waits for an in-place read whose callback waits for another
+// thread's call, as a checkpoint's read waited for its checksum thread to
+// start while a finalizer on that thread waited for the restart: the whole
+// process stopped. The call is refused (OldGenerationHandle) instead.
+TEST(NoWaitForRestart, AFinalizersCallDuringARestartIsRefusedInsteadOfWaiting) {
+  Bridge b(host::make_host_backend(), BridgeOptions{1, 1 << 20, 0});
+  const DeviceHandle read = b.alloc_device(bytes_spec(), 4096);
+  const DeviceHandle dropped = b.alloc_device(bytes_spec(), 4096);
+  const DeviceRange range{read, 0, 4096};
+  std::thread restarter;
+  std::atomic<bool> refused{false};
+  b.read_in_place(std::span(&range, 1), [&](auto) {
+    restarter = std::thread([&] { b.restart(2); });
+    // Each try on a thread of its own, as the collector's would be; before the restart begins, extent()
+    // answers, and once it has, the call must be refused, not wait for the restart (which waits for this
+    // callback: without the scope, the try would never end).
+    auto finalizer = std::async(std::launch::async, [&] {
+      const NoWaitForRestart finalizing;
+      const auto deadline = std::chrono::steady_clock::now() + 20s;
+      while (std::chrono::steady_clock::now() < deadline) {
+        try {
+          (void)b.extent(dropped);
+        } catch (const Error& e) {
+          refused = e.kind() == ErrorKind::OldGenerationHandle;
+          if (refused) EXPECT_THROW(b.release(dropped), Error);  // a release too: the restart frees it
+          return;
+        }
+        std::this_thread::sleep_for(1ms);
+      }
+    });
+    EXPECT_EQ(finalizer.wait_for(30s), std::future_status::ready) << "the finalizer's call waited for the restart";
+  });
+  restarter.join();
+  EXPECT_TRUE(refused);
+  EXPECT_EQ(b.generation(), 2u);
+  EXPECT_EQ(b.stats().live_allocations, 0u);  // the restart freed both
 }
 
 TEST(CheckedArithmetic, SecondsSaturateAndRefuseNegativeOrNaN) {
