@@ -66,16 +66,16 @@ MemoryInfo read_memory_info() {
   return info;
 }
 
-void refuse_more_than_the_machine_has(std::uint64_t bytes, std::string_view what) {
+void check_the_machine_can_back(std::uint64_t mapped, std::string_view call, std::uint64_t asked) {
   const MemoryInfo memory = read_memory_info();
   if (!memory.problem.empty() || memory.available == 0) return;
   const std::uint64_t can_back = checked::add(memory.available, memory.swap_free).value_or(UINT64_MAX);
-  if (bytes <= can_back) return;
+  if (mapped <= can_back) return;
   throw Error(ErrorKind::AllocationFailed,
-              fmt::format("{}: the machine has {} bytes ({:.1f} GiB) to back it ({:.1f} GiB of memory available and "
+              fmt::format("{} of {} bytes: the machine has {} bytes ({:.1f} GiB) to back it ({:.1f} GiB of memory available and "
                           "{:.1f} GiB of free swap, of {:.1f} GiB in all); mapped anyway, the process would be killed "
                           "as its pages were used",
-                          what, can_back, gib(can_back), gib(memory.available), gib(memory.swap_free),
+                          call, asked, can_back, gib(can_back), gib(memory.available), gib(memory.swap_free),
                           gib(memory.total)));
 }
 

@@ -23,12 +23,20 @@ MemoryInfo read_memory_info();
 // (reading /proc costs microseconds; a smaller one is any program's malloc).
 inline constexpr std::uint64_t kMemoryCheckFrom = 64ull << 20;
 
-// Throws AllocationFailed, naming `what` ("host backend: allocate of N
-// bytes"), when `bytes` (at least kMemoryCheckFrom) is more than the machine
-// can back now: its available memory plus free swap. The kernel would map it
-// (overcommit), and the process would be killed once its pages were touched
-// (mlock touches them all at once). Nothing is refused when the figures are
-// unknown.
-void refuse_more_than_the_machine_has(std::uint64_t bytes, std::string_view what);
+// Throws AllocationFailed, naming the call ("host backend: allocate") and the
+// bytes its caller asked for, when `mapped` (what the call would map: `asked`
+// rounded up) is more than the machine can back now: its available memory
+// plus free swap. The kernel would map it (overcommit), and the process would
+// be killed once its pages were touched (mlock touches them all at once).
+// Below kMemoryCheckFrom nothing is read; nothing is refused when the figures
+// are unknown.
+inline void refuse_more_than_the_machine_has(std::uint64_t mapped, std::string_view call, std::uint64_t asked);
+
+// The check itself, out of line: most allocations never reach it.
+[[gnu::cold]] void check_the_machine_can_back(std::uint64_t mapped, std::string_view call, std::uint64_t asked);
+
+inline void refuse_more_than_the_machine_has(std::uint64_t mapped, std::string_view call, std::uint64_t asked) {
+  if (mapped >= kMemoryCheckFrom) check_the_machine_can_back(mapped, call, asked);
+}
 
 }  // namespace devbridge::detail

@@ -68,8 +68,7 @@ inline SharedBytes allocate_bytes(std::uint64_t bytes, std::uint64_t alignment, 
     throw Error(ErrorKind::AllocationFailed, std::string(call) + ": " + std::to_string(bytes) +
                                                  " bytes: larger than the address space");
   // The fill below touches every page: past the machine's memory the process would be killed there.
-  if (size >= detail::kMemoryCheckFrom)
-    detail::refuse_more_than_the_machine_has(size, std::string(call) + ": " + std::to_string(bytes));
+  detail::refuse_more_than_the_machine_has(size, call, bytes);
   const auto align = std::align_val_t{static_cast<std::size_t>(alignment)};
   auto* raw = static_cast<std::byte*>(::operator new(static_cast<std::size_t>(size), align));
   std::memset(raw, static_cast<int>(kFreshMemoryPattern), static_cast<std::size_t>(size));

@@ -52,7 +52,7 @@ DeviceAllocation FakeBackend::allocate(std::uint64_t bytes, std::uint64_t alignm
   } else {
     try {
       allocation.memory =
-          allocate_bytes(bytes, std::max(alignment, kMinDeviceAlignment), "fake allocate: bytes asked");
+          allocate_bytes(bytes, std::max(alignment, kMinDeviceAlignment), "fake allocate");
       allocation.bytes = bytes;
     } catch (const std::bad_alloc&) {
       throw out_of_memory();
@@ -123,7 +123,7 @@ HostBlock FakeBackend::allocate_host(std::uint64_t bytes) {
                                                  std::to_string(s.memory_bytes));
   State::HostBlockRecord block;
   try {
-    block = {allocate_bytes(bytes, kHostBlockAlignment, "fake allocate_host: host bytes asked"), bytes};
+    block = {allocate_bytes(bytes, kHostBlockAlignment, "fake allocate_host"), bytes};
   } catch (const std::bad_alloc&) {
     throw Error(ErrorKind::AllocationFailed,
                 "fake allocate_host: out of host memory: " + std::to_string(bytes) + " host bytes asked");

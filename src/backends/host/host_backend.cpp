@@ -170,8 +170,7 @@ class HostBackend final : public Backend, private TestControls {
                   fmt::format("host backend: allocate of {} bytes (alignment {}): too large for the address space",
                               bytes, effective_alignment));
     }
-    if (bytes >= devbridge::detail::kMemoryCheckFrom)
-      devbridge::detail::refuse_more_than_the_machine_has(bytes, fmt::format("host backend: allocate of {} bytes", bytes));
+    devbridge::detail::refuse_more_than_the_machine_has(bytes, "host backend: allocate", bytes);
     const Memory memory = bytes >= kMapFrom ? map_aligned(bytes, effective_alignment)
                                             : allocate_from_heap(bytes, effective_alignment);
     if (bytes >= kHugePageFrom) advise_huge_pages(memory.data, bytes);
@@ -218,9 +217,7 @@ class HostBackend final : public Backend, private TestControls {
     static_assert(sizeof(std::size_t) == sizeof(std::uint64_t), "the host backend assumes a 64-bit address space");
     const std::size_t mapped = static_cast<std::size_t>(*rounded);
     // mlock below touches every page at once: a ring past the machine's memory would be killed there.
-    if (mapped >= devbridge::detail::kMemoryCheckFrom)
-      devbridge::detail::refuse_more_than_the_machine_has(
-          mapped, fmt::format("host backend: a host ring of {} bytes", bytes));
+    devbridge::detail::refuse_more_than_the_machine_has(mapped, "host backend: allocate_host (a host ring)", bytes);
     void* memory = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (memory == MAP_FAILED) {
       const int error = errno;  // before reading /proc for the message
