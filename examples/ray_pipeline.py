@@ -23,6 +23,7 @@ import shutil
 import sys
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
@@ -96,14 +97,18 @@ def main(argv=None) -> int:
         b = start_worker(backend_b, checkpoint=os.path.join(directory, "b.safetensors"))
         ids = [ray.get(w.identity.remote(), timeout=args.timeout) for w in (a, b)]
         print(f"worker A: {ids[0]['device']} (pid {ids[0]['pid']}), worker B: {ids[1]['device']} (pid {ids[1]['pid']})")
-        get = lambda ref: ray.get(ref, timeout=args.timeout)  # noqa: E731
+
+        def get(ref: Any) -> Any:
+            return ray.get(ref, timeout=args.timeout)
+
         get([a.put.remote("w1", w1), a.put.remote("b1", b1), a.checkpoint.remote()])
         get([b.put.remote("w2", w2), b.put.remote("acc", np.zeros(args.out, np.float32)),
              b.put.remote("step", np.zeros(1, np.int32))])
         get(b.checkpoint.remote())
         state = get(b.run.remote(lambda acc, step: (acc, step), ["acc", "step"], ["acc", "step"]))  # gen-1 tokens
         generation = 1
-        k, in_flight, restarts, killed = 0, [], 0, False
+        k, restarts, killed = 0, 0, False
+        in_flight: list[tuple[int, Any, Any]] = []  # (batch, its state's refs, its checkpoint's ref)
         while k < args.batches or in_flight:
             # Submit batch k (two in flight at most).
             if k < args.batches and len(in_flight) < 2:

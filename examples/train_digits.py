@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def load_data() -> tuple[np.ndarray, np.ndarray]:
-    from sklearn.datasets import load_digits
+    from sklearn.datasets import load_digits  # type: ignore[import-untyped]
 
     digits = load_digits()
     images = (digits.data / 16.0).astype(np.float32)  # pixels are 0..16

@@ -49,6 +49,15 @@ def test_the_readme_python_examples_type_check(tmp_path):
 
 
 @needs_mypy
+def test_the_example_programs_type_check():
+    examples = pathlib.Path(__file__).resolve().parents[2] / "examples"
+    done = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental", "--cache-dir", os.devnull,
+                           *sorted(str(p) for p in examples.glob("*.py"))],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@needs_mypy
 def test_a_checker_catches_a_misuse(tmp_path):
     done = run_mypy(tmp_path, "import devbridge\n"
                               "with devbridge.Bridge() as bridge:\n"
