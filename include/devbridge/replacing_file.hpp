@@ -51,6 +51,13 @@ class ReplacingFile {
   // be read.
   static std::string written_through(const std::string& path);
 
+  // 0 when a file can be made in `directory` now (one is made there, as a
+  // write's temporary is, and removed), else the system's reason (errno).
+  // What a caller checks when it is handed a path, before the work whose
+  // result goes there: access(2) says yes to root for every directory,
+  // /proc and /sys included, which take no new file.
+  static int error_making_a_file_in(const std::string& directory) noexcept;
+
   const std::string& path() const noexcept { return path_; }
   // The temporary file's path (empty when written in place): what a signal
   // handler removes, since no destructor runs there.

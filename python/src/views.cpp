@@ -264,8 +264,10 @@ void bind_views(nb::module_& m) {
       .def(
           "close",
           [](PyTensorView& v, nb::handle stream) {
-            if (stream.is_none() || v.closed()) return v.close();
-            v.close_after(args::integer<std::uintptr_t>(stream, "stream"));
+            if (stream.is_none()) return v.close();
+            const auto queue = args::integer<std::uintptr_t>(stream, "stream");  // checked on a closed view too
+            if (v.closed()) return;
+            v.close_after(queue);
           },
           "stream"_a.none() = nb::none(),
           "Ends the view's lease (idempotent). With stream= (a consumer's queue: CUDA 1 legacy default, 2 per-thread,\n"

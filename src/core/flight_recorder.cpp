@@ -134,10 +134,8 @@ RecordOptions FlightRecorder::check_options(const RecordOptions& given) {
     fail(ErrorKind::Unavailable, "record: oom_dump_dir {}: {}", directory, std::strerror(error));
   }
   if (!S_ISDIR(st.st_mode)) fail(ErrorKind::Unavailable, "record: oom_dump_dir {} is not a directory", directory);
-  if (::access(directory.c_str(), W_OK | X_OK) != 0) {
-    const int error = errno;
+  if (const int error = ReplacingFile::error_making_a_file_in(directory); error != 0)
     fail(ErrorKind::Unavailable, "record: oom_dump_dir {}: cannot write in it: {}", directory, std::strerror(error));
-  }
   return options;
 }
 

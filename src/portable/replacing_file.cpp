@@ -56,6 +56,21 @@ std::string ReplacingFile::written_through(const std::string& path) {
   return target;
 }
 
+int ReplacingFile::error_making_a_file_in(const std::string& directory) noexcept {
+  static std::atomic<std::uint64_t> probes{0};
+  try {
+    const std::string probe =
+        temporary_name(directory + "/devbridge-probe", probes.fetch_add(1, std::memory_order_relaxed));
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) return errno == EEXIST ? 0 : errno;  // another file of that name: files can be made there
+    ::close(fd);
+    ::unlink(probe.c_str());
+    return 0;
+  } catch (...) {
+    return ENOMEM;  // the name could not be made
+  }
+}
+
 ReplacingFile::ReplacingFile(std::string path, NotRegular not_regular) : path_(std::move(path)) {
   if (path_.empty()) throw Error(ErrorKind::InvalidRange, "cannot write a file of no name");
   struct stat existing {};

@@ -565,6 +565,9 @@ INSTANTIATE_TEST_SUITE_P(
                   "--json: '--' looks like an option, not a file name (for a file of that name give './--')"},
         UsageCase{"TraceEndOfOptions", {"stream", "--bytes", "4096", "--trace", "--"}, "--trace: '--' looks like an option"},
         UsageCase{"JsonEndsInASlash", {"stream", "--json", "reports/"}, "--json: cannot write 'reports/'"},
+        // A directory that takes no new file, though access(2) says it does to root: refused before the run.
+        UsageCase{"TraceInProc", {"stream", "--bytes", "4096", "--trace", "/proc/t.json"},
+                  "--trace: cannot write '/proc/t.json': /proc: "},
         UsageCase{"DeviceNotThere", {"stream", "--backend", "host", "--device", "1"}, "this backend has one device"},
         // With the default --backend auto the device and the options are
         // checked on the backend auto picks, before anything runs (they used

@@ -122,6 +122,10 @@ def test_a_stream_that_is_not_a_queue_number_is_refused_with_the_python_exceptio
         b.end_step(3, stream=bad)
     b.end_step(3)
     view.close()
+    # Checked on a closed view too (it returned None for any value).
+    with pytest.raises(TypeError if isinstance(bad, (str, float)) else OverflowError):
+        view.close(stream=bad)
+    view.close(stream=QUEUE)  # a queue number on a closed view: nothing to do
 
 
 def test_host_views_have_no_consumer_streams():

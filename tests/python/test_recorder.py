@@ -319,7 +319,8 @@ def test_dumps_to_one_path_at_once_each_write_a_whole_file(fake_bridge, tmp_path
 def test_an_oom_dump_dir_that_cannot_take_the_dump_is_refused_when_recording_starts(fake_bridge, tmp_path):
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
-    for directory in (tmp_path / "missing", a_file):
+    # /proc takes no new file, though access(2) says it does to root.
+    for directory in (tmp_path / "missing", a_file, pathlib.Path("/proc")):
         with pytest.raises(devbridge.Unavailable, match=str(directory)):
             fake_bridge.record(oom_dump_dir=directory)
     fake_bridge.free(fake_bridge.alloc(F32, 4096))

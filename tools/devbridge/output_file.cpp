@@ -69,7 +69,8 @@ void check_output_file(std::string_view option, const std::string& path) {
   const std::string directory = name.has_parent_path() ? name.parent_path().string() : std::string(".");
   if (::stat(directory.c_str(), &st) != 0) refuse(fmt::format("{}: {}", directory, std::strerror(errno)));
   if (!S_ISDIR(st.st_mode)) refuse(fmt::format("{}: {}", directory, std::strerror(ENOTDIR)));
-  if (::access(directory.c_str(), W_OK | X_OK) != 0) refuse(fmt::format("{}: {}", directory, std::strerror(errno)));
+  if (const int error = ReplacingFile::error_making_a_file_in(directory); error != 0)
+    refuse(fmt::format("{}: {}", directory, std::strerror(error)));
 }
 
 namespace {
