@@ -185,9 +185,9 @@ def replay(cli, work):
     expected = (
         "pool_reuse.trace.json: 4 allocations and 5 frees, replayed on a fake device of 3.00 MiB\n"
         "policy                  peak reserved  peak allocated  backend allocs  cache hits  out of memory\n"
-        "no caching pool              3.00 MiB        3.00 MiB               4           0             no\n"
-        "caching pool                 3.00 MiB        3.00 MiB               2           2             no\n"
-        "caching pool, cap 0          3.00 MiB        3.00 MiB               2           2             no\n"
+        "no caching pool              3.00 MiB        3.00 MiB               4           0  no\n"
+        "caching pool                 3.00 MiB        3.00 MiB               2           2  no\n"
+        "caching pool, cap 0          3.00 MiB        3.00 MiB               2           2  no\n"
         "skipped: event 18: free of 1:1:9, not allocated in the replay\n")
     assert outputs[0] == expected, outputs[0]
     # --pool-cap adds a capped pool per size; the policy column widens to fit.
@@ -195,15 +195,15 @@ def replay(cli, work):
                  "--pool-cap", "1MiB", "--pool-cap", "512KiB").stdout.splitlines()
     assert capped[1].startswith("policy" + " " * 24 + "peak reserved"), capped[1]
     assert capped[5:7] == [
-        "caching pool, cap 1.00 MiB         3.00 MiB        3.00 MiB               2           2             no",
-        "caching pool, cap 512.00 KiB       3.00 MiB        3.00 MiB               2           2             no"], capped
+        "caching pool, cap 1.00 MiB         3.00 MiB        3.00 MiB               2           2  no",
+        "caching pool, cap 512.00 KiB       3.00 MiB        3.00 MiB               2           2  no"], capped
     done = run(cli, "trace", "replay", "pool_reuse.trace.json", "--pool-cap", "lots", expect=2)
     assert "--pool-cap: 'lots' is not a size" in done.stderr, done.stderr
     # Absurd sizes, a live handle allocated again, a double free: each named by
     # its event, in the trace's order, and nothing crashes.
     absurd = run(cli, "trace", "replay", "absurd_sizes.trace.json").stdout.splitlines()
     # 2**64 - 1 bytes (odd: aligned to 1) and 2**63 are more than any device holds.
-    assert absurd[2].endswith("2, first event 0 (16384.00 PiB of 1:1:1)"), absurd[2]
+    assert absurd[2].endswith("           0  2, first event 0 (16384.00 PiB of 1:1:1)"), absurd[2]  # under its header
     assert [line.split(":", 2)[1] for line in absurd[5:]] == [" event 1", " event 2", " event 6", " event 8"], absurd
     assert absurd[5] == "skipped: event 1: allocate of 1:1:2 without a size in bytes", absurd[5]
     assert absurd[7:] == ["skipped: event 6: allocate of 1:1:5, which is live",

@@ -168,10 +168,11 @@ std::string format_replay(const ReplayReport& report) {
                                 report.allocations, report.frees, format_bytes(report.device_memory));
   std::size_t policy_width = 22;  // the policy column fits the longest name (a --pool-cap one)
   for (const auto& r : report.results) policy_width = std::max(policy_width, r.policy.size());
-  out += fmt::format("{:<{}} {:>14} {:>15} {:>15} {:>11} {:>14}\n", "policy", policy_width, "peak reserved",
+  // The last column is left-aligned: its text ("4, first event 35 (256.00 KiB of 1:1:7)") is wider than its header.
+  out += fmt::format("{:<{}} {:>14} {:>15} {:>15} {:>11}  {}\n", "policy", policy_width, "peak reserved",
                      "peak allocated", "backend allocs", "cache hits", "out of memory");
   for (const auto& r : report.results)
-    out += fmt::format("{:<{}} {:>14} {:>15} {:>15} {:>11} {:>14}\n", r.policy, policy_width,
+    out += fmt::format("{:<{}} {:>14} {:>15} {:>15} {:>11}  {}\n", r.policy, policy_width,
                        format_bytes(r.peak_reserved),
                        format_bytes(r.peak_allocated), r.backend_allocations, r.cache_hits,
                        r.out_of_memory == 0 ? std::string("no")
