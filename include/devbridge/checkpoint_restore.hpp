@@ -150,7 +150,7 @@ class RestoreStream {
   };
 
   Bridge& bridge_;
-  int fd_;
+  int fd_;  // a duplicate of the caller's; closed (-1) by the reader as it ends
   std::uint64_t data_start_;
   std::vector<RestoreTarget> targets_;
   RestoreOptions options_;

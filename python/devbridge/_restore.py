@@ -278,6 +278,15 @@ class _Landing:
     def done(self) -> bool:
         return self._stream.done() or self._stream.landed(self._index, 0)
 
+    def landed_quietly(self) -> bool:
+        """``done()`` without its error: False where the reading failed or is stopping before the tensor landed
+        (it raises then, until the reader has ended), for what must not raise the restore's error (``free()``,
+        ``repr``)."""
+        try:
+            return self.done()
+        except Exception:  # noqa: BLE001 - the restore's error is the restore's to raise
+            return False
+
     def result(self, timeout: float | None = None) -> list:
         if not self._stream.landed(self._index, timeout):
             raise FutureTimeout()

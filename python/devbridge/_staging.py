@@ -518,7 +518,8 @@ class DeviceTensor(_NotCopyable):
         if self._freed:
             return
         landing = self._landing
-        if landing is not None and self._owner is not None and not landing.done():
+        # Not landed, or the reading failed first: let go by the reader once it ends (at once if it has).
+        if landing is not None and self._owner is not None and not landing.landed_quietly():
             landing.release_when_landed(self._owner)
             self._freed = True
             return
@@ -572,7 +573,7 @@ class DeviceTensor(_NotCopyable):
             pass
 
     def __repr__(self) -> str:
-        landing = self._landing is not None and not self._landing.done()
+        landing = self._landing is not None and not self._landing.landed_quietly()
         state = "freed" if self._freed else ("pending" if landing or self._events and not self._all_done() else "ready")
         return f"DeviceTensor(shape={self.shape}, dtype={self.dtype!r}, handle={self._handle!r}, {state})"
 

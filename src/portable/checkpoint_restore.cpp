@@ -234,7 +234,7 @@ RestoreStream::RestoreStream(Bridge& bridge, int fd, std::uint64_t data_start, s
 
 RestoreStream::~RestoreStream() {
   stop();
-  ::close(fd_);
+  if (fd_ >= 0) ::close(fd_);  // a reader that never ran
 }
 
 void RestoreStream::request_stop() {
@@ -367,6 +367,10 @@ void RestoreStream::run() noexcept {
   } catch (...) {
     error = std::current_exception();
   }
+  // The reading is over (the helper's read too): the file is not kept open
+  // until the stream goes, which a failed restore's Python objects, held
+  // in a cycle by its error's traceback, put off until the collector ran.
+  ::close(std::exchange(fd_, -1));
   std::vector<DeviceHandle> released;
   {
     std::lock_guard lock(mutex_);
