@@ -276,8 +276,13 @@ std::uint64_t header_length(const unsigned char (&prefix)[8], std::uint64_t file
   std::uint64_t length = 0;
   for (int i = 7; i >= 0; --i) length = (length << 8) | prefix[i];
   if (length > kHeaderLimit) {
-    throw CheckpointError(fmt::format("{} is not a safetensors file: a header length of {} bytes (past {})", where,
-                                      length, kHeaderLimit));
+    // A JSON document (a sharded checkpoint's index, model.safetensors.index.json) starts with '{'.
+    const bool json = prefix[0] == '{' || prefix[0] == '[';
+    throw CheckpointError(fmt::format("{} is not a safetensors file: a header length of {} bytes (past {}){}", where,
+                                      length, kHeaderLimit,
+                                      json ? "; it starts as JSON does: a sharded checkpoint's index "
+                                             "(*.index.json)? Its weight_map names the safetensors files"
+                                           : ""));
   }
   if (!checked::range_within(8, length, file_bytes)) {
     throw CheckpointError(fmt::format("{} is truncated (or not a safetensors file): its header is {} bytes, the file {}",

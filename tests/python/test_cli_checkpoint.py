@@ -195,6 +195,13 @@ def test_huge_header_length(tmp_path):
     _refused(path, "truncated", "header is 5000 bytes, the file 10")
 
 
+def test_a_sharded_checkpoints_index_is_said_to_be_one(tmp_path):
+    # It read as a safetensors file with a header of 7017841271895827067 bytes, and said no more.
+    path = tmp_path / "model.safetensors.index.json"
+    path.write_text(json.dumps({"metadata": {}, "weight_map": {"w": "model-00001-of-00001.safetensors"}}))
+    _refused(path, "not a safetensors file", "a sharded checkpoint's index", "weight_map")
+
+
 def test_not_safetensors(tmp_path):
     path = tmp_path / "notes.txt"
     path.write_text("these are not the tensors you are looking for\n" * 20)
