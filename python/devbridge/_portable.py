@@ -24,6 +24,7 @@ import gc
 import io
 import math
 import operator
+import sys
 from typing import Any, BinaryIO, Callable, Iterator, NamedTuple, NoReturn
 
 import numpy as np
@@ -430,9 +431,38 @@ def _write_all(file: Any, chunk: Any, offset: int = 0) -> None:
     block: ``BlockingIOError``; from any other file-like, that it took everything (many return nothing).
     A count that is no integer is a ``TypeError``; one that is not between 0 and what it was handed, or 0
     ``_ZERO_WRITES`` times in a row, an ``OSError``. Each names the file and the byte."""
-    view = memoryview(chunk).cast("B")
+    with _released_after(memoryview(chunk).cast("B")) as view:
+        _write_view(file, view, offset)
+
+
+@contextlib.contextmanager
+def _released_after(view: memoryview) -> Iterator[memoryview]:
+    """``view`` (of a chunk lent for one call) released once the ``with`` ends: a file that kept what it was
+    handed then reads a released memoryview, not memory the bridge frees or reuses. One that kept a buffer
+    taken from it cannot be stopped here: the lender fails the call (``BufferError``)."""
+    try:
+        yield view
+    finally:
+        with contextlib.suppress(BufferError):
+            view.release()
+
+
+def _handed(call: Callable[[memoryview], Any], view: memoryview, what: str, file: Any, at: int) -> Any:
+    """``call(view)``, refused with ``BufferError`` (the view released first, by the caller's ``with``) when
+    the file kept a reference to the view past the call: the bytes are lent for the call only, and what it
+    kept would read (or write) memory the bridge reuses next, or raise later for being released."""
+    before = sys.getrefcount(view)
+    result = call(view)
+    if sys.getrefcount(view) > before:
+        raise BufferError(f"{what} {_file_name(file)} kept a buffer over a chunk it was lent ({view.nbytes} bytes "
+                          f"from byte {at} of the stream) past its call: it is lent for the call only, over memory "
+                          f"the bridge reuses next. Copy what you keep (bytes(data))")
+    return result
+
+
+def _write_view(file: Any, view: memoryview, offset: int) -> None:
     total = view.nbytes
-    written = file.write(view)
+    written = _handed(file.write, view, "write() to", file, offset)
     if type(written) is int and written == total:  # a blocking or buffered file takes it all at once
         return
     done, zeros = 0, 0
@@ -448,7 +478,8 @@ def _write_all(file: Any, chunk: Any, offset: int = 0) -> None:
         done += written
         if done == total:
             return
-        written = file.write(view[done:])
+        with _released_after(view[done:]) as rest:
+            written = _handed(file.write, rest, "write() to", file, offset + done)
 
 
 # A write that takes no byte this many times in a row is given up on, not retried for ever.
@@ -568,7 +599,9 @@ def _read_exactly(file: Any, view: memoryview, offset: int) -> None:
     done = 0
     while done < view.nbytes:
         left = view.nbytes - done
-        n = _count(file.readinto(view[done:] if done else view), "readinto() from", file, offset + done, left)
+        with _released_after(view[done:]) if done else contextlib.nullcontext(view) as part:
+            n = _count(_handed(file.readinto, part, "readinto() from", file, offset + done), "readinto() from", file,
+                       offset + done, left)
         if not n:
             raise CheckpointError(f"the file ends {left} bytes early (at byte {offset + done} of the tensor)")
         done += n

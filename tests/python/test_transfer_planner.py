@@ -8,6 +8,7 @@ kind and name what failed, and a failed call leaves nothing registered or reserv
 from __future__ import annotations
 
 import gc
+import io
 import threading
 import time
 
@@ -399,6 +400,29 @@ def test_a_callback_that_keeps_a_buffer_over_its_chunk_fails_with_buffer_error(p
     holds_then_free(b, planner, handle, data)
 
 
+def test_import_tensor_from_a_file_that_keeps_what_it_reads_into_fails_and_keeps_no_lent_memory(planner_bridge, rng):
+    """readinto() that keeps the buffer it is handed would write into ring chunks or the tensor later."""
+    b = planner_bridge
+    values = rng.standard_normal(3 * RING // 4, dtype=np.float32)
+
+    class KeepingReader(io.BytesIO):
+        def __init__(self, data):
+            super().__init__(data)
+            self.kept = []
+
+        def readinto(self, buffer):
+            self.kept.append(buffer)
+            return super().readinto(buffer)
+
+    reader = KeepingReader(values.tobytes())
+    with pytest.raises(BufferError, match="kept a buffer over a chunk"):
+        b.import_tensor(reader, dtype="float32", shape=values.shape)
+    for part in reader.kept:
+        with pytest.raises(ValueError, match="released"):
+            bytes(part)
+    assert b.stats()["live_allocations"] == 0
+
+
 def test_a_lent_chunk_cannot_be_viewed_again_after_its_call(planner_bridge, rng):
     """The chunk behind a kept memoryview (its .obj) refuses a new view once the call returned."""
     b = planner_bridge
@@ -428,8 +452,17 @@ def test_export_to_a_file_that_keeps_what_it_is_given_fails_instead_of_writing_r
             self.parts.append(data)
             return len(data)
 
+    keeping = KeepingFile()
     with pytest.raises(BufferError, match="kept a buffer over a chunk"):
-        b.export_to(t, KeepingFile())
+        b.export_to(t, keeping)
+    # What it kept is released, not left over memory the bridge reuses or frees: reading it after the
+    # tensor was freed crashed the process (a cast of the chunk that the lender could not take back).
+    t.free()
+    b.empty_cache()
+    for part in keeping.parts:
+        with pytest.raises(ValueError, match="released"):
+            bytes(part)
+    t = b.upload(values, wait=True)
 
     class CopyingFile(KeepingFile):
         def write(self, data):
