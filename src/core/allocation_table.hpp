@@ -139,7 +139,9 @@ class AllocationTable {
   [[noreturn, gnu::cold, gnu::noinline]] static void fail_unknown(const DeviceHandle& h);
   // The slot `id` names, released ones too; nullptr when it is not in use.
   AllocationSlot* find(std::uint64_t id) noexcept { return slots_.find(id); }
+  const AllocationSlot* find(std::uint64_t id) const noexcept { return slots_.find(id); }
   AllocationSlot& operator[](std::uint32_t index) noexcept { return slots_[index]; }
+  const AllocationSlot& operator[](std::uint32_t index) const noexcept { return slots_[index]; }
   std::size_t live_count() const noexcept { return slots_.live(); }
   template <class F>
   void for_each_in_use(F&& f) {

@@ -16,8 +16,8 @@ void BridgeCore::reap_fences() noexcept {
 }
 
 void BridgeCore::end_fenced_uses(const DropQueue::Entry& entry) noexcept {
-  if (recording_) [[unlikely]]
-    trace_fence(TraceKind::FencePassed, entry);
+  if (trace_.on()) [[unlikely]]
+    trace_.fence(TraceKind::FencePassed, entry);
   for (const auto id : entry.allocation_ids) {
     if (entry.generation == generation_) {
       if (auto* slot = allocations_.find(id)) {
@@ -37,8 +37,8 @@ void BridgeCore::end_fenced_uses(const DropQueue::Entry& entry) noexcept {
 }
 
 void BridgeCore::add_fenced_uses(DropQueue::Entry&& entry) noexcept {
-  if (recording_) [[unlikely]]
-    trace_fence(TraceKind::FenceRecorded, entry);
+  if (trace_.on()) [[unlikely]]
+    trace_.fence(TraceKind::FenceRecorded, entry);
   for (const auto id : entry.allocation_ids) {
     if (entry.generation == generation_) {
       if (auto* slot = allocations_.find(id)) {
@@ -445,9 +445,9 @@ void BridgeCore::launch_axpy(const DeviceRange& x, const DeviceRange& y, float a
   drops_.reserve_one();
   ++xs.steps;
   ++ys.steps;
-  const std::uint64_t launched = recording_ ? recording_->ticks() : 0;
+  const std::uint64_t launched = trace_.on() ? trace_.ticks() : 0;
   auto failure = gate_.run_unlocked(lock, [&] { held.fence = backend_->launch_axpy(launch); });
-  if (recording_ && !failure) [[unlikely]] {
+  if (trace_.on() && !failure) [[unlikely]] {
     // The launch's slice runs from its call to its fence (keyed by the
     // fence's token: end_fenced_uses ends it), or ends at once without one.
     if (held.fence.pending()) {
@@ -457,9 +457,9 @@ void BridgeCore::launch_axpy(const DeviceRange& x, const DeviceRange& y, float a
       begin.offset = y.offset;
       begin.bytes = y.len;
       begin.track = TraceTrack::Compute;
-      trace(begin);
+      trace_.record(begin);
     } else {
-      trace_whole_slice(TraceTrack::Compute, y, launched, true);
+      trace_.whole_slice(TraceTrack::Compute, y, launched, true);
     }
   }
   // A restart waits for calls in progress: x and y are still this generation's.
@@ -520,8 +520,8 @@ void BridgeCore::set_view_holder(const DeviceHandle& h, ViewHolder from, ViewHol
   auto* slot = allocations_.find(h.id);
   if (!slot || slot->views == 0) return;
   holders_.hand_over(h.id, from, to);
-  if (recording_) [[unlikely]]
-    trace_view(TraceKind::ViewHandedOn, h, to);
+  if (trace_.on()) [[unlikely]]
+    trace_.view(TraceKind::ViewHandedOn, h, to);
 }
 
 [[gnu::noinline, gnu::cold]] void BridgeCore::finish_release_out_of_line(std::uint32_t index) noexcept {
@@ -554,8 +554,8 @@ bool BridgeCore::share_view(const DeviceHandle& h) {
   if (!views) return false;
   ++*views;
   ++outstanding_leases_;
-  if (recording_) [[unlikely]]
-    trace_view(TraceKind::ViewBegin, h, ViewHolder::Caller);
+  if (trace_.on()) [[unlikely]]
+    trace_.view(TraceKind::ViewBegin, h, ViewHolder::Caller);
   return true;
 }
 
@@ -563,8 +563,8 @@ bool BridgeCore::share_view(const DeviceHandle& h) {
   bool last;
   {
     std::lock_guard guard(lock_, std::adopt_lock);
-    if (recording_) [[unlikely]]
-      trace_view(TraceKind::ViewEnd, h, ViewHolder::Caller);
+    if (trace_.on()) [[unlikely]]
+      trace_.view(TraceKind::ViewEnd, h, ViewHolder::Caller);
     if (!drops_.empty()) reap_fences();
     const AllocationTable::OrphanKey key{h.generation, h.id};
     if (auto* orphan = allocations_.find_orphan(key)) {

@@ -3,7 +3,7 @@
 // runs outside it, with the allocation and ring range pinned so nothing is
 // freed underneath. The core orchestrates its components (allocation table,
 // copy timeline, region registry, host ring, caching pool, drop queue, view
-// holders) under that lock.
+// holders, the flight recorder's sites) under that lock.
 //
 // Its hot paths are defined in headers so that Bridge's forwarding functions
 // inline them: entry, lookup and frees here, copies, completions and views in
@@ -48,6 +48,7 @@
 #include "core/release_after.hpp"
 #include "core/slot_table.hpp"
 #include "core/tags.hpp"
+#include "core/trace_sites.hpp"
 #include "core/spin_lock.hpp"
 #include "core/view_leases.hpp"
 #include "devbridge/checked.hpp"
@@ -256,8 +257,8 @@ class BridgeCore {
       throw;
     }
     const DeviceHandle handle{domain_, generation_, allocations_.start(index, spec, elem, view_dtype, extent, device)};
-    if (recording_) [[unlikely]]
-      trace_memory(TraceKind::Allocate, generation_, handle.id, extent, device.address);
+    if (trace_.on()) [[unlikely]]
+      trace_.memory(TraceKind::Allocate, generation_, handle.id, extent, device.address);
     return handle;
   }
 
@@ -288,14 +289,7 @@ class BridgeCore {
   // most `down_to` bytes of them are left; the caller frees them in the backend.
   std::vector<DeviceAllocation> take_free_segments(std::uint64_t down_to = 0) noexcept;
 
-  // What a free records (the flight recorder's `free`): the allocation's
-  // generation and id, its bytes and address, whether it ended a deferred
-  // release.
-  struct FreedMemory {
-    Generation generation;
-    std::uint64_t id, bytes, address;
-    bool deferred;
-  };
+  using FreedMemory = TraceSites::FreedMemory;
   // Memory no allocation uses any more: cached, or freed in the backend.
   // Under the lock; returns what the backend must still free (the memory,
   // or the pool's segment it was part of), which the caller frees now or
@@ -345,8 +339,8 @@ class BridgeCore {
     enter(lock);
     auto& slot = allocation(h);
     slot.released = true;
-    if (recording_) [[unlikely]]
-      trace_memory(TraceKind::Release, h.generation, h.id, slot.extent);
+    if (trace_.on()) [[unlikely]]
+      trace_.memory(TraceKind::Release, h.generation, h.id, slot.extent);
     if (!slot.used()) free_slot_then_unlock(lock, id_slot(h.id));
   }
 
@@ -375,8 +369,8 @@ class BridgeCore {
     allocations_.retire(index);
     allocations_.count_backend_frees(1);
     if constexpr (kRecorded)
-      if (recording_) [[unlikely]]
-        trace_free(index);
+      if (trace_.on()) [[unlikely]]
+        trace_.freed_slot(index);
     lock.unlock();
     backend_->free(device);
   }
@@ -637,69 +631,13 @@ class BridgeCore {
   Backend& backend() noexcept { return *backend_; }
   std::uint64_t domain() const noexcept { return domain_; }
 
-  // ---- the flight recorder (flight_recorder.hpp) ----
+  // ---- the flight recorder (flight_recorder.hpp; its sites: trace_sites.hpp) ----
   void record(const RecordOptions& options);
   void stop_recording() noexcept;
-  bool records_stacks() const noexcept { return records_stacks_.load(std::memory_order_relaxed); }
+  bool records_stacks() const noexcept { return trace_.records_stacks(); }
   // What is recorded, copied under the lock; formatted without it.
   TraceDump trace_dump();
   std::string memory_snapshot_json();
-
-  // Recording sites, out of line: each is reached only past a test of
-  // recording_, so a bridge that does not record pays that one branch.
-  [[gnu::noinline, gnu::cold]] void trace(TraceRecord record) noexcept;
-  // `address`: the memory's, for an allocation's own events (allocate, free).
-  [[gnu::noinline, gnu::cold]] void trace_memory(TraceKind kind, Generation generation, std::uint64_t id,
-                                                 std::uint64_t bytes, std::uint64_t address = 0) noexcept;
-  // The allocation in slot `index` was just retired (its fields stay until
-  // the slot is used again): its memory goes back to the backend (no pool).
-  [[gnu::noinline, gnu::cold]] void trace_free(std::uint32_t index) noexcept;
-  // Inline into its two callers (both out of line): a call more on every recorded free.
-  [[gnu::always_inline]] void trace_freed(const FreedMemory& freed) noexcept {
-    auto& record = recording_->append(TraceKind::Free, freed.generation, freed.id, trace_counters());
-    record.slice = freed.deferred ? 1u : 0u;  // Free's marker: the end of a deferred release
-    record.bytes = freed.bytes;
-    record.offset = freed.address;
-  }
-  // After the pool took back a part of `part_bytes` (keep_or_free_later):
-  // the free (`freed`, if one is recorded), then what the pool did with it.
-  [[gnu::noinline, gnu::cold]] void trace_given_back(const FreedMemory* freed, std::uint64_t part_bytes,
-                                                     bool coalesced,
-                                                     const std::optional<DeviceAllocation>& whole) noexcept;
-  // A pool hit, miss or split for a request of `class_bytes`, served by a
-  // part of `part_bytes` (0: none yet), counted as allocated: it is the
-  // request's from here on (its allocate follows); then a split if `split`.
-  [[gnu::noinline, gnu::cold]] void trace_pool_take(TraceKind kind, std::uint64_t class_bytes, std::uint64_t part_bytes,
-                                                    bool split) noexcept;
-  // Now, in the recorder's ticks (out of line: the hot paths only test recording_).
-  [[gnu::noinline, gnu::cold]] std::uint64_t recording_ticks() const noexcept { return recording_->ticks(); }
-  // An async copy's begin: its slice ends when its completion applies.
-  [[gnu::noinline, gnu::cold]] void trace_copy_begin(CopyDirection direction, const DeviceRange& device,
-                                                     std::uint64_t event_id, std::uint64_t bytes) noexcept;
-  // A slice that began at `began` (the recorder's ticks) and ends now, in
-  // one record: a sync copy, a peer copy's side, a launch without a fence.
-  // `in_place`: bytes written into host-addressable memory (write_in_place), not a copy.
-  [[gnu::noinline, gnu::cold]] void trace_whole_slice(TraceTrack track, const DeviceRange& range, std::uint64_t began,
-                                                      bool ok, bool in_place = false) noexcept;
-  // The ends of the async copies drained_ holds that are about to apply.
-  [[gnu::noinline, gnu::cold]] void trace_completions() noexcept;
-  [[gnu::noinline, gnu::cold]] void trace_view(TraceKind kind, const DeviceHandle& h, ViewHolder holder) noexcept;
-  [[gnu::noinline, gnu::cold]] void trace_fence(TraceKind kind, const DropQueue::Entry& entry) noexcept;
-  // Inline: out of line, its 40-byte result came back through memory and
-  // was block-copied into the record.
-  // Without a pool, reserved is memory_stats()'s: the live allocations and
-  // the orphans views or fences still hold (rare: a count's test first).
-  [[gnu::always_inline]] TraceCounters trace_counters() const noexcept {
-    const std::uint64_t allocated = allocations_.allocated_bytes();
-    const std::uint64_t reserved = pool_                                ? pool_->reserved_bytes()
-                                   : allocations_.orphan_count() == 0 ? allocated
-                                                                       : reserved_with_orphans();
-    return TraceCounters{allocated, reserved, pool_ ? pool_->cached_bytes() : 0, ring_.used(),
-                         copies_.inflight_bytes()};
-  }
-  [[gnu::noinline, gnu::cold]] std::uint64_t reserved_with_orphans() const noexcept {
-    return allocations_.reserved_bytes(nullptr);
-  }
   // The final out-of-memory message's detail: fragmentation and the top
   // holders by bytes; with the recorder on and oom_dump_dir set, the dump.
   std::string top_holders_text(std::size_t count);
@@ -740,18 +678,13 @@ class BridgeCore {
   BackendCapabilities capabilities_;
   DeviceDtypes dtypes_;  // read before the lock: set once, at construction
   ViewPlacement placement_;  // read before the lock: set once, at construction
-  // The flight recorder: recording_ is null unless it records (the one test
-  // every recording site makes); recorder_ keeps what was recorded after
-  // stop_recording, for the dump.
-  FlightRecorder* recording_ = nullptr;
   // Whether a free leaves the common path (straight back to the backend,
   // unrecorded): the caching pool is on, or the recorder. The common path
   // tests this one flag, not both. Under the lock.
   bool frees_off_common_path_ = false;
 
-  std::unique_ptr<FlightRecorder> recorder_;
-  std::atomic<bool> records_stacks_{false};  // read by bindings before they enter
-  std::uint64_t oom_dumps_ = 0;
+  // The flight recorder's sites, reading the counters of the components above.
+  TraceSites trace_{allocations_, pool_, ring_, copies_, generation_};
   std::string backend_name_;  // BackendInfo's name and device id, for the dumps
   std::string device_id_;
 };

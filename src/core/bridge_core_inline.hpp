@@ -64,8 +64,8 @@ CopyEvent BridgeCore::copy(CopyDirection direction, const Host& host, DeviceRang
       rethrow_as_copy_error(direction);
     }
     copies_.submitted();
-    if (recording_) [[unlikely]]
-      trace_copy_begin(direction, device, id, bytes);
+    if (trace_.on()) [[unlikely]]
+      trace_.copy_begin(direction, device, id, bytes);
     return event;
   }
 
@@ -73,14 +73,14 @@ CopyEvent BridgeCore::copy(CopyDirection direction, const Host& host, DeviceRang
   // Its event is numbered only once it succeeded: a failed sync copy's
   // event is never handed out, so no id of it can read as Completed.
   pin(*slot, direction, host_key);
-  const std::uint64_t began = recording_ ? recording_ticks() : 0;
+  const std::uint64_t began = trace_.on() ? trace_.ticks() : 0;
   const CopyEvent unnumbered{domain_, generation_, CopyTimeline::kSyncEventBit};
   const CopyRequest request{direction, mode,          unnumbered, host_data(host, host_key),
                             slot->device, device.offset, bytes,      layout};
   auto failure = gate_.run_unlocked(lock, [&] { backend_->submit_copy(request); });
   unpin(alloc_index, direction, host_key);
   if (began) [[unlikely]]  // trace_whole_slice checks the recorder is still on
-    trace_whole_slice(direction == CopyDirection::HostToDevice ? TraceTrack::CopyUp : TraceTrack::CopyDown, device,
+    trace_.whole_slice(direction == CopyDirection::HostToDevice ? TraceTrack::CopyUp : TraceTrack::CopyDown, device,
                       began, !failure);
   if (failure) throw copy_error(direction, *failure);
   return CopyEvent{domain_, generation_, copies_.complete_sync()};
@@ -114,8 +114,8 @@ inline std::size_t BridgeCore::drain_locked() {
   // Once per drain, before they apply, out of line: a recorder call inside
   // apply() kept it from being inlined into this loop (+10 instructions a
   // completion, recording or not).
-  if (recording_ && !drained_.empty()) [[unlikely]]
-    trace_completions();
+  if (trace_.on() && !drained_.empty()) [[unlikely]]
+    trace_.completions(drained_, domain_);
   for (const auto& completion : drained_) apply(completion);
   // Events settle and ranges unpin only in apply(): with nothing applied,
   // no waiting range can have become releasable since the last scan.
@@ -156,8 +156,8 @@ inline void BridgeCore::apply(const Completion& c) {
   call_backend([&] { backend_->validate_view(slot->device, view); });
   ++slot->views;
   ++outstanding_leases_;
-  if (recording_) [[unlikely]]
-    trace_view(TraceKind::ViewBegin, h, ViewHolder::Caller);
+  if (trace_.on()) [[unlikely]]
+    trace_.view(TraceKind::ViewBegin, h, ViewHolder::Caller);
   return view;
 }
 
@@ -175,11 +175,11 @@ inline void BridgeCore::end_view(const DeviceHandle& h) noexcept {
   --slot.views;
   // One out-of-line path for both rare cases: a recorder call in here kept
   // the slot and index in callee-saved registers on every lease's end.
-  if (__builtin_expect(slot.released || recording_ != nullptr, 0)) return end_view_out_of_line(h, index);
+  if (__builtin_expect(slot.released || trace_.on(), 0)) return end_view_out_of_line(h, index);
   lock_.unlock();
 }
 inline void BridgeCore::end_view_out_of_line(const DeviceHandle& h, std::uint32_t index) noexcept {
-  if (recording_) trace_view(TraceKind::ViewEnd, h, ViewHolder::Caller);
+  if (trace_.on()) trace_.view(TraceKind::ViewEnd, h, ViewHolder::Caller);
   if (allocations_[index].released) finish_release_out_of_line(index);
   lock_.unlock();
 }

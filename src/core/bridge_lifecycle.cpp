@@ -227,8 +227,8 @@ void BridgeCore::restart(Generation generation) {
   generation_ = generation;
   gate_.mend();
   ++restarts_;
-  if (recording_) [[unlikely]]
-    trace_memory(TraceKind::Restart, generation_, 0, 0);
+  if (trace_.on()) [[unlikely]]
+    trace_.memory(TraceKind::Restart, generation_, 0, 0);
   gate_.set(BridgeGate::kRestarting, false);
   gate_.notify();
 }
@@ -252,8 +252,8 @@ void BridgeCore::close() {
     leased_ring_ = ring_.block();  // the last host lease frees it
   ring_ = HostRing();
   released_at_close_ = true;
-  if (recording_) [[unlikely]]
-    trace_memory(TraceKind::Close, generation_, 0, 0);
+  if (trace_.on()) [[unlikely]]
+    trace_.memory(TraceKind::Close, generation_, 0, 0);
   gate_.set(BridgeGate::kRestarting, false);
   gate_.notify();
 }

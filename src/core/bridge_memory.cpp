@@ -18,7 +18,7 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
   // goes (keep_or_free_later): the free's counters count it cached, or no
   // longer reserved.
   allocations_.erase_orphan({key.first, key.second});
-  if (const auto whole = keep_or_free_later(device, alignment, recording_ ? &freed : nullptr))
+  if (const auto whole = keep_or_free_later(device, alignment, trace_.on() ? &freed : nullptr))
     backend_->free(*whole);
   // After close, nothing allocates again: what the orphan left cached goes too.
   if (gate_.closed() && !gate_.restarting()) free_cache_now();
@@ -29,7 +29,7 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
   if (slot.adopted_region) return end_adopted_slot(index);
   const DeviceAllocation device = slot.device;
   allocations_.retire(index);
-  const auto whole = __builtin_expect(recording_ != nullptr, 0) ? keep_or_free_recorded(index)
+  const auto whole = __builtin_expect(trace_.on(), 0) ? keep_or_free_recorded(index)
                                                                 : keep_or_free_later(device, slot.spec.alignment);
   if (whole) backend_->free(*whole);
 }
@@ -38,7 +38,7 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
   auto& slot = allocations_[index];
   const DeviceAllocation device = slot.device;
   allocations_.retire(index);
-  if (recording_) [[unlikely]]
+  if (trace_.on()) [[unlikely]]
     return keep_or_free_recorded(index);
   return keep_or_free_later(device, slot.spec.alignment);
 }
@@ -63,8 +63,8 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
     const auto splits = pool_->splits_made();
     const auto part = call_backend([&] { return pool_->take(*backend_, class_bytes, spec.alignment); });
     allocations_.count_cache_lookup(part.has_value());
-    if (recording_) [[unlikely]]
-      trace_pool_take(part ? TraceKind::PoolHit : TraceKind::PoolMiss, class_bytes, part ? part->bytes : 0,
+    if (trace_.on()) [[unlikely]]
+      trace_.pool_take(part ? TraceKind::PoolHit : TraceKind::PoolMiss, class_bytes, part ? part->bytes : 0,
                       pool_->splits_made() != splits);
     if (part) return add_allocation(lock, spec, elem, view_dtype, extent, *part);
     surplus = take_free_segments(pool_->keep_for(pool_->segment_bytes(class_bytes)));
@@ -81,8 +81,8 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
   const DeviceAllocation part =
       call_backend([&] { return pool_->take_from_new(*backend_, segment, spec.alignment, class_bytes); });
   allocations_.note_reserved(*pool_);
-  if (recording_ && pool_->splits_made() != splits) [[unlikely]]
-    trace_pool_take(TraceKind::PoolSplit, class_bytes, part.bytes, false);
+  if (trace_.on() && pool_->splits_made() != splits) [[unlikely]]
+    trace_.pool_take(TraceKind::PoolSplit, class_bytes, part.bytes, false);
   return add_allocation(lock, spec, elem, view_dtype, extent, part);
 }
 
@@ -117,7 +117,7 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
     std::string dumped;
     {
       SpinLockHold lock(lock_);
-      if (recording_ && !recording_->options().oom_dump_dir.empty()) {
+      if (trace_.on() && !trace_.recording()->options().oom_dump_dir.empty()) {
         lock.unlock();
         dumped = dump_for_oom();
       }
@@ -165,8 +165,8 @@ BridgeCore::Held BridgeCore::reclaim_for_retry() {
     log().warn("devbridge: draining completions before retrying an allocation failed: {}", e.what());
   }
   if (!drops_.empty()) reap_fences();
-  if (recording_) [[unlikely]]
-    trace_memory(TraceKind::OomRetry, generation_, 0, 0);
+  if (trace_.on()) [[unlikely]]
+    trace_.memory(TraceKind::OomRetry, generation_, 0, 0);
   Held held{allocations_.allocated_bytes(), pool_ ? pool_->cached_bytes() : 0, pool_ ? pool_->largest_block() : 0,
             allocations_.orphaned_bytes(), {}};
   try {
@@ -190,10 +190,10 @@ std::vector<DeviceAllocation> BridgeCore::take_free_segments(std::uint64_t down_
   if (!pool_ || pool_->free_segment_bytes() <= down_to) return {};
   auto segments = pool_->release_free_segments(down_to);
   allocations_.count_backend_frees(segments.size());
-  if (recording_) [[unlikely]] {
+  if (trace_.on()) [[unlikely]] {
     std::uint64_t bytes = 0;
     for (const auto& segment : segments) bytes += segment.bytes;
-    trace_memory(TraceKind::PoolGiveBack, generation_, 0, bytes);
+    trace_.memory(TraceKind::PoolGiveBack, generation_, 0, bytes);
   }
   return segments;
 }
@@ -206,19 +206,19 @@ std::optional<DeviceAllocation> BridgeCore::keep_or_free_later(const DeviceAlloc
     try {
       const auto coalesces = pool_->coalesces();
       whole = pool_->give_back(*backend_, device, alignment);
-      if (recording_) [[unlikely]]
-        trace_given_back(freed, device.bytes, pool_->coalesces() != coalesces, whole);
+      if (trace_.on()) [[unlikely]]
+        trace_.given_back(freed, device.bytes, pool_->coalesces() != coalesces, whole);
     } catch (const std::exception& e) {
       // The pool could not take it back: the memory stays allocated (never
       // freed under a part still handed out), lost to reuse.
       log().error("devbridge: the caching pool could not take back {} bytes at {:#x}: {}", device.bytes,
                   device.address, e.what());
       if (freed) [[unlikely]]
-        trace_given_back(freed, device.bytes, false, std::nullopt);  // the allocation ended all the same
+        trace_.given_back(freed, device.bytes, false, std::nullopt);  // the allocation ended all the same
       return std::nullopt;
     }
   } else if (freed) [[unlikely]] {
-    trace_given_back(freed, device.bytes, false, std::nullopt);
+    trace_.given_back(freed, device.bytes, false, std::nullopt);
   }
   if (whole) allocations_.count_backend_frees(1);
   return whole;

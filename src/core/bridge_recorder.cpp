@@ -1,5 +1,5 @@
 // The bridge core's flight recorder: starting and stopping it, the recording
-// sites the core calls (each past one test of recording_), the dumps, and
+// sites the core calls (trace_sites.hpp), the dumps, and
 // the out-of-memory message's holders (bridge_core.hpp, flight_recorder.hpp).
 #include <filesystem>
 #include <iterator>
@@ -18,133 +18,16 @@ void BridgeCore::record(const RecordOptions& options) {
   {
     SpinLockHold lock(lock_);
     gate_.check_not_closed();
-    previous = std::exchange(recorder_, std::move(recorder));
-    recording_ = recorder_.get();
+    previous = trace_.start(std::move(recorder));
     frees_off_common_path_ = true;
-    records_stacks_.store(options.stacks, std::memory_order_relaxed);
   }
   // The previous recording goes after the lock is dropped (freeing a large ring takes a while).
 }
 
 void BridgeCore::stop_recording() noexcept {
   std::lock_guard guard(lock_);
-  recording_ = nullptr;
+  trace_.stop();
   frees_off_common_path_ = pool_.has_value();
-  records_stacks_.store(false, std::memory_order_relaxed);
-}
-
-void BridgeCore::trace(TraceRecord record) noexcept {
-  if (!recording_) return;
-  if (record.has_counters) record.counters = trace_counters();
-  recording_->record(record);
-}
-
-void BridgeCore::trace_memory(TraceKind kind, Generation generation, std::uint64_t id, std::uint64_t bytes,
-                              std::uint64_t address) noexcept {
-  if (!recording_) return;
-  auto& record = recording_->append(kind, generation, id, trace_counters());
-  record.bytes = bytes;
-  record.offset = address;
-}
-
-void BridgeCore::trace_free(std::uint32_t index) noexcept {
-  if (!recording_) return;
-  const auto& slot = allocations_[index];
-  // Recorded just after the slot retired, without a pool (the memory goes
-  // straight back to the backend): the counters already say so.
-  trace_freed(FreedMemory{generation_, make_id(index, slot.version), slot.extent, slot.device.address,
-                          slot.released});
-}
-
-void BridgeCore::trace_given_back(const FreedMemory* freed, std::uint64_t part_bytes, bool coalesced,
-                                  const std::optional<DeviceAllocation>& whole) noexcept {
-  if (!recording_) return;
-  // The pool has taken the memory back (cached, or the segment out of it for
-  // the backend): every sample below counts it where it went.
-  if (freed) trace_freed(*freed);
-  if (coalesced) trace_memory(TraceKind::PoolCoalesce, generation_, 0, part_bytes);
-  if (whole && pool_) trace_memory(TraceKind::PoolGiveBack, generation_, 0, whole->bytes);
-}
-
-void BridgeCore::trace_pool_take(TraceKind kind, std::uint64_t class_bytes, std::uint64_t part_bytes,
-                                 bool split) noexcept {
-  if (!recording_) return;
-  // The part is the request's from here on (its allocate follows at once):
-  // counted as allocated, so that allocated + cached is still reserved.
-  auto counters = trace_counters();
-  counters.allocated += part_bytes;
-  recording_->append(kind, generation_, 0, counters).bytes = class_bytes;
-  if (split) recording_->append(TraceKind::PoolSplit, generation_, 0, counters).bytes = class_bytes;
-}
-
-void BridgeCore::trace_copy_begin(CopyDirection direction, const DeviceRange& device, std::uint64_t event_id,
-                                  std::uint64_t bytes) noexcept {
-  if (!recording_) return;
-  // An async copy adds to the bytes in flight.
-  auto& record = recording_->append(TraceKind::CopyBegin, generation_, device.handle.id, trace_counters());
-  record.slice = event_id;
-  record.offset = device.offset;
-  record.bytes = bytes;
-  record.track = direction == CopyDirection::HostToDevice ? TraceTrack::CopyUp : TraceTrack::CopyDown;
-}
-
-void BridgeCore::trace_whole_slice(TraceTrack track, const DeviceRange& range, std::uint64_t began, bool ok,
-                                   bool in_place) noexcept {
-  if (!recording_) return;
-  const TraceKind kind = in_place ? (ok ? TraceKind::InPlaceWrite : TraceKind::InPlaceWriteFailed)
-                                  : (ok ? TraceKind::WholeSlice : TraceKind::WholeSliceFailed);
-  auto& record = recording_->append(kind, generation_, range.handle.id);
-  record.slice = began != 0 ? began : record.ticks;  // 0: recording began during the call
-  record.offset = range.offset;
-  record.bytes = range.len;
-  record.track = track;
-}
-
-void BridgeCore::trace_completions() noexcept {
-  // Recorded before they apply: each end's counters say what the bytes in
-  // flight will be once it and those before it have.
-  std::uint64_t ended = 0;
-  for (const auto& c : drained_) {
-    if (c.event.domain != domain_ || c.event.generation != generation_) continue;  // stale: never applied
-    const CopySlot* copy = copies_.pending(c.event.id);
-    if (!copy) continue;
-    ended += copy->bytes;
-    auto counters = trace_counters();
-    counters.in_flight -= std::min(counters.in_flight, ended);
-    auto& record =
-        recording_->append(c.ok ? TraceKind::CopyCompleted : TraceKind::CopyFailed, c.event.generation, 0, counters);
-    record.slice = c.event.id;
-    record.track = copy->direction == CopyDirection::HostToDevice ? TraceTrack::CopyUp : TraceTrack::CopyDown;
-  }
-}
-
-void BridgeCore::trace_view(TraceKind kind, const DeviceHandle& h, ViewHolder holder) noexcept {
-  // Views of one allocation are told apart by nothing: their slices are
-  // keyed by its id, and an end closes any one of them.
-  if (!recording_) return;
-  auto& record = recording_->append(kind, h.generation, h.id);
-  record.slice = h.id;
-  record.track = kind == TraceKind::ViewHandedOn ? TraceTrack::Calls : TraceTrack::Views;
-  record.holder = static_cast<std::uint8_t>(holder);
-}
-
-void BridgeCore::trace_fence(TraceKind kind, const DropQueue::Entry& entry) noexcept {
-  std::uint64_t bytes = 0;
-  for (const auto id : entry.allocation_ids)
-    if (const auto* slot = entry.generation == generation_ ? allocations_.find(id) : nullptr) bytes += slot->extent;
-  auto record = trace_record(kind, entry.generation, entry.allocation_ids.empty() ? 0 : entry.allocation_ids.front());
-  record.slice = entry.fence.token;  // pairs the fence's slice on its queue's track
-  record.bytes = bytes;
-  record.consumer = entry.where.queue == Queue::Consumer ? entry.where.consumer : 0;
-  record.queue = static_cast<std::uint8_t>(entry.where.queue);
-  trace(record);
-  // A launch's slice ends at its fence (bridge.cpp, launch_axpy).
-  if (kind == TraceKind::FencePassed && entry.where.queue == Queue::Compute) {
-    auto end = trace_record(TraceKind::LaunchEnd, entry.generation);
-    end.slice = entry.fence.token;
-    end.track = TraceTrack::Compute;
-    trace(end);
-  }
 }
 
 TraceDump BridgeCore::trace_dump() {
@@ -157,14 +40,14 @@ TraceDump BridgeCore::trace_dump() {
   std::size_t kept = 0;
   {
     SpinLockHold lock(lock_);
-    if (recorder_) kept = recorder_->size();
+    if (trace_.kept()) kept = trace_.kept()->size();
   }
   auto copy = FlightRecorder::ring_copy_for(kept);
   bool recorded = false;
   {
     SpinLockHold lock(lock_);
-    if (recorder_) {
-      recorder_->copy_to(copy);
+    if (trace_.kept()) {
+      trace_.kept()->copy_to(copy);
       recorded = true;
     }
     dump.dump_ns = trace_now_ns();
@@ -182,12 +65,12 @@ std::string BridgeCore::dump_for_oom() {
   const auto now = std::chrono::steady_clock::now();
   {
     SpinLockHold lock(lock_);
-    if (!recorder_) return {};
-    if (const auto recent = recorder_->recent_oom_dump(now))
+    if (!trace_.kept()) return {};
+    if (const auto recent = trace_.kept()->recent_oom_dump(now))
       return fmt::format("; the flight recorder's trace is in {} (written under {} s ago: one dump a second at most)",
                          *recent, FlightRecorder::kOomDumpInterval.count());
-    directory = recorder_->options().oom_dump_dir;
-    number = ++oom_dumps_;
+    directory = trace_.kept()->options().oom_dump_dir;
+    number = trace_.next_oom_dump();
   }
   // The process in the name: domains are numbered from 1 in every process,
   // and processes often share one dump directory.
@@ -201,7 +84,7 @@ std::string BridgeCore::dump_for_oom() {
   }
   {
     SpinLockHold lock(lock_);
-    if (recorder_) recorder_->note_oom_dump(path, now);
+    if (trace_.kept()) trace_.kept()->note_oom_dump(path, now);
   }
   return fmt::format("; the flight recorder's trace is in {}", path);
 }
@@ -279,22 +162,22 @@ std::string BridgeCore::memory_snapshot_json() {
   text += "},";
   fmt::format_to(out, "\"ring\":{{\"capacity\":{},\"used\":{},\"reservations\":{},\"releases_pending\":{}}},",
                  ring_.capacity(), ring_.used(), ring_.reservations(), release_after_.size());
-  const bool recording = recording_ != nullptr;
+  const bool recording = trace_.on();
   fmt::format_to(out, "\"recording\":{{\"on\":{},\"recorded_events\":{},\"dropped_events\":{}}},", recording,
-                 recorder_ ? recorder_->recorded() : 0, recorder_ ? recorder_->dropped() : 0);
+                 trace_.kept() ? trace_.kept()->recorded() : 0, trace_.kept() ? trace_.kept()->dropped() : 0);
 
   // The recorded events of each live allocation, by id (only those are
   // shown: indexing every id the ring names held other callers for 180 ms
   // at 2^21 records).
   std::unordered_map<std::uint64_t, std::vector<std::uint64_t>> events;
-  if (recorder_) {
+  if (trace_.kept()) {
     allocations_.for_each_in_use(
         [&](std::uint32_t index, AllocationSlot& slot) { events.try_emplace(make_id(index, slot.version)); });
     if (!events.empty())
-      for (std::size_t i = 0; i < recorder_->size(); ++i) {
-        const TraceSlot& r = recorder_->slot(i);
+      for (std::size_t i = 0; i < trace_.kept()->size(); ++i) {
+        const TraceSlot& r = trace_.kept()->slot(i);
         if (r.id == 0 || r.generation != generation_ || r.kind == TraceKind::Register) continue;
-        if (auto it = events.find(r.id); it != events.end()) it->second.push_back(recorder_->sequence(i));
+        if (auto it = events.find(r.id); it != events.end()) it->second.push_back(trace_.kept()->sequence(i));
       }
   }
   // The live allocations by address, so a pool block finds its owner.

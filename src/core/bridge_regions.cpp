@@ -36,8 +36,8 @@ HostRegion BridgeCore::register_host(std::span<std::byte> bytes, bool read_only,
     throw *failure;
   }
   const HostRegion region = regions_.finish_register(index, registered);
-  if (recording_) [[unlikely]]
-    trace_memory(TraceKind::Register, region.generation, region.id, bytes.size());
+  if (trace_.on()) [[unlikely]]
+    trace_.memory(TraceKind::Register, region.generation, region.id, bytes.size());
   return region;
 }
 
@@ -98,8 +98,8 @@ DeviceHandle BridgeCore::adopt_host(const RegionRange& range, const ObjectSpec& 
   }
   const auto id = allocations_.start_adopted(slot_index, spec, elem, view_dtype, range.len, device, index);
   regions_.add_adoption(index);
-  if (recording_) [[unlikely]]
-    trace_memory(TraceKind::Adopt, generation_, id, range.len);
+  if (trace_.on()) [[unlikely]]
+    trace_.memory(TraceKind::Adopt, generation_, id, range.len);
   return DeviceHandle{domain_, generation_, id};
 }
 

@@ -106,6 +106,9 @@ class CopyTimeline {
   [[gnu::always_inline]] CopySlot* pending(std::uint64_t id) noexcept {
     return (id & kSyncEventBit) ? nullptr : records_.find(id);
   }
+  const CopySlot* pending(std::uint64_t id) const noexcept {
+    return (id & kSyncEventBit) ? nullptr : records_.find(id);
+  }
   // The copy ended: its record goes, its bytes leave the budget. A failure
   // is remembered so its event reads back as Failed.
   void complete(std::uint64_t id) noexcept {

@@ -20,7 +20,7 @@ BridgeCore::PeerSide BridgeCore::hold_for_peer_copy(const DeviceRange& range, Co
   gate_.call_started();
   // Each bridge records its side on its peer track once the copy is done
   // (bridges without a direct path copy nothing here): the slice starts now.
-  const std::uint64_t began = recording_ ? recording_->ticks() : 0;
+  const std::uint64_t began = trace_.on() ? trace_.ticks() : 0;
   return {slot->device, id_slot(range.handle.id), began, range};
 }
 
@@ -32,9 +32,9 @@ void BridgeCore::end_peer_copy(const PeerSide& side, CopyDirection direction, He
   if (how == HeldEnd::PeerCopied) copies_.count_direct();
   if (how != HeldEnd::Untouched && side.began) [[unlikely]] {
     if (how == HeldEnd::PeerCopied)
-      trace_whole_slice(TraceTrack::Peer, side.range, side.began, true);
+      trace_.whole_slice(TraceTrack::Peer, side.range, side.began, true);
     else
-      trace_whole_slice(direction == CopyDirection::HostToDevice ? TraceTrack::CopyUp : TraceTrack::CopyDown,
+      trace_.whole_slice(direction == CopyDirection::HostToDevice ? TraceTrack::CopyUp : TraceTrack::CopyDown,
                         side.range, side.began, how == HeldEnd::InPlace, true);
   }
   maybe_finish_release(side.index);

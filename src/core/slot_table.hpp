@@ -62,6 +62,7 @@ class SlotTable {
   }
   const Slot* find(std::uint64_t id) const noexcept { return const_cast<SlotTable*>(this)->find(id); }
   Slot& operator[](std::uint32_t index) noexcept { return slots_[index]; }
+  const Slot& operator[](std::uint32_t index) const noexcept { return slots_[index]; }
   const Slot* at(std::uint32_t index) const noexcept { return index < slots_.size() ? &slots_[index] : nullptr; }
   std::size_t live() const noexcept { return live_; }
   template <class F>
