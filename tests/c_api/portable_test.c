@@ -65,6 +65,16 @@ static void round_trip_larger_than_the_ring(devbridge_bridge* fake, devbridge_br
   CHECK_STATUS(DEVBRIDGE_ERROR_INVALID_RANGE,
                devbridge_export_tensor(host, on_host, DEVBRIDGE_DTYPE_UINT8, row, 1, kBytes - kCols * 4 + 1, &third));
   CHECK(strstr(devbridge_last_error_message(), "of handle {domain ") != NULL);
+  /* Bytes of a float32 allocation are read whole elements at a time (as every copy out of it). */
+  const int64_t three[1] = {3}, four[1] = {4};
+  CHECK_STATUS(DEVBRIDGE_ERROR_INVALID_RANGE,
+               devbridge_export_tensor(host, on_host, DEVBRIDGE_DTYPE_UINT8, three, 1, 0, &third));
+  CHECK(strstr(devbridge_last_error_message(), "multiples of its element size 4") != NULL);
+  CHECK_STATUS(DEVBRIDGE_ERROR_INVALID_RANGE,
+               devbridge_export_tensor(host, on_host, DEVBRIDGE_DTYPE_UINT8, four, 1, 1, &third));
+  CHECK_OK(devbridge_export_tensor(host, on_host, DEVBRIDGE_DTYPE_UINT8, four, 1, 4, &third));
+  CHECK(describe(third).len == 4 && memcmp(describe(third).data, values + 1, 4) == 0);
+  devbridge_portable_free(third);
 
   CHECK_OK(devbridge_free_device(fake, on_fake));
   CHECK_OK(devbridge_free_device(host, on_host));

@@ -619,8 +619,11 @@ typedef struct devbridge_portable devbridge_portable; /* opaque, library-owned *
  * out of the bridge into a new portable tensor, through the ring in chunks
  * (so it may be larger than the ring). The bytes are read as `dtype`, which
  * need not be the allocation's (a float32 row as uint8 bytes). INVALID_RANGE
- * when it passes the allocation's extent or `offset` is not a multiple of
- * `dtype`'s item size; UNSUPPORTED_DTYPE for a dtype the device does not hold. */
+ * when it passes the allocation's extent, when `offset` is not a multiple of
+ * `dtype`'s item size, or when the bytes read are not whole elements of a
+ * typed allocation's own dtype (as any copy out of it: a float32 allocation
+ * is read 4 bytes at a time); UNSUPPORTED_DTYPE for a dtype the device does
+ * not hold. */
 devbridge_status devbridge_export_tensor(devbridge_bridge* bridge, devbridge_handle handle, devbridge_dtype dtype,
                                          const int64_t* dims, uint32_t rank, uint64_t offset,
                                          devbridge_portable** out_tensor);
