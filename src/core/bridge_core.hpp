@@ -6,8 +6,8 @@
 // holders, the flight recorder's sites) under that lock.
 //
 // Its hot paths are defined in headers so that Bridge's forwarding functions
-// inline them: entry, lookup and frees here, copies, completions and views in
-// bridge_core_inline.hpp (included at the end); the rest is defined by
+// inline them: entry and lookup here; allocations and frees, copies,
+// completions and views in bridge_core_inline.hpp (included at the end); the rest is defined by
 // area: bridge.cpp (the drop queue, copies, compute, views), bridge_memory.cpp
 // (the pool and the backend), bridge_regions.cpp (registered and adopted host
 // memory), peer_copy.cpp (device to device between bridges), in_place.cpp
@@ -196,35 +196,12 @@ class BridgeCore {
     (void)dtypes_.checked_allocation(spec, extent);
   }
 
-  DeviceHandle alloc_device(const ObjectSpec& spec, std::uint64_t extent) {
-    const auto [elem, view_dtype] = dtypes_.checked_allocation(spec, extent);
-    if (pool_) return alloc_through_pool(spec, elem, view_dtype, extent);
-    if (__builtin_expect(gate_.seen_closed_or_broken(), 0)) {
-      // Refused before the driver is asked (a racing close costs an
-      // allocation freed again below).
-      SpinLockHold lock(lock_);
-      enter(lock);
-    }
-    // The driver's allocation runs without the lock: it can take
-    // milliseconds and synchronize the device (cuMemAlloc), and no other
-    // caller should spin meanwhile. A restart in progress is waited out by
-    // enter() afterwards, and the memory joins the new generation.
-    const DeviceAllocation device = allocate(extent, extent, spec.alignment);
-    SpinLockHold lock(lock_);
-    enter_or_free(lock, device);
-    return add_allocation(lock, spec, elem, view_dtype, extent, device);
-  }
+  DeviceHandle alloc_device(const ObjectSpec& spec, std::uint64_t extent);
 
   // The backend's allocation of `asked` bytes for a request of `extent`
   // (returned in place: no copy on alloc_device's path).
   [[gnu::always_inline]] DeviceAllocation allocate(std::uint64_t asked, std::uint64_t extent,
-                                                   std::uint64_t alignment) {
-    try {
-      return backend_->allocate(asked, alignment);
-    } catch (const Error& e) {
-      return allocate_after_refusal(e, asked, extent, alignment);
-    }
-  }
+                                                   std::uint64_t alignment);
 
   // alloc_device with the caching pool on: a part of a free span that fits
   // the request's size class, else of a new segment from the backend.
@@ -232,35 +209,13 @@ class BridgeCore {
                                                     std::uint64_t extent);
 
   // enter(), giving the memory back to the backend if the bridge refuses.
-  void enter_or_free(SpinLockHold& lock, const DeviceAllocation& device) {
-    try {
-      enter(lock);
-    } catch (...) {
-      lock.unlock();
-      backend_->free(device);
-      throw;
-    }
-  }
+  void enter_or_free(SpinLockHold& lock, const DeviceAllocation& device);
 
   // A new slot for memory the caller got (from the pool or the backend);
   // on failure the memory goes back where it came from... or to the backend,
   // which is where all memory ends up.
   DeviceHandle add_allocation(SpinLockHold& lock, const ObjectSpec& spec, std::uint32_t elem, DType view_dtype,
-                              std::uint64_t extent, const DeviceAllocation& device) {
-    std::uint32_t index;
-    try {
-      index = allocations_.acquire();
-    } catch (...) {
-      const auto whole = keep_or_free_later(device, spec.alignment);
-      lock.unlock();
-      if (whole) backend_->free(*whole);
-      throw;
-    }
-    const DeviceHandle handle{domain_, generation_, allocations_.start(index, spec, elem, view_dtype, extent, device)};
-    if (trace_.on()) [[unlikely]]
-      trace_.memory(TraceKind::Allocate, generation_, handle.id, extent, device.address);
-    return handle;
-  }
+                              std::uint64_t extent, const DeviceAllocation& device);
 
   // ---- memory: the pool and the backend ----
   // The backend refused `asked` bytes (the request's `extent`, or its size
@@ -314,13 +269,7 @@ class BridgeCore {
 
   [[noreturn, gnu::cold, gnu::noinline]] void fail_in_use(const DeviceHandle& h, const AllocationSlot& slot) const;
 
-  [[gnu::always_inline]] void free_device(const DeviceHandle& h) {
-    SpinLockHold lock(lock_);
-    enter(lock);
-    auto& slot = allocation(h);
-    if (__builtin_expect(slot.used(), 0)) fail_in_use(h, slot);
-    free_slot_then_unlock(lock, id_slot(h.id));
-  }
+  [[gnu::always_inline]] void free_device(const DeviceHandle& h);
   // free_device after it refused an allocation in use: its copies may have
   // ended in the backend without the bridge having heard yet (the caller
   // polled nothing since); their completions are applied, and only a use
@@ -334,46 +283,16 @@ class BridgeCore {
   // any was (the refusal is worth looking at again).
   bool apply_completions_before_refusing();
 
-  void release(const DeviceHandle& h) {
-    SpinLockHold lock(lock_);
-    enter(lock);
-    auto& slot = allocation(h);
-    slot.released = true;
-    if (trace_.on()) [[unlikely]]
-      trace_.memory(TraceKind::Release, h.generation, h.id, slot.extent);
-    if (!slot.used()) free_slot_then_unlock(lock, id_slot(h.id));
-  }
+  void release(const DeviceHandle& h);
 
   // The backend's free runs after the lock is dropped: a driver free may
   // synchronize the device (cuMemFree does), and no other caller should spin
   // meanwhile. The slot is retired first, so nothing reaches the memory any
   // more. (Frees that the end of a last use triggers inside another call —
   // a completion, a lease ending — still run under the lock.)
-  [[gnu::always_inline]] void free_slot_then_unlock(SpinLockHold& lock, std::uint32_t index) {
-    auto& slot = allocations_[index];
-    if (__builtin_expect(slot.adopted_region != 0, 0)) return end_adopted_slot(index);  // nothing the driver frees
-    if (__builtin_expect(!frees_off_common_path_, 1))
-      return free_to_backend_then_unlock<false>(lock, index);  // the common case
-    if (!pool_) return free_to_backend_then_unlock<true>(lock, index);
-    const auto whole = give_back_to_pool(index);
-    lock.unlock();
-    if (whole) backend_->free(*whole);
-  }
+  [[gnu::always_inline]] void free_slot_then_unlock(SpinLockHold& lock, std::uint32_t index);
   template <bool kRecorded>
-  [[gnu::always_inline]] void free_to_backend_then_unlock(SpinLockHold& lock, std::uint32_t index) {
-    // Recorded once the slot is retired (it keeps its fields until it is
-    // used again), where only `device`, on the stack, is live across the
-    // call: before the retire, the call kept the slot in a callee-saved
-    // register on every free, recording or not.
-    const DeviceAllocation device = allocations_[index].device;
-    allocations_.retire(index);
-    allocations_.count_backend_frees(1);
-    if constexpr (kRecorded)
-      if (trace_.on()) [[unlikely]]
-        trace_.freed_slot(index);
-    lock.unlock();
-    backend_->free(device);
-  }
+  [[gnu::always_inline]] void free_to_backend_then_unlock(SpinLockHold& lock, std::uint32_t index);
   // Under the lock; what the backend must still free (see keep_or_free_later).
   // Out of line and not handed the lock, which would then live in memory on
   // the common path too.

@@ -1,6 +1,6 @@
 // The bridge core's hot paths, defined out of the class (bridge_core.hpp
 // declares them and includes this at its end): a copy, the completions that
-// end copies, and a view's lease. Defined in a header, not a .cpp, so that
+// end copies, a view's lease, an allocation and its free. Defined in a header, not a .cpp, so that
 // Bridge's forwarding functions inline them; kept out of the class so that
 // bridge_core.hpp reads as the orchestrator's declarations.
 #pragma once
@@ -182,6 +182,105 @@ inline void BridgeCore::end_view_out_of_line(const DeviceHandle& h, std::uint32_
   if (trace_.on()) trace_.view(TraceKind::ViewEnd, h, ViewHolder::Caller);
   if (allocations_[index].released) finish_release_out_of_line(index);
   lock_.unlock();
+}
+
+inline DeviceHandle BridgeCore::alloc_device(const ObjectSpec& spec, std::uint64_t extent) {
+  const auto [elem, view_dtype] = dtypes_.checked_allocation(spec, extent);
+  if (pool_) return alloc_through_pool(spec, elem, view_dtype, extent);
+  if (__builtin_expect(gate_.seen_closed_or_broken(), 0)) {
+    // Refused before the driver is asked (a racing close costs an
+    // allocation freed again below).
+    SpinLockHold lock(lock_);
+    enter(lock);
+  }
+  // The driver's allocation runs without the lock: it can take
+  // milliseconds and synchronize the device (cuMemAlloc), and no other
+  // caller should spin meanwhile. A restart in progress is waited out by
+  // enter() afterwards, and the memory joins the new generation.
+  const DeviceAllocation device = allocate(extent, extent, spec.alignment);
+  SpinLockHold lock(lock_);
+  enter_or_free(lock, device);
+  return add_allocation(lock, spec, elem, view_dtype, extent, device);
+}
+
+inline DeviceAllocation BridgeCore::allocate(std::uint64_t asked, std::uint64_t extent, std::uint64_t alignment) {
+  try {
+    return backend_->allocate(asked, alignment);
+  } catch (const Error& e) {
+    return allocate_after_refusal(e, asked, extent, alignment);
+  }
+}
+
+inline void BridgeCore::enter_or_free(SpinLockHold& lock, const DeviceAllocation& device) {
+  try {
+    enter(lock);
+  } catch (...) {
+    lock.unlock();
+    backend_->free(device);
+    throw;
+  }
+}
+
+inline DeviceHandle BridgeCore::add_allocation(SpinLockHold& lock, const ObjectSpec& spec, std::uint32_t elem,
+                                              DType view_dtype, std::uint64_t extent, const DeviceAllocation& device) {
+  std::uint32_t index;
+  try {
+    index = allocations_.acquire();
+  } catch (...) {
+    const auto whole = keep_or_free_later(device, spec.alignment);
+    lock.unlock();
+    if (whole) backend_->free(*whole);
+    throw;
+  }
+  const DeviceHandle handle{domain_, generation_, allocations_.start(index, spec, elem, view_dtype, extent, device)};
+  if (trace_.on()) [[unlikely]]
+    trace_.memory(TraceKind::Allocate, generation_, handle.id, extent, device.address);
+  return handle;
+}
+
+inline void BridgeCore::free_device(const DeviceHandle& h) {
+  SpinLockHold lock(lock_);
+  enter(lock);
+  auto& slot = allocation(h);
+  if (__builtin_expect(slot.used(), 0)) fail_in_use(h, slot);
+  free_slot_then_unlock(lock, id_slot(h.id));
+}
+
+inline void BridgeCore::release(const DeviceHandle& h) {
+  SpinLockHold lock(lock_);
+  enter(lock);
+  auto& slot = allocation(h);
+  slot.released = true;
+  if (trace_.on()) [[unlikely]]
+    trace_.memory(TraceKind::Release, h.generation, h.id, slot.extent);
+  if (!slot.used()) free_slot_then_unlock(lock, id_slot(h.id));
+}
+
+inline void BridgeCore::free_slot_then_unlock(SpinLockHold& lock, std::uint32_t index) {
+  auto& slot = allocations_[index];
+  if (__builtin_expect(slot.adopted_region != 0, 0)) return end_adopted_slot(index);  // nothing the driver frees
+  if (__builtin_expect(!frees_off_common_path_, 1))
+    return free_to_backend_then_unlock<false>(lock, index);  // the common case
+  if (!pool_) return free_to_backend_then_unlock<true>(lock, index);
+  const auto whole = give_back_to_pool(index);
+  lock.unlock();
+  if (whole) backend_->free(*whole);
+}
+
+template <bool kRecorded>
+void BridgeCore::free_to_backend_then_unlock(SpinLockHold& lock, std::uint32_t index) {
+  // Recorded once the slot is retired (it keeps its fields until it is
+  // used again), where only `device`, on the stack, is live across the
+  // call: before the retire, the call kept the slot in a callee-saved
+  // register on every free, recording or not.
+  const DeviceAllocation device = allocations_[index].device;
+  allocations_.retire(index);
+  allocations_.count_backend_frees(1);
+  if constexpr (kRecorded)
+    if (trace_.on()) [[unlikely]]
+      trace_.freed_slot(index);
+  lock.unlock();
+  backend_->free(device);
 }
 
 }  // namespace devbridge::detail
