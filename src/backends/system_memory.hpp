@@ -30,9 +30,7 @@ inline constexpr std::uint64_t kMemoryCheckFrom = 64ull << 20;
 // be killed once its pages were touched (mlock touches them all at once).
 // Below kMemoryCheckFrom nothing is read; nothing is refused when the figures
 // are unknown.
-inline void refuse_more_than_the_machine_has(std::uint64_t mapped, std::string_view call, std::uint64_t asked);
-
-// The check itself, out of line: most allocations never reach it.
+// (The check itself is out of line: most allocations never reach it.)
 [[gnu::cold]] void check_the_machine_can_back(std::uint64_t mapped, std::string_view call, std::uint64_t asked);
 
 inline void refuse_more_than_the_machine_has(std::uint64_t mapped, std::string_view call, std::uint64_t asked) {

@@ -47,8 +47,7 @@ void BridgeCore::maybe_free_orphan(const AllocationTable::OrphanKey& key, Orphan
     std::uint32_t index) noexcept {
   // The slot just retired keeps its fields until it is used again.
   const auto& slot = allocations_[index];
-  const FreedMemory freed{generation_, make_id(index, slot.version), slot.extent, slot.device.address,
-                          slot.released};
+  const FreedMemory freed = trace_.freed_of(index);
   return keep_or_free_later(slot.device, slot.spec.alignment, &freed);
 }
 

@@ -38,12 +38,16 @@ inline void TraceSites::freed(const FreedMemory& freed) noexcept {
   record.offset = freed.address;
 }
 
+TraceSites::FreedMemory TraceSites::freed_of(std::uint32_t index) const noexcept {
+  const auto& slot = allocations_[index];
+  return FreedMemory{generation_, make_id(index, slot.version), slot.extent, slot.device.address, slot.released};
+}
+
 void TraceSites::freed_slot(std::uint32_t index) noexcept {
   if (!recording_) return;
-  const auto& slot = allocations_[index];
   // Recorded just after the slot retired, without a pool (the memory goes
   // straight back to the backend): the counters already say so.
-  freed(FreedMemory{generation_, make_id(index, slot.version), slot.extent, slot.device.address, slot.released});
+  freed(freed_of(index));
 }
 
 void TraceSites::given_back(const FreedMemory* freed_memory, std::uint64_t part_bytes, bool coalesced,

@@ -57,6 +57,9 @@ class TraceSites {
     std::uint64_t id, bytes, address;
     bool deferred;
   };
+  // The free of the allocation in slot `index`, just retired (its fields stay
+  // until the slot is used again).
+  FreedMemory freed_of(std::uint32_t index) const noexcept;
 
   // ---- the sites, each reached only past a test of on() ----
   // A record built by the caller (counters sampled here when it has them).
