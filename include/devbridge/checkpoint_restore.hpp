@@ -128,8 +128,8 @@ class RestoreStream {
   // Bridge::release of each (outside mutex_); one a restart or close retired is gone already.
   void release_all(const std::vector<DeviceHandle>& handles) noexcept;
 
-  // The thread that reads the second half of a large read: one for the
-  // stream's life (a thread made per read ran at times on the reader's core,
+  // A thread for the reader's side work (the second half of a large read; the
+  // hash of what it read): one for the stream's life (a thread made per read ran at times on the reader's core,
   // and a read took half as long again).
   class Helper {
    public:
@@ -168,6 +168,7 @@ class RestoreStream {
   bool stopping_ = false;
   std::exception_ptr error_;
   Helper helper_;  // before reader_: the reader, joined first, uses it
+  Helper hasher_;  // hashes what the reader read while it reads on (the same)
   std::thread reader_;
   std::once_flag joined_;  // stop() joins reader_ once
 };

@@ -73,16 +73,30 @@ struct Read {
 };
 
 // Fills `pieces` from byte `at` of `fd` on, in order, kHashStep at a time,
-// each step CRC-32'd right after it is read when `crc`. `cached_only`: reads
+// each step CRC-32'd right after it is read when `crc`: on `hasher`'s thread
+// while the next step is read, when one is given (a cold file's reads wait on
+// the disk, and the hash, on the reader's thread, held up the next read: a
+// cold restore with checksums ran at 0.86-0.90x the raw read, without them
+// 0.97x), else on this thread. `cached_only`: reads
 // only what the page cache holds (RWF_NOWAIT) and stops at the first byte it
 // does not, so that a second thread never sends the disk a second stream of
 // requests (on this VM's disk a cold file read in two interleaved halves
 // took 320 ms against 210-230 in one sequence); the caller reads the rest.
+template <class Hasher>
 Read read_run(int fd, std::span<const std::span<std::byte>> pieces, std::uint64_t at, bool crc, const std::string& where,
-              bool cached_only = false) {
+              Hasher* hasher, bool cached_only = false) {
   std::uint64_t total = 0;
   for (const auto& piece : pieces) total += piece.size();
   Crc32 value;
+  // The step being hashed reads `value` and the pieces: it ends before either goes.
+  std::vector<std::span<std::byte>> hashing;
+  const auto hashed = [&] {
+    if (hasher) (void)hasher->finish();  // the hash cannot throw
+  };
+  struct Finish {
+    const decltype(hashed)& wait;
+    ~Finish() { wait(); }
+  } finish_hashing{hashed};
   std::vector<iovec> iov;
   std::uint64_t done = 0;
   for (std::uint64_t first = 0; first < total; first += kHashStep) {
@@ -131,10 +145,20 @@ Read read_run(int fd, std::span<const std::span<std::byte>> pieces, std::uint64_
       }
       into += left;
     }
-    if (crc)
-      for (const auto& piece : cut(step, 0, done - first)) value.update(piece.data(), piece.size());
+    if (crc) {
+      hashed();
+      hashing = cut(step, 0, done - first);
+      const auto hash = [&value, &hashing] {
+        for (const auto& piece : hashing) value.update(piece.data(), piece.size());
+      };
+      if (hasher)
+        hasher->start(hash);
+      else
+        hash();
+    }
     if (stopped) break;
   }
+  hashed();
   return Read{done, value.value()};
 }
 
@@ -426,7 +450,7 @@ void RestoreStream::fill(std::uint64_t at, std::span<const std::span<std::byte>>
   read_ahead(at + total);
   const bool crc = !options_.expected_crc32.empty();
   if (total < kParallelBytes) {
-    const Read read = read_run(fd_, pieces, at, crc, where_);
+    const Read read = read_run(fd_, pieces, at, crc, where_, &hasher_);
     if (crc) crc_ = Crc32::combine(crc_, read.crc, total);
   } else {
     // Two halves, the second on the helper thread as far as the page cache
@@ -435,11 +459,14 @@ void RestoreStream::fill(std::uint64_t at, std::span<const std::span<std::byte>>
     const std::uint64_t half = ((total + 1) / 2 + 4095) / 4096 * 4096;
     const auto second = cut(pieces, half, total);
     Read cached;
-    helper_.start([&] { cached = read_run(fd_, second, at + half, crc, where_, /*cached_only=*/true); });
+    // The helper reads what the page cache holds (no wait on the disk): it hashes as it reads.
+    helper_.start([&] {
+      cached = read_run(fd_, second, at + half, crc, where_, static_cast<Helper*>(nullptr), /*cached_only=*/true);
+    });
     Read first;
     std::exception_ptr failed;
     try {
-      first = read_run(fd_, cut(pieces, 0, half), at, crc, where_);
+      first = read_run(fd_, cut(pieces, 0, half), at, crc, where_, &hasher_);
     } catch (...) {
       failed = std::current_exception();
     }
@@ -447,7 +474,8 @@ void RestoreStream::fill(std::uint64_t at, std::span<const std::span<std::byte>>
     if (auto helper_failed = helper_.finish(); helper_failed && !failed) failed = helper_failed;
     if (failed) std::rethrow_exception(failed);
     const Read rest = cached.bytes < total - half
-                          ? read_run(fd_, cut(second, cached.bytes, total - half), at + half + cached.bytes, crc, where_)
+                          ? read_run(fd_, cut(second, cached.bytes, total - half), at + half + cached.bytes, crc, where_,
+                                     &hasher_)
                           : Read{};
     if (crc)
       crc_ = Crc32::combine(Crc32::combine(Crc32::combine(crc_, first.crc, half), cached.crc, cached.bytes), rest.crc,
