@@ -172,13 +172,25 @@ def _open_shard(index_path: str, directory: str, shard: str, names: list[str], s
     return file, header
 
 
-def _shards_of(weight_map: dict[str, str], wants: Callable[[str], bool]) -> dict[str, list[str]]:
+def _shards_of(weight_map: dict[str, str], wants: Callable[[str], bool], directory: str) -> dict[str, list[str]]:
     """The tensors ``wants`` of each shard the index names, by shard: one shard however the index spells its
-    file (``x`` and ``./x`` are one file, read once)."""
+    file (``x`` and ``./x``, a link and the file it names, are one file, read once), under the first spelling
+    the index uses."""
+    spelling_of: dict[object, str] = {}  # by file: (device, inode), or the spelling of a file not there
+    by_spelling: dict[str, str] = {}
     by_shard: dict[str, list[str]] = {}
     for name, shard in weight_map.items():
-        if wants(name):
-            by_shard.setdefault(os.path.normpath(shard), []).append(name)
+        if not wants(name):
+            continue
+        spelt = os.path.normpath(shard)
+        if spelt not in by_spelling:
+            try:
+                st = os.stat(os.path.join(directory, spelt))
+                file: object = (st.st_dev, st.st_ino)
+            except (OSError, ValueError):  # not there, or unreadable: opening it says why
+                file = spelt
+            by_spelling[spelt] = spelling_of.setdefault(file, spelt)
+        by_shard.setdefault(by_spelling[spelt], []).append(name)
     return by_shard
 
 
@@ -188,7 +200,7 @@ def _sharded_info(index_path: str) -> dict[str, Any]:
     before it allocates, with its words (less its "nothing was restored": nothing is)."""
     weight_map = _read_index(index_path)
     directory = os.path.dirname(os.path.abspath(index_path))
-    by_shard = _shards_of(weight_map, lambda name: True)
+    by_shard = _shards_of(weight_map, lambda name: True, directory)
     tensors: dict[str, dict[str, Any]] = {}
     shards: dict[str, dict[str, str]] = {}
     for shard in sorted(by_shard):

@@ -498,7 +498,7 @@ def _restore_sharded(bridge: Bridge, index_path: str, selection: _Selection, ali
     weight_map = _read_index(index_path)
     chosen = frozenset(selection.choose(list(weight_map), repr(index_path)))
     directory = os.path.dirname(os.path.abspath(index_path))
-    by_shard = _shards_of(weight_map, chosen.__contains__)
+    by_shard = _shards_of(weight_map, chosen.__contains__, directory)
     opened: list[tuple[str, BinaryIO, _Header]] = []  # (shard, its file, its header)
     try:
         for shard in sorted(by_shard):

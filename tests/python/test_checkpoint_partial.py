@@ -9,6 +9,7 @@ anything is allocated and names what is wrong, and a failure leaves nothing behi
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import numpy as np
@@ -281,17 +282,21 @@ def test_a_bad_index_or_shard_is_named_and_restores_nothing(pb, rng, tmp_path):
     nothing_left(pb)
 
 
-def test_an_index_naming_a_shard_two_ways_reads_it_as_one_file(pb, rng, tmp_path):
-    # "x" and "./x" are one file: it was opened twice, each time for part of its tensors, and a devbridge
-    # shard's checksum then refused the restore as "a partial restore (names=, prefix=, rows=)".
+@pytest.mark.parametrize("other_spelling", ["./whole.safetensors", "link.safetensors", "hard.safetensors"])
+def test_an_index_naming_a_shard_two_ways_reads_it_as_one_file(pb, rng, tmp_path, other_spelling):
+    # "x" and "./x" (or a link to x) are one file: it was opened twice, each time for part of its tensors, and
+    # a devbridge shard's checksum then refused the restore as mapping only some of its tensors.
     arrays = model_arrays(rng)
     tensors = {name: pb.upload(a, wait=True) for name, a in arrays.items()}
     pb.checkpoint(tmp_path / "whole.safetensors", tensors)
     free(tensors)
+    os.symlink("whole.safetensors", tmp_path / "link.safetensors")
+    os.link(tmp_path / "whole.safetensors", tmp_path / "hard.safetensors")
     names = sorted(arrays)
-    weight_map = {name: ("whole.safetensors" if i % 2 else "./whole.safetensors") for i, name in enumerate(names)}
+    weight_map = {name: (other_spelling if i % 2 else "whole.safetensors") for i, name in enumerate(names)}
     index = tmp_path / "model.safetensors.index.json"
     index.write_text(json.dumps({"weight_map": weight_map}))
+    assert list(devbridge.checkpoint_info(str(index))["shards"]) == ["whole.safetensors"]
     restored_then_freed(pb, pb.restore(str(index)), arrays)
 
 
