@@ -33,12 +33,15 @@ pub struct PortableActivation {
     pub bytes: Vec<u8>,
 }
 
+/// The C ABI's dims (int64): one past i64 is what a negative dim is to the
+/// C layer, InvalidRange (C_API.md), as a shape whose bytes overflow is.
 pub(crate) fn c_dims(shape: &[u64]) -> Result<Vec<i64>> {
     shape
         .iter()
         .map(|&dim| {
-            i64::try_from(dim)
-                .map_err(|_| Error::new(ErrorKind::InvalidExtent, format!("dimension {} is past i64", dim)))
+            i64::try_from(dim).map_err(|_| {
+                Error::new(ErrorKind::InvalidRange, format!("dimension {} of {:?} is past i64", dim, shape))
+            })
         })
         .collect()
 }

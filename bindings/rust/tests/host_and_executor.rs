@@ -127,6 +127,12 @@ fn activations_cross_bridges_in_portable_form() {
     let exported = producer.export_activation(on_producer, Dtype::Float32, &shape).unwrap();
     assert_eq!(exported, portable);
 
+    // A dim past i64 is the C layer's bad dim (InvalidRange), as bytes that overflow are.
+    let past_i64 = producer.export_activation(on_producer, Dtype::Float32, &[u64::MAX]).unwrap_err();
+    assert_eq!(past_i64.kind(), ErrorKind::InvalidRange, "{}", past_i64);
+    let overflowing = producer.export_activation(on_producer, Dtype::Float32, &[1u64 << 62]).unwrap_err();
+    assert_eq!(overflowing.kind(), ErrorKind::InvalidRange, "{}", overflowing);
+
     let on_consumer = consumer.import_activation(&exported).unwrap();
     let back = consumer.export_activation(on_consumer, Dtype::Float32, &shape).unwrap();
     assert_eq!(back.bytes, values);
