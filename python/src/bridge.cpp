@@ -193,7 +193,7 @@ CopyEvent submit_copy(PyBridge& b, CopyDirection direction, nb::handle range, De
   }
   const DeviceRange device{h, offset, device_len};
   const HostCopy request{direction, host.range, device, layout, m, admission};
-  GilReleased no_gil;
+  const InterruptibleCall waits;  // for room, for views of the range to end
   return bridge.copy(request);
 }
 
@@ -419,7 +419,7 @@ void bind_bridge(nb::module_& m) {
             const DeviceRange target{to, args::integer<std::uint64_t>(destination_offset, "destination_offset"), len};
             Bridge& from = b.state->open();
             Bridge& into = destination.state->open();
-            GilReleased no_gil;
+            const InterruptibleCall waits;  // for views of the target to end
             return from.copy_to_peer(source, into, target);
           },
           "handle"_a, "destination"_a, "destination_handle"_a, "length"_a, nb::kw_only(), "offset"_a.none() = 0,

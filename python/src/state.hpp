@@ -31,6 +31,7 @@
 #include "devbridge/checked.hpp"
 #include "devbridge/backends/fake.hpp"
 #include "devbridge/error.hpp"
+#include "devbridge/wait_check.hpp"
 #include "forks.hpp"
 #include "gil.hpp"
 
@@ -167,6 +168,18 @@ inline void look_for_signals() {
   GilTaken gil;
   if (PyErr_CheckSignals() != 0) throw nanobind::python_error();
 }
+
+// How often a bridge call waiting without an end of its own runs Python's signal handlers.
+inline constexpr std::chrono::milliseconds kSignalsEvery{100};
+
+// Around a bridge call that may wait with no end of its own (room for a copy
+// under wait_for_room=math.inf, views to end under writes_under_view "wait",
+// uploads into a viewed allocation): the GIL released, and Ctrl-C ends the
+// wait with KeyboardInterrupt, the call having taken nothing (WaitCheck).
+struct InterruptibleCall {
+  GilReleased no_gil;
+  WaitCheck interruptible{look_for_signals, kSignalsEvery};
+};
 
 // Sets the Python error for a C++ exception the way the module's exception
 // translator does (for raw CPython slots, which nanobind does not wrap).

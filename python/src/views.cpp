@@ -184,14 +184,10 @@ void end_lease_after(ViewLease& lease, std::uintptr_t queue) noexcept {
   }
 }
 
-// How often a view waiting for uploads runs Python's signal handlers.
-constexpr std::chrono::milliseconds kSignalsEvery{100};
-
 ViewLease share_lease(const PyTensorView& view, const char* what) {
   ViewLease shared;
   {
-    GilReleased no_gil;  // it waits for uploads in flight into the allocation
-    const WaitCheck interruptible(look_for_signals, kSignalsEvery);
+    const InterruptibleCall waits;  // for uploads in flight into the allocation
     shared = view.lease.share();
   }
   if (!shared) throw Error(ErrorKind::Closed, std::string(what) + ": the view is closed");
@@ -202,8 +198,7 @@ ViewLease acquire_lease(const std::shared_ptr<BridgeState>& state, DeviceHandle 
                         ViewWait wait) {
   Bridge& bridge = state->open();
   if (wait == ViewWait::Wait) {
-    GilReleased no_gil;
-    const WaitCheck interruptible(look_for_signals, kSignalsEvery);
+    const InterruptibleCall waits;
     return bridge.view(handle, spec, wait);
   }
   return bridge.view(handle, spec, wait);

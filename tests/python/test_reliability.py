@@ -413,6 +413,46 @@ def test_ctrl_c_ends_a_view_waiting_for_an_upload_that_never_completes(call):
     b.close()
 
 
+@pytest.mark.parametrize("waits_for", ["room", "views", "peer views"])
+def test_ctrl_c_ends_a_copy_waiting_with_no_limit_and_it_takes_nothing(waits_for):
+    # host_to_device(wait_for_room=math.inf) behind a copy that never completes; an upload (or a peer copy)
+    # under writes_under_view="wait" into an allocation whose view nobody ends. Each waited until the other
+    # side let go, or for ever: Ctrl-C ends it now, the copy not made, and the bridge goes on.
+    b = devbridge.Bridge(backend="fake", ring_bytes=1 << 16, inflight_bytes=8192, writes_under_view="wait")
+    h = b.alloc(devbridge.ObjectSpec(1 << 20, 256, "uint8"), 8192)
+    r = b.ring.reserve(4096)
+    if waits_for == "room":
+        first = b.host_to_device(b.ring.reserve(8192), h)  # the whole budget, until the fake is told
+        blocked = lambda: b.host_to_device(r, h, wait_for_room=math.inf)  # noqa: E731
+    else:
+        view = b.view(h, "uint8", (8192,))  # a consumer still reads it
+        if waits_for == "views":
+            blocked = lambda: b.host_to_device(r, h)  # noqa: E731
+        else:
+            other = devbridge.Bridge(backend="fake")
+            other.fake.set_auto_complete(True)
+            source = other.alloc(devbridge.ObjectSpec(4096, 256, "uint8"), 4096)
+            blocked = lambda: other.copy_to_peer(source, b, h, 4096)  # noqa: E731
+    before = b.stats()
+    # Without the interrupt the call waits for ever: let go after 15 s, so that a wait Ctrl-C cannot end
+    # fails the test instead of hanging it.
+    rescue = threading.Timer(15, lambda: b.fake.complete(first) if waits_for == "room" else view.close())
+    rescue.start()
+    try:
+        assert interrupted_by_ctrl_c(blocked) < 10
+    finally:
+        rescue.cancel()
+    assert b.stats()["copies_submitted"] == before["copies_submitted"], "the interrupted copy was made"
+    if waits_for == "room":
+        b.fake.complete(first)
+        assert b.wait(b.host_to_device(r, h, wait_for_room=5.0), timeout=5) is not None
+    else:
+        view.close()
+        if waits_for == "peer views":
+            other.close()
+    b.close()
+
+
 def test_ctrl_c_ends_a_wait_for_a_restore_whose_read_never_comes(tmp_path, monkeypatch):
     # A restore's read held (slow storage, a hung network disk): a tensor's wait() ends at Ctrl-C at once; the
     # restore's own wait() ends too, abandoning the restore (which stops the reader after its current read).
