@@ -14,7 +14,7 @@
 //   seam/host_memory.hpp    HostMemory    allocate_host, free_host, import_host, release_import
 //   seam/transfers.hpp      Transfers     submit_copy, drain_completions, wait_for_completions, copy_to_peer
 //   seam/timeline.hpp       Timeline      record_fence, fence_passed, wait_fence, release_fence,
-//                                         order_consumer_queue, quiesce
+//                                         order_consumer_queue, quiesce, stop_queues
 //   seam/compute.hpp        Compute       launch_axpy
 //
 // and Backend, below, composes them with the one capabilities query

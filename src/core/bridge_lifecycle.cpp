@@ -246,6 +246,7 @@ void BridgeCore::close() {
   settle_fences(lock, "the bridge closed");
   // What the settled fences freed went to the pool: nothing allocates any more.
   give_back_cache(lock);
+  backend_->stop_queues();
   if (host_leases_ == 0)
     backend_->free_host(ring_.block());
   else

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <random>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "devbridge/backends/fake.hpp"
+#include "devbridge/bridge.hpp"
 #include "devbridge/backends/host.hpp"
 #include "devbridge/consumer_names.hpp"
 
@@ -791,6 +793,32 @@ TEST(HostBackend, DestructionDropsQueuedCopiesAndFreesLeftovers) {
   EXPECT_TRUE(fence.pending());
   backend.reset();  // ASan/LSan would report a leak or a late write here
   SUCCEED();
+}
+
+// The host backend's engine threads alive in this process (their names: copy_engine.cpp).
+int engine_threads() {
+  int count = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    if (std::getline(comm, name) && (name == "devbridge-h2d" || name == "devbridge-d2h" || name == "devbridge-comp"))
+      ++count;
+  }
+  return count;
+}
+
+TEST(HostBackend, AClosedBridgeHoldsNoEngineThreadWhileAViewOutlivesIt) {
+  const int before = engine_threads();
+  Bridge bridge(host::make_host_backend(), BridgeOptions{1, 1 << 20, 0});
+  const DeviceHandle h = bridge.alloc_device(ObjectSpec{4096, 64, DType::Float32, ShapeKind::Vector}, 4096);
+  EXPECT_EQ(engine_threads(), before + 3);
+  ViewLease lease = bridge.view(h, ViewSpec{DType::Float32, {1024}, {}, 0}, ViewWait::Refuse);
+  auto* values = reinterpret_cast<float*>(static_cast<std::uintptr_t>(lease.view().data));
+  bridge.close();
+  EXPECT_EQ(engine_threads(), before) << "the closed bridge's engine threads still run";
+  values[1023] = 1.5f;  // the view's memory stays until the view ends
+  EXPECT_EQ(values[1023], 1.5f);
+  lease = ViewLease();
 }
 
 TEST(HostBackend, TestControlsSayWhatTheyCount) {

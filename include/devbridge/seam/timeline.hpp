@@ -81,6 +81,14 @@ class Timeline {
   // finish: its fences pass when the consumer's work does.
   virtual void quiesce() = 0;
 
+  // The bridge closed (after a quiesce() that succeeded): its own queues get
+  // nothing more. A backend lets go of what runs them (the host backend's
+  // copy threads), so a closed bridge holds no thread while its object
+  // lives on. Fences recorded so far still answer; memory, imports and
+  // consumer queues stay until the bridge frees or releases them (a view
+  // may outlive the close).
+  virtual void stop_queues() noexcept {}
+
  protected:
   ~Timeline() = default;  // a backend is deleted through Backend
 };

@@ -302,6 +302,7 @@ class HostBackend final : public Backend, private TestControls {
   }
 
   void quiesce() override { engine_.quiesce(); }
+  void stop_queues() noexcept override { engine_.stop(); }
 
   Fence launch_axpy(const AxpyLaunch& launch) override {
     const auto counted = checked::mul(launch.count, sizeof(float));
