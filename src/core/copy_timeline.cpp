@@ -90,9 +90,13 @@ void CopyTimeline::fail_forgotten(const CopyEvent& e) const {
 
 void CopyTimeline::ignore_stale(const Completion& c, std::uint64_t domain, Generation generation) {
   ++stale_;
-  log().warn("devbridge: ignored a completion for {} ({}): bridge is domain {} generation {}; "
-             "{} stale completions so far",
-             describe(c.event), c.ok ? "ok" : "failed", domain, generation, stale_);
+  const std::string why =
+      c.event.domain != domain           ? fmt::format("another bridge's (this is domain {})", domain)
+      : c.event.generation != generation ? fmt::format("of generation {}, not this one", c.event.generation)
+      : (c.event.id & kSyncEventBit)     ? std::string("a synchronous copy's, which has no completion")
+                                         : std::string("no copy in flight has it (completed already, or never issued)");
+  log().warn("devbridge: ignored a completion for {} ({}): {}; {} stale completions so far", describe(c.event),
+             c.ok ? "ok" : "failed", why, stale_);
 }
 
 }  // namespace devbridge::detail

@@ -388,7 +388,15 @@ TEST_F(CopyTest, UnknownCompletionIsCountedAndNeverApplied) {
   fake->report_completion(CopyEvent{e.domain, e.generation, e.id + 1000});  // unknown id
   fake->report_completion(CopyEvent{e.domain + 1, e.generation, e.id});     // another bridge's
   fake->report_completion(CopyEvent{e.domain, e.generation + 1, e.id});     // a future generation
+  ::testing::internal::CaptureStderr();
   bridge->poll();
+  const std::string logged = ::testing::internal::GetCapturedStderr();
+  // Each line says why: the bridge's own domain and generation alone read as a mismatch that was not there.
+  EXPECT_NE(logged.find("no copy in flight has it"), std::string::npos) << logged;
+  EXPECT_NE(logged.find("another bridge's (this is domain " + std::to_string(e.domain) + ")"), std::string::npos)
+      << logged;
+  EXPECT_NE(logged.find("of generation " + std::to_string(e.generation + 1) + ", not this one"), std::string::npos)
+      << logged;
   EXPECT_EQ(bridge->stats().stale_completions, 3u);
   EXPECT_EQ(bridge->copy_status(e).state, CopyState::Pending);
   EXPECT_FALSE(bridge->safe_to_release_host(e));
