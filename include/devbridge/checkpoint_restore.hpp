@@ -128,9 +128,10 @@ class RestoreStream {
   // Bridge::release of each (outside mutex_); one a restart or close retired is gone already.
   void release_all(const std::vector<DeviceHandle>& handles) noexcept;
 
-  // A thread for the reader's side work (the second half of a large read; the
-  // hash of what it read): one for the stream's life (a thread made per read ran at times on the reader's core,
-  // and a read took half as long again).
+  // A thread for the reader's side work (the second half of a large read, or
+  // the hash of what the reader read): one each for the stream's life (a
+  // thread made per read ran at times on the reader's core, and a read took
+  // half as long again).
   class Helper {
    public:
     ~Helper();
@@ -168,7 +169,7 @@ class RestoreStream {
   bool stopping_ = false;
   std::exception_ptr error_;
   Helper helper_;  // before reader_: the reader, joined first, uses it
-  Helper hasher_;  // hashes what the reader read while it reads on (the same)
+  Helper hasher_;  // hashes each MiB the reader read while it reads the next; before reader_ too
   std::thread reader_;
   std::once_flag joined_;  // stop() joins reader_ once
 };
