@@ -43,6 +43,35 @@ struct RestoreTarget {
   std::uint64_t extent = 0;
 };
 
+namespace detail {
+
+// A thread for a restore reader's side work (the second half of a large read,
+// or the hash of what the reader read): one each for the stream's life (a
+// thread made per read ran at times on the reader's core, and a read took
+// half as long again).
+class SideThread {
+ public:
+  SideThread() = default;
+  ~SideThread();
+  SideThread(const SideThread&) = delete;
+  SideThread& operator=(const SideThread&) = delete;
+  // Runs `task` on the thread; finish() waits for it and returns what it threw.
+  void start(std::function<void()> task);
+  std::exception_ptr finish();
+
+ private:
+  void serve();
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::function<void()> task_;
+  std::exception_ptr failed_;
+  bool busy_ = false;
+  bool quitting_ = false;
+  std::thread thread_;
+};
+
+}  // namespace detail
+
 struct RestoreOptions {
   // "crc32:<8 hex>": checked on the fly, the verdict at the end (the
   // targets must then tile the data section). Empty: nothing checked here.
@@ -128,28 +157,6 @@ class RestoreStream {
   // Bridge::release of each (outside mutex_); one a restart or close retired is gone already.
   void release_all(const std::vector<DeviceHandle>& handles) noexcept;
 
-  // A thread for the reader's side work (the second half of a large read, or
-  // the hash of what the reader read): one each for the stream's life (a
-  // thread made per read ran at times on the reader's core, and a read took
-  // half as long again).
-  class Helper {
-   public:
-    ~Helper();
-    // Runs `task` on the helper thread; finish() waits for it and returns what it threw.
-    void start(std::function<void()> task);
-    std::exception_ptr finish();
-
-   private:
-    void serve();
-    std::mutex mutex_;
-    std::condition_variable changed_;
-    std::function<void()> task_;
-    std::exception_ptr failed_;
-    bool busy_ = false;
-    bool quitting_ = false;
-    std::thread thread_;
-  };
-
   Bridge& bridge_;
   int fd_;  // a duplicate of the caller's; closed (-1) by the reader as it ends
   std::uint64_t data_start_;
@@ -168,8 +175,8 @@ class RestoreStream {
   bool done_ = false;
   bool stopping_ = false;
   std::exception_ptr error_;
-  Helper helper_;  // before reader_: the reader, joined first, uses it
-  Helper hasher_;  // hashes each MiB the reader read while it reads the next; before reader_ too
+  detail::SideThread helper_;  // before reader_: the reader, joined first, uses it
+  detail::SideThread hasher_;  // hashes each MiB the reader read while it reads the next; before reader_ too
   std::thread reader_;
   std::once_flag joined_;  // stop() joins reader_ once
 };

@@ -24,6 +24,9 @@
 
 namespace devbridge::python {
 
+// Alone, for work that runs to its end (close, restart, a register, a read).
+// A bridge call that may wait for another party (room, views to end, uploads
+// to land) uses InterruptibleCall (state.hpp) instead, so Ctrl-C ends it.
 class GilReleased {
  public:
   GilReleased() noexcept;

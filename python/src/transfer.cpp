@@ -110,9 +110,11 @@ struct PyTransferPlanner {
   std::atomic<std::thread::id> running_on{};  // the thread inside a call, while one is
   std::atomic<Route> last_route{Route::Nothing};
 
-  // Runs `work(planner)` without the GIL, one call at a time. A call from
-  // inside one of this planner's own (a sink, fill or progress callback)
-  // is refused: it would wait for the mutex its own thread holds.
+  // Runs `work(planner)` without the GIL, one call at a time, Ctrl-C able to
+  // end the core's waits inside it (room, views to end: InterruptibleCall;
+  // the planner's own waits run options.while_waiting). A call from inside
+  // one of this planner's own (a sink, fill or progress callback) is
+  // refused: it would wait for the mutex its own thread holds.
   template <class Work>
   auto locked(Work work) {
     state->open();  // Closed before anything else
@@ -120,7 +122,7 @@ struct PyTransferPlanner {
       args::raise(PyExc_RuntimeError,
                   "TransferPlanner: called from inside one of its own transfers (a sink, fill or progress "
                   "callback); a planner makes one transfer at a time: use another TransferPlanner there");
-    GilReleased no_gil;
+    const InterruptibleCall waits;
     std::lock_guard lock(mutex);
     running_on.store(std::this_thread::get_id(), std::memory_order_relaxed);
     const struct Done {

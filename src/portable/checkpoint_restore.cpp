@@ -72,31 +72,57 @@ struct Read {
   std::uint32_t crc = 0;
 };
 
+// The CRC-32 of a run read a step at a time: each step hashed on `thread`
+// while the next is read, or on the caller's thread where none is given. The
+// step being hashed reads the pieces: it ends before the next starts, before
+// value(), and before this goes (an exception leaving the read included).
+class StepCrc {
+ public:
+  explicit StepCrc(detail::SideThread* thread) : thread_(thread) {}
+  ~StepCrc() { settle(); }
+  StepCrc(const StepCrc&) = delete;
+  StepCrc& operator=(const StepCrc&) = delete;
+
+  void add(std::vector<std::span<std::byte>> step) {
+    settle();
+    hashing_ = std::move(step);
+    const auto hash = [this] {
+      for (const auto& piece : hashing_) value_.update(piece.data(), piece.size());
+    };
+    if (thread_)
+      thread_->start(hash);
+    else
+      hash();
+  }
+  std::uint32_t value() {
+    settle();
+    return value_.value();
+  }
+
+ private:
+  void settle() noexcept {
+    if (thread_) (void)thread_->finish();  // the hash cannot throw
+  }
+  detail::SideThread* thread_;
+  Crc32 value_;
+  std::vector<std::span<std::byte>> hashing_;
+};
+
 // Fills `pieces` from byte `at` of `fd` on, in order, kHashStep at a time,
-// each step CRC-32'd right after it is read when `crc`: on `hasher`'s thread
-// while the next step is read, when one is given (a cold file's reads wait on
-// the disk, and the hash, on the reader's thread, held up the next read: a
-// cold restore with checksums ran at 0.86-0.90x the raw read, without them
-// 0.97x), else on this thread. `cached_only`: reads
+// each step CRC-32'd right after it is read when `crc`: on `hasher` while the
+// next step is read, when one is given (a cold file's reads wait on the disk,
+// and the hash, on the reader's thread, held up the next read: a cold restore
+// with checksums ran at 0.86-0.90x the raw read, without them 0.97x), else on
+// this thread. `cached_only`: reads
 // only what the page cache holds (RWF_NOWAIT) and stops at the first byte it
 // does not, so that a second thread never sends the disk a second stream of
 // requests (on this VM's disk a cold file read in two interleaved halves
 // took 320 ms against 210-230 in one sequence); the caller reads the rest.
-template <class Hasher>
 Read read_run(int fd, std::span<const std::span<std::byte>> pieces, std::uint64_t at, bool crc, const std::string& where,
-              Hasher* hasher, bool cached_only = false) {
+              detail::SideThread* hasher, bool cached_only = false) {
   std::uint64_t total = 0;
   for (const auto& piece : pieces) total += piece.size();
-  Crc32 value;
-  // The step being hashed reads `value` and the pieces: it ends before either goes.
-  std::vector<std::span<std::byte>> hashing;
-  const auto hashed = [&] {
-    if (hasher) (void)hasher->finish();  // the hash cannot throw
-  };
-  struct Finish {
-    const decltype(hashed)& wait;
-    ~Finish() { wait(); }
-  } finish_hashing{hashed};
+  StepCrc value(hasher);
   std::vector<iovec> iov;
   std::uint64_t done = 0;
   for (std::uint64_t first = 0; first < total; first += kHashStep) {
@@ -145,20 +171,9 @@ Read read_run(int fd, std::span<const std::span<std::byte>> pieces, std::uint64_
       }
       into += left;
     }
-    if (crc) {
-      hashed();
-      hashing = cut(step, 0, done - first);
-      const auto hash = [&value, &hashing] {
-        for (const auto& piece : hashing) value.update(piece.data(), piece.size());
-      };
-      if (hasher)
-        hasher->start(hash);
-      else
-        hash();
-    }
+    if (crc) value.add(cut(step, 0, done - first));
     if (stopped) break;
   }
-  hashed();
   return Read{done, value.value()};
 }
 
@@ -166,7 +181,7 @@ Read read_run(int fd, std::span<const std::span<std::byte>> pieces, std::uint64_
 
 // ---- the second reading thread ----
 
-RestoreStream::Helper::~Helper() {
+detail::SideThread::~SideThread() {
   {
     std::lock_guard lock(mutex_);
     quitting_ = true;
@@ -175,7 +190,7 @@ RestoreStream::Helper::~Helper() {
   if (thread_.joinable()) thread_.join();
 }
 
-void RestoreStream::Helper::start(std::function<void()> task) {
+void detail::SideThread::start(std::function<void()> task) {
   {
     std::lock_guard lock(mutex_);
     task_ = std::move(task);
@@ -186,13 +201,13 @@ void RestoreStream::Helper::start(std::function<void()> task) {
   changed_.notify_all();
 }
 
-std::exception_ptr RestoreStream::Helper::finish() {
+std::exception_ptr detail::SideThread::finish() {
   std::unique_lock lock(mutex_);
   changed_.wait(lock, [&] { return !busy_; });
   return std::exchange(failed_, nullptr);
 }
 
-void RestoreStream::Helper::serve() {
+void detail::SideThread::serve() {
   std::unique_lock lock(mutex_);
   for (;;) {
     changed_.wait(lock, [&] { return busy_ || quitting_; });
@@ -461,7 +476,7 @@ void RestoreStream::fill(std::uint64_t at, std::span<const std::span<std::byte>>
     Read cached;
     // The helper reads what the page cache holds (no wait on the disk): it hashes as it reads.
     helper_.start([&] {
-      cached = read_run(fd_, second, at + half, crc, where_, static_cast<Helper*>(nullptr), /*cached_only=*/true);
+      cached = read_run(fd_, second, at + half, crc, where_, nullptr, /*cached_only=*/true);
     });
     Read first;
     std::exception_ptr failed;

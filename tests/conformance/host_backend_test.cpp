@@ -19,9 +19,10 @@
 #include <thread>
 #include <vector>
 
+#include "backends/host/copy_engine.hpp"
 #include "devbridge/backends/fake.hpp"
-#include "devbridge/bridge.hpp"
 #include "devbridge/backends/host.hpp"
+#include "devbridge/bridge.hpp"
 #include "devbridge/consumer_names.hpp"
 
 namespace devbridge {
@@ -795,14 +796,14 @@ TEST(HostBackend, DestructionDropsQueuedCopiesAndFreesLeftovers) {
   SUCCEED();
 }
 
-// The host backend's engine threads alive in this process (their names: copy_engine.cpp).
+// The host backend's engine threads alive in this process.
 int engine_threads() {
+  const auto& names = host::detail::CopyEngine::kThreadNames;
   int count = 0;
   for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
     std::ifstream comm(task.path() / "comm");
     std::string name;
-    if (std::getline(comm, name) && (name == "devbridge-h2d" || name == "devbridge-d2h" || name == "devbridge-comp"))
-      ++count;
+    if (std::getline(comm, name) && std::find(names.begin(), names.end(), name) != names.end()) ++count;
   }
   return count;
 }

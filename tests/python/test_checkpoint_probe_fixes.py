@@ -15,6 +15,7 @@ import os
 import pathlib
 import struct
 import subprocess
+import threading
 
 import numpy as np
 import pytest
@@ -135,9 +136,19 @@ def test_the_collector_runs_while_restore_reads_and_checkpoint_writes(b, tmp_pat
     b.checkpoint(path, {"t": t})
     t.free()
     assert seen_writing and all(seen_writing)
-    seen_reading = []
-    monkeypatch.setattr(_restore, "_before_read", lambda offset, nbytes: seen_reading.append(gc.isenabled()))
-    got = b.restore(path)
+    # The reader starts while restore() still makes the tensors' objects with the collector paused; what must
+    # hold is that it runs while the caller waits for the read. The hook holds the reader until restore() has
+    # returned, so the first read is one a caller waits for, whatever the threads' timing.
+    returned, seen_reading = threading.Event(), []
+
+    def reading_after_return(offset, nbytes):
+        assert returned.wait(30), "restore(wait=False) did not return before its first read"
+        seen_reading.append(gc.isenabled())
+
+    monkeypatch.setattr(_restore, "_before_read", reading_after_return)
+    pending = b.restore(path, wait=False)
+    returned.set()
+    got = pending.tensors()
     assert seen_reading and all(seen_reading)
     got["t"].free()
     assert gc.isenabled()

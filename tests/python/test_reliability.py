@@ -225,7 +225,8 @@ def test_close_wakes_a_waiting_dlpack_export():
 
 
 def engine_threads() -> int:
-    """The host backend's copy and compute threads alive in this process."""
+    """The host backend's copy and compute threads alive in this process (named in CopyEngine::kThreadNames,
+    src/backends/host/copy_engine.hpp)."""
     import os
 
     names = []
@@ -448,17 +449,25 @@ def test_ctrl_c_ends_a_view_waiting_for_an_upload_that_never_completes(call):
     b.close()
 
 
-@pytest.mark.parametrize("waits_for", ["room", "views", "peer views"])
+@pytest.mark.parametrize("waits_for", ["room", "views", "peer views", "planner room", "planner views"])
 def test_ctrl_c_ends_a_copy_waiting_with_no_limit_and_it_takes_nothing(waits_for):
     # host_to_device(wait_for_room=math.inf) behind a copy that never completes; an upload (or a peer copy)
-    # under writes_under_view="wait" into an allocation whose view nobody ends. Each waited until the other
-    # side let go, or for ever: Ctrl-C ends it now, the copy not made, and the bridge goes on.
+    # under writes_under_view="wait" into an allocation whose view nobody ends; the same two through a
+    # TransferPlanner. Each waited until the other side let go, or for ever: Ctrl-C ends it now, the copy not
+    # made, and the bridge goes on.
     b = devbridge.Bridge(backend="fake", ring_bytes=1 << 16, inflight_bytes=8192, writes_under_view="wait")
     h = b.alloc(devbridge.ObjectSpec(1 << 20, 256, "uint8"), 8192)
     r = b.ring.reserve(4096)
-    if waits_for == "room":
+    if waits_for.endswith("room"):
         first = b.host_to_device(b.ring.reserve(8192), h)  # the whole budget, until the fake is told
-        blocked = lambda: b.host_to_device(r, h, wait_for_room=math.inf)  # noqa: E731
+        if waits_for == "room":
+            blocked = lambda: b.host_to_device(r, h, wait_for_room=math.inf)  # noqa: E731
+        else:
+            planner = devbridge._devbridge.TransferPlanner(b, wait_for_room=math.inf)
+            blocked = lambda: planner.upload_into(h, 0, bytes(4096))  # noqa: E731
+    elif waits_for == "planner views":
+        view = b.view(h, "uint8", (8192,))
+        blocked = lambda: devbridge._devbridge.TransferPlanner(b).upload_into(h, 0, bytes(4096))  # noqa: E731
     else:
         view = b.view(h, "uint8", (8192,))  # a consumer still reads it
         if waits_for == "views":
@@ -471,14 +480,14 @@ def test_ctrl_c_ends_a_copy_waiting_with_no_limit_and_it_takes_nothing(waits_for
     before = b.stats()
     # Without the interrupt the call waits for ever: let go after 15 s, so that a wait Ctrl-C cannot end
     # fails the test instead of hanging it.
-    rescue = threading.Timer(15, lambda: b.fake.complete(first) if waits_for == "room" else view.close())
+    rescue = threading.Timer(15, lambda: b.fake.complete(first) if waits_for.endswith("room") else view.close())
     rescue.start()
     try:
         assert interrupted_by_ctrl_c(blocked) < 10
     finally:
         rescue.cancel()
     assert b.stats()["copies_submitted"] == before["copies_submitted"], "the interrupted copy was made"
-    if waits_for == "room":
+    if waits_for.endswith("room"):
         b.fake.complete(first)
         again = b.host_to_device(r, h, wait_for_room=5.0)  # the room is back: the copy goes in
         b.fake.complete(again)

@@ -127,8 +127,7 @@ void run_axpy(const AxpyJob& job) noexcept {
 }
 
 CopyEngine::CopyEngine(std::uint64_t inline_max_bytes) : inline_max_bytes_(inline_max_bytes) {
-  // At most 15 characters: the kernel's limit for a thread name.
-  static constexpr const char* kThreadNames[kLanes] = {"devbridge-h2d", "devbridge-d2h", "devbridge-comp"};
+  static_assert(kThreadNames.size() == kLanes);
   for (int lane = 0; lane < kLanes; ++lane) {
     try {
       lanes_[lane].thread = std::thread([this, lane] { run_lane(lane); });

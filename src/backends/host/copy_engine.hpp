@@ -82,6 +82,10 @@ void run_axpy(const AxpyJob& job) noexcept;
 
 class CopyEngine {
  public:
+  // The lanes' thread names (index = Queue), at most 15 characters each: the
+  // kernel's limit. Tests find the engine's threads by them.
+  static constexpr std::array<const char*, 3> kThreadNames = {"devbridge-h2d", "devbridge-d2h", "devbridge-comp"};
+
   // Starts the lane threads; throws Error(Unavailable) if it cannot. Async
   // copies, and launches, of up to `inline_max_bytes` may run on the
   // submitting thread (see host::Options).
