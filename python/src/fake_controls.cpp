@@ -87,7 +87,11 @@ void bind_fake_controls(nb::module_& m) {
              nb::list out;
              for (const fake::RecordedCall& call : f.backend().calls()) out.append(recorded_call_dict(call));
              return out;
-           })
+           },
+           "The calls made, oldest first, as dicts: at least the last 65,536; older ones are dropped and\n"
+           "counted by dropped_calls(), so a long run's log stays bounded.")
+      .def("dropped_calls", [](PyFake& f) { return f.backend().dropped_calls(); },
+           "How many of the oldest calls calls() no longer holds.")
       .def("clear_calls", [](PyFake& f) { f.backend().clear_calls(); })
       .def("live_allocations", [](PyFake& f) { return f.backend().live_allocations(); })
       .def("live_host_blocks", [](PyFake& f) { return f.backend().live_host_blocks(); })

@@ -490,13 +490,18 @@ TransferResult TransferPlanner::execute(const TransferSource& source, const Tran
     detail::run_ring_chunks(bridge_, settings, job);
   };
 
-  // An allocation's bytes held in place, handed to the caller's fill or sink
-  // a chunk (whole elements) at a time, as the ring route would, with progress.
-  auto in_place_chunks = [&](auto all, std::uint64_t element, const auto& each) {
+  // An allocation's bytes handed to the caller's fill or sink in place, a
+  // chunk (whole elements) at a time, as the ring route would, with progress.
+  // Each chunk is held only while its callback runs (`hold_one(done, range)`
+  // one write_in_place or read_in_place): a close or restart from another
+  // thread waits for one chunk, not for the whole stream behind a slow
+  // callback, and the next chunk then fails with Closed or
+  // OldGenerationHandle.
+  auto in_place_chunks = [&](const DeviceRange& all, std::uint64_t element, const auto& hold_one) {
     const std::uint64_t chunk = std::max<std::uint64_t>(chunk_bytes_ - chunk_bytes_ % element, element);
     for (std::uint64_t done = 0; done < r.bytes;) {
       const std::uint64_t len = std::min(chunk, r.bytes - done);
-      each(done, all.subspan(done, len));
+      hold_one(done, DeviceRange{all.handle, all.offset + done, len});
       done += len;
       if (options_.progress) options_.progress(done, r.bytes);
     }
@@ -556,8 +561,10 @@ TransferResult TransferPlanner::execute(const TransferSource& source, const Tran
       break;
     case Route::WriteInPlace:
       try {
-        bridge_.write_in_place(std::span(&destination_range, 1), [&](std::span<const std::span<std::byte>> pieces) {
-          in_place_chunks(pieces[0], r.destination.element_size, *r.source.fill);
+        in_place_chunks(destination_range, r.destination.element_size, [&](std::uint64_t at, const DeviceRange& part) {
+          bridge_.write_in_place(std::span(&part, 1), [&](std::span<const std::span<std::byte>> pieces) {
+            (*r.source.fill)(at, pieces[0]);
+          });
         });
       } catch (const Error& e) {
         rethrow_naming(e, r.describe_it() + " (write_in_place)");
@@ -565,8 +572,10 @@ TransferResult TransferPlanner::execute(const TransferSource& source, const Tran
       break;
     case Route::ReadInPlace:
       try {
-        bridge_.read_in_place(std::span(&source_range, 1), [&](std::span<const std::span<const std::byte>> pieces) {
-          in_place_chunks(pieces[0], r.source.element_size, *r.destination.sink);
+        in_place_chunks(source_range, r.source.element_size, [&](std::uint64_t at, const DeviceRange& part) {
+          bridge_.read_in_place(std::span(&part, 1), [&](std::span<const std::span<const std::byte>> pieces) {
+            (*r.destination.sink)(at, pieces[0]);
+          });
         });
       } catch (const Error& e) {
         rethrow_naming(e, r.describe_it() + " (read_in_place)");

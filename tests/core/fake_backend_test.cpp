@@ -126,6 +126,25 @@ TEST(FakeAllocate, RecordsExactArgumentsAndCountsLiveAllocations) {
   EXPECT_EQ(calls[1].bytes, 256u);
 }
 
+// A fake streaming for hours made a record per call, kept for ever.
+TEST(FakeCalls, TheLogKeepsTheLatestCallsAndCountsThoseItDrops) {
+  FakeBackend fake(1 << 20);
+  constexpr std::size_t kept = FakeBackend::kKeptCalls;
+  const std::uint64_t made = 5 * kept + 3;  // allocates and frees
+  for (std::uint64_t i = 0; i < made / 2; ++i) fake.free(fake.allocate(64 + 64 * (i % 4), 64));
+  const DeviceAllocation last = fake.allocate(4096, 256);
+  const auto calls = fake.calls();
+  EXPECT_GE(calls.size(), kept);
+  EXPECT_LT(calls.size(), 2 * kept);
+  EXPECT_EQ(calls.size() + fake.dropped_calls(), made);
+  EXPECT_EQ(calls.back().call, Call::Allocate);  // the newest, whole: its address is set after it is recorded
+  EXPECT_EQ(calls.back().bytes, 4096u);
+  EXPECT_EQ(calls.back().alignment, 256u);
+  EXPECT_EQ(calls.back().address, last.address);
+  fake.free(last);
+  EXPECT_EQ(fake.live_allocations(), 0u);
+}
+
 TEST(FakeAllocate, OutOfMemoryNamesBytesAskedAndFree) {
   FakeBackend fake(1000);
   const std::string message = EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationFailed, fake.allocate(4096, 64));
@@ -513,9 +532,17 @@ TEST(FakeFree, TearingDownManyLiveAllocationsFreesEachOnce) {
   EXPECT_EQ(fake.live_allocations(), kLive);
   for (const auto& a : live) fake.free(a);
   EXPECT_EQ(fake.live_allocations(), 0u);
+  // The log keeps the latest calls (FakeCalls): all allocates came first, so
+  // it ends in frees, each of a different allocation.
   const auto calls = fake.calls();
-  EXPECT_EQ(std::count_if(calls.begin(), calls.end(), [](const RecordedCall& c) { return c.call == Call::Free; }),
-            static_cast<std::ptrdiff_t>(kLive));
+  EXPECT_EQ(calls.size() + fake.dropped_calls(), 2 * kLive);
+  std::set<std::uint64_t> freed;
+  for (const RecordedCall& c : calls) {
+    if (c.call == Call::Free) {
+      EXPECT_TRUE(freed.insert(c.address).second) << "freed twice: " << c.address;
+    }
+  }
+  EXPECT_EQ(freed.size(), std::min(calls.size(), kLive));
 }
 
 }  // namespace

@@ -564,6 +564,51 @@ def test_a_callback_that_closes_its_bridge_neither_waits_for_itself_nor_loses_it
         assert outcome == {"close": "closed", "chunk intact": True, "transfer": "Closed"}
 
 
+@pytest.mark.parametrize("direction", ["download_stream", "submit_stream"])
+def test_a_close_from_another_thread_waits_for_one_chunk_of_a_slow_stream_not_all_of_it(planner_bridge, direction):
+    """A slow sink or fill (a network, a disk) on another thread: the close waits for the chunk in hand and
+    the stream ends Closed at the next one. Where the chunks were the tensor's own bytes (read_in_place,
+    write_in_place) the whole stream was held at once: the close waited for every chunk left, and the
+    stream returned as if nothing had happened (a consumer that closed the bridge and then stopped taking
+    chunks waited for ever)."""
+    b = planner_bridge
+    chunk = 64 << 10
+    nbytes = 64 * chunk
+    planner = TransferPlanner(b, chunk_bytes=chunk)
+    handle = planner.upload(np.zeros(nbytes, np.uint8), spec_for(nbytes), extent_for(nbytes))
+    first_chunk, calls_after_close = threading.Event(), []
+    closing = threading.Event()
+
+    def slow(at, chunk):
+        if closing.is_set():
+            calls_after_close.append(at)
+        first_chunk.set()
+        time.sleep(0.05)
+
+    outcome = {}
+
+    def stream():
+        try:
+            if direction == "download_stream":
+                planner.download_stream(handle, 0, nbytes, slow)
+            else:
+                planner.submit_stream(slow, nbytes, into=handle)
+            outcome["stream"] = "returned"
+        except (devbridge.Closed, devbridge.OldGenerationHandle) as error:
+            outcome["stream"] = type(error).__name__
+
+    worker = threading.Thread(target=stream, daemon=True)
+    worker.start()
+    assert first_chunk.wait(30)
+    closing.set()
+    b.close()
+    worker.join(30)
+    assert not worker.is_alive()
+    assert outcome["stream"] == "Closed", outcome
+    # The chunk in hand, and perhaps the one that began as the close did: not the 60-odd left.
+    assert len(calls_after_close) <= 2, calls_after_close
+
+
 def test_a_planner_whose_progress_callback_reaches_it_is_collected(planner_bridge):
     """A progress callback that reaches its planner (a method of an object holding it) makes a cycle
     through the planner: the collector sees it and frees both, and with them what the planner keeps

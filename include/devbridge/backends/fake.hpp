@@ -103,7 +103,13 @@ class FakeBackend final : public Backend {
   // Deliver a completion for an event the backend never saw (a forged or
   // stale completion).
   void report_completion(CopyEvent event, bool ok = true);
+  // The calls made, oldest first: at least the last kKeptCalls, at most
+  // twice that; older ones are dropped (dropped_calls() counts them), so a
+  // fake that runs for hours (devbridge stream --backend fake) holds a
+  // bounded log.
+  static constexpr std::size_t kKeptCalls = std::size_t{1} << 16;
   std::vector<RecordedCall> calls() const;
+  std::uint64_t dropped_calls() const;
   void clear_calls();
   std::uint64_t live_allocations() const;
   std::uint64_t live_host_blocks() const;

@@ -126,6 +126,11 @@ std::vector<RecordedCall> FakeBackend::calls() const {
   return state_->calls;
 }
 
+std::uint64_t FakeBackend::dropped_calls() const {
+  std::lock_guard lock(state_->mutex);
+  return state_->dropped_calls;
+}
+
 void FakeBackend::clear_calls() {
   std::lock_guard lock(state_->mutex);
   state_->calls.clear();

@@ -203,6 +203,7 @@ struct FakeBackend::State {
   std::vector<Completion> late_after_quiesce;  // held until the next submit after quiesce
   bool late_released = false;                   // a copy was submitted since: deliver them
   std::vector<RecordedCall> calls;
+  std::uint64_t dropped_calls = 0;  // the oldest, let go by record()
   bool auto_complete = false;
   bool parts = true;  // describe() offers parts (part_alignment)
   std::optional<FakeControls> controls;  // test_controls(); set by the constructor
@@ -238,8 +239,14 @@ struct FakeBackend::State {
   }
 
   // Appends a record of `call` with its bytes and address (other fields
-  // zero); returns its index. Caller holds the mutex.
+  // zero); returns its index, valid until the mutex is let go. Caller holds
+  // the mutex. The oldest half is dropped once the log holds twice
+  // kKeptCalls (FakeBackend::calls()).
   std::size_t record(Call call, std::uint64_t bytes = 0, std::uintptr_t address = 0) {
+    if (calls.size() >= 2 * kKeptCalls) [[unlikely]] {
+      calls.erase(calls.begin(), calls.begin() + static_cast<std::ptrdiff_t>(kKeptCalls));
+      dropped_calls += kKeptCalls;
+    }
     calls.emplace_back();
     calls.back().call = call;
     calls.back().bytes = bytes;
