@@ -3,7 +3,11 @@
 // call returns, or the call failed where something still holds its bytes.
 #include "lent_views.hpp"
 
+#include <memory>
 #include <string>
+
+#include "devbridge/transfer.hpp"
+#include "gil.hpp"
 
 namespace nb = nanobind;
 
@@ -18,6 +22,20 @@ struct LentChunk {
   bool writable = false;
   bool lent = true;  // false once the call returned: no new export
   std::size_t exports = 0;
+  // Where a buffer over the bytes outlived the call: what keeps their memory
+  // allocated (keep_lent_chunk_memory) until the last such buffer, and with
+  // it this exporter, is gone; let go without the GIL (it takes the bridge's
+  // lock, which a thread waiting for the GIL may hold).
+  std::shared_ptr<void> kept;
+
+  LentChunk(std::byte* data, std::size_t size, bool writable) : data(data), size(size), writable(writable) {}
+  LentChunk(LentChunk&&) = default;
+  ~LentChunk() {
+    if (kept) {
+      GilReleased no_gil;
+      kept.reset();
+    }
+  }
 };
 
 int lent_chunk_get(PyObject* self, Py_buffer* view, int flags) {
@@ -64,7 +82,9 @@ bool LentViews::close(const Loan& loan) noexcept {
     PyErr_Clear();
   LentChunk* chunk = nb::inst_ptr<LentChunk>(loan.chunk);
   chunk->lent = false;
-  return chunk->exports == 0;
+  if (chunk->exports == 0) return true;
+  if (!chunk->kept) chunk->kept = keep_lent_chunk_memory();  // what still holds them reads stale bytes, not freed memory
+  return false;
 }
 
 void LentViews::end(const char* callback, std::optional<std::uint64_t> at) {

@@ -17,6 +17,7 @@
 #include "core/fail.hpp"
 #include "core/log.hpp"
 #include "devbridge/checked.hpp"
+#include "transfer/lent_chunk.hpp"
 #include "transfer/ring_chunks.hpp"
 #include "transfer/transfer_room.hpp"
 
@@ -573,7 +574,16 @@ TransferResult TransferPlanner::execute(const TransferSource& source, const Tran
     case Route::ReadInPlace:
       try {
         in_place_chunks(source_range, r.source.element_size, [&](std::uint64_t at, const DeviceRange& part) {
+          // A lease of one element keeps the allocation's memory past its free and a close.
+          const detail::LendingChunk::Keep keep = [&] {
+            const ObjectSpec spec = bridge_.spec(part.handle);
+            ViewSpec one{spec.dtype.value_or(DType::UInt8), {}};
+            const int rank = spec.shape == ShapeKind::Tensor ? 1 : static_cast<int>(spec.shape);  // what its kind allows
+            for (int i = 0; i < rank; ++i) one.shape.push_back(1);
+            return std::make_shared<ViewLease>(bridge_.view(part.handle, one, ViewWait::Refuse));
+          };
           bridge_.read_in_place(std::span(&part, 1), [&](std::span<const std::span<const std::byte>> pieces) {
+            const detail::LendingChunk marked(keep);
             (*r.destination.sink)(at, pieces[0]);
           });
         });

@@ -15,6 +15,7 @@
 #include "core/fail.hpp"
 #include "core/log.hpp"
 #include "devbridge/checked.hpp"
+#include "transfer/lent_chunk.hpp"
 #include "transfer/transfer_room.hpp"
 
 namespace devbridge::detail {
@@ -238,6 +239,14 @@ class Pipeline {
   // which must not free the ring under the copy (host_bytes would be valid
   // only until then: a close beside a download crashed the process).
   HostLease lent(HostRange range) { return bridge_.lease_host(range); }
+  // Runs `call` (a fill or sink handed `range`'s bytes) with the range's ring
+  // keepable past it (keep_lent_chunk_memory).
+  template <class Call>
+  void lending(HostRange range, const Call& call) {
+    const LendingChunk::Keep keep = [&] { return std::make_shared<HostLease>(bridge_.lease_host(range)); };
+    const LendingChunk marked(keep);
+    call(lent(range).bytes());
+  }
 
   void submit(const Chunk& chunk) {
     // Counted before it is reserved: a neighbour short of room between the
@@ -250,7 +259,7 @@ class Pipeline {
     try {
       if (transfer_.upload()) {
         if (transfer_.fill != nullptr)
-          (*transfer_.fill)(chunk.offset, lent(range.get()).bytes());
+          lending(range.get(), [&](std::span<std::byte> bytes) { (*transfer_.fill)(chunk.offset, bytes); });
         else
           std::ranges::copy(transfer_.source.subspan(chunk.offset, chunk.len), lent(range.get()).bytes().begin());
       }
@@ -365,10 +374,26 @@ class Pipeline {
     }
   }
 
+  // A bridge call that may wait: what the thread's WaitCheck throws through
+  // it (Python's Ctrl-C: anything but the bridge's own Error) stops the
+  // waiting as while_waiting's does, so the cleanup does not wait either.
+  template <class Call>
+  auto bridge_wait(const Call& call) {
+    try {
+      return call();
+    } catch (const Error&) {
+      throw;
+    } catch (...) {
+      window_.stop_waiting();
+      stopped_waiting_ = true;
+      throw;
+    }
+  }
+
   CopyStatus wait_for_copy(const CopyEvent& event) {
-    if (!interruptible()) return bridge_.wait(event);
+    if (!interruptible()) return bridge_wait([&] { return bridge_.wait(event); });
     for (;;) {
-      const CopyStatus status = bridge_.wait(event, kWaitSlice);
+      const CopyStatus status = bridge_wait([&] { return bridge_.wait(event, kWaitSlice); });
       if (status.state != CopyState::Pending) return status;
       while_waiting();
     }
@@ -377,9 +402,9 @@ class Pipeline {
   // Bridge::wait_for_release_after: true once a waiting range went back,
   // false when none waits.
   bool wait_for_release_after() {
-    if (!interruptible()) return bridge_.wait_for_release_after();
+    if (!interruptible()) return bridge_wait([&] { return bridge_.wait_for_release_after(); });
     for (;;) {
-      if (bridge_.wait_for_release_after(kWaitSlice)) return true;
+      if (bridge_wait([&] { return bridge_.wait_for_release_after(kWaitSlice); })) return true;
       if (bridge_.stats().ring_releases_pending == 0) return false;
       while_waiting();
     }
@@ -390,12 +415,12 @@ class Pipeline {
   template <class Attempt>
   std::invoke_result_t<Attempt&, std::chrono::nanoseconds> attempt_waiting(Attempt& attempt,
                                                                             std::chrono::nanoseconds wait) {
-    if (!interruptible() || wait <= kWaitSlice) return attempt(wait);
+    if (!interruptible() || wait <= kWaitSlice) return bridge_wait([&] { return attempt(wait); });
     const auto deadline = checked::deadline_after(wait);
     for (;;) {
       const auto left = std::chrono::nanoseconds(checked::time_left(deadline));
       try {
-        return attempt(std::min<std::chrono::nanoseconds>(left, kWaitSlice));
+        return bridge_wait([&] { return attempt(std::min<std::chrono::nanoseconds>(left, kWaitSlice)); });
       } catch (const Error& e) {
         if (e.kind() != ErrorKind::Backpressure || checked::Clock::now() >= deadline) throw;
       }
@@ -421,7 +446,7 @@ class Pipeline {
       }
       if (!transfer_.upload()) {
         if (transfer_.sink != nullptr)
-          (*transfer_.sink)(oldest.chunk.offset, lent(oldest.range).bytes());
+          lending(oldest.range, [&](std::span<std::byte> bytes) { (*transfer_.sink)(oldest.chunk.offset, bytes); });
         else
           std::ranges::copy(lent(oldest.range).bytes(), transfer_.destination.subspan(oldest.chunk.offset).begin());
       }

@@ -390,6 +390,7 @@ def test_a_callback_that_keeps_a_buffer_over_its_chunk_fails_with_buffer_error(p
     with pytest.raises(BufferError, match=r"sink kept a buffer over a chunk it was lent \(\d+ bytes from byte 0 "
                                           r"of the stream\).*copy what you keep"):
         planner.download_stream(handle, 0, data.size, lambda at, chunk: kept.append(keeper(chunk)))
+    kept.clear()  # what a sink keeps still reads the tensor (as a view does): a write into it would be refused
     with pytest.raises(BufferError, match="fill kept a buffer"):
         planner.submit_stream(lambda at, chunk: kept.append(keeper(chunk)), data.size, into=handle)
     with pytest.raises(BufferError, match="fill kept a buffer"):
@@ -398,6 +399,38 @@ def test_a_callback_that_keeps_a_buffer_over_its_chunk_fails_with_buffer_error(p
     assert b.stats()["ring_reservations"] == 0
     planner.upload_into(handle, 0, data)
     holds_then_free(b, planner, handle, data)
+
+
+@pytest.mark.parametrize("keep", sorted(KEEPERS))
+def test_a_chunk_a_sink_kept_stays_memory_past_the_free_and_the_close_until_it_is_let_go(planner_bridge, rng, keep):
+    """What a sink kept over its chunk (the BufferError says so) cannot be taken back; its memory stays
+    allocated until it is let go: read after the tensor's free and the bridge's close, it held freed memory
+    (the ring's, or the tensor's own where device memory is host memory) and crashed the process. Let go,
+    it leaves nothing held."""
+    b = planner_bridge
+    planner = TransferPlanner(b)
+    data = rng.integers(0, 256, size=2 * RING, dtype=np.uint8)
+    handle = planner.upload(data, spec_for(data.size), extent_for(data.size))
+    kept = []
+    with pytest.raises(BufferError, match="sink kept a buffer"):
+        planner.download_stream(handle, 0, data.size, lambda at, chunk: kept.append((at, KEEPERS[keep](chunk))))
+    b.release(handle)  # free_device would refuse: the kept chunk holds a lease, as a view does
+    kept.clear()
+    gc.collect()
+    nothing_left(b)  # let go: nothing of the tensor's or the ring's stays
+    handle = planner.upload(data, spec_for(data.size), extent_for(data.size))
+    with pytest.raises(BufferError, match="sink kept a buffer"):
+        planner.download_stream(handle, 0, data.size, lambda at, chunk: kept.append((at, KEEPERS[keep](chunk))))
+    b.release(handle)
+    b.close()
+    (at, first), = kept
+    view = memoryview(first).cast("B")
+    start = 1 if keep == "slice" else 0
+    assert at == 0
+    assert view.tobytes() == data[start:start + len(view)].tobytes()  # nothing ran since: the chunk's bytes
+    del view, first
+    kept.clear()
+    gc.collect()
 
 
 def test_import_tensor_from_a_file_that_keeps_what_it_reads_into_fails_and_keeps_no_lent_memory(planner_bridge, rng):
