@@ -138,11 +138,12 @@ struct ScatterSource {
 // Called from inside a fill or sink a TransferPlanner runs on this thread:
 // an owner that keeps the memory of the chunk the callback was handed
 // allocated until it is destroyed (a ring chunk: the ring, past a close; an
-// allocation's own bytes read in place: the allocation, past its free and a
-// close); null elsewhere, and for bytes written in place. The bridge may
-// still use the bytes again: this is for a binding whose caller kept a
-// reference to a chunk past its call against the rules (Python's buffer
-// exports), so that what it holds reads stale bytes, never freed memory.
+// allocation's own bytes, read or written in place: the allocation, past its
+// free and a close, from the end of the write on); null elsewhere. The
+// bridge may still use the bytes again: this is for a binding whose caller
+// kept a reference to a chunk past its call against the rules (Python's
+// buffer exports), so that what it holds reads stale bytes, never freed
+// memory.
 std::shared_ptr<void> keep_lent_chunk_memory();
 
 using TransferSource = std::variant<HostSource, RingSpan, RegionSpan, DeviceSpan, StreamSource>;

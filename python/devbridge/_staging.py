@@ -510,6 +510,17 @@ class DeviceTensor(_NotCopyable):
         with self._freed_meanwhile_is_closed():
             return download(self.bridge, self, out)
 
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        """numpy's protocol (``np.asarray(t)``, ``np.sum(t)``): a download, as ``numpy()``, so always a copy:
+        ``copy=False`` is ``ValueError`` (``np.from_dlpack(t)`` reads it in place where device memory is host
+        memory). Without it numpy made a 0-d object array holding the tensor."""
+        if copy is not None and not copy:
+            raise ValueError("Unable to avoid copy while creating an array as requested: a DeviceTensor's bytes "
+                             "are the device's, and np.asarray downloads them; np.from_dlpack(tensor) reads them "
+                             "in place where device memory is host memory")
+        a = self.numpy()
+        return a if dtype is None or np.dtype(dtype) == a.dtype else a.astype(dtype)
+
     def free(self) -> None:
         """Frees the allocation (deferred while views, tinygrad tensors or DLPack arrays still read it). Idempotent.
         A tensor a restore is still filling (``restore(wait=False)``) is let go by the restore's reader once its

@@ -43,6 +43,50 @@ namespace {
 using detail::describe;
 using detail::fail;
 
+// A lease of one element of `handle`: it holds the allocation's memory (past
+// its free and a close) and nothing more, for what a callback kept of bytes
+// it was lent in place (keep_lent_chunk_memory).
+std::shared_ptr<void> lease_of_memory(Bridge& bridge, DeviceHandle handle) {
+  const ObjectSpec spec = bridge.spec(handle);
+  ViewSpec one{spec.dtype.value_or(DType::UInt8), {}};
+  const int rank = spec.shape == ShapeKind::Tensor ? 1 : static_cast<int>(spec.shape);  // what its kind allows
+  for (int i = 0; i < rank; ++i) one.shape.push_back(1);
+  return std::make_shared<ViewLease>(bridge.view(handle, one, ViewWait::Refuse));
+}
+
+// What a fill keeps of bytes it writes in place: a lease taken during the
+// write would be a view under the caller's own write (refused), so the
+// owner it is handed is given the leases of `ranges`' allocations once the
+// write has ended: as this goes, after the write returned or threw.
+class KeptAfterWrite {
+ public:
+  KeptAfterWrite(Bridge& bridge, std::span<const DeviceRange> ranges) : bridge_(bridge), ranges_(ranges) {}
+  ~KeptAfterWrite() { settle(); }
+  KeptAfterWrite(const KeptAfterWrite&) = delete;
+  KeptAfterWrite& operator=(const KeptAfterWrite&) = delete;
+  const detail::LendingChunk::Keep& keep() const noexcept { return keep_; }
+
+ private:
+  void settle() noexcept {
+    if (!owner_ || owner_.use_count() == 1) return;  // nothing kept, or let go already
+    for (const DeviceRange& range : ranges_) {
+      try {
+        owner_->push_back(lease_of_memory(bridge_, range.handle));
+      } catch (...) {  // freed or closed meanwhile by another thread: nothing left to hold
+      }
+    }
+  }
+
+  using Leases = std::vector<std::shared_ptr<void>>;
+  Bridge& bridge_;
+  std::span<const DeviceRange> ranges_;
+  std::shared_ptr<Leases> owner_;
+  const detail::LendingChunk::Keep keep_ = [this]() -> std::shared_ptr<void> {
+    if (!owner_) owner_ = std::make_shared<Leases>();
+    return owner_;
+  };
+};
+
 // One end of a transfer, whatever the caller gave.
 struct End {
   enum class Kind : std::uint8_t { Host, Ring, Region, Device, New } kind = Kind::Host;
@@ -563,7 +607,9 @@ TransferResult TransferPlanner::execute(const TransferSource& source, const Tran
     case Route::WriteInPlace:
       try {
         in_place_chunks(destination_range, r.destination.element_size, [&](std::uint64_t at, const DeviceRange& part) {
+          const KeptAfterWrite kept(bridge_, std::span(&part, 1));
           bridge_.write_in_place(std::span(&part, 1), [&](std::span<const std::span<std::byte>> pieces) {
+            const detail::LendingChunk marked(kept.keep());
             (*r.source.fill)(at, pieces[0]);
           });
         });
@@ -574,14 +620,7 @@ TransferResult TransferPlanner::execute(const TransferSource& source, const Tran
     case Route::ReadInPlace:
       try {
         in_place_chunks(source_range, r.source.element_size, [&](std::uint64_t at, const DeviceRange& part) {
-          // A lease of one element keeps the allocation's memory past its free and a close.
-          const detail::LendingChunk::Keep keep = [&] {
-            const ObjectSpec spec = bridge_.spec(part.handle);
-            ViewSpec one{spec.dtype.value_or(DType::UInt8), {}};
-            const int rank = spec.shape == ShapeKind::Tensor ? 1 : static_cast<int>(spec.shape);  // what its kind allows
-            for (int i = 0; i < rank; ++i) one.shape.push_back(1);
-            return std::make_shared<ViewLease>(bridge_.view(part.handle, one, ViewWait::Refuse));
-          };
+          const detail::LendingChunk::Keep keep = [&] { return lease_of_memory(bridge_, part.handle); };
           bridge_.read_in_place(std::span(&part, 1), [&](std::span<const std::span<const std::byte>> pieces) {
             const detail::LendingChunk marked(keep);
             (*r.destination.sink)(at, pieces[0]);
@@ -689,8 +728,10 @@ std::vector<TransferResult> TransferPlanner::submit_scatter(const ScatterSource&
     }
     if (ranges.empty()) return results;
     const std::uint64_t total = std::accumulate(lengths.begin(), lengths.end(), std::uint64_t{0});
+    const KeptAfterWrite kept(bridge_, ranges);
     try {
       bridge_.write_in_place(ranges, [&](std::span<const std::span<std::byte>> bytes) {
+        const detail::LendingChunk marked(kept.keep());
         // Up to chunk_bytes_ of pieces per fill call, a destination cut where a chunk ends.
         std::vector<std::span<std::byte>> pieces;
         std::uint64_t at = 0, gathered = 0;

@@ -709,6 +709,58 @@ TEST_P(TransferConformance, ARingChunksCallbackThatClosesTheBridgeKeepsItsChunk)
   }
 }
 
+// A callback that keeps its chunk past the call (a binding's buffer export)
+// takes keep_lent_chunk_memory(): the chunk's memory stays allocated, the
+// ring's past the close and the tensor's own (read or written in place) past
+// its release and the close, until the owner goes. ASan's run reads freed
+// memory here as an error.
+TEST_P(TransferConformance, AChunkKeptPastItsCallbackStaysAllocatedUntilItsOwnerGoes) {
+  EXPECT_EQ(keep_lent_chunk_memory(), nullptr) << "outside a fill or sink there is no chunk to keep";
+  const Bytes data = random_bytes(3 * kRing + 123);
+  for (const bool upload : {true, false}) {
+    SCOPED_TRACE(upload ? "fill" : "sink");
+    auto& b = make_bridge(kRing);
+    if (upload && !b.backend_info().host_addressable && b.backend_info().maps_for_write)
+      continue;  // written through a mapping, which is gone when the write ends: nothing of it to keep
+    auto* controls = b.backend().test_controls();
+    TransferPlanner planner(b);
+    DeviceHandle h = planner.upload(data, bytes_spec(extent_for(data.size())), extent_for(data.size()));
+    std::shared_ptr<void> owner;
+    std::span<const std::byte> kept;
+    std::uint64_t kept_at = 0;
+    // The last chunk: nothing after it uses the ring's bytes again, nor writes
+    // where a kept chunk's lease (a view's) would refuse the write.
+    const auto keep_last = [&](std::uint64_t at, std::span<std::byte> chunk) {
+      if (upload) std::memcpy(chunk.data(), data.data() + at, chunk.size());
+      if (at + chunk.size() != data.size()) return;
+      owner = keep_lent_chunk_memory();
+      kept = chunk;
+      kept_at = at;
+    };
+    if (upload) {
+      const StreamSource fill{data.size(), keep_last};
+      planner.run(fill, DeviceSpan{h});
+    } else {
+      const StreamDestination sink{data.size(), [&](std::uint64_t at, std::span<const std::byte> chunk) {
+                                     keep_last(at, {const_cast<std::byte*>(chunk.data()), chunk.size()});
+                                   }};
+      planner.run(DeviceSpan{h}, sink);
+    }
+    ASSERT_NE(owner, nullptr);
+    ASSERT_FALSE(kept.empty());
+    b.release(h);
+    b.poll();
+    b.close();
+    EXPECT_TRUE(std::equal(kept.begin(), kept.end(), data.begin() + static_cast<std::ptrdiff_t>(kept_at)))
+        << "the chunk's bytes, in memory still allocated";
+    owner.reset();
+    if (controls) {
+      EXPECT_EQ(controls->live_allocations(), 0u) << "the owner gone, nothing stays";
+      if (const auto blocks = controls->live_host_blocks()) EXPECT_EQ(*blocks, 0u);
+    }
+  }
+}
+
 // A close on another thread while a chunk's bytes are copied into or out of
 // the ring: the copy holds a lease on its chunk, so the close never frees
 // the ring under it (it did: the plain host-buffer paths copied through

@@ -119,6 +119,20 @@ def test_any_buffer_protocol_object_uploads(sb):
         assert sb.download(t).tobytes() == b"devbridge!" * 100
 
 
+def test_numpy_reads_a_device_tensor_as_an_array_by_a_download(sb, rng):
+    # np.asarray(t) made a 0-d object array holding the tensor, and np.sum(t) returned the tensor itself.
+    a = random_array(rng, (3, 50), "float32")
+    with sb.upload(a, wait=True) as t:
+        got = np.asarray(t)
+        assert got.dtype == np.float32 and got.shape == (3, 50) and np.array_equal(got, a)
+        assert np.sum(t) == np.sum(a) and np.array_equal(np.asarray(t, dtype=np.float64), a.astype(np.float64))
+        with pytest.raises(ValueError, match="avoid copy.*np.from_dlpack"):
+            np.asarray(t, copy=False) if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else t.__array__(copy=False)
+        got[0, 0] = 7  # a copy: the tensor keeps its bytes
+        assert sb.download(t)[0, 0] == a[0, 0]
+    assert quiet(sb) == (0, 0, 0)
+
+
 def test_dtype_relabels_the_bytes(sb, rng):
     bits = random_array(rng, (300,), "uint16")
     with sb.upload(bits, dtype="bfloat16", wait=True) as t:

@@ -393,6 +393,7 @@ def test_a_callback_that_keeps_a_buffer_over_its_chunk_fails_with_buffer_error(p
     kept.clear()  # what a sink keeps still reads the tensor (as a view does): a write into it would be refused
     with pytest.raises(BufferError, match="fill kept a buffer"):
         planner.submit_stream(lambda at, chunk: kept.append(keeper(chunk)), data.size, into=handle)
+    kept.clear()  # where the fill wrote in place, what it keeps holds the tensor too (taken once the write ended)
     with pytest.raises(BufferError, match="fill kept a buffer"):
         planner.submit_scatter(lambda at, pieces: kept.extend(keeper(p) for p in pieces), [(handle, 0, 4096)])
     kept.clear()
@@ -402,32 +403,45 @@ def test_a_callback_that_keeps_a_buffer_over_its_chunk_fails_with_buffer_error(p
 
 
 @pytest.mark.parametrize("keep", sorted(KEEPERS))
-def test_a_chunk_a_sink_kept_stays_memory_past_the_free_and_the_close_until_it_is_let_go(planner_bridge, rng, keep):
-    """What a sink kept over its chunk (the BufferError says so) cannot be taken back; its memory stays
+@pytest.mark.parametrize("callback", ["sink", "fill", "scatter fill"])
+def test_a_chunk_a_callback_kept_stays_memory_past_the_free_and_the_close_until_it_is_let_go(
+        planner_bridge, rng, keep, callback):
+    """What a sink or fill kept over its chunk (the BufferError says so) cannot be taken back; its memory stays
     allocated until it is let go: read after the tensor's free and the bridge's close, it held freed memory
     (the ring's, or the tensor's own where device memory is host memory) and crashed the process. Let go,
     it leaves nothing held."""
     b = planner_bridge
     planner = TransferPlanner(b)
     data = rng.integers(0, 256, size=2 * RING, dtype=np.uint8)
-    handle = planner.upload(data, spec_for(data.size), extent_for(data.size))
     kept = []
-    with pytest.raises(BufferError, match="sink kept a buffer"):
-        planner.download_stream(handle, 0, data.size, lambda at, chunk: kept.append((at, KEEPERS[keep](chunk))))
-    b.release(handle)  # free_device would refuse: the kept chunk holds a lease, as a view does
+
+    def keeping(at, chunk):
+        if callback != "sink":  # a fill writes its bytes
+            chunk[:] = data[at:at + len(chunk)]
+        kept.append((at, KEEPERS[keep](chunk)))
+
+    def kept_one():
+        handle = planner.upload(data, spec_for(data.size), extent_for(data.size))
+        with pytest.raises(BufferError, match=f"{callback.split()[-1]} kept a buffer"):
+            if callback == "sink":
+                planner.download_stream(handle, 0, data.size, keeping)
+            elif callback == "fill":
+                planner.submit_stream(keeping, data.size, into=handle)
+            else:
+                planner.submit_scatter(lambda at, pieces: keeping(at, pieces[0]), [(handle, 0, data.size)])
+        b.release(handle)  # free_device would refuse: the kept chunk holds a lease, as a view does
+
+    kept_one()
     kept.clear()
     gc.collect()
     nothing_left(b)  # let go: nothing of the tensor's or the ring's stays
-    handle = planner.upload(data, spec_for(data.size), extent_for(data.size))
-    with pytest.raises(BufferError, match="sink kept a buffer"):
-        planner.download_stream(handle, 0, data.size, lambda at, chunk: kept.append((at, KEEPERS[keep](chunk))))
-    b.release(handle)
+    kept_one()
     b.close()
     (at, first), = kept
     view = memoryview(first).cast("B")
     start = 1 if keep == "slice" else 0
     assert at == 0
-    assert view.tobytes() == data[start:start + len(view)].tobytes()  # nothing ran since: the chunk's bytes
+    assert view.tobytes() == data[start:start + len(view)].tobytes()  # nothing wrote it since: the chunk's bytes
     del view, first
     kept.clear()
     gc.collect()
