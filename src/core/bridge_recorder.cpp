@@ -125,7 +125,12 @@ std::string BridgeCore::top_holders_text(std::size_t count) {
                    slot.used() ? "held by " + uses(h, slot)
                                : std::string(slot.released ? "released, not yet freed" : "not freed by the caller"));
   }
-  if (held.size() > shown) fmt::format_to(std::back_inserter(text), "; and {} smaller", held.size() - shown);
+  if (held.size() > shown) {
+    // The rest are no larger than the last shown: often as large ("smaller" read wrong for equal sizes).
+    std::uint64_t rest = 0;
+    for (std::size_t i = shown; i < held.size(); ++i) rest += held[i].bytes;
+    fmt::format_to(std::back_inserter(text), "; and {} more, none larger, {} bytes in all", held.size() - shown, rest);
+  }
   return text;
 }
 

@@ -525,14 +525,19 @@ INSTANTIATE_TEST_SUITE_P(
                   {"trace", "replay", "any.trace.json", "--device-memory", "65535"},
                   "--device-memory: 65535 bytes is less than the smallest device a replay runs on (65536 bytes)"},
         UsageCase{"UnknownCommand", {"strem"}, "unknown command 'strem'"},
-        UsageCase{"UnknownOption", {"stream", "--bogus"}, "--bogus"},
-        UsageCase{"ExtraArgument", {"stream", "extra"}, "extra"},
+        UsageCase{"UnknownOption", {"stream", "--bogus"}, "unknown option '--bogus'"},
+        // CLI11 said "The following arguments were not expected: 16KiB --ring", last first.
+        UsageCase{"UnknownOptionWithAValue", {"stream", "--ring", "16KiB"}, "unknown option '--ring'"},
+        UsageCase{"ExtraArgument", {"stream", "extra"}, "unexpected argument 'extra'"},
         UsageCase{"MissingValue", {"stream", "--chunk"}, "--chunk"},
         UsageCase{"UnknownBackend", {"stream", "--backend", "tpu"}, "unknown backend 'tpu'"},
         UsageCase{"EmptyBackend", {"stream", "--backend", ""}, "unknown backend ''"},
         // A made-up CUcontext would be dereferenced by the driver (SIGSEGV).
         UsageCase{"ContextOption", {"stream", "--backend", "host", "--backend-option", "context=1"},
                   "context is a CUcontext of the calling process"},
+        // CLI11 said "--bytes: At Most 1 required but received 2", naming neither value.
+        UsageCase{"RepeatedOption", {"stream", "--bytes", "4KiB", "--bytes=8KiB"},
+                  "--bytes given 2 times ('4KiB', '8KiB'): give it once"},
         UsageCase{"MalformedBytes", {"stream", "--bytes", "1GX"}, "--bytes: '1GX' is not a size"},
         UsageCase{"NegativeBytes", {"stream", "--bytes", "-1"}, "--bytes: '-1' is not a size"},
         UsageCase{"FractionOfAByte", {"stream", "--bytes", "1.5"}, "not a whole number of bytes"},

@@ -213,6 +213,18 @@ TEST_F(RecordedBridge, OutOfMemoryNamesTheFragmentationAndTheHolders) {
   bridge->free_device(held);
 }
 
+// Past the five largest, the rest are counted with their bytes: "and 7
+// smaller" read wrong when they were as large as those shown.
+TEST_F(RecordedBridge, OutOfMemoryCountsTheHoldersPastTheFiveItNames) {
+  make(12 * 4096);
+  std::vector<DeviceHandle> held;
+  for (int i = 0; i < 12; ++i) held.push_back(bridge->alloc_device(kBytes, 4096));
+  const auto message = EXPECT_DEVBRIDGE_ERROR(ErrorKind::AllocationFailed, bridge->alloc_device(kBytes, 4096));
+  EXPECT_NE(message.find("; and 7 more, none larger, 28672 bytes in all"), std::string::npos) << message;
+  EXPECT_EQ(message.find("smaller"), std::string::npos) << message;
+  for (const DeviceHandle& h : held) bridge->free_device(h);
+}
+
 // A view from before a restart keeps its allocation as an orphan: the
 // memory a retry cannot get back is named, not "no live allocation".
 TEST_F(RecordedBridge, OutOfMemoryNamesWhatAViewFromBeforeARestartKeeps) {

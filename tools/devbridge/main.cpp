@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
@@ -28,9 +29,11 @@
 #include <string_view>
 #include <utility>
 #include <system_error>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -65,6 +68,55 @@ using devbridge::ReplacingFile;
 constexpr int kExitOk = 0;
 constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
+
+// An option that takes one value given more than once: CLI11 says "--bytes:
+// At Most 1 required but received 2", naming neither value. The values as
+// typed, from the command line (`--bytes 4KiB`, `--bytes=4KiB`).
+std::optional<std::string> repeated_option(const CLI::ParseError& error, int argc, const char* const* argv) {
+  const std::string_view what = error.what();
+  const auto colon = what.find(": At Most 1 required but received");
+  if (colon == std::string_view::npos || !what.starts_with("--")) return std::nullopt;
+  const std::string_view name = what.substr(0, colon);
+  std::vector<std::string> values;
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == name && i + 1 < argc)
+      values.push_back(fmt::format("'{}'", argv[++i]));
+    else if (arg.starts_with(name) && arg.size() > name.size() && arg[name.size()] == '=')
+      values.push_back(fmt::format("'{}'", arg.substr(name.size() + 1)));
+  }
+  if (values.size() < 2) return std::nullopt;
+  return fmt::format("{} given {} times ({}): give it once", name, values.size(), fmt::join(values, ", "));
+}
+
+// Arguments a command does not take: CLI11 lists them last first ("The
+// following arguments were not expected: 16KiB --ring"). The first of them as
+// typed: an unknown option, or an argument the command does not take.
+std::optional<std::string> unexpected_argument(const CLI::ParseError& error, int argc, const char* const* argv) {
+  std::string_view what = error.what();
+  bool listed = false;
+  for (const std::string_view prefix :
+       {"The following arguments were not expected: ", "The following argument was not expected: "}) {
+    if (what.starts_with(prefix)) {
+      what.remove_prefix(prefix.size());
+      listed = true;
+    }
+  }
+  if (!listed) return std::nullopt;
+  std::vector<std::string_view> extras;
+  for (std::string_view rest = what; !rest.empty();) {
+    const auto space = rest.find(' ');
+    extras.push_back(rest.substr(0, space));
+    rest = space == std::string_view::npos ? std::string_view() : rest.substr(space + 1);
+  }
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (std::find(extras.begin(), extras.end(), arg) == extras.end()) continue;
+    return arg.starts_with('-') ? fmt::format("unknown option '{}'", arg)
+                                : fmt::format("unexpected argument '{}'", arg);
+  }
+  return std::nullopt;
+}
 
 // Messages from CLI11 or the library may span lines; the contract is one line.
 std::string one_line(std::string_view text) {
@@ -630,6 +682,12 @@ int run_command_line(int argc, char** argv) {
     // CLI11 then says only "A subcommand is required": the option is what was wrong.
     if (const std::vector<std::string> unknown = app.remaining(); !unknown.empty() && unknown.front().starts_with('-')) {
       print_stderr("devbridge: unknown option '{}' (see devbridge --help)\n", unknown.front());
+      return kExitUsage;
+    }
+    auto said = repeated_option(e, argc, argv);
+    if (!said) said = unexpected_argument(e, argc, argv);
+    if (said) {
+      print_stderr("devbridge: {} (see devbridge --help)\n", *said);
       return kExitUsage;
     }
     print_stderr("devbridge: {} (see devbridge --help)\n", one_line(e.what()));
