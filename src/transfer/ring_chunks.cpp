@@ -141,6 +141,7 @@ class ChunkWindow {
     cleanup_timeout_ = std::chrono::nanoseconds::zero();
     stopped_waiting_ = true;
   }
+  bool stopped_waiting() const noexcept { return stopped_waiting_; }
   const InFlightChunk& oldest() const noexcept { return chunks_.front(); }
   // After its range went back to the ring.
   void pop_oldest() noexcept {
@@ -229,7 +230,7 @@ class Pipeline {
   // timeout passes) before the caller frees the allocation they write.
   void wait_for_submitted() noexcept {
     // Failed, closed, broken: the bridge releases the range regardless.
-    const auto deadline = checked::deadline_after(stopped_waiting_ ? std::chrono::nanoseconds::zero()
+    const auto deadline = checked::deadline_after(window_.stopped_waiting() ? std::chrono::nanoseconds::zero()
                                                                     : options_.cleanup_timeout);
     for (const PendingCopy& copy : *options_.submitted) wait_until(bridge_, copy.event, deadline);
   }
@@ -369,7 +370,6 @@ class Pipeline {
       (*options_.while_waiting)();
     } catch (...) {
       window_.stop_waiting();
-      stopped_waiting_ = true;
       throw;
     }
   }
@@ -385,7 +385,6 @@ class Pipeline {
       throw;
     } catch (...) {
       window_.stop_waiting();
-      stopped_waiting_ = true;
       throw;
     }
   }
@@ -466,7 +465,6 @@ class Pipeline {
   const Transfer& transfer_;
   ChunkWindow window_;
   std::uint64_t done_ = 0;
-  bool stopped_waiting_ = false;  // while_waiting threw
 };
 
 }  // namespace
